@@ -1,0 +1,1 @@
+"""Spark analytics over kafkatap recordings: pure DataFrame transforms plus one job."""

@@ -1,0 +1,13 @@
+"""kafkatap: a transparent recording proxy for Apache Kafka.
+
+The distribution is split into the packages named in the architecture document
+(`protocol`, `proxy`, `analytics`, `scenarios`); this package only holds the
+command-line entry point and process-wide concerns such as logging.
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("kafkatap")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0.0.0+source"

@@ -1,0 +1,49 @@
+"""Process-wide structlog configuration, done once from the CLI root.
+
+Every log line goes to stderr so stdout stays free for command output (reports,
+summaries, JSON). Per-connection context (conn_id, client, broker) is bound with
+`structlog.contextvars`, so the proxy never threads a logger through its code.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Literal
+
+import structlog
+
+LogFormat = Literal["auto", "console", "json"]
+LEVELS = ("debug", "info", "warning", "error")
+
+
+def configure_logging(fmt: LogFormat = "auto", level: str = "info") -> None:
+    """Configure structlog for the whole process.
+
+    `auto` renders for humans on a terminal and JSON lines otherwise, which is
+    what a log shipper or `jq` wants when the proxy runs under systemd or k8s.
+    """
+    if fmt == "auto":
+        fmt = "console" if sys.stderr.isatty() else "json"
+    numeric = logging.getLevelName(level.upper())
+    if not isinstance(numeric, int):
+        raise ValueError(f"unknown log level {level!r}; choose one of {', '.join(LEVELS)}")
+    processors: list = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.StackInfoRenderer(),
+        structlog.processors.format_exc_info,
+    ]
+    if fmt == "json":
+        processors.append(structlog.processors.JSONRenderer())
+    else:
+        processors.append(structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()))
+    structlog.configure(
+        processors=processors,
+        wrapper_class=structlog.make_filtering_bound_logger(numeric),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+    # Libraries that use stdlib logging (kafka-python, py4j) stay quiet unless asked.
+    logging.basicConfig(level=max(numeric, logging.WARNING), stream=sys.stderr)

@@ -1,0 +1,209 @@
+"""The recording format, defined once.
+
+Every dataset a proxy writes (requests, connections, tcp, frames) is described
+here with pyarrow types and a one-line meaning per column. The recorder writes
+these schemas, analytics derives its Spark schema from them, and the README's
+schema table is generated from the `doc` strings (`python -m proxy.schema`).
+
+Timestamps are epoch nanoseconds (int64) so recordings from several proxies
+line up; durations are microseconds unless the column name says otherwise.
+Hive partition columns (`proxy`, `date`, `hour`) are in the directory names,
+not in the files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+FORMAT_VERSION = 1
+FORMAT_KEY = b"kafkatap.format_version"
+DATASETS = ("requests", "connections", "tcp", "frames")
+PARTITION_COLUMNS = ("proxy", "date", "hour")
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: pa.DataType
+    unit: str
+    doc: str
+
+
+ERROR_STRUCT = pa.struct(
+    [
+        ("code", pa.int16()),
+        ("name", pa.string()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("resource", pa.string()),
+    ]
+)
+
+TCP_FIELDS: list[Column] = [
+    Column("wscale_ok", pa.bool_(), "", "window scaling negotiated (TCPI_OPT_WSCALE)"),
+    Column("snd_wscale", pa.int8(), "shift", "send window scale shift"),
+    Column("rcv_wscale", pa.int8(), "shift", "receive window scale shift"),
+    Column("timestamps_ok", pa.bool_(), "", "TCP timestamps negotiated (TCPI_OPT_TIMESTAMPS)"),
+    Column("sack_ok", pa.bool_(), "", "SACK negotiated (TCPI_OPT_SACK)"),
+    Column("rtt_us", pa.int32(), "µs", "smoothed round-trip time"),
+    Column("rttvar_us", pa.int32(), "µs", "round-trip time variance"),
+    Column("retrans_total", pa.int32(), "segments", "retransmitted segments over the socket's life"),
+    Column("lost", pa.int32(), "segments", "segments currently considered lost"),
+    Column("snd_cwnd", pa.int32(), "segments", "congestion window"),
+    Column("snd_mss", pa.int32(), "bytes", "sender maximum segment size"),
+    Column("rcv_space", pa.int32(), "bytes", "receive space advertised by autotuning"),
+    Column("delivery_rate_bps", pa.int64(), "bytes/s", "most recent delivery-rate estimate"),
+    Column("bytes_acked", pa.int64(), "bytes", "bytes acknowledged by the peer"),
+    Column("bytes_received", pa.int64(), "bytes", "bytes received from the peer"),
+    Column("state", pa.string(), "", "kernel TCP state name (ESTABLISHED, CLOSE_WAIT, …)"),
+]
+TCP_STRUCT = pa.struct([(c.name, c.type) for c in TCP_FIELDS])
+
+REQUEST_COLUMNS: list[Column] = [
+    Column("proxy_id", pa.string(), "", "id of the proxy instance that saw the request"),
+    Column("conn_id", pa.string(), "", "connection id, unique per proxy run"),
+    Column("correlation_id", pa.int32(), "", "correlation id from the request header"),
+    Column("api_key", pa.int16(), "", "Kafka API key"),
+    Column("api_name", pa.string(), "", "Kafka API name (Produce, Fetch, …)"),
+    Column("api_version", pa.int16(), "", "API version of the request"),
+    Column("client_id", pa.string(), "", "client_id from the request header"),
+    Column("client_addr", pa.string(), "host:port", "client address as the proxy saw it"),
+    Column("broker_addr", pa.string(), "host:port", "upstream broker address"),
+    Column("status", pa.string(), "", "answered | unanswered (connection ended first) | no_response (acks=0)"),
+    Column("answered", pa.bool_(), "", "a response was paired with this request"),
+    Column("request_bytes", pa.int32(), "bytes", "request frame size including the size prefix"),
+    Column("response_bytes", pa.int32(), "bytes", "response frame size including the size prefix"),
+    Column("req_first_ns", pa.int64(), "epoch ns", "first byte of the request read from the client"),
+    Column("req_last_ns", pa.int64(), "epoch ns", "last byte of the request read from the client"),
+    Column("req_sent_ns", pa.int64(), "epoch ns", "last byte of the request written to the broker"),
+    Column("resp_first_ns", pa.int64(), "epoch ns", "first byte of the response read from the broker"),
+    Column("resp_last_ns", pa.int64(), "epoch ns", "last byte of the response read from the broker"),
+    Column("resp_sent_ns", pa.int64(), "epoch ns", "last byte of the response written to the client"),
+    Column("latency_us", pa.int64(), "µs", "client-visible latency: resp_sent - req_first"),
+    Column("broker_latency_us", pa.int64(), "µs", "broker latency: resp_first - req_sent"),
+    Column("proxy_req_delay_us", pa.int64(), "µs", "proxy-added delay on the request: req_sent - req_last"),
+    Column("proxy_resp_delay_us", pa.int64(), "µs", "proxy-added delay on the response: resp_sent - resp_last"),
+    Column("acks", pa.int8(), "", "Produce acks (0, 1, -1)"),
+    Column("timeout_ms", pa.int32(), "ms", "Produce/other request timeout"),
+    Column("transactional_id", pa.string(), "", "Produce/InitProducerId/EndTxn transactional id"),
+    Column("topics", pa.list_(pa.string()), "", "topics touched (names, or topic ids for Fetch v13+)"),
+    Column("partitions", pa.int32(), "", "topic-partitions touched"),
+    Column("batches", pa.int32(), "", "record batches in a Produce request"),
+    Column("records", pa.int64(), "records", "records produced (batch headers) or 0"),
+    Column("record_bytes", pa.int64(), "bytes", "record-batch bytes produced, or fetched for Fetch responses"),
+    Column("compression", pa.string(), "", "compression codec(s) of produced batches, comma separated"),
+    Column("producer_id", pa.int64(), "", "producer id (batch header or InitProducerId response)"),
+    Column("producer_epoch", pa.int16(), "", "producer epoch"),
+    Column("max_wait_ms", pa.int32(), "ms", "Fetch max_wait"),
+    Column("min_bytes", pa.int32(), "bytes", "Fetch min_bytes"),
+    Column("max_bytes", pa.int32(), "bytes", "Fetch max_bytes"),
+    Column("isolation_level", pa.int8(), "", "Fetch/ListOffsets isolation level (0 read_uncommitted, 1 read_committed)"),
+    Column("fetch_session_id", pa.int32(), "", "Fetch session id"),
+    Column("fetch_session_epoch", pa.int32(), "", "Fetch session epoch"),
+    Column("group_id", pa.string(), "", "consumer group id (group APIs, OffsetCommit/Fetch, FindCoordinator key)"),
+    Column("member_id", pa.string(), "", "group member id"),
+    Column("generation_id", pa.int32(), "", "group generation"),
+    Column("client_software_name", pa.string(), "", "ApiVersions v3+ client software name"),
+    Column("client_software_version", pa.string(), "", "ApiVersions v3+ client software version"),
+    Column("sasl_mechanism", pa.string(), "", "SaslHandshake mechanism (never credentials)"),
+    Column("throttle_ms", pa.int32(), "ms", "throttle_time_ms from the response"),
+    Column("error_count", pa.int16(), "", "non-zero error codes in the response"),
+    Column("errors", pa.list_(ERROR_STRUCT), "", "every non-zero error code with its name and place"),
+    Column("decode_note", pa.string(), "", "why the request or response body was not decoded, if it was not"),
+]
+
+CONNECTION_COLUMNS: list[Column] = [
+    Column("proxy_id", pa.string(), "", "id of the proxy instance"),
+    Column("conn_id", pa.string(), "", "connection id, unique per proxy run"),
+    Column("final", pa.bool_(), "", "true for the row written at the end, false for periodic snapshots"),
+    Column("snapshot_ns", pa.int64(), "epoch ns", "when this row was taken"),
+    Column("listener", pa.string(), "host:port", "proxy listener that accepted the connection"),
+    Column("mode", pa.string(), "", "explicit | transparent"),
+    Column("client_addr", pa.string(), "host:port", "client address"),
+    Column("original_dst", pa.string(), "host:port", "original destination (transparent mode)"),
+    Column("broker_addr", pa.string(), "host:port", "upstream broker address"),
+    Column("opened_ns", pa.int64(), "epoch ns", "client connection accepted"),
+    Column("upstream_connect_us", pa.int64(), "µs", "time to connect to the broker"),
+    Column("closed_ns", pa.int64(), "epoch ns", "both sides closed (null while open)"),
+    Column("duration_us", pa.int64(), "µs", "closed_ns - opened_ns (or up to the snapshot)"),
+    Column("bytes_from_client", pa.int64(), "bytes", "bytes read from the client"),
+    Column("bytes_from_broker", pa.int64(), "bytes", "bytes read from the broker"),
+    Column("frames_from_client", pa.int64(), "", "request frames seen"),
+    Column("frames_from_broker", pa.int64(), "", "response frames seen"),
+    Column("requests", pa.int64(), "", "requests seen"),
+    Column("responses", pa.int64(), "", "responses paired"),
+    Column("client_ids", pa.list_(pa.string()), "", "distinct client_id values seen"),
+    Column("client_software_name", pa.string(), "", "from ApiVersions v3+"),
+    Column("client_software_version", pa.string(), "", "from ApiVersions v3+"),
+    Column("tls", pa.bool_(), "", "a TLS ClientHello was seen (the stream is opaque)"),
+    Column("opaque", pa.bool_(), "", "some direction stopped being parsed"),
+    Column("opaque_reason", pa.string(), "", "why, with the stream offset"),
+    Column("end_reason", pa.string(), "", "client_fin | broker_fin | client_rst | broker_rst | upstream_connect_failed | proxy_shutdown | idle_timeout | protocol_error | fault | open"),
+    Column("end_by", pa.string(), "", "client | broker | proxy | none (still open)"),
+    Column("end_detail", pa.string(), "", "errno text or fault description"),
+    Column("idle_before_end_ms", pa.int64(), "ms", "time since the last byte either way when the connection ended"),
+    Column("unanswered", pa.int32(), "", "requests without a response at the end"),
+    Column("last_api", pa.string(), "", "API of the last request before the end"),
+    Column("last_request_bytes", pa.int32(), "bytes", "size of the last request before the end"),
+    Column("last_request_acks", pa.int8(), "", "acks of the last request, when it was a Produce"),
+    Column("last_request_topics", pa.list_(pa.string()), "", "topics of the last request"),
+    Column("inferred_cause", pa.string(), "", "plain-language cause when the evidence supports one"),
+    Column("tcp_client_open", TCP_STRUCT, "", "TCP_INFO of the client socket at accept"),
+    Column("tcp_broker_open", TCP_STRUCT, "", "TCP_INFO of the broker socket after connect"),
+    Column("tcp_client_close", TCP_STRUCT, "", "TCP_INFO of the client socket at the end"),
+    Column("tcp_broker_close", TCP_STRUCT, "", "TCP_INFO of the broker socket at the end"),
+]
+
+TCP_COLUMNS: list[Column] = [
+    Column("proxy_id", pa.string(), "", "id of the proxy instance"),
+    Column("conn_id", pa.string(), "", "connection id"),
+    Column("side", pa.string(), "", "client | broker: which of the proxy's two sockets"),
+    Column("phase", pa.string(), "", "open | periodic | close"),
+    Column("ts_ns", pa.int64(), "epoch ns", "when the sample was taken"),
+    *TCP_FIELDS,
+]
+
+FRAME_COLUMNS: list[Column] = [
+    Column("proxy_id", pa.string(), "", "id of the proxy instance"),
+    Column("conn_id", pa.string(), "", "connection id"),
+    Column("direction", pa.string(), "", "request | response"),
+    Column("ts_ns", pa.int64(), "epoch ns", "first byte of the frame"),
+    Column("conn_offset_ns", pa.int64(), "ns", "ts_ns minus the connection's opened_ns (replay rhythm)"),
+    Column("correlation_id", pa.int32(), "", "correlation id"),
+    Column("api_key", pa.int16(), "", "API key"),
+    Column("api_version", pa.int16(), "", "API version"),
+    Column("client_addr", pa.string(), "host:port", "client address"),
+    Column("broker_addr", pa.string(), "host:port", "broker address"),
+    Column("data", pa.binary(), "bytes", "the whole frame including its size prefix (SaslAuthenticate never kept)"),
+]
+
+COLUMNS: dict[str, list[Column]] = {
+    "requests": REQUEST_COLUMNS,
+    "connections": CONNECTION_COLUMNS,
+    "tcp": TCP_COLUMNS,
+    "frames": FRAME_COLUMNS,
+}
+
+
+def arrow_schema(dataset: str) -> pa.Schema:
+    """The pyarrow schema of one dataset, with the format version in its metadata."""
+    cols = COLUMNS[dataset]
+    return pa.schema(
+        [pa.field(c.name, c.type) for c in cols],
+        metadata={FORMAT_KEY: str(FORMAT_VERSION).encode(), b"kafkatap.dataset": dataset.encode()},
+    )
+
+
+def markdown_table(dataset: str) -> str:
+    """A README table for one dataset: column, type, unit, meaning."""
+    lines = ["| column | type | unit | meaning |", "|---|---|---|---|"]
+    for c in COLUMNS[dataset]:
+        lines.append(f"| `{c.name}` | {c.type} | {c.unit} | {c.doc} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    for name in DATASETS:
+        print(f"### `{name}/`\n\n{markdown_table(name)}\n")
