@@ -19,7 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("scenarios.cli:demo", "Run the demo: local Kafka + proxy + traffic + Spark report."),
     "proxy": ("proxy.cli:proxy", "Run the recording proxy (explicit routes or transparent mode)."),
     "iptables": ("proxy.cli:iptables", "Print, apply or remove the REDIRECT rules for transparent mode."),
-    "top": ("proxy.cli:top", "Live view of a running proxy's clients and requests."),
+    "top": ("proxy.live:top", "Live view of a running proxy's clients and requests."),
     "analyze": ("analytics.cli:analyze", "Analyze recordings with Spark: report, tables, findings."),
     "scenario": ("scenarios.cli:scenario", "List and run the incident scenarios end to end."),
     "replay": ("scenarios.replay.cli:replay", "Replay recorded Kafka sessions against another broker."),

@@ -1,0 +1,66 @@
+"""One SparkSession per process, configured for a small machine and a quiet console.
+
+Starting a JVM costs seconds; tests, the CLI and scenario code all call
+`get_spark()` and share one session. Spark's console progress bar and INFO
+logs are switched off because the job prints its own progress on stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+_LOCK = threading.Lock()
+_SESSION: SparkSession | None = None
+
+LOG4J = Path(__file__).with_name("log4j2.properties")
+
+DEFAULTS: dict[str, str] = {
+    "spark.ui.showConsoleProgress": "false",
+    "spark.ui.enabled": "false",
+    "spark.sql.shuffle.partitions": "4",
+    "spark.default.parallelism": "4",
+    "spark.sql.adaptive.enabled": "true",
+    "spark.sql.adaptive.coalescePartitions.enabled": "true",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.files.maxPartitionBytes": "64m",
+    "spark.sql.parquet.enableVectorizedReader": "true",
+    "spark.driver.memory": "3g",
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.driver.host": "127.0.0.1",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.sql.warehouse.dir": os.path.join(os.environ.get("TMPDIR", "/tmp"), "kafkatap-spark-warehouse"),
+    "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J} -Dderby.system.home=/tmp",
+}
+
+
+def get_spark(master: str | None = None, conf: dict[str, str] | None = None, app_name: str = "kafkatap-analyze") -> SparkSession:
+    """Return the process's SparkSession, creating it on first call.
+
+    `master` and `conf` only matter on the first call (a JVM cannot be
+    re-configured); later calls get the same session back, which is what lets
+    `run_analysis` be called many times from one scenario process.
+    """
+    global _SESSION
+    with _LOCK:
+        if _SESSION is not None and _SESSION.sparkContext._jsc is not None:  # type: ignore[attr-defined]
+            return _SESSION
+        os.environ.setdefault("PYSPARK_PYTHON", os.sys.executable)  # type: ignore[attr-defined]
+        builder = SparkSession.builder.appName(app_name).master(master or os.environ.get("KAFKATAP_SPARK_MASTER", "local[2]"))
+        for key, value in {**DEFAULTS, **(conf or {})}.items():
+            builder = builder.config(key, value)
+        _SESSION = builder.getOrCreate()
+        _SESSION.sparkContext.setLogLevel("ERROR")
+        return _SESSION
+
+
+def stop_spark() -> None:
+    """Stop the shared session (tests and benchmarks that want a clean JVM)."""
+    global _SESSION
+    with _LOCK:
+        if _SESSION is not None:
+            _SESSION.stop()
+            _SESSION = None

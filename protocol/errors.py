@@ -1,0 +1,76 @@
+"""The decoder's own exception types and the Kafka error-code name table.
+
+Why a closed set of exceptions: the proxy feeds raw production traffic into
+`protocol/` and must never crash on it. Internally the walkers raise
+`BodyOverrun`/`TrailingBytes`; `KafkaStream` catches them and turns them into
+events. The only exceptions a caller can ever see are subclasses of
+`ProtocolError`, and only from misuse of the API (e.g. feeding data after
+`close()`), never from the bytes themselves.
+"""
+
+from __future__ import annotations
+
+
+class ProtocolError(Exception):
+    """Base of every exception `protocol/` raises to its caller."""
+
+
+class StreamClosedError(ProtocolError):
+    """Data was fed to a stream after `close()`."""
+
+
+class DecodeError(ProtocolError):
+    """A frame body could not be decoded (raised by `deep` and the summarizers).
+
+    `offset` is the position inside the frame body where decoding failed.
+    """
+
+    def __init__(self, message: str, offset: int = -1) -> None:
+        super().__init__(message)
+        self.offset = offset
+
+
+class BodyOverrun(DecodeError):
+    """A declared length (string, array, records, varint) runs past the frame end."""
+
+
+class TrailingBytes(DecodeError):
+    """The body decoded completely but bytes are left over inside the frame."""
+
+
+class UnknownApi(DecodeError):
+    """No schema for this api key / version: the frame can only be kept opaque."""
+
+
+# Kafka error codes (org.apache.kafka.common.protocol.Errors). Names follow the
+# Java enum, which is what broker logs and operators use; kafka-python's table
+# differs only in a few legacy spellings (e.g. MESSAGE_SIZE_TOO_LARGE).
+def _build_error_names() -> dict[int, str]:
+    names: dict[int, str] = {}
+    try:
+        import kafka.errors as kerr  # only at import time, not on the hot path
+
+        for attr in dir(kerr):
+            cls = getattr(kerr, attr)
+            if (
+                isinstance(cls, type)
+                and issubclass(cls, kerr.BrokerResponseError)
+                and isinstance(getattr(cls, "errno", None), int)
+            ):
+                names.setdefault(cls.errno, str(cls.message))
+    except Exception:  # pragma: no cover - kafka-python is a hard dependency
+        pass
+    # Java enum names where kafka-python kept an older spelling.
+    names.update({10: "MESSAGE_TOO_LARGE", 6: "NOT_LEADER_OR_FOLLOWER"})
+    return names
+
+
+ERROR_NAMES: dict[int, str] = _build_error_names()
+
+
+def error_name(code: int) -> str:
+    """Kafka's name for an error code; `UNKNOWN_CODE_<n>` when newer than our table."""
+    name = ERROR_NAMES.get(code)
+    if name is None:
+        name = f"UNKNOWN_CODE_{code}"
+    return name

@@ -1,0 +1,354 @@
+"""LocalKafka: a real Apache Kafka broker (or a 3-node cluster) in KRaft mode on loopback.
+
+Tests, scenarios, benchmarks and the demo all get their broker from here, so
+every one of them talks to the real thing. Each node runs as combined
+broker+controller with a fresh log dir under a work dir; the work dir (with
+`server.log` per node) is kept when the caller asks, so a failing test leaves
+the broker's own story behind.
+
+    with LocalKafka(broker_props={"message.max.bytes": 10000}) as kafka:
+        kafka.create_topic("t")
+        ... kafka.bootstrap ...
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+import structlog
+
+from scenarios.kafka_jars import (
+    DEFAULT_VERSION,
+    KafkaHarnessError,
+    cache_root,
+    ensure_jars,
+    release,
+    require_tool,
+)
+
+log = structlog.get_logger("kafkatap.kafka")
+
+__all__ = ["LocalKafka", "KafkaHarnessError", "free_port", "DEFAULT_VERSION"]
+
+_BASE_PROPS = {
+    "process.roles": "broker,controller",
+    "controller.listener.names": "CONTROLLER",
+    "inter.broker.listener.name": "PLAINTEXT",
+    "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
+    "offsets.topic.num.partitions": "3",
+    "group.initial.rebalance.delay.ms": "0",
+    "num.partitions": "1",
+    "log.flush.interval.messages": "9223372036854775807",
+    "auto.create.topics.enable": "true",
+}
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the kernel just handed out and released (good enough on loopback)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _kafka_uuid() -> str:
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+# --- a tiny wire probe: enough Kafka to know a broker is serving -------------
+
+def _probe(host: str, port: int, api_key: int, version: int, body: bytes, timeout: float) -> bytes:
+    client_id = b"kafkatap-harness"
+    header = struct.pack(">hhih", api_key, version, 7, len(client_id)) + client_id
+    payload = header + body
+    with socket.create_connection((host, port), timeout=timeout) as s:
+        s.sendall(struct.pack(">i", len(payload)) + payload)
+        size = struct.unpack(">i", _recv_exact(s, 4))[0]
+        return _recv_exact(s, size)
+
+
+def _recv_exact(s: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("broker closed the connection")
+        buf += chunk
+    return bytes(buf)
+
+
+def brokers_registered(host: str, port: int, timeout: float = 2.0) -> int:
+    """Number of brokers a Metadata v1 (all topics: null) response lists; raises when not serving."""
+    resp = _probe(host, port, 3, 1, struct.pack(">i", -1), timeout)
+    return struct.unpack_from(">i", resp, 4)[0]  # after correlation id
+
+
+@dataclass
+class Node:
+    node_id: int
+    port: int
+    controller_port: int
+    dir: Path
+    proc: subprocess.Popen | None = None
+    extra_listeners: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def log_file(self) -> Path:
+        return self.dir / "server.log"
+
+
+class LocalKafka:
+    """A real KRaft Kafka broker (nodes=1) or cluster (nodes=3) on loopback.
+
+    broker_props: any server.properties keys, applied to every node (e.g.
+    `message.max.bytes`, `num.network.threads`, `queued.max.requests`,
+    `connections.max.idle.ms`, `socket.send.buffer.bytes`). `listeners` and
+    `advertised.listeners` may be given with `{port}` / `{controller_port}`
+    placeholders for setups such as a broker inside a network namespace.
+    """
+
+    def __init__(
+        self,
+        version: str = DEFAULT_VERSION,
+        broker_props: Mapping[str, object] | None = None,
+        nodes: int = 1,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        workdir: Path | str | None = None,
+        keep_workdir: bool = False,
+        heap: str = "768m",
+        start_timeout: float = 90.0,
+        netns: str | None = None,
+    ) -> None:
+        self.release = release(version)
+        self.version = version
+        self.broker_props = {k: str(v) for k, v in (broker_props or {}).items()}
+        self.host = host
+        self.heap = heap
+        self.start_timeout = start_timeout
+        self.keep_workdir = keep_workdir
+        self.netns = netns
+        self._own_workdir = workdir is None
+        self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix=f"kafka-{version}-", dir=_run_dir()))
+        if port is not None and nodes != 1:
+            raise KafkaHarnessError("a fixed port is only supported for a single node")
+        self.nodes: list[Node] = []
+        for i in range(nodes):
+            p = port if (port is not None and i == 0) else free_port(host if not netns else "127.0.0.1")
+            self.nodes.append(Node(i + 1, p, free_port(host if not netns else "127.0.0.1"), self.workdir / f"node-{i + 1}"))
+        self.cluster_id = _kafka_uuid()
+        self.started_s: float | None = None
+
+    # -- public API ------------------------------------------------------------
+    @property
+    def bootstrap(self) -> str:
+        """Comma-separated host:port of every node, for clients."""
+        return ",".join(f"{self.host}:{n.port}" for n in self.nodes)
+
+    @property
+    def port(self) -> int:
+        return self.nodes[0].port
+
+    def __enter__(self) -> "LocalKafka":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        if exc[0] is None and self._own_workdir and not self.keep_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def start(self) -> "LocalKafka":
+        """Format storage, start every node, wait until each answers Metadata listing all brokers."""
+        require_tool("java", "default-jre-headless")
+        lib = ensure_jars(self.version)
+        t0 = time.monotonic()
+        for node in self.nodes:
+            if self.netns is None and not port_is_free(self.host, node.port):
+                raise KafkaHarnessError(f"port {self.host}:{node.port} is taken; pick another with --port")
+            node.dir.mkdir(parents=True, exist_ok=True)
+            props = self._node_properties(node)
+            (node.dir / "server.properties").write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+            self._write_log_config(node)
+            fmt = subprocess.run(
+                self._java(lib, node) + ["kafka.tools.StorageTool", "format", "-t", self.cluster_id,
+                                         "-c", str(node.dir / "server.properties"), "--ignore-formatted"],
+                capture_output=True, text=True,
+            )
+            if fmt.returncode != 0:
+                raise KafkaHarnessError(f"formatting storage failed: {(fmt.stderr or fmt.stdout).strip().splitlines()[-1:]}")
+        for node in self.nodes:
+            self._launch(lib, node)
+        self._wait_ready()
+        self.started_s = time.monotonic() - t0
+        log.info("kafka ready", version=self.version, bootstrap=self.bootstrap, seconds=round(self.started_s, 1))
+        return self
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """Stop every node: SIGTERM (controlled shutdown), then SIGKILL after `timeout`."""
+        for node in self.nodes:
+            if node.proc and node.proc.poll() is None:
+                node.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for node in self.nodes:
+            if node.proc is None:
+                continue
+            try:
+                node.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                node.proc.kill()
+                node.proc.wait()
+            node.proc = None
+
+    def kill(self, node_index: int = 0) -> None:
+        """SIGKILL one node: the broker dies mid-request, as in a crash."""
+        node = self.nodes[node_index]
+        if node.proc and node.proc.poll() is None:
+            node.proc.kill()
+            node.proc.wait()
+        node.proc = None
+
+    def restart(self, node_index: int = 0) -> None:
+        """Start a stopped or killed node again on the same port and data."""
+        node = self.nodes[node_index]
+        if node.proc is None or node.proc.poll() is not None:
+            self._launch(ensure_jars(self.version), node)
+        self._wait_ready()
+
+    def create_topic(self, name: str, partitions: int = 1, replication: int = 1, config: Mapping[str, str] | None = None) -> None:
+        """Create a topic and wait until its leaders are known."""
+        from kafka.admin import KafkaAdminClient, NewTopic  # imported lazily: kafka-python is slow to import
+
+        admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="kafkatap-harness")
+        try:
+            admin.create_topics([NewTopic(name, partitions, replication, topic_configs=dict(config or {}))])
+        finally:
+            admin.close()
+
+    def log_tail(self, lines: int = 30) -> str:
+        out = []
+        for node in self.nodes:
+            for f in (node.log_file, node.dir / "stdout.log"):
+                if f.exists():
+                    tail = f.read_text(errors="replace").splitlines()[-lines:]
+                    out.append(f"--- {f}\n" + "\n".join(tail))
+        return "\n".join(out)
+
+    # -- internals --------------------------------------------------------------
+    def _node_properties(self, node: Node) -> dict[str, str]:
+        voters = ",".join(f"{n.node_id}@{self.host}:{n.controller_port}" for n in self.nodes)
+        rf = str(min(3, len(self.nodes)))
+        props = dict(_BASE_PROPS)
+        props.update({
+            "node.id": str(node.node_id),
+            "controller.quorum.voters": voters,
+            "listeners": f"PLAINTEXT://{self.host}:{{port}},CONTROLLER://{self.host}:{{controller_port}}",
+            "advertised.listeners": f"PLAINTEXT://{self.host}:{{port}}",
+            "log.dirs": str(node.dir / "data"),
+            "offsets.topic.replication.factor": rf,
+            "transaction.state.log.replication.factor": rf,
+            "transaction.state.log.min.isr": "1",
+            "default.replication.factor": rf,
+        })
+        props.update(self.broker_props)
+        return {k: v.format(port=node.port, controller_port=node.controller_port) for k, v in props.items()}
+
+    def _write_log_config(self, node: Node) -> None:
+        if self.release.log4j2:
+            (node.dir / "log4j2.properties").write_text(
+                "status = error\nappender.f.type = File\nappender.f.name = F\n"
+                f"appender.f.fileName = {node.log_file}\nappender.f.layout.type = PatternLayout\n"
+                "appender.f.layout.pattern = [%d] %p %m (%c)%n\nrootLogger.level = INFO\n"
+                "rootLogger.appenderRef.f.ref = F\n"
+            )
+        else:
+            (node.dir / "log4j.properties").write_text(
+                "log4j.rootLogger=INFO, F\nlog4j.appender.F=org.apache.log4j.FileAppender\n"
+                f"log4j.appender.F.File={node.log_file}\nlog4j.appender.F.layout=org.apache.log4j.PatternLayout\n"
+                "log4j.appender.F.layout.ConversionPattern=[%d] %p %m (%c)%n\n"
+            )
+
+    def _java(self, lib: Path, node: Node) -> list[str]:
+        if self.release.log4j2:
+            logcfg = f"-Dlog4j2.configurationFile={node.dir / 'log4j2.properties'}"
+        else:
+            logcfg = f"-Dlog4j.configuration=file:{node.dir / 'log4j.properties'}"
+        cmd = ["java", f"-Xmx{self.heap}", "-Xss1m", "-XX:+UseG1GC", "-Djava.awt.headless=true", logcfg,
+               f"-Dkafka.logs.dir={node.dir}", "-cp", f"{lib}/*"]
+        if self.netns:
+            cmd = ["ip", "netns", "exec", self.netns, *cmd]
+        return cmd
+
+    def _launch(self, lib: Path, node: Node) -> None:
+        stdout = open(node.dir / "stdout.log", "ab")
+        node.proc = subprocess.Popen(
+            self._java(lib, node) + ["kafka.Kafka", str(node.dir / "server.properties")],
+            stdout=stdout, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+        stdout.close()
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        want = len(self.nodes)
+        pending = list(self.nodes)
+        last_err = ""
+        while pending:
+            node = pending[0]
+            if node.proc is None or node.proc.poll() is not None:
+                code = node.proc.returncode if node.proc else "never started"
+                self.stop()
+                raise KafkaHarnessError(f"broker node {node.node_id} exited ({code}) during start-up:\n{self.log_tail(15)}")
+            try:
+                if self.netns:
+                    n = _probe_in_netns(self.netns, self.host, node.port)
+                else:
+                    n = brokers_registered(self.host, node.port)
+                if n >= want:
+                    pending.pop(0)
+                    continue
+                last_err = f"{n}/{want} brokers registered"
+            except (OSError, struct.error) as exc:
+                last_err = str(exc)
+            if time.monotonic() > deadline:
+                self.stop()
+                raise KafkaHarnessError(
+                    f"broker not ready after {self.start_timeout:.0f}s ({last_err}):\n{self.log_tail(15)}")
+            time.sleep(0.2)  # polling an external JVM: there is no event to await
+
+
+def _probe_in_netns(netns: str, host: str, port: int) -> int:
+    code = (
+        "import sys;from scenarios.kafka import brokers_registered;"
+        f"print(brokers_registered({host!r},{port}))"
+    )
+    out = subprocess.run(["ip", "netns", "exec", netns, os.sys.executable, "-c", code], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise OSError(out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "probe failed")
+    return int(out.stdout.strip())
+
+
+def _run_dir() -> str:
+    d = cache_root() / "run"
+    d.mkdir(parents=True, exist_ok=True)
+    return str(d)

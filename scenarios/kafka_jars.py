@@ -1,0 +1,117 @@
+"""Fetch Apache Kafka's jars from Maven Central with Maven, pinned and cached.
+
+The jars land in `<cache>/<version>/lib` (the cache is `.kafka/` in the project,
+git-ignored, or `$KAFKATAP_CACHE`), with Maven's own repository kept beside it
+so a second run is offline and takes milliseconds: a `.complete` marker is
+written only after Maven finished, so an interrupted fetch is redone.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+log = structlog.get_logger("kafkatap.kafka")
+
+
+class KafkaHarnessError(RuntimeError):
+    """A local broker could not be fetched, started or stopped; the message says why in one line."""
+
+
+@dataclass(frozen=True)
+class KafkaRelease:
+    """One pinned Kafka version and the extra artifacts it needs to run and log."""
+
+    version: str
+    extra: tuple[str, ...]  # groupId:artifactId:version
+    log4j2: bool  # 4.x logs through log4j2, 3.x through reload4j
+
+
+# 4.4.0 is listed on Maven Central but its kafka-tools-api artifact is missing,
+# so 4.3.1 is the newest 4.x that resolves completely.
+RELEASES: dict[str, KafkaRelease] = {
+    "4.3.1": KafkaRelease("4.3.1", ("org.apache.logging.log4j:log4j-slf4j-impl:2.25.4",), log4j2=True),
+    "3.7.2": KafkaRelease("3.7.2", (), log4j2=False),
+}
+DEFAULT_VERSION = "4.3.1"
+INCIDENT_VERSION = "3.7.2"
+
+_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>kafkatap</groupId><artifactId>kafka-jars</artifactId><version>1</version>
+  <packaging>pom</packaging>
+  <dependencies>
+{deps}
+  </dependencies>
+</project>
+"""
+_DEP = "    <dependency><groupId>{g}</groupId><artifactId>{a}</artifactId><version>{v}</version></dependency>"
+
+
+def cache_root() -> Path:
+    """Where jars and broker work dirs live: $KAFKATAP_CACHE or `.kafka/` beside the packages."""
+    env = os.environ.get("KAFKATAP_CACHE")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parent.parent / ".kafka"
+
+
+def release(version: str) -> KafkaRelease:
+    try:
+        return RELEASES[version]
+    except KeyError:
+        raise KafkaHarnessError(
+            f"Kafka {version} is not pinned; choose one of {', '.join(RELEASES)}"
+        ) from None
+
+
+def require_tool(name: str, package: str) -> str:
+    path = shutil.which(name)
+    if not path:
+        raise KafkaHarnessError(f"'{name}' not found on PATH: install it (Debian: apt-get install {package})")
+    return path
+
+
+def ensure_jars(version: str = DEFAULT_VERSION, quiet: bool = False) -> Path:
+    """Return the directory holding every jar Kafka `version` needs, fetching it once."""
+    rel = release(version)
+    root = cache_root() / rel.version
+    lib = root / "lib"
+    if (root / ".complete").exists():
+        return lib
+    mvn = require_tool("mvn", "maven")
+    require_tool("java", "default-jre-headless")
+    root.mkdir(parents=True, exist_ok=True)
+    coords = [f"org.apache.kafka:kafka_2.13:{rel.version}", f"org.apache.kafka:kafka-tools:{rel.version}", *rel.extra]
+    deps = "\n".join(_DEP.format(g=g, a=a, v=v) for g, a, v in (c.split(":") for c in coords))
+    (root / "pom.xml").write_text(_POM.format(deps=deps))
+    if lib.exists():
+        shutil.rmtree(lib)
+    if not quiet:
+        log.info("fetching Kafka jars from Maven Central", version=rel.version, into=str(lib))
+    started = time.monotonic()
+    proc = subprocess.run(
+        [mvn, "-B", "-q", f"-Dmaven.repo.local={cache_root() / 'm2'}", "dependency:copy-dependencies",
+         f"-DoutputDirectory={lib}"],
+        cwd=root, capture_output=True, text=True,
+    )
+    if proc.returncode != 0:
+        out = proc.stdout + proc.stderr
+        if any(s in out for s in ("UnknownHost", "Could not transfer", "Connection refused", "timed out", "Network is unreachable")):
+            raise KafkaHarnessError(f"Maven Central unreachable while fetching Kafka {rel.version}: {_last_error(out)}")
+        raise KafkaHarnessError(f"Maven could not fetch Kafka {rel.version}: {_last_error(out)}")
+    (root / ".complete").write_text(f"{time.monotonic() - started:.1f}s\n")
+    if not quiet:
+        log.info("Kafka jars ready", version=rel.version, seconds=round(time.monotonic() - started, 1))
+    return lib
+
+
+def _last_error(output: str) -> str:
+    errors = [ln.strip() for ln in output.splitlines() if "ERROR" in ln and ln.strip() != "[ERROR]"]
+    return (errors[0] if errors else output.strip().splitlines()[-1] if output.strip() else "no output")[:400]
