@@ -176,8 +176,15 @@ class LocalKafka:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-        if exc[0] is None and self._own_workdir and not self.keep_workdir:
-            shutil.rmtree(self.workdir, ignore_errors=True)
+        self.cleanup(failed=exc[0] is not None)
+
+    def cleanup(self, failed: bool = False) -> None:
+        """Remove a work dir this object created, unless asked to keep it or something failed."""
+        if failed or self.keep_workdir or not self._own_workdir:
+            if failed:
+                log.warning("kept the broker work dir for inspection", workdir=str(self.workdir))
+            return
+        shutil.rmtree(self.workdir, ignore_errors=True)
 
     def start(self) -> "LocalKafka":
         """Format storage, start every node, wait until each answers Metadata listing all brokers."""
@@ -186,6 +193,7 @@ class LocalKafka:
         t0 = time.monotonic()
         for node in self.nodes:
             if self.netns is None and not port_is_free(self.host, node.port):
+                self.cleanup()
                 raise KafkaHarnessError(f"port {self.host}:{node.port} is taken; pick another with --port")
             node.dir.mkdir(parents=True, exist_ok=True)
             props = self._node_properties(node)

@@ -20,25 +20,27 @@ from scenarios.kafka_jars import DEFAULT_VERSION, INCIDENT_VERSION
 _counter = itertools.count()
 
 
-def _broker(version: str) -> Iterator[LocalKafka]:
+def _broker(request: pytest.FixtureRequest, version: str) -> Iterator[LocalKafka]:
     kafka = LocalKafka(version=version, keep_workdir=bool(os.environ.get("KAFKATAP_KEEP_BROKER")))
     kafka.start()
+    failed_before = request.session.testsfailed
     try:
         yield kafka
     finally:
         kafka.stop()
+        kafka.cleanup(failed=request.session.testsfailed > failed_before)
 
 
 @pytest.fixture(scope="session")
-def kafka_broker() -> Iterator[LocalKafka]:
+def kafka_broker(request: pytest.FixtureRequest) -> Iterator[LocalKafka]:
     """The session's broker on the default Kafka version."""
-    yield from _broker(DEFAULT_VERSION)
+    yield from _broker(request, DEFAULT_VERSION)
 
 
 @pytest.fixture(scope="session")
-def kafka_broker_37() -> Iterator[LocalKafka]:
+def kafka_broker_37(request: pytest.FixtureRequest) -> Iterator[LocalKafka]:
     """A broker on the 3.7.x line (the version in the incidents)."""
-    yield from _broker(INCIDENT_VERSION)
+    yield from _broker(request, INCIDENT_VERSION)
 
 
 @pytest.fixture(params=[DEFAULT_VERSION, INCIDENT_VERSION], ids=lambda v: f"kafka-{v}")
@@ -61,3 +63,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if broker_fixtures & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.kafka)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """On a failing broker test, attach the tail of the broker's own log to the report."""
+    report = yield
+    if report.failed and call.when == "call":
+        for name in ("kafka_broker", "kafka_broker_37", "kafka_any_version"):
+            kafka = getattr(item, "funcargs", {}).get(name)
+            if isinstance(kafka, LocalKafka):
+                report.sections.append((f"broker log ({kafka.version})", kafka.log_tail(40)))
+    return report

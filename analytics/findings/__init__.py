@@ -1,0 +1,18 @@
+"""Findings: ranked plain-language diagnoses with evidence.
+
+A rule is a small function `Tables -> list[Finding]` over the (already
+collected, small) tables the job computed; rules never touch Spark, so they
+are cheap, deterministic and testable with a few dict rows. Register a rule
+with `@rule`; `run_rules` applies all of them and ranks the result.
+"""
+
+from analytics.findings.base import RULES, Finding, Tables, rank, rule, run_rules
+from analytics.findings import compare as _compare  # noqa: F401  (registers rules)
+from analytics.findings import general as _general  # noqa: F401
+from analytics.findings import inventory as _inventory  # noqa: F401
+from analytics.findings import oversize_produce as _oversize  # noqa: F401
+from analytics.findings import resets as _resets  # noqa: F401
+from analytics.findings import surge as _surge  # noqa: F401
+from analytics.findings import tcp_window as _tcp  # noqa: F401
+
+__all__ = ["RULES", "Finding", "Tables", "rank", "rule", "run_rules"]

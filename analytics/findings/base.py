@@ -1,0 +1,109 @@
+"""The Finding record, the rule registry and ranking."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+Tables = dict[str, list[dict[str, Any]]]
+Rule = Callable[[Tables], list["Finding"]]
+
+SEVERITY_WEIGHT = {"critical": 300, "warning": 200, "info": 100}
+RULES: dict[str, Rule] = {}
+
+
+@dataclass
+class Finding:
+    """One diagnosis. `id` is the rule id (stable, used by scenarios and tests)."""
+
+    id: str
+    severity: str  # critical | warning | info
+    title: str
+    summary: str
+    incident: int | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+    examples: list[dict[str, Any]] = field(default_factory=list)
+    tables: list[str] = field(default_factory=list)
+    score: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return _jsonable(asdict(self))
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, dt.datetime):
+        return v.isoformat()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def rule(rule_id: str) -> Callable[[Rule], Rule]:
+    """Register a rule under its id (the id findings carry)."""
+
+    def deco(fn: Rule) -> Rule:
+        RULES[rule_id] = fn
+        fn.rule_id = rule_id  # type: ignore[attr-defined]
+        return fn
+
+    return deco
+
+
+def score(severity: str, weight: float) -> float:
+    """Severity first, then how much evidence (log-scaled so one huge count does not dominate)."""
+    return SEVERITY_WEIGHT.get(severity, 0) + min(99.0, 20 * math.log10(1 + max(weight, 0)))
+
+
+def rank(findings: list[Finding]) -> list[Finding]:
+    return sorted(findings, key=lambda f: (-f.score, f.id))
+
+
+def run_rules(tables: Tables, only: list[str] | None = None) -> list[Finding]:
+    """Apply every registered rule (or `only` those ids); a failing rule becomes an info finding, never a crash."""
+    out: list[Finding] = []
+    for rid, fn in RULES.items():
+        if only is not None and rid not in only:
+            continue
+        try:
+            out.extend(fn(tables))
+        except Exception as exc:  # a broken rule must not hide the other diagnoses
+            out.append(Finding(f"{rid}.failed", "info", f"Rule {rid} could not run", f"{type(exc).__name__}: {exc}", score=1))
+    return rank(out)
+
+
+def human_bytes(n: float | None) -> str:
+    if n is None:
+        return "?"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def human_s(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def ts(v: Any) -> str | None:
+    """A timestamp from a table row as ISO text (rows come from Arrow as datetime)."""
+    if v is None:
+        return None
+    if isinstance(v, dt.datetime):
+        return (v if v.tzinfo else v.replace(tzinfo=dt.timezone.utc)).isoformat()
+    return str(v)

@@ -1,0 +1,57 @@
+"""Rules not tied to one incident: error hot spots and throttling."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from analytics.findings.base import Finding, Tables, rule, score, ts
+from analytics.findings.oversize_produce import TOO_LARGE
+
+MIN_ERRORS = 10
+
+
+@rule("error_hotspot")
+def error_hotspot(t: Tables) -> list[Finding]:
+    """The most frequent error names (those incident rules already explain are left to them)."""
+    by_name: dict[str, list[dict]] = defaultdict(list)
+    for r in t.get("errors_by_name", []):
+        if r.get("error_name") not in TOO_LARGE:
+            by_name[r["error_name"]].append(r)
+    total_req = ((t.get("overview") or [{}])[0]).get("requests") or 0
+    out = []
+    for name, rs in by_name.items():
+        n = sum(r.get("count") or 0 for r in rs)
+        if n < MIN_ERRORS:
+            continue
+        rs.sort(key=lambda r: -(r.get("count") or 0))
+        share = n / total_req if total_req else 0
+        sev = "warning" if share >= 0.001 else "info"
+        apis = sorted({r.get("api_name") for r in rs})
+        clients = sorted({r.get("client_id") for r in rs})
+        out.append(Finding(
+            id="error_hotspot", severity=sev,
+            title=f"{n:,} × {name} on {', '.join(apis)} ({len(clients)} client(s))",
+            summary=f"{name} appeared {n:,} times ({share:.3%} of requests), most on {rs[0].get('topic') or '?'} from {rs[0].get('client_id')}.",
+            evidence={"error": name, "count": n, "share_of_requests": share, "apis": apis, "clients": clients[:20]},
+            examples=[{"conn_id": r.get("example_conn_id"), "first_seen": ts(r.get("first_seen")), "topic": r.get("topic"),
+                       "client_id": r.get("client_id"), "count": r.get("count")} for r in rs[:5]],
+            tables=["errors_by_name", "errors_over_time"], score=score(sev, n),
+        ))
+    return out
+
+
+@rule("throttled_clients")
+def throttled_clients(t: Tables) -> list[Finding]:
+    rows = t.get("throttling", [])
+    if not rows:
+        return []
+    total = sum(r.get("total_throttle_ms") or 0 for r in rows)
+    clients = sorted({r.get("client_id") for r in rows})
+    return [Finding(
+        id="throttled_clients", severity="warning" if total >= 10_000 else "info",
+        title=f"Brokers throttled {len(clients)} client(s) for {total / 1000:.1f} s in total",
+        summary=f"Quota throttling (throttle_time_ms > 0) hit {', '.join(clients[:5])}{'…' if len(clients) > 5 else ''}.",
+        evidence={"clients": clients[:50], "total_throttle_ms": total},
+        examples=[{k: r.get(k) for k in ("client_id", "api_name", "broker_addr", "throttled_requests", "total_throttle_ms")} for r in rows[:5]],
+        tables=["throttling"], score=score("warning" if total >= 10_000 else "info", total / 1000),
+    )]

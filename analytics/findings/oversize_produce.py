@@ -1,0 +1,65 @@
+"""Incident 1: the broker hangs up on a producer (RecordBatchTooLarge)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from analytics.findings.base import Finding, Tables, human_bytes, rule, score, ts
+
+CAUSE = "batch larger than message.max.bytes (RecordBatchTooLarge)"
+TOO_LARGE = ("MESSAGE_TOO_LARGE", "RECORD_LIST_TOO_LARGE")
+
+
+@rule("broker_closed_after_acks0_produce")
+def broker_closed_after_acks0_produce(t: Tables) -> list[Finding]:
+    """Broker ended the connection and the last request was an acks=0 Produce: with no
+    response to carry the error, closing is how the broker says RecordBatchTooLarge."""
+    rows = [r for r in t.get("broker_closes", []) if r.get("last_api") == "Produce" and r.get("last_request_acks") == 0]
+    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for r in rows:
+        topic = ", ".join(r.get("last_request_topics") or []) or "?"
+        groups[(r.get("client_id") or "?", topic)].append(r)
+    out = []
+    for (client, topic), rs in groups.items():
+        sizes = [r.get("last_request_bytes") or 0 for r in rs]
+        causes = {r.get("inferred_cause") for r in rs if r.get("inferred_cause")}
+        cause = next(iter(causes)) if len(causes) == 1 else CAUSE
+        out.append(Finding(
+            id="broker_closed_after_acks0_produce", incident=1, severity="critical",
+            title=f"Broker closed {len(rs)} connection(s) of {client} right after an acks=0 Produce of {human_bytes(max(sizes))} to {topic}",
+            summary=(f"The broker hung up immediately after {client} sent an acks=0 Produce of up to {max(sizes):,} bytes to {topic}. "
+                     f"Inferred cause: {cause}. With acks=0 there is no response to carry the error, so the client only sees "
+                     "a disconnect; raise message.max.bytes / max.message.bytes or lower the producer's batch.size / max.request.size."),
+            evidence={"connections": len(rs), "client_id": client, "topic": topic, "max_request_bytes": max(sizes),
+                      "min_request_bytes": min(sizes), "inferred_cause": cause, "brokers": sorted({r.get("broker_addr") for r in rs})},
+            examples=[{"conn_id": r["conn_id"], "closed_at": ts(r.get("closed_at")), "broker": r.get("broker_addr"),
+                       "end_reason": r.get("end_reason"), "last_request_bytes": r.get("last_request_bytes")} for r in rs[:5]],
+            tables=["broker_closes", "unanswered_at_close"], score=score("critical", len(rs) * 10),
+        ))
+    return out
+
+
+@rule("produce_rejected_too_large")
+def produce_rejected_too_large(t: Tables) -> list[Finding]:
+    """acks=1/all Produce answered with MESSAGE_TOO_LARGE / RECORD_LIST_TOO_LARGE: same cause, visible error."""
+    rows = [r for r in t.get("errors_by_name", []) if r.get("error_name") in TOO_LARGE and r.get("api_name") == "Produce"]
+    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for r in rows:
+        groups[(r.get("client_id") or "?", r.get("topic") or "?")].append(r)
+    out = []
+    for (client, topic), rs in groups.items():
+        n = sum(r.get("count") or 0 for r in rs)
+        biggest = max((r.get("max_request_bytes") or 0) for r in rs)
+        names = sorted({r["error_name"] for r in rs})
+        out.append(Finding(
+            id="produce_rejected_too_large", incident=1, severity="critical",
+            title=f"{n} Produce request(s) from {client} to {topic} rejected with {'/'.join(names)} (up to {human_bytes(biggest)})",
+            summary=(f"The broker answered {n} Produce request(s) from {client} to {topic} with {', '.join(names)}: "
+                     f"{CAUSE}. Requests reached {biggest:,} bytes."),
+            evidence={"requests": n, "client_id": client, "topic": topic, "errors": names, "max_request_bytes": biggest,
+                      "acks": sorted({a for r in rs for a in (r.get("acks") or [])})},
+            examples=[{"conn_id": r.get("example_conn_id"), "first_seen": ts(r.get("first_seen")), "error": r["error_name"],
+                       "count": r.get("count")} for r in rs[:5]],
+            tables=["errors_by_name"], score=score("critical", n),
+        ))
+    return out

@@ -1,0 +1,78 @@
+"""Incident 2: connections reset after idle by something that is not the broker; reconnect storms."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+
+from analytics.findings.base import Finding, Tables, human_s, rule, score, ts
+
+MIN_IDLE_MS = 1000
+
+
+@rule("idle_resets_not_from_broker")
+def idle_resets_not_from_broker(t: Tables) -> list[Finding]:
+    """RSTs the broker did not send, after the connection sat idle: an idle-timeout middlebox
+    (firewall, NAT, load balancer) or the client's own timer. Kafka's idle close is a FIN."""
+    rows = [r for r in t.get("resets", []) if r.get("end_by") != "broker" and (r.get("idle_before_end_ms") or 0) >= MIN_IDLE_MS]
+    if not rows:
+        return []
+    idles = sorted(r["idle_before_end_ms"] for r in rows)
+    med = statistics.median(idles)
+    p10, p90 = idles[len(idles) // 10], idles[(len(idles) * 9) // 10]
+    clustered = len(idles) >= 3 and p90 <= med * 1.25 and p10 >= med * 0.75
+    by_client: dict[str, int] = defaultdict(int)
+    for r in rows:
+        by_client[r.get("client_id") or "?"] += 1
+    recon = {r["client_id"]: r.get("reconnects_per_min") for r in t.get("reconnects_by_client", []) if r.get("client_id") in by_client}
+    who = sorted({r.get("end_by") or "none" for r in rows})
+    timer = f" — the idle times cluster tightly around {human_s(med / 1000)}, the signature of an idle timer" if clustered else ""
+    sev = "critical" if len(rows) >= 3 else "warning"
+    return [Finding(
+        id="idle_resets_not_from_broker", incident=2, severity=sev,
+        title=f"{len(rows)} connection(s) reset after ~{human_s(med / 1000)} idle, not sent by the broker",
+        summary=(f"{len(rows)} connection(s) of {len(by_client)} client(s) ended with a TCP reset sent by the {'/'.join(who)} side, "
+                 f"not the broker, after {human_s(idles[0] / 1000)}–{human_s(idles[-1] / 1000)} of idle (median {human_s(med / 1000)}){timer}. "
+                 "Look for a firewall/NAT/load-balancer idle timeout between client and broker shorter than the clients' idle periods; "
+                 "lower connections.max.idle.ms or enable TCP keepalive below that timeout."),
+        evidence={"resets": len(rows), "median_idle_ms": med, "min_idle_ms": idles[0], "max_idle_ms": idles[-1],
+                  "idle_clustered": clustered, "end_by": who, "clients": dict(sorted(by_client.items(), key=lambda kv: -kv[1])[:10]),
+                  "reconnects_per_min": recon},
+        examples=[{"conn_id": r["conn_id"], "client_id": r.get("client_id"), "closed_at": ts(r.get("closed_at")),
+                   "end_reason": r.get("end_reason"), "end_by": r.get("end_by"), "idle_before_end_ms": r.get("idle_before_end_ms")}
+                  for r in rows[:5]],
+        tables=["resets", "reconnects_by_client", "connection_ends"], score=score(sev, len(rows)),
+    )]
+
+
+MIN_CONNECTIONS = 5
+MAX_MEDIAN_LIFETIME_S = 600.0
+MIN_RATE_PER_MIN = 0.1
+
+
+@rule("reconnect_storm")
+def reconnect_storm(t: Tables) -> list[Finding]:
+    """Clients that keep opening short-lived connections (every send pays a handshake)."""
+    out = []
+    for r in t.get("reconnects_by_client", []):
+        n = r.get("connections") or 0
+        life = r.get("median_lifetime_s")
+        rate = r.get("reconnects_per_min") or 0
+        if n < MIN_CONNECTIONS or life is None or life > MAX_MEDIAN_LIFETIME_S or rate < MIN_RATE_PER_MIN:
+            continue
+        sev = "critical" if rate >= 1 else "warning"
+        why = []
+        if r.get("resets_not_by_broker"):
+            why.append(f"{r['resets_not_by_broker']} reset(s) not sent by the broker")
+        if r.get("closed_by_broker"):
+            why.append(f"{r['closed_by_broker']} closed by the broker")
+        out.append(Finding(
+            id="reconnect_storm", incident=2, severity=sev,
+            title=f"{r['client_id']} ({r.get('client_host')}) reconnects {rate:.2f}×/min: {n} connections, median life {human_s(life)}",
+            summary=(f"Client {r['client_id']} at {r.get('client_host')} opened {n} connections (up to {r.get('max_opens_per_interval')} "
+                     f"in one interval), each living a median {human_s(life)}" + (f"; ends: {', '.join(why)}" if why else "") + "."),
+            evidence={k: r.get(k) for k in ("client_id", "client_host", "connections", "reconnects_per_min", "max_opens_per_interval",
+                                            "resets", "resets_not_by_broker", "closed_by_broker", "median_idle_before_end_ms", "median_lifetime_s")},
+            tables=["reconnects_by_client", "resets"], score=score(sev, n),
+        ))
+    return out

@@ -1,0 +1,69 @@
+"""Incident 4: a connection surge on a broker, with latency rising with it."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+
+from analytics.findings.base import Finding, Tables, rule, score, ts
+
+MIN_BASELINE_BUCKETS = 3
+JUMP_FACTOR = 2.0
+MIN_JUMP = 20  # connections: a broker going from 2 to 5 is not a surge
+LATENCY_FACTOR = 1.5
+
+
+def _med(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+@rule("connection_surge")
+def connection_surge(t: Tables) -> list[Finding]:
+    """Per broker: the first bucket where concurrency jumps to >= 2x (and +20) its earlier median,
+    then whether p99 latency rose with it while bytes per request stayed flat (queueing)."""
+    bucket_s = (t.get("_meta") or [{}])[0].get("bucket_s") or 60
+    series: dict[str, list[dict]] = defaultdict(list)
+    for r in t.get("connections_over_time", []):
+        series[r["broker_addr"]].append(r)
+    out = []
+    for broker, rows in series.items():
+        rows.sort(key=lambda r: r["bucket"])
+        conc = [r.get("concurrent") or 0 for r in rows]
+        start = None
+        for i in range(MIN_BASELINE_BUCKETS, len(rows)):
+            base = statistics.median(conc[:i])
+            if conc[i] >= max(base * JUMP_FACTOR, base + MIN_JUMP):
+                start = i
+                break
+        if start is None:
+            continue
+        base_c = statistics.median(conc[:start])
+        thresh = (base_c + conc[start]) / 2
+        surge = [r for r in rows[start:] if (r.get("concurrent") or 0) >= thresh]
+        peak = max(conc[start:])
+        b_p99 = _med([r.get("p99_us") for r in rows[:start]])
+        s_p99 = _med([r.get("p99_us") for r in surge])
+        b_bpr = _med([r.get("bytes_per_request") for r in rows[:start]])
+        s_bpr = _med([r.get("bytes_per_request") for r in surge])
+        opens = sum(r.get("opens") or 0 for r in rows[start:start + 3])
+        lat_up = b_p99 is not None and s_p99 is not None and b_p99 > 0 and s_p99 >= b_p99 * LATENCY_FACTOR
+        flat = b_bpr is not None and s_bpr is not None and b_bpr > 0 and 0.5 <= s_bpr / b_bpr <= 2
+        sev = "critical" if lat_up else "warning"
+        lat_txt = (f"p99 latency rose from {b_p99 / 1000:.1f} ms to {s_p99 / 1000:.1f} ms with it"
+                   if lat_up else "latency did not rise markedly")
+        queue_txt = " while bytes per request stayed flat — requests are queueing (network/IO threads saturated)" if lat_up and flat else ""
+        out.append(Finding(
+            id="connection_surge", incident=4, severity=sev,
+            title=f"Connection surge on {broker}: {base_c:.0f} → {peak} connections from {ts(rows[start]['bucket'])}; {lat_txt}",
+            summary=(f"Open connections on {broker} jumped from a median of {base_c:.0f} to {peak} (≈{opens / (3 * bucket_s):.1f} opens/s at the start) "
+                     f"starting {ts(rows[start]['bucket'])}; {lat_txt}{queue_txt}. Check num.network.threads / num.io.threads / "
+                     "queued.max.requests and which clients opened the new connections (client inventory)."),
+            evidence={"broker": broker, "baseline_connections": base_c, "peak_connections": peak, "surge_start": ts(rows[start]["bucket"]),
+                      "baseline_p99_us": b_p99, "surge_p99_us": s_p99, "baseline_bytes_per_request": b_bpr,
+                      "surge_bytes_per_request": s_bpr, "opens_in_first_buckets": opens, "bucket_s": bucket_s},
+            examples=[{"bucket": ts(r["bucket"]), "concurrent": r.get("concurrent"), "opens": r.get("opens"), "p99_us": r.get("p99_us")}
+                      for r in rows[max(0, start - 2):start + 3]],
+            tables=["connections_over_time"], score=score(sev, peak - base_c),
+        ))
+    return out

@@ -1,0 +1,86 @@
+"""Client inventory (incident 3) and the topic view: who writes and who reads each topic."""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from analytics.transforms.common import ADMIN_APIS, GROUP_APIS, ns_to_ts
+
+
+def _has(api_names: tuple[str, ...] | str) -> F.Column:
+    names = (api_names,) if isinstance(api_names, str) else api_names
+    return F.max(F.col("api_name").isin(*names).cast("int")) == 1
+
+
+def client_inventory(req: DataFrame) -> DataFrame:
+    """One row per (client_id, client host), busiest first.
+
+    Role comes from what the client actually sent (Produce -> producer, Fetch ->
+    consumer, group APIs -> group member, admin APIs -> admin), so it works for
+    every protocol version and for clients that never told us their software.
+    Rates are over the client's own active span.
+    """
+    produce = F.col("api_name") == "Produce"
+    fetch = F.col("api_name") == "Fetch"
+    agg = req.groupBy("client_id", "client_host").agg(
+        F.count(F.lit(1)).alias("requests"),
+        F.countDistinct("conn_id").alias("connections"),
+        F.min("ts_ns").alias("first_ns"),
+        F.max("ts_ns").alias("last_ns"),
+        _has("Produce").alias("is_producer"),
+        _has("Fetch").alias("is_consumer"),
+        _has(GROUP_APIS).alias("is_group_member"),
+        _has(ADMIN_APIS).alias("is_admin"),
+        F.array_sort(F.array_distinct(F.flatten(F.collect_list(F.when(produce, F.col("topics")))))).alias("topics_produced"),
+        F.array_sort(F.array_distinct(F.flatten(F.collect_list(F.when(fetch, F.col("topics")))))).alias("topics_consumed"),
+        F.array_sort(F.collect_set("group_id")).alias("groups"),
+        F.sum(F.when(produce, F.coalesce(F.col("records"), F.lit(0))).otherwise(0)).alias("records_produced"),
+        F.sum(F.when(produce, F.coalesce(F.col("record_bytes"), F.lit(0))).otherwise(0)).alias("bytes_produced"),
+        F.sum(F.when(fetch, F.coalesce(F.col("record_bytes"), F.lit(0))).otherwise(0)).alias("bytes_fetched"),
+        F.sum(F.coalesce(F.col("request_bytes"), F.lit(0))).alias("bytes_sent"),
+        F.sum(F.coalesce(F.col("response_bytes"), F.lit(0))).alias("bytes_received"),
+        F.sum(F.when(F.col("error_count") > 0, 1).otherwise(0)).alias("requests_with_errors"),
+        F.first("client_software_name", ignorenulls=True).alias("software_name"),
+        F.first("client_software_version", ignorenulls=True).alias("software_version"),
+        F.array_sort(F.collect_set("broker_addr")).alias("brokers"),
+    )
+    span_s = F.greatest((F.col("last_ns") - F.col("first_ns")) / 1e9, F.lit(1.0))
+    roles = F.concat_ws(
+        ", ",
+        F.when(F.col("is_producer"), F.lit("producer")),
+        F.when(F.col("is_consumer"), F.lit("consumer")),
+        F.when(F.col("is_group_member"), F.lit("group member")),
+        F.when(F.col("is_admin"), F.lit("admin")),
+    )
+    return agg.select(
+        "client_id", "client_host",
+        F.when(roles == "", F.lit("other")).otherwise(roles).alias("role"),
+        "software_name", "software_version", "requests", "connections",
+        F.round(F.col("requests") / span_s, 2).alias("requests_per_s"),
+        "records_produced",
+        F.round(F.col("records_produced") / span_s, 2).alias("records_per_s"),
+        F.round((F.col("bytes_sent") + F.col("bytes_received")) / span_s, 1).alias("bytes_per_s"),
+        "bytes_produced", "bytes_fetched", "bytes_sent", "bytes_received", "requests_with_errors",
+        "topics_produced", "topics_consumed", "groups", "brokers",
+        ns_to_ts("first_ns").alias("first_seen"), ns_to_ts("last_ns").alias("last_seen"),
+    ).orderBy(F.desc("requests"), F.desc("bytes_per_s"), "client_id")
+
+
+def topic_view(req: DataFrame) -> DataFrame:
+    """Per topic: producers, consumers, records and bytes each way."""
+    t = req.where(F.col("api_name").isin("Produce", "Fetch")).select(
+        "api_name", "client_id", "records", "record_bytes", F.explode("topics").alias("topic")
+    )
+    produce = F.col("api_name") == "Produce"
+    return t.groupBy("topic").agg(
+        F.array_sort(F.collect_set(F.when(produce, F.col("client_id")))).alias("producers"),
+        F.array_sort(F.collect_set(F.when(~produce, F.col("client_id")))).alias("consumers"),
+        F.sum(F.when(produce, 1).otherwise(0)).alias("produce_requests"),
+        F.sum(F.when(~produce, 1).otherwise(0)).alias("fetch_requests"),
+        F.sum(F.when(produce, F.coalesce(F.col("records"), F.lit(0))).otherwise(0)).alias("records_produced"),
+        F.sum(F.when(produce, F.coalesce(F.col("record_bytes"), F.lit(0))).otherwise(0)).alias("bytes_produced"),
+        F.sum(F.when(~produce, F.coalesce(F.col("record_bytes"), F.lit(0))).otherwise(0)).alias("bytes_fetched"),
+    ).withColumn("producer_count", F.size("producers")).withColumn("consumer_count", F.size("consumers")).orderBy(
+        F.desc("bytes_produced"), "topic"
+    )

@@ -1,0 +1,151 @@
+"""Connections (incidents 1, 2, 4): opens/ends, concurrency with latency, lifetimes, ends, resets, reconnects."""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as F
+
+from analytics.transforms.common import first_client_id, host, ns_to_ts
+
+RESET_REASONS = ("client_rst", "broker_rst")
+
+
+def with_client(conns: DataFrame) -> DataFrame:
+    """Connections with the naming columns every table uses."""
+    return conns.withColumn("client_id", first_client_id()).withColumn("client_host", host(F.col("client_addr")))
+
+
+def connections_over_time(conns: DataFrame, req: DataFrame, bucket_s: int) -> DataFrame:
+    """Per broker and bucket: opens, ends, concurrency, request rate and latency.
+
+    Concurrency is a running sum of opens minus ends over a dense bucket grid,
+    so quiet buckets still carry the open connections; latency (long polls out)
+    and bytes per request sit on the same row, which is what shows queueing:
+    latency climbing with concurrency while bytes per request stay flat.
+    """
+    step = bucket_s * 1_000_000_000
+    c = conns.select(
+        "broker_addr",
+        F.floor(F.col("opened_ns") / step).alias("open_b"),
+        F.when(F.col("closed_ns").isNotNull(), F.floor(F.col("closed_ns") / step)).alias("close_b"),
+    )
+    r = req.select("broker_addr", F.floor(F.col("ts_ns") / step).alias("b"), "latency_us", "long_poll", "request_bytes")
+    opens = c.groupBy("broker_addr", F.col("open_b").alias("b")).agg(F.count(F.lit(1)).alias("opens"))
+    ends = c.where(F.col("close_b").isNotNull()).groupBy("broker_addr", F.col("close_b").alias("b")).agg(F.count(F.lit(1)).alias("ends"))
+    lat = r.groupBy("broker_addr", "b").agg(
+        F.count(F.lit(1)).alias("requests"),
+        F.percentile_approx(F.when(~F.col("long_poll"), F.col("latency_us")), [0.5, 0.99], 2000).alias("q"),
+        F.round(F.avg("request_bytes"), 1).alias("bytes_per_request"),
+    )
+    bounds = c.select("broker_addr", "open_b", F.coalesce("close_b", "open_b").alias("close_b")).unionByName(
+        r.select("broker_addr", F.col("b").alias("open_b"), F.col("b").alias("close_b"))
+    ).groupBy("broker_addr").agg(F.min("open_b").alias("lo"), F.max("close_b").alias("hi"))
+    grid = bounds.select("broker_addr", F.explode(F.sequence("lo", "hi")).alias("b"))
+    g = grid.join(opens, ["broker_addr", "b"], "left").join(ends, ["broker_addr", "b"], "left").join(lat, ["broker_addr", "b"], "left")
+    g = g.fillna(0, ["opens", "ends", "requests"])
+    w = Window.partitionBy("broker_addr").orderBy("b").rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    # a connection that ends in bucket b was still open during part of b: subtract ends of earlier buckets
+    return g.select(
+        "broker_addr",
+        F.timestamp_seconds(F.col("b") * bucket_s).alias("bucket"),
+        "opens", "ends",
+        (F.sum("opens").over(w) - F.sum("ends").over(w) + F.col("ends")).alias("concurrent"),
+        "requests",
+        F.round(F.col("requests") / bucket_s, 2).alias("requests_per_s"),
+        F.col("q")[0].alias("p50_us"),
+        F.col("q")[1].alias("p99_us"),
+        "bytes_per_request",
+    ).orderBy("broker_addr", "bucket")
+
+
+LIFETIME_BINS = [(0, 1, "< 1 s"), (1, 10, "1–10 s"), (10, 60, "10–60 s"), (60, 600, "1–10 min"),
+                 (600, 3600, "10–60 min"), (3600, 86400, "1–24 h"), (86400, None, "> 1 day")]
+
+
+def connection_lifetimes(conns: DataFrame) -> DataFrame:
+    """How long connections live, binned; churn shows up as a fat left side."""
+    secs = F.col("duration_us") / 1e6
+    label = None
+    order = None
+    for i, (lo, hi, name) in enumerate(LIFETIME_BINS):
+        cond = (secs >= lo) & (secs < hi) if hi is not None else secs >= lo
+        label = F.when(cond, F.lit(name)) if label is None else label.when(cond, F.lit(name))
+        order = F.when(cond, F.lit(i)) if order is None else order.when(cond, F.lit(i))
+    c = conns.where(F.col("duration_us").isNotNull()).select(label.alias("lifetime"), order.alias("bin"), "end_reason")
+    return c.groupBy("bin", "lifetime").agg(
+        F.count(F.lit(1)).alias("connections"),
+        F.sum(F.when(F.col("end_reason").isin(*RESET_REASONS), 1).otherwise(0)).alias("reset"),
+        F.sum(F.when(F.col("end_reason") == "open", 1).otherwise(0)).alias("still_open"),
+    ).orderBy("bin")
+
+
+def connection_ends(conns: DataFrame) -> DataFrame:
+    """Ends by how (end_reason), who (end_by) and why (inferred_cause), with idle time and an example."""
+    c = with_client(conns)
+    return c.groupBy("end_reason", "end_by", F.coalesce("inferred_cause", F.lit("")).alias("inferred_cause")).agg(
+        F.count(F.lit(1)).alias("connections"),
+        F.countDistinct("client_id").alias("clients"),
+        F.percentile_approx("idle_before_end_ms", 0.5, 2000).alias("median_idle_ms"),
+        F.max("idle_before_end_ms").alias("max_idle_ms"),
+        F.round(F.percentile_approx("duration_us", 0.5, 2000) / 1e6, 3).alias("median_lifetime_s"),
+        F.min_by("conn_id", "closed_ns").alias("example_conn_id"),
+        ns_to_ts(F.min("closed_ns")).alias("example_closed_at"),
+    ).orderBy(F.desc("connections"))
+
+
+def resets(conns: DataFrame, limit: int = 5000) -> DataFrame:
+    """Every connection ended by a reset, with who sent it and how long it had been idle."""
+    c = with_client(conns).where(F.col("end_reason").isin(*RESET_REASONS))
+    return c.select(
+        "conn_id", "proxy_id", "client_id", "client_addr", "broker_addr", "end_reason", "end_by",
+        "idle_before_end_ms", F.round(F.col("duration_us") / 1e6, 3).alias("lifetime_s"),
+        ns_to_ts("closed_ns").alias("closed_at"), "closed_ns", "requests", "end_detail",
+    ).orderBy("closed_ns").limit(limit)
+
+
+def reconnects_by_client(conns: DataFrame, bucket_s: int = 60) -> DataFrame:
+    """Per client (client_id + host): connections opened, rate, resets and the worst minute."""
+    c = with_client(conns)
+    per_min = c.groupBy("client_id", "client_host", F.floor(F.col("opened_ns") / (bucket_s * 1_000_000_000)).alias("m")).agg(
+        F.count(F.lit(1)).alias("n")
+    ).groupBy("client_id", "client_host").agg(F.max("n").alias("max_opens_per_interval"))
+    agg = c.groupBy("client_id", "client_host").agg(
+        F.count(F.lit(1)).alias("connections"),
+        F.min("opened_ns").alias("first_ns"),
+        F.max(F.coalesce("closed_ns", "snapshot_ns", "opened_ns")).alias("last_ns"),
+        F.sum(F.when(F.col("end_reason").isin(*RESET_REASONS), 1).otherwise(0)).alias("resets"),
+        F.sum(F.when(F.col("end_reason").isin(*RESET_REASONS) & (F.col("end_by") != "broker"), 1).otherwise(0)).alias("resets_not_by_broker"),
+        F.sum(F.when(F.col("end_by") == "broker", 1).otherwise(0)).alias("closed_by_broker"),
+        F.percentile_approx("idle_before_end_ms", 0.5, 2000).alias("median_idle_before_end_ms"),
+        F.round(F.percentile_approx("duration_us", 0.5, 2000) / 1e6, 3).alias("median_lifetime_s"),
+        F.array_sort(F.collect_set("broker_addr")).alias("brokers"),
+    )
+    minutes = F.greatest((F.col("last_ns") - F.col("first_ns")) / 6e10, F.lit(1.0))
+    return agg.join(per_min, ["client_id", "client_host"]).select(
+        "client_id", "client_host", "connections",
+        F.round((F.col("connections") - 1) / minutes, 3).alias("reconnects_per_min"),
+        "max_opens_per_interval", "resets", "resets_not_by_broker", "closed_by_broker",
+        "median_idle_before_end_ms", "median_lifetime_s", "brokers",
+    ).orderBy(F.desc("reconnects_per_min"), F.desc("connections"))
+
+
+def broker_closes(conns: DataFrame, limit: int = 5000) -> DataFrame:
+    """Connections the broker ended, with the last request before the end (incident 1's evidence)."""
+    c = with_client(conns).where((F.col("end_by") == "broker") | F.col("end_reason").isin("broker_fin", "broker_rst"))
+    return c.select(
+        "conn_id", "proxy_id", "client_id", "client_addr", "broker_addr", "end_reason", "end_by", "last_api",
+        "last_request_bytes", "last_request_acks", "last_request_topics", "unanswered", "inferred_cause",
+        "idle_before_end_ms", ns_to_ts("closed_ns").alias("closed_at"), "closed_ns",
+    ).orderBy("closed_ns").limit(limit)
+
+
+def unanswered_at_close(conns: DataFrame, req: DataFrame, limit: int = 5000) -> DataFrame:
+    """Connections that ended with requests in flight (or right after an acks=0 Produce)."""
+    c = with_client(conns).where((F.col("unanswered") > 0) | ((F.col("last_request_acks") == 0) & (F.col("end_by") == "broker")))
+    pending = req.where(F.col("status") == "unanswered").groupBy("proxy_id", "conn_id").agg(
+        F.count(F.lit(1)).alias("unanswered_rows"), F.array_sort(F.collect_set("api_name")).alias("unanswered_apis")
+    )
+    return c.join(pending, ["proxy_id", "conn_id"], "left").select(
+        "conn_id", "client_id", "broker_addr", "end_reason", "end_by", "unanswered", "unanswered_apis", "last_api",
+        "last_request_bytes", "last_request_acks", "last_request_topics", "inferred_cause", ns_to_ts("closed_ns").alias("closed_at"),
+    ).orderBy(F.desc("unanswered")).limit(limit)

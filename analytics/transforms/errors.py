@@ -1,0 +1,52 @@
+"""Errors by name x API x topic x client, over time, and throttling."""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from analytics.transforms.common import bucket, ns_to_ts
+
+
+def _exploded(req: DataFrame) -> DataFrame:
+    """One row per error occurrence; the topic is the error's own, else the request's first."""
+    e = req.where(F.col("error_count") > 0).select(
+        "conn_id", "client_id", "api_name", "ts_ns", "request_bytes", "acks", "topics", F.explode("errors").alias("e")
+    )
+    return e.select(
+        "conn_id", "client_id", "api_name", "ts_ns", "request_bytes", "acks",
+        F.coalesce(F.col("e.name"), F.concat(F.lit("code "), F.col("e.code").cast("string"))).alias("error_name"),
+        F.col("e.code").alias("error_code"),
+        F.coalesce(F.col("e.topic"), F.col("e.resource"), F.element_at("topics", 1), F.lit("")).alias("topic"),
+    )
+
+
+def errors_by_name(req: DataFrame) -> DataFrame:
+    """Counts with evidence: first/last time, an example conn_id and request sizes."""
+    e = _exploded(req)
+    return e.groupBy("error_name", "error_code", "api_name", "topic", "client_id").agg(
+        F.count(F.lit(1)).alias("count"),
+        F.countDistinct("conn_id").alias("connections"),
+        ns_to_ts(F.min("ts_ns")).alias("first_seen"),
+        ns_to_ts(F.max("ts_ns")).alias("last_seen"),
+        F.min_by("conn_id", "ts_ns").alias("example_conn_id"),
+        F.min("ts_ns").alias("example_ts_ns"),
+        F.max("request_bytes").alias("max_request_bytes"),
+        F.array_sort(F.collect_set("acks")).alias("acks"),
+    ).orderBy(F.desc("count"), "error_name")
+
+
+def errors_over_time(req: DataFrame, bucket_s: int) -> DataFrame:
+    e = _exploded(req).withColumn("bucket", bucket("ts_ns", bucket_s))
+    return e.groupBy("bucket", "error_name").agg(F.count(F.lit(1)).alias("count")).orderBy("bucket", "error_name")
+
+
+def throttling(req: DataFrame) -> DataFrame:
+    """Who the brokers throttled (quota), on which API, and for how long in total."""
+    t = req.where(F.col("throttle_ms") > 0)
+    return t.groupBy("client_id", "api_name", "broker_addr").agg(
+        F.count(F.lit(1)).alias("throttled_requests"),
+        F.sum("throttle_ms").alias("total_throttle_ms"),
+        F.max("throttle_ms").alias("max_throttle_ms"),
+        ns_to_ts(F.min("ts_ns")).alias("first_seen"),
+    ).orderBy(F.desc("total_throttle_ms"))

@@ -1,0 +1,69 @@
+"""Latency percentiles (µs) by API, version, broker, topic, client and over time.
+
+Long-poll Fetches are labelled "Fetch (long poll)" by `prepare_requests` and
+kept out of the broker/topic/client views: a consumer waiting 500 ms for data
+that is not there is not a slow broker. Proxy-added delay has its own table.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from analytics.transforms.common import bucket, percentiles_by
+
+
+def _real(req: DataFrame) -> DataFrame:
+    return req.where(~F.col("long_poll"))
+
+
+def latency_by_api(req: DataFrame) -> DataFrame:
+    """Client-visible latency per API, long polls on their own row."""
+    return percentiles_by(req, ["api_label"], "latency_us").orderBy(F.desc("count"))
+
+
+def broker_latency_by_api(req: DataFrame) -> DataFrame:
+    """Broker latency (response first byte - request sent) per API: latency minus the proxy and the wire to the client."""
+    return percentiles_by(req, ["api_label"], "broker_latency_us").orderBy(F.desc("count"))
+
+
+def latency_by_api_version(req: DataFrame) -> DataFrame:
+    return percentiles_by(req, ["api_label", "api_version"], "latency_us").orderBy("api_label", "api_version")
+
+
+def latency_by_broker(req: DataFrame) -> DataFrame:
+    return percentiles_by(_real(req), ["broker_addr"], "latency_us").orderBy(F.desc("p99_us"))
+
+
+def latency_by_topic(req: DataFrame) -> DataFrame:
+    t = _real(req).where(F.size("topics") > 0).select("api_name", "latency_us", F.explode("topics").alias("topic"))
+    return percentiles_by(t, ["topic", "api_name"], "latency_us").orderBy(F.desc("p99_us"))
+
+
+def latency_by_client(req: DataFrame) -> DataFrame:
+    return percentiles_by(_real(req), ["client_id"], "latency_us").orderBy(F.desc("p99_us"))
+
+
+def latency_over_time(req: DataFrame, bucket_s: int) -> DataFrame:
+    """p50/p99 per bucket and API (long polls excluded), plus the all-API line."""
+    r = _real(req).withColumn("bucket", bucket("ts_ns", bucket_s))
+    per_api = percentiles_by(r, ["bucket", "api_name"], "latency_us")
+    everything = percentiles_by(r.withColumn("api_name", F.lit("(all)")), ["bucket", "api_name"], "latency_us")
+    return per_api.unionByName(everything).orderBy("bucket", "api_name")
+
+
+def proxy_delay_by_api(req: DataFrame) -> DataFrame:
+    """What the proxy itself added (request + response relay), so nobody blames the broker for it."""
+    return percentiles_by(req.where(F.col("answered")), ["api_name"], "proxy_delay_us").orderBy(F.desc("count"))
+
+
+def long_polls_by_client(req: DataFrame) -> DataFrame:
+    """Per consumer: how many of its Fetches were long polls and how long they waited."""
+    f = req.where(F.col("api_name") == "Fetch")
+    return f.groupBy("client_id").agg(
+        F.count(F.lit(1)).alias("fetches"),
+        F.sum(F.col("long_poll").cast("int")).alias("long_polls"),
+        F.round(F.avg(F.col("long_poll").cast("double")), 4).alias("long_poll_ratio"),
+        F.percentile_approx(F.when(F.col("long_poll"), F.col("broker_latency_us")), 0.5, 2000).alias("median_wait_us"),
+        F.max("max_wait_ms").alias("max_wait_ms"),
+    ).orderBy(F.desc("fetches"))

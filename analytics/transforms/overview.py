@@ -1,0 +1,49 @@
+"""Overview: one row answering "what is in this recording?"."""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from analytics.transforms.common import ns_to_ts
+
+
+def overview(req: DataFrame, conns: DataFrame) -> DataFrame:
+    """Time span, proxies, brokers, clients, connections, requests, bytes and error rate.
+
+    Computed as two single-row aggregates cross-joined, so it is one cheap pass
+    over each dataset.
+    """
+    r = req.agg(
+        F.min("ts_ns").alias("first_ns"),
+        F.max("ts_ns").alias("last_ns"),
+        F.countDistinct("proxy_id").alias("proxies"),
+        F.countDistinct("broker_addr").alias("brokers"),
+        F.countDistinct("client_id").alias("client_ids"),
+        F.count(F.lit(1)).alias("requests"),
+        F.sum(F.coalesce(F.col("request_bytes"), F.lit(0))).alias("request_bytes"),
+        F.sum(F.coalesce(F.col("response_bytes"), F.lit(0))).alias("response_bytes"),
+        F.sum(F.when(F.col("error_count") > 0, 1).otherwise(0)).alias("requests_with_errors"),
+        F.sum(F.when(F.col("status") == "unanswered", 1).otherwise(0)).alias("unanswered"),
+        F.sum(F.when(F.col("status") == "no_response", 1).otherwise(0)).alias("acks0_produces"),
+    )
+    c = conns.agg(
+        F.count(F.lit(1)).alias("connections"),
+        F.sum(F.when(F.col("end_by").isin("client", "broker", "proxy"), 1).otherwise(0)).alias("connections_ended"),
+        F.min("opened_ns").alias("first_open_ns"),
+        F.max(F.coalesce("closed_ns", "snapshot_ns")).alias("last_close_ns"),
+    )
+    out = r.crossJoin(c)
+    start = F.least(F.col("first_ns"), F.col("first_open_ns"))
+    end = F.greatest(F.col("last_ns"), F.col("last_close_ns"))
+    return out.select(
+        ns_to_ts(start).alias("start"),
+        ns_to_ts(end).alias("end"),
+        F.round((end - start) / 1e9, 3).alias("span_s"),
+        start.alias("start_ns"),
+        end.alias("end_ns"),
+        "proxies", "brokers", "client_ids", "connections", "connections_ended", "requests",
+        "request_bytes", "response_bytes", "requests_with_errors",
+        F.round(F.col("requests_with_errors") / F.greatest(F.col("requests"), F.lit(1)), 5).alias("error_rate"),
+        "unanswered", "acks0_produces",
+    )

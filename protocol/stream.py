@@ -1,0 +1,428 @@
+"""`KafkaStream`: the per-connection, sans-I/O decoder (h11 style).
+
+Usage (the proxy, one object per TCP connection, fed both directions):
+
+    s = KafkaStream()
+    s.receive_request_data(chunk, now_ns)     # bytes the client sent
+    s.receive_response_data(chunk, now_ns)    # bytes the broker sent
+    while (ev := s.next_event()) is not None: # or: for ev in s.events(): …
+        ...                                   # RequestSeen | ResponseSeen | StreamOpaque | StreamClosed
+    s.close(now_ns)                           # → StreamClosed (unanswered requests, truncated frames)
+
+Guarantees, and why:
+* No clocks, no I/O: timestamps are the caller's `now_ns` of the chunk that
+  held a frame's first / last byte.
+* Feeding one byte at a time yields exactly the events of feeding everything
+  at once: whole frames inside a chunk take the zero-copy plain walker, split
+  frames the incremental walker generated from the same schema code.
+* Memory per direction is bounded (see `protocol.framing`).
+* Pairing: correlation id → RequestSeen; Produce with acks=0 gets no entry;
+  a response with an unknown correlation id is a `ResponseSeen(request=None)`.
+  The map is capped (`max_in_flight`, oldest dropped and counted) so a
+  one-sided capture cannot grow it without bound.
+* Unknown api keys / versions newer than the schemas become opaque *frames*
+  (header fields, size, timestamps, still paired). Stream-level failures
+  (TLS, HTTP, bad sizes, unparsable headers, and — by default, as issue 3
+  asks — a body whose lengths overrun the frame or leave trailing bytes)
+  emit exactly one `StreamOpaque` per direction; afterwards that direction is
+  only counted. With `body_errors="frame"` a bad body only marks its frame.
+* The bytes themselves never make this raise. Only `StreamClosedError`
+  (data after `close`) can escape, from misuse.
+
+`data` must not be mutated after the call (the incremental walker may keep a
+view of the last chunk): pass `bytes`; a `bytearray` or writable memoryview is
+copied first.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from struct import Struct
+from typing import Any, Iterator
+
+from protocol.apis import API_VERSIONS, APIS, PRODUCE, api_name
+from protocol.errors import StreamClosedError
+from protocol.events import (
+    Direction,
+    Event,
+    RequestSeen,
+    ResponseSeen,
+    StreamClosed,
+    StreamOpaque,
+    Summary,
+)
+from protocol.framing import DEFAULT_MAX_FRAME_BYTES, IncrementalBody, check_size
+from protocol.headers import parse_request_header, response_header_flexible, skip_request_header_tags
+from protocol.summaries.codegen import walker
+from protocol.summaries.varint import Over, skip_tags
+
+_I32 = Struct(">i").unpack_from
+_I16 = Struct(">h").unpack_from
+
+
+class _Frame:
+    """A frame whose bytes span several chunks."""
+
+    __slots__ = ("start", "size", "first_ns", "got", "hbuf", "hneed", "body", "info")
+
+    def __init__(self, start: int, size: int, first_ns: int, hneed: int) -> None:
+        self.start = start  # stream offset of the size prefix
+        self.size = size  # including the 4-byte prefix
+        self.first_ns = first_ns
+        self.got = 0  # frame bytes received so far
+        self.hbuf = bytearray()
+        self.hneed = hneed  # header bytes needed before parsing is attempted
+        self.body: IncrementalBody | None = None
+        self.info: _Head | None = None
+
+
+class _Head:
+    """What the header said, and how the body is to be handled."""
+
+    __slots__ = ("event_args", "summary", "note", "fail", "key", "ver", "body_pos")
+
+    def __init__(self) -> None:
+        self.event_args: tuple[Any, ...] = ()
+        self.summary: Summary | None = None  # None: opaque frame, body not decoded
+        self.note: str | None = None
+        self.fail: tuple[str, str] | None = None  # (kind, reason) when the body is bad
+        self.key = -1
+        self.ver = -1  # version the body is decoded with
+        self.body_pos = 0
+
+
+class _Side:
+    __slots__ = ("direction", "offset", "opaque", "prefix", "prefix_ns", "frame", "frames")
+
+    def __init__(self, direction: Direction) -> None:
+        self.direction = direction
+        self.offset = 0  # stream bytes consumed
+        self.opaque = False
+        self.prefix = bytearray()  # partial size prefix
+        self.prefix_ns = 0
+        self.frame: _Frame | None = None
+        self.frames = 0
+
+
+class KafkaStream:
+    """One Kafka connection, both directions; see the module docstring."""
+
+    def __init__(
+        self,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        *,
+        body_errors: str = "stream",
+        max_in_flight: int = 10_000,
+    ) -> None:
+        if body_errors not in ("stream", "frame"):
+            raise ValueError("body_errors must be 'stream' or 'frame'")
+        self.max_frame_bytes = max_frame_bytes
+        self.body_errors = body_errors
+        self.max_in_flight = max_in_flight
+        self._req = _Side(Direction.REQUEST)
+        self._resp = _Side(Direction.RESPONSE)
+        self._events: deque[Event] = deque()
+        self._in_flight: dict[int, RequestSeen] = {}
+        self.dropped_in_flight = 0
+        self.closed = False
+
+    # -- public API --------------------------------------------------------
+    def receive_request_data(self, data: bytes | bytearray | memoryview, now_ns: int) -> None:
+        """Bytes the client sent to the broker (any chunking)."""
+        self._receive(self._req, data, now_ns)
+
+    def receive_response_data(self, data: bytes | bytearray | memoryview, now_ns: int) -> None:
+        """Bytes the broker sent to the client (any chunking)."""
+        self._receive(self._resp, data, now_ns)
+
+    def next_event(self) -> Event | None:
+        """The next decoded event, or None when more data is needed."""
+        return self._events.popleft() if self._events else None
+
+    def events(self) -> Iterator[Event]:
+        """Drain all pending events."""
+        while self._events:
+            yield self._events.popleft()
+
+    def close(self, now_ns: int) -> None:
+        """The connection ended: emit `StreamClosed` once (later calls do nothing)."""
+        if self.closed:
+            return
+        self.closed = True
+        truncated: dict[Direction, int] = {}
+        for side in (self._req, self._resp):
+            if side.opaque:
+                continue
+            if side.frame is not None:
+                truncated[side.direction] = side.frame.got
+            elif side.prefix:
+                truncated[side.direction] = len(side.prefix)
+        unanswered = list(self._in_flight.values())
+        self._in_flight.clear()
+        self._events.append(StreamClosed(unanswered, truncated, now_ns))
+
+    @property
+    def request_bytes(self) -> int:
+        return self._req.offset
+
+    @property
+    def response_bytes(self) -> int:
+        return self._resp.offset
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    def is_opaque(self, direction: Direction) -> bool:
+        return (self._req if direction is Direction.REQUEST else self._resp).opaque
+
+    # -- framing -------------------------------------------------------------
+    def _receive(self, side: _Side, data: Any, now_ns: int) -> None:
+        if self.closed:
+            raise StreamClosedError("data received after close()")
+        if isinstance(data, memoryview):
+            mv = data if data.readonly else memoryview(data.tobytes())
+            if mv.format != "B" or mv.ndim != 1:
+                mv = memoryview(mv.tobytes())
+        elif isinstance(data, bytes):
+            mv = memoryview(data)
+        else:
+            mv = memoryview(bytes(data))
+        n = len(mv)
+        if side.opaque or n == 0:
+            side.offset += n
+            return
+        try:
+            self._consume(side, mv, n, now_ns)
+        except Exception as exc:  # a decoder bug must never reach the proxy
+            self._go_opaque(side, side.offset, "desync", f"internal decoder error: {exc!r}")
+        side.offset += n
+
+    def _consume(self, side: _Side, mv: memoryview, n: int, now_ns: int) -> None:
+        base = side.offset
+        i = 0
+        while i < n and not side.opaque:
+            fr = side.frame
+            if fr is not None:
+                i = self._continue(side, fr, mv, i, n, now_ns)
+                continue
+            if side.prefix or n - i < 4:  # size prefix split across chunks
+                if not side.prefix:
+                    side.prefix_ns = now_ns
+                take = min(4 - len(side.prefix), n - i)
+                side.prefix += mv[i:i + take]
+                i += take
+                if len(side.prefix) < 4:
+                    return
+                first = bytes(side.prefix)
+                side.prefix = bytearray()
+                start = base + i - 4
+                if not self._size_ok(side, first, _I32(first, 0)[0], start):
+                    return
+                fr = _Frame(start, _I32(first, 0)[0] + 4, side.prefix_ns, self._header_need(side))
+                fr.hbuf += first
+                fr.got = 4
+                side.frame = fr
+                continue
+            size = _I32(mv, i)[0]
+            if not self._size_ok(side, mv[i:i + 4].tobytes(), size, base + i):
+                return
+            total = size + 4
+            if n - i >= total:  # whole frame at hand: zero-copy plain walk
+                self._whole(side, mv[i:i + total], base + i, now_ns)
+                i += total
+                continue
+            side.frame = _Frame(base + i, total, now_ns, self._header_need(side))
+
+    def _size_ok(self, side: _Side, first: bytes, size: int, start: int) -> bool:
+        bad = check_size(first, size, start, self.max_frame_bytes)
+        if bad is None and size < self._header_need(side) - 4:
+            bad = ("garbage", f"a {size}-byte frame cannot hold a {side.direction.value} header")
+        if bad is not None:
+            self._go_opaque(side, start, *bad)
+            return False
+        return True
+
+    @staticmethod
+    def _header_need(side: _Side) -> int:
+        """Frame bytes (prefix included) before a header parse is worth trying."""
+        return 4 + (10 if side.direction is Direction.REQUEST else 4)
+
+    def _continue(self, side: _Side, fr: _Frame, mv: memoryview, i: int, n: int, now_ns: int) -> int:
+        """Feed chunk bytes [i, n) into a frame in progress; return the new i."""
+        take = min(fr.size - fr.got, n - i)
+        piece = mv[i:i + take]
+        while fr.info is None:  # still reading the header
+            k = min(fr.hneed - fr.got, len(piece))
+            if k > 0:
+                fr.hbuf += piece[:k]
+                fr.got += k
+                piece = piece[k:]
+            if fr.got < fr.hneed and fr.got < fr.size:
+                break
+            self._try_header(side, fr)
+            if side.opaque:
+                return n
+        if fr.info is not None and len(piece):
+            if fr.body is not None:
+                fr.body.feed(piece)
+            fr.got += len(piece)
+        if fr.got == fr.size:
+            side.frame = None
+            self._finish(side, fr, now_ns)
+        return i + take
+
+    # -- headers and bodies --------------------------------------------------
+    def _try_header(self, side: _Side, fr: _Frame) -> None:
+        h = fr.hbuf
+        try:
+            head = self._parse_head(side, h, fr.got, fr.start)
+        except Over as over:
+            if over.need > fr.size:
+                self._bad_header(side, fr.start, over.need - 4, fr.size - 4)
+            else:
+                fr.hneed = max(over.need, fr.got + 1)
+            return
+        if head is None:
+            return
+        fr.info = head
+        if head.summary is not None:
+            window = bytes(h[head.body_pos:fr.got])
+            walk = walker(head.key, side.direction is Direction.REQUEST, head.ver, True)
+            fr.body = IncrementalBody(walk(window, 0, len(window), head.summary), fr.size, head.body_pos, window)
+        fr.hbuf = bytearray()
+
+    def _parse_head(self, side: _Side, d: Any, lim: int, start: int) -> _Head | None:
+        """Parse the header in d[4:lim].
+
+        Raises Over when more header bytes are needed. Stream-level header
+        failures turn the side opaque and return None.
+        """
+        head = _Head()
+        if side.direction is Direction.REQUEST:
+            try:
+                key, ver, cid, client_id, p = parse_request_header(d, 4, lim)
+            except ValueError as exc:
+                self._go_opaque(side, start, "garbage", f"request header is not Kafka: {exc}")
+                return None
+            if key < 0 or ver < 0:
+                self._go_opaque(side, start, "garbage", f"negative api key/version ({key}, {ver}) in request header")
+                return None
+            head.event_args = (key, ver, cid, client_id)
+            info = APIS.get(key)
+            if info is None or not info.decodable(ver):
+                head.note = f"no schema for {api_name(key)} (api {key}) v{ver}"
+                return head
+            head.body_pos = skip_request_header_tags(d, p, lim, key, ver)
+            head.key, head.ver = key, ver
+            head.summary = Summary()
+            return head
+        if lim < 8:
+            raise Over(8)
+        cid = _I32(d, 4)[0]
+        req = self._in_flight.get(cid)
+        head.event_args = (cid, req)
+        if req is None:
+            head.note = f"no in-flight request with correlation id {cid}"
+            return head
+        key, ver = req.api_key, req.api_version
+        info = APIS.get(key)
+        if info is not None and info.decodable(ver):
+            p = 8
+            if response_header_flexible(key, ver):
+                p = skip_tags(d, p, lim)
+            if key == API_VERSIONS:
+                if p + 2 > lim:
+                    raise Over(p + 2)
+                if _I16(d, p)[0] != 0:
+                    ver = 0  # an error answer (e.g. UNSUPPORTED_VERSION) is always encoded as v0
+            head.key, head.ver, head.body_pos = key, ver, p
+            head.summary = Summary()
+        else:
+            head.note = req.decode_note or f"no schema for {req.api_name} (api {key}) v{ver}"
+        del self._in_flight[cid]
+        return head
+
+    def _whole(self, side: _Side, frame: memoryview, start: int, now_ns: int) -> None:
+        """A whole frame is in one chunk: plain walk, zero copy."""
+        size = len(frame)
+        try:
+            head = self._parse_head(side, frame, size, start)
+        except Over as over:
+            self._bad_header(side, start, over.need - 4, size - 4)
+            return
+        if head is None:
+            return
+        if head.summary is not None:
+            try:
+                end = walker(head.key, side.direction is Direction.REQUEST, head.ver)(frame, head.body_pos, size, head.summary)
+                if end != size:
+                    head.fail = self._end_failure(end, size)
+            except Over as over:
+                head.fail = ("body_overrun", f"a declared length runs to byte {over.need - 4} of a {size - 4}-byte body")
+            except Exception as exc:
+                head.fail = ("body_overrun", f"body does not decode: {exc!r}")
+        self._emit_frame(side, head, start, size, now_ns, now_ns)
+
+    def _finish(self, side: _Side, fr: _Frame, now_ns: int) -> None:
+        head = fr.info
+        if head is None:  # header never completed inside the frame
+            self._bad_header(side, fr.start, fr.hneed - 4, fr.size - 4)
+            return
+        body = fr.body
+        if body is not None:
+            if body.failure is not None:
+                exc = body.failure
+                if isinstance(exc, OverflowError):
+                    need = exc.args[0]
+                    head.fail = ("body_overrun", f"a declared length runs to byte {need - 4} of a {fr.size - 4}-byte body")
+                else:
+                    head.fail = ("body_overrun", f"body does not decode: {exc!r}")
+            elif body.gen is not None:  # cannot happen: every need fits the frame
+                head.fail = ("body_overrun", "body walk did not complete")
+            elif body.end != fr.size:
+                head.fail = self._end_failure(body.end, fr.size)
+        self._emit_frame(side, head, fr.start, fr.size, fr.first_ns, now_ns)
+
+    @staticmethod
+    def _end_failure(end: int, size: int) -> tuple[str, str]:
+        if end > size:
+            return "body_overrun", f"a declared length runs to byte {end - 4} of a {size - 4}-byte body"
+        return "trailing_bytes", f"{size - end} bytes left over after the body decoded"
+
+    def _emit_frame(self, side: _Side, head: _Head, start: int, size: int, first_ns: int, last_ns: int) -> None:
+        side.frames += 1
+        summary = head.summary
+        note = head.note
+        if head.fail is not None:
+            note = f"{head.fail[0]}: {head.fail[1]}"
+            summary = None  # a partial walk is not a summary
+        if side.direction is Direction.REQUEST:
+            key, ver, cid, client_id = head.event_args
+            # acks is read before any batch, so even a failed Produce walk knows it
+            expects = not (key == PRODUCE and head.summary is not None and head.summary.acks == 0)
+            ev: Event = RequestSeen(start, size, first_ns, last_ns, key, ver, api_name(key), cid, client_id,
+                                    expects, summary, note)
+            if expects:
+                if cid not in self._in_flight and len(self._in_flight) >= self.max_in_flight:
+                    self._in_flight.pop(next(iter(self._in_flight)))
+                    self.dropped_in_flight += 1
+                self._in_flight[cid] = ev
+        else:
+            cid, req = head.event_args
+            ev = ResponseSeen(start, size, first_ns, last_ns, cid, req, summary, note)
+        self._events.append(ev)
+        if head.fail is not None and self.body_errors == "stream":
+            kind, reason = head.fail
+            self._go_opaque(side, start, kind, f"frame at byte {start}: {reason}")
+
+    def _bad_header(self, side: _Side, start: int, need: int, body: int) -> None:
+        self._go_opaque(side, start, "garbage", f"header needs {need} bytes but the frame body has {body}")
+
+    def _go_opaque(self, side: _Side, offset: int, kind: str, reason: str) -> None:
+        if side.opaque:
+            return
+        side.opaque = True
+        side.frame = None
+        side.prefix = bytearray()
+        self._events.append(StreamOpaque(side.direction, offset, kind, f"connection is opaque from byte {offset}: {reason}"))

@@ -1,0 +1,170 @@
+"""Opt-in fault injection: make the proxy behave like a bad network or a firewall.
+
+Why: the incidents kafkatap explains (idle-timeout firewalls, slow links,
+middleboxes closing connections) must be reproducible on one machine, and
+scenarios need them from Python. Off by default: a proxy with no fault keeps
+the direct write path (the relay only builds a `DelayedWriter` for a
+direction that has latency or a bandwidth cap).
+
+Per direction (`to_broker` = request path, `to_client` = response path):
+latency (fixed + uniform jitter, never reordering bytes), bandwidth cap,
+close after N bytes. Per connection: reset both sides after N s idle (RST,
+like a stateful firewall dropping its entry). Per proxy: refuse new
+connections (accept, then RST at once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class DirectionFaults:
+    """Faults applied to the bytes flowing one way."""
+
+    latency_ms: float = 0.0
+    jitter_ms: float = 0.0
+    bandwidth_bps: int | None = None  # bytes per second
+    close_after_bytes: int | None = None  # forward this many bytes, then close both sides (FIN)
+
+    @property
+    def delays(self) -> bool:
+        """True when bytes must go through a timed queue instead of straight to the transport."""
+        return self.latency_ms > 0 or self.jitter_ms > 0 or bool(self.bandwidth_bps)
+
+    def describe(self) -> str:
+        parts = []
+        if self.latency_ms or self.jitter_ms:
+            parts.append(f"latency {self.latency_ms:g}±{self.jitter_ms:g} ms")
+        if self.bandwidth_bps:
+            parts.append(f"bandwidth {self.bandwidth_bps} B/s")
+        if self.close_after_bytes is not None:
+            parts.append(f"close after {self.close_after_bytes} bytes")
+        return ", ".join(parts) or "none"
+
+
+@dataclass(frozen=True, slots=True)
+class Faults:
+    """Everything injectable. `Faults()` is "no fault" and costs nothing."""
+
+    to_broker: DirectionFaults = field(default_factory=DirectionFaults)
+    to_client: DirectionFaults = field(default_factory=DirectionFaults)
+    idle_reset_s: float | None = None  # RST both sides after this much idle time
+    refuse_connections: bool = False  # accept then RST every new client
+    seed: int | None = None  # jitter RNG seed (reproducible scenarios)
+
+    @property
+    def active(self) -> bool:
+        return bool(
+            self.to_broker.delays or self.to_client.delays
+            or self.to_broker.close_after_bytes is not None or self.to_client.close_after_bytes is not None
+            or self.idle_reset_s or self.refuse_connections
+        )
+
+    def describe(self) -> str:
+        parts = [f"to_broker: {self.to_broker.describe()}", f"to_client: {self.to_client.describe()}"]
+        if self.idle_reset_s:
+            parts.append(f"idle reset after {self.idle_reset_s:g} s")
+        if self.refuse_connections:
+            parts.append("refusing new connections")
+        return "; ".join(parts)
+
+
+NO_FAULTS = Faults()
+
+
+class DelayedWriter:
+    """A FIFO in front of a transport that releases chunks at their due time.
+
+    Order is preserved: a chunk is never due before the one queued ahead of it,
+    so jitter stretches the stream but never reorders it. The bandwidth cap is
+    a virtual clock: each chunk occupies len/bps seconds of the link.
+    `on_written(nbytes)` is called after each chunk is handed to the transport
+    (the relay stamps request/response "sent" times from it); `on_backlog(paused)`
+    tells the relay to pause/resume reading the source when more than `limit`
+    bytes wait here (so a capped link bounds memory like a slow peer does).
+    """
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        spec: DirectionFaults,
+        write: Callable[[bytes], None],
+        on_written: Callable[[int], None],
+        on_backlog: Callable[[bool], None],
+        rng: random.Random,
+        limit: int = 1 << 20,
+    ) -> None:
+        self._loop = loop
+        self._spec = spec
+        self._write = write
+        self._on_written = on_written
+        self._on_backlog = on_backlog
+        self._rng = rng
+        self._limit = limit
+        self._queue: deque[tuple[float, bytes]] = deque()
+        self._queued = 0
+        self._last_due = 0.0
+        self._link_free = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._backlogged = False
+        self._eof_pending: Callable[[], None] | None = None
+
+    @property
+    def queued(self) -> int:
+        return self._queued
+
+    def send(self, data: bytes) -> None:
+        now = self._loop.time()
+        s = self._spec
+        due = now + s.latency_ms / 1000.0
+        if s.jitter_ms:
+            due += self._rng.uniform(0, s.jitter_ms) / 1000.0
+        if s.bandwidth_bps:
+            start = max(now, self._link_free)
+            self._link_free = start + len(data) / s.bandwidth_bps
+            due = max(due, self._link_free)
+        due = max(due, self._last_due)
+        self._last_due = due
+        self._queue.append((due, data))
+        self._queued += len(data)
+        if self._timer is None:
+            self._timer = self._loop.call_at(self._queue[0][0], self._release)
+        if not self._backlogged and self._queued > self._limit:
+            self._backlogged = True
+            self._on_backlog(True)
+
+    def write_eof_after(self, fn: Callable[[], None]) -> None:
+        """Run `fn` (the half-close) once everything queued has been written."""
+        if not self._queue:
+            fn()
+        else:
+            self._eof_pending = fn
+
+    def _release(self) -> None:
+        self._timer = None
+        now = self._loop.time()
+        while self._queue and self._queue[0][0] <= now:
+            _, data = self._queue.popleft()
+            self._queued -= len(data)
+            self._write(data)
+            self._on_written(len(data))
+        if self._queue:
+            self._timer = self._loop.call_at(self._queue[0][0], self._release)
+        elif self._eof_pending is not None:
+            fn, self._eof_pending = self._eof_pending, None
+            fn()
+        if self._backlogged and self._queued <= self._limit // 2:
+            self._backlogged = False
+            self._on_backlog(False)
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._queue.clear()
+        self._queued = 0

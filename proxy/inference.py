@@ -1,0 +1,103 @@
+"""Plain-language causes for how a connection ended — pure functions of recorded facts.
+
+Why a separate pure module: the same rules run live in the proxy (the
+`inferred_cause` column and the close log line) and can be unit-tested from
+hand-written facts without sockets. A rule fires only when the evidence
+supports it; otherwise the cause stays None rather than guessing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Kafka's default message.max.bytes (1 MiB + record-batch overhead).
+DEFAULT_MESSAGE_MAX_BYTES = 1048588
+# "right after": the broker closes within this long of the acks=0 Produce.
+RIGHT_AFTER_MS = 5000
+# Below this idle time a reset is not called an idle reset.
+MIN_IDLE_RESET_MS = 1000
+
+
+@dataclass(slots=True)
+class EndFacts:
+    """What the relay knows when a connection ends."""
+
+    end_reason: str  # client_fin | broker_fin | client_rst | broker_rst | … (schema vocabulary)
+    end_by: str  # client | broker | proxy | none
+    idle_before_end_ms: int | None = None
+    unanswered: int = 0
+    last_api: str | None = None
+    last_request_bytes: int | None = None
+    last_request_acks: int | None = None
+    last_request_topics: list[str] = field(default_factory=list)
+    last_request_batch_bytes: int | None = None  # largest batch in the last Produce
+    ms_since_last_request: int | None = None
+    fault_detail: str | None = None  # set when an injected fault ended the connection
+    end_detail: str | None = None
+    opaque_kind: str | None = None  # tls, garbage, … when the stream was not parsed
+    broker_idle_close_ms: int | None = None  # connections.max.idle.ms when known
+
+
+def _topics(t: list[str]) -> str:
+    return ", ".join(t) if t else "an unknown topic"
+
+
+def inferred_cause(f: EndFacts) -> str | None:
+    """The most likely cause of the end, or None when nothing specific is supported."""
+    if f.end_reason == "upstream_connect_failed":
+        return f"the proxy could not connect to the broker ({f.end_detail or 'unknown error'})"
+
+    # Incident 1: broker hangs up right after an acks=0 Produce.
+    if (
+        f.end_by == "broker"
+        and f.last_api == "Produce"
+        and f.last_request_acks == 0
+        and (f.ms_since_last_request is None or f.ms_since_last_request <= RIGHT_AFTER_MS)
+    ):
+        size = f.last_request_bytes if f.last_request_bytes is not None else "?"
+        cause = (
+            f"broker closed the connection right after an acks=0 Produce of {size} bytes to "
+            f"{_topics(f.last_request_topics)}: batch larger than message.max.bytes (RecordBatchTooLarge)"
+        )
+        biggest = f.last_request_batch_bytes or (f.last_request_bytes or 0)
+        if biggest < DEFAULT_MESSAGE_MAX_BYTES:
+            cause += (
+                "; with acks=0 a broker can report any produce error only by closing, so if this "
+                "broker keeps the default message.max.bytes look in its log for the exception"
+            )
+        return cause
+
+    # Incident 2: a reset after a long idle period.
+    idle = f.idle_before_end_ms
+    if f.end_reason in ("client_rst", "broker_rst", "fault") and idle is not None and idle >= MIN_IDLE_RESET_MS:
+        secs = f"{idle / 1000:.1f}"
+        if f.end_reason == "fault":
+            return (
+                f"reset after {secs} s idle, not sent by the broker "
+                f"(kafkatap fault injection: {f.fault_detail or 'idle reset'})"
+            )
+        if f.end_reason == "client_rst":
+            return (
+                f"reset after {secs} s idle, not sent by the broker: the reset came from the client "
+                "side (an idle-timeout firewall/NAT between client and proxy, or the client itself)"
+            )
+        return (
+            f"reset after {secs} s idle, not sent by the broker (Kafka closes idle connections with a "
+            "FIN after connections.max.idle.ms): an idle-timeout firewall/NAT between proxy and broker is likely"
+        )
+
+    if f.end_reason == "broker_fin" and idle is not None and f.unanswered == 0:
+        limit = f.broker_idle_close_ms or 600_000
+        if idle >= 0.9 * limit:
+            return f"broker closed the connection after {idle / 1000:.0f} s idle (connections.max.idle.ms)"
+
+    if f.end_by == "broker" and f.unanswered > 0:
+        what = "reset" if f.end_reason == "broker_rst" else "closed"
+        return (
+            f"broker {what} the connection with {f.unanswered} request(s) unanswered "
+            f"(last: {f.last_api or 'unknown'}): broker restart, crash or a request it rejected"
+        )
+
+    if f.opaque_kind == "tls" and f.end_by == "broker":
+        return "TLS handshake sent to a plaintext listener (or the reverse): the broker closed the connection"
+    return None

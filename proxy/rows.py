@@ -1,0 +1,187 @@
+"""Decoder events + the proxy's clocks → row dicts keyed exactly as `proxy.schema`.
+
+Why separate from the relay: the row shape is a contract with the recorder,
+the live stats and analytics; keeping it in pure functions lets tests check
+every column without sockets, and keeps the hot relay code short.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from protocol.events import RequestSeen, ResponseSeen, Summary
+from proxy.schema import CONNECTION_COLUMNS, REQUEST_COLUMNS, TCP_FIELDS
+
+if TYPE_CHECKING:
+    from proxy.relay import Connection
+
+REQUEST_KEYS = tuple(c.name for c in REQUEST_COLUMNS)
+CONNECTION_KEYS = tuple(c.name for c in CONNECTION_COLUMNS)
+TCP_KEYS = tuple(c.name for c in TCP_FIELDS)
+
+
+def _us(a: int | None, b: int | None) -> int | None:
+    """(b - a) in µs, or None when a clock is missing."""
+    if a is None or b is None:
+        return None
+    return (b - a) // 1000
+
+
+def _compression(s: Summary) -> str | None:
+    if not s.batches:
+        return None
+    seen: list[str] = []
+    for b in s.batches:
+        if b.compression not in seen:
+            seen.append(b.compression)
+    return ",".join(seen)
+
+
+def request_row(
+    conn: Connection,
+    req: RequestSeen,
+    resp: ResponseSeen | None,
+    req_sent_ns: int | None,
+    resp_sent_ns: int | None,
+    status: str,
+) -> dict[str, Any]:
+    """One `requests` row: answered, unanswered (connection ended first) or no_response (acks=0)."""
+    s = req.summary
+    r = resp.summary if resp is not None else None
+    resp_first = resp.first_byte_ns if resp is not None else None
+    resp_last = resp.last_byte_ns if resp is not None else None
+    errors = []
+    throttle = None
+    fetched_bytes = None
+    producer_id = producer_epoch = None
+    if r is not None:
+        throttle = r.throttle_ms
+        errors = [
+            {"code": e.code, "name": e.name, "topic": e.topic, "partition": e.partition, "resource": e.resource}
+            for e in r.errors
+        ]
+        if r.fetched:
+            fetched_bytes = sum(p.records_bytes for p in r.fetched)
+        producer_id, producer_epoch = r.producer_id, r.producer_epoch
+    row: dict[str, Any] = {
+        "proxy_id": conn.server.proxy_id,
+        "conn_id": conn.conn_id,
+        "correlation_id": req.correlation_id,
+        "api_key": req.api_key,
+        "api_name": req.api_name,
+        "api_version": req.api_version,
+        "client_id": req.client_id,
+        "client_addr": conn.client_addr,
+        "broker_addr": conn.broker_addr,
+        "status": status,
+        "answered": resp is not None,
+        "request_bytes": req.size,
+        "response_bytes": resp.size if resp is not None else None,
+        "req_first_ns": req.first_byte_ns,
+        "req_last_ns": req.last_byte_ns,
+        "req_sent_ns": req_sent_ns,
+        "resp_first_ns": resp_first,
+        "resp_last_ns": resp_last,
+        "resp_sent_ns": resp_sent_ns,
+        "latency_us": _us(req.first_byte_ns, resp_sent_ns),
+        "broker_latency_us": _us(req_sent_ns, resp_first),
+        "proxy_req_delay_us": _us(req.last_byte_ns, req_sent_ns),
+        "proxy_resp_delay_us": _us(resp_last, resp_sent_ns),
+        "throttle_ms": throttle,
+        "error_count": len(errors),
+        "errors": errors,
+        "decode_note": req.decode_note or (resp.decode_note if resp is not None else None),
+    }
+    if s is not None:
+        batches = s.batches
+        pid = next((b.producer_id for b in batches if b.producer_id >= 0), None)
+        pep = next((b.producer_epoch for b in batches if b.producer_id >= 0), None)
+        row.update(
+            acks=s.acks,
+            timeout_ms=s.timeout_ms,
+            transactional_id=s.transactional_id,
+            topics=list(s.topics),
+            partitions=s.partitions,
+            batches=len(batches),
+            records=s.records,
+            record_bytes=s.record_bytes if fetched_bytes is None else fetched_bytes,
+            compression=_compression(s),
+            producer_id=producer_id if producer_id is not None else pid,
+            producer_epoch=producer_epoch if producer_epoch is not None else pep,
+            max_wait_ms=s.max_wait_ms,
+            min_bytes=s.min_bytes,
+            max_bytes=s.max_bytes,
+            isolation_level=s.isolation_level,
+            fetch_session_id=s.fetch_session_id,
+            fetch_session_epoch=s.fetch_session_epoch,
+            group_id=s.group_id or s.coordinator_key,
+            member_id=s.member_id,
+            generation_id=s.generation_id,
+            client_software_name=s.client_software_name,
+            client_software_version=s.client_software_version,
+            sasl_mechanism=s.sasl_mechanism,
+        )
+    else:
+        row.update(
+            acks=None, timeout_ms=None, transactional_id=None, topics=[], partitions=None, batches=None,
+            records=None, record_bytes=fetched_bytes, compression=None, producer_id=producer_id,
+            producer_epoch=producer_epoch, max_wait_ms=None, min_bytes=None, max_bytes=None,
+            isolation_level=None, fetch_session_id=None, fetch_session_epoch=None, group_id=None,
+            member_id=None, generation_id=None, client_software_name=None, client_software_version=None,
+            sasl_mechanism=None,
+        )
+    return row
+
+
+def tcp_row(conn: Connection, side: str, phase: str, ts_ns: int, info: dict[str, Any]) -> dict[str, Any]:
+    """One `tcp` row: a TCP_INFO sample of the client or broker socket."""
+    row = {"proxy_id": conn.server.proxy_id, "conn_id": conn.conn_id, "side": side, "phase": phase, "ts_ns": ts_ns}
+    row.update(info)
+    return row
+
+
+def connection_row(conn: Connection, final: bool, now_ns: int) -> dict[str, Any]:
+    """One `connections` row: a periodic snapshot (final=False) or the end (final=True)."""
+    closed = conn.closed_ns if final else None
+    end = conn.end
+    return {
+        "proxy_id": conn.server.proxy_id,
+        "conn_id": conn.conn_id,
+        "final": final,
+        "snapshot_ns": now_ns,
+        "listener": conn.listener,
+        "mode": conn.mode,
+        "client_addr": conn.client_addr,
+        "original_dst": conn.original_dst,
+        "broker_addr": conn.broker_addr,
+        "opened_ns": conn.opened_ns,
+        "upstream_connect_us": conn.upstream_connect_us,
+        "closed_ns": closed,
+        "duration_us": ((closed if closed is not None else now_ns) - conn.opened_ns) // 1000,
+        "bytes_from_client": conn.bytes_from_client,
+        "bytes_from_broker": conn.bytes_from_broker,
+        "frames_from_client": conn.frames_from_client,
+        "frames_from_broker": conn.frames_from_broker,
+        "requests": conn.requests,
+        "responses": conn.responses,
+        "client_ids": list(conn.client_ids),
+        "client_software_name": conn.software_name,
+        "client_software_version": conn.software_version,
+        "tls": conn.tls,
+        "opaque": conn.opaque_reason is not None,
+        "opaque_reason": conn.opaque_reason,
+        "end_reason": end.reason if (final and end) else "open",
+        "end_by": end.by if (final and end) else "none",
+        "end_detail": end.detail if (final and end) else None,
+        "idle_before_end_ms": end.idle_ms if (final and end) else None,
+        "unanswered": conn.unanswered_at_end if final else conn.inflight,
+        "last_api": conn.last_api,
+        "last_request_bytes": conn.last_request_bytes,
+        "last_request_acks": conn.last_request_acks,
+        "last_request_topics": list(conn.last_request_topics),
+        "inferred_cause": conn.inferred if final else None,
+        "tcp_client_open": conn.tcp_client_open,
+        "tcp_broker_open": conn.tcp_broker_open,
+        "tcp_client_close": conn.tcp_client_close if final else None,
+        "tcp_broker_close": conn.tcp_broker_close if final else None,
+    }

@@ -1,0 +1,131 @@
+"""A minimal HTTP/1.1 status endpoint on asyncio: `/metrics`, `/clients`, `/healthz`.
+
+Why hand-written: the proxy host should need nothing beyond the relay's own
+dependencies (aiohttp is not one), and the surface is four GET routes with
+small bodies. It runs on the proxy's event loop, so every handler only reads
+the in-loop counters of `LiveStats`; requests are bounded in size and time so
+a misbehaving scraper cannot hold the loop or memory. Loopback by default:
+the data names clients and topics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+from typing import Any
+
+import structlog
+
+from proxy.metrics import LiveStats
+
+log = structlog.get_logger("kafkatap.status")
+
+PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+MAX_REQUEST_HEAD = 16 * 1024
+READ_TIMEOUT_S = 5.0
+
+
+def parse_addr(addr: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
+    """`PORT`, `:PORT`, `HOST:PORT` or `[V6]:PORT` → (host, port); the host defaults to loopback."""
+    addr = addr.strip()
+    if addr.isdigit():
+        return default_host, int(addr)
+    if addr.startswith("["):
+        host, _, port = addr[1:].partition("]:")
+    else:
+        host, _, port = addr.rpartition(":")
+    if not port.isdigit():
+        raise ValueError(f"status address {addr!r} is not HOST:PORT")
+    return host or default_host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+class StatusServer:
+    """Serves LiveStats over HTTP on the running event loop."""
+
+    def __init__(self, stats: LiveStats, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.stats = stats
+        self.host = host
+        self.port = port
+        self._server: asyncio.base_events.Server | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}" if ":" not in self.host else f"[{self.host}]:{self.port}"
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, self.host, self.port, reuse_address=True)
+        self.port = self._server.sockets[0].getsockname()[1]
+        if not is_loopback(self.host):
+            log.warning("status endpoint is reachable from the network; it names clients and topics",
+                        addr=self.address)
+        log.info("status endpoint listening", addr=self.address, routes=["/metrics", "/clients", "/healthz"])
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:  # keep-alive: Prometheus reuses its connection
+                try:
+                    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_TIMEOUT_S)
+                except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError):
+                    return
+                except asyncio.LimitOverrunError:
+                    await self._respond(writer, 431, "text/plain", b"request head too large\n", close=True)
+                    return
+                if len(head) > MAX_REQUEST_HEAD:
+                    await self._respond(writer, 431, "text/plain", b"request head too large\n", close=True)
+                    return
+                lines = head.decode("latin-1").split("\r\n")
+                parts = lines[0].split(" ")
+                if len(parts) != 3:
+                    await self._respond(writer, 400, "text/plain", b"bad request line\n", close=True)
+                    return
+                method, target, version = parts
+                headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
+                close = version != "HTTP/1.1" or headers.get("connection", "").lower() == "close"
+                if headers.get("content-length", "0") not in ("", "0") or "transfer-encoding" in headers:
+                    await self._respond(writer, 400, "text/plain", b"request bodies are not accepted\n", close=True)
+                    return
+                status, ctype, body = self._route(method, target.split("?", 1)[0])
+                await self._respond(writer, status, ctype, body, close=close, head_only=method == "HEAD")
+                if close:
+                    return
+        except Exception as exc:  # a scraper must never take the proxy down
+            log.warning("status request failed", error=repr(exc))
+        finally:
+            writer.close()
+
+    def _route(self, method: str, path: str) -> tuple[int, str, bytes]:
+        if method not in ("GET", "HEAD"):
+            return 405, "text/plain", b"only GET\n"
+        if path == "/metrics":
+            return 200, PROMETHEUS_CONTENT_TYPE, self.stats.render_prometheus().encode()
+        if path == "/clients":
+            return 200, "application/json", json.dumps(self.stats.clients_json()).encode()
+        if path in ("/healthz", "/"):
+            body: dict[str, Any] = {"status": "ok", "proxy_id": self.stats.proxy_id,
+                                    "routes": ["/metrics", "/clients", "/healthz"]}
+            return 200, "application/json", json.dumps(body).encode()
+        return 404, "text/plain", b"not found: try /metrics or /clients\n"
+
+    @staticmethod
+    async def _respond(writer: asyncio.StreamWriter, status: int, ctype: str, body: bytes, close: bool,
+                       head_only: bool = False) -> None:
+        reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+                  431: "Request Header Fields Too Large"}.get(status, "OK")
+        head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+                f"Cache-Control: no-store\r\nConnection: {'close' if close else 'keep-alive'}\r\n\r\n")
+        writer.write(head.encode("latin-1") + (b"" if head_only else body))
+        await writer.drain()
