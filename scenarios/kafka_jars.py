@@ -115,3 +115,18 @@ def ensure_jars(version: str = DEFAULT_VERSION, quiet: bool = False) -> Path:
 def _last_error(output: str) -> str:
     errors = [ln.strip() for ln in output.splitlines() if "ERROR" in ln and ln.strip() != "[ERROR]"]
     return (errors[0] if errors else output.strip().splitlines()[-1] if output.strip() else "no output")[:400]
+
+
+def main() -> None:
+    """`python -m scenarios.kafka_jars [VERSION…]`: fetch (or confirm) the pinned jars."""
+    import sys
+
+    for version in sys.argv[1:] or list(RELEASES):
+        started = time.monotonic()
+        lib = ensure_jars(version, quiet=True)
+        print(f"Kafka {version}: {len(list(lib.glob('*.jar')))} jars in {lib} ({time.monotonic() - started:.1f}s)",
+              file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
