@@ -167,7 +167,9 @@ def _conn_requests(c: Conn, proxy: str, rng: random.Random) -> pa.Table:
     req_last = pc.add(start, _cast(pc.divide(req_bytes, 50), pa.int64()))
     req_sent = pc.add(req_last, pc.multiply(proxy_req, 1000))
     resp_first = pc.add(req_sent, pc.multiply(broker_lat, 1000))
-    resp_last = pc.add(resp_first, _cast(pc.divide(resp_bytes, 40), pa.int64()))
+    # response transfer time: ~100 MB/s normally; without window scaling 64 KiB per RTT (incident 5)
+    rate = 100e6 if c.wscale else 65535 / (c.rtt_us / 1e6) * 0.95
+    resp_last = pc.add(resp_first, _cast(pc.multiply(resp_bytes, 1e9 / rate), pa.int64()))
     resp_sent = pc.add(resp_last, pc.multiply(proxy_resp, 1000))
     latency = pc.divide(pc.subtract(resp_sent, start), 1000)
     topic_idx = _cast(pc.floor(pc.multiply(u1, len(c.topics) * 0.9999)), pa.int32())

@@ -46,8 +46,10 @@ def check_size(first4: bytes, size: int, offset: int, limit: int) -> tuple[str, 
     At stream offset 0 a TLS/HTTP signature wins even if the size looks legal
     (a raised limit must not make a ClientHello parse as a frame).
     """
+    if 0 <= size <= limit and offset != 0:
+        return None  # the hot path: no sniffing needed
     sniffed = sniff_non_kafka(first4)
-    if sniffed is not None and (offset == 0 or size < 0 or size > limit):
+    if sniffed is not None:
         return sniffed
     if size < 0:
         return "negative_size", f"negative frame size {size}"

@@ -25,7 +25,6 @@ from protocol.events import BatchSeen
 V2_HEADER_BYTES = 61
 LOG_OVERHEAD = 12  # offset + length that precede every batch / legacy message
 _V2 = Struct(">qiibIhiqqqhii").unpack_from
-_LEGACY = Struct(">qiiBbb").unpack_from  # offset, size, crc, magic(u8 ok), attributes
 _PREFIX = Struct(">qiib").unpack_from  # offset, length, epoch-or-crc, magic
 
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd", "unknown", "unknown", "unknown")
@@ -40,16 +39,11 @@ def read_batch(d: Any, p: int, remain: int, topic: str, partition: int) -> tuple
     (None for a partial trailing batch, as brokers send in Fetch responses)
     and the number of bytes the batch occupies (0 when partial).
     """
-    if remain < 17:
-        return None, 0
-    base_offset, length, _epoch, magic = _PREFIX(d, p)
-    size = LOG_OVERHEAD + length
-    if length < 0 or size > remain:
-        return None, 0
-    if magic >= 2:
-        if remain < V2_HEADER_BYTES or length < V2_HEADER_BYTES - LOG_OVERHEAD:
+    if remain >= V2_HEADER_BYTES and d[p + 16] == 2:  # the common case: one unpack
+        (base_offset, length, _, magic, _crc, attrs, _lod, _bts, _mts, pid, pep, bseq, count) = _V2(d, p)
+        size = LOG_OVERHEAD + length
+        if length < V2_HEADER_BYTES - LOG_OVERHEAD or size > remain:
             return None, 0
-        (_, _, _, magic, _crc, attrs, _lod, _bts, _mts, pid, pep, bseq, count) = _V2(d, p)
         return (
             BatchSeen(
                 topic, partition, magic, base_offset, count, size, CODECS[attrs & 7],
@@ -57,6 +51,14 @@ def read_batch(d: Any, p: int, remain: int, topic: str, partition: int) -> tuple
             ),
             size,
         )
+    if remain < 17:
+        return None, 0
+    base_offset, length, _epoch, magic = _PREFIX(d, p)
+    size = LOG_OVERHEAD + length
+    if length < 0 or size > remain:
+        return None, 0
+    if magic >= 2:  # a v2 batch cut short, or a future magic: not read
+        return None, 0
     if remain < 18:
         return None, 0
     attrs = d[p + 17]

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from collections import deque
 from struct import Struct
+from struct import error as struct_error
 from typing import Any, Iterator
 
 from protocol.apis import API_VERSIONS, APIS, PRODUCE, api_name
@@ -58,6 +59,15 @@ from protocol.summaries.varint import Over, skip_tags
 
 _I32 = Struct(">i").unpack_from
 _I16 = Struct(">h").unpack_from
+
+
+_KNOWN: dict[tuple[int, int], tuple[bool, bool]] = {}
+
+
+def _known(key: int, ver: int) -> tuple[bool, bool]:
+    """(a schema describes this version, the request header is v2) — cached per stream-less key."""
+    info = APIS.get(key)
+    return (info is not None and info.decodable(ver), info is not None and info.flexible(ver))
 
 
 class _Frame:
@@ -225,7 +235,8 @@ class KafkaStream:
                 side.frame = fr
                 continue
             size = _I32(mv, i)[0]
-            if not self._size_ok(side, mv[i:i + 4].tobytes(), size, base + i):
+            if (size < 10 or size > self.max_frame_bytes or base + i == 0) and not self._size_ok(
+                    side, mv[i:i + 4].tobytes(), size, base + i):
                 return
             total = size + 4
             if n - i >= total:  # whole frame at hand: zero-copy plain walk
@@ -309,11 +320,13 @@ class KafkaStream:
                 self._go_opaque(side, start, "garbage", f"negative api key/version ({key}, {ver}) in request header")
                 return None
             head.event_args = (key, ver, cid, client_id)
-            info = APIS.get(key)
-            if info is None or not info.decodable(ver):
+            known = _KNOWN.get((key, ver))
+            if known is None:
+                known = _KNOWN[(key, ver)] = _known(key, ver)
+            if not known[0]:
                 head.note = f"no schema for {api_name(key)} (api {key}) v{ver}"
                 return head
-            head.body_pos = skip_request_header_tags(d, p, lim, key, ver)
+            head.body_pos = skip_tags(d, p, lim) if known[1] else p
             head.key, head.ver = key, ver
             head.summary = Summary()
             return head
@@ -357,11 +370,9 @@ class KafkaStream:
             try:
                 end = walker(head.key, side.direction is Direction.REQUEST, head.ver)(frame, head.body_pos, size, head.summary)
                 if end != size:
-                    head.fail = self._end_failure(end, size)
-            except Over as over:
-                head.fail = ("body_overrun", f"a declared length runs to byte {over.need - 4} of a {size - 4}-byte body")
+                    self._end_mismatch(head, end, size)
             except Exception as exc:
-                head.fail = ("body_overrun", f"body does not decode: {exc!r}")
+                head.fail = self._walk_failure(exc, size)
         self._emit_frame(side, head, start, size, now_ns, now_ns)
 
     def _finish(self, side: _Side, fr: _Frame, now_ns: int) -> None:
@@ -372,23 +383,33 @@ class KafkaStream:
         body = fr.body
         if body is not None:
             if body.failure is not None:
-                exc = body.failure
-                if isinstance(exc, OverflowError):
-                    need = exc.args[0]
-                    head.fail = ("body_overrun", f"a declared length runs to byte {need - 4} of a {fr.size - 4}-byte body")
-                else:
-                    head.fail = ("body_overrun", f"body does not decode: {exc!r}")
+                head.fail = self._walk_failure(body.failure, fr.size)
             elif body.gen is not None:  # cannot happen: every need fits the frame
                 head.fail = ("body_overrun", "body walk did not complete")
             elif body.end != fr.size:
-                head.fail = self._end_failure(body.end, fr.size)
+                self._end_mismatch(head, body.end, fr.size)
         self._emit_frame(side, head, fr.start, fr.size, fr.first_ns, now_ns)
 
     @staticmethod
-    def _end_failure(end: int, size: int) -> tuple[str, str]:
+    def _walk_failure(exc: BaseException, size: int) -> tuple[str, str]:
+        """The same (kind, reason) whichever walker (plain or incremental) failed."""
+        if isinstance(exc, (Over, OverflowError, IndexError, struct_error)):
+            return "body_overrun", f"a declared length runs past the end of the {size - 4}-byte body"
+        return "body_overrun", f"body does not decode: {exc!r}"
+
+    @staticmethod
+    def _end_mismatch(head: _Head, end: int, size: int) -> None:
+        """The walk ended before or after the frame end.
+
+        After: a declared length overran the frame — a body failure. Before:
+        trailing bytes. Real clients send these (librdkafka 2.x appends
+        `01 00 00` to Metadata v13 requests) and the broker ignores them, so
+        the frame keeps its summary and only gets a note; the stream stays parsed.
+        """
         if end > size:
-            return "body_overrun", f"a declared length runs to byte {end - 4} of a {size - 4}-byte body"
-        return "trailing_bytes", f"{size - end} bytes left over after the body decoded"
+            head.fail = ("body_overrun", f"a declared length runs past the end of the {size - 4}-byte body")
+        else:
+            head.note = f"trailing_bytes: {size - end} bytes left over after the body decoded"
 
     def _emit_frame(self, side: _Side, head: _Head, start: int, size: int, first_ns: int, last_ns: int) -> None:
         side.frames += 1

@@ -168,3 +168,52 @@ class DelayedWriter:
             self._timer = None
         self._queue.clear()
         self._queued = 0
+
+
+FAULT_SPEC_HELP = """\
+latency=DIR:MS[:JITTER_MS]  added delay per chunk (jitter uniform 0..J, order kept)
+bandwidth=DIR:BYTES_PER_S   cap the throughput one way
+close-after=DIR:BYTES       forward BYTES that way, then close both sides (FIN)
+idle-reset=SECONDS          RST both sides after SECONDS without a byte (a firewall)
+refuse                      accept new clients and reset them at once
+DIR is to-broker, to-client or both."""
+
+
+def parse_fault_specs(specs: list[str] | tuple[str, ...], seed: int | None = None) -> Faults:
+    """Build `Faults` from CLI specs like "latency=to-broker:20:5" (see FAULT_SPEC_HELP)."""
+    per: dict[str, dict[str, object]] = {"to_broker": {}, "to_client": {}}
+    idle: float | None = None
+    refuse = False
+    for spec in specs:
+        name, _, arg = spec.partition("=")
+        name = name.strip().lower()
+        try:
+            if name == "refuse":
+                refuse = True
+                continue
+            if name == "idle-reset":
+                idle = float(arg)
+                continue
+            direction, _, rest = arg.partition(":")
+            dirs = {"to-broker": ["to_broker"], "to-client": ["to_client"], "both": ["to_broker", "to_client"]}[direction]
+            parts = rest.split(":") if rest else []
+            for d in dirs:
+                if name == "latency":
+                    per[d]["latency_ms"] = float(parts[0])
+                    if len(parts) > 1:
+                        per[d]["jitter_ms"] = float(parts[1])
+                elif name == "bandwidth":
+                    per[d]["bandwidth_bps"] = int(float(parts[0]))
+                elif name == "close-after":
+                    per[d]["close_after_bytes"] = int(parts[0])
+                else:
+                    raise KeyError(name)
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"bad fault spec {spec!r}; expected one of:\n{FAULT_SPEC_HELP}") from exc
+    return Faults(
+        to_broker=DirectionFaults(**per["to_broker"]),  # type: ignore[arg-type]
+        to_client=DirectionFaults(**per["to_client"]),  # type: ignore[arg-type]
+        idle_reset_s=idle,
+        refuse_connections=refuse,
+        seed=seed,
+    )

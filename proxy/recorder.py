@@ -218,7 +218,7 @@ class ParquetRecorder:
     def start(self) -> "ParquetRecorder":
         """Check the directory (RecordingError if unusable), clean leftovers, start the writer thread."""
         check_recording_dir(self.root, self.min_free_bytes)
-        removed = recover(self.root)
+        removed = recover(self.root, self.proxy_id)
         if removed:
             log.info("recording leftovers cleaned", root=str(self.root), files=removed)
         self._thread = threading.Thread(target=self._run, name="kafkatap-recorder", daemon=True)
@@ -319,6 +319,7 @@ class ParquetRecorder:
 
     # -- writer thread ---------------------------------------------------------------
     def _run(self) -> None:
+        _name_os_thread(b"kafkatap-rec")
         while not self._stopping:
             self._wake.wait(self.flush_interval_s)
             self._wake.clear()
@@ -515,17 +516,36 @@ class ParquetRecorder:
             log.error(msg, error=repr(exc) if exc else None, errors_total=self.write_errors, **kw)
 
 
-def recover(root: Path | str) -> int:
+def _name_os_thread(name: bytes) -> None:
+    """Give the writer thread a kernel-visible name (top -H, /proc/PID/task/*/comm) so its CPU can be told apart."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(15, ctypes.c_char_p(name[:15]), 0, 0, 0)  # PR_SET_NAME
+    except Exception:  # noqa: BLE001 — cosmetic only
+        pass
+
+
+def recover(root: Path | str, proxy_id: str | None = None) -> int:
     """Remove what a crash can leave behind: stale `.tmp-` files and flush files already merged.
 
-    Returns the number of files removed. Safe to run while no recorder writes
-    to `root` (the recorder runs it before its writer thread starts).
+    Returns the number of files removed. With `proxy_id`, only that proxy's
+    partitions are touched, so proxies sharing one recording root never remove
+    each other's in-progress `.tmp-` files (the recorder runs it that way,
+    before its writer thread starts). Without it, the whole root is cleaned:
+    only do that while no proxy writes there.
     """
     root = Path(root)
     removed = 0
     if not root.is_dir():
         return 0
-    for dirpath, _dirnames, filenames in os.walk(root):
+    if proxy_id is not None:
+        part = f"proxy={_safe_segment(proxy_id)}"
+        tops = [root / ds / part for ds in COLUMNS if (root / ds / part).is_dir()]
+    else:
+        tops = [root]
+    walk = [w for top in tops for w in os.walk(top)]
+    for dirpath, _dirnames, filenames in walk:
         d = Path(dirpath)
         merged: list[tuple[str, int, int]] = []
         singles: list[tuple[str, int, str]] = []

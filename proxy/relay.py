@@ -309,15 +309,22 @@ class Connection:
             sock = socket.socket(family, socket.SOCK_STREAM)
             sock.setblocking(False)
             if server.so_mark is not None:
-                sock.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_MARK", 36), server.so_mark)
+                try:
+                    sock.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_MARK", 36), server.so_mark)
+                except OSError as exc:  # needs CAP_NET_ADMIN; only matters for an OUTPUT redirect rule
+                    server.mark_failed(exc)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             await asyncio.wait_for(server.loop.sock_connect(sock, sockaddr), server.connect_timeout)
             if self.c_closed:
+                if self.end is not None and self.end.reason == "client_rst":
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER0)
                 sock.close()
                 return
             bt, _ = await server.loop.create_connection(lambda: _BrokerSide(self), sock=sock)
         except asyncio.CancelledError:
             if sock is not None:
+                if self.end is not None and self.end.reason == "client_rst":
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER0)
                 sock.close()
             raise
         except (asyncio.TimeoutError, TimeoutError):

@@ -52,27 +52,38 @@ MIN_RATE_PER_MIN = 0.1
 
 @rule("reconnect_storm")
 def reconnect_storm(t: Tables) -> list[Finding]:
-    """Clients that keep opening short-lived connections (every send pays a handshake)."""
-    out = []
+    """Clients that keep opening short-lived connections (every send pays a handshake): one finding, worst client first."""
+    storm = []
     for r in t.get("reconnects_by_client", []):
         n = r.get("connections") or 0
         life = r.get("median_lifetime_s")
         rate = r.get("reconnects_per_min") or 0
-        if n < MIN_CONNECTIONS or life is None or life > MAX_MEDIAN_LIFETIME_S or rate < MIN_RATE_PER_MIN:
-            continue
-        sev = "critical" if rate >= 1 else "warning"
-        why = []
-        if r.get("resets_not_by_broker"):
-            why.append(f"{r['resets_not_by_broker']} reset(s) not sent by the broker")
-        if r.get("closed_by_broker"):
-            why.append(f"{r['closed_by_broker']} closed by the broker")
-        out.append(Finding(
-            id="reconnect_storm", incident=2, severity=sev,
-            title=f"{r['client_id']} ({r.get('client_host')}) reconnects {rate:.2f}×/min: {n} connections, median life {human_s(life)}",
-            summary=(f"Client {r['client_id']} at {r.get('client_host')} opened {n} connections (up to {r.get('max_opens_per_interval')} "
-                     f"in one interval), each living a median {human_s(life)}" + (f"; ends: {', '.join(why)}" if why else "") + "."),
-            evidence={k: r.get(k) for k in ("client_id", "client_host", "connections", "reconnects_per_min", "max_opens_per_interval",
-                                            "resets", "resets_not_by_broker", "closed_by_broker", "median_idle_before_end_ms", "median_lifetime_s")},
-            tables=["reconnects_by_client", "resets"], score=score(sev, n),
-        ))
-    return out
+        if n >= MIN_CONNECTIONS and life is not None and life <= MAX_MEDIAN_LIFETIME_S and rate >= MIN_RATE_PER_MIN:
+            storm.append(r)
+    if not storm:
+        return []
+    storm.sort(key=lambda r: -(r.get("reconnects_per_min") or 0))
+    worst = storm[0]
+    sev = "critical" if (worst.get("reconnects_per_min") or 0) >= 1 else "warning"
+    total = sum(r["connections"] for r in storm)
+    resets = sum(r.get("resets_not_by_broker") or 0 for r in storm)
+    broker = sum(r.get("closed_by_broker") or 0 for r in storm)
+    ends = []
+    if resets:
+        ends.append(f"{resets} reset(s) not sent by the broker")
+    if broker:
+        ends.append(f"{broker} closed by the broker")
+    names = ", ".join(f"{r['client_id']} ({r.get('client_host')}) {r['reconnects_per_min']:.2f}/min" for r in storm[:5])
+    return [Finding(
+        id="reconnect_storm", incident=2, severity=sev,
+        title=f"{len(storm)} client(s) reconnect constantly: {worst['client_id']} {worst['reconnects_per_min']:.2f}×/min, "
+              f"median connection life {human_s(worst.get('median_lifetime_s'))}",
+        summary=(f"{len(storm)} client(s) opened {total} short-lived connections: {names}"
+                 + (f"{'…' if len(storm) > 5 else ''}. Ends: {', '.join(ends)}" if ends else "") + ". Every reconnect pays a TCP "
+                 "handshake, ApiVersions and Metadata before the next send."),
+        evidence={"clients": len(storm), "connections": total, "resets_not_by_broker": resets, "closed_by_broker": broker},
+        examples=[{k: r.get(k) for k in ("client_id", "client_host", "connections", "reconnects_per_min", "max_opens_per_interval",
+                                         "resets", "resets_not_by_broker", "closed_by_broker", "median_idle_before_end_ms", "median_lifetime_s")}
+                  for r in storm[:10]],
+        tables=["reconnects_by_client", "resets"], score=score(sev, total),
+    )]

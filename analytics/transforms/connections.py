@@ -15,7 +15,7 @@ def with_client(conns: DataFrame) -> DataFrame:
     return conns.withColumn("client_id", first_client_id()).withColumn("client_host", host(F.col("client_addr")))
 
 
-def connections_over_time(conns: DataFrame, req: DataFrame, bucket_s: int) -> DataFrame:
+def connections_over_time(conns: DataFrame, req: DataFrame, bucket_s: int, cube: DataFrame | None = None) -> DataFrame:
     """Per broker and bucket: opens, ends, concurrency, request rate and latency.
 
     Concurrency is a running sum of opens minus ends over a dense bucket grid,
@@ -32,11 +32,21 @@ def connections_over_time(conns: DataFrame, req: DataFrame, bucket_s: int) -> Da
     r = req.select("broker_addr", F.floor(F.col("ts_ns") / step).alias("b"), "latency_us", "long_poll", "request_bytes")
     opens = c.groupBy("broker_addr", F.col("open_b").alias("b")).agg(F.count(F.lit(1)).alias("opens"))
     ends = c.where(F.col("close_b").isNotNull()).groupBy("broker_addr", F.col("close_b").alias("b")).agg(F.count(F.lit(1)).alias("ends"))
-    lat = r.groupBy("broker_addr", "b").agg(
-        F.count(F.lit(1)).alias("requests"),
-        F.percentile_approx(F.when(~F.col("long_poll"), F.col("latency_us")), [0.5, 0.99], 2000).alias("q"),
-        F.round(F.avg("request_bytes"), 1).alias("bytes_per_request"),
-    )
+    if cube is None:
+        lat = r.groupBy("broker_addr", "b").agg(
+            F.count(F.lit(1)).alias("requests"),
+            F.percentile_approx(F.when(~F.col("long_poll"), F.col("latency_us")), [0.5, 0.99], 2000).alias("q"),
+            F.round(F.avg("request_bytes"), 1).alias("bytes_per_request"),
+        )
+    else:  # latency from the cube (bucket start seconds in k2), counts from a cheap hash aggregate
+        from analytics.transforms.cube import cube_percentiles
+
+        q = cube_percentiles(cube, "broker_time").select(
+            F.col("k1").alias("broker_addr"), (F.col("k2").cast("long") / bucket_s).cast("long").alias("b"),
+            F.array("p50_us", "p99_us").alias("q"))
+        lat = r.groupBy("broker_addr", "b").agg(
+            F.count(F.lit(1)).alias("requests"), F.round(F.avg("request_bytes"), 1).alias("bytes_per_request")
+        ).join(q, ["broker_addr", "b"], "left")
     bounds = c.select("broker_addr", "open_b", F.coalesce("close_b", "open_b").alias("close_b")).unionByName(
         r.select("broker_addr", F.col("b").alias("open_b"), F.col("b").alias("close_b"))
     ).groupBy("broker_addr").agg(F.min("open_b").alias("lo"), F.max("close_b").alias("hi"))

@@ -11,6 +11,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from analytics.transforms.common import bucket, percentiles_by
+from analytics.transforms.cube import cube_percentiles
 
 
 def _real(req: DataFrame) -> DataFrame:
@@ -67,3 +68,49 @@ def long_polls_by_client(req: DataFrame) -> DataFrame:
         F.percentile_approx(F.when(F.col("long_poll"), F.col("broker_latency_us")), 0.5, 2000).alias("median_wait_us"),
         F.max("max_wait_ms").alias("max_wait_ms"),
     ).orderBy(F.desc("fetches"))
+
+
+# ---- the same views from the latency cube (one pass over the requests; what the job uses)
+
+def _k1(cube: DataFrame, dim: str, name: str, metric: str = "latency") -> DataFrame:
+    return cube_percentiles(cube, dim, metric).withColumnRenamed("k1", name)
+
+
+def cube_latency_by_api(cube: DataFrame) -> DataFrame:
+    return _k1(cube, "api", "api_label").drop("k2").orderBy(F.desc("count"))
+
+
+def cube_broker_latency_by_api(cube: DataFrame) -> DataFrame:
+    return _k1(cube, "api", "api_label", "broker_latency").drop("k2").orderBy(F.desc("count"))
+
+
+def cube_proxy_delay_by_api(cube: DataFrame) -> DataFrame:
+    return _k1(cube, "api", "api_name", "proxy_delay").drop("k2").orderBy(F.desc("count"))
+
+
+def cube_latency_by_api_version(cube: DataFrame) -> DataFrame:
+    return (_k1(cube, "api_version", "api_label").withColumn("api_version", F.col("k2").cast("short")).drop("k2")
+            .select("api_label", "api_version", *[c for c in cube_percentile_columns()]).orderBy("api_label", "api_version"))
+
+
+def cube_latency_by_broker(cube: DataFrame) -> DataFrame:
+    return _k1(cube, "broker", "broker_addr").drop("k2").orderBy(F.desc("p99_us"))
+
+
+def cube_latency_by_client(cube: DataFrame) -> DataFrame:
+    return _k1(cube, "client", "client_id").drop("k2").orderBy(F.desc("p99_us"))
+
+
+def cube_latency_by_topic(cube: DataFrame) -> DataFrame:
+    return (_k1(cube, "topic", "topic").withColumnRenamed("k2", "api_name")
+            .select("topic", "api_name", *cube_percentile_columns()).orderBy(F.desc("p99_us")))
+
+
+def cube_latency_over_time(cube: DataFrame) -> DataFrame:
+    t = cube_percentiles(cube, "time", "latency")
+    return t.select(F.timestamp_seconds(F.col("k1").cast("long")).alias("bucket"), F.col("k2").alias("api_name"),
+                    *cube_percentile_columns()).orderBy("bucket", "api_name")
+
+
+def cube_percentile_columns() -> list[str]:
+    return ["count", "p50_us", "p90_us", "p99_us", "p999_us", "max_us", "mean_us"]

@@ -27,6 +27,7 @@ Fetch response is summarized with a few KiB of buffer.
 
 from __future__ import annotations
 
+import re
 from struct import Struct
 from typing import Any, Callable
 
@@ -34,7 +35,7 @@ from protocol.apis import FETCH, PRODUCE, APIS
 from protocol.errors import UnknownApi, error_name
 from protocol.events import ErrorSeen, PartitionFetched, Summary
 from protocol.records import scan, scan_incremental
-from protocol.summaries.varint import Over, g_skip_tags, g_uv, skip_tags, uv
+from protocol.summaries.varint import Over, g_skip_tags, g_tag_errors, g_uv, skip_tags, tag_errors, uv
 
 FIXED: dict[str, tuple[str, int]] = {
     "int8": ("b", 1), "int16": ("h", 2), "uint16": ("H", 2), "int32": ("i", 4),
@@ -99,6 +100,12 @@ def _flush(s: Summary, pending: list[int], topic: str | None, part: int | None, 
 _Z16 = bytes(16)
 
 
+def _skiparr(d: Any, p: int, lim: int, size: int) -> int:
+    """Skip a compact array of fixed-size elements (null, or a multi-byte count)."""
+    n, p = uv(d, p, lim)
+    return p + (n - 1) * size if n > 1 else p
+
+
 class _Emitter:
     """Builds the source of one walker; see the module docstring for the protocol."""
 
@@ -121,10 +128,15 @@ class _Emitter:
         self.lines.append("    " * ind + line)
 
     def need(self, ind: int, n: str | int) -> None:
+        """Make n bytes at p available (incremental mode only).
+
+        Plain walkers run on a buffer that ends exactly at the frame end, so a
+        short read raises IndexError / struct.error by itself (the caller maps
+        both to a body overrun) and slices past the end are caught by the
+        final `end == size` check: no per-field bounds test is needed.
+        """
         if self.inc:
             self.emit(ind, f"if p + {n} > lim: d, p, lim = yield (p, {n})")
-        else:
-            self.emit(ind, f"if p + {n} > lim: raise Over(p + {n})")
 
     def uvar(self, ind: int, v: str) -> None:
         self.need(ind, 1)
@@ -145,7 +157,17 @@ class _Emitter:
             self.need(ind, 4 if wide else 2)
             self.emit(ind, f"{v} = _{fmt}(d, p)[0]; p += {4 if wide else 2}")
 
-    def tags(self, ind: int) -> None:
+    def tags(self, ind: int, k: int = 0, err_tags: frozenset[int] = frozenset()) -> None:
+        if err_tags:  # error codes living in tagged fields
+            te = self.var("te")
+            self.globs[te + "_w"] = err_tags
+            if self.inc:
+                self.emit(ind, f"d, p, lim, {te} = yield from g_tag_errors(d, p, lim, {te}_w)")
+            else:
+                self.emit(ind, f"p, {te} = tag_errors(d, p, lim, {te}_w)")
+            self.emit(ind, f"for c in {te}:")
+            self.emit(ind + 1, f"if c: pe{k} = _pe(pe{k}, c)")
+            return
         self.need(ind, 1)
         if self.inc:
             self.emit(ind, "if d[p] == 0: p += 1")
@@ -181,19 +203,53 @@ class _Emitter:
             out.append(f)
         return out
 
-    def struct(self, fields: list[dict[str, Any]], k: int, ind: int, parent: str) -> None:
+    def struct(self, fields: list[dict[str, Any]], k: int, ind: int, parent: str,
+               pcv: dict[str, str] | None = None) -> None:
+        """Emit one struct. `pcv` names the parent's context variables.
+
+        Context (topic, partition, resource) is only copied into new variables
+        in structs that set it; others read their parent's variables — this
+        keeps the per-partition cost of big responses low.
+        """
         fs = self.fields_for(fields)
         names = {f["name"] for f in fs}
         has_name = any(f.get("entityType") == "topicName" and f["type"] == "string" for f in fs)
         fetch_part = self.api == FETCH and not self.request and "HighWatermark" in names and "Records" in names
-        hostport = "Host" in names and "Port" in names
+        hostport = "Host" in names and "Port" in names or (k == 0 and self.api == FIND_COORDINATOR and "Host" in names)
+        ctx: dict[str, Any] = {"k": k, "parent": parent, "has_name": has_name, "fetch_part": fetch_part,
+                               "hostport": hostport}
+        cv = dict(pcv) if pcv else {"t": "t0", "pt": "pt0", "r": "r0"}
+        err_tags = frozenset(
+            int(f["tag"]) for f in fields
+            if self.flex and "tag" in f and f["type"] == "int16" and f["name"].endswith("ErrorCode")
+            and _in(f.get("versions"), self.v) and _in(f.get("taggedVersions", f.get("versions")), self.v)
+        )
+        has_err = bool(err_tags)
         if k > 0:
-            self.emit(ind, f"t{k} = t{k-1}; pt{k} = pt{k-1}; r{k} = r{k-1}; pe{k} = None")
+            probe = []
+            for f in fs:
+                if f["type"] in FIXED and "fields" not in f:
+                    probe += self.fixed_actions(f, ctx, "x")
+                    has_err = has_err or (f["type"] == "int16" and f["name"].endswith("ErrorCode"))
+                elif f["type"] == "string":
+                    probe += self.string_actions(f, ctx, "x")
+            text = "\n".join(probe)
+            inits = []
+            for kind in ("t", "pt", "r"):
+                if re.search(rf"(?<![a-z_]){kind}{k} = ", text):
+                    inits.append(f"{kind}{k} = {cv[kind]}")
+                    cv[kind] = f"{kind}{k}"
+            if has_err:
+                inits.append(f"pe{k} = None")
+            if inits:
+                self.emit(ind, "; ".join(inits))
+        else:
+            has_err = True
+        ctx["cv"] = cv
         if fetch_part:
             self.emit(ind, f"ec{k} = 0; hw{k} = -1; rb{k} = 0")
         if hostport:
             self.emit(ind, f"host{k} = None; port{k} = -1; nid{k} = -1")
-        ctx = {"k": k, "parent": parent, "has_name": has_name, "fetch_part": fetch_part, "hostport": hostport}
         group: list[dict[str, Any]] = []
         for f in fs:
             if f["type"] in FIXED and "fields" not in f:
@@ -204,11 +260,13 @@ class _Emitter:
             self.field(f, ctx, ind)
         self.fixed_group(group, ctx, ind)
         if self.flex:
-            self.tags(ind)
+            self.tags(ind, k, err_tags)
         # end-of-struct actions: the struct's context (topic name …) is complete now
-        self.emit(ind, f"if pe{k}: _flush(S, pe{k}, t{k}, pt{k}, r{k})")
+        T, PT, R = cv["t"], cv["pt"], cv["r"]
+        if has_err:
+            self.emit(ind, f"if pe{k}: _flush(S, pe{k}, {T}, {PT}, {R})")
         if fetch_part:
-            self.emit(ind, f"S.fetched.append(_PF(t{k} or '', pt{k} if pt{k} is not None else -1, ec{k}, hw{k}, rb{k}))")
+            self.emit(ind, f"S.fetched.append(_PF({T} or '', {PT} if {PT} is not None else -1, ec{k}, hw{k}, rb{k}))")
         if hostport:
             if parent == "Brokers":
                 self.emit(ind, f"S.brokers.append(f'{{nid{k}}}@{{host{k}}}:{{port{k}}}')")
@@ -227,7 +285,7 @@ class _Emitter:
             if attr:
                 acts.append(f"S.{attr} = {var}")
         elif typ == "int32" and name in PARTITION_FIELDS and (name != "Index" or "Partition" in ctx["parent"]):
-            acts.append(f"pt{k} = {var}; S.partitions += 1")
+            acts.append(f"pt{k} = {var}; npart += 1")
         if ctx["fetch_part"] and name == "HighWatermark":
             acts.append(f"hw{k} = {var}")
         if ctx["hostport"]:
@@ -240,12 +298,12 @@ class _Emitter:
         return acts
 
     def fixed_group(self, group: list[dict[str, Any]], ctx: dict[str, Any], ind: int) -> None:
+        """Consecutive fixed-size fields: one unpack of the prefix that holds needed values."""
         if not group:
             return
-        fmt = ">" + "".join(FIXED[f["type"]][0] for f in group)
         size = sum(FIXED[f["type"]][1] for f in group)
-        actions = []
-        names = []
+        actions: list[str] = []
+        names: list[str] = []
         for f in group:
             v = self.var("v")
             a = self.fixed_actions(f, ctx, v)
@@ -254,10 +312,13 @@ class _Emitter:
         if not actions:
             self.emit(ind, f"p += {size}")
             return
+        last = max(i for i, n in enumerate(names) if n != "_")
+        used = group[: last + 1]
+        fmt = ">" + "".join(FIXED[f["type"]][0] for f in used)
         st = self.var("_st")
         self.globs[st] = Struct(fmt).unpack_from
         self.need(ind, size)
-        self.emit(ind, f"{', '.join(names)}, = {st}(d, p); p += {size}")
+        self.emit(ind, f"{', '.join(names[: last + 1])}, = {st}(d, p); p += {size}")
         for a in actions:
             self.emit(ind, a)
 
@@ -307,10 +368,10 @@ class _Emitter:
                 self.need(ind, 1)
                 self.emit(ind, f"{b} = d[p]; p += 1")
                 self.emit(ind, f"if {b} != 255:")
-                self.struct(f["fields"], k + 1, ind + 1, name)
+                self.struct(f["fields"], k + 1, ind + 1, name, ctx["cv"])
                 self.emit(ind + 1, "pass")
             else:
-                self.struct(f["fields"], k + 1, ind, name)
+                self.struct(f["fields"], k + 1, ind, name, ctx["cv"])
         else:
             raise UnknownApi(f"unsupported field type {typ} in {name}")
 
@@ -320,8 +381,9 @@ class _Emitter:
         self.length(ind, n, self.flex, True)
         if self.api == PRODUCE and self.request:
             self.emit(ind, f"if {n} > 0:")
-            topic = f"t{k} or ''"
-            part = f"pt{k} if pt{k} is not None else -1"
+            T, PT = ctx["cv"]["t"], ctx["cv"]["pt"]
+            topic = f"{T} or ''"
+            part = f"{PT} if {PT} is not None else -1"
             if self.inc:
                 self.emit(ind + 1, f"d, p, lim, rc = yield from scan_incremental(d, p, lim, {n}, {topic}, {part}, S.batches)")
             else:
@@ -335,18 +397,24 @@ class _Emitter:
     def array(self, f: dict[str, Any], ctx: dict[str, Any], ind: int) -> None:
         inner, name, k = f["type"][2:], f["name"], ctx["k"]
         n = self.var("n")
+        if inner in FIXED and self.flex and not self.inc and not (inner == "int32" and name in PARTITION_ARRAYS):
+            size = FIXED[inner][1]  # hot in Metadata: replica/isr lists
+            self.emit(ind, f"{n} = d[p]")
+            self.emit(ind, f"if 0 < {n} < 128: p += {1 - size} + {n} * {size}")
+            self.emit(ind, f"else: p = _skiparr(d, p, lim, {size})")
+            return
         self.length(ind, n, self.flex, True)
         if "fields" in f:
             guard = "" if self.inc else f"if {n} > lim - p: raise Over(p + {n})"
             if guard:
                 self.emit(ind, guard)
             self.emit(ind, f"for _ in range({n}):")
-            self.struct(f["fields"], k + 1, ind + 1, name)
+            self.struct(f["fields"], k + 1, ind + 1, name, ctx["cv"])
             return
         if inner in FIXED:
             size = FIXED[inner][1]
             if inner == "int32" and name in PARTITION_ARRAYS:
-                self.emit(ind, f"if {n} > 0: S.partitions += {n}")
+                self.emit(ind, f"if {n} > 0: npart += {n}")
             self.emit(ind, f"if {n} > 0: p += {n} * {size}")
             return
         if inner == "string":
@@ -376,17 +444,20 @@ class _Emitter:
 
     def build(self, schema: dict[str, Any]) -> str:
         self.emit(0, "def walk(d, p, lim, S):")
-        self.emit(1, "t0 = None; pt0 = None; r0 = None; pe0 = None; tp = {}")
+        if self.inc:
+            self.emit(1, "if False: yield  # always a generator, even for empty bodies")
+        self.emit(1, "t0 = None; pt0 = None; r0 = None; pe0 = None; tp = {}; npart = 0")
         self.struct(schema["fields"], 0, 1, "")
         self.emit(1, "if tp: S.topics = list(tp)")
+        self.emit(1, "if npart: S.partitions += npart")
         self.emit(1, "return p")
         return "\n".join(self.lines)
 
 
 _GLOBALS: dict[str, Any] = {
-    "Over": Over, "uv": uv, "g_uv": g_uv, "skip_tags": skip_tags, "g_skip_tags": g_skip_tags,
+    "Over": Over, "uv": uv, "tag_errors": tag_errors, "g_tag_errors": g_tag_errors, "g_uv": g_uv, "skip_tags": skip_tags, "g_skip_tags": g_skip_tags,
     "scan": scan, "scan_incremental": scan_incremental, "_pe": _pe, "_flush": _flush,
-    "_PF": PartitionFetched, "_uuid": _uuid, "_Z16": _Z16,
+    "_PF": PartitionFetched, "_uuid": _uuid, "_Z16": _Z16, "_skiparr": _skiparr,
     "_h": Struct(">h").unpack_from, "_i": Struct(">i").unpack_from,
 }
 

@@ -69,3 +69,39 @@ def g_skip_tags(d: Any, p: int, lim: int) -> Generator[tuple[int, int], tuple[An
         d, p, lim, size = yield from g_uv(d, p, lim)
         p += size
     return d, p, lim
+
+
+def tag_errors(d: Any, p: int, lim: int, wanted: frozenset[int]) -> tuple[int, list[int]]:
+    """Skip a tagged section, returning the int16 values of the `wanted` tags.
+
+    Only CreateTopicsResponse.Topics.TopicConfigErrorCode needs this today: an
+    error code that lives in a tagged field.
+    """
+    n, p = uv(d, p, lim)
+    codes: list[int] = []
+    for _ in range(n):
+        tag, p = uv(d, p, lim)
+        size, p = uv(d, p, lim)
+        if tag in wanted and size == 2:
+            if p + 2 > lim:
+                raise Over(p + 2)
+            codes.append(int.from_bytes(d[p:p + 2], "big", signed=True))
+        p += size
+    if p > lim:
+        raise Over(p)
+    return p, codes
+
+
+def g_tag_errors(d: Any, p: int, lim: int, wanted: frozenset[int]) -> Generator[tuple[int, int], tuple[Any, int, int], tuple[Any, int, int, list[int]]]:
+    """Incremental `tag_errors`."""
+    d, p, lim, n = yield from g_uv(d, p, lim)
+    codes: list[int] = []
+    for _ in range(n):
+        d, p, lim, tag = yield from g_uv(d, p, lim)
+        d, p, lim, size = yield from g_uv(d, p, lim)
+        if tag in wanted and size == 2:
+            if p + 2 > lim:
+                d, p, lim = yield (p, 2)
+            codes.append(int.from_bytes(d[p:p + 2], "big", signed=True))
+        p += size
+    return d, p, lim, codes

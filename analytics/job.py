@@ -1,0 +1,287 @@
+"""The analyze job: read -> transforms -> tables, findings.json, report.html, stdout summary.
+
+`run_analysis` is the one entry point (the CLI and the scenarios call it). It
+owns all I/O; transforms stay pure. Tables are small by construction (grouped,
+or capped detail lists), so they are collected once with Arrow and then written
+as Parquet + CSV, fed to the finding rules and rendered into the report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from analytics import load as L
+from analytics.findings import Finding, run_rules
+from analytics.progress import Progress
+from analytics.session import get_spark
+from analytics.transforms import clients, compare, connections, errors, latency, overview, produce_fetch, tcp
+from analytics.transforms.common import prepare_requests
+from analytics.transforms.cube import latency_cube
+
+TABLE_ROW_CAP = 20_000  # a table bigger than this is a detail list; the report and rules need the top rows only
+NICE_BUCKETS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400)
+TARGET_BUCKETS = 120
+
+FINDINGS_FORMAT = 1
+
+
+@dataclass
+class AnalysisResult:
+    """What one analysis produced; `findings` are ranked, most important first."""
+
+    out: Path
+    findings: list[Finding]
+    overview: dict[str, Any]
+    tables: dict[str, list[dict[str, Any]]]
+    bucket_s: int
+    report_path: Path
+    findings_path: Path
+    timings: dict[str, float] = field(default_factory=dict)
+    compare_mode: str | None = None
+
+    def finding_ids(self) -> set[str]:
+        return {f.id for f in self.findings}
+
+    def by_id(self, finding_id: str) -> list[Finding]:
+        return [f for f in self.findings if f.id == finding_id]
+
+
+def choose_bucket(span_s: float | None) -> int:
+    """A round interval giving about TARGET_BUCKETS points over the span."""
+    if not span_s or span_s <= 0:
+        return 60
+    for b in NICE_BUCKETS:
+        if span_s / b <= TARGET_BUCKETS:
+            return b
+    return NICE_BUCKETS[-1]
+
+
+def table_plan(req: DataFrame, err: DataFrame, cube: DataFrame, conns: DataFrame, sides: DataFrame,
+               bucket_s: int) -> dict[str, Callable[[], DataFrame]]:
+    """Every report table, in report order, as a thunk so the job can time and run them concurrently.
+
+    `req` is the cached request view, `err` its rows with errors, `cube` the
+    latency cube (all latency views from one pass).
+    """
+    return {
+        "client_inventory": lambda: clients.client_inventory(req),
+        "topic_view": lambda: clients.topic_view(req),
+        "latency_by_api": lambda: latency.cube_latency_by_api(cube),
+        "broker_latency_by_api": lambda: latency.cube_broker_latency_by_api(cube),
+        "latency_by_api_version": lambda: latency.cube_latency_by_api_version(cube),
+        "latency_by_broker": lambda: latency.cube_latency_by_broker(cube),
+        "latency_by_topic": lambda: latency.cube_latency_by_topic(cube),
+        "latency_by_client": lambda: latency.cube_latency_by_client(cube),
+        "latency_over_time": lambda: latency.cube_latency_over_time(cube),
+        "proxy_delay_by_api": lambda: latency.cube_proxy_delay_by_api(cube),
+        "long_polls_by_client": lambda: latency.long_polls_by_client(req),
+        "errors_by_name": lambda: errors.errors_by_name(err),
+        "errors_over_time": lambda: errors.errors_over_time(err, bucket_s),
+        "throttling": lambda: errors.throttling(req),
+        "connections_over_time": lambda: connections.connections_over_time(conns, req, bucket_s, cube),
+        "connection_lifetimes": lambda: connections.connection_lifetimes(conns),
+        "connection_ends": lambda: connections.connection_ends(conns),
+        "resets": lambda: connections.resets(conns),
+        "reconnects_by_client": lambda: connections.reconnects_by_client(conns),
+        "broker_closes": lambda: connections.broker_closes(conns),
+        "unanswered_at_close": lambda: connections.unanswered_at_close(conns, req),
+        "tcp_health": lambda: tcp.tcp_health(sides),
+        "tcp_rtt_by_peer": lambda: tcp.tcp_rtt_by_peer(sides),
+        "window_ceiling": lambda: tcp.window_ceiling(sides, req),
+        "produce_acks": lambda: produce_fetch.produce_acks(req),
+        "produce_batches": lambda: produce_fetch.produce_batches(req, cube),
+        "produce_compression": lambda: produce_fetch.produce_compression(req),
+        "produce_rate_by_topic": lambda: produce_fetch.produce_rate_by_topic(req),
+        "fetch_by_consumer": lambda: produce_fetch.fetch_by_consumer(req),
+    }
+
+
+def compare_plan(spark: SparkSession, a_dir: str, b_dir: str, filters: L.Filters, mode: str, tolerance_s: float,
+                 progress: Progress) -> tuple[str, dict[str, Callable[[], DataFrame]]]:
+    ra = L.load(spark, [a_dir], filters)
+    rb = L.load(spark, [b_dir], filters)
+    a, b = prepare_requests(ra.requests).cache(), prepare_requests(rb.requests).cache()
+    if mode == "auto":
+        mode = compare.choose_mode(a, b)
+    progress.info(f"comparing {a_dir} (A) with {b_dir} (B): {mode} matching")
+    m = compare.match_requests(a, b, mode, tolerance_s).cache()
+    return mode, {
+        "compare_summary": lambda: compare.compare_summary(a, b, m, mode),
+        "compare_by_api": lambda: compare.compare_by_api(m),
+        "compare_by_connection": lambda: compare.compare_by_connection(m),
+        "compare_errors": lambda: compare.compare_errors(m),
+        "compare_ends": lambda: compare.compare_ends(m, ra.connections, rb.connections),
+    }
+
+
+def _csv_safe(t: pa.Table) -> pa.Table:
+    """CSV cannot hold lists or structs: join lists with ';' and JSON-encode structs."""
+    cols = []
+    for name, col in zip(t.column_names, t.columns):
+        if pa.types.is_list(col.type) or pa.types.is_large_list(col.type) or pa.types.is_struct(col.type):
+            vals = col.to_pylist()
+            if pa.types.is_struct(col.type):
+                cols.append(pa.array([json.dumps(v, default=str) if v is not None else None for v in vals], pa.string()))
+            else:
+                cols.append(pa.array([";".join("" if x is None else str(x) for x in v) if v is not None else None for v in vals], pa.string()))
+        else:
+            cols.append(col)
+    return pa.table(cols, names=t.column_names)
+
+
+def write_table(out: Path, name: str, t: pa.Table, csv: bool = True) -> None:
+    d = out / "tables"
+    d.mkdir(parents=True, exist_ok=True)
+    pq.write_table(t, d / f"{name}.parquet")
+    if csv:
+        pacsv.write_csv(_csv_safe(t), d / f"{name}.csv")
+
+
+def collect(df: DataFrame, cap: int = TABLE_ROW_CAP) -> pa.Table:
+    return df.limit(cap).toArrow()
+
+
+def collect_all(plan: dict[str, Callable[[], DataFrame]], prog: Progress, parallel: int) -> dict[str, pa.Table]:
+    """Collect every table, a few Spark jobs at a time.
+
+    Most tables are small aggregations whose wall time is dominated by
+    per-job fixed costs (planning, code generation, scheduling) rather than
+    by the scan of the cached data; overlapping a few of them keeps both
+    cores busy. Results come back in plan order.
+    """
+    done: dict[str, pa.Table] = {}
+    n = len(plan)
+
+    def one(item: tuple[str, Callable[[], DataFrame]]) -> tuple[str, pa.Table, float]:
+        name, thunk = item
+        t0 = time.monotonic()
+        return name, collect(thunk()), time.monotonic() - t0
+
+    with ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="kafkatap-table") as pool:
+        for i, (name, table, secs) in enumerate(pool.map(one, plan.items()), 1):
+            done[name] = table
+            prog.timings[f"table:{name}"] = round(secs, 3)
+            prog.info(f"  ({i}/{n}) {name}: {table.num_rows:,} rows, {secs:.1f} s")
+    return {name: done[name] for name in plan}
+
+
+def run_analysis(
+    dirs: Sequence[str | Path],
+    out: str | Path,
+    *,
+    master: str | None = None,
+    since: str | int | None = None,
+    until: str | int | None = None,
+    brokers: Sequence[str] = (),
+    clients: Sequence[str] = (),
+    topics: Sequence[str] = (),
+    compare: tuple[str | Path, str | Path] | None = None,
+    compare_mode: str = "auto",
+    tolerance_s: float = 10.0,
+    bucket_s: int | None = None,
+    spark: SparkSession | None = None,
+    progress: bool = True,
+    csv: bool = True,
+    report: bool = True,
+    spark_conf: dict[str, str] | None = None,
+    parallel: int | None = None,
+) -> AnalysisResult:
+    """Analyze recordings `dirs` (or, with `compare=(A, B)`, compare two) and write OUT.
+
+    Returns the ranked findings, the overview row, every table's rows and the
+    paths written. `dirs` may be empty when `compare` is given.
+    """
+    t_start = time.monotonic()
+    parallel = parallel or int(os.environ.get("KAFKATAP_ANALYZE_PARALLEL", "3"))
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    spark = spark or get_spark(master, spark_conf)
+    filters = L.Filters(L.parse_time(since), L.parse_time(until), tuple(brokers), tuple(clients), tuple(topics))
+    tables: dict[str, list[dict[str, Any]]] = {}
+    arrow: dict[str, pa.Table] = {}
+    mode_used: str | None = None
+    with Progress(spark, enabled=progress) as prog:
+        main_dirs = [str(d) for d in dirs] or ([str(compare[0])] if compare else [])
+        prog.step("reading", f"{', '.join(main_dirs)} (filters: {filters.describe()})")
+        rec = L.load(spark, main_dirs, filters)
+        full = prepare_requests(rec.requests)
+        req = full.drop("errors").cache()  # nested error structs stay out of the cache; `err` holds the few rows with errors
+        err = full.where(F.col("error_count") > 0).cache()
+        conns = rec.connections.cache()
+        prog.step("overview", "scanning requests and connections once (cached for the other tables)")
+        ov_t = collect(overview.overview(req, conns))
+        arrow["overview"] = ov_t
+        ov = (ov_t.to_pylist() or [{}])[0]
+        bucket_s = bucket_s or choose_bucket(ov.get("span_s"))
+        prog.info(f"{ov.get('requests') or 0:,} requests, {ov.get('connections') or 0:,} connections over "
+                  f"{ov.get('span_s') or 0:,.0f} s; time bucket {bucket_s} s")
+        sides = tcp.tcp_sides(conns, rec.tcp).cache()
+        prog.step("latency cube", "all latency views from one pass over the requests")
+        cube = latency_cube(req, bucket_s).cache()
+        prog.info(f"latency cube: {cube.count():,} cells")
+        plan = table_plan(req, err, cube, conns, sides, bucket_s)
+        if compare:
+            mode_used, cplan = compare_plan(spark, str(compare[0]), str(compare[1]), filters, compare_mode, tolerance_s, prog)
+            plan.update(cplan)
+        prog.step("tables", f"{len(plan)} tables, {parallel} Spark jobs at a time")
+        arrow.update(collect_all(plan, prog, parallel))
+        prog.step("writing", str(out))
+        arrow["_meta"] = pa.table({"bucket_s": [bucket_s], "compare_mode": [mode_used]})
+        for name, t in arrow.items():
+            tables[name] = t.to_pylist()
+            if not name.startswith("_"):
+                write_table(out, name, t, csv)
+        findings = run_rules(tables)
+        findings_path = out / "findings.json"
+        findings_path.write_text(json.dumps({
+            "format": FINDINGS_FORMAT,
+            "recordings": main_dirs,
+            "compare": [str(c) for c in compare] if compare else None,
+            "compare_mode": mode_used,
+            "filters": filters.describe(),
+            "bucket_s": bucket_s,
+            "overview": {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in ov.items()},
+            "findings": [f.to_json() for f in findings],
+        }, indent=2, default=str))
+        report_path = out / "report.html"
+        result = AnalysisResult(out, findings, ov, tables, bucket_s, report_path, findings_path, prog.timings, mode_used)
+        if report:
+            from analytics.report.html import render
+
+            report_path.write_text(render(result, filters.describe()), encoding="utf-8")
+        for df in (req, err, cube, conns, sides):
+            df.unpersist()
+    result.timings = dict(prog.timings, total=round(time.monotonic() - t_start, 3))
+    return result
+
+
+def summary(result: AnalysisResult) -> str:
+    """The short stdout summary: headline numbers and the findings, most important first."""
+    ov = result.overview
+    lines = [
+        f"kafkatap analyze: {ov.get('requests') or 0:,} requests, {ov.get('connections') or 0:,} connections, "
+        f"{ov.get('client_ids') or 0} client ids, {ov.get('brokers') or 0} broker(s), span {ov.get('span_s') or 0:,.0f} s, "
+        f"error rate {(ov.get('error_rate') or 0):.3%}",
+        f"{len(result.findings)} finding(s):",
+    ]
+    for f in result.findings[:15]:
+        lines.append(f"  [{f.severity.upper():8}] {f.title}")
+    if len(result.findings) > 15:
+        lines.append(f"  … {len(result.findings) - 15} more in findings.json")
+    lines.append(f"report:   {result.report_path}")
+    lines.append(f"findings: {result.findings_path}")
+    lines.append(f"tables:   {result.out / 'tables'}/")
+    return "\n".join(lines)

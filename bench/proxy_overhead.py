@@ -1,0 +1,285 @@
+"""What does kafkatap cost? Direct vs kafkatap (recording on) vs HAProxy (TCP mode), in one run.
+
+    .venv/bin/python bench/proxy_overhead.py [--rounds 3] [--records 200000] [--probe 2000]
+
+One broker (LocalKafka 4.3.1) with three listeners so every path keeps its
+clients on that path (bytes are forwarded unchanged, so the broker must
+advertise the proxy's address): PLAINTEXT (direct), KT (advertised as the
+kafkatap port) and HAP (advertised as the HAProxy port). For each round, the
+three paths run alternately:
+
+* Kafka's own ProducerPerformance (acks=1, large batches) → MB/s
+* Kafka's own ConsumerPerformance → fetch MB/s
+* a small acks=1 Produce latency probe: one captured Produce frame sent and
+  answered sequentially on a raw socket (no client library noise) → p50/p99
+
+Then 1,000 connections are opened through kafkatap (each sends ApiVersions)
+and the proxy's RSS is read from /proc. kafkatap runs as `kafkatap proxy
+--record DIR` in its own process, exactly as an operator would run it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from scenarios.kafka import LocalKafka, free_port  # noqa: E402
+
+LIB = ROOT / ".kafka" / "4.3.1" / "lib"
+KAFKATAP = ROOT / ".venv" / "bin" / "kafkatap"
+PATHS = ("direct", "kafkatap", "haproxy")
+
+
+def wait_port(port: int, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.5).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listening on {port}")
+
+
+def java(cls: str, *args: str, timeout: float = 300) -> str:
+    cmd = ["java", "-Xmx512m", "-cp", f"{LIB}/*", cls, *args]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if out.returncode != 0:
+        raise RuntimeError(f"{cls} failed: {out.stderr[-2000:]}")
+    return out.stdout
+
+
+def producer_mb_s(bootstrap: str, topic: str, records: int, size: int) -> float:
+    out = java("org.apache.kafka.tools.ProducerPerformance", "--topic", topic, "--num-records", str(records),
+               "--record-size", str(size), "--throughput", "-1", "--producer-props",
+               f"bootstrap.servers={bootstrap}", "acks=1", "batch.size=262144", "linger.ms=5",
+               "buffer.memory=67108864", "compression.type=none")
+    last = [ln for ln in out.splitlines() if "records sent" in ln][-1]
+    return float(re.search(r"\(([\d.]+) MB/sec\)", last).group(1))  # type: ignore[union-attr]
+
+
+def consumer_mb_s(bootstrap: str, topic: str, records: int) -> float:
+    out = java("org.apache.kafka.tools.ConsumerPerformance", "--bootstrap-server", bootstrap, "--topic", topic,
+               "--messages", str(records), "--timeout", "60000")
+    lines = [ln for ln in out.splitlines() if ln.strip()]
+    header = [h.strip() for h in lines[-2].split(",")]
+    values = [v.strip() for v in lines[-1].split(",")]
+    row = dict(zip(header, values))
+    return float(row.get("fetch.MB.sec") or row["MB.sec"])
+
+
+def capture_produce_frame(listen: str, upstream: str, topic: str) -> bytes:
+    """One small acks=1 Produce request frame, as kafka-python sends it (captured by our own API)."""
+    from kafka import KafkaProducer
+
+    from proxy.server import RunningProxy
+
+    class Frames:
+        def __init__(self) -> None:
+            self.frames: list[dict] = []
+
+        def request(self, row: dict) -> None: ...
+        def connection(self, row: dict) -> None: ...
+        def tcp(self, row: dict) -> None: ...
+        def frame(self, row: dict) -> None:
+            self.frames.append(row)
+
+        def close(self) -> None: ...
+
+    sink = Frames()
+    # a throwaway in-process proxy on the KT port (the broker advertises it), only to capture the bytes
+    with RunningProxy(upstream=upstream, listen=listen, sink=sink, capture="requests") as p:
+        prod = KafkaProducer(bootstrap_servers=p.bootstrap, acks=1, linger_ms=0)
+        prod.send(topic, b"x" * 100, partition=0).get(10)
+        prod.close()
+    produces = [f for f in sink.frames if f["api_key"] == 0 and f["data"]]
+    return produces[-1]["data"]
+
+
+def _roundtrip(s: socket.socket, frame: bytes) -> int:
+    t0 = time.perf_counter_ns()
+    s.sendall(frame)
+    head = b""
+    while len(head) < 4:
+        head += s.recv(4 - len(head))
+    size = struct.unpack(">i", head)[0]
+    got = 0
+    while got < size:
+        got += len(s.recv(size - got))
+    return time.perf_counter_ns() - t0
+
+
+def probe(port: int, frame: bytes, n: int) -> list[int]:
+    return probe_interleaved({"p": port}, frame, n)["p"]
+
+
+def probe_interleaved(ports: dict[str, int], frame: bytes, n: int) -> dict[str, list[int]]:
+    """Request by request, rotating over the paths: machine noise hits every path alike."""
+    socks = {}
+    for name, port in ports.items():
+        s = socket.create_connection(("127.0.0.1", port))
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        socks[name] = s
+    out: dict[str, list[int]] = {name: [] for name in ports}
+    names = list(ports)
+    for i in range(n):
+        k = i % len(names)
+        for name in names[k:] + names[:k]:
+            out[name].append(_roundtrip(socks[name], frame))
+    for s in socks.values():
+        s.close()
+    return out
+
+
+def pct(v: list[int], q: float) -> float:
+    v = sorted(v)
+    return v[min(len(v) - 1, int(q * len(v)))] / 1000.0
+
+
+def rss_mb(pid: int) -> float:
+    for ln in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if ln.startswith("VmRSS:"):
+            return int(ln.split()[1]) / 1024
+    return float("nan")
+
+
+def open_many(port: int, n: int) -> list[socket.socket]:
+    req = struct.pack(">hhih", 18, 0, 1, 5) + b"bench"
+    frame = struct.pack(">i", len(req)) + req
+    socks = []
+    for _ in range(n):
+        s = socket.create_connection(("127.0.0.1", port))
+        s.sendall(frame)
+        socks.append(s)
+    for s in socks:  # every connection answered: the proxy holds both sockets + decoder state
+        head = s.recv(4)
+        size = struct.unpack(">i", head)[0]
+        got = 0
+        while got < size:
+            got += len(s.recv(size - got))
+    return socks
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--records", type=int, default=200_000, help="records per producer/consumer run")
+    ap.add_argument("--record-size", type=int, default=1024)
+    ap.add_argument("--probe", type=int, default=2000, help="latency probe requests per path per round")
+    ap.add_argument("--conns", type=int, default=1000)
+    args = ap.parse_args()
+
+    os.environ.setdefault("KAFKATAP_LOG_FORMAT", "json")
+    tmp = Path(tempfile.mkdtemp(prefix="kt-bench-"))
+    b_kt, b_hap, p_kt, p_hap = (free_port() for _ in range(4))
+    props = {
+        "listeners": f"PLAINTEXT://127.0.0.1:{{port}},CONTROLLER://127.0.0.1:{{controller_port}},"
+                     f"KT://127.0.0.1:{b_kt},HAP://127.0.0.1:{b_hap}",
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{{port}},KT://127.0.0.1:{p_kt},HAP://127.0.0.1:{p_hap}",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,KT:PLAINTEXT,HAP:PLAINTEXT",
+        "num.network.threads": 3,
+    }
+    procs: list[subprocess.Popen] = []
+    kafka = LocalKafka(broker_props=props, heap="1g")
+    kafka.start()
+    try:
+        kafka.create_topic("bench", partitions=1)
+        cfg = tmp / "haproxy.cfg"
+        cfg.write_text(
+            "global\n  maxconn 4000\n"
+            "defaults\n  mode tcp\n  timeout connect 5s\n  timeout client 1h\n  timeout server 1h\n"
+            f"listen kafka\n  bind 127.0.0.1:{p_hap}\n  server b1 127.0.0.1:{b_hap}\n"
+        )
+        hap = subprocess.Popen(["/usr/sbin/haproxy", "-f", str(cfg), "-db"], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+        procs.append(hap)
+        frame = capture_produce_frame(f"127.0.0.1:{p_kt}", f"127.0.0.1:{b_kt}", "bench-lat")
+        kt = subprocess.Popen([str(KAFKATAP), "--log-level", "warning", "proxy", "--route",
+                               f"127.0.0.1:{p_kt}=127.0.0.1:{b_kt}", "--record", str(tmp / "rec")],
+                              stdout=subprocess.DEVNULL, stderr=open(tmp / "kafkatap.log", "w"))
+        procs.append(kt)
+        wait_port(p_hap)
+        wait_port(p_kt)
+        boot = {"direct": kafka.bootstrap, "kafkatap": f"127.0.0.1:{p_kt}", "haproxy": f"127.0.0.1:{p_hap}"}
+        ports = {"direct": kafka.port, "kafkatap": p_kt, "haproxy": p_hap}
+
+        prod: dict[str, list[float]] = {p: [] for p in PATHS}
+        cons: dict[str, list[float]] = {p: [] for p in PATHS}
+        lat: dict[str, list[int]] = {p: [] for p in PATHS}
+        t_start = time.monotonic()
+        for p in PATHS:  # warm-up (JIT, page cache, connections)
+            probe(ports[p], frame, 200)
+        producer_mb_s(kafka.bootstrap, "bench", args.records // 4, args.record_size)
+        for r in range(args.rounds):
+            order = PATHS if r % 2 == 0 else tuple(reversed(PATHS))
+            for p in order:
+                prod[p].append(producer_mb_s(boot[p], "bench", args.records, args.record_size))
+                print(f"round {r} producer {p}: {prod[p][-1]:.1f} MB/s", flush=True)
+            for p in order:
+                cons[p].append(consumer_mb_s(boot[p], "bench", args.records))
+                print(f"round {r} consumer {p}: {cons[p][-1]:.1f} MB/s", flush=True)
+            for p, v in probe_interleaved(ports, frame, args.probe).items():
+                lat[p].extend(v)
+            print(f"round {r} latency p50 " + " ".join(f"{p}={pct(lat[p], .5):.0f}us" for p in PATHS), flush=True)
+
+        rss_idle = rss_mb(kt.pid)
+        socks = open_many(p_kt, args.conns)
+        rss_conns = rss_mb(kt.pid)
+        for s in socks:
+            s.close()
+        took = time.monotonic() - t_start
+
+        med = {p: statistics.median(prod[p]) for p in PATHS}
+        cmed = {p: statistics.median(cons[p]) for p in PATHS}
+        p50 = {p: pct(lat[p], 0.50) for p in PATHS}
+        p99 = {p: pct(lat[p], 0.99) for p in PATHS}
+        lines = [
+            f"| metric | direct | kafkatap | haproxy | kafkatap ratio | target |",
+            f"|---|---|---|---|---|---|",
+            f"| producer MB/s (median of {args.rounds}) | {med['direct']:.1f} | {med['kafkatap']:.1f} | {med['haproxy']:.1f} "
+            f"| {med['kafkatap'] / med['direct']:.3f} × direct, {med['kafkatap'] / med['haproxy']:.3f} × haproxy | ≥ 0.95 × direct, ≥ 0.9 × haproxy |",
+            f"| consumer fetch MB/s (median of {args.rounds}) | {cmed['direct']:.1f} | {cmed['kafkatap']:.1f} | {cmed['haproxy']:.1f} "
+            f"| {cmed['kafkatap'] / cmed['direct']:.3f} × direct, {cmed['kafkatap'] / cmed['haproxy']:.3f} × haproxy | ≥ 0.90 × direct, ≥ 0.9 × haproxy |",
+            f"| acks=1 small produce p50 µs | {p50['direct']:.0f} | {p50['kafkatap']:.0f} | {p50['haproxy']:.0f} "
+            f"| +{p50['kafkatap'] - p50['direct']:.0f} µs (haproxy +{p50['haproxy'] - p50['direct']:.0f}) | ≤ +100 µs |",
+            f"| acks=1 small produce p99 µs | {p99['direct']:.0f} | {p99['kafkatap']:.0f} | {p99['haproxy']:.0f} "
+            f"| +{p99['kafkatap'] - p99['direct']:.0f} µs (haproxy +{p99['haproxy'] - p99['direct']:.0f}) | ≤ +500 µs |",
+            f"| kafkatap RSS MB | | idle {rss_idle:.0f} / {args.conns} conns {rss_conns:.0f} | | | ≤ 150 MB at 1,000 |",
+        ]
+        print("\n".join(lines))
+        print(f"\nall runs: producer {prod}\nconsumer {cons}\nbench time {took:.0f} s")
+        (tmp / "table.md").write_text("\n".join(lines) + "\n")
+        print(f"table written to {tmp / 'table.md'}")
+    finally:
+        for pr in procs:
+            if pr.poll() is None:
+                pr.send_signal(signal.SIGTERM)
+        for pr in procs:
+            try:
+                rc = pr.wait(20)
+                if pr.args[0] == str(KAFKATAP) and rc != 0:
+                    print(f"kafkatap exited {rc}", file=sys.stderr)
+            except subprocess.TimeoutExpired:
+                pr.kill()
+        kafka.stop()
+        kafka.cleanup()
+        shutil.rmtree(tmp / "rec", ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

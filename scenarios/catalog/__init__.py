@@ -1,0 +1,36 @@
+"""The incident catalog: one module per scenario, each defining `SCENARIO`.
+
+Copy a module, change the broker properties, clients or faults, and run it
+with `kafkatap scenario run FILE.py`. `all_scenarios()` lists the built-in
+ones in incident order.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from pathlib import Path
+
+from scenarios.spec import Scenario
+
+MODULES = ["batch_too_large", "idle_firewall", "who_is_writing", "connection_surge", "no_window_scaling",
+           "middlebox_latency"]
+
+
+def all_scenarios() -> list[Scenario]:
+    """Every built-in scenario (a module that fails to import is reported, not hidden)."""
+    return [importlib.import_module(f"scenarios.catalog.{m}").SCENARIO for m in MODULES]
+
+
+def get(name: str) -> Scenario:
+    """A built-in scenario by name (batch-too-large) or a path to a module defining SCENARIO."""
+    if name.endswith(".py") and Path(name).exists():
+        spec = importlib.util.spec_from_file_location(f"scenario_{Path(name).stem}", name)
+        assert spec and spec.loader
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod.SCENARIO
+    mod_name = name.replace("-", "_")
+    if mod_name not in MODULES:
+        raise KeyError(f"unknown scenario {name!r}; known: {', '.join(m.replace('_', '-') for m in MODULES)}")
+    return importlib.import_module(f"scenarios.catalog.{mod_name}").SCENARIO

@@ -1,0 +1,278 @@
+"""`kafkatap scenario`, `kafkatap demo` and `kafkatap kafka`: reproductions and a local broker.
+
+Why here: these commands only glue the catalog, the runner and LocalKafka to
+click; the work lives in `scenarios.runner` so tests call the same code.
+Progress goes to stderr, findings and the report path to stdout, and the exit
+status says whether every expected finding was found.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from scenarios.kafka_jars import DEFAULT_VERSION, RELEASES, cache_root
+
+SPARK_AND_BROKER_S = 75  # broker start + Spark analysis on a 2-core machine, for `scenario list`
+
+
+def _quiet_logs() -> None:
+    """Per-connection proxy logs drown the progress lines; keep them unless the user asked for a level."""
+    from kafkatap.logs import configure_logging
+
+    root = click.get_current_context().find_root()
+    src = root.get_parameter_source("log_level")
+    if src is None or src.name == "DEFAULT":
+        configure_logging(root.params.get("log_format", "auto"), "warning")
+
+
+def _version_option(f: Any) -> Any:
+    return click.option("--kafka-version", "kafka_version", type=click.Choice(sorted(RELEASES)), default=DEFAULT_VERSION,
+                        show_default=True, help="Apache Kafka version of the local broker.")(f)
+
+
+def _print_result(res: Any) -> None:
+    click.echo(res.summary or f"{res.name}: not analyzed")
+    for r in res.clients:
+        if "failed" in r:
+            click.echo(f"client {r['name']} failed: {r['failed']}")
+    if res.ok:
+        click.echo(f"{res.name}: OK — every expected finding is in the report ({res.timings.get('total_s', '?')} s)")
+    else:
+        click.echo(f"{res.name}: FAILED")
+        for p in res.problems:
+            click.echo(f"  - {p}")
+
+
+def _run(scenario: Any, out: Path, kafka_version: str, analyze: bool = True) -> Any:
+    from scenarios.runner import run_scenario, sigterm_as_interrupt
+
+    with sigterm_as_interrupt():
+        return run_scenario(scenario, out, kafka_version=kafka_version, analyze=analyze)
+
+
+# ------------------------------------------------------------------ scenario
+@click.group()
+def scenario() -> None:
+    """The incidents of docs/incidents.md, reproduced end to end on a real broker.
+
+    \b
+    Each scenario starts a local Kafka broker, the kafkatap proxy (recording),
+    real clients (kafka-python, confluent-kafka, kcat) and, where needed,
+    network namespaces; stops everything; analyzes the recording with Spark;
+    and checks that the report names the cause (exit status 1 if not).
+      kafkatap scenario list
+      kafkatap scenario run batch-too-large --out out/btl
+      kafkatap scenario run all --out out/scenarios
+      kafkatap scenario run ./my_incident.py --out out/mine   # a copied catalog module
+    """
+
+
+@scenario.command("list")
+def list_cmd() -> None:
+    """Name, story and needs (root for namespaces; rough wall time) of every scenario."""
+    from scenarios.catalog import all_scenarios
+
+    rows = [(s.name, s.story, ("root, " if s.needs_root else "") + f"~{int(s.traffic_s + SPARK_AND_BROKER_S)} s")
+            for s in all_scenarios()]
+    w = max(len(r[0]) for r in rows)
+    click.echo(f"{'NAME':{w}}  {'NEEDS':14}  STORY")
+    for name, story, needs in rows:
+        click.echo(f"{name:{w}}  {needs:14}  {story}")
+
+
+@scenario.command("run")
+@click.argument("name")
+@_version_option
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Output directory: recordings/, clients/, broker/ (its log), report/ (report.html, findings.json).")
+@click.option("--no-analyze", is_flag=True, help="Only run the traffic and keep the recordings (no Spark).")
+def run_cmd(name: str, kafka_version: str, out: Path, no_analyze: bool) -> None:
+    """Run scenario NAME (see `scenario list`), `all`, or a module file defining SCENARIO."""
+    from scenarios.catalog import all_scenarios, get
+
+    _quiet_logs()
+    try:
+        chosen = all_scenarios() if name == "all" else [get(name)]
+    except KeyError as exc:
+        raise click.UsageError(str(exc.args[0])) from None
+    failed, skipped, rows = [], [], []
+    for sc in chosen:
+        if sc.needs_root and os.geteuid() != 0:
+            skipped.append(sc.name)
+            click.echo(f"{sc.name}: skipped — needs root (network namespaces)", err=True)
+            continue
+        target = out / sc.name if name == "all" else out
+        res = _run(sc, target, kafka_version, analyze=not no_analyze)
+        _print_result(res)
+        rows.append((sc.name, "ok" if res.ok else "FAILED", res.timings.get("total_s") or res.timings.get("setup_and_traffic_s")))
+        if not res.ok:
+            failed.append(sc.name)
+    if len(chosen) > 1:
+        click.echo("\nscenario              result   seconds")
+        for n, r, t in rows:
+            click.echo(f"{n:20}  {r:7}  {t}")
+        for n in skipped:
+            click.echo(f"{n:20}  skipped (needs root)")
+    if failed or (skipped and name != "all"):
+        sys.exit(1)
+
+
+# ------------------------------------------------------------------ demo
+@click.command()
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("out/demo"), show_default=True,
+              help="Where the recording and the report go.")
+@_version_option
+def demo(out: Path, kafka_version: str) -> None:
+    """Local Kafka + kafkatap + a mix of clients (one oversize acks=0 producer, one idle reset) → Spark report.
+
+    Takes about two minutes after set-up; prints the findings and the report path.
+    """
+    from scenarios.demo import SCENARIO
+
+    _quiet_logs()
+    res = _run(SCENARIO, out, kafka_version)
+    _print_result(res)
+    if res.report_path:
+        click.echo(f"\nOpen the report: {res.report_path}")
+    sys.exit(0 if res.ok else 1)
+
+
+# ------------------------------------------------------------------ kafka
+STATE = "local-kafka.json"
+
+
+def _state_path() -> Path:
+    """Where `kafka up` leaves pid/port for `status`/`down` (beside the jar cache, git-ignored)."""
+    return cache_root() / STATE
+
+
+def _workdir() -> Path:
+    return cache_root() / "local-broker"
+
+
+def _read_state() -> dict[str, Any] | None:
+    p = _state_path()
+    if not p.exists():
+        return None
+    try:
+        return json.loads(p.read_text())
+    except ValueError:
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie or a reused pid is not our broker
+    with contextlib.suppress(OSError):
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        return b"kafka.Kafka" in cmd
+    return False
+
+
+@click.group()
+def kafka() -> None:
+    """A local Apache Kafka broker (KRaft, Maven-fetched jars) that outlives the command.
+
+    \b
+      kafkatap kafka up --port 9092 --prop message.max.bytes=100000
+      kafkatap kafka status
+      kafkatap kafka down
+    """
+
+
+@kafka.command("up")
+@click.option("--version", "version", type=click.Choice(sorted(RELEASES)), default=DEFAULT_VERSION, show_default=True)
+@click.option("--port", type=int, default=None, help="Listener port on 127.0.0.1 (default: a free one).")
+@click.option("--prop", "props", multiple=True, metavar="KEY=VALUE", help="server.properties override (repeatable).")
+def kafka_up(version: str, port: int | None, props: tuple[str, ...]) -> None:
+    """Start a detached broker; its state is kept in the cache dir for `status` and `down`."""
+    from scenarios.kafka import KafkaHarnessError, LocalKafka, brokers_registered
+
+    state = _read_state()
+    if state and _alive(state["pid"]):
+        raise click.ClickException(f"a local broker is already running at {state['bootstrap']} (pid {state['pid']}); "
+                                   "`kafkatap kafka down` first")
+    overrides = {}
+    for kv in props:
+        k, sep, v = kv.partition("=")
+        if not sep:
+            raise click.BadParameter(f"expected KEY=VALUE, got {kv!r}", param_hint="--prop")
+        overrides[k.strip()] = v.strip()
+    workdir = _workdir()
+    shutil.rmtree(workdir, ignore_errors=True)
+    k = LocalKafka(version=version, broker_props=overrides, port=port, workdir=workdir)
+    try:
+        k.start()
+    except KafkaHarnessError as exc:
+        raise click.ClickException(str(exc)) from None
+    node = k.nodes[0]
+    assert node.proc is not None
+    _state_path().write_text(json.dumps({
+        "pid": node.proc.pid, "bootstrap": k.bootstrap, "version": version, "workdir": str(workdir),
+        "log": str(node.log_file), "props": overrides, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }, indent=2))
+    brokers_registered(k.host, k.port)
+    click.echo(f"Kafka {version} up at {k.bootstrap} (pid {node.proc.pid}, log {node.log_file})")
+    click.echo(f"try: kafkatap proxy --listen 127.0.0.1:19092 --upstream {k.bootstrap} --record rec/")
+
+
+@kafka.command("status")
+def kafka_status() -> None:
+    """Show the local broker (exit 1 when none is running)."""
+    from scenarios.kafka import brokers_registered
+
+    state = _read_state()
+    if not state:
+        click.echo("no local broker (start one with `kafkatap kafka up`)")
+        sys.exit(1)
+    alive = _alive(state["pid"])
+    serving = "no"
+    if alive:
+        host, _, port = state["bootstrap"].rpartition(":")
+        try:
+            serving = f"yes ({brokers_registered(host, int(port))} broker(s) in metadata)"
+        except (OSError, ValueError) as exc:
+            serving = f"no ({exc})"
+    click.echo(f"Kafka {state['version']} at {state['bootstrap']}: pid {state['pid']} {'running' if alive else 'NOT running'}, "
+               f"serving: {serving}\n  started {state['started']}, props {state['props'] or '{}'}\n  log {state['log']}")
+    sys.exit(0 if alive else 1)
+
+
+@kafka.command("down")
+@click.option("--keep-data", is_flag=True, help="Keep the work dir (data and server.log).")
+def kafka_down(keep_data: bool) -> None:
+    """Stop the local broker (SIGTERM, then SIGKILL after 20 s) and remove its work dir."""
+    state = _read_state()
+    if not state:
+        click.echo("no local broker")
+        return
+    pid = state["pid"]
+    if _alive(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)  # started in its own session: pid == process group
+        deadline = time.monotonic() + 20
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)  # waiting on a process we did not spawn: no handle to wait on
+        if _alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+    _state_path().unlink(missing_ok=True)
+    if not keep_data:
+        shutil.rmtree(state["workdir"], ignore_errors=True)
+    click.echo(f"stopped the local broker at {state['bootstrap']} (pid {pid})")
+

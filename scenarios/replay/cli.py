@@ -1,0 +1,172 @@
+"""`kafkatap replay DIR --target HOST:PORT …`: re-run recorded sessions against another broker.
+
+Why the safety rails: a replay writes to a real broker. It refuses the
+recording's own broker unless told otherwise, shows one screen of what it is
+about to do, and only proceeds on a "yes" at a terminal or `--yes` in scripts.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import click
+
+from scenarios.replay.load import Filters, Recording, ReplayLoadError, load_recording, parse_api, parse_time
+from scenarios.replay.rewrite import parse_topic_map
+
+__all__ = ["replay", "format_plan", "same_address"]
+
+
+def _addrs(hostport: str) -> set[tuple[str, int]]:
+    host, _, port = hostport.strip().rpartition(":")
+    host = host.strip("[]")
+    try:
+        infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+    except (socket.gaierror, ValueError):
+        return {(host, int(port) if port.isdigit() else -1)}
+    return {(i[4][0], i[4][1]) for i in infos}
+
+
+def same_address(a: str, b: str) -> bool:
+    """Do two host:port strings reach the same socket address (names resolved)?"""
+    return bool(_addrs(a) & _addrs(b))
+
+
+def _ts(ns: int | None) -> str:
+    if ns is None:
+        return "-"
+    return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+
+
+def format_plan(rec: Recording, target: str, speed: float | None, topic_map: dict[str, str],
+                record: Path | None, fetch_mode: str) -> str:
+    """One screen: what will be sent where, how fast, and what is already known to be skipped."""
+    span = ((rec.end_ns or 0) - (rec.start_ns or 0)) / 1e9
+    clients = sorted({c.client_id or "-" for c in rec.connections})
+    lines = [
+        f"Replay plan for {rec.path}",
+        f"  target       {target}   (recorded against {', '.join(sorted(rec.broker_addrs)) or '?'})",
+        f"  connections  {len(rec.connections)}   clients: {', '.join(clients[:8])}{' …' if len(clients) > 8 else ''}",
+        f"  requests     {rec.requests}" + (f"   (filtered out: {rec.dropped_by_filter})" if rec.dropped_by_filter else ""),
+        f"  time span    {span:.2f} s   {_ts(rec.start_ns)} → {_ts(rec.end_ns)}",
+        "  speed        " + ("max (recorded pipelining depth)" if speed is None else
+                             f"{speed:g}× (about {span / speed:.1f} s)"),
+    ]
+    topics = [f"{t}{'→' + topic_map[t] if t in topic_map else ''}({n or '?'}p)" for t, n in sorted(rec.topics.items())]
+    lines.append(f"  topics       {', '.join(topics[:10]) or '-'}{' …' if len(topics) > 10 else ''}")
+    lines.append(f"  fetch        {'follow the target’s fetch sessions' if fetch_mode == 'track' else 'every fetch sessionless (full)'}")
+    if rec.unmapped_topic_ids:
+        lines.append(f"  topic ids    {len(rec.unmapped_topic_ids)} recorded topic id(s) cannot be mapped to a name: "
+                     "their requests will be skipped (record with --capture all to map them)")
+    for reason, n in sorted(rec.skipped.items()):
+        lines.append(f"  will skip    {n} request(s): {reason}")
+    lines.append(f"  recording    {record if record else 'off (add --record OUT to compare with analyze --compare)'}")
+    return "\n".join(lines)
+
+
+@click.command("replay", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("recording", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--target", required=True, metavar="HOST:PORT", help="Broker to replay against (e.g. a staging broker).")
+@click.option("--speed", default="1.0", show_default=True, metavar="1.0|2.0|max",
+              help="Scale the recorded timing (2.0 = twice as fast); max = as fast as responses allow, "
+                   "keeping the recorded pipelining depth.")
+@click.option("--client", "clients", multiple=True, metavar="GLOB", help="Only connections of these client_ids.")
+@click.option("--topic", "topics", multiple=True, metavar="GLOB", help="Only connections that touched these topics.")
+@click.option("--api", "apis", multiple=True, metavar="NAME|KEY", help="Only these APIs (e.g. Produce, 0).")
+@click.option("--since", default=None, metavar="TIME", help="Requests at/after TIME (ISO-8601, epoch s, or +SECONDS from start).")
+@click.option("--until", default=None, metavar="TIME", help="Requests at/before TIME (same forms as --since).")
+@click.option("--topic-map", "topic_map", multiple=True, metavar="OLD=NEW", help="Rename a topic on the target.")
+@click.option("--record", "record", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Record the replay (same format) here, for `kafkatap analyze --compare RECORDING OUT`.")
+@click.option("--fetch-sessions", "fetch_mode", type=click.Choice(["track", "full"]), default="track", show_default=True,
+              help="track: use the target's fetch session ids; full: send every fetch sessionless.")
+@click.option("--no-create-topics", is_flag=True, help="Do not create the recording's topics on the target.")
+@click.option("--sasl-plain", "sasl_plain", default=None, metavar="USER:PASSWORD", envvar="KAFKATAP_REPLAY_SASL_PLAIN",
+              help="Credentials for the target (SASL/PLAIN) to replay sessions that authenticated; "
+                   "recordings never hold credentials. Also read from KAFKATAP_REPLAY_SASL_PLAIN.")
+@click.option("--allow-origin", is_flag=True, help="Allow a target that is the recording's own broker.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation (required when not on a terminal).")
+@click.option("--pending-timeout", type=float, default=10.0, show_default=True,
+              help="Seconds a request waits for state it needs from the target (producer id, member id) before it is skipped.")
+@click.option("--proxy-id", default="replay", show_default=True, help="proxy id written in the replay's recording.")
+def replay(recording: Path, target: str, speed: str, clients: tuple[str, ...], topics: tuple[str, ...],
+           apis: tuple[str, ...], since: str | None, until: str | None, topic_map: tuple[str, ...], record: Path | None,
+           fetch_mode: str, no_create_topics: bool, sasl_plain: str | None, allow_origin: bool, yes: bool,
+           pending_timeout: float, proxy_id: str) -> None:
+    """Replay recorded Kafka sessions on the wire against TARGET, and record the replay.
+
+    RECORDING must have been made with raw request capture
+    (`kafkatap proxy … --record DIR --capture requests`). Each recorded
+    connection becomes one connection to TARGET; requests go out at their
+    recorded offsets scaled by --speed. Producer ids, fetch sessions, group
+    member ids/generations and topic ids are rewritten to what TARGET returns;
+    what cannot be replayed faithfully is skipped and counted.
+
+    \b
+    Example:
+      kafkatap replay rec/ --target staging:9092 --speed 2.0 --record replay-out/ --yes
+      kafkatap analyze --compare rec/ replay-out/
+    """
+    from scenarios.replay.engine import ReplayOptions, run_replay
+
+    try:
+        spd: float | None = None if speed.strip().lower() == "max" else float(speed)
+        if spd is not None and spd <= 0:
+            raise ValueError
+    except ValueError:
+        raise click.UsageError(f"--speed must be a positive number or 'max', not {speed!r}") from None
+    try:
+        tmap = parse_topic_map(topic_map)
+        api_keys = tuple(parse_api(a) for a in apis)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    creds: tuple[str, str] | None = None
+    if sasl_plain:
+        user, sep, pw = sasl_plain.partition(":")
+        if not sep:
+            raise click.UsageError("--sasl-plain expects USER:PASSWORD")
+        creds = (user, pw)
+    try:
+        rec = load_recording(recording, Filters(clients, topics, api_keys), sasl_credentials=creds is not None)
+        if since or until:
+            start = rec.start_ns
+            flt = Filters(clients, topics, api_keys, parse_time(since, start) if since else None,
+                          parse_time(until, start) if until else None)
+            rec = load_recording(recording, flt, sasl_credentials=creds is not None)
+    except ReplayLoadError as exc:
+        click.echo(f"kafkatap replay: {exc}", err=True)
+        sys.exit(2)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    if not rec.connections:
+        click.echo("kafkatap replay: nothing to replay (the filters kept no request)", err=True)
+        sys.exit(2)
+    origin = [b for b in rec.broker_addrs if same_address(b, target)]
+    if origin and not allow_origin:
+        click.echo(f"kafkatap replay: refusing to replay against {target}: it is the recording's own broker "
+                   f"({origin[0]}); pass --allow-origin if that is really what you want", err=True)
+        sys.exit(2)
+    click.echo(format_plan(rec, target, spd, tmap, record, fetch_mode), err=True)
+    interactive = sys.stdin.isatty() and sys.stderr.isatty()
+    if not yes:
+        if not interactive:
+            click.echo("kafkatap replay: not on a terminal: pass --yes to replay without confirmation", err=True)
+            sys.exit(2)
+        if not click.confirm("Send these requests to the target?", default=False, err=True):
+            click.echo("aborted", err=True)
+            sys.exit(1)
+    opts = ReplayOptions(target=target, speed=spd, record_dir=record, proxy_id=proxy_id, topic_map=tmap,
+                         fetch_mode=fetch_mode, create_topics=not no_create_topics, sasl_plain=creds,
+                         pending_timeout=pending_timeout, progress=sys.stderr)
+    try:
+        result = run_replay(rec, opts)
+    except OSError as exc:
+        click.echo(f"kafkatap replay: cannot reach the target {target}: {exc}", err=True)
+        sys.exit(3)
+    click.echo(result.summary())
+    if os.environ.get("KAFKATAP_REPLAY_STRICT") and result.failed:
+        sys.exit(1)

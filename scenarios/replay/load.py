@@ -1,0 +1,314 @@
+"""Turn a recording directory into replayable sessions: connections, their requests, their rhythm.
+
+Why a separate step: the engine should only send bytes. Everything that can be
+decided before the first byte — which frames exist, which connections the
+filters keep, what the recorded pipelining looked like, which connections
+cannot be replayed at all (SASL without credentials, TLS/opaque streams with
+no frames) — is decided here, counted, and shown in the plan.
+
+Inputs (see proxy/schema.py): `frames/` (request frames with conn_offset_ns,
+required), `requests/` (when each response reached the client: the recorded
+pipelining; SASL use), `connections/` (open/close times and how each ended).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pyarrow.compute as pc
+
+from protocol.apis import API_NAMES
+from proxy.recording_reader import RecordingFormatError, read_recording, recording_files
+from scenarios.replay.rewrite import RequestFrame, parse_request, request_topics
+
+__all__ = ["ReplayLoadError", "RecordedRequest", "RecordedConnection", "Recording", "Filters", "load_recording",
+           "parse_time", "parse_api"]
+
+SASL_HANDSHAKE, SASL_AUTHENTICATE, METADATA = 17, 36, 3
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+class ReplayLoadError(Exception):
+    """The recording cannot be replayed at all (one line for the user)."""
+
+
+@dataclass
+class RecordedRequest:
+    """One request frame to send, with what the recording says about its timing."""
+
+    index: int  # position in the global (recorded time) order of the selected requests
+    conn_id: str
+    ts_ns: int  # first byte seen by the origin proxy (epoch ns)
+    frame: RequestFrame
+    resp_ns: int | None = None  # when the origin client got the response (None: none / unknown)
+    deps: list[int] = field(default_factory=list)  # positions (in the connection) answered before this was sent
+    topics: dict[str, set[int]] = field(default_factory=dict)  # names ("id:<uuid>" for ids) → partitions
+
+
+@dataclass
+class RecordedConnection:
+    """One recorded client connection and the requests the filters kept."""
+
+    conn_id: str
+    client_id: str | None
+    client_addr: str | None
+    broker_addr: str | None
+    opened_ns: int
+    closed_ns: int | None
+    end_reason: str | None
+    end_by: str | None
+    sasl: bool
+    sasl_mechanism: str | None
+    sasl_version: int | None  # SaslAuthenticate version the client used (from requests/)
+    requests: list[RecordedRequest] = field(default_factory=list)
+
+
+@dataclass
+class Filters:
+    """What to replay: connections by client/topic, requests by API and time window."""
+
+    clients: tuple[str, ...] = ()  # client_id globs
+    topics: tuple[str, ...] = ()  # topic names (globs): keep connections that touched one
+    apis: tuple[int, ...] = ()  # api keys to keep (others are dropped, counted)
+    since_ns: int | None = None
+    until_ns: int | None = None
+
+
+@dataclass
+class Recording:
+    """A loaded, filtered recording ready for the engine."""
+
+    path: Path
+    connections: list[RecordedConnection]
+    broker_addrs: set[str]
+    topics: dict[str, int]  # topic name → partition count needed (max index + 1; 0 when unknown)
+    recorded_topic_ids: dict[str, str]  # recorded topic id → recorded name
+    unmapped_topic_ids: set[str]
+    skipped: Counter  # reason → requests not replayable, decided before sending
+    dropped_by_filter: int
+    has_responses: bool
+    groups: set[str] = field(default_factory=set)  # consumer group ids the kept connections used
+
+    @property
+    def requests(self) -> int:
+        return sum(len(c.requests) for c in self.connections)
+
+    @property
+    def start_ns(self) -> int | None:
+        return min((c.opened_ns for c in self.connections), default=None)
+
+    @property
+    def end_ns(self) -> int | None:
+        return max((r.ts_ns for c in self.connections for r in c.requests), default=None)
+
+
+def parse_time(text: str, start_ns: int | None = None) -> int:
+    """ISO-8601 (UTC when no zone), epoch seconds, or "+SECONDS" after the recording's start → epoch ns."""
+    t = text.strip()
+    if t.startswith("+"):
+        if start_ns is None:
+            raise ValueError("a relative time (+SECONDS) needs the recording's start")
+        return start_ns + int(float(t[1:].rstrip("s")) * 1e9)
+    try:
+        return int(float(t) * 1e9)
+    except ValueError:
+        pass
+    dt = datetime.fromisoformat(t.replace("Z", "+00:00"))
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return int(dt.timestamp() * 1e9)
+
+
+def parse_api(text: str) -> int:
+    """"Produce", "produce", or "0" → api key."""
+    t = text.strip()
+    if t.isdigit():
+        return int(t)
+    for key, name in API_NAMES.items():
+        if name.lower() == t.lower():
+            return key
+    raise ValueError(f"unknown Kafka API {text!r}")
+
+
+def _rows(root: Path, dataset: str) -> list[dict[str, Any]]:
+    if not recording_files(root, dataset):
+        return []
+    return read_recording(root, dataset, with_partitions=False).to_pylist()
+
+
+def load_recording(path: Path | str, filters: Filters | None = None, *, sasl_credentials: bool = False) -> Recording:
+    """Read and filter a recording; ReplayLoadError (one line) when it has no raw request frames."""
+    root = Path(path)
+    filters = filters or Filters()
+    if not root.is_dir():
+        raise ReplayLoadError(f"{root} is not a directory")
+    try:
+        has_frames = bool(recording_files(root, "frames"))
+        frames_tbl = read_recording(root, "frames", with_partitions=False) if has_frames else None
+    except RecordingFormatError as exc:
+        raise ReplayLoadError(str(exc)) from exc
+    if frames_tbl is None or frames_tbl.num_rows == 0 or pc.sum(pc.equal(frames_tbl["direction"], "request")).as_py() in (None, 0):
+        raise ReplayLoadError(
+            f"{root} has no raw request frames (recorded without --capture requests): record with "
+            "`kafkatap proxy … --record DIR --capture requests` to replay")
+    frames = frames_tbl.sort_by([("ts_ns", "ascending")]).to_pylist()
+    requests = _rows(root, "requests")
+    conns = {r["conn_id"]: r for r in sorted(_rows(root, "connections"), key=lambda r: (r["final"] or False, r["snapshot_ns"] or 0))}
+
+    groups_by_conn: dict[str, set[str]] = {}
+    for r in requests:
+        if r["group_id"] and r["api_key"] in (8, 9, 11, 12, 13, 14):
+            groups_by_conn.setdefault(r["conn_id"], set()).add(r["group_id"])
+    resp_at: dict[tuple[str, int, int], int] = {}
+    sasl: dict[str, tuple[str | None, int | None]] = {}
+    topics_by_client: dict[str | None, set[str]] = {}
+    for r in requests:
+        if r["resp_sent_ns"] is not None and r["answered"]:
+            resp_at[(r["conn_id"], r["correlation_id"], r["api_key"])] = r["resp_sent_ns"]
+        if r["api_key"] in (SASL_HANDSHAKE, SASL_AUTHENTICATE):
+            mech, ver = sasl.get(r["conn_id"], (None, None))
+            sasl[r["conn_id"]] = (r["sasl_mechanism"] or mech, r["api_version"] if r["api_key"] == SASL_AUTHENTICATE else ver)
+
+    skipped: Counter = Counter()
+    recorded_topic_ids: dict[str, str] = {}
+    has_responses = False
+    by_conn: dict[str, list[tuple[dict[str, Any], RequestFrame]]] = {}
+    for f in frames:
+        if f["direction"] != "request":
+            has_responses = True
+            if f["api_key"] == METADATA and f["data"] is not None:
+                _learn_recorded_ids(f, recorded_topic_ids)
+            continue
+        if f["data"] is None:
+            skipped["frame_redacted"] += 1
+            continue
+        try:
+            frame = parse_request(f["data"])
+        except ValueError:
+            skipped["frame_unreadable"] += 1
+            continue
+        by_conn.setdefault(f["conn_id"], []).append((f, frame))
+        if f["api_key"] == SASL_HANDSHAKE and f["conn_id"] not in sasl:
+            sasl[f["conn_id"]] = (None, None)
+
+    # Connections that the requests dataset knows but no frame was captured for (TLS, opaque streams).
+    framed = set(by_conn)
+    uncaptured = Counter(r["conn_id"] for r in requests if r["conn_id"] not in framed)
+    for _conn, n in uncaptured.items():
+        skipped["connection_not_captured"] += n
+
+    connections: list[RecordedConnection] = []
+    all_topics: dict[str, set[int]] = {}
+    dropped = 0
+    for conn_id, items in by_conn.items():
+        first_f = items[0][0]
+        crow = conns.get(conn_id, {})
+        opened = crow.get("opened_ns") or (first_f["ts_ns"] - (first_f["conn_offset_ns"] or 0))
+        client_id = next((fr.client_id for _, fr in items if fr.client_id), None)
+        mech, sver = sasl.get(conn_id, (None, None))
+        rc = RecordedConnection(
+            conn_id, client_id, first_f["client_addr"], first_f["broker_addr"], opened,
+            crow.get("closed_ns"), crow.get("end_reason"), crow.get("end_by"), conn_id in sasl, mech, sver)
+        touched: dict[str, set[int]] = {}
+        per_frame: list[dict[str, set[int]]] = []
+        for f, fr in items:
+            rt = request_topics(fr)
+            per_frame.append(rt)
+            for t, parts in rt.items():
+                touched.setdefault(t, set()).update(parts)
+            topics_by_client.setdefault(client_id, set()).update(t for t in rt if not t.startswith("id:"))
+        if filters.clients and not any(fnmatch.fnmatchcase(client_id or "", g) for g in filters.clients):
+            dropped += len(items)
+            continue
+        if filters.topics and not any(fnmatch.fnmatchcase(t, g) for t in touched for g in filters.topics):
+            dropped += len(items)
+            continue
+        if rc.sasl and not sasl_credentials:
+            skipped["sasl_needs_credentials"] += len(items)
+            continue
+        for (f, fr), rt in zip(items, per_frame):
+            if filters.apis and fr.api_key not in filters.apis:
+                dropped += 1
+                continue
+            if filters.since_ns is not None and f["ts_ns"] < filters.since_ns:
+                dropped += 1
+                continue
+            if filters.until_ns is not None and f["ts_ns"] > filters.until_ns:
+                dropped += 1
+                continue
+            resp = resp_at.get((conn_id, fr.correlation_id, fr.api_key))
+            rc.requests.append(RecordedRequest(0, conn_id, f["ts_ns"], fr, resp, topics=rt))
+        if not rc.requests:
+            continue
+        for t, parts in touched.items():
+            all_topics.setdefault(t, set()).update(parts)
+        _dependencies(rc)
+        connections.append(rc)
+
+    # Global order (the max-speed gate) and topic facts.
+    order = sorted((r for c in connections for r in c.requests), key=lambda r: (r.ts_ns, r.conn_id))
+    for i, r in enumerate(order):
+        r.index = i
+    connections.sort(key=lambda c: c.opened_ns)
+
+    unmapped = {t[3:] for t in all_topics if t.startswith("id:") and t[3:] not in recorded_topic_ids}
+    _infer_topic_ids(connections, topics_by_client, recorded_topic_ids, unmapped)
+    topics: dict[str, int] = {}
+    for t, parts in all_topics.items():
+        name = recorded_topic_ids.get(t[3:]) if t.startswith("id:") else t
+        if name is None or name.startswith("__"):
+            continue
+        topics[name] = max(topics.get(name, 0), (max(parts) + 1) if parts else 0)
+    groups = set().union(*(groups_by_conn.get(c.conn_id, set()) for c in connections)) if connections else set()
+    return Recording(root, connections, {c.broker_addr for c in connections if c.broker_addr}, topics,
+                     recorded_topic_ids, unmapped - set(recorded_topic_ids), skipped, dropped, has_responses, groups)
+
+
+def _dependencies(rc: RecordedConnection) -> None:
+    """For each request, the earlier requests of its connection whose response the client already had.
+
+    This is the recorded pipelining: `--speed max` sends a request as soon as
+    exactly these responses have arrived from the target.
+    """
+    for i, r in enumerate(rc.requests):
+        r.deps = [j for j in range(i) if rc.requests[j].resp_ns is not None and rc.requests[j].resp_ns <= r.ts_ns]
+
+
+def _learn_recorded_ids(f: dict[str, Any], out: dict[str, str]) -> None:
+    """Recorded Metadata responses (capture=all) give the origin's topic id → name exactly."""
+    try:
+        from protocol.deep import decode_response
+
+        body = decode_response(f["data"], f["api_key"], f["api_version"])["body"]
+        for t in body.get("topics") or ():
+            tid, name = t.get("topic_id"), t.get("name")
+            if tid and name and tid != "00000000-0000-0000-0000-000000000000":
+                out[str(tid)] = name
+    except Exception:  # noqa: BLE001 — an undecodable response only loses the mapping
+        return
+
+
+def _infer_topic_ids(connections: list[RecordedConnection], topics_by_client: dict[str | None, set[str]],
+                     out: dict[str, str], unmapped: set[str]) -> None:
+    """Without recorded responses, map a client's topic ids to names when that is unambiguous.
+
+    A client that named exactly one topic (Metadata, ListOffsets, OffsetFetch …)
+    and used exactly one unknown topic id can only have meant that topic. Any
+    other case stays unmapped and those requests are skipped (counted).
+    """
+    ids_by_client: dict[str | None, set[str]] = {}
+    for c in connections:
+        for r in c.requests:
+            for t in r.topics:
+                if t.startswith("id:") and t[3:] in unmapped:
+                    ids_by_client.setdefault(c.client_id, set()).add(t[3:])
+    for client, ids in ids_by_client.items():
+        names = {n for n in topics_by_client.get(client, set()) if not n.startswith("__")}
+        if len(ids) == 1 and len(names) == 1:
+            out[next(iter(ids))] = next(iter(names))

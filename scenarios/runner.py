@@ -1,0 +1,462 @@
+"""Run a declared Scenario end to end and check the report names the cause.
+
+Order of work (each step registers its own undo on one ExitStack, so Ctrl-C,
+SIGTERM or any failure tears down exactly what was built, newest first):
+
+    namespaces + veths + sysctls + iptables   (only for network scenarios)
+    broker (advertising the client-facing proxy, so every connection goes through kafkatap)
+    topics (raw CreateTopics straight to the broker: no client in the recording)
+    proxies, broker-side first (recording ones write OUT/recordings/<name>)
+    clients (one process each, started at their offsets, bounded)
+    → everything stopped, recordings flushed → Spark analysis → expectations
+
+Why the broker advertises the proxy: the proxy forwards bytes unchanged, so
+Metadata responses carry the broker's advertised listener. If that were the
+broker's own port, clients would bootstrap through kafkatap and then bypass it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scenarios.clients import ClientSpec, command_for
+from scenarios.kafka import LocalKafka, free_port
+from scenarios.kafka_jars import DEFAULT_VERSION
+from scenarios.spec import Proxy, Report, Scenario
+
+OWNED_SUBDIRS = ("broker", "recordings", "report", "clients")
+
+__all__ = ["run_scenario", "RunResult", "ScenarioFailed", "host_iptables_snapshot"]
+
+
+class ScenarioFailed(RuntimeError):
+    """The scenario could not run (set-up or traffic failed); distinct from a missing finding."""
+
+
+@dataclass
+class RunResult:
+    """What a run produced; `ok` is False when an expectation is unmet."""
+
+    name: str
+    out: Path
+    report_dir: Path | None
+    problems: list[str] = field(default_factory=list)
+    findings: list[dict[str, Any]] = field(default_factory=list)
+    clients: list[dict[str, Any]] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    summary: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def report_path(self) -> Path | None:
+        return self.report_dir / "report.html" if self.report_dir else None
+
+
+class Progress:
+    """One readable line per step on stderr, with seconds since the start."""
+
+    def __init__(self, prefix: str, enabled: bool = True) -> None:
+        self.t0 = time.monotonic()
+        self.prefix = prefix
+        self.enabled = enabled
+
+    def __call__(self, msg: str) -> None:
+        if self.enabled:
+            print(f"[{time.monotonic() - self.t0:6.1f}s] {self.prefix}: {msg}", file=sys.stderr, flush=True)
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+
+def host_iptables_snapshot() -> str:
+    """The host's own iptables rules (counters stripped): a run must leave them exactly as found."""
+    try:
+        out = subprocess.run(["iptables-save"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return "\n".join(ln for ln in out.splitlines() if not ln.startswith("#")).replace("[0:0]", "")
+
+
+# ------------------------------------------------------------------ helpers
+def create_topics(host: str, port: int, topics: dict[str, int], timeout_s: float = 30.0) -> None:
+    """CreateTopics v2 straight to the broker's own port (works before any proxy exists)."""
+    if not topics:
+        return
+    body = struct.pack(">i", len(topics))
+    for name, parts in topics.items():
+        n = name.encode()
+        body += struct.pack(">h", len(n)) + n + struct.pack(">ihii", parts, 1, 0, 0)
+    body += struct.pack(">i?", int(timeout_s * 1000), False)
+    cid = b"kafkatap-scenario-setup"
+    payload = struct.pack(">hhih", 19, 2, 1, len(cid)) + cid + body
+    import socket
+
+    with socket.create_connection((host, port), timeout=timeout_s) as s:
+        s.sendall(struct.pack(">i", len(payload)) + payload)
+        size = struct.unpack(">i", _recv(s, 4))[0]
+        resp = _recv(s, size)
+    # corr(4) throttle(4) n(4) then per topic: name, error_code(2), error_message
+    off = 12
+    for _ in range(struct.unpack_from(">i", resp, 8)[0]):
+        ln = struct.unpack_from(">h", resp, off)[0]
+        name = resp[off + 2:off + 2 + ln].decode()
+        off += 2 + ln
+        code = struct.unpack_from(">h", resp, off)[0]
+        off += 2
+        mlen = struct.unpack_from(">h", resp, off)[0]
+        off += 2 + max(0, mlen)
+        if code not in (0, 36):  # 36: TOPIC_ALREADY_EXISTS
+            raise ScenarioFailed(f"creating topic {name} failed with error code {code}")
+
+
+def _recv(s: Any, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("broker closed the connection")
+        buf += chunk
+    return buf
+
+
+def in_thread(fn: Callable[[], Any], host: Any | None) -> Any:
+    """Run fn in a fresh thread inside a namespace host (setns is per thread), or directly."""
+    if host is None:
+        return fn()
+    box: list[Any] = []
+
+    def target() -> None:
+        try:
+            with host.entered():
+                box.append((True, fn()))
+        except BaseException as exc:  # noqa: BLE001
+            box.append((False, exc))
+
+    t = threading.Thread(target=target, name="kafkatap-netns-call")
+    t.start()
+    t.join()
+    ok, val = box[0]
+    if not ok:
+        raise val
+    return val
+
+
+def _netns_proxy_class() -> type:
+    from proxy.server import RunningProxy
+
+    class NetnsRunningProxy(RunningProxy):
+        """A RunningProxy whose loop thread lives in a network namespace (its sockets are made there)."""
+
+        def __init__(self, *args: Any, netns_host: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._netns_host = netns_host
+
+        def _main(self) -> None:
+            with self._netns_host.entered():
+                super()._main()
+
+    return NetnsRunningProxy
+
+
+class _Clients:
+    """The scenario's client processes: started at their offsets, collected, killed on teardown."""
+
+    def __init__(self, say: Progress, out: Path) -> None:
+        self.say = say
+        self.out = out
+        self.procs: list[tuple[ClientSpec, subprocess.Popen]] = []
+
+    def run(self, specs: list[ClientSpec], hosts: dict[str, Any], grace_s: float = 60.0) -> list[dict[str, Any]]:
+        logs = self.out / "clients"
+        logs.mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        for spec in sorted(specs, key=lambda s: s.start_after_s):
+            delay = t0 + spec.start_after_s - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)  # the scenario's choreography (a baseline before a surge), not synchronization
+            argv = command_for(spec)
+            if spec.host:
+                argv = hosts[spec.host].cmd(argv)
+            err = open(logs / f"{spec.name}.log", "wb")
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
+                                    start_new_session=True, env=env)
+            err.close()
+            self.procs.append((spec, proc))
+            self.say(f"client {spec.name} started ({spec.kind} {spec.role}{' on ' + ','.join(spec.topics) if spec.topics else ''}"
+                     f"{' in ' + spec.host if spec.host else ''})")
+        results = []
+        for spec, proc in self.procs:
+            budget = max(5.0, t0 + spec.start_after_s + spec.duration_s + grace_s - time.monotonic())
+            try:
+                stdout, _ = proc.communicate(timeout=budget)
+            except subprocess.TimeoutExpired:
+                self._kill(proc)
+                stdout, _ = proc.communicate()
+                results.append({"name": spec.name, "client_id": spec.cid, "failed": "timed out and was killed"})
+                continue
+            lines = [ln for ln in stdout.decode(errors="replace").splitlines() if ln.startswith("{")]
+            if proc.returncode != 0 or not lines:
+                tail = (logs / f"{spec.name}.log").read_text(errors="replace").strip().splitlines()[-1:]
+                results.append({"name": spec.name, "client_id": spec.cid, "failed": f"exit {proc.returncode}: {' '.join(tail)}"})
+            else:
+                results.append(json.loads(lines[-1]))
+        self.procs.clear()
+        return results
+
+    @staticmethod
+    def _kill(proc: subprocess.Popen) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    def close(self) -> None:
+        """Kill whatever is still running (Ctrl-C or a failure mid-traffic)."""
+        for _, proc in self.procs:
+            if proc.poll() is None:
+                self._kill(proc)
+                proc.wait()
+        self.procs.clear()
+
+
+def _proxy_order(proxies: list[Proxy]) -> list[Proxy]:
+    """Broker-facing proxies first, so every upstream exists before its client side starts."""
+    by_name = {p.name: p for p in proxies}
+    order: list[Proxy] = []
+
+    def visit(p: Proxy, seen: tuple[str, ...] = ()) -> None:
+        if p in order:
+            return
+        if p.name in seen:
+            raise ValueError(f"proxy chain loops through {p.name}")
+        if p.upstream != "broker":
+            if p.upstream not in by_name:
+                raise ValueError(f"proxy {p.name}: unknown upstream {p.upstream!r}")
+            visit(by_name[p.upstream], seen + (p.name,))
+        order.append(p)
+
+    for p in proxies:
+        visit(p)
+    return order
+
+
+# ------------------------------------------------------------------ the run
+def run_scenario(
+    scenario: Scenario,
+    out: str | Path,
+    *,
+    kafka_version: str = DEFAULT_VERSION,
+    analyze: bool = True,
+    progress: bool = True,
+) -> RunResult:
+    """Run `scenario` into `out` (recordings/, clients/, report/) and check its expectations."""
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    for sub in OWNED_SUBDIRS:  # a previous run's recordings would mix into this one's analysis
+        shutil.rmtree(out / sub, ignore_errors=True)
+    say = Progress(scenario.name, progress)
+    result = RunResult(scenario.name, out, None)
+    rec_dirs: dict[str, Path] = {}
+    iptables_before = host_iptables_snapshot() if scenario.needs_root else ""
+    say(f"starting ({'namespaces, ' if scenario.network else ''}Kafka {kafka_version}, "
+        f"{len(scenario.proxies)} proxy(ies), {len(scenario.clients)} client(s))")
+    failed = False
+    kafka: LocalKafka | None = None
+    try:
+        with contextlib.ExitStack() as stack:
+            hosts: dict[str, Any] = {}
+            if scenario.network:
+                hosts = _build_network(scenario, stack, say)
+
+            # addresses first: the broker must advertise the client-facing proxy
+            listen: dict[str, tuple[str, int]] = {}
+            for p in scenario.proxies:
+                if p.listen:
+                    h, _, port = p.listen.rpartition(":")
+                    listen[p.name] = (h, int(port))
+                else:
+                    listen[p.name] = ("127.0.0.1", free_port())
+            entry = scenario.entry_proxy()
+            adv = entry.advertise or "%s:%d" % listen[entry.name]
+            props = {**{k: str(v) for k, v in scenario.broker.props.items()},
+                     "advertised.listeners": f"PLAINTEXT://{adv}"}
+            bhost = hosts.get(scenario.broker.host) if scenario.broker.host else None
+            kafka = LocalKafka(version=kafka_version, broker_props=props, host=scenario.broker.address,
+                               netns=bhost.name if bhost else None, workdir=out / "broker")
+            say(f"starting Kafka {kafka_version} broker{' in ' + bhost.name if bhost else ''}")
+            stack.callback(kafka.stop)  # registered first: Ctrl-C during start-up must stop it too
+            kafka.start()
+            say(f"broker up at {kafka.bootstrap} (advertising {adv}) in {kafka.started_s:.1f}s")
+            broker_addr = (scenario.broker.address, kafka.port)
+            if scenario.broker.topics:
+                in_thread(lambda: create_topics(*broker_addr, scenario.broker.topics), bhost)
+                say(f"topics created: {', '.join(f'{t}({n})' for t, n in scenario.broker.topics.items())}")
+
+            from proxy.recording import build_sinks
+            from proxy.server import RunningProxy
+            from proxy.sink import NullSink
+
+            started: dict[str, Any] = {}
+            for p in _proxy_order(scenario.proxies):
+                if p.upstream == "broker":
+                    up = "%s:%d" % broker_addr
+                else:
+                    q = next(x for x in scenario.proxies if x.name == p.upstream)
+                    qh, qport = listen[q.name]
+                    if q.host == p.host:  # same network: its listener, wildcard meaning this host
+                        up = f"{'127.0.0.1' if qh in ('0.0.0.0', '') else qh}:{qport}"
+                    else:
+                        up = q.advertise or f"{qh}:{qport}"
+                if p.record:
+                    rec_dirs[p.name] = out / "recordings" / p.name
+                    sink, _hooks = build_sinks(rec_dirs[p.name], proxy_id=p.name, flush_interval_s=0.5)
+                else:
+                    sink = NullSink()
+                route = ["%s:%d=%s" % (*listen[p.name], up)]
+                kw = dict(sink=sink, faults=p.faults, proxy_id=p.name, tcp_info_interval=2.0)
+                if p.host:
+                    proxy = _netns_proxy_class()(route, netns_host=hosts[p.host], **kw)
+                else:
+                    proxy = RunningProxy(route, **kw)
+                stack.callback(proxy.stop)
+                proxy.start()
+                started[p.name] = proxy
+                say(f"proxy {p.name} listening on {route[0].split('=')[0]} → {up}"
+                    f"{' [faults: ' + p.faults.describe() + ']' if p.faults and p.faults.active else ''}"
+                    f"{' recording to ' + str(rec_dirs[p.name]) if p.record else ''}")
+
+            clients = _Clients(say, out)
+            stack.callback(clients.close)
+            for c in scenario.clients:
+                c.bootstrap = adv
+            t_traffic = time.monotonic()
+            say(f"traffic: {len(scenario.clients)} client(s), about {scenario.traffic_s:.0f}s")
+            result.clients = clients.run(scenario.clients, hosts)
+            result.timings["traffic_s"] = round(time.monotonic() - t_traffic, 1)
+            for r in result.clients:
+                if "failed" in r:
+                    say(f"client {r['name']} FAILED: {r['failed']}")
+                else:
+                    say("client " + r["name"] + ": " + ", ".join(f"{k}={v}" for k, v in r.items()
+                                                                if k not in ("name", "client_id", "kind", "role")))
+            (out / "clients.json").write_text(json.dumps(result.clients, indent=2))
+            say("traffic done; stopping proxies (flushing recordings), broker" + (", namespaces" if hosts else ""))
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        if kafka is not None:
+            kafka.cleanup(failed=failed)
+        result.timings["setup_and_traffic_s"] = round(say.elapsed, 1)
+        result.problems.extend(_cleanup_problems(scenario, iptables_before))
+    say(f"stopped everything ({say.elapsed:.1f}s so far)")
+    if not analyze:
+        return result
+    _analyze(scenario, result, rec_dirs, say)
+    result.timings["total_s"] = round(say.elapsed, 1)
+    (out / "result.json").write_text(json.dumps({"name": result.name, "ok": result.ok, "problems": result.problems,
+                                                 "timings": result.timings, "report": str(result.report_path),
+                                                 "kafka_version": kafka_version}, indent=2))
+    return result
+
+
+def _build_network(scenario: Scenario, stack: contextlib.ExitStack, say: Progress) -> dict[str, Any]:
+    from scenarios.netns import Topology
+
+    net = scenario.network
+    assert net is not None
+    topo = stack.enter_context(Topology())
+    hosts = {role: topo.host(role) for role in net.hosts}
+    for link in net.links:
+        topo.link(hosts[link.a], link.a_addr, hosts[link.b], link.b_addr)
+    for role, addrs in net.addresses.items():
+        for a in addrs:
+            hosts[role].run(["ip", "addr", "add", a, "dev", "lo"])
+    for role in net.forwarding:
+        topo.enable_forwarding(hosts[role])
+    for role, dest, via in net.routes:
+        topo.route(hosts[role], dest, via)
+    for role, kv in net.sysctls.items():
+        for k, v in kv.items():
+            hosts[role].sysctl(k, v)
+    for role, rules in net.iptables.items():
+        for args in rules:
+            hosts[role].iptables(*args)
+    say(f"namespaces ready: {', '.join(h.name for h in hosts.values())}")
+    return hosts
+
+
+def _cleanup_problems(scenario: Scenario, iptables_before: str) -> list[str]:
+    problems = []
+    if scenario.needs_root:
+        from scenarios.netns import leftover_namespaces
+
+        tag = f"-{os.getpid() % 100000}x"
+        left = [n for n in leftover_namespaces() if tag in n]
+        if left:
+            problems.append(f"namespaces left behind: {left}")
+        if host_iptables_snapshot() != iptables_before:
+            problems.append("the host's iptables rules changed")
+    return problems
+
+
+def _analyze(scenario: Scenario, result: RunResult, rec_dirs: dict[str, Path], say: Progress) -> None:
+    import importlib.util
+
+    from analytics.job import run_analysis, summary
+
+    report_dir = result.out / "report"
+    opts = dict(scenario.analysis)
+    if scenario.compare:
+        a, b = scenario.compare
+        dirs = [rec_dirs[a]]
+        opts["compare"] = (rec_dirs[a], rec_dirs[b])
+    else:
+        dirs = list(rec_dirs.values())
+    has_html = importlib.util.find_spec("analytics.report.html") is not None
+    say(f"analyzing {', '.join(str(d) for d in dirs)} with Spark{'' if has_html else ' (HTML report renderer not installed yet)'}")
+    t0 = time.monotonic()
+    res = run_analysis(dirs, report_dir, report=has_html, **opts)
+    result.timings["analysis_s"] = round(time.monotonic() - t0, 1)
+    result.report_dir = report_dir
+    result.summary = summary(res)
+    report = Report(report_dir)
+    result.findings = report.findings
+    for exp in scenario.expect:
+        result.problems.extend(exp.problems(report))
+    for r in result.clients:
+        if "failed" in r:
+            result.problems.append(f"client {r['name']} failed: {r['failed']}")
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Turn SIGTERM into KeyboardInterrupt so `kill` cleans up like Ctrl-C does."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)

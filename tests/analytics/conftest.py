@@ -1,0 +1,41 @@
+"""One local SparkSession for the whole analytics test session (JVM start-up is paid once)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pyspark = pytest.importorskip("pyspark")
+
+from pyspark.sql import DataFrame, SparkSession  # noqa: E402
+
+from analytics.session import get_spark  # noqa: E402
+from analytics.spark_schema import spark_schema  # noqa: E402
+from proxy import schema as rec  # noqa: E402
+
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    session = get_spark("local[2]", {"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2",
+                                     "spark.driver.memory": "1g"}, app_name="kafkatap-tests")
+    yield session
+
+
+def _rows(dataset: str, rows: list[dict[str, Any]]) -> list[tuple]:
+    names = [c.name for c in rec.COLUMNS[dataset]]
+    return [tuple(r.get(n) for n in names) for r in rows]
+
+
+@pytest.fixture()
+def make_df(spark: SparkSession):
+    """make_df(dataset, rows): a DataFrame with the recording's Spark schema (missing columns null)."""
+
+    def make(dataset: str, rows: list[dict[str, Any]]) -> DataFrame:
+        return spark.createDataFrame(_rows(dataset, rows), spark_schema(dataset, with_partitions=False))
+
+    return make
+
+

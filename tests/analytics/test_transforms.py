@@ -1,0 +1,201 @@
+"""Transforms on small explicit DataFrames (one shared SparkSession)."""
+
+from __future__ import annotations
+
+import pytest
+from pyspark.sql import functions as F
+
+from analytics.transforms import clients, compare, connections, errors, latency, overview, produce_fetch, tcp
+from analytics.transforms.common import LONG_POLL_LABEL, prepare_requests
+from analytics.transforms.cube import latency_cube
+from analytics.synthetic import tcp_info
+from analytics_rows import S, T0, conn, req
+
+pytestmark = pytest.mark.spark
+
+
+def by(rows, key):
+    return {r[key]: r for r in (x.asDict(recursive=True) for x in rows)}
+
+
+def test_long_poll_is_separated(make_df) -> None:
+    r = prepare_requests(make_df("requests", [
+        req("c1", 1, "Fetch", lat_us=500_300, broker_latency_us=500_100, max_wait_ms=500, record_bytes=0),
+        req("c1", 2, "Fetch", lat_us=3000, max_wait_ms=500, record_bytes=9000),
+        req("c1", 3, "Fetch", lat_us=600_000, broker_latency_us=599_000, max_wait_ms=500, record_bytes=50_000),  # slow, with data
+    ]))
+    labels = [x.api_label for x in r.orderBy("correlation_id").collect()]
+    assert labels == [LONG_POLL_LABEL, "Fetch", "Fetch"]
+
+
+def test_latency_cube_percentiles_match_exact_within_bin(make_df) -> None:
+    rows = [req("c1", i, "Produce", t_s=i, lat_us=1000 + i * 10) for i in range(1, 101)]  # 1010 … 2000 µs
+    r = prepare_requests(make_df("requests", rows))
+    cube = latency_cube(r, 60)
+    t = by(latency.cube_latency_by_api(cube).collect(), "api_label")["Produce"]
+    assert t["count"] == 100 and t["max_us"] == 2000
+    assert 1500 <= t["p50_us"] <= 1500 * 1.02 + 10
+    assert 1990 <= t["p99_us"] <= 2000
+    assert t["mean_us"] == pytest.approx(1505.0)
+    exact = by(latency.latency_by_api(r).collect(), "api_label")["Produce"]  # percentile_approx path agrees
+    assert abs(exact["p50_us"] - t["p50_us"]) <= 40
+    over = latency.cube_latency_over_time(cube).where("api_name = '(all)'").collect()
+    assert sum(x["count"] for x in over) == 100 and len(over) == 2  # 1..59 s and 60..100 s
+
+
+def test_latency_views_exclude_long_polls_but_api_view_keeps_them(make_df) -> None:
+    r = prepare_requests(make_df("requests", [
+        req("c1", 1, "Fetch", lat_us=500_000, broker_latency_us=499_990, max_wait_ms=500, record_bytes=0),
+        req("c1", 2, "Produce", lat_us=2000, client="p", topics=["t"]),
+    ]))
+    cube = latency_cube(r, 60)
+    assert set(by(latency.cube_latency_by_api(cube).collect(), "api_label")) == {LONG_POLL_LABEL, "Produce"}
+    assert by(latency.cube_latency_by_broker(cube).collect(), "broker_addr")["10.0.0.1:9092"]["max_us"] == 2000
+    assert set(by(latency.cube_latency_by_client(cube).collect(), "client_id")) == {"p"}
+    topic = latency.cube_latency_by_topic(cube).collect()
+    assert [(x.topic, x.api_name) for x in topic] == [("t", "Produce")]
+    proxy = by(latency.cube_proxy_delay_by_api(cube).collect(), "api_name")
+    assert proxy["Produce"]["p50_us"] == 20
+
+
+def test_client_inventory_roles_and_order(make_df) -> None:
+    r = prepare_requests(make_df("requests", [
+        req("c1", 1, "ApiVersions", client="prod", client_software_name="librdkafka", client_software_version="2.4.0"),
+        *[req("c1", i, "Produce", t_s=i, client="prod", topics=["orders"]) for i in range(2, 12)],
+        req("c2", 1, "Fetch", client="cons", topics=["orders"], client_addr="10.1.0.6:1"),
+        req("c2", 2, "JoinGroup", client="cons", client_addr="10.1.0.6:1", group_id="g"),
+        req("c3", 1, "CreateTopics", client="adm", client_addr="10.1.0.7:1", topics=["new"]),
+    ]))
+    inv = [x.asDict() for x in clients.client_inventory(r).collect()]
+    assert inv[0]["client_id"] == "prod"  # busiest first
+    roles = {x["client_id"]: x["role"] for x in inv}
+    assert roles == {"prod": "producer", "cons": "consumer, group member", "adm": "admin"}
+    assert inv[0]["software_name"] == "librdkafka" and inv[0]["topics_produced"] == ["orders"] and inv[0]["records_produced"] == 100
+    tv = by(clients.topic_view(r).collect(), "topic")["orders"]
+    assert tv["producers"] == ["prod"] and tv["consumers"] == ["cons"]
+
+
+def test_errors_and_throttling(make_df) -> None:
+    e = [{"code": 10, "name": "MESSAGE_TOO_LARGE", "topic": "big", "partition": 0, "resource": None}]
+    r = prepare_requests(make_df("requests", [
+        req("c1", 1, "Produce", t_s=5, errors=e, error_count=1, request_bytes=2_000_000, acks=1, topics=["big"]),
+        req("c1", 2, "Produce", t_s=70, errors=e, error_count=1, request_bytes=1_500_000, acks=1, topics=["big"]),
+        req("c1", 3, "Produce", t_s=80, throttle_ms=250),
+    ]))
+    rows = [x.asDict() for x in errors.errors_by_name(r).collect()]
+    assert len(rows) == 1
+    row = rows[0]
+    assert (row["error_name"], row["api_name"], row["topic"], row["count"], row["max_request_bytes"]) == ("MESSAGE_TOO_LARGE", "Produce", "big", 2, 2_000_000)
+    assert row["example_conn_id"] == "c1" and row["acks"] == [1]
+    assert [x["count"] for x in errors.errors_over_time(r, 60).collect()] == [1, 1]
+    th = errors.throttling(r).collect()
+    assert th[0]["total_throttle_ms"] == 250
+
+
+def test_overview(make_df) -> None:
+    r = prepare_requests(make_df("requests", [req("c1", 1, t_s=0), req("c1", 2, t_s=10, lat_us=None)]))
+    c = make_df("connections", [conn("c1", 0, 20)])
+    o = overview.overview(r, c).collect()[0]
+    assert o["requests"] == 2 and o["unanswered"] == 1 and o["connections"] == 1 and o["span_s"] == 20.0
+
+
+def test_connections_over_time_concurrency_and_latency(make_df) -> None:
+    cs = [conn(f"c{i}", 0, 300) for i in range(3)] + [conn(f"s{i}", 120, None) for i in range(10)]
+    rs = [req("c0", 1, t_s=10, lat_us=1000), req("s1", 1, t_s=130, lat_us=9000)]
+    r = prepare_requests(make_df("requests", rs))
+    c = make_df("connections", cs)
+    for cube in (None, latency_cube(r, 60)):
+        rows = [x.asDict() for x in connections.connections_over_time(c, r, 60, cube).collect()]
+        conc = [x["concurrent"] for x in rows]
+        assert conc == [3, 3, 13, 13, 13, 13]  # 3 long-lived, +10 at 120 s, the 3 end at 300 s (still counted in that bucket)
+        assert rows[0]["opens"] == 3 and rows[2]["opens"] == 10 and rows[5]["ends"] == 3
+        assert rows[0]["p99_us"] == 1000 and rows[2]["p99_us"] == 9000
+
+
+def test_connection_ends_resets_reconnects(make_df) -> None:
+    cs = [conn(f"r{i}", i * 100, i * 100 + 90, client="billing", end_reason="client_rst", end_by="client", idle_ms=60_000,
+               client_addr=f"10.9.0.5:{3000 + i}") for i in range(6)]
+    cs += [conn("b1", 0, 5, client="bulk", end_reason="broker_fin", end_by="broker", idle_ms=1, last_api="Produce",
+                last_request_acks=0, last_request_bytes=3_000_000, last_request_topics=["t"], unanswered=0)]
+    c = make_df("connections", cs)
+    ends = {(x.end_reason, x.end_by): x for x in connections.connection_ends(c).collect()}
+    assert ends[("client_rst", "client")]["connections"] == 6 and ends[("client_rst", "client")]["median_idle_ms"] == 60_000
+    assert len(connections.resets(c).collect()) == 6
+    rc = by(connections.reconnects_by_client(c).collect(), "client_id")["billing"]
+    assert rc["connections"] == 6 and rc["resets_not_by_broker"] == 6 and rc["reconnects_per_min"] == pytest.approx(5 / (590 / 60), rel=0.01)
+    bc = connections.broker_closes(c).collect()
+    assert [(x.conn_id, x.last_request_acks, x.last_request_bytes) for x in bc] == [("b1", 0, 3_000_000)]
+    r = prepare_requests(make_df("requests", [req("b1", 1, lat_us=None, status="no_response", acks=0)]))
+    assert [x.conn_id for x in connections.unanswered_at_close(c, r).collect()] == ["b1"]
+    life = by(connections.connection_lifetimes(c).collect(), "lifetime")
+    assert life["1–10 min"]["connections"] == 6 and life["1–10 s"]["connections"] == 1
+
+
+def test_tcp_window_ceiling(make_df, spark) -> None:
+    cs = [conn("slow", 0, 100, tcp_client_open=tcp_info(False, 180_000, timestamps=False), tcp_broker_open=tcp_info(True, 300),
+               tcp_client_close=tcp_info(False, 180_000, retrans=4), bytes_from_broker=30_000_000),
+          conn("fast", 0, 100, tcp_client_open=tcp_info(True, 500), tcp_broker_open=tcp_info(True, 300))]
+    c = make_df("connections", cs)
+    t = make_df("tcp", [])
+    sides = tcp.tcp_sides(c, t)
+    health = by(tcp.tcp_health(sides).collect(), "side")
+    assert health["client"]["without_window_scaling"] == 1 and health["client"]["without_timestamps"] == 1
+    assert health["broker"]["without_window_scaling"] == 0
+    big = req("slow", 1, "Fetch", lat_us=2_000_000, response_bytes=1_000_000, resp_first_ns=T0, resp_last_ns=T0 + int(2.9 * S))
+    r = prepare_requests(make_df("requests", [big]))
+    wc = [x.asDict() for x in tcp.window_ceiling(sides, r).collect()]
+    assert len(wc) == 1 and wc[0]["conn_id"] == "slow" and wc[0]["side"] == "client"
+    assert wc[0]["ceiling_bytes_per_s"] == pytest.approx(65535 / 0.18, rel=0.01)
+    assert wc[0]["avg_bytes_per_s"] == pytest.approx(300_000, rel=0.01)
+    assert 0.9 < wc[0]["utilisation"] < 1.0 and wc[0]["retrans_total"] == 4
+    assert {x.peer for x in tcp.tcp_rtt_by_peer(sides).collect()} == {"10.1.0.5", "10.0.0.1:9092"}
+
+
+def test_produce_fetch_detail(make_df) -> None:
+    r = prepare_requests(make_df("requests", [
+        req("c1", 1, "Produce", t_s=0, acks=0, lat_us=None, status="no_response", compression="lz4", topics=["a"]),
+        req("c1", 2, "Produce", t_s=10, acks=1, compression="lz4", topics=["a"]),
+        req("c1", 3, "Produce", t_s=20, acks=-1, compression="zstd", topics=["a"]),
+        req("c2", 1, "Fetch", t_s=0, client="cons", record_bytes=0, topics=["a"]),
+        req("c2", 2, "Fetch", t_s=10, client="cons", record_bytes=1000, topics=["a"]),
+    ]))
+    acks = by(produce_fetch.produce_acks(r).collect(), "acks")
+    assert {k: v["requests"] for k, v in acks.items()} == {0: 1, 1: 1, -1: 1}
+    comp = by(produce_fetch.produce_compression(r).collect(), "compression")
+    assert comp["lz4"]["requests"] == 2
+    rate = by(produce_fetch.produce_rate_by_topic(r).collect(), "topic")["a"]
+    assert rate["records"] == 30 and rate["records_per_s"] == 1.5
+    batches = by(produce_fetch.produce_batches(r).collect(), "topic")["a"]
+    assert batches["requests"] == 3 and batches["compression"] == "lz4, zstd"
+    f = by(produce_fetch.fetch_by_consumer(r).collect(), "client_id")["cons"]
+    assert f["empty_ratio"] == 0.5 and f["bytes"] == 1000
+
+
+def test_compare_wire_matching(make_df) -> None:
+    a = prepare_requests(make_df("requests", [req("a1", i, "Produce", t_s=i, lat_us=3000 + i) for i in range(1, 21)]))
+    b = prepare_requests(make_df("requests", [req("b1", i, "Produce", t_s=i + 0.001, lat_us=1000 + i) for i in range(1, 21)]))
+    assert compare.choose_mode(a, b) == "wire"
+    m = compare.match_requests(a, b, "wire")
+    assert m.count() == 20
+    api = by(compare.compare_by_api(m).collect(), "api_name")["Produce"]
+    assert api["matched"] == 20 and api["diff_p50_us"] == 2000
+    per_conn = compare.compare_by_connection(m).collect()
+    assert [(x.conn_id_a, x.conn_id_b) for x in per_conn] == [("a1", "b1")]
+
+
+def test_compare_sequence_matching_for_replays(make_df) -> None:
+    e = [{"code": 10, "name": "MESSAGE_TOO_LARGE", "topic": "t", "partition": 0, "resource": None}]
+    a = make_df("requests", [req("a1", 5 + i, "Produce", t_s=i, acks=1) for i in range(3)])
+    b = make_df("requests", [req("r1", 100 + i, "Produce", t_s=5000 + i, acks=1, **({"errors": e, "error_count": 1} if i == 2 else {}))
+                             for i in range(3)])
+    pa_, pb = prepare_requests(a), prepare_requests(b)
+    assert compare.choose_mode(pa_, pb) == "sequence"
+    m = compare.match_requests(pa_, pb, "sequence")
+    assert m.count() == 3
+    diff = compare.compare_errors(m).collect()
+    assert len(diff) == 1 and diff[0]["errors_b"] == "MESSAGE_TOO_LARGE" and diff[0]["errors_a"] == ""
+    ca = make_df("connections", [conn("a1", 0, 10)])
+    cb = make_df("connections", [conn("r1", 4999, 5003, end_reason="broker_fin", end_by="broker")])
+    ends = compare.compare_ends(m, ca, cb).collect()
+    assert ends[0]["same"] is False and ends[0]["end_reason_b"] == "broker_fin"
+    assert {x.api_name: x.matched for x in compare.compare_summary(pa_, pb, m, "sequence").collect()} == {"Produce": 3}

@@ -1,0 +1,189 @@
+"""Real traffic for protocol tests: a loopback packet capture and a tiny TCP tee.
+
+Why a packet capture: Kafka clients bootstrap through one address and then
+connect to the *advertised* broker address, so a tee in front of the bootstrap
+port only sees the first connection. `dumpcap` on `lo` with a port filter sees
+every connection to the broker, with the real segment boundaries; the same
+pcap is then handed to tshark's Kafka dissector as an independent oracle.
+The `Tee` relays one client↔broker connection and keeps both byte streams
+exactly as `recv()` returned them (the chunking the proxy will see).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class Segment:
+    to_broker: bool
+    payload: bytes
+    ts_ns: int
+
+
+@dataclass
+class Conn:
+    """One TCP connection: its segments in capture order and both byte streams."""
+
+    stream: int
+    client_port: int
+    segments: list[Segment] = field(default_factory=list)
+
+    def bytes(self, to_broker: bool) -> bytes:
+        return b"".join(s.payload for s in self.segments if s.to_broker == to_broker)
+
+
+class Capture:
+    """`dumpcap -i lo -f 'tcp port N'` into a pcap file, as a context manager."""
+
+    def __init__(self, port: int, path: Path) -> None:
+        self.port = port
+        self.path = path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> "Capture":
+        self.proc = subprocess.Popen(
+            ["dumpcap", "-q", "-i", "lo", "-B", "64", "-s", "0", "-f", f"tcp port {self.port}", "-w", str(self.path)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:  # dumpcap creates the file once it captures
+            if self.path.exists() and self.path.stat().st_size > 0:
+                break
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"dumpcap failed: {self.proc.stderr.read().decode() if self.proc.stderr else ''}")
+            time.sleep(0.05)
+        time.sleep(0.3)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            time.sleep(0.5)  # let the last segments reach the ring buffer
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def connections(pcap: Path, port: int) -> list[Conn]:
+    """Reassemble every TCP connection to `port` (loopback: no loss, dedupe retransmits)."""
+    out = subprocess.run(
+        ["tshark", "-r", str(pcap), "-Y", "tcp.len > 0", "-T", "fields", "-E", "separator=\t",
+         "-o", "tcp.desegment_tcp_streams:FALSE",
+         "-e", "tcp.stream", "-e", "tcp.srcport", "-e", "tcp.dstport", "-e", "tcp.seq_raw", "-e", "tcp.payload",
+         "-e", "frame.time_epoch"],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    conns: dict[int, Conn] = {}
+    next_seq: dict[tuple[int, bool], int] = {}
+    for line in out.splitlines():
+        stream_s, sport, dport, seq_s, payload_hex, ts = line.split("\t")
+        to_broker = int(dport) == port
+        stream = int(stream_s)
+        conn = conns.setdefault(stream, Conn(stream, int(sport) if to_broker else int(dport)))
+        seq = int(seq_s)
+        data = bytes.fromhex(payload_hex.replace(":", ""))
+        key = (stream, to_broker)
+        expect = next_seq.get(key)
+        if expect is not None and seq != expect:
+            if seq < expect:  # retransmission of bytes we have
+                skip = expect - seq
+                if skip >= len(data):
+                    continue
+                data = data[skip:]
+                seq = expect
+            else:
+                raise AssertionError(f"capture lost {seq - expect} bytes in stream {stream}")
+        next_seq[key] = seq + len(data)
+        conn.segments.append(Segment(to_broker, data, int(float(ts) * 1e9)))
+    return [conns[k] for k in sorted(conns)]
+
+
+def tshark_requests(pcap: Path, port: int) -> dict[int, list[tuple[int, int, int, str]]]:
+    """tshark's Kafka dissector: per TCP stream, (api_key, api_version, correlation_id, client_id) of each request."""
+    out = subprocess.run(
+        ["tshark", "-r", str(pcap), "-d", f"tcp.port=={port},kafka", "-Y", f"kafka && tcp.dstport=={port}",
+         "-T", "fields", "-E", "separator=\t", "-E", "occurrence=a", "-E", "aggregator=|",
+         "-e", "tcp.stream", "-e", "kafka.request_key", "-e", "kafka.api_version",
+         "-e", "kafka.correlation_id", "-e", "kafka.client_id"],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    found: dict[int, list[tuple[int, int, int, str]]] = defaultdict(list)
+    for line in out.splitlines():
+        parts = line.split("\t")
+        if len(parts) < 4 or not parts[1]:
+            continue
+        keys, vers, cids = parts[1].split("|"), parts[2].split("|"), parts[3].split("|")
+        clients = parts[4].split("|") if len(parts) > 4 and parts[4] else [""] * len(keys)
+        for i in range(len(keys)):
+            if i < len(vers) and i < len(cids) and vers[i] and cids[i]:
+                found[int(parts[0])].append(
+                    (int(keys[i]), int(vers[i]), int(cids[i]), clients[i] if i < len(clients) else ""))
+    return dict(found)
+
+
+class Tee:
+    """A threaded loopback relay for one or more connections, recording recv() chunks per connection."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.upstream = upstream
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.sessions: list[list[tuple[bool, bytes, int]]] = []  # (to_broker, chunk, ns)
+        self._lock = threading.Lock()
+        self._stop = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._stop:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            broker = socket.create_connection(self.upstream)
+            log: list[tuple[bool, bytes, int]] = []
+            with self._lock:
+                self.sessions.append(log)
+            for src, dst, to_broker in ((client, broker, True), (broker, client, False)):
+                threading.Thread(target=self._pump, args=(src, dst, to_broker, log), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, to_broker: bool, log: list[tuple[bool, bytes, int]]) -> None:
+        while True:
+            try:
+                chunk = src.recv(65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                try:
+                    dst.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+                return
+            with self._lock:
+                log.append((to_broker, chunk, time.monotonic_ns()))
+            try:
+                dst.sendall(chunk)
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self._stop = True
+        self.sock.close()
+
+
+def have_capture_tools() -> bool:
+    return os.geteuid() == 0 and all(
+        subprocess.run(["which", t], capture_output=True).returncode == 0 for t in ("dumpcap", "tshark"))

@@ -1,0 +1,222 @@
+"""KafkaStream on frames built by kafka-python's encoders."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from protocol.events import Direction, RequestSeen, ResponseSeen, StreamClosed, StreamOpaque
+from protocol.stream import KafkaStream
+from protocol_frames import (
+    fetch_response,
+    metadata_response,
+    produce_request,
+    records,
+    request,
+    response,
+)
+from protocol_helpers import feed, strip_times
+
+FETCH_REQ = {"replica_id": -1, "max_wait_ms": 500, "min_bytes": 1, "max_bytes": 1 << 20, "isolation_level": 1,
+             "session_id": 0, "session_epoch": -1, "topics": []}
+META_REQ = {"topics": None, "allow_auto_topic_creation": True, "include_topic_authorized_operations": False}
+
+
+def conversation() -> tuple[bytes, bytes]:
+    reqs = (
+        request(18, 3, {"client_software_name": "kafkatap-test", "client_software_version": "1.2.3"}, 1)
+        + produce_request(cid=2, acks=1)
+        + produce_request(cid=3, acks=0)
+        + request(1, 12, FETCH_REQ, 4)
+        + request(3, 12, META_REQ, 5)
+    )
+    resps = (
+        response(18, 3, {"error_code": 0, "api_keys": [], "throttle_time_ms": 0}, 1)
+        + response(0, 9, {"responses": [], "throttle_time_ms": 5}, 2)
+        + fetch_response(cid=4, part_bytes=30000)
+        + metadata_response(cid=5, topics=5, bad_topic="missing")
+    )
+    return reqs, resps
+
+
+def test_conversation_pairs_and_summaries() -> None:
+    reqs, resps = conversation()
+    evs = feed(reqs, resps)
+    kinds = [type(e).__name__ for e in evs]
+    assert kinds == ["RequestSeen"] * 5 + ["ResponseSeen"] * 4 + ["StreamClosed"]
+    api, prod1, prod0, fetch, meta = evs[:5]
+    assert api.summary.client_software_name == "kafkatap-test"
+    assert api.summary.client_software_version == "1.2.3"
+    assert prod1.expects_response and not prod0.expects_response
+    assert prod1.summary.acks == 1 and prod1.summary.topics == ["orders"]
+    assert prod1.summary.batches[0].record_count == 3
+    assert fetch.summary.max_wait_ms == 500 and fetch.summary.isolation_level == 1
+    for resp, req in zip(evs[5:9], (api, prod1, fetch, meta)):
+        assert resp.request is req
+        assert resp.decode_note is None, resp.decode_note
+    assert evs[6].summary.throttle_ms == 5
+    fsum = evs[7].summary
+    assert [p.partition for p in fsum.fetched] == [0, 1, 2, 3]
+    assert all(p.topic == "orders" and p.records_bytes > 0 for p in fsum.fetched)
+    msum = evs[8].summary
+    assert [(e.code, e.name, e.topic) for e in msum.errors] == [(3, "UNKNOWN_TOPIC_OR_PARTITION", "missing")]
+    assert len(msum.brokers) == 3 and msum.partitions == 15
+    closed = evs[-1]
+    assert isinstance(closed, StreamClosed) and closed.unanswered == [] and closed.truncated == {}
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 7, 0, 4096])
+def test_chunking_gives_same_events(chunk: int) -> None:
+    reqs, resps = conversation()
+    whole = strip_times(feed(reqs, resps))
+    assert strip_times(feed(reqs, resps, chunk=chunk, seed=chunk)) == whole
+
+
+def test_timestamps_first_and_last_chunk() -> None:
+    frame = produce_request(cid=9)
+    s = KafkaStream()
+    s.receive_request_data(frame[:2], 100)
+    s.receive_request_data(frame[2:50], 200)
+    assert s.next_event() is None
+    s.receive_request_data(frame[50:], 300)
+    ev = s.next_event()
+    assert isinstance(ev, RequestSeen) and (ev.first_byte_ns, ev.last_byte_ns) == (100, 300)
+    assert ev.size == len(frame) and ev.offset == 0
+
+
+def test_unknown_correlation_id_and_unanswered() -> None:
+    s = KafkaStream()
+    s.receive_request_data(request(3, 12, META_REQ, 41), 1)
+    s.receive_response_data(response(0, 9, {"responses": [], "throttle_time_ms": 0}, 99), 2)
+    s.close(3)
+    req, resp, closed = list(s.events())
+    assert isinstance(resp, ResponseSeen) and resp.request is None and "99" in resp.decode_note
+    assert closed.unanswered == [req]
+
+
+def test_opaque_frame_for_unknown_api_still_paired() -> None:
+    # ConsumerGroupHeartbeat (68) has no bundled schema: header fields, pairing, no summary
+    body = b"\x00\x05group\x00"  # whatever follows the header is not interpreted
+    hdr = struct.pack(">hhih", 68, 1, 77, 3) + b"cli" + b"\x00"
+    frame = struct.pack(">i", len(hdr) + len(body)) + hdr + body
+    resp_body = struct.pack(">i", 77) + b"\x00" + b"\x00" * 10
+    s = KafkaStream()
+    s.receive_request_data(frame, 1)
+    s.receive_response_data(struct.pack(">i", len(resp_body)) + resp_body, 2)
+    req, resp = list(s.events())
+    assert req.api_name == "ConsumerGroupHeartbeat" and req.summary is None
+    assert req.client_id == "cli" and "no schema" in req.decode_note
+    assert resp.request is req and resp.summary is None
+    # a version newer than the schemas is an opaque frame too
+    hdr = struct.pack(">hhih", 3, 99, 78, 0) + b"\x00"
+    s.receive_request_data(struct.pack(">i", len(hdr)) + hdr, 3)
+    ev = s.next_event()
+    assert ev.api_name == "Metadata" and ev.summary is None and "v99" in ev.decode_note
+    assert not s.is_opaque(Direction.REQUEST)
+
+
+@pytest.mark.parametrize(
+    "data,kind",
+    [
+        (bytes.fromhex("16030100c4010000c00303") + b"\x00" * 60, "tls"),
+        (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", "http"),
+        (struct.pack(">i", -5) + b"\x00" * 20, "negative_size"),
+        (struct.pack(">i", 200 << 20) + b"\x00" * 20, "oversize"),
+        (struct.pack(">i", 3) + b"abc", "garbage"),
+        (struct.pack(">i", 12) + struct.pack(">hhih", 3, 1, 1, 40) + b"xx", "garbage"),
+    ],
+)
+def test_stream_level_failures(data: bytes, kind: str) -> None:
+    for chunk in (None, 1):
+        evs = feed(data + produce_request(), b"", chunk=chunk)
+        opaque = [e for e in evs if isinstance(e, StreamOpaque)]
+        assert len(opaque) == 1 and opaque[0].kind == kind and opaque[0].offset == 0
+        assert "opaque from byte 0" in opaque[0].reason
+        assert not any(isinstance(e, RequestSeen) for e in evs)
+
+
+def test_body_overrun_and_trailing_bytes() -> None:
+    good = produce_request(cid=5)
+    # trailing bytes: frame declares 3 more bytes than the body uses
+    trailing = struct.pack(">i", len(good) - 4 + 3) + good[4:] + b"xyz"
+    # (kept parsed: real librdkafka Metadata v13 requests carry 3 trailing bytes the broker ignores)
+    for chunk in (None, 1):
+        evs = feed(trailing + good, b"", chunk=chunk)
+        assert [type(e).__name__ for e in evs] == ["RequestSeen", "RequestSeen", "StreamClosed"]
+        assert evs[0].decode_note == "trailing_bytes: 3 bytes left over after the body decoded"
+        assert evs[0].summary is not None and evs[0].summary.acks == 1
+    # body overrun: cut the last 10 bytes of the body but keep the frame consistent
+    cut = good[:-10]
+    overrun = struct.pack(">i", len(cut) - 4) + cut[4:]
+    for chunk in (None, 1, 0):
+        evs = feed(overrun + good, b"", chunk=chunk)
+        assert [type(e).__name__ for e in evs] == ["RequestSeen", "StreamOpaque", "StreamClosed"]
+        assert evs[1].kind == "body_overrun"
+        assert evs[0].expects_response  # acks=1 was read before the failure
+    # frame-level option keeps parsing
+    evs = feed(overrun + good, b"", body_errors="frame")
+    assert [type(e).__name__ for e in evs] == ["RequestSeen", "RequestSeen", "StreamClosed"]
+    assert evs[0].decode_note.startswith("body_overrun") and evs[1].summary is not None
+
+
+def test_truncated_at_close_and_opaque_counts_bytes() -> None:
+    good = produce_request()
+    s = KafkaStream()
+    s.receive_request_data(good + good[:30], 1)
+    s.close(2)
+    req, closed = list(s.events())
+    assert closed.truncated == {Direction.REQUEST: 30}
+    assert closed.unanswered == [req]
+    s = KafkaStream()
+    s.receive_request_data(b"GET / HTTP/1.1\r\n", 1)
+    s.receive_request_data(b"x" * 1000, 2)
+    assert s.request_bytes == 1016
+    assert [type(e).__name__ for e in s.events()] == ["StreamOpaque"]
+
+
+def test_huge_frames_are_walked_incrementally_with_bounded_buffers() -> None:
+    batch = records(n=200, value_size=50_000)  # ~10 MB batch
+    big = produce_request(topics={"big": {0: batch, 1: batch}}, cid=1)
+    s = KafkaStream()
+    peak = 0
+    for i in range(0, len(big), 65536):
+        s.receive_request_data(big[i:i + 65536], i)
+        fr = s._req.frame
+        if fr is not None and fr.body is not None:
+            peak = max(peak, len(fr.body.buf), len(fr.hbuf))
+    ev = s.next_event()
+    assert ev.summary.records == 400 and len(ev.summary.batches) == 2
+    assert peak <= 64 * 1024
+    fetch = fetch_response(parts=4, part_bytes=4 << 20, cid=1)  # ~16 MiB response
+    s = KafkaStream()
+    s.receive_request_data(request(1, 12, FETCH_REQ, 1), 0)
+    s.next_event()
+    for i in range(0, len(fetch), 65536):
+        s.receive_response_data(fetch[i:i + 65536], i)
+    ev = s.next_event()
+    assert ev.decode_note is None and len(ev.summary.fetched) == 4
+
+
+def test_apiversions_error_answer_is_v0() -> None:
+    s = KafkaStream()
+    s.receive_request_data(request(18, 4, {"client_software_name": "x", "client_software_version": "1"}, 3), 1)
+    # broker does not know v4: answers v0 with UNSUPPORTED_VERSION and header v0
+    from protocol.deep import message_class
+
+    av = message_class(18, False)._struct.fields["api_keys"].data_class
+    keys = [av(api_key=18, min_version=0, max_version=3)]
+    s.receive_response_data(response(18, 0, {"error_code": 35, "api_keys": keys}, 3), 2)
+    _, resp = list(s.events())
+    assert resp.decode_note is None
+    assert [(e.code, e.name) for e in resp.summary.errors] == [(35, "UNSUPPORTED_VERSION")]
+
+
+def test_data_after_close_raises_documented_error() -> None:
+    from protocol.errors import ProtocolError
+
+    s = KafkaStream()
+    s.close(1)
+    s.close(2)  # idempotent
+    with pytest.raises(ProtocolError):
+        s.receive_request_data(b"x", 3)

@@ -1,0 +1,97 @@
+"""Small upstream servers for relay tests (no Kafka needed): echo, scripted, in a thread."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from collections.abc import Callable
+
+
+class EchoServer:
+    """An asyncio echo server on its own thread/loop; serves thousands of connections."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.port = 0
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._main, daemon=True)
+        self.connections = 0
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        outer = self
+
+        class Echo(asyncio.Protocol):
+            def connection_made(self, t: asyncio.BaseTransport) -> None:
+                self.t = t
+                outer.connections += 1
+
+            def data_received(self, data: bytes) -> None:
+                self.t.write(data)  # type: ignore[attr-defined]
+
+        srv = self.loop.run_until_complete(self.loop.create_server(Echo, "127.0.0.1", 0, backlog=4096))
+        self.port = srv.sockets[0].getsockname()[1]
+        self._ready.set()
+        self.loop.run_forever()
+        srv.close()
+
+    def __enter__(self) -> "EchoServer":
+        self._thread.start()
+        self._ready.wait()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+
+
+class OneShotServer:
+    """Accepts one connection and runs `handler(sock)` on a thread; `.result` holds its return."""
+
+    def __init__(self, handler: Callable[[socket.socket], object]) -> None:
+        self.lsock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.lsock.getsockname()[1]
+        self.handler = handler
+        self.result: object = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            s, _ = self.lsock.accept()
+            with s:
+                self.result = self.handler(s)
+        except BaseException as exc:  # noqa: BLE001
+            self.error = exc
+
+    def __enter__(self) -> "OneShotServer":
+        self._thread.start()
+        return self
+
+    def join(self, timeout: float = 10.0) -> object:
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "upstream handler did not finish"
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+    def __exit__(self, *exc: object) -> None:
+        self.lsock.close()
+
+
+def recv_all(s: socket.socket) -> bytes:
+    out = bytearray()
+    while True:
+        b = s.recv(65536)
+        if not b:
+            return bytes(out)
+        out += b
+
+
+def rst_close(s: socket.socket) -> None:
+    """Close with a reset (SO_LINGER 0)."""
+    import struct
+
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    s.close()

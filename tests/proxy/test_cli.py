@@ -1,0 +1,63 @@
+"""`kafkatap proxy` as an operator runs it: JSON logs with conn_id/client/broker, SIGTERM → exit 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from proxy_upstreams import EchoServer
+from scenarios.kafka import free_port
+
+KAFKATAP = [sys.executable, "-m", "kafkatap.cli"]
+
+
+def _wait_listening(port: int, proc: subprocess.Popen, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:  # a subprocess has no event to await but its port
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError("proxy did not listen")
+
+
+def test_cli_proxy_logs_and_graceful_sigterm(tmp_path: Path):
+    port = free_port()
+    with EchoServer() as echo:
+        env = dict(os.environ, KAFKATAP_LOG_FORMAT="json")
+        proc = subprocess.Popen(KAFKATAP + ["proxy", "--listen", f"127.0.0.1:{port}", "--upstream",
+                                            f"127.0.0.1:{echo.port}", "--record", str(tmp_path / "rec")],
+                                stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        try:
+            _wait_listening(port, proc)
+            c = socket.create_connection(("127.0.0.1", port))
+            c.sendall(b"hello")
+            assert c.recv(5) == b"hello"
+            proc.send_signal(signal.SIGTERM)
+            assert c.recv(5) == b""  # the proxy closed the idle connection on shutdown
+            c.close()
+            assert proc.wait(20) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    lines = [json.loads(ln) for ln in proc.stderr.read().splitlines() if ln.startswith("{")]
+    closed = [ln for ln in lines if ln["event"] == "connection closed"]
+    # the probe connection from _wait_listening plus ours
+    assert closed and all({"conn_id", "client", "broker"} <= set(ln) for ln in closed)
+    assert any(ln["end_reason"] == "proxy_shutdown" for ln in closed)
+    assert list((tmp_path / "rec").rglob("*.parquet")), "recording flushed on shutdown"
+
+
+def test_cli_usage_errors():
+    out = subprocess.run(KAFKATAP + ["proxy", "--listen", ":1"], capture_output=True, text=True)
+    assert out.returncode == 2 and "pairs" in out.stderr
+    out = subprocess.run(KAFKATAP + ["iptables", "--mode", "local", "--port", "9092"], capture_output=True, text=True)
+    assert out.returncode == 0 and "-m mark --mark 0x4b54 -j RETURN" in out.stdout

@@ -1,0 +1,180 @@
+"""Namespace tests: SYN cookies without window scaling (incident 5), transparent mode with REDIRECT."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from proxy.server import RunningProxy
+from proxy_upstreams import EchoServer
+
+pytestmark = pytest.mark.netns
+
+netns = pytest.importorskip("scenarios.netns")
+if os.geteuid() != 0:
+    pytest.skip("network namespaces need root", allow_module_level=True)
+
+CLIENT = textwrap.dedent("""
+    import socket, sys
+    s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)
+    s.sendall(b"ping")
+    got = b""
+    while len(got) < 4:
+        got += s.recv(4 - len(got))
+    assert got == b"ping", got
+    s.close()
+""")
+
+
+def _echo_in(host):
+    """An EchoServer whose loop thread lives in the namespace."""
+    class NsEcho(EchoServer):
+        def _main(self) -> None:
+            with host.entered():
+                super()._main()
+    return NsEcho()
+
+
+def test_syn_cookies_without_timestamps_show_no_window_scaling(sink):
+    with netns.Topology() as topo:
+        server, plain, nots = topo.host("srv"), topo.host("plain"), topo.host("nots")
+        topo.link(plain, "10.77.11.1/24", server, "10.77.11.2/24")
+        topo.link(nots, "10.77.12.1/24", server, "10.77.12.2/24")
+        server.sysctl("net.ipv4.tcp_syncookies", 2)  # every SYN answered with a cookie
+        nots.sysctl("net.ipv4.tcp_timestamps", 0)  # like a NAT stripping the option
+        with _echo_in(server) as echo, RunningProxy(
+            listen="0.0.0.0:0", upstream=f"127.0.0.1:{echo.port}", sink=sink,
+            thread_context=server.entered,
+        ) as p:
+            port = p.listen_addr[1]
+            plain.run([sys.executable, "-c", CLIENT, "10.77.11.2", str(port)])
+            nots.run([sys.executable, "-c", CLIENT, "10.77.12.2", str(port)])
+            sink.wait_final(2)
+    by_client = {r["client_addr"].split(":")[0]: r for r in sink.finals()}
+    normal, stripped = by_client["10.77.11.1"], by_client["10.77.12.1"]
+    assert normal["tcp_client_open"]["wscale_ok"] is True
+    assert normal["tcp_client_open"]["timestamps_ok"] is True
+    assert stripped["tcp_client_open"]["wscale_ok"] is False
+    assert stripped["tcp_client_open"]["timestamps_ok"] is False
+    # the broker-side socket (loopback, no cookies) negotiated scaling in both cases
+    assert stripped["tcp_broker_open"]["wscale_ok"] is True
+    opens = [t for t in sink.tcps if t["phase"] == "open" and t["side"] == "client"]
+    assert {t["wscale_ok"] for t in opens} == {True, False}
+
+
+KAFKA_CLIENT = textwrap.dedent("""
+    import json, sys
+    lib, bootstrap, topic = sys.argv[1], sys.argv[2], sys.argv[3]
+    n = 20
+    if lib == "kafka-python":
+        from kafka import KafkaConsumer, KafkaProducer
+        p = KafkaProducer(bootstrap_servers=bootstrap, acks=1, client_id="kp-" + topic[-6:])
+        for i in range(n):
+            p.send(topic, b"m%d" % i)
+        p.flush(); p.close()
+        c = KafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=4000)
+        got = [m.value for m in c]; c.close()
+    else:
+        import confluent_kafka as ck
+        p = ck.Producer({"bootstrap.servers": bootstrap, "acks": "all"})
+        for i in range(n):
+            p.produce(topic, b"m%d" % i)
+        assert p.flush(20) == 0
+        c = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": "g" + topic, "auto.offset.reset": "earliest"})
+        c.subscribe([topic]); got = []
+        while len(got) < n:
+            m = c.poll(15)
+            assert m is not None, len(got)
+            if m.error() is None:
+                got.append(m.value())
+        c.close()
+    print(json.dumps(len(got)))
+""")
+
+
+@pytest.fixture(scope="module")
+def gateway_topology():
+    """client ns ── gw ns (router + proxy) ── server ns (Kafka at 10.77.22.2)."""
+    from scenarios.kafka import LocalKafka
+
+    with netns.Topology() as topo:
+        client, gw, server = topo.host("cli"), topo.host("gw"), topo.host("kfk")
+        topo.link(client, "10.77.21.1/24", gw, "10.77.21.2/24")
+        topo.link(gw, "10.77.22.1/24", server, "10.77.22.2/24")
+        topo.enable_forwarding(gw)
+        topo.route(client, "10.77.22.0/24", "10.77.21.2")
+        topo.route(server, "10.77.21.0/24", "10.77.22.1")
+        kafka = LocalKafka(host="10.77.22.2", netns=server.name)
+        kafka.start()
+        try:
+            yield topo, client, gw, server, kafka
+        finally:
+            kafka.stop()
+            kafka.cleanup()
+
+
+def _run_client(host, lib: str, bootstrap: str, topic: str) -> int:
+    out = host.run([sys.executable, "-c", KAFKA_CLIENT, lib, bootstrap, topic])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _iptables_save(host) -> str:
+    return "\n".join(ln for ln in host.run(["iptables-save", "-t", "nat"]).stdout.splitlines()
+                     if not ln.startswith("#") and not ln.startswith(":"))
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize("lib", ["kafka-python", "confluent-kafka"])
+def test_transparent_gateway_prerouting(gateway_topology, sink, lib):
+    from proxy.netfilter import RulePlan, build, build_removal, run
+
+    topo, client, gw, server, kafka = gateway_topology
+    plan = RulePlan("gateway", 15092, [("10.77.22.2", kafka.port)], ipv6=False)
+    before = _iptables_save(gw)
+    run(build(plan), netns=gw.name)
+    try:
+        with RunningProxy([":15092"], sink=sink, thread_context=gw.entered) as p:
+            assert p.listen_addr[1] == 15092
+            topic = f"tr-{lib}-{os.getpid()}"
+            assert _run_client(client, lib, kafka.bootstrap, topic) == 20
+    finally:
+        run(build_removal(plan), netns=gw.name)
+    assert _iptables_save(gw) == before  # removal restored exactly the previous rules
+    finals = sink.finals()
+    assert finals and all(c["mode"] == "transparent" for c in finals)
+    assert all(c["original_dst"] == f"10.77.22.2:{kafka.port}" == c["broker_addr"] for c in finals)
+    assert all(c["client_addr"].startswith("10.77.21.1:") for c in finals)
+    per_conn: dict[str, int] = {}
+    for r in sink.requests:
+        per_conn[r["conn_id"]] = per_conn.get(r["conn_id"], 0) + 1
+    for c in finals:
+        assert per_conn.get(c["conn_id"], 0) == c["requests"]
+    assert any(r["api_name"] == "Produce" and r["status"] == "answered" for r in sink.requests)
+    assert any(r["api_name"] == "Fetch" for r in sink.requests)
+
+
+@pytest.mark.kafka
+def test_transparent_local_output_does_not_loop(gateway_topology, sink):
+    """Proxy on the client host itself: OUTPUT REDIRECT, upstream sockets skip it by SO_MARK."""
+    from proxy.netfilter import RulePlan, build, build_removal, run
+    from proxy.server import DEFAULT_MARK
+
+    topo, client, gw, server, kafka = gateway_topology
+    plan = RulePlan("local", 15092, [(None, kafka.port)], mark=DEFAULT_MARK, ipv6=False)
+    before = _iptables_save(client)
+    run(build(plan), netns=client.name)
+    try:
+        with RunningProxy([":15092"], sink=sink, so_mark=DEFAULT_MARK, thread_context=client.entered):
+            assert _run_client(client, "kafka-python", kafka.bootstrap, f"loc-{os.getpid()}") == 20
+    finally:
+        run(build_removal(plan), netns=client.name)
+    assert _iptables_save(client) == before
+    finals = sink.finals()
+    assert finals and all(c["end_reason"] != "upstream_connect_failed" for c in finals), finals
+    assert all(c["broker_addr"] == f"10.77.22.2:{kafka.port}" for c in finals)
+    assert sum(c["requests"] for c in finals) == len(sink.requests) > 0

@@ -1,0 +1,111 @@
+"""Pure pieces: TCP_INFO decoding, inference rules, iptables plans, fault specs, row shapes."""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+import pytest
+
+from proxy import tcpinfo
+from proxy.faults import DirectionFaults, Faults, parse_fault_specs
+from proxy.inference import EndFacts, inferred_cause
+from proxy.netfilter import RulePlan, build, build_removal
+from proxy.schema import TCP_FIELDS
+from proxy.server import Route, parse_hostport
+
+
+def _raw_tcp_info(options: int, wscales: int, rtt: int = 1234, total_retrans: int = 3, rate: int = 99) -> bytes:
+    head = struct.pack("=8B", 1, 0, 0, 0, 0, options, wscales, 0)
+    u32 = [0] * 24
+    u32[15], u32[16], u32[23], u32[18], u32[2] = rtt, 56, total_retrans, 10, 1448
+    body = struct.pack("=24I", *u32)
+    tail = struct.pack("=4Q", 0, 0, 5000, 6000) + struct.pack("=6I", 0, 0, 0, 0, 0, 0) + struct.pack("=Q", rate)
+    return head + body + tail
+
+
+def test_tcpinfo_decode_options_and_wscale_nibbles():
+    d = tcpinfo.decode(_raw_tcp_info(options=1 | 2 | 4, wscales=(7 << 4) | 9))
+    assert set(d) == {c.name for c in TCP_FIELDS}
+    assert d["wscale_ok"] and d["timestamps_ok"] and d["sack_ok"]
+    assert (d["snd_wscale"], d["rcv_wscale"]) == (9, 7)
+    assert d["rtt_us"] == 1234 and d["rttvar_us"] == 56 and d["retrans_total"] == 3
+    assert d["snd_cwnd"] == 10 and d["snd_mss"] == 1448
+    assert d["bytes_acked"] == 5000 and d["bytes_received"] == 6000 and d["delivery_rate_bps"] == 99
+    assert d["state"] == "ESTABLISHED"
+    off = tcpinfo.decode(_raw_tcp_info(options=2, wscales=0x77))
+    assert not off["wscale_ok"] and off["snd_wscale"] == 0 and not off["timestamps_ok"]
+    # an old kernel's shorter struct: the newer fields are simply missing
+    short = tcpinfo.decode(_raw_tcp_info(1, 0)[:104])
+    assert short["bytes_acked"] is None and short["delivery_rate_bps"] is None
+
+
+def test_tcpinfo_live_socket():
+    srv = socket.create_server(("127.0.0.1", 0))
+    c = socket.create_connection(srv.getsockname())
+    a, _ = srv.accept()
+    c.sendall(b"x" * 1000)
+    a.recv(1000)
+    info = tcpinfo.sample(c)
+    assert info and info["state"] == "ESTABLISHED" and info["wscale_ok"] and info["bytes_acked"] >= 1000
+    c.close(), a.close(), srv.close()
+    assert tcpinfo.sample(c) is None
+
+
+def test_inference_incident1_text():
+    f = EndFacts("broker_fin", "broker", idle_before_end_ms=3, last_api="Produce", last_request_bytes=50123,
+                 last_request_acks=0, last_request_topics=["orders"], last_request_batch_bytes=50000,
+                 ms_since_last_request=3)
+    cause = inferred_cause(f)
+    assert cause.startswith("broker closed the connection right after an acks=0 Produce of 50123 bytes to orders: "
+                            "batch larger than message.max.bytes (RecordBatchTooLarge)")
+    big = EndFacts("broker_fin", "broker", last_api="Produce", last_request_bytes=2_000_000, last_request_acks=0,
+                   last_request_topics=["t"], last_request_batch_bytes=1_999_000, ms_since_last_request=1)
+    assert inferred_cause(big).endswith("(RecordBatchTooLarge)")
+    # acks=1: the broker answers with an error instead; no close inference
+    assert inferred_cause(EndFacts("client_fin", "client", last_api="Produce", last_request_acks=1)) is None
+
+
+def test_inference_idle_resets():
+    assert inferred_cause(EndFacts("broker_rst", "broker", idle_before_end_ms=30_500)).startswith(
+        "reset after 30.5 s idle, not sent by the broker")
+    assert "client side" in inferred_cause(EndFacts("client_rst", "client", idle_before_end_ms=5000))
+    assert inferred_cause(EndFacts("client_rst", "client", idle_before_end_ms=10)) is None
+    assert "connections.max.idle.ms" in inferred_cause(EndFacts("broker_fin", "broker", idle_before_end_ms=600_000))
+
+
+def test_netfilter_local_plan_skips_mark_and_removal_mirrors():
+    plan = RulePlan("local", 15092, [(None, 9092), ("10.0.0.5", 9093), ("fd00::5", 9094)], mark=0x4B54)
+    add = build(plan)
+    text = [" ".join(c) for c in add]
+    assert "iptables -w -t nat -N KAFKATAP" in text
+    assert "iptables -w -t nat -A KAFKATAP -m mark --mark 0x4b54 -j RETURN" in text
+    assert text.index("iptables -w -t nat -A KAFKATAP -m mark --mark 0x4b54 -j RETURN") < \
+        text.index("iptables -w -t nat -A KAFKATAP -p tcp --dport 9092 -j REDIRECT --to-ports 15092")
+    assert "iptables -w -t nat -I OUTPUT -p tcp -j KAFKATAP" in text
+    assert any(t.startswith("ip6tables") and "fd00::5" in t for t in text)
+    assert not any(t.startswith("ip6tables") and "10.0.0.5" in t for t in text)
+    rm = [" ".join(c) for c in build_removal(plan)]
+    assert rm[:3] == ["iptables -w -t nat -D OUTPUT -p tcp -j KAFKATAP", "iptables -w -t nat -F KAFKATAP",
+                      "iptables -w -t nat -X KAFKATAP"]
+    with pytest.raises(ValueError, match="loop"):
+        RulePlan("local", 15092, [(None, 9092)])
+    gw = [" ".join(c) for c in build(RulePlan("gateway", 15092, [("10.0.0.5", 9092)], interface="eth1", ipv6=False))]
+    assert gw[-1] == "iptables -w -t nat -I PREROUTING -p tcp -i eth1 -j KAFKATAP"
+
+
+def test_fault_specs():
+    f = parse_fault_specs(["latency=to-broker:20:5", "bandwidth=both:1000000", "close-after=to-client:100",
+                           "idle-reset=30", "refuse"])
+    assert f.to_broker == DirectionFaults(latency_ms=20, jitter_ms=5, bandwidth_bps=1_000_000)
+    assert f.to_client == DirectionFaults(bandwidth_bps=1_000_000, close_after_bytes=100)
+    assert f.idle_reset_s == 30 and f.refuse_connections and f.active
+    assert not Faults().active
+    with pytest.raises(ValueError):
+        parse_fault_specs(["latency=sideways:1"])
+
+
+def test_routes_parse():
+    assert Route.parse("127.0.0.1:19092=broker:9092") == Route(("127.0.0.1", 19092), ("broker", 9092))
+    assert Route.parse(":15092") == Route(("0.0.0.0", 15092), None)
+    assert parse_hostport("[::1]:9092") == ("::1", 9092)

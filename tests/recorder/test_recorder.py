@@ -1,0 +1,301 @@
+"""ParquetRecorder with synthetic rows: round trip, metadata, drops, redaction, errors."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+import pytest
+from structlog.testing import capture_logs
+
+from proxy.recorder import ParquetRecorder, RecordingError, check_recording_dir, recover
+from proxy.recording_fixtures import SessionMix, connection_row, frame_row, tcp_row
+from proxy.recording_reader import (
+    RecordingFormatError, file_version, open_recording, read_recording, recording_files,
+)
+from proxy.schema import FORMAT_KEY, FORMAT_VERSION, arrow_schema
+
+
+def _files(root: Path, dataset: str) -> list[Path]:
+    return sorted((root / dataset).rglob("*.parquet"))
+
+
+def test_round_trip_all_datasets(make_recorder, rec_dir: Path) -> None:
+    r = make_recorder(capture="all")
+    rows = SessionMix(proxy_id="p1").rows(3000)
+    for row in rows:
+        r.request(row)
+    r.connection(connection_row("p1", "c00001"))
+    r.tcp(tcp_row("p1", "c00001"))
+    r.frame(frame_row("p1", "c00001", 3, b"\x00\x00\x00\x0c\x00\x03\x00\x0c\x00\x00\x00\x07", api_version=12))
+    r.close()
+
+    got = read_recording(rec_dir, "requests")
+    assert got.num_rows == len(rows)
+    assert got.schema.names[: len(arrow_schema("requests"))] == arrow_schema("requests").names
+    key = lambda d: (d["conn_id"], d["correlation_id"])  # noqa: E731
+    want = sorted(rows, key=key)
+    back = sorted(got.to_pylist(), key=key)
+    for w, b in zip(want[:200], back[:200]):
+        for k, v in w.items():
+            assert b[k] == v, k
+    assert set(got["proxy"].to_pylist()) == {"p1"}
+    for ds in ("connections", "tcp", "frames"):
+        assert read_recording(rec_dir, ds).num_rows == 1
+    for f in _files(rec_dir, "requests"):
+        md = pq.read_metadata(f).metadata
+        assert md[FORMAT_KEY] == str(FORMAT_VERSION).encode()
+        assert md[b"kafkatap.dataset"] == b"requests"
+        assert md[b"kafkatap.dropped_rows"] == b"0"
+        rel = f.relative_to(rec_dir / "requests").parts
+        assert rel[0] == "proxy=p1" and rel[1].startswith("date=") and rel[2].startswith("hour=")
+        assert f.name.startswith("part-")
+    assert not list(rec_dir.rglob(".tmp-*"))
+
+
+def test_flush_happens_every_interval(make_recorder, rec_dir: Path) -> None:
+    r = make_recorder(flush_interval_s=0.2, compact_interval_s=0)
+    for row in SessionMix().rows(100):
+        r.request(row)
+    deadline = time.monotonic() + 3
+    while not _files(rec_dir, "requests") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _files(rec_dir, "requests"), "nothing on disk within a few flush intervals"
+    assert read_recording(rec_dir, "requests").num_rows == 100  # before close
+
+
+def test_compaction_merges_flush_files(make_recorder, rec_dir: Path) -> None:
+    r = make_recorder(flush_interval_s=0.05, compact_interval_s=0.3)
+    mix = SessionMix()
+    for _ in range(8):
+        for row in mix.rows(200):
+            r.request(row)
+        time.sleep(0.07)
+    r.close()
+    files = _files(rec_dir, "requests")
+    assert 1 <= len(files) <= 3, files
+    assert any(f.name.count("-") == 4 for f in files), "a merged part-<run>-<first>-<last> file"
+    assert read_recording(rec_dir, "requests").num_rows == 1600
+
+
+def test_rows_partitioned_by_their_own_hour(make_recorder, rec_dir: Path) -> None:
+    r = make_recorder()
+    base = 1_763_000_000 * 10**9 // (3600 * 10**9) * 3600 * 10**9  # an hour boundary
+    mix = SessionMix(start_ns=base - 10**9, rate_per_s=1000)  # 1 s before the hour, 2 s of rows
+    for row in mix.rows(2000):
+        r.request(row)
+    r.close()
+    hours = {f.parent.name for f in _files(rec_dir, "requests")}
+    assert len(hours) == 2
+    t = read_recording(rec_dir, "requests")
+    for h, ts in zip(t["hour"].to_pylist(), t["req_first_ns"].to_pylist()):
+        assert h == time.gmtime(ts // 10**9).tm_hour
+
+
+def test_full_queue_drops_counts_logs_never_blocks(make_recorder, rec_dir: Path) -> None:
+    r = make_recorder(queue_rows=100, flush_interval_s=30)  # the writer will not drain during the test
+    rows = SessionMix().rows(1000)
+    with capture_logs() as logs:
+        t0 = time.perf_counter()
+        for row in rows:
+            r.request(row)
+        per_row_us = (time.perf_counter() - t0) / len(rows) * 1e6
+        assert per_row_us < 50, "enqueue must be O(1) and non-blocking"
+        assert r.dropped()["requests"] == 900
+        assert r.queue_depth()["requests"] == 100
+        r.close()
+    warnings = [e for e in logs if e["log_level"] == "warning" and "dropped" in e["event"]]
+    assert warnings and warnings[0]["dropped"] == 900 and warnings[0]["dataset"] == "requests"
+    files = _files(rec_dir, "requests")
+    assert sum(int(pq.read_metadata(f).metadata[b"kafkatap.dropped_rows"]) for f in files) == 900
+    assert read_recording(rec_dir, "requests").num_rows == 100
+
+
+def test_close_loses_nothing_under_steady_load(make_recorder, rec_dir: Path) -> None:
+    r = make_recorder(flush_interval_s=0.05, compact_interval_s=0.2)
+    mix = SessionMix()
+    n = 0
+    t_end = time.monotonic() + 1.0
+    while time.monotonic() < t_end:
+        for row in mix.rows(500):
+            r.request(row)
+            n += 1
+        time.sleep(0.01)
+    r.close()
+    assert r.dropped()["requests"] == 0
+    assert read_recording(rec_dir, "requests").num_rows == n
+
+
+def test_sasl_authenticate_frames_never_written(make_recorder, rec_dir: Path) -> None:
+    secret = b"\x00alice\x00s3cr3t-passw0rd"
+    r = make_recorder(capture="all")
+    sasl_req = len(secret).to_bytes(4, "big") + b"\x00\x24\x00\x02" + secret
+    r.frame(frame_row("p1", "c1", 36, sasl_req, api_version=2))
+    r.frame(frame_row("p1", "c1", 36, b"\x00\x00\x00\x08" + secret, direction="response"))
+    # a row that lies about its api key: the header inside the bytes says 36
+    r.frame(frame_row("p1", "c1", 3, sasl_req, api_version=2))
+    # raw SASL token (v0 handshake): no Kafka header to verify
+    r.frame(frame_row("p1", "c1", 3, secret))
+    ok = b"\x00\x00\x00\x0c\x00\x03\x00\x0c\x00\x00\x00\x07"
+    r.frame(frame_row("p1", "c1", 3, ok, api_version=12))
+    r.close()
+    assert r.frames_redacted == 4
+    t = read_recording(rec_dir, "frames")
+    assert t["data"].to_pylist() == [ok]
+    for f in rec_dir.rglob("*"):
+        if f.is_file():
+            assert b"s3cr3t" not in f.read_bytes()
+
+
+def test_capture_modes(make_recorder, tmp_path: Path) -> None:
+    req = frame_row("p1", "c1", 3, b"\x00\x00\x00\x0c\x00\x03\x00\x0c\x00\x00\x00\x07", api_version=12)
+    resp = frame_row("p1", "c1", 3, b"\x00\x00\x00\x04\x00\x00\x00\x07", direction="response", api_version=12)
+    counts = {}
+    for mode in ("none", "requests", "all"):
+        r = make_recorder(root=tmp_path / mode, capture=mode)
+        r.frame(dict(req))
+        r.frame(dict(resp))
+        r.close()
+        counts[mode] = read_recording(tmp_path / mode, "frames").num_rows
+    assert counts == {"none": 0, "requests": 1, "all": 2}
+
+
+def test_bad_row_is_dropped_not_the_batch(make_recorder, rec_dir: Path) -> None:
+    r = make_recorder()
+    rows = SessionMix().rows(50)
+    bad = dict(rows[0], api_key="not-a-number")
+    for row in rows[1:25] + [bad] + rows[25:]:
+        r.request(row)
+    r.close()
+    assert read_recording(rec_dir, "requests").num_rows == 49
+    assert r.dropped()["requests"] == 1
+
+
+def test_unwritable_dir_is_a_clear_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    with pytest.raises(RecordingError, match="cannot write recordings to .*a-file"):
+        check_recording_dir(blocker / "rec")
+    with pytest.raises(RecordingError, match="cannot write recordings"):
+        ParquetRecorder(blocker / "rec", "p1").start()
+
+
+def test_not_enough_free_space_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(RecordingError, match="MiB free"):
+        ParquetRecorder(tmp_path / "rec", "p1", min_free_bytes=1 << 62).start()
+
+
+def test_disk_failure_at_runtime_drops_and_counts(make_recorder, rec_dir: Path, monkeypatch) -> None:
+    r = make_recorder(flush_interval_s=30)
+    for row in SessionMix().rows(10):
+        r.request(row)
+
+    def boom(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pq, "write_table", boom)
+    with capture_logs() as logs:
+        r._flush(final=False)
+    monkeypatch.undo()
+    assert r.dropped()["requests"] == 10
+    assert any(e["event"].startswith("recording write failed") for e in logs)
+    assert not list(rec_dir.rglob(".tmp-*"))
+    for row in SessionMix(seed=9).rows(5):
+        r.request(row)
+    r.close()
+    files = _files(rec_dir, "requests")
+    assert [pq.read_metadata(f).metadata[b"kafkatap.dropped_rows"] for f in files] == [b"10"]
+
+
+def test_recover_removes_tmp_and_superseded(rec_dir: Path) -> None:
+    d = rec_dir / "requests" / "proxy=p1" / "date=2026-01-01" / "hour=00"
+    d.mkdir(parents=True)
+    t = arrow_schema("requests").empty_table()
+    for name in ("part-20260101T000000Z-abcd-00000001.parquet", "part-20260101T000000Z-abcd-00000002.parquet",
+                 "part-20260101T000000Z-abcd-00000001-00000002.parquet",
+                 "part-20260101T000000Z-abcd-00000003.parquet"):
+        pq.write_table(t, d / name)
+    (d / ".tmp-part-20260101T000000Z-abcd-00000004.parquet").write_bytes(b"PAR1 half")
+    assert [p.name for p in recording_files(rec_dir, "requests")] == [
+        "part-20260101T000000Z-abcd-00000001-00000002.parquet", "part-20260101T000000Z-abcd-00000003.parquet"]
+    assert recover(rec_dir) == 3
+    assert sorted(p.name for p in d.iterdir()) == [
+        "part-20260101T000000Z-abcd-00000001-00000002.parquet", "part-20260101T000000Z-abcd-00000003.parquet"]
+
+
+def _write_versioned(path: Path, version: int, table: pa.Table) -> None:
+    md = dict(table.schema.metadata or {})
+    md[FORMAT_KEY] = str(version).encode()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table.replace_schema_metadata(md), path)
+
+
+def test_reader_refuses_newer_format(rec_dir: Path) -> None:
+    d = rec_dir / "requests" / "proxy=p1" / "date=2026-01-01" / "hour=00"
+    _write_versioned(d / "part-x-00000001.parquet", FORMAT_VERSION + 1, arrow_schema("requests").empty_table())
+    with pytest.raises(RecordingFormatError, match=f"version {FORMAT_VERSION + 1}.*upgrade kafkatap"):
+        read_recording(rec_dir, "requests")
+    with pytest.raises(RecordingFormatError, match="upgrade kafkatap"):
+        open_recording(rec_dir, "requests")
+
+
+def test_reader_migrates_older_format(rec_dir: Path, monkeypatch) -> None:
+    from proxy import recording_reader
+
+    # an "older" file: fewer columns, a renamed one (what a migration step fixes)
+    old = pa.table({"proxy_id": ["p1"], "conn_id": ["c1"], "correlation_id": pa.array([5], pa.int32()),
+                    "api": ["Produce"]})
+    d = rec_dir / "requests" / "proxy=p1" / "date=2026-01-01" / "hour=00"
+    _write_versioned(d / "part-x-00000001.parquet", 0, old)
+    monkeypatch.setitem(recording_reader.MIGRATIONS, 0,
+                        lambda t, ds: t.rename_columns(["api_name" if c == "api" else c for c in t.column_names]))
+    t = read_recording(rec_dir, "requests")
+    assert t.num_rows == 1 and t["api_name"].to_pylist() == ["Produce"]
+    assert t["api_key"].to_pylist() == [None]
+    assert file_version(d / "part-x-00000001.parquet") == 0
+
+
+def test_reader_refuses_foreign_parquet(rec_dir: Path) -> None:
+    d = rec_dir / "requests" / "proxy=p1" / "date=2026-01-01" / "hour=00"
+    d.mkdir(parents=True)
+    pq.write_table(pa.table({"x": [1]}), d / "part-foreign.parquet")
+    with pytest.raises(RecordingFormatError, match="not a kafkatap recording"):
+        read_recording(rec_dir, "requests")
+
+
+def test_open_recording_is_lazy_dataset_with_partitions(make_recorder, rec_dir: Path) -> None:
+    r = make_recorder()
+    for row in SessionMix().rows(500):
+        r.request(row)
+    r.close()
+    ds = open_recording(rec_dir, "requests")
+    t = ds.to_table(columns=["api_name", "proxy", "hour"], filter=pads.field("api_key") == 0)
+    assert t.num_rows > 0 and set(t["proxy"].to_pylist()) == {"p1"}
+    assert set(t["api_name"].to_pylist()) == {"Produce"}
+
+
+def test_bytes_per_request_row_within_target(make_recorder, rec_dir: Path) -> None:
+    """A typical produce/fetch mix at 20k req/s and 1 s flushes stays within 40 B per row on disk."""
+    r = make_recorder(flush_interval_s=30, compact_interval_s=0)
+    for row in SessionMix().rows(20_000):
+        r.request(row)
+    r.close()
+    size = sum(f.stat().st_size for f in _files(rec_dir, "requests"))
+    assert size / 20_000 <= 40, f"{size / 20_000:.1f} B/row"
+    assert os.path.getsize(_files(rec_dir, "requests")[0]) == size
+
+
+def test_startup_recovery_only_touches_own_proxy(rec_dir: Path) -> None:
+    mine = rec_dir / "requests" / "proxy=p1" / "date=2026-01-01" / "hour=00"
+    other = rec_dir / "requests" / "proxy=p2" / "date=2026-01-01" / "hour=00"
+    for d in (mine, other):
+        d.mkdir(parents=True)
+        (d / ".tmp-part-20260101T000000Z-abcd-00000009.parquet").write_bytes(b"in progress")
+    r = ParquetRecorder(rec_dir, "p1", fsync=False).start()
+    r.close()
+    assert not list(mine.glob(".tmp-*"))
+    assert list(other.glob(".tmp-*")), "another proxy's file being written must survive"

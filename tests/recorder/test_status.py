@@ -1,0 +1,186 @@
+"""LiveStats + the status HTTP server: /metrics parses with prometheus_client, /clients JSON shape, `top --once`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from prometheus_client.parser import text_string_to_metric_families
+
+from proxy.live import parse_metrics, render, top
+from proxy.metrics import LiveStats
+from proxy.recording import build_sinks
+from proxy.recording_fixtures import SessionMix, connection_row
+
+
+def _feed(sink, n: int = 400) -> list[dict]:
+    rows = SessionMix(connections=6).rows(n)
+    for row in rows:
+        sink.request(row)
+    sink.request(dict(rows[0], conn_id="c-admin", client_id="admin-tool", api_key=19, api_name="CreateTopics",
+                      api_version=7, errors=[{"code": 36, "name": "TOPIC_ALREADY_EXISTS", "topic": "orders",
+                                              "partition": None, "resource": None}], error_count=1))
+    sink.request(dict(rows[1], conn_id="c00000", status="no_response", answered=False, latency_us=None,
+                      broker_latency_us=None, response_bytes=None))
+    sink.connection(connection_row("p1", "c00005", final=True, end_reason="broker_fin", end_by="broker"))
+    sink.connection(connection_row("p1", "c-tls", final=True, opaque=True, tls=True, end_reason="client_fin"))
+    return rows
+
+
+class _Loop:
+    """An event loop in a thread, like the proxy's."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro, timeout: float = 10):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def call(self, fn, *a):
+        async def _c():
+            return fn(*a)
+        return self.run(_c())
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple]:
+    sink, hooks = build_sinks(tmp_path / "rec", "p1", status_addr="127.0.0.1:0", flush_interval_s=0.1)
+    lp = _Loop()
+    for h in hooks:
+        lp.run(h.start())
+    server = next(h.target for h in hooks if h.name == "status")
+    yield sink, hooks, lp, server
+    for h in reversed(hooks):
+        lp.run(h.stop())
+    lp.stop()
+
+
+def _get(server, path: str) -> tuple[int, dict, bytes]:
+    import http.client
+
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=5)
+    conn.request("GET", path)
+    resp = conn.getresponse()
+    body = resp.read()
+    conn.close()
+    return resp.status, dict(resp.getheaders()), body
+
+
+def test_metrics_parse_with_prometheus_client(served) -> None:
+    sink, hooks, lp, server = served
+    lp.call(_feed, sink)
+    status, headers, body = _get(server, "/metrics")
+    assert status == 200 and headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    fams = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    reqs = {(s.labels["api"], s.labels["version"]): s.value for s in fams["kafkatap_requests"].samples}
+    assert sum(reqs.values()) == 402 and reqs[("CreateTopics", "7")] == 1
+    errs = [s for s in fams["kafkatap_request_errors"].samples]
+    assert errs[0].labels["error"] == "TOPIC_ALREADY_EXISTS"
+    lat = fams["kafkatap_request_latency_us"]
+    assert lat.type == "histogram"
+    counts = [s for s in lat.samples if s.name.endswith("_count")]
+    assert sum(s.value for s in counts) == 401  # the acks=0 row has no latency
+    assert {"api", "broker"} <= set(counts[0].labels)
+    inf = [s for s in lat.samples if s.name.endswith("_bucket") and s.labels["le"] == "+Inf"]
+    assert sum(s.value for s in inf) == 401
+    assert "kafkatap_broker_latency_us" in fams
+    assert fams["kafkatap_open_connections"].samples[0].value == 6  # 6 + admin - 1 closed (c-tls only closes)
+    ends = {(s.labels["reason"], s.labels["by"]): s.value for s in fams["kafkatap_connection_ends"].samples}
+    assert ends[("broker_fin", "broker")] == 1
+    assert fams["kafkatap_opaque_connections"].samples[0].value == 1
+    assert {s.labels["dataset"] for s in fams["kafkatap_recording_dropped_rows"].samples} >= {"requests"}
+    assert "kafkatap_recording_queue_rows" in fams
+    assert fams["kafkatap_request_bytes"].samples and fams["kafkatap_response_bytes"].samples
+    unans = {s.labels["status"] for s in fams["kafkatap_requests_unanswered"].samples}
+    assert unans == {"no_response"}
+
+
+def test_clients_json_shape(served) -> None:
+    sink, hooks, lp, server = served
+    lp.call(_feed, sink)
+    status, headers, body = _get(server, "/clients")
+    assert status == 200 and headers["Content-Type"] == "application/json"
+    doc = json.loads(body)
+    assert doc["proxy_id"] == "p1" and doc["open_connections"] == 6
+    by_id = {c["conn_id"]: c for c in doc["clients"]}
+    prod = by_id["c00000"]
+    assert set(prod) >= {"client_id", "software", "role", "roles", "topics", "requests", "bytes_from_client",
+                         "bytes_from_broker", "last_seen_ns", "last_seen_s_ago", "client_addr", "broker_addr",
+                         "open"}
+    assert "producer" in prod["roles"] and prod["client_id"].startswith("producer")
+    assert "consumer" in by_id["c00001"]["roles"]
+    assert by_id["c-admin"]["role"] == "admin"
+    assert by_id["c00005"]["open"] is False and by_id["c00005"]["end_reason"] == "broker_fin"
+    assert by_id["c-tls"]["role"] == "opaque"
+    assert prod["requests"] > 0 and prod["bytes_from_client"] > 0 and prod["topics"]
+    assert any(c["software"] == "apache-kafka-java" for c in doc["clients"])
+
+
+def test_http_edge_cases(served) -> None:
+    sink, hooks, lp, server = served
+    assert _get(server, "/nope")[0] == 404
+    assert _get(server, "/healthz")[0] == 200
+    import http.client
+
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=5)
+    conn.request("POST", "/metrics", body=b"x")
+    assert conn.getresponse().status in (400, 405)
+    conn.close()
+    # keep-alive: two requests on one connection
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=5)
+    for _ in range(2):
+        conn.request("GET", "/metrics")
+        r = conn.getresponse()
+        assert r.status == 200 and r.read()
+    conn.close()
+
+
+def test_top_once_renders(served) -> None:
+    sink, hooks, lp, server = served
+    lp.call(_feed, sink)
+    result = CliRunner().invoke(top, ["--addr", f"127.0.0.1:{server.port}", "--once"])
+    assert result.exit_code == 0, result.output
+    assert "kafkatap top" in result.output and "producer-2" in result.output and "\x1b[" not in result.output
+    result = CliRunner().invoke(top, ["--addr", f"127.0.0.1:{server.port}", "--once", "--json"])
+    assert json.loads(result.output)["open_connections"] == 6
+
+
+def test_top_unreachable_is_clear() -> None:
+    result = CliRunner().invoke(top, ["--addr", "127.0.0.1:1", "--once"])
+    assert result.exit_code != 0 and "Is the proxy running with --status-addr" in result.output
+
+
+def test_render_rates_from_two_polls() -> None:
+    stats = LiveStats("p1")
+    _feed(stats, 100)
+    m1 = parse_metrics(stats.render_prometheus())
+    c1 = stats.clients_json()
+    from proxy.live import snapshot_counts
+
+    prev = (0.0, snapshot_counts(c1, m1))
+    _feed(stats, 100)
+    screen = render(stats.clients_json(), parse_metrics(stats.render_prometheus()), prev, 1.0, 200, 50, False)
+    assert "req/s" in screen and "p99" in screen
+
+
+def test_live_stats_per_row_cost_is_small() -> None:
+    import time
+
+    stats = LiveStats("p1")
+    rows = SessionMix().rows(20_000)
+    t0 = time.perf_counter()
+    for r in rows:
+        stats.request(r)
+    per_row_us = (time.perf_counter() - t0) / len(rows) * 1e6
+    assert per_row_us < 40, per_row_us

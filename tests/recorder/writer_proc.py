@@ -1,0 +1,46 @@
+"""A process that records rows at a steady rate until killed: the subject of the crash tests.
+
+Prints the number of rows handed to the recorder after every batch, so the
+test knows what was enqueued when it sends kill -9 / SIGTERM. On SIGTERM it
+closes the recorder (the proxy's shutdown path) and exits 0.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+
+from kafkatap.logs import configure_logging
+from proxy.recorder import ParquetRecorder
+from proxy.recording_fixtures import SessionMix
+
+
+def main(root: str, rate: int, flush: float, compact: float) -> None:
+    configure_logging("json", "info")  # logs to stderr: stdout carries the row counts
+    rec = ParquetRecorder(root, "crash", flush_interval_s=flush, compact_interval_s=compact, fsync=False).start()
+    stop = False
+
+    def on_term(*_):
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    mix = SessionMix(proxy_id="crash", connections=1)
+    n = 0
+    batch = max(1, rate // 50)
+    next_t = time.monotonic()
+    while not stop:
+        for row in mix.rows(batch):
+            n += 1
+            row["correlation_id"] = n  # unique: duplicates and gaps are visible
+            rec.request(row)
+        print(n, flush=True)
+        next_t += batch / rate
+        time.sleep(max(0.0, next_t - time.monotonic()))
+    rec.close()
+    print(f"closed {n}", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]))

@@ -1,0 +1,143 @@
+"""Real client sessions recorded through the kafkatap proxy, for the replay tests.
+
+Why a helper module (not fixtures only): the same recorded session feeds
+several tests and a manual probe; recording it is the slow part (a broker,
+two client libraries, a consumer group join), so tests share one recording.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from proxy.recording import build_sinks
+from proxy.server import RunningProxy
+
+OVERSIZE_BYTES = 60_000  # above the replay target's message.max.bytes, below the origin's default
+
+
+@dataclass
+class RecordedSession:
+    """What the tests need to know about a recording they made."""
+
+    path: Path
+    topic: str
+    group_kp: str
+    group_ck: str
+    produced_kp: int
+    produced_ck: int
+    oversize_topic: str
+    origin: str
+
+
+def _run_proxy(upstream: str, listen: str, out: Path, capture: str, proxy_id: str) -> tuple[RunningProxy, list]:
+    sink, hooks = build_sinks(out, proxy_id, capture=capture, flush_interval_s=0.2, compact_interval_s=0)
+    p = RunningProxy(upstream=upstream, listen=listen, sink=sink, proxy_id=proxy_id, capture=capture).start()
+    return p, hooks
+
+
+def _stop_proxy(p: RunningProxy, hooks: list) -> None:
+    p.stop()
+    for h in reversed(hooks):
+        if h.name == "recorder":
+            h.target.close()
+
+
+def create_topics_via_proxy(origin: str, listen: str, topics: dict[str, int]) -> None:
+    """Create topics through an unrecorded proxy (the broker advertises the proxy's address)."""
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    p = RunningProxy(upstream=origin, listen=listen).start()
+    try:
+        admin = KafkaAdminClient(bootstrap_servers=p.bootstrap, client_id="setup")
+        try:
+            admin.create_topics([NewTopic(t, n, 1) for t, n in topics.items()])
+        finally:
+            admin.close()
+    finally:
+        p.stop()
+
+
+def record_clients_session(origin: str, listen: str, out: Path, topic: str, *, capture: str = "requests",
+                           records: int = 5) -> RecordedSession:
+    """Record a kafka-python and a confluent-kafka session through a proxy in front of `origin`.
+
+    `listen` must be the address the origin broker advertises (advertised.listeners),
+    so that every connection the clients open after bootstrap goes through the proxy.
+
+    kafka-python: idempotent producer, consumer group (join, commit, leave),
+    one acks=0 produce of OVERSIZE_BYTES to its own topic.
+    confluent-kafka: idempotent producer and consumer group.
+    """
+    from confluent_kafka import Consumer, Producer
+    from kafka import KafkaConsumer, KafkaProducer
+
+    group_kp, group_ck = f"{topic}-g-kp", f"{topic}-g-ck"
+    oversize_topic = f"{topic}-big"
+    create_topics_via_proxy(origin, listen, {topic: 3, oversize_topic: 1})
+    p, hooks = _run_proxy(origin, listen, out, capture, "origin")
+    try:
+        boot = p.bootstrap
+        kp = KafkaProducer(bootstrap_servers=boot, enable_idempotence=True, acks="all", client_id="kp-producer",
+                           linger_ms=0)
+        for i in range(records):
+            kp.send(topic, key=b"k%d" % i, value=b"kafka-python %d" % i, partition=i % 3)
+        kp.flush(10)
+        kp.close(5)
+
+        kc = KafkaConsumer(topic, bootstrap_servers=boot, group_id=group_kp, client_id="kp-consumer",
+                           auto_offset_reset="earliest", enable_auto_commit=False, consumer_timeout_ms=8000)
+        got = 0
+        for _ in kc:
+            got += 1
+            if got >= records:
+                break
+        kc.commit()
+        kc.close()
+
+        big = KafkaProducer(bootstrap_servers=boot, acks=0, client_id="kp-oversize", max_request_size=1 << 20,
+                            linger_ms=0)
+        big.send(oversize_topic, value=b"x" * OVERSIZE_BYTES, partition=0)
+        big.flush(10)
+        time.sleep(0.3)
+        big.close(5)
+
+        cp = Producer({"bootstrap.servers": boot, "enable.idempotence": True, "client.id": "ck-producer",
+                       "linger.ms": 0})
+        for i in range(records):
+            cp.produce(topic, key=b"c%d" % i, value=b"confluent %d" % i, partition=i % 3)
+        cp.flush(10)
+
+        cc = Consumer({"bootstrap.servers": boot, "group.id": group_ck, "client.id": "ck-consumer",
+                       "auto.offset.reset": "earliest", "enable.auto.commit": False})
+        cc.subscribe([topic])
+        got = 0
+        deadline = time.monotonic() + 20
+        while got < 2 * records and time.monotonic() < deadline:
+            m = cc.poll(0.5)
+            if m is not None and not m.error():
+                got += 1
+        cc.commit(asynchronous=False)
+        cc.close()
+        del cp
+    finally:
+        _stop_proxy(p, hooks)
+    return RecordedSession(out, topic, group_kp, group_ck, records, records, oversize_topic, origin)
+
+
+def record_paced_producer(origin: str, listen: str, out: Path, topic: str, *, sends: int = 8, gap_s: float = 0.25,
+                          capture: str = "requests", client_id: str = "paced-producer") -> None:
+    """A producer that sends one record every `gap_s` (acks=1, each awaited): a known rhythm for --speed."""
+    from kafka import KafkaProducer
+
+    create_topics_via_proxy(origin, listen, {topic: 1})
+    p, hooks = _run_proxy(origin, listen, out, capture, "origin")
+    try:
+        prod = KafkaProducer(bootstrap_servers=p.bootstrap, acks=1, linger_ms=0, client_id=client_id)
+        for i in range(sends):
+            prod.send(topic, value=b"tick %d" % i).get(10)
+            time.sleep(gap_s)
+        prod.close(5)
+    finally:
+        _stop_proxy(p, hooks)

@@ -1,0 +1,163 @@
+"""Replay against real brokers: record real client sessions through the proxy on broker A, replay on B.
+
+B is a fresh broker with message.max.bytes=20000, so the recorded acks=0
+produce of 60 kB (accepted by A) makes B hang up, which the replay's own
+recording and `analyze --compare` must show.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pytest
+from click.testing import CliRunner
+
+from proxy.recording_reader import read_recording
+from replay_sessions import OVERSIZE_BYTES, RecordedSession, record_clients_session, record_paced_producer
+from scenarios.kafka import LocalKafka, free_port
+from scenarios.replay.cli import replay
+from scenarios.replay.engine import ReplayOptions, run_replay
+from scenarios.replay.load import Filters, load_recording
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+
+@dataclass
+class Brokers:
+    a: LocalKafka
+    a_listen: str  # the proxy address A advertises
+    b: LocalKafka
+
+    @property
+    def a_upstream(self) -> str:
+        return f"127.0.0.1:{self.a.port}"
+
+
+@pytest.fixture(scope="module")
+def brokers() -> Iterator[Brokers]:
+    port = free_port()
+    a = LocalKafka(broker_props={"advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}"})
+    b = LocalKafka(broker_props={"message.max.bytes": 20000})
+    a.start()
+    try:
+        b.start()
+        try:
+            yield Brokers(a, f"127.0.0.1:{port}", b)
+        finally:
+            b.stop()
+            b.cleanup()
+    finally:
+        a.stop()
+        a.cleanup()
+
+
+@pytest.fixture(scope="module")
+def session(brokers: Brokers, tmp_path_factory: pytest.TempPathFactory) -> RecordedSession:
+    out = tmp_path_factory.mktemp("replay") / "rec"
+    return record_clients_session(brokers.a_upstream, brokers.a_listen, out, "orders")
+
+
+@dataclass
+class Replayed:
+    out: Path
+    stdout: str
+
+
+@pytest.fixture(scope="module")
+def replayed(brokers: Brokers, session: RecordedSession) -> Replayed:
+    out = session.path.parent / "replay-out"
+    res = CliRunner().invoke(replay, [str(session.path), "--target", brokers.b.bootstrap, "--record", str(out), "--yes"])
+    assert res.exit_code == 0, res.output
+    return Replayed(out, res.output)
+
+
+def _committed(bootstrap: str, group: str, topic: str) -> int:
+    from kafka import KafkaConsumer, TopicPartition
+
+    c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    try:
+        return sum(c.committed(TopicPartition(topic, p)) or 0 for p in range(3))
+    finally:
+        c.close()
+
+
+def test_replay_on_b_produces_joins_and_is_recorded(brokers: Brokers, session: RecordedSession, replayed: Replayed):
+    from kafka import KafkaConsumer
+
+    assert "Replay plan" in replayed.stdout and "skipped" in replayed.stdout
+    assert "producer_id_unmapped" not in replayed.stdout, replayed.stdout
+    # produced records arrive on B (idempotent producers: producer ids rewritten, CRCs valid)
+    c = KafkaConsumer(session.topic, bootstrap_servers=brokers.b.bootstrap, auto_offset_reset="earliest",
+                      consumer_timeout_ms=5000)
+    values = sorted(m.value for m in c)
+    c.close()
+    expected = sorted([b"kafka-python %d" % i for i in range(5)] + [b"confluent %d" % i for i in range(5)])
+    assert values == expected
+    # both groups joined on B and committed what the recorded consumers committed
+    assert _committed(brokers.b.bootstrap, session.group_kp, session.topic) == 5
+    assert _committed(brokers.b.bootstrap, session.group_ck, session.topic) == 10
+    req = read_recording(replayed.out, "requests").to_pylist()
+    syncs = [r for r in req if r["api_name"] == "SyncGroup"]
+    assert {r["client_id"] for r in syncs} == {"kp-consumer", "ck-consumer"}
+    assert all(r["answered"] and not r["error_count"] for r in syncs)
+    produced = [r for r in req if r["api_name"] == "Produce" and r["acks"] != 0]
+    assert produced and all(r["answered"] and not r["error_count"] for r in produced)
+    # the oversize acks=0 produce: B hung up, A had not
+    ends = {(r["proxy_id"], r["conn_id"]): r for r in read_recording(replayed.out, "connections").to_pylist() if r["final"]}
+    big = [r for r in ends.values() if r["last_request_acks"] == 0 and (r["last_request_bytes"] or 0) > OVERSIZE_BYTES]
+    assert len(big) == 1 and big[0]["end_by"] == "broker", big
+    orig = [r for r in read_recording(session.path, "connections").to_pylist()
+            if r["final"] and r["last_request_acks"] == 0 and (r["last_request_bytes"] or 0) > OVERSIZE_BYTES]
+    assert len(orig) == 1 and orig[0]["end_by"] == "client"
+    assert "the target closed 1 connection(s)" in replayed.stdout
+
+
+@pytest.mark.spark
+def test_analyze_compare_reports_the_connection_b_closed(session: RecordedSession, replayed: Replayed, tmp_path: Path):
+    from analytics.job import run_analysis
+
+    result = run_analysis([], tmp_path / "cmp", compare=(session.path, replayed.out), compare_mode="auto",
+                          progress=False, report=False, csv=False)
+    assert result.compare_mode == "sequence"
+    differ = [r for r in result.tables["compare_ends"] if r["same"] is False]
+    assert any(r["client_id"] == "kp-oversize" and r["end_by_a"] == "client" and r["end_by_b"] == "broker"
+               for r in differ), result.tables["compare_ends"]
+    assert "compare_ends_differ" in result.finding_ids()
+
+
+def _span(path: Path, client: str) -> float:
+    t = read_recording(path, "requests")
+    t = t.filter(pc.equal(t["client_id"], client))
+    ts = t["req_first_ns"]
+    return (pc.max(ts).as_py() - pc.min(ts).as_py()) / 1e9
+
+
+def test_speed_two_halves_the_span(brokers: Brokers, tmp_path: Path):
+    rec = tmp_path / "paced"
+    record_paced_producer(brokers.a_upstream, brokers.a_listen, rec, "paced", sends=8, gap_s=0.25)
+    recorded = _span(rec, "paced-producer")
+    assert recorded > 1.5
+    ratios = {}
+    for speed in (1.0, 2.0):
+        out = tmp_path / f"out-{speed}"
+        result = run_replay(load_recording(rec, Filters(clients=("paced-producer",))),
+                            ReplayOptions(target=brokers.b.bootstrap, speed=speed, record_dir=out))
+        assert result.failed == 0 and not result.skipped, result.summary()
+        ratios[speed] = _span(out, "paced-producer") / recorded
+    print(f"span ratios (replay/recorded): {ratios}")
+    assert abs(ratios[1.0] - 1.0) <= 0.10, ratios
+    assert abs(ratios[2.0] - 0.5) <= 0.05, ratios  # half the span, within 10 %
+
+
+def test_real_recording_without_raw_capture_is_refused(brokers: Brokers, tmp_path: Path):
+    rec = tmp_path / "nocapture"
+    record_paced_producer(brokers.a_upstream, brokers.a_listen, rec, "nocap", sends=1, gap_s=0, capture="none")
+    assert read_recording(rec, "requests").num_rows > 0
+    res = CliRunner().invoke(replay, [str(rec), "--target", brokers.b.bootstrap, "--yes"])
+    assert res.exit_code == 2
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "--capture requests" in lines[0], res.output

@@ -1,0 +1,332 @@
+"""Pure-function tests for every replay rewrite (no broker, no sockets).
+
+Frames are built with kafka-python's codec (tests/replay/frames.py) and the
+results re-parsed with kafka-python: record batches through its
+DefaultRecordBatch reader, whose `validate_crc()` checks our CRC-32C.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from scenarios.replay.rewrite import (
+    ConnState,
+    Pending,
+    ReplayState,
+    Send,
+    Skip,
+    crc32c,
+    decode_request_body,
+    expects_response,
+    learn_from_response,
+    parse_request,
+    parse_topic_map,
+    produce_acks,
+    records_producer_ids,
+    request_topics,
+    response_correlation_id,
+    rewrite_batch_producer,
+    rewrite_records_producer,
+    rewrite_request,
+    sasl_plain_authenticate,
+    set_correlation_id,
+)
+from replay_frames import batch, cls, parse_batch, produce, request, response
+
+MEMBER_ID_REQUIRED = 79
+
+
+def body(data: bytes):
+    return decode_request_body(parse_request(data))
+
+
+def batches_of(records: bytes) -> list:
+    out, p = [], 0
+    while p < len(records):
+        size = 12 + int.from_bytes(records[p + 8:p + 12], "big")
+        out.append(parse_batch(records[p:p + size]))
+        p += size
+    return out
+
+
+# ----------------------------------------------------------------------------- CRC and batches
+def test_crc32c_known_vectors():
+    assert crc32c(b"123456789") == 0xE3069283  # the Castagnoli check value
+    assert crc32c(b"") == 0
+
+
+@pytest.mark.parametrize("compression", [0, 1])  # none, gzip: records stay untouched either way
+def test_batch_producer_rewrite_keeps_records_and_crc_valid(compression):
+    original = batch(producer_id=5, epoch=0, base_sequence=0, records=4, compression=compression)
+    new = rewrite_batch_producer(original, 987654321, 7)
+    b = parse_batch(new)
+    assert b.validate_crc()
+    assert (b.producer_id, b.producer_epoch, b.base_sequence) == (987654321, 7, 0)
+    assert [(r.key, r.value) for r in b] == [(b"k%d" % i, b"value-%d" % i) for i in range(4)]
+    assert len(new) == len(original)
+    assert not parse_batch(original[:17] + b"\0\0\0\0" + original[21:]).validate_crc()  # the reader does check
+
+
+def test_records_rewrite_touches_only_idempotent_batches():
+    idem = batch(producer_id=5, epoch=1, base_sequence=0)
+    plain = batch(producer_id=-1)
+    other = batch(producer_id=6, epoch=0, base_sequence=3)
+    records = idem + plain + other
+    assert records_producer_ids(records) == [(5, 1), (6, 0)]
+    new, changed = rewrite_records_producer(records, lambda pid, ep: (100, 2) if pid == 5 else None)
+    assert changed == 1
+    a, b, c = batches_of(new)
+    assert a.validate_crc() and (a.producer_id, a.producer_epoch) == (100, 2)
+    assert b.producer_id == -1 and new[len(idem):len(idem) + len(plain)] == plain
+    assert c.producer_id == 6 and new[-len(other):] == other
+
+
+def test_correlation_id_and_header_fields():
+    data = request(18, 3, cid=41, client_id="abc", client_software_name="x", client_software_version="1")
+    f = parse_request(data)
+    assert (f.api_key, f.api_version, f.correlation_id, f.client_id) == (18, 3, 41, "abc")
+    g = parse_request(set_correlation_id(data, 9))
+    assert g.correlation_id == 9 and g.client_id == "abc" and g.data[12:] == data[12:]
+    resp = response(18, 3, cid=9, error_code=0, api_keys=[], throttle_time_ms=0)
+    assert response_correlation_id(resp) == 9
+    with pytest.raises(ValueError):
+        parse_request(data[:-1])
+
+
+def test_acks_zero_expects_no_response():
+    for version in (3, 9):
+        f = parse_request(produce({0: batch()}, acks=0, version=version, transactional_id="t" if version == 9 else None))
+        assert produce_acks(f) == 0 and not expects_response(f)
+        f1 = parse_request(produce({0: batch()}, acks=1, version=version))
+        assert produce_acks(f1) == 1 and expects_response(f1)
+    out = rewrite_request(parse_request(produce({0: batch()}, acks=0)), ReplayState(), ConnState())
+    assert isinstance(out, Send) and not out.expects_response
+
+
+def test_unchanged_request_is_sent_byte_for_byte():
+    data = request(3, 12, topics=[cls(3).MetadataRequestTopic(version=12, name="orders", topic_id=None)],
+                   allow_auto_topic_creation=True, include_topic_authorized_operations=False)
+    out = rewrite_request(parse_request(data), ReplayState(), ConnState())
+    assert isinstance(out, Send) and out.data == data and out.rewrites == ()
+
+
+# ----------------------------------------------------------------------------- producers
+def init_producer_response(pid: int, epoch: int, error: int = 0) -> bytes:
+    return response(22, 4, producer_id=pid, producer_epoch=epoch, error_code=error, throttle_time_ms=0)
+
+
+def test_produce_producer_id_mapped_from_the_targets_init_producer_id():
+    state, conn = ReplayState(), ConnState("test-client")
+    init = parse_request(request(22, 4, transactional_id=None, transaction_timeout_ms=0, producer_id=-1, producer_epoch=-1))
+    assert isinstance(rewrite_request(init, state, conn), Send)
+    data = produce({0: batch(producer_id=5, epoch=0, base_sequence=0), 1: batch(producer_id=5, epoch=0, base_sequence=0)})
+    assert rewrite_request(parse_request(data), state, conn) == Pending("producer_id_unmapped")
+    learn_from_response(init, init_producer_response(0, 0, error=51), state, conn)  # CONCURRENT_TRANSACTIONS-ish: no id
+    assert isinstance(rewrite_request(parse_request(data), state, conn), Pending)
+    learn_from_response(init, init_producer_response(4242, 3), state, conn)
+    out = rewrite_request(parse_request(data), state, conn)
+    assert isinstance(out, Send) and "producer_id" in out.rewrites
+    f = parse_request(out.data)
+    assert (f.correlation_id, f.client_id) == (7, "test-client")
+    for part in body(out.data).topic_data[0].partition_data:
+        (b,) = batches_of(bytes(part.records))
+        assert b.validate_crc() and (b.producer_id, b.producer_epoch) == (4242, 3)
+        assert [r.value for r in b] == [b"value-0", b"value-1", b"value-2"]
+    # the mapping sticks for later batches of the same recorded producer
+    again = rewrite_request(parse_request(produce({2: batch(producer_id=5, epoch=0, base_sequence=3)})), state, conn)
+    assert isinstance(again, Send)
+    (b,) = batches_of(bytes(body(again.data).topic_data[0].partition_data[0].records))
+    assert (b.producer_id, b.base_sequence) == (4242, 3) and b.validate_crc()
+
+
+def test_newest_init_of_the_client_wins():
+    """A retried InitProducerId allocates a new id; the client produces with the last one."""
+    state, conn = ReplayState(), ConnState("test-client")
+    init = parse_request(request(22, 4, transactional_id=None, transaction_timeout_ms=0, producer_id=-1, producer_epoch=-1))
+    learn_from_response(init, init_producer_response(10, 0), state, conn)
+    learn_from_response(init, init_producer_response(11, 0), state, conn)
+    out = rewrite_request(parse_request(produce({0: batch(producer_id=5, epoch=0, base_sequence=0)})), state, conn)
+    (b,) = batches_of(bytes(body(out.data).topic_data[0].partition_data[0].records))
+    assert b.producer_id == 11
+    # another client's init is not used for this client's producer
+    other = parse_request(produce({0: batch(producer_id=9, epoch=0, base_sequence=0)}, client_id="other"))
+    assert isinstance(rewrite_request(other, state, ConnState("other")), Pending)
+
+
+def test_transactional_apis_use_the_transactional_ids_producer():
+    state, conn = ReplayState(), ConnState("test-client")
+    init = parse_request(request(22, 4, transactional_id="tx-1", transaction_timeout_ms=60000, producer_id=-1, producer_epoch=-1))
+    learn_from_response(init, init_producer_response(777, 4), state, conn)
+    A = cls(24)
+    add = request(24, 3, v3_and_below_transactional_id="tx-1", v3_and_below_producer_id=12,
+                  v3_and_below_producer_epoch=0,
+                  v3_and_below_topics=[A.AddPartitionsToTxnTopic(version=3, name="orders", partitions=[0])])
+    out = rewrite_request(parse_request(add), state, conn)
+    assert isinstance(out, Send)
+    m = body(out.data)
+    assert (m.v3_and_below_producer_id, m.v3_and_below_producer_epoch) == (777, 4)
+    end = request(26, 3, transactional_id="tx-1", producer_id=12, producer_epoch=0, committed=True)
+    m = body(rewrite_request(parse_request(end), state, conn).data)
+    assert (m.producer_id, m.producer_epoch) == (777, 4)
+    data = produce({0: batch(producer_id=12, epoch=0, base_sequence=0, transactional=True)}, transactional_id="tx-1")
+    (b,) = batches_of(bytes(body(rewrite_request(parse_request(data), state, conn).data).topic_data[0].partition_data[0].records))
+    assert b.validate_crc() and (b.producer_id, b.producer_epoch) == (777, 4) and b.is_transactional
+
+
+# ----------------------------------------------------------------------------- fetch sessions
+def fetch(session_id: int, epoch: int, version: int = 12, topic: str = "orders", topic_id: uuid.UUID | None = None) -> bytes:
+    F = cls(1)
+    t = F.FetchTopic(version=version, partitions=[F.FetchTopic.FetchPartition(
+        version=version, partition=0, current_leader_epoch=-1, fetch_offset=0, last_fetched_epoch=-1,
+        log_start_offset=-1, partition_max_bytes=1 << 20)])
+    if version >= 13:
+        t.topic_id = topic_id
+    else:
+        t.topic = topic
+    return request(1, version, replica_id=-1, max_wait_ms=500, min_bytes=1, max_bytes=1 << 20, isolation_level=0,
+                   session_id=session_id, session_epoch=epoch, topics=[t], forgotten_topics_data=[], rack_id="")
+
+
+def fetch_response(session_id: int, error: int = 0, version: int = 12) -> bytes:
+    return response(1, version, throttle_time_ms=0, error_code=error, session_id=session_id, responses=[])
+
+
+def test_fetch_sessions_follow_the_target():
+    state, conn = ReplayState(), ConnState()
+    create = parse_request(fetch(0, 0))
+    out = rewrite_request(create, state, conn)
+    assert isinstance(out, Send) and out.data == create.data  # creating a session: as recorded
+    assert rewrite_request(parse_request(fetch(555, 1)), state, conn) == Pending("fetch_session_unmapped")
+    learn_from_response(create, fetch_response(9001), state, conn)
+    for epoch in (1, 2):
+        m = body(rewrite_request(parse_request(fetch(555, epoch)), state, conn).data)
+        assert (m.session_id, m.session_epoch) == (9001, epoch)
+    sessionless = parse_request(fetch(0, -1))
+    assert rewrite_request(sessionless, state, conn).data == sessionless.data
+
+
+def test_fetch_session_not_granted_goes_out_sessionless():
+    state, conn = ReplayState(), ConnState()
+    create = parse_request(fetch(0, 0))
+    learn_from_response(create, fetch_response(0), state, conn)
+    m = body(rewrite_request(parse_request(fetch(555, 3)), state, conn).data)
+    assert (m.session_id, m.session_epoch) == (0, -1)
+    assert state.notes["fetch_session_not_granted_sent_full"] == 1
+
+
+def test_fetch_full_mode_sends_every_fetch_sessionless():
+    state = ReplayState(fetch_mode="full")
+    for sid, ep in ((0, 0), (555, 4)):
+        m = body(rewrite_request(parse_request(fetch(sid, ep)), state, ConnState()).data)
+        assert (m.session_id, m.session_epoch) == (0, -1)
+
+
+def test_fetch_topic_ids_translated_through_names():
+    rec_id, tgt_id = uuid.uuid4(), uuid.uuid4()
+    state = ReplayState(recorded_topic_ids={str(rec_id): "orders"}, target_topic_ids={"orders": str(tgt_id)})
+    out = rewrite_request(parse_request(fetch(0, -1, version=16, topic_id=rec_id)), state, ConnState())
+    assert isinstance(out, Send) and body(out.data).topics[0].topic_id == tgt_id
+    assert request_topics(parse_request(fetch(0, -1, version=16, topic_id=rec_id))) == {f"id:{rec_id}": {0}}
+    unknown = rewrite_request(parse_request(fetch(0, -1, version=16, topic_id=uuid.uuid4())), state, ConnState())
+    assert unknown == Skip("topic_id_unmapped")
+    state.target_topic_ids.clear()
+    assert rewrite_request(parse_request(fetch(0, -1, version=16, topic_id=rec_id)), state, ConnState()) == Skip("topic_missing_on_target")
+
+
+def test_metadata_response_teaches_target_topic_ids():
+    state, conn = ReplayState(), ConnState()
+    tid = uuid.uuid4()
+    R = cls(3, False)
+    md = parse_request(request(3, 12, topics=None, allow_auto_topic_creation=False, include_topic_authorized_operations=False))
+    resp = response(3, 12, throttle_time_ms=0, brokers=[], cluster_id="c", controller_id=1, topics=[
+        R.MetadataResponseTopic(version=12, error_code=0, name="orders", topic_id=tid, is_internal=False, partitions=[],
+                                authorized_operations=None)])
+    learn_from_response(md, resp, state, conn)
+    assert state.target_topic_ids == {"orders": str(tid)}
+
+
+# ----------------------------------------------------------------------------- consumer groups
+def join(member: str, version: int = 7) -> bytes:
+    J = cls(11)
+    return request(11, version, group_id="g1", session_timeout_ms=45000, rebalance_timeout_ms=300000, member_id=member,
+                   group_instance_id=None, protocol_type="consumer",
+                   protocols=[J.JoinGroupRequestProtocol(version=version, name="range", metadata=b"\x00\x00meta")])
+
+
+def join_response(member: str, generation: int, error: int = 0, version: int = 7) -> bytes:
+    return response(11, version, throttle_time_ms=0, error_code=error, generation_id=generation, protocol_type="consumer",
+                    protocol_name="range", leader=member, member_id=member, members=[])
+
+
+def test_group_member_id_and_generation_come_from_the_target():
+    state, conn = ReplayState(topic_map={"range": "should-not-apply"}), ConnState()
+    first = parse_request(join(""))
+    assert rewrite_request(first, state, conn).data == first.data
+    learn_from_response(first, join_response("target-m1", -1, MEMBER_ID_REQUIRED), state, conn)
+    out = rewrite_request(parse_request(join("origin-m1")), state, conn)
+    m = body(out.data)
+    assert m.member_id == "target-m1" and m.protocols[0].name == "range"
+    learn_from_response(parse_request(out.data), join_response("target-m1", 5), state, conn)
+    assert state.generations["g1"] == 5
+
+    S = cls(14)
+    sync = request(14, 5, group_id="g1", generation_id=1, member_id="origin-m1", group_instance_id=None,
+                   protocol_type="consumer", protocol_name="range",
+                   assignments=[S.SyncGroupRequestAssignment(version=5, member_id="origin-m1", assignment=b"\x00\x01")])
+    m = body(rewrite_request(parse_request(sync), state, conn).data)
+    assert (m.member_id, m.generation_id, m.assignments[0].member_id) == ("target-m1", 5, "target-m1")
+    hb = request(12, 4, group_id="g1", generation_id=1, member_id="origin-m1", group_instance_id=None)
+    m = body(rewrite_request(parse_request(hb), state, conn).data)
+    assert (m.member_id, m.generation_id) == ("target-m1", 5)
+    C = cls(8)
+    commit = request(8, 8, group_id="g1", generation_id_or_member_epoch=1, member_id="origin-m1", group_instance_id=None,
+                     topics=[C.OffsetCommitRequestTopic(version=8, name="orders", partitions=[
+                         C.OffsetCommitRequestTopic.OffsetCommitRequestPartition(
+                             version=8, partition_index=0, committed_offset=3, committed_leader_epoch=-1,
+                             committed_metadata="")])])
+    m = body(rewrite_request(parse_request(commit), state, conn).data)
+    assert (m.member_id, m.generation_id_or_member_epoch, m.topics[0].partitions[0].committed_offset) == ("target-m1", 5, 3)
+    L = cls(13)
+    leave = request(13, 5, group_id="g1", members=[L.MemberIdentity(version=5, member_id="origin-m1", group_instance_id=None, reason=None)])
+    assert body(rewrite_request(parse_request(leave), state, conn).data).members[0].member_id == "target-m1"
+
+
+def test_group_requests_wait_for_the_join_and_unknown_rejoin_negotiates():
+    state, conn = ReplayState(), ConnState()
+    hb = parse_request(request(12, 4, group_id="g1", generation_id=1, member_id="origin-m1", group_instance_id=None))
+    assert isinstance(rewrite_request(hb, state, conn), Pending)
+    out = rewrite_request(parse_request(join("origin-m1")), state, conn)
+    assert isinstance(out, Send) and out.rewrites == ("member_id_negotiate",) and body(out.data).member_id == ""
+    # a simple (group-less generation -1) commit needs nothing from the target
+    C = cls(8)
+    commit = request(8, 8, group_id="g1", generation_id_or_member_epoch=-1, member_id="", group_instance_id=None, topics=[])
+    assert rewrite_request(parse_request(commit), state, conn).data == commit
+
+
+# ----------------------------------------------------------------------------- topics, SASL
+def test_topic_map_renames_every_topic_field():
+    state = ReplayState(topic_map={"orders": "orders-staging"})
+    data = produce({0: batch()}, topic="orders")
+    out = rewrite_request(parse_request(data), state, ConnState())
+    assert body(out.data).topic_data[0].name == "orders-staging" and out.rewrites == ("topic_renamed",)
+    assert body(rewrite_request(parse_request(fetch(0, -1)), state, ConnState()).data).topics[0].topic == "orders-staging"
+    md = request(3, 12, topics=[cls(3).MetadataRequestTopic(version=12, name="orders", topic_id=None)],
+                 allow_auto_topic_creation=True, include_topic_authorized_operations=False)
+    assert body(rewrite_request(parse_request(md), state, ConnState()).data).topics[0].name == "orders-staging"
+    assert body(rewrite_request(parse_request(join("")), state, ConnState()).data).protocols[0].name == "range"
+    assert parse_topic_map(["a=b", "c=d"]) == {"a": "b", "c": "d"}
+    with pytest.raises(ValueError):
+        parse_topic_map(["nope"])
+
+
+def test_sasl_needs_credentials_and_uses_plain():
+    hs = parse_request(request(17, 1, mechanism="SCRAM-SHA-256"))
+    assert rewrite_request(hs, ReplayState(), ConnState()) == Skip("sasl_needs_credentials")
+    out = rewrite_request(hs, ReplayState(sasl_mechanism="PLAIN"), ConnState())
+    assert body(out.data).mechanism == "PLAIN"
+    auth = parse_request(sasl_plain_authenticate(2, "alice", "s3cret", "cli", 5))
+    assert (auth.api_key, auth.api_version, auth.correlation_id, auth.client_id) == (36, 2, 5, "cli")
+    assert body(auth.data).auth_bytes == b"\x00alice\x00s3cret"
+    assert rewrite_request(auth, ReplayState(sasl_mechanism="PLAIN"), ConnState()) == Skip("sasl_authenticate_not_recorded")

@@ -1,0 +1,122 @@
+"""The scenario framework without Spark: catalog shape, chains, traffic drivers on a real broker, cleanup.
+
+Fast checks that a broken catalog module or a driver regression shows up
+before the minutes-long end-to-end runs in test_scenarios.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from scenarios.catalog import MODULES, all_scenarios, get
+from scenarios.clients import ClientSpec, command_for, run_client
+from scenarios.runner import _proxy_order, create_topics, run_scenario
+from scenarios.spec import Broker, Expect, Proxy, Report, Scenario
+
+
+def test_catalog_is_complete_and_well_formed() -> None:
+    names = [s.name for s in all_scenarios()]
+    assert names == ["batch-too-large", "idle-firewall", "who-is-writing", "connection-surge", "no-window-scaling",
+                     "middlebox-latency"]
+    assert len(MODULES) == len(names)
+    for s in all_scenarios():
+        assert s.expect, f"{s.name} expects nothing"
+        assert s.story and s.clients
+        s.entry_proxy()  # resolvable
+        _proxy_order(s.proxies)
+        for c in s.clients:
+            assert c.count or c.duration_s, f"{s.name}/{c.name} is unbounded"
+    assert get("no-window-scaling").needs_root and not get("batch-too-large").needs_root
+
+
+def test_chain_order_and_entry() -> None:
+    s = get("middlebox-latency")
+    assert [p.name for p in _proxy_order(s.proxies)] == ["B", "middlebox", "A"]
+    assert s.entry_proxy().name == "A"
+    with pytest.raises(ValueError):
+        _proxy_order([Proxy("x", upstream="y"), Proxy("y", upstream="x")])
+
+
+def test_expect_reads_findings_json(tmp_path) -> None:
+    (tmp_path / "findings.json").write_text(json.dumps({"findings": [{"id": "a", "title": "A", "evidence": {"n": 3}}]}))
+    rep = Report(tmp_path)
+    assert Expect("a").problems(rep) == []
+    assert Expect("b").problems(rep) == ["expected finding b missing"]
+    assert Expect("a", absent=True).problems(rep)
+    assert Expect("a", lambda f, r: None if f[0]["evidence"]["n"] == 3 else "bad").problems(rep) == []
+    assert Expect("a", lambda f, r: "n too small").problems(rep) == ["finding a: n too small"]
+
+
+def test_scenario_list_cli() -> None:
+    from kafkatap.cli import cli
+
+    res = CliRunner().invoke(cli, ["scenario", "list"])
+    assert res.exit_code == 0, res.output
+    for s in all_scenarios():
+        assert s.name in res.output
+    assert "root" in res.output
+
+
+def test_unknown_scenario_is_a_usage_error() -> None:
+    from kafkatap.cli import cli
+
+    res = CliRunner().invoke(cli, ["scenario", "run", "nope", "--out", "/tmp/x"])
+    assert res.exit_code == 2 and "unknown scenario" in res.output
+
+
+@pytest.mark.parametrize("kind", ["kafka-python", "confluent", "kcat"])
+def test_drivers_produce_and_consume_on_a_real_broker(kafka_broker, topic_name, kind) -> None:
+    create_topics("127.0.0.1", kafka_broker.port, {topic_name: 1})
+    p = run_client(ClientSpec(f"p-{kind}", kind=kind, topics=[topic_name], count=20, rate=200, duration_s=20,
+                              bootstrap=kafka_broker.bootstrap))
+    assert p["sent"] == 20 and p["errors"] == 0, p
+    # consumers run as the runner runs them: a separate process
+    spec = ClientSpec(f"c-{kind}", kind=kind, role="consumer", topics=[topic_name], count=20, duration_s=25,
+                      group=f"g-{kind}" if kind != "kcat" else None, bootstrap=kafka_broker.bootstrap)
+    out = subprocess.run(command_for(spec), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1])["received"] == 20
+
+
+def test_surge_driver_opens_many_connections(kafka_broker) -> None:
+    r = run_client(ClientSpec("s", kind="surge", role="connections", connections=50, duration_s=1.5,
+                              bootstrap=kafka_broker.bootstrap))
+    assert r["connected"] == 50 and r["requests"] >= 100 and r["errors"] == 0, r
+
+
+def test_runner_without_analysis_records_through_a_chain(tmp_path) -> None:
+    """Two proxies in a chain, the broker advertising the first: every client connection is recorded."""
+    import pyarrow.dataset as ds
+
+    sc = Scenario(
+        name="chain-smoke", story="smoke",
+        broker=Broker(topics={"t": 1}),
+        proxies=[Proxy("rec"), Proxy("front", upstream="rec", record=False)],
+        clients=[ClientSpec("p", topics=["t"], count=30, rate=100, duration_s=10)],
+        expect=[],
+    )
+    res = run_scenario(sc, tmp_path, analyze=False, progress=False)
+    assert res.clients[0]["sent"] == 30 and res.ok, res
+    reqs = ds.dataset(tmp_path / "recordings" / "rec" / "requests", partitioning="hive").to_table().to_pylist()
+    produced = sum(r["records"] or 0 for r in reqs if r["api_name"] == "Produce")
+    assert produced == 30, "produce bypassed the proxy chain"
+    _assert_no_strays()
+
+
+def _assert_no_strays() -> None:
+    out = subprocess.run(["pgrep", "-f", "-P", str(os.getpid())], capture_output=True, text=True).stdout.split()
+    kids = [p for p in out if p]
+    assert not kids, f"child processes left behind: {kids}"
+
+
+def test_cli_module_imports() -> None:
+    import scenarios.cli as c
+
+    assert {"list", "run"} <= set(c.scenario.commands) and {"up", "down", "status"} <= set(c.kafka.commands)
+    assert sys.executable

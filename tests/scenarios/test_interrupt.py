@@ -1,0 +1,60 @@
+"""Ctrl-C in the middle of a scenario leaves nothing behind: no broker, clients, namespaces or rules."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from scenarios.netns import leftover_namespaces
+from scenarios.runner import host_iptables_snapshot
+
+pytestmark = [pytest.mark.kafka, pytest.mark.netns]
+
+
+def _procs_mentioning(text: str) -> list[int]:
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if text.encode() in (d / "cmdline").read_bytes():
+                    found.append(int(d.name))
+            except OSError:
+                pass
+    return found
+
+
+def test_sigint_mid_traffic_cleans_up(tmp_path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    iptables_before = host_iptables_snapshot()
+    out = tmp_path / "interrupted"
+    proc = subprocess.Popen([sys.executable, "-m", "kafkatap.cli", "scenario", "run", "no-window-scaling",
+                             "--out", str(out), "--no-analyze"], stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    assert proc.stderr is not None
+    tag = None
+    for line in proc.stderr:  # the progress lines are the event we wait for
+        if "namespaces ready:" in line:
+            tag = line.split("ktap-")[1].split("-")[0]
+        if "client legacy-nat-producer started" in line:
+            break
+    else:
+        pytest.fail("the scenario never reached its traffic phase")
+    assert tag
+    assert _procs_mentioning(str(out)), "broker should be running now"
+    proc.send_signal(signal.SIGINT)  # what Ctrl-C delivers to the runner
+    proc.stderr.read()
+    assert proc.wait(60) != 0
+    deadline = time.monotonic() + 10
+    while _procs_mentioning(str(out)) and time.monotonic() < deadline:
+        time.sleep(0.2)  # a SIGKILLed JVM may take a moment to be reaped by init
+    assert not _procs_mentioning(str(out)), "broker left running"
+    assert not _procs_mentioning('"name": "legacy-nat'), "client processes left running"
+    assert not [n for n in leftover_namespaces() if n.startswith(f"ktap-{tag}-")], "namespaces left behind"
+    assert host_iptables_snapshot() == iptables_before

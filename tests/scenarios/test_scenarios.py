@@ -1,0 +1,69 @@
+"""Every incident scenario end to end: real broker, real clients, kafkatap recording, Spark report.
+
+These are the project's end-to-end tests. Each asserts the expected findings
+from the report written on disk (findings.json and tables/) and that nothing
+was left behind: no child processes, no namespaces, the host's iptables
+unchanged. batch-too-large and who-is-writing also run on Kafka 3.7.x, the
+version in the incidents.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from scenarios.catalog import get
+from scenarios.kafka_jars import DEFAULT_VERSION, INCIDENT_VERSION
+from scenarios.netns import leftover_namespaces
+from scenarios.runner import host_iptables_snapshot, run_scenario
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.slow]
+
+CASES = [
+    pytest.param("batch-too-large", DEFAULT_VERSION, id="batch-too-large"),
+    pytest.param("batch-too-large", INCIDENT_VERSION, id="batch-too-large-3.7"),
+    pytest.param("idle-firewall", DEFAULT_VERSION, id="idle-firewall"),
+    pytest.param("who-is-writing", DEFAULT_VERSION, id="who-is-writing"),
+    pytest.param("who-is-writing", INCIDENT_VERSION, id="who-is-writing-3.7"),
+    pytest.param("connection-surge", DEFAULT_VERSION, id="connection-surge"),
+    pytest.param("no-window-scaling", DEFAULT_VERSION, id="no-window-scaling", marks=pytest.mark.netns),
+    pytest.param("middlebox-latency", DEFAULT_VERSION, id="middlebox-latency"),
+]
+
+
+def _children() -> list[str]:
+    out = subprocess.run(["pgrep", "-P", str(os.getpid())], capture_output=True, text=True).stdout.split()
+    # Spark's JVM (the shared session's gateway) is a legitimate long-lived child
+    return [p for p in out if b"pyspark" not in _cmdline(p) and b"spark" not in _cmdline(p)]
+
+
+def _cmdline(pid: str) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+@pytest.mark.parametrize(("name", "version"), CASES)
+def test_scenario(name: str, version: str, tmp_path) -> None:
+    scenario = get(name)
+    if scenario.needs_root and os.geteuid() != 0:
+        pytest.skip("needs root for network namespaces")
+    namespaces_before = set(leftover_namespaces())
+    iptables_before = host_iptables_snapshot()
+    children_before = set(_children())
+
+    result = run_scenario(scenario, tmp_path / name, kafka_version=version)
+
+    findings = json.loads((tmp_path / name / "report" / "findings.json").read_text())["findings"]
+    ids = {f["id"] for f in findings}
+    assert result.ok, "\n".join(result.problems) + f"\nfindings: {sorted(ids)}\n{result.summary}"
+    for exp in scenario.expect:
+        assert (exp.finding in ids) != exp.absent
+    assert set(leftover_namespaces()) <= namespaces_before, "namespaces left behind"
+    assert host_iptables_snapshot() == iptables_before, "host iptables changed"
+    assert not set(_children()) - children_before, "processes left behind"
