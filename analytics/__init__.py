@@ -1,1 +1,24 @@
-"""Spark analytics over kafkatap recordings: pure DataFrame transforms plus one job."""
+"""Spark analytics over kafkatap recordings: pure DataFrame transforms plus one job.
+
+`from analytics import run_analysis` is the entry point scenarios use; it is
+imported lazily so `import analytics` (e.g. for `analytics.synthetic`) does not
+start or even import Spark.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["run_analysis", "AnalysisResult", "get_spark", "stop_spark"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("run_analysis", "AnalysisResult"):
+        from analytics import job
+
+        return getattr(job, name)
+    if name in ("get_spark", "stop_spark"):
+        from analytics import session
+
+        return getattr(session, name)
+    raise AttributeError(name)

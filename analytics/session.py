@@ -8,6 +8,7 @@ logs are switched off because the job prints its own progress on stderr.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -48,7 +49,7 @@ def get_spark(master: str | None = None, conf: dict[str, str] | None = None, app
     with _LOCK:
         if _SESSION is not None and _SESSION.sparkContext._jsc is not None:  # type: ignore[attr-defined]
             return _SESSION
-        os.environ.setdefault("PYSPARK_PYTHON", os.sys.executable)  # type: ignore[attr-defined]
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         builder = SparkSession.builder.appName(app_name).master(master or os.environ.get("KAFKATAP_SPARK_MASTER", "local[2]"))
         for key, value in {**DEFAULTS, **(conf or {})}.items():
             builder = builder.config(key, value)

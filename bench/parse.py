@@ -2,10 +2,12 @@
 
     .venv/bin/python bench/parse.py            # table to stdout
     .venv/bin/python bench/parse.py --markdown # the same as a Markdown table
+    .venv/bin/python bench/parse.py --runs 5   # best of 5 whole passes (noisy shared hosts)
 
 Frames are built with kafka-python's encoders (real record batches built by
 its MemoryRecordsBuilder). Each figure is the best of 7 repeats of a timed
-loop (min is the least noisy estimate on a shared machine).
+loop, timed with the process CPU clock (min is the least noisy estimate on a
+shared machine; CPU time excludes the time spent waiting for a core).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import argparse
 import io
 import os
 import sys
+import time
 import timeit
 from pathlib import Path
 
@@ -28,7 +31,9 @@ from tests.protocol.protocol_frames import fetch_response, metadata_response, pr
 
 
 def best_us(fn, min_time: float = 0.2) -> float:
-    t = timeit.Timer(fn)
+    # CPU time of this process, not wall time: on a shared, oversubscribed host
+    # wall time mostly measures how long we waited for a core.
+    t = timeit.Timer(fn, timer=time.process_time)
     n, _ = t.autorange()
     n = max(1, int(n * min_time / 0.2))
     return min(t.repeat(7, n)) / n * 1e6
@@ -37,12 +42,33 @@ def best_us(fn, min_time: float = 0.2) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--runs", type=int, default=1, help="repeat the whole table, keep each row's best (shared hosts)")
     args = ap.parse_args()
+    best: dict[str, tuple[float, float]] = {}
+    for _ in range(args.runs):
+        for name, ours, theirs in measure():
+            o, t = best.get(name, (ours, theirs))
+            best[name] = (min(o, ours), min(t, theirs))
+    rows = [(name, o, t) for name, (o, t) in best.items()]
+    if args.markdown:
+        print("| operation | kafkatap µs | kafka-python full decode µs | speed-up |")
+        print("|---|---:|---:|---:|")
+        for name, ours, theirs in rows:
+            print(f"| {name} | {ours:.2f} | {theirs:.1f} | {theirs / ours:.1f}× |")
+    else:
+        print(f"{'operation':<70} {'kafkatap µs':>12} {'kafka-python µs':>16} {'ratio':>7}")
+        for name, ours, theirs in rows:
+            print(f"{name:<70} {ours:>12.2f} {theirs:>16.1f} {theirs / ours:>6.1f}×")
+
+
+def measure() -> list[tuple[str, float, float]]:
+    """One pass over every row: (operation, our µs, kafka-python µs)."""
 
     batch = records(n=16, value_size=1000, seed=os.urandom(16))  # ≈16 KiB, one v2 batch
     produce = produce_request(version=9, acks=-1, topics={"orders": {0: batch}})
     fetch = fetch_response(version=12, parts=4, part_bytes=256 * 1024)
     meta = metadata_response(version=12, topics=50, partitions=3)
+    meta1 = memoryview(metadata_response(version=12, topics=50, partitions=1))
 
     key, ver, cid, client, p = parse_request_header(produce, 4, len(produce))
     body_pos = skip_request_header_tags(produce, p, len(produce), key, ver)
@@ -81,6 +107,12 @@ def main() -> None:
         best_us(lambda: Meta.decode(mv[9:], version=12)),
     ))
 
+    rows.append((
+        f"Metadata v12 response summary, 50 topics×1 partition ({len(meta1)} B)",
+        best_us(lambda: w_meta(meta1, 9, len(meta1), Summary())),
+        best_us(lambda: Meta.decode(meta1[9:], version=12)),
+    ))
+
     def stream_produce() -> None:
         s = KafkaStream()
         s.receive_request_data(produce, 1)
@@ -111,15 +143,7 @@ def main() -> None:
         best_us(lambda: Fetch.decode(fv[9:], version=12)),
     ))
 
-    if args.markdown:
-        print("| operation | kafkatap µs | kafka-python full decode µs | speed-up |")
-        print("|---|---:|---:|---:|")
-        for name, ours, theirs in rows:
-            print(f"| {name} | {ours:.2f} | {theirs:.1f} | {theirs / ours:.0f}× |")
-    else:
-        print(f"{'operation':<70} {'kafkatap µs':>12} {'kafka-python µs':>16} {'ratio':>7}")
-        for name, ours, theirs in rows:
-            print(f"{name:<70} {ours:>12.2f} {theirs:>16.1f} {theirs / ours:>6.0f}×")
+    return rows
 
 
 _FETCH_REQ = None

@@ -151,6 +151,14 @@ def pct(v: list[int], q: float) -> float:
     return v[min(len(v) - 1, int(q * len(v)))] / 1000.0
 
 
+def cpu_s(pid: int | None) -> float:
+    """utime + stime of a process in seconds (/proc/PID/stat fields 14 and 15)."""
+    if pid is None:
+        return 0.0
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_mb(pid: int) -> float:
     for ln in Path(f"/proc/{pid}/status").read_text().splitlines():
         if ln.startswith("VmRSS:"):
@@ -218,6 +226,9 @@ def main() -> None:
         boot = {"direct": kafka.bootstrap, "kafkatap": f"127.0.0.1:{p_kt}", "haproxy": f"127.0.0.1:{p_hap}"}
         ports = {"direct": kafka.port, "kafkatap": p_kt, "haproxy": p_hap}
 
+        pids = {"direct": None, "kafkatap": kt.pid, "haproxy": hap.pid}
+        cpu: dict[str, float] = {p: 0.0 for p in PATHS}  # proxy CPU seconds over all throughput runs
+        moved_mb = {p: 0.0 for p in PATHS}
         prod: dict[str, list[float]] = {p: [] for p in PATHS}
         cons: dict[str, list[float]] = {p: [] for p in PATHS}
         lat: dict[str, list[int]] = {p: [] for p in PATHS}
@@ -228,10 +239,16 @@ def main() -> None:
         for r in range(args.rounds):
             order = PATHS if r % 2 == 0 else tuple(reversed(PATHS))
             for p in order:
+                c0 = cpu_s(pids[p])
                 prod[p].append(producer_mb_s(boot[p], "bench", args.records, args.record_size))
+                cpu[p] += cpu_s(pids[p]) - c0
+                moved_mb[p] += args.records * args.record_size / 1e6
                 print(f"round {r} producer {p}: {prod[p][-1]:.1f} MB/s", flush=True)
             for p in order:
+                c0 = cpu_s(pids[p])
                 cons[p].append(consumer_mb_s(boot[p], "bench", args.records))
+                cpu[p] += cpu_s(pids[p]) - c0
+                moved_mb[p] += args.records * args.record_size / 1e6
                 print(f"round {r} consumer {p}: {cons[p][-1]:.1f} MB/s", flush=True)
             for p, v in probe_interleaved(ports, frame, args.probe).items():
                 lat[p].extend(v)
@@ -260,9 +277,14 @@ def main() -> None:
             f"| acks=1 small produce p99 µs | {p99['direct']:.0f} | {p99['kafkatap']:.0f} | {p99['haproxy']:.0f} "
             f"| +{p99['kafkatap'] - p99['direct']:.0f} µs (haproxy +{p99['haproxy'] - p99['direct']:.0f}) | ≤ +500 µs |",
             f"| kafkatap RSS MB | | idle {rss_idle:.0f} / {args.conns} conns {rss_conns:.0f} | | | ≤ 150 MB at 1,000 |",
+            f"| proxy CPU ms per MB relayed (load-independent cost) | | "
+            f"{1000 * cpu['kafkatap'] / moved_mb['kafkatap']:.2f} | {1000 * cpu['haproxy'] / moved_mb['haproxy']:.2f} "
+            f"| {cpu['kafkatap'] / max(cpu['haproxy'], 1e-9):.1f} × haproxy | |",
         ]
         print("\n".join(lines))
-        print(f"\nall runs: producer {prod}\nconsumer {cons}\nbench time {took:.0f} s")
+        load = os.getloadavg()
+        print(f"\nall runs: producer {prod}\nconsumer {cons}\nproxy cpu s {cpu}\nbench time {took:.0f} s, "
+              f"load average at end {load[0]:.1f} on {os.cpu_count()} cpus")
         (tmp / "table.md").write_text("\n".join(lines) + "\n")
         print(f"table written to {tmp / 'table.md'}")
     finally:

@@ -15,6 +15,7 @@ raise `Over(need)` when the header needs bytes up to `need`.
 
 from __future__ import annotations
 
+from codecs import utf_8_decode as _u8
 from struct import Struct
 from typing import Any
 
@@ -45,7 +46,7 @@ def parse_request_header(d: Any, p: int, lim: int) -> tuple[int, int, int, str |
         return key, ver, cid, None, p
     if p + n > lim:
         raise Over(p + n)
-    return key, ver, cid, str(d[p:p + n], "utf-8", "replace"), p + n
+    return key, ver, cid, _u8(d[p:p + n], "replace")[0], p + n
 
 
 def request_header_flexible(api_key: int, api_version: int) -> bool:

@@ -53,7 +53,7 @@ from protocol.events import (
     Summary,
 )
 from protocol.framing import DEFAULT_MAX_FRAME_BYTES, IncrementalBody, check_size
-from protocol.headers import parse_request_header, response_header_flexible, skip_request_header_tags
+from protocol.headers import parse_request_header, response_header_flexible
 from protocol.summaries.codegen import walker
 from protocol.summaries.varint import Over, skip_tags
 
@@ -68,6 +68,16 @@ def _known(key: int, ver: int) -> tuple[bool, bool]:
     """(a schema describes this version, the request header is v2) — cached per stream-less key."""
     info = APIS.get(key)
     return (info is not None and info.decodable(ver), info is not None and info.flexible(ver))
+
+
+def _locate_errors(resp: Summary, req: Summary) -> None:
+    """Top-level response errors name no group: take it from the request (JoinGroup, EndTxn …)."""
+    where = req.group_id or req.transactional_id or req.coordinator_key
+    if where is None:
+        return
+    for e in resp.errors:
+        if e.resource is None and e.topic is None:
+            e.resource = where
 
 
 class _Frame:
@@ -431,6 +441,8 @@ class KafkaStream:
                 self._in_flight[cid] = ev
         else:
             cid, req = head.event_args
+            if summary is not None and summary.errors and req is not None and req.summary is not None:
+                _locate_errors(summary, req.summary)
             ev = ResponseSeen(start, size, first_ns, last_ns, cid, req, summary, note)
         self._events.append(ev)
         if head.fail is not None and self.body_errors == "stream":

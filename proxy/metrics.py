@@ -191,6 +191,9 @@ class LiveStats:
         c = self._client(row, now)
         c.last_seen_ns = now
         c.requests += 1
+        if c.client_addr is None:
+            c.client_addr = row.get("client_addr")
+            c.broker_addr = broker
         c.bytes_in += req_b
         c.bytes_out += resp_b
         if errs:
@@ -213,6 +216,9 @@ class LiveStats:
         now = self._clock_ns()
         c = self._client(row, now)
         c.last_seen_ns = now
+        if c.client_addr is None:  # created from a TCP sample, which carries no addresses
+            c.client_addr = row.get("client_addr")
+            c.broker_addr = row.get("broker_addr")
         if row.get("client_software_name"):
             c.software = row["client_software_name"]
             c.software_version = row.get("client_software_version")
@@ -230,6 +236,9 @@ class LiveStats:
 
     def tcp(self, row: Row) -> None:
         self.tcp_samples += 1
+        # the accept-time sample makes a connection visible before its first request
+        if row.get("phase") == "open" and row.get("conn_id") not in self.clients:
+            self._client(row, self._clock_ns())
 
     def frame(self, row: Row) -> None:
         self.frames += 1

@@ -69,18 +69,22 @@ def build_sinks(
     compact_interval_s: float = 60.0,
     queue_rows: int = 200_000,
     extra_sinks: tuple[RecordSink, ...] = (),
+    live_stats: bool = False,
 ) -> tuple[RecordSink, list[Hook]]:
     """Build the proxy's sink and its hooks.
 
     record_dir: None → no Parquet (live stats only). proxy_id: None → short hostname.
-    status_addr: None → no HTTP endpoint; "PORT" or "HOST:PORT" (host defaults to 127.0.0.1).
-    The returned sink is a `FanOut(recorder?, live_stats, *extra_sinks)`; `hooks` are
+    status_addr: None → no HTTP endpoint (and no LiveStats unless live_stats=True);
+    "PORT" or "HOST:PORT" (host defaults to 127.0.0.1).
+    The returned sink is a `FanOut(recorder?, live_stats?, *extra_sinks)`; `hooks` are
     `Hook(name, start, stop, target)` with async start/stop; `target` is the
     ParquetRecorder / LiveStats / StatusServer (tests and `/metrics` use them).
     """
     proxy_id = proxy_id or default_proxy_id()
     if capture not in CAPTURE_CHOICES:
         raise ValueError(f"capture must be one of {CAPTURE_CHOICES}")
+    if status_addr:
+        parse_addr(status_addr)  # a bad address fails here, before the recorder starts
     hooks: list[Hook] = []
     recorder: ParquetRecorder | None = None
     if record_dir is not None:
@@ -88,15 +92,17 @@ def build_sinks(
                                    compact_interval_s=compact_interval_s, queue_rows=queue_rows).start()
         rh = _RecorderHook(recorder)
         hooks.append(Hook("recorder", rh.start, rh.stop, recorder))
-    stats = LiveStats(proxy_id, recorder_stats=recorder.stats if recorder else None)
+    stats: LiveStats | None = None
+    if status_addr or live_stats:  # nobody reads the counters without the endpoint: skip their per-row cost
 
-    async def _noop() -> None:
-        return None
+        async def _noop() -> None:
+            return None
 
-    hooks.append(Hook("live_stats", _noop, _noop, stats))
+        stats = LiveStats(proxy_id, recorder_stats=recorder.stats if recorder else None)
+        hooks.append(Hook("live_stats", _noop, _noop, stats))
     if status_addr:
         host, port = parse_addr(status_addr)
-        server = StatusServer(stats, host, port)
+        server = StatusServer(stats, host, port)  # type: ignore[arg-type]
         hooks.append(Hook("status", server.start, server.stop, server))
     sinks: list[RecordSink] = [s for s in (recorder, stats, *extra_sinks) if s is not None]
     return FanOut(*sinks), hooks

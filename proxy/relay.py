@@ -11,12 +11,19 @@ Design (why it looks like this):
 * **Backpressure both ways, bounded memory.** Each transport's write buffer
   has high = low = 0 water marks, so `pause_writing` fires whenever the kernel
   did not take a whole write, and `resume_writing` exactly when the buffer
-  drained. The relay then pauses reading the *other* socket. Hence per
-  direction at most one read (uvloop reads ≤ 256 KiB at a time) waits in user
-  space, plus the decoder's partial frame: the per-connection relay bound is
-  ~2 × 256 KiB + 256 KiB of pre-connect buffer (+ a partial frame in the
-  decoder when capture is on, and ≤ 1 MiB per direction queued by a latency
-  or bandwidth fault). The kernel socket buffers do the real buffering.
+  drained; the relay then pauses reading the *other* socket until it drained.
+  uvloop reads at most 256 KiB at a time, so per direction at most one read
+  waits in user space. Per-connection bound, relay + decoder:
+      2 × 256 KiB   one unsent read per direction (transport buffer)
+    + 2 × ~64 KiB   decoder state per direction (protocol.framing: it keeps a
+                    reference to the last chunk, already counted above)
+    + ≤ 512 KiB     reads that arrive before the upstream connect completes
+                    (reading pauses past 256 KiB)
+    ≈ 1.2 MiB worst case; an idle connection holds a few KiB of objects.
+  Opt-in extras: `--capture` keeps the current partial frame of a captured
+  direction (a frame must be whole to be stored; ≤ the decoder's 100 MiB frame
+  limit), and a latency/bandwidth fault queues ≤ 1 MiB per direction before it
+  pauses the source. The kernel socket buffers do the real buffering.
 * **"Written" timestamps.** A request's `req_sent_ns` (and a response's
   `resp_sent_ns`) is the time its last byte was handed to `transport.write`
   when that left the transport buffer empty (the kernel took it), otherwise the
@@ -267,6 +274,11 @@ class Connection:
             self.c_sock = socket.socket(fileno=os.dup(raw.fileno()))
         except OSError:
             self.c_sock = None
+        if self.client_addr is None and self.c_sock is not None:  # reset before we looked
+            try:
+                self.client_addr = _addr(self.c_sock.getpeername())
+            except OSError:
+                pass
         server = self.server
         server.conns.add(self)
         if self._faults is not None and self._faults.refuse_connections:

@@ -45,25 +45,46 @@ def request_row(
     resp_sent_ns: int | None,
     status: str,
 ) -> dict[str, Any]:
-    """One `requests` row: answered, unanswered (connection ended first) or no_response (acks=0)."""
+    """One `requests` row: answered, unanswered (connection ended first) or no_response (acks=0).
+
+    Built as one dict literal: this runs once per request on the event loop, so it
+    avoids intermediate dicts and merges (it was the relay's largest per-request cost).
+    """
     s = req.summary
-    r = resp.summary if resp is not None else None
-    resp_first = resp.first_byte_ns if resp is not None else None
-    resp_last = resp.last_byte_ns if resp is not None else None
-    errors = []
-    throttle = None
-    fetched_bytes = None
-    producer_id = producer_epoch = None
-    if r is not None:
-        throttle = r.throttle_ms
-        errors = [
-            {"code": e.code, "name": e.name, "topic": e.topic, "partition": e.partition, "resource": e.resource}
-            for e in r.errors
-        ]
-        if r.fetched:
-            fetched_bytes = sum(p.records_bytes for p in r.fetched)
-        producer_id, producer_epoch = r.producer_id, r.producer_epoch
-    row: dict[str, Any] = {
+    first = req.first_byte_ns
+    errors: list[dict[str, Any]] = []
+    throttle = fetched_bytes = producer_id = producer_epoch = None
+    if resp is not None:
+        resp_first, resp_last, resp_size, r = resp.first_byte_ns, resp.last_byte_ns, resp.size, resp.summary
+        if r is not None:
+            throttle = r.throttle_ms
+            if r.errors:
+                errors = [{"code": e.code, "name": e.name, "topic": e.topic, "partition": e.partition,
+                           "resource": e.resource} for e in r.errors]
+            if r.fetched:
+                fetched_bytes = sum(p.records_bytes for p in r.fetched)
+            producer_id, producer_epoch = r.producer_id, r.producer_epoch
+        note = req.decode_note or resp.decode_note
+    else:
+        resp_first = resp_last = resp_size = None
+        note = req.decode_note
+    if s is None:
+        s = _EMPTY
+        topics: list[str] = []
+        nbatches = partitions = records = None
+        record_bytes = fetched_bytes
+    else:
+        topics = list(s.topics)
+        partitions, records = s.partitions, s.records
+        batches = s.batches
+        nbatches = len(batches)
+        record_bytes = s.record_bytes if fetched_bytes is None else fetched_bytes
+        if batches and producer_id is None:
+            for b in batches:
+                if b.producer_id >= 0:
+                    producer_id, producer_epoch = b.producer_id, b.producer_epoch
+                    break
+    return {
         "proxy_id": conn.server.proxy_id,
         "conn_id": conn.conn_id,
         "correlation_id": req.correlation_id,
@@ -76,61 +97,48 @@ def request_row(
         "status": status,
         "answered": resp is not None,
         "request_bytes": req.size,
-        "response_bytes": resp.size if resp is not None else None,
-        "req_first_ns": req.first_byte_ns,
+        "response_bytes": resp_size,
+        "req_first_ns": first,
         "req_last_ns": req.last_byte_ns,
         "req_sent_ns": req_sent_ns,
         "resp_first_ns": resp_first,
         "resp_last_ns": resp_last,
         "resp_sent_ns": resp_sent_ns,
-        "latency_us": _us(req.first_byte_ns, resp_sent_ns),
+        "latency_us": None if resp_sent_ns is None else (resp_sent_ns - first) // 1000,
         "broker_latency_us": _us(req_sent_ns, resp_first),
-        "proxy_req_delay_us": _us(req.last_byte_ns, req_sent_ns),
+        "proxy_req_delay_us": None if req_sent_ns is None else (req_sent_ns - req.last_byte_ns) // 1000,
         "proxy_resp_delay_us": _us(resp_last, resp_sent_ns),
+        "acks": s.acks,
+        "timeout_ms": s.timeout_ms,
+        "transactional_id": s.transactional_id,
+        "topics": topics,
+        "partitions": partitions,
+        "batches": nbatches,
+        "records": records,
+        "record_bytes": record_bytes,
+        "compression": _compression(s) if s.batches else None,
+        "producer_id": producer_id,
+        "producer_epoch": producer_epoch,
+        "max_wait_ms": s.max_wait_ms,
+        "min_bytes": s.min_bytes,
+        "max_bytes": s.max_bytes,
+        "isolation_level": s.isolation_level,
+        "fetch_session_id": s.fetch_session_id,
+        "fetch_session_epoch": s.fetch_session_epoch,
+        "group_id": s.group_id or s.coordinator_key,
+        "member_id": s.member_id,
+        "generation_id": s.generation_id,
+        "client_software_name": s.client_software_name,
+        "client_software_version": s.client_software_version,
+        "sasl_mechanism": s.sasl_mechanism,
         "throttle_ms": throttle,
         "error_count": len(errors),
         "errors": errors,
-        "decode_note": req.decode_note or (resp.decode_note if resp is not None else None),
+        "decode_note": note,
     }
-    if s is not None:
-        batches = s.batches
-        pid = next((b.producer_id for b in batches if b.producer_id >= 0), None)
-        pep = next((b.producer_epoch for b in batches if b.producer_id >= 0), None)
-        row.update(
-            acks=s.acks,
-            timeout_ms=s.timeout_ms,
-            transactional_id=s.transactional_id,
-            topics=list(s.topics),
-            partitions=s.partitions,
-            batches=len(batches),
-            records=s.records,
-            record_bytes=s.record_bytes if fetched_bytes is None else fetched_bytes,
-            compression=_compression(s),
-            producer_id=producer_id if producer_id is not None else pid,
-            producer_epoch=producer_epoch if producer_epoch is not None else pep,
-            max_wait_ms=s.max_wait_ms,
-            min_bytes=s.min_bytes,
-            max_bytes=s.max_bytes,
-            isolation_level=s.isolation_level,
-            fetch_session_id=s.fetch_session_id,
-            fetch_session_epoch=s.fetch_session_epoch,
-            group_id=s.group_id or s.coordinator_key,
-            member_id=s.member_id,
-            generation_id=s.generation_id,
-            client_software_name=s.client_software_name,
-            client_software_version=s.client_software_version,
-            sasl_mechanism=s.sasl_mechanism,
-        )
-    else:
-        row.update(
-            acks=None, timeout_ms=None, transactional_id=None, topics=[], partitions=None, batches=None,
-            records=None, record_bytes=fetched_bytes, compression=None, producer_id=producer_id,
-            producer_epoch=producer_epoch, max_wait_ms=None, min_bytes=None, max_bytes=None,
-            isolation_level=None, fetch_session_id=None, fetch_session_epoch=None, group_id=None,
-            member_id=None, generation_id=None, client_software_name=None, client_software_version=None,
-            sasl_mechanism=None,
-        )
-    return row
+
+
+_EMPTY = Summary()  # stands in for "no summary": every field None/empty
 
 
 def tcp_row(conn: Connection, side: str, phase: str, ts_ns: int, info: dict[str, Any]) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from typing import Any
 
 import click
 
-from scenarios.kafka_jars import DEFAULT_VERSION, RELEASES, cache_root
+from scenarios.kafka_jars import DEFAULT_VERSION, RELEASES, KafkaHarnessError, cache_root
 
 SPARK_AND_BROKER_S = 75  # broker start + Spark analysis on a 2-core machine, for `scenario list`
 
@@ -112,7 +112,16 @@ def run_cmd(name: str, kafka_version: str, out: Path, no_analyze: bool) -> None:
             click.echo(f"{sc.name}: skipped — needs root (network namespaces)", err=True)
             continue
         target = out / sc.name if name == "all" else out
-        res = _run(sc, target, kafka_version, analyze=not no_analyze)
+        try:
+            res = _run(sc, target, kafka_version, analyze=not no_analyze)
+        except KeyboardInterrupt:
+            click.echo(f"{sc.name}: interrupted; everything it started was stopped", err=True)
+            sys.exit(130)
+        except Exception as exc:  # noqa: BLE001 — one broken scenario must not hide the others' results
+            click.echo(f"{sc.name}: ERROR {type(exc).__name__}: {exc}", err=True)
+            rows.append((sc.name, "ERROR", None))
+            failed.append(sc.name)
+            continue
         _print_result(res)
         rows.append((sc.name, "ok" if res.ok else "FAILED", res.timings.get("total_s") or res.timings.get("setup_and_traffic_s")))
         if not res.ok:
@@ -140,7 +149,13 @@ def demo(out: Path, kafka_version: str) -> None:
     from scenarios.demo import SCENARIO
 
     _quiet_logs()
-    res = _run(SCENARIO, out, kafka_version)
+    try:
+        res = _run(SCENARIO, out, kafka_version)
+    except KeyboardInterrupt:
+        click.echo("demo interrupted; everything it started was stopped", err=True)
+        sys.exit(130)
+    except KafkaHarnessError as exc:  # no java, Maven Central unreachable, broker exited: say why in one line
+        raise click.ClickException(str(exc)) from None
     _print_result(res)
     if res.report_path:
         click.echo(f"\nOpen the report: {res.report_path}")

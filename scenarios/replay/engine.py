@@ -37,6 +37,7 @@ from typing import Any, TextIO
 
 import structlog
 
+from protocol.deep import message_class
 from scenarios.replay.load import RecordedConnection, Recording
 from scenarios.replay.rewrite import (
     SASL_HANDSHAKE,
@@ -45,6 +46,8 @@ from scenarios.replay.rewrite import (
     ReplayState,
     Send,
     Skip,
+    decode_response,
+    expects_response,
     learn_from_response,
     parse_request,
     response_correlation_id,
@@ -143,8 +146,6 @@ class _RawClient:
         return cls(r, w)
 
     async def call(self, api_key: int, version: int, timeout: float = 30.0, **fields: Any) -> Any:
-        from protocol.deep import message_class
-
         self.cid += 1
         req = message_class(api_key, True)(version=version, **fields)
         req.with_header(correlation_id=self.cid, client_id="kafkatap-replay-setup")
@@ -181,9 +182,7 @@ async def prepare_target(target: str, recording: Recording, state: ReplayState, 
         sent, resp = await cli.call(3, 12, topics=None, allow_auto_topic_creation=False,
                                     include_topic_authorized_operations=False)
         learn_from_response(sent, resp, state, conn)
-        from scenarios.replay.rewrite import _decode_response
-
-        md = _decode_response(sent, resp)
+        md = decode_response(sent, resp)
         existing = {t.name: len(t.partitions or ()) for t in md.topics or () if t.error_code == 0}
         wanted = {state.map_topic(t) or t: n for t, n in recording.topics.items()}
         for name, n in wanted.items():
@@ -191,12 +190,12 @@ async def prepare_target(target: str, recording: Recording, state: ReplayState, 
                 state.note(f"topic_has_fewer_partitions_on_target:{name}")
         missing = {t: max(1, n) for t, n in wanted.items() if t not in existing}
         if missing and create:
-            CT = __import__("protocol.deep", fromlist=["message_class"]).message_class(19, True)
+            CT = message_class(19, True)
             topics = [CT.CreatableTopic(version=7, name=t, num_partitions=n, replication_factor=-1, assignments=[],
                                         configs=[]) for t, n in sorted(missing.items())]
             sent, resp = await cli.call(19, 7, topics=topics, timeout_ms=int(timeout * 1000), validate_only=False)
             learn_from_response(sent, resp, state, conn)
-            body = _decode_response(sent, resp)
+            body = decode_response(sent, resp)
             for t in body.topics or ():
                 if t.error_code == 0:
                     created.append(t.name)
@@ -235,9 +234,7 @@ async def _await_coordinators(cli: _RawClient, groups: set[str], state: ReplaySt
     while pending and asyncio.get_running_loop().time() < deadline:
         for g in sorted(pending):
             sent, resp = await cli.call(10, 2, key=g, key_type=0)
-            from scenarios.replay.rewrite import _decode_response
-
-            if _decode_response(sent, resp).error_code == 0:
+            if decode_response(sent, resp).error_code == 0:
                 pending.discard(g)
         if pending:
             await asyncio.sleep(0.5)
@@ -252,13 +249,11 @@ async def _await_producer_ids(cli: _RawClient, state: ReplayState, timeout: floa
     first block of producer ids from the controller; the origin was past that.
     Costs one producer id on the target.
     """
-    from scenarios.replay.rewrite import _decode_response
-
     deadline = asyncio.get_running_loop().time() + timeout
     while asyncio.get_running_loop().time() < deadline:
         sent, resp = await cli.call(22, 4, transactional_id=None, transaction_timeout_ms=0, producer_id=-1,
                                     producer_epoch=-1)
-        if _decode_response(sent, resp).error_code == 0:
+        if decode_response(sent, resp).error_code == 0:
             return
         await asyncio.sleep(0.5)
     state.note("producer_ids_not_ready")
@@ -328,13 +323,21 @@ class Replayer:
         if self.opt.progress is not None:
             self._progress_task = asyncio.create_task(self._progress())
         try:
-            await asyncio.gather(*(self._run_conn(c, host, port) for c in self.rec.connections))
+            outcomes = await asyncio.gather(*(self._run_conn(c, host, port) for c in self.rec.connections),
+                                            return_exceptions=True)
+            for c, out in zip(self.rec.connections, outcomes):
+                if isinstance(out, BaseException):  # a bug must cost one connection, not the replay
+                    log.error("replay connection failed", conn_id=c.conn_id, error=f"{type(out).__name__}: {out}")
+                    self.result.failures[f"internal error: {type(out).__name__}"] += 1
         finally:
             if self._progress_task is not None:
                 self._progress_task.cancel()
                 self._print_progress(final=True)
         self.result.notes = dict(self.state.notes)
         self.result.finished_ns = time.time_ns()
+        r = self.result
+        log.info("replay finished", connections=r.connections, sent=r.sent, answered=r.answered, failed=r.failed,
+                 skipped=dict(r.skipped), closed_by_target=len(r.closed_by_target), span_s=round(r.span_s, 3))
         return self.result
 
     async def _run_conn(self, rc: RecordedConnection, host: str, port: int) -> None:
@@ -356,7 +359,7 @@ class Replayer:
                 self._dispatch(r.index)
             await self._notify()
             return
-        inflight: dict[int, tuple[int, Any]] = {}  # new correlation id → (position, sent frame)
+        inflight: dict[int, tuple[int | None, Any]] = {}  # new correlation id → (position or None, sent frame)
         closed = asyncio.Event()
         waiters: dict[int, asyncio.Future] = {}
 
@@ -494,16 +497,27 @@ class Replayer:
                     await asyncio.wait_for(closed.wait(), max(0.0, close_at - asyncio.get_running_loop().time()))
                 except asyncio.TimeoutError:
                     pass
-            elif not self.opt.speed:
-                await asyncio.sleep(0)  # let a close the target already sent arrive
+            elif not self.opt.speed and rc.closed_ns and not expects_response(reqs[-1].frame):
+                # nothing to wait for after an acks=0 produce: give the target the recorded gap (≤ 1 s) to hang up
+                gap = min(1.0, max(0, rc.closed_ns - reqs[-1].ts_ns) / 1e9)
+                try:
+                    await asyncio.wait_for(closed.wait(), gap)
+                except asyncio.TimeoutError:
+                    pass
             if closed.is_set() and reqs and not writer.is_closing():
                 res.closed_by_target.append(rc.conn_id)
             if inflight:
                 for _cid, (pos, _s) in list(inflight.items()):
-                    res.failed += 1
-                    res.failures["unanswered: response timeout"] += 1
+                    if pos is not None:
+                        res.failed += 1
+                        res.failures["unanswered: response timeout"] += 1
                 inflight.clear()
         finally:
+            # whatever happened, this connection's requests must not hold up the global order (--speed max)
+            for r in reqs:
+                if not self._dispatched[r.index]:
+                    self._dispatch(r.index)
+            await self._notify()
             writer.close()
             try:
                 await asyncio.wait_for(writer.wait_closed(), 2.0)
@@ -544,18 +558,33 @@ class Replayer:
         assert self.opt.sasl_plain is not None
         fut = asyncio.get_running_loop().create_future()
         waiters[handshake_cid] = fut
-        if handshake_cid in inflight:
-            await asyncio.wait_for(fut, self.opt.response_timeout)
+        try:
+            if handshake_cid in inflight:
+                await asyncio.wait_for(fut, self.opt.response_timeout)
+        except asyncio.TimeoutError:
+            self.state.note("sasl_handshake_unanswered")
+            return
         cid = handshake_cid + 1
         frame = sasl_plain_authenticate(rc.sasl_version if rc.sasl_version is not None else 1,
                                         self.opt.sasl_plain[0], self.opt.sasl_plain[1], rc.client_id, cid)
         fut2 = asyncio.get_running_loop().create_future()
         waiters[cid] = fut2
-        inflight[cid] = (pos, parse_request(frame))
-        writer.write(frame)
-        await writer.drain()
-        await asyncio.wait_for(fut2, self.opt.response_timeout)
-        self.state.note("sasl_authenticated_with_given_credentials")
+        inflight[cid] = (None, parse_request(frame))  # our own request: not one of the recorded ones
+        try:
+            writer.write(frame)
+            await writer.drain()
+            got = await asyncio.wait_for(fut2, self.opt.response_timeout)
+        except (asyncio.TimeoutError, ConnectionError, OSError):
+            got = None
+        if got is None:
+            self.state.note("sasl_authenticate_failed")
+            return
+        sent = parse_request(frame)
+        try:
+            err = decode_response(sent, got).error_code if len(got) > 8 else 0
+        except Exception:  # noqa: BLE001
+            err = 0
+        self.state.note("sasl_authenticated_with_given_credentials" if err == 0 else f"sasl_authenticate_error_{err}")
 
     # -- progress ----------------------------------------------------------------
     def _print_progress(self, final: bool = False) -> None:

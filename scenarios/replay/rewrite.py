@@ -51,7 +51,8 @@ __all__ = [
     "RequestFrame", "parse_request", "set_correlation_id", "response_correlation_id", "crc32c",
     "rewrite_batch_producer", "rewrite_records_producer", "records_producer_ids", "ConnState", "ReplayState",
     "Send", "Skip", "Pending", "Outcome", "rewrite_request", "learn_from_response", "sasl_plain_authenticate",
-    "expects_response", "request_topics", "parse_topic_map",
+    "expects_response", "request_topics", "parse_topic_map", "rename_consumer_subscription",
+    "rename_consumer_assignment", "decode_response", "decode_request_body",
 ]
 
 PRODUCE, FETCH, METADATA, OFFSET_COMMIT, OFFSET_FETCH = 0, 1, 3, 8, 9
@@ -242,6 +243,79 @@ def rewrite_records_producer(records: bytes, mapping: Callable[[int, int], tuple
     return b"".join(parts), changed
 
 
+# --------------------------------------------------------------------------- consumer protocol (group metadata)
+class _Buf:
+    """A cursor over consumer-protocol bytes (classic group metadata is non-flexible, big-endian)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.d, self.p = data, 0
+
+    def take(self, n: int) -> bytes:
+        if n < 0 or self.p + n > len(self.d):
+            raise ValueError("truncated consumer protocol bytes")
+        out = self.d[self.p:self.p + n]
+        self.p += n
+        return out
+
+    def i16(self) -> int:
+        return _I16.unpack(self.take(2))[0]
+
+    def i32(self) -> int:
+        return _I32.unpack(self.take(4))[0]
+
+    def string(self) -> str:
+        n = self.i16()
+        if n < 0:
+            raise ValueError("null topic name")
+        return self.take(n).decode()
+
+
+def _str(name: str) -> bytes:
+    raw = name.encode()
+    return _I16.pack(len(raw)) + raw
+
+
+def _topic_partitions(b: _Buf, topic_map: dict[str, str]) -> bytes:
+    """[topic string, [partition i32]] with topics renamed."""
+    n = b.i32()
+    out = [_I32.pack(n)]
+    for _ in range(max(0, n)):
+        t = b.string()
+        k = b.i32()
+        out.append(_str(topic_map.get(t, t)) + _I32.pack(k) + b.take(4 * max(0, k)))
+    return b"".join(out)
+
+
+def rename_consumer_subscription(data: bytes, topic_map: dict[str, str]) -> bytes:
+    """ConsumerProtocolSubscription (JoinGroup metadata) with topics renamed; ValueError if unparsable.
+
+    version i16 | topics [string] | user_data bytes | v1+: owned_partitions
+    [topic, [i32]] | v2+: generation i32 | v3+: rack_id string — only the
+    topic-bearing parts are rebuilt, the rest is copied.
+    """
+    b = _Buf(bytes(data))
+    version = b.i16()
+    n = b.i32()
+    out = [_I16.pack(version), _I32.pack(n)]
+    for _ in range(max(0, n)):
+        t = b.string()
+        out.append(_str(topic_map.get(t, t)))
+    ud = b.i32()
+    out.append(_I32.pack(ud) + (b.take(ud) if ud > 0 else b""))
+    if version >= 1 and b.p < len(b.d):
+        out.append(_topic_partitions(b, topic_map))
+    out.append(b.d[b.p:])
+    return b"".join(out)
+
+
+def rename_consumer_assignment(data: bytes, topic_map: dict[str, str]) -> bytes:
+    """ConsumerProtocolAssignment (SyncGroup assignment) with topics renamed; ValueError if unparsable."""
+    b = _Buf(bytes(data))
+    version = b.i16()
+    head = _I16.pack(version) + _topic_partitions(b, topic_map)
+    return head + b.d[b.p:]
+
+
 # --------------------------------------------------------------------------- state
 @dataclass
 class ConnState:
@@ -267,6 +341,7 @@ class ReplayState:
     unclaimed_inits: dict[str | None, list[tuple[int, int]]] = field(default_factory=dict)  # client → target inits
     members: dict[tuple[str, str], str] = field(default_factory=dict)  # (group, recorded member) → target member
     generations: dict[str, int] = field(default_factory=dict)  # group → target generation
+    group_protocols: dict[str, str | None] = field(default_factory=dict)  # group → protocol_type of its joins
     sasl_mechanism: str | None = None  # set when the user gave credentials (PLAIN)
     notes: dict[str, int] = field(default_factory=dict)  # counted facts that are not skips
 
@@ -531,6 +606,40 @@ def _rewrite_join(w: _Walk, msg: Any) -> None:
             w.mark("member_id")
 
 
+def _rewrite_group_metadata(w: _Walk, msg: Any) -> None:
+    """--topic-map inside the consumer protocol bytes (subscriptions, assignments).
+
+    The broker never reads these (classic groups), but members and tools
+    (DescribeGroups) do, so a renamed topic must be renamed there too.
+    Groups of other protocol types (Connect, Streams) are left alone.
+    """
+    if not w.state.topic_map:
+        return
+    key = w.frame.api_key
+    if key == JOIN_GROUP:
+        w.state.group_protocols[msg.group_id] = msg.protocol_type
+        if msg.protocol_type != "consumer":
+            return
+        items, attr, fn = msg.protocols or [], "metadata", rename_consumer_subscription
+    else:
+        ptype = getattr(msg, "protocol_type", None) or w.state.group_protocols.get(msg.group_id)
+        if ptype != "consumer":
+            return
+        items, attr, fn = msg.assignments or [], "assignment", rename_consumer_assignment
+    for item in items:
+        raw = getattr(item, attr)
+        if not raw:
+            continue
+        try:
+            new = fn(bytes(raw), w.state.topic_map)
+        except (ValueError, UnicodeDecodeError, struct.error):
+            w.state.note("group_metadata_not_renamed")
+            continue
+        if new != bytes(raw):
+            setattr(item, attr, new)
+            w.mark("topic_renamed")
+
+
 def _rewrite_sasl_handshake(w: _Walk, msg: Any) -> None:
     """Authenticate with the user's mechanism (the recording never holds credentials)."""
     if w.state.sasl_mechanism is None:
@@ -568,6 +677,9 @@ def rewrite_request(frame: RequestFrame, state: ReplayState, conn: ConnState) ->
             _rewrite_fetch(w, msg)
         elif frame.api_key == JOIN_GROUP:
             _rewrite_join(w, msg)
+            _rewrite_group_metadata(w, msg)
+        elif frame.api_key == SYNC_GROUP:
+            _rewrite_group_metadata(w, msg)
         elif frame.api_key == SASL_HANDSHAKE:
             _rewrite_sasl_handshake(w, msg)
         w.walk(msg)
@@ -590,7 +702,8 @@ def _response_body(frame: RequestFrame, response: bytes | memoryview) -> memoryv
     return d[p:]
 
 
-def _decode_response(frame: RequestFrame, response: bytes | memoryview) -> Any:
+def decode_response(frame: RequestFrame, response: bytes | memoryview) -> Any:
+    """A response to `frame` (whole frame, size prefix included) as a kafka-python message object."""
     cls = _message_class(frame.api_key, False)
     return cls.decode(_response_body(frame, response), version=frame.api_version)
 
@@ -623,7 +736,7 @@ def learn_from_response(sent: RequestFrame, response: bytes | memoryview, state:
                     conn.new_fetch_session = sid if err == 0 else 0
                     learned.append(f"fetch_session={sid}")
         elif key == INIT_PRODUCER_ID:
-            resp = _decode_response(sent, response)
+            resp = decode_response(sent, response)
             if resp.error_code == 0:
                 req = decode_request_body(sent)
                 target = (resp.producer_id, resp.producer_epoch)
@@ -633,7 +746,7 @@ def learn_from_response(sent: RequestFrame, response: bytes | memoryview, state:
                 state.unclaimed_inits.setdefault(sent.client_id, []).append(target)
                 learned.append(f"producer={target}")
         elif key == JOIN_GROUP:
-            resp = _decode_response(sent, response)
+            resp = decode_response(sent, response)
             req = decode_request_body(sent)
             if resp.member_id and resp.error_code in (0, MEMBER_ID_REQUIRED):
                 conn.pending_member[req.group_id] = resp.member_id
@@ -642,7 +755,7 @@ def learn_from_response(sent: RequestFrame, response: bytes | memoryview, state:
                 state.generations[req.group_id] = resp.generation_id
                 learned.append(f"generation={resp.generation_id}")
         elif key == METADATA or key == CREATE_TOPICS:
-            resp = _decode_response(sent, response)
+            resp = decode_response(sent, response)
             for t in resp.topics or ():
                 tid = _uuid_text(getattr(t, "topic_id", None))
                 if t.name and tid and getattr(t, "error_code", 0) == 0:

@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from protocol.summaries.codegen import PARTITION_FIELDS  # noqa: F401  (documented coupling)
-
 
 def _walk(obj: Any, out: dict[str, Any], depth: int, key: str = "") -> None:
     if isinstance(obj, dict):

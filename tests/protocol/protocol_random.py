@@ -59,7 +59,7 @@ def build_struct(struct: Any, data_class: Any, rng: random.Random, version: int,
     for f in struct._fields:
         if not f.for_version_q(version):
             continue
-        if f.tagged_field_q(version) and rng.random() < 0.5:
+        if f.tagged_field_q(version) and rng.random() < 0.5 and not ctx.get("min_items"):
             continue  # omitted tagged field
         vals[f.name] = build_field(f, rng, version, depth, ctx)
     if data_class is None:
@@ -69,9 +69,9 @@ def build_struct(struct: Any, data_class: Any, rng: random.Random, version: int,
 
 def build_field(f: Any, rng: random.Random, version: int, depth: int, ctx: dict[str, Any]) -> Any:
     if f.is_struct_array():
-        if f.nullable_for_version_q(version) and rng.random() < 0.2:
+        if f.nullable_for_version_q(version) and rng.random() < 0.2 and not ctx.get("min_items"):
             return None
-        n = rng.randint(0, 3 if depth < 3 else 1)
+        n = rng.randint(ctx.get("min_items", 0), 3 if depth < 3 else 1)
         inner = f.array_of
         return [build_struct(inner, inner.data_class, rng, version, depth + 1, ctx) for _ in range(n)]
     if f.is_array():
@@ -80,7 +80,7 @@ def build_field(f: Any, rng: random.Random, version: int, depth: int, ctx: dict[
         inner = f.array_of
         return [_simple(inner, inner._type, rng, version, f.name, ctx) for _ in range(rng.randint(0, 4))]
     if f.is_struct():
-        if f.nullable_for_version_q(version) and rng.random() < 0.3:
+        if f.nullable_for_version_q(version) and rng.random() < 0.3 and not ctx.get("min_items"):
             return None
         return build_struct(f, f.data_class, rng, version, depth + 1, ctx)
     return _simple(f, f._type, rng, version, f.name, ctx)

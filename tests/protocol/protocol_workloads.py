@@ -41,7 +41,21 @@ def kafka_python(boot: str, topic: str) -> None:
             break
     c.commit()
     c.close()
-    admin.delete_topics([topic + "-kp"])
+    # bulk: ~2 MB through one partition so Fetch responses span many TCP segments
+    bulk = KafkaProducer(bootstrap_servers=boot, acks=1, linger_ms=20, batch_size=256 * 1024, client_id="kp-bulk")
+    for i in range(2000):
+        bulk.send(topic + "-bulk", value=bytes([i % 251]) * 1000)
+    bulk.flush()
+    bulk.close()
+    c = KafkaConsumer(topic + "-bulk", bootstrap_servers=boot, auto_offset_reset="earliest",
+                      consumer_timeout_ms=4000, client_id="kp-bulk-consumer", enable_auto_commit=False)
+    got = 0
+    for _ in c:
+        got += 1
+        if got >= 2000:
+            break
+    c.close()
+    admin.delete_topics([topic + "-kp", topic + "-bulk"])
     admin.close()
 
 

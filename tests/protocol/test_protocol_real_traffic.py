@@ -22,7 +22,7 @@ from kafka.record.memory_records import MemoryRecords
 
 from protocol.apis import APIS, API_VERSIONS, FETCH, METADATA, PRODUCE
 from protocol.deep import decode_request, decode_response, message_class
-from protocol.events import RequestSeen, ResponseSeen, StreamClosed, StreamOpaque
+from protocol.events import Direction, RequestSeen, ResponseSeen, StreamClosed, StreamOpaque
 from protocol.headers import parse_request_header, response_header_flexible, skip_request_header_tags
 from protocol.stream import KafkaStream
 from protocol.summaries.varint import skip_tags
@@ -38,16 +38,16 @@ pytestmark = [
 CODECS = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
 
 
-def decode_conn(conn: Conn, byte_at_a_time: bool = False) -> tuple[list[Any], bytes, bytes]:
-    """Feed the segments as they were captured (or each one a byte at a time, same timestamps)."""
+def decode_conn(conn: Conn, byte_at_a_time: bool = False, step: int = 1) -> tuple[list[Any], bytes, bytes]:
+    """Feed the segments as they were captured (or each in `step`-byte pieces, same timestamps)."""
     s = KafkaStream()
     ts = 0
     for seg in conn.segments:
         ts = seg.ts_ns
         feed = s.receive_request_data if seg.to_broker else s.receive_response_data
         if byte_at_a_time:
-            for i in range(len(seg.payload)):
-                feed(seg.payload[i:i + 1], ts)
+            for i in range(0, len(seg.payload), step):
+                feed(seg.payload[i:i + step], ts)
         else:
             feed(seg.payload, ts)
     s.close(ts + 1)
@@ -113,11 +113,14 @@ def run_and_check(kafka: Any, tmp_path: Path, topic: str) -> Counter:
             workload(kafka.bootstrap, topic)
     conns = connections(pcap, kafka.port)
     assert len(conns) >= 10, "expected many client connections"
+    assert max(len(c.bytes(False)) for c in conns) > 1 << 20, "expected a bulk consumer connection"
     stats: Counter = Counter()
     ours: dict[int, list[tuple[int, int, int, str]]] = {}
     for conn in conns:
         events, req_bytes, resp_bytes = decode_conn(conn)
-        assert decode_conn(conn, byte_at_a_time=True)[0] == events, f"chunking changed events of stream {conn.stream}"
+        # one byte at a time (big bulk connections: 997-byte pieces, to keep the test fast)
+        step = 1 if len(req_bytes) + len(resp_bytes) < 256 * 1024 else 997
+        assert decode_conn(conn, True, step)[0] == events, f"chunking changed events of stream {conn.stream}"
         stats["bytes"] += len(req_bytes) + len(resp_bytes)
         opaque = [e for e in events if isinstance(e, StreamOpaque)]
         if opaque:
@@ -128,7 +131,10 @@ def run_and_check(kafka: Any, tmp_path: Path, topic: str) -> Counter:
             raise AssertionError(f"{opaque[0]} header={head} frame={frame[:200].hex()}")
         closed = events[-1]
         assert isinstance(closed, StreamClosed)
-        assert closed.truncated == {}
+        # a consumer may close while a big Fetch response is still arriving
+        if closed.truncated:
+            assert set(closed.truncated) == {Direction.RESPONSE} and closed.unanswered, closed
+            stats["truncated_responses"] += 1
         ours[conn.stream] = []
         for ev in events:
             if isinstance(ev, RequestSeen):

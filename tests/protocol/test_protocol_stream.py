@@ -220,3 +220,18 @@ def test_data_after_close_raises_documented_error() -> None:
     s.close(2)  # idempotent
     with pytest.raises(ProtocolError):
         s.receive_request_data(b"x", 3)
+
+
+def test_response_errors_are_located_with_the_request_group() -> None:
+    from protocol.deep import message_class
+
+    join = message_class(11, True)
+    proto = join._struct.fields["protocols"].data_class
+    req = request(11, 5, {"group_id": "payments", "session_timeout_ms": 10000, "rebalance_timeout_ms": 10000,
+                          "member_id": "", "group_instance_id": None, "protocol_type": "consumer",
+                          "protocols": [proto(name="range", metadata=b"")]}, 4)
+    resp = response(11, 5, {"throttle_time_ms": 0, "error_code": 79, "generation_id": -1, "protocol_name": "",
+                            "leader": "", "member_id": "m-1", "members": []}, 4)
+    evs = feed(req, resp)
+    assert evs[0].summary.group_id == "payments"
+    assert [(e.name, e.resource) for e in evs[1].summary.errors] == [("MEMBER_ID_REQUIRED", "payments")]

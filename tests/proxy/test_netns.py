@@ -178,3 +178,59 @@ def test_transparent_local_output_does_not_loop(gateway_topology, sink):
     assert finals and all(c["end_reason"] != "upstream_connect_failed" for c in finals), finals
     assert all(c["broker_addr"] == f"10.77.22.2:{kafka.port}" for c in finals)
     assert sum(c["requests"] for c in finals) == len(sink.requests) > 0
+
+
+ECHO_SERVER = textwrap.dedent("""
+    import socket, sys
+    fam = socket.AF_INET6 if ":" in sys.argv[1] else socket.AF_INET
+    s = socket.socket(fam); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(16)
+    print("ready", flush=True)
+    while True:
+        c, _ = s.accept()
+        data = c.recv(100)
+        c.sendall(data); c.close()
+""")
+
+
+def test_transparent_ipv6_original_dst(sink):
+    """SO_ORIGINAL_DST for IPv6 (ip6tables REDIRECT on a gateway)."""
+    from proxy.netfilter import RulePlan, build, run
+
+    with netns.Topology() as topo:
+        client, gw, server = topo.host("c6"), topo.host("g6"), topo.host("s6")
+        for h in (client, gw, server):
+            h.sysctl("net.ipv6.conf.all.accept_dad", 0)
+            h.sysctl("net.ipv6.conf.default.accept_dad", 0)
+        topo.link(client, "fd77:31::1/64", gw, "fd77:31::2/64")
+        topo.link(gw, "fd77:32::1/64", server, "fd77:32::2/64")
+        gw.sysctl("net.ipv6.conf.all.forwarding", 1)
+        client.run(["ip", "-6", "route", "add", "fd77:32::/64", "via", "fd77:31::2"])
+        server.run(["ip", "-6", "route", "add", "fd77:31::/64", "via", "fd77:32::1"])
+        echo = server.popen([sys.executable, "-c", ECHO_SERVER, "fd77:32::2", "7000"], stdout=subprocess.PIPE, text=True)
+        assert echo.stdout.readline().strip() == "ready"
+        run(build(RulePlan("gateway", 15092, [("fd77:32::2", 7000)])), netns=gw.name)
+        with RunningProxy(["[::]:15092"], sink=sink, thread_context=gw.entered):
+            out = client.run([sys.executable, "-c",
+                              "import socket; s=socket.create_connection(('fd77:32::2',7000),timeout=10);"
+                              "s.sendall(b'six'); print(s.recv(10).decode())"])
+            assert out.stdout.strip() == "six"
+            (row,) = sink.wait_final(1)
+    assert row["mode"] == "transparent"
+    assert row["original_dst"] == "[fd77:32::2]:7000" == row["broker_addr"]
+    assert row["client_addr"].startswith("[fd77:31::1]:")
+
+
+def test_upstream_unreachable_recorded(sink):
+    """A namespace with no route to the broker: connect fails with 'unreachable' at once."""
+    with netns.Topology() as topo:
+        lonely = topo.host("lone")
+        with RunningProxy(listen="127.0.0.1:0", upstream="10.77.99.1:9092", sink=sink,
+                          thread_context=lonely.entered) as p:
+            port = p.listen_addr[1]
+            lonely.run([sys.executable, "-c",
+                        f"import socket; s=socket.create_connection(('127.0.0.1',{port})); s.settimeout(10)\n"
+                        "try:\n    s.recv(1)\nexcept ConnectionResetError:\n    pass"])
+            (row,) = sink.wait_final(1)
+    assert row["end_reason"] == "upstream_connect_failed"
+    assert row["end_detail"].startswith("unreachable"), row["end_detail"]

@@ -58,8 +58,8 @@ def test_kill9_leaves_valid_files_and_loses_at_most_one_interval(tmp_path: Path,
     assert len(ids) == len(set(ids)), "the reader must not see duplicates after a crash during compaction"
     assert sorted(ids) == list(range(1, len(ids) + 1)), "only the tail may be missing"
     lost = enqueued - len(ids)
-    # one flush interval of rows, plus the batch in flight and scheduling slack on a busy 2-core box
-    assert lost <= RATE * (FLUSH + 0.3), f"lost {lost} rows of {enqueued}"
+    # one flush interval of rows, plus the batch in flight and scheduling slack on an oversubscribed 2-core box
+    assert lost <= RATE * (FLUSH + 0.5), f"lost {lost} rows of {enqueued}"
     recover(root)
     assert not list(root.rglob(".tmp-*"))
     assert read_recording(root, "requests").num_rows == len(ids)

@@ -8,6 +8,7 @@ import socket
 import struct
 import subprocess
 import sys
+import time
 import urllib.request
 from collections import Counter
 from pathlib import Path
@@ -112,7 +113,15 @@ def test_sigterm_requests_made_equal_rows_recorded(rec_broker, topic_name, tmp_p
             assert struct.unpack(">i", _read_frame(a)[:4])[0] == corr
         b = socket.create_connection(("127.0.0.1", info["listen"][1]))
         b.sendall(b"".join(_metadata_v1(1000 + i) for i in range(50)))
-        clients = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{info['status']}/clients").read())
+        # SIGTERM only once the proxy has accepted b (its TCP open sample makes it visible in /clients):
+        # requests still in the listen backlog never reached the proxy and are not its to record
+        deadline = time.monotonic() + 10
+        while True:
+            clients = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{info['status']}/clients").read())
+            if clients["open_connections"] >= 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert clients["open_connections"] >= 2, clients
         assert any(c["client_id"] == "raw" for c in clients["clients"])
         proc.send_signal(signal.SIGTERM)
         answered_b = 0

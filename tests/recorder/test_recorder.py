@@ -21,7 +21,8 @@ from proxy.schema import FORMAT_KEY, FORMAT_VERSION, arrow_schema
 
 
 def _files(root: Path, dataset: str) -> list[Path]:
-    return sorted((root / dataset).rglob("*.parquet"))
+    """Complete files only: `.tmp-*` ones are still being written."""
+    return sorted((root / dataset).rglob("part-*.parquet"))
 
 
 def test_round_trip_all_datasets(make_recorder, rec_dir: Path) -> None:

@@ -174,6 +174,18 @@ def test_render_rates_from_two_polls() -> None:
     assert "req/s" in screen and "p99" in screen
 
 
+def test_connection_visible_from_its_open_tcp_sample() -> None:
+    from proxy.recording_fixtures import tcp_row
+
+    stats = LiveStats("p1")
+    stats.tcp(tcp_row("p1", "c-new", phase="open"))
+    stats.tcp(tcp_row("p1", "c-new", side="broker", phase="open"))
+    assert stats.open_count == 1 and stats.clients_json()["clients"][0]["conn_id"] == "c-new"
+    stats.connection(connection_row("p1", "c-new", final=True))
+    stats.tcp(tcp_row("p1", "c-new", phase="close"))  # a late close sample does not reopen it
+    assert stats.open_count == 0
+
+
 def test_live_stats_per_row_cost_is_small() -> None:
     import time
 

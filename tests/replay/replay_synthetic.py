@@ -112,6 +112,7 @@ class FakeBroker:
         self.delay = delay
         self.arrivals: dict[int, list[tuple[float, int, int]]] = {}  # conn → (loop time, api key, cid)
         self.max_inflight: dict[int, int] = {}
+        self.frames: dict[int, list[bytes]] = {}  # conn → whole request frames as received
         self.server: asyncio.base_events.Server | None = None
         self._n = 0
 
@@ -146,6 +147,7 @@ class FakeBroker:
                 body = await reader.readexactly(int.from_bytes(head, "big"))
                 key, ver, cid = int.from_bytes(body[0:2], "big"), int.from_bytes(body[2:4], "big"), int.from_bytes(body[4:8], "big")
                 self.arrivals.setdefault(conn, []).append((loop.time(), key, cid))
+                self.frames.setdefault(conn, []).append(head + body)
                 inflight += 1
                 self.max_inflight[conn] = max(self.max_inflight.get(conn, 0), inflight)
                 asyncio.ensure_future(answer(key, ver, cid))

@@ -117,16 +117,31 @@ def test_replay_on_b_produces_joins_and_is_recorded(brokers: Brokers, session: R
 
 
 @pytest.mark.spark
-def test_analyze_compare_reports_the_connection_b_closed(session: RecordedSession, replayed: Replayed, tmp_path: Path):
-    from analytics.job import run_analysis
+def test_analyze_compare_reports_the_connection_b_closed(session: RecordedSession, replayed: Replayed):
+    """The compare half of `kafkatap analyze --compare REC OUT`, on the real recording and its replay.
 
-    result = run_analysis([], tmp_path / "cmp", compare=(session.path, replayed.out), compare_mode="auto",
-                          progress=False, report=False, csv=False)
-    assert result.compare_mode == "sequence"
-    differ = [r for r in result.tables["compare_ends"] if r["same"] is False]
+    Uses the analytics job's own compare plan (analytics.job.compare_plan) so
+    that this test checks what replay must provide: the replay recording pairs
+    with the original (sequence matching: fresh correlation ids) and the
+    connection B hung up on shows as ending differently.
+    """
+    from analytics.job import compare_plan
+    from analytics.load import Filters as AFilters
+    from analytics.progress import Progress
+    from analytics.session import get_spark
+
+    spark = get_spark(None, None)
+    with Progress(spark, enabled=False) as prog:
+        mode, plan = compare_plan(spark, str(session.path), str(replayed.out), AFilters(None, None, (), (), ()),
+                                  "auto", 10.0, prog)
+        ends = [r.asDict() for r in plan["compare_ends"]().collect()]
+        summary = [r.asDict() for r in plan["compare_summary"]().collect()]
+    assert mode == "sequence"
+    differ = [r for r in ends if r["same"] is False]
     assert any(r["client_id"] == "kp-oversize" and r["end_by_a"] == "client" and r["end_by_b"] == "broker"
-               for r in differ), result.tables["compare_ends"]
-    assert "compare_ends_differ" in result.finding_ids()
+               for r in differ), ends
+    by_api = {r["api_name"]: r for r in summary}
+    assert by_api["Produce"]["matched"] >= 5 and by_api["SyncGroup"]["matched"] == 2, summary
 
 
 def _span(path: Path, client: str) -> float:
@@ -161,3 +176,24 @@ def test_real_recording_without_raw_capture_is_refused(brokers: Brokers, tmp_pat
     assert res.exit_code == 2
     lines = [ln for ln in res.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and "--capture requests" in lines[0], res.output
+
+
+def test_max_speed_with_topic_map(brokers: Brokers, session: RecordedSession, tmp_path: Path):
+    """--speed max and --topic-map: the session lands on the renamed topic (topic ids re-mapped too)."""
+    from kafka import KafkaConsumer
+
+    renamed = f"{session.topic}-staging"
+    out = tmp_path / "max-out"
+    res = CliRunner().invoke(replay, [str(session.path), "--target", brokers.b.bootstrap, "--speed", "max",
+                                      "--topic-map", f"{session.topic}={renamed}", "--record", str(out), "--yes"])
+    assert res.exit_code == 0, res.output
+    assert "speed        max" in res.output and f"{session.topic}→{renamed}(3p)" in res.output
+    assert "topic_id_unmapped" not in res.output and "producer_id_unmapped" not in res.output, res.output
+    c = KafkaConsumer(renamed, bootstrap_servers=brokers.b.bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=5000)
+    assert len(list(c)) == 10
+    c.close()
+    assert _committed(brokers.b.bootstrap, session.group_ck, renamed) == 10
+    req = read_recording(out, "requests").to_pylist()
+    fetches = [r for r in req if r["api_name"] == "Fetch" and r["client_id"] == "ck-consumer"]
+    assert fetches and all(r["answered"] and not r["error_count"] for r in fetches)
+    assert not any(session.topic in (r["topics"] or []) for r in req if r["api_name"] in ("Produce", "Metadata"))

@@ -81,12 +81,12 @@ def test_cli_rails_yes_required_and_origin_refused(tmp_path: Path):
     assert res.exit_code == 2 and "--speed" in res.output
 
 
-def _run(rec, speed, delay=0.0):
+def _run(rec, speed, delay=0.0, **kw):
     async def go():
         broker = FakeBroker(delay)
         target = await broker.start()
         try:
-            result = await replay_async(rec, ReplayOptions(target=target, speed=speed, create_topics=False))
+            result = await replay_async(rec, ReplayOptions(target=target, speed=speed, create_topics=False, **kw))
         finally:
             await broker.stop()
         return broker, result
@@ -125,3 +125,56 @@ def test_max_speed_keeps_the_recorded_pipelining_depth(tmp_path: Path):
     assert arrivals[3][0] - arrivals[2][0] >= 0.045  # the 4th waited for the three answers …
     assert arrivals[3][0] - arrivals[0][0] < 1.0  # … but not for the recorded 5 s
     assert result.sent == 4 and result.answered == 4
+
+
+def test_sasl_session_replayed_with_the_users_plain_credentials(tmp_path: Path):
+    """Recordings never hold SaslAuthenticate; with --sasl-plain the engine authenticates after the handshake."""
+    sasl = SynthConn("c9", 0.0, [api_versions(1), SynthRequest(0.01, request(17, 1, 2, mechanism="SCRAM-SHA-512"), 17, 1, 2),
+                                 metadata(4, 0.05)])
+    write_recording(tmp_path, [sasl], sasl_conns=("c9",))
+    rec = load_recording(tmp_path, sasl_credentials=True)
+    broker, result = _run(rec, None, sasl_plain=("alice", "pw"))
+    from scenarios.replay.rewrite import decode_request_body, parse_request
+
+    frames = [parse_request(f) for f in broker.frames[2]]
+    assert [f.api_key for f in frames] == [18, 17, 36, 3]
+    assert decode_request_body(frames[1]).mechanism == "PLAIN"
+    assert decode_request_body(frames[2]).auth_bytes == b"\x00alice\x00pw" and frames[2].api_version == 2
+    assert [f.correlation_id for f in frames] == [1, 2, 3, 4]  # fresh ids, the injected request included
+    assert result.sent == 3 and result.answered == 3 and result.notes["sasl_authenticated_with_given_credentials"] == 1
+
+
+def test_recorded_metadata_responses_map_topic_ids_exactly(tmp_path: Path):
+    """With --capture all the origin's Metadata answers give topic id → name; without, one-name clients infer it."""
+    import uuid
+
+    from replay_frames import cls, response
+    from replay_synthetic import write_dataset
+
+    tid = uuid.uuid4()
+    F = cls(1)
+    fetch = request(1, 16, 5, "cons", replica_id=-1, max_wait_ms=500, min_bytes=1, max_bytes=1 << 20, isolation_level=0,
+                    session_id=0, session_epoch=-1, forgotten_topics_data=[], rack_id="",
+                    topics=[F.FetchTopic(version=16, topic_id=tid, partitions=[F.FetchTopic.FetchPartition(
+                        version=16, partition=4, current_leader_epoch=-1, fetch_offset=0, last_fetched_epoch=-1,
+                        log_start_offset=-1, partition_max_bytes=1 << 20)])])
+    conn = SynthConn("c1", 0.0, [api_versions(1, "cons"), metadata(2, 0.01, "cons", ["a", "b"]),
+                                 SynthRequest(0.02, fetch, 1, 16, 5)], client_id="cons")
+    t0 = write_recording(tmp_path, [conn])
+    rec = load_recording(tmp_path)
+    assert rec.unmapped_topic_ids == {str(tid)}  # two names, one id: ambiguous without responses
+    R = cls(3, False)
+    md = response(3, 12, 2, throttle_time_ms=0, brokers=[], cluster_id="c", controller_id=1, topics=[
+        R.MetadataResponseTopic(version=12, error_code=0, name="b", topic_id=tid, is_internal=False, partitions=[],
+                                authorized_operations=None)])
+    write_dataset(tmp_path / "extra", "frames", [{"proxy_id": "p1", "conn_id": "c1", "direction": "response",
+                                                  "ts_ns": t0 + 15_000_000, "conn_offset_ns": 15_000_000,
+                                                  "correlation_id": 2, "api_key": 3, "api_version": 12, "data": md}])
+    import shutil
+
+    src = next((tmp_path / "extra" / "frames").rglob("*.parquet"))
+    dst = next((tmp_path / "frames").rglob("*.parquet"))
+    shutil.copy(src, dst.with_name("part-synthetic-00000002.parquet"))
+    rec = load_recording(tmp_path)
+    assert rec.has_responses and rec.recorded_topic_ids == {str(tid): "b"} and not rec.unmapped_topic_ids
+    assert rec.topics == {"a": 0, "b": 5}

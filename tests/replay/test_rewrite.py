@@ -24,6 +24,8 @@ from scenarios.replay.rewrite import (
     parse_request,
     parse_topic_map,
     produce_acks,
+    rename_consumer_assignment,
+    rename_consumer_subscription,
     records_producer_ids,
     request_topics,
     response_correlation_id,
@@ -330,3 +332,39 @@ def test_sasl_needs_credentials_and_uses_plain():
     assert (auth.api_key, auth.api_version, auth.correlation_id, auth.client_id) == (36, 2, 5, "cli")
     assert body(auth.data).auth_bytes == b"\x00alice\x00s3cret"
     assert rewrite_request(auth, ReplayState(sasl_mechanism="PLAIN"), ConnState()) == Skip("sasl_authenticate_not_recorded")
+
+
+def test_topic_map_inside_consumer_group_metadata():
+    """Subscriptions (v0 and librdkafka's v3) and assignments, as recorded from the real clients."""
+    tmap = {"probe": "probe-staging"}
+    v0 = b"\x00\x00\x00\x00\x00\x01\x00\x05probe\x00\x00\x00\x00"  # kafka-python
+    assert rename_consumer_subscription(v0, tmap) == b"\x00\x00\x00\x00\x00\x01\x00\x0dprobe-staging\x00\x00\x00\x00"
+    v3 = b"\x00\x03\x00\x00\x00\x01\x00\x05probe\x00\x00\x00\x00\x00\x00\x00\x00\xff\xff\xff\xff\x00\x00"  # librdkafka
+    assert rename_consumer_subscription(v3, tmap) == v3.replace(b"\x00\x05probe", b"\x00\x0dprobe-staging")
+    owned = (b"\x00\x01\x00\x00\x00\x01\x00\x05probe\xff\xff\xff\xff"
+             b"\x00\x00\x00\x01\x00\x05probe\x00\x00\x00\x02\x00\x00\x00\x00\x00\x00\x00\x01")
+    assert rename_consumer_subscription(owned, tmap).count(b"probe-staging") == 2
+    asg = b"\x00\x00\x00\x00\x00\x01\x00\x05probe\x00\x00\x00\x03\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00\x02\x00\x00\x00\x00"
+    assert rename_consumer_assignment(asg, tmap) == asg.replace(b"\x00\x05probe", b"\x00\x0dprobe-staging")
+    assert rename_consumer_subscription(v0, {}) == v0
+    with pytest.raises(ValueError):
+        rename_consumer_subscription(v0[:-3], tmap)
+
+    state, conn = ReplayState(topic_map=tmap), ConnState()
+    J = cls(11)
+    data = request(11, 7, group_id="g1", session_timeout_ms=45000, rebalance_timeout_ms=300000, member_id="",
+                   group_instance_id=None, protocol_type="consumer",
+                   protocols=[J.JoinGroupRequestProtocol(version=7, name="range", metadata=v0)])
+    m = body(rewrite_request(parse_request(data), state, conn).data)
+    assert m.protocols[0].name == "range" and b"probe-staging" in bytes(m.protocols[0].metadata)
+    state.members[("g1", "m")] = "m"
+    state.generations["g1"] = 1
+    S = cls(14)
+    sync = request(14, 3, group_id="g1", generation_id=1, member_id="m", group_instance_id=None,
+                   assignments=[S.SyncGroupRequestAssignment(version=3, member_id="m", assignment=asg)])
+    m = body(rewrite_request(parse_request(sync), state, conn).data)  # v3 has no protocol_type: remembered from the join
+    assert bytes(m.assignments[0].assignment) == rename_consumer_assignment(asg, tmap)
+    connect = request(11, 7, group_id="g2", session_timeout_ms=45000, rebalance_timeout_ms=300000, member_id="",
+                      group_instance_id=None, protocol_type="connect",
+                      protocols=[J.JoinGroupRequestProtocol(version=7, name="sessioned", metadata=v0)])
+    assert rewrite_request(parse_request(connect), state, conn).data == connect

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
@@ -38,5 +39,6 @@ def test_up_status_down(tmp_path, monkeypatch) -> None:
     assert res.exit_code == 0, res.output
     assert not scli._alive(state["pid"])
     assert not (tmp_path / "state.json").exists() and not (tmp_path / "broker").exists()
-    with pytest.raises(ProcessLookupError):
-        os.kill(state["pid"], 0)
+    # in-process the JVM is our child: reap the zombie (a real `kafka up` process has exited long before)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(state["pid"], 0)

@@ -18,6 +18,7 @@ from scenarios.catalog import MODULES, all_scenarios, get
 from scenarios.clients import ClientSpec, command_for, run_client
 from scenarios.runner import _proxy_order, create_topics, run_scenario
 from scenarios.spec import Broker, Expect, Proxy, Report, Scenario
+from scenario_helpers import children
 
 
 def test_catalog_is_complete_and_well_formed() -> None:
@@ -101,18 +102,14 @@ def test_runner_without_analysis_records_through_a_chain(tmp_path) -> None:
         clients=[ClientSpec("p", topics=["t"], count=30, rate=100, duration_s=10)],
         expect=[],
     )
+    before = children()  # e.g. the session's broker fixture
     res = run_scenario(sc, tmp_path, analyze=False, progress=False)
     assert res.clients[0]["sent"] == 30 and res.ok, res
     reqs = ds.dataset(tmp_path / "recordings" / "rec" / "requests", partitioning="hive").to_table().to_pylist()
     produced = sum(r["records"] or 0 for r in reqs if r["api_name"] == "Produce")
     assert produced == 30, "produce bypassed the proxy chain"
-    _assert_no_strays()
-
-
-def _assert_no_strays() -> None:
-    out = subprocess.run(["pgrep", "-f", "-P", str(os.getpid())], capture_output=True, text=True).stdout.split()
-    kids = [p for p in out if p]
-    assert not kids, f"child processes left behind: {kids}"
+    left = children() - before
+    assert not left, f"child processes left behind: {left}"
 
 
 def test_cli_module_imports() -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 
 import pytest
 
@@ -19,6 +18,7 @@ from scenarios.catalog import get
 from scenarios.kafka_jars import DEFAULT_VERSION, INCIDENT_VERSION
 from scenarios.netns import leftover_namespaces
 from scenarios.runner import host_iptables_snapshot, run_scenario
+from scenario_helpers import children
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.slow]
 
@@ -31,31 +31,21 @@ CASES = [
     pytest.param("connection-surge", DEFAULT_VERSION, id="connection-surge"),
     pytest.param("no-window-scaling", DEFAULT_VERSION, id="no-window-scaling", marks=pytest.mark.netns),
     pytest.param("middlebox-latency", DEFAULT_VERSION, id="middlebox-latency"),
+    pytest.param("demo", DEFAULT_VERSION, id="demo"),
 ]
-
-
-def _children() -> list[str]:
-    out = subprocess.run(["pgrep", "-P", str(os.getpid())], capture_output=True, text=True).stdout.split()
-    # Spark's JVM (the shared session's gateway) is a legitimate long-lived child
-    return [p for p in out if b"pyspark" not in _cmdline(p) and b"spark" not in _cmdline(p)]
-
-
-def _cmdline(pid: str) -> bytes:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read()
-    except OSError:
-        return b""
 
 
 @pytest.mark.parametrize(("name", "version"), CASES)
 def test_scenario(name: str, version: str, tmp_path) -> None:
-    scenario = get(name)
+    if name == "demo":
+        from scenarios.demo import SCENARIO as scenario
+    else:
+        scenario = get(name)
     if scenario.needs_root and os.geteuid() != 0:
         pytest.skip("needs root for network namespaces")
     namespaces_before = set(leftover_namespaces())
     iptables_before = host_iptables_snapshot()
-    children_before = set(_children())
+    children_before = children()
 
     result = run_scenario(scenario, tmp_path / name, kafka_version=version)
 
@@ -66,4 +56,4 @@ def test_scenario(name: str, version: str, tmp_path) -> None:
         assert (exp.finding in ids) != exp.absent
     assert set(leftover_namespaces()) <= namespaces_before, "namespaces left behind"
     assert host_iptables_snapshot() == iptables_before, "host iptables changed"
-    assert not set(_children()) - children_before, "processes left behind"
+    assert not children() - children_before, "processes left behind"

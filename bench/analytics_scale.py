@@ -1,0 +1,211 @@
+"""Scale benchmark for `kafkatap analyze`: 1 M and 10 M synthetic requests, Spark vs DuckDB.
+
+For each size: write a synthetic recording through the recorder schema
+(analytics.synthetic), run `kafkatap analyze` as a subprocess while sampling
+the RSS of its whole process tree (Python driver + the Spark JVM), then run
+the headline queries with DuckDB on the same Parquet files (also in a sampled
+subprocess). Prints a table and, with --write-results, replaces the
+"## analytics (bench/analytics_scale.py)" section of bench/RESULTS.md.
+
+    .venv/bin/python bench/analytics_scale.py --sizes 1000000 10000000 --write-results
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SECTION = "## analytics (bench/analytics_scale.py)"
+TARGETS = {1_000_000: 20.0, 10_000_000: 90.0}
+
+DUCKDB_QUERIES = {
+    "overview": """select count(*), min(req_first_ns), max(req_first_ns), count(distinct client_id), count(distinct broker_addr),
+                   sum(request_bytes), sum(response_bytes), avg((error_count > 0)::int) from read_parquet('{d}/requests/**/*.parquet', hive_partitioning=true)""",
+    "latency_by_api": """select case when api_name='Fetch' and coalesce(record_bytes,0)=0 and broker_latency_us >= max_wait_ms*800 then 'Fetch (long poll)' else api_name end a,
+                   count(*), quantile_cont(latency_us, [0.5,0.9,0.99,0.999]), max(latency_us)
+                   from read_parquet('{d}/requests/**/*.parquet', hive_partitioning=true) where latency_us is not null group by a""",
+    "latency_by_client": """select client_id, count(*), quantile_cont(latency_us, [0.5,0.99]) from read_parquet('{d}/requests/**/*.parquet', hive_partitioning=true)
+                   where latency_us is not null group by client_id""",
+    "latency_over_time_broker": """select broker_addr, req_first_ns // 60000000000 b, count(*), quantile_cont(latency_us, [0.5,0.99])
+                   from read_parquet('{d}/requests/**/*.parquet', hive_partitioning=true) group by all""",
+    "client_inventory": """select client_id, split_part(client_addr, ':', 1) h, count(*), count(distinct conn_id), bool_or(api_name='Produce'), bool_or(api_name='Fetch'),
+                   sum(records), sum(request_bytes + coalesce(response_bytes,0)) from read_parquet('{d}/requests/**/*.parquet', hive_partitioning=true) group by all order by 3 desc""",
+    "errors_by_name": """select e.name, api_name, coalesce(e.topic, ''), client_id, count(*) from
+                   (select api_name, client_id, unnest(errors) e from read_parquet('{d}/requests/**/*.parquet', hive_partitioning=true) where error_count > 0) group by all""",
+    "connection_ends": """select end_reason, end_by, count(*), median(idle_before_end_ms) from (
+                   select *, row_number() over (partition by proxy_id, conn_id order by final desc, snapshot_ns desc) rn
+                   from read_parquet('{d}/connections/**/*.parquet', hive_partitioning=true)) where rn = 1 group by all""",
+}
+
+
+def tree_rss_kib(pid: int) -> int:
+    """RSS of a process and all its descendants (the Spark JVM is a child of the driver)."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/status") as f:
+                m = re.search(r"VmRSS:\s+(\d+)", f.read())
+            children.setdefault(ppid, []).append(int(entry))
+            rss[int(entry)] = int(m.group(1)) if m else 0
+        except (OSError, IndexError, ValueError):
+            continue
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        total += rss.get(p, 0)
+        todo.extend(children.get(p, []))
+    return total
+
+
+def run_sampled(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, int, str, str]:
+    """Run cmd; return wall seconds, peak process-tree RSS (KiB), stdout, stderr."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    peak = 0
+    stop = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not stop.is_set():
+            peak = max(peak, tree_rss_kib(proc.pid))
+            stop.wait(0.25)
+
+    th = threading.Thread(target=sample, daemon=True)
+    th.start()
+    out, err = proc.communicate()
+    wall = time.monotonic() - t0
+    stop.set()
+    th.join()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cmd[:3]} failed ({proc.returncode}):\n{err[-3000:]}")
+    return wall, peak, out, err
+
+
+def duckdb_script(d: Path) -> str:
+    qs = json.dumps({k: v.format(d=d) for k, v in DUCKDB_QUERIES.items()})
+    return f"""
+import duckdb, json, time
+con = duckdb.connect()
+con.execute("PRAGMA threads=2")
+t = {{}}
+for name, q in json.loads({qs!r}).items():
+    t0 = time.monotonic(); con.execute(q).fetchall(); t[name] = round(time.monotonic() - t0, 3)
+print(json.dumps(t))
+"""
+
+
+def loadavg() -> str:
+    try:
+        return open("/proc/loadavg").read().split()[0]
+    except OSError:
+        return "?"
+
+
+def bench_size(n: int, work: Path, regenerate: bool) -> dict:
+    from analytics.synthetic import generate
+
+    d = work / f"rec-{n}"
+    res: dict = {"requests": n}
+    if regenerate or not (d / "requests").exists():
+        shutil.rmtree(d, ignore_errors=True)
+        t0 = time.monotonic()
+        counts = generate(d, n)
+        res["generate_s"] = round(time.monotonic() - t0, 1)
+        res["connections"] = counts["connections"]
+    res["size_mib"] = round(sum(f.stat().st_size for f in d.rglob("*.parquet")) / 2**20, 1)
+    out = work / f"out-{n}"
+    shutil.rmtree(out, ignore_errors=True)
+    res["load_before"] = loadavg()
+    wall, peak, stdout, _ = run_sampled([sys.executable, "-m", "kafkatap.cli", "analyze", str(d), "--out", str(out), "--quiet"])
+    res.update(spark_s=round(wall, 1), spark_peak_mib=round(peak / 1024), load_after=loadavg())
+    res["findings"] = len(json.loads((out / "findings.json").read_text())["findings"])
+    wall, peak, stdout, _ = run_sampled([sys.executable, "-c", duckdb_script(d)])
+    res.update(duckdb_s=round(wall, 1), duckdb_peak_mib=round(peak / 1024), duckdb_queries=json.loads(stdout.strip().splitlines()[-1]))
+    return res
+
+
+def markdown(results: list[dict], cmd: str) -> str:
+    lines = [SECTION, "", f"Command: `{cmd}`  ", f"Date: {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M UTC}, "
+             f"{os.cpu_count()} cores (shared machine: the 1-min load average before/after each run is in the table).", "",
+             "Spark = the whole `kafkatap analyze` process (JVM start, all 29 tables, findings, report, CSV+Parquet). "
+             "DuckDB = the 7 headline queries (overview, latency by API / client / broker×minute, inventory, errors, connection ends) "
+             "on the same files, 2 threads. Peak memory = peak RSS of the process tree (driver + JVM).", "",
+             "| requests | recording | Spark wall | target | Spark peak RSS | DuckDB wall | DuckDB peak RSS | Spark/DuckDB | load before→after |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in results:
+        tgt = TARGETS.get(r["requests"])
+        lines.append(f"| {r['requests']:,} | {r['size_mib']} MiB | {r['spark_s']} s | {'≤ %d s' % tgt if tgt else ''} "
+                     f"{'✅' if tgt and r['spark_s'] <= tgt else '❌' if tgt else ''} | {r['spark_peak_mib']} MiB | {r['duckdb_s']} s | "
+                     f"{r['duckdb_peak_mib']} MiB | {r['spark_s'] / max(r['duckdb_s'], 0.01):.1f}× | {r['load_before']}→{r['load_after']} |")
+    if len(results) >= 2:
+        a, b = results[0], results[-1]
+        lines += ["", f"Growth {b['requests'] // a['requests']}× requests: Spark {b['spark_s'] / a['spark_s']:.2f}× "
+                      f"(target ≤ 6×), DuckDB {b['duckdb_s'] / max(a['duckdb_s'], 0.01):.2f}×."]
+    lines += ["", "DuckDB per-query seconds: " + "; ".join(f"{r['requests']:,}: " + ", ".join(f"{k} {v}" for k, v in r["duckdb_queries"].items())
+                                                     for r in results), ""]
+    return "\n".join(lines)
+
+
+def write_results(section: str) -> None:
+    path = ROOT / "bench" / "RESULTS.md"
+    text = path.read_text() if path.exists() else "# Benchmark results\n"
+    if SECTION in text:
+        start = text.index(SECTION)
+        nxt = text.find("\n## ", start + len(SECTION))
+        text = text[:start] + section + (text[nxt + 1:] if nxt != -1 else "")
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    path.write_text(text)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 10_000_000])
+    ap.add_argument("--workdir", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "kafkatap-bench")
+    ap.add_argument("--regenerate", action="store_true", help="rewrite the synthetic recordings even if present")
+    ap.add_argument("--write-results", action="store_true", help="update bench/RESULTS.md")
+    ap.add_argument("--generate-only", action="store_true")
+    a = ap.parse_args()
+    a.workdir.mkdir(parents=True, exist_ok=True)
+    sys.path.insert(0, str(ROOT))
+    if a.generate_only:
+        from analytics.synthetic import generate
+
+        for n in a.sizes:
+            d = a.workdir / f"rec-{n}"
+            if a.regenerate or not (d / "requests").exists():
+                shutil.rmtree(d, ignore_errors=True)
+                t0 = time.monotonic()
+                generate(d, n)
+                print(f"generated {n:,} in {time.monotonic() - t0:.1f} s", file=sys.stderr)
+        return
+    results = []
+    for n in a.sizes:
+        print(f"--- {n:,} requests", file=sys.stderr)
+        r = bench_size(n, a.workdir, a.regenerate)
+        print(json.dumps(r), file=sys.stderr)
+        results.append(r)
+    md = markdown(results, "python bench/analytics_scale.py " + " ".join(sys.argv[1:]))
+    print(md)
+    if a.write_results:
+        write_results(md)
+
+
+if __name__ == "__main__":
+    main()

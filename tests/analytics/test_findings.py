@@ -1,0 +1,165 @@
+"""Every finding rule: one table set that shows the problem, one that doesn't.
+
+Rules run on the collected table rows (the job feeds them the same), so these
+tests need no Spark; test_job.py runs the whole chain on a synthetic recording.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from analytics.findings import RULES, run_rules
+from analytics.findings.base import Finding, rank
+from analytics.findings.compare import compare_added_latency, compare_ends_differ, compare_errors_differ
+from analytics.findings.general import error_hotspot, throttled_clients
+from analytics.findings.inventory import client_inventory
+from analytics.findings.oversize_produce import broker_closed_after_acks0_produce, produce_rejected_too_large
+from analytics.findings.resets import idle_resets_not_from_broker, reconnect_storm
+from analytics.findings.surge import connection_surge
+from analytics.findings.tcp_window import window_scaling_off
+
+pytestmark = pytest.mark.spark  # the analytics suite; these rule tests themselves need no JVM
+
+T = dt.datetime(2026, 11, 20, 9, 0)
+
+
+def close(conn_id: str, **kw) -> dict:
+    row = {"conn_id": conn_id, "client_id": "producer-1", "broker_addr": "10.0.0.1:9092", "end_reason": "broker_fin", "end_by": "broker",
+           "last_api": "Produce", "last_request_bytes": 2_000_000, "last_request_acks": 0, "last_request_topics": ["big"],
+           "inferred_cause": None, "closed_at": T}
+    row.update(kw)
+    return row
+
+
+def test_broker_closed_after_acks0_produce() -> None:
+    pos = broker_closed_after_acks0_produce({"broker_closes": [close("c1"), close("c2", last_request_bytes=3_000_000)]})
+    assert len(pos) == 1 and pos[0].incident == 1 and pos[0].severity == "critical"
+    assert "acks=0 Produce" in pos[0].title and "big" in pos[0].title and "RecordBatchTooLarge" in pos[0].summary
+    assert pos[0].evidence["max_request_bytes"] == 3_000_000 and [e["conn_id"] for e in pos[0].examples] == ["c1", "c2"]
+    neg = {"broker_closes": [close("c1", last_request_acks=1), close("c2", last_api="Fetch", last_request_acks=None)]}
+    assert broker_closed_after_acks0_produce(neg) == []
+
+
+def err(name: str, api: str = "Produce", n: int = 3, **kw) -> dict:
+    row = {"error_name": name, "api_name": api, "topic": "big", "client_id": "producer-1", "count": n, "first_seen": T,
+           "example_conn_id": "c9", "max_request_bytes": 1_500_000, "acks": [1]}
+    row.update(kw)
+    return row
+
+
+def test_produce_rejected_too_large() -> None:
+    pos = produce_rejected_too_large({"errors_by_name": [err("MESSAGE_TOO_LARGE"), err("RECORD_LIST_TOO_LARGE", n=2)]})
+    assert len(pos) == 1 and pos[0].evidence["requests"] == 5 and pos[0].evidence["acks"] == [1]
+    assert "RecordBatchTooLarge" in pos[0].summary and pos[0].examples[0]["conn_id"] == "c9"
+    assert produce_rejected_too_large({"errors_by_name": [err("NOT_LEADER_OR_FOLLOWER"), err("MESSAGE_TOO_LARGE", api="Fetch")]}) == []
+
+
+def reset(conn_id: str, idle_ms: int, end_by: str = "client", reason: str = "client_rst") -> dict:
+    return {"conn_id": conn_id, "client_id": "billing", "end_reason": reason, "end_by": end_by, "idle_before_end_ms": idle_ms, "closed_at": T}
+
+
+def test_idle_resets_not_from_broker() -> None:
+    rows = [reset(f"r{i}", 300_000 + i * 100) for i in range(5)]
+    pos = idle_resets_not_from_broker({"resets": rows, "reconnects_by_client": [{"client_id": "billing", "reconnects_per_min": 0.2}]})
+    assert len(pos) == 1 and pos[0].incident == 2
+    f = pos[0]
+    assert "not sent by the broker" in f.title and "5.0 min" in f.title and f.evidence["idle_clustered"] is True
+    assert f.evidence["reconnects_per_min"] == {"billing": 0.2}
+    # resets the broker sent, or resets on busy connections, are not this diagnosis
+    neg = [reset("b1", 300_000, end_by="broker", reason="broker_rst"), reset("busy", 5)]
+    assert idle_resets_not_from_broker({"resets": neg}) == []
+
+
+def test_reconnect_storm() -> None:
+    row = {"client_id": "billing", "client_host": "10.9.0.5", "connections": 30, "reconnects_per_min": 2.5, "max_opens_per_interval": 4,
+           "resets": 29, "resets_not_by_broker": 29, "closed_by_broker": 0, "median_lifetime_s": 20.0}
+    pos = reconnect_storm({"reconnects_by_client": [row]})
+    assert len(pos) == 1 and pos[0].severity == "critical" and "billing" in pos[0].title
+    steady = dict(row, connections=3, reconnects_per_min=0.01, median_lifetime_s=7000.0)
+    long_lived = dict(row, median_lifetime_s=5000.0)
+    assert reconnect_storm({"reconnects_by_client": [steady, long_lived]}) == []
+
+
+def test_client_inventory() -> None:
+    rows = [{"client_id": "orders-app", "client_host": "10.1.0.1", "role": "producer", "requests": 900, "requests_per_s": 15.0,
+             "bytes_per_s": 2048.0, "topics_produced": ["orders"], "topics_consumed": []},
+            {"client_id": "billing", "client_host": "10.1.0.2", "role": "consumer, group member", "requests": 100, "requests_per_s": 1.0,
+             "bytes_per_s": 10.0, "topics_produced": [], "topics_consumed": ["orders"]}]
+    pos = client_inventory({"client_inventory": rows})
+    assert len(pos) == 1 and pos[0].incident == 3 and "busiest: orders-app (producer)" in pos[0].title
+    assert pos[0].evidence["roles"] == {"producer": 1, "consumer": 1, "group member": 1}
+    assert client_inventory({"client_inventory": []}) == []
+
+
+def series(conc: list[int], p99: list[int], broker: str = "10.0.0.3:9092") -> list[dict]:
+    return [{"broker_addr": broker, "bucket": T + dt.timedelta(minutes=i), "concurrent": c, "opens": 1, "p99_us": p, "bytes_per_request": 500.0}
+            for i, (c, p) in enumerate(zip(conc, p99))]
+
+
+def test_connection_surge() -> None:
+    t = {"_meta": [{"bucket_s": 60}], "connections_over_time": series([50, 50, 52, 51, 400, 420, 410], [2000, 2100, 1900, 2000, 9000, 12000, 11000])}
+    pos = connection_surge(t)
+    assert len(pos) == 1 and pos[0].incident == 4 and pos[0].severity == "critical"
+    assert pos[0].evidence["peak_connections"] == 420 and "queueing" in pos[0].summary
+    flat = {"connections_over_time": series([50, 52, 51, 53, 55, 54, 52], [2000] * 7)}
+    small = {"connections_over_time": series([2, 2, 2, 2, 6, 6, 6], [2000, 2000, 2000, 2000, 9000, 9000, 9000])}
+    assert connection_surge(flat) == [] and connection_surge(small) == []
+    # a surge with no latency effect is reported, but only as a warning
+    calm = connection_surge({"connections_over_time": series([50, 50, 50, 50, 400, 400], [2000] * 6)})
+    assert calm[0].severity == "warning"
+
+
+def test_window_scaling_off() -> None:
+    rows = [{"conn_id": "c7", "side": "client", "client_id": "connect-hk", "broker_addr": "10.0.0.1:9092", "rtt_ms": 180.0,
+             "ceiling_bytes_per_s": 364083.0, "avg_bytes_per_s": 300000.0, "peak_bytes_per_s": 350000.0, "utilisation": 0.96,
+             "timestamps_ok": False}]
+    pos = window_scaling_off({"window_ceiling": rows})
+    assert len(pos) == 1 and pos[0].incident == 5 and pos[0].severity == "critical"
+    assert "throughput capped at 64 KiB / RTT" in pos[0].title and pos[0].examples[0]["conn_id"] == "c7"
+    assert pos[0].evidence["without_timestamps"] == 1
+    assert window_scaling_off({"window_ceiling": []}) == []
+
+
+def test_error_hotspot_and_throttling() -> None:
+    t = {"overview": [{"requests": 1000}], "errors_by_name": [err("NOT_LEADER_OR_FOLLOWER", n=40), err("MESSAGE_TOO_LARGE", n=40)]}
+    pos = error_hotspot(t)
+    assert [f.evidence["error"] for f in pos] == ["NOT_LEADER_OR_FOLLOWER"]  # too-large is incident 1's rule
+    assert error_hotspot({"overview": [{"requests": 1000}], "errors_by_name": [err("NOT_LEADER_OR_FOLLOWER", n=2)]}) == []
+    th = throttled_clients({"throttling": [{"client_id": "x", "api_name": "Produce", "total_throttle_ms": 20_000}]})
+    assert th and th[0].severity == "warning"
+    assert throttled_clients({"throttling": []}) == []
+
+
+def test_compare_rules() -> None:
+    api = [{"api_name": "Produce", "matched": 100, "a_p50_us": 3000, "b_p50_us": 1000, "diff_p50_us": 2000, "diff_p99_us": 2500}]
+    assert compare_added_latency({"compare_by_api": api})[0].severity == "warning"
+    assert compare_added_latency({"compare_by_api": []}) == []
+    e = [{"api_name": "Produce", "errors_a": "", "errors_b": "MESSAGE_TOO_LARGE", "status_a": "answered", "status_b": "answered", "requests": 1}]
+    assert compare_errors_differ({"compare_errors": e})[0].evidence["requests"] == 1
+    assert compare_errors_differ({"compare_errors": []}) == []
+    ends = [{"conn_id_a": "a1", "conn_id_b": "b1", "client_id": "p", "end_reason_a": "client_fin", "end_reason_b": "broker_fin",
+             "end_by_a": "client", "end_by_b": "broker", "inferred_cause_b": "batch larger than message.max.bytes (RecordBatchTooLarge)", "same": False}]
+    f = compare_ends_differ({"compare_ends": ends})
+    assert f and "RecordBatchTooLarge" in f[0].summary
+    assert compare_ends_differ({"compare_ends": [dict(ends[0], same=True)]}) == []
+
+
+def test_run_rules_ranks_and_survives_a_broken_rule(monkeypatch) -> None:
+    def broken(t):
+        raise RuntimeError("boom")
+
+    monkeypatch.setitem(RULES, "broken", broken)
+    t = {"broker_closes": [close("c1")], "client_inventory": [{"client_id": "a", "client_host": "h", "role": "producer", "requests": 1}]}
+    out = run_rules(t)
+    assert [f.id for f in out][:1] == ["broker_closed_after_acks0_produce"]
+    assert any(f.id == "broken.failed" for f in out)
+    assert rank([Finding("b", "info", "", "", score=1), Finding("a", "critical", "", "", score=300)])[0].id == "a"
+
+
+def test_every_rule_is_covered() -> None:
+    tested = {"broker_closed_after_acks0_produce", "produce_rejected_too_large", "idle_resets_not_from_broker", "reconnect_storm",
+              "client_inventory", "connection_surge", "window_scaling_off", "error_hotspot", "throttled_clients",
+              "compare_added_latency", "compare_errors_differ", "compare_ends_differ"}
+    assert set(RULES) - {"broken"} == tested

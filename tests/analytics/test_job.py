@@ -1,0 +1,118 @@
+"""End to end on a synthetic recording: run_analysis, files, findings, CLI, and the report in headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from analytics.cli import analyze
+from analytics.job import AnalysisResult, choose_bucket, run_analysis
+from analytics.synthetic import generate, write_rows
+from analytics_rows import conn, req
+
+pytestmark = pytest.mark.spark
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+INCIDENT_RULES = {
+    1: {"broker_closed_after_acks0_produce", "produce_rejected_too_large"},
+    2: {"idle_resets_not_from_broker", "reconnect_storm"},
+    3: {"client_inventory"},
+    4: {"connection_surge"},
+    5: {"window_scaling_off"},
+}
+
+
+@pytest.fixture(scope="module")
+def result(spark, tmp_path_factory) -> AnalysisResult:
+    root = tmp_path_factory.mktemp("synthetic")
+    generate(root / "rec", 8000)
+    return run_analysis([root / "rec"], root / "out", spark=spark, progress=False)
+
+
+def test_every_incident_is_diagnosed(result: AnalysisResult) -> None:
+    ids = result.finding_ids()
+    for incident, rules in INCIDENT_RULES.items():
+        assert rules <= ids, f"incident {incident}: missing {rules - ids}"
+    first = result.by_id("broker_closed_after_acks0_produce")[0]
+    assert first.evidence["topic"] == "audit.raw" and first.examples[0]["conn_id"]
+    assert "bulk-loader" in result.by_id("client_inventory")[0].summary or result.by_id("client_inventory")[0].evidence["clients"] > 100
+    assert result.findings[0].severity == "critical"  # ranked
+
+
+def test_outputs_written(result: AnalysisResult) -> None:
+    out = result.out
+    doc = json.loads((out / "findings.json").read_text())
+    assert doc["format"] == 1 and doc["overview"]["requests"] == 8000
+    f0 = doc["findings"][0]
+    assert set(f0) >= {"id", "severity", "title", "summary", "incident", "evidence", "examples", "tables", "score"}
+    for name in ("client_inventory", "latency_by_api", "connections_over_time", "window_ceiling", "errors_by_name", "overview"):
+        assert pq.read_table(out / "tables" / f"{name}.parquet").num_rows > 0
+        assert (out / "tables" / f"{name}.csv").read_text().count("\n") > 1
+    assert result.tables["latency_by_api"][0]["p99_us"] > 0
+    assert "Fetch (long poll)" in {r["api_label"] for r in result.tables["latency_by_api"]}
+
+
+def test_report_is_self_contained(result: AnalysisResult) -> None:
+    html = result.report_path.read_text()
+    assert "<script" not in html.lower()
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)
+    assert "url(" not in html and "@import" not in html
+    assert html.index('id="findings"') < html.index('id="clients"')  # findings first
+    assert html.count("<svg") >= 10
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None and not Path("/usr/bin/chromium").exists(), reason="needs Debian chromium")
+def test_report_renders_in_headless_chromium(result: AnalysisResult, tmp_path) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "analytics-report.png"
+    shot.unlink(missing_ok=True)
+    base = ["/usr/bin/chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--no-first-run", "--enable-logging=stderr", "--v=0"]
+    url = result.report_path.resolve().as_uri()
+    p = subprocess.run(base + [f"--user-data-dir={tmp_path / 'profile-a'}", "--window-size=1280,2400", f"--screenshot={shot}", url],
+                       capture_output=True, text=True, timeout=180)
+    assert shot.exists() and shot.stat().st_size > 50_000, p.stderr[-2000:]
+    dom = subprocess.run(base + [f"--user-data-dir={tmp_path / 'profile-b'}", "--dump-dom", url], capture_output=True, text=True, timeout=180)
+    assert "Findings" in dom.stdout and "window scaling" in dom.stdout.lower()
+    logs = p.stderr + dom.stderr
+    bad = [line for line in logs.splitlines() if "CONSOLE" in line or "Uncaught" in line or "net::ERR" in line]
+    assert bad == [], bad
+
+
+def test_choose_bucket() -> None:
+    assert choose_bucket(60) == 1 and choose_bucket(7200) == 60 and choose_bucket(None) == 60 and choose_bucket(10**9) == 86400
+
+
+def test_cli_help() -> None:
+    out = CliRunner().invoke(analyze, ["--help"])
+    assert out.exit_code == 0
+    for opt in ("--out", "--master", "--since", "--until", "--broker", "--client", "--topic", "--compare"):
+        assert opt in out.output
+
+
+def test_cli_compare_middlebox(spark, tmp_path) -> None:
+    """The same 30 requests seen before (A) and after (B) a middlebox that adds 2 ms."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    write_rows(a, "requests", [req("a1", i, "Produce", t_s=i, lat_us=3000 + i) for i in range(30)])
+    write_rows(b, "requests", [req("b1", i, "Produce", t_s=i + 0.0005, lat_us=1000 + i) for i in range(30)])
+    write_rows(a, "connections", [conn("a1", 0, 40)])
+    write_rows(b, "connections", [conn("b1", 0, 40)])
+    out = CliRunner().invoke(analyze, ["--compare", str(a), str(b), "--out", str(tmp_path / "out"), "--quiet"])
+    assert out.exit_code == 0, out.output
+    assert "Latency A − B: Produce p50 +2.00 ms" in out.output
+    doc = json.loads((tmp_path / "out" / "findings.json").read_text())
+    assert doc["compare_mode"] == "wire"
+    row = [r for r in json.loads(json.dumps(doc))["findings"] if r["id"] == "compare_added_latency"][0]
+    assert row["evidence"]["apis"]["Produce"]["matched"] == 30
+
+
+def test_cli_rejects_bad_recording(tmp_path) -> None:
+    out = CliRunner().invoke(analyze, [str(tmp_path), "--out", str(tmp_path / "o"), "--quiet"])
+    assert out.exit_code != 0 and "holds no recording" in out.output
