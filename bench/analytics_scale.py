@@ -27,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SECTION = "## analytics (bench/analytics_scale.py)"
 TARGETS = {1_000_000: 20.0, 10_000_000: 90.0}
+LAST_CPU_S = 0.0
 
 DUCKDB_QUERIES = {
     "overview": """select count(*), min(req_first_ns), max(req_first_ns), count(distinct client_id), count(distinct broker_addr),
@@ -48,17 +49,29 @@ DUCKDB_QUERIES = {
 }
 
 
+CPU_TICKS = {}  # pid -> latest utime+stime (clock ticks) seen for processes of the sampled tree
+TICK = os.sysconf("SC_CLK_TCK")
+
+
 def tree_rss_kib(pid: int) -> int:
-    """RSS of a process and all its descendants (the Spark JVM is a child of the driver)."""
+    """RSS of a process and all its descendants (the Spark JVM is a child of the driver).
+
+    Also records each member's CPU ticks in CPU_TICKS, so the run's CPU seconds
+    can be reported next to the wall time: on a shared machine wall time says
+    as much about the neighbours as about us.
+    """
     children: dict[int, list[int]] = {}
     rss: dict[int, int] = {}
+    ticks: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as f:
                 stat = f.read()
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            fields = stat.rsplit(")", 1)[1].split()
+            ppid = int(fields[1])
+            ticks[int(entry)] = int(fields[11]) + int(fields[12])
             with open(f"/proc/{entry}/status") as f:
                 m = re.search(r"VmRSS:\s+(\d+)", f.read())
             children.setdefault(ppid, []).append(int(entry))
@@ -69,12 +82,16 @@ def tree_rss_kib(pid: int) -> int:
     while todo:
         p = todo.pop()
         total += rss.get(p, 0)
+        if p in ticks:
+            CPU_TICKS[p] = max(CPU_TICKS.get(p, 0), ticks[p])
         todo.extend(children.get(p, []))
     return total
 
 
 def run_sampled(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, int, str, str]:
-    """Run cmd; return wall seconds, peak process-tree RSS (KiB), stdout, stderr."""
+    """Run cmd; return wall seconds, peak process-tree RSS (KiB), stdout, stderr (CPU seconds in LAST_CPU_S)."""
+    global LAST_CPU_S
+    CPU_TICKS.clear()
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     peak = 0
@@ -92,6 +109,7 @@ def run_sampled(cmd: list[str], env: dict[str, str] | None = None) -> tuple[floa
     wall = time.monotonic() - t0
     stop.set()
     th.join()
+    LAST_CPU_S = round(sum(CPU_TICKS.values()) / TICK, 1)
     if proc.returncode != 0:
         raise RuntimeError(f"{cmd[:3]} failed ({proc.returncode}):\n{err[-3000:]}")
     return wall, peak, out, err
@@ -133,10 +151,10 @@ def bench_size(n: int, work: Path, regenerate: bool) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     res["load_before"] = loadavg()
     wall, peak, stdout, _ = run_sampled([sys.executable, "-m", "kafkatap.cli", "analyze", str(d), "--out", str(out), "--quiet"])
-    res.update(spark_s=round(wall, 1), spark_peak_mib=round(peak / 1024), load_after=loadavg())
+    res.update(spark_s=round(wall, 1), spark_cpu_s=LAST_CPU_S, spark_peak_mib=round(peak / 1024), load_after=loadavg())
     res["findings"] = len(json.loads((out / "findings.json").read_text())["findings"])
     wall, peak, stdout, _ = run_sampled([sys.executable, "-c", duckdb_script(d)])
-    res.update(duckdb_s=round(wall, 1), duckdb_peak_mib=round(peak / 1024), duckdb_queries=json.loads(stdout.strip().splitlines()[-1]))
+    res.update(duckdb_s=round(wall, 1), duckdb_cpu_s=LAST_CPU_S, duckdb_peak_mib=round(peak / 1024), duckdb_queries=json.loads(stdout.strip().splitlines()[-1]))
     return res
 
 
@@ -146,13 +164,15 @@ def markdown(results: list[dict], cmd: str) -> str:
              "Spark = the whole `kafkatap analyze` process (JVM start, all 29 tables, findings, report, CSV+Parquet). "
              "DuckDB = the 7 headline queries (overview, latency by API / client / broker×minute, inventory, errors, connection ends) "
              "on the same files, 2 threads. Peak memory = peak RSS of the process tree (driver + JVM).", "",
-             "| requests | recording | Spark wall | target | Spark peak RSS | DuckDB wall | DuckDB peak RSS | Spark/DuckDB | load before→after |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| requests | recording | Spark wall | target | Spark CPU | Spark peak RSS | DuckDB wall | DuckDB CPU | DuckDB peak RSS | Spark/DuckDB wall | load before→after |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in results:
         tgt = TARGETS.get(r["requests"])
+        cpu = lambda k: f"{r[k]} s" if r.get(k) is not None else "n/a"  # noqa: E731
         lines.append(f"| {r['requests']:,} | {r['size_mib']} MiB | {r['spark_s']} s | {'≤ %d s' % tgt if tgt else ''} "
-                     f"{'✅' if tgt and r['spark_s'] <= tgt else '❌' if tgt else ''} | {r['spark_peak_mib']} MiB | {r['duckdb_s']} s | "
-                     f"{r['duckdb_peak_mib']} MiB | {r['spark_s'] / max(r['duckdb_s'], 0.01):.1f}× | {r['load_before']}→{r['load_after']} |")
+                     f"{'✅' if tgt and r['spark_s'] <= tgt else '❌' if tgt else ''} | {cpu('spark_cpu_s')} | {r['spark_peak_mib']} MiB | "
+                     f"{r['duckdb_s']} s | {cpu('duckdb_cpu_s')} | {r['duckdb_peak_mib']} MiB | {r['spark_s'] / max(r['duckdb_s'], 0.01):.0f}× | "
+                     f"{r['load_before']}→{r['load_after']} |")
     if len(results) >= 2:
         a, b = results[0], results[-1]
         lines += ["", f"Growth {b['requests'] // a['requests']}× requests: Spark {b['spark_s'] / a['spark_s']:.2f}× "

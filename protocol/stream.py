@@ -62,6 +62,21 @@ _I16 = Struct(">h").unpack_from
 
 
 _KNOWN: dict[tuple[int, int], tuple[bool, bool]] = {}
+_FAST_REQ: dict[tuple[int, int], tuple[str, bool, Any] | tuple[()]] = {}
+_FAST_RESP: dict[tuple[int, int], tuple[str, bool, Any] | tuple[()]] = {}
+
+
+def _fast_entry(key: int, ver: int, request: bool) -> tuple[str, bool, Any] | tuple[()]:
+    """(api name, header has tags, plain walker) for the whole-frame fast path; () when not applicable."""
+    info = APIS.get(key)
+    if key < 0 or ver < 0 or info is None or not info.decodable(ver):
+        return ()
+    try:
+        walk = walker(key, request, ver)
+    except Exception:  # noqa: BLE001 - the slow path will report it
+        return ()
+    flex = info.flexible(ver) if request else response_header_flexible(key, ver)
+    return (info.name, flex, walk)
 
 
 def _known(key: int, ver: int) -> tuple[bool, bool]:
@@ -367,7 +382,67 @@ class KafkaStream:
         return head
 
     def _whole(self, side: _Side, frame: memoryview, start: int, now_ns: int) -> None:
-        """A whole frame is in one chunk: plain walk, zero copy."""
+        """A whole frame is in one chunk: plain walk, zero copy.
+
+        The common case (known api/version, empty header tags, body walks to
+        the exact end) is handled inline; anything else takes `_whole_slow`,
+        which produces the same events as the incremental path.
+        """
+        size = len(frame)
+        try:
+            if side.direction is Direction.REQUEST:
+                key, ver, cid, client_id, p = parse_request_header(frame, 4, size)
+                fast = _FAST_REQ.get((key, ver))
+                if fast is None:
+                    fast = _FAST_REQ[(key, ver)] = _fast_entry(key, ver, True)
+                if fast:
+                    name, flex, walk = fast
+                    if flex:
+                        if frame[p] != 0:
+                            raise LookupError
+                        p += 1
+                    summary = Summary()
+                    if walk(frame, p, size, summary) == size:
+                        expects = not (key == PRODUCE and summary.acks == 0)
+                        ev = RequestSeen(start, size, now_ns, now_ns, key, ver, name, cid, client_id, expects,
+                                         summary, None)
+                        if expects:
+                            if cid not in self._in_flight and len(self._in_flight) >= self.max_in_flight:
+                                self._in_flight.pop(next(iter(self._in_flight)))
+                                self.dropped_in_flight += 1
+                            self._in_flight[cid] = ev
+                        side.frames += 1
+                        self._events.append(ev)
+                        return
+            else:
+                cid = _I32(frame, 4)[0]
+                req = self._in_flight.get(cid)
+                if req is not None and req.summary is not None and req.api_key != API_VERSIONS:
+                    key, ver = req.api_key, req.api_version
+                    fast = _FAST_RESP.get((key, ver))
+                    if fast is None:
+                        fast = _FAST_RESP[(key, ver)] = _fast_entry(key, ver, False)
+                    if fast:
+                        _, flex, walk = fast
+                        p = 8
+                        if flex:
+                            if frame[8] != 0:
+                                raise LookupError
+                            p = 9
+                        summary = Summary()
+                        if walk(frame, p, size, summary) == size:
+                            del self._in_flight[cid]
+                            if summary.errors:
+                                _locate_errors(summary, req.summary)
+                            side.frames += 1
+                            self._events.append(ResponseSeen(start, size, now_ns, now_ns, cid, req, summary, None))
+                            return
+        except Exception:  # noqa: BLE001 - anything unusual is handled (and reported) below
+            pass
+        self._whole_slow(side, frame, start, now_ns)
+
+    def _whole_slow(self, side: _Side, frame: memoryview, start: int, now_ns: int) -> None:
+        """`_whole` for every case the fast path does not take."""
         size = len(frame)
         try:
             head = self._parse_head(side, frame, size, start)

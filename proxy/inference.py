@@ -36,6 +36,8 @@ class EndFacts:
     end_detail: str | None = None
     opaque_kind: str | None = None  # tls, garbage, … when the stream was not parsed
     broker_idle_close_ms: int | None = None  # connections.max.idle.ms when known
+    too_large_rejections: int = 0  # Produce answers with MESSAGE_TOO_LARGE / RECORD_LIST_TOO_LARGE
+    too_large_example: str | None = None  # request_cause() text of the first one
 
 
 def _topics(t: list[str]) -> str:
@@ -100,4 +102,23 @@ def inferred_cause(f: EndFacts) -> str | None:
 
     if f.opaque_kind == "tls" and f.end_by == "broker":
         return "TLS handshake sent to a plaintext listener (or the reverse): the broker closed the connection"
+    if f.too_large_rejections:
+        return (f"{f.too_large_rejections} Produce request(s) rejected by the broker (connection stayed open); "
+                f"first: {f.too_large_example}")
+    return None
+
+
+TOO_LARGE = {"MESSAGE_TOO_LARGE": "batch larger than message.max.bytes",
+             "RECORD_LIST_TOO_LARGE": "request larger than the broker accepts (record list too large)"}
+
+
+def request_cause(api_name: str, acks: int | None, request_bytes: int, topics: list[str],
+                  error_names: list[str]) -> str | None:
+    """Incident 1 with acks=1/all: the broker answers with an error instead of closing."""
+    if api_name != "Produce":
+        return None
+    for name in error_names:
+        if name in TOO_LARGE:
+            return (f"acks={acks} Produce of {request_bytes} bytes to {_topics(topics)} rejected: "
+                    f"{TOO_LARGE[name]} ({name})")
     return None

@@ -55,7 +55,7 @@ import structlog
 from protocol.events import RequestSeen, ResponseSeen, StreamClosed, StreamOpaque
 from proxy import rows, tcpinfo
 from proxy.faults import DelayedWriter, Faults
-from proxy.inference import EndFacts, inferred_cause
+from proxy.inference import EndFacts, inferred_cause, request_cause
 
 if TYPE_CHECKING:
     from proxy.server import ProxyServer
@@ -208,6 +208,8 @@ class Connection:
         self.last_request_ns: int | None = None
         self.end: End | None = None
         self.inferred: str | None = None
+        self.too_large = 0  # Produce answers with MESSAGE_TOO_LARGE / RECORD_LIST_TOO_LARGE
+        self.too_large_example: str | None = None
         self.tcp_client_open: dict[str, Any] | None = None
         self.tcp_broker_open: dict[str, Any] | None = None
         self.tcp_client_close: dict[str, Any] | None = None
@@ -656,6 +658,13 @@ class Connection:
                       resp_sent: int | None, status: str) -> None:
         row = rows.request_row(self, req, resp, sent, resp_sent, status)
         self.server.emit_request(row)
+        if row["error_count"] and req.api_key == 0:
+            cause = request_cause(req.api_name, row["acks"], req.size, row["topics"], [e["name"] for e in row["errors"]])
+            if cause is not None:
+                self.too_large += 1
+                if self.too_large_example is None:
+                    self.too_large_example = cause
+                    self._log("warning", "produce rejected", cause=cause, client_id=req.client_id)
         if self.server.log_requests:
             self._log("debug", "request", api=req.api_name, version=req.api_version, client_id=req.client_id,
                       correlation_id=req.correlation_id, status=status, topics=row["topics"],
@@ -869,6 +878,7 @@ class Connection:
             last_request_topics=self.last_request_topics, last_request_batch_bytes=self.last_request_batch_bytes,
             ms_since_last_request=((end.at_ns - self.last_request_ns) // 1_000_000) if self.last_request_ns else None,
             fault_detail=self._fault_close_detail, end_detail=end.detail, opaque_kind=self.opaque_kind,
+            too_large_rejections=self.too_large, too_large_example=self.too_large_example,
         )
         try:
             self.inferred = inferred_cause(facts)

@@ -107,3 +107,11 @@ def ts(v: Any) -> str | None:
     if isinstance(v, dt.datetime):
         return (v if v.tzinfo else v.replace(tzinfo=dt.timezone.utc)).isoformat()
     return str(v)
+
+
+def human_ts(v: Any) -> str:
+    """A timestamp for a sentence: 2026-11-20 10:28:00 UTC."""
+    if isinstance(v, dt.datetime):
+        d = v if v.tzinfo else v.replace(tzinfo=dt.timezone.utc)
+        return d.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return str(v)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
-from analytics.findings.base import Finding, Tables, rule, score, ts
+from analytics.findings.base import Finding, Tables, human_ts, rule, score, ts
 
 MIN_BASELINE_BUCKETS = 3
 JUMP_FACTOR = 2.0
@@ -55,9 +55,9 @@ def connection_surge(t: Tables) -> list[Finding]:
         queue_txt = " while bytes per request stayed flat — requests are queueing (network/IO threads saturated)" if lat_up and flat else ""
         out.append(Finding(
             id="connection_surge", incident=4, severity=sev,
-            title=f"Connection surge on {broker}: {base_c:.0f} → {peak} connections from {ts(rows[start]['bucket'])}; {lat_txt}",
+            title=f"Connection surge on {broker}: {base_c:.0f} → {peak} connections from {human_ts(rows[start]['bucket'])}; {lat_txt}",
             summary=(f"Open connections on {broker} jumped from a median of {base_c:.0f} to {peak} (≈{opens / (3 * bucket_s):.1f} opens/s at the start) "
-                     f"starting {ts(rows[start]['bucket'])}; {lat_txt}{queue_txt}. Check num.network.threads / num.io.threads / "
+                     f"starting {human_ts(rows[start]['bucket'])}; {lat_txt}{queue_txt}. Check num.network.threads / num.io.threads / "
                      "queued.max.requests and which clients opened the new connections (client inventory)."),
             evidence={"broker": broker, "baseline_connections": base_c, "peak_connections": peak, "surge_start": ts(rows[start]["bucket"]),
                       "baseline_p99_us": b_p99, "surge_p99_us": s_p99, "baseline_bytes_per_request": b_bpr,

@@ -201,14 +201,20 @@ async def prepare_target(target: str, recording: Recording, state: ReplayState, 
                     created.append(t.name)
                 else:
                     state.note(f"create_topic_failed:{t.name}:{t.error_code}")
-            # topic ids are known once the controller has them; ask again
-            for _ in range(20):
+            # ready = the target reports every partition of every created topic with a leader
+            # (and its topic id): the origin's topics were ready when the session was recorded
+            for _ in range(80):
                 sent, resp = await cli.call(3, 12, topics=None, allow_auto_topic_creation=False,
                                             include_topic_authorized_operations=False)
                 learn_from_response(sent, resp, state, conn)
-                if all(t in state.target_topic_ids for t in created):
+                ready = {t.name for t in decode_response(sent, resp).topics or ()
+                         if t.error_code == 0 and t.partitions
+                         and all(p.error_code == 0 and p.leader_id >= 0 for p in t.partitions)}
+                if all(t in state.target_topic_ids and t in ready for t in created):
                     break
                 await asyncio.sleep(0.25)
+            else:
+                state.note("created_topics_not_ready")
         elif missing:
             state.note("topics_missing_on_target", len(missing))
         await _await_coordinators(cli, recording.groups, state, timeout)

@@ -202,6 +202,10 @@ def load_recording(path: Path | str, filters: Filters | None = None, *, sasl_cre
     uncaptured = Counter(r["conn_id"] for r in requests if r["conn_id"] not in framed)
     for _conn, n in uncaptured.items():
         skipped["connection_not_captured"] += n
+    for conn_id, row in conns.items():
+        # TLS / non-Kafka streams have no request rows at all: count the connection itself
+        if conn_id not in framed and conn_id not in uncaptured and (row.get("tls") or row.get("opaque")):
+            skipped["connection_tls_or_opaque"] += 1
 
     connections: list[RecordedConnection] = []
     all_topics: dict[str, set[int]] = {}

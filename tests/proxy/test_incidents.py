@@ -62,6 +62,10 @@ def test_incident1_acks1_error_recorded_connection_stays(proxied_kafka, topic_na
                 and x["req_first_ns"] > r["req_first_ns"]]
     assert ok_after and ok_after[0]["error_count"] == 0
     assert all(c["end_by"] != "broker" for c in sink.finals())
+    conn = next(c for c in sink.finals() if c["conn_id"] == r["conn_id"])
+    assert conn["inferred_cause"].startswith("1 Produce request(s) rejected by the broker (connection stayed open)")
+    assert f"acks=1 Produce of {r['request_bytes']} bytes to {topic_name} rejected: " in conn["inferred_cause"]
+    assert "(MESSAGE_TOO_LARGE)" in conn["inferred_cause"] or "(RECORD_LIST_TOO_LARGE)" in conn["inferred_cause"]
 
 
 def _api_versions(corr: int) -> bytes:

@@ -9,7 +9,7 @@ import pytest
 
 from proxy import tcpinfo
 from proxy.faults import DirectionFaults, Faults, parse_fault_specs
-from proxy.inference import EndFacts, inferred_cause
+from proxy.inference import EndFacts, inferred_cause, request_cause
 from proxy.netfilter import RulePlan, build, build_removal
 from proxy.schema import TCP_FIELDS
 from proxy.server import Route, parse_hostport
@@ -109,3 +109,10 @@ def test_routes_parse():
     assert Route.parse("127.0.0.1:19092=broker:9092") == Route(("127.0.0.1", 19092), ("broker", 9092))
     assert Route.parse(":15092") == Route(("0.0.0.0", 15092), None)
     assert parse_hostport("[::1]:9092") == ("::1", 9092)
+
+
+def test_request_cause_acks1_too_large():
+    assert request_cause("Produce", 1, 50123, ["t"], ["MESSAGE_TOO_LARGE"]) == (
+        "acks=1 Produce of 50123 bytes to t rejected: batch larger than message.max.bytes (MESSAGE_TOO_LARGE)")
+    assert request_cause("Produce", -1, 10, ["t"], ["NOT_LEADER_OR_FOLLOWER"]) is None
+    assert request_cause("Fetch", None, 10, ["t"], ["MESSAGE_TOO_LARGE"]) is None

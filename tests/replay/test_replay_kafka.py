@@ -72,6 +72,7 @@ def replayed(brokers: Brokers, session: RecordedSession) -> Replayed:
     out = session.path.parent / "replay-out"
     res = CliRunner().invoke(replay, [str(session.path), "--target", brokers.b.bootstrap, "--record", str(out), "--yes"])
     assert res.exit_code == 0, res.output
+    print(res.output)  # the plan and the summary, visible with -s
     return Replayed(out, res.output)
 
 
@@ -189,11 +190,12 @@ def test_max_speed_with_topic_map(brokers: Brokers, session: RecordedSession, tm
     assert res.exit_code == 0, res.output
     assert "speed        max" in res.output and f"{session.topic}→{renamed}(3p)" in res.output
     assert "topic_id_unmapped" not in res.output and "producer_id_unmapped" not in res.output, res.output
+    req = read_recording(out, "requests").to_pylist()
+    produce = [(r["client_id"], r["status"], [e["name"] for e in r["errors"] or []]) for r in req if r["api_name"] == "Produce"]
     c = KafkaConsumer(renamed, bootstrap_servers=brokers.b.bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=5000)
-    assert len(list(c)) == 10
+    assert len(list(c)) == 10, (produce, res.output)
     c.close()
     assert _committed(brokers.b.bootstrap, session.group_ck, renamed) == 10
-    req = read_recording(out, "requests").to_pylist()
     fetches = [r for r in req if r["api_name"] == "Fetch" and r["client_id"] == "ck-consumer"]
     assert fetches and all(r["answered"] and not r["error_count"] for r in fetches)
     assert not any(session.topic in (r["topics"] or []) for r in req if r["api_name"] in ("Produce", "Metadata"))

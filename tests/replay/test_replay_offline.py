@@ -178,3 +178,18 @@ def test_recorded_metadata_responses_map_topic_ids_exactly(tmp_path: Path):
     rec = load_recording(tmp_path)
     assert rec.has_responses and rec.recorded_topic_ids == {str(tid): "b"} and not rec.unmapped_topic_ids
     assert rec.topics == {"a": 0, "b": 5}
+
+
+def test_tls_connections_are_counted_not_silently_dropped(tmp_path: Path):
+    from replay_synthetic import write_dataset
+
+    write_recording(tmp_path, two_clients())
+    src = next((tmp_path / "connections").rglob("*.parquet"))
+    write_dataset(tmp_path / "x", "connections", [{"proxy_id": "p1", "conn_id": "tls1", "final": True, "tls": True,
+                                                    "opaque": True, "snapshot_ns": 1, "opened_ns": 1}])
+    import shutil
+
+    shutil.copy(next((tmp_path / "x" / "connections").rglob("*.parquet")), src.with_name("part-synthetic-00000002.parquet"))
+    rec = load_recording(tmp_path)
+    assert rec.skipped["connection_tls_or_opaque"] == 1 and rec.requests == 5
+    assert "connection_tls_or_opaque" in format_plan(rec, "t:1", None, {}, None, "full")
