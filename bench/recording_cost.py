@@ -272,7 +272,7 @@ async def run_mode(mode: str, upstream_port: int, pairs, rate: float, warm: floa
     await task
     proc.terminate()
     proc.wait(60)
-    writer = t1_threads.get("kafkatap-rec", 0) - t0_threads.get("kafkatap-rec", 0)
+    writer = sum(t1_threads.get(n, 0) - t0_threads.get(n, 0) for n in ("kafkatap-rec", "kafkatap-cmp"))
     reqs = n1 - n0
     return {"mode": mode, "rate": reqs / (w1 - w0), "cpu_pct": 100 * (c1 - c0) / (w1 - w0),
             "cpu_us_per_req": 1e6 * (c1 - c0) / max(1, reqs), "writer_pct": 100 * writer / (w1 - w0)}
@@ -402,7 +402,7 @@ def report(args, results, sizes, real_bpr, real_rows, synth, side) -> None:
         f"Real proxy (ProxyServer + uvloop, own process) in front of a fake broker replaying real captured "
         f"frames (request/response bytes: Produce {sizes[0][0]}/{sizes[0][1]}, Fetch {sizes[1][0]}/{sizes[1][1]}, "
         f"Metadata {sizes[3][0]}/{sizes[3][1]}; mix 48/47/5 %), 16 connections × 8 in flight. "
-        "CPU = proxy process user+sys over the window; the writer thread is found by its kernel thread name.",
+        "CPU = proxy process user+sys over the window; the writer and compactor threads are found by their kernel thread names.",
         "",
         "| mode | round | req/s reached | proxy CPU % of a core | CPU µs / request | writer thread % of a core |",
         "|---|---|---|---|---|---|",

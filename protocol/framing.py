@@ -12,7 +12,10 @@ Memory bound (per connection, per direction), and why it holds:
   * the suspended walker also holds a reference to the last chunk it was given
     (owned by the caller, already in memory).
 So a 10 MiB Produce or a 50 MiB Fetch response costs O(64 KiB) per direction
-regardless of size, never a whole-frame buffer.
+regardless of size, never a whole-frame buffer. Bound per connection:
+2 directions × (32 KiB header + 64 KiB field) ≈ 192 KiB worst case (a hostile
+client), a few hundred bytes in practice, plus the pairing map (≤ `max_in_flight`
+RequestSeen objects, 10,000 by default).
 
 Non-Kafka detection: a TLS record header (0x16 0x03 0x0[0-4], a ClientHello at
 offset 0) or an ASCII HTTP method/version where a size prefix should be.

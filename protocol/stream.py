@@ -22,10 +22,16 @@ Guarantees, and why:
   one-sided capture cannot grow it without bound.
 * Unknown api keys / versions newer than the schemas become opaque *frames*
   (header fields, size, timestamps, still paired). Stream-level failures
-  (TLS, HTTP, bad sizes, unparsable headers, and — by default, as issue 3
-  asks — a body whose lengths overrun the frame or leave trailing bytes)
-  emit exactly one `StreamOpaque` per direction; afterwards that direction is
-  only counted. With `body_errors="frame"` a bad body only marks its frame.
+  emit exactly one `StreamOpaque` per direction and afterwards that direction
+  is only counted: kinds `tls`, `http` (sniffed where a size prefix should
+  be), `negative_size`, `oversize` (> max_frame_bytes), `garbage` (a header
+  that cannot be Kafka), `body_overrun` (a declared length runs past the
+  frame — by default, as issue 3 asks; `body_errors="frame"` only marks that
+  frame), `desync` (an internal decoder error, caught). Trailing bytes after
+  a complete body are only a `decode_note` ("trailing_bytes: …") and the
+  summary is kept: real librdkafka 2.x Metadata v12/v13 requests carry three
+  such bytes and the broker ignores them. A frame cut by the end of the
+  connection shows up in `StreamClosed.truncated`.
 * The bytes themselves never make this raise. Only `StreamClosedError`
   (data after `close`) can escape, from misuse.
 

@@ -14,7 +14,8 @@ Why this shape
   and pyarrow ignore dot-files), fsync, then `rename()` to `part-…`. A file is
   therefore either absent or complete: `kill -9` loses at most the rows still
   queued (≤ one flush interval) and every `part-*.parquet` is valid.
-* **Compaction** keeps the file count sane for Spark: every
+* **Compaction** (on its own thread, so merging never delays a flush) keeps
+  the file count sane for Spark: every
   `compact_interval_s` (or when a segment reaches `rotate_bytes`, or its hour
   partition is left, or on close) the flush files of a segment are merged into
   one `part-<run>-<first>-<last>.parquet` (again via `.tmp-` + rename), then
@@ -34,6 +35,7 @@ Layout: ``DIR/<dataset>/proxy=<id>/date=YYYY-MM-DD/hour=HH/part-<run>-<seq>.parq
 from __future__ import annotations
 
 import os
+import queue
 import re
 import secrets
 import shutil
@@ -211,6 +213,8 @@ class ParquetRecorder:
         self._wake = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self._compactor: threading.Thread | None = None
+        self._compact_q: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False
         self._lock = threading.Lock()  # serializes flushes (writer thread vs. close on another thread)
 
@@ -223,6 +227,10 @@ class ParquetRecorder:
             log.info("recording leftovers cleaned", root=str(self.root), files=removed)
         self._thread = threading.Thread(target=self._run, name="kafkatap-recorder", daemon=True)
         self._thread.start()
+        if self.compact_interval_s > 0:
+            # its own thread, so a long merge never delays the next flush (the kill -9 bound)
+            self._compactor = threading.Thread(target=self._run_compactor, name="kafkatap-compactor", daemon=True)
+            self._compactor.start()
         log.info("recording", root=str(self.root), proxy_id=self.proxy_id, capture=self.capture,
                  flush_interval_s=self.flush_interval_s, run=self.run)
         return self
@@ -238,6 +246,9 @@ class ParquetRecorder:
             self._thread.join()
         else:  # never started: still write what was queued
             self._flush(final=True)
+        if self._compactor is not None:
+            self._compact_q.put(None)
+            self._compactor.join()
         log.info("recording closed", root=str(self.root), **self.stats())
 
     # -- RecordSink: event loop thread, O(1), never blocks --------------------------
@@ -481,7 +492,21 @@ class ParquetRecorder:
                 continue
             del s.segments[directory]
             if len(seg.files) >= 2:
-                self._compact(s, seg)
+                if self._compactor is not None:
+                    self._compact_q.put((s, seg))
+                else:
+                    self._compact(s, seg)
+
+    def _run_compactor(self) -> None:
+        _name_os_thread(b"kafkatap-cmp")
+        while True:
+            item = self._compact_q.get()
+            if item is None:
+                return
+            try:
+                self._compact(*item)
+            except Exception as exc:  # the flush files stay valid; only the merge is lost
+                self._error("recording compaction failed; keeping the flush files", exc, dataset=item[0].name)
 
     def _compact(self, s: _Stream, seg: _Segment) -> None:
         tables = []

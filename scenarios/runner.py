@@ -175,6 +175,20 @@ def _netns_proxy_class() -> type:
     return NetnsRunningProxy
 
 
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM until the block is done (they are delivered, as KeyboardInterrupt, right after)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    sigs = {signal.SIGINT, signal.SIGTERM}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 class _Clients:
     """The scenario's client processes: started at their offsets, collected, killed on teardown."""
 
@@ -196,10 +210,11 @@ class _Clients:
             if spec.host:
                 argv = hosts[spec.host].cmd(argv)
             err = open(logs / f"{spec.name}.log", "wb")
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
-                                    start_new_session=True, env=env)
+            with _signals_deferred():  # a Ctrl-C between fork and append would orphan the client
+                proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
+                                        start_new_session=True, env=env)
+                self.procs.append((spec, proc))
             err.close()
-            self.procs.append((spec, proc))
             self.say(f"client {spec.name} started ({spec.kind} {spec.role}{' on ' + ','.join(spec.topics) if spec.topics else ''}"
                      f"{' in ' + spec.host if spec.host else ''})")
         results = []
@@ -278,6 +293,11 @@ def run_scenario(
         f"{len(scenario.proxies)} proxy(ies), {len(scenario.clients)} client(s))")
     failed = False
     kafka: LocalKafka | None = None
+    # Several proxies and their recorders share this process: with the default 5 ms GIL switch
+    # interval a middlebox's timer can wait milliseconds for another thread, which would show up
+    # as latency the scenario did not inject. 0.5 ms keeps the proxies' clocks honest.
+    old_switch = sys.getswitchinterval()
+    sys.setswitchinterval(min(old_switch, 0.0005))
     try:
         with contextlib.ExitStack() as stack:
             hosts: dict[str, Any] = {}
@@ -361,6 +381,7 @@ def run_scenario(
         failed = True
         raise
     finally:
+        sys.setswitchinterval(old_switch)
         if kafka is not None:
             kafka.cleanup(failed=failed)
         result.timings["setup_and_traffic_s"] = round(say.elapsed, 1)

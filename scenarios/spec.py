@@ -106,6 +106,13 @@ class Report:
     def by_id(self, finding_id: str) -> list[dict[str, Any]]:
         return [f for f in self.findings if f.get("id") == finding_id]
 
+    def recording(self, proxy: str, dataset: str = "requests") -> list[dict[str, Any]]:
+        """Rows a scenario proxy recorded (OUT/recordings/<proxy>), for ground truth beside the report."""
+        import pyarrow.dataset as ds
+
+        path = self.out.parent / "recordings" / proxy / dataset
+        return ds.dataset(path, partitioning="hive").to_table().to_pylist() if path.exists() else []
+
     def table(self, name: str) -> list[dict[str, Any]]:
         import pyarrow.parquet as pq
 

@@ -18,7 +18,7 @@ strings) and only extracts:
   facts (`PartitionFetched`).
 
 Each schema is compiled in two variants from the same emitter so they cannot
-disagree: *plain* (whole frame in memory; raises `Over` past `lim`) and
+disagree: *plain* (whole frame in memory, no per-field bounds checks) and
 *incremental* (a generator that yields `(p, n)` when it needs n bytes at p and
 is resumed with a new window `(d, p, lim)`; see `protocol.stream`). Bytes that
 are skipped (records, bytes fields) are never requested, which is how a 50 MiB
@@ -526,7 +526,10 @@ def source(api_key: int, request: bool, version: int, incremental: bool = False)
 def walker(api_key: int, request: bool, version: int, incremental: bool = False) -> Walker:
     """The compiled walker for one (api, direction, version, mode); cached.
 
-    Plain: `walk(d, p, lim, S) -> end` raises `Over` past `lim`.
+    Plain: `walk(d, p, lim, S) -> end`; `d` must end exactly at `lim` (the
+    frame end): a short read raises `Over`, `IndexError` or `struct.error`
+    (callers treat all three as a body overrun) and `end > lim` means a
+    skipped length ran past the frame.
     Incremental: a generator with the yield protocol described above.
     Raises `UnknownApi` when no schema describes this version.
     """
