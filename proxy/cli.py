@@ -16,13 +16,7 @@ from proxy.server import DEFAULT_MARK, ProxyServer, Route, parse_hostport
 
 log = structlog.get_logger("kafkatap.proxy")
 
-try:  # the recorder engineer's factory: --record/--capture/--status-addr → sinks + hooks
-    from proxy.recording import build_sinks, recording_options
-except ImportError:  # pragma: no cover - HOOK: recording not available; proxy still runs
-    build_sinks = None  # type: ignore[assignment]
-
-    def recording_options(f):  # type: ignore[no-redef]
-        return f
+from proxy.recording import build_sinks, default_proxy_id, recording_options
 
 
 def _int_auto_base(text: str | int) -> int:
@@ -134,16 +128,15 @@ def _routes(listens: tuple[str, ...], upstreams: tuple[str, ...], specs: tuple[s
 async def _serve(routes: list[Route], faults, rec: dict, **kw: object) -> int:
     hooks = []
     sink = None
-    proxy_id = rec.get("proxy_id")
-    capture = str(rec.get("capture") or "none")
-    if build_sinks is not None:
-        try:
-            sink, hooks = build_sinks(rec.get("record"), proxy_id, capture, rec.get("status_addr"),
-                                      float(rec.get("flush_interval") or 1.0),
-                                      compact_interval_s=float(rec.get("compact_interval") or 60.0))
-        except Exception as exc:  # RecordingError, bad address …
-            log.error("cannot set up recording", error=str(exc))
-            return 2
+    # One id for the recording's proxy= partition, its proxy_id column and the metrics.
+    proxy_id = rec.get("proxy_id") or default_proxy_id()
+    capture = str(rec["capture"])
+    try:
+        sink, hooks = build_sinks(rec.get("record"), proxy_id, capture, rec.get("status_addr"),
+                                  float(rec["flush_interval"]), compact_interval_s=float(rec["compact_interval"]))
+    except Exception as exc:  # RecordingError, bad address …
+        log.error("cannot set up recording", error=str(exc))
+        return 2
     for h in hooks:
         await h.start()
     server = ProxyServer(routes, sink=sink, faults=faults, proxy_id=proxy_id, capture=capture, **kw)  # type: ignore[arg-type]

@@ -31,6 +31,7 @@ from typing import Any
 import structlog
 
 from proxy import original_dst as _odst
+from proxy.recording import default_proxy_id
 from proxy.faults import NO_FAULTS, Faults
 from proxy.relay import Connection, _ClientSide
 from proxy.sink import NullSink, RecordSink, Row
@@ -109,7 +110,7 @@ class ProxyServer:
             raise ValueError("capture must be none, requests or all")
         self.sink: RecordSink = sink if sink is not None else NullSink()
         self.faults = faults or NO_FAULTS
-        self.proxy_id = proxy_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.proxy_id = proxy_id or default_proxy_id()  # the same id the recorder partitions by
         self.connect_timeout = connect_timeout
         self.tcp_info = tcp_info
         self.tcp_info_interval = tcp_info_interval
