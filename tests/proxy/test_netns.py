@@ -15,9 +15,7 @@ from proxy_upstreams import EchoServer
 
 pytestmark = pytest.mark.netns
 
-netns = pytest.importorskip("scenarios.netns")
-if os.geteuid() != 0:
-    pytest.skip("network namespaces need root", allow_module_level=True)
+from scenarios import netns
 
 CLIENT = textwrap.dedent("""
     import socket, sys

@@ -14,7 +14,6 @@ pytestmark = pytest.mark.spark
 
 @pytest.fixture(scope="module")
 def spark():
-    pytest.importorskip("pyspark")
     from analytics.session import get_spark
 
     # the process-wide session (shared with tests/analytics if they run in the same process)
