@@ -27,7 +27,6 @@ from protocol.headers import parse_request_header, response_header_flexible, ski
 from protocol.stream import KafkaStream
 from protocol.summaries.varint import skip_tags
 from protocol_capture import Capture, Conn, connections, have_capture_tools, tshark_requests
-
 from protocol_oracle import actual, expected
 from protocol_workloads import ALL
 
@@ -35,6 +34,7 @@ pytestmark = [
     pytest.mark.netns,  # captures on loopback: needs root
     pytest.mark.timeout(300),
 ]
+
 
 def test_capture_tools_are_installed() -> None:
     """dumpcap and tshark come with Debian's tshark package, which ./go installs."""
