@@ -199,6 +199,13 @@ class KafkaStream:
             elif side.prefix:
                 truncated[side.direction] = len(side.prefix)
         unanswered = list(self._in_flight.values())
+        # A response cut off mid-frame did not answer its request, although the
+        # header already took the request out of the in-flight map.
+        partial = self._resp.frame
+        if not self._resp.opaque and partial is not None and partial.info is not None:
+            args = partial.info.event_args
+            if len(args) == 2 and isinstance(args[1], RequestSeen):
+                unanswered.append(args[1])
         self._in_flight.clear()
         self._events.append(StreamClosed(unanswered, truncated, now_ns))
 

@@ -177,16 +177,26 @@ def _netns_proxy_class() -> type:
 
 @contextlib.contextmanager
 def _signals_deferred() -> Iterator[None]:
-    """Hold SIGINT/SIGTERM until the block is done (they are delivered, as KeyboardInterrupt, right after)."""
+    """Hold Ctrl-C/SIGTERM until the block is done, then raise KeyboardInterrupt.
+
+    A signal mask would not do: the kernel then hands the signal to another
+    thread (a proxy's loop), and Python still raises in the main thread —
+    possibly inside Popen after the fork, orphaning the child. Recording the
+    signal with a Python-level handler and raising after the block cannot.
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    sigs = {signal.SIGINT, signal.SIGTERM}
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+    got: list[int] = []
+    sigs = (signal.SIGINT, signal.SIGTERM)
+    old = {sig: signal.signal(sig, lambda signum, frame: got.append(signum)) for sig in sigs}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    if got:
+        raise KeyboardInterrupt(f"signal {got[0]}")
 
 
 class _Clients:

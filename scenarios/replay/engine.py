@@ -215,6 +215,7 @@ async def prepare_target(target: str, recording: Recording, state: ReplayState, 
                 await asyncio.sleep(0.25)
             else:
                 state.note("created_topics_not_ready")
+            await _await_partition_leaders(cli, {t: missing[t] for t in created}, state, timeout)
         elif missing:
             state.note("topics_missing_on_target", len(missing))
         await _await_coordinators(cli, recording.groups, state, timeout)
@@ -223,6 +224,31 @@ async def prepare_target(target: str, recording: Recording, state: ReplayState, 
     finally:
         cli.close()
     return created
+
+
+async def _await_partition_leaders(cli: _RawClient, topics: dict[str, int], state: ReplayState,
+                                   timeout: float) -> None:
+    """Wait until the target's replica manager leads every created partition.
+
+    Why: KRaft publishes a new topic's leader in Metadata a moment before the
+    broker itself has become leader, and a Produce in that gap is answered
+    NOT_LEADER_OR_FOLLOWER. ListOffsets(latest) has no side effect and answers
+    0 only once the partition is really led.
+    """
+    if not topics:
+        return
+    LO = message_class(2, True)
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        wanted = [LO.ListOffsetsTopic(version=4, name=t, partitions=[
+            LO.ListOffsetsTopic.ListOffsetsPartition(version=4, partition_index=i, current_leader_epoch=-1,
+                                                     timestamp=-1) for i in range(n)]) for t, n in topics.items()]
+        sent, resp = await cli.call(2, 4, replica_id=-1, isolation_level=0, topics=wanted)
+        body = decode_response(sent, resp)
+        if all(p.error_code == 0 for t in body.topics or () for p in t.partitions or ()):
+            return
+        await asyncio.sleep(0.2)
+    state.note("created_partitions_not_led", len(topics))
 
 
 async def _await_coordinators(cli: _RawClient, groups: set[str], state: ReplayState, timeout: float) -> None:
