@@ -390,6 +390,8 @@ class Connection:
         early, self._early = self._early, None
         for data, ts in early or ():
             self._to_broker(data, ts)
+        if self.inflight <= 0:
+            self._quiet()
         self.release_client(_HOLD_EARLY)
         if self.c_eof:
             self._half_close_broker()
@@ -605,8 +607,8 @@ class Connection:
             self._request_done(req, ev, sent, self.resp_flushed_ns, "answered")
         else:
             self._resp_wait.append((end, req, ev, sent))
-        if self.inflight == 0 and self._drain_waiter is not None and not self._drain_waiter.done():
-            self._drain_waiter.set_result(None)
+        if self.inflight == 0:
+            self._quiet()
 
     def _stamp_responses(self) -> None:
         w = self._resp_wait
@@ -826,16 +828,24 @@ class Connection:
     def wait_quiet(self) -> asyncio.Future:
         """A future done when no request is in flight (graceful shutdown waits on it)."""
         fut = self.server.loop.create_future()
-        if self.inflight <= 0 or self.stream is None:
+        # Bytes read while the upstream connect is pending are requests not yet
+        # parsed: wait for the connect so they are forwarded and answered too.
+        if (self.inflight <= 0 or self.stream is None) and not self._early:
             fut.set_result(None)
         else:
             self._drain_waiter = fut
         return fut
 
+    def _quiet(self) -> None:
+        """Wake a graceful shutdown waiting for this connection to have nothing in flight."""
+        if self._drain_waiter is not None and not self._drain_waiter.done():
+            self._drain_waiter.set_result(None)
+
     def _finish(self) -> None:
         if self._finished:
             return
         self._finished = True
+        self._quiet()
         now = self.now()
         self.closed_ns = now
         if self.end is None:
