@@ -30,8 +30,7 @@ def _procs_mentioning(text: str) -> list[int]:
 
 
 def test_sigint_mid_traffic_cleans_up(tmp_path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
+    assert os.geteuid() == 0, "network namespaces need root"
     iptables_before = host_iptables_snapshot()
     out = tmp_path / "interrupted"
     proc = subprocess.Popen([sys.executable, "-m", "kafkatap.cli", "scenario", "run", "no-window-scaling",
