@@ -97,4 +97,4 @@ def ns_to_ts(col: str | Column) -> Column:
 
 def first_client_id() -> Column:
     """The connection's client_id (connections keep every distinct one; the first names it)."""
-    return F.coalesce(F.element_at(F.col("client_ids"), 1), F.lit("(none)"))
+    return F.coalesce(F.try_element_at(F.col("client_ids"), F.lit(1)), F.lit("(none)"))

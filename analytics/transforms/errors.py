@@ -17,7 +17,7 @@ def _exploded(req: DataFrame) -> DataFrame:
         "conn_id", "client_id", "api_name", "ts_ns", "request_bytes", "acks",
         F.coalesce(F.col("e.name"), F.concat(F.lit("code "), F.col("e.code").cast("string"))).alias("error_name"),
         F.col("e.code").alias("error_code"),
-        F.coalesce(F.col("e.topic"), F.col("e.resource"), F.element_at("topics", 1), F.lit("")).alias("topic"),
+        F.coalesce(F.col("e.topic"), F.col("e.resource"), F.try_element_at(F.col("topics"), F.lit(1)), F.lit("")).alias("topic"),
     )
 
 

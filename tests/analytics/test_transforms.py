@@ -199,3 +199,12 @@ def test_compare_sequence_matching_for_replays(make_df) -> None:
     ends = compare.compare_ends(m, ca, cb).collect()
     assert ends[0]["same"] is False and ends[0]["end_reason_b"] == "broker_fin"
     assert {x.api_name: x.matched for x in compare.compare_summary(pa_, pb, m, "sequence").collect()} == {"Produce": 3}
+
+
+
+def test_errors_tolerate_requests_without_topics(make_df) -> None:
+    """Spark 4 (ANSI) raises on element_at of an empty array; a JoinGroup error has no topics."""
+    e = [{"code": 79, "name": "MEMBER_ID_REQUIRED", "topic": None, "partition": None, "resource": None}]
+    r = prepare_requests(make_df("requests", [req("c1", 1, "JoinGroup", errors=e, error_count=1, topics=[])]))
+    rows = [x.asDict() for x in errors.errors_by_name(r).collect()]
+    assert [(x["error_name"], x["topic"]) for x in rows] == [("MEMBER_ID_REQUIRED", "")]
