@@ -84,11 +84,12 @@ def _probe(host: str, port: int, api_key: int, version: int, body: bytes, timeou
     payload = header + body
     with socket.create_connection((host, port), timeout=timeout) as s:
         s.sendall(struct.pack(">i", len(payload)) + payload)
-        size = struct.unpack(">i", _recv_exact(s, 4))[0]
-        return _recv_exact(s, size)
+        size = struct.unpack(">i", recv_exact(s, 4))[0]
+        return recv_exact(s, size)
 
 
-def _recv_exact(s: socket.socket, n: int) -> bytes:
+def recv_exact(s: socket.socket, n: int) -> bytes:
+    """Read exactly n bytes from a blocking socket (raises ConnectionError if it closes first)."""
     buf = bytearray()
     while len(buf) < n:
         chunk = s.recv(n - len(buf))

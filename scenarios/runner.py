@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from scenarios.clients import ClientSpec, command_for
-from scenarios.kafka import LocalKafka, free_port
+from scenarios.kafka import LocalKafka, free_port, recv_exact
 from scenarios.kafka_jars import DEFAULT_VERSION
 from scenarios.spec import Proxy, Report, Scenario
 
@@ -110,8 +110,8 @@ def create_topics(host: str, port: int, topics: dict[str, int], timeout_s: float
 
     with socket.create_connection((host, port), timeout=timeout_s) as s:
         s.sendall(struct.pack(">i", len(payload)) + payload)
-        size = struct.unpack(">i", _recv(s, 4))[0]
-        resp = _recv(s, size)
+        size = struct.unpack(">i", recv_exact(s, 4))[0]
+        resp = recv_exact(s, size)
     # corr(4) throttle(4) n(4) then per topic: name, error_code(2), error_message
     off = 12
     for _ in range(struct.unpack_from(">i", resp, 8)[0]):
@@ -124,16 +124,6 @@ def create_topics(host: str, port: int, topics: dict[str, int], timeout_s: float
         off += 2 + max(0, mlen)
         if code not in (0, 36):  # 36: TOPIC_ALREADY_EXISTS
             raise ScenarioFailed(f"creating topic {name} failed with error code {code}")
-
-
-def _recv(s: Any, n: int) -> bytes:
-    buf = b""
-    while len(buf) < n:
-        chunk = s.recv(n - len(buf))
-        if not chunk:
-            raise ConnectionError("broker closed the connection")
-        buf += chunk
-    return buf
 
 
 def in_thread(fn: Callable[[], Any], host: Any | None) -> Any:

@@ -311,6 +311,12 @@ class Replayer:
         self._progress_task: asyncio.Task | None = None
 
     # -- notifications -------------------------------------------------------
+    async def _settle(self, done: list[bool], pos: int, index: int) -> None:
+        """A request is finished without a response to wait for (skipped, failed, or fire-and-forget)."""
+        done[pos] = True
+        self._dispatch(index)
+        await self._notify()
+
     async def _notify(self) -> None:
         async with self._changed:
             self._changed.notify_all()
@@ -452,9 +458,7 @@ class Replayer:
                 if closed.is_set():
                     res.failed += 1
                     res.failures["not sent: target closed the connection"] += 1
-                    done[pos] = True
-                    self._dispatch(r.index)
-                    await self._notify()
+                    await self._settle(done, pos, r.index)
                     continue
                 outcome = rewrite_request(r.frame, self.state, cs)
                 if isinstance(outcome, Pending):
@@ -470,9 +474,7 @@ class Replayer:
                         outcome = Skip(outcome.reason)
                 if isinstance(outcome, Skip):
                     res.skipped[outcome.reason] += 1
-                    done[pos] = True
-                    self._dispatch(r.index)
-                    await self._notify()
+                    await self._settle(done, pos, r.index)
                     continue
                 assert isinstance(outcome, Send)
                 if "member_id_negotiate" in outcome.rewrites:
@@ -480,9 +482,7 @@ class Replayer:
                     outcome = await self._negotiate_member(r, outcome, cs, writer, inflight, waiters, next_cid)
                     if isinstance(outcome, Skip):
                         res.skipped[outcome.reason] += 1
-                        done[pos] = True
-                        self._dispatch(r.index)
-                        await self._notify()
+                        await self._settle(done, pos, r.index)
                         continue
                 next_cid += 1
                 data = set_correlation_id(outcome.data, next_cid)
@@ -500,9 +500,7 @@ class Replayer:
                     inflight.pop(next_cid, None)
                     res.failed += 1
                     res.failures["not sent: target closed the connection"] += 1
-                    done[pos] = True
-                    self._dispatch(r.index)
-                    await self._notify()
+                    await self._settle(done, pos, r.index)
                     continue
                 now = time.time_ns()
                 last_sent_at = asyncio.get_running_loop().time()
