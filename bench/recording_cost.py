@@ -33,8 +33,6 @@ import datetime as dt
 import json
 import os
 import random
-import socket
-import struct
 import subprocess
 import sys
 import tempfile

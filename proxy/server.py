@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import os
 import random
 import signal
 import socket

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from pyspark.sql import functions as F
 
 from analytics.transforms import clients, compare, connections, errors, latency, overview, produce_fetch, tcp
 from analytics.transforms.common import LONG_POLL_LABEL, prepare_requests

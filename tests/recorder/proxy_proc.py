@@ -5,7 +5,6 @@ Prints one JSON line with the listener and status addresses once serving.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 

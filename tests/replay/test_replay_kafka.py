@@ -7,7 +7,6 @@ recording and `analyze --compare` must show.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path

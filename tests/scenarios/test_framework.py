@@ -7,7 +7,6 @@ before the minutes-long end-to-end runs in test_scenarios.py.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
