@@ -18,6 +18,7 @@ from scenarios.kafka import LocalKafka
 from scenarios.kafka_jars import DEFAULT_VERSION, INCIDENT_VERSION
 
 _counter = itertools.count()
+BROKER_FIXTURES = {"kafka_broker", "kafka_broker_37", "kafka_any_version", "proxied_kafka", "rec_broker"}
 
 
 def _broker(request: pytest.FixtureRequest, version: str) -> Iterator[LocalKafka]:
@@ -58,10 +59,13 @@ def topic_name(request: pytest.FixtureRequest) -> str:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark tests that use broker fixtures with `kafka` so `-m 'not kafka'` skips them."""
-    broker_fixtures = {"kafka_broker", "kafka_broker_37", "kafka_any_version"}
+    """Mark tests that use a broker fixture with `kafka` so `-m 'not kafka'` deselects them.
+
+    The package conftests' own broker fixtures (proxy: a broker advertising the
+    proxy; recorder: one with a SASL listener) are listed here too.
+    """
     for item in items:
-        if broker_fixtures & set(getattr(item, "fixturenames", ())):
+        if BROKER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.kafka)
 
 

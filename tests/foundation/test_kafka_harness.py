@@ -13,6 +13,8 @@ from kafka import KafkaConsumer, KafkaProducer
 from scenarios.kafka import KafkaHarnessError, LocalKafka
 
 
+pytestmark = pytest.mark.kafka  # every test here starts (or tries to start) a real broker
+
 def test_produce_consume_kafka_python_and_confluent(kafka_any_version: LocalKafka, topic_name: str) -> None:
     kafka = kafka_any_version
     kafka.create_topic(topic_name, partitions=2)

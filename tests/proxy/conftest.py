@@ -105,9 +105,3 @@ def proxied_kafka():
     finally:
         kafka.stop()
         kafka.cleanup()
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        if "proxied_kafka" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.kafka)

@@ -74,9 +74,3 @@ def rec_broker():
     finally:
         kafka.stop()
         kafka.cleanup()
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        if "rec_broker" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.kafka)

@@ -90,6 +90,7 @@ def test_surge_driver_opens_many_connections(kafka_broker) -> None:
     assert r["connected"] == 50 and r["requests"] >= 100 and r["errors"] == 0, r
 
 
+@pytest.mark.kafka
 def test_runner_without_analysis_records_through_a_chain(tmp_path) -> None:
     """Two proxies in a chain, the broker advertising the first: every client connection is recorded."""
     import pyarrow.dataset as ds
