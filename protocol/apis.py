@@ -64,11 +64,11 @@ _FLEXIBLE_FROM_NO_SCHEMA: dict[int, int] = {
 }
 
 
-def _parse_versions(text: str | None) -> tuple[int, int] | None:
-    """Kafka version-range syntax: "3+", "0-4", "5", "none"."""
-    if text is None or not text.strip() or text.strip() == "none":
+def parse_versions(text: object) -> tuple[int, int] | None:
+    """Kafka version-range syntax: "3+", "0-4", "5", "none" (schemas and their fields alike)."""
+    if text is None or not str(text).strip() or str(text).strip() == "none":
         return None
-    text = text.strip()
+    text = str(text).strip()
     if text.endswith("+"):
         return int(text[:-1]), 0x7FFF
     if "-" in text:
@@ -109,8 +109,8 @@ def _load_all() -> dict[int, ApiInfo]:
         except (FileNotFoundError, ModuleNotFoundError, OSError):
             req = resp = None
         if req is not None and resp is not None:
-            valid = _parse_versions(req["validVersions"]) or (0, -1)
-            flex = _parse_versions(req.get("flexibleVersions"))
+            valid = parse_versions(req["validVersions"]) or (0, -1)
+            flex = parse_versions(req.get("flexibleVersions"))
             infos[key] = ApiInfo(key, name, valid[1], flex[0] if flex else 0x7FFF, req, resp)
         else:
             infos[key] = ApiInfo(key, name, -1, _FLEXIBLE_FROM_NO_SCHEMA.get(key, 0), None, None)

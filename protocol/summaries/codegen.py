@@ -32,7 +32,7 @@ from codecs import utf_8_decode as _u8  # 2x faster than str(memoryview, 'utf-8'
 from struct import Struct
 from typing import Any, Callable
 
-from protocol.apis import FETCH, PRODUCE, APIS
+from protocol.apis import APIS, FETCH, PRODUCE, parse_versions
 from protocol.errors import UnknownApi, error_name
 from protocol.events import ErrorSeen, PartitionFetched, Summary
 from protocol.records import scan, scan_incremental
@@ -66,20 +66,8 @@ LEAVE_GROUP = 13
 FIND_COORDINATOR = 10
 
 
-def _versions(text: str | None) -> tuple[int, int] | None:
-    if text is None or not str(text).strip() or str(text).strip() == "none":
-        return None
-    text = str(text).strip()
-    if text.endswith("+"):
-        return int(text[:-1]), 0x7FFF
-    if "-" in text:
-        a, b = text.split("-")
-        return int(a), int(b)
-    return int(text), int(text)
-
-
 def _in(text: str | None, v: int) -> bool:
-    r = _versions(text)
+    r = parse_versions(text)
     return r is not None and r[0] <= v <= r[1]
 
 
