@@ -30,6 +30,7 @@ from typing import Any
 import structlog
 
 from proxy import original_dst as _odst
+from protocol.stream import KafkaStream
 from proxy.recording import default_proxy_id
 from proxy.faults import NO_FAULTS, Faults
 from proxy.relay import Connection, _ClientSide
@@ -65,18 +66,6 @@ class Route:
         """"LISTEN=UPSTREAM" (explicit) or "LISTEN" (transparent)."""
         listen, sep, upstream = text.partition("=")
         return cls(parse_hostport(listen), parse_hostport(upstream) if sep else None)
-
-
-def _default_stream_factory() -> Callable[[], Any]:
-    try:
-        from protocol.stream import KafkaStream  # the full decoder
-
-        return KafkaStream
-    except Exception as exc:  # noqa: BLE001 — a broken decoder must not stop the proxy
-        from proxy._framing import FramingStream
-
-        log.warning("protocol.stream unavailable; using framing-only observation", error=str(exc))
-        return FramingStream
 
 
 class ProxyServer:
@@ -119,7 +108,7 @@ class ProxyServer:
         self.observe = observe
         self.log_requests = log_requests
         self.shutdown_timeout = shutdown_timeout
-        self.stream_factory = stream_factory or _default_stream_factory()
+        self.stream_factory = stream_factory or KafkaStream
         self.original_dst = original_dst or _odst.original_dst
         self.backlog = backlog
         self.rng = random.Random(self.faults.seed)
