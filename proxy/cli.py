@@ -5,11 +5,11 @@ Only argument handling lives here; the proxy itself is `proxy.server`.
 
 from __future__ import annotations
 
-import asyncio
 import sys
 
 import click
 import structlog
+import uvloop
 
 from proxy.faults import FAULT_SPEC_HELP, parse_fault_specs
 from proxy.server import DEFAULT_MARK, ProxyServer, Route, parse_hostport
@@ -96,13 +96,7 @@ def proxy(ctx: click.Context, listens: tuple[str, ...], upstreams: tuple[str, ..
         mark = DEFAULT_MARK
     root = ctx.find_root().params
     log_requests = root.get("log_level") == "debug"
-    try:
-        import uvloop
-
-        runner = uvloop.run
-    except ImportError:  # pragma: no cover
-        runner = asyncio.run
-    code = runner(_serve(routes, fault_cfg, rec, connect_timeout=connect_timeout,
+    code = uvloop.run(_serve(routes, fault_cfg, rec, connect_timeout=connect_timeout,
                          tcp_info=not no_tcp_info, tcp_info_interval=tcp_info_interval or None,
                          idle_timeout=idle_timeout, shutdown_timeout=shutdown_timeout, so_mark=mark,
                          observe=not no_decode, log_requests=log_requests))

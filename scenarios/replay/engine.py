@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import structlog
+import uvloop
 
 from protocol.deep import message_class
 from scenarios.replay.load import RecordedConnection, Recording
@@ -670,13 +671,7 @@ async def replay_async(recording: Recording, options: ReplayOptions) -> ReplayRe
 
 def run_replay(recording: Recording, options: ReplayOptions) -> ReplayResult:
     """Run a replay to completion on a fresh uvloop loop (the synchronous entry point)."""
-    try:
-        import uvloop
-
-        factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
-    except ImportError:  # pragma: no cover - uvloop is a dependency, but replay must not need it
-        factory = None
-    with asyncio.Runner(loop_factory=factory) as runner:
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         return runner.run(replay_async(recording, options))
 
 
