@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from protocol.events import RequestSeen, ResponseSeen, StreamClosed, StreamOpaque
+from protocol.events import Direction, RequestSeen, ResponseSeen, StreamClosed, StreamOpaque
 from proxy import rows, tcpinfo
 from proxy.faults import DelayedWriter, Faults
 from proxy.inference import EndFacts, inferred_cause, request_cause
@@ -631,6 +631,12 @@ class Connection:
             self._cap_resp = None
 
     def _on_closed(self, ev: StreamClosed) -> None:
+        # A frame cut off by the end of the connection is bad input like any other:
+        # it goes through the same opaque path (recorded reason, one log line).
+        for direction, got in ev.truncated.items():
+            total = self.stream.request_bytes if direction is Direction.REQUEST else self.stream.response_bytes
+            self._on_opaque(StreamOpaque(direction, total - got, "truncated",
+                                         f"connection ended {got} bytes into an unfinished {direction.value} frame"))
         self.unanswered_at_end = len(ev.unanswered)
         for req in ev.unanswered:
             sent = self._sent_at.pop(id(req), None)
