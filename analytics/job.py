@@ -27,9 +27,9 @@ from analytics import load as L
 from analytics.findings import Finding, run_rules
 from analytics.progress import Progress
 from analytics.session import get_spark
-from analytics.transforms import clients, compare, connections, errors, latency, overview, produce_fetch, tcp
+from analytics.transforms import clients, compare, connections, errors, latency, overview, produce_fetch, rollups, tcp
 from analytics.transforms.common import prepare_requests
-from analytics.transforms.cube import latency_cube
+from analytics.transforms.cube import latency_cube, percentile_views
 
 TABLE_ROW_CAP = 20_000  # a table bigger than this is a detail list; the report and rules need the top rows only
 NICE_BUCKETS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400)
@@ -69,43 +69,59 @@ def choose_bucket(span_s: float | None) -> int:
     return NICE_BUCKETS[-1]
 
 
-def table_plan(req: DataFrame, err: DataFrame, cube: DataFrame, conns: DataFrame, sides: DataFrame,
-               bucket_s: int) -> dict[str, Callable[[], DataFrame]]:
-    """Every report table, in report order, as a thunk so the job can time and run them concurrently.
+@dataclass
+class Inputs:
+    """What the report tables are computed from; the job pins (checkpoints) every one of them.
 
-    `req` is the cached request view, `err` its rows with errors, `cube` the
-    latency cube (all latency views from one pass).
+    Their blocks are freed by Spark's context cleaner once these objects are
+    garbage collected, so a long-lived process can call `run_analysis` again.
+
+    The raw request view is never cached (10 M rows): it is scanned, column-pruned,
+    by the three passes that build `rollup`, `topics` and `cube` (plus `traffic`
+    and the rows with errors), and every table reads those small results.
     """
+
+    rollup: DataFrame  # rollups.request_rollup
+    topics: DataFrame  # rollups.topic_rollup
+    traffic: DataFrame  # rollups.traffic_over_time
+    views: DataFrame  # cube.percentile_views of the latency cube
+    err: DataFrame  # request rows with errors (their nested error lists)
+    conns: DataFrame
+    sides: DataFrame
+
+
+def table_plan(i: Inputs, bucket_s: int) -> dict[str, Callable[[], DataFrame]]:
+    """Every report table, in report order, as a thunk so the job can time and run them concurrently."""
     return {
-        "client_inventory": lambda: clients.client_inventory(req),
-        "topic_view": lambda: clients.topic_view(req),
-        "latency_by_api": lambda: latency.cube_latency_by_api(cube),
-        "broker_latency_by_api": lambda: latency.cube_broker_latency_by_api(cube),
-        "latency_by_api_version": lambda: latency.cube_latency_by_api_version(cube),
-        "latency_by_broker": lambda: latency.cube_latency_by_broker(cube),
-        "latency_by_topic": lambda: latency.cube_latency_by_topic(cube),
-        "latency_by_client": lambda: latency.cube_latency_by_client(cube),
-        "latency_over_time": lambda: latency.cube_latency_over_time(cube),
-        "proxy_delay_by_api": lambda: latency.cube_proxy_delay_by_api(cube),
-        "long_polls_by_client": lambda: latency.long_polls_by_client(req),
-        "errors_by_name": lambda: errors.errors_by_name(err),
-        "errors_over_time": lambda: errors.errors_over_time(err, bucket_s),
-        "throttling": lambda: errors.throttling(req),
-        "connections_over_time": lambda: connections.connections_over_time(conns, req, bucket_s, cube),
-        "connection_lifetimes": lambda: connections.connection_lifetimes(conns),
-        "connection_ends": lambda: connections.connection_ends(conns),
-        "resets": lambda: connections.resets(conns),
-        "reconnects_by_client": lambda: connections.reconnects_by_client(conns),
-        "broker_closes": lambda: connections.broker_closes(conns),
-        "unanswered_at_close": lambda: connections.unanswered_at_close(conns, req),
-        "tcp_health": lambda: tcp.tcp_health(sides),
-        "tcp_rtt_by_peer": lambda: tcp.tcp_rtt_by_peer(sides),
-        "window_ceiling": lambda: tcp.window_ceiling(sides, req),
-        "produce_acks": lambda: produce_fetch.produce_acks(req),
-        "produce_batches": lambda: produce_fetch.produce_batches(req, cube),
-        "produce_compression": lambda: produce_fetch.produce_compression(req),
-        "produce_rate_by_topic": lambda: produce_fetch.produce_rate_by_topic(req),
-        "fetch_by_consumer": lambda: produce_fetch.fetch_by_consumer(req),
+        "client_inventory": lambda: clients.client_inventory(i.rollup, i.topics, i.conns),
+        "topic_view": lambda: clients.topic_view(i.topics),
+        "latency_by_api": lambda: latency.cube_latency_by_api(i.views),
+        "broker_latency_by_api": lambda: latency.cube_broker_latency_by_api(i.views),
+        "latency_by_api_version": lambda: latency.cube_latency_by_api_version(i.views),
+        "latency_by_broker": lambda: latency.cube_latency_by_broker(i.views),
+        "latency_by_topic": lambda: latency.cube_latency_by_topic(i.views),
+        "latency_by_client": lambda: latency.cube_latency_by_client(i.views),
+        "latency_over_time": lambda: latency.cube_latency_over_time(i.views),
+        "proxy_delay_by_api": lambda: latency.cube_proxy_delay_by_api(i.views),
+        "long_polls_by_client": lambda: latency.long_polls_by_client(i.rollup, i.views),
+        "errors_by_name": lambda: errors.errors_by_name(i.err),
+        "errors_over_time": lambda: errors.errors_over_time(i.err, bucket_s),
+        "throttling": lambda: errors.throttling(i.rollup),
+        "connections_over_time": lambda: connections.connections_over_time(i.conns, i.traffic, bucket_s, i.views),
+        "connection_lifetimes": lambda: connections.connection_lifetimes(i.conns),
+        "connection_ends": lambda: connections.connection_ends(i.conns),
+        "resets": lambda: connections.resets(i.conns),
+        "reconnects_by_client": lambda: connections.reconnects_by_client(i.conns),
+        "broker_closes": lambda: connections.broker_closes(i.conns),
+        "unanswered_at_close": lambda: connections.unanswered_at_close(i.conns, i.rollup),
+        "tcp_health": lambda: tcp.tcp_health(i.sides),
+        "tcp_rtt_by_peer": lambda: tcp.tcp_rtt_by_peer(i.sides),
+        "window_ceiling": lambda: tcp.window_ceiling(i.sides, i.rollup),
+        "produce_acks": lambda: produce_fetch.produce_acks(i.rollup),
+        "produce_batches": lambda: produce_fetch.produce_batches(i.topics, i.views),
+        "produce_compression": lambda: produce_fetch.produce_compression(i.rollup),
+        "produce_rate_by_topic": lambda: produce_fetch.produce_rate_by_topic(i.topics),
+        "fetch_by_consumer": lambda: produce_fetch.fetch_by_consumer(i.topics),
     }
 
 
@@ -148,6 +164,18 @@ def write_table(out: Path, name: str, t: pa.Table, csv: bool = True) -> None:
     pq.write_table(t, d / f"{name}.parquet")
     if csv:
         pacsv.write_csv(_csv_safe(t), d / f"{name}.csv")
+
+
+def pin(df: DataFrame) -> DataFrame:
+    """Materialize a small intermediate result once and cut its lineage.
+
+    A local checkpoint keeps the rows in the executors' block managers and
+    replaces the plan behind them, so the ~30 table queries over it plan in
+    milliseconds and never recompute it. (A `.cache()` is matched by plan
+    shape, and Spark misses that match when one cached grouping-sets plan is
+    unioned with itself, silently recomputing it once per branch.)
+    """
+    return df.localCheckpoint(eager=True)
 
 
 def collect(df: DataFrame, cap: int = TABLE_ROW_CAP) -> pa.Table:
@@ -217,22 +245,28 @@ def run_analysis(
         main_dirs = [str(d) for d in dirs] or ([str(compare[0])] if compare else [])
         prog.step("reading", f"{', '.join(main_dirs)} (filters: {filters.describe()})")
         rec = L.load(spark, main_dirs, filters)
-        full = prepare_requests(rec.requests)
-        req = full.drop("errors").cache()  # nested error structs stay out of the cache; `err` holds the few rows with errors
-        err = full.where(F.col("error_count") > 0).cache()
-        conns = rec.connections.cache()
-        prog.step("overview", "scanning requests and connections once (cached for the other tables)")
-        ov_t = collect(overview.overview(req, conns))
+        full = prepare_requests(rec.requests)  # never cached: three column-pruned passes read it
+        conns = pin(rec.connections)
+        prog.step("request rollup", "one pass over the requests: sums per connection, client and API")
+        rollup = pin(rollups.request_rollup(full))
+        ov_t = collect(overview.overview(rollup, conns))
         arrow["overview"] = ov_t
         ov = (ov_t.to_pylist() or [{}])[0]
         bucket_s = bucket_s or choose_bucket(ov.get("span_s"))
         prog.info(f"{ov.get('requests') or 0:,} requests, {ov.get('connections') or 0:,} connections over "
-                  f"{ov.get('span_s') or 0:,.0f} s; time bucket {bucket_s} s")
-        sides = tcp.tcp_sides(conns, rec.tcp).cache()
+                  f"{ov.get('span_s') or 0:,.0f} s; time bucket {bucket_s} s; rollup {rollup.count():,} rows")
+        prog.step("topic rollup", "Produce and Fetch per client and topic, request rate per broker over time, errors")
+        topics = pin(rollups.topic_rollup(full))
+        traffic = pin(rollups.traffic_over_time(full, bucket_s))
+        err = pin(full.where(F.col("error_count") > 0))  # few rows; the only place the nested error lists are read
+        prog.info(f"topic rollup {topics.count():,} rows, {traffic.count():,} broker-intervals, {err.count():,} requests with errors")
+        sides = pin(tcp.tcp_sides(conns, rec.tcp))
         prog.step("latency cube", "all latency views from one pass over the requests")
-        cube = latency_cube(req, bucket_s).cache()
-        prog.info(f"latency cube: {cube.count():,} cells")
-        plan = table_plan(req, err, cube, conns, sides, bucket_s)
+        cube = pin(latency_cube(full, bucket_s))
+        views = pin(percentile_views(cube))
+        prog.info(f"latency cube: {cube.count():,} cells, {views.count():,} percentile rows")
+        inputs = Inputs(rollup, topics, traffic, views, err, conns, sides)
+        plan = table_plan(inputs, bucket_s)
         if compare:
             mode_used, cplan = compare_plan(spark, str(compare[0]), str(compare[1]), filters, compare_mode, tolerance_s, prog)
             plan.update(cplan)
@@ -262,8 +296,6 @@ def run_analysis(
             from analytics.report.html import render
 
             report_path.write_text(render(result, filters.describe()), encoding="utf-8")
-        for df in (req, err, cube, conns, sides):
-            df.unpersist()
     result.timings = dict(prog.timings, total=round(time.monotonic() - t_start, 3))
     return result
 

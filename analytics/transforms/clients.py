@@ -5,7 +5,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from analytics.transforms.common import ADMIN_APIS, GROUP_APIS, ns_to_ts
+from analytics.transforms.common import ADMIN_APIS, GROUP_APIS, ns_to_ts, with_client
 
 
 def _has(api_names: tuple[str, ...] | str) -> F.Column:
@@ -13,9 +13,11 @@ def _has(api_names: tuple[str, ...] | str) -> F.Column:
     return F.max(F.col("api_name").isin(*names).cast("int")) == 1
 
 
-def client_inventory(req: DataFrame) -> DataFrame:
-    """One row per (client_id, client host), busiest first.
+def client_inventory(rollup: DataFrame, topics: DataFrame, conns: DataFrame) -> DataFrame:
+    """One row per (client_id, client host), busiest first, from the request and topic rollups.
 
+    The software name and version (ApiVersions v3+) come from the connections,
+    which keep what each client announced.
     Role comes from what the client actually sent (Produce -> producer, Fetch ->
     consumer, group APIs -> group member, admin APIs -> admin), so it works for
     every protocol version and for clients that never told us their software.
@@ -23,28 +25,35 @@ def client_inventory(req: DataFrame) -> DataFrame:
     """
     produce = F.col("api_name") == "Produce"
     fetch = F.col("api_name") == "Fetch"
-    agg = req.groupBy("client_id", "client_host").agg(
-        F.count(F.lit(1)).alias("requests"),
-        F.countDistinct("conn_id").alias("connections"),
-        F.min("ts_ns").alias("first_ns"),
-        F.max("ts_ns").alias("last_ns"),
+    keys = ["client_id", "client_host"]
+    agg = rollup.groupBy(*keys).agg(
+        F.sum("requests").alias("requests"),
+        F.countDistinct("proxy_id", "conn_id").alias("connections"),
+        F.min("first_ns").alias("first_ns"),
+        F.max("last_ns").alias("last_ns"),
         _has("Produce").alias("is_producer"),
         _has("Fetch").alias("is_consumer"),
         _has(GROUP_APIS).alias("is_group_member"),
         _has(ADMIN_APIS).alias("is_admin"),
-        F.array_sort(F.array_distinct(F.flatten(F.collect_list(F.when(produce, F.col("topics")))))).alias("topics_produced"),
-        F.array_sort(F.array_distinct(F.flatten(F.collect_list(F.when(fetch, F.col("topics")))))).alias("topics_consumed"),
         F.array_sort(F.collect_set("group_id")).alias("groups"),
         F.sum(F.when(produce, F.coalesce(F.col("records"), F.lit(0))).otherwise(0)).alias("records_produced"),
         F.sum(F.when(produce, F.coalesce(F.col("record_bytes"), F.lit(0))).otherwise(0)).alias("bytes_produced"),
         F.sum(F.when(fetch, F.coalesce(F.col("record_bytes"), F.lit(0))).otherwise(0)).alias("bytes_fetched"),
-        F.sum(F.coalesce(F.col("request_bytes"), F.lit(0))).alias("bytes_sent"),
-        F.sum(F.coalesce(F.col("response_bytes"), F.lit(0))).alias("bytes_received"),
-        F.sum(F.when(F.col("error_count") > 0, 1).otherwise(0)).alias("requests_with_errors"),
-        F.first("client_software_name", ignorenulls=True).alias("software_name"),
-        F.first("client_software_version", ignorenulls=True).alias("software_version"),
+        F.sum("request_bytes").alias("bytes_sent"),
+        F.sum("response_bytes").alias("bytes_received"),
+        F.sum("requests_with_errors").alias("requests_with_errors"),
         F.array_sort(F.collect_set("broker_addr")).alias("brokers"),
     )
+    named = topics.where(F.col("topic").isNotNull())
+    per_topic = named.groupBy(*keys).agg(
+        F.array_sort(F.collect_set(F.when(produce, F.col("topic")))).alias("topics_produced"),
+        F.array_sort(F.collect_set(F.when(fetch, F.col("topic")))).alias("topics_consumed"),
+    )
+    empty = F.array().cast("array<string>")
+    software = with_client(conns).groupBy(*keys).agg(
+        F.max("client_software_name").alias("software_name"), F.max("client_software_version").alias("software_version"))
+    agg = agg.join(per_topic, keys, "left").join(software, keys, "left").withColumn("topics_produced", F.coalesce("topics_produced", empty)).withColumn(
+        "topics_consumed", F.coalesce("topics_consumed", empty))
     span_s = F.greatest((F.col("last_ns") - F.col("first_ns")) / 1e9, F.lit(1.0))
     roles = F.concat_ws(
         ", ",
@@ -67,17 +76,15 @@ def client_inventory(req: DataFrame) -> DataFrame:
     ).orderBy(F.desc("requests"), F.desc("bytes_per_s"), "client_id")
 
 
-def topic_view(req: DataFrame) -> DataFrame:
-    """Per topic: producers, consumers, records and bytes each way."""
-    t = req.where(F.col("api_name").isin("Produce", "Fetch")).select(
-        "api_name", "client_id", "records", "record_bytes", F.explode("topics").alias("topic")
-    )
+def topic_view(topics: DataFrame) -> DataFrame:
+    """Per topic: producers, consumers, records and bytes each way (from the topic rollup)."""
+    t = topics.where(F.col("topic").isNotNull())
     produce = F.col("api_name") == "Produce"
     return t.groupBy("topic").agg(
         F.array_sort(F.collect_set(F.when(produce, F.col("client_id")))).alias("producers"),
         F.array_sort(F.collect_set(F.when(~produce, F.col("client_id")))).alias("consumers"),
-        F.sum(F.when(produce, 1).otherwise(0)).alias("produce_requests"),
-        F.sum(F.when(~produce, 1).otherwise(0)).alias("fetch_requests"),
+        F.sum(F.when(produce, F.col("requests")).otherwise(0)).alias("produce_requests"),
+        F.sum(F.when(~produce, F.col("requests")).otherwise(0)).alias("fetch_requests"),
         F.sum(F.when(produce, F.coalesce(F.col("records"), F.lit(0))).otherwise(0)).alias("records_produced"),
         F.sum(F.when(produce, F.coalesce(F.col("record_bytes"), F.lit(0))).otherwise(0)).alias("bytes_produced"),
         F.sum(F.when(~produce, F.coalesce(F.col("record_bytes"), F.lit(0))).otherwise(0)).alias("bytes_fetched"),

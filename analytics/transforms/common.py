@@ -89,6 +89,11 @@ def bucket(ts_col: str | Column, bucket_s: int) -> Column:
     return F.timestamp_seconds(F.floor(col / step) * bucket_s).alias("bucket")
 
 
+def time_bucket_index(ts_col: str, bucket_s: int) -> Column:
+    """Which bucket (ts // bucket length) a ns timestamp falls into, as a long."""
+    return F.floor(F.col(ts_col) / (bucket_s * 1_000_000_000)).cast("long")
+
+
 def ns_to_ts(col: str | Column) -> Column:
     """epoch ns -> Spark timestamp (µs precision, UTC)."""
     c = F.col(col) if isinstance(col, str) else col
@@ -98,3 +103,8 @@ def ns_to_ts(col: str | Column) -> Column:
 def first_client_id() -> Column:
     """The connection's client_id (connections keep every distinct one; the first names it)."""
     return F.coalesce(F.try_element_at(F.col("client_ids"), F.lit(1)), F.lit("(none)"))
+
+
+def with_client(conns: DataFrame) -> DataFrame:
+    """Connections with the naming columns every table uses (client_id, client_host)."""
+    return conns.withColumn("client_id", first_client_id()).withColumn("client_host", host(F.col("client_addr")))

@@ -5,48 +5,36 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from analytics.transforms.common import first_client_id, host, ns_to_ts
+from analytics.transforms.common import ns_to_ts, time_bucket_index, with_client
+from analytics.transforms.cube import view
 
 RESET_REASONS = ("client_rst", "broker_rst")
 
 
-def with_client(conns: DataFrame) -> DataFrame:
-    """Connections with the naming columns every table uses."""
-    return conns.withColumn("client_id", first_client_id()).withColumn("client_host", host(F.col("client_addr")))
-
-
-def connections_over_time(conns: DataFrame, req: DataFrame, bucket_s: int, cube: DataFrame | None = None) -> DataFrame:
+def connections_over_time(conns: DataFrame, traffic: DataFrame, bucket_s: int, views: DataFrame) -> DataFrame:
     """Per broker and bucket: opens, ends, concurrency, request rate and latency.
 
     Concurrency is a running sum of opens minus ends over a dense bucket grid,
     so quiet buckets still carry the open connections; latency (long polls out)
     and bytes per request sit on the same row, which is what shows queueing:
     latency climbing with concurrency while bytes per request stay flat.
+    `traffic` is `rollups.traffic_over_time` with the same bucket; latency
+    comes from the cube's broker x time view (`views`: cube or percentile views).
     """
-    step = bucket_s * 1_000_000_000
     c = conns.select(
         "broker_addr",
-        F.floor(F.col("opened_ns") / step).alias("open_b"),
-        F.when(F.col("closed_ns").isNotNull(), F.floor(F.col("closed_ns") / step)).alias("close_b"),
+        time_bucket_index("opened_ns", bucket_s).alias("open_b"),
+        F.when(F.col("closed_ns").isNotNull(), time_bucket_index("closed_ns", bucket_s)).alias("close_b"),
     )
-    r = req.select("broker_addr", F.floor(F.col("ts_ns") / step).alias("b"), "latency_us", "long_poll", "request_bytes")
+    r = traffic
     opens = c.groupBy("broker_addr", F.col("open_b").alias("b")).agg(F.count(F.lit(1)).alias("opens"))
     ends = c.where(F.col("close_b").isNotNull()).groupBy("broker_addr", F.col("close_b").alias("b")).agg(F.count(F.lit(1)).alias("ends"))
-    if cube is None:
-        lat = r.groupBy("broker_addr", "b").agg(
-            F.count(F.lit(1)).alias("requests"),
-            F.percentile_approx(F.when(~F.col("long_poll"), F.col("latency_us")), [0.5, 0.99], 2000).alias("q"),
-            F.round(F.avg("request_bytes"), 1).alias("bytes_per_request"),
-        )
-    else:  # latency from the cube (bucket start seconds in k2), counts from a cheap hash aggregate
-        from analytics.transforms.cube import cube_percentiles
-
-        q = cube_percentiles(cube, "broker_time").select(
-            F.col("k1").alias("broker_addr"), (F.col("k2").cast("long") / bucket_s).cast("long").alias("b"),
-            F.array("p50_us", "p99_us").alias("q"))
-        lat = r.groupBy("broker_addr", "b").agg(
-            F.count(F.lit(1)).alias("requests"), F.round(F.avg("request_bytes"), 1).alias("bytes_per_request")
-        ).join(q, ["broker_addr", "b"], "left")
+    q = view(views, "broker_time").select(
+        F.col("k1").alias("broker_addr"), (F.col("k2").try_cast("long") / bucket_s).cast("long").alias("b"),
+        F.array("p50_us", "p99_us").alias("q"))
+    lat = r.select("broker_addr", "b", "requests",
+                   F.round(F.col("request_bytes") / F.col("sized_requests"), 1).alias("bytes_per_request")
+                   ).join(q, ["broker_addr", "b"], "left")
     bounds = c.select("broker_addr", "open_b", F.coalesce("close_b", "open_b").alias("close_b")).unionByName(
         r.select("broker_addr", F.col("b").alias("open_b"), F.col("b").alias("close_b"))
     ).groupBy("broker_addr").agg(F.min("open_b").alias("lo"), F.max("close_b").alias("hi"))
@@ -149,11 +137,11 @@ def broker_closes(conns: DataFrame, limit: int = 5000) -> DataFrame:
     ).orderBy("closed_ns").limit(limit)
 
 
-def unanswered_at_close(conns: DataFrame, req: DataFrame, limit: int = 5000) -> DataFrame:
+def unanswered_at_close(conns: DataFrame, rollup: DataFrame, limit: int = 5000) -> DataFrame:
     """Connections that ended with requests in flight (or right after an acks=0 Produce)."""
     c = with_client(conns).where((F.col("unanswered") > 0) | ((F.col("last_request_acks") == 0) & (F.col("end_by") == "broker")))
-    pending = req.where(F.col("status") == "unanswered").groupBy("proxy_id", "conn_id").agg(
-        F.count(F.lit(1)).alias("unanswered_rows"), F.array_sort(F.collect_set("api_name")).alias("unanswered_apis")
+    pending = rollup.where(F.col("status") == "unanswered").groupBy("proxy_id", "conn_id").agg(
+        F.sum("requests").alias("unanswered_rows"), F.array_sort(F.collect_set("api_name")).alias("unanswered_apis")
     )
     return c.join(pending, ["proxy_id", "conn_id"], "left").select(
         "conn_id", "client_id", "broker_addr", "end_reason", "end_by", "unanswered", "unanswered_apis", "last_api",

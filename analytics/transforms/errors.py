@@ -41,12 +41,12 @@ def errors_over_time(req: DataFrame, bucket_s: int) -> DataFrame:
     return e.groupBy("bucket", "error_name").agg(F.count(F.lit(1)).alias("count")).orderBy("bucket", "error_name")
 
 
-def throttling(req: DataFrame) -> DataFrame:
-    """Who the brokers throttled (quota), on which API, and for how long in total."""
-    t = req.where(F.col("throttle_ms") > 0)
+def throttling(rollup: DataFrame) -> DataFrame:
+    """Who the brokers throttled (quota), on which API, and for how long in total (from the request rollup)."""
+    t = rollup.where(F.col("throttled_requests") > 0)
     return t.groupBy("client_id", "api_name", "broker_addr").agg(
-        F.count(F.lit(1)).alias("throttled_requests"),
+        F.sum("throttled_requests").alias("throttled_requests"),
         F.sum("throttle_ms").alias("total_throttle_ms"),
-        F.max("throttle_ms").alias("max_throttle_ms"),
-        ns_to_ts(F.min("ts_ns")).alias("first_seen"),
+        F.max("max_throttle_ms").alias("max_throttle_ms"),
+        ns_to_ts(F.min("first_throttled_ns")).alias("first_seen"),
     ).orderBy(F.desc("total_throttle_ms"))

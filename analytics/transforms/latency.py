@@ -11,7 +11,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from analytics.transforms.common import bucket, percentiles_by
-from analytics.transforms.cube import cube_percentiles
+from analytics.transforms.cube import view
 
 
 def _real(req: DataFrame) -> DataFrame:
@@ -58,22 +58,29 @@ def proxy_delay_by_api(req: DataFrame) -> DataFrame:
     return percentiles_by(req.where(F.col("answered")), ["api_name"], "proxy_delay_us").orderBy(F.desc("count"))
 
 
-def long_polls_by_client(req: DataFrame) -> DataFrame:
-    """Per consumer: how many of its Fetches were long polls and how long they waited."""
-    f = req.where(F.col("api_name") == "Fetch")
-    return f.groupBy("client_id").agg(
-        F.count(F.lit(1)).alias("fetches"),
-        F.sum(F.col("long_poll").cast("int")).alias("long_polls"),
-        F.round(F.avg(F.col("long_poll").cast("double")), 4).alias("long_poll_ratio"),
-        F.percentile_approx(F.when(F.col("long_poll"), F.col("broker_latency_us")), 0.5, 2000).alias("median_wait_us"),
+def long_polls_by_client(rollup: DataFrame, views: DataFrame) -> DataFrame:
+    """Per consumer: how many of its Fetches were long polls and how long they waited.
+
+    `rollup` is the request rollup; the median wait comes from the cube's
+    long-poll view (`views`: the cube or its percentile views).
+    """
+    f = rollup.where(F.col("api_name") == "Fetch").groupBy("client_id").agg(
+        F.sum("requests").alias("fetches"),
+        F.sum("long_polls").alias("long_polls"),
         F.max("max_wait_ms").alias("max_wait_ms"),
-    ).orderBy(F.desc("fetches"))
+    )
+    wait = view(views, "long_poll_wait", "broker_latency").select(F.col("k1").alias("client_id"), F.col("p50_us").alias("median_wait_us"))
+    return f.join(wait, "client_id", "left").select(
+        "client_id", "fetches", "long_polls", F.round(F.col("long_polls") / F.col("fetches"), 4).alias("long_poll_ratio"),
+        "median_wait_us", "max_wait_ms",
+    ).orderBy(F.desc("fetches"), "client_id")
 
 
-# ---- the same views from the latency cube (one pass over the requests; what the job uses)
+# ---- the same views from the latency cube (one pass over the requests; what the job uses).
+# Each takes the cube or, as the job does, its cached `percentile_views`.
 
-def _k1(cube: DataFrame, dim: str, name: str, metric: str = "latency") -> DataFrame:
-    return cube_percentiles(cube, dim, metric).withColumnRenamed("k1", name)
+def _k1(views: DataFrame, dim: str, name: str, metric: str = "latency") -> DataFrame:
+    return view(views, dim, metric).withColumnRenamed("k1", name)
 
 
 def cube_latency_by_api(cube: DataFrame) -> DataFrame:
@@ -89,7 +96,7 @@ def cube_proxy_delay_by_api(cube: DataFrame) -> DataFrame:
 
 
 def cube_latency_by_api_version(cube: DataFrame) -> DataFrame:
-    return (_k1(cube, "api_version", "api_label").withColumn("api_version", F.col("k2").cast("short")).drop("k2")
+    return (_k1(cube, "api_version", "api_label").withColumn("api_version", F.col("k2").try_cast("short")).drop("k2")
             .select("api_label", "api_version", *[c for c in cube_percentile_columns()]).orderBy("api_label", "api_version"))
 
 
@@ -107,8 +114,8 @@ def cube_latency_by_topic(cube: DataFrame) -> DataFrame:
 
 
 def cube_latency_over_time(cube: DataFrame) -> DataFrame:
-    t = cube_percentiles(cube, "time", "latency")
-    return t.select(F.timestamp_seconds(F.col("k1").cast("long")).alias("bucket"), F.col("k2").alias("api_name"),
+    t = view(cube, "time", "latency")
+    return t.select(F.timestamp_seconds(F.col("k1").try_cast("long")).alias("bucket"), F.col("k2").alias("api_name"),
                     *cube_percentile_columns()).orderBy("bucket", "api_name")
 
 

@@ -2,30 +2,33 @@
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from analytics.transforms.common import ns_to_ts
 
 
-def overview(req: DataFrame, conns: DataFrame) -> DataFrame:
+def overview(rollup: DataFrame, conns: DataFrame) -> DataFrame:
     """Time span, proxies, brokers, clients, connections, requests, bytes and error rate.
 
-    Computed as two single-row aggregates cross-joined, so it is one cheap pass
-    over each dataset.
+    `rollup` is the request rollup. Computed as two single-row aggregates
+    cross-joined, so it is one cheap pass over each.
     """
-    r = req.agg(
-        F.min("ts_ns").alias("first_ns"),
-        F.max("ts_ns").alias("last_ns"),
+    def status(name: str) -> Column:
+        return F.sum(F.when(F.col("status") == name, F.col("requests")).otherwise(0))
+
+    r = rollup.agg(
+        F.min("first_ns").alias("first_ns"),
+        F.max("last_ns").alias("last_ns"),
         F.countDistinct("proxy_id").alias("proxies"),
         F.countDistinct("broker_addr").alias("brokers"),
         F.countDistinct("client_id").alias("client_ids"),
-        F.count(F.lit(1)).alias("requests"),
-        F.sum(F.coalesce(F.col("request_bytes"), F.lit(0))).alias("request_bytes"),
-        F.sum(F.coalesce(F.col("response_bytes"), F.lit(0))).alias("response_bytes"),
-        F.sum(F.when(F.col("error_count") > 0, 1).otherwise(0)).alias("requests_with_errors"),
-        F.sum(F.when(F.col("status") == "unanswered", 1).otherwise(0)).alias("unanswered"),
-        F.sum(F.when(F.col("status") == "no_response", 1).otherwise(0)).alias("acks0_produces"),
+        F.coalesce(F.sum("requests"), F.lit(0)).alias("requests"),
+        F.coalesce(F.sum("request_bytes"), F.lit(0)).alias("request_bytes"),
+        F.coalesce(F.sum("response_bytes"), F.lit(0)).alias("response_bytes"),
+        F.coalesce(F.sum("requests_with_errors"), F.lit(0)).alias("requests_with_errors"),
+        status("unanswered").alias("unanswered"),
+        status("no_response").alias("acks0_produces"),
     )
     c = conns.agg(
         F.count(F.lit(1)).alias("connections"),

@@ -75,18 +75,15 @@ def tcp_rtt_by_peer(sides: DataFrame) -> DataFrame:
              F.col("q")[2].alias("rtt_p99_us"), "rtt_max_us", "retrans_p99", "retrans_max").orderBy(F.desc("rtt_p99_us"))
 
 
-def window_ceiling(sides: DataFrame, req: DataFrame, limit: int = 5000) -> DataFrame:
+def window_ceiling(sides: DataFrame, rollup: DataFrame, limit: int = 5000) -> DataFrame:
     """Every socket without window scaling: its 64 KiB / RTT ceiling next to what it moved.
 
-    `peak_bytes_per_s` is the best single large response (≥ 64 KiB) on the
-    connection — a transfer pinned at the ceiling is the signature of incident 5.
+    `peak_bytes_per_s` is the best single large response (>= 64 KiB) on the
+    connection, from the request rollup — a transfer pinned at the ceiling is
+    the signature of incident 5.
     """
     affected = sides.where(~F.col("wscale_ok"))
-    big = req.where(F.col("response_bytes") >= UNSCALED_WINDOW).join(
-        F.broadcast(affected.select("proxy_id", "conn_id").distinct()), ["proxy_id", "conn_id"], "left_semi"
-    )
-    dt = (F.col("resp_last_ns") - F.col("resp_first_ns")) / 1e9
-    peak = big.where(dt > 0).groupBy("proxy_id", "conn_id").agg(F.max(F.col("response_bytes") / dt).alias("peak_bytes_per_s"))
+    peak = rollup.groupBy("proxy_id", "conn_id").agg(F.max("peak_response_bytes_per_s").alias("peak_bytes_per_s"))
     ceiling = F.when(F.col("rtt_us") > 0, UNSCALED_WINDOW / (F.col("rtt_us") / 1e6))
     avg = F.when(F.col("duration_s") > 0, F.col("bytes_sent") / F.col("duration_s"))
     out = affected.join(peak, ["proxy_id", "conn_id"], "left").select(

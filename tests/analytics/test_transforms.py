@@ -7,6 +7,7 @@ import pytest
 from analytics.transforms import clients, compare, connections, errors, latency, overview, produce_fetch, tcp
 from analytics.transforms.common import LONG_POLL_LABEL, prepare_requests
 from analytics.transforms.cube import latency_cube
+from analytics.transforms.rollups import request_rollup, topic_rollup, traffic_over_time
 from analytics.synthetic import tcp_info
 from analytics_rows import S, T0, conn, req
 
@@ -55,22 +56,26 @@ def test_latency_views_exclude_long_polls_but_api_view_keeps_them(make_df) -> No
     assert [(x.topic, x.api_name) for x in topic] == [("t", "Produce")]
     proxy = by(latency.cube_proxy_delay_by_api(cube).collect(), "api_name")
     assert proxy["Produce"]["p50_us"] == 20
+    lp = by(latency.long_polls_by_client(request_rollup(r), cube).collect(), "client_id")["app-1"]
+    assert (lp["fetches"], lp["long_polls"], lp["long_poll_ratio"], lp["max_wait_ms"]) == (1, 1, 1.0, 500)
+    assert 499_990 <= lp["median_wait_us"] <= 499_990 * 1.02
 
 
 def test_client_inventory_roles_and_order(make_df) -> None:
     r = prepare_requests(make_df("requests", [
-        req("c1", 1, "ApiVersions", client="prod", client_software_name="librdkafka", client_software_version="2.4.0"),
+        req("c1", 1, "ApiVersions", client="prod"),
         *[req("c1", i, "Produce", t_s=i, client="prod", topics=["orders"]) for i in range(2, 12)],
         req("c2", 1, "Fetch", client="cons", topics=["orders"], client_addr="10.1.0.6:1"),
         req("c2", 2, "JoinGroup", client="cons", client_addr="10.1.0.6:1", group_id="g"),
         req("c3", 1, "CreateTopics", client="adm", client_addr="10.1.0.7:1", topics=["new"]),
     ]))
-    inv = [x.asDict() for x in clients.client_inventory(r).collect()]
+    c = make_df("connections", [conn("c1", 0, 20, client="prod", client_software_name="librdkafka", client_software_version="2.4.0")])
+    inv = [x.asDict() for x in clients.client_inventory(request_rollup(r), topic_rollup(r), c).collect()]
     assert inv[0]["client_id"] == "prod"  # busiest first
     roles = {x["client_id"]: x["role"] for x in inv}
     assert roles == {"prod": "producer", "cons": "consumer, group member", "adm": "admin"}
     assert inv[0]["software_name"] == "librdkafka" and inv[0]["topics_produced"] == ["orders"] and inv[0]["records_produced"] == 100
-    tv = by(clients.topic_view(r).collect(), "topic")["orders"]
+    tv = by(clients.topic_view(topic_rollup(r)).collect(), "topic")["orders"]
     assert tv["producers"] == ["prod"] and tv["consumers"] == ["cons"]
 
 
@@ -87,14 +92,14 @@ def test_errors_and_throttling(make_df) -> None:
     assert (row["error_name"], row["api_name"], row["topic"], row["count"], row["max_request_bytes"]) == ("MESSAGE_TOO_LARGE", "Produce", "big", 2, 2_000_000)
     assert row["example_conn_id"] == "c1" and row["acks"] == [1]
     assert [x["count"] for x in errors.errors_over_time(r, 60).collect()] == [1, 1]
-    th = errors.throttling(r).collect()
+    th = errors.throttling(request_rollup(r)).collect()
     assert th[0]["total_throttle_ms"] == 250
 
 
 def test_overview(make_df) -> None:
     r = prepare_requests(make_df("requests", [req("c1", 1, t_s=0), req("c1", 2, t_s=10, lat_us=None)]))
     c = make_df("connections", [conn("c1", 0, 20)])
-    o = overview.overview(r, c).collect()[0]
+    o = overview.overview(request_rollup(r), c).collect()[0]
     assert o["requests"] == 2 and o["unanswered"] == 1 and o["connections"] == 1 and o["span_s"] == 20.0
 
 
@@ -103,12 +108,12 @@ def test_connections_over_time_concurrency_and_latency(make_df) -> None:
     rs = [req("c0", 1, t_s=10, lat_us=1000), req("s1", 1, t_s=130, lat_us=9000)]
     r = prepare_requests(make_df("requests", rs))
     c = make_df("connections", cs)
-    for cube in (None, latency_cube(r, 60)):
-        rows = [x.asDict() for x in connections.connections_over_time(c, r, 60, cube).collect()]
-        conc = [x["concurrent"] for x in rows]
-        assert conc == [3, 3, 13, 13, 13, 13]  # 3 long-lived, +10 at 120 s, the 3 end at 300 s (still counted in that bucket)
-        assert rows[0]["opens"] == 3 and rows[2]["opens"] == 10 and rows[5]["ends"] == 3
-        assert rows[0]["p99_us"] == 1000 and rows[2]["p99_us"] == 9000
+    rows = [x.asDict() for x in connections.connections_over_time(c, traffic_over_time(r, 60), 60, latency_cube(r, 60)).collect()]
+    conc = [x["concurrent"] for x in rows]
+    assert conc == [3, 3, 13, 13, 13, 13]  # 3 long-lived, +10 at 120 s, the 3 end at 300 s (still counted in that bucket)
+    assert rows[0]["opens"] == 3 and rows[2]["opens"] == 10 and rows[5]["ends"] == 3
+    assert rows[0]["p99_us"] == 1000 and rows[2]["p99_us"] == 9000
+    assert rows[0]["requests"] == 1 and rows[1]["requests"] == 0 and rows[0]["bytes_per_request"] == 500
 
 
 def test_connection_ends_resets_reconnects(make_df) -> None:
@@ -125,7 +130,7 @@ def test_connection_ends_resets_reconnects(make_df) -> None:
     bc = connections.broker_closes(c).collect()
     assert [(x.conn_id, x.last_request_acks, x.last_request_bytes) for x in bc] == [("b1", 0, 3_000_000)]
     r = prepare_requests(make_df("requests", [req("b1", 1, lat_us=None, status="no_response", acks=0)]))
-    assert [x.conn_id for x in connections.unanswered_at_close(c, r).collect()] == ["b1"]
+    assert [x.conn_id for x in connections.unanswered_at_close(c, request_rollup(r)).collect()] == ["b1"]
     life = by(connections.connection_lifetimes(c).collect(), "lifetime")
     assert life["1–10 min"]["connections"] == 6 and life["1–10 s"]["connections"] == 1
 
@@ -142,7 +147,7 @@ def test_tcp_window_ceiling(make_df, spark) -> None:
     assert health["broker"]["without_window_scaling"] == 0
     big = req("slow", 1, "Fetch", lat_us=2_000_000, response_bytes=1_000_000, resp_first_ns=T0, resp_last_ns=T0 + int(2.9 * S))
     r = prepare_requests(make_df("requests", [big]))
-    wc = [x.asDict() for x in tcp.window_ceiling(sides, r).collect()]
+    wc = [x.asDict() for x in tcp.window_ceiling(sides, request_rollup(r)).collect()]
     assert len(wc) == 1 and wc[0]["conn_id"] == "slow" and wc[0]["side"] == "client"
     assert wc[0]["ceiling_bytes_per_s"] == pytest.approx(65535 / 0.18, rel=0.01)
     assert wc[0]["avg_bytes_per_s"] == pytest.approx(300_000, rel=0.01)
@@ -158,15 +163,15 @@ def test_produce_fetch_detail(make_df) -> None:
         req("c2", 1, "Fetch", t_s=0, client="cons", record_bytes=0, topics=["a"]),
         req("c2", 2, "Fetch", t_s=10, client="cons", record_bytes=1000, topics=["a"]),
     ]))
-    acks = by(produce_fetch.produce_acks(r).collect(), "acks")
+    acks = by(produce_fetch.produce_acks(request_rollup(r)).collect(), "acks")
     assert {k: v["requests"] for k, v in acks.items()} == {0: 1, 1: 1, -1: 1}
-    comp = by(produce_fetch.produce_compression(r).collect(), "compression")
+    comp = by(produce_fetch.produce_compression(request_rollup(r)).collect(), "compression")
     assert comp["lz4"]["requests"] == 2
-    rate = by(produce_fetch.produce_rate_by_topic(r).collect(), "topic")["a"]
+    rate = by(produce_fetch.produce_rate_by_topic(topic_rollup(r)).collect(), "topic")["a"]
     assert rate["records"] == 30 and rate["records_per_s"] == 1.5
-    batches = by(produce_fetch.produce_batches(r).collect(), "topic")["a"]
+    batches = by(produce_fetch.produce_batches(topic_rollup(r), latency_cube(r, 60)).collect(), "topic")["a"]
     assert batches["requests"] == 3 and batches["compression"] == "lz4, zstd"
-    f = by(produce_fetch.fetch_by_consumer(r).collect(), "client_id")["cons"]
+    f = by(produce_fetch.fetch_by_consumer(topic_rollup(r)).collect(), "client_id")["cons"]
     assert f["empty_ratio"] == 0.5 and f["bytes"] == 1000
 
 

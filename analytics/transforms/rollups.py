@@ -1,0 +1,93 @@
+"""Rollups: the request view summed once, so the report tables never rescan every request.
+
+Most request tables (inventory, topic view, acks/compression mix, throttling,
+fetch rates, unanswered requests, the overview) only need counts, sums, minima
+and maxima per client, connection, API or topic. Scanning 10 M requests once
+per table costs one Spark job of real work per table; instead two plain hash
+aggregates reduce the requests to a few thousand rows, and every table is
+then a cheap aggregate of those. Only additive measures are kept, so any
+coarser grouping of a rollup gives the same answer as grouping the requests.
+
+- `request_rollup`: one row per connection x client x API x (group, acks,
+  compression, status). A connection determines its client address and
+  broker, so the rollup has about (connections x APIs) rows. It also keeps
+  each group's best transfer rate of a large response (the TCP ceiling table).
+- `topic_rollup`: Produce and Fetch requests exploded by topic, one row per
+  client x API x topic x compression.
+- `traffic_over_time`: requests and request bytes per broker and time bucket
+  (connections over time needs every request, long polls and unanswered ones too).
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from analytics.transforms.common import time_bucket_index
+from analytics.transforms.tcp import UNSCALED_WINDOW as LARGE_RESPONSE_BYTES  # fills an unscaled window: its rate shows the ceiling
+
+
+def _zero(name: str) -> Column:
+    return F.coalesce(F.col(name), F.lit(0))
+
+
+def request_rollup(req: DataFrame) -> DataFrame:
+    """Additive measures of the prepared request view per connection, client and API."""
+    throttled = F.col("throttle_ms") > 0
+    transfer_s = (F.col("resp_last_ns") - F.col("resp_first_ns")) / 1e9
+    big = (F.col("response_bytes") >= LARGE_RESPONSE_BYTES) & (transfer_s > 0)
+    return req.groupBy(
+        "proxy_id", "conn_id", "client_id", "client_host", "broker_addr", "api_name", "group_id", "acks", "compression", "status",
+    ).agg(
+        F.count(F.lit(1)).alias("requests"),
+        F.min("ts_ns").alias("first_ns"),
+        F.max("ts_ns").alias("last_ns"),
+        F.sum(_zero("request_bytes")).alias("request_bytes"),
+        F.sum(_zero("response_bytes")).alias("response_bytes"),
+        F.max("request_bytes").alias("max_request_bytes"),
+        F.sum("records").alias("records"),  # null when no request of the group carried a count
+        F.sum("record_bytes").alias("record_bytes"),
+        F.sum((F.col("error_count") > 0).cast("long")).alias("requests_with_errors"),
+        F.sum(F.col("long_poll").cast("long")).alias("long_polls"),
+        F.max("max_wait_ms").alias("max_wait_ms"),
+        F.sum(throttled.cast("long")).alias("throttled_requests"),
+        F.sum(F.when(throttled, F.col("throttle_ms"))).alias("throttle_ms"),
+        F.max(F.when(throttled, F.col("throttle_ms"))).alias("max_throttle_ms"),
+        F.min(F.when(throttled, F.col("ts_ns"))).alias("first_throttled_ns"),
+        F.max(F.when(big, F.col("response_bytes") / transfer_s)).alias("peak_response_bytes_per_s"),
+    )  # fixed-width buffers only: a string max/first would turn this into a sort-based aggregate (the software name comes from connections)
+
+
+def topic_rollup(req: DataFrame) -> DataFrame:
+    """Produce and Fetch per client, API and topic; a Fetch without topics gets topic null.
+
+    A multi-topic Fetch's record bytes are split evenly over its topics in
+    `fetch_bytes_split` (responses are summarized per request), while
+    `record_bytes` keeps the whole request's figure for per-topic totals.
+    """
+    pf = req.where(F.col("api_name").isin("Produce", "Fetch")).select(
+        "client_id", "client_host", "api_name", "compression", "ts_ns", "request_bytes", "records", "record_bytes", "long_poll",
+        (F.col("record_bytes") / F.greatest(F.size("topics"), F.lit(1))).alias("split_bytes"),
+        F.explode_outer("topics").alias("topic"),
+    )
+    return pf.groupBy("client_id", "client_host", "api_name", "topic", "compression").agg(
+        F.count(F.lit(1)).alias("requests"),
+        F.min("ts_ns").alias("first_ns"),
+        F.max("ts_ns").alias("last_ns"),
+        F.sum("records").alias("records"),
+        F.count("records").alias("requests_with_records"),
+        F.sum("record_bytes").alias("record_bytes"),
+        F.sum("split_bytes").alias("fetch_bytes_split"),
+        F.max("request_bytes").alias("max_request_bytes"),
+        F.sum((_zero("record_bytes") == 0).cast("long")).alias("empty"),
+        F.sum(F.col("long_poll").cast("long")).alias("long_polls"),
+    )
+
+
+def traffic_over_time(req: DataFrame, bucket_s: int) -> DataFrame:
+    """Requests and request bytes per broker and bucket index (ts // bucket)."""
+    return req.groupBy("broker_addr", time_bucket_index("ts_ns", bucket_s).alias("b")).agg(
+        F.count(F.lit(1)).alias("requests"),
+        F.sum("request_bytes").alias("request_bytes"),
+        F.count("request_bytes").alias("sized_requests"),
+    )
