@@ -20,7 +20,7 @@ usage: ./go COMMAND [ARGS...]
   test [ARGS]    install what is missing, then run the whole test suite (pytest ARGS pass through)
   quick-test     the tests that need no broker, Spark or root (about half a minute)
   bench NAME     run bench/NAME.py (proxy_overhead, parse, recording_cost, analytics_scale)
-  setup          only install (Debian packages, .venv, Kafka jars)
+  setup          only install (Debian packages, .venv, Kafka jars, Spark class archive)
   kafkatap ARGS  run the kafkatap CLI from the project venv
 USAGE
 }
@@ -62,7 +62,12 @@ kafka_jars() {
   "$VENV/bin/python" -m scenarios.kafka_jars
 }
 
-setup() { system_packages; python_env; kafka_jars; }
+spark_class_archive() {
+  # a CDS archive of the classes an analysis loads: saves seconds of JVM warm-up on every `kafkatap analyze`
+  "$VENV/bin/python" -m analytics.class_archive
+}
+
+setup() { system_packages; python_env; kafka_jars; spark_class_archive; }
 
 cmd=${1:-}
 [ $# -gt 0 ] && shift

@@ -51,7 +51,13 @@ def get_spark(master: str | None = None, conf: dict[str, str] | None = None, app
             return _SESSION
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         builder = SparkSession.builder.appName(app_name).master(master or os.environ.get("KAFKATAP_SPARK_MASTER", "local[2]"))
-        for key, value in {**DEFAULTS, **(conf or {})}.items():
+        settings = {**DEFAULTS, **(conf or {})}
+        options = settings.get("spark.driver.extraJavaOptions", "")
+        if "SharedArchiveFile" not in options and "ArchiveClassesAtExit" not in options:
+            from analytics.class_archive import java_options
+
+            settings["spark.driver.extraJavaOptions"] = f"{options} {java_options()}".strip()
+        for key, value in settings.items():
             builder = builder.config(key, value)
         _SESSION = builder.getOrCreate()
         _SESSION.sparkContext.setLogLevel("ERROR")

@@ -158,9 +158,16 @@ def bench_size(n: int, work: Path, regenerate: bool) -> dict:
     return res
 
 
+def class_archive_note() -> str:
+    from analytics.class_archive import java_options
+
+    return "used" if java_options() else "none (run `python -m analytics.class_archive` first)"
+
+
 def markdown(results: list[dict], cmd: str) -> str:
     lines = [SECTION, "", f"Command: `{cmd}`  ", f"Date: {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M UTC}, "
-             f"{os.cpu_count()} cores (shared machine: the 1-min load average before/after each run is in the table).", "",
+             f"{os.cpu_count()} cores (shared machine: the 1-min load average before/after each run is in the table). "
+             f"Spark class archive (analytics/class_archive.py): {class_archive_note()}.", "",
              "Spark = the whole `kafkatap analyze` process (JVM start, all 29 tables, findings, report, CSV+Parquet). "
              "DuckDB = the 7 headline queries (overview, latency by API / client / broker×minute, inventory, errors, connection ends) "
              "on the same files, 2 threads. Peak memory = peak RSS of the process tree (driver + JVM).", "",
