@@ -77,7 +77,7 @@ class Inputs:
     garbage collected, so a long-lived process can call `run_analysis` again.
 
     The raw request view is never cached (10 M rows): it is scanned, column-pruned,
-    by the three passes that build `rollup`, `topics` and `cube` (plus `traffic`
+    by the passes that build `rollup`, `topics` and `cube` (plus `traffic`
     and the rows with errors), and every table reads those small results.
     """
 
@@ -245,7 +245,7 @@ def run_analysis(
         main_dirs = [str(d) for d in dirs] or ([str(compare[0])] if compare else [])
         prog.step("reading", f"{', '.join(main_dirs)} (filters: {filters.describe()})")
         rec = L.load(spark, main_dirs, filters)
-        full = prepare_requests(rec.requests)  # never cached: three column-pruned passes read it
+        full = prepare_requests(rec.requests)  # never cached: the column-pruned passes below read it
         conns = pin(rec.connections)
         prog.step("request rollup", "one pass over the requests: sums per connection, client and API")
         rollup = pin(rollups.request_rollup(full))
