@@ -73,7 +73,16 @@ def port_is_free(host: str, port: int) -> bool:
 
 
 def _kafka_uuid() -> str:
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A random Kafka cluster id (URL-safe base64 of 16 bytes).
+
+    One id in 64 would start with '-', which kafka-storage's argument parser
+    reads as an option ("argument --cluster-id/-t: expected one argument");
+    Kafka's own Uuid.randomUuid redraws those, and so do we.
+    """
+    while True:
+        value = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not value.startswith("-"):
+            return value
 
 
 # --- a tiny wire probe: enough Kafka to know a broker is serving -------------
