@@ -6,14 +6,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from pyspark.sql import DataFrame, SparkSession  # a required dependency: ./go installs it, a missing one must fail
 
-pyspark = pytest.importorskip("pyspark")
-
-from pyspark.sql import DataFrame, SparkSession  # noqa: E402
-
-from analytics.session import get_spark  # noqa: E402
-from analytics.spark_schema import spark_schema  # noqa: E402
-from proxy import schema as rec  # noqa: E402
+from analytics.session import get_spark
+from analytics.spark_schema import spark_schema
+from proxy import schema as rec
 
 
 
