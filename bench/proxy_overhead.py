@@ -265,8 +265,8 @@ def main() -> None:
         p50 = {p: pct(lat[p], 0.50) for p in PATHS}
         p99 = {p: pct(lat[p], 0.99) for p in PATHS}
         lines = [
-            f"| metric | direct | kafkatap | haproxy | kafkatap ratio | target |",
-            f"|---|---|---|---|---|---|",
+            "| metric | direct | kafkatap | haproxy | kafkatap ratio | target |",
+            "|---|---|---|---|---|---|",
             f"| producer MB/s (median of {args.rounds}) | {med['direct']:.1f} | {med['kafkatap']:.1f} | {med['haproxy']:.1f} "
             f"| {med['kafkatap'] / med['direct']:.3f} × direct, {med['kafkatap'] / med['haproxy']:.3f} × haproxy | ≥ 0.95 × direct, ≥ 0.9 × haproxy |",
             f"| consumer fetch MB/s (median of {args.rounds}) | {cmed['direct']:.1f} | {cmed['kafkatap']:.1f} | {cmed['haproxy']:.1f} "

@@ -252,7 +252,7 @@ def render(result: "AnalysisResult", filters: str = "none") -> str:
     ov = result.overview
     start, end = _cell(ov.get("start"))[0], _cell(ov.get("end"))[0]
     nav = ['<a href="#findings">Findings</a>']
-    body = [f'<section id="findings"><h2>Findings</h2><p class="intro">Ranked diagnoses, most important first, each with its evidence.</p>'
+    body = ['<section id="findings"><h2>Findings</h2><p class="intro">Ranked diagnoses, most important first, each with its evidence.</p>'
             + ("".join(_finding_html(f) for f in result.findings) or '<p class="empty">No findings: nothing in this recording matched a rule.</p>')
             + "</section>"]
     for sid, title, intro, items in SECTIONS:

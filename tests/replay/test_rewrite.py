@@ -302,7 +302,6 @@ def test_group_requests_wait_for_the_join_and_unknown_rejoin_negotiates():
     out = rewrite_request(parse_request(join("origin-m1")), state, conn)
     assert isinstance(out, Send) and out.rewrites == ("member_id_negotiate",) and body(out.data).member_id == ""
     # a simple (group-less generation -1) commit needs nothing from the target
-    C = cls(8)
     commit = request(8, 8, group_id="g1", generation_id_or_member_epoch=-1, member_id="", group_instance_id=None, topics=[])
     assert rewrite_request(parse_request(commit), state, conn).data == commit
 
