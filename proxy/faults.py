@@ -38,8 +38,9 @@ class DirectionFaults:
 
     def describe(self) -> str:
         parts = []
-        if self.latency_ms or self.jitter_ms:
-            parts.append(f"latency {self.latency_ms:g}±{self.jitter_ms:g} ms")
+        if self.latency_ms or self.jitter_ms:  # the delay is latency + uniform(0, jitter): say the range, not ±
+            hi = self.latency_ms + self.jitter_ms
+            parts.append(f"latency {self.latency_ms:g}–{hi:g} ms" if self.jitter_ms else f"latency {self.latency_ms:g} ms")
         if self.bandwidth_bps:
             parts.append(f"bandwidth {self.bandwidth_bps} B/s")
         if self.close_after_bytes is not None:

@@ -99,6 +99,8 @@ def test_fault_specs():
                            "idle-reset=30", "refuse"])
     assert f.to_broker == DirectionFaults(latency_ms=20, jitter_ms=5, bandwidth_bps=1_000_000)
     assert f.to_client == DirectionFaults(bandwidth_bps=1_000_000, close_after_bytes=100)
+    assert f.to_broker.describe() == "latency 20–25 ms, bandwidth 1000000 B/s"  # delay = 20 + uniform(0, 5)
+    assert DirectionFaults(latency_ms=7).describe() == "latency 7 ms"
     assert f.idle_reset_s == 30 and f.refuse_connections and f.active
     assert not Faults().active
     with pytest.raises(ValueError):
