@@ -108,6 +108,38 @@ def recv_exact(s: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
+def partition_states(host: str, port: int, topic: str, timeout: float = 2.0) -> tuple[int, list[tuple[int, int]]]:
+    """What one broker's Metadata v1 says of `topic`: (topic error code, [(leader, ISR size) per partition])."""
+    name = topic.encode()
+    resp = _probe(host, port, 3, 1, struct.pack(">ih", 1, len(name)) + name, timeout)
+    pos = 4  # correlation id
+    (brokers,) = struct.unpack_from(">i", resp, pos)
+    pos += 4
+    for _ in range(brokers):  # node_id, host, port, rack (nullable)
+        pos += 4
+        (n,) = struct.unpack_from(">h", resp, pos)
+        pos += 2 + n + 4
+        (n,) = struct.unpack_from(">h", resp, pos)
+        pos += 2 + max(n, 0)
+    pos += 4  # controller id
+    (topics,) = struct.unpack_from(">i", resp, pos)
+    pos += 4
+    if topics != 1:
+        return -1, []
+    error, n = struct.unpack_from(">hh", resp, pos)
+    pos += 4 + n + 1  # name, is_internal
+    (count,) = struct.unpack_from(">i", resp, pos)
+    pos += 4
+    parts = []
+    for _ in range(count):
+        _err, _partition, leader, replicas = struct.unpack_from(">hiii", resp, pos)
+        pos += 14 + 4 * replicas
+        (isr,) = struct.unpack_from(">i", resp, pos)
+        pos += 4 + 4 * isr
+        parts.append((leader, isr))
+    return error, parts
+
+
 def brokers_registered(host: str, port: int, timeout: float = 2.0) -> int:
     """Number of brokers a Metadata v1 (all topics: null) response lists; raises when not serving."""
     resp = _probe(host, port, 3, 1, struct.pack(">i", -1), timeout)
@@ -263,6 +295,30 @@ class LocalKafka:
             admin.create_topics([NewTopic(name, partitions, replication, topic_configs=dict(config or {}))])
         finally:
             admin.close()
+        self.wait_for_topic(name, partitions, replication)
+
+    def wait_for_topic(self, name: str, partitions: int, replication: int = 1, timeout: float = 30.0) -> None:
+        """Return once every node's metadata has a leader and a full ISR for each partition of `name`.
+
+        A freshly created topic reaches the other brokers of a cluster a little
+        later; a client that asks one of them first would see no partitions.
+        There is no event to await from outside the brokers, so this polls
+        their Metadata (every 50 ms, bounded by `timeout`).
+        """
+        deadline = time.monotonic() + timeout
+        seen: dict[int, object] = {}
+        while True:
+            for node in self.nodes:
+                try:
+                    seen[node.node_id] = partition_states(self.host, node.port, name)
+                except OSError as e:
+                    seen[node.node_id] = repr(e)
+            if all(isinstance(v, tuple) and v[0] == 0 and len(v[1]) == partitions
+                   and all(leader >= 0 and isr >= replication for leader, isr in v[1]) for v in seen.values()):
+                return
+            if time.monotonic() > deadline:
+                raise KafkaHarnessError(f"topic {name!r} not ready on every broker after {timeout:g} s: {seen}")
+            time.sleep(0.05)
 
     def log_tail(self, lines: int = 30) -> str:
         out = []
