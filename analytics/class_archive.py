@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 ENV_SWITCH = "KAFKATAP_SPARK_CDS"
+QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"  # CDS's own notices (skipped classes, mismatches) stay off stderr
 SAMPLE_REQUESTS = 20_000
 
 
@@ -60,7 +61,7 @@ def java_options() -> str:
     path = archive_path()
     if path is None or not path.is_file():
         return ""
-    return f"-XX:SharedArchiveFile={path} -Xlog:cds=off -Xlog:cds+dynamic=off"
+    return f"-XX:SharedArchiveFile={path} {QUIET}"
 
 
 def build(force: bool = False) -> Path | None:
@@ -89,7 +90,7 @@ def build(force: bool = False) -> Path | None:
         )
         from analytics.session import DEFAULTS
 
-        options = f"{DEFAULTS['spark.driver.extraJavaOptions']} -XX:ArchiveClassesAtExit={tmp} -Xlog:cds=off -Xlog:cds+dynamic=off"
+        options = f"{DEFAULTS['spark.driver.extraJavaOptions']} -XX:ArchiveClassesAtExit={tmp} {QUIET}"
         env = dict(os.environ, **{ENV_SWITCH: "0"})
         done = subprocess.run([sys.executable, "-c", code, work, options], env=env, capture_output=True, text=True)
         if done.returncode != 0 or not tmp.is_file():

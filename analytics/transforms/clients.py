@@ -16,12 +16,13 @@ def _has(api_names: tuple[str, ...] | str) -> F.Column:
 def client_inventory(rollup: DataFrame, topics: DataFrame, conns: DataFrame) -> DataFrame:
     """One row per (client_id, client host), busiest first, from the request and topic rollups.
 
-    The software name and version (ApiVersions v3+) come from the connections,
-    which keep what each client announced.
     Role comes from what the client actually sent (Produce -> producer, Fetch ->
     consumer, group APIs -> group member, admin APIs -> admin), so it works for
     every protocol version and for clients that never told us their software.
     Rates are over the client's own active span.
+
+    The software name and version (ApiVersions v3+) come from the connections,
+    which keep what each client announced.
     """
     produce = F.col("api_name") == "Produce"
     fetch = F.col("api_name") == "Fetch"

@@ -82,16 +82,15 @@ def percentiles_by(df: DataFrame, keys: Sequence[str], value: str, prefix: str =
     )
 
 
+def time_bucket_index(ts_col: str | Column, bucket_s: int) -> Column:
+    """Which bucket (ts // bucket length) a ns timestamp falls into, as a long."""
+    col = F.col(ts_col) if isinstance(ts_col, str) else ts_col
+    return F.floor(col / (bucket_s * 1_000_000_000)).cast("long")
+
+
 def bucket(ts_col: str | Column, bucket_s: int) -> Column:
     """Start of the time bucket a ns timestamp falls into, as a Spark timestamp."""
-    col = F.col(ts_col) if isinstance(ts_col, str) else ts_col
-    step = bucket_s * 1_000_000_000
-    return F.timestamp_seconds(F.floor(col / step) * bucket_s).alias("bucket")
-
-
-def time_bucket_index(ts_col: str, bucket_s: int) -> Column:
-    """Which bucket (ts // bucket length) a ns timestamp falls into, as a long."""
-    return F.floor(F.col(ts_col) / (bucket_s * 1_000_000_000)).cast("long")
+    return F.timestamp_seconds(time_bucket_index(ts_col, bucket_s) * bucket_s).alias("bucket")
 
 
 def ns_to_ts(col: str | Column) -> Column:

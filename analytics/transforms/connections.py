@@ -26,17 +26,16 @@ def connections_over_time(conns: DataFrame, traffic: DataFrame, bucket_s: int, v
         time_bucket_index("opened_ns", bucket_s).alias("open_b"),
         F.when(F.col("closed_ns").isNotNull(), time_bucket_index("closed_ns", bucket_s)).alias("close_b"),
     )
-    r = traffic
     opens = c.groupBy("broker_addr", F.col("open_b").alias("b")).agg(F.count(F.lit(1)).alias("opens"))
     ends = c.where(F.col("close_b").isNotNull()).groupBy("broker_addr", F.col("close_b").alias("b")).agg(F.count(F.lit(1)).alias("ends"))
     q = view(views, "broker_time").select(
         F.col("k1").alias("broker_addr"), (F.col("k2").try_cast("long") / bucket_s).cast("long").alias("b"),
         F.array("p50_us", "p99_us").alias("q"))
-    lat = r.select("broker_addr", "b", "requests",
+    lat = traffic.select("broker_addr", "b", "requests",
                    F.round(F.col("request_bytes") / F.col("sized_requests"), 1).alias("bytes_per_request")
                    ).join(q, ["broker_addr", "b"], "left")
     bounds = c.select("broker_addr", "open_b", F.coalesce("close_b", "open_b").alias("close_b")).unionByName(
-        r.select("broker_addr", F.col("b").alias("open_b"), F.col("b").alias("close_b"))
+        traffic.select("broker_addr", F.col("b").alias("open_b"), F.col("b").alias("close_b"))
     ).groupBy("broker_addr").agg(F.min("open_b").alias("lo"), F.max("close_b").alias("hi"))
     grid = bounds.select("broker_addr", F.explode(F.sequence("lo", "hi")).alias("b"))
     g = grid.join(opens, ["broker_addr", "b"], "left").join(ends, ["broker_addr", "b"], "left").join(lat, ["broker_addr", "b"], "left")
@@ -104,7 +103,7 @@ def resets(conns: DataFrame, limit: int = 5000) -> DataFrame:
 def reconnects_by_client(conns: DataFrame, bucket_s: int = 60) -> DataFrame:
     """Per client (client_id + host): connections opened, rate, resets and the worst minute."""
     c = with_client(conns)
-    per_min = c.groupBy("client_id", "client_host", F.floor(F.col("opened_ns") / (bucket_s * 1_000_000_000)).alias("m")).agg(
+    per_min = c.groupBy("client_id", "client_host", time_bucket_index("opened_ns", bucket_s).alias("m")).agg(
         F.count(F.lit(1)).alias("n")
     ).groupBy("client_id", "client_host").agg(F.max("n").alias("max_opens_per_interval"))
     agg = c.groupBy("client_id", "client_host").agg(

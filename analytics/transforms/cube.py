@@ -29,11 +29,10 @@ from dataclasses import dataclass
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from analytics.transforms.common import QNAMES, QUANTILES
+from analytics.transforms.common import QNAMES, QUANTILES, time_bucket_index
 
 BIN_BASE = 1.02
 TIME_BIN_BASE = 1.10  # the over-time views only feed charts and the surge rule: 10 % bins, 5x fewer cells
-_LOG = math.log(BIN_BASE)
 ALL_APIS = "(all)"
 
 
@@ -68,11 +67,11 @@ TOPIC_VIEWS = (
     View("topic", "latency", "topic", "api_name", "vr", "lbin"),
     View("produce_topic", "request_bytes", "topic", None, "rb", "rbin"),
 )
-# (derived dim, metric, source dim, which source key becomes k1, k2 of the result)
+# (derived dim, metric, source dim, k2 of the result): the source summed over its k2, k1 kept
 DERIVED = (
-    ("api", "latency", "api_version", "k1", ""),
-    ("broker", "latency", "broker_time", "k1", ""),
-    ("time", "latency", "time", "k1", ALL_APIS),
+    ("api", "latency", "api_version", ""),
+    ("broker", "latency", "broker_time", ""),
+    ("time", "latency", "time", ALL_APIS),
 )
 
 
@@ -116,7 +115,7 @@ def latency_cube(req: DataFrame, bucket_s: int) -> DataFrame:
     """(dim, k1, k2, metric, bin) -> count n, sum s, max mx for every latency view in the report."""
     real = ~F.col("long_poll")
     answered = F.col("latency_us").isNotNull()
-    b = (F.floor(F.col("ts_ns") / (bucket_s * 1_000_000_000)) * bucket_s).cast("long")
+    b = time_bucket_index("ts_ns", bucket_s) * bucket_s  # bucket start, epoch seconds
     values = req.select(
         "api_label", "api_name", "api_version", "broker_addr", "client_id", "topics", "long_poll", b.alias("b"),
         F.col("latency_us").cast("long").alias("v"),
@@ -141,10 +140,10 @@ def with_derived(cube: DataFrame) -> DataFrame:
     every derived branch, while over the cached cube they cost next to nothing.
     """
     out = cube
-    for dim, metric, src, key, k2 in DERIVED:
+    for dim, metric, src, k2 in DERIVED:
         out = out.unionByName(
             cube.where((F.col("dim") == src) & (F.col("metric") == metric))
-            .groupBy(F.lit(dim).alias("dim"), F.col(key).alias("k1"), F.lit(k2).alias("k2"), F.lit(metric).alias("metric"), "bin")
+            .groupBy(F.lit(dim).alias("dim"), "k1", F.lit(k2).alias("k2"), F.lit(metric).alias("metric"), "bin")
             .agg(F.sum("n").alias("n"), F.sum("s").alias("s"), F.max("mx").alias("mx"))
         )
     return out

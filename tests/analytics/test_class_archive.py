@@ -1,4 +1,4 @@
-"""The Spark class-data-sharing archive: where it lives, when it is used, and that Spark starts with it."""
+"""The Spark class-data-sharing archive: where it lives, which JVM it belongs to, and when it is used."""
 
 from __future__ import annotations
 
