@@ -420,10 +420,7 @@ class KafkaStream:
                         ev = RequestSeen(start, size, now_ns, now_ns, key, ver, name, cid, client_id, expects,
                                          summary, None)
                         if expects:
-                            if cid not in self._in_flight and len(self._in_flight) >= self.max_in_flight:
-                                self._in_flight.pop(next(iter(self._in_flight)))
-                                self.dropped_in_flight += 1
-                            self._in_flight[cid] = ev
+                            self._track(cid, ev)
                         side.frames += 1
                         self._events.append(ev)
                         return
@@ -509,6 +506,13 @@ class KafkaStream:
         else:
             head.note = f"trailing_bytes: {size - end} bytes left over after the body decoded"
 
+    def _track(self, cid: int, ev: RequestSeen) -> None:
+        """Await a response to `ev`; at `max_in_flight` the oldest request is dropped (and counted)."""
+        if cid not in self._in_flight and len(self._in_flight) >= self.max_in_flight:
+            self._in_flight.pop(next(iter(self._in_flight)))
+            self.dropped_in_flight += 1
+        self._in_flight[cid] = ev
+
     def _emit_frame(self, side: _Side, head: _Head, start: int, size: int, first_ns: int, last_ns: int) -> None:
         side.frames += 1
         summary = head.summary
@@ -523,10 +527,7 @@ class KafkaStream:
             ev: Event = RequestSeen(start, size, first_ns, last_ns, key, ver, api_name(key), cid, client_id,
                                     expects, summary, note)
             if expects:
-                if cid not in self._in_flight and len(self._in_flight) >= self.max_in_flight:
-                    self._in_flight.pop(next(iter(self._in_flight)))
-                    self.dropped_in_flight += 1
-                self._in_flight[cid] = ev
+                self._track(cid, ev)
         else:
             cid, req = head.event_args
             if summary is not None and summary.errors and req is not None and req.summary is not None:
