@@ -110,34 +110,14 @@ def recv_exact(s: socket.socket, n: int) -> bytes:
 
 def partition_states(host: str, port: int, topic: str, timeout: float = 2.0) -> tuple[int, list[tuple[int, int]]]:
     """What one broker's Metadata v1 says of `topic`: (topic error code, [(leader, ISR size) per partition])."""
+    from protocol.deep import decode_body  # the project's own decoder (kafka-python's schemas)
+
     name = topic.encode()
     resp = _probe(host, port, 3, 1, struct.pack(">ih", 1, len(name)) + name, timeout)
-    pos = 4  # correlation id
-    (brokers,) = struct.unpack_from(">i", resp, pos)
-    pos += 4
-    for _ in range(brokers):  # node_id, host, port, rack (nullable)
-        pos += 4
-        (n,) = struct.unpack_from(">h", resp, pos)
-        pos += 2 + n + 4
-        (n,) = struct.unpack_from(">h", resp, pos)
-        pos += 2 + max(n, 0)
-    pos += 4  # controller id
-    (topics,) = struct.unpack_from(">i", resp, pos)
-    pos += 4
-    if topics != 1:
+    topics = decode_body(3, 1, False, resp[4:])["topics"]  # after the correlation id (v1 header has no tags)
+    if len(topics) != 1:
         return -1, []
-    error, n = struct.unpack_from(">hh", resp, pos)
-    pos += 4 + n + 1  # name, is_internal
-    (count,) = struct.unpack_from(">i", resp, pos)
-    pos += 4
-    parts = []
-    for _ in range(count):
-        _err, _partition, leader, replicas = struct.unpack_from(">hiii", resp, pos)
-        pos += 14 + 4 * replicas
-        (isr,) = struct.unpack_from(">i", resp, pos)
-        pos += 4 + 4 * isr
-        parts.append((leader, isr))
-    return error, parts
+    return topics[0]["error_code"], [(p["leader_id"], len(p["isr_nodes"])) for p in topics[0]["partitions"]]
 
 
 def brokers_registered(host: str, port: int, timeout: float = 2.0) -> int:
