@@ -199,6 +199,7 @@ class Connection:
         self.software_version: str | None = None
         self.tls = False
         self.opaque_reason: str | None = None
+        self.no_schema_logged = False  # an API/version no schema describes: logged once per connection
         self.opaque_kind: str | None = None
         self.last_api: str | None = None
         self.last_request_bytes: int | None = None
@@ -543,6 +544,11 @@ class Connection:
         if cid is not None and cid not in self.client_ids and len(self.client_ids) < 16:
             self.client_ids.append(cid)
         s = ev.summary
+        if s is None and not self.no_schema_logged and ev.decode_note and ev.decode_note.startswith("no schema"):
+            # the frame stays paired and recorded (decode_note), only its body is not summarized
+            self.no_schema_logged = True
+            self._log("warning", "request without a schema: relayed unchanged, recorded without a summary",
+                      kind="no_schema", api_key=ev.api_key, version=ev.api_version, reason=ev.decode_note)
         self.last_api = ev.api_name
         self.last_request_bytes = ev.size
         self.last_request_ns = ev.last_byte_ns

@@ -29,9 +29,9 @@ UNKNOWN_API = _request(999, 0, 5, b"\x01\x02\x03")
 TRUNCATED = struct.pack(">i", 100) + _request(18, 0, 9)[4:]  # size prefix promises 100 bytes; fewer come
 
 CASES = {
-    # name: (bytes, expected opaque kind or None, substring expected in the one log line or None)
+    # name: (bytes, expected opaque kind or None for an opaque *frame*, `kind` of the one log line)
     "oversize": (OVERSIZE, "oversize", "oversize"),
-    "unknown_api": (UNKNOWN_API, None, None),
+    "unknown_api": (UNKNOWN_API + _request(999, 0, 6), None, "no_schema"),  # two frames, one log line
     "truncated": (TRUNCATED, "truncated", "truncated"),
 }
 
@@ -56,8 +56,9 @@ def test_bad_input_is_relayed_unchanged_recorded_and_logged_once(sink, case: str
         assert not conn["opaque"], conn["opaque_reason"]
         req = next(r for r in sink.requests if r["api_key"] == 999)
         assert req["correlation_id"] == 5 and req["client_id"] == "bad-input" and req["decode_note"]
+        assert sum(r["api_key"] == 999 for r in sink.requests) == 2  # counted: every frame is a request row
     else:
         assert conn["opaque"] and kind in conn["opaque_reason"], conn["opaque_reason"]
-        opaque_lines = [e for e in logs if e.get("kind") == log_kind]
-        assert len(opaque_lines) == 1, logs
-        assert opaque_lines[0]["log_level"] == "warning" and opaque_lines[0].get("reason")
+    lines = [e for e in logs if e.get("kind") == log_kind]
+    assert len(lines) == 1, logs
+    assert lines[0]["log_level"] == "warning" and lines[0].get("reason")
