@@ -76,7 +76,12 @@ class Capture:
 
 
 def connections(pcap: Path, port: int) -> list[Conn]:
-    """Reassemble every TCP connection to `port` (loopback: no loss, dedupe retransmits)."""
+    """Reassemble every TCP connection to `port`: dedupe retransmits, reorder, and fail on a real gap.
+
+    On a 2-CPU loopback a segment can be captured after the one that follows
+    it; such a segment is held until the gap before it is filled. Bytes still
+    missing at the end of the capture are a real loss and fail the test.
+    """
     out = subprocess.run(
         ["tshark", "-r", str(pcap), "-Y", "tcp.len > 0", "-T", "fields", "-E", "separator=\t",
          "-o", "tcp.desegment_tcp_streams:FALSE",
@@ -86,26 +91,34 @@ def connections(pcap: Path, port: int) -> list[Conn]:
     ).stdout
     conns: dict[int, Conn] = {}
     next_seq: dict[tuple[int, bool], int] = {}
+    held: dict[tuple[int, bool], dict[int, tuple[bytes, int]]] = defaultdict(dict)
+
+    def take(conn: Conn, key: tuple[int, bool], seq: int, data: bytes, ts_ns: int) -> None:
+        expect = next_seq.get(key)
+        if expect is not None and seq != expect:
+            if seq > expect:  # captured ahead of a segment still to come
+                held[key][seq] = (data, ts_ns)
+                return
+            skip = expect - seq  # retransmission of bytes we have
+            if skip >= len(data):
+                return
+            data, seq = data[skip:], expect
+        next_seq[key] = seq + len(data)
+        conn.segments.append(Segment(key[1], data, ts_ns))
+        waiting = held[key]
+        while waiting and min(waiting) <= next_seq[key]:  # the gap before held segments is now filled
+            first = min(waiting)
+            take(conn, key, first, *waiting.pop(first))
+
     for line in out.splitlines():
         stream_s, sport, dport, seq_s, payload_hex, ts = line.split("\t")
         to_broker = int(dport) == port
         stream = int(stream_s)
         conn = conns.setdefault(stream, Conn(stream, int(sport) if to_broker else int(dport)))
-        seq = int(seq_s)
-        data = bytes.fromhex(payload_hex.replace(":", ""))
-        key = (stream, to_broker)
-        expect = next_seq.get(key)
-        if expect is not None and seq != expect:
-            if seq < expect:  # retransmission of bytes we have
-                skip = expect - seq
-                if skip >= len(data):
-                    continue
-                data = data[skip:]
-                seq = expect
-            else:
-                raise AssertionError(f"capture lost {seq - expect} bytes in stream {stream}")
-        next_seq[key] = seq + len(data)
-        conn.segments.append(Segment(to_broker, data, int(float(ts) * 1e9)))
+        take(conn, (stream, to_broker), int(seq_s), bytes.fromhex(payload_hex.replace(":", "")), int(float(ts) * 1e9))
+    for key, waiting in held.items():
+        if waiting:
+            raise AssertionError(f"capture lost {min(waiting) - next_seq[key]} bytes in stream {key[0]}")
     return [conns[k] for k in sorted(conns)]
 
 
