@@ -59,7 +59,7 @@ python_env() {
 }
 
 kafka_jars() {
-  "$VENV/bin/python" -m scenarios.kafka_jars
+  "$VENV/bin/python" -m harness.jars
 }
 
 spark_class_archive() {

@@ -20,7 +20,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from analytics.spark_schema import spark_schema
-from proxy import schema as rec
+from recording import schema as rec
 
 DATASETS_READ = ("requests", "connections", "tcp")
 

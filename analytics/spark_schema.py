@@ -1,4 +1,4 @@
-"""Spark schemas derived from the one recording schema in `proxy/schema.py`.
+"""Spark schemas derived from the one recording schema in `recording/schema.py`.
 
 The recorder writes with pyarrow; analytics reads with Spark. Deriving one from
 the other (instead of typing a second schema) means a column added to the
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pyarrow as pa
 from pyspark.sql import types as T
 
-from proxy import schema as rec
+from recording import schema as rec
 
 _SIMPLE: dict[pa.DataType, T.DataType] = {
     pa.string(): T.StringType(),

@@ -1,7 +1,7 @@
 """Synthetic recordings with exactly the recorder's schema and partition layout.
 
 Tests and the scale benchmark need recordings before (and independently of) the
-real recorder. Everything goes through `proxy.schema.arrow_schema`, so a file
+real recorder. Everything goes through `recording.schema.arrow_schema`, so a file
 written here is indistinguishable in shape from a proxy's. Two entry points:
 
 * `write_rows(root, dataset, rows)` — a handful of explicit rows (tests).
@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from proxy import schema as rec
+from recording import schema as rec
 
 TIME_COLUMN = {"requests": "req_first_ns", "connections": "snapshot_ns", "tcp": "ts_ns", "frames": "ts_ns"}
 NS = 1_000_000_000

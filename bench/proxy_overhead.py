@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scenarios.kafka import LocalKafka, free_port  # noqa: E402
+from harness.kafka import LocalKafka, free_port  # noqa: E402
 
 LIB = ROOT / ".kafka" / "4.3.1" / "lib"
 KAFKATAP = ROOT / ".venv" / "bin" / "kafkatap"

@@ -18,7 +18,7 @@ How (and why this way):
    frames). Its CPU comes from /proc/PID/stat over a fixed window after
    warm-up; the recorder's writer thread is found by its kernel thread name.
 4. Bytes per request row: from the `record` run's files (real rows) and from
-   the synthetic mix in `proxy.recording_fixtures` (jittered sizes and
+   the synthetic mix in `recording.sample_rows` (jittered sizes and
    timestamps), both as written per 1 s flush and after compaction.
 5. Event-loop side in isolation: enqueue cost per row and the longest loop
    stall while the writer converts a batch (the GIL is held during the
@@ -52,7 +52,7 @@ def capture_frames() -> dict[int, tuple[bytes, bytes]]:
     from kafka import KafkaConsumer, KafkaProducer
 
     from proxy.server import RunningProxy
-    from scenarios.kafka import LocalKafka, free_port
+    from harness.kafka import LocalKafka, free_port
 
     frames: list[dict] = []
 
@@ -278,7 +278,7 @@ async def run_mode(mode: str, upstream_port: int, pairs, rate: float, warm: floa
 
 # --------------------------------------------------------------------------- 4/5. disk and loop cost
 def bytes_per_row(root: Path) -> tuple[float, int]:
-    from proxy.recording_reader import read_recording
+    from recording.reader import read_recording
 
     files = [f for f in (root / "requests").rglob("*.parquet") if not f.name.startswith(".")]
     rows = read_recording(root, "requests").num_rows
@@ -287,8 +287,8 @@ def bytes_per_row(root: Path) -> tuple[float, int]:
 
 def synthetic_disk(rows_per_s: int = 20_000, seconds: int = 10) -> dict[str, float]:
     """Bytes per row for the synthetic mix: per 1 s flush files, and after compaction."""
-    from proxy.recorder import ParquetRecorder
-    from proxy.recording_fixtures import SessionMix
+    from recording.writer import ParquetRecorder
+    from recording.sample_rows import SessionMix
 
     out = {}
     for label, compact in (("flush files (1 s)", 0.0), ("after compaction", 3600.0)):
@@ -308,8 +308,8 @@ def loop_side(rows_per_s: int = 20_000, seconds: float = 5.0) -> dict[str, float
     """Enqueue cost per row on the loop thread, writer CPU per row, and the worst loop stall (GIL)."""
     import threading
 
-    from proxy.recorder import ParquetRecorder
-    from proxy.recording_fixtures import SessionMix
+    from recording.writer import ParquetRecorder
+    from recording.sample_rows import SessionMix
 
     rows = SessionMix(rate_per_s=rows_per_s).rows(rows_per_s)
     d = Path(tempfile.mkdtemp(prefix="kt-bench-"))
@@ -420,7 +420,7 @@ def report(args, results, sizes, real_bpr, real_rows, synth, side) -> None:
         f"repeat, so this is optimistic): **{real_bpr:.1f} B/row**",
     ]
     for label, v in synth.items():
-        lines.append(f"- synthetic typical mix (`proxy.recording_fixtures.SessionMix`: jittered sizes and "
+        lines.append(f"- synthetic typical mix (`recording.sample_rows.SessionMix`: jittered sizes and "
                      f"timings, 24 connections, 20k rows/s), {label}: **{v:.1f} B/row**")
     lines += [
         "",

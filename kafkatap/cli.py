@@ -22,7 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "top": ("proxy.live:top", "Live view of a running proxy's clients and requests."),
     "analyze": ("analytics.cli:analyze", "Analyze recordings with Spark: report, tables, findings."),
     "scenario": ("scenarios.cli:scenario", "List and run the incident scenarios end to end."),
-    "replay": ("scenarios.replay.cli:replay", "Replay recorded Kafka sessions against another broker."),
+    "replay": ("replay.cli:replay", "Replay recorded Kafka sessions against another broker."),
     "kafka": ("scenarios.cli:kafka", "Start, stop and inspect a local Apache Kafka broker (KRaft)."),
 }
 

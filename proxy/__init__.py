@@ -5,7 +5,7 @@ All asyncio and syscalls of kafkatap live here; `protocol/` only observes.
 Modules (relay side):
     server.py        ProxyServer (asyncio), RunningProxy (own thread + uvloop), Route
     relay.py         one Connection: forward first, observe second; ends; timestamps
-    rows.py          events + clocks → row dicts keyed as proxy.schema
+    rows.py          events + clocks → row dicts keyed as recording.schema
     inference.py     pure rules → `inferred_cause`
     tcpinfo.py       TCP_INFO decode (linux/tcp.h)
     original_dst.py  SO_ORIGINAL_DST (IPv4/IPv6), replaceable

@@ -26,7 +26,7 @@ from typing import Any
 import click
 
 from proxy.metrics import LiveStats
-from proxy.recorder import CAPTURE_CHOICES, ParquetRecorder, RecordingError
+from recording.writer import CAPTURE_CHOICES, ParquetRecorder, RecordingError
 from proxy.sink import FanOut, RecordSink
 from proxy.status import StatusServer, parse_addr
 

@@ -1,4 +1,4 @@
-"""Decoder events + the proxy's clocks → row dicts keyed exactly as `proxy.schema`.
+"""Decoder events + the proxy's clocks → row dicts keyed exactly as `recording.schema`.
 
 Why separate from the relay: the row shape is a contract with the recorder,
 the live stats and analytics; keeping it in pure functions lets tests check
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from protocol.events import RequestSeen, ResponseSeen, Summary
-from proxy.schema import CONNECTION_COLUMNS, REQUEST_COLUMNS, TCP_FIELDS
+from recording.schema import CONNECTION_COLUMNS, REQUEST_COLUMNS, TCP_FIELDS
 
 if TYPE_CHECKING:
     from proxy.relay import Connection

@@ -2,7 +2,7 @@
 
 The relay builds one plain dict per request, connection snapshot/end, TCP_INFO
 sample and (when capture is on) raw frame, with keys named exactly as the
-columns in `proxy.schema`, and hands it to a `RecordSink`. Sinks are called
+columns in `recording.schema`, and hands it to a `RecordSink`. Sinks are called
 on the event loop thread and must never block it: the Parquet recorder only
 enqueues, the live statistics only update counters.
 """

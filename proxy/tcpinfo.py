@@ -61,7 +61,7 @@ def _i32(v: int) -> int:
 
 
 def decode(raw: bytes) -> dict[str, Any]:
-    """Decode raw TCP_INFO bytes into the columns of `proxy.schema.TCP_FIELDS`."""
+    """Decode raw TCP_INFO bytes into the columns of `recording.schema.TCP_FIELDS`."""
     if len(raw) < _HEAD.size:
         raise ValueError(f"TCP_INFO too short: {len(raw)} bytes")
     v = _HEAD.unpack_from(raw, 0)

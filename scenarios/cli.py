@@ -20,7 +20,7 @@ from typing import Any
 
 import click
 
-from scenarios.kafka_jars import DEFAULT_VERSION, RELEASES, KafkaHarnessError, cache_root
+from harness.jars import DEFAULT_VERSION, RELEASES, KafkaHarnessError, cache_root
 
 SPARK_AND_BROKER_S = 75  # broker start + Spark analysis on a 2-core machine, for `scenario list`
 
@@ -216,7 +216,7 @@ def kafka() -> None:
 @click.option("--prop", "props", multiple=True, metavar="KEY=VALUE", help="server.properties override (repeatable).")
 def kafka_up(version: str, port: int | None, props: tuple[str, ...]) -> None:
     """Start a detached broker; its state is kept in the cache dir for `status` and `down`."""
-    from scenarios.kafka import KafkaHarnessError, LocalKafka, brokers_registered
+    from harness.kafka import KafkaHarnessError, LocalKafka, brokers_registered
 
     state = _read_state()
     if state and _alive(state["pid"]):
@@ -249,7 +249,7 @@ def kafka_up(version: str, port: int | None, props: tuple[str, ...]) -> None:
 @kafka.command("status")
 def kafka_status() -> None:
     """Show the local broker (exit 1 when none is running)."""
-    from scenarios.kafka import brokers_registered
+    from harness.kafka import brokers_registered
 
     state = _read_state()
     if not state:

@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from scenarios.clients import ClientSpec, command_for
-from scenarios.kafka import LocalKafka, free_port, recv_exact
-from scenarios.kafka_jars import DEFAULT_VERSION
+from harness.kafka import LocalKafka, free_port, recv_exact
+from harness.jars import DEFAULT_VERSION
 from scenarios.spec import Proxy, Report, Scenario
 
 OWNED_SUBDIRS = ("broker", "recordings", "report", "clients")
@@ -398,7 +398,7 @@ def run_scenario(
 
 
 def _build_network(scenario: Scenario, stack: contextlib.ExitStack, say: Progress) -> dict[str, Any]:
-    from scenarios.netns import Topology
+    from harness.netns import Topology
 
     net = scenario.network
     assert net is not None
@@ -426,7 +426,7 @@ def _build_network(scenario: Scenario, stack: contextlib.ExitStack, say: Progres
 def _cleanup_problems(scenario: Scenario, iptables_before: str) -> list[str]:
     problems = []
     if scenario.needs_root:
-        from scenarios.netns import leftover_namespaces
+        from harness.netns import leftover_namespaces
 
         tag = f"-{os.getpid() % 100000}x"
         left = [n for n in leftover_namespaces() if tag in n]

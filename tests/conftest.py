@@ -14,8 +14,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from scenarios.kafka import LocalKafka
-from scenarios.kafka_jars import DEFAULT_VERSION, INCIDENT_VERSION
+from harness.kafka import LocalKafka
+from harness.jars import DEFAULT_VERSION, INCIDENT_VERSION
 
 _counter = itertools.count()
 BROKER_FIXTURES = {"kafka_broker", "kafka_broker_37", "kafka_any_version", "proxied_kafka", "rec_broker"}

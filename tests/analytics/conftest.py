@@ -10,7 +10,7 @@ from pyspark.sql import DataFrame, SparkSession  # a required dependency: ./go i
 
 from analytics.session import get_spark
 from analytics.spark_schema import spark_schema
-from proxy import schema as rec
+from recording import schema as rec
 
 
 

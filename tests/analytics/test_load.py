@@ -10,7 +10,7 @@ import pytest
 
 from analytics import load as L
 from analytics.synthetic import write_rows
-from proxy import schema as rec
+from recording import schema as rec
 from analytics_rows import S, T0, conn, req
 
 pytestmark = pytest.mark.spark

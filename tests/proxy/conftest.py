@@ -92,7 +92,7 @@ def proxied_kafka():
     message.max.bytes is small (20000) so incident 1 (RecordBatchTooLarge) runs
     for real on the same broker; the other tests send small batches.
     """
-    from scenarios.kafka import LocalKafka, free_port
+    from harness.kafka import LocalKafka, free_port
 
     port = free_port()
     kafka = LocalKafka(broker_props={

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from proxy.server import RunningProxy
-from scenarios.kafka import free_port
+from harness.kafka import free_port
 
 GIB = 1 << 30
 HERE = os.path.dirname(os.path.abspath(__file__))

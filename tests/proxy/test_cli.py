@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from proxy_upstreams import EchoServer
-from scenarios.kafka import free_port
+from harness.kafka import free_port
 
 KAFKATAP = [sys.executable, "-m", "kafkatap.cli"]
 

@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
 
-from proxy.schema import CONNECTION_COLUMNS, REQUEST_COLUMNS
+from recording.schema import CONNECTION_COLUMNS, REQUEST_COLUMNS
 from proxy.server import RunningProxy
 
 pytestmark = pytest.mark.kafka

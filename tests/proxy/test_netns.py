@@ -15,7 +15,7 @@ from proxy_upstreams import EchoServer
 
 pytestmark = pytest.mark.netns
 
-from scenarios import netns
+from harness import netns
 
 CLIENT = textwrap.dedent("""
     import socket, sys
@@ -98,7 +98,7 @@ KAFKA_CLIENT = textwrap.dedent("""
 @pytest.fixture(scope="module")
 def gateway_topology():
     """client ns ── gw ns (router + proxy) ── server ns (Kafka at 10.77.22.2)."""
-    from scenarios.kafka import LocalKafka
+    from harness.kafka import LocalKafka
 
     with netns.Topology() as topo:
         client, gw, server = topo.host("cli"), topo.host("gw"), topo.host("kfk")

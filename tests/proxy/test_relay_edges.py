@@ -9,7 +9,7 @@ import time
 import pytest
 
 from proxy.server import RunningProxy
-from scenarios.kafka import free_port
+from harness.kafka import free_port
 from proxy_upstreams import EchoServer, OneShotServer, recv_all, rst_close
 
 

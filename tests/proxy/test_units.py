@@ -11,7 +11,7 @@ from proxy import tcpinfo
 from proxy.faults import DirectionFaults, Faults, parse_fault_specs
 from proxy.inference import EndFacts, inferred_cause, request_cause
 from proxy.netfilter import RulePlan, build, build_removal
-from proxy.schema import TCP_FIELDS
+from recording.schema import TCP_FIELDS
 from proxy.server import Route, parse_hostport
 
 

@@ -1,4 +1,4 @@
-"""Synthetic recordings (pyarrow, the schema from proxy/schema.py) and a fake broker for engine tests.
+"""Synthetic recordings (pyarrow, the schema from recording/schema.py) and a fake broker for engine tests.
 
 Why: loading, filtering, timing and pipelining can be tested in a second,
 without a JVM; the real-broker tests cover the rewrites end to end.
@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from proxy.schema import COLUMNS, arrow_schema
+from recording.schema import COLUMNS, arrow_schema
 from replay_frames import request, response
 
 

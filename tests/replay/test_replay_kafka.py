@@ -15,12 +15,12 @@ import pyarrow.compute as pc
 import pytest
 from click.testing import CliRunner
 
-from proxy.recording_reader import read_recording
+from recording.reader import read_recording
 from replay_sessions import OVERSIZE_BYTES, RecordedSession, record_clients_session, record_paced_producer
-from scenarios.kafka import LocalKafka, free_port
-from scenarios.replay.cli import replay
-from scenarios.replay.engine import ReplayOptions, run_replay
-from scenarios.replay.load import Filters, load_recording
+from harness.kafka import LocalKafka, free_port
+from replay.cli import replay
+from replay.engine import ReplayOptions, run_replay
+from replay.load import Filters, load_recording
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

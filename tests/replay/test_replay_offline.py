@@ -10,9 +10,9 @@ from click.testing import CliRunner
 
 from replay_frames import request
 from replay_synthetic import FakeBroker, SynthConn, SynthRequest, api_versions, metadata, write_recording
-from scenarios.replay.cli import format_plan, replay
-from scenarios.replay.engine import ReplayOptions, replay_async
-from scenarios.replay.load import Filters, ReplayLoadError, load_recording, parse_api, parse_time
+from replay.cli import format_plan, replay
+from replay.engine import ReplayOptions, replay_async
+from replay.load import Filters, ReplayLoadError, load_recording, parse_api, parse_time
 
 
 def two_clients() -> list[SynthConn]:
@@ -134,7 +134,7 @@ def test_sasl_session_replayed_with_the_users_plain_credentials(tmp_path: Path):
     write_recording(tmp_path, [sasl], sasl_conns=("c9",))
     rec = load_recording(tmp_path, sasl_credentials=True)
     broker, result = _run(rec, None, sasl_plain=("alice", "pw"))
-    from scenarios.replay.rewrite import decode_request_body, parse_request
+    from replay.rewrite import decode_request_body, parse_request
 
     frames = [parse_request(f) for f in broker.frames[2]]
     assert [f.api_key for f in frames] == [18, 17, 36, 3]

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from scenarios.replay.rewrite import (
+from replay.rewrite import (
     ConnState,
     Pending,
     ReplayState,

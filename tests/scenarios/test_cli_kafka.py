@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 import scenarios.cli as scli
 from kafkatap.cli import cli
-from scenarios.kafka import brokers_registered
+from harness.kafka import brokers_registered
 
 pytestmark = pytest.mark.kafka
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from scenarios.netns import leftover_namespaces
+from harness.netns import leftover_namespaces
 from scenarios.runner import host_iptables_snapshot
 
 pytestmark = [pytest.mark.kafka, pytest.mark.netns]

@@ -15,8 +15,8 @@ import os
 import pytest
 
 from scenarios.catalog import get
-from scenarios.kafka_jars import DEFAULT_VERSION, INCIDENT_VERSION
-from scenarios.netns import leftover_namespaces
+from harness.jars import DEFAULT_VERSION, INCIDENT_VERSION
+from harness.netns import leftover_namespaces
 from scenarios.runner import host_iptables_snapshot, run_scenario
 from scenario_helpers import children
 

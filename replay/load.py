@@ -6,7 +6,7 @@ filters keep, what the recorded pipelining looked like, which connections
 cannot be replayed at all (SASL without credentials, TLS/opaque streams with
 no frames) — is decided here, counted, and shown in the plan.
 
-Inputs (see proxy/schema.py): `frames/` (request frames with conn_offset_ns,
+Inputs (see recording/schema.py): `frames/` (request frames with conn_offset_ns,
 required), `requests/` (when each response reached the client: the recorded
 pipelining; SASL use), `connections/` (open/close times and how each ended).
 """
@@ -24,8 +24,8 @@ from typing import Any
 import pyarrow.compute as pc
 
 from protocol.apis import API_NAMES
-from proxy.recording_reader import RecordingFormatError, read_recording, recording_files
-from scenarios.replay.rewrite import RequestFrame, parse_request, request_topics
+from recording.reader import RecordingFormatError, read_recording, recording_files
+from replay.rewrite import RequestFrame, parse_request, request_topics
 
 __all__ = ["ReplayLoadError", "RecordedRequest", "RecordedConnection", "Recording", "Filters", "load_recording",
            "parse_time", "parse_api"]

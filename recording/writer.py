@@ -21,7 +21,7 @@ Why this shape
   one `part-<run>-<first>-<last>.parquet` (again via `.tmp-` + rename), then
   the inputs are deleted. A crash between the rename and the deletes leaves
   duplicates that `recover()` (run at start-up) and the reader
-  (`proxy.recording_reader`) both resolve by file name.
+  (`recording.reader`) both resolve by file name.
 * **Partitions** follow the rows' own time (requests: `req_first_ns`, others:
   their timestamp), so a Spark job pruning by `date`/`hour` never misses rows
   written just after the hour turned.
@@ -51,7 +51,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import structlog
 
-from proxy.schema import COLUMNS, FORMAT_KEY, FORMAT_VERSION, arrow_schema
+from recording.schema import COLUMNS, FORMAT_KEY, FORMAT_VERSION, arrow_schema
 
 log = structlog.get_logger("kafkatap.recorder")
 

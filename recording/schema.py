@@ -3,7 +3,7 @@
 Every dataset a proxy writes (requests, connections, tcp, frames) is described
 here with pyarrow types and a one-line meaning per column. The recorder writes
 these schemas, analytics derives its Spark schema from them, and the README's
-schema table is generated from the `doc` strings (`python -m proxy.schema`).
+schema table is generated from the `doc` strings (`python -m recording.schema`).
 
 Timestamps are epoch nanoseconds (int64) so recordings from several proxies
 line up; durations are microseconds unless the column name says otherwise.

@@ -118,7 +118,7 @@ def _last_error(output: str) -> str:
 
 
 def main() -> None:
-    """`python -m scenarios.kafka_jars [VERSION…]`: fetch (or confirm) the pinned jars."""
+    """`python -m harness.jars [VERSION…]`: fetch (or confirm) the pinned jars."""
     import sys
 
     for version in sys.argv[1:] or list(RELEASES):

@@ -29,7 +29,7 @@ from typing import Mapping
 
 import structlog
 
-from scenarios.kafka_jars import (
+from harness.jars import (
     DEFAULT_VERSION,
     KafkaHarnessError,
     cache_root,
@@ -393,7 +393,7 @@ class LocalKafka:
 
 def _probe_in_netns(netns: str, host: str, port: int) -> int:
     code = (
-        "import sys;from scenarios.kafka import brokers_registered;"
+        "import sys;from harness.kafka import brokers_registered;"
         f"print(brokers_registered({host!r},{port}))"
     )
     out = subprocess.run(["ip", "netns", "exec", netns, os.sys.executable, "-c", code], capture_output=True, text=True)

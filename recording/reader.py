@@ -19,8 +19,8 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
-from proxy.recorder import superseded
-from proxy.schema import DATASETS, FORMAT_KEY, FORMAT_VERSION, arrow_schema
+from recording.writer import superseded
+from recording.schema import DATASETS, FORMAT_KEY, FORMAT_VERSION, arrow_schema
 
 __all__ = ["RecordingFormatError", "recording_files", "file_version", "read_recording", "open_recording",
            "PARTITION_SCHEMA", "MIGRATIONS"]

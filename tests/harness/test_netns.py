@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from scenarios.netns import Topology, leftover_namespaces
+from harness.netns import Topology, leftover_namespaces
 
 pytestmark = pytest.mark.netns
 

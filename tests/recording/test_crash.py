@@ -12,8 +12,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from proxy.recorder import recover
-from proxy.recording_reader import read_recording
+from recording.writer import recover
+from recording.reader import read_recording
 
 RATE = 5000  # rows/s
 FLUSH = 0.2
@@ -22,7 +22,7 @@ FLUSH = 0.2
 def _start(root: Path, compact: float) -> subprocess.Popen:
     env = dict(os.environ, KAFKATAP_LOG_FORMAT="json")
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.recorder.writer_proc", str(root), str(RATE), str(FLUSH), str(compact)],
+        [sys.executable, "-m", "tests.recording.writer_proc", str(root), str(RATE), str(FLUSH), str(compact)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parents[2], env=env,
     )
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.recorder import ParquetRecorder
+from recording.writer import ParquetRecorder
 
 
 @pytest.fixture
@@ -56,7 +56,7 @@ class RecBroker:
 
 @pytest.fixture(scope="session")
 def rec_broker():
-    from scenarios.kafka import LocalKafka, free_port
+    from harness.kafka import LocalKafka, free_port
 
     proxy_port, sasl_port, sasl_proxy_port = free_port(), free_port(), free_port()
     jaas = ('org.apache.kafka.common.security.plain.PlainLoginModule required username="admin" '

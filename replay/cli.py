@@ -15,8 +15,8 @@ from pathlib import Path
 
 import click
 
-from scenarios.replay.load import Filters, Recording, ReplayLoadError, load_recording, parse_api, parse_time
-from scenarios.replay.rewrite import parse_topic_map
+from replay.load import Filters, Recording, ReplayLoadError, load_recording, parse_api, parse_time
+from replay.rewrite import parse_topic_map
 
 __all__ = ["replay", "format_plan", "same_address"]
 
@@ -111,7 +111,7 @@ def replay(recording: Path, target: str, speed: str, clients: tuple[str, ...], t
       kafkatap replay rec/ --target staging:9092 --speed 2.0 --record replay-out/ --yes
       kafkatap analyze --compare rec/ replay-out/
     """
-    from scenarios.replay.engine import ReplayOptions, run_replay
+    from replay.engine import ReplayOptions, run_replay
 
     try:
         spd: float | None = None if speed.strip().lower() == "max" else float(speed)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 
-from scenarios.kafka import _kafka_uuid
+from harness.kafka import _kafka_uuid
 
 
 def test_cluster_ids_never_look_like_an_option() -> None:

@@ -3,7 +3,7 @@
 Why here and not in tests/: the benchmark (bench/recording_cost.py), the tests
 and anyone checking the on-disk size need the *same* "typical produce/fetch
 mix", so bytes-per-row figures are comparable. The shapes follow
-`proxy.schema` exactly (keys = column names, absent keys = null), with the
+`recording.schema` exactly (keys = column names, absent keys = null), with the
 jitter a real session has (timestamps, sizes, sessions), because perfectly
 regular rows would compress unrealistically well.
 """

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy.live import parse_metrics, render, top
 from proxy.metrics import LiveStats
 from proxy.recording import build_sinks
-from proxy.recording_fixtures import SessionMix, connection_row
+from recording.sample_rows import SessionMix, connection_row
 
 
 def _feed(sink, n: int = 400) -> list[dict]:
@@ -175,7 +175,7 @@ def test_render_rates_from_two_polls() -> None:
 
 
 def test_connection_visible_from_its_open_tcp_sample() -> None:
-    from proxy.recording_fixtures import tcp_row
+    from recording.sample_rows import tcp_row
 
     stats = LiveStats("p1")
     stats.tcp(tcp_row("p1", "c-new", phase="open"))

@@ -39,8 +39,8 @@ import structlog
 import uvloop
 
 from protocol.deep import message_class
-from scenarios.replay.load import RecordedConnection, Recording
-from scenarios.replay.rewrite import (
+from replay.load import RecordedConnection, Recording
+from replay.rewrite import (
     SASL_HANDSHAKE,
     ConnState,
     Pending,

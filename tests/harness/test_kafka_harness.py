@@ -10,7 +10,7 @@ import pytest
 from confluent_kafka import Consumer, Producer
 from kafka import KafkaConsumer, KafkaProducer
 
-from scenarios.kafka import KafkaHarnessError, LocalKafka
+from harness.kafka import KafkaHarnessError, LocalKafka
 
 
 pytestmark = pytest.mark.kafka  # every test here starts (or tries to start) a real broker

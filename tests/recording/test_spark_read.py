@@ -1,4 +1,4 @@
-"""Spark reads what the recorder writes, with the schema derived from proxy/schema.py."""
+"""Spark reads what the recorder writes, with the schema derived from recording/schema.py."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.recorder import ParquetRecorder
-from proxy.recording_fixtures import SessionMix, connection_row, tcp_row
+from recording.writer import ParquetRecorder
+from recording.sample_rows import SessionMix, connection_row, tcp_row
 
 pytestmark = pytest.mark.spark
 

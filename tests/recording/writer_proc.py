@@ -12,8 +12,8 @@ import sys
 import time
 
 from kafkatap.logs import configure_logging
-from proxy.recorder import ParquetRecorder
-from proxy.recording_fixtures import SessionMix
+from recording.writer import ParquetRecorder
+from recording.sample_rows import SessionMix
 
 
 def main(root: str, rate: int, flush: float, compact: float) -> None:

@@ -18,8 +18,8 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer
 
 from proxy.metrics import LiveStats
-from proxy.recorder import ParquetRecorder
-from proxy.recording_reader import read_recording
+from recording.writer import ParquetRecorder
+from recording.reader import read_recording
 from proxy.server import RunningProxy
 from proxy.sink import FanOut
 
@@ -98,7 +98,7 @@ def test_proxied_session_to_parquet_to_spark(rec_broker, topic_name, tmp_path: P
 
 def test_sigterm_requests_made_equal_rows_recorded(rec_broker, topic_name, tmp_path: Path) -> None:
     root = tmp_path / "rec"
-    proc = subprocess.Popen([sys.executable, "-m", "tests.recorder.proxy_proc", rec_broker.route, str(root), "term"],
+    proc = subprocess.Popen([sys.executable, "-m", "tests.recording.proxy_proc", rec_broker.route, str(root), "term"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         info = json.loads(proc.stdout.readline() or "{}")

@@ -12,12 +12,12 @@ import pyarrow.parquet as pq
 import pytest
 from structlog.testing import capture_logs
 
-from proxy.recorder import ParquetRecorder, RecordingError, check_recording_dir, recover
-from proxy.recording_fixtures import SessionMix, connection_row, frame_row, tcp_row
-from proxy.recording_reader import (
+from recording.writer import ParquetRecorder, RecordingError, check_recording_dir, recover
+from recording.sample_rows import SessionMix, connection_row, frame_row, tcp_row
+from recording.reader import (
     RecordingFormatError, file_version, open_recording, read_recording, recording_files,
 )
-from proxy.schema import FORMAT_KEY, FORMAT_VERSION, arrow_schema
+from recording.schema import FORMAT_KEY, FORMAT_VERSION, arrow_schema
 
 
 def _files(root: Path, dataset: str) -> list[Path]:
@@ -245,7 +245,7 @@ def test_reader_refuses_newer_format(rec_dir: Path) -> None:
 
 
 def test_reader_migrates_older_format(rec_dir: Path, monkeypatch) -> None:
-    from proxy import recording_reader
+    from recording import reader as recording_reader
 
     # an "older" file: fewer columns, a renamed one (what a migration step fixes)
     old = pa.table({"proxy_id": ["p1"], "conn_id": ["c1"], "correlation_id": pa.array([5], pa.int32()),
