@@ -13,10 +13,14 @@ __all__ = ["run_analysis", "AnalysisResult", "get_spark", "stop_spark"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("run_analysis", "AnalysisResult"):
+    if name == "run_analysis":
         from analytics import job
 
-        return getattr(job, name)
+        return job.run_analysis
+    if name == "AnalysisResult":
+        from analytics import result
+
+        return result.AnalysisResult
     if name in ("get_spark", "stop_spark"):
         from analytics import session
 

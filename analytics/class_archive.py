@@ -12,6 +12,12 @@ The archive is only valid for the exact JVM and class path that wrote it, so
 its file name carries a key of both. A stale or foreign archive is never
 fatal: with the default -Xshare:auto the JVM just loads classes normally.
 Set KAFKATAP_SPARK_CDS=0 to never use one.
+
+This module only knows the archive: where it lives and which JVM options map
+(or, in the builder's child, write) it. `analytics/session.py` owns every
+other Spark setting and asks `java_options()` for these; the builder's child
+is an ordinary `analyze` run, so it gets the same session settings without
+this module reading them.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import tempfile
 from pathlib import Path
 
 ENV_SWITCH = "KAFKATAP_SPARK_CDS"
+WRITE_ENV = "KAFKATAP_SPARK_CDS_WRITE"  # set by build() for its child only: the path the child's JVM dumps its classes to
 QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"  # CDS's own notices (skipped classes, mismatches) stay off stderr
 SAMPLE_REQUESTS = 20_000
 
@@ -55,7 +62,13 @@ def archive_path() -> Path | None:
 
 
 def java_options() -> str:
-    """JVM options that use the archive, or '' when there is none (or it is switched off)."""
+    """JVM options that use the archive, or '' when there is none (or it is switched off).
+
+    In the builder's child (WRITE_ENV set) they write the archive instead.
+    """
+    writing = os.environ.get(WRITE_ENV)
+    if writing:
+        return f"-XX:ArchiveClassesAtExit={writing} {QUIET}"
     if os.environ.get(ENV_SWITCH, "1") == "0":
         return ""
     path = archive_path()
@@ -67,8 +80,10 @@ def java_options() -> str:
 def build(force: bool = False) -> Path | None:
     """Write the archive (a child process runs a small analysis and dumps its classes at exit).
 
-    Returns the archive path, or None when there is no java. Written under a
-    temporary name and renamed, so a concurrent session never maps half a file.
+    Returns the archive path, or None when there is no java. The child is a
+    plain `analyze` of a synthetic recording (`python -m analytics.cli`), so it
+    loads exactly the classes a real analysis loads. Written under a temporary
+    name and renamed, so a concurrent session never maps half a file.
     """
     path = archive_path()
     if path is None:
@@ -76,23 +91,14 @@ def build(force: bool = False) -> Path | None:
     if path.is_file() and not force:
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
+    from analytics.synthetic import generate  # only the builder needs a sample recording
+
     with tempfile.TemporaryDirectory(prefix="kafkatap-cds-") as work:
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        code = (
-            "import sys\n"
-            "from analytics.synthetic import generate\n"
-            "from analytics.session import get_spark, stop_spark\n"
-            "from analytics.job import run_analysis\n"
-            f"generate(sys.argv[1] + '/rec', {SAMPLE_REQUESTS})\n"
-            "get_spark(conf={'spark.driver.extraJavaOptions': sys.argv[2]})\n"
-            "run_analysis([sys.argv[1] + '/rec'], sys.argv[1] + '/out', progress=False)\n"
-            "stop_spark()\n"
-        )
-        from analytics.session import DEFAULTS
-
-        options = f"{DEFAULTS['spark.driver.extraJavaOptions']} -XX:ArchiveClassesAtExit={tmp} {QUIET}"
-        env = dict(os.environ, **{ENV_SWITCH: "0"})
-        done = subprocess.run([sys.executable, "-c", code, work, options], env=env, capture_output=True, text=True)
+        generate(f"{work}/rec", SAMPLE_REQUESTS)
+        env = dict(os.environ, **{ENV_SWITCH: "0", WRITE_ENV: str(tmp)})
+        analyze = [sys.executable, "-m", "analytics.cli", f"{work}/rec", "--out", f"{work}/out", "--quiet"]
+        done = subprocess.run(analyze, env=env, capture_output=True, text=True)
         if done.returncode != 0 or not tmp.is_file():
             tmp.unlink(missing_ok=True)
             tail = "\n".join((done.stderr or "").strip().splitlines()[-5:])

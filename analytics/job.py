@@ -13,7 +13,7 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +24,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from analytics import load as L
-from analytics.findings import Finding, run_rules
+from analytics.findings import run_rules
 from analytics.progress import Progress
+from analytics.report.html import render
+from analytics.result import AnalysisResult
 from analytics.session import get_spark
 from analytics.transforms import clients, compare, connections, errors, latency, overview, produce_fetch, rollups, tcp
 from analytics.transforms.common import prepare_requests
@@ -36,27 +38,6 @@ NICE_BUCKETS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 2
 TARGET_BUCKETS = 120
 
 FINDINGS_FORMAT = 1
-
-
-@dataclass
-class AnalysisResult:
-    """What one analysis produced; `findings` are ranked, most important first."""
-
-    out: Path
-    findings: list[Finding]
-    overview: dict[str, Any]
-    tables: dict[str, list[dict[str, Any]]]
-    bucket_s: int
-    report_path: Path
-    findings_path: Path
-    timings: dict[str, float] = field(default_factory=dict)
-    compare_mode: str | None = None
-
-    def finding_ids(self) -> set[str]:
-        return {f.id for f in self.findings}
-
-    def by_id(self, finding_id: str) -> list[Finding]:
-        return [f for f in self.findings if f.id == finding_id]
 
 
 def choose_bucket(span_s: float | None) -> int:
@@ -230,14 +211,15 @@ def run_analysis(
     """Analyze recordings `dirs` (or, with `compare=(A, B)`, compare two) and write OUT.
 
     Returns the ranked findings, the overview row, every table's rows and the
-    paths written. `dirs` may be empty when `compare` is given.
+    paths written (an `analytics.result.AnalysisResult`). `dirs` may be empty
+    when `compare` is given.
     """
     t_start = time.monotonic()
     parallel = parallel or int(os.environ.get("KAFKATAP_ANALYZE_PARALLEL", "3"))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     spark = spark or get_spark(master, spark_conf)
-    filters = L.Filters(L.parse_time(since), L.parse_time(until), tuple(brokers), tuple(clients), tuple(topics))
+    filters = L.Filters(*L.time_window(since, until, [*dirs, *(compare or ())]), tuple(brokers), tuple(clients), tuple(topics))
     tables: dict[str, list[dict[str, Any]]] = {}
     arrow: dict[str, pa.Table] = {}
     mode_used: str | None = None
@@ -293,8 +275,6 @@ def run_analysis(
         report_path = out / "report.html"
         result = AnalysisResult(out, findings, ov, tables, bucket_s, report_path, findings_path, prog.timings, mode_used)
         if report:
-            from analytics.report.html import render
-
             report_path.write_text(render(result, filters.describe()), encoding="utf-8")
     result.timings = dict(prog.timings, total=round(time.monotonic() - t_start, 3))
     return result

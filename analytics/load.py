@@ -4,36 +4,38 @@ A recording directory holds `requests/`, `connections/`, `tcp/` (and optional
 `frames/`), each Hive-partitioned by proxy/date/hour. Every transform works on
 the `Recording` returned here, so the format-version check, the time and
 broker/client/topic filters and the connection-snapshot de-duplication happen
-exactly once.
+exactly once. This module is the analytics' I/O boundary; the transforms only
+see DataFrames.
+
+Which files are read, and whether their version can be read, is decided by
+`recording.reader` — the same reader replay and the tests use — so Spark
+skips exactly the files pyarrow skips (in-progress `.tmp-` files, flush files
+a merged file already holds after a crash during compaction) and refuses
+exactly the versions pyarrow refuses. Spark is then handed that explicit file
+list (with `basePath`, so the Hive partition columns still come out).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
-from analytics.spark_schema import spark_schema
+from analytics.spark_schema import conform, spark_schema, spark_type
 from recording import schema as rec
+from recording.migrations import MIGRATIONS, RecordingFormatError
+from recording.reader import LiveFiles, dataset_version, live_files, recording_start
+from recording.timespec import resolve_window
+
+__all__ = ["DATASETS_READ", "RecordingFormatError", "MIGRATIONS", "Filters", "Recording", "fmt_ns", "time_window",
+           "read_dataset", "dedupe_connections", "apply_filters", "load"]
 
 DATASETS_READ = ("requests", "connections", "tcp")
-
-
-class RecordingFormatError(Exception):
-    """A recording this version of kafkatap cannot read (with the reason and what to do)."""
-
-
-# version -> function that turns a DataFrame of that version into the next version.
-# Format 1 is the first released format, so there is nothing to migrate yet; the
-# hook exists so a version-2 reader keeps reading version-1 recordings.
-Migration = Callable[[str, DataFrame], DataFrame]
-MIGRATIONS: dict[int, Migration] = {}
 
 
 @dataclass
@@ -73,121 +75,59 @@ def fmt_ns(ns: int) -> str:
     return dt.datetime.fromtimestamp(ns / 1e9, tz=dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-_REL = re.compile(r"^(\d+)(ns|us|ms|s)$")
+def time_window(since: object, until: object, dirs: Iterable[object]) -> tuple[int | None, int | None]:
+    """--since/--until (any form `recording.timespec` accepts, or epoch ns) as epoch ns.
 
-
-def parse_time(value: str | int | float | dt.datetime | None) -> int | None:
-    """Parse --since/--until: ISO 8601 (UTC unless an offset is given) or epoch s/ms/ns.
-
-    Epoch numbers are told apart by size so `1763712000`, `1763712000000` and
-    the recordings' own nanosecond values all work.
+    A `+SECONDS` end counts from the first request in `dirs` (looked up once,
+    from Parquet statistics, and only if needed).
     """
-    if value is None or value == "":
-        return None
-    if isinstance(value, dt.datetime):
-        d = value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
-        return int(d.timestamp() * 1e9)
-    if isinstance(value, (int, float)) or re.fullmatch(r"\d+(\.\d+)?", str(value)):
-        num = float(value)
-        if num > 1e17:
-            return int(num)
-        if num > 1e14:
-            return int(num * 1e3)
-        if num > 1e11:
-            return int(num * 1e6)
-        return int(num * 1e9)
-    text = str(value).strip().replace("Z", "+00:00")
-    try:
-        d = dt.datetime.fromisoformat(text)
-    except ValueError as exc:
-        raise ValueError(f"cannot parse time {value!r}: use ISO 8601 like 2026-11-21T10:00:00 (UTC) or epoch seconds") from exc
-    if d.tzinfo is None:
-        d = d.replace(tzinfo=dt.timezone.utc)
-    return int(d.timestamp() * 1e9)
-
-
-def _list_parquet(path: str) -> list[str] | None:
-    """Parquet files under `path`; [] if it does not exist; None if the filesystem is not one pyarrow knows."""
-    try:
-        fs, root = pafs.FileSystem.from_uri(path if "://" in path else "file://" + _abs(path))
-    except Exception:  # s3a://, hdfs:// without libhdfs … : Spark reads it, we just cannot pre-check
-        return None
-    info = fs.get_file_info(root)
-    if info.type == pafs.FileType.NotFound:
-        return []
-    sel = pafs.FileSelector(root, recursive=True)
-    files = [f.path for f in fs.get_file_info(sel) if f.type == pafs.FileType.File and f.path.endswith(".parquet")]
-    return sorted(files)
-
-
-def _abs(path: str) -> str:
-    import os
-
-    return os.path.abspath(path)
-
-
-def format_versions(files: Sequence[str], sample: int = 16) -> set[int]:
-    """Format versions found in the footers of (a sample of) the files.
-
-    Reading every footer of a week of recordings would be slow; files rotate in
-    time order, so the first and last few are the ones a version change touches.
-    """
-    picked = list(files) if len(files) <= sample else list(files[: sample // 2]) + list(files[-sample // 2 :])
-    versions: set[int] = set()
-    for path in picked:
-        meta = pq.read_schema(path).metadata or {}
-        raw = meta.get(rec.FORMAT_KEY)
-        if raw is None:
-            raise RecordingFormatError(
-                f"{path} has no {rec.FORMAT_KEY.decode()} metadata: not a kafkatap recording "
-                "(or written by a pre-release recorder); re-record with this version of kafkatap"
-            )
-        versions.add(int(raw.decode()))
-    return versions
-
-
-def check_version(dataset: str, directory: str, versions: set[int]) -> int:
-    """Pick the version to read or raise a clear error; returns the version found."""
-    if not versions:
-        return rec.FORMAT_VERSION
-    if len(versions) > 1:
-        raise RecordingFormatError(
-            f"{directory}/{dataset} mixes format versions {sorted(versions)}: "
-            "pass the parts as separate directories so each is migrated on its own"
-        )
-    (version,) = versions
-    if version > rec.FORMAT_VERSION:
-        raise RecordingFormatError(
-            f"{directory}/{dataset} is format version {version}, newer than this kafkatap reads "
-            f"({rec.FORMAT_VERSION}): upgrade kafkatap to analyze it"
-        )
-    missing = [v for v in range(version, rec.FORMAT_VERSION) if v not in MIGRATIONS]
-    if missing:
-        raise RecordingFormatError(
-            f"{directory}/{dataset} is format version {version}; this kafkatap reads {rec.FORMAT_VERSION} "
-            f"and has no migration from version {missing[0]}"
-        )
-    return version
+    roots = [str(d) for d in dirs]
+    return resolve_window(since, until, lambda: recording_start(roots))
 
 
 def _empty(spark: SparkSession, dataset: str) -> DataFrame:
     return spark.createDataFrame([], spark_schema(dataset))
 
 
-def read_dataset(spark: SparkSession, directory: str, dataset: str, partition_filter: Column | None = None) -> tuple[DataFrame, int]:
-    """Read one dataset of one recording with the derived schema; migrate if older."""
-    path = directory.rstrip("/") + "/" + dataset
-    files = _list_parquet(path)
-    if files == []:
-        return _empty(spark, dataset), rec.FORMAT_VERSION
-    version = check_version(dataset, directory, format_versions(files)) if files else rec.FORMAT_VERSION
-    reader = spark.read.schema(spark_schema(dataset)).option("basePath", path)
-    df = reader.parquet(path)
+def _read_files(spark: SparkSession, listing: LiveFiles, dataset: str) -> tuple[DataFrame, int]:
+    """Read exactly the live files; an older format is read with its own columns, migrated, then conformed."""
+    version, steps = dataset_version(listing)
+    reader = spark.read.option("basePath", listing.spelled_base)
+    if not steps:
+        return reader.schema(spark_schema(dataset)).parquet(*listing.uris), version
+    # Older files: the current schema would turn renamed columns into nulls before a migration could
+    # rename them, so read them as they are (types from the footer; partitions as strings) first.
+    old = pq.read_schema(listing.paths[0], filesystem=listing.filesystem)  # the sample agreed on one version
+    fields = [T.StructField(f.name, spark_type(f.type), True) for f in old if f.name not in rec.PARTITION_COLUMNS]
+    fields += [T.StructField(p, T.StringType(), True) for p in rec.PARTITION_COLUMNS]
+    df = reader.schema(T.StructType(fields)).parquet(*listing.uris)
+    for step in steps:
+        df = step.to_spark(df, dataset)
+    return conform(df, dataset), version
+
+
+def read_dataset(spark: SparkSession, directory: str, dataset: str,
+                 partition_filter: Column | None = None) -> tuple[DataFrame, int, bool]:
+    """Read one dataset of one recording with the derived schema; migrate if older.
+
+    Returns the DataFrame, the format version read and whether the dataset
+    has files at all (or cannot be listed, so Spark will find out).
+
+    On a path pyarrow cannot list (e.g. `s3a://`), Spark reads the directory
+    itself as before: no version check and no superseded rule there (the
+    proxy's start-up recovery still removes a crash's duplicates).
+    """
+    listing = live_files(directory, dataset)
+    if listing is None:
+        path = directory.rstrip("/") + "/" + dataset
+        df, version = spark.read.schema(spark_schema(dataset)).option("basePath", path).parquet(path), rec.FORMAT_VERSION
+    elif not listing.relative:
+        return _empty(spark, dataset), rec.FORMAT_VERSION, False
+    else:
+        df, version = _read_files(spark, listing, dataset)
     if partition_filter is not None:
         df = df.where(partition_filter)
-    for v in range(version, rec.FORMAT_VERSION):
-        df = MIGRATIONS[v](dataset, df)
-    return df, version
+    return df, version, True
 
 
 def _hour_key(ns: int) -> str:
@@ -267,10 +207,10 @@ def load(spark: SparkSession, dirs: Sequence[str], filters: Filters | None = Non
         found = False
         for ds in DATASETS_READ:
             pf = _partition_filter(filters, upper=(ds == "requests"))
-            df, v = read_dataset(spark, directory, ds, pf)
+            df, v, has_files = read_dataset(spark, directory, ds, pf)
             versions[f"{directory}/{ds}"] = v
             frames[ds].append(df)
-            found = found or _list_parquet(directory.rstrip("/") + "/" + ds) != []
+            found = found or has_files
         if not found:
             raise RecordingFormatError(
                 f"{directory} holds no recording: expected requests/, connections/ or tcp/ with Parquet files "

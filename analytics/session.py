@@ -14,6 +14,8 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from analytics.class_archive import java_options
+
 _LOCK = threading.Lock()
 _SESSION: SparkSession | None = None
 
@@ -53,9 +55,7 @@ def get_spark(master: str | None = None, conf: dict[str, str] | None = None, app
         builder = SparkSession.builder.appName(app_name).master(master or os.environ.get("KAFKATAP_SPARK_MASTER", "local[2]"))
         settings = {**DEFAULTS, **(conf or {})}
         options = settings.get("spark.driver.extraJavaOptions", "")
-        if "SharedArchiveFile" not in options and "ArchiveClassesAtExit" not in options:
-            from analytics.class_archive import java_options
-
+        if "SharedArchiveFile" not in options and "ArchiveClassesAtExit" not in options:  # unless the caller chose an archive
             settings["spark.driver.extraJavaOptions"] = f"{options} {java_options()}".strip()
         for key, value in settings.items():
             builder = builder.config(key, value)

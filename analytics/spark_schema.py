@@ -8,6 +8,8 @@ recording shows up here without anyone remembering to copy it.
 from __future__ import annotations
 
 import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from recording import schema as rec
@@ -51,3 +53,16 @@ def spark_schema(dataset: str, with_partitions: bool = True) -> T.StructType:
         names = {f.name for f in fields}
         fields += [T.StructField(p, T.StringType(), True) for p in rec.PARTITION_COLUMNS if p not in names]
     return T.StructType(fields)
+
+
+def conform(df: DataFrame, dataset: str) -> DataFrame:
+    """`df` in exactly the dataset's current Spark schema: absent columns as nulls, the others cast.
+
+    The Spark twin of the Arrow reader's conform step (`recording.reader`):
+    after a migration, columns a newer format added simply do not exist yet.
+    """
+    have = set(df.columns)
+    return df.select([
+        (F.col(f.name).cast(f.dataType) if f.name in have else F.lit(None).cast(f.dataType)).alias(f.name)
+        for f in spark_schema(dataset)
+    ])

@@ -86,7 +86,7 @@ def capture_produce_frame(listen: str, upstream: str, topic: str) -> bytes:
     """One small acks=1 Produce request frame, as kafka-python sends it (captured by our own API)."""
     from kafka import KafkaProducer
 
-    from proxy.server import RunningProxy
+    from proxy.running import RunningProxy
 
     class Frames:
         def __init__(self) -> None:

@@ -51,7 +51,7 @@ def capture_frames() -> dict[int, tuple[bytes, bytes]]:
     """api_key → (request frame, response frame) from a real proxied kafka-python session."""
     from kafka import KafkaConsumer, KafkaProducer
 
-    from proxy.server import RunningProxy
+    from proxy.running import RunningProxy
     from harness.kafka import LocalKafka, free_port
 
     frames: list[dict] = []
@@ -228,28 +228,24 @@ def serve_proxy(mode: str, upstream: str, record_dir: str) -> None:
 
     from kafkatap.logs import configure_logging
     from proxy.metrics import LiveStats
-    from proxy.recording import build_sinks
     from proxy.server import ProxyServer
-    from proxy.sink import NullSink
+    from proxy.sinks import NullSink, build_sinks
 
     configure_logging("json", "warning")
 
     async def main() -> None:
-        hooks = []
         capture = "requests" if mode == "record+capture" else "none"
         if mode == "off":
             sink = NullSink()
         elif mode == "stats":
             sink = LiveStats("bench")
         else:
-            sink, hooks = build_sinks(record_dir, "bench", capture=capture)
+            sink = build_sinks(record_dir, "bench", capture=capture).sink
         server = ProxyServer([f"127.0.0.1:0={upstream}"], sink=sink, proxy_id="bench", capture=capture,
                              tcp_info_interval=10.0)
         await server.start()
         print(server.listen_addr[1], flush=True)
-        await server.serve_forever()
-        for h in reversed(hooks):
-            await h.stop()
+        await server.serve_forever()  # SIGTERM → stop() closes the sink
 
     uvloop.run(main())
 

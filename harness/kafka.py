@@ -18,7 +18,6 @@ import os
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import tempfile
 import time
@@ -37,6 +36,9 @@ from harness.jars import (
     release,
     require_tool,
 )
+from harness.wire import WireClient
+from protocol.apis import METADATA
+from protocol.errors import ProtocolError
 
 log = structlog.get_logger("kafkatap.kafka")
 
@@ -85,36 +87,12 @@ def _kafka_uuid() -> str:
             return value
 
 
-# --- a tiny wire probe: enough Kafka to know a broker is serving -------------
-
-def _probe(host: str, port: int, api_key: int, version: int, body: bytes, timeout: float) -> bytes:
-    client_id = b"kafkatap-harness"
-    header = struct.pack(">hhih", api_key, version, 7, len(client_id)) + client_id
-    payload = header + body
-    with socket.create_connection((host, port), timeout=timeout) as s:
-        s.sendall(struct.pack(">i", len(payload)) + payload)
-        size = struct.unpack(">i", recv_exact(s, 4))[0]
-        return recv_exact(s, size)
-
-
-def recv_exact(s: socket.socket, n: int) -> bytes:
-    """Read exactly n bytes from a blocking socket (raises ConnectionError if it closes first)."""
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = s.recv(n - len(buf))
-        if not chunk:
-            raise ConnectionError("broker closed the connection")
-        buf += chunk
-    return bytes(buf)
-
+# --- probes: enough Kafka to know a broker is serving ---------------------------
 
 def partition_states(host: str, port: int, topic: str, timeout: float = 2.0) -> tuple[int, list[tuple[int, int]]]:
     """What one broker's Metadata v1 says of `topic`: (topic error code, [(leader, ISR size) per partition])."""
-    from protocol.deep import decode_body  # the project's own decoder (kafka-python's schemas)
-
-    name = topic.encode()
-    resp = _probe(host, port, 3, 1, struct.pack(">ih", 1, len(name)) + name, timeout)
-    topics = decode_body(3, 1, False, resp[4:])["topics"]  # after the correlation id (v1 header has no tags)
+    with WireClient(host, port, timeout=timeout) as client:
+        topics = client.call(METADATA, 1, {"topics": [{"name": topic}]})["topics"]
     if len(topics) != 1:
         return -1, []
     return topics[0]["error_code"], [(p["leader_id"], len(p["isr_nodes"])) for p in topics[0]["partitions"]]
@@ -122,8 +100,8 @@ def partition_states(host: str, port: int, topic: str, timeout: float = 2.0) -> 
 
 def brokers_registered(host: str, port: int, timeout: float = 2.0) -> int:
     """Number of brokers a Metadata v1 (all topics: null) response lists; raises when not serving."""
-    resp = _probe(host, port, 3, 1, struct.pack(">i", -1), timeout)
-    return struct.unpack_from(">i", resp, 4)[0]  # after correlation id
+    with WireClient(host, port, timeout=timeout) as client:
+        return len(client.call(METADATA, 1, {"topics": None})["brokers"])
 
 
 @dataclass
@@ -382,7 +360,7 @@ class LocalKafka:
                     pending.pop(0)
                     continue
                 last_err = f"{n}/{want} brokers registered"
-            except (OSError, struct.error) as exc:
+            except (OSError, ProtocolError) as exc:  # not serving yet, or an answer that is not Metadata
                 last_err = str(exc)
             if time.monotonic() > deadline:
                 self.stop()

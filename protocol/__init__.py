@@ -1,5 +1,16 @@
-"""Sans-I/O Kafka wire-protocol decoder.
+"""Sans-I/O Kafka wire protocol: everything the project knows about Kafka's bytes.
 
 Nothing in this package touches sockets, asyncio or clocks: callers feed bytes
-and timestamps in and take events out (see `protocol.stream.KafkaStream`).
+and timestamps in and take events (or bytes) out.
+
+stream.py             KafkaStream, the per-connection decoder the proxy runs (state: stream_state.py)
+framing.py, events.py size prefixes and memory bounds; the events and summaries KafkaStream emits
+headers.py, apis.py   request/response headers, API keys, names and flexible versions from the specs
+summaries/            schema-generated walkers that summarize bodies on the hot path
+records.py            record-batch headers as read on the hot path; the v2 header layout
+deep.py               full decode and encode of whole frames (dict bodies), off the hot path
+frames.py             whole-frame edits: correlation ids, Produce acks, response bodies, Fetch sessions
+batch_edit.py         v2 record-batch header edits with the CRC-32C recomputed
+consumer_protocol.py  topic renames inside classic consumer-group metadata
+errors.py             the exceptions protocol/ raises, and Kafka's error-code names
 """

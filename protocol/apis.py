@@ -54,7 +54,16 @@ API_NAMES: dict[int, str] = {
     92: "DeleteShareGroupOffsets",
 }
 
-PRODUCE, FETCH, METADATA, SASL_HANDSHAKE, API_VERSIONS, SASL_AUTHENTICATE = 0, 1, 3, 17, 18, 36
+# The API keys code refers to by name (the rest are only ever looked up in the
+# tables above). Defined once, here: a second copy elsewhere is a second place
+# for a typo that the broker would answer with a confusing error.
+PRODUCE, FETCH, LIST_OFFSETS, METADATA = 0, 1, 2, 3
+OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR = 8, 9, 10
+JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 11, 12, 13, 14
+SASL_HANDSHAKE, API_VERSIONS, CREATE_TOPICS, DELETE_TOPICS = 17, 18, 19, 20
+INIT_PRODUCER_ID, SASL_AUTHENTICATE = 22, 36
+# APIs that name a consumer group (classic protocol) in their request.
+GROUP_APIS = frozenset({OFFSET_COMMIT, OFFSET_FETCH, JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP})
 
 # Flexible-from versions for keys without a bundled schema, so that their
 # request header (v2 when flexible) can still be read to the end. Everything

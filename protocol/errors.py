@@ -42,6 +42,15 @@ class UnknownApi(DecodeError):
     """No schema for this api key / version: the frame can only be kept opaque."""
 
 
+class EncodeError(ProtocolError):
+    """A body given to an encoder does not fit the message's schema (unknown field, wrong type)."""
+
+
+# The error codes code refers to by name (everything else goes through `error_name`).
+TOPIC_ALREADY_EXISTS = 36
+MEMBER_ID_REQUIRED = 79
+
+
 # Kafka error codes (org.apache.kafka.common.protocol.Errors). Names follow the
 # Java enum, which is what broker logs and operators use; kafka-python's table
 # differs only in a few legacy spellings (e.g. MESSAGE_SIZE_TOO_LARGE).

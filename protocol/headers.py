@@ -10,7 +10,9 @@ header is always v0 so that a client can parse the answer before knowing the
 broker's versions.
 
 Positions are frame-relative; `lim` is the number of bytes at hand. Functions
-raise `Over(need)` when the header needs bytes up to `need`.
+raise `Over(need)` when the header needs bytes up to `need`. The encoders at
+the end write the same headers (no tagged fields of their own), so that which
+header version goes with which API version is decided in this one module.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from protocol.apis import API_VERSIONS, APIS
 from protocol.summaries.varint import Over, skip_tags
 
 _REQ = Struct(">hhih").unpack_from
+_REQ_HEAD = Struct(">hhi").pack
+_I32_PACK = Struct(">i").pack
+_I16_PACK = Struct(">h").pack
 _I32 = Struct(">i").unpack_from
 _I16 = Struct(">h").unpack_from
 REQUEST_HEADER_MIN = 10  # api_key, api_version, correlation_id, client_id length
@@ -68,3 +73,20 @@ def response_header_flexible(api_key: int, api_version: int) -> bool:
 
 def correlation_id(d: Any, p: int) -> int:
     return _I32(d, p)[0]
+
+
+def encode_request_header(api_key: int, api_version: int, correlation_id: int, client_id: str | None) -> bytes:
+    """Request header v1, or v2 (with an empty tagged-field section) when the version is flexible."""
+    if client_id is None:
+        cid = _I16_PACK(-1)
+    else:
+        raw = client_id.encode()
+        cid = _I16_PACK(len(raw)) + raw
+    head = _REQ_HEAD(api_key, api_version, correlation_id) + cid
+    return head + b"\x00" if request_header_flexible(api_key, api_version) else head
+
+
+def encode_response_header(api_key: int, api_version: int, correlation_id: int) -> bytes:
+    """Response header v0, or v1 (empty tagged fields) when flexible — never for ApiVersions."""
+    head = _I32_PACK(correlation_id)
+    return head + b"\x00" if response_header_flexible(api_key, api_version) else head

@@ -24,7 +24,12 @@ from protocol.events import BatchSeen
 
 V2_HEADER_BYTES = 61
 LOG_OVERHEAD = 12  # offset + length that precede every batch / legacy message
-_V2 = Struct(">qiibIhiqqqhii").unpack_from
+V2_HEADER = Struct(">qiibIhiqqqhii")  # the whole v2 header, in the order of the layout above
+_V2 = V2_HEADER.unpack_from
+# Byte offsets of the v2 header fields inside a batch (`protocol.batch_edit` edits them in place).
+BASE_OFFSET_AT, BATCH_LENGTH_AT, LEADER_EPOCH_AT, MAGIC_AT, CRC_AT, ATTRIBUTES_AT = 0, 8, 12, 16, 17, 21
+LAST_OFFSET_DELTA_AT, BASE_TIMESTAMP_AT, MAX_TIMESTAMP_AT = 23, 27, 35
+PRODUCER_ID_AT, PRODUCER_EPOCH_AT, BASE_SEQUENCE_AT, RECORD_COUNT_AT = 43, 51, 53, 57
 _PREFIX = Struct(">qiib").unpack_from  # offset, length, epoch-or-crc, magic
 
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd", "unknown", "unknown", "unknown")
@@ -39,7 +44,7 @@ def read_batch(d: Any, p: int, remain: int, topic: str, partition: int) -> tuple
     (None for a partial trailing batch, as brokers send in Fetch responses)
     and the number of bytes the batch occupies (0 when partial).
     """
-    if remain >= V2_HEADER_BYTES and d[p + 16] == 2:  # the common case: one unpack
+    if remain >= V2_HEADER_BYTES and d[p + 16] == 2:  # MAGIC_AT; the common case: one unpack
         (base_offset, length, _, magic, _crc, attrs, _lod, _bts, _mts, pid, pep, bseq, count) = _V2(d, p)
         size = LOG_OVERHEAD + length
         if length < V2_HEADER_BYTES - LOG_OVERHEAD or size > remain:

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 from collections import deque
 from struct import Struct
-from struct import error as struct_error
 from typing import Any, Iterator
 
 from protocol.apis import API_VERSIONS, APIS, PRODUCE, api_name
@@ -60,89 +59,24 @@ from protocol.events import (
 )
 from protocol.framing import DEFAULT_MAX_FRAME_BYTES, IncrementalBody, check_size
 from protocol.headers import parse_request_header, response_header_flexible
+from protocol.stream_state import (
+    FAST_REQ,
+    FAST_RESP,
+    KNOWN,
+    FrameInProgress,
+    Head,
+    Side,
+    end_mismatch,
+    fast_entry,
+    locate_errors,
+    schema_known,
+    walk_failure,
+)
 from protocol.summaries.codegen import walker
 from protocol.summaries.varint import Over, skip_tags
 
 _I32 = Struct(">i").unpack_from
 _I16 = Struct(">h").unpack_from
-
-
-_KNOWN: dict[tuple[int, int], tuple[bool, bool]] = {}
-_FAST_REQ: dict[tuple[int, int], tuple[str, bool, Any] | tuple[()]] = {}
-_FAST_RESP: dict[tuple[int, int], tuple[str, bool, Any] | tuple[()]] = {}
-
-
-def _fast_entry(key: int, ver: int, request: bool) -> tuple[str, bool, Any] | tuple[()]:
-    """(api name, header has tags, plain walker) for the whole-frame fast path; () when not applicable."""
-    info = APIS.get(key)
-    if key < 0 or ver < 0 or info is None or not info.decodable(ver):
-        return ()
-    try:
-        walk = walker(key, request, ver)
-    except Exception:  # noqa: BLE001 - the slow path will report it
-        return ()
-    flex = info.flexible(ver) if request else response_header_flexible(key, ver)
-    return (info.name, flex, walk)
-
-
-def _known(key: int, ver: int) -> tuple[bool, bool]:
-    """(a schema describes this version, the request header is v2) — cached per stream-less key."""
-    info = APIS.get(key)
-    return (info is not None and info.decodable(ver), info is not None and info.flexible(ver))
-
-
-def _locate_errors(resp: Summary, req: Summary) -> None:
-    """Top-level response errors name no group: take it from the request (JoinGroup, EndTxn …)."""
-    where = req.group_id or req.transactional_id or req.coordinator_key
-    if where is None:
-        return
-    for e in resp.errors:
-        if e.resource is None and e.topic is None:
-            e.resource = where
-
-
-class _Frame:
-    """A frame whose bytes span several chunks."""
-
-    __slots__ = ("start", "size", "first_ns", "got", "hbuf", "hneed", "body", "info")
-
-    def __init__(self, start: int, size: int, first_ns: int, hneed: int) -> None:
-        self.start = start  # stream offset of the size prefix
-        self.size = size  # including the 4-byte prefix
-        self.first_ns = first_ns
-        self.got = 0  # frame bytes received so far
-        self.hbuf = bytearray()
-        self.hneed = hneed  # header bytes needed before parsing is attempted
-        self.body: IncrementalBody | None = None
-        self.info: _Head | None = None
-
-
-class _Head:
-    """What the header said, and how the body is to be handled."""
-
-    __slots__ = ("event_args", "summary", "note", "fail", "key", "ver", "body_pos")
-
-    def __init__(self) -> None:
-        self.event_args: tuple[Any, ...] = ()
-        self.summary: Summary | None = None  # None: opaque frame, body not decoded
-        self.note: str | None = None
-        self.fail: tuple[str, str] | None = None  # (kind, reason) when the body is bad
-        self.key = -1
-        self.ver = -1  # version the body is decoded with
-        self.body_pos = 0
-
-
-class _Side:
-    __slots__ = ("direction", "offset", "opaque", "prefix", "prefix_ns", "frame", "frames")
-
-    def __init__(self, direction: Direction) -> None:
-        self.direction = direction
-        self.offset = 0  # stream bytes consumed
-        self.opaque = False
-        self.prefix = bytearray()  # partial size prefix
-        self.prefix_ns = 0
-        self.frame: _Frame | None = None
-        self.frames = 0
 
 
 class KafkaStream:
@@ -160,8 +94,8 @@ class KafkaStream:
         self.max_frame_bytes = max_frame_bytes
         self.body_errors = body_errors
         self.max_in_flight = max_in_flight
-        self._req = _Side(Direction.REQUEST)
-        self._resp = _Side(Direction.RESPONSE)
+        self._req = Side(Direction.REQUEST)
+        self._resp = Side(Direction.RESPONSE)
         self._events: deque[Event] = deque()
         self._in_flight: dict[int, RequestSeen] = {}
         self.dropped_in_flight = 0
@@ -225,7 +159,7 @@ class KafkaStream:
         return (self._req if direction is Direction.REQUEST else self._resp).opaque
 
     # -- framing -------------------------------------------------------------
-    def _receive(self, side: _Side, data: Any, now_ns: int) -> None:
+    def _receive(self, side: Side, data: Any, now_ns: int) -> None:
         if self.closed:
             raise StreamClosedError("data received after close()")
         if isinstance(data, memoryview):
@@ -246,7 +180,7 @@ class KafkaStream:
             self._go_opaque(side, side.offset, "desync", f"internal decoder error: {exc!r}")
         side.offset += n
 
-    def _consume(self, side: _Side, mv: memoryview, n: int, now_ns: int) -> None:
+    def _consume(self, side: Side, mv: memoryview, n: int, now_ns: int) -> None:
         base = side.offset
         i = 0
         while i < n and not side.opaque:
@@ -267,7 +201,7 @@ class KafkaStream:
                 start = base + i - 4
                 if not self._size_ok(side, first, _I32(first, 0)[0], start):
                     return
-                fr = _Frame(start, _I32(first, 0)[0] + 4, side.prefix_ns, self._header_need(side))
+                fr = FrameInProgress(start, _I32(first, 0)[0] + 4, side.prefix_ns, self._header_need(side))
                 fr.hbuf += first
                 fr.got = 4
                 side.frame = fr
@@ -281,9 +215,9 @@ class KafkaStream:
                 self._whole(side, mv[i:i + total], base + i, now_ns)
                 i += total
                 continue
-            side.frame = _Frame(base + i, total, now_ns, self._header_need(side))
+            side.frame = FrameInProgress(base + i, total, now_ns, self._header_need(side))
 
-    def _size_ok(self, side: _Side, first: bytes, size: int, start: int) -> bool:
+    def _size_ok(self, side: Side, first: bytes, size: int, start: int) -> bool:
         bad = check_size(first, size, start, self.max_frame_bytes)
         if bad is None and size < self._header_need(side) - 4:
             bad = ("garbage", f"a {size}-byte frame cannot hold a {side.direction.value} header")
@@ -293,11 +227,11 @@ class KafkaStream:
         return True
 
     @staticmethod
-    def _header_need(side: _Side) -> int:
+    def _header_need(side: Side) -> int:
         """Frame bytes (prefix included) before a header parse is worth trying."""
         return 4 + (10 if side.direction is Direction.REQUEST else 4)
 
-    def _continue(self, side: _Side, fr: _Frame, mv: memoryview, i: int, n: int, now_ns: int) -> int:
+    def _continue(self, side: Side, fr: FrameInProgress, mv: memoryview, i: int, n: int, now_ns: int) -> int:
         """Feed chunk bytes [i, n) into a frame in progress; return the new i."""
         take = min(fr.size - fr.got, n - i)
         piece = mv[i:i + take]
@@ -322,7 +256,7 @@ class KafkaStream:
         return i + take
 
     # -- headers and bodies --------------------------------------------------
-    def _try_header(self, side: _Side, fr: _Frame) -> None:
+    def _try_header(self, side: Side, fr: FrameInProgress) -> None:
         h = fr.hbuf
         try:
             head = self._parse_head(side, h, fr.got, fr.start)
@@ -341,13 +275,13 @@ class KafkaStream:
             fr.body = IncrementalBody(walk(window, 0, len(window), head.summary), fr.size, head.body_pos, window)
         fr.hbuf = bytearray()
 
-    def _parse_head(self, side: _Side, d: Any, lim: int, start: int) -> _Head | None:
+    def _parse_head(self, side: Side, d: Any, lim: int, start: int) -> Head | None:
         """Parse the header in d[4:lim].
 
         Raises Over when more header bytes are needed. Stream-level header
         failures turn the side opaque and return None.
         """
-        head = _Head()
+        head = Head()
         if side.direction is Direction.REQUEST:
             try:
                 key, ver, cid, client_id, p = parse_request_header(d, 4, lim)
@@ -358,9 +292,9 @@ class KafkaStream:
                 self._go_opaque(side, start, "garbage", f"negative api key/version ({key}, {ver}) in request header")
                 return None
             head.event_args = (key, ver, cid, client_id)
-            known = _KNOWN.get((key, ver))
+            known = KNOWN.get((key, ver))
             if known is None:
-                known = _KNOWN[(key, ver)] = _known(key, ver)
+                known = KNOWN[(key, ver)] = schema_known(key, ver)
             if not known[0]:
                 head.note = f"no schema for {api_name(key)} (api {key}) v{ver}"
                 return head
@@ -394,7 +328,7 @@ class KafkaStream:
         del self._in_flight[cid]
         return head
 
-    def _whole(self, side: _Side, frame: memoryview, start: int, now_ns: int) -> None:
+    def _whole(self, side: Side, frame: memoryview, start: int, now_ns: int) -> None:
         """A whole frame is in one chunk: plain walk, zero copy.
 
         The common case (known api/version, empty header tags, body walks to
@@ -405,9 +339,9 @@ class KafkaStream:
         try:
             if side.direction is Direction.REQUEST:
                 key, ver, cid, client_id, p = parse_request_header(frame, 4, size)
-                fast = _FAST_REQ.get((key, ver))
+                fast = FAST_REQ.get((key, ver))
                 if fast is None:
-                    fast = _FAST_REQ[(key, ver)] = _fast_entry(key, ver, True)
+                    fast = FAST_REQ[(key, ver)] = fast_entry(key, ver, True)
                 if fast:
                     name, flex, walk = fast
                     if flex:
@@ -429,9 +363,9 @@ class KafkaStream:
                 req = self._in_flight.get(cid)
                 if req is not None and req.summary is not None and req.api_key != API_VERSIONS:
                     key, ver = req.api_key, req.api_version
-                    fast = _FAST_RESP.get((key, ver))
+                    fast = FAST_RESP.get((key, ver))
                     if fast is None:
-                        fast = _FAST_RESP[(key, ver)] = _fast_entry(key, ver, False)
+                        fast = FAST_RESP[(key, ver)] = fast_entry(key, ver, False)
                     if fast:
                         _, flex, walk = fast
                         p = 8
@@ -443,7 +377,7 @@ class KafkaStream:
                         if walk(frame, p, size, summary) == size:
                             del self._in_flight[cid]
                             if summary.errors:
-                                _locate_errors(summary, req.summary)
+                                locate_errors(summary, req.summary)
                             side.frames += 1
                             self._events.append(ResponseSeen(start, size, now_ns, now_ns, cid, req, summary, None))
                             return
@@ -451,7 +385,7 @@ class KafkaStream:
             pass
         self._whole_slow(side, frame, start, now_ns)
 
-    def _whole_slow(self, side: _Side, frame: memoryview, start: int, now_ns: int) -> None:
+    def _whole_slow(self, side: Side, frame: memoryview, start: int, now_ns: int) -> None:
         """`_whole` for every case the fast path does not take."""
         size = len(frame)
         try:
@@ -465,12 +399,12 @@ class KafkaStream:
             try:
                 end = walker(head.key, side.direction is Direction.REQUEST, head.ver)(frame, head.body_pos, size, head.summary)
                 if end != size:
-                    self._end_mismatch(head, end, size)
+                    end_mismatch(head, end, size)
             except Exception as exc:
-                head.fail = self._walk_failure(exc, size)
+                head.fail = walk_failure(exc, size)
         self._emit_frame(side, head, start, size, now_ns, now_ns)
 
-    def _finish(self, side: _Side, fr: _Frame, now_ns: int) -> None:
+    def _finish(self, side: Side, fr: FrameInProgress, now_ns: int) -> None:
         head = fr.info
         if head is None:  # header never completed inside the frame
             self._bad_header(side, fr.start, fr.hneed - 4, fr.size - 4)
@@ -478,33 +412,12 @@ class KafkaStream:
         body = fr.body
         if body is not None:
             if body.failure is not None:
-                head.fail = self._walk_failure(body.failure, fr.size)
+                head.fail = walk_failure(body.failure, fr.size)
             elif body.gen is not None:  # cannot happen: every need fits the frame
                 head.fail = ("body_overrun", "body walk did not complete")
             elif body.end != fr.size:
-                self._end_mismatch(head, body.end, fr.size)
+                end_mismatch(head, body.end, fr.size)
         self._emit_frame(side, head, fr.start, fr.size, fr.first_ns, now_ns)
-
-    @staticmethod
-    def _walk_failure(exc: BaseException, size: int) -> tuple[str, str]:
-        """The same (kind, reason) whichever walker (plain or incremental) failed."""
-        if isinstance(exc, (Over, OverflowError, IndexError, struct_error)):
-            return "body_overrun", f"a declared length runs past the end of the {size - 4}-byte body"
-        return "body_overrun", f"body does not decode: {exc!r}"
-
-    @staticmethod
-    def _end_mismatch(head: _Head, end: int, size: int) -> None:
-        """The walk ended before or after the frame end.
-
-        After: a declared length overran the frame — a body failure. Before:
-        trailing bytes. Real clients send these (librdkafka 2.x appends
-        `01 00 00` to Metadata v13 requests) and the broker ignores them, so
-        the frame keeps its summary and only gets a note; the stream stays parsed.
-        """
-        if end > size:
-            head.fail = ("body_overrun", f"a declared length runs past the end of the {size - 4}-byte body")
-        else:
-            head.note = f"trailing_bytes: {size - end} bytes left over after the body decoded"
 
     def _track(self, cid: int, ev: RequestSeen) -> None:
         """Await a response to `ev`; at `max_in_flight` the oldest request is dropped (and counted)."""
@@ -513,7 +426,7 @@ class KafkaStream:
             self.dropped_in_flight += 1
         self._in_flight[cid] = ev
 
-    def _emit_frame(self, side: _Side, head: _Head, start: int, size: int, first_ns: int, last_ns: int) -> None:
+    def _emit_frame(self, side: Side, head: Head, start: int, size: int, first_ns: int, last_ns: int) -> None:
         side.frames += 1
         summary = head.summary
         note = head.note
@@ -531,17 +444,17 @@ class KafkaStream:
         else:
             cid, req = head.event_args
             if summary is not None and summary.errors and req is not None and req.summary is not None:
-                _locate_errors(summary, req.summary)
+                locate_errors(summary, req.summary)
             ev = ResponseSeen(start, size, first_ns, last_ns, cid, req, summary, note)
         self._events.append(ev)
         if head.fail is not None and self.body_errors == "stream":
             kind, reason = head.fail
             self._go_opaque(side, start, kind, f"frame at byte {start}: {reason}")
 
-    def _bad_header(self, side: _Side, start: int, need: int, body: int) -> None:
+    def _bad_header(self, side: Side, start: int, need: int, body: int) -> None:
         self._go_opaque(side, start, "garbage", f"header needs {need} bytes but the frame body has {body}")
 
-    def _go_opaque(self, side: _Side, offset: int, kind: str, reason: str) -> None:
+    def _go_opaque(self, side: Side, offset: int, kind: str, reason: str) -> None:
         if side.opaque:
             return
         side.opaque = True

@@ -6,6 +6,8 @@ Only argument handling lives here; the proxy itself is `proxy.server`.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from pathlib import Path
 
 import click
 import structlog
@@ -13,10 +15,36 @@ import uvloop
 
 from proxy.faults import FAULT_SPEC_HELP, parse_fault_specs
 from proxy.server import DEFAULT_MARK, ProxyServer, Route, parse_hostport
+from proxy.sinks import build_sinks, default_proxy_id
+from recording.writer import CAPTURE_CHOICES
 
 log = structlog.get_logger("kafkatap.proxy")
 
-from proxy.recording import build_sinks, default_proxy_id, recording_options
+
+def recording_options(f: Callable) -> Callable:
+    """Click options for `kafkatap proxy`: --record, --capture, --flush-interval, --proxy-id, --status-addr.
+
+    Their values go straight to `proxy.sinks.build_sinks`.
+    """
+    options = [
+        click.option("--record", "record", type=click.Path(file_okay=False, path_type=Path), default=None,
+                      help="Write recordings (Parquet: requests/, connections/, tcp/, frames/) under this directory."),
+        click.option("--capture", type=click.Choice(CAPTURE_CHOICES), default="none", show_default=True,
+                     help="Raw frames to keep for replay in frames/: none, requests, or all (requests and "
+                          "responses). SaslAuthenticate frames are never kept."),
+        click.option("--flush-interval", "flush_interval", type=click.FloatRange(min=0.05), default=1.0,
+                     show_default=True, help="Seconds between Parquet flushes: the most a kill -9 can lose."),
+        click.option("--compact-interval", "compact_interval", type=click.FloatRange(min=0), default=60.0,
+                     show_default=True,
+                     help="Seconds after which one-per-flush files are merged into one file (0: never)."),
+        click.option("--proxy-id", "proxy_id", default=None,
+                     help="Name of this proxy in recordings and metrics (default: short hostname)."),
+        click.option("--status-addr", "status_addr", default=None, metavar="[HOST:]PORT",
+                     help="Serve /metrics (Prometheus) and /clients (JSON) here; host defaults to 127.0.0.1."),
+    ]
+    for opt in reversed(options):
+        f = opt(f)
+    return f
 
 
 def _int_auto_base(text: str | int) -> int:
@@ -120,37 +148,37 @@ def _routes(listens: tuple[str, ...], upstreams: tuple[str, ...], specs: tuple[s
 
 
 async def _serve(routes: list[Route], faults, rec: dict, **kw: object) -> int:
-    hooks = []
-    sink = None
     # One id for the recording's proxy= partition, its proxy_id column and the metrics.
     proxy_id = rec.get("proxy_id") or default_proxy_id()
     capture = str(rec["capture"])
     try:
-        sink, hooks = build_sinks(rec.get("record"), proxy_id, capture, rec.get("status_addr"),
-                                  float(rec["flush_interval"]), compact_interval_s=float(rec["compact_interval"]))
+        sinks = build_sinks(rec.get("record"), proxy_id, capture, rec.get("status_addr"),
+                            float(rec["flush_interval"]), compact_interval_s=float(rec["compact_interval"]))
     except Exception as exc:  # RecordingError, bad address …
         log.error("cannot set up recording", error=str(exc))
         return 2
-    for h in hooks:
-        await h.start()
-    server = ProxyServer(routes, sink=sink, faults=faults, proxy_id=proxy_id, capture=capture, **kw)  # type: ignore[arg-type]
-    if faults.active:
-        log.warning("fault injection on", faults=faults.describe())
+    # from here on the server owns the sink: its stop() flushes and closes it, whatever happens
+    server = ProxyServer(routes, sink=sinks.sink, faults=faults, proxy_id=proxy_id, capture=capture, **kw)  # type: ignore[arg-type]
     try:
-        await server.start()
-    except OSError as exc:
-        log.error("cannot listen", error=str(exc))
-        for h in reversed(hooks):
-            await h.stop()
-        return 2
-    try:
+        try:
+            await sinks.serve()
+        except BaseException:
+            await server.stop()  # the recorder was started: flush and close it before giving up
+            raise
+        if faults.active:
+            log.warning("fault injection on", faults=faults.describe())
+        try:
+            await server.start()
+        except OSError as exc:
+            log.error("cannot listen", error=str(exc))
+            await server.stop()
+            return 2
         await server.serve_forever()
     finally:
-        for h in reversed(hooks):
-            try:
-                await h.stop()
-            except Exception as exc:  # noqa: BLE001
-                log.error("shutdown hook failed", hook=h.name, error=str(exc))
+        try:
+            await sinks.stop_serving()
+        except Exception as exc:  # noqa: BLE001
+            log.error("status endpoint did not stop cleanly", error=str(exc))
     return 0
 
 

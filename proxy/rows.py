@@ -1,19 +1,18 @@
-"""Decoder events + the proxy's clocks → row dicts keyed exactly as `recording.schema`.
+"""Decoder events + connection facts + the proxy's clocks → row dicts keyed exactly as `recording.schema`.
 
 Why separate from the relay: the row shape is a contract with the recorder,
-the live stats and analytics; keeping it in pure functions lets tests check
+the live stats and analytics; keeping it in pure functions of plain data
+(`proxy.facts.ConnectionFacts`, decoder events, timestamps) lets tests check
 every column without sockets, and keeps the hot relay code short.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from protocol.events import RequestSeen, ResponseSeen, Summary
+from proxy.facts import ConnectionFacts
 from recording.schema import CONNECTION_COLUMNS, REQUEST_COLUMNS, TCP_FIELDS
-
-if TYPE_CHECKING:
-    from proxy.relay import Connection
 
 REQUEST_KEYS = tuple(c.name for c in REQUEST_COLUMNS)
 CONNECTION_KEYS = tuple(c.name for c in CONNECTION_COLUMNS)
@@ -38,7 +37,7 @@ def _compression(s: Summary) -> str | None:
 
 
 def request_row(
-    conn: Connection,
+    conn: ConnectionFacts,
     req: RequestSeen,
     resp: ResponseSeen | None,
     req_sent_ns: int | None,
@@ -85,7 +84,7 @@ def request_row(
                     producer_id, producer_epoch = b.producer_id, b.producer_epoch
                     break
     return {
-        "proxy_id": conn.server.proxy_id,
+        "proxy_id": conn.proxy_id,
         "conn_id": conn.conn_id,
         "correlation_id": req.correlation_id,
         "api_key": req.api_key,
@@ -141,19 +140,19 @@ def request_row(
 _EMPTY = Summary()  # stands in for "no summary": every field None/empty
 
 
-def tcp_row(conn: Connection, side: str, phase: str, ts_ns: int, info: dict[str, Any]) -> dict[str, Any]:
+def tcp_row(conn: ConnectionFacts, side: str, phase: str, ts_ns: int, info: dict[str, Any]) -> dict[str, Any]:
     """One `tcp` row: a TCP_INFO sample of the client or broker socket."""
-    row = {"proxy_id": conn.server.proxy_id, "conn_id": conn.conn_id, "side": side, "phase": phase, "ts_ns": ts_ns}
+    row = {"proxy_id": conn.proxy_id, "conn_id": conn.conn_id, "side": side, "phase": phase, "ts_ns": ts_ns}
     row.update(info)
     return row
 
 
-def connection_row(conn: Connection, final: bool, now_ns: int) -> dict[str, Any]:
+def connection_row(conn: ConnectionFacts, final: bool, now_ns: int) -> dict[str, Any]:
     """One `connections` row: a periodic snapshot (final=False) or the end (final=True)."""
     closed = conn.closed_ns if final else None
     end = conn.end
     return {
-        "proxy_id": conn.server.proxy_id,
+        "proxy_id": conn.proxy_id,
         "conn_id": conn.conn_id,
         "final": final,
         "snapshot_ns": now_ns,
@@ -166,10 +165,10 @@ def connection_row(conn: Connection, final: bool, now_ns: int) -> dict[str, Any]
         "upstream_connect_us": conn.upstream_connect_us,
         "closed_ns": closed,
         "duration_us": ((closed if closed is not None else now_ns) - conn.opened_ns) // 1000,
-        "bytes_from_client": conn.bytes_from_client,
-        "bytes_from_broker": conn.bytes_from_broker,
-        "frames_from_client": conn.frames_from_client,
-        "frames_from_broker": conn.frames_from_broker,
+        "bytes_from_client": conn.from_client.bytes,
+        "bytes_from_broker": conn.from_broker.bytes,
+        "frames_from_client": conn.from_client.frames,
+        "frames_from_broker": conn.from_broker.frames,
         "requests": conn.requests,
         "responses": conn.responses,
         "client_ids": list(conn.client_ids),
@@ -183,13 +182,25 @@ def connection_row(conn: Connection, final: bool, now_ns: int) -> dict[str, Any]
         "end_detail": end.detail if (final and end) else None,
         "idle_before_end_ms": end.idle_ms if (final and end) else None,
         "unanswered": conn.unanswered_at_end if final else conn.inflight,
-        "last_api": conn.last_api,
-        "last_request_bytes": conn.last_request_bytes,
-        "last_request_acks": conn.last_request_acks,
-        "last_request_topics": list(conn.last_request_topics),
+        "last_api": conn.last.api,
+        "last_request_bytes": conn.last.size,
+        "last_request_acks": conn.last.acks,
+        "last_request_topics": list(conn.last.topics),
         "inferred_cause": conn.inferred if final else None,
         "tcp_client_open": conn.tcp_client_open,
         "tcp_broker_open": conn.tcp_broker_open,
         "tcp_client_close": conn.tcp_client_close if final else None,
         "tcp_broker_close": conn.tcp_broker_close if final else None,
+    }
+
+
+def frame_row(conn: ConnectionFacts, request: bool, first_ns: int, correlation_id: int, api_key: int | None,
+              api_version: int | None, data: bytes | None) -> dict[str, Any]:
+    """One `frames` row: a raw frame kept by `--capture` (data None for SaslAuthenticate)."""
+    return {
+        "proxy_id": conn.proxy_id, "conn_id": conn.conn_id,
+        "direction": "request" if request else "response", "ts_ns": first_ns,
+        "conn_offset_ns": first_ns - conn.opened_ns, "correlation_id": correlation_id, "api_key": api_key,
+        "api_version": api_version, "client_addr": conn.client_addr, "broker_addr": conn.broker_addr,
+        "data": data,
     }

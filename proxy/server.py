@@ -1,26 +1,29 @@
-"""Listeners, routes, lifecycle: the one place that owns the proxy's event loop work.
+"""Listeners, routes, lifecycle: the proxy on one event loop.
 
 Python API (what tests, scenarios, replay and benchmarks call):
 
     async with ProxyServer(routes=["127.0.0.1:0=127.0.0.1:9092"], sink=sink) as p:
         p.listen_addrs  # [("127.0.0.1", 40123)]
 
-    with RunningProxy(upstream="127.0.0.1:9092", sink=sink) as p:   # own thread + uvloop
+    with RunningProxy(upstream="127.0.0.1:9092", sink=sink) as p:   # proxy.running: own thread + uvloop
         KafkaProducer(bootstrap_servers=p.bootstrap)
 
 A route is "LISTEN=UPSTREAM" (explicit) or a `Route`; transparent mode has a
 route with `upstream=None` and takes each connection's SO_ORIGINAL_DST.
+
+The server hands every connection a `ConnectionContext` (clock, settings,
+guarded row sink, itself as the `ConnectionHub`) and afterwards only calls a
+connection's public methods. It owns the sink it is given: `stop()` closes it,
+off the event loop, after the last connection recorded its last row.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import random
 import signal
 import socket
-import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -29,12 +32,12 @@ from typing import Any
 
 import structlog
 
-from proxy import original_dst as _odst
 from protocol.stream import KafkaStream
-from proxy.recording import default_proxy_id
+from proxy import original_dst as _odst
+from proxy.connection import Connection
+from proxy.context import Addr, ConnectionContext, RelaySettings, format_addr
 from proxy.faults import NO_FAULTS, Faults
-from proxy.relay import Connection, _ClientSide
-from proxy.sink import NullSink, RecordSink, Row
+from proxy.sinks import GuardedSink, NullSink, RecordSink, default_proxy_id
 
 log = structlog.get_logger("kafkatap.proxy")
 
@@ -97,30 +100,27 @@ class ProxyServer:
         if capture not in ("none", "requests", "all"):
             raise ValueError("capture must be none, requests or all")
         self.sink: RecordSink = sink if sink is not None else NullSink()
-        self.faults = faults or NO_FAULTS
+        self._faults = faults or NO_FAULTS
         self.proxy_id = proxy_id or default_proxy_id()  # the same id the recorder partitions by
-        self.connect_timeout = connect_timeout
-        self.tcp_info = tcp_info
+        self.settings = RelaySettings(proxy_id=self.proxy_id, connect_timeout=connect_timeout, tcp_info=tcp_info,
+                                      capture=capture, so_mark=so_mark, observe=observe, log_requests=log_requests)
         self.tcp_info_interval = tcp_info_interval
         self.idle_timeout = idle_timeout
-        self.capture = capture
-        self.so_mark = so_mark
-        self.observe = observe
-        self.log_requests = log_requests
         self.shutdown_timeout = shutdown_timeout
         self.stream_factory = stream_factory or KafkaStream
         self.original_dst = original_dst or _odst.original_dst
         self.backlog = backlog
-        self.rng = random.Random(self.faults.seed)
+        self.rng = random.Random(self._faults.seed)
         self.conns: set[Connection] = set()
         self.closing = False
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
+        self._emit = GuardedSink(self.sink)
+        self._ctx: ConnectionContext | None = None
         self._servers: list[asyncio.base_events.Server] = []
         self._listen_addrs: list[tuple[str, int]] = []
         self._ids = itertools.count(1)
         self._run = uuid.uuid4().hex[:6]
         self._periodic: asyncio.TimerHandle | None = None
-        self._sink_errors = 0
         self._mark_warned = False
         self._all_closed: asyncio.Event | None = None
         self._stopped: asyncio.Event | None = None
@@ -135,17 +135,20 @@ class ProxyServer:
     async def start(self) -> ProxyServer:
         self.loop = asyncio.get_running_loop()
         self._stopped = asyncio.Event()
+        self._ctx = ConnectionContext(loop=self.loop, clock=self.clock, settings=self.settings, emit=self._emit,
+                                      hub=self, stream_factory=self.stream_factory,
+                                      original_dst=self.original_dst, rng=self.rng)
         for route in self.routes:
             host, port = route.listen
             listener_holder: list[str] = []
             up = route.upstream
 
-            def factory(up: tuple[str, int] | None = up, holder: list[str] = listener_holder) -> _ClientSide:
-                return _ClientSide(self, holder[0], up)
+            def factory(up: Addr | None = up, holder: list[str] = listener_holder) -> asyncio.Protocol:
+                return Connection(self._ctx, holder[0], up).client_protocol  # type: ignore[arg-type]
 
             srv = await self.loop.create_server(factory, host, port, reuse_address=True, backlog=self.backlog)
             addr = srv.sockets[0].getsockname()[:2]
-            listener_holder.append(f"[{addr[0]}]:{addr[1]}" if ":" in addr[0] else f"{addr[0]}:{addr[1]}")
+            listener_holder.append(format_addr(addr))  # type: ignore[arg-type]
             self._servers.append(srv)
             self._listen_addrs.append((addr[0], addr[1]))
             log.info("listening", listener=listener_holder[0],
@@ -187,8 +190,7 @@ class ProxyServer:
             waiters = [c.wait_quiet() for c in conns]
             await asyncio.wait(waiters, timeout=timeout)
             for c in list(self.conns):
-                c._set_end("proxy_shutdown", "proxy", "proxy shut down" + ("" if c.inflight <= 0 else f" with {c.inflight} request(s) in flight"))
-                c.close()
+                c.shutdown()
             # transports report connection_lost on the next loop iterations; then force what is left
             if self.conns:
                 self._all_closed = asyncio.Event()
@@ -197,14 +199,13 @@ class ProxyServer:
                 except asyncio.TimeoutError:
                     pass
             for c in list(self.conns):
-                c.abort()
-                c.c_closed = c.b_closed = True
-                c._finish()
+                c.force_close()
         try:
-            self.sink.close()
+            # the Parquet writer's close joins its thread after a final flush: keep the loop free meanwhile
+            await self.loop.run_in_executor(None, self.sink.close)
         except Exception as exc:  # noqa: BLE001
             log.error("sink close failed", error=str(exc))
-        log.info("stopped", **self.stats)
+        log.info("stopped", **self.stats, sink_errors=self._emit.errors)
         assert self._stopped is not None
         self._stopped.set()
 
@@ -228,15 +229,27 @@ class ProxyServer:
 
     def set_faults(self, faults: Faults | None) -> None:
         """Replace the fault config; applies to connections accepted from now on."""
-        self.faults = faults or NO_FAULTS
+        self._faults = faults or NO_FAULTS
 
-    # ------------------------------------------------------------------ called by connections
+    @property
+    def open_connections(self) -> int:
+        return len(self.conns)
+
+    # ------------------------------------------------------------------ the ConnectionHub connections report to
+    @property
+    def accepting(self) -> bool:
+        return not self.closing
+
+    @property
+    def faults(self) -> Faults:
+        return self._faults
+
     def mark_failed(self, exc: OSError) -> None:
         """SO_MARK could not be set (no CAP_NET_ADMIN): warn once, keep relaying."""
         if not self._mark_warned:
             self._mark_warned = True
             log.warning("cannot set SO_MARK on upstream sockets; an OUTPUT REDIRECT rule matching "
-                        "this mark would loop", mark=self.so_mark, error=str(exc))
+                        "this mark would loop", mark=self.settings.so_mark, error=str(exc))
 
     def next_conn_id(self) -> str:
         return f"{self._run}-{next(self._ids)}"
@@ -250,56 +263,19 @@ class ProxyServer:
                 return True
         return False
 
+    def accepted(self, conn: Connection) -> None:
+        self.conns.add(conn)
+
     def opened(self, conn: Connection) -> None:
         self.stats["accepted"] += 1
-        conn._log("info", "connection opened", listener=conn.listener, mode=conn.mode,
-                  original_dst=conn.original_dst, upstream_connect_us=conn.upstream_connect_us)
 
-    def closed(self, conn: Connection, row: Row) -> None:
+    def closed(self, conn: Connection, end_reason: str) -> None:
         self.conns.discard(conn)
         if not self.conns and self._all_closed is not None:
             self._all_closed.set()
         self.stats["closed"] += 1
-        if row["end_reason"] == "upstream_connect_failed":
+        if end_reason == "upstream_connect_failed":
             self.stats["connect_failed"] += 1
-        self.emit_connection(row)
-        conn._log(
-            "info", "connection closed", end_reason=row["end_reason"], end_by=row["end_by"],
-            detail=row["end_detail"], idle_before_end_ms=row["idle_before_end_ms"],
-            duration_ms=row["duration_us"] // 1000, bytes_from_client=row["bytes_from_client"],
-            bytes_from_broker=row["bytes_from_broker"], requests=row["requests"],
-            unanswered=row["unanswered"], inferred_cause=row["inferred_cause"],
-            opaque=row["opaque_reason"],
-        )
-
-    def _sink_failed(self, what: str, exc: BaseException) -> None:
-        self._sink_errors += 1
-        if self._sink_errors <= 5:
-            log.error("record sink raised; row dropped", dataset=what, error=f"{type(exc).__name__}: {exc}")
-
-    def emit_request(self, row: Row) -> None:
-        try:
-            self.sink.request(row)
-        except Exception as exc:  # noqa: BLE001
-            self._sink_failed("requests", exc)
-
-    def emit_connection(self, row: Row) -> None:
-        try:
-            self.sink.connection(row)
-        except Exception as exc:  # noqa: BLE001
-            self._sink_failed("connections", exc)
-
-    def emit_tcp(self, row: Row) -> None:
-        try:
-            self.sink.tcp(row)
-        except Exception as exc:  # noqa: BLE001
-            self._sink_failed("tcp", exc)
-
-    def emit_frame(self, row: Row) -> None:
-        try:
-            self.sink.frame(row)
-        except Exception as exc:  # noqa: BLE001
-            self._sink_failed("frames", exc)
 
     def _tick(self) -> None:
         """Periodic sweep: snapshots of long-lived connections, the proxy's own idle timeout."""
@@ -307,13 +283,12 @@ class ProxyServer:
         interval_ns = int((self.tcp_info_interval or 10.0) * 1e9)
         idle_ns = int(self.idle_timeout * 1e9) if self.idle_timeout else None
         for c in list(self.conns):
-            if c.bt is None:
+            if not c.upstream_connected:
                 continue
             if idle_ns is not None and now - c.last_activity >= idle_ns:
-                c._set_end("idle_timeout", "proxy", f"no bytes either way for {self.idle_timeout:g} s")
-                c.close()
+                c.idle_timeout(self.idle_timeout)  # type: ignore[arg-type]
                 continue
-            if now - c.opened_ns >= interval_ns:
+            if now - c.facts.opened_ns >= interval_ns:
                 c.snapshot(now)
         self._periodic = self.loop.call_later(self.tcp_info_interval or 10.0, self._tick)
 
@@ -325,137 +300,3 @@ def _is_local_address(host: str) -> bool:
         return True
     except OSError:
         return False
-
-
-class RunningProxy:
-    """A ProxyServer on its own thread and uvloop loop, for synchronous code.
-
-        with RunningProxy(upstream=kafka.bootstrap, sink=sink) as p:
-            produce(p.bootstrap)
-
-    Keyword arguments are passed to ProxyServer. `upstream` is a shortcut for one
-    explicit route listening on 127.0.0.1:0.
-    """
-
-    def __init__(self, routes: Sequence[Route | str] | None = None, *, upstream: str | None = None,
-                 listen: str = "127.0.0.1:0",
-                 thread_context: Callable[[], contextlib.AbstractContextManager] | None = None,
-                 **kwargs: Any) -> None:
-        if routes is None:
-            if upstream is None:
-                raise ValueError("give routes or upstream")
-            routes = [f"{listen}={upstream}"]
-        self._routes = routes
-        self._kwargs = kwargs
-        # entered on the proxy thread before its loop exists, e.g. `lambda: host.entered()` to run
-        # the proxy inside a network namespace (setns is per thread)
-        self._thread_context = thread_context
-        self.server: ProxyServer | None = None
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._stop_future: asyncio.Future | None = None
-
-    def start(self) -> RunningProxy:
-        self._thread = threading.Thread(target=self._main, name="kafkatap-proxy", daemon=True)
-        self._thread.start()
-        self._ready.wait()
-        if self._error is not None:
-            raise self._error
-        return self
-
-    def _main(self) -> None:
-        import uvloop
-
-        with contextlib.ExitStack() as stack:
-            try:
-                if self._thread_context is not None:
-                    stack.enter_context(self._thread_context())
-            except BaseException as exc:  # noqa: BLE001
-                self._error = exc
-                self._ready.set()
-                return
-            loop = uvloop.new_event_loop()
-            self.loop = loop
-            asyncio.set_event_loop(loop)
-            try:
-                loop.run_until_complete(self._amain())
-            except BaseException as exc:  # noqa: BLE001
-                self._error = exc
-                self._ready.set()
-            finally:
-                loop.close()
-
-    async def _amain(self) -> None:
-        try:
-            self.server = ProxyServer(self._routes, **self._kwargs)
-            await self.server.start()
-            self._stop_future = asyncio.get_running_loop().create_future()
-        except BaseException as exc:
-            self._error = exc
-            self._ready.set()
-            return
-        self._ready.set()
-        timeout = await self._stop_future
-        await self.server.stop(timeout)
-
-    @property
-    def listen_addr(self) -> tuple[str, int]:
-        assert self.server is not None
-        return self.server.listen_addr
-
-    @property
-    def listen_addrs(self) -> list[tuple[str, int]]:
-        assert self.server is not None
-        return self.server.listen_addrs
-
-    @property
-    def bootstrap(self) -> str:
-        """"host:port" of the first listener, ready for bootstrap_servers."""
-        h, p = self.listen_addr
-        return f"{h}:{p}"
-
-    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run fn(*args) on the proxy's loop thread and return its result."""
-        assert self.loop is not None
-        done = threading.Event()
-        box: list[Any] = []
-
-        def run() -> None:
-            try:
-                box.append((True, fn(*args)))
-            except BaseException as exc:  # noqa: BLE001
-                box.append((False, exc))
-            done.set()
-
-        self.loop.call_soon_threadsafe(run)
-        done.wait()
-        ok, val = box[0]
-        if not ok:
-            raise val
-        return val
-
-    def set_faults(self, faults: Faults | None) -> None:
-        """Change faults for new connections (thread-safe)."""
-        assert self.server is not None
-        self.call(self.server.set_faults, faults)
-
-    def open_connections(self) -> int:
-        assert self.server is not None
-        return self.call(lambda: len(self.server.conns))
-
-    def stop(self, timeout: float | None = 5.0) -> None:
-        """Graceful stop (in-flight requests get `timeout` s), sink flushed; joins the thread."""
-        if self._thread is None or self.loop is None or self._stop_future is None:
-            return
-        fut = self._stop_future
-        self.loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(timeout))
-        self._thread.join()
-        self._thread = None
-
-    def __enter__(self) -> RunningProxy:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

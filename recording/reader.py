@@ -1,81 +1,158 @@
-"""Read a recording directory back as Arrow, checking the format version of every file.
+"""The one reader of recordings: which files are live, which version they are, and their rows as Arrow.
 
-Why a helper: replay, tests and small tools should not each re-learn the
-layout (Hive partitions, dot-files to ignore, flush files that a crash left
-next to the merged file that already contains them) nor the version rule:
-a file written by a *newer* format is refused with a message saying so; an
-*older* one is migrated to the current schema (registered migrations first,
-then missing columns become nulls) so callers always see one schema.
+Why one reader: replay, tools and tests read recordings with pyarrow, and
+analytics reads them with Spark, but both must agree on which files count
+(Hive partitions, dot- and underscore-files skipped, flush files already
+contained in a merged file skipped — the superseded rule of
+`recording.layout`) and on the version rule (`recording.migrations`). So both
+list files through `live_files()` and check versions through the same
+functions; only the final read differs (`read_recording()` here, Spark's
+`parquet(*files)` in `analytics.load`).
+
+Listing goes through `pyarrow.fs`, so a local path and any URI pyarrow has a
+filesystem for (`s3://`, `gs://`, `hdfs://` with libhdfs, …) work the same.
+`live_files()` returns None for a path pyarrow cannot list (e.g. `s3a://`);
+callers then fall back to what they did before (analytics lets Spark read the
+directory, without the version check and the superseded rule).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from recording.writer import superseded
-from recording.schema import DATASETS, FORMAT_KEY, FORMAT_VERSION, arrow_schema
+from recording.layout import TIME_COLUMN, is_hidden, partition_values, superseded
+from recording.migrations import MIGRATIONS, Migration, RecordingFormatError, migrations_from, single_version, version_of
+from recording.schema import DATASETS, FORMAT_VERSION, arrow_schema
 
-__all__ = ["RecordingFormatError", "recording_files", "file_version", "read_recording", "open_recording",
-           "PARTITION_SCHEMA", "MIGRATIONS"]
+__all__ = ["RecordingFormatError", "Migration", "MIGRATIONS", "PARTITION_SCHEMA", "LiveFiles", "live_files",
+           "recording_files", "file_version", "dataset_version", "read_recording", "open_recording",
+           "recording_start"]
 
 PARTITION_SCHEMA = pa.schema([("proxy", pa.string()), ("date", pa.string()), ("hour", pa.int32())])
 
-# from_version → function(table, dataset) returning the table in the next version's shape.
-MIGRATIONS: dict[int, Callable[[pa.Table, str], pa.Table]] = {}
+
+@dataclass(frozen=True)
+class LiveFiles:
+    """The live Parquet files of one dataset of one recording, named for pyarrow and for Spark.
+
+    `paths` are on `filesystem` (what pyarrow opens); `uris` are the same files
+    spelled the way the caller spelled the recording (what Spark resolves, so
+    a relative path or a URI means to Spark what it meant before).
+    """
+
+    filesystem: pafs.FileSystem
+    base: str  # the dataset directory on `filesystem`
+    spelled_base: str  # the dataset directory as the caller wrote it
+    relative: tuple[str, ...]  # '/'-separated, relative to base, sorted
+
+    @property
+    def paths(self) -> list[str]:
+        return [f"{self.base}/{r}" for r in self.relative]
+
+    @property
+    def uris(self) -> list[str]:
+        return [f"{self.spelled_base}/{r}" for r in self.relative]
+
+    def time_ordered(self) -> list[str]:
+        """Relative names by partition hour, then name: the order files were written in."""
+        return sorted(self.relative, key=lambda rel: (_hour_key(rel) or ("", ""), rel))
 
 
-class RecordingFormatError(ValueError):
-    """A file in the recording cannot be read by this kafkatap (message says which and why)."""
+def _hour_key(relative: str) -> tuple[str, str] | None:
+    """(date, hour) of a file's Hive partition; None outside the date=/hour= layout."""
+    pv = partition_values(relative)
+    if "date" not in pv or "hour" not in pv:
+        return None
+    return pv["date"], pv["hour"].zfill(2)
+
+
+def _filesystem(root: str) -> tuple[pafs.FileSystem, str] | None:
+    """pyarrow's filesystem and path for `root`; None when pyarrow has no filesystem for its scheme."""
+    if "://" not in root:
+        return pafs.LocalFileSystem(), os.path.abspath(root)
+    try:
+        fs, path = pafs.FileSystem.from_uri(root)
+    except Exception:  # noqa: BLE001 — s3a://, hdfs:// without libhdfs …: not ours to list
+        return None
+    return fs, path.rstrip("/")
+
+
+def live_files(root: Path | str, dataset: str) -> LiveFiles | None:
+    """Every live Parquet file of one dataset ([] when the directory is absent); None if pyarrow cannot list `root`.
+
+    Live: named `*.parquet`, no path part starting with `.` or `_` (in-progress
+    `.tmp-` files, `_SUCCESS`, `_temporary/`), not superseded by a merged file.
+    """
+    if dataset not in DATASETS:
+        raise ValueError(f"unknown dataset {dataset!r}; one of {DATASETS}")
+    spelled = str(root).rstrip("/") or ("/" if str(root).startswith("/") else ".")
+    located = _filesystem(spelled)
+    if located is None:
+        return None
+    fs, path = located
+    base = f"{path}/{dataset}"
+    infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
+    by_dir: dict[str, list[str]] = {}
+    for info in infos:
+        if info.type != pafs.FileType.File or not info.path.endswith(".parquet"):
+            continue
+        rel = info.path[len(base) + 1:]
+        if any(is_hidden(part) for part in rel.split("/")):
+            continue
+        d, _, name = rel.rpartition("/")
+        by_dir.setdefault(d, []).append(name)
+    live = []
+    for d, names in by_dir.items():
+        skip = superseded(names)
+        live.extend(f"{d}/{n}" if d else n for n in names if n not in skip)
+    return LiveFiles(fs, base, f"{spelled}/{dataset}", tuple(sorted(live)))
 
 
 def recording_files(root: Path | str, dataset: str) -> list[Path]:
-    """Every complete Parquet file of one dataset (no `.tmp-`/`_` files, no superseded flush files)."""
-    if dataset not in DATASETS:
-        raise ValueError(f"unknown dataset {dataset!r}; one of {DATASETS}")
-    base = Path(root) / dataset
-    files: list[Path] = []
-    for dirpath, dirnames, filenames in os.walk(base):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith((".", "_")))
-        names = [n for n in filenames if n.endswith(".parquet") and not n.startswith((".", "_"))]
-        skip = superseded(names)
-        files.extend(Path(dirpath) / n for n in sorted(names) if n not in skip)
-    return files
+    """The live files of one dataset of a local recording, as Paths (see `live_files`)."""
+    listing = live_files(root, dataset)
+    if listing is None:
+        raise ValueError(f"{root}: not a local path (use live_files() for other filesystems)")
+    return [Path(p) for p in listing.paths]
 
 
-def file_version(path: Path | str) -> int:
+def file_version(path: Path | str, filesystem: pafs.FileSystem | None = None) -> int:
     """The kafkatap format version stored in a file's footer (RecordingFormatError if absent)."""
-    md = pq.read_metadata(path).metadata or {}
-    raw = md.get(FORMAT_KEY)
-    if raw is None:
-        raise RecordingFormatError(f"{path} is not a kafkatap recording (no {FORMAT_KEY.decode()} in its metadata)")
-    try:
-        return int(raw)
-    except ValueError as exc:
-        raise RecordingFormatError(f"{path}: unreadable format version {raw!r}") from exc
+    return version_of(pq.read_metadata(str(path), filesystem=filesystem).metadata, str(path))
 
 
-def _partition_values(path: Path, root: Path) -> dict[str, str]:
-    out = {}
-    for part in path.relative_to(root).parts[:-1]:
-        k, eq, v = part.partition("=")
-        if eq:
-            out[k] = v
-    return out
+def dataset_version(listing: LiveFiles, sample: int = 16) -> tuple[int, list[Migration]]:
+    """The one format version of a dataset read as a whole (Spark), and the migrations it needs.
+
+    Reading every footer of a week of recordings would be slow (and on object
+    stores slower still); files are written in time order, so the earliest
+    and latest few are the ones a version change touches. Refuses mixed,
+    newer, foreign and unmigratable files (RecordingFormatError).
+    """
+    files = listing.time_ordered()
+    picked = files if len(files) <= sample else files[: sample // 2] + files[-(sample // 2):]
+    versions = {f"{listing.spelled_base}/{rel}": file_version(f"{listing.base}/{rel}", listing.filesystem)
+                for rel in picked}
+    version = single_version(versions, listing.spelled_base)
+    return version, migrations_from(version, listing.spelled_base)
 
 
-def _conform(table: pa.Table, dataset: str, version: int, path: Path) -> pa.Table:
-    for v in range(version, FORMAT_VERSION):
-        step = MIGRATIONS.get(v)
-        if step is not None:
-            table = step(table, dataset)
+def _conform(table: pa.Table, dataset: str, steps: list[Migration]) -> pa.Table:
+    """Migrate, then exactly the current schema: absent columns as nulls, other types cast."""
+    for step in steps:
+        table = step.to_arrow(table, dataset)
     target = arrow_schema(dataset)
+    if table.schema == target:
+        return table
     cols = []
     for f in target:
         if f.name in table.column_names:
@@ -86,35 +163,38 @@ def _conform(table: pa.Table, dataset: str, version: int, path: Path) -> pa.Tabl
     return pa.Table.from_arrays(cols, schema=target)
 
 
+def _with_partitions(t: pa.Table, relative: str) -> pa.Table:
+    pv = partition_values(relative)
+    hour = pv.get("hour")
+    t = t.append_column("proxy", pa.array([pv.get("proxy")] * t.num_rows, pa.string()))
+    t = t.append_column("date", pa.array([pv.get("date")] * t.num_rows, pa.string()))
+    return t.append_column("hour", pa.array([int(hour) if hour else None] * t.num_rows, pa.int32()))
+
+
 def read_recording(root: Path | str, dataset: str = "requests", *, with_partitions: bool = True,
                    filter: pc.Expression | None = None) -> pa.Table:
     """The whole dataset as one Arrow table in the current schema (plus proxy/date/hour columns).
 
-    Raises RecordingFormatError naming the first file written by a newer format.
+    Every file's version is checked (files may differ: each is migrated on its
+    own); RecordingFormatError names the first file that cannot be read.
     """
-    root = Path(root)
-    files = recording_files(root, dataset)
-    target = arrow_schema(dataset)
+    listing = live_files(root, dataset)
+    if listing is None:
+        raise RecordingFormatError(f"{root}: pyarrow has no filesystem for this path")
     tables = []
-    for path in files:
-        version = file_version(path)
-        if version > FORMAT_VERSION:
-            raise RecordingFormatError(
-                f"{path} was written by recording format version {version}, but this kafkatap reads up to "
-                f"version {FORMAT_VERSION}: upgrade kafkatap to read this recording")
-        t = pq.read_table(path)
-        t = _conform(t, dataset, version, path) if (version < FORMAT_VERSION or t.schema != target) else t
+    for rel, path in zip(listing.relative, listing.paths):
+        where = f"{listing.spelled_base}/{rel}"
+        with listing.filesystem.open_input_file(path) as f:
+            pf = pq.ParquetFile(f)
+            steps = migrations_from(version_of(pf.metadata.metadata, where), where)
+            t = _conform(pf.read(), dataset, steps)
         if filter is not None:
             t = t.filter(filter)
         if with_partitions:
-            pv = _partition_values(path, root / dataset)
-            t = t.append_column("proxy", pa.array([pv.get("proxy")] * t.num_rows, pa.string()))
-            t = t.append_column("date", pa.array([pv.get("date")] * t.num_rows, pa.string()))
-            hour = pv.get("hour")
-            t = t.append_column("hour", pa.array([int(hour) if hour else None] * t.num_rows, pa.int32()))
+            t = _with_partitions(t, rel)
         tables.append(t.replace_schema_metadata(None))
     if not tables:
-        schema = pa.schema(list(target) + (list(PARTITION_SCHEMA) if with_partitions else []))
+        schema = pa.schema(list(arrow_schema(dataset)) + (list(PARTITION_SCHEMA) if with_partitions else []))
         return schema.empty_table()
     return pa.concat_tables(tables)
 
@@ -125,15 +205,60 @@ def open_recording(root: Path | str, dataset: str = "requests") -> pads.Dataset:
     Refuses (RecordingFormatError) when any file is not the current version:
     use `read_recording`, which migrates, for old recordings.
     """
-    root = Path(root)
-    files = recording_files(root, dataset)
-    for path in files:
-        v = file_version(path)
+    listing = live_files(root, dataset)
+    if listing is None:
+        raise RecordingFormatError(f"{root}: pyarrow has no filesystem for this path")
+    for path in listing.paths:
+        v = file_version(path, listing.filesystem)
+        if v > FORMAT_VERSION:
+            migrations_from(v, path)  # raises: "upgrade kafkatap"
         if v != FORMAT_VERSION:
-            raise RecordingFormatError(
-                f"{path} has recording format version {v} (this kafkatap: {FORMAT_VERSION}); "
-                + ("upgrade kafkatap" if v > FORMAT_VERSION else "read it with read_recording(), which migrates"))
+            raise RecordingFormatError(f"{path} has recording format version {v} (this kafkatap: {FORMAT_VERSION}); "
+                                       "read it with read_recording(), which migrates")
     schema = pa.schema(list(arrow_schema(dataset)) + list(PARTITION_SCHEMA))
-    return pads.dataset([str(p) for p in files], schema=schema, format="parquet",
+    return pads.dataset(listing.paths, schema=schema, format="parquet", filesystem=listing.filesystem,
                         partitioning=pads.partitioning(PARTITION_SCHEMA, flavor="hive"),
-                        partition_base_dir=str(root / dataset))
+                        partition_base_dir=listing.base)
+
+
+def _column_min(pf: pq.ParquetFile, column: str) -> int | None:
+    """Minimum of an int column from the row-group statistics (the column itself only where they are missing)."""
+    leaves = pf.metadata.schema  # Parquet leaf columns: nested columns before it shift the index
+    idx = next((j for j in range(len(leaves)) if leaves.column(j).path == column), None)
+    if idx is None:
+        return None
+    mins = []
+    for i in range(pf.metadata.num_row_groups):
+        rg = pf.metadata.row_group(i)
+        stats = rg.column(idx).statistics
+        if stats is not None and stats.has_min_max:
+            mins.append(stats.min)
+        elif rg.num_rows:
+            value = pc.min(pf.read_row_group(i, columns=[column])[column]).as_py()
+            if value is not None:
+                mins.append(value)
+    return min(mins, default=None)
+
+
+def recording_start(roots: Iterable[Path | str]) -> int | None:
+    """When the recordings' first request was read (epoch ns): the anchor of `+SECONDS` times.
+
+    Cheap on a week of recordings: requests are partitioned by the hour of
+    `req_first_ns`, so only the files of the earliest hour partition (and any
+    outside the date=/hour= layout) are opened, and of those only the footer
+    statistics are read. None when no root has a request file pyarrow can read.
+    """
+    column = TIME_COLUMN["requests"]
+    found = []
+    for root in roots:
+        listing = live_files(root, "requests")
+        if listing is None or not listing.relative:
+            continue
+        keys = {rel: _hour_key(rel) for rel in listing.relative}
+        first = min((k for k in keys.values() if k is not None), default=None)
+        for rel in (rel for rel, k in keys.items() if k is None or k == first):
+            with listing.filesystem.open_input_file(f"{listing.base}/{rel}") as f:
+                value = _column_min(pq.ParquetFile(f), column)
+            if value is not None:
+                found.append(value)
+    return min(found, default=None)

@@ -19,9 +19,10 @@ Why this shape
   `compact_interval_s` (or when a segment reaches `rotate_bytes`, or its hour
   partition is left, or on close) the flush files of a segment are merged into
   one `part-<run>-<first>-<last>.parquet` (again via `.tmp-` + rename), then
-  the inputs are deleted. A crash between the rename and the deletes leaves
-  duplicates that `recover()` (run at start-up) and the reader
-  (`recording.reader`) both resolve by file name.
+  the inputs are deleted (`recording.compaction`). A crash between the rename
+  and the deletes leaves duplicates that `recover()` (run at start-up) and the
+  reader (`recording.reader`) both resolve by file name
+  (`recording.layout.superseded`).
 * **Partitions** follow the rows' own time (requests: `req_first_ns`, others:
   their timestamp), so a Spark job pruning by `date`/`hour` never misses rows
   written just after the hour turned.
@@ -29,72 +30,42 @@ Why this shape
   never queued, whatever the relay sends, and request frames whose header does
   not match the row (e.g. raw SASL tokens after a v0 handshake) are refused.
 
-Layout: ``DIR/<dataset>/proxy=<id>/date=YYYY-MM-DD/hour=HH/part-<run>-<seq>.parquet``.
+Layout and file names: `recording.layout`; how one file is written: `recording.files`.
 """
 
 from __future__ import annotations
 
 import os
-import queue
-import re
 import secrets
 import shutil
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import structlog
 
-from recording.schema import COLUMNS, FORMAT_KEY, FORMAT_VERSION, arrow_schema
+from protocol.apis import SASL_AUTHENTICATE
+from recording.compaction import Compactor, FlushFile, Segment, name_os_thread, take_due
+from recording.files import ParquetOptions, file_metadata, write_atomic
+from recording.layout import HOUR_NS, TIME_COLUMN, flush_name, new_run_id, partition_dir, recover
+from recording.schema import COLUMNS, arrow_schema
+
+__all__ = ["ParquetRecorder", "RecordingError", "check_recording_dir", "recover", "CAPTURE_CHOICES"]
 
 log = structlog.get_logger("kafkatap.recorder")
 
 Row = dict[str, Any]
 
-SASL_AUTHENTICATE = 36
 CAPTURE_CHOICES = ("none", "requests", "all")
-
-# Keys of the per-file key/value metadata (besides the schema's own).
-META_DROPPED = b"kafkatap.dropped_rows"  # rows dropped since the previous file of this dataset
-META_DROPPED_TOTAL = b"kafkatap.dropped_rows_total"  # since the recorder started
-META_PROXY = b"kafkatap.proxy_id"
-META_RUN = b"kafkatap.run"
-META_SEQ = b"kafkatap.seq"  # "first-last" flush sequence numbers the file holds
-META_ROWS = b"kafkatap.rows"
-
-# Row time (partition) and sort order per dataset. Sorting by connection then
-# time turns the timestamp columns into small deltas and the string columns
-# into long runs, which is most of what gets a request row under 40 bytes.
-TIME_COLUMN = {"requests": "req_first_ns", "connections": "snapshot_ns", "tcp": "ts_ns", "frames": "ts_ns"}
-SORT_KEYS = {
-    "requests": ["api_key", "conn_id", "req_first_ns"],
-    "connections": ["conn_id", "snapshot_ns"],
-    "tcp": ["conn_id", "side", "ts_ns"],
-    "frames": ["conn_id", "ts_ns"],
-}
-_HOUR_NS = 3600 * 1_000_000_000
 _CONVERT_CHUNK = 512  # rows per Arrow conversion call: bounds how long the writer holds the GIL
-_FILE_RE = re.compile(r"^part-(?P<run>[0-9TZ]+-[0-9a-f]+)-(?P<first>\d{8})(?:-(?P<last>\d{8}))?\.parquet$")
 
 
 class RecordingError(RuntimeError):
     """The recording directory cannot be used (message says why and what to do)."""
-
-
-@dataclass
-class _Segment:
-    """Flush files of one dataset in one partition directory, waiting to be compacted."""
-
-    directory: Path
-    started: float
-    files: list[tuple[int, Path, int, int]] = field(default_factory=list)  # (seq, path, rows, dropped)
-    bytes: int = 0
 
 
 class _Stream:
@@ -118,19 +89,11 @@ class _Stream:
         self.dropped_logged = 0
         self.rows_written = 0
         self.files_written = 0
-        self.segments: dict[Path, _Segment] = {}
-        ts = TIME_COLUMN[name]
-        self.time_col = ts
-        self.use_dictionary = [c.name for c in COLUMNS[name] if not (c.name.endswith("_ns") or c.name == "data")]
-        self.encodings = {c.name: "DELTA_BINARY_PACKED" for c in COLUMNS[name] if c.name.endswith("_ns")}
+        self.segments: dict[Path, Segment] = {}
+        self.time_col = TIME_COLUMN[name]
 
     def dropped_total(self) -> int:
         return self.dropped + self.write_dropped
-
-
-def _safe_segment(value: str) -> str:
-    """A proxy id usable as a directory name on every filesystem and in Hive partitions."""
-    return re.sub(r"[^A-Za-z0-9._-]", "_", value) or "proxy"
 
 
 def check_recording_dir(root: Path | str, min_free_bytes: int = 64 << 20) -> Path:
@@ -201,7 +164,7 @@ class ParquetRecorder:
         self.fsync = fsync
         self.compression_level = compression_level
         self._clock_ns = clock_ns
-        self.run = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(2)
+        self.run = new_run_id()
         self._seq = 0
         self._streams = {name: _Stream(name, queue_rows if name != "frames" else max(1, queue_rows // 4))
                          for name in COLUMNS}
@@ -213,8 +176,8 @@ class ParquetRecorder:
         self._wake = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
-        self._compactor: threading.Thread | None = None
-        self._compact_q: queue.SimpleQueue = queue.SimpleQueue()
+        self._options = {name: ParquetOptions(name, compression_level, fsync) for name in COLUMNS}
+        self._compactor = Compactor(self.run, self._write_file, self._error)
         self._closed = False
         self._lock = threading.Lock()  # serializes flushes (writer thread vs. close on another thread)
 
@@ -229,7 +192,6 @@ class ParquetRecorder:
         self._thread.start()
         if self.compact_interval_s > 0:
             # its own thread, so a long merge never delays the next flush (the kill -9 bound)
-            self._compactor = threading.Thread(target=self._run_compactor, name="kafkatap-compactor", daemon=True)
             self._compactor.start()
         log.info("recording", root=str(self.root), proxy_id=self.proxy_id, capture=self.capture,
                  flush_interval_s=self.flush_interval_s, run=self.run)
@@ -246,9 +208,7 @@ class ParquetRecorder:
             self._thread.join()
         else:  # never started: still write what was queued
             self._flush(final=True)
-        if self._compactor is not None:
-            self._compact_q.put(None)
-            self._compactor.join()
+        self._compactor.close()
         log.info("recording closed", root=str(self.root), **self.stats())
 
     # -- RecordSink: event loop thread, O(1), never blocks --------------------------
@@ -330,7 +290,7 @@ class ParquetRecorder:
 
     # -- writer thread ---------------------------------------------------------------
     def _run(self) -> None:
-        _name_os_thread(b"kafkatap-rec")
+        name_os_thread(b"kafkatap-rec")
         while not self._stopping:
             self._wake.wait(self.flush_interval_s)
             self._wake.clear()
@@ -407,52 +367,19 @@ class ParquetRecorder:
     def _split_by_hour(self, s: _Stream, table: pa.Table) -> list[tuple[Path, pa.Table]]:
         now = self._clock_ns()
         ts = pc.fill_null(table[s.time_col], now)
-        hours = pc.divide(ts, _HOUR_NS)
+        hours = pc.divide(ts, HOUR_NS)
         uniq = pc.unique(hours).to_pylist()
         parts = []
         for h in sorted(uniq):
             part = table if len(uniq) == 1 else table.filter(pc.equal(hours, h))
-            parts.append((self._partition_dir(s.name, h), part))
+            parts.append((partition_dir(self.root, s.name, self.proxy_id, h), part))
         return parts
 
-    def _partition_dir(self, dataset: str, hour_index: int) -> Path:
-        t = time.gmtime(hour_index * 3600)
-        return (self.root / dataset / f"proxy={_safe_segment(self.proxy_id)}"
-                / f"date={time.strftime('%Y-%m-%d', t)}" / f"hour={t.tm_hour:02d}")
-
-    def _file_metadata(self, s: _Stream, rows: int, seq: str, dropped: int) -> dict[bytes, bytes]:
-        md = dict(s.schema.metadata or {})
-        md.update({
-            FORMAT_KEY: str(FORMAT_VERSION).encode(),
-            META_DROPPED: str(dropped).encode(),
-            META_DROPPED_TOTAL: str(s.dropped_total()).encode(),
-            META_PROXY: self.proxy_id.encode(),
-            META_RUN: self.run.encode(),
-            META_SEQ: seq.encode(),
-            META_ROWS: str(rows).encode(),
-        })
-        return md
-
-    def _write_parquet(self, s: _Stream, table: pa.Table, final_path: Path, metadata: dict[bytes, bytes]) -> int:
-        """Write `table` sorted to a dot-file, fsync, rename: readers never see a partial file."""
-        table = table.sort_by([(k, "ascending") for k in SORT_KEYS[s.name]]).replace_schema_metadata(metadata)
-        tmp = final_path.with_name(".tmp-" + final_path.name)
-        final_path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            with open(tmp, "wb") as f:
-                pq.write_table(
-                    table, f, compression="zstd", compression_level=self.compression_level,
-                    use_dictionary=s.use_dictionary, column_encoding=s.encodings,
-                    row_group_size=1_000_000, write_statistics=True,
-                )
-                if self.fsync:
-                    f.flush()
-                    os.fsync(f.fileno())
-            os.replace(tmp, final_path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        return final_path.stat().st_size
+    def _write_file(self, s: _Stream, table: pa.Table, path: Path, seq: str, dropped: int) -> int:
+        """Write one flush or merged file of `s` (footer: format version, run, sequence range, drops)."""
+        md = file_metadata(s.schema, proxy_id=self.proxy_id, run=self.run, seq=seq, rows=table.num_rows,
+                           dropped=dropped, dropped_total=s.dropped_total())
+        return write_atomic(table, path, md, self._options[s.name])
 
     def _write_flush_file(self, s: _Stream, directory: Path, table: pa.Table) -> None:
         if shutil.disk_usage(self.root).free < self.min_free_bytes // 4:
@@ -463,9 +390,9 @@ class ParquetRecorder:
         self._seq += 1
         seq = self._seq
         dropped = s.dropped_total() - s.dropped_reported
-        path = directory / f"part-{self.run}-{seq:08d}.parquet"
+        path = directory / flush_name(self.run, seq)
         try:
-            size = self._write_parquet(s, table, path, self._file_metadata(s, table.num_rows, f"{seq}-{seq}", dropped))
+            size = self._write_file(s, table, path, f"{seq}-{seq}", dropped)
         except OSError as exc:
             s.write_dropped += table.num_rows
             self._error("recording write failed: dropping rows", exc, dataset=s.name, rows=table.num_rows)
@@ -477,52 +404,15 @@ class ParquetRecorder:
             return
         seg = s.segments.get(directory)
         if seg is None:
-            seg = s.segments[directory] = _Segment(directory, time.monotonic())
-        seg.files.append((seq, path, table.num_rows, dropped))
+            seg = s.segments[directory] = Segment(directory, time.monotonic())
+        seg.files.append(FlushFile(seq, path, table.num_rows, dropped))
         seg.bytes += size
 
-    # -- compaction -------------------------------------------------------------------
+    # -- compaction (recording.compaction) ----------------------------------------------
     def _compact_due(self, s: _Stream, force: bool) -> None:
-        now = time.monotonic()
-        newest = max(s.segments, key=lambda d: str(d)) if s.segments else None
-        for directory, seg in list(s.segments.items()):
-            due = (force or directory != newest or seg.bytes >= self.rotate_bytes
-                   or (self.compact_interval_s > 0 and now - seg.started >= self.compact_interval_s))
-            if not due:
-                continue
-            del s.segments[directory]
-            if len(seg.files) >= 2:
-                if self._compactor is not None:
-                    self._compact_q.put((s, seg))
-                else:
-                    self._compact(s, seg)
-
-    def _run_compactor(self) -> None:
-        _name_os_thread(b"kafkatap-cmp")
-        while True:
-            item = self._compact_q.get()
-            if item is None:
-                return
-            try:
-                self._compact(*item)
-            except Exception as exc:  # the flush files stay valid; only the merge is lost
-                self._error("recording compaction failed; keeping the flush files", exc, dataset=item[0].name)
-
-    def _compact(self, s: _Stream, seg: _Segment) -> None:
-        tables = []
-        for _, path, _, _ in seg.files:
-            tables.append(pq.read_table(path, schema=s.schema))
-        table = pa.concat_tables(tables)
-        first, last = seg.files[0][0], seg.files[-1][0]
-        dropped = sum(f[3] for f in seg.files)
-        out = seg.directory / f"part-{self.run}-{first:08d}-{last:08d}.parquet"
-        try:
-            self._write_parquet(s, table, out, self._file_metadata(s, table.num_rows, f"{first}-{last}", dropped))
-        except OSError as exc:  # the small files are still there and valid: nothing lost
-            self._error("recording compaction failed; keeping the flush files", exc, dataset=s.name)
-            return
-        for _, path, _, _ in seg.files:
-            path.unlink(missing_ok=True)
+        for seg in take_due(s.segments, now=time.monotonic(), force=force, rotate_bytes=self.rotate_bytes,
+                            interval_s=self.compact_interval_s):
+            self._compactor.submit(s, seg)
 
     # -- logging ----------------------------------------------------------------------
     def _log_drops(self, s: _Stream) -> None:
@@ -540,71 +430,3 @@ class ParquetRecorder:
             self._last_error_log = now
             log.error(msg, error=repr(exc) if exc else None, errors_total=self.write_errors, **kw)
 
-
-def _name_os_thread(name: bytes) -> None:
-    """Give the writer thread a kernel-visible name (top -H, /proc/PID/task/*/comm) so its CPU can be told apart."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(15, ctypes.c_char_p(name[:15]), 0, 0, 0)  # PR_SET_NAME
-    except Exception:  # noqa: BLE001 — cosmetic only
-        pass
-
-
-def recover(root: Path | str, proxy_id: str | None = None) -> int:
-    """Remove what a crash can leave behind: stale `.tmp-` files and flush files already merged.
-
-    Returns the number of files removed. With `proxy_id`, only that proxy's
-    partitions are touched, so proxies sharing one recording root never remove
-    each other's in-progress `.tmp-` files (the recorder runs it that way,
-    before its writer thread starts). Without it, the whole root is cleaned:
-    only do that while no proxy writes there.
-    """
-    root = Path(root)
-    removed = 0
-    if not root.is_dir():
-        return 0
-    if proxy_id is not None:
-        part = f"proxy={_safe_segment(proxy_id)}"
-        tops = [root / ds / part for ds in COLUMNS if (root / ds / part).is_dir()]
-    else:
-        tops = [root]
-    walk = [w for top in tops for w in os.walk(top)]
-    for dirpath, _dirnames, filenames in walk:
-        d = Path(dirpath)
-        merged: list[tuple[str, int, int]] = []
-        singles: list[tuple[str, int, str]] = []
-        for name in filenames:
-            if name.startswith(".tmp-"):
-                (d / name).unlink(missing_ok=True)
-                removed += 1
-                continue
-            m = _FILE_RE.match(name)
-            if not m:
-                continue
-            if m["last"]:
-                merged.append((m["run"], int(m["first"]), int(m["last"])))
-            else:
-                singles.append((m["run"], int(m["first"]), name))
-        for run, seq, name in singles:
-            if any(r == run and a <= seq <= b for r, a, b in merged):
-                (d / name).unlink(missing_ok=True)
-                removed += 1
-    return removed
-
-
-def superseded(names: list[str]) -> set[str]:
-    """File names (same directory) that a merged file already contains: the reader skips them."""
-    merged = []
-    for n in names:
-        m = _FILE_RE.match(n)
-        if m and m["last"]:
-            merged.append((m["run"], int(m["first"]), int(m["last"])))
-    out = set()
-    if not merged:
-        return out
-    for n in names:
-        m = _FILE_RE.match(n)
-        if m and not m["last"] and any(r == m["run"] and a <= int(m["first"]) <= b for r, a, b in merged):
-            out.add(n)
-    return out

@@ -15,8 +15,10 @@ from pathlib import Path
 
 import click
 
-from replay.load import Filters, Recording, ReplayLoadError, load_recording, parse_api, parse_time
-from replay.rewrite import parse_topic_map
+from recording.reader import recording_start
+from recording.timespec import TIME, TIME_HELP, TimeSpec, cli_window
+from replay.load import Filters, Recording, ReplayLoadError, load_recording, parse_api
+from replay.topics import parse_topic_map
 
 __all__ = ["replay", "format_plan", "same_address"]
 
@@ -77,8 +79,8 @@ def format_plan(rec: Recording, target: str, speed: float | None, topic_map: dic
 @click.option("--client", "clients", multiple=True, metavar="GLOB", help="Only connections of these client_ids.")
 @click.option("--topic", "topics", multiple=True, metavar="GLOB", help="Only connections that touched these topics.")
 @click.option("--api", "apis", multiple=True, metavar="NAME|KEY", help="Only these APIs (e.g. Produce, 0).")
-@click.option("--since", default=None, metavar="TIME", help="Requests at/after TIME (ISO-8601, epoch s, or +SECONDS from start).")
-@click.option("--until", default=None, metavar="TIME", help="Requests at/before TIME (same forms as --since).")
+@click.option("--since", type=TIME, default=None, metavar="TIME", help=f"Requests at/after TIME: {TIME_HELP}.")
+@click.option("--until", type=TIME, default=None, metavar="TIME", help="Requests at/before TIME (same forms as --since).")
 @click.option("--topic-map", "topic_map", multiple=True, metavar="OLD=NEW", help="Rename a topic on the target.")
 @click.option("--record", "record", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Record the replay (same format) here, for `kafkatap analyze --compare RECORDING OUT`.")
@@ -94,7 +96,7 @@ def format_plan(rec: Recording, target: str, speed: float | None, topic_map: dic
               help="Seconds a request waits for state it needs from the target (producer id, member id) before it is skipped.")
 @click.option("--proxy-id", default="replay", show_default=True, help="proxy id written in the replay's recording.")
 def replay(recording: Path, target: str, speed: str, clients: tuple[str, ...], topics: tuple[str, ...],
-           apis: tuple[str, ...], since: str | None, until: str | None, topic_map: tuple[str, ...], record: Path | None,
+           apis: tuple[str, ...], since: TimeSpec | None, until: TimeSpec | None, topic_map: tuple[str, ...], record: Path | None,
            fetch_mode: str, no_create_topics: bool, sasl_plain: str | None, allow_origin: bool, yes: bool,
            pending_timeout: float, proxy_id: str) -> None:
     """Replay recorded Kafka sessions on the wire against TARGET, and record the replay.
@@ -130,17 +132,14 @@ def replay(recording: Path, target: str, speed: str, clients: tuple[str, ...], t
         if not sep:
             raise click.UsageError("--sasl-plain expects USER:PASSWORD")
         creds = (user, pw)
+    since_ns, until_ns = cli_window(since, until, lambda: recording_start([recording]))
     try:
-        rec = load_recording(recording, Filters(clients, topics, api_keys), sasl_credentials=creds is not None)
-        if since or until:
-            start = rec.start_ns
-            flt = Filters(clients, topics, api_keys, parse_time(since, start) if since else None,
-                          parse_time(until, start) if until else None)
-            rec = load_recording(recording, flt, sasl_credentials=creds is not None)
+        rec = load_recording(recording, Filters(clients, topics, api_keys, since_ns, until_ns),
+                             sasl_credentials=creds is not None)
     except ReplayLoadError as exc:
         click.echo(f"kafkatap replay: {exc}", err=True)
         sys.exit(2)
-    except ValueError as exc:
+    except ValueError as exc:  # RecordingFormatError in requests/ or connections/
         raise click.UsageError(str(exc)) from None
     if not rec.connections:
         click.echo("kafkatap replay: nothing to replay (the filters kept no request)", err=True)

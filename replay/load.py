@@ -17,20 +17,19 @@ import fnmatch
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import pyarrow.compute as pc
 
-from protocol.apis import API_NAMES
+from protocol.apis import API_NAMES, GROUP_APIS, METADATA, SASL_AUTHENTICATE, SASL_HANDSHAKE
+from protocol.frames import RequestFrame, parse_request
 from recording.reader import RecordingFormatError, read_recording, recording_files
-from replay.rewrite import RequestFrame, parse_request, request_topics
+from replay.topics import request_topics
 
 __all__ = ["ReplayLoadError", "RecordedRequest", "RecordedConnection", "Recording", "Filters", "load_recording",
-           "parse_time", "parse_api"]
+           "parse_api"]
 
-SASL_HANDSHAKE, SASL_AUTHENTICATE, METADATA = 17, 36, 3
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
@@ -108,23 +107,6 @@ class Recording:
         return max((r.ts_ns for c in self.connections for r in c.requests), default=None)
 
 
-def parse_time(text: str, start_ns: int | None = None) -> int:
-    """ISO-8601 (UTC when no zone), epoch seconds, or "+SECONDS" after the recording's start → epoch ns."""
-    t = text.strip()
-    if t.startswith("+"):
-        if start_ns is None:
-            raise ValueError("a relative time (+SECONDS) needs the recording's start")
-        return start_ns + int(float(t[1:].rstrip("s")) * 1e9)
-    try:
-        return int(float(t) * 1e9)
-    except ValueError:
-        pass
-    dt = datetime.fromisoformat(t.replace("Z", "+00:00"))
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
-    return int(dt.timestamp() * 1e9)
-
-
 def parse_api(text: str) -> int:
     """"Produce", "produce", or "0" → api key."""
     t = text.strip()
@@ -163,7 +145,7 @@ def load_recording(path: Path | str, filters: Filters | None = None, *, sasl_cre
 
     groups_by_conn: dict[str, set[str]] = {}
     for r in requests:
-        if r["group_id"] and r["api_key"] in (8, 9, 11, 12, 13, 14):
+        if r["group_id"] and r["api_key"] in GROUP_APIS:
             groups_by_conn.setdefault(r["conn_id"], set()).add(r["group_id"])
     resp_at: dict[tuple[str, int, int], int] = {}
     sasl: dict[str, tuple[str | None, int | None]] = {}

@@ -63,7 +63,7 @@ def _run(scenario: Any, out: Path, kafka_version: str, analyze: bool = True) -> 
 # ------------------------------------------------------------------ scenario
 @click.group()
 def scenario() -> None:
-    """The incidents of docs/incidents.md, reproduced end to end on a real broker.
+    """The incidents of docs/incidents.md (kafkatap repository), reproduced end to end on a real broker.
 
     \b
     Each scenario starts a local Kafka broker, the kafkatap proxy (recording),

@@ -12,7 +12,7 @@ A driver is selected by `kind` + `role`:
     kafka-python  producer | consumer     (kafka-python 3.x)
     confluent     producer | consumer     (confluent-kafka / librdkafka)
     kcat          producer | consumer     (the Debian kcat binary)
-    surge         connections             (raw sockets: N connections asking Metadata in a loop)
+    surge         connections             (harness.wire: N raw connections asking Metadata in a loop)
 
 Each prints one JSON line with what it did (`{"name":…, "sent":…, "errors":…}`)
 as its last stdout line; the runner collects it.
@@ -24,7 +24,6 @@ import asyncio
 import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 import time
@@ -246,35 +245,28 @@ def _kcat_consumer(spec: ClientSpec) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- connection surge
-def _frame(api_key: int, version: int, corr: int, client_id: bytes, body: bytes) -> bytes:
-    payload = struct.pack(">hhih", api_key, version, corr, len(client_id)) + client_id + body
-    return struct.pack(">i", len(payload)) + payload
+async def _one_surge_conn(host: str, port: int, client_id: str, deadline: float, stats: dict[str, int]) -> None:
+    from harness.wire import AsyncWireClient
+    from protocol.apis import API_VERSIONS, METADATA
 
-
-async def _one_surge_conn(host: str, port: int, cid: bytes, deadline: float, stats: dict[str, int]) -> None:
     try:
-        reader, writer = await asyncio.open_connection(host, port)
+        client = await AsyncWireClient.connect(host, port, client_id=client_id, timeout=None)
     except OSError:
         stats["connect_errors"] += 1
         return
     stats["connected"] += 1
-    corr = 0
     try:
         # ApiVersions v0 once, then Metadata v1 for no topics (empty array) in a loop: small, flat-size requests
-        writer.write(_frame(18, 0, corr, cid, b""))
+        await client.exchange(API_VERSIONS, 0, {})
         while True:
-            await writer.drain()
-            size = struct.unpack(">i", await reader.readexactly(4))[0]
-            await reader.readexactly(size)
             stats["requests"] += 1
             if time.monotonic() >= deadline:
                 break
-            corr += 1
-            writer.write(_frame(3, 1, corr, cid, struct.pack(">i", 0)))
+            await client.exchange(METADATA, 1, {"topics": []})
     except (OSError, asyncio.IncompleteReadError):
         stats["errors"] += 1
     finally:
-        writer.close()
+        client.close()
 
 
 def _surge(spec: ClientSpec) -> dict[str, Any]:
@@ -284,8 +276,8 @@ def _surge(spec: ClientSpec) -> dict[str, Any]:
 
     async def main() -> None:
         deadline = time.monotonic() + spec.duration_s
-        cid = spec.cid.encode()
-        await asyncio.gather(*(_one_surge_conn(host, int(port), cid, deadline, stats) for _ in range(spec.connections)))
+        await asyncio.gather(*(_one_surge_conn(host, int(port), spec.cid, deadline, stats)
+                               for _ in range(spec.connections)))
 
     asyncio.run(main())
     return stats

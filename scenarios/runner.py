@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import signal
-import struct
 import subprocess
 import sys
 import threading
@@ -32,9 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scenarios.clients import ClientSpec, command_for
-from harness.kafka import LocalKafka, free_port, recv_exact
 from harness.jars import DEFAULT_VERSION
+from harness.kafka import LocalKafka, free_port
+from harness.wire import WireClient
+from protocol.apis import CREATE_TOPICS
+from protocol.errors import TOPIC_ALREADY_EXISTS
+from scenarios.clients import ClientSpec, command_for
 from scenarios.spec import Proxy, Report, Scenario
 
 OWNED_SUBDIRS = ("broker", "recordings", "report", "clients")
@@ -99,31 +101,14 @@ def create_topics(host: str, port: int, topics: dict[str, int], timeout_s: float
     """CreateTopics v2 straight to the broker's own port (works before any proxy exists)."""
     if not topics:
         return
-    body = struct.pack(">i", len(topics))
-    for name, parts in topics.items():
-        n = name.encode()
-        body += struct.pack(">h", len(n)) + n + struct.pack(">ihii", parts, 1, 0, 0)
-    body += struct.pack(">i?", int(timeout_s * 1000), False)
-    cid = b"kafkatap-scenario-setup"
-    payload = struct.pack(">hhih", 19, 2, 1, len(cid)) + cid + body
-    import socket
-
-    with socket.create_connection((host, port), timeout=timeout_s) as s:
-        s.sendall(struct.pack(">i", len(payload)) + payload)
-        size = struct.unpack(">i", recv_exact(s, 4))[0]
-        resp = recv_exact(s, size)
-    # corr(4) throttle(4) n(4) then per topic: name, error_code(2), error_message
-    off = 12
-    for _ in range(struct.unpack_from(">i", resp, 8)[0]):
-        ln = struct.unpack_from(">h", resp, off)[0]
-        name = resp[off + 2:off + 2 + ln].decode()
-        off += 2 + ln
-        code = struct.unpack_from(">h", resp, off)[0]
-        off += 2
-        mlen = struct.unpack_from(">h", resp, off)[0]
-        off += 2 + max(0, mlen)
-        if code not in (0, 36):  # 36: TOPIC_ALREADY_EXISTS
-            raise ScenarioFailed(f"creating topic {name} failed with error code {code}")
+    wanted = [{"name": name, "num_partitions": parts, "replication_factor": 1, "assignments": [], "configs": []}
+              for name, parts in topics.items()]
+    with WireClient(host, port, client_id="kafkatap-scenario-setup", timeout=timeout_s) as client:
+        answer = client.call(CREATE_TOPICS, 2, {"topics": wanted, "timeout_ms": int(timeout_s * 1000),
+                                                "validate_only": False})
+    for t in answer["topics"]:
+        if t["error_code"] not in (0, TOPIC_ALREADY_EXISTS):
+            raise ScenarioFailed(f"creating topic {t['name']} failed with error code {t['error_code']}")
 
 
 def in_thread(fn: Callable[[], Any], host: Any | None) -> Any:
@@ -149,7 +134,7 @@ def in_thread(fn: Callable[[], Any], host: Any | None) -> Any:
 
 
 def _netns_proxy_class() -> type:
-    from proxy.server import RunningProxy
+    from proxy.running import RunningProxy
 
     class NetnsRunningProxy(RunningProxy):
         """A RunningProxy whose loop thread lives in a network namespace (its sockets are made there)."""
@@ -328,9 +313,8 @@ def run_scenario(
                 in_thread(lambda: create_topics(*broker_addr, scenario.broker.topics), bhost)
                 say(f"topics created: {', '.join(f'{t}({n})' for t, n in scenario.broker.topics.items())}")
 
-            from proxy.recording import build_sinks
-            from proxy.server import RunningProxy
-            from proxy.sink import NullSink
+            from proxy.running import RunningProxy
+            from proxy.sinks import NullSink, build_sinks
 
             started: dict[str, Any] = {}
             for p in _proxy_order(scenario.proxies):
@@ -345,7 +329,7 @@ def run_scenario(
                         up = q.advertise or f"{qh}:{qport}"
                 if p.record:
                     rec_dirs[p.name] = out / "recordings" / p.name
-                    sink, _hooks = build_sinks(rec_dirs[p.name], proxy_id=p.name, flush_interval_s=0.5)
+                    sink = build_sinks(rec_dirs[p.name], proxy_id=p.name, flush_interval_s=0.5).sink
                 else:
                     sink = NullSink()
                 route = ["%s:%d=%s" % (*listen[p.name], up)]

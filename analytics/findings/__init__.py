@@ -6,7 +6,7 @@ are cheap, deterministic and testable with a few dict rows. Register a rule
 with `@rule`; `run_rules` applies all of them and ranks the result.
 """
 
-from analytics.findings.base import RULES, Finding, Tables, rank, rule, run_rules
+from analytics.findings.base import INCIDENTS_DOC, RULES, Finding, Tables, incident_ref, rank, rule, run_rules
 from analytics.findings import compare as _compare  # noqa: F401  (registers rules)
 from analytics.findings import general as _general  # noqa: F401
 from analytics.findings import inventory as _inventory  # noqa: F401
@@ -15,4 +15,4 @@ from analytics.findings import resets as _resets  # noqa: F401
 from analytics.findings import surge as _surge  # noqa: F401
 from analytics.findings import tcp_window as _tcp  # noqa: F401
 
-__all__ = ["RULES", "Finding", "Tables", "rank", "rule", "run_rules"]
+__all__ = ["INCIDENTS_DOC", "RULES", "Finding", "Tables", "incident_ref", "rank", "rule", "run_rules"]

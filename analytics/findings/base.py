@@ -14,6 +14,16 @@ Rule = Callable[[Tables], list["Finding"]]
 SEVERITY_WEIGHT = {"critical": 300, "warning": 200, "info": 100}
 RULES: dict[str, Rule] = {}
 
+# Findings name the incident they diagnose by number; the number alone means
+# nothing to a reader of a report, so every mention carries this reference
+# (the stable `<a id="incident-N">` anchors of the repository's docs/incidents.md).
+INCIDENTS_DOC = "docs/incidents.md"
+
+
+def incident_ref(incident: int) -> str:
+    """Where incident N is told: `docs/incidents.md#incident-N` (relative to the kafkatap repository)."""
+    return f"{INCIDENTS_DOC}#incident-{incident}"
+
 
 @dataclass
 class Finding:
@@ -29,8 +39,13 @@ class Finding:
     tables: list[str] = field(default_factory=list)
     score: float = 0.0
 
+    @property
+    def incident_doc(self) -> str | None:
+        """The incident's account in docs/incidents.md, or None for rules not tied to one."""
+        return incident_ref(self.incident) if self.incident else None
+
     def to_json(self) -> dict[str, Any]:
-        return _jsonable(asdict(self))
+        return _jsonable({**asdict(self), "incident_doc": self.incident_doc})
 
 
 def _jsonable(v: Any) -> Any:

@@ -1,4 +1,4 @@
-"""Incident 3: who is writing to me? The client inventory in one sentence."""
+"""Incident 3 (docs/incidents.md#incident-3): who is writing to me? The client inventory in one sentence."""
 
 from __future__ import annotations
 

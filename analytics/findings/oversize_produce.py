@@ -1,4 +1,4 @@
-"""Incident 1: the broker hangs up on a producer (RecordBatchTooLarge)."""
+"""Incident 1 (docs/incidents.md#incident-1): the broker hangs up on a producer (RecordBatchTooLarge)."""
 
 from __future__ import annotations
 

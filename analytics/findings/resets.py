@@ -1,4 +1,4 @@
-"""Incident 2: connections reset after idle by something that is not the broker; reconnect storms."""
+"""Incident 2 (docs/incidents.md#incident-2): connections reset after idle by something that is not the broker; reconnect storms."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Incident 4: a connection surge on a broker, with latency rising with it."""
+"""Incident 4 (docs/incidents.md#incident-4): a connection surge on a broker, with latency rising with it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Incident 5: window scaling not negotiated, so throughput is capped at 64 KiB per round trip."""
+"""Incident 5 (docs/incidents.md#incident-5): window scaling not negotiated, so throughput is capped at 64 KiB per round trip."""
 
 from __future__ import annotations
 

@@ -6,12 +6,11 @@ import datetime as dt
 from collections import defaultdict
 from collections.abc import Callable
 from html import escape
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from analytics.findings import INCIDENTS_DOC, Finding, incident_ref
 from analytics.report.svg import bar_chart, fmt_num, line_chart
-
-if TYPE_CHECKING:
-    from analytics.job import AnalysisResult
+from analytics.result import AnalysisResult
 
 Rows = list[dict[str, Any]]
 SHOW_ROWS = 25
@@ -170,7 +169,7 @@ def _c_resets(rows: Rows) -> str:
 
 
 SECTIONS: list[tuple[str, str, str, list[tuple[str, str, Callable[[Rows], str] | None]]]] = [
-    ("clients", "Clients", "Who talks to the brokers, in which role, how much — busiest first (incident 3).", [
+    ("clients", "Clients", f"Who talks to the brokers, in which role, how much — busiest first (incident 3: {incident_ref(3)}).", [
         ("client_inventory", "Client inventory", _c_bars("client_id+role", {"requests_per_s": "requests/s"}, sort="requests_per_s")),
         ("topic_view", "Topics: who writes and who reads", _c_bars("topic", {"bytes_produced": "produced", "bytes_fetched": "fetched"}, "B", sort="bytes_produced")),
     ]),
@@ -192,7 +191,7 @@ SECTIONS: list[tuple[str, str, str, list[tuple[str, str, Callable[[Rows], str] |
         ("throttling", "Throttling (quota)", None),
     ]),
     ("connections", "Connections", "Opens, ends and concurrency per broker with latency overlaid (incident 4); how and why connections end "
-                                    "(incidents 1 and 2).", [
+                                    f"(incidents 1 and 2; all three in {INCIDENTS_DOC}).", [
         ("connections_over_time", "Concurrency and latency over time, per broker", _c_conns_over_time),
         ("connection_ends", "How connections ended", _c_ends),
         ("connection_lifetimes", "Lifetimes", _c_bars("lifetime", {"connections": "connections"})),
@@ -201,7 +200,7 @@ SECTIONS: list[tuple[str, str, str, list[tuple[str, str, Callable[[Rows], str] |
         ("broker_closes", "Connections closed by the broker (with the last request)", None),
         ("unanswered_at_close", "Requests unanswered at close", None),
     ]),
-    ("tcp", "TCP health", "From TCP_INFO on the proxy's two sockets (incident 5). Without window scaling a socket moves at most 64 KiB per round trip.", [
+    ("tcp", "TCP health", f"From TCP_INFO on the proxy's two sockets (incident 5: {incident_ref(5)}). Without window scaling a socket moves at most 64 KiB per round trip.", [
         ("tcp_health", "Negotiated options", _c_tcp_health),
         ("window_ceiling", "Sockets without window scaling: 64 KiB / RTT ceiling vs actual", _c_ceiling),
         ("tcp_rtt_by_peer", "RTT and retransmits by peer", _c_bars("side+peer", {"rtt_p50_us": "p50 RTT", "rtt_p99_us": "p99 RTT"}, "µs", sort="rtt_p99_us")),
@@ -223,8 +222,9 @@ SECTIONS: list[tuple[str, str, str, list[tuple[str, str, Callable[[Rows], str] |
 ]
 
 
-def _finding_html(f: Any) -> str:
-    inc = f'<span class="inc">incident {f.incident} · </span>' if f.incident else ""
+def _finding_html(f: Finding) -> str:
+    # the report is read away from the repository (OUT/report.html), so the reference is text, not a link
+    inc = f'<span class="inc">incident {f.incident}, <code>{escape(f.incident_doc)}</code> · </span>' if f.incident_doc else ""
     ex = ""
     if f.examples:
         ex = "<details><summary>evidence and examples</summary>" + table_html("", f.examples, 10).split('<p class="note">')[0]
@@ -247,7 +247,7 @@ def _tiles(ov: dict[str, Any], bucket_s: int) -> str:
     return '<div class="tiles">' + "".join(f"<div class=\"tile\"><b>{escape(v)}</b><span>{escape(k)}</span></div>" for k, v in items) + "</div>"
 
 
-def render(result: "AnalysisResult", filters: str = "none") -> str:
+def render(result: AnalysisResult, filters: str = "none") -> str:
     t = result.tables
     ov = result.overview
     start, end = _cell(ov.get("start"))[0], _cell(ov.get("end"))[0]

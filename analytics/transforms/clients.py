@@ -1,4 +1,4 @@
-"""Client inventory (incident 3) and the topic view: who writes and who reads each topic."""
+"""Client inventory (incident 3, docs/incidents.md#incident-3) and the topic view: who writes and who reads each topic."""
 
 from __future__ import annotations
 

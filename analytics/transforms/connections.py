@@ -1,4 +1,4 @@
-"""Connections (incidents 1, 2, 4): opens/ends, concurrency with latency, lifetimes, ends, resets, reconnects."""
+"""Connections (incidents 1, 2, 4 of docs/incidents.md): opens/ends, concurrency with latency, lifetimes, ends, resets, reconnects."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
 """Latency percentiles (µs) by API, version, broker, topic, client and over time.
 
+Every view reads the latency cube (`analytics/transforms/cube.py`), which one
+pass over the requests builds; nothing here scans the raw requests again.
 Long-poll Fetches are labelled "Fetch (long poll)" by `prepare_requests` and
 kept out of the broker/topic/client views: a consumer waiting 500 ms for data
 that is not there is not a slow broker. Proxy-added delay has its own table.
@@ -10,52 +12,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from analytics.transforms.common import bucket, percentiles_by
 from analytics.transforms.cube import view
-
-
-def _real(req: DataFrame) -> DataFrame:
-    return req.where(~F.col("long_poll"))
-
-
-def latency_by_api(req: DataFrame) -> DataFrame:
-    """Client-visible latency per API, long polls on their own row."""
-    return percentiles_by(req, ["api_label"], "latency_us").orderBy(F.desc("count"))
-
-
-def broker_latency_by_api(req: DataFrame) -> DataFrame:
-    """Broker latency (response first byte - request sent) per API: latency minus the proxy and the wire to the client."""
-    return percentiles_by(req, ["api_label"], "broker_latency_us").orderBy(F.desc("count"))
-
-
-def latency_by_api_version(req: DataFrame) -> DataFrame:
-    return percentiles_by(req, ["api_label", "api_version"], "latency_us").orderBy("api_label", "api_version")
-
-
-def latency_by_broker(req: DataFrame) -> DataFrame:
-    return percentiles_by(_real(req), ["broker_addr"], "latency_us").orderBy(F.desc("p99_us"))
-
-
-def latency_by_topic(req: DataFrame) -> DataFrame:
-    t = _real(req).where(F.size("topics") > 0).select("api_name", "latency_us", F.explode("topics").alias("topic"))
-    return percentiles_by(t, ["topic", "api_name"], "latency_us").orderBy(F.desc("p99_us"))
-
-
-def latency_by_client(req: DataFrame) -> DataFrame:
-    return percentiles_by(_real(req), ["client_id"], "latency_us").orderBy(F.desc("p99_us"))
-
-
-def latency_over_time(req: DataFrame, bucket_s: int) -> DataFrame:
-    """p50/p99 per bucket and API (long polls excluded), plus the all-API line."""
-    r = _real(req).withColumn("bucket", bucket("ts_ns", bucket_s))
-    per_api = percentiles_by(r, ["bucket", "api_name"], "latency_us")
-    everything = percentiles_by(r.withColumn("api_name", F.lit("(all)")), ["bucket", "api_name"], "latency_us")
-    return per_api.unionByName(everything).orderBy("bucket", "api_name")
-
-
-def proxy_delay_by_api(req: DataFrame) -> DataFrame:
-    """What the proxy itself added (request + response relay), so nobody blames the broker for it."""
-    return percentiles_by(req.where(F.col("answered")), ["api_name"], "proxy_delay_us").orderBy(F.desc("count"))
 
 
 def long_polls_by_client(rollup: DataFrame, views: DataFrame) -> DataFrame:
@@ -76,8 +33,8 @@ def long_polls_by_client(rollup: DataFrame, views: DataFrame) -> DataFrame:
     ).orderBy(F.desc("fetches"), "client_id")
 
 
-# ---- the same views from the latency cube (one pass over the requests; what the job uses).
-# Each takes the cube or, as the job does, its cached `percentile_views`.
+# ---- the latency views, each read from the cube (one pass over the requests builds every one).
+# Each takes the cube or, as the job does, its pinned `percentile_views`.
 
 def _k1(views: DataFrame, dim: str, name: str, metric: str = "latency") -> DataFrame:
     return view(views, dim, metric).withColumnRenamed("k1", name)

@@ -1,4 +1,4 @@
-"""TCP health (incident 5): negotiated options, RTT, retransmits and the 64 KiB / RTT ceiling."""
+"""TCP health (incident 5, docs/incidents.md#incident-5): negotiated options, RTT, retransmits and the 64 KiB / RTT ceiling."""
 
 from __future__ import annotations
 

@@ -22,21 +22,20 @@ disagree: *plain* (whole frame in memory, no per-field bounds checks) and
 *incremental* (a generator that yields `(p, n)` when it needs n bytes at p and
 is resumed with a new window `(d, p, lim)`; see `protocol.stream`). Bytes that
 are skipped (records, bytes fields) are never requested, which is how a 50 MiB
-Fetch response is summarized with a few KiB of buffer.
+Fetch response is summarized with a few KiB of buffer. The generated source is
+executed against `protocol.summaries.runtime` (the helpers it calls).
 """
 
 from __future__ import annotations
 
 import re
-from codecs import utf_8_decode as _u8  # 2x faster than str(memoryview, 'utf-8')
 from struct import Struct
 from typing import Any, Callable
 
-from protocol.apis import APIS, FETCH, PRODUCE, parse_versions
-from protocol.errors import UnknownApi, error_name
-from protocol.events import ErrorSeen, PartitionFetched, Summary
-from protocol.records import scan, scan_incremental
-from protocol.summaries.varint import Over, g_skip_tags, g_tag_errors, g_uv, skip_tags, tag_errors, uv
+from protocol.apis import APIS, FETCH, FIND_COORDINATOR, LEAVE_GROUP, PRODUCE, parse_versions
+from protocol.errors import UnknownApi
+from protocol.events import Summary
+from protocol.summaries.runtime import MAX_STRING_KEEP, RUNTIME
 
 FIXED: dict[str, tuple[str, int]] = {
     "int8": ("b", 1), "int16": ("h", 2), "uint16": ("H", 2), "int32": ("i", 4),
@@ -61,62 +60,11 @@ PARTITION_FIELDS = ("PartitionIndex", "Partition", "PartitionId", "Index")
 PARTITION_ARRAYS = ("Partitions", "PartitionIndexes")
 # Topics listed here are not "touched" by the request (Fetch: partitions leaving the session).
 IGNORED_STRUCTS = frozenset({"ForgottenTopicsData"})
-MAX_STRING_KEEP = 65536  # longer strings are skipped, never buffered (incremental mode)
-LEAVE_GROUP = 13
-FIND_COORDINATOR = 10
 
 
 def _in(text: str | None, v: int) -> bool:
     r = parse_versions(text)
     return r is not None and r[0] <= v <= r[1]
-
-
-def _uuid(b: bytes) -> str:
-    h = b.hex()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
-
-
-def _pe(pending: list[int] | None, code: int) -> list[int]:
-    if pending is None:
-        return [code]
-    pending.append(code)
-    return pending
-
-
-def _flush(s: Summary, pending: list[int], topic: str | None, part: int | None, res: str | None) -> None:
-    for code in pending:
-        s.errors.append(ErrorSeen(code, error_name(code), topic, part, res))
-
-
-_Z16 = bytes(16)
-
-
-def _cstr(d: Any, p: int, lim: int) -> tuple[str | None, int]:
-    """A compact string that is null, empty or has a multi-byte length."""
-    n, p = uv(d, p, lim)
-    if n == 0:
-        return None, p
-    n -= 1
-    if n > MAX_STRING_KEEP:
-        return None, p + n
-    if p + n > lim:
-        raise Over(p + n)
-    return _u8(d[p:p + n], "replace")[0], p + n
-
-
-def _carr(d: Any, p: int, lim: int) -> tuple[int, int]:
-    """A compact array count that is null or needs more than one byte (checked against lim)."""
-    n, p = uv(d, p, lim)
-    n -= 1
-    if n > lim - p:
-        raise Over(p + n)
-    return n, p
-
-
-def _skiparr(d: Any, p: int, lim: int, size: int) -> int:
-    """Skip a compact array of fixed-size elements (null, or a multi-byte count)."""
-    n, p = uv(d, p, lim)
-    return p + (n - 1) * size if n > 1 else p
 
 
 class _Emitter:
@@ -489,12 +437,6 @@ class _Emitter:
         return "\n".join(self.lines)
 
 
-_GLOBALS: dict[str, Any] = {
-    "Over": Over, "uv": uv, "tag_errors": tag_errors, "g_tag_errors": g_tag_errors, "g_uv": g_uv, "skip_tags": skip_tags, "g_skip_tags": g_skip_tags,
-    "scan": scan, "scan_incremental": scan_incremental, "_pe": _pe, "_flush": _flush,
-    "_PF": PartitionFetched, "_uuid": _uuid, "_Z16": _Z16, "_u8": _u8, "_skiparr": _skiparr, "_cstr": _cstr, "_carr": _carr,
-    "_h": Struct(">h").unpack_from, "_i": Struct(">i").unpack_from,
-}
 
 Walker = Callable[[Any, int, int, Summary], Any]
 _CACHE: dict[tuple[int, bool, int, bool], Walker] = {}
@@ -525,7 +467,7 @@ def walker(api_key: int, request: bool, version: int, incremental: bool = False)
     fn = _CACHE.get(key)
     if fn is None:
         src, globs = source(api_key, request, version, incremental)
-        ns = dict(_GLOBALS)
+        ns = dict(RUNTIME)
         ns.update(globs)
         exec(compile(src, f"<walker {api_key} {'req' if request else 'resp'} v{version}{' inc' if incremental else ''}>", "exec"), ns)
         fn = ns["walk"]

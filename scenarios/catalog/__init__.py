@@ -1,4 +1,4 @@
-"""The incident catalog: one module per scenario, each defining `SCENARIO`.
+"""The incident catalog (docs/incidents.md): one module per scenario, each defining `SCENARIO`.
 
 Copy a module, change the broker properties, clients or faults, and run it
 with `kafkatap scenario run FILE.py`. `all_scenarios()` lists the built-in

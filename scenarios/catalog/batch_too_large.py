@@ -1,4 +1,4 @@
-"""Incident 1: the broker hangs up on a producer (RecordBatchTooLarge with acks=0).
+"""Incident 1 (docs/incidents.md#incident-1): the broker hangs up on a producer (RecordBatchTooLarge with acks=0).
 
 A broker with a small message.max.bytes. One producer sends an oversize batch
 with acks=0: no response can carry the error, so the broker closes the

@@ -1,4 +1,4 @@
-"""Incident 4: response times jump under a connection surge.
+"""Incident 4 (docs/incidents.md#incident-4): response times jump under a connection surge.
 
 A broker with one network thread and a short request queue serves a steady
 producer; after a baseline, hundreds of new connections arrive and keep

@@ -1,4 +1,4 @@
-"""Incident 2: somebody resets producer connections (an idle-timeout firewall).
+"""Incident 2 (docs/incidents.md#incident-2): somebody resets producer connections (an idle-timeout firewall).
 
 Producers that send every few seconds sit behind a middlebox that resets
 connections idle for more than 3 s — here kafkatap's own fault injector,

@@ -1,4 +1,4 @@
-"""Two-point latency: how much does the middlebox between two kafkatap proxies add?
+"""Two-point latency (docs/incidents.md#middlebox-latency): how much does the middlebox between two kafkatap proxies add?
 
 client → kafkatap A → middlebox (the fault injector: +18 ms fixed, +0–4 ms
 jitter on the request path, i.e. 20 ms ± 2 ms, like a WAN hop or an

@@ -1,4 +1,4 @@
-"""Incident 5: 64 KiB per round trip — window scaling lost to SYN cookies without timestamps.
+"""Incident 5 (docs/incidents.md#incident-5): 64 KiB per round trip — window scaling lost to SYN cookies without timestamps.
 
 The server namespace (broker + kafkatap, which accepts the clients'
 connections there) sends SYN cookies for every connection

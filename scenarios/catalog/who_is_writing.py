@@ -1,4 +1,4 @@
-"""Incident 3: who is writing to me? A dozen clients; the inventory names them.
+"""Incident 3 (docs/incidents.md#incident-3): who is writing to me? A dozen clients; the inventory names them.
 
 Producers and consumers with three client stacks (kafka-python,
 confluent-kafka/librdkafka, kcat) on four topics; `clickstream` is far busier

@@ -5,6 +5,15 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+# Which rules diagnose which incident of docs/incidents.md (the end-to-end test and the docs test both hold to it).
+INCIDENT_RULES: dict[int, set[str]] = {
+    1: {"broker_closed_after_acks0_produce", "produce_rejected_too_large"},
+    2: {"idle_resets_not_from_broker", "reconnect_storm"},
+    3: {"client_inventory"},
+    4: {"connection_surge"},
+    5: {"window_scaling_off"},
+}
+
 T0 = int(dt.datetime(2026, 11, 20, 9, 0, tzinfo=dt.timezone.utc).timestamp()) * 1_000_000_000
 S = 1_000_000_000
 

@@ -13,6 +13,7 @@ from analytics import class_archive
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.delenv(class_archive.ENV_SWITCH, raising=False)
+    monkeypatch.delenv(class_archive.WRITE_ENV, raising=False)
     return tmp_path
 
 
@@ -41,3 +42,16 @@ def test_the_key_follows_the_jvm(cache: Path, monkeypatch: pytest.MonkeyPatch, t
     (fake / "java").chmod(0o755)
     monkeypatch.setenv("JAVA_HOME", str(fake.parent))
     assert class_archive.archive_path() not in (None, first)
+
+
+def test_the_builders_child_writes_the_archive_instead_of_mapping_one(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """build() runs a plain `analyze` child with WRITE_ENV set; its session must dump classes there, even over an old archive."""
+    old = class_archive.archive_path()
+    assert old is not None
+    old.parent.mkdir(parents=True)
+    old.write_bytes(b"an archive being replaced")
+    new = cache / "kafkatap" / ".new.jsa.tmp"
+    monkeypatch.setenv(class_archive.ENV_SWITCH, "0")  # as build() sets it for the child
+    monkeypatch.setenv(class_archive.WRITE_ENV, str(new))
+    options = class_archive.java_options()
+    assert options.startswith(f"-XX:ArchiveClassesAtExit={new} ") and "SharedArchiveFile" not in options

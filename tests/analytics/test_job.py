@@ -13,20 +13,14 @@ import pytest
 from click.testing import CliRunner
 
 from analytics.cli import analyze
-from analytics.job import AnalysisResult, choose_bucket, run_analysis
+from analytics.job import choose_bucket, run_analysis
+from analytics.result import AnalysisResult
 from analytics.synthetic import generate, write_rows
-from analytics_rows import conn, req
+from analytics_rows import INCIDENT_RULES, conn, req
 
 pytestmark = pytest.mark.spark
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
-INCIDENT_RULES = {
-    1: {"broker_closed_after_acks0_produce", "produce_rejected_too_large"},
-    2: {"idle_resets_not_from_broker", "reconnect_storm"},
-    3: {"client_inventory"},
-    4: {"connection_surge"},
-    5: {"window_scaling_off"},
-}
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +51,17 @@ def test_outputs_written(result: AnalysisResult) -> None:
         assert (out / "tables" / f"{name}.csv").read_text().count("\n") > 1
     assert result.tables["latency_by_api"][0]["p99_us"] > 0
     assert "Fetch (long poll)" in {r["api_label"] for r in result.tables["latency_by_api"]}
+
+
+def test_findings_point_to_the_incidents_doc(result: AnalysisResult) -> None:
+    """A finding that says "incident N" also says where incident N is told, in findings.json and in the report."""
+    doc = json.loads(result.findings_path.read_text())
+    by_incident = {f["incident"]: f["incident_doc"] for f in doc["findings"] if f["incident"]}
+    assert by_incident == {n: f"docs/incidents.md#incident-{n}" for n in INCIDENT_RULES}
+    assert all(f["incident_doc"] is None for f in doc["findings"] if not f["incident"])
+    html = result.report_path.read_text()
+    for n in INCIDENT_RULES:
+        assert f"incident {n}, <code>docs/incidents.md#incident-{n}</code>" in html
 
 
 def test_report_is_self_contained(result: AnalysisResult) -> None:

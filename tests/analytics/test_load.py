@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
-
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -11,20 +9,10 @@ import pytest
 from analytics import load as L
 from analytics.synthetic import write_rows
 from recording import schema as rec
+from recording.migrations import Migration
 from analytics_rows import S, T0, conn, req
 
 pytestmark = pytest.mark.spark
-
-
-def test_parse_time_formats() -> None:
-    iso = L.parse_time("2026-11-20T09:00:00")
-    assert iso == T0
-    assert L.parse_time("2026-11-20T10:00:00+01:00") == T0
-    assert L.parse_time(str(T0 // S)) == T0
-    assert L.parse_time(T0) == T0
-    assert L.parse_time(dt.datetime(2026, 11, 20, 9, tzinfo=dt.timezone.utc)) == T0
-    with pytest.raises(ValueError, match="ISO 8601"):
-        L.parse_time("yesterday")
 
 
 def test_load_dedupes_snapshots_and_reads_partitions(spark, tmp_path) -> None:
@@ -94,11 +82,11 @@ def test_older_format_goes_through_migrations(spark, tmp_path, monkeypatch) -> N
         L.load(spark, [str(tmp_path)])
     seen = []
 
-    def mig(dataset, df):
+    def mig(df, dataset):
         seen.append(dataset)
         return df
 
-    monkeypatch.setitem(L.MIGRATIONS, 0, mig)
+    monkeypatch.setitem(L.MIGRATIONS, 0, Migration(0, arrow=lambda t, ds: t, spark=mig))
     r = L.load(spark, [str(tmp_path)])
     assert r.requests.count() == 1 and seen == ["requests"]
 
@@ -106,3 +94,165 @@ def test_older_format_goes_through_migrations(spark, tmp_path, monkeypatch) -> N
 def test_empty_dir_is_a_clear_error(spark, tmp_path) -> None:
     with pytest.raises(L.RecordingFormatError, match="holds no recording"):
         L.load(spark, [str(tmp_path)])
+
+
+def test_older_format_with_a_renamed_column_is_migrated_in_spark(spark, tmp_path, monkeypatch) -> None:
+    """The same declared Migration the Arrow reader applies renames the column before Spark conforms."""
+    old = pa.table({"proxy_id": ["p1"], "conn_id": ["c1"], "correlation_id": pa.array([5], pa.int32()),
+                    "api": ["Produce"], "req_first_ns": [T0]})
+    d = tmp_path / "requests" / "proxy=p1" / "date=2026-11-20" / "hour=09"
+    d.mkdir(parents=True)
+    pq.write_table(old.replace_schema_metadata({rec.FORMAT_KEY: b"0"}), d / "part-old.parquet")
+    monkeypatch.setitem(L.MIGRATIONS, 0, Migration(0, rename={"requests": {"api": "api_name"}}))
+    (row,) = L.load(spark, [str(tmp_path)]).requests.collect()
+    assert row.api_name == "Produce" and row.api_key is None and row.correlation_id == 5 and row.hour == "09"
+    assert L.load(spark, [str(tmp_path)]).versions[f"{tmp_path}/requests"] == 0
+    from recording.reader import read_recording
+
+    assert read_recording(tmp_path)["api_name"].to_pylist() == ["Produce"]  # the Arrow reader: same registry
+
+
+def test_mixed_versions_are_refused_clearly(spark, tmp_path) -> None:
+    _write_with_version(tmp_path, b"0")
+    later = tmp_path / "requests" / "proxy=p1" / "date=2026-11-20" / "hour=10"
+    later.mkdir(parents=True)
+    pq.write_table(pq.read_table(tmp_path / "requests" / "proxy=p1" / "date=2026-11-20" / "hour=09" / "part-0.parquet")
+                   .replace_schema_metadata(rec.arrow_schema("requests").metadata), later / "part-1.parquet")
+    with pytest.raises(L.RecordingFormatError, match=r"mixes recording format versions \[0, 1\]"):
+        L.load(spark, [str(tmp_path)])
+
+
+def test_dot_and_underscore_files_are_not_read(spark, tmp_path) -> None:
+    write_rows(tmp_path, "requests", [req("c1", 1), req("c1", 2)])
+    (d,) = {p.parent for p in (tmp_path / "requests").rglob("*.parquet")}
+    (src,) = d.glob("part-*.parquet")
+    (d / ".tmp-part-x.parquet").write_bytes(b"PAR1 half written")
+    (d / "_temporary").mkdir()
+    (d / "_temporary" / "part-y.parquet").write_bytes(src.read_bytes())
+    assert L.load(spark, [str(tmp_path)]).requests.count() == 2
+
+
+def _crash_during_compaction(root, monkeypatch, flushes: int = 3, rows_per_flush: int = 200) -> int:
+    """What a crash between renaming the merged file and deleting its inputs leaves: both, same rows.
+
+    A real recorder (not started, so flushes happen exactly when called) writes
+    `flushes` flush files into one hour partition; on close it compacts them
+    with the deletion of the inputs skipped — the step the crash prevents.
+    """
+    from recording import compaction
+    from recording.sample_rows import SessionMix, connection_row
+    from recording.writer import ParquetRecorder, check_recording_dir
+
+    check_recording_dir(root)
+    r = ParquetRecorder(root, "p1", compact_interval_s=3600, fsync=False)
+    mix = SessionMix(start_ns=T0 + 60 * S)
+    for _ in range(flushes):
+        for row in mix.rows(rows_per_flush):
+            r.request(row)
+        r._flush(final=False)
+    for i in range(3):
+        r.connection(connection_row("p1", f"c{i:05d}"))
+    monkeypatch.setattr(compaction, "remove_inputs", lambda seg: None)
+    r.close()
+    return flushes * rows_per_flush
+
+
+def test_analyze_counts_each_request_once_after_a_crash_during_compaction(spark, tmp_path, monkeypatch) -> None:
+    from click.testing import CliRunner
+
+    from analytics.cli import analyze
+    from recording.layout import superseded
+    from recording.reader import read_recording
+
+    root = tmp_path / "rec"
+    n = _crash_during_compaction(root, monkeypatch)
+    (d,) = {p.parent for p in (root / "requests").rglob("part-*.parquet")}
+    names = sorted(p.name for p in d.glob("part-*.parquet"))
+    stale = superseded(names)
+    (merged,) = set(names) - stale
+    assert len(stale) == 3 and merged.endswith("-00000001-00000003.parquet")
+    assert pq.read_metadata(d / merged).num_rows == n == sum(pq.read_metadata(d / s).num_rows for s in stale)
+    assert spark.read.parquet(str(root / "requests")).count() == 2 * n  # reading the directory double-counts
+    assert read_recording(root).num_rows == n  # the Arrow path
+
+    out = CliRunner().invoke(analyze, [str(root), "--out", str(tmp_path / "out"), "--quiet", "--no-csv"])
+    assert out.exit_code == 0, out.output
+    (overview,) = pq.read_table(tmp_path / "out" / "tables" / "overview.parquet").to_pylist()
+    assert overview["requests"] == n
+
+
+FORMS = [  # (--since value, what it means) — the same for both commands
+    ("2026-11-20T09:00:30", T0 + 30 * S),
+    ("2026-11-20T10:00:30+01:00", T0 + 30 * S),
+    ("2026-11-20T09:00:30Z", T0 + 30 * S),
+    (str(T0 // S + 30), T0 + 30 * S),
+    (str((T0 + 30 * S) // 1_000_000), T0 + 30 * S),
+    (str(T0 + 30 * S), T0 + 30 * S),
+    ("+20", T0 + 30 * S),  # the first request is at T0 + 10 s
+    ("+19.5s", T0 + 29_500_000_000),
+]
+
+
+def _analyze_window(tmp_path, monkeypatch, *args: str):
+    """Run the real `kafkatap analyze` command line up to the analysis; return (result, the window it asked for)."""
+    from click.testing import CliRunner
+
+    from analytics import job
+    from analytics.cli import analyze
+
+    seen = {}
+
+    def fake_run(dirs, out, **kw):
+        seen.update(kw)
+        return None
+
+    monkeypatch.setattr(job, "run_analysis", fake_run)
+    monkeypatch.setattr(job, "summary", lambda result: "ok")
+    res = CliRunner().invoke(analyze, [str(tmp_path), "--out", str(tmp_path / "out"), "--quiet", *args])
+    return res, (seen.get("since"), seen.get("until"))
+
+
+def _replay_window(tmp_path, monkeypatch, *args: str):
+    """Run the real `kafkatap replay` command line up to loading; return (result, the window it asked for)."""
+    from click.testing import CliRunner
+
+    from replay import cli as replay_cli
+
+    seen = {}
+
+    def fake_load(path, filters, **kw):
+        seen.update(since=filters.since_ns, until=filters.until_ns)
+        raise replay_cli.ReplayLoadError("stop here")
+
+    monkeypatch.setattr(replay_cli, "load_recording", fake_load)
+    res = CliRunner().invoke(replay_cli.replay, [str(tmp_path), "--target", "127.0.0.1:9", *args])
+    return res, (seen.get("since"), seen.get("until"))
+
+
+@pytest.mark.parametrize("run", [_analyze_window, _replay_window], ids=["analyze", "replay"])
+def test_both_commands_accept_the_same_times(tmp_path, monkeypatch, run) -> None:
+    write_rows(tmp_path, "requests", [req("c1", 1, t_s=10), req("c1", 2, t_s=50)])
+    for text, want in FORMS:
+        res, window = run(tmp_path, monkeypatch, "--since", text, "--until", "+40")
+        assert window == (want, T0 + 50 * S), (text, res.output, res.exception)
+    res, window = run(tmp_path, monkeypatch)
+    assert window == (None, None)
+    for bad in ("yesterday", "-5", "+", "2026-13-01"):
+        res, window = run(tmp_path, monkeypatch, "--until", bad)
+        assert res.exit_code == 2 and window == (None, None), res.output
+        assert f"Invalid value for '--until': cannot parse time '{bad}'" in res.output
+
+
+@pytest.mark.parametrize("run", [_analyze_window, _replay_window], ids=["analyze", "replay"])
+def test_relative_time_without_requests_is_a_bad_parameter(tmp_path, monkeypatch, run) -> None:
+    write_rows(tmp_path, "connections", [conn("c1", 0, 30)])
+    res, _ = run(tmp_path, monkeypatch, "--since", "+5")
+    assert res.exit_code == 2 and "Invalid value for '--since'" in res.output and "absolute time" in res.output
+    res, window = run(tmp_path, monkeypatch, "--since", "2026-11-20T09:00:00")
+    assert window == (T0, None)
+
+
+def test_time_window_resolves_relative_times_for_programmatic_callers(tmp_path) -> None:
+    write_rows(tmp_path, "requests", [req("c1", 1, t_s=10)])
+    assert L.time_window("+5", T0 + 60 * S, [tmp_path]) == (T0 + 15 * S, T0 + 60 * S)
+    assert L.time_window(None, "2026-11-20T09:00:00", []) == (None, T0)

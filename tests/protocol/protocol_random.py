@@ -11,6 +11,7 @@ from kafka.protocol.schemas.fields.codecs import (
 )
 from kafka.protocol.schemas.fields.codecs.types import String
 
+from protocol.apis import API_VERSIONS
 from protocol.deep import message_class
 from protocol_frames import records
 
@@ -105,3 +106,12 @@ def frame(msg: Any, correlation_id: int, client_id: str | None = "fuzz") -> byte
     else:
         msg.with_header(correlation_id=correlation_id)
     return bytes(msg.encode(framed=True, header=True))
+
+
+def pair(api_key: int, version: int, seed: int, full: bool = False) -> tuple[bytes, bytes]:
+    """A request and its response (correlation id 1000 + seed); `full`: every array non-empty, every optional part present."""
+    req = frame(random_message(api_key, version, True, seed, need_response=True, min_items=int(full)), 1000 + seed)
+    no_error = api_key == API_VERSIONS and version > 0  # error answers are encoded as v0
+    resp = frame(random_message(api_key, version, False, seed + 1, no_error=no_error, min_items=int(full)),
+                 1000 + seed)
+    return req, resp

@@ -7,6 +7,8 @@ the packets arrived, and checked three ways:
     every body decoded or an opaque frame with a reason);
   * kafka-python's full decode of the same frames (errors, throttle, acks,
     record batches, fetched partitions, topics, client software);
+  * our encoders (`protocol.deep.encode_*`) re-encode every decoded frame to
+    the very bytes the client or broker sent;
   * tshark's Kafka dissector (api key, version, correlation id, client id of
     every request it understands).
 """
@@ -20,8 +22,8 @@ from typing import Any
 import pytest
 from kafka.record.memory_records import MemoryRecords
 
-from protocol.apis import APIS, API_VERSIONS, FETCH, METADATA, PRODUCE
-from protocol.deep import decode_request, decode_response, message_class
+from protocol.apis import APIS, API_VERSIONS, FETCH, METADATA, PRODUCE, SASL_AUTHENTICATE
+from protocol.deep import decode_request, decode_response, encode_request, encode_response, message_class
 from protocol.events import Direction, RequestSeen, ResponseSeen, StreamClosed, StreamOpaque
 from protocol.headers import parse_request_header, response_header_flexible, skip_request_header_tags
 from protocol.stream import KafkaStream
@@ -112,6 +114,24 @@ def check_against_kafka_python(ev: RequestSeen | ResponseSeen, frame: bytes, sta
         assert len(ev.summary.brokers) == len(deep["brokers"])
 
 
+def check_reencoded(ev: RequestSeen | ResponseSeen, frame: bytes, stats: Counter) -> None:
+    """Our encoders give back the very bytes the real client / broker sent (decode exact → encode)."""
+    if isinstance(ev, RequestSeen):
+        if ev.api_key == SASL_AUTHENTICATE:
+            return  # its credentials are never decoded, so they cannot be encoded back
+        d = decode_request(frame, exact=True)
+        again = encode_request(d["api_key"], d["api_version"], d["correlation_id"], d["client_id"], d["body"])
+        name = ev.api_name
+    else:
+        req = ev.request
+        assert req is not None
+        d = decode_response(frame, req.api_key, req.api_version, exact=True)
+        again = encode_response(req.api_key, req.api_version, d["correlation_id"], d["body"])
+        name = req.api_name
+    assert again == frame, (name, frame[:120].hex(), again[:120].hex())
+    stats["reencoded"] += 1
+
+
 def run_and_check(kafka: Any, tmp_path: Path, topic: str) -> Counter:
     pcap = tmp_path / "traffic.pcap"
     with Capture(kafka.port, pcap):
@@ -158,6 +178,7 @@ def run_and_check(kafka: Any, tmp_path: Path, topic: str) -> Counter:
                     stats[f"trailing:{ev.api_name}v{ev.api_version}:{ev.client_id}"] += 1
                 else:
                     assert ev.decode_note is None, ev.decode_note
+                    check_reencoded(ev, frame, stats)  # trailing bytes are not part of any body
                 check_against_kafka_python(ev, frame, stats)
             elif isinstance(ev, ResponseSeen):
                 stats["responses"] += 1
@@ -167,6 +188,7 @@ def run_and_check(kafka: Any, tmp_path: Path, topic: str) -> Counter:
                     continue
                 assert ev.decode_note is None, (ev.request.api_name, ev.decode_note)
                 check_against_kafka_python(ev, resp_bytes[ev.offset:ev.offset + ev.size], stats)
+                check_reencoded(ev, resp_bytes[ev.offset:ev.offset + ev.size], stats)
         for r in closed.unanswered:  # only long polls cut short by close may be left
             stats[f"unanswered:{r.api_name}"] += 1
             assert r.api_name in ("Fetch", "Heartbeat", "Metadata", "JoinGroup", "OffsetCommit",
@@ -191,6 +213,7 @@ def test_real_clients_every_frame_decoded(kafka_any_version: Any, tmp_path: Path
         assert stats[f"codec:{codec}"] > 0, codec
     for acks in (0, 1, -1):
         assert stats[f"acks:{acks}"] > 0
+    assert stats["reencoded"] > 0.9 * (stats["requests"] + stats["responses"])
     for api in ("Produce", "Fetch", "Metadata", "ApiVersions", "FindCoordinator", "JoinGroup", "SyncGroup",
                 "OffsetCommit", "OffsetFetch", "InitProducerId", "EndTxn", "CreateTopics", "DeleteTopics"):
         assert stats[f"api:{api}"] > 0, api

@@ -12,23 +12,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocol.apis import API_VERSIONS, APIS, PRODUCE
+from protocol.apis import APIS, PRODUCE
 from protocol.deep import decode_request, decode_response
 from protocol.events import RequestSeen, ResponseSeen
 from protocol_helpers import feed, strip_times
 from protocol_oracle import actual, expected
-from protocol_random import frame, random_message
+from protocol_random import pair
 
 CASES = [(k, v) for k, a in sorted(APIS.items()) if a.has_schema for v in range(a.max_version + 1)]
 
-
-def pair(api_key: int, version: int, seed: int, full: bool = False) -> tuple[bytes, bytes]:
-    """A request and its response; `full`: every array non-empty, every optional part present."""
-    req = frame(random_message(api_key, version, True, seed, need_response=True, min_items=int(full)), 1000 + seed)
-    no_error = api_key == API_VERSIONS and version > 0  # error answers are encoded as v0
-    resp = frame(random_message(api_key, version, False, seed + 1, no_error=no_error, min_items=int(full)),
-                 1000 + seed)
-    return req, resp
 
 
 @pytest.mark.parametrize("api_key,version", CASES, ids=[f"{APIS[k].name}-v{v}" for k, v in CASES])

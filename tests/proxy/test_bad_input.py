@@ -14,7 +14,7 @@ import struct
 import pytest
 import structlog
 
-from proxy.server import RunningProxy
+from proxy.running import RunningProxy
 from proxy_upstreams import EchoServer
 
 

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from proxy.server import RunningProxy
+from proxy.running import RunningProxy
 from harness.kafka import free_port
 
 GIB = 1 << 30

@@ -8,7 +8,7 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer
 
 from recording.schema import CONNECTION_COLUMNS, REQUEST_COLUMNS
-from proxy.server import RunningProxy
+from proxy.running import RunningProxy
 
 pytestmark = pytest.mark.kafka
 

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from proxy.faults import DirectionFaults, Faults
-from proxy.server import RunningProxy
+from proxy.running import RunningProxy
 from proxy_upstreams import EchoServer, recv_all
 
 

@@ -15,7 +15,7 @@ from kafka import KafkaConsumer, KafkaProducer
 from kafka.errors import KafkaError
 
 from proxy.faults import Faults
-from proxy.server import RunningProxy
+from proxy.running import RunningProxy
 
 pytestmark = pytest.mark.kafka
 BIG = 50_000  # > message.max.bytes=20000

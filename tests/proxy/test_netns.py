@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from proxy.server import RunningProxy
+from proxy.running import RunningProxy
 from proxy_upstreams import EchoServer
 
 pytestmark = pytest.mark.netns

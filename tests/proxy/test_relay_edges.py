@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from proxy.server import RunningProxy
+from proxy.running import RunningProxy
 from harness.kafka import free_port
 from proxy_upstreams import EchoServer, OneShotServer, recv_all, rst_close
 
@@ -164,6 +164,19 @@ def test_graceful_stop_closes_idle_connections_and_flushes(sink):
     assert row["end_reason"] == "proxy_shutdown" and sink.closed
 
 
+async def _async_echo_once():
+    """An asyncio upstream that echoes one read and closes: (server, port)."""
+    import asyncio
+
+    async def echo(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        w.write(await r.read(100))
+        await w.drain()
+        w.close()
+
+    up = await asyncio.start_server(echo, "127.0.0.1", 0)
+    return up, up.sockets[0].getsockname()[1]
+
+
 def test_async_api_proxyserver(sink):
     """The asyncio API: `async with ProxyServer(routes=[...], sink=...) as p` on the caller's loop."""
     import asyncio
@@ -173,13 +186,7 @@ def test_async_api_proxyserver(sink):
     from proxy.server import ProxyServer
 
     async def main() -> bytes:
-        async def echo(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-            w.write(await r.read(100))
-            await w.drain()
-            w.close()
-
-        up = await asyncio.start_server(echo, "127.0.0.1", 0)
-        port = up.sockets[0].getsockname()[1]
+        up, port = await _async_echo_once()
         async with ProxyServer([f"127.0.0.1:0=127.0.0.1:{port}"], sink=sink) as p:
             r, w = await asyncio.open_connection(*p.listen_addr)
             w.write(b"async")
@@ -212,9 +219,9 @@ def test_backpressure_slow_client_bounds_proxy_memory(sink):
 
         def state() -> tuple[bool, int, int]:
             conn = next(iter(p.server.conns), None)
-            if conn is None or conn.ct is None:
+            if conn is None or conn.client.transport is None:
                 return False, 0, 0
-            return bool(conn._b_hold), conn.ct.get_write_buffer_size(), conn.bytes_from_broker
+            return conn.broker.holding, conn.client.transport.get_write_buffer_size(), conn.facts.from_broker.bytes
 
         deadline = time.monotonic() + 20
         held = False
@@ -280,3 +287,48 @@ def test_graceful_stop_lets_inflight_request_finish(sink):
     assert row["end_reason"] == "proxy_shutdown" and row["unanswered"] == 0
     (req,) = sink.requests
     assert req["status"] == "answered" and req["correlation_id"] == 42
+
+
+def test_the_proxy_is_the_one_owner_that_closes_its_sink(tmp_path):
+    """The ProxyServer closes the sink it was given exactly once, after the last row, off the event loop.
+
+    build_sinks' status endpoint closes nothing; stopping it after the proxy leaves the recording intact.
+    """
+    import asyncio
+    import threading
+
+    import uvloop
+
+    from proxy.server import ProxyServer
+    from proxy.sinks import build_sinks
+    from recording.reader import read_recording
+
+    sinks = build_sinks(tmp_path / "rec", "owner", status_addr="127.0.0.1:0", flush_interval_s=0.05)
+    recorder = sinks.recorder
+    assert recorder is not None
+    closes: list[tuple[str, bool]] = []
+    real_close = recorder.close
+
+    def counting_close() -> None:
+        closes.append((threading.current_thread().name, threading.current_thread() is threading.main_thread()))
+        real_close()
+
+    recorder.close = counting_close  # type: ignore[method-assign]
+
+    async def main() -> None:
+        up, port = await _async_echo_once()
+        await sinks.serve()
+        async with ProxyServer([f"127.0.0.1:0=127.0.0.1:{port}"], sink=sinks.sink, proxy_id="owner") as p:
+            r, w = await asyncio.open_connection(*p.listen_addr)
+            w.write(b"own")
+            assert await r.read(100) == b"own"
+            w.close()
+            await w.wait_closed()
+        await sinks.stop_serving()
+        up.close()
+
+    uvloop.run(main())
+    assert len(closes) == 1, closes
+    assert closes[0][1] is False  # joined off the event-loop thread
+    (row,) = read_recording(tmp_path / "rec", "connections").to_pylist()
+    assert row["end_reason"] in ("client_fin", "broker_fin", "proxy_shutdown")

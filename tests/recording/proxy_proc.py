@@ -11,21 +11,19 @@ import sys
 import uvloop
 
 from kafkatap.logs import configure_logging
-from proxy.recording import build_sinks
 from proxy.server import ProxyServer
+from proxy.sinks import build_sinks
 
 
 async def main(route: str, root: str, proxy_id: str) -> None:
-    sink, hooks = build_sinks(root, proxy_id, capture="requests", status_addr="127.0.0.1:0")
-    for h in hooks:
-        await h.start()
-    server = ProxyServer([route], sink=sink, proxy_id=proxy_id, capture="requests")
+    sinks = build_sinks(root, proxy_id, capture="requests", status_addr="127.0.0.1:0")
+    await sinks.serve()
+    server = ProxyServer([route], sink=sinks.sink, proxy_id=proxy_id, capture="requests")
     await server.start()
-    status = next(h.target for h in hooks if h.name == "status")
-    print(json.dumps({"listen": list(server.listen_addr), "status": status.port}), flush=True)
-    await server.serve_forever()  # SIGTERM → graceful stop → sink.close() flushes the recorder
-    for h in reversed(hooks):
-        await h.stop()
+    assert sinks.status is not None
+    print(json.dumps({"listen": list(server.listen_addr), "status": sinks.status.port}), flush=True)
+    await server.serve_forever()  # SIGTERM → graceful stop → the server closes the sink (recorder flushed)
+    await sinks.stop_serving()
 
 
 if __name__ == "__main__":

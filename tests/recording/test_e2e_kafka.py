@@ -20,8 +20,8 @@ from kafka import KafkaConsumer, KafkaProducer
 from proxy.metrics import LiveStats
 from recording.writer import ParquetRecorder
 from recording.reader import read_recording
-from proxy.server import RunningProxy
-from proxy.sink import FanOut
+from proxy.running import RunningProxy
+from proxy.sinks import FanOut
 
 pytestmark = pytest.mark.kafka
 ROOT = Path(__file__).parents[2]

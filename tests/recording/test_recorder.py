@@ -15,7 +15,7 @@ from structlog.testing import capture_logs
 from recording.writer import ParquetRecorder, RecordingError, check_recording_dir, recover
 from recording.sample_rows import SessionMix, connection_row, frame_row, tcp_row
 from recording.reader import (
-    RecordingFormatError, file_version, open_recording, read_recording, recording_files,
+    Migration, RecordingFormatError, file_version, open_recording, read_recording, recording_files,
 )
 from recording.schema import FORMAT_KEY, FORMAT_VERSION, arrow_schema
 
@@ -252,8 +252,7 @@ def test_reader_migrates_older_format(rec_dir: Path, monkeypatch) -> None:
                     "api": ["Produce"]})
     d = rec_dir / "requests" / "proxy=p1" / "date=2026-01-01" / "hour=00"
     _write_versioned(d / "part-x-00000001.parquet", 0, old)
-    monkeypatch.setitem(recording_reader.MIGRATIONS, 0,
-                        lambda t, ds: t.rename_columns(["api_name" if c == "api" else c for c in t.column_names]))
+    monkeypatch.setitem(recording_reader.MIGRATIONS, 0, Migration(0, rename={"requests": {"api": "api_name"}}))
     t = read_recording(rec_dir, "requests")
     assert t.num_rows == 1 and t["api_name"].to_pylist() == ["Produce"]
     assert t["api_key"].to_pylist() == [None]

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.live import parse_metrics, render, top
 from proxy.metrics import LiveStats
-from proxy.recording import build_sinks
+from proxy.sinks import build_sinks
 from recording.sample_rows import SessionMix, connection_row
 
 
@@ -55,14 +55,12 @@ class _Loop:
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple]:
-    sink, hooks = build_sinks(tmp_path / "rec", "p1", status_addr="127.0.0.1:0", flush_interval_s=0.1)
+    sinks = build_sinks(tmp_path / "rec", "p1", status_addr="127.0.0.1:0", flush_interval_s=0.1)
     lp = _Loop()
-    for h in hooks:
-        lp.run(h.start())
-    server = next(h.target for h in hooks if h.name == "status")
-    yield sink, hooks, lp, server
-    for h in reversed(hooks):
-        lp.run(h.stop())
+    lp.run(sinks.serve())
+    yield sinks.sink, sinks, lp, sinks.status
+    lp.run(sinks.stop_serving())
+    sinks.sink.close()  # no ProxyServer here: the test is the sink's owner
     lp.stop()
 
 
@@ -78,7 +76,7 @@ def _get(server, path: str) -> tuple[int, dict, bytes]:
 
 
 def test_metrics_parse_with_prometheus_client(served) -> None:
-    sink, hooks, lp, server = served
+    sink, _sinks, lp, server = served
     lp.call(_feed, sink)
     status, headers, body = _get(server, "/metrics")
     assert status == 200 and headers["Content-Type"].startswith("text/plain; version=0.0.4")
@@ -107,7 +105,7 @@ def test_metrics_parse_with_prometheus_client(served) -> None:
 
 
 def test_clients_json_shape(served) -> None:
-    sink, hooks, lp, server = served
+    sink, _sinks, lp, server = served
     lp.call(_feed, sink)
     status, headers, body = _get(server, "/clients")
     assert status == 200 and headers["Content-Type"] == "application/json"
@@ -128,7 +126,7 @@ def test_clients_json_shape(served) -> None:
 
 
 def test_http_edge_cases(served) -> None:
-    sink, hooks, lp, server = served
+    sink, _sinks, lp, server = served
     assert _get(server, "/nope")[0] == 404
     assert _get(server, "/healthz")[0] == 200
     import http.client
@@ -147,7 +145,7 @@ def test_http_edge_cases(served) -> None:
 
 
 def test_top_once_renders(served) -> None:
-    sink, hooks, lp, server = served
+    sink, _sinks, lp, server = served
     lp.call(_feed, sink)
     result = CliRunner().invoke(top, ["--addr", f"127.0.0.1:{server.port}", "--once"])
     assert result.exit_code == 0, result.output

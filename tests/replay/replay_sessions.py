@@ -11,8 +11,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from proxy.recording import build_sinks
-from proxy.server import RunningProxy
+from proxy.running import RunningProxy
+from proxy.sinks import build_sinks
 
 OVERSIZE_BYTES = 60_000  # above the replay target's message.max.bytes, below the origin's default
 
@@ -31,17 +31,13 @@ class RecordedSession:
     origin: str
 
 
-def _run_proxy(upstream: str, listen: str, out: Path, capture: str, proxy_id: str) -> tuple[RunningProxy, list]:
-    sink, hooks = build_sinks(out, proxy_id, capture=capture, flush_interval_s=0.2, compact_interval_s=0)
-    p = RunningProxy(upstream=upstream, listen=listen, sink=sink, proxy_id=proxy_id, capture=capture).start()
-    return p, hooks
+def _run_proxy(upstream: str, listen: str, out: Path, capture: str, proxy_id: str) -> RunningProxy:
+    sink = build_sinks(out, proxy_id, capture=capture, flush_interval_s=0.2, compact_interval_s=0).sink
+    return RunningProxy(upstream=upstream, listen=listen, sink=sink, proxy_id=proxy_id, capture=capture).start()
 
 
-def _stop_proxy(p: RunningProxy, hooks: list) -> None:
-    p.stop()
-    for h in reversed(hooks):
-        if h.name == "recorder":
-            h.target.close()
+def _stop_proxy(p: RunningProxy) -> None:
+    p.stop()  # the proxy owns the sink: stopping it flushes and closes the recording
 
 
 def create_topics_via_proxy(origin: str, listen: str, topics: dict[str, int]) -> None:
@@ -76,7 +72,7 @@ def record_clients_session(origin: str, listen: str, out: Path, topic: str, *, c
     group_kp, group_ck = f"{topic}-g-kp", f"{topic}-g-ck"
     oversize_topic = f"{topic}-big"
     create_topics_via_proxy(origin, listen, {topic: 3, oversize_topic: 1})
-    p, hooks = _run_proxy(origin, listen, out, capture, "origin")
+    p = _run_proxy(origin, listen, out, capture, "origin")
     try:
         boot = p.bootstrap
         kp = KafkaProducer(bootstrap_servers=boot, enable_idempotence=True, acks="all", client_id="kp-producer",
@@ -122,7 +118,7 @@ def record_clients_session(origin: str, listen: str, out: Path, topic: str, *, c
         cc.close()
         del cp
     finally:
-        _stop_proxy(p, hooks)
+        _stop_proxy(p)
     return RecordedSession(out, topic, group_kp, group_ck, records, records, oversize_topic, origin)
 
 
@@ -132,7 +128,7 @@ def record_paced_producer(origin: str, listen: str, out: Path, topic: str, *, se
     from kafka import KafkaProducer
 
     create_topics_via_proxy(origin, listen, {topic: 1})
-    p, hooks = _run_proxy(origin, listen, out, capture, "origin")
+    p = _run_proxy(origin, listen, out, capture, "origin")
     try:
         prod = KafkaProducer(bootstrap_servers=p.bootstrap, acks=1, linger_ms=0, client_id=client_id)
         for i in range(sends):
@@ -140,4 +136,4 @@ def record_paced_producer(origin: str, listen: str, out: Path, topic: str, *, se
             time.sleep(gap_s)
         prod.close(5)
     finally:
-        _stop_proxy(p, hooks)
+        _stop_proxy(p)

@@ -12,7 +12,8 @@ from replay_frames import request
 from replay_synthetic import FakeBroker, SynthConn, SynthRequest, api_versions, metadata, write_recording
 from replay.cli import format_plan, replay
 from replay.engine import ReplayOptions, replay_async
-from replay.load import Filters, ReplayLoadError, load_recording, parse_api, parse_time
+from recording.timespec import parse_time
+from replay.load import Filters, ReplayLoadError, load_recording, parse_api
 
 
 def two_clients() -> list[SynthConn]:
@@ -45,6 +46,19 @@ def test_filters_by_client_api_and_time(tmp_path: Path):
     assert parse_api("0") == 0 and parse_api("Produce") == 0
     with pytest.raises(ValueError):
         parse_api("NoSuchApi")
+
+
+def test_cli_time_window_uses_the_shared_time_syntax(tmp_path: Path):
+    t0 = write_recording(tmp_path, two_clients())  # the first request (alpha's ApiVersions) is at t0
+    for since in ("+0.6", "+0.6s", f"{(t0 + 600_000_000) / 1e9:.3f}", str(t0 + 600_000_000)):
+        res = CliRunner().invoke(replay, [str(tmp_path), "--target", "127.0.0.1:9", "--since", since])
+        assert res.exit_code == 2 and "pass --yes" in res.output
+        assert "requests     2   (filtered out: 3)" in res.output, (since, res.output)
+    res = CliRunner().invoke(replay, [str(tmp_path), "--target", "127.0.0.1:9", "--until", "+0.15"])
+    assert "requests     2   (filtered out: 3)" in res.output
+    res = CliRunner().invoke(replay, [str(tmp_path), "--target", "127.0.0.1:9", "--since", "yesterday", "--yes"])
+    assert res.exit_code == 2 and "Invalid value for '--since': cannot parse time 'yesterday'" in res.output
+    assert "Replay plan" not in res.output  # refused while parsing, before anything is read
 
 
 def test_recorded_pipelining_becomes_dependencies(tmp_path: Path):
@@ -134,7 +148,8 @@ def test_sasl_session_replayed_with_the_users_plain_credentials(tmp_path: Path):
     write_recording(tmp_path, [sasl], sasl_conns=("c9",))
     rec = load_recording(tmp_path, sasl_credentials=True)
     broker, result = _run(rec, None, sasl_plain=("alice", "pw"))
-    from replay.rewrite import decode_request_body, parse_request
+    from protocol.frames import parse_request
+    from replay.messages import decode_request_body
 
     frames = [parse_request(f) for f in broker.frames[2]]
     assert [f.api_key for f in frames] == [18, 17, 36, 3]

@@ -1,8 +1,10 @@
 """Pure-function tests for every replay rewrite (no broker, no sockets).
 
-Frames are built with kafka-python's codec (tests/replay/frames.py) and the
+Frames are built with kafka-python's codec (tests/replay/replay_frames.py) and the
 results re-parsed with kafka-python: record batches through its
-DefaultRecordBatch reader, whose `validate_crc()` checks our CRC-32C.
+DefaultRecordBatch reader, whose `validate_crc()` checks our CRC-32C. The
+byte-level edits themselves (frames, batches, consumer protocol) are tested
+in tests/protocol.
 """
 
 from __future__ import annotations
@@ -11,33 +13,15 @@ import uuid
 
 import pytest
 
-from replay.rewrite import (
-    ConnState,
-    Pending,
-    ReplayState,
-    Send,
-    Skip,
-    crc32c,
-    decode_request_body,
-    expects_response,
-    learn_from_response,
-    parse_request,
-    parse_topic_map,
-    produce_acks,
-    rename_consumer_assignment,
-    rename_consumer_subscription,
-    records_producer_ids,
-    request_topics,
-    response_correlation_id,
-    rewrite_batch_producer,
-    rewrite_records_producer,
-    rewrite_request,
-    sasl_plain_authenticate,
-    set_correlation_id,
-)
+from protocol.consumer_protocol import rename_consumer_assignment
+from protocol.errors import MEMBER_ID_REQUIRED
+from protocol.frames import expects_response, parse_request, produce_acks
+from replay.learn import learn_from_response
+from replay.messages import decode_request_body
+from replay.rewrite import rewrite_request, sasl_plain_authenticate
+from replay.state import ConnState, Pending, ReplayState, Send, Skip
+from replay.topics import parse_topic_map, request_topics
 from replay_frames import batch, cls, parse_batch, produce, request, response
-
-MEMBER_ID_REQUIRED = 79
 
 
 def body(data: bytes):
@@ -51,50 +35,6 @@ def batches_of(records: bytes) -> list:
         out.append(parse_batch(records[p:p + size]))
         p += size
     return out
-
-
-# ----------------------------------------------------------------------------- CRC and batches
-def test_crc32c_known_vectors():
-    assert crc32c(b"123456789") == 0xE3069283  # the Castagnoli check value
-    assert crc32c(b"") == 0
-
-
-@pytest.mark.parametrize("compression", [0, 1])  # none, gzip: records stay untouched either way
-def test_batch_producer_rewrite_keeps_records_and_crc_valid(compression):
-    original = batch(producer_id=5, epoch=0, base_sequence=0, records=4, compression=compression)
-    new = rewrite_batch_producer(original, 987654321, 7)
-    b = parse_batch(new)
-    assert b.validate_crc()
-    assert (b.producer_id, b.producer_epoch, b.base_sequence) == (987654321, 7, 0)
-    assert [(r.key, r.value) for r in b] == [(b"k%d" % i, b"value-%d" % i) for i in range(4)]
-    assert len(new) == len(original)
-    assert not parse_batch(original[:17] + b"\0\0\0\0" + original[21:]).validate_crc()  # the reader does check
-
-
-def test_records_rewrite_touches_only_idempotent_batches():
-    idem = batch(producer_id=5, epoch=1, base_sequence=0)
-    plain = batch(producer_id=-1)
-    other = batch(producer_id=6, epoch=0, base_sequence=3)
-    records = idem + plain + other
-    assert records_producer_ids(records) == [(5, 1), (6, 0)]
-    new, changed = rewrite_records_producer(records, lambda pid, ep: (100, 2) if pid == 5 else None)
-    assert changed == 1
-    a, b, c = batches_of(new)
-    assert a.validate_crc() and (a.producer_id, a.producer_epoch) == (100, 2)
-    assert b.producer_id == -1 and new[len(idem):len(idem) + len(plain)] == plain
-    assert c.producer_id == 6 and new[-len(other):] == other
-
-
-def test_correlation_id_and_header_fields():
-    data = request(18, 3, cid=41, client_id="abc", client_software_name="x", client_software_version="1")
-    f = parse_request(data)
-    assert (f.api_key, f.api_version, f.correlation_id, f.client_id) == (18, 3, 41, "abc")
-    g = parse_request(set_correlation_id(data, 9))
-    assert g.correlation_id == 9 and g.client_id == "abc" and g.data[12:] == data[12:]
-    resp = response(18, 3, cid=9, error_code=0, api_keys=[], throttle_time_ms=0)
-    assert response_correlation_id(resp) == 9
-    with pytest.raises(ValueError):
-        parse_request(data[:-1])
 
 
 def test_acks_zero_expects_no_response():
@@ -334,21 +274,10 @@ def test_sasl_needs_credentials_and_uses_plain():
 
 
 def test_topic_map_inside_consumer_group_metadata():
-    """Subscriptions (v0 and librdkafka's v3) and assignments, as recorded from the real clients."""
+    """JoinGroup subscriptions and SyncGroup assignments of consumer groups (the bytes: tests/protocol)."""
     tmap = {"probe": "probe-staging"}
     v0 = b"\x00\x00\x00\x00\x00\x01\x00\x05probe\x00\x00\x00\x00"  # kafka-python
-    assert rename_consumer_subscription(v0, tmap) == b"\x00\x00\x00\x00\x00\x01\x00\x0dprobe-staging\x00\x00\x00\x00"
-    v3 = b"\x00\x03\x00\x00\x00\x01\x00\x05probe\x00\x00\x00\x00\x00\x00\x00\x00\xff\xff\xff\xff\x00\x00"  # librdkafka
-    assert rename_consumer_subscription(v3, tmap) == v3.replace(b"\x00\x05probe", b"\x00\x0dprobe-staging")
-    owned = (b"\x00\x01\x00\x00\x00\x01\x00\x05probe\xff\xff\xff\xff"
-             b"\x00\x00\x00\x01\x00\x05probe\x00\x00\x00\x02\x00\x00\x00\x00\x00\x00\x00\x01")
-    assert rename_consumer_subscription(owned, tmap).count(b"probe-staging") == 2
     asg = b"\x00\x00\x00\x00\x00\x01\x00\x05probe\x00\x00\x00\x03\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00\x02\x00\x00\x00\x00"
-    assert rename_consumer_assignment(asg, tmap) == asg.replace(b"\x00\x05probe", b"\x00\x0dprobe-staging")
-    assert rename_consumer_subscription(v0, {}) == v0
-    with pytest.raises(ValueError):
-        rename_consumer_subscription(v0[:-3], tmap)
-
     state, conn = ReplayState(topic_map=tmap), ConnState()
     J = cls(11)
     data = request(11, 7, group_id="g1", session_timeout_ms=45000, rebalance_timeout_ms=300000, member_id="",

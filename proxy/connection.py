@@ -1,0 +1,495 @@
+"""One proxied connection: two peers, two flows, forward first, observe second, and how it ended.
+
+Design (why it looks like this):
+
+* asyncio Protocols/transports on uvloop, not streams: `data_received` hands
+  the chunk straight to the other peer's `transport.write` — no awaits, no
+  copies, no task switches on the hot path.
+* **Forward first, observe second.** A chunk is written to the other peer
+  before the `Observer` (decoder, rows) sees it. Observation can only make the
+  connection opaque; it never touches the relay.
+* **Two directions, one code path.** `Flow` (proxy.flow) is one direction;
+  the same methods drive client → broker and broker → client.
+* **Bounded memory per connection**, relay + decoder:
+      2 × 256 KiB   one unsent read per direction (transport buffer)
+    + 2 × ~64 KiB   decoder state per direction (protocol.framing)
+    + ≤ 512 KiB     reads that arrive before the upstream connect completes
+                    (reading pauses past 256 KiB)
+    ≈ 1.2 MiB worst case; an idle connection holds a few KiB of objects.
+  Opt-in extras: `--capture` keeps the current partial frame of a captured
+  direction (≤ the decoder's frame limit), and a latency/bandwidth fault
+  queues ≤ 1 MiB per direction before it pauses the source.
+* **Ends.** The first end event decides `end_reason`/`end_by`: FIN one way is
+  propagated with `write_eof` and the other way keeps flowing; a reset is
+  propagated as a reset (SO_LINGER 0 + abort). TCP_INFO is sampled at the end
+  from each peer's dup'ed fd, so it is still readable after the transport
+  closed.
+* **What it needs, it is handed.** The server gives each connection a
+  `ConnectionContext` (clock, settings, row emitter, a `ConnectionHub` to
+  report to); the connection never reaches into the server and the server
+  only calls the public methods below.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import socket
+from typing import Any
+
+import structlog
+
+from proxy import rows
+from proxy.context import Addr, ConnectionContext, format_addr
+from proxy.facts import ConnectionFacts, End
+from proxy.faults import DelayedWriter, Faults
+from proxy.flow import EARLY_LIMIT, HOLD_EARLY, HOLD_FAULT_BACKLOG, HOLD_PEER_BUFFER, Flow, Peer, reset_socket
+from proxy.inference import inferred_cause
+from proxy.observer import Observer
+
+log = structlog.get_logger("kafkatap.proxy")
+
+class PeerProtocol(asyncio.Protocol):
+    """The asyncio face of one peer: every callback goes to the connection with the peer's flows."""
+
+    __slots__ = ("conn", "peer", "inbound", "outbound")
+
+    def __init__(self, conn: Connection, peer: Peer, inbound: Flow, outbound: Flow) -> None:
+        self.conn = conn
+        self.peer = peer
+        self.inbound = inbound  # bytes this peer sends
+        self.outbound = outbound  # bytes written to this peer
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.conn.peer_made(self.peer, transport)  # type: ignore[arg-type]
+
+    def data_received(self, data: bytes) -> None:
+        self.conn.received(self.inbound, data)
+
+    def eof_received(self) -> bool:
+        return self.conn.peer_eof(self.peer, self.inbound)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.conn.peer_lost(self.peer, exc)
+
+    def pause_writing(self) -> None:
+        self.outbound.stamps.block()
+        self.outbound.src.hold(HOLD_PEER_BUFFER)
+
+    def resume_writing(self) -> None:
+        self.conn.drained(self.outbound)
+
+
+class Connection:
+    """One client connection and its upstream connection to a broker."""
+
+    def __init__(self, ctx: ConnectionContext, listener: str, upstream: Addr | None) -> None:
+        self.ctx = ctx
+        self.now = ctx.clock
+        self.upstream = upstream
+        self.facts = ConnectionFacts(
+            proxy_id=ctx.settings.proxy_id, conn_id=ctx.hub.next_conn_id(), listener=listener,
+            mode="explicit" if upstream is not None else "transparent", opened_ns=self.now(),
+            broker_addr=format_addr(upstream) if upstream else None)
+        self.last_activity = self.facts.opened_ns
+        self.client = Peer("client")
+        self.broker = Peer("broker")
+        self.requests = Flow(True, self.client, self.broker, self.facts.from_client)
+        self.responses = Flow(False, self.broker, self.client, self.facts.from_broker)
+        self.client_protocol = PeerProtocol(self, self.client, self.requests, self.responses)
+        self._connect_task: asyncio.Task | None = None
+        self._finished = False
+        self._drain_waiter: asyncio.Future | None = None
+        s = ctx.settings
+        self.observer: Observer | None = (
+            Observer(ctx.stream_factory(), self.facts, self.requests.stamps, self.responses.stamps, ctx.emit,
+                     self.log, capture=s.capture, log_requests=s.log_requests, on_quiet=self._quiet)
+            if s.observe else None)
+        faults = ctx.hub.faults  # the faults in force when the connection was accepted
+        self._faults: Faults | None = faults if faults.active else None
+        self._idle_handle: asyncio.TimerHandle | None = None
+
+    # ------------------------------------------------------------------ public face
+    @property
+    def conn_id(self) -> str:
+        return self.facts.conn_id
+
+    @property
+    def inflight(self) -> int:
+        return self.facts.inflight
+
+    @property
+    def upstream_connected(self) -> bool:
+        return self.broker.transport is not None
+
+    def log(self, level: str, event: str, **kw: Any) -> None:
+        """Log with conn_id/client/broker bound through structlog contextvars."""
+        with structlog.contextvars.bound_contextvars(**self._log_context()):
+            getattr(log, level)(event, **kw)
+
+    def _log_context(self) -> dict[str, Any]:
+        f = self.facts
+        return {"conn_id": f.conn_id, "client": f.client_addr, "broker": f.broker_addr}
+
+    # ------------------------------------------------------------------ setup
+    def peer_made(self, peer: Peer, transport: asyncio.Transport) -> None:
+        if peer is self.client:
+            self._accepted(transport)
+
+    def _accepted(self, transport: asyncio.Transport) -> None:
+        ctx, f = self.ctx, self.facts
+        self.client.attach(transport)
+        f.client_addr = format_addr(transport.get_extra_info("peername"))
+        sock = self.client.sock
+        if f.client_addr is None and sock is not None:  # reset before we looked
+            try:
+                f.client_addr = format_addr(sock.getpeername())
+            except OSError:
+                pass
+        ctx.hub.accepted(self)
+        if self._faults is not None and self._faults.refuse_connections:
+            f.fault_detail = "refusing new connections (fault)"
+            self._set_end("fault", "proxy", f.fault_detail)
+            self.client.reset()
+            return
+        if not ctx.hub.accepting:
+            self._set_end("proxy_shutdown", "proxy", "proxy is shutting down")
+            self.client.reset()
+            return
+        if self.upstream is None:
+            try:
+                dst = ctx.original_dst(sock or transport.get_extra_info("socket"))
+            except OSError as exc:
+                self._connect_failed(f"no original destination (not redirected?): {exc.strerror or exc}")
+                return
+            f.original_dst = format_addr(dst)
+            if ctx.hub.is_own_listener(dst):
+                self._connect_failed(f"original destination {f.original_dst} is this proxy's listener (redirect loop)")
+                return
+            self.upstream = dst
+            f.broker_addr = f.original_dst
+        if ctx.settings.tcp_info:
+            f.tcp_client_open = self.client.tcp_info()
+            if f.tcp_client_open is not None:
+                ctx.emit.tcp(rows.tcp_row(f, "client", "open", f.opened_ns, f.tcp_client_open))
+        self._connect_task = ctx.loop.create_task(self._connect())
+
+    async def _connect(self) -> None:
+        ctx = self.ctx
+        structlog.contextvars.bind_contextvars(**self._log_context())
+        assert self.upstream is not None
+        host, port = self.upstream
+        t0 = self.now()
+        try:
+            bt = await self._open_upstream(host, port)
+        except (asyncio.TimeoutError, TimeoutError):
+            self._connect_failed(f"timeout: no answer from {host}:{port} within {ctx.settings.connect_timeout:g} s")
+            return
+        except OSError as exc:
+            kind = {
+                errno.ECONNREFUSED: "refused", errno.EHOSTUNREACH: "unreachable",
+                errno.ENETUNREACH: "unreachable", errno.ETIMEDOUT: "timeout",
+            }.get(exc.errno or 0, "error")
+            self._connect_failed(f"{kind}: {exc.strerror or exc} ({host}:{port})")
+            return
+        if bt is None:  # the client vanished while we connected: nothing to relay
+            return
+        f = self.facts
+        f.upstream_connect_us = (self.now() - t0) // 1000
+        self.broker.attach(bt)
+        if self.client.closed:
+            bt.close()
+            return
+        if ctx.settings.tcp_info:
+            ts = self.now()
+            f.tcp_broker_open = self.broker.tcp_info()
+            if f.tcp_broker_open is not None:
+                ctx.emit.tcp(rows.tcp_row(f, "broker", "open", ts, f.tcp_broker_open))
+        self._arm_faults()
+        if self.broker.holding:  # the client filled its buffer faster than we connected
+            bt.pause_reading()
+        ctx.hub.opened(self)
+        self.log("info", "connection opened", listener=f.listener, mode=f.mode, original_dst=f.original_dst,
+                 upstream_connect_us=f.upstream_connect_us)
+        flow = self.requests
+        early, flow.early = flow.early, None
+        for data, ts in early or ():
+            self._forward(flow, data, ts)
+        if f.inflight <= 0:
+            self._quiet()
+        self.client.release(HOLD_EARLY)
+        if self.client.eof:
+            flow.half_close()
+
+    async def _open_upstream(self, host: str, port: int) -> asyncio.Transport | None:
+        """Connect to the broker (SO_MARK, TCP_NODELAY, timeout); None when the client left meanwhile."""
+        ctx = self.ctx
+        sock: socket.socket | None = None
+        try:
+            infos = await ctx.loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            family, _, _, _, sockaddr = infos[0]
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock.setblocking(False)
+            if ctx.settings.so_mark is not None:
+                try:
+                    sock.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_MARK", 36), ctx.settings.so_mark)
+                except OSError as exc:  # needs CAP_NET_ADMIN; only matters for an OUTPUT redirect rule
+                    ctx.hub.mark_failed(exc)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            await asyncio.wait_for(ctx.loop.sock_connect(sock, sockaddr), ctx.settings.connect_timeout)
+            if self.client.closed:
+                self._close_unused(sock)
+                return None
+            protocol = PeerProtocol(self, self.broker, self.responses, self.requests)
+            bt, _ = await ctx.loop.create_connection(lambda: protocol, sock=sock)
+            return bt  # type: ignore[return-value]
+        except asyncio.CancelledError:
+            if sock is not None:
+                self._close_unused(sock)
+            raise
+        except BaseException:
+            if sock is not None:
+                sock.close()
+            raise
+
+    def _close_unused(self, sock: socket.socket) -> None:
+        """Close an upstream socket the client no longer needs: RST when the client reset, like the client did."""
+        if self.facts.end is not None and self.facts.end.reason == "client_rst":
+            reset_socket(sock)
+        sock.close()
+
+    def _connect_failed(self, detail: str) -> None:
+        self._set_end("upstream_connect_failed", "proxy", detail)
+        self.log("warning", "upstream connect failed", detail=detail)
+        self.client.reset()
+
+    def _arm_faults(self) -> None:
+        f = self._faults
+        if f is None:
+            return
+        loop = self.ctx.loop
+        for flow, spec in ((self.requests, f.to_broker), (self.responses, f.to_client)):
+            flow.close_after = spec.close_after_bytes
+            if spec.delays:
+                flow.delayed = DelayedWriter(loop, spec, flow.write, lambda n, fl=flow: self._written(fl, n),
+                                             lambda on, fl=flow: self._backlog(fl, on), self.ctx.rng)
+        if f.idle_reset_s:
+            self._idle_handle = loop.call_later(f.idle_reset_s, self._idle_check)
+
+    # ------------------------------------------------------------------ the hot path
+    def received(self, flow: Flow, data: bytes) -> None:
+        """A chunk read from `flow.src`: forward it (or hold it until the upstream exists)."""
+        now = self.now()
+        self.last_activity = now
+        flow.counts.bytes += len(data)
+        if flow.early is not None:
+            flow.early.append((data, now))
+            flow.early_bytes += len(data)
+            if flow.early_bytes > EARLY_LIMIT:
+                flow.src.hold(HOLD_EARLY)
+            return
+        self._forward(flow, data, now)
+
+    def _forward(self, flow: Flow, data: bytes, now: int) -> None:
+        if self._faults is None:
+            flow.dst.transport.write(data)  # type: ignore[union-attr]
+            flow.stamps.handed(len(data), self.now())
+        else:
+            data = self._fault_limit(flow, data)
+            if data:
+                if flow.delayed is not None:
+                    flow.delayed.send(data)
+                else:
+                    flow.write(data)
+                    self._written(flow, len(data))
+        obs = self.observer
+        if obs is not None:
+            obs.feed(flow.request, data, now)
+
+    def _written(self, flow: Flow, nbytes: int) -> None:
+        """A fault queue handed `nbytes` of `flow` to its transport."""
+        flow.stamps.handed(nbytes, self.now())
+        if self.observer is not None:
+            self.observer.settle(flow.request)
+
+    def drained(self, flow: Flow) -> None:
+        """`flow.dst`'s transport buffer is empty again: stamp what it completed, resume the source."""
+        flow.stamps.drained(self.now())
+        if self.observer is not None:
+            self.observer.settle(flow.request)
+        flow.src.release(HOLD_PEER_BUFFER)
+
+    # ------------------------------------------------------------------ faults
+    def _fault_limit(self, flow: Flow, data: bytes) -> bytes:
+        """Apply close-after-N-bytes: forward what fits, then close both sides."""
+        limit = flow.close_after
+        total_after = flow.counts.bytes
+        if limit is None or total_after <= limit:
+            return data
+        keep = max(0, len(data) - (total_after - limit))
+        if self.facts.fault_detail is None:
+            self.facts.fault_detail = f"close after {limit} bytes {flow.label} (fault)"
+            self.ctx.loop.call_soon(self._fault_close)
+        return data[:keep]
+
+    def _fault_close(self) -> None:
+        self._set_end("fault", "proxy", self.facts.fault_detail)
+        self.close()
+
+    def _backlog(self, flow: Flow, on: bool) -> None:
+        (flow.src.hold if on else flow.src.release)(HOLD_FAULT_BACKLOG)
+
+    def _idle_check(self) -> None:
+        self._idle_handle = None
+        f = self._faults
+        if f is None or not f.idle_reset_s or self._finished:
+            return
+        limit_ns = int(f.idle_reset_s * 1e9)
+        idle = self.now() - self.last_activity
+        if idle >= limit_ns:
+            self.facts.fault_detail = (f"idle reset after {idle / 1e9:.1f} s idle (limit {f.idle_reset_s:g} s), "
+                                       "RST to both sides")
+            self._set_end("fault", "proxy", self.facts.fault_detail)
+            self.abort()
+        else:
+            self._idle_handle = self.ctx.loop.call_later((limit_ns - idle) / 1e9, self._idle_check)
+
+    # ------------------------------------------------------------------ ends
+    def _set_end(self, reason: str, by: str, detail: str | None) -> None:
+        f = self.facts
+        if f.end is None:
+            now = self.now()
+            f.end = End(reason, by, detail, (now - self.last_activity) // 1_000_000, now)
+            if self.ctx.settings.tcp_info:
+                f.tcp_client_close = self.client.tcp_info()
+                f.tcp_broker_close = self.broker.tcp_info()
+
+    def shutdown(self) -> None:
+        """The proxy is stopping: record that as the end (unless one came first) and close both sides (FIN)."""
+        n = self.facts.inflight
+        self._set_end("proxy_shutdown", "proxy",
+                      "proxy shut down" + ("" if n <= 0 else f" with {n} request(s) in flight"))
+        self.close()
+
+    def idle_timeout(self, idle_s: float) -> None:
+        """The proxy's own idle timeout fired: close both sides (FIN)."""
+        self._set_end("idle_timeout", "proxy", f"no bytes either way for {idle_s:g} s")
+        self.close()
+
+    def force_close(self) -> None:
+        """Last resort at shutdown: reset both sides and record the connection now."""
+        self.abort()
+        self.client.closed = self.broker.closed = True
+        self._finish()
+
+    def _cancel_connect(self) -> None:
+        if self._connect_task is not None and not self._connect_task.done():
+            self._connect_task.cancel()
+
+    def abort(self) -> None:
+        """Reset both sides (fault idle reset, forced shutdown)."""
+        self._cancel_connect()
+        for peer in (self.client, self.broker):
+            if peer.open:
+                peer.reset()
+
+    def close(self) -> None:
+        """FIN both sides after flushing what is buffered (proxy shutdown, close-after-bytes fault)."""
+        self._cancel_connect()
+        for peer in (self.client, self.broker):
+            if peer.open:
+                peer.transport.close()  # type: ignore[union-attr]
+        if self.broker.transport is None and self.client.closed:
+            self._finish()
+
+    def peer_eof(self, peer: Peer, inbound: Flow) -> bool:
+        """`peer` sent FIN: propagate it to the other side (half-close) unless both are done."""
+        peer.eof = True
+        self._set_end(f"{peer.role}_fin", peer.role, None)
+        if inbound.dst.eof:
+            self.close()
+        elif inbound.early is None:
+            inbound.half_close()
+        return True  # keep the transport: the other side may still answer (half-close)
+
+    def peer_lost(self, peer: Peer, exc: BaseException | None) -> None:
+        """`peer`'s transport closed: FIN or RST, mirrored to the other side."""
+        peer.closed = True
+        self._cancel_connect()
+        toward = self.requests if peer is self.client else self.responses  # the flow into the other peer
+        other = toward.dst
+        if exc is not None:
+            self._set_end(f"{peer.role}_rst", peer.role, f"{type(exc).__name__}: {exc}")
+            if other.open:
+                other.reset()  # the other side sees what this one did
+        else:
+            self._set_end(f"{peer.role}_fin", peer.role, None)
+            if other.open:
+                toward.close_dst()
+        if not other.open:
+            self._finish()
+
+    def wait_quiet(self) -> asyncio.Future:
+        """A future done when no request is in flight (graceful shutdown waits on it)."""
+        fut = self.ctx.loop.create_future()
+        # Bytes read while the upstream connect is pending are requests not yet
+        # parsed: wait for the connect so they are forwarded and answered too.
+        if (self.facts.inflight <= 0 or self.observer is None) and not self.requests.early:
+            fut.set_result(None)
+        else:
+            self._drain_waiter = fut
+        return fut
+
+    def _quiet(self) -> None:
+        """Wake a graceful shutdown waiting for this connection to have nothing in flight."""
+        if self._drain_waiter is not None and not self._drain_waiter.done():
+            self._drain_waiter.set_result(None)
+
+    def _finish(self) -> None:
+        if self._finished:
+            return
+        self._finished = True
+        self._quiet()
+        ctx, f = self.ctx, self.facts
+        now = self.now()
+        f.closed_ns = now
+        if f.end is None:
+            self._set_end("client_fin", "client", None)
+        if self._idle_handle is not None:
+            self._idle_handle.cancel()
+        for flow in (self.requests, self.responses):
+            if flow.delayed is not None:
+                flow.delayed.cancel()
+        if self.observer is not None:
+            self.observer.close(now)
+        end = f.end
+        assert end is not None
+        if ctx.settings.tcp_info:
+            for peer, info in ((self.client, f.tcp_client_close), (self.broker, f.tcp_broker_close)):
+                if info is not None and peer.sock is not None:
+                    ctx.emit.tcp(rows.tcp_row(f, peer.role, "close", end.at_ns, info))
+        for peer in (self.client, self.broker):
+            peer.release_fd()
+        try:
+            f.inferred = inferred_cause(f.end_facts())
+        except Exception:  # noqa: BLE001 — an inference bug must not lose the connection row
+            f.inferred = None
+        row = rows.connection_row(f, True, now)
+        ctx.emit.connection(row)
+        ctx.hub.closed(self, end.reason)
+        self.log("info", "connection closed", end_reason=row["end_reason"], end_by=row["end_by"],
+                 detail=row["end_detail"], idle_before_end_ms=row["idle_before_end_ms"],
+                 duration_ms=row["duration_us"] // 1000, bytes_from_client=row["bytes_from_client"],
+                 bytes_from_broker=row["bytes_from_broker"], requests=row["requests"],
+                 unanswered=row["unanswered"], inferred_cause=row["inferred_cause"], opaque=row["opaque_reason"])
+
+    # ------------------------------------------------------------------ periodic
+    def snapshot(self, now: int) -> None:
+        """Periodic TCP_INFO samples and a non-final connection row (long-lived connections)."""
+        ctx, f = self.ctx, self.facts
+        if ctx.settings.tcp_info:
+            for peer in (self.client, self.broker):
+                info = peer.tcp_info()
+                if info is not None:
+                    ctx.emit.tcp(rows.tcp_row(f, peer.role, "periodic", now, info))
+        ctx.emit.connection(rows.connection_row(f, False, now))

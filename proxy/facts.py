@@ -1,0 +1,98 @@
+"""What the recording says about one connection, as plain data.
+
+Why a separate object: the relay (sockets, transports, timers) and the rows
+it records change for different reasons. The relay updates a
+`ConnectionFacts`; `proxy.rows` and `proxy.inference` read it. Neither needs a
+socket, so every column and every inference rule can be tested from facts
+written by hand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.inference import EndFacts
+
+
+@dataclass(slots=True)
+class FlowCounts:
+    """Counters of one direction: bytes read from its source and frames parsed from them."""
+
+    bytes: int = 0
+    frames: int = 0
+
+
+@dataclass(slots=True)
+class End:
+    """How a connection ended: the first end event wins."""
+
+    reason: str  # schema vocabulary: client_fin | broker_rst | upstream_connect_failed | fault | …
+    by: str  # client | broker | proxy
+    detail: str | None
+    idle_ms: int | None
+    at_ns: int
+
+
+@dataclass(slots=True)
+class LastRequest:
+    """The last request seen before the end: the evidence the close-cause rules weigh."""
+
+    api: str | None = None
+    size: int | None = None
+    acks: int | None = None
+    topics: list[str] = field(default_factory=list)
+    batch_bytes: int | None = None  # largest record batch of a Produce
+    at_ns: int | None = None  # its last byte
+
+
+@dataclass(slots=True)
+class ConnectionFacts:
+    """Identity, counters, decode state and end of one proxied connection."""
+
+    proxy_id: str
+    conn_id: str
+    listener: str
+    mode: str  # explicit | transparent
+    opened_ns: int
+    client_addr: str | None = None
+    original_dst: str | None = None
+    broker_addr: str | None = None
+    upstream_connect_us: int | None = None
+    closed_ns: int | None = None
+    from_client: FlowCounts = field(default_factory=FlowCounts)
+    from_broker: FlowCounts = field(default_factory=FlowCounts)
+    requests: int = 0
+    responses: int = 0
+    inflight: int = 0  # requests that expect a response and have none yet
+    unanswered_at_end: int = 0
+    client_ids: list[str] = field(default_factory=list)
+    software_name: str | None = None
+    software_version: str | None = None
+    tls: bool = False
+    opaque_kind: str | None = None
+    opaque_reason: str | None = None
+    last: LastRequest = field(default_factory=LastRequest)
+    too_large: int = 0  # Produce answers with MESSAGE_TOO_LARGE / RECORD_LIST_TOO_LARGE
+    too_large_example: str | None = None
+    fault_detail: str | None = None  # set when an injected fault ends the connection
+    end: End | None = None
+    inferred: str | None = None
+    tcp_client_open: dict[str, Any] | None = None
+    tcp_broker_open: dict[str, Any] | None = None
+    tcp_client_close: dict[str, Any] | None = None
+    tcp_broker_close: dict[str, Any] | None = None
+
+    def end_facts(self) -> EndFacts:
+        """The evidence `proxy.inference.inferred_cause` weighs (call once the end is known)."""
+        end = self.end
+        assert end is not None
+        last = self.last
+        return EndFacts(
+            end_reason=end.reason, end_by=end.by, idle_before_end_ms=end.idle_ms,
+            unanswered=self.unanswered_at_end, last_api=last.api, last_request_bytes=last.size,
+            last_request_acks=last.acks, last_request_topics=last.topics, last_request_batch_bytes=last.batch_bytes,
+            ms_since_last_request=((end.at_ns - last.at_ns) // 1_000_000) if last.at_ns else None,
+            fault_detail=self.fault_detail, end_detail=end.detail, opaque_kind=self.opaque_kind,
+            too_large_rejections=self.too_large, too_large_example=self.too_large_example,
+        )

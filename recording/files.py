@@ -1,0 +1,88 @@
+"""One Parquet file of a recording: its footer keys and how it appears on disk.
+
+Why shared: flush files (writer thread) and merged files (compaction thread)
+must carry the same footer keys and appear the same way — written to a
+dot-file, fsynced, then renamed — so that a file under its final name is
+always complete, whoever wrote it and whenever the process died.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from recording.layout import tmp_name
+from recording.schema import COLUMNS, FORMAT_KEY, FORMAT_VERSION
+
+__all__ = ["META_DROPPED", "META_DROPPED_TOTAL", "META_PROXY", "META_RUN", "META_SEQ", "META_ROWS", "SORT_KEYS",
+           "file_metadata", "ParquetOptions", "write_atomic"]
+
+# Keys of the per-file key/value metadata (besides the schema's own).
+META_DROPPED = b"kafkatap.dropped_rows"  # rows dropped since the previous file of this dataset
+META_DROPPED_TOTAL = b"kafkatap.dropped_rows_total"  # since the recorder started
+META_PROXY = b"kafkatap.proxy_id"
+META_RUN = b"kafkatap.run"
+META_SEQ = b"kafkatap.seq"  # "first-last" flush sequence numbers the file holds
+META_ROWS = b"kafkatap.rows"
+
+# Sort order per dataset. Sorting by connection then time turns the timestamp
+# columns into small deltas and the string columns into long runs, which is
+# most of what gets a request row under 40 bytes.
+SORT_KEYS = {
+    "requests": ["api_key", "conn_id", "req_first_ns"],
+    "connections": ["conn_id", "snapshot_ns"],
+    "tcp": ["conn_id", "side", "ts_ns"],
+    "frames": ["conn_id", "ts_ns"],
+}
+
+
+def file_metadata(schema: pa.Schema, *, proxy_id: str, run: str, seq: str, rows: int, dropped: int,
+                  dropped_total: int) -> dict[bytes, bytes]:
+    """The footer of one file: the schema's own keys, the format version, and where its rows came from."""
+    md = dict(schema.metadata or {})
+    md.update({
+        FORMAT_KEY: str(FORMAT_VERSION).encode(),
+        META_DROPPED: str(dropped).encode(),
+        META_DROPPED_TOTAL: str(dropped_total).encode(),
+        META_PROXY: proxy_id.encode(),
+        META_RUN: run.encode(),
+        META_SEQ: seq.encode(),
+        META_ROWS: str(rows).encode(),
+    })
+    return md
+
+
+class ParquetOptions:
+    """Encoding choices of one dataset: dictionary for strings, delta for the `_ns` timestamps, zstd."""
+
+    def __init__(self, dataset: str, compression_level: int = 3, fsync: bool = True) -> None:
+        self.dataset = dataset
+        self.compression_level = compression_level
+        self.fsync = fsync
+        self.use_dictionary = [c.name for c in COLUMNS[dataset] if not (c.name.endswith("_ns") or c.name == "data")]
+        self.encodings = {c.name: "DELTA_BINARY_PACKED" for c in COLUMNS[dataset] if c.name.endswith("_ns")}
+
+
+def write_atomic(table: pa.Table, final_path: Path, metadata: dict[bytes, bytes], opts: ParquetOptions) -> int:
+    """Write `table` sorted to a dot-file, fsync, rename: readers never see a partial file. Returns its size."""
+    table = table.sort_by([(k, "ascending") for k in SORT_KEYS[opts.dataset]]).replace_schema_metadata(metadata)
+    tmp = final_path.with_name(tmp_name(final_path.name))
+    final_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with open(tmp, "wb") as f:
+            pq.write_table(
+                table, f, compression="zstd", compression_level=opts.compression_level,
+                use_dictionary=opts.use_dictionary, column_encoding=opts.encodings,
+                row_group_size=1_000_000, write_statistics=True,
+            )
+            if opts.fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, final_path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return final_path.stat().st_size

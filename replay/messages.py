@@ -1,0 +1,68 @@
+"""Recorded request bodies as mutable message objects: what the rewrites change.
+
+Why objects and not bytes: a rewrite may change any field anywhere in a body
+(a topic name three levels down, a member id, a producer id), so the body is
+decoded with the schema codec behind `protocol.deep` (kafka-python's classes,
+compiled from Kafka's JSON specs, which also tell which fields are topic names
+or producer ids via `entityType`), changed, and re-encoded. The header bytes
+are kept verbatim (client_id and tagged fields included).
+
+This module is the only place replay touches that codec's objects; frames,
+batches and headers go through `protocol.frames` / `protocol.batch_edit`.
+"""
+
+from __future__ import annotations
+
+from struct import Struct
+from typing import Any
+
+from protocol.apis import APIS
+from protocol.deep import message_class
+from protocol.frames import RequestFrame, response_body
+
+__all__ = ["decode_request_body", "reencode_request", "decode_response", "fields", "names_topic", "uuid_text"]
+
+_I32 = Struct(">i")
+_ZERO_UUID = "00000000-0000-0000-0000-000000000000"
+
+
+def decode_request_body(frame: RequestFrame) -> Any:
+    """The body as a mutable message object (ValueError if no schema)."""
+    info = APIS.get(frame.api_key)
+    if info is None or not info.decodable(frame.api_version):
+        raise ValueError(f"no schema for api {frame.api_key} v{frame.api_version}")
+    return message_class(frame.api_key, True).decode(frame.body, version=frame.api_version)
+
+
+def reencode_request(frame: RequestFrame, msg: Any) -> bytes:
+    """Recorded header bytes + the re-encoded body, with a new size prefix."""
+    msg._header = None  # kafka-python checks it when the version is set
+    body = bytes(msg.encode(version=frame.api_version))
+    header = frame.header
+    return _I32.pack(len(header) + len(body)) + header + body
+
+
+def decode_response(frame: RequestFrame, response: bytes | memoryview) -> Any:
+    """A response to `frame` (whole frame, size prefix included) as a message object."""
+    cls = message_class(frame.api_key, False)
+    return cls.decode(response_body(response, frame.api_key, frame.api_version), version=frame.api_version)
+
+
+def fields(obj: Any) -> list[Any]:
+    """The schema fields of a decoded struct that exist in its version."""
+    v = obj._version
+    return [f for f in obj._struct._fields if v is None or f.for_version_q(v)]
+
+
+def uuid_text(value: Any) -> str | None:
+    """A topic id as text; None for null and for the all-zero id (Kafka's "no id")."""
+    if value is None:
+        return None
+    text = str(value)
+    return None if text == _ZERO_UUID else text
+
+
+def names_topic(field: Any, parent: str | None) -> bool:
+    """Does this field hold a topic name? The specs say so (`entityType`), except in a few older structs."""
+    return getattr(field, "_entity_type", None) == "topicName" or field.name in ("topic", "topic_name") or (
+        field.name == "name" and parent in ("topics", "topic_data", "creatable_topics"))

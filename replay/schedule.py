@@ -1,0 +1,158 @@
+"""The state one replay's connections share: options, totals, and the schedule they follow.
+
+Why apart from the engine: each connection task (`replay.connection`) needs
+the schedule and the learned state, and the engine needs to start the
+connection tasks. With the shared part here, the engine imports the
+connection code and the connection code imports this; neither imports the
+other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from replay.load import Recording
+from replay.state import ReplayState
+
+@dataclass
+class ReplayOptions:
+    target: str
+    speed: float | None = 1.0  # None = max
+    record_dir: Path | None = None
+    proxy_id: str = "replay"
+    topic_map: dict[str, str] = field(default_factory=dict)
+    fetch_mode: str = "track"
+    create_topics: bool = True
+    sasl_plain: tuple[str, str] | None = None
+    pending_timeout: float = 10.0
+    response_timeout: float = 30.0
+    connect_timeout: float = 10.0
+    progress: TextIO | None = None
+    flush_interval_s: float = 0.5
+
+
+@dataclass
+class ReplayResult:
+    """Totals of one replay run (also what the CLI prints at the end)."""
+
+    connections: int = 0
+    sent: int = 0
+    answered: int = 0
+    failed: int = 0
+    no_response: int = 0  # acks=0 produce: nothing to wait for
+    skipped: Counter = field(default_factory=Counter)
+    failures: Counter = field(default_factory=Counter)
+    late: int = 0  # requests sent > 50 ms after their scheduled time (waiting for responses)
+    closed_by_target: list[str] = field(default_factory=list)  # recorded conn ids whose replay the target closed
+    topics_created: list[str] = field(default_factory=list)
+    notes: dict[str, int] = field(default_factory=dict)
+    rewrites: Counter = field(default_factory=Counter)
+    started_ns: int = 0
+    first_sent_ns: int | None = None
+    last_sent_ns: int | None = None
+    finished_ns: int = 0
+    record_dir: Path | None = None
+
+    @property
+    def span_s(self) -> float:
+        """Seconds from the first to the last request sent (the replay's rhythm, for --speed checks)."""
+        if self.first_sent_ns is None or self.last_sent_ns is None:
+            return 0.0
+        return (self.last_sent_ns - self.first_sent_ns) / 1e9
+
+    def summary(self) -> str:
+        lines = [f"replayed {self.connections} connections: {self.sent} requests sent, {self.answered} answered, "
+                 f"{self.no_response} without response (acks=0), {self.failed} failed, "
+                 f"{sum(self.skipped.values())} skipped; span {self.span_s:.2f} s"]
+        for reason, n in sorted(self.skipped.items(), key=lambda kv: -kv[1]):
+            lines.append(f"  skipped {n:>5}  {reason}")
+        for reason, n in sorted(self.failures.items(), key=lambda kv: -kv[1]):
+            lines.append(f"  failed  {n:>5}  {reason}")
+        if self.closed_by_target:
+            lines.append(f"  the target closed {len(self.closed_by_target)} connection(s): {', '.join(self.closed_by_target[:8])}")
+        if self.late:
+            lines.append(f"  {self.late} request(s) went out > 50 ms late, waiting for the target's responses")
+        if self.topics_created:
+            lines.append(f"  topics created on the target: {', '.join(self.topics_created)}")
+        for what, n in sorted(self.rewrites.items()):
+            lines.append(f"  rewritten {n:>5}  {what}")
+        for what, n in sorted(self.notes.items()):
+            lines.append(f"  note    {n:>5}  {what}")
+        if self.record_dir:
+            lines.append(f"  replay recorded in {self.record_dir}")
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- the schedule
+class ReplaySchedule:
+    """What every replayed connection shares: options, learned state, totals, and the schedule.
+
+    `settle`, `notify`, `wait_for`, `dispatch`, `at` and `sleep_until` are the
+    schedule each `replay.connection.replay_connection` task drives: the
+    global dispatch order (--speed max) and the recorded clock (--speed N).
+    The engine (`replay.engine.Replayer`) adds running the connections.
+    """
+
+    def __init__(self, recording: Recording, options: ReplayOptions) -> None:
+        self.rec = recording
+        self.opt = options
+        self.state = ReplayState(topic_map=dict(options.topic_map), fetch_mode=options.fetch_mode,
+                                 recorded_topic_ids=dict(recording.recorded_topic_ids),
+                                 sasl_mechanism="PLAIN" if options.sasl_plain else None)
+        self.result = ReplayResult(connections=len(recording.connections))
+        self.result.skipped.update(recording.skipped)
+        self._changed = asyncio.Condition()
+        self.dispatched = [False] * recording.requests  # global index → sent/skipped/failed (max-speed gate)
+        self.dispatch_ptr = 0
+        self._t0_rec = recording.start_ns or 0
+        self._t0 = 0.0
+        self._progress_task: asyncio.Task | None = None
+
+    # -- notifications -------------------------------------------------------
+    async def settle(self, done: list[bool], pos: int, index: int) -> None:
+        """A request is finished without a response to wait for (skipped, failed, or fire-and-forget)."""
+        done[pos] = True
+        self.dispatch(index)
+        await self.notify()
+
+    async def notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def wait_for(self, pred: Callable[[], bool], timeout: float | None) -> bool:
+        """Wait until pred() holds (re-checked after every response/dispatch); False on timeout."""
+        if pred():
+            return True
+        deadline = None if timeout is None else time.monotonic() + timeout
+        async with self._changed:
+            while not pred():
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                try:
+                    await asyncio.wait_for(self._changed.wait(), remaining)
+                except asyncio.TimeoutError:
+                    return pred()
+        return True
+
+    def dispatch(self, index: int) -> None:
+        self.dispatched[index] = True
+        while self.dispatch_ptr < len(self.dispatched) and self.dispatched[self.dispatch_ptr]:
+            self.dispatch_ptr += 1
+
+    # -- timing ----------------------------------------------------------------
+    def at(self, ts_ns: int) -> float:
+        """Loop time at which something recorded at ts_ns happens in the replay."""
+        assert self.opt.speed
+        return self._t0 + (ts_ns - self._t0_rec) / 1e9 / self.opt.speed
+
+    async def sleep_until(self, when: float) -> None:
+        delay = when - asyncio.get_running_loop().time()
+        if delay > 0:
+            await asyncio.sleep(delay)

@@ -1,0 +1,112 @@
+"""What a replay knows about the target, and what a rewrite can answer.
+
+Why separate from the rewrites: the state is filled from two sides — the
+rewrites read it per request (`replay.rewrite`), the target's responses write
+it (`replay.learn`) — and the engine owns one `ReplayState` per replay and one
+`ConnState` per replayed connection. Plain data, no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["ConnState", "ReplayState", "Send", "Skip", "Pending", "Outcome", "NeedState", "CannotReplay"]
+
+
+@dataclass
+class ConnState:
+    """What one replay connection learned from the target (fetch sessions, group joins)."""
+
+    client_id: str | None = None
+    fetch_sessions: dict[int, int] = field(default_factory=dict)  # recorded session id → target's
+    new_fetch_session: int | None = None  # target session created by this connection's last epoch-0 fetch
+    pending_member: dict[str, str] = field(default_factory=dict)  # group → member id the target just gave
+
+
+@dataclass
+class ReplayState:
+    """Mappings from the recording's identifiers to the target's, shared by all replay connections."""
+
+    topic_map: dict[str, str] = field(default_factory=dict)
+    fetch_mode: str = "track"  # "track": follow the target's sessions; "full": every fetch sessionless
+    recorded_topic_ids: dict[str, str] = field(default_factory=dict)  # recorded topic id (str uuid) → recorded name
+    target_topic_ids: dict[str, str] = field(default_factory=dict)  # target name → target topic id (str uuid)
+    producers: dict[int, tuple[int, int]] = field(default_factory=dict)  # recorded pid → target (pid, epoch)
+    recorded_init_pids: dict[tuple[str | None, int], int] = field(default_factory=dict)  # (client, nth init) → recorded pid
+    transactional: dict[str, tuple[int, int]] = field(default_factory=dict)  # transactional id → target (pid, epoch)
+    unclaimed_inits: dict[str | None, list[tuple[int, int]]] = field(default_factory=dict)  # client → target inits
+    members: dict[tuple[str, str], str] = field(default_factory=dict)  # (group, recorded member) → target member
+    generations: dict[str, int] = field(default_factory=dict)  # group → target generation
+    group_protocols: dict[str, str | None] = field(default_factory=dict)  # group → protocol_type of its joins
+    sasl_mechanism: str | None = None  # set when the user gave credentials (PLAIN)
+    notes: dict[str, int] = field(default_factory=dict)  # counted facts that are not skips
+
+    def note(self, what: str, n: int = 1) -> None:
+        self.notes[what] = self.notes.get(what, 0) + n
+
+    def target_producer(self, recorded_pid: int, client_id: str | None, transactional_id: str | None) -> tuple[int, int] | None:
+        """The target's (pid, epoch) for a recorded producer id, binding it on first use.
+
+        Without the recorded InitProducerId *responses* (capture=requests) the
+        recorded pid is unknown until a Produce shows it; it is then bound to
+        the newest InitProducerId answer the target gave this client, which is
+        the one the client would be using (a retried InitProducerId allocates
+        a fresh id; clients use the last one).
+        """
+        if transactional_id and transactional_id in self.transactional:
+            return self.transactional[transactional_id]
+        hit = self.producers.get(recorded_pid)
+        if hit is not None:
+            return hit
+        inits = self.unclaimed_inits.get(client_id)
+        if inits:
+            target = inits[-1]
+            inits.clear()
+            self.producers[recorded_pid] = target
+            return target
+        return None
+
+    def map_topic(self, name: str | None) -> str | None:
+        if name is None:
+            return None
+        return self.topic_map.get(name, name)
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Send these bytes (correlation id still the recorded one: the engine sets its own)."""
+
+    data: bytes
+    expects_response: bool
+    rewrites: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Skip:
+    """Do not send; counted under `reason`."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """Needs an answer from the target first (retry after the next response; skip on timeout)."""
+
+    reason: str
+
+
+Outcome = Send | Skip | Pending
+
+
+class NeedState(Exception):
+    """Raised inside a rewrite: the target has not answered what this request depends on yet (→ Pending)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+class CannotReplay(Exception):
+    """Raised inside a rewrite: this request cannot be made faithful for the target (→ Skip)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason

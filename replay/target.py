@@ -1,0 +1,159 @@
+"""Get the target broker ready before the first recorded request: topics, leaders, coordinators, producer ids.
+
+Why wait at all: the origin was a warmed-up cluster when the session was
+recorded — its topics existed and were led, its group coordinators and
+producer-id blocks were loaded. A fresh target answers the same requests with
+NOT_LEADER_OR_FOLLOWER, COORDINATOR_NOT_AVAILABLE or
+COORDINATOR_LOAD_IN_PROGRESS for a few seconds, and a replay that started
+then would measure the target's start-up, not the recording. Each wait is
+bounded and, when it runs out, noted (the replay goes ahead).
+
+The requests are our own, sent over one `harness.wire.AsyncWireClient`
+connection; Metadata and CreateTopics answers also feed `learn_from_response`
+(the target's topic ids).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from harness.wire import AsyncWireClient
+from protocol.apis import CREATE_TOPICS, FIND_COORDINATOR, INIT_PRODUCER_ID, LIST_OFFSETS, METADATA
+from protocol.frames import parse_request
+from replay.learn import learn_from_response
+from replay.load import Recording
+from replay.state import ConnState, ReplayState
+
+__all__ = ["prepare_target", "hostport"]
+
+_READ_TIMEOUT_S = 30.0  # per answer; CreateTopics itself is bounded by the prepare timeout
+_ALL_TOPICS = {"topics": None, "allow_auto_topic_creation": False, "include_topic_authorized_operations": False}
+
+
+def hostport(text: str) -> tuple[str, int]:
+    """"host:port" (IPv6 in brackets allowed; an empty host is loopback) → (host, port)."""
+    host, _, port = text.strip().rpartition(":")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+async def _learning(cli: AsyncWireClient, state: ReplayState, conn: ConnState, api_key: int, version: int,
+                    body: dict[str, Any]) -> dict[str, Any]:
+    """One request whose answer also teaches the replay state (topic ids); the answer's body."""
+    ex = await cli.exchange(api_key, version, body)
+    learn_from_response(parse_request(ex.request), ex.response, state, conn)
+    return ex.body
+
+
+async def prepare_target(target: str, recording: Recording, state: ReplayState, create: bool,
+                         timeout: float = 30.0) -> list[str]:
+    """Learn the target's topic ids and create the recording's topics that it lacks.
+
+    Partition counts come from the recording (highest partition index seen + 1,
+    or the recorded Metadata when responses were captured); a topic that
+    exists with fewer partitions is left alone and noted.
+    """
+    host, port = hostport(target)
+    cli = await AsyncWireClient.connect(host, port, client_id="kafkatap-replay-setup", timeout=_READ_TIMEOUT_S,
+                                        connect_timeout=timeout)
+    created: list[str] = []
+    conn = ConnState()
+    try:
+        md = await _learning(cli, state, conn, METADATA, 12, _ALL_TOPICS)
+        existing = {t["name"]: len(t["partitions"] or ()) for t in md["topics"] or () if t["error_code"] == 0}
+        wanted = {state.map_topic(t) or t: n for t, n in recording.topics.items()}
+        for name, n in wanted.items():
+            if name in existing and n > existing[name]:
+                state.note(f"topic_has_fewer_partitions_on_target:{name}")
+        missing = {t: max(1, n) for t, n in wanted.items() if t not in existing}
+        if missing and create:
+            topics = [{"name": t, "num_partitions": n, "replication_factor": -1, "assignments": [], "configs": []}
+                      for t, n in sorted(missing.items())]
+            body = await _learning(cli, state, conn, CREATE_TOPICS, 7,
+                                   {"topics": topics, "timeout_ms": int(timeout * 1000), "validate_only": False})
+            for t in body["topics"] or ():
+                if t["error_code"] == 0:
+                    created.append(t["name"])
+                else:
+                    state.note(f"create_topic_failed:{t['name']}:{t['error_code']}")
+            # ready = the target reports every partition of every created topic with a leader
+            # (and its topic id): the origin's topics were ready when the session was recorded
+            for _ in range(80):
+                md = await _learning(cli, state, conn, METADATA, 12, _ALL_TOPICS)
+                ready = {t["name"] for t in md["topics"] or ()
+                         if t["error_code"] == 0 and t["partitions"]
+                         and all(p["error_code"] == 0 and p["leader_id"] >= 0 for p in t["partitions"])}
+                if all(t in state.target_topic_ids and t in ready for t in created):
+                    break
+                await asyncio.sleep(0.25)
+            else:
+                state.note("created_topics_not_ready")
+            await _await_partition_leaders(cli, {t: missing[t] for t in created}, state, timeout)
+        elif missing:
+            state.note("topics_missing_on_target", len(missing))
+        await _await_coordinators(cli, recording.groups, state, timeout)
+        if any(r.frame.api_key == INIT_PRODUCER_ID for c in recording.connections for r in c.requests):
+            await _await_producer_ids(cli, state, timeout)
+    finally:
+        cli.close()
+    return created
+
+
+async def _await_partition_leaders(cli: AsyncWireClient, topics: dict[str, int], state: ReplayState,
+                                   timeout: float) -> None:
+    """Wait until the target's replica manager leads every created partition.
+
+    Why: KRaft publishes a new topic's leader in Metadata a moment before the
+    broker itself has become leader, and a Produce in that gap is answered
+    NOT_LEADER_OR_FOLLOWER. ListOffsets(latest) has no side effect and answers
+    0 only once the partition is really led.
+    """
+    if not topics:
+        return
+    wanted = [{"name": t, "partitions": [{"partition_index": i, "current_leader_epoch": -1, "timestamp": -1}
+                                         for i in range(n)]} for t, n in topics.items()]
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        body = await cli.call(LIST_OFFSETS, 4, {"replica_id": -1, "isolation_level": 0, "topics": wanted})
+        if all(p["error_code"] == 0 for t in body["topics"] or () for p in t["partitions"] or ()):
+            return
+        await asyncio.sleep(0.2)
+    state.note("created_partitions_not_led", len(topics))
+
+
+async def _await_coordinators(cli: AsyncWireClient, groups: set[str], state: ReplayState, timeout: float) -> None:
+    """Wait until the target has a coordinator for every recorded group (FindCoordinator answers 0).
+
+    Why: a fresh broker creates __consumer_offsets on the first FindCoordinator
+    and answers COORDINATOR_NOT_AVAILABLE / NOT_COORDINATOR for a few seconds;
+    the origin's coordinator was up when the session was recorded, so a
+    faithful replay starts once the target's is too.
+    """
+    if not groups:
+        return
+    deadline = asyncio.get_running_loop().time() + timeout
+    pending = set(groups)
+    while pending and asyncio.get_running_loop().time() < deadline:
+        for g in sorted(pending):
+            if (await cli.call(FIND_COORDINATOR, 2, {"key": g, "key_type": 0}))["error_code"] == 0:
+                pending.discard(g)
+        if pending:
+            await asyncio.sleep(0.5)
+    if pending:
+        state.note("group_coordinator_not_ready", len(pending))
+
+
+async def _await_producer_ids(cli: AsyncWireClient, state: ReplayState, timeout: float) -> None:
+    """Wait until the target hands out producer ids (InitProducerId answers 0).
+
+    A fresh KRaft broker answers COORDINATOR_LOAD_IN_PROGRESS until it got its
+    first block of producer ids from the controller; the origin was past that.
+    Costs one producer id on the target.
+    """
+    body = {"transactional_id": None, "transaction_timeout_ms": 0, "producer_id": -1, "producer_epoch": -1}
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        if (await cli.call(INIT_PRODUCER_ID, 4, body))["error_code"] == 0:
+            return
+        await asyncio.sleep(0.5)
+    state.note("producer_ids_not_ready")

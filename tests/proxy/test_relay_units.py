@@ -1,0 +1,210 @@
+"""The relay's socket-free units: send stamps, frame capture, the observer, rows from facts.
+
+Everything here runs without a socket or an event loop: bytes, clocks and
+"the kernel took N bytes" notices are passed in by hand, which is exactly how
+the relay drives these units.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from protocol.deep import message_class
+from protocol.stream import KafkaStream
+from proxy import rows
+from proxy.capture import FrameCapture
+from proxy.facts import ConnectionFacts, End
+from proxy.observer import Observer
+from proxy.timing import SendStamps
+from recording.schema import CONNECTION_COLUMNS, REQUEST_COLUMNS
+
+
+def _request(api_key: int, version: int, body: dict[str, Any], corr: int) -> bytes:
+    msg = message_class(api_key, True)[version](**body)
+    msg.with_header(correlation_id=corr, client_id="unit")
+    return bytes(msg.encode(framed=True, header=True))
+
+
+def _response(api_key: int, version: int, body: dict[str, Any], corr: int) -> bytes:
+    msg = message_class(api_key, False)[version](**body)
+    msg.with_header(correlation_id=corr)
+    return bytes(msg.encode(framed=True, header=True))
+
+
+def _api_versions(corr: int) -> tuple[bytes, bytes]:
+    return _request(18, 0, {}, corr), _response(18, 0, {"error_code": 0, "api_keys": []}, corr)
+
+
+def _acks0_produce(corr: int) -> bytes:
+    cls = message_class(0, True)
+    topic = cls.TopicProduceData(name="orders", partition_data=[])
+    return _request(0, 3, {"transactional_id": None, "acks": 0, "timeout_ms": 1000, "topic_data": [topic]}, corr)
+
+
+# ---------------------------------------------------------------- SendStamps
+def test_stamps_flush_at_hand_over_unless_blocked_then_at_drain():
+    s: SendStamps[str] = SendStamps()
+    s.handed(10, now_ns=100)
+    assert (s.flushed, s.flushed_ns) == (10, 100)
+    assert s.sent_at(10, "a") == 100  # already flushed: stamped at once, nothing queued
+    assert not s.waiting
+    s.block()
+    s.handed(5, now_ns=200)  # the kernel did not take it all
+    assert s.flushed == 10
+    assert s.sent_at(15, "b") is None and s.sent_at(15, "c") is None and s.waiting
+    assert list(s.settled()) == []
+    s.drained(now_ns=300)
+    assert list(s.settled()) == [("b", 300), ("c", 300)]
+    assert not s.waiting
+
+
+def test_stamps_settle_in_offset_order_and_forget_one():
+    s: SendStamps[str] = SendStamps()
+    s.block()
+    s.handed(30, 1)
+    for end, name in ((10, "x"), (20, "y"), (30, "z")):
+        assert s.sent_at(end, name) is None
+    s.forget("y")
+    s.drained(50)
+    assert list(s.settled()) == [("x", 50), ("z", 50)]
+    s.block()
+    s.handed(10, 60)
+    s.sent_at(40, "left")
+    assert list(s.drain_all()) == ["left"] and not s.waiting
+
+
+# ---------------------------------------------------------------- FrameCapture
+def test_capture_cuts_frames_across_chunks_and_releases_what_it_took():
+    cap = FrameCapture()
+    stream = b"AAAA" + b"BBBBBB" + b"CC"
+    for i in range(0, len(stream), 3):  # chunk boundaries fall inside frames
+        cap.append(stream[i:i + 3])
+    assert cap.take(0, 4, api_key=18) == b"AAAA"
+    assert cap.take(4, 6, api_key=3) == b"BBBBBB"
+    assert cap.held == 2  # only the unfinished frame stays
+    assert cap.take(10, 2, api_key=3) == b"CC" and cap.held == 0
+
+
+def test_capture_never_keeps_sasl_authenticate_but_moves_past_it():
+    cap = FrameCapture()
+    cap.append(b"secret" + b"next")
+    assert cap.take(0, 6, api_key=36) is None
+    assert cap.take(6, 4, api_key=18) == b"next"
+
+
+# ---------------------------------------------------------------- Observer
+class _Rows:
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.frames: list[dict[str, Any]] = []
+
+    def request(self, row: dict[str, Any]) -> None:
+        self.requests.append(row)
+
+    def frame(self, row: dict[str, Any]) -> None:
+        self.frames.append(row)
+
+
+def _observer(capture: str = "none") -> tuple[Observer, SendStamps, SendStamps, _Rows, list]:
+    facts = ConnectionFacts(proxy_id="p", conn_id="c1", listener="127.0.0.1:1", mode="explicit", opened_ns=0,
+                            client_addr="127.0.0.1:2", broker_addr="127.0.0.1:3")
+    req, resp, out, logged = SendStamps(), SendStamps(), _Rows(), []
+    obs = Observer(KafkaStream(), facts, req, resp, out, lambda level, event, **kw: logged.append((level, event)),
+                   capture=capture)
+    return obs, req, resp, out, logged
+
+
+def _relay(obs: Observer, stamps: SendStamps, request: bool, data: bytes, read_ns: int, written_ns: int,
+           step: int | None = None) -> None:
+    """What the relay does with a chunk: write it (the kernel takes it at written_ns), then observe it."""
+    step = step or len(data)
+    for i in range(0, len(data), step):
+        chunk = data[i:i + step]
+        stamps.handed(len(chunk), written_ns)
+        obs.feed(request, chunk, read_ns)
+
+
+@pytest.mark.parametrize("step", [None, 1], ids=["whole", "byte-by-byte"])
+def test_observer_pairs_and_stamps_the_six_times(step):
+    obs, req, resp, out, _ = _observer(capture="all")
+    q, a = _api_versions(corr=41)
+    _relay(obs, req, True, q, read_ns=1_000, written_ns=1_500, step=step)
+    assert out.requests == [] and obs.facts.inflight == 1
+    _relay(obs, resp, False, a, read_ns=9_000, written_ns=9_700, step=step)
+    (row,) = out.requests
+    assert set(row) == {c.name for c in REQUEST_COLUMNS}
+    assert (row["status"], row["correlation_id"], row["api_name"]) == ("answered", 41, "ApiVersions")
+    assert (row["req_first_ns"], row["req_sent_ns"], row["resp_first_ns"], row["resp_sent_ns"]) == (1_000, 1_500, 9_000, 9_700)
+    assert row["latency_us"] == 8 and row["broker_latency_us"] == 7
+    assert obs.facts.inflight == 0 and obs.facts.from_client.frames == 1 and obs.facts.from_broker.frames == 1
+    assert [f["data"] for f in out.frames] == [q, a]
+
+
+def test_observer_waits_for_the_drain_when_the_broker_socket_is_full():
+    obs, req, resp, out, _ = _observer()
+    q, a = _api_versions(corr=5)
+    req.block()  # the broker's socket buffer is full: the request is not sent yet
+    _relay(obs, req, True, q, read_ns=100, written_ns=100)
+    req.drained(400)
+    obs.settle(True)
+    _relay(obs, resp, False, a, read_ns=900, written_ns=950)
+    (row,) = out.requests
+    assert row["req_sent_ns"] == 400
+
+
+def test_observer_acks0_produce_is_recorded_once_flushed_without_response():
+    obs, req, _, out, _ = _observer()
+    frame = _acks0_produce(corr=9)
+    req.block()
+    _relay(obs, req, True, frame, read_ns=10, written_ns=10)
+    assert out.requests == []  # not sent yet
+    req.drained(70)
+    obs.settle(True)
+    (row,) = out.requests
+    assert (row["status"], row["acks"], row["req_sent_ns"]) == ("no_response", 0, 70)
+    assert obs.facts.inflight == 0
+
+
+def test_observer_close_reports_unanswered_and_truncated():
+    obs, req, _, out, logged = _observer()
+    q, _ = _api_versions(corr=3)
+    _relay(obs, req, True, q + q[:5], read_ns=10, written_ns=20)
+    obs.close(now_ns=99)
+    (row,) = out.requests
+    assert row["status"] == "unanswered" and row["req_sent_ns"] == 20
+    assert obs.facts.unanswered_at_end == 1
+    assert "truncated" in obs.facts.opaque_reason and logged.count(("warning", "stream not parsed from here on; bytes still relayed unchanged")) == 1
+
+
+def test_observer_decoder_failure_makes_the_connection_opaque_once():
+    obs, req, _, _, logged = _observer()
+
+    class Broken(KafkaStream):
+        def receive_request_data(self, data: bytes, now_ns: int) -> None:
+            raise RuntimeError("boom")
+
+    obs.stream = Broken()
+    obs.feed(True, b"\x00\x00\x00\x01x", 1)
+    obs.feed(True, b"more", 2)  # no second failure: observation stopped
+    assert not obs.parsing and obs.facts.opaque_kind == "decoder_error"
+    assert [lvl for lvl, _ in logged] == ["error"]
+
+
+# ---------------------------------------------------------------- rows from facts
+def test_connection_row_is_built_from_plain_facts():
+    f = ConnectionFacts(proxy_id="p", conn_id="c9", listener="l", mode="transparent", opened_ns=1_000_000,
+                        client_addr="10.0.0.1:5", original_dst="10.0.0.2:9092", broker_addr="10.0.0.2:9092")
+    f.from_client.bytes, f.from_broker.bytes = 10, 20
+    f.last.api, f.last.acks, f.last.topics = "Produce", 0, ["t"]
+    f.closed_ns = 5_000_000
+    f.end = End("broker_fin", "broker", None, 3, 5_000_000)
+    f.inferred = f"because {f.end_facts().end_by}"
+    row = rows.connection_row(f, True, now_ns=5_000_000)
+    assert set(row) == {c.name for c in CONNECTION_COLUMNS}
+    assert (row["end_reason"], row["end_by"], row["duration_us"]) == ("broker_fin", "broker", 4_000)
+    assert (row["bytes_from_client"], row["bytes_from_broker"], row["last_request_acks"]) == (10, 20, 0)
+    assert row["inferred_cause"] == "because broker"
+    snap = rows.connection_row(f, False, now_ns=2_000_000)
+    assert snap["end_reason"] == "open" and snap["inferred_cause"] is None and snap["duration_us"] == 1_000
