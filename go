@@ -60,6 +60,8 @@ python_env() {
 
 kafka_jars() {
   "$VENV/bin/python" -m harness.jars
+  # Apache Kafka's JSON message specs (kafka-clients sources jars): the codec generator's input
+  "$VENV/bin/python" -m harness.jars --specs
 }
 
 spark_class_archive() {

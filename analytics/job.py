@@ -76,6 +76,7 @@ def table_plan(i: Inputs, bucket_s: int) -> dict[str, Callable[[], DataFrame]]:
     return {
         "client_inventory": lambda: clients.client_inventory(i.rollup, i.topics, i.conns),
         "topic_view": lambda: clients.topic_view(i.topics),
+        "group_protocols": lambda: clients.group_protocols(i.rollup),
         "latency_by_api": lambda: latency.cube_latency_by_api(i.views),
         "broker_latency_by_api": lambda: latency.cube_broker_latency_by_api(i.views),
         "latency_by_api_version": lambda: latency.cube_latency_by_api_version(i.views),

@@ -1,6 +1,6 @@
 """Read one or more recordings into Spark DataFrames, checked, filtered and de-duplicated.
 
-A recording directory holds `requests/`, `connections/`, `tcp/` (and optional
+A recording directory holds `requests/`, `connections/`, `tcp/`, `topics/` (and optional
 `frames/`), each Hive-partitioned by proxy/date/hour. Every transform works on
 the `Recording` returned here, so the format-version check, the time and
 broker/client/topic filters and the connection-snapshot de-duplication happen
@@ -27,6 +27,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from analytics.spark_schema import conform, spark_schema, spark_type
+from analytics.transforms.topics import name_connection_topics, name_topic_ids, topic_pairs
 from recording import schema as rec
 from recording.migrations import MIGRATIONS, RecordingFormatError
 from recording.reader import LiveFiles, dataset_version, live_files, recording_start
@@ -69,6 +70,7 @@ class Recording:
     tcp: DataFrame
     dirs: tuple[str, ...] = ()
     versions: dict[str, int] = field(default_factory=dict)
+    topic_names: dict[str, str] = field(default_factory=dict)  # topic id -> name, from topics/ (late resolution)
 
 
 def fmt_ns(ns: int) -> str:
@@ -193,7 +195,7 @@ def apply_filters(r: Recording, f: Filters) -> Recording:
         conns = conns.join(touched, ["proxy_id", "conn_id"], "left_semi")
     if f.brokers or f.clients or f.topics:
         tcp = tcp.join(conns.select("proxy_id", "conn_id"), ["proxy_id", "conn_id"], "left_semi")
-    return Recording(req, conns, tcp, r.dirs, r.versions)
+    return Recording(req, conns, tcp, r.dirs, r.versions, r.topic_names)
 
 
 def load(spark: SparkSession, dirs: Sequence[str], filters: Filters | None = None) -> Recording:
@@ -203,7 +205,12 @@ def load(spark: SparkSession, dirs: Sequence[str], filters: Filters | None = Non
     filters = filters or Filters()
     frames: dict[str, list[DataFrame]] = {d: [] for d in DATASETS_READ}
     versions: dict[str, int] = {}
+    pairs: dict[str, str] = {}
     for directory in dirs:
+        # every pair the proxies learned, at any time (no time filter): ids are named late (transforms.topics)
+        learned, _, has_pairs = read_dataset(spark, directory, "topics")
+        if has_pairs:
+            pairs.update({r["topic_id"]: r["name"] for r in topic_pairs(learned).collect()})
         found = False
         for ds in DATASETS_READ:
             pf = _partition_filter(filters, upper=(ds == "requests"))
@@ -224,10 +231,11 @@ def load(spark: SparkSession, dirs: Sequence[str], filters: Filters | None = Non
         return out
 
     recording = Recording(
-        requests=union(frames["requests"]),
-        connections=dedupe_connections(union(frames["connections"])),
+        requests=name_topic_ids(union(frames["requests"]), pairs),
+        connections=name_connection_topics(dedupe_connections(union(frames["connections"])), pairs),
         tcp=union(frames["tcp"]),
         dirs=tuple(dirs),
         versions=versions,
+        topic_names=pairs,
     )
     return apply_filters(recording, filters)

@@ -25,8 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from recording import schema as rec
-
-TIME_COLUMN = {"requests": "req_first_ns", "connections": "snapshot_ns", "tcp": "ts_ns", "frames": "ts_ns"}
+from recording.layout import TIME_COLUMN  # the recorder's own partitioning column per dataset
 NS = 1_000_000_000
 HOUR_NS = 3600 * NS
 

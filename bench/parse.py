@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from protocol.deep import message_class  # noqa: E402
+from protocol.deep import decode_body, message_class  # noqa: E402
 from protocol.events import Summary  # noqa: E402
 from protocol.headers import parse_request_header, skip_request_header_tags  # noqa: E402
 from protocol.stream import KafkaStream  # noqa: E402
@@ -111,6 +111,12 @@ def measure() -> list[tuple[str, float, float]]:
         f"Metadata v12 response summary, 50 topics×1 partition ({len(meta1)} B)",
         best_us(lambda: w_meta(meta1, 9, len(meta1), Summary())),
         best_us(lambda: Meta.decode(meta1[9:], version=12)),
+    ))
+
+    rows.append((
+        "Metadata v12 response full decode, 50×3 (protocol.deep, spec codec; off the hot path)",
+        best_us(lambda: decode_body(3, 12, False, mv[9:])),
+        best_us(lambda: Meta.decode(mv[9:], version=12)),
     ))
 
     st = KafkaStream()  # one per connection, reused: per-frame cost only

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,16 +113,59 @@ def ensure_jars(version: str = DEFAULT_VERSION, quiet: bool = False) -> Path:
     return lib
 
 
+def ensure_specs(version: str = DEFAULT_VERSION, quiet: bool = False) -> Path:
+    """Kafka's JSON message specs (`common/message/*.json` of kafka-clients' sources jar), fetched once.
+
+    Why the sources jar: the specs are the definition `protocol/generated/specs.json` is generated
+    from (`python -m protocol.spec_gen`); they come through Maven like the broker jars, pinned to
+    the same release, and are unpacked into `<cache>/specs/<version>` (a `.complete` marker again).
+    """
+    release(version)
+    out = cache_root() / "specs" / version
+    if (out / ".complete").exists():
+        return out
+    mvn = require_tool("mvn", "maven")
+    jar_dir = cache_root() / "specs" / f"{version}-jar"
+    jar_dir.mkdir(parents=True, exist_ok=True)
+    artifact = f"org.apache.kafka:kafka-clients:{version}:jar:sources"
+    if not quiet:
+        log.info("fetching Kafka message specs from Maven Central", artifact=artifact)
+    proc = subprocess.run(
+        [mvn, "-B", "-q", f"-Dmaven.repo.local={cache_root() / 'm2'}", "dependency:copy",
+         f"-Dartifact={artifact}", f"-DoutputDirectory={jar_dir}"],
+        cwd=cache_root(), capture_output=True, text=True,
+    )
+    if proc.returncode != 0:
+        raise KafkaHarnessError(f"Maven could not fetch {artifact}: {_last_error(proc.stdout + proc.stderr)}")
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    with zipfile.ZipFile(jar_dir / f"kafka-clients-{version}-sources.jar") as jar:
+        names = [n for n in jar.namelist() if n.startswith("common/message/") and n.endswith(".json")]
+        for name in names:
+            (out / Path(name).name).write_bytes(jar.read(name))
+    if not names:
+        raise KafkaHarnessError(f"{artifact} holds no common/message/*.json")
+    (out / ".complete").write_text(f"{len(names)} specs\n")
+    return out
+
+
 def _last_error(output: str) -> str:
     errors = [ln.strip() for ln in output.splitlines() if "ERROR" in ln and ln.strip() != "[ERROR]"]
     return (errors[0] if errors else output.strip().splitlines()[-1] if output.strip() else "no output")[:400]
 
 
 def main() -> None:
-    """`python -m harness.jars [VERSION…]`: fetch (or confirm) the pinned jars."""
+    """`python -m harness.jars [--specs] [VERSION…]`: fetch (or confirm) the pinned jars, or the message specs."""
     import sys
 
-    for version in sys.argv[1:] or list(RELEASES):
+    args = sys.argv[1:]
+    if args[:1] == ["--specs"]:
+        for version in args[1:] or list(RELEASES):  # the generator reads 4.3.1 and 3.7.2
+            out = ensure_specs(version, quiet=True)
+            print(f"Kafka {version}: {len(list(out.glob('*.json')))} message specs in {out}", file=sys.stderr)
+        return
+    for version in args or list(RELEASES):
         started = time.monotonic()
         lib = ensure_jars(version, quiet=True)
         print(f"Kafka {version}: {len(list(lib.glob('*.jar')))} jars in {lib} ({time.monotonic() - started:.1f}s)",

@@ -1,16 +1,15 @@
-"""Full decode and encode on demand through kafka-python 3.x's schema codec — never on the hot path.
+"""Full decode and encode on demand, from Kafka's own specs — never on the hot path.
 
-Why kafka-python: it compiles codecs from the same JSON specs Kafka uses, so
-a full decode here is an independent check of the hand-tuned summarizers (the
-tests compare both on real traffic) and a way to show any frame in full
-(replay, debugging). It is 10-100× slower than the summarizers.
+Why: a full decode shows any frame in full (replay, harness, debugging) and is
+an independent check of the generated summarizers (the tests compare both on
+real traffic). It is driven by the committed spec table
+(`protocol/generated/specs.json`, see `protocol.spec_gen` and
+`protocol.codec`), so it knows every API the newest Kafka the harness runs
+knows, and needs neither kafka-python nor Maven at run time.
 
 Bodies are plain dicts (the specs' field names in snake_case), in both
-directions, so that callers need not touch kafka-python's classes and the
-backend can be swapped for a codec generated from Kafka's specs without
-changing them (`message_class` stays for the one caller that edits decoded
-bodies in place: replay's rewrites). Headers and size prefixes are written by
-`protocol.headers`, not by the backend. The dict form:
+directions. Headers and size prefixes are written by `protocol.headers`, not
+by the codec. The dict form:
 
 * `decode_*(…)` (display form): bytes fields become text, for logs and JSON;
 * `decode_*(…, exact=True)`: bytes fields stay `bytes`, so that
@@ -20,16 +19,20 @@ bodies in place: replay's rewrites). Headers and size prefixes are written by
 SaslAuthenticate's `auth_bytes` is dropped by every decode (credentials are
 never kept). Every failure is raised as `DecodeError` / `UnknownApi` /
 `EncodeError` (all `protocol.errors.ProtocolError`).
+
+`message_class` hands out kafka-python's class for an API: only for callers
+that edit kafka-python objects in place (replay's rewrites) and for tests that
+use kafka-python as an independent oracle; nothing here uses it.
 """
 
 from __future__ import annotations
 
-import uuid
 from struct import Struct
 from typing import Any
 
+from protocol import codec
 from protocol.apis import API_VERSIONS, APIS, SASL_AUTHENTICATE
-from protocol.errors import DecodeError, EncodeError, UnknownApi
+from protocol.errors import DecodeError, UnknownApi
 from protocol.frames import response_body, response_correlation_id
 from protocol.headers import (
     encode_request_header,
@@ -45,7 +48,7 @@ _CLASSES: dict[tuple[int, str], Any] | None = None
 
 
 def _classes() -> dict[tuple[int, str], Any]:
-    """(api_key, 'request'|'response') → kafka-python ApiMessage class."""
+    """(api_key, 'request'|'response') → kafka-python ApiMessage class (imported on first use)."""
     global _CLASSES
     if _CLASSES is None:
         import kafka.protocol.admin as admin
@@ -69,50 +72,11 @@ def _classes() -> dict[tuple[int, str], Any]:
 
 
 def message_class(api_key: int, request: bool) -> Any:
+    """kafka-python's message class (see the module docstring); UnknownApi when it has none."""
     cls = _classes().get((api_key, "request" if request else "response"))
     if cls is None:
         raise UnknownApi(f"kafka-python has no class for api {api_key}")
     return cls
-
-
-def _to_dict(msg: Any) -> dict[str, Any]:
-    try:
-        return msg.to_dict(meta=False, json=True)
-    except TypeError:
-        return msg.to_dict()
-
-
-def _kind(field: Any) -> str:
-    """The spec's type of a simple field or of an array's elements ("uuid", "bytes", "records", "int32" …)."""
-    return field.type_str.removeprefix("[]")
-
-
-def _exact_value(kind: str, value: Any) -> Any:
-    if value is None:
-        return None
-    if kind == "uuid":
-        return str(value)
-    if kind in ("bytes", "records"):
-        return bytes(value)
-    return value
-
-
-def _exact_dict(obj: Any, version: int) -> dict[str, Any]:
-    """A decoded struct as the exact dict form (see the module docstring)."""
-    out: dict[str, Any] = {}
-    for f in obj._struct._fields:
-        if not f.for_version_q(version):
-            continue
-        value = getattr(obj, f.name)
-        if f.is_struct():
-            out[f.name] = None if value is None else _exact_dict(value, version)
-        elif f.is_struct_array():
-            out[f.name] = None if value is None else [_exact_dict(v, version) for v in value]
-        elif f.is_array():
-            out[f.name] = None if value is None else [_exact_value(_kind(f), v) for v in value]
-        else:
-            out[f.name] = _exact_value(_kind(f), value)
-    return out
 
 
 def _api_versions_error_version(api_key: int, request: bool, version: int, error_code: object) -> int:
@@ -126,15 +90,13 @@ def decode_body(api_key: int, version: int, request: bool, body: bytes | memoryv
     info = APIS.get(api_key)
     if info is None or not info.decodable(version):
         raise UnknownApi(f"no schema for api {api_key} v{version}")
-    cls = message_class(api_key, request)
     data = bytes(body)
     if len(data) >= 2:
         version = _api_versions_error_version(api_key, request, version, int.from_bytes(data[:2], "big", signed=True))
     try:
-        msg = cls.decode(memoryview(data), version=version)
-        out = _exact_dict(msg, version) if exact else _to_dict(msg)
-    except Exception as exc:
-        raise DecodeError(f"{info.name} v{version} {'request' if request else 'response'}: {exc!r}") from exc
+        out = codec.decode(api_key, version, request, data, exact)
+    except DecodeError as exc:
+        raise DecodeError(f"{info.name} v{version} {'request' if request else 'response'}: {exc}") from exc
     if api_key == SASL_AUTHENTICATE:
         out.pop("auth_bytes", None)  # credentials are never kept
     return out
@@ -167,54 +129,6 @@ def decode_response(frame: bytes | memoryview, api_key: int, api_version: int, e
 
 
 # --------------------------------------------------------------------------- encode
-def _value_in(kind: str, value: Any, where: str) -> Any:
-    """One simple value from the dict form to what the backend encodes."""
-    if value is None:
-        return None
-    if kind == "uuid":
-        if isinstance(value, uuid.UUID):
-            return value
-        try:
-            return uuid.UUID(str(value))
-        except ValueError as exc:
-            raise EncodeError(f"{where}: {value!r} is not a UUID") from exc
-    if kind in ("bytes", "records"):
-        if not isinstance(value, (bytes, bytearray, memoryview)):
-            raise EncodeError(f"{where}: bytes expected, got {type(value).__name__}")
-        return bytes(value)
-    return value
-
-
-def _nested_class(parent: Any, field: Any) -> Any:
-    """The backend class of a nested struct: kafka-python hangs it on the parent class by type name."""
-    return getattr(parent, field.type_str, None) or field.data_class
-
-
-def _build(data_class: Any, version: int, values: dict[str, Any], where: str) -> Any:
-    """A backend object for one struct of the dict form; a field the version lacks is an error, not dropped."""
-    if not isinstance(values, dict):
-        raise EncodeError(f"{where}: a struct must be a dict, got {type(values).__name__}")
-    fields = {f.name: f for f in data_class._struct._fields}
-    kwargs: dict[str, Any] = {}
-    for name, value in values.items():
-        f = fields.get(name)
-        here = f"{where}.{name}"
-        if f is None or not f.for_version_q(version):
-            raise EncodeError(f"{here}: no such field in v{version}")
-        if value is None:
-            kwargs[name] = None
-        elif f.is_struct():
-            kwargs[name] = _build(_nested_class(data_class, f), version, value, here)
-        elif f.is_struct_array():
-            cls = _nested_class(data_class, f)
-            kwargs[name] = [_build(cls, version, v, f"{here}[{i}]") for i, v in enumerate(value)]
-        elif f.is_array():
-            kwargs[name] = [_value_in(_kind(f), v, f"{here}[{i}]") for i, v in enumerate(value)]
-        else:
-            kwargs[name] = _value_in(_kind(f), value, here)
-    return data_class(version=version, **kwargs)
-
-
 def encode_body(api_key: int, version: int, request: bool, body: dict[str, Any]) -> bytes:
     """A request/response body (no size prefix, no header) from its dict form.
 
@@ -227,12 +141,7 @@ def encode_body(api_key: int, version: int, request: bool, body: dict[str, Any])
     if info is None or not info.decodable(version):
         raise UnknownApi(f"no schema for api {api_key} v{version}")
     version = _api_versions_error_version(api_key, request, version, body.get("error_code"))
-    where = f"{info.name}{'Request' if request else 'Response'}"
-    msg = _build(message_class(api_key, request), version, body, where)
-    try:
-        return bytes(msg.encode(version=version))
-    except Exception as exc:
-        raise EncodeError(f"{where} v{version}: {exc!r}") from exc
+    return codec.encode(api_key, version, request, body)
 
 
 def encode_request(api_key: int, api_version: int, correlation_id: int, client_id: str | None,

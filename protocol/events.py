@@ -160,4 +160,18 @@ class StreamClosed:
     at_ns: int
 
 
-Event = RequestSeen | ResponseSeen | StreamOpaque | StreamClosed
+@dataclass(slots=True)
+class RequestDropped:
+    """A request the decoder saw but stopped waiting for, so it will get no row of its own.
+
+    `reason`: `in_flight_cap` (the pairing map was full; the oldest request
+    is given up), `correlation_id_reused` (a request reused the correlation id
+    of one still in flight; the newer one is given up, the broker answers the
+    older first). Callers count these so that requests seen == rows + drops.
+    """
+
+    request: RequestSeen
+    reason: str
+
+
+Event = RequestSeen | ResponseSeen | StreamOpaque | StreamClosed | RequestDropped

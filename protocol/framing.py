@@ -3,7 +3,10 @@
 Memory bound (per connection, per direction), and why it holds:
   * a frame that arrives whole inside one `receive_*_data` chunk is decoded in
     place from a memoryview of that chunk — nothing is copied;
-  * otherwise the header is accumulated (≤ 14 + client_id bytes ≤ 32 KiB), and
+  * otherwise the header is accumulated, at most `MAX_HEADER_BYTES` (64 KiB:
+    14 bytes + a client_id ≤ 32 KiB + tagged fields; a longer header makes the
+    direction opaque, kind `oversize_header`, instead of being buffered up to
+    the frame limit), and
     the body is walked *incrementally*: the walker asks for the next n bytes it
     needs and everything it skips (record batches, bytes fields, tagged fields)
     is dropped as it arrives. The only bytes kept are those of the one field
@@ -13,9 +16,9 @@ Memory bound (per connection, per direction), and why it holds:
     (owned by the caller, already in memory).
 So a 10 MiB Produce or a 50 MiB Fetch response costs O(64 KiB) per direction
 regardless of size, never a whole-frame buffer. Bound per connection:
-2 directions × (32 KiB header + 64 KiB field) ≈ 192 KiB worst case (a hostile
+2 directions × (64 KiB header + 64 KiB field) ≈ 256 KiB worst case (a hostile
 client), a few hundred bytes in practice, plus the pairing map (≤ `max_in_flight`
-RequestSeen objects, 10,000 by default).
+RequestSeen objects, 10,000 by default, ≈ 0.9 KiB each with summary: ≤ ~9 MiB).
 
 Non-Kafka detection: a TLS record header (0x16 0x03 0x0[0-4], a ClientHello at
 offset 0) or an ASCII HTTP method/version where a size prefix should be.
@@ -27,6 +30,7 @@ from typing import Any, Generator
 
 MiB = 1 << 20
 DEFAULT_MAX_FRAME_BYTES = 100 * MiB
+MAX_HEADER_BYTES = 64 * 1024  # frame bytes (prefix included) a header may span before the stream goes opaque
 
 _HTTP_PREFIXES = (
     b"GET ", b"POST", b"PUT ", b"HEAD", b"HTTP", b"DELE", b"OPTI", b"PATC", b"CONN", b"PRI ", b"TRAC",

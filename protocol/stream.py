@@ -18,8 +18,22 @@ Guarantees, and why:
 * Memory per direction is bounded (see `protocol.framing`).
 * Pairing: correlation id → RequestSeen; Produce with acks=0 gets no entry;
   a response with an unknown correlation id is a `ResponseSeen(request=None)`.
-  The map is capped (`max_in_flight`, oldest dropped and counted) so a
-  one-sided capture cannot grow it without bound.
+  The map is capped (`max_in_flight`, default 10,000: ≈ 0.9 KiB per entry
+  with its summary, so ≤ ~9 MiB per connection at the cap) so a one-sided
+  capture cannot grow it without bound. Every request the map gives up on —
+  the oldest at the cap, or a request reusing a correlation id still in
+  flight — is reported as a `RequestDropped` event with its reason, so a
+  caller can account for every request it saw (rows + drops). The map is an
+  OrderedDict: evicting its oldest entry is O(1) (a plain dict with many
+  deletions at its front makes `next(iter(d))` walk the dead slots).
+* Legacy SASL: after a SaslHandshake v0 request the client sends raw,
+  unframed SASL tokens (the PLAIN password among them), and the broker
+  answers with raw tokens. Both directions therefore go opaque (kind
+  `sasl_v0`) right after the handshake frames: the tokens are never parsed
+  as Kafka headers (a password must not land in `client_id`) nor recorded.
+* A request header (client_id + tagged fields) larger than
+  `MAX_HEADER_BYTES` (32 KiB) makes the direction opaque (`oversize_header`)
+  instead of being buffered up to the frame limit.
 * Unknown api keys / versions newer than the schemas become opaque *frames*
   (header fields, size, timestamps, still paired). Stream-level failures
   emit exactly one `StreamOpaque` per direction and afterwards that direction
@@ -42,22 +56,23 @@ copied first.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from struct import Struct
 from typing import Any, Iterator
 
-from protocol.apis import API_VERSIONS, APIS, PRODUCE, api_name
+from protocol.apis import API_VERSIONS, APIS, PRODUCE, SASL_HANDSHAKE, api_name
 from protocol.errors import StreamClosedError
 from protocol.events import (
     Direction,
     Event,
+    RequestDropped,
     RequestSeen,
     ResponseSeen,
     StreamClosed,
     StreamOpaque,
     Summary,
 )
-from protocol.framing import DEFAULT_MAX_FRAME_BYTES, IncrementalBody, check_size
+from protocol.framing import DEFAULT_MAX_FRAME_BYTES, MAX_HEADER_BYTES, IncrementalBody, check_size
 from protocol.headers import parse_request_header, response_header_flexible
 from protocol.stream_state import (
     FAST_REQ,
@@ -97,8 +112,8 @@ class KafkaStream:
         self._req = Side(Direction.REQUEST)
         self._resp = Side(Direction.RESPONSE)
         self._events: deque[Event] = deque()
-        self._in_flight: dict[int, RequestSeen] = {}
-        self.dropped_in_flight = 0
+        self._in_flight: OrderedDict[int, RequestSeen] = OrderedDict()
+        self.dropped: dict[str, int] = {}  # RequestDropped reasons → count
         self.closed = False
 
     # -- public API --------------------------------------------------------
@@ -177,7 +192,7 @@ class KafkaStream:
         try:
             self._consume(side, mv, n, now_ns)
         except Exception as exc:  # a decoder bug must never reach the proxy
-            self._go_opaque(side, side.offset, "desync", f"internal decoder error: {exc!r}")
+            self._desync(side, side.offset, exc)
         side.offset += n
 
     def _consume(self, side: Side, mv: memoryview, n: int, now_ns: int) -> None:
@@ -263,8 +278,13 @@ class KafkaStream:
         except Over as over:
             if over.need > fr.size:
                 self._bad_header(side, fr.start, over.need - 4, fr.size - 4)
+            elif over.need > MAX_HEADER_BYTES:
+                self._oversize_header(side, fr.start)
             else:
                 fr.hneed = max(over.need, fr.got + 1)
+            return
+        except Exception as exc:  # a header that breaks the decoder: the same verdict and offset as `_whole_slow`
+            self._desync(side, fr.start, exc)
             return
         if head is None:
             return
@@ -294,11 +314,16 @@ class KafkaStream:
             head.event_args = (key, ver, cid, client_id)
             known = KNOWN.get((key, ver))
             if known is None:
-                known = KNOWN[(key, ver)] = schema_known(key, ver)
+                known = schema_known(key, ver)
+                if known[0]:  # only what a schema describes is cached: the client picks the keys
+                    KNOWN[(key, ver)] = known
             if not known[0]:
                 head.note = f"no schema for {api_name(key)} (api {key}) v{ver}"
                 return head
             head.body_pos = skip_tags(d, p, lim) if known[1] else p
+            if head.body_pos > MAX_HEADER_BYTES:  # the same verdict as the incremental path's
+                self._oversize_header(side, start)
+                return None
             head.key, head.ver = key, ver
             head.summary = Summary()
             return head
@@ -316,6 +341,9 @@ class KafkaStream:
             p = 8
             if response_header_flexible(key, ver):
                 p = skip_tags(d, p, lim)
+                if p > MAX_HEADER_BYTES:
+                    self._oversize_header(side, start)
+                    return None
             if key == API_VERSIONS:
                 if p + 2 > lim:
                     raise Over(p + 2)
@@ -341,7 +369,9 @@ class KafkaStream:
                 key, ver, cid, client_id, p = parse_request_header(frame, 4, size)
                 fast = FAST_REQ.get((key, ver))
                 if fast is None:
-                    fast = FAST_REQ[(key, ver)] = fast_entry(key, ver, True)
+                    fast = fast_entry(key, ver, True)
+                    if fast:  # only what a schema describes is cached: the client picks the keys
+                        FAST_REQ[(key, ver)] = fast
                 if fast:
                     name, flex, walk = fast
                     if flex:
@@ -353,10 +383,10 @@ class KafkaStream:
                         expects = not (key == PRODUCE and summary.acks == 0)
                         ev = RequestSeen(start, size, now_ns, now_ns, key, ver, name, cid, client_id, expects,
                                          summary, None)
-                        if expects:
-                            self._track(cid, ev)
                         side.frames += 1
                         self._events.append(ev)
+                        if expects:
+                            self._track(cid, ev)
                         return
             else:
                 cid = _I32(frame, 4)[0]
@@ -365,7 +395,9 @@ class KafkaStream:
                     key, ver = req.api_key, req.api_version
                     fast = FAST_RESP.get((key, ver))
                     if fast is None:
-                        fast = FAST_RESP[(key, ver)] = fast_entry(key, ver, False)
+                        fast = fast_entry(key, ver, False)
+                        if fast:
+                            FAST_RESP[(key, ver)] = fast
                     if fast:
                         _, flex, walk = fast
                         p = 8
@@ -392,6 +424,9 @@ class KafkaStream:
             head = self._parse_head(side, frame, size, start)
         except Over as over:
             self._bad_header(side, start, over.need - 4, size - 4)
+            return
+        except Exception as exc:  # offset of the frame, not of the chunk: any chunking gives the same event
+            self._desync(side, start, exc)
             return
         if head is None:
             return
@@ -420,11 +455,22 @@ class KafkaStream:
         self._emit_frame(side, head, fr.start, fr.size, fr.first_ns, now_ns)
 
     def _track(self, cid: int, ev: RequestSeen) -> None:
-        """Await a response to `ev`; at `max_in_flight` the oldest request is dropped (and counted)."""
-        if cid not in self._in_flight and len(self._in_flight) >= self.max_in_flight:
-            self._in_flight.pop(next(iter(self._in_flight)))
-            self.dropped_in_flight += 1
-        self._in_flight[cid] = ev
+        """Await a response to `ev` (already queued as an event); what the map gives up on is reported.
+
+        A reused correlation id keeps the older request: the broker answers
+        in order, so the next response with that id is the older one's.
+        """
+        fl = self._in_flight
+        if cid in fl:
+            self._drop(ev, "correlation_id_reused")
+            return
+        if len(fl) >= self.max_in_flight:
+            self._drop(fl.popitem(last=False)[1], "in_flight_cap")
+        fl[cid] = ev
+
+    def _drop(self, req: RequestSeen, reason: str) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + 1
+        self._events.append(RequestDropped(req, reason))
 
     def _emit_frame(self, side: Side, head: Head, start: int, size: int, first_ns: int, last_ns: int) -> None:
         side.frames += 1
@@ -439,17 +485,31 @@ class KafkaStream:
             expects = not (key == PRODUCE and head.summary is not None and head.summary.acks == 0)
             ev: Event = RequestSeen(start, size, first_ns, last_ns, key, ver, api_name(key), cid, client_id,
                                     expects, summary, note)
+            self._events.append(ev)
             if expects:
                 self._track(cid, ev)
+            legacy_sasl = key == SASL_HANDSHAKE and ver == 0
         else:
             cid, req = head.event_args
             if summary is not None and summary.errors and req is not None and req.summary is not None:
                 locate_errors(summary, req.summary)
             ev = ResponseSeen(start, size, first_ns, last_ns, cid, req, summary, note)
-        self._events.append(ev)
+            self._events.append(ev)
+            legacy_sasl = req is not None and req.api_key == SASL_HANDSHAKE and req.api_version == 0
+        if legacy_sasl:  # never on the fast path: fast_entry refuses SaslHandshake
+            self._go_opaque(side, start + size, "sasl_v0",
+                            "raw SASL tokens follow a SaslHandshake v0 (legacy, unframed): not parsed, not recorded")
+            return
         if head.fail is not None and self.body_errors == "stream":
             kind, reason = head.fail
             self._go_opaque(side, start, kind, f"frame at byte {start}: {reason}")
+
+    def _desync(self, side: Side, start: int, exc: BaseException) -> None:
+        self._go_opaque(side, start, "desync", f"internal decoder error: {exc!r}")
+
+    def _oversize_header(self, side: Side, start: int) -> None:
+        self._go_opaque(side, start, "oversize_header",
+                        f"frame at byte {start}: header (tagged fields) longer than {MAX_HEADER_BYTES} bytes")
 
     def _bad_header(self, side: Side, start: int, need: int, body: int) -> None:
         self._go_opaque(side, start, "garbage", f"header needs {need} bytes but the frame body has {body}")

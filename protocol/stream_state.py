@@ -12,13 +12,18 @@ from __future__ import annotations
 from struct import error as struct_error
 from typing import Any
 
-from protocol.apis import APIS
+from protocol.apis import APIS, SASL_HANDSHAKE
 from protocol.events import Direction, Summary
 from protocol.framing import IncrementalBody
 from protocol.headers import response_header_flexible
 from protocol.summaries.codegen import walker
 from protocol.summaries.varint import Over
 
+# Process-wide caches keyed by (api_key, api_version) — values a client chooses.
+# Bound: only pairs a schema describes are stored (the stream checks before
+# storing), so each holds at most the schemas' (api, version) pairs (~1,000),
+# however many versions a hostile client sends; the rest are recomputed
+# (a dict lookup and a range check).
 KNOWN: dict[tuple[int, int], tuple[bool, bool]] = {}
 FAST_REQ: dict[tuple[int, int], tuple[str, bool, Any] | tuple[()]] = {}
 FAST_RESP: dict[tuple[int, int], tuple[str, bool, Any] | tuple[()]] = {}
@@ -27,8 +32,8 @@ FAST_RESP: dict[tuple[int, int], tuple[str, bool, Any] | tuple[()]] = {}
 def fast_entry(key: int, ver: int, request: bool) -> tuple[str, bool, Any] | tuple[()]:
     """(api name, header has tags, plain walker) for the whole-frame fast path; () when not applicable."""
     info = APIS.get(key)
-    if key < 0 or ver < 0 or info is None or not info.decodable(ver):
-        return ()
+    if key < 0 or ver < 0 or info is None or not info.decodable(ver) or key == SASL_HANDSHAKE:
+        return ()  # SaslHandshake: the stream switches to raw SASL tokens after v0, on the slow path
     try:
         walk = walker(key, request, ver)
     except Exception:  # noqa: BLE001 - the slow path will report it

@@ -19,10 +19,11 @@ Modules:
     inference.py     pure rules → `inferred_cause`
     tcpinfo.py       TCP_INFO decode (linux/tcp.h)
     original_dst.py  SO_ORIGINAL_DST (IPv4/IPv6), replaceable
+    listener.py      listening sockets, own accept loop (EMFILE logged/counted), fd reserve, RLIMIT_NOFILE
     faults.py        opt-in latency/bandwidth/close-after/idle-reset/refuse
     metrics.py       LiveStats: in-loop counters and histograms behind /metrics and /clients
     status.py        the /metrics, /clients, /healthz HTTP endpoint
     live.py          `kafkatap top`
-    netfilter.py     iptables plans for transparent mode (KAFKATAP chain)
+    netfilter.py     iptables plans for transparent mode (KAFKATAP chain): apply all or nothing, find and remove
     cli.py           `kafkatap proxy`, `kafkatap iptables`
 """

@@ -5,6 +5,8 @@ Only argument handling lives here; the proxy itself is `proxy.server`.
 
 from __future__ import annotations
 
+import gc
+
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -14,7 +16,8 @@ import structlog
 import uvloop
 
 from proxy.faults import FAULT_SPEC_HELP, parse_fault_specs
-from proxy.server import DEFAULT_MARK, ProxyServer, Route, parse_hostport
+from proxy.listener import raise_nofile_limit
+from proxy.server import DEFAULT_MARK, MarkUnavailable, ProxyServer, Route, parse_hostport, probe_mark
 from proxy.sinks import build_sinks, default_proxy_id
 from recording.writer import CAPTURE_CHOICES
 
@@ -97,15 +100,22 @@ Examples:
               help="On SIGTERM/SIGINT: seconds to let in-flight requests finish before closing.")
 @click.option("--mark", type=_int_auto_base, default=None, metavar="INT",
               help=f"SO_MARK for upstream sockets so an OUTPUT REDIRECT rule can skip them (default in transparent "
-                   f"mode: {hex(DEFAULT_MARK)}; needs CAP_NET_ADMIN).")
+                   f"mode: {hex(DEFAULT_MARK)}; needs CAP_NET_ADMIN or CAP_NET_RAW: the proxy refuses to start "
+                   f"without it).")
+@click.option("--no-mark", is_flag=True,
+              help="Transparent mode without SO_MARK: only for a gateway (PREROUTING) deployment, where the "
+                   "proxy's own connections are never redirected.")
 @click.option("--fault", "faults", multiple=True, metavar="SPEC", help="Inject a fault (see below).")
 @click.option("--fault-seed", type=int, default=None, help="Seed for latency jitter (reproducible runs).")
 @click.option("--no-decode", is_flag=True, help="Relay and count bytes only; no frame parsing (no request rows).")
+@click.option("--no-resolve-topics", is_flag=True, help="Never ask brokers for topic names (rows keep topic ids; "
+              "analytics names what the recording's topics/ learned).")
 @click.pass_context
 def proxy(ctx: click.Context, listens: tuple[str, ...], upstreams: tuple[str, ...], route_specs: tuple[str, ...],
           transparent: bool, connect_timeout: float, tcp_info_interval: float, no_tcp_info: bool,
-          idle_timeout: float | None, shutdown_timeout: float, mark: int | None, faults: tuple[str, ...],
-          fault_seed: int | None, no_decode: bool, **rec: object) -> None:
+          idle_timeout: float | None, shutdown_timeout: float, mark: int | None, no_mark: bool,
+          faults: tuple[str, ...], fault_seed: int | None, no_decode: bool, no_resolve_topics: bool,
+          **rec: object) -> None:
     """Run the recording proxy: forward every byte unchanged, time every request, explain every close.
 
     \b
@@ -120,14 +130,23 @@ def proxy(ctx: click.Context, listens: tuple[str, ...], upstreams: tuple[str, ..
         fault_cfg = parse_fault_specs(faults, fault_seed)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
-    if transparent and mark is None:
+    if no_mark and mark is not None:
+        raise click.UsageError("--mark and --no-mark exclude each other")
+    if transparent and mark is None and not no_mark:
         mark = DEFAULT_MARK
+    if mark is not None:
+        try:  # before anything starts: a mark that cannot be set means a redirect loop (see probe_mark)
+            probe_mark(mark)
+        except MarkUnavailable as exc:
+            raise click.UsageError(f"{exc.strerror}; run with CAP_NET_ADMIN, or --no-mark for a gateway "
+                                   "deployment") from exc
     root = ctx.find_root().params
     log_requests = root.get("log_level") == "debug"
     code = uvloop.run(_serve(routes, fault_cfg, rec, connect_timeout=connect_timeout,
                          tcp_info=not no_tcp_info, tcp_info_interval=tcp_info_interval or None,
                          idle_timeout=idle_timeout, shutdown_timeout=shutdown_timeout, so_mark=mark,
-                         observe=not no_decode, log_requests=log_requests))
+                         observe=not no_decode, log_requests=log_requests,
+                         resolve_topics=not no_resolve_topics))
     sys.exit(code)
 
 
@@ -147,7 +166,24 @@ def _routes(listens: tuple[str, ...], upstreams: tuple[str, ...], specs: tuple[s
     return routes
 
 
+def settle_gc() -> None:
+    """Keep the collector off the event loop's back (issue 19: 20-50 ms full collections).
+
+    Everything alive after start-up (modules, schemas, generated walkers)
+    lives as long as the process: `gc.freeze()` takes it out of every later
+    collection. The relay allocates and frees many short-lived objects per
+    request (events, summaries, rows) and holds up to 10,000 in flight per
+    connection; a larger first generation makes collections rarer, and the
+    higher thresholds of the older ones keep full collections (which walk
+    every in-flight object) far apart.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 20)
+
+
 async def _serve(routes: list[Route], faults, rec: dict, **kw: object) -> int:
+    raise_nofile_limit()  # two descriptors per connection: the soft default of 1024 is far too low
     # One id for the recording's proxy= partition, its proxy_id column and the metrics.
     proxy_id = rec.get("proxy_id") or default_proxy_id()
     capture = str(rec["capture"])
@@ -159,6 +195,12 @@ async def _serve(routes: list[Route], faults, rec: dict, **kw: object) -> int:
         return 2
     # from here on the server owns the sink: its stop() flushes and closes it, whatever happens
     server = ProxyServer(routes, sink=sinks.sink, faults=faults, proxy_id=proxy_id, capture=capture, **kw)  # type: ignore[arg-type]
+    if sinks.stats is not None:
+        sinks.stats.accept_failures = server.accept_failures  # /metrics reads the server's counts at scrape time
+        sinks.stats.requests_dropped = server.requests_dropped
+        sinks.stats.relay_accounting = server.accounting
+    if sinks.recorder is not None:
+        sinks.recorder.requests_dropped = server.requests_dropped  # into every requests file's footer
     try:
         try:
             await sinks.serve()
@@ -173,6 +215,7 @@ async def _serve(routes: list[Route], faults, rec: dict, **kw: object) -> int:
             log.error("cannot listen", error=str(exc))
             await server.stop()
             return 2
+        settle_gc()
         await server.serve_forever()
     finally:
         try:
@@ -197,24 +240,35 @@ async def _serve(routes: list[Route], faults, rec: dict, **kw: object) -> int:
               help="local mode: also skip packets of this uid (when the proxy cannot set marks).")
 @click.option("--interface", default=None, help="gateway mode: only packets arriving on this interface.")
 @click.option("--ipv6/--no-ipv6", default=True, show_default=True, help="Also write ip6tables rules.")
-@click.option("--apply", "action", flag_value="apply", help="Install the rules (needs root).")
-@click.option("--remove", "action", flag_value="remove", help="Remove exactly the rules --apply installed.")
+@click.option("--apply", "action", flag_value="apply",
+              help="Install the rules (needs root); all or nothing: a failure undoes what was installed.")
+@click.option("--remove", "action", flag_value="remove",
+              help="Remove whatever kafkatap installed (its KAFKATAP chains and the jumps to them, IPv4 and "
+                   "IPv6), found in the live rules: no other option is needed.")
 @click.option("--dry-run", "action", flag_value="print", default=True, help="Only print the commands (default).")
 def iptables(mode: str, brokers: tuple[str, ...], ports: tuple[int, ...], proxy_port: int, mark: int,
              owner_uid: int | None, interface: str | None, ipv6: bool, action: str) -> None:
     """Print (default), apply or remove the REDIRECT rules for `kafkatap proxy --transparent`.
 
     All rules live in a dedicated nat chain KAFKATAP plus one jump from PREROUTING (gateway) or
-    OUTPUT (local); --remove deletes exactly those.
+    OUTPUT (local), commented "kafkatap"; --remove deletes exactly those, whatever --apply was given.
 
     \b
     Examples:
       kafkatap iptables --mode gateway --broker 10.0.0.5:9092 --broker 10.0.0.6:9092
       kafkatap iptables --mode local --port 9092 --apply
-      kafkatap iptables --mode local --port 9092 --remove
+      kafkatap iptables --remove
     """
-    from proxy.netfilter import RulePlan, build, build_removal, render, run
+    from proxy.netfilter import RulePlan, apply, build, removal_found, render
 
+    if action == "remove":
+        try:
+            cmds = removal_found()
+            apply(cmds)
+        except (RuntimeError, FileNotFoundError) as exc:
+            raise click.ClickException(str(exc)) from exc
+        click.echo(f"removed:\n{render(cmds)}" if cmds else "nothing of kafkatap's installed")
+        return
     targets: list[tuple[str | None, int]] = [parse_hostport(b) for b in brokers]  # type: ignore[misc]
     targets += [(None, p) for p in ports]
     try:
@@ -222,12 +276,12 @@ def iptables(mode: str, brokers: tuple[str, ...], ports: tuple[int, ...], proxy_
                         owner_uid=owner_uid, interface=interface, ipv6=ipv6)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
-    cmds = build_removal(plan) if action == "remove" else build(plan)
+    cmds = build(plan)
     if action == "print":
         click.echo(render(cmds))
         return
     try:
-        run(cmds)
+        apply(cmds)
     except (RuntimeError, FileNotFoundError) as exc:
         raise click.ClickException(str(exc)) from exc
-    click.echo(f"{'removed' if action == 'remove' else 'applied'}:\n{render(cmds)}")
+    click.echo(f"applied:\n{render(cmds)}")

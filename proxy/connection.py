@@ -10,15 +10,32 @@ Design (why it looks like this):
   connection opaque; it never touches the relay.
 * **Two directions, one code path.** `Flow` (proxy.flow) is one direction;
   the same methods drive client → broker and broker → client.
-* **Bounded memory per connection**, relay + decoder:
+* **Bounded memory per connection** (docs/architecture.md, "Bounds"):
       2 × 256 KiB   one unsent read per direction (transport buffer)
-    + 2 × ~64 KiB   decoder state per direction (protocol.framing)
+    + 2 × 128 KiB   decoder state per direction (protocol.framing: a header
+                    ≤ 64 KiB, one field ≤ 64 KiB)
     + ≤ 512 KiB     reads that arrive before the upstream connect completes
                     (reading pauses past 256 KiB)
-    ≈ 1.2 MiB worst case; an idle connection holds a few KiB of objects.
-  Opt-in extras: `--capture` keeps the current partial frame of a captured
-  direction (≤ the decoder's frame limit), and a latency/bandwidth fault
-  queues ≤ 1 MiB per direction before it pauses the source.
+    ≈ 1.3 MiB for the relay and the decoder's buffers, whatever the client sends;
+    + ≤ ~9 MiB      the pairing map at its cap (10,000 requests in flight,
+                    ~0.9 KiB each with its summary) — only a client that
+                    pipelines 10,000 unanswered requests gets there;
+    + ≤ 16 MiB      forwarded chunks waiting to be observed, only while
+                    decoding is behind (proxy.observer; past it the
+                    connection goes opaque, the relay never waits).
+  So ≈ 1.3 MiB for any connection that is neither pipelining thousands of
+  requests nor outrunning the decoder, ≤ ~27 MiB for the worst hostile one;
+  an idle connection holds a few KiB of objects. Opt-in extras: `--capture`
+  keeps the current partial frame of a captured direction (≤ the decoder's
+  frame limit), and a latency/bandwidth fault queues ≤ 1 MiB per direction
+  before it pauses the source.
+* **Idle is "no byte moved"**: reads, and write progress (a drained
+  transport), are activity; a connection whose reading is paused (a slow
+  peer, backpressure) is never idle — it is waiting, and calling it idle
+  made an idle-timeout finding out of a saturated link.
+* **Stopping**: `stop_reading` (graceful shutdown) pauses reading from the
+  client, so no new request is forwarded that could not be answered before
+  the close; answers to what was forwarded still drain.
 * **Ends.** The first end event decides `end_reason`/`end_by`: FIN one way is
   propagated with `write_eof` and the other way keeps flowing; a reset is
   propagated as a reset (SO_LINGER 0 + abort). TCP_INFO is sampled at the end
@@ -43,9 +60,18 @@ from proxy import rows
 from proxy.context import Addr, ConnectionContext, format_addr
 from proxy.facts import ConnectionFacts, End
 from proxy.faults import DelayedWriter, Faults
-from proxy.flow import EARLY_LIMIT, HOLD_EARLY, HOLD_FAULT_BACKLOG, HOLD_PEER_BUFFER, Flow, Peer, reset_socket
+from proxy.flow import (
+    EARLY_LIMIT,
+    HOLD_EARLY,
+    HOLD_FAULT_BACKLOG,
+    HOLD_PEER_BUFFER,
+    HOLD_STOPPING,
+    Flow,
+    Peer,
+    reset_socket,
+)
 from proxy.inference import inferred_cause
-from proxy.observer import Observer
+from proxy.observer import ObserveScheduler, Observer
 
 log = structlog.get_logger("kafkatap.proxy")
 
@@ -103,7 +129,8 @@ class Connection:
         s = ctx.settings
         self.observer: Observer | None = (
             Observer(ctx.stream_factory(), self.facts, self.requests.stamps, self.responses.stamps, ctx.emit,
-                     self.log, capture=s.capture, log_requests=s.log_requests, on_quiet=self._quiet)
+                     self.log, capture=s.capture, log_requests=s.log_requests, on_quiet=self._quiet,
+                     scheduler=ObserveScheduler.for_loop(ctx.loop))
             if s.observe else None)
         faults = ctx.hub.faults  # the faults in force when the connection was accepted
         self._faults: Faults | None = faults if faults.active else None
@@ -314,19 +341,33 @@ class Connection:
 
     def drained(self, flow: Flow) -> None:
         """`flow.dst`'s transport buffer is empty again: stamp what it completed, resume the source."""
-        flow.stamps.drained(self.now())
+        now = self.now()
+        self.last_activity = now  # write progress is activity: a slow reader is not an idle connection
+        flow.stamps.drained(now)
         if self.observer is not None:
             self.observer.settle(flow.request)
         flow.src.release(HOLD_PEER_BUFFER)
 
     # ------------------------------------------------------------------ faults
+    def idle_ns(self, now: int) -> int:
+        """How long no byte moved either way; 0 while reading is paused (data is waiting, not idle)."""
+        if self.client.holding or self.broker.holding:
+            return 0
+        return now - self.last_activity
+
     def _fault_limit(self, flow: Flow, data: bytes) -> bytes:
-        """Apply close-after-N-bytes: forward what fits, then close both sides."""
+        """Apply close-after-N-bytes: forward what fits, then close both sides.
+
+        Counted in bytes *forwarded* (`flow.forwarded`), not read: chunks held
+        while the upstream connect was pending are all read before the first
+        is forwarded.
+        """
         limit = flow.close_after
-        total_after = flow.counts.bytes
-        if limit is None or total_after <= limit:
+        sent = flow.forwarded
+        flow.forwarded = sent + len(data)
+        if limit is None or sent + len(data) <= limit:
             return data
-        keep = max(0, len(data) - (total_after - limit))
+        keep = max(0, limit - sent)
         if self.facts.fault_detail is None:
             self.facts.fault_detail = f"close after {limit} bytes {flow.label} (fault)"
             self.ctx.loop.call_soon(self._fault_close)
@@ -345,7 +386,7 @@ class Connection:
         if f is None or not f.idle_reset_s or self._finished:
             return
         limit_ns = int(f.idle_reset_s * 1e9)
-        idle = self.now() - self.last_activity
+        idle = self.idle_ns(self.now())
         if idle >= limit_ns:
             self.facts.fault_detail = (f"idle reset after {idle / 1e9:.1f} s idle (limit {f.idle_reset_s:g} s), "
                                        "RST to both sides")
@@ -359,7 +400,7 @@ class Connection:
         f = self.facts
         if f.end is None:
             now = self.now()
-            f.end = End(reason, by, detail, (now - self.last_activity) // 1_000_000, now)
+            f.end = End(reason, by, detail, self.idle_ns(now) // 1_000_000, now)
             if self.ctx.settings.tcp_info:
                 f.tcp_client_close = self.client.tcp_info()
                 f.tcp_broker_close = self.broker.tcp_info()
@@ -371,6 +412,10 @@ class Connection:
                       "proxy shut down" + ("" if n <= 0 else f" with {n} request(s) in flight"))
         self.close()
 
+    def stop_reading(self) -> None:
+        """The proxy is stopping: read no new requests (they could not be answered), let answers drain."""
+        self.client.hold(HOLD_STOPPING)
+
     def idle_timeout(self, idle_s: float) -> None:
         """The proxy's own idle timeout fired: close both sides (FIN)."""
         self._set_end("idle_timeout", "proxy", f"no bytes either way for {idle_s:g} s")
@@ -381,6 +426,8 @@ class Connection:
         self.abort()
         self.client.closed = self.broker.closed = True
         self._finish()
+        if self.observer is not None:  # the sink closes next: no row may wait for a later turn
+            self.observer.hurry()
 
     def _cancel_connect(self) -> None:
         if self._connect_task is not None and not self._connect_task.done():
@@ -394,11 +441,11 @@ class Connection:
                 peer.reset()
 
     def close(self) -> None:
-        """FIN both sides after flushing what is buffered (proxy shutdown, close-after-bytes fault)."""
+        """FIN both sides after flushing what is buffered, fault queues included (shutdown, close-after, FIN both ways)."""
         self._cancel_connect()
-        for peer in (self.client, self.broker):
-            if peer.open:
-                peer.transport.close()  # type: ignore[union-attr]
+        for flow in (self.requests, self.responses):
+            if flow.dst.open:
+                flow.close_dst()
         if self.broker.transport is None and self.client.closed:
             self._finish()
 
@@ -434,7 +481,9 @@ class Connection:
         fut = self.ctx.loop.create_future()
         # Bytes read while the upstream connect is pending are requests not yet
         # parsed: wait for the connect so they are forwarded and answered too.
-        if (self.facts.inflight <= 0 or self.observer is None) and not self.requests.early:
+        # Bytes forwarded but not yet observed may hold requests: wait for the decoder too.
+        obs = self.observer
+        if (obs is None or (self.facts.inflight <= 0 and not obs.behind)) and not self.requests.early:
             fut.set_result(None)
         else:
             self._drain_waiter = fut
@@ -442,6 +491,8 @@ class Connection:
 
     def _quiet(self) -> None:
         """Wake a graceful shutdown waiting for this connection to have nothing in flight."""
+        if self.observer is not None and self.observer.behind and not self._finished:
+            return  # the observer calls again when it caught up
         if self._drain_waiter is not None and not self._drain_waiter.done():
             self._drain_waiter.set_result(None)
 
@@ -450,7 +501,7 @@ class Connection:
             return
         self._finished = True
         self._quiet()
-        ctx, f = self.ctx, self.facts
+        f = self.facts
         now = self.now()
         f.closed_ns = now
         if f.end is None:
@@ -461,7 +512,16 @@ class Connection:
             if flow.delayed is not None:
                 flow.delayed.cancel()
         if self.observer is not None:
-            self.observer.close(now)
+            # rows of requests still being observed come first; the connection row waits for them
+            self.observer.close(now, self._finished_observing)
+        else:
+            self._finished_observing()
+
+    def _finished_observing(self) -> None:
+        """The last request row is out: record the connection's end."""
+        ctx, f = self.ctx, self.facts
+        now = f.closed_ns
+        assert now is not None
         end = f.end
         assert end is not None
         if ctx.settings.tcp_info:
@@ -481,7 +541,8 @@ class Connection:
                  detail=row["end_detail"], idle_before_end_ms=row["idle_before_end_ms"],
                  duration_ms=row["duration_us"] // 1000, bytes_from_client=row["bytes_from_client"],
                  bytes_from_broker=row["bytes_from_broker"], requests=row["requests"],
-                 unanswered=row["unanswered"], inferred_cause=row["inferred_cause"], opaque=row["opaque_reason"])
+                 unanswered=row["unanswered"], inferred_cause=row["inferred_cause"], opaque=row["opaque_reason"],
+                 requests_dropped=dict(f.dropped) or None, skipped_bytes=f.skipped_bytes or None)
 
     # ------------------------------------------------------------------ periodic
     def snapshot(self, now: int) -> None:

@@ -12,10 +12,11 @@ import asyncio
 import random
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from proxy.faults import Faults
+from proxy.topics import TopicMap
 
 Addr = tuple[str, int]
 Row = dict[str, Any]
@@ -50,6 +51,8 @@ class RowSink(Protocol):
     def tcp(self, row: Row) -> None: ...
 
     def frame(self, row: Row) -> None: ...
+
+    def topic(self, row: Row) -> None: ...
 
 
 class ConnectionHub(Protocol):
@@ -86,3 +89,5 @@ class ConnectionContext:
     stream_factory: Callable[[], Any]
     original_dst: Callable[[socket.socket], Addr]
     rng: random.Random
+    # topic id <-> name, one per proxy: rows are named on their way to `emit` (proxy.topics)
+    topics: TopicMap = field(default_factory=TopicMap)

@@ -65,6 +65,11 @@ class ConnectionFacts:
     requests: int = 0
     responses: int = 0
     inflight: int = 0  # requests that expect a response and have none yet
+    rows: int = 0  # request rows handed to the sink
+    # requests seen that get no row, by reason (in_flight_cap, correlation_id_reused, decoder_failed):
+    # requests == rows + sum(dropped) once the connection ended
+    dropped: dict[str, int] = field(default_factory=dict)
+    skipped_bytes: int = 0  # bytes relayed but never decoded (observation backlog over its bound)
     unanswered_at_end: int = 0
     client_ids: list[str] = field(default_factory=list)
     software_name: str | None = None

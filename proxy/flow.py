@@ -18,7 +18,6 @@ backlog, early data before the upstream connect) never resume each other.
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import struct
 from collections.abc import Callable
@@ -33,16 +32,23 @@ from proxy.timing import SendStamps
 HOLD_PEER_BUFFER = 1  # the other peer's transport buffer has not drained
 HOLD_FAULT_BACKLOG = 2  # a latency/bandwidth fault queue is over its limit
 HOLD_EARLY = 4  # not connected upstream yet and the early buffer is full
+HOLD_STOPPING = 8  # the proxy is stopping: no new requests are read while answers drain
 
 EARLY_LIMIT = 256 * 1024  # bytes read from the client before the upstream connect completes
 _LINGER0 = struct.pack("ii", 1, 0)
 
 
 class Peer:
-    """One of the connection's two sockets: its transport, a dup of its fd, and why its reading is paused.
+    """One of the connection's two sockets: its transport, its socket, and why its reading is paused.
 
-    The dup keeps TCP_INFO readable after the transport closed and lets a reset
-    set SO_LINGER 0; releasing it is what finally lets the kernel send the FIN/RST.
+    `sock` is the transport's own socket object, not a dup: a dup per peer made a
+    connection cost four descriptors, and under a low open-files limit clients went
+    unaccepted. TCP_INFO and SO_LINGER are read and set through it while the transport
+    is open; the connection samples TCP_INFO at its end (`Connection._set_end`) before
+    it closes anything, so only a peer that reset first has no close sample of its own
+    socket (its fd is gone when connection_lost reports the RST). Once closed, the
+    object refuses every call (uvloop sets its fd to -1), so it can never touch a
+    descriptor the kernel gave to someone else.
     """
 
     __slots__ = ("role", "transport", "sock", "closed", "eof", "_holds")
@@ -58,10 +64,7 @@ class Peer:
     def attach(self, transport: asyncio.Transport) -> None:
         self.transport = transport
         transport.set_write_buffer_limits(0, 0)
-        try:
-            self.sock = socket.socket(fileno=os.dup(transport.get_extra_info("socket").fileno()))
-        except OSError:
-            self.sock = None
+        self.sock = transport.get_extra_info("socket")
 
     @property
     def open(self) -> bool:
@@ -93,9 +96,8 @@ class Peer:
         return tcpinfo.sample(self.sock) if self.sock is not None else None
 
     def release_fd(self) -> None:
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
+        """Forget the socket: the transport owns and closes its descriptor."""
+        self.sock = None
 
 
 def reset_socket(sock: socket.socket | None) -> None:
@@ -103,14 +105,15 @@ def reset_socket(sock: socket.socket | None) -> None:
     if sock is not None:
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER0)
-        except OSError:
+        except (OSError, ValueError):  # ValueError: a closed transport's socket (fd -1)
             pass
 
 
 class Flow:
     """Bytes read from `src` and written to `dst`: one direction of a connection."""
 
-    __slots__ = ("request", "label", "src", "dst", "counts", "stamps", "delayed", "close_after", "early", "early_bytes")
+    __slots__ = ("request", "label", "src", "dst", "counts", "stamps", "delayed", "close_after", "forwarded", "early",
+                 "early_bytes")
 
     def __init__(self, request: bool, src: Peer, dst: Peer, counts: FlowCounts) -> None:
         self.request = request  # True: client → broker (requests); False: broker → client (responses)
@@ -121,6 +124,7 @@ class Flow:
         self.stamps: SendStamps = SendStamps()
         self.delayed: DelayedWriter | None = None  # a latency/bandwidth fault's queue
         self.close_after: int | None = None  # a close-after-bytes fault
+        self.forwarded = 0  # bytes handed on (counted on the fault path only: the close-after limit)
         # chunks read before `dst` exists (the upstream connect is pending), with their read times
         self.early: list[tuple[bytes, int]] | None = [] if request else None
         self.early_bytes = 0

@@ -120,7 +120,7 @@ def render(clients: dict[str, Any], metrics: dict, prev: tuple[float, dict[str, 
         f"latency p50 ≤{_fmt_us(p50)} p99 ≤{_fmt_us(p99)}   recording: dropped {drops:,.0f} queued {queue:,.0f}",
         "",
     ]
-    cols = [("CLIENT_ID", 20), ("ROLE", 21), ("SOFTWARE", 18), ("CLIENT", 21), ("BROKER", 21), ("REQS", 8),
+    cols = [("CLIENT_ID", 20), ("ROLE", 26), ("SOFTWARE", 18), ("CLIENT", 21), ("BROKER", 21), ("REQS", 8),
             ("REQ/S", 7), ("IN", 7), ("OUT", 7), ("SEEN", 6), ("TOPICS", 0)]
     header = " ".join(name.ljust(w) if w else name for name, w in cols)
     lines.append(b(header[:width]))

@@ -8,6 +8,15 @@ format (done at scrape time, also on the loop) is a few dozen lines; a
 dependency for it would be the only one the proxy host needs beyond the relay.
 
 All latencies are **microseconds**, matching the recording columns.
+
+Bounds (label values come from what clients send — api keys, versions, error
+codes — so a hostile client could otherwise grow memory and `/metrics`
+without limit): each counter family keeps at most `MAX_LABEL_SETS` (256)
+label sets and each latency histogram family `MAX_HISTOGRAMS` (64); what
+arrives after that is folded into one label set whose values are "other".
+`/metrics` therefore stays under ~5,000 lines whatever the traffic, and
+`/clients` keeps `MAX_TOPICS_PER_CLIENT` topics and 8 client ids per
+connection, closed connections for `CLOSED_RETENTION_S`.
 """
 
 from __future__ import annotations
@@ -26,18 +35,52 @@ LATENCY_BUCKETS_US: tuple[float, ...] = (
 )
 
 # Which role an API implies for the client connection that sends it.
-PRODUCER, CONSUMER, GROUP_MEMBER, ADMIN = 1, 2, 4, 8
-ROLE_NAMES = ((PRODUCER, "producer"), (CONSUMER, "consumer"), (GROUP_MEMBER, "group-member"), (ADMIN, "admin"))
+PRODUCER, CONSUMER, GROUP_MEMBER, ADMIN, KIP848_CONSUMER, SHARE_CONSUMER, STREAMS_MEMBER = 1, 2, 4, 8, 16, 32, 64
+ROLE_NAMES = ((PRODUCER, "producer"), (CONSUMER, "consumer"), (GROUP_MEMBER, "group-member"), (ADMIN, "admin"),
+              (KIP848_CONSUMER, "kip848-consumer"), (SHARE_CONSUMER, "share-consumer"),
+              (STREAMS_MEMBER, "streams-member"))
 API_ROLE: dict[int, int] = {
     0: PRODUCER, 22: PRODUCER, 24: PRODUCER, 25: PRODUCER, 26: PRODUCER, 28: PRODUCER,  # Produce, txn APIs
     1: CONSUMER, 2: CONSUMER, 23: CONSUMER,  # Fetch, ListOffsets, OffsetForLeaderEpoch
     8: GROUP_MEMBER, 9: GROUP_MEMBER, 11: GROUP_MEMBER, 12: GROUP_MEMBER, 13: GROUP_MEMBER, 14: GROUP_MEMBER,
-    68: GROUP_MEMBER,  # OffsetCommit/Fetch, Join/Heartbeat/Leave/SyncGroup, ConsumerGroupHeartbeat
+    # OffsetCommit/Fetch, Join/Heartbeat/Leave/SyncGroup (classic); the new group protocols name their member kind
+    68: KIP848_CONSUMER, 76: SHARE_CONSUMER, 78: SHARE_CONSUMER, 79: SHARE_CONSUMER, 88: STREAMS_MEMBER,
     **{k: ADMIN for k in (15, 16, 19, 20, 21, 29, 30, 31, 32, 33, 34, 35, 37, 42, 43, 44, 45, 46, 47, 48, 49,
                           50, 51, 60, 61, 65, 66, 69, 71, 74, 75)},
 }
+MAX_LABEL_SETS = 256  # label sets per counter family; later ones are folded into "other"
+MAX_HISTOGRAMS = 64  # label sets per histogram family (each renders ~22 lines)
+OTHER = "other"
 MAX_TOPICS_PER_CLIENT = 64  # /clients shows at most this many topics per connection (memory bound)
 CLOSED_RETENTION_S = 300.0  # closed connections stay visible in /clients this long
+
+
+def _bump(d: dict[Any, int], key: Any, n: int = 1) -> None:
+    """d[key] += n, folding a new key into the all-"other" label set once d holds MAX_LABEL_SETS."""
+    if key not in d and len(d) >= MAX_LABEL_SETS:
+        key = (OTHER,) * len(key) if isinstance(key, tuple) else OTHER
+    d[key] = d.get(key, 0) + n
+
+
+def _histogram(d: dict[tuple[str, str], _Histogram], key: tuple[str, str]) -> _Histogram:
+    h = d.get(key)
+    if h is None:
+        if len(d) >= MAX_HISTOGRAMS:
+            key = (OTHER, OTHER)
+            h = d.get(key)
+        if h is None:
+            h = d[key] = _Histogram()
+    return h
+
+
+def _order(key: Any) -> Any:
+    """Sort key that puts the folded "other" label set last (its values are str where others are int)."""
+    parts = key if isinstance(key, tuple) else (key,)
+    return tuple((1, "") if x == OTHER else (0, x) for x in parts)
+
+
+def _sorted(d: dict[Any, Any]) -> list[tuple[Any, Any]]:
+    return sorted(d.items(), key=lambda kv: _order(kv[0]))
 
 
 def role_names(mask: int) -> list[str]:
@@ -134,8 +177,14 @@ class LiveStats:
         self.bytes_in: dict[str, int] = {}  # api → request bytes
         self.bytes_out: dict[str, int] = {}  # api → response bytes
         self.conn_ends: dict[tuple[str, str], int] = {}  # (reason, by)
+        # The server's request accounting (its own dicts, read at scrape time; `kafkatap proxy` wires them):
+        # requests_seen == request_rows + sum(requests_dropped), over closed connections
+        self.requests_dropped: dict[str, int] = {}
+        self.relay_accounting: dict[str, int] = {}
         self.opaque_total = 0
         self.connections_total = 0
+        # reason → count of connections never accepted (EMFILE, fd reserve); the server's dict (proxy.listener)
+        self.accept_failures: dict[str, int] = {}
         self.clients: dict[str, _Client] = {}
         self.open_count = 0
         self.tcp_samples = 0
@@ -158,36 +207,28 @@ class LiveStats:
         api = row.get("api_name") or str(row.get("api_key"))
         ver = row.get("api_version") or 0
         key = (api, ver)
-        self.requests[key] = self.requests.get(key, 0) + 1
+        _bump(self.requests, key)
         broker = row.get("broker_addr") or ""
         req_b = row.get("request_bytes") or 0
         resp_b = row.get("response_bytes") or 0
-        self.bytes_in[api] = self.bytes_in.get(api, 0) + req_b
-        self.bytes_out[api] = self.bytes_out.get(api, 0) + resp_b
+        _bump(self.bytes_in, api, req_b)
+        _bump(self.bytes_out, api, resp_b)
         status = row.get("status")
         if status and status != "answered":
-            k2 = (api, status)
-            self.unanswered[k2] = self.unanswered.get(k2, 0) + 1
+            _bump(self.unanswered, (api, status))
         lat = row.get("latency_us")
         if lat is not None:
             lk = (api, broker)
-            h = self.latency.get(lk)
-            if h is None:
-                h = self.latency[lk] = _Histogram()
-            h.observe(lat)
+            _histogram(self.latency, lk).observe(lat)
             blat = row.get("broker_latency_us")
             if blat is not None:
-                h = self.broker_latency.get(lk)
-                if h is None:
-                    h = self.broker_latency[lk] = _Histogram()
-                h.observe(blat)
+                _histogram(self.broker_latency, lk).observe(blat)
         errs = row.get("errors")
         if errs:
-            self.failed_requests[key] = self.failed_requests.get(key, 0) + 1
+            _bump(self.failed_requests, key)
             for e in errs[:16]:  # bounded: a response can carry an error per partition
                 name = (e.get("name") if isinstance(e, dict) else None) or "UNKNOWN"
-                ek = (api, ver, name)
-                self.errors[ek] = self.errors.get(ek, 0) + 1
+                _bump(self.errors, (api, ver, name))
         c = self._client(row, now)
         c.last_seen_ns = now
         c.requests += 1
@@ -231,8 +272,7 @@ class LiveStats:
             self.open_count -= 1
             reason = row.get("end_reason") or "unknown"
             c.end_reason = reason
-            k = (reason, row.get("end_by") or "unknown")
-            self.conn_ends[k] = self.conn_ends.get(k, 0) + 1
+            _bump(self.conn_ends, (reason, row.get("end_by") or "unknown"))
 
     def tcp(self, row: Row) -> None:
         self.tcp_samples += 1
@@ -272,15 +312,15 @@ class LiveStats:
                 out.append(f"{name}{suffix}{_labels({**proxy, **labels})} {_num(value)}")
 
         family("kafkatap_requests_total", "counter", "Requests seen, by API and version.",
-               (("", {"api": a, "version": v}, n) for (a, v), n in sorted(self.requests.items())))
+               (("", {"api": a, "version": v}, n) for (a, v), n in _sorted(self.requests)))
         family("kafkatap_request_errors_total", "counter",
                "Non-zero error codes in responses, by API, version and error name.",
-               (("", {"api": a, "version": v, "error": e}, n) for (a, v, e), n in sorted(self.errors.items())))
+               (("", {"api": a, "version": v, "error": e}, n) for (a, v, e), n in _sorted(self.errors)))
         family("kafkatap_failed_requests_total", "counter", "Requests whose response carried at least one error.",
-               (("", {"api": a, "version": v}, n) for (a, v), n in sorted(self.failed_requests.items())))
+               (("", {"api": a, "version": v}, n) for (a, v), n in _sorted(self.failed_requests)))
         family("kafkatap_requests_unanswered_total", "counter",
                "Requests without a response: unanswered (connection ended first) or no_response (acks=0).",
-               (("", {"api": a, "status": s}, n) for (a, s), n in sorted(self.unanswered.items())))
+               (("", {"api": a, "status": s}, n) for (a, s), n in _sorted(self.unanswered)))
         for name, hists, help_ in (
             ("kafkatap_request_latency_us", self.latency,
              "Client-visible request latency in microseconds (first request byte in to last response byte out)."),
@@ -289,18 +329,34 @@ class LiveStats:
         ):
             family(name, "histogram", help_, _histogram_samples(hists))
         family("kafkatap_request_bytes_total", "counter", "Request frame bytes, client to broker, by API.",
-               (("", {"api": a}, n) for a, n in sorted(self.bytes_in.items())))
+               (("", {"api": a}, n) for a, n in _sorted(self.bytes_in)))
         family("kafkatap_response_bytes_total", "counter", "Response frame bytes, broker to client, by API.",
-               (("", {"api": a}, n) for a, n in sorted(self.bytes_out.items())))
+               (("", {"api": a}, n) for a, n in _sorted(self.bytes_out)))
         family("kafkatap_open_connections", "gauge", "Client connections currently open.",
                [("", {}, self.open_count)])
         family("kafkatap_connections_total", "counter", "Client connections seen since start.",
                [("", {}, self.connections_total)])
         family("kafkatap_connection_ends_total", "counter", "Connection ends by reason and by whom.",
-               (("", {"reason": r, "by": b}, n) for (r, b), n in sorted(self.conn_ends.items())))
+               (("", {"reason": r, "by": b}, n) for (r, b), n in _sorted(self.conn_ends)))
+        acc = self.relay_accounting
+        family("kafkatap_requests_seen_total", "counter", "Requests the decoder saw on closed connections.",
+               [("", {}, acc.get("requests_seen", 0))])
+        family("kafkatap_request_rows_total", "counter", "Request rows the relay produced for closed connections.",
+               [("", {}, acc.get("request_rows", 0))])
+        family("kafkatap_requests_dropped_total", "counter",
+               "Requests seen but given no row, by reason (in_flight_cap, correlation_id_reused, decoder_failed, "
+               "observation_backlog): seen = rows + these.",
+               (("", {"reason": r}, n) for r, n in _sorted(self.requests_dropped)))
+        family("kafkatap_observation_skipped_bytes_total", "counter",
+               "Bytes relayed but not decoded because a connection's observation backlog exceeded its bound.",
+               [("", {}, acc.get("skipped_bytes", 0))])
         family("kafkatap_opaque_connections_total", "counter",
                "Connections whose stream stopped being parsed (TLS, garbage, unknown framing).",
                [("", {}, self.opaque_total)])
+        family("kafkatap_accept_failures_total", "counter",
+               "Client connections not accepted (emfile: out of descriptors; fd_reserve: refused to keep "
+               "descriptors for the recorder), by reason.",
+               (("", {"reason": r}, n) for r, n in sorted(self.accept_failures.items())))
         rs = self.recorder_stats() if self.recorder_stats else None
         if rs is not None:
             family("kafkatap_recording_dropped_rows_total", "counter",
@@ -319,7 +375,7 @@ class LiveStats:
 
 
 def _histogram_samples(hists: dict[tuple[str, str], _Histogram]) -> Iterable[tuple[str, dict[str, Any], float]]:
-    for (api, broker), h in sorted(hists.items()):
+    for (api, broker), h in _sorted(hists):
         labels = {"api": api, "broker": broker}
         cum = 0
         for bound, count in zip(LATENCY_BUCKETS_US, h.counts):

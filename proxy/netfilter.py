@@ -3,7 +3,14 @@
 Why a dedicated chain (KAFKATAP in the nat table): removal must undo exactly
 what was added and nothing else. Every rule lives in our chain; the only rule
 we put into a built-in chain is one jump (PREROUTING for a gateway, OUTPUT on
-the client host). Removal deletes that jump, flushes and deletes our chain.
+the client host), tagged with the comment "kafkatap". Removal deletes that jump,
+flushes and deletes our chain.
+
+`removal_found` finds what to remove in the live rules (our chain, every jump to
+it) rather than from the arguments given to `--apply`, so `--remove` works
+whatever was applied and however. `apply` installs a plan all or nothing: when a
+command fails, the ones that succeeded are undone in reverse order, so a failed
+IPv6 half never leaves the IPv4 jump behind.
 
 The client-host (OUTPUT) deployment must not redirect the proxy's own upstream
 connections back to itself: the proxy marks its upstream sockets with SO_MARK
@@ -20,6 +27,8 @@ import subprocess
 from dataclasses import dataclass, field
 
 CHAIN = "KAFKATAP"
+COMMENT = "kafkatap"  # on the jump rule, so the one rule outside our chain is recognisable as ours
+TOOLS = ("iptables", "ip6tables")
 
 
 @dataclass(frozen=True)
@@ -86,7 +95,7 @@ def jump(plan: RulePlan) -> list[str]:
     rule = [builtin, "-p", "tcp"]
     if plan.mode == "gateway" and plan.interface:
         rule += ["-i", plan.interface]
-    return rule + ["-j", plan.chain]
+    return rule + ["-m", "comment", "--comment", COMMENT, "-j", plan.chain]
 
 
 def build_removal(plan: RulePlan) -> list[list[str]]:
@@ -103,6 +112,68 @@ def build_removal(plan: RulePlan) -> list[list[str]]:
     return cmds
 
 
+def removal_found(netns: str | None = None, chain: str = CHAIN) -> list[list[str]]:
+    """The commands that remove what kafkatap installed, found in the live nat tables.
+
+    Every rule in a built-in chain that jumps to `chain` (or carries our comment) is
+    deleted, then `chain` is flushed and deleted; a family without iptables, without
+    the chain or without the nat table contributes nothing.
+    """
+    cmds: list[list[str]] = []
+    for tool in TOOLS:
+        if shutil.which(tool) is None:
+            continue
+        nat = [tool, "-w", "-t", "nat"]
+        listing = _exec(nat + ["-S"], netns)
+        if listing.returncode != 0:
+            continue
+        has_chain = False
+        for line in listing.stdout.splitlines():
+            words = shlex.split(line)
+            if words[:2] == ["-N", chain]:
+                has_chain = True
+            elif len(words) > 2 and words[0] == "-A" and words[1] != chain and _is_ours(words, chain):
+                cmds.append(nat + ["-D", *words[1:]])
+        if has_chain:
+            cmds.append(nat + ["-F", chain])
+            cmds.append(nat + ["-X", chain])
+    return cmds
+
+
+def _is_ours(rule: list[str], chain: str) -> bool:
+    """A rule (as `iptables -S` prints it) that jumps to our chain or carries our comment."""
+    pairs = set(zip(rule, rule[1:]))
+    return ("-j", chain) in pairs or ("-g", chain) in pairs or ("--comment", COMMENT) in pairs
+
+
+def apply(cmds: list[list[str]], netns: str | None = None) -> None:
+    """Run the install commands all or nothing.
+
+    Raises RuntimeError (with the failing command and, when undone, that it was rolled back)
+    or FileNotFoundError; nothing that this call installed is left behind on failure.
+    """
+    done: list[list[str]] = []
+    for c in cmds:
+        try:
+            run([c], netns)
+        except (RuntimeError, FileNotFoundError) as exc:
+            undo = [_undo(d) for d in reversed(done)]
+            problems = [r.stderr.strip() for r in run(undo, netns, check=False) if r.returncode != 0]
+            note = "; rolled back what was installed" if not problems else f"; rollback incomplete: {problems}"
+            raise type(exc)(f"{exc}{note}") from exc
+        done.append(c)
+
+
+def _undo(cmd: list[str]) -> list[str]:
+    """The command that reverts one install command (-N → -X, -A/-I → -D with the same rule)."""
+    verb = next(i for i, w in enumerate(cmd) if w in ("-N", "-A", "-I"))
+    return cmd[:verb] + ["-X" if cmd[verb] == "-N" else "-D"] + cmd[verb + 1:]
+
+
+def _exec(argv: list[str], netns: str | None) -> subprocess.CompletedProcess:
+    return subprocess.run((["ip", "netns", "exec", netns] if netns else []) + argv, capture_output=True, text=True)
+
+
 def render(cmds: list[list[str]]) -> str:
     return "\n".join(shlex.join(c) for c in cmds)
 
@@ -113,8 +184,7 @@ def run(cmds: list[list[str]], netns: str | None = None, check: bool = True) -> 
     for c in cmds:
         if shutil.which(c[0]) is None:
             raise FileNotFoundError(f"{c[0]} not found (install iptables)")
-        argv = (["ip", "netns", "exec", netns] if netns else []) + c
-        r = subprocess.run(argv, capture_output=True, text=True)
+        r = _exec(c, netns)
         results.append(r)
         if check and r.returncode != 0:
             raise RuntimeError(f"`{shlex.join(c)}` failed: {(r.stderr or r.stdout).strip()}")

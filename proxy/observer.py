@@ -10,15 +10,44 @@ stamps alone.
 Failure rule: the decoder must never break the relay. Any exception raised
 while observing makes the connection opaque (`decoder_failed`), is logged
 once, and the relay keeps forwarding.
+
+Fairness (issue 19): decoding runs on the event loop, so one connection
+pipelining tiny frames could keep the loop busy decoding and starve every
+other connection's *forwarding*. Observation is therefore budgeted per loop
+turn by one `ObserveScheduler` per loop: a chunk no larger than the connection's
+current slice is decoded at once while the turn's budget lasts
+(`TURN_BUDGET` units: one per frame decoded, one per chunk or slice) and no
+backlog is queued for that connection; otherwise the chunk is queued (what
+the budget still allows is decoded at once) and the scheduler decodes the queues round-robin, one slice
+at a time, a budget per `loop.call_soon` turn, so I/O callbacks (forwarding)
+run between turns. A slice is sized by the frames the previous one held
+(`SLICE_MIN`…`SLICE_MAX`): tiny pipelined frames are decoded a few KiB at a
+time, large Produce/Fetch frames (mostly skipped bytes) a chunk at a time. While a connection's observation is
+behind, its `SendStamps` keep flush marks so "sent" times stay those of the
+flush, not of the late decode. Bound: a connection whose queued observation
+exceeds `MAX_BACKLOG_BYTES` (16 MiB) stops being observed (kind
+`observation_backlog`, the bytes counted as skipped, its requests in flight
+counted as dropped) — the relay is never slowed to decode.
+
+Closing a connection with up to `max_in_flight` (10,000) unanswered requests
+builds their rows the same way, a turn's budget at a time, and the
+connection row follows the last of them.
+
+Accounting: every request the decoder reports gets exactly one row or is
+counted in `ConnectionFacts.dropped` with its reason, so requests seen ==
+rows + drops for every connection.
 """
 
 from __future__ import annotations
 
+import asyncio
+import weakref
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from protocol.apis import PRODUCE
-from protocol.events import Direction, RequestSeen, ResponseSeen, StreamClosed, StreamOpaque
+from protocol.events import Direction, RequestDropped, RequestSeen, ResponseSeen, StreamClosed, StreamOpaque
 from proxy import rows
 from proxy.capture import FrameCapture
 from proxy.facts import ConnectionFacts
@@ -27,6 +56,58 @@ from proxy.timing import SendStamps
 
 Log = Callable[..., None]  # log(level, event, **fields), bound to the connection
 MAX_CLIENT_IDS = 16  # distinct client_id values kept per connection
+
+
+TURN_BUDGET = 256  # decode units per loop turn (≈ 0.5 ms of tiny frames)
+SLICE_MIN, SLICE_MAX = 4 * 1024, 256 * 1024  # a queued chunk is decoded a slice at a time, sized by frame density
+# Queued, not yet decoded bytes per connection before it goes opaque. libuv reads up to 32 × 256 KiB from
+# one socket per loop iteration, so the bound must hold a few such bursts of cheap (large) frames.
+MAX_BACKLOG_BYTES = 16 << 20
+
+
+class ObserveScheduler:
+    """One per event loop: the decode budget of the current turn and the observers waiting for theirs."""
+
+    _per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ObserveScheduler] = weakref.WeakKeyDictionary()
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.used = 0  # units spent in this turn
+        self.ready: deque[Observer] = deque()
+        self.scheduled = False
+
+    @classmethod
+    def for_loop(cls, loop: asyncio.AbstractEventLoop) -> ObserveScheduler:
+        s = cls._per_loop.get(loop)
+        if s is None:
+            s = cls._per_loop[loop] = cls(loop)
+        return s
+
+    def spend_all(self) -> None:
+        """Use up this turn's budget (tests: what a busy turn looks like)."""
+        self.used = TURN_BUDGET
+        if not self.scheduled:
+            self.scheduled = True
+            self.loop.call_soon(self._turn)
+
+    def wait(self, obs: Observer) -> None:
+        """`obs` has queued work: give it slices round-robin from the next turn on."""
+        self.ready.append(obs)
+        if not self.scheduled:
+            self.scheduled = True
+            self.loop.call_soon(self._turn)
+
+    def _turn(self) -> None:
+        self.used = 0
+        ready = self.ready
+        while ready and self.used < TURN_BUDGET:
+            obs = ready.popleft()
+            if obs.step():
+                ready.append(obs)
+        if ready or self.used >= TURN_BUDGET:
+            self.loop.call_soon(self._turn)
+        else:
+            self.scheduled = False
 
 
 class RowEmitter(Protocol):
@@ -40,7 +121,7 @@ class Observer:
 
     def __init__(self, stream: Any, facts: ConnectionFacts, requests_sent: SendStamps, responses_sent: SendStamps,
                  emit: RowEmitter, log: Log, *, capture: str = "none", log_requests: bool = False,
-                 on_quiet: Callable[[], None] = lambda: None) -> None:
+                 on_quiet: Callable[[], None] = lambda: None, scheduler: ObserveScheduler | None = None) -> None:
         self.stream = stream
         self.facts = facts
         self._req_stamps = requests_sent
@@ -55,6 +136,20 @@ class Observer:
         self._cap_resp: FrameCapture | None = FrameCapture() if capture == "all" else None
         self._no_schema_logged = False  # an API/version no schema describes: logged once per connection
         self._orphan_responses = 0
+        # None: observe every chunk at once (tests, replay). Otherwise the loop's decode budget applies.
+        self._sched = scheduler
+        # chunks forwarded but not observed yet: (request?, data, read ns, offset already observed);
+        # data None marks the connection's end (with its time), then `_closed` is called
+        self._backlog: deque[list[Any]] = deque()
+        self._backlog_bytes = 0
+        self._closed: Callable[[], None] | None = None
+        self._slice = SLICE_MIN
+        self._unanswered: deque[RequestSeen] = deque()  # left unanswered by the end, rows not built yet
+
+    @property
+    def behind(self) -> bool:
+        """Forwarded bytes wait to be observed (a graceful stop must wait for them too)."""
+        return bool(self._backlog)
 
     @property
     def parsing(self) -> bool:
@@ -63,7 +158,120 @@ class Observer:
 
     # ------------------------------------------------------------------ input
     def feed(self, request: bool, data: bytes, now_ns: int) -> None:
-        """Observe a chunk already forwarded one way, read at `now_ns`."""
+        """Observe a chunk already forwarded one way, read at `now_ns` — now, or queued when over budget."""
+        sched = self._sched
+        if sched is None:
+            self._observe(request, data, now_ns)
+            return
+        backlog = self._backlog
+        if not backlog and sched.used < TURN_BUDGET and len(data) <= self._slice:  # the common case: now
+            f = self.facts
+            before = f.requests + f.from_broker.frames
+            self._observe(request, data, now_ns)
+            self._spent(f.requests + f.from_broker.frames - before, len(data))
+            return
+        if self.stream is None:
+            self.settle(request)
+            return
+        backlog.append([request, data, now_ns, 0])
+        self._backlog_bytes += len(data)
+        if len(backlog) == 1:  # falling behind from here: decode what this turn allows, queue the rest
+            self._req_stamps.mark()
+            self._resp_stamps.mark()
+            while sched.used < TURN_BUDGET and self.step():
+                pass
+            if backlog:
+                sched.wait(self)
+        elif self._backlog_bytes > MAX_BACKLOG_BYTES:
+            self._fall_behind()
+
+    def _spent(self, frames: int, size: int) -> None:
+        """Charge a decoded slice to the turn, and size the next slice to ~16-64 frames (about equal cost)."""
+        if frames > 64:
+            self._slice = max(SLICE_MIN, size // 2)
+        elif frames < 16 and size >= self._slice:
+            self._slice = min(SLICE_MAX, self._slice * 2)
+        sched = self._sched
+        assert sched is not None
+        sched.used += frames + 1
+        if sched.used >= TURN_BUDGET and not sched.scheduled:
+            sched.scheduled = True
+            sched.loop.call_soon(sched._turn)
+
+    def step(self) -> bool:
+        """Observe one slice of the oldest queued chunk (the scheduler's turn); True while more is queued."""
+        if self._unanswered:
+            sched = self._sched
+            assert sched is not None
+            n = max(16, TURN_BUDGET - sched.used)
+            self._emit_unanswered(n)
+            sched.used += n  # only ever run from a turn, which reschedules itself
+            if self._unanswered:
+                return True
+            self._ended()
+            return False
+        if not self._backlog:  # emptied by `_fall_behind` while waiting for its turn
+            return False
+        item = self._backlog[0]
+        request, data, now_ns, done = item
+        if data is None:  # the connection ended after everything before it was observed
+            self._backlog.clear()
+            self._end_marks()
+            self._close_now(now_ns)
+            return False
+        f = self.facts
+        before = f.requests + f.from_broker.frames
+        n = len(data)
+        size = self._slice
+        piece = data if done == 0 and n <= size else memoryview(data)[done:done + size]
+        item[3] = done = done + len(piece)
+        if done >= n:
+            self._backlog.popleft()
+            self._backlog_bytes -= n
+        self._observe(request, piece, now_ns)
+        self._spent(f.requests + f.from_broker.frames - before, len(piece))
+        if not self._backlog:
+            self._end_marks()
+            if f.inflight <= 0:
+                self._on_quiet()
+            return False
+        return True
+
+    def hurry(self) -> None:
+        """Shutdown's last resort: end now. Queued bytes are counted as skipped, unanswered rows built at once."""
+        if self._backlog:
+            self._fall_behind()
+        if self._unanswered:
+            self._emit_unanswered(len(self._unanswered))
+            self._ended()
+
+    def _end_marks(self) -> None:
+        self._req_stamps.unmark()
+        self._resp_stamps.unmark()
+
+    def _fall_behind(self) -> None:
+        """The queued observation outgrew its bound: stop observing this connection, never slow the relay."""
+        f = self.facts
+        skipped = sum(len(d) - done for _, d, _, done in self._backlog if d is not None)
+        f.skipped_bytes += skipped
+        end = self._backlog[-1] if self._backlog[-1][1] is None else None
+        self._backlog.clear()
+        self._backlog_bytes = 0
+        self._end_marks()
+        self.stream = None
+        self._cap_req = self._cap_resp = None
+        self._give_up_in_flight("observation_backlog")
+        if f.opaque_reason is None:
+            f.opaque_kind = "observation_backlog"
+            f.opaque_reason = (f"observation fell more than {MAX_BACKLOG_BYTES} bytes behind the relay; "
+                               f"{skipped} bytes relayed without decoding from here on")
+            self._log("warning", "decoding fell behind; connection is now opaque (bytes still relayed)",
+                      skipped_bytes=skipped, bound=MAX_BACKLOG_BYTES)
+        if end is not None:
+            self._close_now(end[2])
+
+    def _observe(self, request: bool, data: Any, now_ns: int) -> None:
+        """Decode a chunk already forwarded one way, read at `now_ns`."""
         st = self.stream
         if st is None:
             self.settle(request)
@@ -98,8 +306,19 @@ class Observer:
                 for (req, resp, sent), ts in stamps.settled():
                     self._request_done(req, resp, sent, ts, "answered")
 
-    def close(self, now_ns: int) -> None:
-        """The connection ended: settle everything still waiting and let the decoder report the rest."""
+    def close(self, now_ns: int, closed: Callable[[], None] = lambda: None) -> None:
+        """The connection ended: once what was forwarded is observed, settle the rest; then call `closed`.
+
+        `closed` runs at once unless observation is behind; then it runs in the
+        scheduler's turn that reaches the end (the connection row waits for it).
+        """
+        self._closed = closed
+        if self._backlog:
+            self._backlog.append([True, None, now_ns, 0])
+            return
+        self._close_now(now_ns)
+
+    def _close_now(self, now_ns: int) -> None:
         for ev in self._req_stamps.drain_all():
             if not ev.expects_response:  # acks=0 Produce never flushed: still a request the client made
                 self._request_done(ev, None, None, None, "no_response")
@@ -111,11 +330,22 @@ class Observer:
                 self._drain_events()
             except Exception as exc:  # noqa: BLE001
                 self.decoder_failed(exc)
+        if self._unanswered:  # up to 10,000 rows: built a turn's budget at a time, not in one stall
+            assert self._sched is not None
+            self._sched.wait(self)
+            return
+        self._ended()
+
+    def _ended(self) -> None:
+        closed, self._closed = self._closed, None
+        if closed is not None:
+            closed()
 
     def decoder_failed(self, exc: BaseException) -> None:
         self.stream = None
         self._cap_req = self._cap_resp = None
         f = self.facts
+        self._give_up_in_flight("decoder_failed")
         f.opaque_kind = "decoder_error"
         f.opaque_reason = f"decoder error: {type(exc).__name__}: {exc}"
         self._log("error", "decoder failed; connection is now opaque (bytes still relayed)",
@@ -135,8 +365,34 @@ class Observer:
                 self._on_opaque(ev)
             elif t is StreamClosed:
                 self._on_closed(ev)
+            elif t is RequestDropped:
+                self._on_dropped(ev)
             else:
                 break
+
+    def _on_dropped(self, ev: RequestDropped) -> None:
+        """The decoder stopped waiting for a request: count it (it gets no row) and stop waiting here too."""
+        f = self.facts
+        req = ev.request
+        if self._sent_at.pop(id(req), None) is None:
+            self._req_stamps.forget(req)
+        self._count_dropped(ev.reason, 1)
+        f.inflight -= 1
+        if f.inflight == 0:
+            self._on_quiet()
+
+    def _count_dropped(self, reason: str, n: int) -> None:
+        d = self.facts.dropped
+        d[reason] = d.get(reason, 0) + n
+
+    def _give_up_in_flight(self, reason: str) -> None:
+        """Nothing will pair the requests in flight any more (decoder gone): count them, wake a stop."""
+        f = self.facts
+        if f.inflight > 0:
+            self._count_dropped(reason, f.inflight)
+            f.inflight = 0
+        self._sent_at.clear()
+        self._on_quiet()  # nothing is awaited any more (and a backlog, if any, is gone)
 
     def _on_request(self, ev: RequestSeen) -> None:
         f = self.facts
@@ -224,9 +480,16 @@ class Observer:
             self._on_opaque(StreamOpaque(direction, total - got, "truncated",
                                          f"connection ended {got} bytes into an unfinished {direction.value} frame"))
         self.facts.unanswered_at_end = len(ev.unanswered)
-        for req in ev.unanswered:
-            sent = self._sent_at.pop(id(req), None)
-            self._request_done(req, None, sent, None, "unanswered")
+        self._unanswered.extend(ev.unanswered)
+        if self._sched is None:
+            self._emit_unanswered(len(self._unanswered))
+
+    def _emit_unanswered(self, n: int) -> None:
+        """Rows for up to `n` requests the connection's end left unanswered (a budget's worth per turn)."""
+        todo = self._unanswered
+        for _ in range(min(n, len(todo))):
+            req = todo.popleft()
+            self._request_done(req, None, self._sent_at.pop(id(req), None), None, "unanswered")
 
     # ------------------------------------------------------------------ output
     def _capture(self, cap: FrameCapture, request: bool, offset: int, size: int, api_key: int | None,
@@ -238,6 +501,7 @@ class Observer:
                       resp_sent: int | None, status: str) -> None:
         f = self.facts
         row = rows.request_row(f, req, resp, sent, resp_sent, status)
+        f.rows += 1
         self._emit.request(row)
         if row["error_count"] and req.api_key == PRODUCE:
             cause = request_cause(req.api_name, row["acks"], req.size, row["topics"], [e["name"] for e in row["errors"]])

@@ -12,6 +12,7 @@ from typing import Any
 
 from protocol.events import RequestSeen, ResponseSeen, Summary
 from proxy.facts import ConnectionFacts
+from proxy.topics import split_topics
 from recording.schema import CONNECTION_COLUMNS, REQUEST_COLUMNS, TCP_FIELDS
 
 REQUEST_KEYS = tuple(c.name for c in REQUEST_COLUMNS)
@@ -70,10 +71,17 @@ def request_row(
     if s is None:
         s = _EMPTY
         topics: list[str] = []
+        topic_ids: list[str] = []
         nbatches = partitions = records = None
         record_bytes = fetched_bytes
     else:
-        topics = list(s.topics)
+        # Today names and ids come in one list (ids told by uuid shape); should the summary carry ids apart
+        # (`Summary.topic_ids`), they join `topics` here so that `proxy.topics` can name them
+        ids = getattr(s, "topic_ids", None)
+        if ids:
+            topics, topic_ids = [*s.topics, *(i for i in ids if i not in s.topics)], list(ids)
+        else:
+            topics, topic_ids = split_topics(s.topics)
         partitions, records = s.partitions, s.records
         batches = s.batches
         nbatches = len(batches)
@@ -111,6 +119,7 @@ def request_row(
         "timeout_ms": s.timeout_ms,
         "transactional_id": s.transactional_id,
         "topics": topics,
+        "topic_ids": topic_ids,
         "partitions": partitions,
         "batches": nbatches,
         "records": records,

@@ -37,11 +37,40 @@ from proxy import original_dst as _odst
 from proxy.connection import Connection
 from proxy.context import Addr, ConnectionContext, RelaySettings, format_addr
 from proxy.faults import NO_FAULTS, Faults
+from proxy.listener import Acceptor, bind_listener
 from proxy.sinks import GuardedSink, NullSink, RecordSink, default_proxy_id
+from proxy.topics import TopicMap, TopicNamingSink, TopicResolver
 
 log = structlog.get_logger("kafkatap.proxy")
 
 DEFAULT_MARK = 0x4B54  # "KT": SO_MARK on upstream sockets so an OUTPUT REDIRECT rule can skip them
+SO_MARK = getattr(socket, "SO_MARK", 36)
+CLOCK_CHECK_S = 5.0  # how often the wall clock is compared with the proxy's clock
+CLOCK_STEP_NS = 100_000_000  # a difference this large is a step (suspend, NTP), not drift: re-derive the offset
+
+
+class MarkUnavailable(OSError):
+    """SO_MARK cannot be set: in local transparent mode the proxy would redirect its own upstream connections to itself."""
+
+
+def probe_mark(mark: int) -> None:
+    """Raise MarkUnavailable unless this process can set SO_MARK `mark` on a socket.
+
+    Why at start-up: without the mark an OUTPUT REDIRECT rule sends the proxy's own
+    upstream connection back to the proxy, which connects again, until EMFILE. Refusing
+    to start is the only safe answer; warning and relaying is how one client became
+    96 looped connections.
+    """
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, SO_MARK, mark)
+    except OSError as exc:
+        raise MarkUnavailable(exc.errno, _mark_message(mark, exc)) from exc
+
+
+def _mark_message(mark: int, exc: OSError) -> str:
+    return (f"cannot set SO_MARK {hex(mark)} ({exc.strerror or exc}): it needs CAP_NET_ADMIN or CAP_NET_RAW, "
+            "and without it an OUTPUT REDIRECT rule loops the proxy's upstream connections back to itself")
 
 
 def parse_hostport(text: str, default_host: str = "0.0.0.0") -> tuple[str, int]:
@@ -93,6 +122,8 @@ class ProxyServer:
         stream_factory: Callable[[], Any] | None = None,
         original_dst: Callable[[socket.socket], tuple[str, int]] | None = None,
         backlog: int = 4096,
+        resolve_topics: bool = True,
+        topic_map_limit: int = 100_000,
     ) -> None:
         self.routes = [r if isinstance(r, Route) else Route.parse(r) for r in routes]
         if not self.routes:
@@ -115,8 +146,13 @@ class ProxyServer:
         self.closing = False
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
         self._emit = GuardedSink(self.sink)
+        # topic id -> name, shared by every connection (proxy.topics); learned pairs are recorded as topics/ rows
+        self.topics = TopicMap(topic_map_limit, on_learned=self._topic_learned)
+        self.resolve_topics = resolve_topics
+        self.resolver: TopicResolver | None = None
         self._ctx: ConnectionContext | None = None
-        self._servers: list[asyncio.base_events.Server] = []
+        self._acceptors: list[Acceptor] = []
+        self.accept_failures: dict[str, int] = {}  # reason → count, for /metrics (proxy.listener)
         self._listen_addrs: list[tuple[str, int]] = []
         self._ids = itertools.count(1)
         self._run = uuid.uuid4().hex[:6]
@@ -124,38 +160,65 @@ class ProxyServer:
         self._mark_warned = False
         self._all_closed: asyncio.Event | None = None
         self._stopped: asyncio.Event | None = None
-        # epoch ns derived from the monotonic clock: immune to NTP steps within a run
-        self._epoch_offset = time.time_ns() - time.monotonic_ns()
-        off = self._epoch_offset
-        mono = time.monotonic_ns
-        self.clock: Callable[[], int] = lambda: mono() + off
+        # epoch ns from the monotonic clock plus an offset: no jumps inside a request's timestamps, while
+        # `_check_clock` re-derives the offset after a suspend or an NTP step
+        self.clock, self._set_epoch_offset = _offset_clock(time.time_ns() - time.monotonic_ns())
+        self._clock_timer: asyncio.TimerHandle | None = None
         self.stats = {"accepted": 0, "closed": 0, "connect_failed": 0}
+        # requests seen == request rows + requests dropped (by reason), summed over closed connections
+        self.accounting = {"requests_seen": 0, "request_rows": 0, "skipped_bytes": 0}
+        self.requests_dropped: dict[str, int] = {}
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> ProxyServer:
+        """Listen on every route. Raises MarkUnavailable when a mark is configured but cannot be set."""
+        if self.settings.so_mark is not None:
+            probe_mark(self.settings.so_mark)
         self.loop = asyncio.get_running_loop()
         self._stopped = asyncio.Event()
-        self._ctx = ConnectionContext(loop=self.loop, clock=self.clock, settings=self.settings, emit=self._emit,
+        self.resolver = TopicResolver(self.loop, self.topics, enabled=self.resolve_topics,
+                                      so_mark=self.settings.so_mark)
+        self._ctx = ConnectionContext(loop=self.loop, clock=self.clock, settings=self.settings,
+                                      emit=TopicNamingSink(self._emit, self.topics, self.resolver),
                                       hub=self, stream_factory=self.stream_factory,
-                                      original_dst=self.original_dst, rng=self.rng)
+                                      original_dst=self.original_dst, rng=self.rng, topics=self.topics)
         for route in self.routes:
-            host, port = route.listen
-            listener_holder: list[str] = []
-            up = route.upstream
-
-            def factory(up: Addr | None = up, holder: list[str] = listener_holder) -> asyncio.Protocol:
-                return Connection(self._ctx, holder[0], up).client_protocol  # type: ignore[arg-type]
-
-            srv = await self.loop.create_server(factory, host, port, reuse_address=True, backlog=self.backlog)
-            addr = srv.sockets[0].getsockname()[:2]
-            listener_holder.append(format_addr(addr))  # type: ignore[arg-type]
-            self._servers.append(srv)
-            self._listen_addrs.append((addr[0], addr[1]))
-            log.info("listening", listener=listener_holder[0],
-                     upstream=f"{up[0]}:{up[1]}" if up else "original destination (transparent)")
+            self._listen(route)
         if self.tcp_info_interval:
             self._periodic = self.loop.call_later(self.tcp_info_interval, self._tick)
+        self._clock_timer = self.loop.call_later(CLOCK_CHECK_S, self._clock_tick)
         return self
+
+    def _listen(self, route: Route) -> None:
+        """Bind the route's listener(s) and start accepting (proxy.listener: EMFILE is seen, logged, counted).
+
+        A transparent route on 0.0.0.0 also listens on [::] at the same port: `kafkatap iptables`
+        redirects IPv6 too, and an IPv6 client must not meet ECONNREFUSED.
+        """
+        host, port = route.listen
+        up = route.upstream
+        socks = [bind_listener(host, port, self.backlog)]
+        if up is None and host == "0.0.0.0" and socket.has_ipv6:
+            try:
+                socks.append(bind_listener("::", socks[0].getsockname()[1], self.backlog))
+            except OSError as exc:  # a host without IPv6: the IPv4 listener still serves
+                log.warning("transparent mode without an IPv6 listener", error=str(exc))
+        for sock in socks:
+            addr = sock.getsockname()[:2]
+            listener = format_addr(addr)
+
+            def factory(up: Addr | None = up, listener: str | None = listener) -> asyncio.Protocol:
+                return Connection(self._ctx, listener, up).client_protocol  # type: ignore[arg-type]
+
+            acceptor = Acceptor(self.loop, sock, factory, self._accept_failed)
+            acceptor.start()
+            self._acceptors.append(acceptor)
+            self._listen_addrs.append((addr[0], addr[1]))
+            log.info("listening", listener=listener,
+                     upstream=f"{up[0]}:{up[1]}" if up else "original destination (transparent)")
+
+    def _accept_failed(self, reason: str) -> None:
+        self.accept_failures[reason] = self.accept_failures.get(reason, 0) + 1
 
     @property
     def listen_addrs(self) -> list[tuple[str, int]]:
@@ -180,13 +243,17 @@ class ProxyServer:
             return
         self.closing = True
         timeout = self.shutdown_timeout if timeout is None else timeout
-        for srv in self._servers:
-            srv.close()
+        for acceptor in self._acceptors:
+            acceptor.close()
         if self._periodic is not None:
             self._periodic.cancel()
+        if self._clock_timer is not None:
+            self._clock_timer.cancel()
         conns = list(self.conns)
         if conns:
             log.info("shutting down", open_connections=len(conns), wait_s=timeout)
+            for c in conns:  # a request read now could not be answered before the close: leave it unread
+                c.stop_reading()
             waiters = [c.wait_quiet() for c in conns]
             await asyncio.wait(waiters, timeout=timeout)
             for c in list(self.conns):
@@ -200,12 +267,17 @@ class ProxyServer:
                     pass
             for c in list(self.conns):
                 c.force_close()
+        if self.resolver is not None:  # after the last row, before the sink closes: names for the last ids
+            await self.resolver.finish()
         try:
             # the Parquet writer's close joins its thread after a final flush: keep the loop free meanwhile
             await self.loop.run_in_executor(None, self.sink.close)
         except Exception as exc:  # noqa: BLE001
             log.error("sink close failed", error=str(exc))
-        log.info("stopped", **self.stats, sink_errors=self._emit.errors)
+        a = self.accounting
+        log.info("stopped", **self.stats, sink_errors=self._emit.errors, requests_seen=a["requests_seen"],
+                 request_rows=a["request_rows"], requests_dropped=dict(self.requests_dropped),
+                 skipped_bytes=a["skipped_bytes"])
         assert self._stopped is not None
         self._stopped.set()
 
@@ -245,11 +317,21 @@ class ProxyServer:
         return self._faults
 
     def mark_failed(self, exc: OSError) -> None:
-        """SO_MARK could not be set (no CAP_NET_ADMIN): warn once, keep relaying."""
+        """SO_MARK could not be set on an upstream socket: raise, so that connection is not made.
+
+        An unmarked upstream connection may be redirected back to this proxy (a loop), so it is
+        never attempted; the client's connection ends as upstream_connect_failed. Logged once.
+        """
+        mark = self.settings.so_mark if self.settings.so_mark is not None else DEFAULT_MARK
         if not self._mark_warned:
             self._mark_warned = True
-            log.warning("cannot set SO_MARK on upstream sockets; an OUTPUT REDIRECT rule matching "
-                        "this mark would loop", mark=self.settings.so_mark, error=str(exc))
+            log.error("upstream connection not made: " + _mark_message(mark, exc))
+        raise MarkUnavailable(exc.errno, _mark_message(mark, exc)) from exc
+
+    def _topic_learned(self, topic_id: str, name: str, source: str | None) -> None:
+        cluster = self.resolver.cluster_ids.get(source) if self.resolver is not None and source else None
+        self._emit.topic({"proxy_id": self.proxy_id, "topic_id": topic_id, "name": name,
+                          "first_seen_ns": self.clock(), "broker_addr": source, "cluster_id": cluster})
 
     def next_conn_id(self) -> str:
         return f"{self._run}-{next(self._ids)}"
@@ -274,8 +356,33 @@ class ProxyServer:
         if not self.conns and self._all_closed is not None:
             self._all_closed.set()
         self.stats["closed"] += 1
+        f, a = conn.facts, self.accounting
+        a["requests_seen"] += f.requests
+        a["request_rows"] += f.rows
+        a["skipped_bytes"] += f.skipped_bytes
+        for reason, n in f.dropped.items():
+            self.requests_dropped[reason] = self.requests_dropped.get(reason, 0) + n
         if end_reason == "upstream_connect_failed":
             self.stats["connect_failed"] += 1
+
+    def check_clock(self) -> int:
+        """Re-derive the epoch offset when the wall clock moved away from `clock()`; return the step (ns, 0: none).
+
+        The monotonic clock does not advance during a suspend and ignores NTP steps, so a fixed
+        offset leaves every later timestamp skewed by the step. Two clock reads every few seconds;
+        the hot path keeps reading one closure cell.
+        """
+        step = time.time_ns() - self.clock()
+        if abs(step) < CLOCK_STEP_NS:
+            return 0
+        self._set_epoch_offset(time.time_ns() - time.monotonic_ns())
+        log.warning("wall clock stepped (suspend or NTP step): timestamps follow it from now on",
+                    step_ms=round(step / 1e6, 1))
+        return step
+
+    def _clock_tick(self) -> None:
+        self.check_clock()
+        self._clock_timer = self.loop.call_later(CLOCK_CHECK_S, self._clock_tick)
 
     def _tick(self) -> None:
         """Periodic sweep: snapshots of long-lived connections, the proxy's own idle timeout."""
@@ -285,12 +392,29 @@ class ProxyServer:
         for c in list(self.conns):
             if not c.upstream_connected:
                 continue
-            if idle_ns is not None and now - c.last_activity >= idle_ns:
+            if idle_ns is not None and c.idle_ns(now) >= idle_ns:
                 c.idle_timeout(self.idle_timeout)  # type: ignore[arg-type]
                 continue
             if now - c.facts.opened_ns >= interval_ns:
                 c.snapshot(now)
         self._periodic = self.loop.call_later(self.tcp_info_interval or 10.0, self._tick)
+
+
+def _offset_clock(offset: int) -> tuple[Callable[[], int], Callable[[int], None]]:
+    """A clock returning monotonic ns + `offset`, and the setter that changes the offset.
+
+    A closure cell rather than an attribute: `clock()` runs several times per request.
+    """
+    mono = time.monotonic_ns
+
+    def clock() -> int:
+        return mono() + offset
+
+    def set_offset(new: int) -> None:
+        nonlocal offset
+        offset = new
+
+    return clock, set_offset
 
 
 def _is_local_address(host: str) -> bool:

@@ -55,6 +55,9 @@ class RecordSink(Protocol):
     def frame(self, row: Row) -> None:
         """One raw frame, only when capture asked for it."""
 
+    def topic(self, row: Row) -> None:
+        """One topic id ↔ name pair learned (`proxy.topics`); optional: sinks without it are skipped."""
+
     def close(self) -> None:
         """Flush everything; called once, by the owner, after the last row."""
 
@@ -72,6 +75,9 @@ class NullSink:
         pass
 
     def frame(self, row: Row) -> None:
+        pass
+
+    def topic(self, row: Row) -> None:
         pass
 
     def close(self) -> None:
@@ -99,6 +105,12 @@ class FanOut:
     def frame(self, row: Row) -> None:
         for s in self.sinks:
             s.frame(row)
+
+    def topic(self, row: Row) -> None:
+        for s in self.sinks:
+            t = getattr(s, "topic", None)  # live stats and log sinks have nothing to do with it
+            if t is not None:
+                t(row)
 
     def close(self) -> None:
         for s in self.sinks:
@@ -145,6 +157,15 @@ class GuardedSink:
             self.sink.frame(row)
         except Exception as exc:  # noqa: BLE001
             self._failed("frames", exc)
+
+    def topic(self, row: Row) -> None:
+        t = getattr(self.sink, "topic", None)
+        if t is None:
+            return
+        try:
+            t(row)
+        except Exception as exc:  # noqa: BLE001
+            self._failed("topics", exc)
 
 
 @dataclass

@@ -11,13 +11,17 @@ rename) *before* the inputs are deleted. A crash in between leaves both; the
 superseded rule in `recording.layout` makes readers count those rows once and
 `recover()` deletes the leftovers at the next start. Merging on its own thread
 means a long merge never delays the next flush (the kill -9 bound).
+
+Memory: a merge streams its inputs row group by row group and writes a row
+group per `MERGE_BATCH_BYTES` of them (sorted within it), so merging a 128 MiB
+segment never holds the segment in memory (it used to load and sort it whole).
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -27,7 +31,9 @@ import pyarrow.parquet as pq
 
 from recording.layout import merged_name
 
-__all__ = ["FlushFile", "Segment", "take_due", "Compactor", "remove_inputs", "name_os_thread"]
+__all__ = ["FlushFile", "Segment", "take_due", "Compactor", "remove_inputs", "name_os_thread", "read_batches"]
+
+MERGE_BATCH_BYTES = 32 << 20  # Arrow bytes per written row group: bounds a merge's memory, keeps sorting useful
 
 
 class _Stream(Protocol):
@@ -79,8 +85,8 @@ def remove_inputs(seg: Segment) -> None:
         f.path.unlink(missing_ok=True)
 
 
-# write(stream, table, path, seq_label, dropped) -> bytes written; raises OSError on failure
-WriteFile = Callable[[Any, pa.Table, Path, str, int], int]
+# write(stream, tables, path, seq_label, dropped, rows) -> bytes written; raises OSError on failure
+WriteFile = Callable[[Any, Iterable[pa.Table], Path, str, int, int], int]
 OnError = Callable[..., None]
 
 
@@ -123,16 +129,36 @@ class Compactor:
 
     def merge(self, stream: _Stream, seg: Segment) -> Path | None:
         """Write the merged file, then delete its inputs; on a write error keep the inputs (nothing lost)."""
-        table = pa.concat_tables([pq.read_table(f.path, schema=stream.schema) for f in seg.files])
         first, last = seg.files[0].seq, seg.files[-1].seq
         out = seg.directory / merged_name(self.run, first, last)
         try:
-            self._write(stream, table, out, f"{first}-{last}", sum(f.dropped for f in seg.files))
+            self._write(stream, read_batches([f.path for f in seg.files], stream.schema), out, f"{first}-{last}",
+                        sum(f.dropped for f in seg.files), sum(f.rows for f in seg.files))
         except OSError as exc:
             self._on_error("recording compaction failed; keeping the flush files", exc, dataset=stream.name)
             return None
         remove_inputs(seg)
         return out
+
+
+def read_batches(paths: list[Path], schema: pa.Schema, batch_bytes: int | None = None) -> Iterator[pa.Table]:
+    """The rows of `paths` in order, as tables of about `batch_bytes`, read one row group at a time."""
+    limit = MERGE_BATCH_BYTES if batch_bytes is None else batch_bytes
+    held: list[pa.Table] = []
+    size = 0
+    for path in paths:
+        with pq.ParquetFile(path) as pf:
+            for i in range(pf.num_row_groups):
+                t = pf.read_row_group(i)
+                if not t.schema.equals(schema, check_metadata=False):
+                    t = t.select(schema.names).cast(schema)
+                held.append(t.replace_schema_metadata(None))
+                size += t.nbytes
+                if size >= limit:
+                    yield pa.concat_tables(held)
+                    held, size = [], 0
+    if held:
+        yield pa.concat_tables(held)
 
 
 def name_os_thread(name: bytes) -> None:

@@ -9,6 +9,7 @@ always complete, whoever wrote it and whenever the process died.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 import pyarrow as pa
@@ -18,7 +19,7 @@ from recording.layout import tmp_name
 from recording.schema import COLUMNS, FORMAT_KEY, FORMAT_VERSION
 
 __all__ = ["META_DROPPED", "META_DROPPED_TOTAL", "META_PROXY", "META_RUN", "META_SEQ", "META_ROWS", "SORT_KEYS",
-           "file_metadata", "ParquetOptions", "write_atomic"]
+           "file_metadata", "fsync_dir", "ParquetOptions", "write_atomic"]
 
 # Keys of the per-file key/value metadata (besides the schema's own).
 META_DROPPED = b"kafkatap.dropped_rows"  # rows dropped since the previous file of this dataset
@@ -36,6 +37,7 @@ SORT_KEYS = {
     "connections": ["conn_id", "snapshot_ns"],
     "tcp": ["conn_id", "side", "ts_ns"],
     "frames": ["conn_id", "ts_ns"],
+    "topics": ["topic_id", "first_seen_ns"],
 }
 
 
@@ -66,18 +68,35 @@ class ParquetOptions:
         self.encodings = {c.name: "DELTA_BINARY_PACKED" for c in COLUMNS[dataset] if c.name.endswith("_ns")}
 
 
-def write_atomic(table: pa.Table, final_path: Path, metadata: dict[bytes, bytes], opts: ParquetOptions) -> int:
-    """Write `table` sorted to a dot-file, fsync, rename: readers never see a partial file. Returns its size."""
-    table = table.sort_by([(k, "ascending") for k in SORT_KEYS[opts.dataset]]).replace_schema_metadata(metadata)
+def write_atomic(tables: Iterable[pa.Table], final_path: Path, metadata: dict[bytes, bytes],
+                 opts: ParquetOptions) -> int:
+    """Write `tables` to a dot-file, fsync it and its directory, rename: readers never see a partial file.
+
+    Each table is sorted (SORT_KEYS) and written as its own row group(s), so memory is bounded by one
+    table: a flush passes one, compaction streams a segment in batches instead of loading it whole.
+    Returns the file's size.
+    """
     tmp = final_path.with_name(tmp_name(final_path.name))
     final_path.parent.mkdir(parents=True, exist_ok=True)
+    sort = [(k, "ascending") for k in SORT_KEYS[opts.dataset]]
     try:
         with open(tmp, "wb") as f:
-            pq.write_table(
-                table, f, compression="zstd", compression_level=opts.compression_level,
-                use_dictionary=opts.use_dictionary, column_encoding=opts.encodings,
-                row_group_size=1_000_000, write_statistics=True,
-            )
+            writer: pq.ParquetWriter | None = None
+            try:
+                for table in tables:
+                    table = table.sort_by(sort).replace_schema_metadata(metadata)
+                    if writer is None:
+                        writer = pq.ParquetWriter(
+                            f, table.schema, compression="zstd", compression_level=opts.compression_level,
+                            use_dictionary=opts.use_dictionary, column_encoding=opts.encodings,
+                            write_statistics=True,
+                        )
+                    writer.write_table(table, row_group_size=1_000_000)
+            finally:
+                if writer is not None:
+                    writer.close()
+            if writer is None:
+                raise ValueError("write_atomic needs at least one table")
             if opts.fsync:
                 f.flush()
                 os.fsync(f.fileno())
@@ -85,4 +104,15 @@ def write_atomic(table: pa.Table, final_path: Path, metadata: dict[bytes, bytes]
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    if opts.fsync:
+        fsync_dir(final_path.parent)
     return final_path.stat().st_size
+
+
+def fsync_dir(directory: Path) -> None:
+    """fsync a directory, so a rename into it survives a power loss (the file's own fsync does not cover it)."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -35,11 +35,15 @@ __all__ = ["TIME_COLUMN", "HOUR_NS", "new_run_id", "flush_name", "merged_name", 
 # The column whose hour decides a row's partition. Following the rows' own time
 # (not the clock at flush) means a Spark job pruning by date/hour never misses
 # rows written just after the hour turned.
-TIME_COLUMN = {"requests": "req_first_ns", "connections": "snapshot_ns", "tcp": "ts_ns", "frames": "ts_ns"}
+TIME_COLUMN = {"requests": "req_first_ns", "connections": "snapshot_ns", "tcp": "ts_ns", "frames": "ts_ns", "topics": "first_seen_ns"}
 HOUR_NS = 3600 * 1_000_000_000
 
 _FILE_RE = re.compile(r"^part-(?P<run>[0-9TZ]+-[0-9a-f]+)-(?P<first>\d{8})(?:-(?P<last>\d{8}))?\.parquet$")
 _TMP_PREFIX = ".tmp-"
+# ".tmp-<pid>-<process token>-<final name>": whose in-progress file it is (older names carry neither)
+_TMP_RE = re.compile(r"^\.tmp-(?P<pid>\d+)-(?P<token>[0-9a-f]+)-")
+_PROCESS_TOKEN = secrets.token_hex(4)  # tells this process from an earlier one that had the same pid
+TMP_STALE_S = 3600.0  # a temporary file this old is a leftover, whoever wrote it (pid reuse, other hosts)
 
 
 def new_run_id() -> str:
@@ -57,8 +61,45 @@ def merged_name(run: str, first: int, last: int) -> str:
 
 
 def tmp_name(final_name: str) -> str:
-    """A dot-file: Spark and pyarrow's dataset discovery skip it, and so does `live` listing."""
-    return _TMP_PREFIX + final_name
+    """A dot-file (Spark, pyarrow's dataset discovery and `live` listing skip it) named after its writer.
+
+    Why the pid and a per-process token: two proxies started with the same (default) proxy id
+    share partition directories, and each one's start-up `recover()` used to delete the other's
+    in-progress files. The name says whose a file is, so recovery removes only its own and
+    those of writers that are gone.
+    """
+    return f"{_TMP_PREFIX}{os.getpid()}-{_PROCESS_TOKEN}-{final_name}"
+
+
+def _tmp_is_leftover(path: Path, now: float) -> bool:
+    """A temporary file nobody will finish: its writer's process is gone, or it is older than TMP_STALE_S.
+
+    This process's own files are kept: another recorder of this process may be writing it (a
+    failed write already removes its own file, `files.write_atomic`).
+    """
+    try:
+        age = now - path.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    if age > TMP_STALE_S:
+        return True
+    m = _TMP_RE.match(path.name)
+    if m is None:  # a name from before writers were named: a crash's leftover, as recovery always assumed
+        return True
+    pid = int(m["pid"])
+    if pid == os.getpid():
+        return m["token"] != _PROCESS_TOKEN  # our pid but not our token: a dead process that had it before
+    return not _pid_alive(pid)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, another user's
+        return True
+    return True
 
 
 def safe_segment(value: str) -> str:
@@ -115,13 +156,15 @@ def recover(root: Path | str, proxy_id: str | None = None) -> int:
     """Remove what a crash can leave behind: stale `.tmp-` files and flush files already merged.
 
     Returns the number of files removed. With `proxy_id`, only that proxy's
-    partitions are touched, so proxies sharing one recording root never remove
-    each other's in-progress `.tmp-` files (the recorder runs it that way,
-    before its writer thread starts). Without it, the whole root is cleaned:
-    only do that while no proxy writes there. Local directories only (the
-    writer's side); readers never need it, they apply `superseded()`.
+    partitions are touched (the recorder runs it that way, before its writer
+    thread starts). A `.tmp-` file is removed only when it is a leftover
+    (`_tmp_is_leftover`: this process's, its writer's pid is gone, or older than
+    TMP_STALE_S), so two proxies sharing one id and root never remove each
+    other's in-progress files. Local directories only (the writer's side);
+    readers never need it, they apply `superseded()`.
     """
     root = Path(root)
+    now = time.time()
     removed = 0
     if not root.is_dir():
         return 0
@@ -134,7 +177,7 @@ def recover(root: Path | str, proxy_id: str | None = None) -> int:
     for dirpath, _dirnames, filenames in walk:
         d = Path(dirpath)
         for name in filenames:
-            if name.startswith(_TMP_PREFIX):
+            if name.startswith(_TMP_PREFIX) and _tmp_is_leftover(d / name, now):
                 (d / name).unlink(missing_ok=True)
                 removed += 1
         for name in superseded(n for n in filenames if not n.startswith(_TMP_PREFIX)):

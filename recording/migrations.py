@@ -75,10 +75,13 @@ class Migration:
         return self.spark(df, dataset) if self.spark is not None else df
 
 
-# from_version -> the step to from_version + 1. Format 1 is the first released
-# format, so there is nothing to migrate yet; a version-2 kafkatap registers
-# Migration(1, …) here and keeps reading version-1 recordings.
-MIGRATIONS: dict[int, Migration] = {}
+# from_version -> the step to from_version + 1. Added columns and datasets need
+# no code (the conform step fills them with nulls), only the registered step.
+MIGRATIONS: dict[int, Migration] = {
+    # 1 → 2 added requests.topic_ids and the topics/ dataset, widened acks/last_request_acks (int8 → int16)
+    # and error_count (int16 → int32): nothing to rename or drop, the conform step casts
+    1: Migration(1),
+}
 
 
 def version_of(metadata: Mapping[bytes, bytes] | None, where: str) -> int:

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: requests.topic_ids and the topics/ dataset (issue 14, topics.cluster_id: issue 19); acks int16, error_count int32 (issue 19)
 FORMAT_KEY = b"kafkatap.format_version"
-DATASETS = ("requests", "connections", "tcp", "frames")
+DATASETS = ("requests", "connections", "tcp", "frames", "topics")
 PARTITION_COLUMNS = ("proxy", "date", "hour")
 
 
@@ -85,10 +85,11 @@ REQUEST_COLUMNS: list[Column] = [
     Column("broker_latency_us", pa.int64(), "µs", "broker latency: resp_first - req_sent"),
     Column("proxy_req_delay_us", pa.int64(), "µs", "proxy-added delay on the request: req_sent - req_last"),
     Column("proxy_resp_delay_us", pa.int64(), "µs", "proxy-added delay on the response: resp_sent - resp_last"),
-    Column("acks", pa.int8(), "", "Produce acks (0, 1, -1)"),
+    Column("acks", pa.int16(), "", "Produce acks (0, 1, -1; int16 on the wire, any value is kept)"),
     Column("timeout_ms", pa.int32(), "ms", "Produce/other request timeout"),
     Column("transactional_id", pa.string(), "", "Produce/InitProducerId/EndTxn transactional id"),
-    Column("topics", pa.list_(pa.string()), "", "topics touched (names, or topic ids for Fetch v13+)"),
+    Column("topics", pa.list_(pa.string()), "", "topics touched, by name; a topic id (uuid) only when the proxy could not name it yet (analytics names it from `topics/`)"),
+    Column("topic_ids", pa.list_(pa.string()), "", "topic ids the request used instead of names (Produce v13, Fetch v13+, OffsetCommit/Fetch v10, ShareFetch …), as sent"),
     Column("partitions", pa.int32(), "", "topic-partitions touched"),
     Column("batches", pa.int32(), "", "record batches in a Produce request"),
     Column("records", pa.int64(), "records", "records produced (batch headers) or 0"),
@@ -109,7 +110,7 @@ REQUEST_COLUMNS: list[Column] = [
     Column("client_software_version", pa.string(), "", "ApiVersions v3+ client software version"),
     Column("sasl_mechanism", pa.string(), "", "SaslHandshake mechanism (never credentials)"),
     Column("throttle_ms", pa.int32(), "ms", "throttle_time_ms from the response"),
-    Column("error_count", pa.int16(), "", "non-zero error codes in the response"),
+    Column("error_count", pa.int32(), "", "non-zero error codes in the response"),
     Column("errors", pa.list_(ERROR_STRUCT), "", "every non-zero error code with its name and place"),
     Column("decode_note", pa.string(), "", "why the request or response body was not decoded, if it was not"),
 ]
@@ -147,7 +148,7 @@ CONNECTION_COLUMNS: list[Column] = [
     Column("unanswered", pa.int32(), "", "requests without a response at the end"),
     Column("last_api", pa.string(), "", "API of the last request before the end"),
     Column("last_request_bytes", pa.int32(), "bytes", "size of the last request before the end"),
-    Column("last_request_acks", pa.int8(), "", "acks of the last request, when it was a Produce"),
+    Column("last_request_acks", pa.int16(), "", "acks of the last request, when it was a Produce"),
     Column("last_request_topics", pa.list_(pa.string()), "", "topics of the last request"),
     Column("inferred_cause", pa.string(), "", "plain-language cause when the evidence supports one"),
     Column("tcp_client_open", TCP_STRUCT, "", "TCP_INFO of the client socket at accept"),
@@ -179,11 +180,21 @@ FRAME_COLUMNS: list[Column] = [
     Column("data", pa.binary(), "bytes", "the whole frame including its size prefix (SaslAuthenticate never kept)"),
 ]
 
+TOPIC_COLUMNS: list[Column] = [
+    Column("proxy_id", pa.string(), "", "id of the proxy instance that learned the pair"),
+    Column("topic_id", pa.string(), "", "topic id (uuid)"),
+    Column("name", pa.string(), "", "topic name the broker gave for that id"),
+    Column("first_seen_ns", pa.int64(), "epoch ns", "when this proxy first learned the pair"),
+    Column("broker_addr", pa.string(), "host:port", "broker whose Metadata answer named it"),
+    Column("cluster_id", pa.string(), "", "cluster id in that Metadata answer: `kafkatap replay` refuses a target of the same cluster"),
+]
+
 COLUMNS: dict[str, list[Column]] = {
     "requests": REQUEST_COLUMNS,
     "connections": CONNECTION_COLUMNS,
     "tcp": TCP_COLUMNS,
     "frames": FRAME_COLUMNS,
+    "topics": TOPIC_COLUMNS,
 }
 
 

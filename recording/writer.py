@@ -38,11 +38,12 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import sys
 import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -62,6 +63,18 @@ Row = dict[str, Any]
 
 CAPTURE_CHOICES = ("none", "requests", "all")
 _CONVERT_CHUNK = 512  # rows per Arrow conversion call: bounds how long the writer holds the GIL
+_ROW_BYTES_GUESS = 2048  # before the first row is measured: about a request row with its dict and values
+_SIZE_SAMPLE = 256  # re-measure a dataset's row size on every 256th row: the hot path stays O(1)
+
+
+def _row_size(row: Row) -> int:
+    """Memory of a row dict and its values, one level deep: cheap, and close for these flat rows."""
+    size = sys.getsizeof(row)
+    for v in row.values():
+        size += sys.getsizeof(v)
+        if isinstance(v, (list, dict)):
+            size += sum(sys.getsizeof(x) for x in v)
+    return size
 
 
 class RecordingError(RuntimeError):
@@ -71,14 +84,16 @@ class RecordingError(RuntimeError):
 class _Stream:
     """Queue and writer state of one dataset."""
 
-    def __init__(self, name: str, cap_rows: int) -> None:
+    def __init__(self, name: str, cap_rows: int, cap_bytes: int) -> None:
         self.name = name
         self.schema = arrow_schema(name)
         self.struct = pa.struct(list(self.schema))
         self.names = set(self.schema.names)
         self.queue: deque[Row] = deque()
         self.cap_rows = cap_rows
+        self.cap_bytes = cap_bytes  # estimated queue memory (rows × row_bytes; frames: their data)
         # written by the loop thread only
+        self.row_bytes = _ROW_BYTES_GUESS  # running estimate of one queued row's memory
         self.enqueued = 0
         self.dropped = 0
         self.enq_bytes = 0
@@ -141,6 +156,7 @@ class ParquetRecorder:
         capture: str = "none",
         flush_interval_s: float = 1.0,
         queue_rows: int = 200_000,
+        queue_bytes: int = 256 << 20,
         frame_queue_bytes: int = 64 << 20,
         compact_interval_s: float = 60.0,
         rotate_bytes: int = 128 << 20,
@@ -155,6 +171,9 @@ class ParquetRecorder:
             raise ValueError("flush_interval_s must be positive")
         self.root = Path(root)
         self.proxy_id = proxy_id
+        # requests the relay saw but gave no row, by reason (the server's own dict, wired by `kafkatap proxy`):
+        # written into every requests file's footer beside the recorder's own drops
+        self.requests_dropped: dict[str, int] = {}
         self.capture = capture
         self.flush_interval_s = flush_interval_s
         self.frame_queue_bytes = frame_queue_bytes
@@ -166,7 +185,13 @@ class ParquetRecorder:
         self._clock_ns = clock_ns
         self.run = new_run_id()
         self._seq = 0
-        self._streams = {name: _Stream(name, queue_rows if name != "frames" else max(1, queue_rows // 4))
+        # queue_bytes bounds the row datasets' queues (rows were bounded only by count: ~350 MiB at the cap):
+        # half for requests, the rest shared by the others; frames keep their own frame_queue_bytes
+        others = [n for n in COLUMNS if n not in ("frames", "requests")]
+        cap_bytes = {"requests": queue_bytes // 2, "frames": frame_queue_bytes,
+                     **{n: queue_bytes // 2 // len(others) for n in others}}
+        self._streams = {name: _Stream(name, queue_rows if name != "frames" else max(1, queue_rows // 4),
+                                       cap_bytes[name])
                          for name in COLUMNS}
         self._req, self._conn, self._tcp, self._frames = (self._streams[n] for n in
                                                           ("requests", "connections", "tcp", "frames"))
@@ -213,26 +238,28 @@ class ParquetRecorder:
 
     # -- RecordSink: event loop thread, O(1), never blocks --------------------------
     def request(self, row: Row) -> None:
-        s = self._req
-        if len(s.queue) < s.cap_rows:
-            s.queue.append(row)
-            s.enqueued += 1
-        else:
-            s.dropped += 1
+        self._offer(self._req, row)
 
     def connection(self, row: Row) -> None:
-        s = self._conn
-        if len(s.queue) < s.cap_rows:
-            s.queue.append(row)
-            s.enqueued += 1
-        else:
-            s.dropped += 1
+        self._offer(self._conn, row)
 
     def tcp(self, row: Row) -> None:
-        s = self._tcp
-        if len(s.queue) < s.cap_rows:
+        self._offer(self._tcp, row)
+
+    def topic(self, row: Row) -> None:
+        """One topic id ↔ name pair the proxy learned (`topics/`)."""
+        self._offer(self._streams["topics"], row)
+
+    @staticmethod
+    def _offer(s: _Stream, row: Row) -> None:
+        """Queue a row unless its dataset's queue is full by count or by estimated bytes (then drop and count)."""
+        n = len(s.queue)
+        if n < s.cap_rows and n * s.row_bytes < s.cap_bytes:
             s.queue.append(row)
             s.enqueued += 1
+            if s.enqueued % _SIZE_SAMPLE == 1:  # the first row, then every 256th: keeps up with bigger rows
+                size = _row_size(row)
+                s.row_bytes = size if s.enqueued == 1 else max(size, (s.row_bytes + size) // 2)
         else:
             s.dropped += 1
 
@@ -248,7 +275,7 @@ class ParquetRecorder:
             return
         s = self._frames
         data = row.get("data") or b""
-        if len(s.queue) < s.cap_rows and s.enq_bytes - s.deq_bytes + len(data) <= self.frame_queue_bytes:
+        if len(s.queue) < s.cap_rows and s.enq_bytes - s.deq_bytes + len(data) <= s.cap_bytes:
             s.queue.append(row)
             s.enqueued += 1
             s.enq_bytes += len(data)
@@ -375,11 +402,15 @@ class ParquetRecorder:
             parts.append((partition_dir(self.root, s.name, self.proxy_id, h), part))
         return parts
 
-    def _write_file(self, s: _Stream, table: pa.Table, path: Path, seq: str, dropped: int) -> int:
+    def _write_file(self, s: _Stream, tables: Iterable[pa.Table], path: Path, seq: str, dropped: int,
+                    rows: int) -> int:
         """Write one flush or merged file of `s` (footer: format version, run, sequence range, drops)."""
-        md = file_metadata(s.schema, proxy_id=self.proxy_id, run=self.run, seq=seq, rows=table.num_rows,
+        md = file_metadata(s.schema, proxy_id=self.proxy_id, run=self.run, seq=seq, rows=rows,
                            dropped=dropped, dropped_total=s.dropped_total())
-        return write_atomic(table, path, md, self._options[s.name])
+        if s.name == "requests":
+            relay = dict(self.requests_dropped)  # a copy: the loop thread keeps counting
+            md[b"kafkatap.requests_dropped_by_relay"] = ",".join(f"{k}={v}" for k, v in sorted(relay.items())).encode()
+        return write_atomic(tables, path, md, self._options[s.name])
 
     def _write_flush_file(self, s: _Stream, directory: Path, table: pa.Table) -> None:
         if shutil.disk_usage(self.root).free < self.min_free_bytes // 4:
@@ -392,7 +423,7 @@ class ParquetRecorder:
         dropped = s.dropped_total() - s.dropped_reported
         path = directory / flush_name(self.run, seq)
         try:
-            size = self._write_file(s, table, path, f"{seq}-{seq}", dropped)
+            size = self._write_file(s, [table], path, f"{seq}-{seq}", dropped, table.num_rows)
         except OSError as exc:
             s.write_dropped += table.num_rows
             self._error("recording write failed: dropping rows", exc, dataset=s.name, rows=table.num_rows)

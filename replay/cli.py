@@ -1,8 +1,11 @@
 """`kafkatap replay DIR --target HOST:PORT …`: re-run recorded sessions against another broker.
 
 Why the safety rails: a replay writes to a real broker. It refuses the
-recording's own broker unless told otherwise, shows one screen of what it is
-about to do, and only proceeds on a "yes" at a terminal or `--yes` in scripts.
+recording's own cluster unless told otherwise (`--yes-same-cluster`): the
+recorded broker's address, and any other broker or listener whose cluster id
+(asked with one Metadata request) is one the recording saw. It shows one screen
+of what it is about to do, and only proceeds on a "yes" at a terminal or `--yes`
+in scripts.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from recording.timespec import TIME, TIME_HELP, TimeSpec, cli_window
 from replay.load import Filters, Recording, ReplayLoadError, load_recording, parse_api
 from replay.topics import parse_topic_map
 
-__all__ = ["replay", "format_plan", "same_address"]
+__all__ = ["replay", "format_plan", "same_address", "target_cluster_id"]
 
 
 def _addrs(hostport: str) -> set[tuple[str, int]]:
@@ -36,6 +39,41 @@ def _addrs(hostport: str) -> set[tuple[str, int]]:
 def same_address(a: str, b: str) -> bool:
     """Do two host:port strings reach the same socket address (names resolved)?"""
     return bool(_addrs(a) & _addrs(b))
+
+
+def target_cluster_id(target: str, timeout: float = 5.0) -> str | None:
+    """The target's cluster id from one Metadata v12 request (no topics), or None when it cannot be asked.
+
+    None covers an unreachable target and one that answers nothing before authentication (SASL):
+    the replay then says that only the address was checked.
+    """
+    from harness.wire import WireClient
+    from protocol.apis import METADATA
+
+    host, _, port = target.strip().rpartition(":")
+    try:
+        with WireClient(host.strip("[]"), int(port), client_id="kafkatap-replay-guard", timeout=timeout) as c:
+            body = c.call(METADATA, 12, {"topics": [], "allow_auto_topic_creation": False,
+                                         "include_topic_authorized_operations": False})
+    except (OSError, ValueError, EOFError):  # unreachable, closed on us, or not Kafka
+        return None
+    return body.get("cluster_id") or None
+
+
+def _same_cluster_refusal(rec: Recording, target: str) -> tuple[str | None, str | None]:
+    """(why the target is the recording's own cluster, or None; a note for the plan when that is unknown)."""
+    origin = [b for b in rec.broker_addrs if same_address(b, target)]
+    if origin:
+        return f"it is the recording's own broker ({origin[0]})", None
+    if not rec.cluster_ids:
+        return None, ("  cluster      the recording names no cluster id (recorded without topic resolution): only "
+                      "the target's address was checked")
+    cluster = target_cluster_id(target)
+    if cluster is None:
+        return None, "  cluster      could not read the target's cluster id: only its address was checked"
+    if cluster in rec.cluster_ids:
+        return f"it belongs to the recorded cluster {cluster} (another broker or listener of the origin)", None
+    return None, f"  cluster      target {cluster}, recorded {', '.join(sorted(rec.cluster_ids))}"
 
 
 def _ts(ns: int | None) -> str:
@@ -90,14 +128,16 @@ def format_plan(rec: Recording, target: str, speed: float | None, topic_map: dic
 @click.option("--sasl-plain", "sasl_plain", default=None, metavar="USER:PASSWORD", envvar="KAFKATAP_REPLAY_SASL_PLAIN",
               help="Credentials for the target (SASL/PLAIN) to replay sessions that authenticated; "
                    "recordings never hold credentials. Also read from KAFKATAP_REPLAY_SASL_PLAIN.")
-@click.option("--allow-origin", is_flag=True, help="Allow a target that is the recording's own broker.")
+@click.option("--yes-same-cluster", "--allow-origin", "same_cluster", is_flag=True,
+              help="Allow a target in the recording's own cluster (its broker, or another broker or listener with "
+                   "the same cluster id).")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation (required when not on a terminal).")
 @click.option("--pending-timeout", type=float, default=10.0, show_default=True,
               help="Seconds a request waits for state it needs from the target (producer id, member id) before it is skipped.")
 @click.option("--proxy-id", default="replay", show_default=True, help="proxy id written in the replay's recording.")
 def replay(recording: Path, target: str, speed: str, clients: tuple[str, ...], topics: tuple[str, ...],
            apis: tuple[str, ...], since: TimeSpec | None, until: TimeSpec | None, topic_map: tuple[str, ...], record: Path | None,
-           fetch_mode: str, no_create_topics: bool, sasl_plain: str | None, allow_origin: bool, yes: bool,
+           fetch_mode: str, no_create_topics: bool, sasl_plain: str | None, same_cluster: bool, yes: bool,
            pending_timeout: float, proxy_id: str) -> None:
     """Replay recorded Kafka sessions on the wire against TARGET, and record the replay.
 
@@ -144,12 +184,14 @@ def replay(recording: Path, target: str, speed: str, clients: tuple[str, ...], t
     if not rec.connections:
         click.echo("kafkatap replay: nothing to replay (the filters kept no request)", err=True)
         sys.exit(2)
-    origin = [b for b in rec.broker_addrs if same_address(b, target)]
-    if origin and not allow_origin:
-        click.echo(f"kafkatap replay: refusing to replay against {target}: it is the recording's own broker "
-                   f"({origin[0]}); pass --allow-origin if that is really what you want", err=True)
+    refusal, note = (None, None) if same_cluster else _same_cluster_refusal(rec, target)
+    if refusal:
+        click.echo(f"kafkatap replay: refusing to replay against {target}: {refusal}; pass --yes-same-cluster if "
+                   "that is really what you want", err=True)
         sys.exit(2)
     click.echo(format_plan(rec, target, spd, tmap, record, fetch_mode), err=True)
+    if note:
+        click.echo(note, err=True)
     interactive = sys.stdin.isatty() and sys.stderr.isatty()
     if not yes:
         if not interactive:

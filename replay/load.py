@@ -24,6 +24,8 @@ import pyarrow.compute as pc
 
 from protocol.apis import API_NAMES, GROUP_APIS, METADATA, SASL_AUTHENTICATE, SASL_HANDSHAKE
 from protocol.frames import RequestFrame, parse_request
+
+DESCRIBE_CLUSTER = 60  # no constant in protocol.apis (not ours to edit); its response carries cluster_id
 from recording.reader import RecordingFormatError, read_recording, recording_files
 from replay.topics import request_topics
 
@@ -93,6 +95,9 @@ class Recording:
     dropped_by_filter: int
     has_responses: bool
     groups: set[str] = field(default_factory=set)  # consumer group ids the kept connections used
+    # the origin cluster(s): topics/ rows (the proxy's own Metadata answers) and recorded Metadata /
+    # DescribeCluster responses (capture=all); what the replay guard compares with the target's
+    cluster_ids: set[str] = field(default_factory=set)
 
     @property
     def requests(self) -> int:
@@ -159,13 +164,14 @@ def load_recording(path: Path | str, filters: Filters | None = None, *, sasl_cre
 
     skipped: Counter = Counter()
     recorded_topic_ids: dict[str, str] = {}
+    cluster_ids = {r["cluster_id"] for r in _rows(root, "topics") if r.get("cluster_id")}
     has_responses = False
     by_conn: dict[str, list[tuple[dict[str, Any], RequestFrame]]] = {}
     for f in frames:
         if f["direction"] != "request":
             has_responses = True
-            if f["api_key"] == METADATA and f["data"] is not None:
-                _learn_recorded_ids(f, recorded_topic_ids)
+            if f["api_key"] in (METADATA, DESCRIBE_CLUSTER) and f["data"] is not None:
+                _learn_recorded_ids(f, recorded_topic_ids, cluster_ids)
             continue
         if f["data"] is None:
             skipped["frame_redacted"] += 1
@@ -253,7 +259,8 @@ def load_recording(path: Path | str, filters: Filters | None = None, *, sasl_cre
         topics[name] = max(topics.get(name, 0), (max(parts) + 1) if parts else 0)
     groups = set().union(*(groups_by_conn.get(c.conn_id, set()) for c in connections)) if connections else set()
     return Recording(root, connections, {c.broker_addr for c in connections if c.broker_addr}, topics,
-                     recorded_topic_ids, unmapped - set(recorded_topic_ids), skipped, dropped, has_responses, groups)
+                     recorded_topic_ids, unmapped - set(recorded_topic_ids), skipped, dropped, has_responses, groups,
+                     cluster_ids)
 
 
 def _dependencies(rc: RecordedConnection) -> None:
@@ -266,12 +273,14 @@ def _dependencies(rc: RecordedConnection) -> None:
         r.deps = [j for j in range(i) if rc.requests[j].resp_ns is not None and rc.requests[j].resp_ns <= r.ts_ns]
 
 
-def _learn_recorded_ids(f: dict[str, Any], out: dict[str, str]) -> None:
-    """Recorded Metadata responses (capture=all) give the origin's topic id → name exactly."""
+def _learn_recorded_ids(f: dict[str, Any], out: dict[str, str], clusters: set[str]) -> None:
+    """Recorded Metadata responses (capture=all) give the origin's topic id → name exactly, and its cluster id."""
     try:
         from protocol.deep import decode_response
 
         body = decode_response(f["data"], f["api_key"], f["api_version"])["body"]
+        if body.get("cluster_id"):
+            clusters.add(body["cluster_id"])
         for t in body.get("topics") or ():
             tid, name = t.get("topic_id"), t.get("name")
             if tid and name and tid != "00000000-0000-0000-0000-000000000000":

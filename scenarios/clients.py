@@ -12,6 +12,9 @@ A driver is selected by `kind` + `role`:
     kafka-python  producer | consumer     (kafka-python 3.x)
     confluent     producer | consumer     (confluent-kafka / librdkafka)
     kcat          producer | consumer     (the Debian kcat binary)
+    java          producer | consumer     (Apache Kafka's own tools from the harness jars, `harness.java_clients`:
+                                           ProducerPerformance; ConsoleConsumer with group.protocol=consumer
+                                           (KIP-848) on 4.x, classic on 3.x, unless config says otherwise)
     surge         connections             (harness.wire: N raw connections asking Metadata in a loop)
 
 Each prints one JSON line with what it did (`{"name":…, "sent":…, "errors":…}`)
@@ -46,7 +49,7 @@ class ClientSpec:
     """
 
     name: str
-    kind: str = "kafka-python"  # kafka-python | confluent | kcat | surge
+    kind: str = "kafka-python"  # kafka-python | confluent | kcat | java | surge
     role: str = "producer"  # producer | consumer | connections
     topics: list[str] = field(default_factory=list)
     client_id: str | None = None
@@ -63,6 +66,7 @@ class ClientSpec:
     host: str | None = None
     config: dict[str, Any] = field(default_factory=dict)  # extra client config, passed as-is
     bootstrap: str = ""  # filled in by the runner
+    kafka_version: str = ""  # java: which Kafka's tools (the runner fills in the broker's version)
 
     @property
     def cid(self) -> str:
@@ -244,6 +248,47 @@ def _kcat_consumer(spec: ClientSpec) -> dict[str, Any]:
     return {"received": out.count(b"\n")}
 
 
+# ---------------------------------------------------------------- java (Apache Kafka's own clients)
+def _java(spec: ClientSpec) -> Any:
+    from harness.java_clients import JavaClients
+    from harness.jars import DEFAULT_VERSION
+
+    return JavaClients(spec.bootstrap, spec.kafka_version or DEFAULT_VERSION)
+
+
+def _java_producer(spec: ClientSpec) -> dict[str, Any]:
+    """ProducerPerformance: count records (or rate × duration) at `rate`/s; one topic (the tool's limit)."""
+    records = spec.count or max(1, int((spec.rate or 100) * spec.duration_s))
+    props = {"client.id": spec.cid, "acks": "all" if spec.acks == -1 else spec.acks, "linger.ms": spec.linger_ms,
+             **spec.config}
+    j = _java(spec)
+    run = j.run(j.producer_perf(spec.topics[0], records, spec.size, throughput=int(spec.rate) or -1, props=props,
+                                timeout_s=spec.duration_s + 60))
+    sent = next((int(line.split()[0]) for line in reversed(run.stdout.splitlines()) if "records sent" in line), 0)
+    out = {"sent": sent, "errors": int(run.returncode != 0)}
+    if run.returncode != 0:  # the runner prints the summary: say why, not just that
+        out["error_names"] = (run.stderr or run.stdout).strip().splitlines()[-3:]
+    return out
+
+
+def _java_consumer(spec: ClientSpec) -> dict[str, Any]:
+    """ConsoleConsumer for duration_s (KIP-848 group protocol by default), stopped like kcat when time is up."""
+    props = {"client.id": spec.cid, **spec.config}
+    j = _java(spec)
+    # KIP-848 is the 4.x default to show; on 3.x it was early access (off on the broker): the classic protocol
+    protocol = str(props.pop("group.protocol", "consumer" if j.line >= "4" else "classic"))
+    tool = j.console_consumer(spec.topics[0] if len(spec.topics) == 1 else "", group=spec.group or spec.cid,
+                              protocol=protocol, max_messages=spec.count or 10**9, props=props,
+                              timeout_ms=int(spec.duration_s * 1000), include=spec.topics if len(spec.topics) > 1 else None)
+    p = j.start(tool)
+    try:
+        out, _ = p.communicate(timeout=spec.duration_s)
+    except subprocess.TimeoutExpired:  # the duration bound
+        p.terminate()
+        out, _ = p.communicate(timeout=20)
+    return {"received": out.count("\n"), "group_protocol": protocol}
+
+
 # ---------------------------------------------------------------- connection surge
 async def _one_surge_conn(host: str, port: int, client_id: str, deadline: float, stats: dict[str, int]) -> None:
     from harness.wire import AsyncWireClient
@@ -290,6 +335,8 @@ DRIVERS: dict[tuple[str, str], Callable[[ClientSpec], dict[str, Any]]] = {
     ("confluent", "consumer"): _ck_consumer,
     ("kcat", "producer"): _kcat_producer,
     ("kcat", "consumer"): _kcat_consumer,
+    ("java", "producer"): _java_producer,
+    ("java", "consumer"): _java_consumer,
     ("surge", "connections"): _surge,
 }
 

@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -347,11 +347,13 @@ def run_scenario(
 
             clients = _Clients(say, out)
             stack.callback(clients.close)
-            for c in scenario.clients:
-                c.bootstrap = adv
+            # copies for this run: the catalog's specs are shared by every run of the scenario (a 4.3.1 run
+            # must not leave its Kafka version on them for the 3.7 run that follows)
+            specs = [replace(c, bootstrap=adv, kafka_version=c.kafka_version or kafka_version)  # java: the broker's own tools
+                     for c in scenario.clients]
             t_traffic = time.monotonic()
-            say(f"traffic: {len(scenario.clients)} client(s), about {scenario.traffic_s:.0f}s")
-            result.clients = clients.run(scenario.clients, hosts)
+            say(f"traffic: {len(specs)} client(s), about {scenario.traffic_s:.0f}s")
+            result.clients = clients.run(specs, hosts)
             result.timings["traffic_s"] = round(time.monotonic() - t_traffic, 1)
             for r in result.clients:
                 if "failed" in r:

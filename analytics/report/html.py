@@ -172,6 +172,7 @@ SECTIONS: list[tuple[str, str, str, list[tuple[str, str, Callable[[Rows], str] |
     ("clients", "Clients", f"Who talks to the brokers, in which role, how much — busiest first (incident 3: {incident_ref(3)}).", [
         ("client_inventory", "Client inventory", _c_bars("client_id+role", {"requests_per_s": "requests/s"}, sort="requests_per_s")),
         ("topic_view", "Topics: who writes and who reads", _c_bars("topic", {"bytes_produced": "produced", "bytes_fetched": "fetched"}, "B", sort="bytes_produced")),
+        ("group_protocols", "Groups and their protocol (classic / consumer / share / streams)", None),
     ]),
     ("latency", "Latency", "Client-visible latency in µs. Long-poll Fetches (broker waited max_wait, returned nothing) are their own row "
                             "and excluded from broker/topic/client views; the proxy's own delay is shown separately.", [

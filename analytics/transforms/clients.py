@@ -5,7 +5,9 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from analytics.transforms.common import ADMIN_APIS, GROUP_APIS, ns_to_ts, with_client
+from analytics.transforms.common import (
+    ADMIN_APIS, FETCH_APIS, GROUP_APIS, KIP848_APIS, SHARE_APIS, STREAMS_APIS, ns_to_ts, with_client,
+)
 
 
 def _has(api_names: tuple[str, ...] | str) -> F.Column:
@@ -17,15 +19,17 @@ def client_inventory(rollup: DataFrame, topics: DataFrame, conns: DataFrame) -> 
     """One row per (client_id, client host), busiest first, from the request and topic rollups.
 
     Role comes from what the client actually sent (Produce -> producer, Fetch ->
-    consumer, group APIs -> group member, admin APIs -> admin), so it works for
-    every protocol version and for clients that never told us their software.
+    consumer, classic group APIs -> group member, ConsumerGroupHeartbeat ->
+    KIP-848 consumer, ShareGroupHeartbeat/ShareFetch -> share consumer,
+    StreamsGroupHeartbeat -> streams member, admin APIs -> admin), so it works
+    for every protocol version and for clients that never told us their software.
     Rates are over the client's own active span.
 
     The software name and version (ApiVersions v3+) come from the connections,
     which keep what each client announced.
     """
     produce = F.col("api_name") == "Produce"
-    fetch = F.col("api_name") == "Fetch"
+    fetch = F.col("api_name").isin(*FETCH_APIS)
     keys = ["client_id", "client_host"]
     agg = rollup.groupBy(*keys).agg(
         F.sum("requests").alias("requests"),
@@ -35,6 +39,9 @@ def client_inventory(rollup: DataFrame, topics: DataFrame, conns: DataFrame) -> 
         _has("Produce").alias("is_producer"),
         _has("Fetch").alias("is_consumer"),
         _has(GROUP_APIS).alias("is_group_member"),
+        _has(KIP848_APIS).alias("is_kip848"),
+        _has(SHARE_APIS).alias("is_share"),
+        _has(STREAMS_APIS).alias("is_streams"),
         _has(ADMIN_APIS).alias("is_admin"),
         F.array_sort(F.collect_set("group_id")).alias("groups"),
         F.sum(F.when(produce, F.coalesce(F.col("records"), F.lit(0))).otherwise(0)).alias("records_produced"),
@@ -61,6 +68,9 @@ def client_inventory(rollup: DataFrame, topics: DataFrame, conns: DataFrame) -> 
         F.when(F.col("is_producer"), F.lit("producer")),
         F.when(F.col("is_consumer"), F.lit("consumer")),
         F.when(F.col("is_group_member"), F.lit("group member")),
+        F.when(F.col("is_kip848"), F.lit("KIP-848 consumer")),
+        F.when(F.col("is_share"), F.lit("share consumer")),
+        F.when(F.col("is_streams"), F.lit("streams member")),
         F.when(F.col("is_admin"), F.lit("admin")),
     )
     return agg.select(
@@ -92,3 +102,31 @@ def topic_view(topics: DataFrame) -> DataFrame:
     ).withColumn("producer_count", F.size("producers")).withColumn("consumer_count", F.size("consumers")).orderBy(
         F.desc("bytes_produced"), "topic"
     )
+
+
+def group_protocols(rollup: DataFrame) -> DataFrame:
+    """Per group: which group protocol its members speak (classic / consumer / share / streams), and who they are.
+
+    Decided by the heartbeat the members send (JoinGroup/SyncGroup/Heartbeat:
+    classic; ConsumerGroupHeartbeat: consumer, KIP-848; ShareGroupHeartbeat:
+    share, KIP-932; StreamsGroupHeartbeat: streams, KIP-1071). A group seen only
+    through offset APIs (OffsetCommit/OffsetFetch, admin tools) has protocol
+    "unknown". Several protocols on one group (a migration in progress) are all listed.
+    """
+    g = rollup.where(F.col("group_id").isNotNull() & (F.col("group_id") != ""))
+    proto = (F.when(F.col("api_name").isin(*GROUP_APIS), F.lit("classic"))
+             .when(F.col("api_name").isin(*KIP848_APIS), F.lit("consumer"))
+             .when(F.col("api_name").isin(*SHARE_APIS), F.lit("share"))
+             .when(F.col("api_name").isin(*STREAMS_APIS), F.lit("streams")))
+    agg = g.groupBy("group_id").agg(
+        F.array_sort(F.collect_set(proto)).alias("_protocols"),
+        F.array_sort(F.collect_set("client_id")).alias("clients"),
+        F.sum("requests").alias("requests"),
+        F.min("first_ns").alias("first_ns"),
+        F.max("last_ns").alias("last_ns"),
+    )
+    protocols = F.when(F.size("_protocols") == 0, F.lit("unknown")).otherwise(F.array_join("_protocols", ", "))
+    return agg.select(
+        "group_id", protocols.alias("protocol"), "clients", F.size("clients").alias("client_count"), "requests",
+        ns_to_ts("first_ns").alias("first_seen"), ns_to_ts("last_ns").alias("last_seen"),
+    ).orderBy(F.desc("requests"), "group_id")

@@ -17,7 +17,12 @@ ADMIN_APIS = (
     "DeleteRecords", "DescribeUserScramCredentials", "AlterUserScramCredentials", "DescribeQuorum", "DescribeProducers",
     "DescribeTransactions", "ListTransactions", "DescribeClientQuotas", "AlterClientQuotas",
 )
-GROUP_APIS = ("JoinGroup", "SyncGroup", "Heartbeat", "LeaveGroup", "ConsumerGroupHeartbeat")
+GROUP_APIS = ("JoinGroup", "SyncGroup", "Heartbeat", "LeaveGroup")  # the classic group protocol
+# The newer group protocols, each named by the heartbeat its members send (and, for share groups, how they fetch).
+KIP848_APIS = ("ConsumerGroupHeartbeat",)
+SHARE_APIS = ("ShareGroupHeartbeat", "ShareFetch", "ShareAcknowledge")
+STREAMS_APIS = ("StreamsGroupHeartbeat",)
+FETCH_APIS = ("Fetch", "ShareFetch")  # reading records: a share consumer reads a topic as much as a consumer does
 LONG_POLL_LABEL = "Fetch (long poll)"
 LONG_POLL_FRACTION = 0.8  # broker latency >= 80 % of max_wait with no data = the broker just waited
 

@@ -12,7 +12,7 @@ coarser grouping of a rollup gives the same answer as grouping the requests.
   compression, status). A connection determines its client address and
   broker, so the rollup has about (connections x APIs) rows. It also keeps
   each group's best transfer rate of a large response (the TCP ceiling table).
-- `topic_rollup`: Produce and Fetch requests exploded by topic, one row per
+- `topic_rollup`: Produce and Fetch (and ShareFetch) requests exploded by topic, one row per
   client x API x topic x compression.
 - `traffic_over_time`: requests and request bytes per broker and time bucket
   (connections over time needs every request, long polls and unanswered ones too).
@@ -23,7 +23,7 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from analytics.transforms.common import time_bucket_index
+from analytics.transforms.common import FETCH_APIS, time_bucket_index
 from analytics.transforms.tcp import UNSCALED_WINDOW as LARGE_RESPONSE_BYTES  # fills an unscaled window: its rate shows the ceiling
 
 
@@ -65,7 +65,7 @@ def topic_rollup(req: DataFrame) -> DataFrame:
     `fetch_bytes_split` (responses are summarized per request), while
     `record_bytes` keeps the whole request's figure for per-topic totals.
     """
-    pf = req.where(F.col("api_name").isin("Produce", "Fetch")).select(
+    pf = req.where(F.col("api_name").isin("Produce", *FETCH_APIS)).select(
         "client_id", "client_host", "api_name", "compression", "ts_ns", "request_bytes", "records", "record_bytes", "long_poll",
         (F.col("record_bytes") / F.greatest(F.size("topics"), F.lit(1))).alias("split_bytes"),
         F.explode_outer("topics").alias("topic"),

@@ -32,7 +32,8 @@ import re
 from struct import Struct
 from typing import Any, Callable
 
-from protocol.apis import APIS, FETCH, FIND_COORDINATOR, LEAVE_GROUP, PRODUCE, parse_versions
+from protocol.apis import APIS, FETCH, FIND_COORDINATOR, LEAVE_GROUP, PRODUCE
+from protocol.apis import in_versions as _in
 from protocol.errors import UnknownApi
 from protocol.events import Summary
 from protocol.summaries.runtime import MAX_STRING_KEEP, RUNTIME
@@ -47,6 +48,8 @@ TOP_FIXED: dict[str, str] = {
     "Acks": "acks", "TimeoutMs": "timeout_ms", "MaxWaitMs": "max_wait_ms",
     "MinBytes": "min_bytes", "MaxBytes": "max_bytes", "IsolationLevel": "isolation_level",
     "GenerationId": "generation_id", "GenerationIdOrMemberEpoch": "generation_id",
+    # KIP-848 / KIP-932 / KIP-1071 group heartbeats: the member epoch plays the generation's role
+    "MemberEpoch": "generation_id",
     "ThrottleTimeMs": "throttle_ms", "ProducerId": "producer_id",
     "ProducerEpoch": "producer_epoch",
 }
@@ -56,15 +59,15 @@ TOP_STRINGS: dict[str, str] = {
     "ClientSoftwareVersion": "client_software_version", "Mechanism": "sasl_mechanism",
     "Key": "coordinator_key",
 }
+COPY_SMALL_BODY = 16384  # plain walkers copy bodies up to this size to bytes (see build)
 PARTITION_FIELDS = ("PartitionIndex", "Partition", "PartitionId", "Index")
 PARTITION_ARRAYS = ("Partitions", "PartitionIndexes")
 # Topics listed here are not "touched" by the request (Fetch: partitions leaving the session).
 IGNORED_STRUCTS = frozenset({"ForgottenTopicsData"})
 
 
-def _in(text: str | None, v: int) -> bool:
-    r = parse_versions(text)
-    return r is not None and r[0] <= v <= r[1]
+def _has_records(fields: list[dict[str, Any]]) -> bool:
+    return any(f["type"] == "records" or _has_records(f.get("fields", [])) for f in fields)
 
 
 class _Emitter:
@@ -247,6 +250,93 @@ class _Emitter:
             elif parent == "Coordinators" or (k == 0 and self.api == FIND_COORDINATOR):
                 self.emit(ind, f"if host{k} is not None and S.coordinator is None: S.coordinator = f'{{host{k}}}:{{port{k}}}'")
 
+    def leaf_plan(self, fields: list[dict[str, Any]], k: int, parent: str) -> dict[str, Any] | None:
+        """A struct whose only facts are error codes (and a partition index) in its leading fixed fields.
+
+        Such structs (Metadata partitions, most per-partition responses) are the
+        bulk of big responses. Their errors are almost always zero, so the walker
+        tests the error bytes in place and unpacks only when one is set, and the
+        partition count is added once per array instead of once per element.
+        None when anything else in the struct needs a value (then `struct` emits it).
+        """
+        fs = self.fields_for(fields)
+        ctx: dict[str, Any] = {"k": k, "parent": parent, "has_name": False, "fetch_part": False,
+                               "hostport": False, "cv": {}}
+        names = {f["name"] for f in fs}
+        if self.api == FETCH or ("Host" in names and "Port" in names) or any(
+                "tag" in f and f["type"] == "int16" and f["name"].endswith("ErrorCode") for f in fields):
+            return None
+        lead: list[dict[str, Any]] = []
+        for f in fs:
+            if f["type"] in FIXED and "fields" not in f:
+                lead.append(f)
+            else:
+                break
+        errors: list[int] = []
+        partition: int | None = None
+        for i, f in enumerate(lead):
+            acts = self.fixed_actions(f, ctx, "x")
+            if f["type"] == "int16" and f["name"].endswith("ErrorCode"):
+                errors.append(i)
+            elif acts == ["pt{0} = x; npart += 1".format(k)] and partition is None:
+                partition = i
+            elif acts:
+                return None
+        if not errors:
+            return None
+        for f in fs[len(lead):]:
+            typ = f["type"]
+            inner = typ.removeprefix("[]")
+            if "fields" in f or inner == "records" or f.get("entityType") == "topicName":
+                return None
+            if typ in FIXED and self.fixed_actions(f, ctx, "x"):
+                return None
+            if typ == "string" and self.string_actions(f, ctx, "x"):
+                return None
+            if typ.startswith("[]") and inner == "int32" and f["name"] in PARTITION_ARRAYS:
+                return None
+        return {"lead": lead, "rest": fs[len(lead):], "errors": errors, "partition": partition, "ctx": ctx}
+
+    def struct_loop(self, f: dict[str, Any], ctx: dict[str, Any], ind: int, n: str) -> None:
+        """The loop over an array of structs (count already in `n`), leaf structs specialized."""
+        leaf = self.leaf_plan(f["fields"], ctx["k"] + 1, f["name"])
+        self.emit(ind, f"for _ in range({n}):")
+        if leaf is None:
+            self.struct(f["fields"], ctx["k"] + 1, ind + 1, f["name"], ctx["cv"])
+            return
+        self.leaf(leaf, ind + 1, ctx["cv"])
+        if leaf["partition"] is not None:  # counted once per array; after the loop, as a per-element count would be
+            self.emit(ind, f"if {n} > 0: npart += {n}")
+
+    def leaf(self, plan: dict[str, Any], ind: int, cv: dict[str, str]) -> None:
+        """Emit one element of a `leaf_plan` struct."""
+        lead, errors, part = plan["lead"], plan["errors"], plan["partition"]
+        offsets, pos = [], 0
+        for f in lead:
+            offsets.append(pos)
+            pos += FIXED[f["type"]][1]
+        test = " or ".join(f"d[p + {offsets[i]}] or d[p + {offsets[i] + 1}]" for i in errors)
+        last = max(errors + ([part] if part is not None else []))
+        names = [self.var("v") if i in errors or i == part else "_" for i in range(last + 1)]
+        st = self.var("_st")
+        self.globs[st] = Struct(">" + "".join(FIXED[f["type"]][0] for f in lead[: last + 1])).unpack_from
+        self.need(ind, pos)
+        self.emit(ind, f"if {test}:")
+        self.emit(ind + 1, f"{', '.join(names)}, = {st}(d, p)")
+        codes = [names[i] for i in errors]
+        pending = f"[{codes[0]}]" if len(codes) == 1 else f"[c for c in ({', '.join(codes)},) if c]"
+        ptv = names[part] if part is not None else cv["pt"]
+        self.emit(ind + 1, f"_flush(S, {pending}, {cv['t']}, {ptv}, {cv['r']})")
+        self.emit(ind, f"p += {pos}")
+        ctx = dict(plan["ctx"], cv=cv)
+        for f in plan["rest"]:
+            if f["type"] in FIXED and "fields" not in f:
+                self.emit(ind, f"p += {FIXED[f['type']][1]}")
+            else:
+                self.field(f, ctx, ind)
+        if self.flex:
+            self.tags(ind)
+
     def fixed_actions(self, f: dict[str, Any], ctx: dict[str, Any], var: str) -> list[str]:
         name, typ, k = f["name"], f["type"], ctx["k"]
         acts: list[str] = []
@@ -302,7 +392,7 @@ class _Emitter:
             return []
         if ent == "topicName":
             return [f"t{k} = {s}", f"if {s} is not None: tp[{s}] = None"]
-        if ent == "groupId":
+        if ent == "groupId" or (k == 0 and name == "GroupId"):  # share-state APIs name no entityType
             return [f"S.group_id = {s}; r0 = {s}"] if k == 0 else [f"r{k} = {s}"]
         if ent == "transactionalId":
             return [f"S.transactional_id = {s}; r0 = {s}"] if k == 0 else [f"r{k} = {s}"]
@@ -377,8 +467,7 @@ class _Emitter:
             self.emit(ind, f"{n} = d[p] - 1")
             self.emit(ind, f"if 0 <= {n} < 127: p += 1")
             self.emit(ind, f"else: {n}, p = _carr(d, p, lim)")
-            self.emit(ind, f"for _ in range({n}):")
-            self.struct(f["fields"], k + 1, ind + 1, name, ctx["cv"])
+            self.struct_loop(f, ctx, ind, n)
             return
         if inner in FIXED and self.flex and not self.inc and not (
                 inner == "int32" and name in PARTITION_ARRAYS and ctx["parent"] not in IGNORED_STRUCTS):
@@ -391,8 +480,7 @@ class _Emitter:
         if "fields" in f:
             if not self.inc:
                 self.emit(ind, f"if {n} > lim - p: raise Over(p + {n})")
-            self.emit(ind, f"for _ in range({n}):")
-            self.struct(f["fields"], k + 1, ind + 1, name, ctx["cv"])
+            self.struct_loop(f, ctx, ind, n)
             return
         if inner in FIXED:
             size = FIXED[inner][1]
@@ -429,11 +517,18 @@ class _Emitter:
         self.emit(0, "def walk(d, p, lim, S):")
         if self.inc:
             self.emit(1, "if False: yield  # always a generator, even for empty bodies")
+        rebase = not self.inc and not _has_records(schema["fields"])
+        if rebase:
+            # Indexing and slicing bytes is ~10% cheaper than a memoryview: a small body
+            # without records is copied once and walked as bytes, positions rebased;
+            # Produce/Fetch and big bodies stay zero-copy views.
+            self.emit(1, "base = 0")
+            self.emit(1, f"if type(d) is not bytes and lim - p <= {COPY_SMALL_BODY}: d = bytes(d[p:lim]); base = p; lim -= p; p = 0")
         self.emit(1, "t0 = None; pt0 = None; r0 = None; pe0 = None; tp = {}; npart = 0")
         self.struct(schema["fields"], 0, 1, "")
         self.emit(1, "if tp: S.topics = list(tp)")
         self.emit(1, "if npart: S.partitions += npart")
-        self.emit(1, "return p")
+        self.emit(1, "return p + base" if rebase else "return p")
         return "\n".join(self.lines)
 
 
@@ -447,8 +542,7 @@ def source(api_key: int, request: bool, version: int, incremental: bool = False)
     info = APIS.get(api_key)
     if info is None or not info.decodable(version):
         raise UnknownApi(f"no schema for api {api_key} v{version}")
-    schema = info.request_schema if request else info.response_schema
-    assert schema is not None
+    schema = info.schema(request, version)
     em = _Emitter(api_key, request, version, info.flexible(version), incremental)
     return em.build(schema), em.globs
 

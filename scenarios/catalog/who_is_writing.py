@@ -1,11 +1,14 @@
 """Incident 3 (docs/incidents.md#incident-3): who is writing to me? A dozen clients; the inventory names them.
 
-Producers and consumers with three client stacks (kafka-python,
-confluent-kafka/librdkafka, kcat) on four topics; `clickstream` is far busier
-than the rest. The inventory must rank it first and show every client's role,
-topics and software.
+Producers and consumers with four client stacks (kafka-python,
+confluent-kafka/librdkafka, kcat, and Apache Kafka's own Java clients: a
+ProducerPerformance producer and a KIP-848 console consumer) on four topics;
+`clickstream` is far busier than the rest. The inventory must rank it first and
+show every client's role, topics (by name, also for the clients that name
+topics by id on the wire: Java Produce v13, librdkafka Fetch v16) and software.
 """
 
+from proxy.topics import is_topic_id
 from scenarios.spec import Broker, ClientSpec, Expect, Proxy, Scenario
 
 D = 14  # seconds of traffic
@@ -13,15 +16,16 @@ D = 14  # seconds of traffic
 
 def _ranked(found: list[dict], report: object) -> str | None:
     rows = report.table("client_inventory")  # type: ignore[attr-defined]
-    if len(rows) < 10:
-        return f"inventory lists {len(rows)} clients, expected at least 10"
+    if len(rows) < 12:
+        return f"inventory lists {len(rows)} clients, expected at least 12"
     if rows[0]["client_id"] != "clickstream":
         return f"busiest client is {rows[0]['client_id']}, expected clickstream"
     by_id = {r["client_id"]: r for r in rows}
     for cid, role, topic in (("orders-svc", "producer", "orders"), ("billing", "consumer", "orders"),
-                             ("audit-shipper", "producer", "audit"), ("fraud", "consumer", None)):
-        # fraud is librdkafka: Fetch v13+ names topics by id, so its topic may show as a UUID until
-        # the analysis maps ids to names from Metadata responses; its role must still be right
+                             ("audit-shipper", "producer", "audit"), ("fraud", "consumer", "payments"),
+                             ("ledger-java", "producer", "payments"), ("orders-848", _java_group_role(by_id), "orders")):
+        # fraud (librdkafka Fetch v16), ledger-java (Produce v13) and orders-848 name topics by id on the
+        # wire: the proxy and the analysis must still show the names
         r = by_id.get(cid)
         if r is None:
             return f"{cid} missing from the inventory"
@@ -31,14 +35,24 @@ def _ranked(found: list[dict], report: object) -> str | None:
         if topic is not None and topic not in topics:
             return f"{cid} topics {topics}, expected {topic}"
     software = {str(r.get("software_name")) for r in rows}
-    if not any("kafka-python" in s for s in software) or not any("librdkafka" in s for s in software):
+    if not all(any(name in s for s in software) for name in ("kafka-python", "librdkafka", "apache-kafka-java")):
         return f"client software seen: {sorted(software)}"
+    uuids = [t["topic"] for t in report.table("topic_view") if is_topic_id(t.get("topic"))]  # type: ignore[attr-defined]
+    if uuids:
+        return f"topic view lists topic ids instead of names: {uuids}"
     return None
+
+
+def _java_group_role(by_id: dict[str, dict]) -> str:
+    """The Java consumer joins with KIP-848 on Kafka 4.x and the classic protocol on 3.x (its software version says which)."""
+    version = str(by_id.get("orders-848", {}).get("software_version") or "")
+    return "group member" if version.startswith("3.") else "KIP-848 consumer"
 
 
 SCENARIO = Scenario(
     name="who-is-writing",
-    story="a dozen producers/consumers (kafka-python, confluent-kafka, kcat); the inventory ranks them, busiest first",
+    story="a dozen producers/consumers (kafka-python, confluent-kafka, kcat, Java incl. a KIP-848 consumer); "
+          "the inventory ranks them, busiest first, naming every topic",
     broker=Broker(topics={"orders": 3, "payments": 1, "clicks": 3, "audit": 1}),
     proxies=[Proxy("rec")],
     clients=[
@@ -54,6 +68,10 @@ SCENARIO = Scenario(
         ClientSpec("audit-archiver", kind="kcat", role="consumer", topics=["audit"], group="archiver", duration_s=D),
         ClientSpec("orders-tail", kind="kcat", role="consumer", topics=["orders"], duration_s=D, start_after_s=4),
         ClientSpec("search-indexer", role="consumer", topics=["orders", "clicks"], group="search", duration_s=D),
+        ClientSpec("ledger-java", kind="java", topics=["payments"], rate=10, acks=-1, duration_s=D,
+                   # gzip, not zstd: kafka-python (billing reads payments) has no zstd codec here
+                   config={"compression.type": "gzip", "enable.idempotence": "true"}),
+        ClientSpec("orders-848", kind="java", role="consumer", topics=["orders"], group="orders-848", duration_s=D),
     ],
     expect=[Expect("client_inventory", _ranked, why="the inventory ranks clickstream first with roles, topics, software")],
     traffic_s=D + 4,

@@ -118,7 +118,7 @@ def test_mixed_versions_are_refused_clearly(spark, tmp_path) -> None:
     later.mkdir(parents=True)
     pq.write_table(pq.read_table(tmp_path / "requests" / "proxy=p1" / "date=2026-11-20" / "hour=09" / "part-0.parquet")
                    .replace_schema_metadata(rec.arrow_schema("requests").metadata), later / "part-1.parquet")
-    with pytest.raises(L.RecordingFormatError, match=r"mixes recording format versions \[0, 1\]"):
+    with pytest.raises(L.RecordingFormatError, match=rf"mixes recording format versions \[0, {rec.FORMAT_VERSION}\]"):
         L.load(spark, [str(tmp_path)])
 
 
@@ -256,3 +256,38 @@ def test_time_window_resolves_relative_times_for_programmatic_callers(tmp_path) 
     write_rows(tmp_path, "requests", [req("c1", 1, t_s=10)])
     assert L.time_window("+5", T0 + 60 * S, [tmp_path]) == (T0 + 15 * S, T0 + 60 * S)
     assert L.time_window(None, "2026-11-20T09:00:00", []) == (None, T0)
+
+
+def test_topic_ids_recorded_before_their_name_are_named_late(spark, tmp_path) -> None:
+    """A row that left the proxy with an id is named from the recording's topics/ pairs (issue 14)."""
+    tid, gone = "8f4c9b1e-1111-4000-8000-000000000001", "8f4c9b1e-1111-4000-8000-00000000dead"
+    err = [{"code": 6, "name": "NOT_LEADER_OR_FOLLOWER", "topic": tid, "partition": 0, "resource": None}]
+    write_rows(tmp_path, "requests", [
+        req("c1", 1, "Fetch", t_s=1, topics=[tid], topic_ids=[tid], errors=err, error_count=1),
+        req("c1", 2, "Fetch", t_s=2, topics=["orders"], topic_ids=[tid]),
+        req("c1", 3, "Fetch", t_s=3, topics=[gone], topic_ids=[gone]),  # never named: stays an id
+        req("c2", 1, "Produce", t_s=1, topics=["orders"], topic_ids=[]),
+    ])
+    write_rows(tmp_path, "connections", [conn("c1", 0, 10, last_request_topics=[tid])])
+    write_rows(tmp_path, "topics", [{"proxy_id": "p1", "topic_id": tid, "name": "old-name", "first_seen_ns": T0},
+                                    {"proxy_id": "p1", "topic_id": tid, "name": "orders", "first_seen_ns": T0 + 5 * S}])
+    r = L.load(spark, [str(tmp_path)], L.Filters(topics=("orders",)))
+    rows = {(x.conn_id, x.correlation_id): x for x in r.requests.collect()}
+    assert set(rows) == {("c1", 1), ("c1", 2), ("c2", 1)}  # the --topic filter sees the late names
+    assert rows[("c1", 1)].topics == ["orders"] and rows[("c1", 1)].topic_ids == [tid]
+    assert rows[("c1", 1)].errors[0].topic == "orders"
+    assert r.connections.collect()[0].last_request_topics == ["orders"]
+    assert r.topic_names == {tid: "orders"}  # the latest name learned wins
+    unnamed = L.load(spark, [str(tmp_path)]).requests.where("correlation_id = 3").collect()[0]
+    assert unnamed.topics == [gone]
+
+
+def test_format_1_recording_reads_without_topic_ids(spark, tmp_path) -> None:
+    """Format 1 had no requests.topic_ids and no topics/: read through Migration(1), the column is null."""
+    old = pa.table({"proxy_id": ["p1"], "conn_id": ["c1"], "api_name": ["Fetch"], "topics": [["orders"]],
+                    "req_first_ns": [T0]})
+    d = tmp_path / "requests" / "proxy=p1" / "date=2026-11-20" / "hour=09"
+    d.mkdir(parents=True)
+    pq.write_table(old.replace_schema_metadata({rec.FORMAT_KEY: b"1"}), d / "part-v1.parquet")
+    (row,) = L.load(spark, [str(tmp_path)]).requests.collect()
+    assert row.topics == ["orders"] and row.topic_ids is None

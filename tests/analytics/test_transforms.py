@@ -212,3 +212,26 @@ def test_errors_tolerate_requests_without_topics(make_df) -> None:
     r = prepare_requests(make_df("requests", [req("c1", 1, "JoinGroup", errors=e, error_count=1, topics=[])]))
     rows = [x.asDict() for x in errors.errors_by_name(r).collect()]
     assert [(x["error_name"], x["topic"]) for x in rows] == [("MEMBER_ID_REQUIRED", "")]
+
+
+def test_new_group_protocols_name_their_members_and_groups(make_df) -> None:
+    """KIP-848 consumers, share consumers and streams members are named as such; each group shows its protocol."""
+    r = prepare_requests(make_df("requests", [
+        req("c1", 1, "ConsumerGroupHeartbeat", client="k848", group_id="g-new"),
+        req("c1", 2, "Fetch", client="k848", topics=["orders"]),
+        req("c2", 1, "ShareGroupHeartbeat", client="sh", group_id="g-share"),
+        req("c2", 2, "ShareFetch", client="sh", topics=["orders"], group_id="g-share", record_bytes=300),
+        req("c3", 1, "StreamsGroupHeartbeat", client="st", group_id="g-streams"),
+        req("c4", 1, "JoinGroup", client="old", group_id="g-old"),
+        req("c4", 2, "OffsetCommit", client="old", group_id="g-old"),
+        req("c5", 1, "OffsetFetch", client="adm", group_id="g-offsets-only"),
+    ]))
+    inv = clients.client_inventory(request_rollup(r), topic_rollup(r), make_df("connections", []))
+    roles = {x["client_id"]: x["role"] for x in inv.collect()}
+    assert roles == {"k848": "consumer, KIP-848 consumer", "sh": "share consumer", "st": "streams member",
+                     "old": "group member", "adm": "other"}
+    assert by(inv.collect(), "client_id")["sh"]["topics_consumed"] == ["orders"]  # a share consumer reads the topic
+    groups = by(clients.group_protocols(request_rollup(r)).collect(), "group_id")
+    assert {g: x["protocol"] for g, x in groups.items()} == {
+        "g-new": "consumer", "g-share": "share", "g-streams": "streams", "g-old": "classic", "g-offsets-only": "unknown"}
+    assert groups["g-share"]["clients"] == ["sh"] and groups["g-share"]["requests"] == 2

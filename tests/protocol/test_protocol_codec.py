@@ -22,10 +22,11 @@ from protocol.errors import EncodeError, UnknownApi
 from protocol_frames import records
 from protocol_random import pair
 
-CASES = [(k, v) for k, a in sorted(APIS.items()) if a.has_schema for v in range(a.max_version + 1)]
+from protocol_cases import KP_CASES as CASES
+from protocol_cases import case_id
 
 
-@pytest.mark.parametrize("api_key,version", CASES, ids=[f"{APIS[k].name}-v{v}" for k, v in CASES])
+@pytest.mark.parametrize("api_key,version", CASES, ids=[case_id(c) for c in CASES])
 def test_encode_reproduces_every_version(api_key: int, version: int) -> None:
     for seed in range(3):
         req, resp = pair(api_key, version, seed, full=seed == 0)

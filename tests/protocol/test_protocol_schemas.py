@@ -12,18 +12,22 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocol.apis import APIS, PRODUCE
+from protocol.apis import PRODUCE
 from protocol.deep import decode_request, decode_response
 from protocol.events import RequestSeen, ResponseSeen
 from protocol_helpers import feed, strip_times
 from protocol_oracle import actual, expected
 from protocol_random import pair
 
-CASES = [(k, v) for k, a in sorted(APIS.items()) if a.has_schema for v in range(a.max_version + 1)]
+from protocol_cases import KP_CASES, case_id
+
+# SaslHandshake v0 is followed by raw, unframed SASL tokens: the stream goes opaque by design
+# (test_protocol_stream covers that), so it cannot round-trip through a KafkaStream here.
+CASES = [c for c in KP_CASES if c != (17, 0)]
 
 
 
-@pytest.mark.parametrize("api_key,version", CASES, ids=[f"{APIS[k].name}-v{v}" for k, v in CASES])
+@pytest.mark.parametrize("api_key,version", CASES, ids=[case_id(c) for c in CASES])
 def test_round_trip_every_version(api_key: int, version: int) -> None:
     for seed in range(4):
         req, resp = pair(api_key, version, seed, full=seed == 0)

@@ -96,16 +96,16 @@ def test_unknown_correlation_id_and_unanswered() -> None:
 
 
 def test_opaque_frame_for_unknown_api_still_paired() -> None:
-    # ConsumerGroupHeartbeat (68) has no bundled schema: header fields, pairing, no summary
+    # key 93 is newer than the committed specs: header fields, pairing, no summary
     body = b"\x00\x05group\x00"  # whatever follows the header is not interpreted
-    hdr = struct.pack(">hhih", 68, 1, 77, 3) + b"cli" + b"\x00"
+    hdr = struct.pack(">hhih", 93, 1, 77, 3) + b"cli" + b"\x00"
     frame = struct.pack(">i", len(hdr) + len(body)) + hdr + body
     resp_body = struct.pack(">i", 77) + b"\x00" + b"\x00" * 10
     s = KafkaStream()
     s.receive_request_data(frame, 1)
     s.receive_response_data(struct.pack(">i", len(resp_body)) + resp_body, 2)
     req, resp = list(s.events())
-    assert req.api_name == "ConsumerGroupHeartbeat" and req.summary is None
+    assert req.api_name == "Unknown93" and req.summary is None
     assert req.client_id == "cli" and "no schema" in req.decode_note
     assert resp.request is req and resp.summary is None
     # a version newer than the schemas is an opaque frame too
@@ -142,7 +142,7 @@ def test_body_overrun_and_trailing_bytes() -> None:
     trailing = struct.pack(">i", len(good) - 4 + 3) + good[4:] + b"xyz"
     # (kept parsed: real librdkafka Metadata v13 requests carry 3 trailing bytes the broker ignores)
     for chunk in (None, 1):
-        evs = feed(trailing + good, b"", chunk=chunk)
+        evs = feed(trailing + produce_request(cid=6), b"", chunk=chunk)
         assert [type(e).__name__ for e in evs] == ["RequestSeen", "RequestSeen", "StreamClosed"]
         assert evs[0].decode_note == "trailing_bytes: 3 bytes left over after the body decoded"
         assert evs[0].summary is not None and evs[0].summary.acks == 1
@@ -155,7 +155,7 @@ def test_body_overrun_and_trailing_bytes() -> None:
         assert evs[1].kind == "body_overrun"
         assert evs[0].expects_response  # acks=1 was read before the failure
     # frame-level option keeps parsing
-    evs = feed(overrun + good, b"", body_errors="frame")
+    evs = feed(overrun + produce_request(cid=6), b"", body_errors="frame")
     assert [type(e).__name__ for e in evs] == ["RequestSeen", "RequestSeen", "StreamClosed"]
     assert evs[0].decode_note.startswith("body_overrun") and evs[1].summary is not None
 
@@ -235,3 +235,79 @@ def test_response_errors_are_located_with_the_request_group() -> None:
     evs = feed(req, resp)
     assert evs[0].summary.group_id == "payments"
     assert [(e.name, e.resource) for e in evs[1].summary.errors] == [("MEMBER_ID_REQUIRED", "payments")]
+
+
+# ---------------------------------------------------------------- hardening (issue 19)
+def _tiny_request(key: int, ver: int, cid: int, client_id: bytes = b"c") -> bytes:
+    body = struct.pack(">hhih", key, ver, cid, len(client_id)) + client_id
+    return struct.pack(">i", len(body)) + body
+
+
+def test_in_flight_cap_and_reused_correlation_id_are_reported_not_lost() -> None:
+    from protocol.events import RequestDropped
+
+    reqs = b"".join(_tiny_request(18, 0, cid) for cid in (1, 2, 3, 4, 5)) + _tiny_request(18, 0, 5)
+    for chunk in (None, 1):
+        evs = feed(reqs, b"", chunk=chunk, max_in_flight=3)
+        dropped = [(e.request.correlation_id, e.reason) for e in evs if isinstance(e, RequestDropped)]
+        # cap 3: 1 and 2 are given up when 4 and 5 arrive; the second 5 reuses an id still in flight
+        assert dropped == [(1, "in_flight_cap"), (2, "in_flight_cap"), (5, "correlation_id_reused")]
+        (closed,) = [e for e in evs if isinstance(e, StreamClosed)]
+        seen = [e for e in evs if isinstance(e, RequestSeen)]
+        assert len(seen) == 6 == len(closed.unanswered) + len(dropped)  # every request accounted for once
+        assert [r.correlation_id for r in closed.unanswered] == [3, 4, 5]
+        assert closed.unanswered[-1] is seen[4]  # the older request with id 5 keeps its place
+
+
+def test_caches_keyed_by_client_versions_stay_bounded() -> None:
+    from protocol.stream_state import FAST_REQ, FAST_RESP, KNOWN
+
+    s = KafkaStream()
+    # versions no schema describes, whole frames and split frames: nothing is cached for them
+    data = b"".join(_tiny_request(3, v, v) for v in range(200, 30_200))
+    s.receive_request_data(data, 1)
+    s.receive_request_data(data[:7], 2)  # a split frame takes the incremental path
+    s.receive_request_data(data[7:60], 3)
+    assert sum(1 for _ in s.events()) >= 30_000
+    for cache in (KNOWN, FAST_REQ, FAST_RESP):
+        assert all(v < 200 for _, v in cache), "a version no schema describes was cached"
+        assert len(cache) < 2_000
+
+
+def test_oversize_header_tags_make_the_direction_opaque_instead_of_buffering() -> None:
+    from protocol.framing import MAX_HEADER_BYTES
+
+    # Metadata v12 has a v2 (flexible) request header: one tagged field of 100 KiB
+    tag_len = 100 * 1024
+    tag = b"\x01" + b"\x00" + bytes([0x80 | (tag_len & 0x7F), 0x80 | ((tag_len >> 7) & 0x7F), tag_len >> 14]) + b"x" * tag_len
+    body = struct.pack(">hhih", 3, 12, 9, 1) + b"c" + tag + b"\x00" * 8
+    frame = struct.pack(">i", len(body)) + body
+    for chunk in (None, 1000):
+        s = KafkaStream()
+        held = 0
+        step = chunk or len(frame)
+        for i in range(0, len(frame), step):
+            s.receive_request_data(frame[i:i + step], i)
+            fr = s._req.frame
+            held = max(held, len(fr.hbuf) if fr is not None else 0)
+        evs = list(s.events())
+        assert [(type(e).__name__, getattr(e, "kind", None)) for e in evs] == [("StreamOpaque", "oversize_header")]
+        assert evs[0].offset == 0
+        assert held <= MAX_HEADER_BYTES + step
+
+
+def test_legacy_sasl_v0_raw_tokens_are_never_parsed_as_frames() -> None:
+    handshake = request(17, 0, {"mechanism": "PLAIN"}, 1, client_id="app")
+    token = b"\x00alice\x00s3cret-password-that-is-long"
+    raw = struct.pack(">i", len(token)) + token  # unframed: no Kafka header
+    after = request(18, 0, {}, 2, client_id="app")  # after auth, Kafka frames again
+    hs_resp = response(17, 0, {"error_code": 0, "mechanisms": ["PLAIN"]}, 1)
+    server_token = struct.pack(">i", 0)
+    for chunk in (None, 1):
+        evs = feed(handshake + raw + after, hs_resp + server_token, chunk=chunk)
+        seen = [e for e in evs if isinstance(e, RequestSeen)]
+        assert [(e.api_key, e.client_id) for e in seen] == [(17, "app")]
+        assert not any("s3cret" in repr(e) or "alice" in repr(e) for e in evs)
+        opaque = {e.direction: (e.kind, e.offset) for e in evs if isinstance(e, StreamOpaque)}
+        assert opaque == {Direction.REQUEST: ("sasl_v0", len(handshake)), Direction.RESPONSE: ("sasl_v0", len(hs_resp))}
+        assert [e.request is seen[0] for e in evs if isinstance(e, ResponseSeen)] == [True]

@@ -21,6 +21,7 @@ class CollectingSink:
         self.connections: list[dict[str, Any]] = []
         self.tcps: list[dict[str, Any]] = []
         self.frames: list[dict[str, Any]] = []
+        self.topics: list[dict[str, Any]] = []  # topic id <-> name pairs the proxy learned
         self.closed = False
         self._cv = threading.Condition()
 
@@ -40,6 +41,14 @@ class CollectingSink:
 
     def frame(self, row: dict[str, Any]) -> None:
         self._add(self.frames, row)
+
+    def topic(self, row: dict[str, Any]) -> None:
+        self._add(self.topics, row)
+
+    def topic_names(self) -> dict[str, str]:
+        """id -> name from the learned pairs: what analytics' late resolution would use."""
+        with self._cv:
+            return {t["topic_id"]: t["name"] for t in self.topics}
 
     def close(self) -> None:
         with self._cv:
@@ -98,6 +107,10 @@ def proxied_kafka():
     kafka = LocalKafka(broker_props={
         "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
         "message.max.bytes": 20000,
+        # share groups (KIP-932, on by default in 4.2+) keep state in a topic that wants 3 replicas by default:
+        # on one node no share group is ever assigned a partition without these two
+        "share.coordinator.state.topic.replication.factor": 1,
+        "share.coordinator.state.topic.min.isr": 1,
     })
     kafka.start()
     try:

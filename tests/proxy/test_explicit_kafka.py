@@ -78,6 +78,11 @@ def test_confluent_kafka_produce_consume(proxied_kafka, topic_name, sink):
     assert all(c["client_software_name"] for c in finals if c["requests"]), finals
     assert {"ck-prod", "ck-cons"} <= {cid for c in finals for cid in c["client_ids"]}
     assert any(r["api_name"] == "JoinGroup" for r in sink.requests)
+    # librdkafka 2.x fetches by topic id (Fetch v13+, v16 on 4.x): recorded by name all the same (issue 14)
+    fetches = [r for r in sink.requests if r["api_name"] == "Fetch" and r["client_id"] == "ck-cons"]
+    assert max(r["api_version"] for r in fetches) >= 13 and any(r["topic_ids"] for r in fetches)
+    names = sink.topic_names()  # the late resolution analytics applies, for rows that left before the answer
+    assert {names.get(t, t) for r in sink.requests for t in r["topics"]} == {topic_name}
 
 
 def test_capture_frames_and_periodic_tcp_samples(proxied_kafka, topic_name, sink):

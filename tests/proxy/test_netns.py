@@ -232,3 +232,65 @@ def test_upstream_unreachable_recorded(sink):
             (row,) = sink.wait_final(1)
     assert row["end_reason"] == "upstream_connect_failed"
     assert row["end_detail"].startswith("unreachable"), row["end_detail"]
+
+
+KAFKATAP = [sys.executable, "-m", "kafkatap.cli"]
+
+
+def _nat_rules(host) -> str:
+    """Both families' nat tables as `-S` prints them: what --apply adds and --remove must take away."""
+    return "\n".join(host.run([tool, "-w", "-t", "nat", "-S"]).stdout for tool in ("iptables", "ip6tables"))
+
+
+def _ipv6_host(host) -> None:
+    host.sysctl("net.ipv6.conf.all.accept_dad", 0)
+    host.sysctl("net.ipv6.conf.default.accept_dad", 0)
+
+
+def test_transparent_default_listener_serves_ipv4_and_ipv6_and_remove_needs_no_arguments(sink):
+    """`kafkatap iptables --apply` redirects both families by default, so the default transparent listener
+    (0.0.0.0) must also take IPv6 (it was ECONNREFUSED); `--remove` alone undoes the --apply."""
+    with netns.Topology() as topo:
+        client, gw, server = topo.host("c46"), topo.host("g46"), topo.host("s46")
+        for h in (client, gw, server):
+            _ipv6_host(h)
+        c_dev, g_dev1 = topo.link(client, "10.77.41.1/24", gw, "10.77.41.2/24")
+        g_dev2, s_dev = topo.link(gw, "10.77.42.1/24", server, "10.77.42.2/24")
+        for h, dev, addr in ((client, c_dev, "fd77:41::1/64"), (gw, g_dev1, "fd77:41::2/64"),
+                             (gw, g_dev2, "fd77:42::1/64"), (server, s_dev, "fd77:42::2/64")):
+            h.run(["ip", "-6", "addr", "add", addr, "dev", dev, "nodad"])
+        topo.enable_forwarding(gw)
+        gw.sysctl("net.ipv6.conf.all.forwarding", 1)
+        topo.route(client, "10.77.42.0/24", "10.77.41.2")
+        topo.route(server, "10.77.41.0/24", "10.77.42.1")
+        client.run(["ip", "-6", "route", "add", "fd77:42::/64", "via", "fd77:41::2"])
+        server.run(["ip", "-6", "route", "add", "fd77:41::/64", "via", "fd77:42::1"])
+        echo = server.popen([sys.executable, "-c", ECHO_SERVER, "::", "7000"], stdout=subprocess.PIPE, text=True)
+        assert echo.stdout.readline().strip() == "ready"  # "::" without V6ONLY serves IPv4 too
+        before = _nat_rules(gw)
+        gw.run(KAFKATAP + ["iptables", "--mode", "gateway", "--port", "7000", "--apply"])
+        assert "KAFKATAP" in _nat_rules(gw)
+        with RunningProxy([":15092"], sink=sink, thread_context=gw.entered):
+            for dst in ("10.77.42.2", "fd77:42::2"):
+                out = client.run([sys.executable, "-c",
+                                  f"import socket; s=socket.create_connection(({dst!r}, 7000), timeout=10);"
+                                  "s.sendall(b'46'); print(s.recv(10).decode())"], check=False)
+                assert out.returncode == 0 and out.stdout.strip() == "46", (dst, out.stderr)
+            rows = sink.wait_final(2)
+        removed = gw.run(KAFKATAP + ["iptables", "--remove"])
+        assert "KAFKATAP" in removed.stdout
+        assert _nat_rules(gw) == before
+    assert {r["original_dst"] for r in rows} == {"10.77.42.2:7000", "[fd77:42::2]:7000"}
+    assert all(r["mode"] == "transparent" and r["original_dst"] == r["broker_addr"] for r in rows)
+
+
+def test_failed_apply_rolls_back_and_leaves_foreign_rules_alone():
+    """The IPv6 half fails (a KAFKATAP chain is already there): the IPv4 chain and jump it had installed go."""
+    with netns.Topology() as topo:
+        host = topo.host("rb")
+        host.iptables("-t", "nat", "-N", "KAFKATAP", v6=True)  # not ours to remove on rollback
+        before = _nat_rules(host)
+        out = host.run(KAFKATAP + ["iptables", "--mode", "local", "--port", "9092", "--apply"], check=False)
+        assert out.returncode == 1
+        assert "ip6tables" in out.stderr and "rolled back" in out.stderr, out.stderr
+        assert _nat_rules(host) == before  # no IPv4 jump or chain left, the IPv6 chain untouched

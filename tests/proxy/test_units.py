@@ -82,16 +82,17 @@ def test_netfilter_local_plan_skips_mark_and_removal_mirrors():
     assert "iptables -w -t nat -A KAFKATAP -m mark --mark 0x4b54 -j RETURN" in text
     assert text.index("iptables -w -t nat -A KAFKATAP -m mark --mark 0x4b54 -j RETURN") < \
         text.index("iptables -w -t nat -A KAFKATAP -p tcp --dport 9092 -j REDIRECT --to-ports 15092")
-    assert "iptables -w -t nat -I OUTPUT -p tcp -j KAFKATAP" in text
+    assert "iptables -w -t nat -I OUTPUT -p tcp -m comment --comment kafkatap -j KAFKATAP" in text
     assert any(t.startswith("ip6tables") and "fd00::5" in t for t in text)
     assert not any(t.startswith("ip6tables") and "10.0.0.5" in t for t in text)
     rm = [" ".join(c) for c in build_removal(plan)]
-    assert rm[:3] == ["iptables -w -t nat -D OUTPUT -p tcp -j KAFKATAP", "iptables -w -t nat -F KAFKATAP",
+    assert rm[:3] == ["iptables -w -t nat -D OUTPUT -p tcp -m comment --comment kafkatap -j KAFKATAP",
+                      "iptables -w -t nat -F KAFKATAP",
                       "iptables -w -t nat -X KAFKATAP"]
     with pytest.raises(ValueError, match="loop"):
         RulePlan("local", 15092, [(None, 9092)])
     gw = [" ".join(c) for c in build(RulePlan("gateway", 15092, [("10.0.0.5", 9092)], interface="eth1", ipv6=False))]
-    assert gw[-1] == "iptables -w -t nat -I PREROUTING -p tcp -i eth1 -j KAFKATAP"
+    assert gw[-1] == "iptables -w -t nat -I PREROUTING -p tcp -i eth1 -m comment --comment kafkatap -j KAFKATAP"
 
 
 def test_fault_specs():

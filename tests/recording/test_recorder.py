@@ -33,6 +33,9 @@ def test_round_trip_all_datasets(make_recorder, rec_dir: Path) -> None:
     r.connection(connection_row("p1", "c00001"))
     r.tcp(tcp_row("p1", "c00001"))
     r.frame(frame_row("p1", "c00001", 3, b"\x00\x00\x00\x0c\x00\x03\x00\x0c\x00\x00\x00\x07", api_version=12))
+    pair = {"proxy_id": "p1", "topic_id": "8f4c9b1e-1111-4000-8000-000000000001", "name": "orders",
+            "first_seen_ns": rows[0]["req_first_ns"], "broker_addr": "10.0.0.1:9092", "cluster_id": "c1"}
+    r.topic(pair)
     r.close()
 
     got = read_recording(rec_dir, "requests")
@@ -47,6 +50,8 @@ def test_round_trip_all_datasets(make_recorder, rec_dir: Path) -> None:
     assert set(got["proxy"].to_pylist()) == {"p1"}
     for ds in ("connections", "tcp", "frames"):
         assert read_recording(rec_dir, ds).num_rows == 1
+    (back_pair,) = read_recording(rec_dir, "topics", with_partitions=False).to_pylist()
+    assert back_pair == pair
     for f in _files(rec_dir, "requests"):
         md = pq.read_metadata(f).metadata
         assert md[FORMAT_KEY] == str(FORMAT_VERSION).encode()
@@ -198,7 +203,7 @@ def test_disk_failure_at_runtime_drops_and_counts(make_recorder, rec_dir: Path, 
     def boom(*a, **k):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(pq, "write_table", boom)
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", boom)
     with capture_logs() as logs:
         r._flush(final=False)
     monkeypatch.undo()

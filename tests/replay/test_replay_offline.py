@@ -90,7 +90,7 @@ def test_cli_rails_yes_required_and_origin_refused(tmp_path: Path):
     assert res.exit_code == 2 and "pass --yes" in res.output
     assert "Replay plan" in res.output and "connections  2" in res.output and "requests     5" in res.output
     res = CliRunner().invoke(replay, [str(tmp_path), "--target", "10.0.0.1:9092", "--yes"])
-    assert res.exit_code == 2 and "recording's own broker" in res.output and "--allow-origin" in res.output
+    assert res.exit_code == 2 and "recording's own broker" in res.output and "--yes-same-cluster" in res.output
     res = CliRunner().invoke(replay, [str(tmp_path), "--target", "127.0.0.1:9", "--speed", "fast", "--yes"])
     assert res.exit_code == 2 and "--speed" in res.output
 

@@ -117,3 +117,36 @@ def test_cli_module_imports() -> None:
 
     assert {"list", "run"} <= set(c.scenario.commands) and {"up", "down", "status"} <= set(c.kafka.commands)
     assert sys.executable
+
+
+@pytest.mark.kafka
+def test_a_run_never_changes_the_catalog_specs(monkeypatch, tmp_path):
+    """Two runs of one scenario on different Kafka versions: the second must not inherit the first's client settings.
+
+    The runner used to write the broker's version into the catalog's ClientSpec objects, so a who-is-writing
+    run on 4.3.1 left "4.3.1" there and the 3.7 run that followed started 4.3.1's Java tools against 3.7.2.
+    """
+    import dataclasses
+
+    import scenarios.runner as runner
+    from scenarios.catalog import get
+
+    scenario = get("who-is-writing")
+    before = [dataclasses.asdict(c) for c in scenario.clients]
+    seen: list[list[str]] = []
+
+    class Boom(Exception):
+        pass
+
+    def fake_run(self, specs, hosts):  # stop right after the runner handed the specs to the clients
+        seen.append([s.kafka_version for s in specs if s.kind == "java"])
+        raise Boom()
+
+    monkeypatch.setattr(runner._Clients, "run", fake_run)
+    for version in ("4.3.1", "3.7.2"):
+        try:
+            runner.run_scenario(scenario, tmp_path / version, kafka_version=version)
+        except Boom:
+            pass
+    assert seen == [["4.3.1", "4.3.1"], ["3.7.2", "3.7.2"]]
+    assert [dataclasses.asdict(c) for c in scenario.clients] == before

@@ -1,0 +1,57 @@
+"""Late resolution of topic ids: name every id a row recorded before its proxy knew the name.
+
+Why in analytics too: the proxy names ids as it records (`proxy.topics`), but
+a row can leave the proxy before the name is known — a client that started
+before the proxy uses ids it learned earlier, and the proxy's own Metadata
+query answers a moment later. Every pair the proxy learned is in the
+recording's `topics/` dataset, so the ids left in `topics` are named here, with
+what any proxy of the recording learned at any time (ids are cluster-unique).
+
+Pure: DataFrame (+ the small collected id → name dict) in, DataFrame out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+
+
+def topic_pairs(topics: DataFrame) -> DataFrame:
+    """One (topic_id, name) per id: the name learned last wins (a topic id is never reused, a name may be)."""
+    w = Window.partitionBy("topic_id").orderBy(F.col("first_seen_ns").desc_nulls_last())
+    return (topics.where(F.col("topic_id").isNotNull() & F.col("name").isNotNull())
+            .withColumn("_rn", F.row_number().over(w)).where("_rn = 1").select("topic_id", "name"))
+
+
+def _lookup(pairs: Mapping[str, str]) -> Column:
+    """The id → name dict as one literal map column (a recording names hundreds of topics, not millions)."""
+    return F.create_map(*[F.lit(x) for kv in sorted(pairs.items()) for x in kv])
+
+
+def _named(col: Column, lookup: Column) -> Column:
+    return F.transform(col, lambda t: F.coalesce(F.element_at(lookup, t), t))
+
+
+def name_topic_ids(requests: DataFrame, pairs: Mapping[str, str]) -> DataFrame:
+    """`topics` (and each error's `topic`) with every id in `pairs` replaced by its name; `topic_ids` unchanged.
+
+    `pairs` is the collected `topic_pairs` (one entry per topic of the cluster:
+    small). Rows whose `topic_ids` is empty are left as they are.
+    """
+    if not pairs:
+        return requests
+    lookup = _lookup(pairs)
+    has_ids = F.coalesce(F.size("topic_ids"), F.lit(0)) > 0
+    errors = F.transform("errors", lambda e: e.withField("topic", F.coalesce(F.element_at(lookup, e["topic"]),
+                                                                           e["topic"])))
+    return (requests.withColumn("topics", F.when(has_ids, _named(F.col("topics"), lookup)).otherwise(F.col("topics")))
+            .withColumn("errors", F.when(has_ids & (F.col("error_count") > 0), errors).otherwise(F.col("errors"))))
+
+
+def name_connection_topics(conns: DataFrame, pairs: Mapping[str, str]) -> DataFrame:
+    """The connections' `last_request_topics`, named the same way."""
+    if not pairs:
+        return conns
+    return conns.withColumn("last_request_topics", _named(F.col("last_request_topics"), _lookup(pairs)))

@@ -1,0 +1,336 @@
+"""Hostile clients against the relay (issue 19): fairness, memory bounds, accounting — one table.
+
+    .venv/bin/python bench/hostile.py [--pings 2000] [--flood-s 6]
+
+No Kafka needed: the upstream is a small responder (its own process) that
+answers every request frame with an ApiVersions v0 response carrying the
+same correlation id. kafkatap runs as `kafkatap proxy` in its own process,
+as an operator would run it, with /metrics on.
+
+Probes:
+* **fairness** — a ping connection (one tiny request at a time) alone, then
+  beside a flood connection pipelining tiny frames as fast as one process
+  can send them; p50/p99 of the ping and the ratio loaded/unloaded, with
+  recording on (`--record`) and off. Also the flood's relay rate (MB/s) with
+  the proxy in between: forwarding must not be what gives.
+* **memory** — the proxy's RSS (from /proc) after each hostile pattern,
+  measured after the connection closed, beside the documented bound:
+  1 M frames with varying versions (process-wide caches, metrics labels),
+  tagged header fields past the header bound, requests pipelined past the
+  in-flight cap.
+* **accounting** — N requests (reused correlation ids, more than the cap in
+  flight) and then: requests sent == rows written + rows dropped, from
+  /metrics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+KAFKATAP = ROOT / ".venv" / "bin" / "kafkatap"
+
+from bench.proxy_overhead import wait_port  # noqa: E402
+from harness.kafka import free_port  # noqa: E402
+
+
+def req(cid: int, key: int = 18, ver: int = 0, client_id: bytes = b"c") -> bytes:
+    body = struct.pack(">hhih", key, ver, cid, len(client_id)) + client_id
+    return struct.pack(">i", len(body)) + body
+
+
+# ---------------------------------------------------------------- processes of their own
+def responder(port_file: str) -> None:
+    """Answer every request frame with an ApiVersions v0 response (same correlation id)."""
+    import asyncio
+
+    TINY = struct.Struct(">ihhihc")
+    ANSWER = struct.Struct(">iihi").pack
+
+    class Answer(asyncio.Protocol):
+        def connection_made(self, t: asyncio.BaseTransport) -> None:
+            self.t = t
+            self.buf = bytearray()
+
+        def data_received(self, data: bytes) -> None:
+            buf = self.buf
+            buf += data
+            out = bytearray()
+            i = 0
+            n = len(buf)
+            if n >= 15 and buf[:4] == b"\x00\x00\x00\x0b":  # the bench's own 15-byte requests: a fast path
+                for size, _, _, cid, _, _ in TINY.iter_unpack(bytes(buf[:n - n % 15])):
+                    if size != 11:
+                        break
+                    out += ANSWER(10, cid, 0, 0)
+                    i += 15
+            while n - i >= 4:
+                size = struct.unpack_from(">i", buf, i)[0]
+                if n - i - 4 < size:
+                    break
+                cid = struct.unpack_from(">i", buf, i + 8)[0] if size >= 8 else 0
+                out += struct.pack(">iihi", 10, cid, 0, 0)
+                i += 4 + size
+            del buf[:i]
+            if out:
+                self.t.write(bytes(out))  # type: ignore[attr-defined]
+
+    async def main() -> None:
+        srv = await asyncio.get_running_loop().create_server(Answer, "127.0.0.1", 0)
+        Path(port_file).write_text(str(srv.sockets[0].getsockname()[1]))
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+def flood(port: int, seconds: float) -> None:
+    """Pipeline tiny requests as fast as one process can; print bytes sent per second at the end."""
+    s = socket.create_connection(("127.0.0.1", port))
+    block = b"".join(req(i) for i in range(20_000))
+    stop = time.monotonic() + seconds
+    drain(s)
+    sent = 0
+    t0 = time.monotonic()
+    while time.monotonic() < stop:
+        s.sendall(block)
+        sent += len(block)
+    print(sent / (time.monotonic() - t0), flush=True)
+    s.close()
+
+
+# ---------------------------------------------------------------- the bench process
+class Proxy:
+    def __init__(self, upstream: int, record: bool, tmp: Path, decode: bool = True) -> None:
+        self.port = free_port()
+        self.status = free_port()
+        cmd = [str(KAFKATAP), "proxy", "--listen", f"127.0.0.1:{self.port}", "--upstream", f"127.0.0.1:{upstream}",
+               "--status-addr", str(self.status), "--no-tcp-info", "--shutdown-timeout", "2"]
+        if not decode:
+            cmd.append("--no-decode")
+        if record:
+            cmd += ["--record", str(tmp / f"rec-{self.port}"), "--flush-interval", "0.2"]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_port(self.port)
+        wait_port(self.status)
+        # wait_port's own connection must be recorded first: probes count connections from here
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            m = self.metrics()
+            if metric(m, "kafkatap_connections_total") >= 1 and metric(m, "kafkatap_open_connections") == 0:
+                break
+            time.sleep(0.05)
+
+    def rss_mib(self) -> float:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.status}/metrics", timeout=10) as r:
+            return r.read().decode()
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(30)
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            if all(f'{k}="{v}"' in line for k, v in labels.items()):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def pings(port: int, n: int) -> list[float]:
+    c = socket.create_connection(("127.0.0.1", port))
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    out = []
+    for i in range(n):
+        c.sendall(req(i))
+        t0 = time.perf_counter()
+        got = b""
+        while len(got) < 14:  # the ApiVersions v0 answer
+            got += c.recv(100)
+        out.append(time.perf_counter() - t0)
+    c.close()
+    return out
+
+
+def pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(p * len(xs)))] * 1000
+
+
+def drain(c: socket.socket) -> None:
+    """Read and discard answers on a thread until the socket closes."""
+    def run() -> None:
+        try:
+            while c.recv(1 << 20):
+                pass
+        except OSError:
+            pass
+    threading.Thread(target=run, daemon=True).start()
+
+
+def send_and_close(proxy: Proxy, payload: bytes, timeout: float = 120.0, pace: int = 0) -> None:
+    """Send `payload` on a new connection, FIN, and wait until the proxy recorded that connection's end.
+
+    pace: send this many bytes per millisecond at most (0: as fast as possible), so that the
+    decoder keeps up and what it caches is exercised rather than skipped.
+    """
+    before = metric(proxy.metrics(), "kafkatap_connections_total")
+    c = socket.create_connection(("127.0.0.1", proxy.port))
+    drain(c)
+    if pace:
+        step = pace * 10
+        for i in range(0, len(payload), step):
+            c.sendall(payload[i:i + step])
+            time.sleep(0.01)
+    else:
+        c.sendall(payload)
+    c.shutdown(socket.SHUT_WR)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        m = proxy.metrics()
+        if metric(m, "kafkatap_connections_total") > before and metric(m, "kafkatap_open_connections") == 0:
+            break
+        time.sleep(0.1)
+    c.close()
+
+
+REFERENCE: dict[str, float] = {}
+
+
+def fairness(upstream: int, record: bool, tmp: Path, n: int, flood_s: float, decode: bool = True) -> list[str]:
+    proxy = Proxy(upstream, record, tmp, decode)
+    try:
+        pings(proxy.port, 200)  # warm-up
+        alone = pings(proxy.port, n)
+        f = subprocess.Popen([sys.executable, __file__, "--role", "flood", str(proxy.port), str(flood_s)],
+                             stdout=subprocess.PIPE, text=True)
+        time.sleep(0.5)  # let the flood get going (a bench, not a test)
+        loaded = pings(proxy.port, n)
+        still = f.poll() is None
+        out, _ = f.communicate(timeout=flood_s + 30)
+        rate = float(out.strip() or 0) / 1e6
+        m = proxy.metrics()
+    finally:
+        proxy.stop()
+    ratio = pct(loaded, 0.99) / pct(alone, 0.99)
+    REFERENCE.setdefault("p99", pct(loaded, 0.99))  # the first run is --no-decode: what the flood costs anyway
+    vs = pct(loaded, 0.99) / REFERENCE["p99"]
+    mode = f"recording {'on' if record else 'off'}" if decode else "--no-decode (reference)"
+    return [f"fairness, {mode}",
+            f"ping p50 {pct(alone, .5):.2f} → {pct(loaded, .5):.2f} ms, p99 {pct(alone, .99):.2f} → "
+            f"{pct(loaded, .99):.2f} ms (×{ratio:.2f}; ×{vs:.2f} of --no-decode's loaded p99); flood relayed {rate:.0f} MB/s"
+            f"{'' if still else ' (flood ended before the pings)'}; skipped {metric(m, 'kafkatap_observation_skipped_bytes_total') / 1e6:.0f} MB",
+            "p99 ≤ 2× unloaded"]
+
+
+def memory(upstream: int, tmp: Path) -> list[list[str]]:
+    rows = []
+    proxy = Proxy(upstream, False, tmp)
+    try:
+        base = proxy.rss_mib()
+        rows.append(["RSS at start", f"{base:.0f} MiB", ""])
+
+        def one(label: str, payload: bytes, bound: str, pace: int = 0) -> None:
+            send_and_close(proxy, payload, pace=pace)
+            lines = len(proxy.metrics().splitlines())
+            rows.append([label, f"{proxy.rss_mib():.0f} MiB after close (/metrics {lines} lines)", bound])
+
+        # versions past every schema (so no body is walked) and unknown api keys: what a fuzzer sends
+        versions = b"".join(req(i % 1000, key=i % 70 + 1000 * (i % 3 == 0), ver=100 + i % 30_000)
+                            for i in range(1_000_000))
+        one("1 M frames, varying api key/version", versions,
+            "caches ≤ schema (api, version) pairs; ≤ 256 label sets per family, /metrics < ~5k lines", pace=3_000)
+        tag_len = 1 << 20
+        tag = b"\x01\x00" + bytes([0x80 | (tag_len & 0x7F), 0x80 | ((tag_len >> 7) & 0x7F), tag_len >> 14]) + b"x" * tag_len
+        body = struct.pack(">hhih", 3, 12, 9, 1) + b"c" + tag + b"\x00" * 8
+        one("header with 1 MiB of tagged fields", struct.pack(">i", len(body)) + body,
+            "header ≤ 64 KiB buffered, then opaque (oversize_header)")
+        # pipelined faster than answered: the decoder's in-flight map at its cap
+        big = b"".join(req(i, key=3, ver=1) for i in range(200_000))
+        one("200 k pipelined requests", big, "in flight ≤ 10,000 (~9 MiB) + backlog ≤ 16 MiB per connection")
+    finally:
+        proxy.stop()
+    return rows
+
+
+def accounting(upstream: int, tmp: Path) -> list[str]:
+    proxy = Proxy(upstream, True, tmp)
+    n = 50_000
+    try:
+        payload = b"".join(req(i % 20_000) for i in range(n))  # ids reused while in flight
+        send_and_close(proxy, payload)
+        time.sleep(1.0)  # one flush interval and more: rows reach the Parquet files
+        m = proxy.metrics()
+    finally:
+        proxy.stop()
+    seen = metric(m, "kafkatap_requests_seen_total")
+    rows = metric(m, "kafkatap_request_rows_total")
+    written = metric(m, "kafkatap_recording_rows_written_total", dataset="requests")
+    queue_drop = metric(m, "kafkatap_recording_dropped_rows_total", dataset="requests")
+    dropped = metric(m, "kafkatap_requests_dropped_total")
+    reasons = {r: metric(m, "kafkatap_requests_dropped_total", reason=r)
+               for r in ("in_flight_cap", "correlation_id_reused", "decoder_failed", "observation_backlog")}
+    ok = n == seen == rows + dropped and written + queue_drop <= rows
+    return ["accounting", f"sent {n}, seen {seen:.0f} = rows {rows:.0f} (written {written:.0f}, queue-dropped "
+            f"{queue_drop:.0f}) + dropped {dropped:.0f} {({k: int(v) for k, v in reasons.items() if v})}",
+            "sent == rows + dropped" + (" ✓" if ok else " ✗")]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--role", nargs="*")
+    ap.add_argument("--pings", type=int, default=2000)
+    ap.add_argument("--flood-s", type=float, default=10.0)
+    args = ap.parse_args()
+    if args.role:
+        role, *rest = args.role
+        if role == "responder":
+            responder(rest[0])
+        elif role == "flood":
+            flood(int(rest[0]), float(rest[1]))
+        return
+    tmp = Path(tempfile.mkdtemp(prefix="kt-hostile-"))
+    port_file = tmp / "port"
+    up = subprocess.Popen([sys.executable, __file__, "--role", "responder", str(port_file)])
+    try:
+        while not port_file.exists() or not port_file.read_text():
+            time.sleep(0.05)
+        upstream = int(port_file.read_text())
+        table = [fairness(upstream, False, tmp, args.pings, args.flood_s, decode=False),
+                 fairness(upstream, False, tmp, args.pings, args.flood_s),
+                 fairness(upstream, True, tmp, args.pings, args.flood_s),
+                 *memory(upstream, tmp), accounting(upstream, tmp)]
+    finally:
+        up.kill()
+        up.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+    w = [max(len(r[i]) for r in table) for i in range(3)]
+    print(f"{'probe':<{w[0]}} | {'result':<{w[1]}} | bound")
+    print(f"{'-' * w[0]}-|-{'-' * w[1]}-|-{'-' * w[2]}")
+    for r in table:
+        print(f"{r[0]:<{w[0]}} | {r[1]:<{w[1]}} | {r[2]}")
+    print(f"load: {os.getloadavg()[0]:.2f} (1 min), cpus {os.cpu_count()}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+"""Listening sockets with kafkatap's own accept loop, and the file-descriptor budget.
+
+Why not `loop.create_server`: when accept(2) fails with EMFILE, uvloop closes the
+listening server silently (its `_fatal_error` reports only non-OSErrors). Under a
+`nofile 1024` limit 346 of 600 clients were never accepted and nothing was logged.
+Accepting ourselves lets the proxy see the failure, log it once with the reason,
+count it for /metrics, back off while clients wait in the kernel's backlog, and
+keep the listener.
+
+The reserve: each proxied connection holds two descriptors; the recorder needs a
+few to write its files. A connection whose accepted descriptor lands in the last
+`FD_RESERVE` slots of the soft limit is refused at once (RST), so a flood of
+clients leaves the recorder able to write instead of failing with EMFILE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import resource
+import socket
+import struct
+from collections.abc import Callable
+
+import structlog
+
+from proxy.context import format_addr
+
+log = structlog.get_logger("kafkatap.proxy")
+
+FD_RESERVE = 64  # descriptors kept free for the recorder, the status endpoint and logging
+ACCEPT_BATCH = 64  # accepts per readiness callback: fair to connections already relaying
+EMFILE_BACKOFF_S = 0.1  # pause accepting this long when the process is out of descriptors
+FAILURE_LOG_S = 60.0  # one log line per failure reason per minute, however many clients are turned away
+_OUT_OF_FDS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+_LINGER0 = struct.pack("ii", 1, 0)
+
+
+def raise_nofile_limit() -> tuple[int, int]:
+    """Raise the soft RLIMIT_NOFILE to the hard limit; return (old soft, new soft).
+
+    Why: a proxied connection costs two descriptors, and distributions still default
+    the soft limit to 1024 while the hard limit is far higher.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft >= hard:
+        return soft, soft
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError) as exc:  # e.g. above fs.nr_open
+        log.warning("cannot raise the open-files limit", soft=soft, hard=hard, error=str(exc))
+        return soft, soft
+    log.info("raised the open-files limit", soft_before=soft, soft=target,
+             connections_max=max(0, (target - FD_RESERVE) // 2))
+    return soft, target
+
+
+def fd_ceiling() -> int:
+    """Accepted descriptors at or above this number eat into the reserve (see module docstring)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 62
+    return max(soft - FD_RESERVE, soft // 2)
+
+
+def bind_listener(host: str, port: int, backlog: int) -> socket.socket:
+    """A non-blocking listening TCP socket: SO_REUSEADDR, and IPV6_V6ONLY like asyncio's create_server.
+
+    V6ONLY because an IPv4 client on an IPv6 socket arrives v4-mapped, and its SO_ORIGINAL_DST
+    is not answered at the IPv6 level: each family gets its own listener instead.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind((host, port))
+        sock.listen(backlog)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class Acceptor:
+    """Accepts connections on one listening socket and hands each to `factory`'s protocol.
+
+    `failed(reason)` is called once per refused or failed accept ("emfile", "fd_reserve", …)
+    so the server can count them; this class logs a reason at most once per FAILURE_LOG_S
+    (with how many failed since), never one line per client.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket,
+                 factory: Callable[[], asyncio.Protocol], failed: Callable[[str], None]) -> None:
+        self.loop = loop
+        self.sock = sock
+        self.factory = factory
+        self.failed = failed
+        self.ceiling = fd_ceiling()
+        self._closed = False
+        self._resume: asyncio.TimerHandle | None = None
+        self._logged: dict[str, tuple[float, int]] = {}  # reason → (when last logged, failures since)
+        self._pending: set[asyncio.Task] = set()
+
+    def start(self) -> None:
+        self.loop.add_reader(self.sock.fileno(), self._ready)
+
+    def close(self) -> None:
+        """Stop accepting and close the listening socket (open connections are not touched)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._resume is not None:
+            self._resume.cancel()
+        self.loop.remove_reader(self.sock.fileno())
+        self.sock.close()
+
+    def _ready(self) -> None:
+        for _ in range(ACCEPT_BATCH):
+            try:
+                conn, _addr = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in _OUT_OF_FDS:
+                    self._fail("emfile", f"accept failed: {exc.strerror} (open-files limit "
+                                         f"{resource.getrlimit(resource.RLIMIT_NOFILE)[0]}); clients wait in the "
+                                         "listen backlog until descriptors free up", backoff=True)
+                    return
+                if exc.errno in (errno.ECONNABORTED, errno.EPROTO, errno.EPERM):
+                    continue  # the client gave up before we accepted: nothing to do
+                self._fail("error", f"accept failed: {exc}", backoff=True)
+                return
+            if conn.fileno() >= self.ceiling:
+                _refuse(conn)
+                self._fail("fd_reserve", f"connection refused: descriptor {self.ceiling} and above are reserved "
+                                         "so the recorder can keep writing (raise the open-files limit)")
+                continue
+            conn.setblocking(False)
+            task = self.loop.create_task(self._connect(conn))
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
+
+    async def _connect(self, conn: socket.socket) -> None:
+        try:
+            await self.loop.connect_accepted_socket(self.factory, conn)
+        except Exception as exc:  # noqa: BLE001 — one client's failed set-up never stops the listener
+            conn.close()
+            self._fail("error", f"accepted connection could not be set up: {exc}")
+
+    def _fail(self, reason: str, message: str, backoff: bool = False) -> None:
+        self.failed(reason)
+        now = self.loop.time()
+        last, since = self._logged.get(reason, (None, 0))
+        if last is None or now - last >= FAILURE_LOG_S:
+            log.error(message, listener=_sockname(self.sock), reason=reason, failed_since_last_log=since + 1)
+            self._logged[reason] = (now, 0)
+        else:
+            self._logged[reason] = (last, since + 1)
+        if backoff and not self._closed:
+            self.loop.remove_reader(self.sock.fileno())
+            self._resume = self.loop.call_later(EMFILE_BACKOFF_S, self._resume_accepting)
+
+    def _resume_accepting(self) -> None:
+        self._resume = None
+        if not self._closed:
+            self.loop.add_reader(self.sock.fileno(), self._ready)
+
+
+def _refuse(conn: socket.socket) -> None:
+    try:
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER0)
+    except OSError:
+        pass
+    conn.close()
+
+
+def _sockname(sock: socket.socket) -> str | None:
+    try:
+        return format_addr(sock.getsockname())
+    except OSError:
+        return None

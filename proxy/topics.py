@@ -1,0 +1,288 @@
+"""Topic ids → names: the proxy-wide map, the sink step that names rows, and the resolver that asks the broker.
+
+Why this exists: since KIP-516 modern clients name topics by id on the hot
+APIs (Produce v13, Fetch v13+, OffsetCommit/OffsetFetch v10, ShareFetch …), so
+a row that only kept what the request said would record uuids, and "who writes
+to topic X" would miss every modern client.
+
+How names are learned. The hot-path summaries (`protocol.events.Summary`)
+carry a response's topic *names* but not the id each name belongs to, and
+deep-decoding relayed Metadata responses would mean buffering whole response
+streams (a Fetch response shares the connection). So the proxy asks the broker
+itself: one Metadata v12 request for all topics (topics: null), on its own
+short-lived connection, whenever
+
+* a relayed Metadata / CreateTopics / DescribeTopicPartitions request names a
+  topic the map does not know yet (the client is about to use its id), or
+* a row carries a topic id the map cannot name (a client that started before
+  the proxy and never asks for metadata again).
+
+Queries are rate-limited per broker (at most one in flight, then one more at
+`min_interval_s` at the earliest), so an id that no broker knows (a deleted
+topic) costs one small request per interval, not one per row. `--no-resolve-
+topics` turns the queries off; rows then keep the ids in `topics` and analytics
+resolves whatever the recording's `topics/` dataset names (late resolution).
+
+Every pair learned is also recorded (`topics/` dataset, one row per pair the
+first time it is seen), so analytics can name ids that rows recorded before
+the name was known.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import structlog
+
+from protocol.apis import CREATE_TOPICS, METADATA
+from protocol.deep import decode_response, encode_request
+
+log = structlog.get_logger("kafkatap.proxy")
+
+Row = dict[str, Any]
+DESCRIBE_TOPIC_PARTITIONS = 75  # no constant in protocol.apis (not ours to edit)
+# Requests that name topics the client is about to use by id.
+NAMING_APIS = frozenset({METADATA, CREATE_TOPICS, DESCRIBE_TOPIC_PARTITIONS})
+METADATA_VERSION = 12  # topic ids from v10; v12 is served by every broker since 3.1 (3.7 and 4.x included)
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_ZERO_ID = "00000000-0000-0000-0000-000000000000"
+
+
+def is_topic_id(text: str | None) -> bool:
+    """A topic id as the summaries spell it (a lower-case uuid string).
+
+    Why by shape: `Summary.topics` holds names or ids in one list. A topic
+    *name* can only use [a-zA-Z0-9._-], so a 36-character uuid with dashes at
+    the right places is, in practice, never a real name.
+    """
+    return text is not None and len(text) == 36 and _UUID.fullmatch(text) is not None
+
+
+def split_topics(topics: Iterable[str]) -> tuple[list[str], list[str]]:
+    """(the list as recorded, the ids in it, in order): what `proxy.rows` puts in `topics` / `topic_ids`."""
+    listed = list(topics)
+    return listed, [t for t in listed if is_topic_id(t)]
+
+
+class TopicMap:
+    """id ↔ name for one proxy, shared by all its connections; bounded (least recently learned goes first).
+
+    Runs on the event loop thread only (no locks). `on_learned(id, name)` is
+    called once for each pair the map did not hold, with where it came from
+    (the broker that answered); the recording's `topics/` rows come from there.
+    """
+
+    def __init__(self, limit: int = 100_000, on_learned: Callable[[str, str, str | None], None] | None = None) -> None:
+        if limit < 1:
+            raise ValueError("limit must be positive")
+        self.limit = limit
+        self._names: OrderedDict[str, str] = OrderedDict()  # id -> name
+        self._ids: dict[str, str] = {}  # name -> id
+        self._on_learned = on_learned
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def learn(self, topic_id: str, name: str, source: str | None = None) -> bool:
+        """Remember one pair; True when it was new. A recreated topic (same name, new id) replaces the old id."""
+        if not topic_id or not name or topic_id == _ZERO_ID:
+            return False
+        if self._names.get(topic_id) == name:
+            self._names.move_to_end(topic_id)
+            return False
+        self._names[topic_id] = name
+        self._names.move_to_end(topic_id)
+        self._ids[name] = topic_id
+        while len(self._names) > self.limit:
+            old_id, old_name = self._names.popitem(last=False)
+            if self._ids.get(old_name) == old_id:
+                del self._ids[old_name]
+        if self._on_learned is not None:
+            self._on_learned(topic_id, name, source)
+        return True
+
+    def name(self, topic_id: str) -> str | None:
+        return self._names.get(topic_id)
+
+    def knows_name(self, name: str) -> bool:
+        return name in self._ids
+
+    def named(self, topics: list[str]) -> tuple[list[str], bool]:
+        """`topics` with every known id replaced by its name; and whether an id stayed unresolved."""
+        out = []
+        missing = False
+        for t in topics:
+            if is_topic_id(t):
+                n = self._names.get(t)
+                if n is None:
+                    missing = True
+                else:
+                    t = n
+            out.append(t)
+        return out, missing
+
+
+class TopicResolver:
+    """Asks a broker for its id ↔ name pairs (Metadata v12, all topics) on the proxy's own connection.
+
+    `want(broker_addr)` never blocks and never raises: it schedules at most one
+    query per broker at a time and at most one per `min_interval_s`. Failures
+    are logged once per broker and cost nothing else (rows keep their ids).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, topic_map: TopicMap, *, enabled: bool = True,
+                 so_mark: int | None = None, min_interval_s: float = 2.0, timeout_s: float = 5.0,
+                 client_id: str = "kafkatap-topic-resolver") -> None:
+        self.loop = loop
+        self.map = topic_map
+        self.cluster_ids: dict[str, str] = {}  # broker "host:port" → cluster id its Metadata answer gave
+        self.enabled = enabled
+        self.so_mark = so_mark
+        self.min_interval_s = min_interval_s
+        self.timeout_s = timeout_s
+        self.client_id = client_id
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._again: set[str] = set()
+        self._failed_logged: set[str] = set()
+        self.queries = 0  # answered queries (tests and /metrics read it)
+        self.failures = 0
+        self._closed = False
+        self._hurry = asyncio.Event()  # set at shutdown: no more rate limiting, one last answer is worth more
+
+    def want(self, broker_addr: str | None) -> None:
+        if not self.enabled or self._closed or not broker_addr:
+            return
+        if broker_addr in self._tasks:
+            self._again.add(broker_addr)
+            return
+        self._tasks[broker_addr] = self.loop.create_task(self._run(broker_addr))
+
+    async def _run(self, broker: str) -> None:
+        try:
+            while True:
+                started = self.loop.time()
+                await self._query(broker)
+                if broker not in self._again or self._closed:
+                    return
+                self._again.discard(broker)
+                # rate limit: an id nobody can name must not turn every row into a query
+                delay = started + self.min_interval_s - self.loop.time()
+                if delay > 0 and not self._hurry.is_set():
+                    try:
+                        await asyncio.wait_for(self._hurry.wait(), delay)
+                    except asyncio.TimeoutError:
+                        pass
+        except asyncio.CancelledError:
+            raise
+        finally:
+            self._tasks.pop(broker, None)
+
+    async def _query(self, broker: str) -> None:
+        host, _, port = broker.rpartition(":")
+        host = host.strip("[]")
+        writer = None
+        try:
+            sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+            sock.setblocking(False)
+            if self.so_mark is not None:  # transparent mode: our own connection must not be redirected to us
+                sock.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_MARK", 36), self.so_mark)  # raises: no query
+            await asyncio.wait_for(self.loop.sock_connect(sock, (host, int(port))), self.timeout_s)
+            reader, writer = await asyncio.open_connection(sock=sock)
+            body = {"topics": None, "allow_auto_topic_creation": False,
+                    "include_topic_authorized_operations": False}
+            writer.write(encode_request(METADATA, METADATA_VERSION, 1, self.client_id, body))
+            size = int.from_bytes(await asyncio.wait_for(reader.readexactly(4), self.timeout_s), "big", signed=True)
+            if not 0 < size <= 256 << 20:
+                raise ConnectionError(f"bad response size {size}")
+            rest = await asyncio.wait_for(reader.readexactly(size), self.timeout_s)
+            answer = decode_response(size.to_bytes(4, "big") + rest, METADATA, METADATA_VERSION)["body"]
+            if answer.get("cluster_id"):  # recorded with each pair: replay's same-cluster guard reads it
+                self.cluster_ids[broker] = answer["cluster_id"]
+            for t in answer.get("topics") or ():
+                if t.get("name") and t.get("topic_id"):
+                    self.map.learn(str(t["topic_id"]), t["name"], broker)
+            self.queries += 1
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 — resolving names must never hurt the relay
+            self.failures += 1
+            if broker not in self._failed_logged:
+                self._failed_logged.add(broker)
+                log.warning("topic names: Metadata query to the broker failed; rows keep topic ids",
+                            broker=broker, error=f"{type(exc).__name__}: {exc}")
+        finally:
+            if writer is not None:
+                writer.close()
+
+    async def idle(self) -> None:
+        """Return once no query is running or scheduled (tests wait on this, never on a sleep)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks.values()), return_exceptions=True)
+
+    async def finish(self, timeout_s: float = 2.0) -> None:
+        """At shutdown, after the last row: let queries still due run now (bounded), then stop.
+
+        Why: rows of a proxy's last seconds may carry ids whose query was
+        waiting for the rate limit; answering them before the recording closes
+        puts their names in `topics/`, so analytics can still name those rows.
+        """
+        self._hurry.set()
+        tasks = list(self._tasks.values())
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout_s)
+        self.close()
+
+    def close(self) -> None:
+        self._closed = True
+        for t in self._tasks.values():
+            t.cancel()
+
+
+class TopicNamingSink:
+    """The step between the relay and the real sink: rows leave with names, and unknown topics start a query.
+
+    A `request` row's `topics` gets every known id replaced by its name
+    (`topic_ids` keeps the ids as sent); error entries and a connection's
+    `last_request_topics` are named the same way. Runs on the event loop.
+    """
+
+    def __init__(self, sink: Any, topic_map: TopicMap, resolver: TopicResolver | None) -> None:
+        self.sink = sink
+        self.map = topic_map
+        self.resolver = resolver
+
+    def request(self, row: Row) -> None:
+        topics = row.get("topics")
+        if topics:
+            want = False
+            if row.get("topic_ids"):
+                row["topics"], want = self.map.named(topics)
+                for e in row.get("errors") or ():
+                    t = e.get("topic")
+                    if t and is_topic_id(t):
+                        e["topic"] = self.map.name(t) or t
+            elif row.get("api_key") in NAMING_APIS:
+                want = any(not self.map.knows_name(t) for t in topics)
+            if want and self.resolver is not None:
+                self.resolver.want(row.get("broker_addr"))
+        self.sink.request(row)
+
+    def connection(self, row: Row) -> None:
+        last = row.get("last_request_topics")
+        if last:
+            row["last_request_topics"] = self.map.named(last)[0]
+        self.sink.connection(row)
+
+    def tcp(self, row: Row) -> None:
+        self.sink.tcp(row)
+
+    def frame(self, row: Row) -> None:
+        self.sink.frame(row)
+
+    def topic(self, row: Row) -> None:
+        self.sink.topic(row)

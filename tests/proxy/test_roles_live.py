@@ -1,0 +1,29 @@
+"""`kafkatap top` / `/clients` name the newer group protocols' members (issue 14): pure, no sockets."""
+
+from __future__ import annotations
+
+from proxy.live import render
+from proxy.metrics import LiveStats
+
+
+def _row(conn: str, api_key: int, api_name: str, client: str, topics: list[str] | None = None) -> dict:
+    return {"proxy_id": "p1", "conn_id": conn, "api_key": api_key, "api_name": api_name, "api_version": 1,
+            "client_id": client, "client_addr": "10.0.0.9:1", "broker_addr": "10.0.0.1:9092", "status": "answered",
+            "request_bytes": 100, "response_bytes": 100, "latency_us": 100, "broker_latency_us": 90,
+            "topics": topics or [], "errors": []}
+
+
+def test_new_group_protocol_members_are_named_live() -> None:
+    stats = LiveStats("p1")
+    stats.request(_row("c1", 68, "ConsumerGroupHeartbeat", "k848"))
+    stats.request(_row("c1", 1, "Fetch", "k848", ["orders"]))
+    stats.request(_row("c2", 76, "ShareGroupHeartbeat", "share"))
+    stats.request(_row("c2", 78, "ShareFetch", "share", ["orders"]))
+    stats.request(_row("c3", 88, "StreamsGroupHeartbeat", "streams"))
+    stats.request(_row("c4", 11, "JoinGroup", "classic"))
+    doc = stats.clients_json()
+    roles = {c["client_id"]: c["roles"] for c in doc["clients"]}
+    assert roles == {"k848": ["consumer", "kip848-consumer"], "share": ["share-consumer"],
+                     "streams": ["streams-member"], "classic": ["group-member"]}
+    screen = render(doc, {}, None, 0.0, 200, 40, color=False)
+    assert "consumer+kip848-consumer" in screen and "share-consumer" in screen and "streams-member" in screen

@@ -1,0 +1,169 @@
+"""Topic ids → names (issue 14): the shared map, the naming step, and the resolver against a real broker."""
+
+from __future__ import annotations
+
+from harness.wire import WireClient
+from protocol.apis import CREATE_TOPICS, FETCH, METADATA
+from proxy.rows import REQUEST_KEYS
+from proxy.running import RunningProxy
+from proxy.topics import TopicMap, TopicNamingSink, is_topic_id, split_topics
+
+ZERO = "00000000-0000-0000-0000-000000000000"
+TID = "8f4c9b1e-1111-4000-8000-000000000001"
+
+
+class _Rows:
+    def __init__(self) -> None:
+        self.requests: list[dict] = []
+        self.connections: list[dict] = []
+
+    def request(self, row: dict) -> None:
+        self.requests.append(row)
+
+    def connection(self, row: dict) -> None:
+        self.connections.append(row)
+
+
+class _Wants:
+    def __init__(self) -> None:
+        self.brokers: list[str | None] = []
+
+    def want(self, broker: str | None) -> None:
+        self.brokers.append(broker)
+
+
+def test_topic_id_shape() -> None:
+    assert is_topic_id(TID)
+    for name in ("orders", "8f4c9b1e-1111-4000-8000-00000000000", TID.upper(), TID.replace("-", "_"), None):
+        assert not is_topic_id(name)
+    assert split_topics(["a", TID]) == (["a", TID], [TID])
+
+
+def test_map_is_bounded_and_reports_each_new_pair_once() -> None:
+    learned: list[tuple] = []
+    m = TopicMap(limit=2, on_learned=lambda *a: learned.append(a))
+    assert m.learn("00000000-0000-0000-0000-000000000001", "a", "b:1")
+    assert not m.learn("00000000-0000-0000-0000-000000000001", "a", "b:1")
+    m.learn("00000000-0000-0000-0000-000000000002", "b")
+    m.learn("00000000-0000-0000-0000-000000000003", "c")
+    assert len(m) == 2 and m.name("00000000-0000-0000-0000-000000000001") is None and not m.knows_name("a")
+    assert [x[1] for x in learned] == ["a", "b", "c"]
+    assert not m.learn("00000000-0000-0000-0000-000000000000", "zero")  # the null id names nothing
+
+
+def test_naming_sink_names_known_ids_and_asks_for_unknown_ones() -> None:
+    m, rows, wants = TopicMap(), _Rows(), _Wants()
+    sink = TopicNamingSink(rows, m, wants)  # type: ignore[arg-type]
+    other = "8f4c9b1e-1111-4000-8000-000000000002"
+    m.learn(TID, "orders")
+    sink.request({"api_key": FETCH, "broker_addr": "b:1", "topics": [TID, other], "topic_ids": [TID, other],
+                  "errors": [{"topic": TID}], "error_count": 1})
+    row = rows.requests[-1]
+    assert row["topics"] == ["orders", other] and row["topic_ids"] == [TID, other]
+    assert row["errors"][0]["topic"] == "orders"
+    assert wants.brokers == ["b:1"]  # the unknown id starts a query
+    sink.request({"api_key": METADATA, "broker_addr": "b:2", "topics": ["orders"], "topic_ids": []})
+    assert wants.brokers == ["b:1"]  # a name the map knows: nothing to ask
+    sink.request({"api_key": METADATA, "broker_addr": "b:2", "topics": ["payments"], "topic_ids": []})
+    assert wants.brokers == ["b:1", "b:2"]  # a client is about to use a topic we cannot name yet
+    sink.connection({"last_request_topics": [TID]})
+    assert rows.connections[-1]["last_request_topics"] == ["orders"]
+
+
+def _create_directly(kafka, topic: str) -> None:
+    """Create the topic on the broker itself: no proxy is listening yet, and none may see its name go by."""
+    with WireClient("127.0.0.1", kafka.kafka.port) as c:
+        c.call(CREATE_TOPICS, 7, {"topics": [{"name": topic, "num_partitions": 1, "replication_factor": 1,
+                                              "assignments": [], "configs": []}],
+                                  "timeout_ms": 10000, "validate_only": False})
+    kafka.kafka.wait_for_topic(topic, 1)
+
+
+def _topic_id(kafka, topic: str) -> str:
+    """The id straight from the broker (not through the proxy)."""
+    _create_directly(kafka, topic)
+    with WireClient("127.0.0.1", kafka.kafka.port) as c:
+        topics = c.call(METADATA, 12, {"topics": [{"name": topic, "topic_id": ZERO}],
+                                       "allow_auto_topic_creation": False,
+                                       "include_topic_authorized_operations": False})["topics"]
+    return str(topics[0]["topic_id"])
+
+
+def _fetch_by_id(bootstrap: str, topic_id: str) -> None:
+    host, port = bootstrap.rsplit(":", 1)
+    body = {"max_wait_ms": 10, "min_bytes": 1, "max_bytes": 1 << 20, "isolation_level": 0, "session_id": 0,
+            "session_epoch": -1, "forgotten_topics_data": [], "rack_id": "",
+            "topics": [{"topic_id": topic_id, "partitions": [
+                {"partition": 0, "current_leader_epoch": -1, "fetch_offset": 0, "last_fetched_epoch": -1,
+                 "log_start_offset": -1, "partition_max_bytes": 1 << 20}]}]}
+    with WireClient(host, int(port)) as c:
+        c.call(FETCH, 15, body)
+
+
+def test_id_used_before_any_metadata_passed_through_the_proxy(proxied_kafka, topic_name, sink):
+    """A client that learned the id elsewhere (it started before the proxy): the proxy asks the broker itself."""
+    tid = _topic_id(proxied_kafka, topic_name)
+    with RunningProxy([proxied_kafka.route], sink=sink) as p:
+        _fetch_by_id(p.bootstrap, tid)
+        sink.wait_for(lambda s: tid in s.topic_names())  # the proxy's own Metadata answer named it
+        _fetch_by_id(p.bootstrap, tid)
+        sink.wait_for(lambda s: len([r for r in s.requests if r["api_key"] == FETCH]) == 2)
+    first, second = [r for r in sink.requests if r["api_key"] == FETCH]
+    assert set(first) == set(REQUEST_KEYS)
+    assert first["topic_ids"] == second["topic_ids"] == [tid]
+    assert second["topics"] == [topic_name]  # named by the proxy as it recorded
+    # the first row may have left before the answer: late resolution names it from the learned pairs
+    assert [sink.topic_names().get(t, t) for t in first["topics"]] == [topic_name]
+    pair = next(t for t in sink.topics if t["topic_id"] == tid)
+    assert pair["name"] == topic_name and pair["broker_addr"] == proxied_kafka.upstream and pair["first_seen_ns"] > 0
+
+
+def test_name_learned_before_the_id_is_used(proxied_kafka, topic_name, sink):
+    """The usual order: Metadata naming the topic passes first, the Fetch by id afterwards is recorded by name."""
+    tid = _topic_id(proxied_kafka, topic_name)
+    with RunningProxy([proxied_kafka.route], sink=sink) as p:
+        host, port = p.bootstrap.rsplit(":", 1)
+        with WireClient(host, int(port)) as c:
+            c.call(METADATA, 12, {"topics": [{"name": topic_name, "topic_id": ZERO}],
+                                  "allow_auto_topic_creation": False, "include_topic_authorized_operations": False})
+        sink.wait_for(lambda s: tid in s.topic_names())
+        _fetch_by_id(p.bootstrap, tid)
+        sink.wait_for(lambda s: any(r["api_key"] == FETCH for r in s.requests))
+    fetch = next(r for r in sink.requests if r["api_key"] == FETCH)
+    assert fetch["topics"] == [topic_name] and fetch["topic_ids"] == [tid]
+
+
+def test_no_resolve_topics_keeps_ids_and_asks_nothing(proxied_kafka, topic_name, sink):
+    tid = _topic_id(proxied_kafka, topic_name)
+    with RunningProxy([proxied_kafka.route], sink=sink, resolve_topics=False) as p:
+        _fetch_by_id(p.bootstrap, tid)
+        sink.wait_for(lambda s: any(r["api_key"] == FETCH for r in s.requests))
+        queries = p.call(lambda: p.server.resolver.queries)
+    assert queries == 0 and sink.topics == []
+    fetch = next(r for r in sink.requests if r["api_key"] == FETCH)
+    assert fetch["topics"] == [tid] == fetch["topic_ids"]
+
+
+def test_resolver_failure_costs_nothing() -> None:
+    """A broker that is not there: the query fails, is counted, and the row keeps its id."""
+    import asyncio
+
+    from proxy.topics import TopicResolver
+
+    async def main() -> tuple[int, int]:
+        from harness.kafka import free_port
+        m = TopicMap(1)
+        r = TopicResolver(asyncio.get_running_loop(), m, timeout_s=1.0)
+        r.want(f"127.0.0.1:{free_port()}")
+        await r.idle()
+        return r.failures, len(m)
+
+    assert asyncio.run(main()) == (1, 0)
+
+
+def test_cli_has_the_off_switch() -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "kafkatap.cli", "proxy", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "--no-resolve-topics" in out.stdout

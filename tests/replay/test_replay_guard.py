@@ -1,0 +1,150 @@
+"""The same-cluster guard: `kafkatap replay` refuses any broker or listener of the recorded cluster.
+
+It used to refuse only the recorded broker's exact ip:port; another broker of the same cluster (or
+the same broker through another listener or a proxy) passed. The cluster id is recorded by the
+proxy (topics/ rows, from its own Metadata answers) or found in recorded Metadata responses, and
+compared with the target's own answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from click.testing import CliRunner
+from replay_frames import cls, request, response
+from replay_synthetic import SynthConn, api_versions, metadata, write_dataset, write_recording
+
+from proxy.running import RunningProxy
+from recording.reader import read_recording
+from recording.writer import ParquetRecorder
+from replay.cli import replay
+from replay.load import load_recording
+
+TOPIC_ID = uuid.UUID("3f1c8a52-0c8e-4d57-9a43-3c5b8f1f2a10")
+
+
+def _metadata_answer(cid: int, cluster: str) -> bytes:
+    R = cls(3, False)
+    return response(3, 12, cid, throttle_time_ms=0, brokers=[], cluster_id=cluster, controller_id=1, topics=[
+        R.MetadataResponseTopic(version=12, error_code=0, name="orders", topic_id=TOPIC_ID, is_internal=False,
+                                partitions=[], authorized_operations=None)])
+
+
+@contextmanager
+def fake_cluster(cluster: str) -> Iterator[str]:
+    """A "broker" answering every Metadata v12 request with topic orders and `cluster`; yields its host:port."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve(conn: socket.socket) -> None:
+        with conn:
+            while True:
+                head = _recv(conn, 4)
+                if not head:
+                    return
+                frame = _recv(conn, struct.unpack(">i", head)[0])
+                api_key, _version, cid = struct.unpack_from(">hhi", frame)
+                if api_key != 3:
+                    return
+                conn.sendall(_metadata_answer(cid, cluster))
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    try:
+        yield f"127.0.0.1:{srv.getsockname()[1]}"
+    finally:
+        stop.set()
+        srv.close()
+
+
+def _recv(conn: socket.socket, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        chunk = conn.recv(n - len(out))
+        if not chunk:
+            return b""
+        out += chunk
+    return out
+
+
+def _synthetic(root: Path, cluster: str | None) -> None:
+    write_recording(root, [SynthConn("c1", 0.0, [api_versions(1), metadata(2, 0.01)])])
+    if cluster:
+        write_dataset(root, "topics", [{"proxy_id": "p1", "topic_id": str(TOPIC_ID), "name": "orders",
+                                        "first_seen_ns": 1, "broker_addr": "10.0.0.1:9092", "cluster_id": cluster}])
+
+
+def test_another_listener_of_the_recorded_cluster_is_refused(tmp_path: Path):
+    _synthetic(tmp_path, "origin-cluster")
+    with fake_cluster("origin-cluster") as same, fake_cluster("staging-cluster") as other:
+        res = CliRunner().invoke(replay, [str(tmp_path), "--target", same, "--yes"])
+        assert res.exit_code == 2, res.output
+        assert f"refusing to replay against {same}: it belongs to the recorded cluster origin-cluster" in res.output
+        assert "--yes-same-cluster" in res.output
+        # another cluster passes the guard (and then stops at the missing --yes: nothing is sent)
+        res = CliRunner().invoke(replay, [str(tmp_path), "--target", other])
+        assert res.exit_code == 2 and "pass --yes" in res.output
+        assert "cluster      target staging-cluster, recorded origin-cluster" in res.output
+        # the explicit override passes the guard too
+        res = CliRunner().invoke(replay, [str(tmp_path), "--target", same, "--yes-same-cluster"])
+        assert res.exit_code == 2 and "pass --yes" in res.output and "refusing" not in res.output
+
+
+def test_without_a_recorded_cluster_id_the_plan_says_only_the_address_was_checked(tmp_path: Path):
+    _synthetic(tmp_path, None)
+    with fake_cluster("origin-cluster") as target:
+        res = CliRunner().invoke(replay, [str(tmp_path), "--target", target])
+    assert res.exit_code == 2 and "pass --yes" in res.output
+    assert "names no cluster id" in res.output and "only the target's address was checked" in res.output
+
+
+def test_cluster_id_from_recorded_metadata_and_describe_cluster_responses(tmp_path: Path):
+    t0 = write_recording(tmp_path, [SynthConn("c1", 0.0, [api_versions(1), metadata(2, 0.01)])])
+    describe = response(60, 0, 3, throttle_time_ms=0, error_code=0, error_message=None, cluster_id="dc-cluster",
+                        controller_id=1, brokers=[], authorized_operations=None)
+    rows = [{"proxy_id": "p1", "conn_id": "c1", "direction": "response", "ts_ns": t0 + 15_000_000 + i,
+             "conn_offset_ns": 15_000_000 + i, "correlation_id": cid, "api_key": key, "api_version": v, "data": data}
+            for i, (cid, key, v, data) in enumerate([(2, 3, 12, _metadata_answer(2, "md-cluster")),
+                                                     (3, 60, 0, describe)])]
+    write_dataset(tmp_path / "extra", "frames", rows)
+    src = next((tmp_path / "extra" / "frames").rglob("*.parquet"))
+    dst = next((tmp_path / "frames").rglob("*.parquet"))
+    src.replace(dst.with_name("part-synthetic-00000002.parquet"))
+    assert load_recording(tmp_path).cluster_ids == {"md-cluster", "dc-cluster"}
+
+
+def test_the_proxy_records_the_cluster_id_and_replay_refuses_that_cluster(tmp_path: Path):
+    """End to end without Kafka: a client's Metadata for an unknown topic makes the proxy ask the broker, whose
+    answer's cluster id is recorded with the pair; a replay against another "listener" of that cluster is refused."""
+    rec = tmp_path / "rec"
+    with fake_cluster("origin-cluster") as origin:
+        sink = ParquetRecorder(rec, "p1", capture="requests", fsync=False).start()
+        with RunningProxy(upstream=origin, sink=sink, capture="requests") as p, \
+                socket.create_connection(p.listen_addr, 10) as c:
+            T = cls(3)
+            c.sendall(request(3, 12, 5, "app", allow_auto_topic_creation=False,
+                              include_topic_authorized_operations=False,
+                              topics=[T.MetadataRequestTopic(version=12, name="orders", topic_id=None)]))
+            assert _recv(c, struct.unpack(">i", _recv(c, 4))[0])  # the answer came back through the proxy
+            # the proxy's own Metadata query for the new name: wait for it on the proxy's loop, never on a sleep
+            asyncio.run_coroutine_threadsafe(p.server.resolver.idle(), p.server.loop).result(20)
+    topics = read_recording(rec, "topics").to_pylist()
+    assert [(t["name"], t["cluster_id"]) for t in topics] == [("orders", "origin-cluster")]
+    with fake_cluster("origin-cluster") as another_listener:
+        res = CliRunner().invoke(replay, [str(rec), "--target", another_listener, "--yes"])
+    assert res.exit_code == 2 and "recorded cluster origin-cluster" in res.output, res.output
