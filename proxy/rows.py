@@ -75,13 +75,8 @@ def request_row(
         nbatches = partitions = records = None
         record_bytes = fetched_bytes
     else:
-        # Today names and ids come in one list (ids told by uuid shape); should the summary carry ids apart
-        # (`Summary.topic_ids`), they join `topics` here so that `proxy.topics` can name them
-        ids = getattr(s, "topic_ids", None)
-        if ids:
-            topics, topic_ids = [*s.topics, *(i for i in ids if i not in s.topics)], list(ids)
-        else:
-            topics, topic_ids = split_topics(s.topics)
+        # names and ids come in one list (ids told by uuid shape); `proxy.topics` names the ids later
+        topics, topic_ids = split_topics(s.topics)
         partitions, records = s.partitions, s.records
         batches = s.batches
         nbatches = len(batches)
