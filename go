@@ -62,6 +62,8 @@ kafka_jars() {
   "$VENV/bin/python" -m harness.jars
   # Apache Kafka's JSON message specs (kafka-clients sources jars): the codec generator's input
   "$VENV/bin/python" -m harness.jars --specs
+  # kafka-streams-examples (WordCountDemo) and its dependencies: the Kafka Streams app test
+  "$VENV/bin/python" -m harness.jars --streams
 }
 
 spark_class_archive() {

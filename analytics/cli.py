@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import re
 import sys
+from pathlib import Path
 
 import click
 
+from recording.schema import DATASETS
 from recording.timespec import TIME, TIME_HELP, TimeSpec, cli_window
+
+MASTER = re.compile(r"local(\[(\d+|\*)(,\s*\d+)?\])?|local-cluster\[.+\]|yarn|(spark|k8s|mesos)://.+")  # Spark's own forms
+DATASETS_READ = ("requests", "connections", "tcp")  # what analytics.load reads (it imports Spark: not from there)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -58,19 +64,98 @@ def analyze(dirs: tuple[str, ...], out: str, master: str | None, since: TimeSpec
             raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--conf")
         k, v = item.split("=", 1)
         spark_conf[k.strip()] = v.strip()
-    from analytics.job import run_analysis, summary
-    from analytics.load import RecordingFormatError
+    if master is not None and not MASTER.fullmatch(master):
+        raise click.BadParameter(f"{master!r} is not a Spark master: local, local[N], local[*], spark://HOST:PORT, "
+                                 "yarn, k8s://URL", param_hint="'--master'")
+    for d in (*dirs, *(compare or ())):
+        problem = input_problem(d)
+        if problem:
+            raise click.BadParameter(problem, param_hint="'--compare'" if d not in dirs else "'DIR'")
     from recording.reader import recording_start
 
     since_ns, until_ns = cli_window(since, until, lambda: recording_start([*dirs, *(compare or ())]))
+    from analytics.job import run_analysis, summary  # starts nothing yet; get_spark (the JVM) runs inside
+    from analytics.load import RecordingFormatError
+    from pyspark.errors import PySparkRuntimeError
+
+    created = _first_missing(out)
     try:
         result = run_analysis(list(dirs), out, master=master, since=since_ns, until=until_ns, brokers=brokers, clients=clients, topics=topics,
                               compare=compare, compare_mode=compare_mode, tolerance_s=tolerance_s, bucket_s=bucket_s,
                               progress=not quiet, csv=not no_csv, spark_conf=spark_conf or None)
     except (RecordingFormatError, ValueError) as exc:
+        _drop_if_empty(out, created)
         raise click.ClickException(str(exc)) from exc
+    except PySparkRuntimeError as exc:
+        _drop_if_empty(out, created)
+        if "JAVA_GATEWAY_EXITED" not in str(exc):
+            raise
+        raise click.ClickException("Spark's JVM did not start (its own message is above): check --master and "
+                                   "--conf") from None
+    except BaseException:
+        _drop_if_empty(out, created)
+        raise
     click.echo(summary(result))
     sys.stdout.flush()
+
+
+def input_problem(directory: str) -> str | None:
+    """Why `directory` cannot be analyzed, in one line, or None — checked before the JVM starts (3-4 s).
+
+    Only what pyarrow can list is checked (local paths, and remote ones it has a
+    filesystem for); anything else is left to Spark. The common slip of pointing
+    at one dataset (`rec/requests`) gets the parent directory as a hint.
+    """
+    from recording.reader import dataset_version, live_files
+
+    local = "://" not in directory
+    if local and not Path(directory).exists():
+        return f"{directory} does not exist"
+    if local and not Path(directory).is_dir():
+        return f"{directory} is not a directory: give the directory given to `kafkatap proxy --record`"
+    try:
+        listings = [live_files(directory, ds) for ds in DATASETS_READ]
+    except OSError:  # no permission, or a remote filesystem pyarrow cannot reach: Spark will say more
+        return None
+    if any(listing is None for listing in listings):
+        return None
+    if any(listing.relative for listing in listings if listing is not None):
+        for listing in listings:  # foreign, newer or mixed files: said now, from the footers, not after Spark's start
+            if listing is not None and listing.relative:
+                try:
+                    dataset_version(listing)
+                except ValueError as exc:  # RecordingFormatError
+                    return str(exc)
+                except OSError:
+                    return None
+        return None
+    name = directory.rstrip("/").rpartition("/")[2]
+    if name in DATASETS:
+        parent = directory.rstrip("/").rpartition("/")[0] or "."
+        return (f"{directory} is one dataset ({name}/) of a recording: use the parent directory, "
+                f"`kafkatap analyze {parent} …`")
+    return (f"{directory} holds no recording: expected requests/, connections/ or tcp/ with Parquet files "
+            "(record one with `kafkatap proxy … --record DIR`)")
+
+
+def _first_missing(out: str) -> Path | None:
+    """The outermost directory of OUT that does not exist yet (what the analysis will create), or None."""
+    path, missing = Path(out).absolute(), None
+    while not path.exists():
+        missing, path = path, path.parent
+    return missing
+
+
+def _drop_if_empty(out: str, created: Path | None) -> None:
+    """A failed analysis leaves no empty OUT behind: the empty directories it created, up to `created`, go."""
+    if created is None:
+        return
+    path = Path(out).absolute()
+    while path.is_dir() and not any(path.iterdir()):
+        path.rmdir()
+        if path == created:
+            return
+        path = path.parent
 
 
 if __name__ == "__main__":  # `python -m analytics.cli DIR --out OUT`: the class-archive builder's child (no kafkatap group needed)

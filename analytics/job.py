@@ -26,10 +26,10 @@ from pyspark.sql import functions as F
 from analytics import load as L
 from analytics.findings import run_rules
 from analytics.progress import Progress
-from analytics.report.html import render
+from analytics.report.html import connection_pages, render
 from analytics.result import AnalysisResult
 from analytics.session import get_spark
-from analytics.transforms import clients, compare, connections, errors, latency, overview, produce_fetch, rollups, tcp
+from analytics.transforms import bypass, clients, compare, connections, drilldown, errors, faults, latency, overview, produce_fetch, rollups, tcp
 from analytics.transforms.common import prepare_requests
 from analytics.transforms.cube import latency_cube, percentile_views
 
@@ -69,6 +69,7 @@ class Inputs:
     err: DataFrame  # request rows with errors (their nested error lists)
     conns: DataFrame
     sides: DataFrame
+    requests: DataFrame | None = None  # the raw prepared view (never cached): throughput and slowest-N scan it once each
 
 
 def table_plan(i: Inputs, bucket_s: int) -> dict[str, Callable[[], DataFrame]]:
@@ -104,7 +105,42 @@ def table_plan(i: Inputs, bucket_s: int) -> dict[str, Callable[[], DataFrame]]:
         "produce_compression": lambda: produce_fetch.produce_compression(i.rollup),
         "produce_rate_by_topic": lambda: produce_fetch.produce_rate_by_topic(i.topics),
         "fetch_by_consumer": lambda: produce_fetch.fetch_by_consumer(i.topics),
+        **({} if i.requests is None else {"bypass": lambda: bypass.bypassed_addresses(i.requests)}),
+        **({} if i.requests is None else {  # injected Kafka faults and the clients' reactions (issue 17)
+            "fault_reactions_by_library": lambda: faults.fault_reactions_by_library(faults.fault_reactions(i.requests)),
+            "fault_reactions": lambda: faults.fault_reactions(i.requests),
+        }),
+        **({} if i.requests is None else {
+            "throughput_over_time": lambda: drilldown.throughput_over_time(i.requests, bucket_s),
+            "slowest_requests": lambda: drilldown.slowest_requests(i.requests),
+        }),
     }
+
+
+DRILLDOWN_TABLES = ("connection_facts", "connection_requests", "connection_tcp")
+DRILLDOWN_CAP = 40  # connections that get a page of their own (report/connections/…): the ones tables point at
+
+
+def referenced_connections(tables: dict[str, pa.Table], cap: int = DRILLDOWN_CAP) -> list[str]:
+    """Conn ids the tables point at (`example_conn_id`, `conn_id`), at most `cap`.
+
+    Every table's first examples come first, then the first rows of the tables that list
+    connections (so each table's top rows link to a page), then the rest in table order.
+    """
+    examples, lists = [], []
+    for name, t in tables.items():
+        if name.startswith("compare_") or name in DRILLDOWN_TABLES:
+            continue  # compare tables name connections of two recordings; the drill-down's own are its result
+        for col, into in (("example_conn_id", examples), ("conn_id", lists)):
+            if col in t.column_names:
+                into.append([str(v) for v in t.column(col).to_pylist()[:cap] if v])
+    seen: dict[str, None] = {}
+    for ids in [ids[:5] for ids in examples] + [ids[:3] for ids in lists] + examples + lists:
+        for v in ids:
+            if len(seen) >= cap:
+                return list(seen)
+            seen.setdefault(v, None)
+    return list(seen)
 
 
 def compare_plan(spark: SparkSession, a_dir: str, b_dir: str, filters: L.Filters, mode: str, tolerance_s: float,
@@ -248,13 +284,21 @@ def run_analysis(
         cube = pin(latency_cube(full, bucket_s))
         views = pin(percentile_views(cube))
         prog.info(f"latency cube: {cube.count():,} cells, {views.count():,} percentile rows")
-        inputs = Inputs(rollup, topics, traffic, views, err, conns, sides)
+        inputs = Inputs(rollup, topics, traffic, views, err, conns, sides, full)
         plan = table_plan(inputs, bucket_s)
         if compare:
             mode_used, cplan = compare_plan(spark, str(compare[0]), str(compare[1]), filters, compare_mode, tolerance_s, prog)
             plan.update(cplan)
         prog.step("tables", f"{len(plan)} tables, {parallel} Spark jobs at a time")
         arrow.update(collect_all(plan, prog, parallel))
+        drill = referenced_connections(arrow)
+        if drill:
+            prog.info(f"drill-down for {len(drill)} referenced connection(s)")
+            arrow.update(collect_all({
+                "connection_facts": lambda: drilldown.connection_facts(conns, drill),
+                "connection_requests": lambda: drilldown.connection_requests(full, drill),
+                "connection_tcp": lambda: drilldown.connection_tcp(rec.tcp, drill),
+            }, prog, parallel))
         prog.step("writing", str(out))
         arrow["_meta"] = pa.table({"bucket_s": [bucket_s], "compare_mode": [mode_used]})
         for name, t in arrow.items():
@@ -277,6 +321,9 @@ def run_analysis(
         result = AnalysisResult(out, findings, ov, tables, bucket_s, report_path, findings_path, prog.timings, mode_used)
         if report:
             report_path.write_text(render(result, filters.describe()), encoding="utf-8")
+            for rel, page in connection_pages(result).items():
+                (out / rel).parent.mkdir(parents=True, exist_ok=True)
+                (out / rel).write_text(page, encoding="utf-8")
     result.timings = dict(prog.timings, total=round(time.monotonic() - t_start, 3))
     return result
 

@@ -26,7 +26,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from analytics.spark_schema import conform, spark_schema, spark_type
+from analytics.spark_schema import conform, spark_schema, spark_type, timestamps_as_epoch_ns
 from analytics.transforms.topics import name_connection_topics, name_topic_ids, topic_pairs
 from recording import schema as rec
 from recording.migrations import MIGRATIONS, RecordingFormatError
@@ -88,7 +88,7 @@ def time_window(since: object, until: object, dirs: Iterable[object]) -> tuple[i
 
 
 def _empty(spark: SparkSession, dataset: str) -> DataFrame:
-    return spark.createDataFrame([], spark_schema(dataset))
+    return timestamps_as_epoch_ns(spark.createDataFrame([], spark_schema(dataset)), dataset)
 
 
 def _read_files(spark: SparkSession, listing: LiveFiles, dataset: str) -> tuple[DataFrame, int]:
@@ -129,7 +129,7 @@ def read_dataset(spark: SparkSession, directory: str, dataset: str,
         df, version = _read_files(spark, listing, dataset)
     if partition_filter is not None:
         df = df.where(partition_filter)
-    return df, version, True
+    return timestamps_as_epoch_ns(df, dataset), version, True
 
 
 def _hour_key(ns: int) -> str:

@@ -40,6 +40,27 @@ DEFAULTS: dict[str, str] = {
 }
 
 
+def is_local(master: str) -> bool:
+    """True for the in-process masters (local, local[N], local[*], local-cluster[…])."""
+    return master.startswith("local")
+
+
+def cluster_defaults(master: str) -> dict[str, str | None]:
+    """What changes when the executors are not in this process (spark://, yarn, k8s://).
+
+    The loopback driver address of DEFAULTS would tell remote executors to connect
+    to themselves, so it is left to Spark, which takes SPARK_LOCAL_IP or
+    SPARK_LOCAL_HOSTNAME when set and this host's address otherwise (set those, or
+    `kafkatap analyze --conf spark.driver.host=…`, when the driver has several). The
+    executors read the recording's files themselves, so its path must be one they
+    can all read (README: "Analysis on a Spark cluster"); they run no Python of
+    kafkatap's (the job has no Python UDFs), so they need no kafkatap install.
+    """
+    if is_local(master):
+        return {}
+    return {"spark.driver.host": None, "spark.driver.bindAddress": None}
+
+
 def get_spark(master: str | None = None, conf: dict[str, str] | None = None, app_name: str = "kafkatap-analyze") -> SparkSession:
     """Return the process's SparkSession, creating it on first call.
 
@@ -52,8 +73,11 @@ def get_spark(master: str | None = None, conf: dict[str, str] | None = None, app
         if _SESSION is not None and _SESSION.sparkContext._jsc is not None:  # type: ignore[attr-defined]
             return _SESSION
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        builder = SparkSession.builder.appName(app_name).master(master or os.environ.get("KAFKATAP_SPARK_MASTER", "local[2]"))
-        settings = {**DEFAULTS, **(conf or {})}
+        master = master or os.environ.get("KAFKATAP_SPARK_MASTER", "local[2]")
+        builder = SparkSession.builder.appName(app_name).master(master)
+        settings = {**DEFAULTS, **cluster_defaults(master), **(conf or {})}
+        for key in [k for k, v in settings.items() if v is None]:  # None: leave it to Spark
+            del settings[key]
         options = settings.get("spark.driver.extraJavaOptions", "")
         if "SharedArchiveFile" not in options and "ArchiveClassesAtExit" not in options:  # unless the caller chose an archive
             settings["spark.driver.extraJavaOptions"] = f"{options} {java_options()}".strip()

@@ -13,6 +13,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from recording import schema as rec
+from recording.timestamps import timestamp_columns
 
 _SIMPLE: dict[pa.DataType, T.DataType] = {
     pa.string(): T.StringType(),
@@ -66,3 +67,24 @@ def conform(df: DataFrame, dataset: str) -> DataFrame:
         (F.col(f.name).cast(f.dataType) if f.name in have else F.lit(None).cast(f.dataType)).alias(f.name)
         for f in spark_schema(dataset)
     ])
+
+
+def loaded_schema(dataset: str, with_partitions: bool = True) -> T.StructType:
+    """The schema `analytics.load` hands the transforms: `spark_schema` with timestamps as epoch-ns longs."""
+    ts = set(timestamp_columns(dataset))
+    return T.StructType([T.StructField(f.name, T.LongType(), True) if f.name in ts else f
+                         for f in spark_schema(dataset, with_partitions)])
+
+
+def timestamps_as_epoch_ns(df: DataFrame, dataset: str) -> DataFrame:
+    """The dataset's timestamp columns as epoch-ns longs, the unit the transforms compute in.
+
+    The files hold real timestamps (format 3) for people querying them; the
+    transforms bucket, subtract and compare with exact integer arithmetic
+    (and the `--since/--until` window is epoch ns), so the loader converts
+    once, right after reading.
+    """
+    cols = [c for c in timestamp_columns(dataset) if c in df.columns]
+    if not cols:
+        return df
+    return df.withColumns({c: (F.unix_micros(F.col(c)) * F.lit(1000)).cast("long") for c in cols})

@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from recording import schema as rec
+from recording.timestamps import from_epoch_ns, ingest_schema
 from recording.layout import TIME_COLUMN  # the recorder's own partitioning column per dataset
 NS = 1_000_000_000
 HOUR_NS = 3600 * NS
@@ -33,7 +34,7 @@ HOUR_NS = 3600 * NS
 def write_table(root: str | Path, dataset: str, table: pa.Table, row_group_size: int = 1 << 20) -> list[Path]:
     """Write `table` (already in the dataset's schema) Hive-partitioned proxy=/date=/hour=."""
     schema = rec.arrow_schema(dataset)
-    table = table.select(schema.names).cast(schema)
+    table = table.select(schema.names).cast(ingest_schema(dataset))  # timestamps as int epoch ns, as the proxy's rows
     ts = table.column(TIME_COLUMN[dataset])
     if dataset == "connections":
         ts = pc.coalesce(ts, table.column("opened_ns"))
@@ -42,7 +43,7 @@ def write_table(root: str | Path, dataset: str, table: pa.Table, row_group_size:
     written: list[Path] = []
     for key in keys.group_by(["proxy", "h"]).aggregate([]).to_pylist():
         mask = pc.and_(pc.equal(keys.column("proxy"), key["proxy"]), pc.equal(keys.column("h"), key["h"]))
-        part = table.filter(mask)
+        part = from_epoch_ns(table.filter(mask), dataset)  # on disk: timestamp[us, UTC], as the recorder writes
         start = dt.datetime.fromtimestamp(key["h"] * 3600, tz=dt.timezone.utc)
         d = Path(root) / dataset / f"proxy={key['proxy']}" / f"date={start:%Y-%m-%d}" / f"hour={start:%H}"
         d.mkdir(parents=True, exist_ok=True)
@@ -54,7 +55,7 @@ def write_table(root: str | Path, dataset: str, table: pa.Table, row_group_size:
 
 def write_rows(root: str | Path, dataset: str, rows: Iterable[Mapping[str, Any]]) -> list[Path]:
     """Write explicit rows (missing columns are null) — the tests' way to build a recording."""
-    schema = rec.arrow_schema(dataset)
+    schema = ingest_schema(dataset)
     rows = [{name: r.get(name) for name in schema.names} for r in rows]
     if not rows:
         return []
@@ -214,7 +215,7 @@ def _conn_requests(c: Conn, proxy: str, rng: random.Random) -> pa.Table:
         "client_software_version": pc.if_else(is_av, pa.scalar(c.software[1]), pa.scalar(None, pa.string())),
         "throttle_ms": throttle, "error_count": _cast(_cast(err_mask, pa.int32()), pa.int16()), "errors": errors,
     }
-    schema = rec.arrow_schema("requests")
+    schema = ingest_schema("requests")
     arrays = [cols[n] if n in cols else pa.nulls(k, schema.field(n).type) for n in schema.names]
     return pa.Table.from_arrays([pa.array(a) if not isinstance(a, (pa.Array, pa.ChunkedArray)) else a for a in arrays], schema=schema)
 
@@ -338,7 +339,7 @@ def _rejected_produce(proxy: str, start_ns: int, broker: str) -> pa.Table:
             "partitions": 1, "batches": 1, "records": 900, "record_bytes": 1_499_000, "compression": "none", "error_count": 1,
             "errors": [{"code": 10, "name": "MESSAGE_TOO_LARGE", "topic": "audit.raw", "partition": 0, "resource": None}],
         })
-    schema = rec.arrow_schema("requests")
+    schema = ingest_schema("requests")
     return pa.Table.from_pylist([{n: r.get(n) for n in schema.names} for r in rows], schema=schema)
 
 

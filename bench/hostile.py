@@ -1,6 +1,6 @@
 """Hostile clients against the relay (issue 19): fairness, memory bounds, accounting — one table.
 
-    .venv/bin/python bench/hostile.py [--pings 2000] [--flood-s 6]
+    .venv/bin/python bench/hostile.py [--pings 2000] [--flood-s 6] [--flood-share 0.7] [--no-pin]
 
 No Kafka needed: the upstream is a small responder (its own process) that
 answers every request frame with an ApiVersions v0 response carrying the
@@ -9,10 +9,20 @@ as an operator would run it, with /metrics on.
 
 Probes:
 * **fairness** — a ping connection (one tiny request at a time) alone, then
-  beside a flood connection pipelining tiny frames as fast as one process
-  can send them; p50/p99 of the ping and the ratio loaded/unloaded, with
-  recording on (`--record`) and off. Also the flood's relay rate (MB/s) with
-  the proxy in between: forwarding must not be what gives.
+  beside a flood connection pipelining tiny frames; p50/p99 of the ping and
+  the ratio loaded/unloaded, with decoding off (reference), recording off and
+  recording on. Fair on a small machine: the proxy runs alone on CPU 0, the
+  flood, the responder and the pinger on the other CPUs (sched_setaffinity;
+  `--no-pin` to compare), and the flood is paced: first a calibration run
+  measures how fast one unpaced flood gets through the `--no-decode` proxy,
+  then every probe floods at `--flood-share` of that — enough to keep the
+  proxy's CPU busy once it decodes, without starving the pinger of its own
+  CPU (otherwise the ping waits for a core, not for the proxy). The flood's
+  relay rate is printed beside its target: forwarding must not be what gives.
+  At that pace the decoder falls behind and gives the flood connection up
+  (opaque, bytes counted as skipped), so two more rows flood at
+  `--decodable-mbps`, a pace the decoder keeps up with (skipped 0): there the
+  ping competes with the flood's decoding and recording work itself.
 * **memory** — the proxy's RSS (from /proc) after each hostile pattern,
   measured after the connection closed, beside the documented bound:
   1 M frames with varying versions (process-wide caches, metrics labels),
@@ -96,19 +106,40 @@ def responder(port_file: str) -> None:
     asyncio.run(main())
 
 
-def flood(port: int, seconds: float) -> None:
-    """Pipeline tiny requests as fast as one process can; print bytes sent per second at the end."""
+def flood(port: int, seconds: float, rate: float = 0.0) -> None:
+    """Pipeline tiny requests, at `rate` bytes/s (0: as fast as one process can); print bytes/s sent at the end."""
     s = socket.create_connection(("127.0.0.1", port))
-    block = b"".join(req(i) for i in range(20_000))
-    stop = time.monotonic() + seconds
+    block = b"".join(req(i) for i in range(2_000))  # 30 kB: pacing in steps of a few ms at most
     drain(s)
     sent = 0
     t0 = time.monotonic()
-    while time.monotonic() < stop:
+    stop = t0 + seconds
+    while (now := time.monotonic()) < stop:
+        if rate and sent > (now - t0) * rate:  # ahead of the pace: wait for it
+            time.sleep(min(0.002, sent / rate - (now - t0)))
+            continue
         s.sendall(block)
         sent += len(block)
     print(sent / (time.monotonic() - t0), flush=True)
     s.close()
+
+
+PROXY_CPUS: set[int] = set()  # the proxy's CPU(s) when pinned; the bench and its helpers run on the rest
+
+
+def pin(proxy_cpus: set[int]) -> None:
+    """Keep the proxy alone on `proxy_cpus`; this process (and what it starts later) on the other CPUs."""
+    rest = os.sched_getaffinity(0) - proxy_cpus
+    if not proxy_cpus or not rest:
+        return
+    PROXY_CPUS.update(proxy_cpus)
+    os.sched_setaffinity(0, rest)
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (all its threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # ---------------------------------------------------------------- the bench process
@@ -116,13 +147,15 @@ class Proxy:
     def __init__(self, upstream: int, record: bool, tmp: Path, decode: bool = True) -> None:
         self.port = free_port()
         self.status = free_port()
-        cmd = [str(KAFKATAP), "proxy", "--listen", f"127.0.0.1:{self.port}", "--upstream", f"127.0.0.1:{upstream}",
+        cmd = [str(KAFKATAP), "proxy", "--workers", "1", "--listen", f"127.0.0.1:{self.port}", "--upstream", f"127.0.0.1:{upstream}",
                "--status-addr", str(self.status), "--no-tcp-info", "--shutdown-timeout", "2"]
         if not decode:
             cmd.append("--no-decode")
         if record:
             cmd += ["--record", str(tmp / f"rec-{self.port}"), "--flush-interval", "0.2"]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cpus = set(PROXY_CPUS)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
         wait_port(self.port)
         wait_port(self.status)
         # wait_port's own connection must be recorded first: probes count connections from here
@@ -217,15 +250,35 @@ def send_and_close(proxy: Proxy, payload: bytes, timeout: float = 120.0, pace: i
 REFERENCE: dict[str, float] = {}
 
 
-def fairness(upstream: int, record: bool, tmp: Path, n: int, flood_s: float, decode: bool = True) -> list[str]:
+def calibrate(upstream: int, tmp: Path, seconds: float = 3.0) -> list[str]:
+    """How fast one unpaced flood gets through the `--no-decode` proxy (the pace the probes take a share of)."""
+    proxy = Proxy(upstream, False, tmp, decode=False)
+    try:
+        c0 = cpu_s(proxy.proc.pid)
+        out = subprocess.run([sys.executable, __file__, "--role", "flood", str(proxy.port), str(seconds)],
+                             capture_output=True, text=True, timeout=seconds + 30).stdout
+        busy = (cpu_s(proxy.proc.pid) - c0) / seconds
+    finally:
+        proxy.stop()
+    REFERENCE["max_rate"] = float(out.strip() or 0)
+    return ["flood calibration (unpaced, --no-decode)",
+            f"{REFERENCE['max_rate'] / 1e6:.0f} MB/s through the proxy, proxy CPU {busy:.0%} of a core", "reference"]
+
+
+def fairness(upstream: int, record: bool, tmp: Path, n: int, flood_s: float, decode: bool = True,
+             share: float = 0.7, pace: float = 0.0) -> list[str]:
+    """One fairness row: the flood paced at `share` of the calibrated rate, or at `pace` bytes/s when given."""
     proxy = Proxy(upstream, record, tmp, decode)
+    target = pace or REFERENCE["max_rate"] * share
     try:
         pings(proxy.port, 200)  # warm-up
         alone = pings(proxy.port, n)
-        f = subprocess.Popen([sys.executable, __file__, "--role", "flood", str(proxy.port), str(flood_s)],
+        f = subprocess.Popen([sys.executable, __file__, "--role", "flood", str(proxy.port), str(flood_s), str(target)],
                              stdout=subprocess.PIPE, text=True)
         time.sleep(0.5)  # let the flood get going (a bench, not a test)
+        c0, t0 = cpu_s(proxy.proc.pid), time.monotonic()
         loaded = pings(proxy.port, n)
+        busy = (cpu_s(proxy.proc.pid) - c0) / (time.monotonic() - t0)
         still = f.poll() is None
         out, _ = f.communicate(timeout=flood_s + 30)
         rate = float(out.strip() or 0) / 1e6
@@ -233,14 +286,16 @@ def fairness(upstream: int, record: bool, tmp: Path, n: int, flood_s: float, dec
     finally:
         proxy.stop()
     ratio = pct(loaded, 0.99) / pct(alone, 0.99)
-    REFERENCE.setdefault("p99", pct(loaded, 0.99))  # the first run is --no-decode: what the flood costs anyway
-    vs = pct(loaded, 0.99) / REFERENCE["p99"]
     mode = f"recording {'on' if record else 'off'}" if decode else "--no-decode (reference)"
+    if pace:
+        mode += f", flood the decoder keeps up with ({pace / 1e6:.1f} MB/s)"
+    ok = " ✓" if ratio <= 2 else " ✗"
     return [f"fairness, {mode}",
             f"ping p50 {pct(alone, .5):.2f} → {pct(loaded, .5):.2f} ms, p99 {pct(alone, .99):.2f} → "
-            f"{pct(loaded, .99):.2f} ms (×{ratio:.2f}; ×{vs:.2f} of --no-decode's loaded p99); flood relayed {rate:.0f} MB/s"
-            f"{'' if still else ' (flood ended before the pings)'}; skipped {metric(m, 'kafkatap_observation_skipped_bytes_total') / 1e6:.0f} MB",
-            "p99 ≤ 2× unloaded"]
+            f"{pct(loaded, .99):.2f} ms (×{ratio:.2f}); flood relayed {rate:.0f} of {target / 1e6:.0f} MB/s paced, "
+            f"proxy CPU {busy:.0%}{'' if still else ' (flood ended before the pings)'}; "
+            f"decode skipped {metric(m, 'kafkatap_observation_skipped_bytes_total') / 1e6:.0f} MB",
+            "p99 ≤ 2× unloaded" + ok]
 
 
 def memory(upstream: int, tmp: Path) -> list[list[str]]:
@@ -301,14 +356,23 @@ def main() -> None:
     ap.add_argument("--role", nargs="*")
     ap.add_argument("--pings", type=int, default=2000)
     ap.add_argument("--flood-s", type=float, default=10.0)
+    ap.add_argument("--flood-share", type=float, default=0.7,
+                    help="flood pace as a share of the calibrated unpaced rate through the --no-decode proxy")
+    ap.add_argument("--decodable-mbps", type=float, default=1.0,
+                    help="a second flood pace (MB/s of 15-byte frames) slow enough for the decoder to keep up, "
+                         "so that the ping competes with decoding work rather than with a connection gone opaque")
+    ap.add_argument("--no-pin", action="store_true", help="do not pin the proxy to CPU 0 and the rest elsewhere")
+    ap.add_argument("--only-fairness", action="store_true", help="skip the memory and accounting probes")
     args = ap.parse_args()
     if args.role:
         role, *rest = args.role
         if role == "responder":
             responder(rest[0])
         elif role == "flood":
-            flood(int(rest[0]), float(rest[1]))
+            flood(int(rest[0]), float(rest[1]), float(rest[2]) if len(rest) > 2 else 0.0)
         return
+    if not args.no_pin:
+        pin({min(os.sched_getaffinity(0))})
     tmp = Path(tempfile.mkdtemp(prefix="kt-hostile-"))
     port_file = tmp / "port"
     up = subprocess.Popen([sys.executable, __file__, "--role", "responder", str(port_file)])
@@ -316,10 +380,15 @@ def main() -> None:
         while not port_file.exists() or not port_file.read_text():
             time.sleep(0.05)
         upstream = int(port_file.read_text())
-        table = [fairness(upstream, False, tmp, args.pings, args.flood_s, decode=False),
-                 fairness(upstream, False, tmp, args.pings, args.flood_s),
-                 fairness(upstream, True, tmp, args.pings, args.flood_s),
-                 *memory(upstream, tmp), accounting(upstream, tmp)]
+        share = args.flood_share
+        table = [calibrate(upstream, tmp),
+                 fairness(upstream, False, tmp, args.pings, args.flood_s, decode=False, share=share),
+                 fairness(upstream, False, tmp, args.pings, args.flood_s, share=share),
+                 fairness(upstream, True, tmp, args.pings, args.flood_s, share=share),
+                 fairness(upstream, False, tmp, args.pings, args.flood_s, pace=args.decodable_mbps * 1e6),
+                 fairness(upstream, True, tmp, args.pings, args.flood_s, pace=args.decodable_mbps * 1e6)]
+        if not args.only_fairness:
+            table += [*memory(upstream, tmp), accounting(upstream, tmp)]
     finally:
         up.kill()
         up.wait()
@@ -329,7 +398,9 @@ def main() -> None:
     print(f"{'-' * w[0]}-|-{'-' * w[1]}-|-{'-' * w[2]}")
     for r in table:
         print(f"{r[0]:<{w[0]}} | {r[1]:<{w[1]}} | {r[2]}")
-    print(f"load: {os.getloadavg()[0]:.2f} (1 min), cpus {os.cpu_count()}")
+    where = (f"proxy pinned to CPU {sorted(PROXY_CPUS)}, bench/flood/responder on {sorted(os.sched_getaffinity(0))}"
+             if PROXY_CPUS else "not pinned")
+    print(f"load: {os.getloadavg()[0]:.2f} (1 min), cpus {os.cpu_count()}; {where}")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,19 @@ three paths run alternately:
 Then 1,000 connections are opened through kafkatap (each sends ApiVersions)
 and the proxy's RSS is read from /proc. kafkatap runs as `kafkatap proxy
 --record DIR` in its own process, exactly as an operator would run it.
+
+Issue 15 adds three paths:
+
+* cluster: `kafkatap proxy --cluster` in front of the PLAINTEXT listener, which
+  advertises the broker's own address: every Metadata / FindCoordinator answer
+  is rewritten, and the producer and consumer reach the broker through the
+  proxy's per-broker listener (the rewriting path, framing included);
+* kafkatap-tls and haproxy-tls: both terminate the clients' TLS with the same
+  certificate and relay plaintext to the broker (throughput only: the latency
+  probe speaks plaintext).
+
+`--quick` runs one short round of everything (to check the bench works, not to
+measure); `--no-tls` leaves the TLS paths out.
 """
 
 from __future__ import annotations
@@ -37,11 +50,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness.kafka import LocalKafka, free_port  # noqa: E402
+from harness.kafka import LocalKafka, free_port, port_is_free  # noqa: E402
+from harness.tls import Pki  # noqa: E402
 
 LIB = ROOT / ".kafka" / "4.3.1" / "lib"
 KAFKATAP = ROOT / ".venv" / "bin" / "kafkatap"
-PATHS = ("direct", "kafkatap", "haproxy")
+PATHS = ("direct", "kafkatap", "haproxy", "cluster", "kafkatap-tls", "haproxy-tls")
+PROBED = ("direct", "kafkatap", "haproxy", "cluster")  # the latency probe is plaintext
+CLIENT_PROPS: dict[str, dict[str, str]] = {}  # path → extra client properties (TLS paths: the truststore)
+
+
+def _free_run(n: int) -> int:
+    """A port p with p .. p+n-1 free (cluster mode derives broker ports from its listen port)."""
+    for _ in range(200):
+        p = free_port()
+        if p + n < 65000 and all(port_is_free("127.0.0.1", p + i) for i in range(n)):
+            return p
+    raise RuntimeError("no run of free ports")
 
 
 def wait_port(port: int, timeout: float = 20.0) -> None:
@@ -63,18 +88,19 @@ def java(cls: str, *args: str, timeout: float = 300) -> str:
     return out.stdout
 
 
-def producer_mb_s(bootstrap: str, topic: str, records: int, size: int) -> float:
+def producer_mb_s(bootstrap: str, topic: str, records: int, size: int, props: dict[str, str] | None = None) -> float:
     out = java("org.apache.kafka.tools.ProducerPerformance", "--topic", topic, "--num-records", str(records),
                "--record-size", str(size), "--throughput", "-1", "--producer-props",
                f"bootstrap.servers={bootstrap}", "acks=1", "batch.size=262144", "linger.ms=5",
-               "buffer.memory=67108864", "compression.type=none")
+               "buffer.memory=67108864", "compression.type=none", *(f"{k}={v}" for k, v in (props or {}).items()))
     last = [ln for ln in out.splitlines() if "records sent" in ln][-1]
     return float(re.search(r"\(([\d.]+) MB/sec\)", last).group(1))  # type: ignore[union-attr]
 
 
-def consumer_mb_s(bootstrap: str, topic: str, records: int) -> float:
+def consumer_mb_s(bootstrap: str, topic: str, records: int, props: dict[str, str] | None = None) -> float:
+    extra = [a for k, v in (props or {}).items() for a in ("--command-property", f"{k}={v}")]
     out = java("org.apache.kafka.tools.ConsumerPerformance", "--bootstrap-server", bootstrap, "--topic", topic,
-               "--messages", str(records), "--timeout", "60000")
+               "--messages", str(records), "--timeout", "60000", *extra)
     lines = [ln for ln in out.splitlines() if ln.strip()]
     header = [h.strip() for h in lines[-2].split(",")]
     values = [v.strip() for v in lines[-1].split(",")]
@@ -189,16 +215,24 @@ def main() -> None:
     ap.add_argument("--record-size", type=int, default=1024)
     ap.add_argument("--probe", type=int, default=2000, help="latency probe requests per path per round")
     ap.add_argument("--conns", type=int, default=1000)
+    ap.add_argument("--quick", action="store_true", help="one short round: checks the bench runs, measures nothing")
+    ap.add_argument("--no-tls", action="store_true", help="leave out the TLS termination paths")
     args = ap.parse_args()
+    if args.quick:
+        args.rounds, args.records, args.probe, args.conns = 1, 20_000, 200, 50
+    paths = tuple(p for p in PATHS if not (args.no_tls and p.endswith("-tls")))
 
     os.environ.setdefault("KAFKATAP_LOG_FORMAT", "json")
     tmp = Path(tempfile.mkdtemp(prefix="kt-bench-"))
-    b_kt, b_hap, p_kt, p_hap = (free_port() for _ in range(4))
+    b_kt, b_hap, p_kt, p_hap, b_kts, b_haps, p_kts, p_haps = (free_port() for _ in range(8))
+    p_cl = _free_run(3)  # cluster mode: bootstrap listener, then broker 1 on p_cl + 2
     props = {
         "listeners": f"PLAINTEXT://127.0.0.1:{{port}},CONTROLLER://127.0.0.1:{{controller_port}},"
-                     f"KT://127.0.0.1:{b_kt},HAP://127.0.0.1:{b_hap}",
-        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{{port}},KT://127.0.0.1:{p_kt},HAP://127.0.0.1:{p_hap}",
-        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,KT:PLAINTEXT,HAP:PLAINTEXT",
+                     f"KT://127.0.0.1:{b_kt},HAP://127.0.0.1:{b_hap},KTS://127.0.0.1:{b_kts},HAPS://127.0.0.1:{b_haps}",
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{{port}},KT://127.0.0.1:{p_kt},HAP://127.0.0.1:{p_hap},"
+                                f"KTS://127.0.0.1:{p_kts},HAPS://127.0.0.1:{p_haps}",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,KT:PLAINTEXT,HAP:PLAINTEXT,"
+                                          "KTS:PLAINTEXT,HAPS:PLAINTEXT",
         "num.network.threads": 3,
     }
     procs: list[subprocess.Popen] = []
@@ -212,46 +246,71 @@ def main() -> None:
             "defaults\n  mode tcp\n  timeout connect 5s\n  timeout client 1h\n  timeout server 1h\n"
             f"listen kafka\n  bind 127.0.0.1:{p_hap}\n  server b1 127.0.0.1:{b_hap}\n"
         )
+        pki = Pki.create(tmp / "pki")
+        cert = pki.issue("proxy")  # the same certificate for both TLS terminators
+        CLIENT_PROPS.update({p: {"security.protocol": "SSL", "ssl.truststore.type": "PEM",
+                                 "ssl.truststore.location": str(pki.ca)} for p in ("kafkatap-tls", "haproxy-tls")})
+        if "haproxy-tls" in paths:
+            with cfg.open("a") as f:
+                f.write(f"listen kafka-tls\n  bind 127.0.0.1:{p_haps} ssl crt {cert.bundle}\n"
+                        f"  server b1 127.0.0.1:{b_haps}\n")
         hap = subprocess.Popen(["/usr/sbin/haproxy", "-f", str(cfg), "-db"], stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
         procs.append(hap)
         frame = capture_produce_frame(f"127.0.0.1:{p_kt}", f"127.0.0.1:{b_kt}", "bench-lat")
-        kt = subprocess.Popen([str(KAFKATAP), "--log-level", "warning", "proxy", "--route",
+        kt = subprocess.Popen([str(KAFKATAP), "--log-level", "warning", "proxy", "--workers", "1", "--route",
                                f"127.0.0.1:{p_kt}=127.0.0.1:{b_kt}", "--record", str(tmp / "rec")],
                               stdout=subprocess.DEVNULL, stderr=open(tmp / "kafkatap.log", "w"))
         procs.append(kt)
+        cl = subprocess.Popen([str(KAFKATAP), "--log-level", "warning", "proxy", "--workers", "1", "--cluster", kafka.bootstrap,
+                               "--listen", f"127.0.0.1:{p_cl}", "--record", str(tmp / "rec-cluster")],
+                              stdout=subprocess.DEVNULL, stderr=open(tmp / "kafkatap-cluster.log", "w"))
+        procs.append(cl)
+        kts = None
+        if "kafkatap-tls" in paths:
+            kts = subprocess.Popen([str(KAFKATAP), "--log-level", "warning", "proxy", "--workers", "1", "--route",
+                                    f"127.0.0.1:{p_kts}=127.0.0.1:{b_kts}", "--record", str(tmp / "rec-tls"),
+                                    "--tls-cert", str(cert.cert), "--tls-key", str(cert.key)],
+                                   stdout=subprocess.DEVNULL, stderr=open(tmp / "kafkatap-tls.log", "w"))
+            procs.append(kts)
+            wait_port(p_kts)
         wait_port(p_hap)
         wait_port(p_kt)
-        boot = {"direct": kafka.bootstrap, "kafkatap": f"127.0.0.1:{p_kt}", "haproxy": f"127.0.0.1:{p_hap}"}
-        ports = {"direct": kafka.port, "kafkatap": p_kt, "haproxy": p_hap}
+        wait_port(p_cl + 2)  # broker 1's listener: discovery is done
+        boot = {"direct": kafka.bootstrap, "kafkatap": f"127.0.0.1:{p_kt}", "haproxy": f"127.0.0.1:{p_hap}",
+                "cluster": f"127.0.0.1:{p_cl}", "kafkatap-tls": f"127.0.0.1:{p_kts}",
+                "haproxy-tls": f"127.0.0.1:{p_haps}"}
+        ports = {"direct": kafka.port, "kafkatap": p_kt, "haproxy": p_hap, "cluster": p_cl}
 
-        pids = {"direct": None, "kafkatap": kt.pid, "haproxy": hap.pid}
-        cpu: dict[str, float] = {p: 0.0 for p in PATHS}  # proxy CPU seconds over all throughput runs
+        pids = {"direct": None, "kafkatap": kt.pid, "haproxy": hap.pid, "cluster": cl.pid,
+                "kafkatap-tls": kts.pid if kts else None, "haproxy-tls": hap.pid}
+        # proxy CPU seconds over all throughput runs (haproxy-tls shares haproxy's process: its own runs only)
+        cpu: dict[str, float] = {p: 0.0 for p in PATHS}
         moved_mb = {p: 0.0 for p in PATHS}
         prod: dict[str, list[float]] = {p: [] for p in PATHS}
         cons: dict[str, list[float]] = {p: [] for p in PATHS}
         lat: dict[str, list[int]] = {p: [] for p in PATHS}
         t_start = time.monotonic()
-        for p in PATHS:  # warm-up (JIT, page cache, connections)
+        for p in PROBED:  # warm-up (JIT, page cache, connections)
             probe(ports[p], frame, 200)
         producer_mb_s(kafka.bootstrap, "bench", args.records // 4, args.record_size)
         for r in range(args.rounds):
-            order = PATHS if r % 2 == 0 else tuple(reversed(PATHS))
+            order = paths if r % 2 == 0 else tuple(reversed(paths))
             for p in order:
                 c0 = cpu_s(pids[p])
-                prod[p].append(producer_mb_s(boot[p], "bench", args.records, args.record_size))
+                prod[p].append(producer_mb_s(boot[p], "bench", args.records, args.record_size, CLIENT_PROPS.get(p)))
                 cpu[p] += cpu_s(pids[p]) - c0
                 moved_mb[p] += args.records * args.record_size / 1e6
                 print(f"round {r} producer {p}: {prod[p][-1]:.1f} MB/s", flush=True)
             for p in order:
                 c0 = cpu_s(pids[p])
-                cons[p].append(consumer_mb_s(boot[p], "bench", args.records))
+                cons[p].append(consumer_mb_s(boot[p], "bench", args.records, CLIENT_PROPS.get(p)))
                 cpu[p] += cpu_s(pids[p]) - c0
                 moved_mb[p] += args.records * args.record_size / 1e6
                 print(f"round {r} consumer {p}: {cons[p][-1]:.1f} MB/s", flush=True)
             for p, v in probe_interleaved(ports, frame, args.probe).items():
                 lat[p].extend(v)
-            print(f"round {r} latency p50 " + " ".join(f"{p}={pct(lat[p], .5):.0f}us" for p in PATHS), flush=True)
+            print(f"round {r} latency p50 " + " ".join(f"{p}={pct(lat[p], .5):.0f}us" for p in PROBED), flush=True)
 
         rss_idle = rss_mb(kt.pid)
         socks = open_many(p_kt, args.conns)
@@ -260,10 +319,10 @@ def main() -> None:
             s.close()
         took = time.monotonic() - t_start
 
-        med = {p: statistics.median(prod[p]) for p in PATHS}
-        cmed = {p: statistics.median(cons[p]) for p in PATHS}
-        p50 = {p: pct(lat[p], 0.50) for p in PATHS}
-        p99 = {p: pct(lat[p], 0.99) for p in PATHS}
+        med = {p: statistics.median(prod[p]) for p in paths}
+        cmed = {p: statistics.median(cons[p]) for p in paths}
+        p50 = {p: pct(lat[p], 0.50) for p in PROBED}
+        p99 = {p: pct(lat[p], 0.99) for p in PROBED}
         lines = [
             "| metric | direct | kafkatap | haproxy | kafkatap ratio | target |",
             "|---|---|---|---|---|---|",
@@ -279,7 +338,29 @@ def main() -> None:
             f"| proxy CPU ms per MB relayed (load-independent cost) | | "
             f"{1000 * cpu['kafkatap'] / moved_mb['kafkatap']:.2f} | {1000 * cpu['haproxy'] / moved_mb['haproxy']:.2f} "
             f"| {cpu['kafkatap'] / max(cpu['haproxy'], 1e-9):.1f} × haproxy | |",
+            "",
+            "| cluster mode (address rewriting) | direct | cluster | ratio | target |",
+            "|---|---|---|---|---|",
+            f"| producer MB/s | {med['direct']:.1f} | {med['cluster']:.1f} | {med['cluster'] / med['direct']:.3f} × direct "
+            "| ≥ 0.95 × direct |",
+            f"| consumer fetch MB/s | {cmed['direct']:.1f} | {cmed['cluster']:.1f} | {cmed['cluster'] / cmed['direct']:.3f} × "
+            "direct | ≥ 0.95 × direct |",
+            f"| acks=1 small produce p50 / p99 µs | {p50['direct']:.0f} / {p99['direct']:.0f} | {p50['cluster']:.0f} / "
+            f"{p99['cluster']:.0f} | +{p50['cluster'] - p50['direct']:.0f} / +{p99['cluster'] - p99['direct']:.0f} µs | |",
+            f"| proxy CPU ms per MB relayed | | {1000 * cpu['cluster'] / moved_mb['cluster']:.2f} | | |",
         ]
+        if "kafkatap-tls" in paths:
+            lines += [
+                "",
+                "| TLS termination | kafkatap-tls | haproxy-tls | kafkatap ÷ haproxy |",
+                "|---|---|---|---|",
+                f"| producer MB/s | {med['kafkatap-tls']:.1f} | {med['haproxy-tls']:.1f} "
+                f"| {med['kafkatap-tls'] / med['haproxy-tls']:.3f} |",
+                f"| consumer fetch MB/s | {cmed['kafkatap-tls']:.1f} | {cmed['haproxy-tls']:.1f} "
+                f"| {cmed['kafkatap-tls'] / cmed['haproxy-tls']:.3f} |",
+                f"| proxy CPU ms per MB relayed | {1000 * cpu['kafkatap-tls'] / moved_mb['kafkatap-tls']:.2f} "
+                f"| {1000 * cpu['haproxy-tls'] / moved_mb['haproxy-tls']:.2f} | |",
+            ]
         print("\n".join(lines))
         load = os.getloadavg()
         print(f"\nall runs: producer {prod}\nconsumer {cons}\nproxy cpu s {cpu}\nbench time {took:.0f} s, "
@@ -299,7 +380,8 @@ def main() -> None:
                 pr.kill()
         kafka.stop()
         kafka.cleanup()
-        shutil.rmtree(tmp / "rec", ignore_errors=True)
+        for rec in ("rec", "rec-cluster", "rec-tls"):
+            shutil.rmtree(tmp / rec, ignore_errors=True)
 
 
 if __name__ == "__main__":

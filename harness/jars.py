@@ -150,16 +150,52 @@ def ensure_specs(version: str = DEFAULT_VERSION, quiet: bool = False) -> Path:
     return out
 
 
+def ensure_streams_jars(version: str = DEFAULT_VERSION, quiet: bool = False) -> Path:
+    """Kafka Streams and its examples (`WordCountDemo` …) for Kafka `version`, fetched once.
+
+    Why apart from `ensure_jars`: only the streams tests need them (RocksDB's jar alone is
+    tens of MB), so the broker's `lib` stays as it was. They land in
+    `<cache>/<version>/streams-lib`; run them with `lib/*` and `streams-lib/*` on the class path.
+    """
+    rel = release(version)
+    root = cache_root() / rel.version / "streams"
+    lib = root.parent / "streams-lib"
+    if (root / ".complete").exists():
+        return lib
+    mvn = require_tool("mvn", "maven")
+    root.mkdir(parents=True, exist_ok=True)
+    dep = _DEP.format(g="org.apache.kafka", a="kafka-streams-examples", v=rel.version)
+    (root / "pom.xml").write_text(_POM.format(deps=dep))
+    if lib.exists():
+        shutil.rmtree(lib)
+    if not quiet:
+        log.info("fetching Kafka Streams jars from Maven Central", version=rel.version, into=str(lib))
+    proc = subprocess.run(
+        [mvn, "-B", "-q", f"-Dmaven.repo.local={cache_root() / 'm2'}", "dependency:copy-dependencies",
+         f"-DoutputDirectory={lib}", "-DincludeScope=runtime"],
+        cwd=root, capture_output=True, text=True,
+    )
+    if proc.returncode != 0:
+        raise KafkaHarnessError(f"Maven could not fetch Kafka Streams {rel.version}: {_last_error(proc.stdout + proc.stderr)}")
+    (root / ".complete").write_text("ok\n")
+    return lib
+
+
 def _last_error(output: str) -> str:
     errors = [ln.strip() for ln in output.splitlines() if "ERROR" in ln and ln.strip() != "[ERROR]"]
     return (errors[0] if errors else output.strip().splitlines()[-1] if output.strip() else "no output")[:400]
 
 
 def main() -> None:
-    """`python -m harness.jars [--specs] [VERSION…]`: fetch (or confirm) the pinned jars, or the message specs."""
+    """`python -m harness.jars [--specs | --streams] [VERSION…]`: fetch (or confirm) the pinned jars, the message specs or Kafka Streams."""
     import sys
 
     args = sys.argv[1:]
+    if args[:1] == ["--streams"]:
+        for version in args[1:] or [DEFAULT_VERSION]:
+            lib = ensure_streams_jars(version, quiet=True)
+            print(f"Kafka Streams {version}: {len(list(lib.glob('*.jar')))} jars in {lib}", file=sys.stderr)
+        return
     if args[:1] == ["--specs"]:
         for version in args[1:] or list(RELEASES):  # the generator reads 4.3.1 and 3.7.2
             out = ensure_specs(version, quiet=True)

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.jars import DEFAULT_VERSION, KafkaHarnessError, ensure_jars, require_tool
+from harness.jars import DEFAULT_VERSION, KafkaHarnessError, ensure_jars, ensure_streams_jars, require_tool
 
 __all__ = ["JavaTool", "JavaRun", "JavaClients"]
 
@@ -144,6 +144,20 @@ class JavaClients:
     def consumer_groups(self, *args: str, timeout_s: float = 60.0) -> JavaTool:
         """kafka-consumer-groups (ConsumerGroupCommand): e.g. consumer_groups("--describe", "--all-groups")."""
         return self._cmd("consumer_groups", ["--bootstrap-server", self.bootstrap, *args], timeout_s)
+
+    # ---------------------------------------------------------------- streams
+    def word_count_demo(self, config: Path, props: Mapping[str, object], timeout_s: float = 180.0) -> JavaTool:
+        """Kafka Streams' own WordCountDemo (kafka-streams-examples), reading `config` written from `props`.
+
+        It reads `streams-plaintext-input`, counts words in a RocksDB store and writes
+        `streams-wordcount-output` until stopped (SIGTERM: its shutdown hook closes the
+        app and leaves the group). `group.protocol=streams` makes it a KIP-1071 streams-group member.
+        """
+        streams_lib = ensure_streams_jars(self.version)
+        config.write_text("".join(f"{k}={v}\n" for k, v in {"bootstrap.servers": self.bootstrap, **props}.items()))
+        java = require_tool("java", "default-jre-headless")
+        return JavaTool([java, *_JVM_OPTS, "-cp", f"{self.lib}/*:{streams_lib}/*",
+                         "org.apache.kafka.streams.examples.wordcount.WordCountDemo", str(config)], timeout_s)
 
     # ---------------------------------------------------------------- running
     @staticmethod

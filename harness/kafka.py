@@ -140,8 +140,11 @@ class LocalKafka:
         heap: str = "768m",
         start_timeout: float = 90.0,
         netns: str | None = None,
+        format_args: list[str] | tuple[str, ...] = (),
     ) -> None:
         self.release = release(version)
+        # extra `kafka-storage format` arguments, e.g. `--add-scram` users (harness.tls.scram_format_args)
+        self.format_args = list(format_args)
         self.version = version
         self.broker_props = {k: str(v) for k, v in (broker_props or {}).items()}
         self.host = host
@@ -201,7 +204,8 @@ class LocalKafka:
             self._write_log_config(node)
             fmt = subprocess.run(
                 self._java(lib, node) + ["kafka.tools.StorageTool", "format", "-t", self.cluster_id,
-                                         "-c", str(node.dir / "server.properties"), "--ignore-formatted"],
+                                         "-c", str(node.dir / "server.properties"), "--ignore-formatted",
+                                         *self.format_args],
                 capture_output=True, text=True,
             )
             if fmt.returncode != 0:

@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "scenario": ("scenarios.cli:scenario", "List and run the incident scenarios end to end."),
     "replay": ("replay.cli:replay", "Replay recorded Kafka sessions against another broker."),
     "kafka": ("scenarios.cli:kafka", "Start, stop and inspect a local Apache Kafka broker (KRaft)."),
+    "fault": ("kafkatap.faults:fault", "Add, list and clear Kafka faults on a running proxy."),
 }
 
 

@@ -35,7 +35,7 @@ def fast_entry(key: int, ver: int, request: bool) -> tuple[str, bool, Any] | tup
     if key < 0 or ver < 0 or info is None or not info.decodable(ver) or key == SASL_HANDSHAKE:
         return ()  # SaslHandshake: the stream switches to raw SASL tokens after v0, on the slow path
     try:
-        walk = walker(key, request, ver)
+        walk = walker(key, request, ver, optimistic=True)  # its bail-outs land on the slow path
     except Exception:  # noqa: BLE001 - the slow path will report it
         return ()
     flex = info.flexible(ver) if request else response_header_flexible(key, ver)

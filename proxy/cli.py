@@ -5,7 +5,11 @@ Only argument handling lives here; the proxy itself is `proxy.server`.
 
 from __future__ import annotations
 
-import gc
+import asyncio
+import os
+import signal
+import ipaddress
+import socket
 
 import sys
 from collections.abc import Callable
@@ -15,13 +19,25 @@ import click
 import structlog
 import uvloop
 
-from proxy.faults import FAULT_SPEC_HELP, parse_fault_specs
+from proxy.context import format_addr
+from proxy.faults import FAULT_SPEC_HELP, FaultSpecError, parse_fault_specs
+from proxy.gc_tuning import settle_gc
+from proxy.kafka_faults import KAFKA_FAULT_HELP, FaultRules, KafkaFaultLayer, split_specs
+from proxy.cluster_options import CLUSTER_HELP, cluster_options, cluster_setup
+from proxy.tls import TLS_HELP, TlsConfigError, tls_options, tls_setup
+from proxy.address import bind_problem
 from proxy.listener import raise_nofile_limit
 from proxy.server import DEFAULT_MARK, MarkUnavailable, ProxyServer, Route, parse_hostport, probe_mark
 from proxy.sinks import build_sinks, default_proxy_id
+from proxy.status import parse_addr as parse_status_addr
+from proxy.workers import (WorkerPool, Worker, default_workers, die_with_parent, report_ready, reserve_ports,
+                           route_arg)
 from recording.writer import CAPTURE_CHOICES
 
 log = structlog.get_logger("kafkatap.proxy")
+
+WORKER_READY_FD = "--worker-ready-fd"  # hidden: the pipe a worker reports "listening" on (proxy.workers)
+WORKER_OF = "--worker-of"  # hidden: the parent's pid; the worker stops when it dies
 
 
 def recording_options(f: Callable) -> Callable:
@@ -42,12 +58,24 @@ def recording_options(f: Callable) -> Callable:
                      help="Seconds after which one-per-flush files are merged into one file (0: never)."),
         click.option("--proxy-id", "proxy_id", default=None,
                      help="Name of this proxy in recordings and metrics (default: short hostname)."),
-        click.option("--status-addr", "status_addr", default=None, metavar="[HOST:]PORT",
-                     help="Serve /metrics (Prometheus) and /clients (JSON) here; host defaults to 127.0.0.1."),
+        click.option("--status-addr", "status_addr", default=None, metavar="[HOST:]PORT", callback=_check_addr,
+                     help="Serve /metrics (Prometheus) and /clients (JSON) here. A bare PORT binds 127.0.0.1 "
+                          "(loopback only: the data names clients and topics), unlike --listen PORT."),
     ]
     for opt in reversed(options):
         f = opt(f)
     return f
+
+
+def _check_addr(ctx: click.Context, param: click.Parameter, value: str | tuple[str, ...] | None) -> object:
+    """Reject a bad or out-of-range HOST:PORT while parsing, naming the option (`proxy.address` parses)."""
+    default = "127.0.0.1" if param.name == "status_addr" else "0.0.0.0"
+    for text in value if isinstance(value, tuple) else ((value,) if value else ()):
+        try:
+            parse_hostport(text, default, allow_zero=param.name != "upstreams")
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from None
+    return value
 
 
 def _int_auto_base(text: str | int) -> int:
@@ -59,11 +87,31 @@ def _int_auto_base(text: str | int) -> int:
     "proxy",
     context_settings={"max_content_width": 100},
     epilog=f"""\b
-Fault specs for --fault (repeatable; off by default, no slower path when off):
+Fault specs for --fault (repeatable; off by default, no slower path when off).
+TCP level:
 {FAULT_SPEC_HELP}
 
 \b
+Kafka level (whole frames, answered with the codec for the version the client negotiated;
+every injection is recorded in the request row's `edit` column):
+{KAFKA_FAULT_HELP}
+With a Kafka fault or --fault-control, every connection gets the fault layer (one process:
+--workers 1) and `kafkatap fault add|list|clear --addr STATUS_ADDR` changes the rules of the
+running proxy, live connections included.
+
+{CLUSTER_HELP}
+
+{TLS_HELP}
+
+\b
 Examples:
+  # a whole cluster behind one address, no broker changed (broker N on port 19093 + N)
+  kafkatap proxy --cluster broker1:9092 --listen 127.0.0.1:19092 --record rec/
+  # the same for clients on other hosts, told to reach the proxy as proxy.example.com
+  kafkatap proxy --cluster broker1:9092 --listen 0.0.0.0:19092 --advertise-host proxy.example.com
+  # an SASL_SSL cluster, decoded: clients speak TLS to the proxy, the proxy speaks TLS to the brokers
+  kafkatap proxy --cluster broker1:9093 --listen 0.0.0.0:19092 --advertise-host proxy.example.com \\
+      --tls-cert proxy.pem --tls-key proxy.key --upstream-tls-ca cluster-ca.pem --record rec/
   # one broker, explicit mode (the broker must advertise 127.0.0.1:19092)
   kafkatap proxy --listen 127.0.0.1:19092 --upstream broker1:9092 --record rec/
   # three brokers: one listener per broker, in order
@@ -72,20 +120,35 @@ Examples:
   kafkatap proxy --transparent --listen 0.0.0.0:15092 --record rec/ --status-addr 9464
   # emulate an idle-timeout firewall
   kafkatap proxy --listen :19092 --upstream b1:9092 --fault idle-reset=30
+  # four worker processes on one address (default: one per core); one status endpoint for all
+  kafkatap proxy --workers 4 --listen :19092 --upstream b1:9092 --record rec/ --status-addr 9464
+  # a leader that moves: every 5th Produce to orders-* answered NOT_LEADER_OR_FOLLOWER by kafkatap
+  kafkatap proxy --listen :19092 --upstream b1:9092 --fault 'error=Produce:NOT_LEADER_OR_FOLLOWER,topic=orders-.*,nth=5'
+  # the broker writes, the client hears an error (retries duplicate), during 10 s after 30 s
+  kafkatap proxy ... --fault 'error=Produce:REQUEST_TIMED_OUT,rewrite,after=30s,for=10s'
+  # coordinator lost once for one application; slow Fetch; a throttling broker; drop on commit
+  kafkatap proxy ... --fault 'error=Heartbeat:NOT_COORDINATOR,client-id=billing.*,once' \\
+      --fault delay=Fetch:200:50 --fault throttle=Produce:500 --fault drop=OffsetCommit,rate=0.1
+  # faults at run time
+  kafkatap proxy ... --status-addr 9464 --fault-control
+  kafkatap fault add --addr 9464 'error=OffsetCommit:NOT_COORDINATOR,once'
 """,
 )
-@click.option("--listen", "listens", multiple=True, metavar="HOST:PORT",
+@click.option("--listen", "listens", multiple=True, metavar="HOST:PORT", callback=_check_addr,
               help="Listener address. Paired in order with --upstream (explicit mode); with --transparent one "
-                   "listener serves every broker.")
-@click.option("--upstream", "upstreams", multiple=True, metavar="HOST:PORT",
+                   "listener serves every broker. A bare PORT (or :PORT) binds 0.0.0.0, every interface.")
+@click.option("--upstream", "upstreams", multiple=True, metavar="HOST:PORT", callback=_check_addr,
               help="Broker for the --listen at the same position. The broker must advertise the proxy's "
-                   "address (advertised.listeners), since bytes are forwarded unchanged.")
+                   "address (advertised.listeners), since bytes are forwarded unchanged; otherwise clients go "
+                   "around the proxy (logged as a bypass) — use --cluster instead.")
 @click.option("--route", "route_specs", multiple=True, metavar="LISTEN=UPSTREAM",
               help="A listener and its broker in one argument, e.g. 0.0.0.0:19092=broker1:9092 (repeatable).")
 @click.option("--transparent", is_flag=True,
               help="Take each connection's upstream from its original destination (SO_ORIGINAL_DST, IPv4 and "
                    "IPv6): connections arrive through an iptables REDIRECT (see `kafkatap iptables`).")
 @recording_options
+@cluster_options
+@tls_options
 @click.option("--connect-timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
               help="Seconds to wait for the broker's TCP handshake before closing the client (recorded as "
                    "upstream_connect_failed).")
@@ -106,10 +169,20 @@ Examples:
               help="Transparent mode without SO_MARK: only for a gateway (PREROUTING) deployment, where the "
                    "proxy's own connections are never redirected.")
 @click.option("--fault", "faults", multiple=True, metavar="SPEC", help="Inject a fault (see below).")
-@click.option("--fault-seed", type=int, default=None, help="Seed for latency jitter (reproducible runs).")
+@click.option("--fault-seed", type=int, default=None,
+              help="Seed for latency jitter and Kafka faults' rate= (reproducible runs).")
+@click.option("--fault-control", "fault_control", is_flag=True,
+              help="Install the Kafka fault layer on every connection even with no Kafka --fault, so that "
+                   "`kafkatap fault add` (through --status-addr, loopback peers only) reaches live connections.")
 @click.option("--no-decode", is_flag=True, help="Relay and count bytes only; no frame parsing (no request rows).")
 @click.option("--no-resolve-topics", is_flag=True, help="Never ask brokers for topic names (rows keep topic ids; "
               "analytics names what the recording's topics/ learned).")
+@click.option("--workers", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Proxy processes accepting on the same addresses (SO_REUSEPORT), each recording under "
+                   "<proxy-id>-w<i>; --status-addr shows them merged as one proxy. A worker that dies is "
+                   "restarted. [default: the cores this process may use]")
+@click.option(WORKER_READY_FD, "worker_ready_fd", type=int, default=None, hidden=True)  # set by proxy.workers only
+@click.option(WORKER_OF, "worker_of", type=int, default=None, hidden=True)
 @click.pass_context
 def proxy(ctx: click.Context, listens: tuple[str, ...], upstreams: tuple[str, ...], route_specs: tuple[str, ...],
           transparent: bool, connect_timeout: float, tcp_info_interval: float, no_tcp_info: bool,
@@ -119,17 +192,39 @@ def proxy(ctx: click.Context, listens: tuple[str, ...], upstreams: tuple[str, ..
     """Run the recording proxy: forward every byte unchanged, time every request, explain every close.
 
     \b
+    Cluster mode:      --cluster BROKER:PORT --listen HOST:PORT    (no broker change: addresses rewritten)
     Explicit mode:     --listen HOST:PORT --upstream BROKER:PORT   (repeat for several brokers)
     Transparent mode:  --transparent --listen 0.0.0.0:15092        (with `kafkatap iptables`)
 
     Logs one line per connection open/close (with the close reason and inferred cause); with the root
     option --log-level debug also one line per request. Stops gracefully on SIGTERM/SIGINT.
     """
+    fault_control = bool(rec.pop("fault_control", False))
     try:
+        tcp_specs, kafka_specs = split_specs(faults)
+        fault_cfg = parse_fault_specs(tcp_specs, fault_seed)
+        fault_rules = FaultRules.from_specs(kafka_specs, seed=fault_seed, control=fault_control)
+    except FaultSpecError as exc:
+        raise OneLineError(str(exc)) from None
+    if fault_rules.installed:
+        if fault_control and not rec.get("status_addr"):
+            raise OneLineError("--fault-control needs --status-addr (where `kafkatap fault` reaches the proxy)")
+        if (rec.get("workers") or 1) > 1:
+            raise OneLineError("Kafka faults run in one proxy process (their once/nth counts and runtime control "
+                               "are per process): drop --workers or give --workers 1")
+        rec["workers"] = 1
+    try:
+        cluster = cluster_setup(rec)
+        if cluster.cluster is not None:  # the bootstrap listener is the one route; brokers' listeners come later
+            route_specs = tuple(cluster.routes(listens, upstreams, route_specs, transparent))
+            listens = upstreams = ()
         routes = _routes(listens, upstreams, route_specs, transparent)
-        fault_cfg = parse_fault_specs(faults, fault_seed)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
+    try:
+        tls = tls_setup(rec, handshake_timeout=connect_timeout)
+    except TlsConfigError as exc:
+        raise OneLineError(str(exc)) from None
     if no_mark and mark is not None:
         raise click.UsageError("--mark and --no-mark exclude each other")
     if transparent and mark is None and not no_mark:
@@ -142,11 +237,27 @@ def proxy(ctx: click.Context, listens: tuple[str, ...], upstreams: tuple[str, ..
                                    "deployment") from exc
     root = ctx.find_root().params
     log_requests = root.get("log_level") == "debug"
-    code = uvloop.run(_serve(routes, fault_cfg, rec, connect_timeout=connect_timeout,
+    workers = rec.pop("workers") or default_workers()
+    ready_fd, parent = rec.pop("worker_ready_fd"), rec.pop("worker_of")
+    if ready_fd is None and rec.get("status_addr"):  # before the recorder or any worker starts: one line, exit 2
+        problem = bind_problem(*parse_status_addr(str(rec["status_addr"])))
+        if problem:
+            log.error("cannot serve the status endpoint", addr=rec["status_addr"], error=problem)
+            sys.exit(2)
+    if ready_fd is None and workers > 1:
+        sys.exit(_run_workers(ctx, workers, routes, mark, shutdown_timeout, rec))
+    if parent is not None:
+        structlog.contextvars.bind_contextvars(worker=rec.get("proxy_id"))  # every line says which worker
+        die_with_parent(parent)
+    code = uvloop.run(_serve(routes, fault_cfg, rec, ready_fd=ready_fd, reuse_port=ready_fd is not None,
+                         fault_rules=fault_rules if fault_rules.installed else None,
+                         connect_timeout=connect_timeout,
                          tcp_info=not no_tcp_info, tcp_info_interval=tcp_info_interval or None,
                          idle_timeout=idle_timeout, shutdown_timeout=shutdown_timeout, so_mark=mark,
                          observe=not no_decode, log_requests=log_requests,
-                         resolve_topics=not no_resolve_topics))
+                         resolve_topics=not no_resolve_topics,
+                         cluster=cluster.mode(routes[0].listen) if cluster.cluster is not None else None,
+                         tls_server=tls.server, upstream_tls=tls.upstream))
     sys.exit(code)
 
 
@@ -166,23 +277,82 @@ def _routes(listens: tuple[str, ...], upstreams: tuple[str, ...], specs: tuple[s
     return routes
 
 
-def settle_gc() -> None:
-    """Keep the collector off the event loop's back (issue 19: 20-50 ms full collections).
+async def _close_unstarted(sinks) -> None:  # noqa: ANN001 — proxy.sinks.ProxySinks
+    """The server never started, so its stop() cannot close the sink: flush and close the recorder here."""
+    await asyncio.get_running_loop().run_in_executor(None, sinks.sink.close)
 
-    Everything alive after start-up (modules, schemas, generated walkers)
-    lives as long as the process: `gc.freeze()` takes it out of every later
-    collection. The relay allocates and frees many short-lived objects per
-    request (events, summaries, rows) and holds up to 10,000 in flight per
-    connection; a larger first generation makes collections rarer, and the
-    higher thresholds of the older ones keep full collections (which walk
-    every in-flight object) far apart.
+
+def _run_workers(ctx: click.Context, workers: int, routes: list[Route], mark: int | None, shutdown_timeout: float,
+                 rec: dict) -> int:
+    """`--workers N` (N > 1): this process only supervises; each worker is this command again (`proxy.workers`).
+
+    A worker's command line is this one's options as parsed (so every option, present and
+    future, reaches the workers), with the routes' ports resolved, the mark resolved, its own
+    proxy id and, when there is a status address, a private one on loopback.
     """
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(20_000, 20, 20)
+    try:
+        resolved, held = reserve_ports(routes)
+    except OSError as exc:
+        log.error("cannot listen", error=str(exc))
+        return 2
+    proxy_id = str(rec.get("proxy_id") or default_proxy_id())
+    status_addr = rec.get("status_addr")
+    root = ctx.find_root().params
+    # options the parent decides for each worker, given below instead of the user's
+    replaced = {"listens", "upstreams", "route_specs", "transparent", "mark", "proxy_id", "status_addr", "workers",
+                "worker_ready_fd", "worker_of"}
+    common = [sys.executable, "-m", "kafkatap.cli", "--log-format", str(root.get("log_format") or "auto"),
+              "--log-level", str(root.get("log_level") or "info"), "proxy", *_options_argv(ctx, replaced)]
+    for route in resolved:
+        common += ["--route", route_arg(route)]
+    if mark is not None:
+        common += ["--mark", hex(mark)]
+
+    def argv(w: Worker, ready_fd: int) -> list[str]:
+        own = ["--proxy-id", w.proxy_id, "--workers", "1", WORKER_READY_FD, str(ready_fd), WORKER_OF, str(os.getpid())]
+        return [*common, *own, *(["--status-addr", "127.0.0.1:0"] if status_addr else [])]
+
+    log.info("starting workers", workers=workers, proxy_id=proxy_id,
+             listen=[format_addr(r.listen) for r in resolved])
+    pool = WorkerPool(workers, proxy_id, argv, status_addr=str(status_addr) if status_addr else None,
+                      shutdown_timeout=shutdown_timeout)
+    try:
+        return uvloop.run(pool.run())
+    finally:
+        for sock in held:
+            sock.close()
 
 
-async def _serve(routes: list[Route], faults, rec: dict, **kw: object) -> int:
+def _options_argv(ctx: click.Context, skip: set[str]) -> list[str]:
+    """This command's options as parsed, back as arguments (those still at their default left out)."""
+    out: list[str] = []
+    for param in ctx.command.params:
+        if not isinstance(param, click.Option) or param.name in skip or param.name not in ctx.params:
+            continue
+        value = ctx.params[param.name]
+        if value is None or value == param.default or (param.multiple and not value):
+            continue
+        if param.is_flag:
+            if value:
+                out.append(param.opts[0])
+            elif param.secondary_opts:
+                out.append(param.secondary_opts[0])
+            continue
+        for v in value if param.multiple else (value,):
+            if not isinstance(v, (str, int, float, Path)):  # a callback made an object: it has no argument form
+                raise click.UsageError(f"{param.opts[0]} cannot be passed on to --workers processes; use --workers 1")
+            out += [param.opts[0], str(v)]
+    return out
+
+
+class OneLineError(click.ClickException):
+    """A usage error printed as the one line `Error: …` (exit 2), without the usage block."""
+
+    exit_code = 2
+
+
+async def _serve(routes: list[Route], faults, rec: dict, *, ready_fd: int | None = None,
+                 fault_rules: FaultRules | None = None, **kw: object) -> int:
     raise_nofile_limit()  # two descriptors per connection: the soft default of 1024 is far too low
     # One id for the recording's proxy= partition, its proxy_id column and the metrics.
     proxy_id = rec.get("proxy_id") or default_proxy_id()
@@ -194,29 +364,50 @@ async def _serve(routes: list[Route], faults, rec: dict, **kw: object) -> int:
         log.error("cannot set up recording", error=str(exc))
         return 2
     # from here on the server owns the sink: its stop() flushes and closes it, whatever happens
-    server = ProxyServer(routes, sink=sinks.sink, faults=faults, proxy_id=proxy_id, capture=capture, **kw)  # type: ignore[arg-type]
+    layer = KafkaFaultLayer(fault_rules) if fault_rules is not None else None  # none: the relay is unchanged
+    server = ProxyServer(routes, sink=sinks.sink, faults=faults, proxy_id=proxy_id, capture=capture,
+                         interceptors=[layer] if layer is not None else [], **kw)  # type: ignore[arg-type]
+    if layer is not None:
+        layer.names = server.topics.name  # topic= also matches requests that name topics by id
+    if sinks.status is not None:
+        from proxy.fault_control import FaultControl
+
+        sinks.status.fault_control = FaultControl(fault_rules)
     if sinks.stats is not None:
         sinks.stats.accept_failures = server.accept_failures  # /metrics reads the server's counts at scrape time
         sinks.stats.requests_dropped = server.requests_dropped
         sinks.stats.relay_accounting = server.accounting
+        if server.cluster is not None:
+            sinks.stats.cluster_stats = server.cluster.stats
     if sinks.recorder is not None:
         sinks.recorder.requests_dropped = server.requests_dropped  # into every requests file's footer
     try:
         try:
             await sinks.serve()
+        except OSError as exc:  # the --status-addr port is taken (or not ours to bind): one line, like --listen
+            log.error("cannot serve the status endpoint", addr=rec.get("status_addr"), error=str(exc))
+            await _close_unstarted(sinks)
+            return 2
         except BaseException:
-            await server.stop()  # the recorder was started: flush and close it before giving up
+            await _close_unstarted(sinks)
             raise
         if faults.active:
             log.warning("fault injection on", faults=faults.describe())
+        if fault_rules is not None:
+            log.warning("kafka fault layer on", faults=fault_rules.describe(), runtime_control=fault_rules.control)
         try:
             await server.start()
         except OSError as exc:
             log.error("cannot listen", error=str(exc))
             await server.stop()
             return 2
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):  # before a worker reports ready: its parent may stop it at once
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        if ready_fd is not None:  # a worker of `--workers N`: tell the parent it listens, and where its status is
+            report_ready(ready_fd, sinks.status.address if sinks.status is not None else None, server.listen_addrs)
         settle_gc()
-        await server.serve_forever()
+        await server.serve_forever(install_signals=False, stop_requested=stop)
     finally:
         try:
             await sinks.stop_serving()
@@ -230,28 +421,33 @@ async def _serve(routes: list[Route], faults, rec: dict, **kw: object) -> int:
               help="gateway: redirect traffic routed through this host (nat PREROUTING). local: redirect this "
                    "host's own clients (nat OUTPUT), skipping the proxy's marked upstream sockets.")
 @click.option("--broker", "brokers", multiple=True, metavar="HOST:PORT",
-              help="Redirect connections to this broker address (repeatable; IPv6 as [addr]:port).")
-@click.option("--port", "ports", multiple=True, type=int, metavar="PORT",
+              help="Redirect connections to this broker address (repeatable; IPv6 as [addr]:port). A host name is "
+                   "resolved now, once: the rules hold its addresses (printed), as iptables would do at insert time.")
+@click.option("--port", "ports", multiple=True, type=click.IntRange(1, 65535), metavar="PORT",
               help="Redirect connections to this port on any address (repeatable).")
-@click.option("--proxy-port", type=int, default=15092, show_default=True, help="The transparent listener's port.")
-@click.option("--mark", type=_int_auto_base, default=DEFAULT_MARK, show_default=True,
-              help="local mode: packets with this mark (the proxy's upstream sockets) are not redirected.")
+@click.option("--proxy-port", type=click.IntRange(1, 65535), default=15092, show_default=True,
+              help="The transparent listener's port.")
+@click.option("--mark", type=_int_auto_base, default=DEFAULT_MARK, metavar="INT",
+              help=f"local mode: packets with this mark (the proxy's upstream sockets) are not redirected; decimal "
+                   f"or 0x hex.  [default: {hex(DEFAULT_MARK)}, the proxy's own default]")
 @click.option("--owner-uid", type=int, default=None,
               help="local mode: also skip packets of this uid (when the proxy cannot set marks).")
 @click.option("--interface", default=None, help="gateway mode: only packets arriving on this interface.")
 @click.option("--ipv6/--no-ipv6", default=True, show_default=True, help="Also write ip6tables rules.")
-@click.option("--apply", "action", flag_value="apply",
+@click.option("--apply", "do_apply", is_flag=True,
               help="Install the rules (needs root); all or nothing: a failure undoes what was installed.")
-@click.option("--remove", "action", flag_value="remove",
+@click.option("--remove", "do_remove", is_flag=True,
               help="Remove whatever kafkatap installed (its KAFKATAP chains and the jumps to them, IPv4 and "
                    "IPv6), found in the live rules: no other option is needed.")
-@click.option("--dry-run", "action", flag_value="print", default=True, help="Only print the commands (default).")
+@click.option("--dry-run", "dry_run", is_flag=True, help="Only print the commands (the default).")
 def iptables(mode: str, brokers: tuple[str, ...], ports: tuple[int, ...], proxy_port: int, mark: int,
-             owner_uid: int | None, interface: str | None, ipv6: bool, action: str) -> None:
+             owner_uid: int | None, interface: str | None, ipv6: bool, do_apply: bool, do_remove: bool,
+             dry_run: bool) -> None:
     """Print (default), apply or remove the REDIRECT rules for `kafkatap proxy --transparent`.
 
     All rules live in a dedicated nat chain KAFKATAP plus one jump from PREROUTING (gateway) or
     OUTPUT (local), commented "kafkatap"; --remove deletes exactly those, whatever --apply was given.
+    Notes (a dry run, what a broker name resolved to) go to stderr; stdout holds only commands.
 
     \b
     Examples:
@@ -261,7 +457,10 @@ def iptables(mode: str, brokers: tuple[str, ...], ports: tuple[int, ...], proxy_
     """
     from proxy.netfilter import RulePlan, apply, build, removal_found, render
 
-    if action == "remove":
+    chosen = [name for name, on in (("--apply", do_apply), ("--remove", do_remove), ("--dry-run", dry_run)) if on]
+    if len(chosen) > 1:
+        raise click.UsageError(f"{' and '.join(chosen)} exclude each other: give one (the default is --dry-run)")
+    if do_remove:
         try:
             cmds = removal_found()
             apply(cmds)
@@ -269,15 +468,15 @@ def iptables(mode: str, brokers: tuple[str, ...], ports: tuple[int, ...], proxy_
             raise click.ClickException(str(exc)) from exc
         click.echo(f"removed:\n{render(cmds)}" if cmds else "nothing of kafkatap's installed")
         return
-    targets: list[tuple[str | None, int]] = [parse_hostport(b) for b in brokers]  # type: ignore[misc]
-    targets += [(None, p) for p in ports]
     try:
+        targets = _iptables_targets(brokers, ports)
         plan = RulePlan(mode, proxy_port, targets, mark=mark if mode == "local" else None,
                         owner_uid=owner_uid, interface=interface, ipv6=ipv6)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     cmds = build(plan)
-    if action == "print":
+    if not do_apply:
+        click.echo("dry run: nothing was changed; these are the commands --apply would run (as root)", err=True)
         click.echo(render(cmds))
         return
     try:
@@ -285,3 +484,35 @@ def iptables(mode: str, brokers: tuple[str, ...], ports: tuple[int, ...], proxy_
     except (RuntimeError, FileNotFoundError) as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(f"applied:\n{render(cmds)}")
+
+
+def _iptables_targets(brokers: tuple[str, ...], ports: tuple[int, ...]) -> list[tuple[str | None, int]]:
+    """(address, port) per --broker, names resolved here, and (None, port) per --port.
+
+    Why resolve here: iptables resolves a name once, when it inserts the rule, and keeps
+    the address; doing it ourselves lets the operator see which addresses the rules hold
+    (one stderr line per name) and puts an IPv6 address in the ip6tables rules.
+    """
+    targets: list[tuple[str | None, int]] = []
+    for text in brokers:
+        host, port = parse_hostport(text, allow_zero=False)
+        if _is_ip(host):
+            targets.append((host, port))
+            continue
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except socket.gaierror as exc:
+            raise ValueError(f"--broker {text}: cannot resolve {host!r} ({exc.strerror})") from None
+        addrs = list(dict.fromkeys(str(i[4][0]) for i in infos))
+        click.echo(f"--broker {text}: {host} resolved once, now, to {', '.join(addrs)}; the rules match these "
+                   "addresses (run again if the name moves)", err=True)
+        targets += [(a, port) for a in addrs]
+    return targets + [(None, p) for p in ports]
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True

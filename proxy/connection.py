@@ -63,6 +63,7 @@ from proxy.faults import DelayedWriter, Faults
 from proxy.flow import (
     EARLY_LIMIT,
     HOLD_EARLY,
+    HOLD_EDIT_BACKLOG,
     HOLD_FAULT_BACKLOG,
     HOLD_PEER_BUFFER,
     HOLD_STOPPING,
@@ -71,6 +72,7 @@ from proxy.flow import (
     reset_socket,
 )
 from proxy.inference import inferred_cause
+from proxy.intercept import ConnInfo, FrameEditor, chain
 from proxy.observer import ObserveScheduler, Observer
 
 log = structlog.get_logger("kafkatap.proxy")
@@ -135,6 +137,7 @@ class Connection:
         faults = ctx.hub.faults  # the faults in force when the connection was accepted
         self._faults: Faults | None = faults if faults.active else None
         self._idle_handle: asyncio.TimerHandle | None = None
+        self.editor: FrameEditor | None = None  # only when an interceptor asked to edit this connection
 
     # ------------------------------------------------------------------ public face
     @property
@@ -195,6 +198,8 @@ class Connection:
                 return
             self.upstream = dst
             f.broker_addr = f.original_dst
+        if ctx.interceptors:
+            self._install_editor(transport)
         if ctx.settings.tcp_info:
             f.tcp_client_open = self.client.tcp_info()
             if f.tcp_client_open is not None:
@@ -268,7 +273,8 @@ class Connection:
                 self._close_unused(sock)
                 return None
             protocol = PeerProtocol(self, self.broker, self.responses, self.requests)
-            bt, _ = await ctx.loop.create_connection(lambda: protocol, sock=sock)
+            tls = ctx.upstream_tls.connect_kwargs(host) if ctx.upstream_tls is not None else {}  # proxy.tls
+            bt, _ = await ctx.loop.create_connection(lambda: protocol, sock=sock, **tls)
             return bt  # type: ignore[return-value]
         except asyncio.CancelledError:
             if sock is not None:
@@ -303,6 +309,17 @@ class Connection:
         if f.idle_reset_s:
             self._idle_handle = loop.call_later(f.idle_reset_s, self._idle_check)
 
+    def _install_editor(self, transport: asyncio.Transport) -> None:
+        """Ask the interceptor factories about this connection; frame it only if one of them wants to edit."""
+        info = ConnInfo(self.conn_id, transport.get_extra_info("peername"), self.facts.listener, self.upstream)
+        parts = [i for i in (factory(info) for factory in self.ctx.interceptors) if i is not None]
+        interceptor = chain(parts)
+        if interceptor is None:
+            return
+        self.editor = FrameEditor(interceptor, _EditorPort(self), self.ctx.loop, self.now)
+        self.requests.gate = lambda fn: self.editor.after_release(True, fn)  # type: ignore[union-attr]
+        self.responses.gate = lambda fn: self.editor.after_release(False, fn)  # type: ignore[union-attr]
+
     # ------------------------------------------------------------------ the hot path
     def received(self, flow: Flow, data: bytes) -> None:
         """A chunk read from `flow.src`: forward it (or hold it until the upstream exists)."""
@@ -318,6 +335,13 @@ class Connection:
         self._forward(flow, data, now)
 
     def _forward(self, flow: Flow, data: bytes, now: int) -> None:
+        if self.editor is not None:
+            self.editor.feed(flow.request, data, now)  # frames, edits, then hands on through `_send`
+            return
+        self._send(flow, data, now)
+
+    def _send(self, flow: Flow, data: bytes, now: int) -> None:
+        """Write to the flow's destination (through any TCP fault), then let the observer see the bytes."""
         if self._faults is None:
             flow.dst.transport.write(data)  # type: ignore[union-attr]
             flow.stamps.handed(len(data), self.now())
@@ -511,6 +535,8 @@ class Connection:
         for flow in (self.requests, self.responses):
             if flow.delayed is not None:
                 flow.delayed.cancel()
+        if self.editor is not None:
+            self.editor.closed()
         if self.observer is not None:
             # rows of requests still being observed come first; the connection row waits for them
             self.observer.close(now, self._finished_observing)
@@ -554,3 +580,46 @@ class Connection:
                 if info is not None:
                     ctx.emit.tcp(rows.tcp_row(f, peer.role, "periodic", now, info))
         ctx.emit.connection(rows.connection_row(f, False, now))
+
+
+class _EditorPort:
+    """What a `FrameEditor` drives on its connection (proxy.intercept.EditorOutput)."""
+
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def _flow(self, request: bool) -> Flow:
+        return self.conn.requests if request else self.conn.responses
+
+    def send(self, request: bool, data: bytes, now_ns: int) -> None:
+        self.conn._send(self._flow(request), data, now_ns)
+
+    def observe_only(self, request: bool, data: bytes, now_ns: int) -> None:
+        flow = self._flow(request)
+        flow.stamps.handed(len(data), now_ns)  # "sent" to nobody: the proxy answered it
+        if self.conn.observer is not None:
+            self.conn.observer.feed(request, data, now_ns)
+
+    def hold(self, request: bool, on: bool) -> None:
+        src = self._flow(request).src
+        if on:
+            src.hold(HOLD_EDIT_BACKLOG)
+        else:
+            src.release(HOLD_EDIT_BACKLOG)
+
+    def close(self, detail: str) -> None:
+        conn = self.conn
+        conn.facts.fault_detail = detail
+        conn._set_end("fault", "proxy", detail)
+        conn.ctx.loop.call_soon(conn.close)
+
+    def note(self, correlation_id: int, text: str) -> None:
+        edits = self.conn.facts.edits
+        if len(edits) >= 10_000:  # the in-flight cap: a note whose row never came is not kept forever
+            edits.pop(next(iter(edits)))
+        edits[correlation_id] = text
+
+    def log(self, level: str, event: str, **kw: Any) -> None:
+        self.conn.log(level, event, **kw)

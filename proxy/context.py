@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import random
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -91,3 +91,7 @@ class ConnectionContext:
     rng: random.Random
     # topic id <-> name, one per proxy: rows are named on their way to `emit` (proxy.topics)
     topics: TopicMap = field(default_factory=TopicMap)
+    # asked at accept whether the connection's frames must be edited (proxy.intercept); empty: plain relay
+    interceptors: Sequence[Callable[[Any], Any]] = ()
+    # proxy.tls.UpstreamTls: connect to brokers over TLS (origination); None: plain TCP
+    upstream_tls: Any = None

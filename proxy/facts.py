@@ -81,6 +81,9 @@ class ConnectionFacts:
     too_large: int = 0  # Produce answers with MESSAGE_TOO_LARGE / RECORD_LIST_TOO_LARGE
     too_large_example: str | None = None
     fault_detail: str | None = None  # set when an injected fault ends the connection
+    # what a frame editor (proxy.intercept: cluster rewriting, Kafka faults) did, by correlation id, until the
+    # request's row takes it; bounded like the in-flight map (the editor notes only requests it saw)
+    edits: dict[int, str] = field(default_factory=dict)
     end: End | None = None
     inferred: str | None = None
     tcp_client_open: dict[str, Any] | None = None

@@ -180,41 +180,90 @@ refuse                      accept new clients and reset them at once
 DIR is to-broker, to-client or both."""
 
 
+TCP_FAULT_NAMES = ("latency", "bandwidth", "close-after", "idle-reset", "refuse")
+_DIRECTIONS = {"to-broker": ("to_broker",), "to-client": ("to_client",), "both": ("to_broker", "to_client")}
+_USAGE = {
+    "latency": "latency=DIR:MS[:JITTER_MS]",
+    "bandwidth": "bandwidth=DIR:BYTES_PER_S",
+    "close-after": "close-after=DIR:BYTES",
+    "idle-reset": "idle-reset=SECONDS",
+    "refuse": "refuse",
+}
+
+
+class FaultSpecError(ValueError):
+    """A --fault spec that cannot be used; the message is one line that says what is wrong and the form."""
+
+
+def _number(text: str, what: str, spec: str, *, integer: bool = False, positive: bool = False) -> float:
+    try:
+        value = float(text) if not integer else int(text)
+    except ValueError:
+        raise FaultSpecError(f"bad fault spec {spec!r}: {what} {text!r} is not a{'n integer' if integer else ' number'}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise FaultSpecError(f"bad fault spec {spec!r}: {what} must be finite")
+    if value < 0 or (positive and value == 0):
+        raise FaultSpecError(f"bad fault spec {spec!r}: {what} must be {'above 0' if positive else '0 or more'}, got {text}")
+    return value
+
+
+def parse_tcp_fault(spec: str, per: dict[str, dict[str, object]], other: dict[str, object]) -> None:
+    """Apply one TCP-level spec to `per` (direction -> DirectionFaults kwargs) / `other`; FaultSpecError if bad."""
+    name, eq, arg = spec.partition("=")
+    name = name.strip().lower()
+    usage = _USAGE[name]
+    if name == "refuse":
+        if eq:
+            raise FaultSpecError(f"bad fault spec {spec!r}: refuse takes no value (write just 'refuse')")
+        other["refuse"] = True
+        return
+    if not arg:
+        raise FaultSpecError(f"bad fault spec {spec!r}: {name} needs a value: {usage}")
+    if name == "idle-reset":
+        other["idle"] = _number(arg, "SECONDS", spec, positive=True)
+        return
+    direction, colon, rest = arg.partition(":")
+    if direction not in _DIRECTIONS:
+        if not colon:
+            raise FaultSpecError(f"bad fault spec {spec!r}: {name} needs a direction first: {usage} "
+                                 "(DIR is to-broker, to-client or both)")
+        raise FaultSpecError(f"bad fault spec {spec!r}: unknown direction {direction!r} (to-broker, to-client or both)")
+    parts = rest.split(":") if rest else []
+    most = 2 if name == "latency" else 1
+    if not parts or not parts[0]:
+        raise FaultSpecError(f"bad fault spec {spec!r}: {name} needs a value after the direction: {usage}")
+    if len(parts) > most:
+        raise FaultSpecError(f"bad fault spec {spec!r}: too many fields ({len(parts) + 1}) for {usage}")
+    for d in _DIRECTIONS[direction]:
+        if name == "latency":
+            per[d]["latency_ms"] = _number(parts[0], "MS", spec)
+            if len(parts) > 1:
+                per[d]["jitter_ms"] = _number(parts[1], "JITTER_MS", spec)
+        elif name == "bandwidth":
+            per[d]["bandwidth_bps"] = int(_number(parts[0], "BYTES_PER_S", spec, positive=True))
+        else:
+            per[d]["close_after_bytes"] = int(_number(parts[0], "BYTES", spec, integer=True))
+
+
 def parse_fault_specs(specs: list[str] | tuple[str, ...], seed: int | None = None) -> Faults:
-    """Build `Faults` from CLI specs like "latency=to-broker:20:5" (see FAULT_SPEC_HELP)."""
+    """Build `Faults` from CLI specs like "latency=to-broker:20:5" (see FAULT_SPEC_HELP).
+
+    Raises `FaultSpecError` (a ValueError) with one line saying what is wrong. Specs of
+    Kafka-level faults (`proxy.kafka_faults`) are not TCP faults: filter them out first
+    (`proxy.kafka_faults.split_specs`).
+    """
     per: dict[str, dict[str, object]] = {"to_broker": {}, "to_client": {}}
-    idle: float | None = None
-    refuse = False
+    other: dict[str, object] = {}
     for spec in specs:
-        name, _, arg = spec.partition("=")
-        name = name.strip().lower()
-        try:
-            if name == "refuse":
-                refuse = True
-                continue
-            if name == "idle-reset":
-                idle = float(arg)
-                continue
-            direction, _, rest = arg.partition(":")
-            dirs = {"to-broker": ["to_broker"], "to-client": ["to_client"], "both": ["to_broker", "to_client"]}[direction]
-            parts = rest.split(":") if rest else []
-            for d in dirs:
-                if name == "latency":
-                    per[d]["latency_ms"] = float(parts[0])
-                    if len(parts) > 1:
-                        per[d]["jitter_ms"] = float(parts[1])
-                elif name == "bandwidth":
-                    per[d]["bandwidth_bps"] = int(float(parts[0]))
-                elif name == "close-after":
-                    per[d]["close_after_bytes"] = int(parts[0])
-                else:
-                    raise KeyError(name)
-        except (KeyError, IndexError, ValueError) as exc:
-            raise ValueError(f"bad fault spec {spec!r}; expected one of:\n{FAULT_SPEC_HELP}") from exc
+        name = spec.partition("=")[0].strip().lower()
+        if name not in _USAGE:
+            raise FaultSpecError(f"bad fault spec {spec!r}: unknown fault {name!r} "
+                                 f"(TCP: {', '.join(TCP_FAULT_NAMES)}; Kafka: error, delay, throttle, drop)")
+        parse_tcp_fault(spec, per, other)
     return Faults(
         to_broker=DirectionFaults(**per["to_broker"]),  # type: ignore[arg-type]
         to_client=DirectionFaults(**per["to_client"]),  # type: ignore[arg-type]
-        idle_reset_s=idle,
-        refuse_connections=refuse,
+        idle_reset_s=other.get("idle"),  # type: ignore[arg-type]
+        refuse_connections=bool(other.get("refuse")),
         seed=seed,
     )

@@ -33,6 +33,7 @@ HOLD_PEER_BUFFER = 1  # the other peer's transport buffer has not drained
 HOLD_FAULT_BACKLOG = 2  # a latency/bandwidth fault queue is over its limit
 HOLD_EARLY = 4  # not connected upstream yet and the early buffer is full
 HOLD_STOPPING = 8  # the proxy is stopping: no new requests are read while answers drain
+HOLD_EDIT_BACKLOG = 16  # a frame editor's delayed output is over its bound (proxy.intercept)
 
 EARLY_LIMIT = 256 * 1024  # bytes read from the client before the upstream connect completes
 _LINGER0 = struct.pack("ii", 1, 0)
@@ -63,7 +64,10 @@ class Peer:
 
     def attach(self, transport: asyncio.Transport) -> None:
         self.transport = transport
-        transport.set_write_buffer_limits(0, 0)
+        if transport.get_extra_info("sslcontext") is None:
+            transport.set_write_buffer_limits(0, 0)
+        # a TLS transport (proxy.tls) keeps its default limits: with (0, 0) uvloop's SSL layer pauses its
+        # protocol on its own handshake bytes and never resumes it, so the other side is never read again
         self.sock = transport.get_extra_info("socket")
 
     @property
@@ -113,7 +117,7 @@ class Flow:
     """Bytes read from `src` and written to `dst`: one direction of a connection."""
 
     __slots__ = ("request", "label", "src", "dst", "counts", "stamps", "delayed", "close_after", "forwarded", "early",
-                 "early_bytes")
+                 "early_bytes", "gate")
 
     def __init__(self, request: bool, src: Peer, dst: Peer, counts: FlowCounts) -> None:
         self.request = request  # True: client → broker (requests); False: broker → client (responses)
@@ -128,6 +132,8 @@ class Flow:
         # chunks read before `dst` exists (the upstream connect is pending), with their read times
         self.early: list[tuple[bytes, int]] | None = [] if request else None
         self.early_bytes = 0
+        # a frame editor holding this flow's output: gate(fn) defers fn until it is out (True) or not (False)
+        self.gate: Callable[[Callable[[], None]], bool] | None = None
 
     def write(self, data: bytes) -> None:
         """Hand bytes to the destination transport if it is still open (the fault queue's writer)."""
@@ -154,6 +160,9 @@ class Flow:
             self.after_queue(transport.close)
 
     def after_queue(self, fn: Callable[[], None]) -> None:
+        """Run `fn` once every byte held for this flow (editor delays, fault queue) is handed on."""
+        if self.gate is not None and self.gate(lambda: self.after_queue(fn)):
+            return
         if self.delayed is not None and self.delayed.queued:
             self.delayed.write_eof_after(fn)
         else:

@@ -21,6 +21,7 @@ import resource
 import socket
 import struct
 from collections.abc import Callable
+from typing import Any
 
 import structlog
 
@@ -31,6 +32,7 @@ log = structlog.get_logger("kafkatap.proxy")
 FD_RESERVE = 64  # descriptors kept free for the recorder, the status endpoint and logging
 ACCEPT_BATCH = 64  # accepts per readiness callback: fair to connections already relaying
 EMFILE_BACKOFF_S = 0.1  # pause accepting this long when the process is out of descriptors
+TLS_HANDSHAKE_S = 10.0  # a client that opens a TLS listener and says nothing is dropped after this
 FAILURE_LOG_S = 60.0  # one log line per failure reason per minute, however many clients are turned away
 _OUT_OF_FDS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 _LINGER0 = struct.pack("ii", 1, 0)
@@ -64,16 +66,20 @@ def fd_ceiling() -> int:
     return max(soft - FD_RESERVE, soft // 2)
 
 
-def bind_listener(host: str, port: int, backlog: int) -> socket.socket:
+def bind_listener(host: str, port: int, backlog: int, reuse_port: bool = False) -> socket.socket:
     """A non-blocking listening TCP socket: SO_REUSEADDR, and IPV6_V6ONLY like asyncio's create_server.
 
     V6ONLY because an IPv4 client on an IPv6 socket arrives v4-mapped, and its SO_ORIGINAL_DST
     is not answered at the IPv6 level: each family gets its own listener instead.
+    `reuse_port`: SO_REUSEPORT, so the worker processes of `--workers N` each listen on the
+    same address and the kernel spreads new connections over them (`proxy.workers`).
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         if family == socket.AF_INET6:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.bind((host, port))
@@ -94,9 +100,11 @@ class Acceptor:
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket,
-                 factory: Callable[[], asyncio.Protocol], failed: Callable[[str], None]) -> None:
+                 factory: Callable[[], asyncio.Protocol], failed: Callable[[str], None],
+                 ssl: Any = None) -> None:
         self.loop = loop
         self.sock = sock
+        self.ssl = ssl  # an ssl.SSLContext: terminate the clients' TLS here (proxy.tls); None: plain TCP
         self.factory = factory
         self.failed = failed
         self.ceiling = fd_ceiling()
@@ -146,9 +154,16 @@ class Acceptor:
 
     async def _connect(self, conn: socket.socket) -> None:
         try:
-            await self.loop.connect_accepted_socket(self.factory, conn)
+            if self.ssl is None:
+                await self.loop.connect_accepted_socket(self.factory, conn)
+            else:
+                await self.loop.connect_accepted_socket(self.factory, conn, ssl=self.ssl,
+                                                        ssl_handshake_timeout=TLS_HANDSHAKE_S)
         except Exception as exc:  # noqa: BLE001 — one client's failed set-up never stops the listener
             conn.close()
+            if self.ssl is not None:  # a client that does not speak TLS, or distrusts our certificate
+                self._fail("tls_handshake", f"client TLS handshake failed: {exc}")
+                return
             self._fail("error", f"accepted connection could not be set up: {exc}")
 
     def _fail(self, reason: str, message: str, backoff: bool = False) -> None:

@@ -3,22 +3,30 @@
 Why polling HTTP and plain ANSI: the proxy already serves `/clients` and
 `/metrics` (the same data Prometheus scrapes), so `top` needs no private
 channel, works against a remote proxy through an SSH tunnel, and has no curses
-dependency. Rates are computed from the difference between two polls.
-`--once` prints one snapshot without escape codes, for scripts and tests.
+dependency. Rates are computed from the difference between two polls (so
+`--once` polls twice). One row per client by default — an operator asks "who",
+and a client holds a connection per broker — with `c` (or `--per-connection`)
+for one row per connection. `--once` prints one snapshot without escape codes,
+for scripts and tests.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import select
 import shutil
 import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
 
+from proxy.bypass import top_line as bypass_top_line
 from proxy.status import parse_addr
 
 CLEAR = "\x1b[H\x1b[2J"
@@ -30,6 +38,14 @@ def fetch(addr: str, path: str, timeout: float = 3.0) -> bytes:
     host = f"[{host}]" if ":" in host else host
     with urllib.request.urlopen(f"http://{host}:{port}{path}", timeout=timeout) as resp:
         return resp.read()
+
+
+def unreachable(addr: str, exc: BaseException) -> str:
+    """One line for "no proxy there", without urllib's `<urlopen error [Errno 111] …>` wrapping."""
+    reason: object = getattr(exc, "reason", exc)
+    text = getattr(reason, "strerror", None) or str(reason)
+    return (f"no proxy status endpoint at {addr} ({str(text).lower()}). Is the proxy running with "
+            f"--status-addr {addr}?")
 
 
 def parse_metrics(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -80,9 +96,9 @@ def _human_bytes(n: float) -> str:
 
 
 def _latency_p(metrics: dict, q: float) -> float | None:
-    """Approximate quantile (µs) over all APIs from the histogram buckets (upper bound of the bucket)."""
+    """Approximate quantile (seconds) over all APIs from the histogram buckets (upper bound of the bucket)."""
     buckets: dict[float, float] = {}
-    for labels, v in metrics.get("kafkatap_request_latency_us_bucket", []):
+    for labels, v in metrics.get("kafkatap_request_latency_seconds_bucket", []):
         le = labels.get("le", "+Inf")
         bound = float("inf") if le == "+Inf" else float(le)
         buckets[bound] = buckets.get(bound, 0) + v
@@ -97,9 +113,78 @@ def _latency_p(metrics: dict, q: float) -> float | None:
     return None
 
 
+# (header, the most characters a cell gets before it is cut with "…"; 0: the last column, cut at the screen edge)
+CONN_COLUMNS = [("CLIENT_ID", 24), ("ROLE", 28), ("SOFTWARE", 48), ("CLIENT", 28), ("BROKER", 28), ("REQS", 10),
+                ("REQ/S", 8), ("IN", 8), ("OUT", 8), ("SEEN", 6), ("TOPICS", 0)]
+CLIENT_COLUMNS = [("CLIENT_ID", 24), ("ROLE", 28), ("SOFTWARE", 48), ("HOST", 28), ("CONNS", 7), ("BROKERS", 8),
+                  ("REQS", 10), ("REQ/S", 8), ("IN", 8), ("OUT", 8), ("SEEN", 6), ("TOPICS", 0)]
+
+
+def _host(addr: str | None) -> str:
+    """The host part of `host:port` / `[v6]:port`: a client's connections differ only by port."""
+    if not addr:
+        return "-"
+    host = addr.rpartition(":")[0] or addr
+    return host.strip("[]")
+
+
+def _software(c: dict[str, Any]) -> str:
+    return " ".join(x for x in (c.get("software"), c.get("software_version")) if x) or "-"
+
+
+def by_client(conns: list[dict[str, Any]], rates: dict[str, float]) -> list[dict[str, Any]]:
+    """One row per client: its connections (to every broker) summed.
+
+    A client is what an operator names: the same client_id and software from the same
+    host. Its rate is the sum of its connections' rates; it is open while any is.
+    """
+    groups: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for c in conns:
+        key = (c.get("client_id") or "-", _software(c), _host(c.get("client_addr")))
+        g = groups.get(key)
+        if g is None:
+            g = groups[key] = {"client_id": key[0], "software_label": key[1], "host": key[2], "roles": [],
+                               "brokers": set(), "conns": 0, "open_conns": 0, "requests": 0, "rate": None,
+                               "bytes_from_client": 0, "bytes_from_broker": 0, "last_seen_s_ago": float("inf"),
+                               "topics": set(), "open": False, "end_reason": None}
+        g["conns"] += 1
+        g["open_conns"] += 1 if c["open"] else 0
+        g["open"] = g["open"] or c["open"]
+        g["roles"] += [r for r in (c.get("roles") or [c.get("role")]) if r and r not in g["roles"]]
+        if c.get("broker_addr"):
+            g["brokers"].add(c["broker_addr"])
+        g["requests"] += c["requests"]
+        if c["conn_id"] in rates:
+            g["rate"] = (g["rate"] or 0.0) + rates[c["conn_id"]]
+        g["bytes_from_client"] += c["bytes_from_client"]
+        g["bytes_from_broker"] += c["bytes_from_broker"]
+        g["last_seen_s_ago"] = min(g["last_seen_s_ago"], c["last_seen_s_ago"])
+        g["topics"].update(c.get("topics") or ())
+        if not c["open"] and c.get("end_reason"):
+            g["end_reason"] = c["end_reason"]
+    return list(groups.values())
+
+
+def _fit(cells: list[list[str]], columns: list[tuple[str, int]]) -> list[int]:
+    """Each column as wide as its widest cell (header included), up to its cap."""
+    widths = []
+    for i, (name, cap) in enumerate(columns):
+        widest = max([len(name)] + [len(row[i]) for row in cells])
+        widths.append(min(widest, cap) if cap else widest)
+    return widths
+
+
+def _cut(text: str, width: int) -> str:
+    """`text` in `width` characters; a longer one ends in "…" so nothing is lost silently."""
+    return text if len(text) <= width else text[: max(0, width - 1)] + "…"
+
+
 def render(clients: dict[str, Any], metrics: dict, prev: tuple[float, dict[str, int]] | None, now: float,
-           width: int, height: int, color: bool, sort: str = "requests") -> str:
-    """One screen: a header of totals and a table of client connections (pure, testable)."""
+           width: int, height: int, color: bool, sort: str = "requests", per_connection: bool = False) -> str:
+    """One screen: a header of totals and a table of clients (or of connections) (pure, testable).
+
+    Rates need two polls (`prev`: the time and counts of the earlier one); without one they show "-".
+    """
     b = (lambda s: f"{BOLD}{s}{RESET}") if color else (lambda s: s)
     d = (lambda s: f"{DIM}{s}{RESET}") if color else (lambda s: s)
     reqs = _total(metrics, "kafkatap_requests_total")
@@ -111,44 +196,74 @@ def render(clients: dict[str, Any], metrics: dict, prev: tuple[float, dict[str, 
     per_conn_rate: dict[str, float] = {}
     if prev is not None:
         dt = max(1e-6, now - prev[0])
-        rate = f"  {(reqs - prev[1].get('__total__', 0)) / dt:,.0f} req/s"
+        rate = f"  {_fmt_rate((reqs - prev[1].get('__total__', 0)) / dt)} req/s"
         for c in clients["clients"]:
             per_conn_rate[c["conn_id"]] = (c["requests"] - prev[1].get(c["conn_id"], c["requests"])) / dt
+    conns = list(clients["clients"])
+    view = "connections" if per_connection else f"clients ({len(conns)} connections)"
     lines = [
         b(f"kafkatap top — proxy {clients.get('proxy_id') or '?'}")
-        + f"  open connections {clients.get('open_connections', 0)}  requests {reqs:,.0f}{rate}  failed {errs:,.0f}",
-        f"latency p50 ≤{_fmt_us(p50)} p99 ≤{_fmt_us(p99)}   recording: dropped {drops:,.0f} queued {queue:,.0f}",
+        + f"  open connections {clients.get('open_connections', 0)}  requests {reqs:,.0f}{rate}"
+        + f"  with an error response {errs:,.0f}",
+        f"latency p50 ≤{_fmt_s(p50)} p99 ≤{_fmt_s(p99)}   recording: dropped {drops:,.0f} queued {queue:,.0f}"
+        f"   showing {view}",
         "",
     ]
-    cols = [("CLIENT_ID", 20), ("ROLE", 26), ("SOFTWARE", 18), ("CLIENT", 21), ("BROKER", 21), ("REQS", 8),
-            ("REQ/S", 7), ("IN", 7), ("OUT", 7), ("SEEN", 6), ("TOPICS", 0)]
-    header = " ".join(name.ljust(w) if w else name for name, w in cols)
-    lines.append(b(header[:width]))
-    rows = list(clients["clients"])
-    key = {"requests": lambda c: -c["requests"], "rate": lambda c: -per_conn_rate.get(c["conn_id"], 0),
-           "client": lambda c: c.get("client_id") or "", "seen": lambda c: c["last_seen_s_ago"]}[sort]
-    rows.sort(key=lambda c: (not c["open"], key(c)))
-    for c in rows[: max(1, height - len(lines) - 1)]:
-        sw = " ".join(x for x in (c.get("software"), c.get("software_version")) if x) or "-"
-        cells = [
-            (c.get("client_id") or "-"), c["role"], sw, c.get("client_addr") or "-", c.get("broker_addr") or "-",
-            f"{c['requests']:,}", f"{per_conn_rate[c['conn_id']]:.0f}" if c["conn_id"] in per_conn_rate else "-",
+    warning = bypass_top_line(metrics.get("kafkatap_bypass_advertised_total", []), width)
+    if warning:  # clients told to reach brokers directly: the one thing top must not let go unnoticed
+        lines.insert(2, b(warning))
+    if per_connection:
+        columns = CONN_COLUMNS
+        key = {"requests": lambda c: -c["requests"], "rate": lambda c: -per_conn_rate.get(c["conn_id"], 0),
+               "client": lambda c: c.get("client_id") or "", "seen": lambda c: c["last_seen_s_ago"]}[sort]
+        conns.sort(key=lambda c: (not c["open"], key(c)))
+        rows = [(c["open"], c.get("end_reason"), [
+            c.get("client_id") or "-", c["role"], _software(c), c.get("client_addr") or "-", c.get("broker_addr") or "-",
+            f"{c['requests']:,}", _fmt_rate(per_conn_rate[c["conn_id"]]) if c["conn_id"] in per_conn_rate else "-",
             _human_bytes(c["bytes_from_client"]), _human_bytes(c["bytes_from_broker"]),
-            f"{c['last_seen_s_ago']:.0f}s", ",".join(c["topics"]) or "-",
-        ]
-        line = " ".join(str(v)[:w].ljust(w) if w else str(v) for v, (_, w) in zip(cells, cols))[:width]
-        lines.append(line if c["open"] else d(line + (f"  ({c.get('end_reason')})" if c.get("end_reason") else "")))
+            f"{c['last_seen_s_ago']:.0f}s", ",".join(c["topics"]) or "-"]) for c in conns]
+    else:
+        columns = CLIENT_COLUMNS
+        groups = by_client(conns, per_conn_rate)
+        gkey = {"requests": lambda g: -g["requests"], "rate": lambda g: -(g["rate"] or 0),
+                "client": lambda g: g["client_id"], "seen": lambda g: g["last_seen_s_ago"]}[sort]
+        groups.sort(key=lambda g: (not g["open"], gkey(g)))
+        rows = [(g["open"], g["end_reason"], [
+            g["client_id"], "+".join(g["roles"]) or "other", g["software_label"], g["host"],
+            f"{g['open_conns']}/{g['conns']}" if g["open_conns"] != g["conns"] else str(g["conns"]),
+            str(len(g["brokers"])), f"{g['requests']:,}", "-" if g["rate"] is None else _fmt_rate(g["rate"]),
+            _human_bytes(g["bytes_from_client"]), _human_bytes(g["bytes_from_broker"]),
+            f"{g['last_seen_s_ago']:.0f}s", ",".join(sorted(g["topics"])) or "-"]) for g in groups]
+    shown = rows[: max(1, height - len(lines) - 1)]
+    widths = _fit([cells for _, _, cells in shown], columns)
+    lines.append(b(_line([name for name, _ in columns], widths, width)))
+    for is_open, end_reason, cells in shown:
+        line = _line(cells, widths, width)
+        lines.append(line if is_open else d(line + (f"  ({end_reason})" if end_reason else "")))
     if not rows:
         lines.append(d("no client connections yet"))
+    elif len(shown) < len(rows):
+        lines.append(d(f"… {len(rows) - len(shown)} more"))
     return "\n".join(lines)
 
 
-def _fmt_us(v: float | None) -> str:
+def _line(cells: list[str], widths: list[int], width: int) -> str:
+    last = len(cells) - 1
+    text = " ".join(_cut(v, w).ljust(w) if i < last else v for i, (v, w) in enumerate(zip(cells, widths)))
+    return _cut(text.rstrip(), width)
+
+
+def _fmt_rate(v: float) -> str:
+    """Requests per second: a decimal below 10, so one request in two seconds is not shown as 0."""
+    return f"{v:,.0f}" if v >= 10 or v == 0 else f"{v:.1f}"
+
+
+def _fmt_s(v: float | None) -> str:
     if v is None:
         return "-"
     if v == float("inf"):
         return "+Inf"
-    return f"{v / 1000:.1f}ms" if v >= 1000 else f"{v:.0f}µs"
+    return f"{v:g}s" if v >= 1 else (f"{v * 1000:g}ms" if v >= 0.001 else f"{v * 1e6:.0f}µs")
 
 
 def snapshot_counts(clients: dict[str, Any], metrics: dict) -> dict[str, int]:
@@ -157,51 +272,107 @@ def snapshot_counts(clients: dict[str, Any], metrics: dict) -> dict[str, int]:
     return counts
 
 
+def _check_addr(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    try:
+        parse_addr(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return value
+
+
+def _poll(addr: str) -> tuple[dict[str, Any], dict]:
+    return json.loads(fetch(addr, "/clients")), parse_metrics(fetch(addr, "/metrics").decode())
+
+
+@contextlib.contextmanager
+def _keys() -> Iterator[Callable[[float], str | None]]:
+    """Single key presses without Enter while the view runs: a `wait(seconds) -> key or None`.
+
+    Off a terminal (or without termios) it only waits, so `top` still works piped.
+    """
+    if not sys.stdin.isatty():
+        yield lambda t: time.sleep(t)  # type: ignore[func-returns-value]
+        return
+    import termios
+    import tty
+
+    fd = sys.stdin.fileno()
+    saved = termios.tcgetattr(fd)
+    tty.setcbreak(fd)
+
+    def wait(timeout: float) -> str | None:
+        ready, _, _ = select.select([sys.stdin], [], [], timeout)
+        return os.read(fd, 1).decode(errors="replace") if ready else None
+
+    try:
+        yield wait
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+
 @click.command("top")
 @click.option("--addr", "addr", default="127.0.0.1:9464", show_default=True, metavar="[HOST:]PORT",
-              help="The proxy's --status-addr.")
+              callback=_check_addr, help="The proxy's --status-addr (a bare PORT means 127.0.0.1).")
 @click.option("--interval", type=click.FloatRange(min=0.2), default=2.0, show_default=True,
-              help="Seconds between refreshes.")
-@click.option("--once", is_flag=True, help="Print one snapshot (no screen clearing, no colour) and exit.")
-@click.option("--json", "as_json", is_flag=True, help="With --once: print the raw /clients JSON instead.")
+              help="Seconds between refreshes (with --once: between its two polls).")
+@click.option("--once", is_flag=True, help="Poll twice --interval apart (for REQ/S), print one snapshot (no "
+              "screen clearing, no colour) and exit.")
+@click.option("--json", "as_json", is_flag=True, help="With --once: print the raw /clients JSON instead (one poll).")
+@click.option("--per-connection", is_flag=True, help="One row per connection instead of one per client "
+              "(interactively: press c to switch).")
 @click.option("--sort", type=click.Choice(["requests", "rate", "client", "seen"]), default="requests",
-              show_default=True, help="Order of the client table.")
-def top(addr: str, interval: float, once: bool, as_json: bool, sort: str) -> None:
+              show_default=True, help="Order of the table.")
+def top(addr: str, interval: float, once: bool, as_json: bool, per_connection: bool, sort: str) -> None:
     """Live view of a running proxy: who is connected, their role and traffic, latency, recording health.
+
+    One row per client (same client_id and software from one host, its connections to every
+    broker summed); press c for one row per connection, q to quit. "with an error response"
+    counts requests whose response carried an error code.
 
     \b
     Start the proxy with a status endpoint, then watch it:
       kafkatap proxy --listen 127.0.0.1:19092 --upstream BROKER:9092 --status-addr 9464
       kafkatap top --addr 9464
+      kafkatap top --addr 9464 --once --per-connection
+      kafkatap top --addr 9464 --once --json
     """
     prev: tuple[float, dict[str, int]] | None = None
     color = sys.stdout.isatty() and not once
-    try:
-        while True:
-            try:
-                clients = json.loads(fetch(addr, "/clients"))
-                metrics = parse_metrics(fetch(addr, "/metrics").decode())
-            except (urllib.error.URLError, OSError, ValueError) as exc:
-                if once:
-                    raise click.ClickException(f"cannot reach the proxy status endpoint at {addr}: {exc}. "
-                                               "Is the proxy running with --status-addr?") from exc
-                sys.stdout.write(f"{CLEAR}waiting for {addr}: {exc}\n")
-                sys.stdout.flush()
-                time.sleep(interval)
-                continue
-            now = time.monotonic()
-            if once and as_json:
+    if once:
+        try:
+            clients, metrics = _poll(addr)
+            if as_json:
                 click.echo(json.dumps(clients, indent=2))
                 return
-            size = shutil.get_terminal_size((160, 40))
-            screen = render(clients, metrics, prev, now, size.columns if not once else 400,
-                            size.lines if not once else 10_000, color, sort)
-            if once:
-                click.echo(screen)
-                return
-            sys.stdout.write(CLEAR + screen + "\n")
-            sys.stdout.flush()
-            prev = (now, snapshot_counts(clients, metrics))
-            time.sleep(interval)
+            prev = (time.monotonic(), snapshot_counts(clients, metrics))
+            time.sleep(interval)  # a rate is a difference: the second poll is what REQ/S is measured against
+            clients, metrics = _poll(addr)
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise click.ClickException(unreachable(addr, exc)) from None
+        click.echo(render(clients, metrics, prev, time.monotonic(), 400, 10_000, False, sort, per_connection))
+        return
+    try:
+        with _keys() as wait:
+            while True:
+                try:
+                    clients, metrics = _poll(addr)
+                except (urllib.error.URLError, OSError, ValueError) as exc:
+                    sys.stdout.write(f"{CLEAR}waiting: {unreachable(addr, exc)}\n")
+                    sys.stdout.flush()
+                    key = wait(interval)
+                    if key in ("q", "Q"):
+                        return
+                    continue
+                now = time.monotonic()
+                size = shutil.get_terminal_size((160, 40))
+                screen = render(clients, metrics, prev, now, size.columns, size.lines, color, sort, per_connection)
+                sys.stdout.write(CLEAR + screen + "\n")
+                sys.stdout.flush()
+                prev = (now, snapshot_counts(clients, metrics))
+                key = wait(interval)
+                if key in ("c", "C"):
+                    per_connection = not per_connection
+                elif key in ("q", "Q"):
+                    return
     except KeyboardInterrupt:
         pass

@@ -7,7 +7,9 @@ list of ~20 bounds) and must not take locks. Rendering the Prometheus text
 format (done at scrape time, also on the loop) is a few dozen lines; a
 dependency for it would be the only one the proxy host needs beyond the relay.
 
-All latencies are **microseconds**, matching the recording columns.
+Latencies are observed in **microseconds** (integers, as the recording columns) and exposed in
+**seconds**, Prometheus's base unit: `*_latency_seconds` histograms whose bucket bounds (`le`) and
+`_sum` are seconds, so `histogram_quantile()` and Grafana's duration units need no conversion.
 
 Bounds (label values come from what clients send — api keys, versions, error
 codes — so a hostile client could otherwise grow memory and `/metrics`
@@ -33,6 +35,7 @@ LATENCY_BUCKETS_US: tuple[float, ...] = (
     50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
     1_000_000, 2_500_000, 5_000_000, 10_000_000, 30_000_000,
 )
+LATENCY_BUCKETS_S: tuple[float, ...] = tuple(b / 1e6 for b in LATENCY_BUCKETS_US)  # the same bounds as exposed
 
 # Which role an API implies for the client connection that sends it.
 PRODUCER, CONSUMER, GROUP_MEMBER, ADMIN, KIP848_CONSUMER, SHARE_CONSUMER, STREAMS_MEMBER = 1, 2, 4, 8, 16, 32, 64
@@ -186,6 +189,10 @@ class LiveStats:
         # reason → count of connections never accepted (EMFILE, fd reserve); the server's dict (proxy.listener)
         self.accept_failures: dict[str, int] = {}
         self.clients: dict[str, _Client] = {}
+        # advertised address → responses that sent clients there, around the proxy (proxy.bypass; explicit mode)
+        self.bypass: dict[str, int] = {}
+        # cluster mode's counters (proxy.cluster.ClusterStats), read at scrape time; `kafkatap proxy` wires them
+        self.cluster_stats: Any = None
         self.open_count = 0
         self.tcp_samples = 0
         self.frames = 0
@@ -229,6 +236,10 @@ class LiveStats:
             for e in errs[:16]:  # bounded: a response can carry an error per partition
                 name = (e.get("name") if isinstance(e, dict) else None) or "UNKNOWN"
                 _bump(self.errors, (api, ver, name))
+        bypass = row.get("bypass")
+        if bypass:
+            for addr in bypass[:16]:
+                _bump(self.bypass, addr)
         c = self._client(row, now)
         c.last_seen_ns = now
         c.requests += 1
@@ -322,10 +333,10 @@ class LiveStats:
                "Requests without a response: unanswered (connection ended first) or no_response (acks=0).",
                (("", {"api": a, "status": s}, n) for (a, s), n in _sorted(self.unanswered)))
         for name, hists, help_ in (
-            ("kafkatap_request_latency_us", self.latency,
-             "Client-visible request latency in microseconds (first request byte in to last response byte out)."),
-            ("kafkatap_broker_latency_us", self.broker_latency,
-             "Broker latency in microseconds (request sent to first response byte)."),
+            ("kafkatap_request_latency_seconds", self.latency,
+             "Client-visible request latency in seconds (first request byte in to last response byte out)."),
+            ("kafkatap_broker_latency_seconds", self.broker_latency,
+             "Broker latency in seconds (request sent to first response byte)."),
         ):
             family(name, "histogram", help_, _histogram_samples(hists))
         family("kafkatap_request_bytes_total", "counter", "Request frame bytes, client to broker, by API.",
@@ -357,6 +368,21 @@ class LiveStats:
                "Client connections not accepted (emfile: out of descriptors; fd_reserve: refused to keep "
                "descriptors for the recorder), by reason.",
                (("", {"reason": r}, n) for r, n in sorted(self.accept_failures.items())))
+        family("kafkatap_bypass_advertised_total", "counter",
+               "Responses (Metadata, FindCoordinator, DescribeCluster) that told a client to connect to a broker "
+               "address this proxy does not listen for, by address: that traffic goes around the proxy and is not "
+               "recorded (use --cluster, or advertise the proxy's listeners).",
+               (("", {"address": a}, n) for a, n in _sorted(self.bypass)))
+        cs = self.cluster_stats
+        if cs is not None:
+            family("kafkatap_cluster_rewritten_responses_total", "counter",
+                   "Cluster mode: responses whose broker addresses were rewritten to the proxy's listeners.",
+                   [("", {}, cs.rewritten_responses)])
+            family("kafkatap_cluster_rewrite_failures_total", "counter",
+                   "Cluster mode: responses that carry addresses but could not be rewritten (forwarded as they were).",
+                   [("", {}, cs.rewrite_failures)])
+            family("kafkatap_cluster_brokers", "gauge", "Cluster mode: brokers known (each has a listener).",
+                   [("", {}, cs.brokers_seen)])
         rs = self.recorder_stats() if self.recorder_stats else None
         if rs is not None:
             family("kafkatap_recording_dropped_rows_total", "counter",
@@ -378,11 +404,11 @@ def _histogram_samples(hists: dict[tuple[str, str], _Histogram]) -> Iterable[tup
     for (api, broker), h in _sorted(hists):
         labels = {"api": api, "broker": broker}
         cum = 0
-        for bound, count in zip(LATENCY_BUCKETS_US, h.counts):
+        for bound, count in zip(LATENCY_BUCKETS_S, h.counts):
             cum += count
             yield "_bucket", {**labels, "le": _num(bound)}, cum
         yield "_bucket", {**labels, "le": "+Inf"}, h.n
-        yield "_sum", labels, h.total
+        yield "_sum", labels, h.total / 1e6  # observed in µs, exposed in seconds
         yield "_count", labels, h.n
 
 
@@ -400,3 +426,121 @@ def _num(v: float) -> str:
     if isinstance(v, float) and v.is_integer() and abs(v) < 1e15:
         return str(int(v))
     return repr(v) if isinstance(v, float) else str(v)
+
+
+# -- several worker processes, one status address (proxy.workers) ----------------------------------
+# The parent of `kafkatap proxy --workers N` scrapes each worker's own endpoint and serves the merge.
+# Merging works on the exposition text, generically over metric families, so a family added or
+# renamed here (or a unit change) needs no change below: counters and gauges are summed per label set
+# (the `proxy` label becomes the parent's id), histogram `_bucket`/`_sum`/`_count` samples are summed
+# bucket-wise (cumulative counts of equal bounds add up to the merged histogram), and the few gauges
+# that are instants rather than amounts (MERGE_MIN_SUFFIXES) take the earliest value.
+MERGE_MIN_SUFFIXES = ("_start_time_seconds",)
+
+
+def parse_exposition(text: str) -> list[tuple[str, str, str, list[tuple[str, str]], float]]:
+    """Our own exposition text → [(family, kind, sample name, [(label, value)], value)], in order.
+
+    `family` and `kind` come from the last `# TYPE` line. The HELP and TYPE lines themselves are
+    returned as records of kind "help" / "type" (their text in the name slot) so a merge keeps
+    them, also for families without samples yet.
+    """
+    out: list[tuple[str, str, str, list[tuple[str, str]], float]] = []
+    family, kind = "", "untyped"
+    for line in text.splitlines():
+        if not line:
+            continue
+        if line.startswith("#"):
+            parts = line.split(" ", 3)
+            if len(parts) >= 4 and parts[1] == "TYPE":
+                family, kind = parts[2], parts[3].strip()
+                out.append((family, "type", kind, [], 0.0))
+            elif len(parts) >= 3 and parts[1] == "HELP":
+                out.append((parts[2], "help", parts[3] if len(parts) > 3 else "", [], 0.0))
+            continue
+        head, _, value = line.rpartition(" ")
+        name, brace, body = head.partition("{")
+        labels = _parse_labels(body[:-1]) if brace else []
+        try:
+            num = float(value)
+        except ValueError:
+            continue
+        fam = family if name.startswith(family) else name
+        out.append((fam, kind if fam == family else "untyped", name, labels, num))
+    return out
+
+
+def _parse_labels(body: str) -> list[tuple[str, str]]:
+    labels: list[tuple[str, str]] = []
+    i, n = 0, len(body)
+    while i < n:
+        eq = body.index("=", i)
+        key = body[i:eq].strip().lstrip(",").strip()
+        j = eq + 2  # past '="'
+        val: list[str] = []
+        while j < n and body[j] != '"':
+            if body[j] == "\\" and j + 1 < n:
+                j += 1
+                val.append({"n": "\n"}.get(body[j], body[j]))
+            else:
+                val.append(body[j])
+            j += 1
+        labels.append((key, "".join(val)))
+        i = j + 1
+        while i < n and body[i] in ", ":
+            i += 1
+    return labels
+
+
+def merge_prometheus(texts: Iterable[str], proxy_id: str) -> str:
+    """Merge several processes' `/metrics` texts into one, as if one proxy `proxy_id` had served it."""
+    helps: dict[str, str] = {}
+    kinds: dict[str, str] = {}
+    order: list[str] = []  # families, first seen first
+    samples: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
+    for text in texts:
+        for fam, kind, name, labels, value in parse_exposition(text):
+            if fam not in samples:
+                samples[fam] = {}
+                order.append(fam)
+            if kind == "help":
+                helps.setdefault(fam, name)
+                continue
+            if kind == "type":
+                kinds.setdefault(fam, name)
+                continue
+            key = (name, tuple((k, proxy_id if k == "proxy" else v) for k, v in labels))
+            have = samples[fam].get(key)
+            if have is None:
+                samples[fam][key] = value
+            elif fam.endswith(MERGE_MIN_SUFFIXES):
+                samples[fam][key] = min(have, value)
+            else:
+                samples[fam][key] = have + value
+    out: list[str] = []
+    for fam in order:
+        if fam in helps:
+            out.append(f"# HELP {fam} {helps[fam]}")
+        if fam in kinds:
+            out.append(f"# TYPE {fam} {kinds[fam]}")
+        for (name, labels), value in samples[fam].items():
+            out.append(f"{name}{_labels(dict(labels))} {_num(value)}")
+    return "\n".join(out) + "\n"
+
+
+def merge_clients(parts: Iterable[dict[str, Any]], proxy_id: str) -> dict[str, Any]:
+    """Merge several processes' `/clients` answers: connections concatenated, counts summed.
+
+    Each connection keeps the worker it lives on as `worker` (that worker's proxy id).
+    """
+    rows: list[dict[str, Any]] = []
+    open_connections = 0
+    now = 0
+    for part in parts:
+        open_connections += int(part.get("open_connections") or 0)
+        now = max(now, int(part.get("now_ns") or 0))
+        for row in part.get("clients") or ():
+            rows.append({**row, "worker": part.get("proxy_id")})
+    rows.sort(key=lambda r: (not r.get("open"), -(r.get("last_seen_ns") or 0)))
+    return {"proxy_id": proxy_id, "now_ns": now or time.time_ns(), "open_connections": open_connections,
+            "clients": rows}

@@ -21,7 +21,7 @@ backlog is queued for that connection; otherwise the chunk is queued (what
 the budget still allows is decoded at once) and the scheduler decodes the queues round-robin, one slice
 at a time, a budget per `loop.call_soon` turn, so I/O callbacks (forwarding)
 run between turns. A slice is sized by the frames the previous one held
-(`SLICE_MIN`…`SLICE_MAX`): tiny pipelined frames are decoded a few KiB at a
+(`SLICE_MIN`…`SLICE_MAX`): tiny pipelined frames are decoded about a KiB at a
 time, large Produce/Fetch frames (mostly skipped bytes) a chunk at a time. While a connection's observation is
 behind, its `SendStamps` keep flush marks so "sent" times stay those of the
 flush, not of the late decode. Bound: a connection whose queued observation
@@ -58,8 +58,14 @@ Log = Callable[..., None]  # log(level, event, **fields), bound to the connectio
 MAX_CLIENT_IDS = 16  # distinct client_id values kept per connection
 
 
-TURN_BUDGET = 256  # decode units per loop turn (≈ 0.5 ms of tiny frames)
-SLICE_MIN, SLICE_MAX = 4 * 1024, 256 * 1024  # a queued chunk is decoded a slice at a time, sized by frame density
+# Decode units per loop turn, and the smallest slice a queued chunk is decoded in. Another connection
+# waits for about one turn plus one slice of this work: a tiny pipelined frame costs ~10-15 µs to decode,
+# pair and row, so 4 KiB slices (273 such frames) held a ping beside a flood the decoder keeps up with
+# for 6-9 ms at the median (with 256 units); 1 KiB slices and 128 units: ~2-4 ms (bench/hostile.py,
+# "decoder keeps up" rows, 2 shared cores). 64 units were better still for the ping but let a 1 GiB
+# full-speed stream fall behind the relay (tests/proxy/test_bytes.py: no longer decoded to its end).
+TURN_BUDGET = 128
+SLICE_MIN, SLICE_MAX = 1024, 256 * 1024  # a queued chunk is decoded a slice at a time, sized by frame density
 # Queued, not yet decoded bytes per connection before it goes opaque. libuv reads up to 32 × 256 KiB from
 # one socket per loop iteration, so the bound must hold a few such bursts of cheap (large) frames.
 MAX_BACKLOG_BYTES = 16 << 20

@@ -54,6 +54,7 @@ def request_row(
     first = req.first_byte_ns
     errors: list[dict[str, Any]] = []
     throttle = fetched_bytes = producer_id = producer_epoch = None
+    advertised: list[str] | None = None
     if resp is not None:
         resp_first, resp_last, resp_size, r = resp.first_byte_ns, resp.last_byte_ns, resp.size, resp.summary
         if r is not None:
@@ -64,6 +65,10 @@ def request_row(
             if r.fetched:
                 fetched_bytes = sum(p.records_bytes for p in r.fetched)
             producer_id, producer_epoch = r.producer_id, r.producer_epoch
+            if r.brokers or r.coordinator:  # what the client was told to connect to (proxy.bypass checks it)
+                advertised = list(r.brokers)  # "node_id@host:port": the report names brokers by id too
+                if r.coordinator:
+                    advertised.append(r.coordinator)
         note = req.decode_note or resp.decode_note
     else:
         resp_first = resp_last = resp_size = None
@@ -128,6 +133,9 @@ def request_row(
         "isolation_level": s.isolation_level,
         "fetch_session_id": s.fetch_session_id,
         "fetch_session_epoch": s.fetch_session_epoch,
+        "edit": conn.edits.pop(req.correlation_id, None) if conn.edits else None,
+        "advertised": advertised,
+        "bypass": None,  # filled by proxy.bypass in plain explicit mode
         "group_id": s.group_id or s.coordinator_key,
         "member_id": s.member_id,
         "generation_id": s.generation_id,

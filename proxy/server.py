@@ -34,6 +34,8 @@ import structlog
 
 from protocol.stream import KafkaStream
 from proxy import original_dst as _odst
+from proxy.address import parse_hostport  # re-exported: the one HOST:PORT parser (range-checked)
+from proxy.bypass import BypassCheck, BypassSink
 from proxy.connection import Connection
 from proxy.context import Addr, ConnectionContext, RelaySettings, format_addr
 from proxy.faults import NO_FAULTS, Faults
@@ -73,19 +75,6 @@ def _mark_message(mark: int, exc: OSError) -> str:
             "and without it an OUTPUT REDIRECT rule loops the proxy's upstream connections back to itself")
 
 
-def parse_hostport(text: str, default_host: str = "0.0.0.0") -> tuple[str, int]:
-    """"host:port", "[v6]:port" or ":port" → (host, port)."""
-    text = text.strip()
-    if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
-        port = rest.lstrip(":")
-    else:
-        host, _, port = text.rpartition(":")
-    if not port.isdigit():
-        raise ValueError(f"expected HOST:PORT, got {text!r}")
-    return (host or default_host), int(port)
-
-
 @dataclass(frozen=True, slots=True)
 class Route:
     """One listener and where its connections go (None: transparent, SO_ORIGINAL_DST)."""
@@ -97,7 +86,7 @@ class Route:
     def parse(cls, text: str) -> Route:
         """"LISTEN=UPSTREAM" (explicit) or "LISTEN" (transparent)."""
         listen, sep, upstream = text.partition("=")
-        return cls(parse_hostport(listen), parse_hostport(upstream) if sep else None)
+        return cls(parse_hostport(listen), parse_hostport(upstream, allow_zero=False) if sep else None)
 
 
 class ProxyServer:
@@ -124,6 +113,11 @@ class ProxyServer:
         backlog: int = 4096,
         resolve_topics: bool = True,
         topic_map_limit: int = 100_000,
+        reuse_port: bool = False,
+        interceptors: Sequence[Callable[[Any], Any]] = (),
+        cluster: Any = None,
+        tls_server: Any = None,
+        upstream_tls: Any = None,
     ) -> None:
         self.routes = [r if isinstance(r, Route) else Route.parse(r) for r in routes]
         if not self.routes:
@@ -141,6 +135,17 @@ class ProxyServer:
         self.stream_factory = stream_factory or KafkaStream
         self.original_dst = original_dst or _odst.original_dst
         self.backlog = backlog
+        self.reuse_port = reuse_port  # SO_REUSEPORT listeners: one of several worker processes (proxy.workers)
+        # frame-editing factories (proxy.intercept), asked at every accept; a list so that one added later
+        # (add_interceptor) applies to the connections accepted after it
+        self.interceptors: list[Callable[[Any], Any]] = list(interceptors)
+        # cluster mode (proxy.cluster.ClusterMode): per-broker listeners and address rewriting
+        self.cluster = cluster
+        self.tls_server = tls_server  # ssl.SSLContext: every listener terminates the clients' TLS (proxy.tls)
+        self.upstream_tls = upstream_tls  # proxy.tls.UpstreamTls: brokers are reached over TLS
+        self.bypass: BypassSink | None = None  # plain explicit mode: counts responses that send clients around us
+        if cluster is not None:
+            cluster.install(self)
         self.rng = random.Random(self._faults.seed)
         self.conns: set[Connection] = set()
         self.closing = False
@@ -178,12 +183,16 @@ class ProxyServer:
         self._stopped = asyncio.Event()
         self.resolver = TopicResolver(self.loop, self.topics, enabled=self.resolve_topics,
                                       so_mark=self.settings.so_mark)
+        self.resolver.tls = self.upstream_tls
         self._ctx = ConnectionContext(loop=self.loop, clock=self.clock, settings=self.settings,
-                                      emit=TopicNamingSink(self._emit, self.topics, self.resolver),
+                                      emit=TopicNamingSink(self._bypass_step(), self.topics, self.resolver),
                                       hub=self, stream_factory=self.stream_factory,
-                                      original_dst=self.original_dst, rng=self.rng, topics=self.topics)
+                                      original_dst=self.original_dst, rng=self.rng, topics=self.topics,
+                                      interceptors=self.interceptors, upstream_tls=self.upstream_tls)
         for route in self.routes:
             self._listen(route)
+        if self.cluster is not None:  # discovery binds the brokers' listeners before any client is served
+            await self.cluster.start()
         if self.tcp_info_interval:
             self._periodic = self.loop.call_later(self.tcp_info_interval, self._tick)
         self._clock_timer = self.loop.call_later(CLOCK_CHECK_S, self._clock_tick)
@@ -197,10 +206,10 @@ class ProxyServer:
         """
         host, port = route.listen
         up = route.upstream
-        socks = [bind_listener(host, port, self.backlog)]
+        socks = [bind_listener(host, port, self.backlog, self.reuse_port)]
         if up is None and host == "0.0.0.0" and socket.has_ipv6:
             try:
-                socks.append(bind_listener("::", socks[0].getsockname()[1], self.backlog))
+                socks.append(bind_listener("::", socks[0].getsockname()[1], self.backlog, self.reuse_port))
             except OSError as exc:  # a host without IPv6: the IPv4 listener still serves
                 log.warning("transparent mode without an IPv6 listener", error=str(exc))
         for sock in socks:
@@ -210,12 +219,42 @@ class ProxyServer:
             def factory(up: Addr | None = up, listener: str | None = listener) -> asyncio.Protocol:
                 return Connection(self._ctx, listener, up).client_protocol  # type: ignore[arg-type]
 
-            acceptor = Acceptor(self.loop, sock, factory, self._accept_failed)
+            acceptor = Acceptor(self.loop, sock, factory, self._accept_failed, ssl=self.tls_server)
             acceptor.start()
             self._acceptors.append(acceptor)
             self._listen_addrs.append((addr[0], addr[1]))
             log.info("listening", listener=listener,
                      upstream=f"{up[0]}:{up[1]}" if up else "original destination (transparent)")
+
+    def _bypass_step(self) -> Any:
+        """Plain explicit mode: rows go through the bypass check (proxy.bypass); other modes need none."""
+        if self.cluster is not None or any(r.upstream is None for r in self.routes):
+            return self._emit
+        check = BypassCheck(lambda: self._listen_addrs, [r.upstream for r in self.routes if r.upstream])
+        self.bypass = BypassSink(self._emit, check, lambda: [format_addr(a) for a in self._listen_addrs])
+        return self.bypass
+
+    def add_listener(self, listen: Addr, upstream: Callable[[], Addr], label: str = "") -> Addr:
+        """Bind one more listener now, whose upstream is asked at each accept (cluster mode: one per broker).
+
+        Synchronous on purpose: cluster mode binds a new broker's listener before it forwards
+        the response that names it, so no client is told of a port that is not listening yet.
+        Raises OSError when the address cannot be bound.
+        """
+        sock = bind_listener(listen[0], listen[1], self.backlog, self.reuse_port)
+        addr = sock.getsockname()[:2]
+        listener = format_addr(addr)
+
+        def factory() -> asyncio.Protocol:
+            return Connection(self._ctx, listener, upstream()).client_protocol  # type: ignore[arg-type]
+
+        acceptor = Acceptor(self.loop, sock, factory, self._accept_failed, ssl=self.tls_server)
+        acceptor.start()
+        self._acceptors.append(acceptor)
+        self._listen_addrs.append((addr[0], addr[1]))
+        if self.closing:
+            acceptor.close()
+        return addr[0], addr[1]
 
     def _accept_failed(self, reason: str) -> None:
         self.accept_failures[reason] = self.accept_failures.get(reason, 0) + 1
@@ -281,12 +320,17 @@ class ProxyServer:
         assert self._stopped is not None
         self._stopped.set()
 
-    async def serve_forever(self, install_signals: bool = True) -> None:
-        """Run until SIGTERM/SIGINT (or stop()), then shut down gracefully."""
+    async def serve_forever(self, install_signals: bool = True, stop_requested: asyncio.Event | None = None) -> None:
+        """Run until SIGTERM/SIGINT (or stop(), or `stop_requested` is set), then shut down gracefully.
+
+        `stop_requested`: the caller's own stop event, e.g. set by signal handlers it installed
+        before start-up finished (a `--workers` worker may be told to stop the moment it reports
+        that it listens); pass install_signals=False then.
+        """
         if self.loop is None:
             await self.start()
         assert self._stopped is not None
-        stop_requested = asyncio.Event()
+        stop_requested = stop_requested if stop_requested is not None else asyncio.Event()
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self.loop.add_signal_handler(sig, stop_requested.set)

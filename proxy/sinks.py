@@ -199,12 +199,15 @@ def build_sinks(
     queue_rows: int = 200_000,
     extra_sinks: tuple[RecordSink, ...] = (),
     live_stats: bool = False,
+    writer: str = "process",
 ) -> ProxySinks:
     """Build the proxy's row consumers.
 
     record_dir: None → no Parquet (live stats only). proxy_id: None → short hostname.
     status_addr: None → no HTTP endpoint (and no LiveStats unless live_stats=True);
     "PORT" or "HOST:PORT" (host defaults to 127.0.0.1).
+    writer: where Arrow conversion and Parquet encoding run — "process" (a child process on
+    another core, so recording barely costs the proxy's loop CPU; issue 16) or "thread".
     Raises `recording.writer.RecordingError` at once when the directory is unusable,
     so the proxy fails at start-up with a clear message.
     """
@@ -216,7 +219,8 @@ def build_sinks(
     recorder: ParquetRecorder | None = None
     if record_dir is not None:
         recorder = ParquetRecorder(record_dir, proxy_id, capture=capture, flush_interval_s=flush_interval_s,
-                                   compact_interval_s=compact_interval_s, queue_rows=queue_rows).start()
+                                   compact_interval_s=compact_interval_s, queue_rows=queue_rows,
+                                   writer=writer).start()
     stats: LiveStats | None = None
     if status_addr or live_stats:  # nobody reads the counters without the endpoint: skip their per-row cost
         stats = LiveStats(proxy_id, recorder_stats=recorder.stats if recorder else None)

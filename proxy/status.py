@@ -11,12 +11,14 @@ the data names clients and topics.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import ipaddress
 import json
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
+from proxy.address import parse_hostport
 from proxy.metrics import LiveStats
 
 log = structlog.get_logger("kafkatap.status")
@@ -27,17 +29,15 @@ READ_TIMEOUT_S = 5.0
 
 
 def parse_addr(addr: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
-    """`PORT`, `:PORT`, `HOST:PORT` or `[V6]:PORT` → (host, port); the host defaults to loopback."""
-    addr = addr.strip()
-    if addr.isdigit():
-        return default_host, int(addr)
-    if addr.startswith("["):
-        host, _, port = addr[1:].partition("]:")
-    else:
-        host, _, port = addr.rpartition(":")
-    if not port.isdigit():
-        raise ValueError(f"status address {addr!r} is not HOST:PORT")
-    return host or default_host, int(port)
+    """`PORT`, `:PORT`, `HOST:PORT` or `[V6]:PORT` → (host, port); the host defaults to loopback.
+
+    The status endpoint names clients and topics, so unlike a listener (0.0.0.0) a bare
+    PORT stays on loopback. Parsing and the port range check are `proxy.address`'s.
+    """
+    try:
+        return parse_hostport(addr, default_host)
+    except ValueError as exc:
+        raise ValueError(f"status address: {exc}") from None
 
 
 def is_loopback(host: str) -> bool:
@@ -47,11 +47,29 @@ def is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
-class StatusServer:
-    """Serves LiveStats over HTTP on the running event loop."""
+class StatusSource(Protocol):
+    """What the endpoint serves: one process's `LiveStats`, or the merge of several workers'
+    (`proxy.workers.WorkerStats`, whose methods are coroutines: it asks the workers over HTTP)."""
 
-    def __init__(self, stats: LiveStats, host: str = "127.0.0.1", port: int = 0) -> None:
+    proxy_id: str
+
+    def render_prometheus(self) -> Any:
+        """The exposition text (or an awaitable of it)."""
+
+    def clients_json(self) -> Any:
+        """The /clients document (or an awaitable of it)."""
+
+
+async def _resolved(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+class StatusServer:
+    """Serves LiveStats (or any StatusSource) over HTTP on the running event loop."""
+
+    def __init__(self, stats: LiveStats | StatusSource, host: str = "127.0.0.1", port: int = 0) -> None:
         self.stats = stats
+        self.fault_control: Any = None  # proxy.fault_control.FaultControl: the /faults routes (issue 17)
         self.host = host
         self.port = port
         self._server: asyncio.base_events.Server | None = None
@@ -98,7 +116,11 @@ class StatusServer:
                 if headers.get("content-length", "0") not in ("", "0") or "transfer-encoding" in headers:
                     await self._respond(writer, 400, "text/plain", b"request bodies are not accepted\n", close=True)
                     return
-                status, ctype, body = self._route(method, target.split("?", 1)[0])
+                path, _, query = target.partition("?")
+                if path == "/faults" or path.startswith("/faults/"):  # runtime Kafka faults (proxy.fault_control)
+                    status, ctype, body = self._faults(method, path, query, writer.get_extra_info("peername"))
+                else:
+                    status, ctype, body = await self._route(method, path)
                 await self._respond(writer, status, ctype, body, close=close, head_only=method == "HEAD")
                 if close:
                     return
@@ -107,13 +129,22 @@ class StatusServer:
         finally:
             writer.close()
 
-    def _route(self, method: str, path: str) -> tuple[int, str, bytes]:
+    def _faults(self, method: str, path: str, query: str, peer: Any) -> tuple[int, str, bytes]:
+        if self.fault_control is None:
+            from proxy.fault_control import NOT_INSTALLED
+
+            if method in ("GET", "HEAD"):
+                return 200, "application/json", json.dumps({"installed": False, "faults": []}).encode()
+            return 409, "text/plain", (NOT_INSTALLED + "\n").encode()
+        return self.fault_control.handle(method, path, query, peer)
+
+    async def _route(self, method: str, path: str) -> tuple[int, str, bytes]:
         if method not in ("GET", "HEAD"):
             return 405, "text/plain", b"only GET\n"
         if path == "/metrics":
-            return 200, PROMETHEUS_CONTENT_TYPE, self.stats.render_prometheus().encode()
+            return 200, PROMETHEUS_CONTENT_TYPE, (await _resolved(self.stats.render_prometheus())).encode()
         if path == "/clients":
-            return 200, "application/json", json.dumps(self.stats.clients_json()).encode()
+            return 200, "application/json", json.dumps(await _resolved(self.stats.clients_json())).encode()
         if path in ("/healthz", "/"):
             body: dict[str, Any] = {"status": "ok", "proxy_id": self.stats.proxy_id,
                                     "routes": ["/metrics", "/clients", "/healthz"]}
@@ -123,7 +154,8 @@ class StatusServer:
     @staticmethod
     async def _respond(writer: asyncio.StreamWriter, status: int, ctype: str, body: bytes, close: bool,
                        head_only: bool = False) -> None:
-        reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+        reason = {200: "OK", 201: "Created", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
+                  405: "Method Not Allowed", 409: "Conflict",
                   431: "Request Header Fields Too Large"}.get(status, "OK")
         head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
                 f"Cache-Control: no-store\r\nConnection: {'close' if close else 'keep-alive'}\r\n\r\n")

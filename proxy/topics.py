@@ -143,6 +143,7 @@ class TopicResolver:
         self.cluster_ids: dict[str, str] = {}  # broker "host:port" → cluster id its Metadata answer gave
         self.enabled = enabled
         self.so_mark = so_mark
+        self.tls: Any = None  # proxy.tls.UpstreamTls when brokers are reached over TLS (set by the server)
         self.min_interval_s = min_interval_s
         self.timeout_s = timeout_s
         self.client_id = client_id
@@ -192,7 +193,8 @@ class TopicResolver:
             if self.so_mark is not None:  # transparent mode: our own connection must not be redirected to us
                 sock.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_MARK", 36), self.so_mark)  # raises: no query
             await asyncio.wait_for(self.loop.sock_connect(sock, (host, int(port))), self.timeout_s)
-            reader, writer = await asyncio.open_connection(sock=sock)
+            tls = self.tls.connect_kwargs(host) if self.tls is not None else {}  # proxy.tls: TLS brokers
+            reader, writer = await asyncio.open_connection(sock=sock, **tls)
             body = {"topics": None, "allow_auto_topic_creation": False,
                     "include_topic_authorized_operations": False}
             writer.write(encode_request(METADATA, METADATA_VERSION, 1, self.client_id, body))

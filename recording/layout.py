@@ -30,7 +30,7 @@ from pathlib import Path
 from recording.schema import COLUMNS
 
 __all__ = ["TIME_COLUMN", "HOUR_NS", "new_run_id", "flush_name", "merged_name", "tmp_name", "safe_segment",
-           "partition_dir", "is_hidden", "superseded", "partition_values", "recover"]
+           "worker_proxy_id", "partition_dir", "is_hidden", "superseded", "partition_values", "recover"]
 
 # The column whose hour decides a row's partition. Following the rows' own time
 # (not the clock at flush) means a Spark job pruning by date/hour never misses
@@ -105,6 +105,20 @@ def _pid_alive(pid: int) -> bool:
 def safe_segment(value: str) -> str:
     """A proxy id usable as a directory name on every filesystem and in Hive partitions."""
     return re.sub(r"[^A-Za-z0-9._-]", "_", value) or "proxy"
+
+
+def worker_proxy_id(proxy_id: str, worker: int) -> str:
+    """The proxy id worker `worker` (1-based) of `kafkatap proxy --workers N` records under: `<id>-w<worker>`.
+
+    Why each worker has its own id: every worker is a writer of its own (own run, own queue,
+    own compaction), and a distinct `proxy=` partition means no two processes ever write,
+    compact or `recover()` the same directory, whatever their pids. Readers take every
+    `proxy=` directory, so a recording of N workers reads like one of N proxies; the parent
+    id stays the common prefix. A restarted worker gets its index's id back.
+    """
+    if worker < 1:
+        raise ValueError("workers are numbered from 1")
+    return f"{proxy_id}-w{worker}"
 
 
 def partition_dir(root: Path, dataset: str, proxy_id: str, hour_index: int) -> Path:

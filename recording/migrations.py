@@ -14,8 +14,8 @@ Why migrations are mostly *data*: a migration has to work on a pyarrow Table
 functions per version would drift apart. Renames and drops are declared once
 (`rename`, `drop`) and each engine applies them with its own one-liner; added
 columns and widened types need no migration at all (the conform step does
-them). Only a change that is not a rename/drop (e.g. splitting a column) needs
-code, and then both `arrow` and `spark` hooks are required, so neither reader
+them). Only a change that is not a rename/drop (e.g. splitting a column, or 2 → 3's
+int64 epoch ns → timestamp) needs code, and then both `arrow` and `spark` hooks are required, so neither reader
 is left unable to read the old files. Nothing here imports pyspark (a proxy
 host does not have it): `to_spark` only calls DataFrame methods.
 """
@@ -29,6 +29,7 @@ from typing import Any
 import pyarrow as pa
 
 from recording.schema import FORMAT_KEY, FORMAT_VERSION
+from recording.timestamps import from_epoch_ns, timestamp_columns
 
 __all__ = ["RecordingFormatError", "Migration", "MIGRATIONS", "version_of", "migrations_from", "single_version"]
 
@@ -75,12 +76,35 @@ class Migration:
         return self.spark(df, dataset) if self.spark is not None else df
 
 
+def _int_ns_columns(names: Sequence[str], types: Sequence[str], dataset: str) -> set[str]:
+    """The current timestamp columns present in a file as integers (so still epoch ns)."""
+    wanted = set(timestamp_columns(dataset))
+    return {n for n, t in zip(names, types) if n in wanted and t in ("bigint", "int")}  # Spark's dtype names
+
+
+def _ns_ints_to_timestamps_arrow(table: pa.Table, dataset: str) -> pa.Table:
+    """Integer epoch-ns timestamp columns as timestamp[us, UTC] (`recording.timestamps.from_epoch_ns`)."""
+    return from_epoch_ns(table, dataset)
+
+
+def _ns_ints_to_timestamps_spark(df: Any, dataset: str) -> Any:
+    """`timestamp_micros(div(col, 1000))` per integer timestamp column, in SQL (this module imports no pyspark)."""
+    ints = _int_ns_columns(df.columns, [t for _, t in df.dtypes], dataset)
+    if not ints:
+        return df
+    return df.selectExpr(*[f"timestamp_micros(div(`{c}`, 1000)) AS `{c}`" if c in ints else f"`{c}`"
+                           for c in df.columns])
+
+
 # from_version -> the step to from_version + 1. Added columns and datasets need
 # no code (the conform step fills them with nulls), only the registered step.
 MIGRATIONS: dict[int, Migration] = {
     # 1 → 2 added requests.topic_ids and the topics/ dataset, widened acks/last_request_acks (int8 → int16)
     # and error_count (int16 → int32): nothing to rename or drop, the conform step casts
     1: Migration(1),
+    # 2 → 3: the *_ns timestamp columns became timestamp[us, UTC] (were int64 epoch ns). Not a cast the
+    # conform step could do (int → timestamp reads the number as µs), so both engines divide explicitly.
+    2: Migration(2, arrow=_ns_ints_to_timestamps_arrow, spark=_ns_ints_to_timestamps_spark),
 }
 
 

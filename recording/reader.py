@@ -18,6 +18,7 @@ directory, without the version check and the superseded rule).
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -222,7 +223,7 @@ def open_recording(root: Path | str, dataset: str = "requests") -> pads.Dataset:
 
 
 def _column_min(pf: pq.ParquetFile, column: str) -> int | None:
-    """Minimum of an int column from the row-group statistics (the column itself only where they are missing)."""
+    """Minimum of a time column (epoch ns) from the row-group statistics (the column itself only where they are missing)."""
     leaves = pf.metadata.schema  # Parquet leaf columns: nested columns before it shift the index
     idx = next((j for j in range(len(leaves)) if leaves.column(j).path == column), None)
     if idx is None:
@@ -237,7 +238,18 @@ def _column_min(pf: pq.ParquetFile, column: str) -> int | None:
             value = pc.min(pf.read_row_group(i, columns=[column])[column]).as_py()
             if value is not None:
                 mins.append(value)
-    return min(mins, default=None)
+    return min((_as_epoch_ns(m) for m in mins), default=None)
+
+
+def _as_epoch_ns(value: object) -> int:
+    """A footer statistic of a time column as epoch ns: int (format ≤ 2, already ns) or datetime (format 3, µs)."""
+    if isinstance(value, dt.datetime):
+        aware = value if value.tzinfo is not None else value.replace(tzinfo=dt.timezone.utc)
+        return (aware - _EPOCH) // dt.timedelta(microseconds=1) * 1000
+    return int(value)  # type: ignore[call-overload]
+
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 
 
 def recording_start(roots: Iterable[Path | str]) -> int | None:

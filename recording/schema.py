@@ -5,8 +5,11 @@ here with pyarrow types and a one-line meaning per column. The recorder writes
 these schemas, analytics derives its Spark schema from them, and the README's
 schema table is generated from the `doc` strings (`python -m recording.schema`).
 
-Timestamps are epoch nanoseconds (int64) so recordings from several proxies
-line up; durations are microseconds unless the column name says otherwise.
+Timestamps (the columns named `*_ns` whose unit is "timestamp") are
+`timestamp[us, UTC]` since format 3, so Spark, DuckDB and pandas read them as
+times; the proxy's rows carry them as int epoch ns and the writer converts in
+bulk (`recording.timestamps`). Durations are integers: microseconds unless
+the column name says otherwise (`_ms`, and `conn_offset_ns` in ns).
 Hive partition columns (`proxy`, `date`, `hour`) are in the directory names,
 not in the files.
 """
@@ -17,10 +20,11 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-FORMAT_VERSION = 2  # 2: requests.topic_ids and the topics/ dataset (issue 14, topics.cluster_id: issue 19); acks int16, error_count int32 (issue 19)
+FORMAT_VERSION = 3  # 3: the *_ns timestamp columns are timestamp[us, UTC] instead of int64 epoch ns (issue 18); 2: requests.topic_ids and the topics/ dataset (issue 14, topics.cluster_id: issue 19); acks int16, error_count int32 (issue 19)
 FORMAT_KEY = b"kafkatap.format_version"
 DATASETS = ("requests", "connections", "tcp", "frames", "topics")
 PARTITION_COLUMNS = ("proxy", "date", "hour")
+TIMESTAMP = pa.timestamp("us", tz="UTC")  # what every Parquet reader (Spark included) reads as a timestamp
 
 
 @dataclass(frozen=True)
@@ -75,12 +79,12 @@ REQUEST_COLUMNS: list[Column] = [
     Column("answered", pa.bool_(), "", "a response was paired with this request"),
     Column("request_bytes", pa.int32(), "bytes", "request frame size including the size prefix"),
     Column("response_bytes", pa.int32(), "bytes", "response frame size including the size prefix"),
-    Column("req_first_ns", pa.int64(), "epoch ns", "first byte of the request read from the client"),
-    Column("req_last_ns", pa.int64(), "epoch ns", "last byte of the request read from the client"),
-    Column("req_sent_ns", pa.int64(), "epoch ns", "last byte of the request written to the broker"),
-    Column("resp_first_ns", pa.int64(), "epoch ns", "first byte of the response read from the broker"),
-    Column("resp_last_ns", pa.int64(), "epoch ns", "last byte of the response read from the broker"),
-    Column("resp_sent_ns", pa.int64(), "epoch ns", "last byte of the response written to the client"),
+    Column("req_first_ns", TIMESTAMP, "timestamp", "first byte of the request read from the client"),
+    Column("req_last_ns", TIMESTAMP, "timestamp", "last byte of the request read from the client"),
+    Column("req_sent_ns", TIMESTAMP, "timestamp", "last byte of the request written to the broker"),
+    Column("resp_first_ns", TIMESTAMP, "timestamp", "first byte of the response read from the broker"),
+    Column("resp_last_ns", TIMESTAMP, "timestamp", "last byte of the response read from the broker"),
+    Column("resp_sent_ns", TIMESTAMP, "timestamp", "last byte of the response written to the client"),
     Column("latency_us", pa.int64(), "µs", "client-visible latency: resp_sent - req_first"),
     Column("broker_latency_us", pa.int64(), "µs", "broker latency: resp_first - req_sent"),
     Column("proxy_req_delay_us", pa.int64(), "µs", "proxy-added delay on the request: req_sent - req_last"),
@@ -113,21 +117,28 @@ REQUEST_COLUMNS: list[Column] = [
     Column("error_count", pa.int32(), "", "non-zero error codes in the response"),
     Column("errors", pa.list_(ERROR_STRUCT), "", "every non-zero error code with its name and place"),
     Column("decode_note", pa.string(), "", "why the request or response body was not decoded, if it was not"),
+    Column("edit", pa.string(), "", "what the proxy changed, on request (address rewriting, injected fault); null: nothing"),
+    Column("advertised", pa.list_(pa.string()), "node_id@host:port",
+           "broker addresses the response told the client: node_id@host:port for brokers (Metadata, DescribeCluster), "
+           "host:port for a coordinator (FindCoordinator); null: none"),
+    Column("bypass", pa.list_(pa.string()), "host:port",
+           "of `advertised`, those this proxy does not listen for: the client goes there around the proxy "
+           "(explicit mode; use --cluster)"),
 ]
 
 CONNECTION_COLUMNS: list[Column] = [
     Column("proxy_id", pa.string(), "", "id of the proxy instance"),
     Column("conn_id", pa.string(), "", "connection id, unique per proxy run"),
     Column("final", pa.bool_(), "", "true for the row written at the end, false for periodic snapshots"),
-    Column("snapshot_ns", pa.int64(), "epoch ns", "when this row was taken"),
+    Column("snapshot_ns", TIMESTAMP, "timestamp", "when this row was taken"),
     Column("listener", pa.string(), "host:port", "proxy listener that accepted the connection"),
     Column("mode", pa.string(), "", "explicit | transparent"),
     Column("client_addr", pa.string(), "host:port", "client address"),
     Column("original_dst", pa.string(), "host:port", "original destination (transparent mode)"),
     Column("broker_addr", pa.string(), "host:port", "upstream broker address"),
-    Column("opened_ns", pa.int64(), "epoch ns", "client connection accepted"),
+    Column("opened_ns", TIMESTAMP, "timestamp", "client connection accepted"),
     Column("upstream_connect_us", pa.int64(), "µs", "time to connect to the broker"),
-    Column("closed_ns", pa.int64(), "epoch ns", "both sides closed (null while open)"),
+    Column("closed_ns", TIMESTAMP, "timestamp", "both sides closed (null while open)"),
     Column("duration_us", pa.int64(), "µs", "closed_ns - opened_ns (or up to the snapshot)"),
     Column("bytes_from_client", pa.int64(), "bytes", "bytes read from the client"),
     Column("bytes_from_broker", pa.int64(), "bytes", "bytes read from the broker"),
@@ -162,7 +173,7 @@ TCP_COLUMNS: list[Column] = [
     Column("conn_id", pa.string(), "", "connection id"),
     Column("side", pa.string(), "", "client | broker: which of the proxy's two sockets"),
     Column("phase", pa.string(), "", "open | periodic | close"),
-    Column("ts_ns", pa.int64(), "epoch ns", "when the sample was taken"),
+    Column("ts_ns", TIMESTAMP, "timestamp", "when the sample was taken"),
     *TCP_FIELDS,
 ]
 
@@ -170,7 +181,7 @@ FRAME_COLUMNS: list[Column] = [
     Column("proxy_id", pa.string(), "", "id of the proxy instance"),
     Column("conn_id", pa.string(), "", "connection id"),
     Column("direction", pa.string(), "", "request | response"),
-    Column("ts_ns", pa.int64(), "epoch ns", "first byte of the frame"),
+    Column("ts_ns", TIMESTAMP, "timestamp", "first byte of the frame"),
     Column("conn_offset_ns", pa.int64(), "ns", "ts_ns minus the connection's opened_ns (replay rhythm)"),
     Column("correlation_id", pa.int32(), "", "correlation id"),
     Column("api_key", pa.int16(), "", "API key"),
@@ -184,7 +195,7 @@ TOPIC_COLUMNS: list[Column] = [
     Column("proxy_id", pa.string(), "", "id of the proxy instance that learned the pair"),
     Column("topic_id", pa.string(), "", "topic id (uuid)"),
     Column("name", pa.string(), "", "topic name the broker gave for that id"),
-    Column("first_seen_ns", pa.int64(), "epoch ns", "when this proxy first learned the pair"),
+    Column("first_seen_ns", TIMESTAMP, "timestamp", "when this proxy first learned the pair"),
     Column("broker_addr", pa.string(), "host:port", "broker whose Metadata answer named it"),
     Column("cluster_id", pa.string(), "", "cluster id in that Metadata answer: `kafkatap replay` refuses a target of the same cluster"),
 ]

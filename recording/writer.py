@@ -7,7 +7,20 @@ Why this shape
   dataset's queue is full the row is dropped and counted; the proxy keeps
   forwarding. Each counter is written by exactly one thread (enqueue side by
   the loop, dequeue side by the writer), so no lock is needed.
-* **One writer thread** wakes every `flush_interval_s`, drains the queues,
+* **A writer process** (`writer="process"`, what `kafkatap proxy` uses; issue 16):
+  the loop thread pickles every `PACK_ROWS` (64) queued rows into one chunk
+  (~0.2 ms) and frees them; a thread of the proxy wakes every
+  `flush_interval_s` and writes the chunks (and the tail, pickled there) to a
+  pipe to a child process (`recording.writer_child`) that does everything
+  below — Arrow, sort, zstd, files, compaction — on another core, with the
+  very same code. A flush of 10,000 rows no longer stalls the loop (issue 19),
+  the queue holds ~270 bytes per row instead of a ~2.5 KiB dict, and Arrow
+  and Parquet (~10 µs a row) leave the proxy's process; pickling (~2-3 µs a
+  row once the row has left the CPU cache) is what recording still costs it.
+  A child that dies is replaced at the next flush; the rows it had not
+  confirmed are counted as dropped.
+* **Or one writer thread** (`writer="thread"`, the default for direct use:
+  tests, tools) wakes every `flush_interval_s`, drains the queues,
   converts rows to Arrow in small chunks (the conversion holds the GIL; small
   chunks let the loop thread in between), sorts them for compression and
   writes **each flush as its own small Parquet file**: `.tmp-…` first (Spark
@@ -36,6 +49,7 @@ Layout and file names: `recording.layout`; how one file is written: `recording.f
 from __future__ import annotations
 
 import os
+import pickle
 import secrets
 import shutil
 import sys
@@ -54,6 +68,8 @@ from recording.compaction import Compactor, FlushFile, Segment, name_os_thread, 
 from recording.files import ParquetOptions, file_metadata, write_atomic
 from recording.layout import HOUR_NS, TIME_COLUMN, flush_name, new_run_id, partition_dir, recover
 from recording.schema import COLUMNS, arrow_schema
+from recording.timestamps import from_epoch_ns, ingest_schema
+from recording.writer_pipe import CHUNK_BYTES, CHUNK_ROWS, WriterGone, WriterProcess
 
 __all__ = ["ParquetRecorder", "RecordingError", "check_recording_dir", "recover", "CAPTURE_CHOICES"]
 
@@ -62,9 +78,15 @@ log = structlog.get_logger("kafkatap.recorder")
 Row = dict[str, Any]
 
 CAPTURE_CHOICES = ("none", "requests", "all")
+WRITER_CHOICES = ("thread", "process")  # where Arrow + Parquet run: a thread of this process, or a child process
 _CONVERT_CHUNK = 512  # rows per Arrow conversion call: bounds how long the writer holds the GIL
 _ROW_BYTES_GUESS = 2048  # before the first row is measured: about a request row with its dict and values
 _SIZE_SAMPLE = 256  # re-measure a dataset's row size on every 256th row: the hot path stays O(1)
+# writer="process": rows are pickled on the loop thread every PACK_ROWS rows, while they are still in
+# the core's cache (~1.5 µs a row; ~100 µs per pack), and freed at once; the shipping thread only writes
+# the packed bytes. Pickling them later on the other thread cost 2-3x that (cache misses on every row,
+# and holding a flush interval of rows made every young collection walk them).
+PACK_ROWS = 64
 
 
 def _row_size(row: Row) -> int:
@@ -87,7 +109,7 @@ class _Stream:
     def __init__(self, name: str, cap_rows: int, cap_bytes: int) -> None:
         self.name = name
         self.schema = arrow_schema(name)
-        self.struct = pa.struct(list(self.schema))
+        self.struct = pa.struct(list(ingest_schema(name)))  # rows carry timestamps as int epoch ns
         self.names = set(self.schema.names)
         self.queue: deque[Row] = deque()
         self.cap_rows = cap_rows
@@ -104,6 +126,17 @@ class _Stream:
         self.dropped_logged = 0
         self.rows_written = 0
         self.files_written = 0
+        # writer="process" only (shipping thread): rows sent to writer processes, and the counts of those
+        # that ended (their rows_written / write_dropped, plus what they never confirmed, counted as dropped)
+        self.shipped = 0
+        self.gone_written = 0
+        self.gone_dropped = 0
+        self.gone_files = 0
+        # writer="process": pickled chunks of rows (payload, rows) waiting for the shipping thread;
+        # pk_* are written by the loop thread (packing), tx_* by the shipping thread (sending)
+        self.packed: deque[tuple[bytes, int]] = deque()
+        self.pk_rows = self.pk_bytes = 0
+        self.tx_rows = self.tx_bytes = 0
         self.segments: dict[Path, Segment] = {}
         self.time_col = TIME_COLUMN[name]
 
@@ -164,9 +197,13 @@ class ParquetRecorder:
         fsync: bool = True,
         compression_level: int = 3,
         clock_ns: Callable[[], int] = time.time_ns,
+        writer: str = "thread",
+        run: str | None = None,
     ) -> None:
         if capture not in CAPTURE_CHOICES:
             raise ValueError(f"capture must be one of {CAPTURE_CHOICES}, not {capture!r}")
+        if writer not in WRITER_CHOICES:
+            raise ValueError(f"writer must be one of {WRITER_CHOICES}, not {writer!r}")
         if flush_interval_s <= 0:
             raise ValueError("flush_interval_s must be positive")
         self.root = Path(root)
@@ -183,7 +220,14 @@ class ParquetRecorder:
         self.fsync = fsync
         self.compression_level = compression_level
         self._clock_ns = clock_ns
-        self.run = new_run_id()
+        self.writer = writer
+        self.run = run or new_run_id()  # a writer process is given its parent's
+        self._child: WriterProcess | None = None  # writer="process": the current child, spawned by the shipper
+        self._children = 0
+        self._child_errors = 0  # the current child's write_errors already added to ours
+        self._stats_lock = threading.Lock()  # the child's answers (its reader thread) vs. giving a child up
+        if writer == "process":
+            self._offer = self._offer_packed  # type: ignore[method-assign]
         self._seq = 0
         # queue_bytes bounds the row datasets' queues (rows were bounded only by count: ~350 MiB at the cap):
         # half for requests, the rest shared by the others; frames keep their own frame_queue_bytes
@@ -208,18 +252,29 @@ class ParquetRecorder:
 
     # -- lifecycle ---------------------------------------------------------------
     def start(self) -> "ParquetRecorder":
-        """Check the directory (RecordingError if unusable), clean leftovers, start the writer thread."""
+        """Check the directory (RecordingError if unusable), clean leftovers, start the writer thread.
+
+        writer="process": the writer process is started here (without waiting for its ~0.5 s of
+        imports: the pipe holds what is sent meanwhile); the thread only ships rows to it.
+        """
         check_recording_dir(self.root, self.min_free_bytes)
         removed = recover(self.root, self.proxy_id)
         if removed:
             log.info("recording leftovers cleaned", root=str(self.root), files=removed)
-        self._thread = threading.Thread(target=self._run, name="kafkatap-recorder", daemon=True)
+        process = self.writer == "process"
+        if process:
+            try:
+                self._spawn()
+            except (OSError, WriterGone) as exc:  # the shipping thread tries again at every flush
+                self._error("cannot start the recording writer process", exc)
+        self._thread = threading.Thread(target=self._ship_loop if process else self._run, name="kafkatap-recorder",
+                                        daemon=True)
         self._thread.start()
-        if self.compact_interval_s > 0:
+        if self.compact_interval_s > 0 and not process:
             # its own thread, so a long merge never delays the next flush (the kill -9 bound)
             self._compactor.start()
         log.info("recording", root=str(self.root), proxy_id=self.proxy_id, capture=self.capture,
-                 flush_interval_s=self.flush_interval_s, run=self.run)
+                 flush_interval_s=self.flush_interval_s, run=self.run, writer=self.writer)
         return self
 
     def close(self) -> None:
@@ -231,14 +286,16 @@ class ParquetRecorder:
         self._wake.set()
         if self._thread is not None:
             self._thread.join()
-        else:  # never started: still write what was queued
+        elif self.writer == "process":  # never started: still write what was queued
+            self._ship(final=True)
+        else:
             self._flush(final=True)
         self._compactor.close()
         log.info("recording closed", root=str(self.root), **self.stats())
 
     # -- RecordSink: event loop thread, O(1), never blocks --------------------------
     def request(self, row: Row) -> None:
-        self._offer(self._req, row)
+        self._offer(self._req, row)  # writer="process": `_offer_packed` (set per instance in __init__)
 
     def connection(self, row: Row) -> None:
         self._offer(self._conn, row)
@@ -249,6 +306,54 @@ class ParquetRecorder:
     def topic(self, row: Row) -> None:
         """One topic id ↔ name pair the proxy learned (`topics/`)."""
         self._offer(self._streams["topics"], row)
+
+    def _offer_packed(self, s: _Stream, row: Row) -> None:
+        """writer="process": queue a row (same caps as `_offer`, packed chunks counted by their real size)
+        and pickle every PACK_ROWS rows into one chunk for the shipping thread."""
+        q = s.queue
+        n = len(q)
+        if n + s.pk_rows - s.tx_rows < s.cap_rows and n * s.row_bytes + s.pk_bytes - s.tx_bytes < s.cap_bytes:
+            q.append(row)
+            s.enqueued += 1
+            if s.enqueued % _SIZE_SAMPLE == 1:
+                size = _row_size(row)
+                s.row_bytes = size if s.enqueued == 1 else max(size, (s.row_bytes + size) // 2)
+            if n + 1 >= PACK_ROWS:
+                self._pack(s)
+        else:
+            s.dropped += 1
+
+    @staticmethod
+    def _pack(s: _Stream) -> None:
+        """Pickle what `s.queue` holds into one chunk (loop thread). The shipping thread may take the queue's
+        tail at a flush meanwhile: both only ever popleft, so each row goes exactly one way."""
+        q = s.queue
+        pop = q.popleft
+        rows: list[Row] = []
+        try:
+            for _ in range(len(q)):
+                rows.append(pop())
+        except IndexError:
+            pass
+        if not rows:
+            return
+        try:
+            payload = pickle.dumps(("rows", s.name, rows), protocol=5)
+        except Exception:  # noqa: BLE001 — a value pickle refuses (a bug upstream): that row is dropped, counted
+            good = []
+            for r in rows:
+                try:
+                    pickle.dumps(r, protocol=5)
+                    good.append(r)
+                except Exception:  # noqa: BLE001
+                    s.dropped += 1
+            if not good:
+                return
+            rows = good
+            payload = pickle.dumps(("rows", s.name, rows), protocol=5)
+        s.packed.append((payload, len(rows)))
+        s.pk_rows += len(rows)
+        s.pk_bytes += len(payload)
 
     @staticmethod
     def _offer(s: _Stream, row: Row) -> None:
@@ -300,7 +405,9 @@ class ParquetRecorder:
 
     # -- introspection (any thread) ----------------------------------------------------
     def queue_depth(self) -> dict[str, int]:
-        return {name: len(s.queue) for name, s in self._streams.items()}
+        """Rows not written yet: queued here, plus (writer="process") those in the child not yet confirmed."""
+        return {name: len(s.queue) + s.pk_rows - s.tx_rows + (s.shipped - s.rows_written - s.write_dropped)
+                for name, s in self._streams.items()}
 
     def dropped(self) -> dict[str, int]:
         return {name: s.dropped_total() for name, s in self._streams.items()}
@@ -325,6 +432,153 @@ class ParquetRecorder:
                 break
             self._flush(final=False)
         self._flush(final=True)
+
+    # -- writer="process": the shipping thread ------------------------------------------
+    def _ship_loop(self) -> None:
+        name_os_thread(b"kafkatap-rec")
+        while not self._stopping:
+            self._wake.wait(self.flush_interval_s)
+            self._wake.clear()
+            if self._stopping:
+                break
+            try:
+                self._ship(final=False)
+            except Exception as exc:  # noqa: BLE001 — this thread must outlive anything, or nothing is recorded
+                self._error("recording flush failed", exc)
+        self._ship(final=True)
+
+    def _ship(self, final: bool) -> None:
+        """Pipe every queued row to the writer process and have it write them (final: then end it).
+
+        A child that fails is replaced (its unconfirmed rows counted as dropped); at the end one more
+        child gets a chance, and rows that still cannot be handed over are counted as dropped.
+        """
+        with self._lock:
+            for attempt in range(2 if final else 1):
+                child = self._child
+                if child is not None and (child.ended or child.proc.poll() is not None):  # died since the last
+                    self._child_lost(WriterGone(f"writer process ended (exit code {child.proc.poll()})"))
+                try:  # … flush, so the rows queued meanwhile go to its replacement instead of being lost with it
+                    child = self._child or self._spawn()
+                    for s in self._streams.values():
+                        self._ship_stream(child, s)
+                    if final:  # rows that arrived while the other datasets were shipped
+                        for s in self._streams.values():
+                            self._ship_stream(child, s)
+                    drops = {n: s.dropped + s.gone_dropped for n, s in self._streams.items()}
+                    msg = ("close" if final else "flush", drops, dict(self.requests_dropped))
+                    if final:
+                        child.finish(msg)  # every answer applied when this returns
+                        self._child = None
+                    else:
+                        child.flush(msg)  # answered later, on the child's reader thread (`_on_child_stats`)
+                    break
+                except (WriterGone, OSError) as exc:
+                    self._child_lost(exc)
+            else:
+                for s in self._streams.values():  # final, and no writer process could take them: counted
+                    n = len(s.queue)
+                    for _ in range(n):
+                        s.queue.popleft()
+                    s.write_dropped += n
+                    s.gone_dropped += n
+            for s in self._streams.values():
+                self._log_drops(s)
+
+    def _spawn(self) -> WriterProcess:
+        run = self.run if self._children == 0 else new_run_id()  # a replacement must not reuse file names
+        self._children += 1
+        self._child_errors = 0
+        self._child = WriterProcess({
+            "root": str(self.root), "proxy_id": self.proxy_id, "capture": self.capture,
+            "flush_interval_s": self.flush_interval_s, "compact_interval_s": self.compact_interval_s,
+            "rotate_bytes": self.rotate_bytes, "min_free_bytes": self.min_free_bytes, "fsync": self.fsync,
+            "compression_level": self.compression_level, "run": run,
+        }, self._on_child_stats)
+        return self._child
+
+    def _on_child_stats(self, child: WriterProcess, st: dict[str, Any]) -> None:
+        """A flush answer (the child's reader thread): counted unless it comes from a child already given up."""
+        with self._stats_lock:
+            if child is self._child:
+                self._apply(st)
+
+    def _wait_flushed(self, timeout: float = 60.0) -> bool:
+        """writer="process": wait until the writer process answered every flush asked so far (tests, benches)."""
+        child = self._child
+        return child is None or child.wait_answered(timeout)
+
+    @staticmethod
+    def _ship_stream(child: WriterProcess, s: _Stream) -> None:
+        """Send what `s` holds now: the chunks the loop thread packed, then the rest in chunks of its own
+        (one pickle call per chunk is the longest this thread holds the GIL)."""
+        packed = s.packed
+        while packed:
+            payload, n = packed.popleft()
+            s.tx_rows += n
+            s.tx_bytes += len(payload)
+            s.shipped += n  # before sending: if the send fails they are counted as lost
+            child.send_raw(payload)
+        q = s.queue
+        pop = q.popleft
+        n = len(q)
+        frames = s.name == "frames"
+        while n > 0:
+            if frames:  # bounded by bytes too: a chunk of big frames is one long copy
+                rows: list[Row] = []
+                size = 0
+                while n > 0 and len(rows) < CHUNK_ROWS and size < CHUNK_BYTES:
+                    r = pop()
+                    n -= 1
+                    rows.append(r)
+                    size += len(r.get("data") or b"")
+                s.deq_bytes += size
+            else:
+                k = min(n, CHUNK_ROWS)
+                rows = [pop() for _ in range(k)]
+                n -= k
+            s.shipped += len(rows)  # before sending: if the send fails they are counted as lost
+            try:
+                child.send(("rows", s.name, rows))
+            except WriterGone:
+                raise
+            except Exception:  # noqa: BLE001 — a value pickle refuses: send the other rows, count that one
+                good = []
+                for r in rows:
+                    try:
+                        pickle.dumps(r, protocol=5)
+                        good.append(r)
+                    except Exception:  # noqa: BLE001
+                        s.shipped -= 1
+                        s.write_dropped += 1
+                        s.gone_dropped += 1  # not the child's drop: it goes into the footers it writes
+                if good:
+                    child.send(("rows", s.name, good))
+
+    def _apply(self, st: dict[str, Any]) -> None:
+        """The child's answer: what it wrote and dropped so far (this child's life), into our counters."""
+        for n, s in self._streams.items():
+            s.rows_written = s.gone_written + st["rows_written"][n]
+            s.write_dropped = s.gone_dropped + st["write_dropped"][n]
+            s.files_written = s.gone_files + st["files_written"][n]
+        self.write_errors += st["write_errors"] - self._child_errors
+        self._child_errors = st["write_errors"]
+
+    def _child_lost(self, exc: BaseException) -> None:
+        """The writer process is gone: what it never confirmed is lost, and counted; the next flush starts another."""
+        child = self._child
+        if child is not None:
+            child.close(timeout=5.0)  # its reader thread has applied every answer it got when this returns
+        with self._stats_lock:
+            self._child = None
+            lost = 0
+            for s in self._streams.values():
+                unconfirmed = s.shipped - s.rows_written - s.write_dropped
+                lost += unconfirmed
+                s.write_dropped += unconfirmed
+                s.gone_written, s.gone_dropped, s.gone_files = s.rows_written, s.write_dropped, s.files_written
+        self._error("recording writer process failed; rows it had not written are counted as dropped", exc,
+                    rows_lost=lost, pid=child.pid if child else None)
 
     def _flush(self, final: bool) -> None:
         with self._lock:
@@ -377,7 +631,8 @@ class ParquetRecorder:
             batches.append(pa.RecordBatch.from_struct_array(arr))
         if not batches:
             return s.schema.empty_table()
-        return pa.Table.from_batches(batches)
+        # int epoch ns → timestamp[us, UTC], once per flush for the whole table (never per row on the loop)
+        return from_epoch_ns(pa.Table.from_batches(batches), s.name)
 
     def _flush_stream(self, s: _Stream) -> None:
         rows = self._drain(s)
@@ -392,9 +647,9 @@ class ParquetRecorder:
             self._write_flush_file(s, directory, part)
 
     def _split_by_hour(self, s: _Stream, table: pa.Table) -> list[tuple[Path, pa.Table]]:
-        now = self._clock_ns()
-        ts = pc.fill_null(table[s.time_col], now)
-        hours = pc.divide(ts, HOUR_NS)
+        now_us = self._clock_ns() // 1000
+        ts = pc.fill_null(table[s.time_col].cast(pa.int64()), now_us)  # timestamp[us] → epoch µs
+        hours = pc.divide(ts, HOUR_NS // 1000)
         uniq = pc.unique(hours).to_pylist()
         parts = []
         for h in sorted(uniq):

@@ -108,9 +108,21 @@ def format_plan(rec: Recording, target: str, speed: float | None, topic_map: dic
     return "\n".join(lines)
 
 
+def _check_target(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """A bad or out-of-range --target is a one-line usage error, not a socket error later (`proxy.address`)."""
+    from proxy.address import parse_hostport
+
+    try:
+        parse_hostport(value, "127.0.0.1", allow_zero=False)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return value
+
+
 @click.command("replay", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("recording", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--target", required=True, metavar="HOST:PORT", help="Broker to replay against (e.g. a staging broker).")
+@click.option("--target", required=True, metavar="HOST:PORT", callback=_check_target,
+              help="Broker to replay against (e.g. a staging broker).")
 @click.option("--speed", default="1.0", show_default=True, metavar="1.0|2.0|max",
               help="Scale the recorded timing (2.0 = twice as fast); max = as fast as responses allow, "
                    "keeping the recorded pipelining depth.")
@@ -121,7 +133,7 @@ def format_plan(rec: Recording, target: str, speed: float | None, topic_map: dic
 @click.option("--until", type=TIME, default=None, metavar="TIME", help="Requests at/before TIME (same forms as --since).")
 @click.option("--topic-map", "topic_map", multiple=True, metavar="OLD=NEW", help="Rename a topic on the target.")
 @click.option("--record", "record", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Record the replay (same format) here, for `kafkatap analyze --compare RECORDING OUT`.")
+              help="Record the replay (same format) here, for `kafkatap analyze --compare RECORDING THIS --out CMP`.")
 @click.option("--fetch-sessions", "fetch_mode", type=click.Choice(["track", "full"]), default="track", show_default=True,
               help="track: use the target's fetch session ids; full: send every fetch sessionless.")
 @click.option("--no-create-topics", is_flag=True, help="Do not create the recording's topics on the target.")
@@ -149,9 +161,10 @@ def replay(recording: Path, target: str, speed: str, clients: tuple[str, ...], t
     what cannot be replayed faithfully is skipped and counted.
 
     \b
-    Example:
+    Examples:
       kafkatap replay rec/ --target staging:9092 --speed 2.0 --record replay-out/ --yes
-      kafkatap analyze --compare rec/ replay-out/
+      kafkatap analyze --compare rec/ replay-out/ --out cmp/      # how the replay differed
+      kafkatap replay rec/ --target staging:9092 --client 'billing-*' --topic-map orders=orders-replay --yes
     """
     from replay.engine import ReplayOptions, run_replay
 

@@ -27,6 +27,7 @@ from protocol.frames import RequestFrame, parse_request
 
 DESCRIBE_CLUSTER = 60  # no constant in protocol.apis (not ours to edit); its response carries cluster_id
 from recording.reader import RecordingFormatError, read_recording, recording_files
+from recording.timestamps import to_epoch_ns
 from replay.topics import request_topics
 
 __all__ = ["ReplayLoadError", "RecordedRequest", "RecordedConnection", "Recording", "Filters", "load_recording",
@@ -126,7 +127,7 @@ def parse_api(text: str) -> int:
 def _rows(root: Path, dataset: str) -> list[dict[str, Any]]:
     if not recording_files(root, dataset):
         return []
-    return read_recording(root, dataset, with_partitions=False).to_pylist()
+    return to_epoch_ns(read_recording(root, dataset, with_partitions=False), dataset).to_pylist()
 
 
 def load_recording(path: Path | str, filters: Filters | None = None, *, sasl_credentials: bool = False) -> Recording:
@@ -137,7 +138,8 @@ def load_recording(path: Path | str, filters: Filters | None = None, *, sasl_cre
         raise ReplayLoadError(f"{root} is not a directory")
     try:
         has_frames = bool(recording_files(root, "frames"))
-        frames_tbl = read_recording(root, "frames", with_partitions=False) if has_frames else None
+        # timestamps as int epoch ns: the rhythm is computed with integer offsets (`replay.schedule`)
+        frames_tbl = to_epoch_ns(read_recording(root, "frames", with_partitions=False), "frames") if has_frames else None
     except RecordingFormatError as exc:
         raise ReplayLoadError(str(exc)) from exc
     if frames_tbl is None or frames_tbl.num_rows == 0 or pc.sum(pc.equal(frames_tbl["direction"], "request")).as_py() in (None, 0):

@@ -63,13 +63,16 @@ def _run(scenario: Any, out: Path, kafka_version: str, analyze: bool = True) -> 
 # ------------------------------------------------------------------ scenario
 @click.group()
 def scenario() -> None:
-    """The incidents of docs/incidents.md (kafkatap repository), reproduced end to end on a real broker.
+    """The incidents of docs/incidents.md (in the kafkatap repository), reproduced end to end on a real broker.
 
     \b
     Each scenario starts a local Kafka broker, the kafkatap proxy (recording),
     real clients (kafka-python, confluent-kafka, kcat) and, where needed,
     network namespaces; stops everything; analyzes the recording with Spark;
     and checks that the report names the cause (exit status 1 if not).
+
+    \b
+    Examples:
       kafkatap scenario list
       kafkatap scenario run batch-too-large --out out/btl
       kafkatap scenario run all --out out/scenarios
@@ -79,7 +82,12 @@ def scenario() -> None:
 
 @scenario.command("list")
 def list_cmd() -> None:
-    """Name, story and needs (root for namespaces; rough wall time) of every scenario."""
+    """Name, story and needs (root for namespaces; rough wall time) of every scenario.
+
+    \b
+    Example:
+      kafkatap scenario list
+    """
     from scenarios.catalog import all_scenarios
 
     rows = [(s.name, s.story, ("root, " if s.needs_root else "") + f"~{int(s.traffic_s + SPARK_AND_BROKER_S)} s")
@@ -97,7 +105,17 @@ def list_cmd() -> None:
               help="Output directory: recordings/, clients/, broker/ (its log), report/ (report.html, findings.json).")
 @click.option("--no-analyze", is_flag=True, help="Only run the traffic and keep the recordings (no Spark).")
 def run_cmd(name: str, kafka_version: str, out: Path, no_analyze: bool) -> None:
-    """Run scenario NAME (see `scenario list`), `all`, or a module file defining SCENARIO."""
+    """Run scenario NAME (see `scenario list`), `all`, or a module file defining SCENARIO.
+
+    Exits 1 when an expected finding is missing from the report.
+
+    \b
+    Examples:
+      kafkatap scenario run batch-too-large --out out/btl
+      kafkatap scenario run idle-firewall --out out/idle --kafka-version 3.7.2
+      kafkatap scenario run all --out out/scenarios
+      kafkatap scenario run ./my_incident.py --out out/mine --no-analyze
+    """
     from scenarios.catalog import all_scenarios, get
 
     _quiet_logs()
@@ -145,6 +163,11 @@ def demo(out: Path, kafka_version: str) -> None:
     """Local Kafka + kafkatap + a mix of clients (one oversize acks=0 producer, one idle reset) → Spark report.
 
     Takes about two minutes after set-up; prints the findings and the report path.
+
+    \b
+    Examples:
+      kafkatap demo
+      kafkatap demo --out out/demo --kafka-version 3.7.2
     """
     from scenarios.demo import SCENARIO
 
@@ -204,6 +227,7 @@ def kafka() -> None:
     """A local Apache Kafka broker (KRaft, Maven-fetched jars) that outlives the command.
 
     \b
+    Examples:
       kafkatap kafka up --port 9092 --prop message.max.bytes=100000
       kafkatap kafka status
       kafkatap kafka down
@@ -211,12 +235,25 @@ def kafka() -> None:
 
 
 @kafka.command("up")
-@click.option("--version", "version", type=click.Choice(sorted(RELEASES)), default=DEFAULT_VERSION, show_default=True)
-@click.option("--port", type=int, default=None, help="Listener port on 127.0.0.1 (default: a free one).")
+@_version_option
+@click.option("--version", "old_version", type=click.Choice(sorted(RELEASES)), default=None, hidden=True,
+              help="Deprecated spelling of --kafka-version.")
+@click.option("--port", type=click.IntRange(1, 65535), default=None, help="Listener port on 127.0.0.1 (default: a free one).")
 @click.option("--prop", "props", multiple=True, metavar="KEY=VALUE", help="server.properties override (repeatable).")
-def kafka_up(version: str, port: int | None, props: tuple[str, ...]) -> None:
-    """Start a detached broker; its state is kept in the cache dir for `status` and `down`."""
+def kafka_up(kafka_version: str, old_version: str | None, port: int | None, props: tuple[str, ...]) -> None:
+    """Start a detached broker; its state is kept in the cache dir for `status` and `down`.
+
+    \b
+    Examples:
+      kafkatap kafka up
+      kafkatap kafka up --port 9092 --kafka-version 3.7.2
+      kafkatap kafka up --prop message.max.bytes=100000 --prop auto.create.topics.enable=false
+    """
     from harness.kafka import KafkaHarnessError, LocalKafka, brokers_registered
+
+    if old_version is not None:
+        click.echo("kafkatap kafka up: --version is deprecated; use --kafka-version (as every other command)", err=True)
+    version = old_version or kafka_version
 
     state = _read_state()
     if state and _alive(state["pid"]):
@@ -243,12 +280,19 @@ def kafka_up(version: str, port: int | None, props: tuple[str, ...]) -> None:
     }, indent=2))
     brokers_registered(k.host, k.port)
     click.echo(f"Kafka {version} up at {k.bootstrap} (pid {node.proc.pid}, log {node.log_file})")
-    click.echo(f"try: kafkatap proxy --listen 127.0.0.1:19092 --upstream {k.bootstrap} --record rec/")
+    # cluster mode: the broker keeps advertising its own address, and the proxy rewrites it in every response,
+    # so clients of 127.0.0.1:19092 stay on the proxy and everything they do is recorded
+    click.echo(f"try: kafkatap proxy --cluster {k.bootstrap} --listen 127.0.0.1:19092 --record rec/")
 
 
 @kafka.command("status")
 def kafka_status() -> None:
-    """Show the local broker (exit 1 when none is running)."""
+    """Show the local broker (exit 1 when none is running).
+
+    \b
+    Example:
+      kafkatap kafka status
+    """
     from harness.kafka import brokers_registered
 
     state = _read_state()
@@ -271,7 +315,13 @@ def kafka_status() -> None:
 @kafka.command("down")
 @click.option("--keep-data", is_flag=True, help="Keep the work dir (data and server.log).")
 def kafka_down(keep_data: bool) -> None:
-    """Stop the local broker (SIGTERM, then SIGKILL after 20 s) and remove its work dir."""
+    """Stop the local broker (SIGTERM, then SIGKILL after 20 s) and remove its work dir.
+
+    \b
+    Examples:
+      kafkatap kafka down
+      kafkatap kafka down --keep-data
+    """
     state = _read_state()
     if not state:
         click.echo("no local broker")

@@ -334,15 +334,24 @@ def run_scenario(
                     sink = NullSink()
                 route = ["%s:%d=%s" % (*listen[p.name], up)]
                 kw = dict(sink=sink, faults=p.faults, proxy_id=p.name, tcp_info_interval=2.0)
+                layer = None
+                if p.kafka_faults:  # Kafka-level faults (proxy.kafka_faults): the layer on every connection
+                    from proxy.kafka_faults import FaultRules, KafkaFaultLayer
+
+                    layer = KafkaFaultLayer(FaultRules.from_specs(p.kafka_faults, seed=1))
+                    kw["interceptors"] = [layer]
                 if p.host:
                     proxy = _netns_proxy_class()(route, netns_host=hosts[p.host], **kw)
                 else:
                     proxy = RunningProxy(route, **kw)
                 stack.callback(proxy.stop)
                 proxy.start()
+                if layer is not None:
+                    layer.names = proxy.server.topics.name  # topic= also matches requests naming topic ids
                 started[p.name] = proxy
                 say(f"proxy {p.name} listening on {route[0].split('=')[0]} → {up}"
                     f"{' [faults: ' + p.faults.describe() + ']' if p.faults and p.faults.active else ''}"
+                    f"{' [kafka faults: ' + '; '.join(p.kafka_faults) + ']' if p.kafka_faults else ''}"
                     f"{' recording to ' + str(rec_dirs[p.name]) if p.record else ''}")
 
             clients = _Clients(say, out)

@@ -46,7 +46,8 @@ class Proxy:
 
     upstream: "broker" or the name of another proxy (a chain: client → A → F → B → broker).
     record: write a recording (Parquet) under OUT/recordings/<name>; a pure
-    middlebox (fault injector) sets record=False.
+    middlebox (fault injector) sets record=False. kafka_faults: Kafka-level faults
+    (`error=Produce:NOT_LEADER_OR_FOLLOWER,…`, the `--fault` grammar of proxy.kafka_faults).
     listen: "HOST:PORT" (default 127.0.0.1:<free port>); inside a namespace use a fixed port.
     advertise: the address clients should use for this proxy (defaults to listen).
     """
@@ -55,6 +56,7 @@ class Proxy:
     upstream: str = "broker"
     record: bool = True
     faults: Faults | None = None
+    kafka_faults: list[str] = field(default_factory=list)  # `--fault` specs of proxy.kafka_faults (error=, delay= …)
     host: str | None = None
     listen: str | None = None
     advertise: str | None = None

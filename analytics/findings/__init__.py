@@ -6,8 +6,11 @@ are cheap, deterministic and testable with a few dict rows. Register a rule
 with `@rule`; `run_rules` applies all of them and ranks the result.
 """
 
-from analytics.findings.base import INCIDENTS_DOC, RULES, Finding, Tables, incident_ref, rank, rule, run_rules
-from analytics.findings import compare as _compare  # noqa: F401  (registers rules)
+from analytics.findings.base import (INCIDENT_TITLES, INCIDENTS_DOC, RULES, Finding, Tables, incident_label,
+                                     incident_ref, rank, rule, run_rules)
+from analytics.findings import bypass as _bypass  # noqa: F401  (registers rules)
+from analytics.findings import compare as _compare  # noqa: F401
+from analytics.findings import faults as _faults  # noqa: F401  (issue 17: injected Kafka faults)
 from analytics.findings import general as _general  # noqa: F401
 from analytics.findings import inventory as _inventory  # noqa: F401
 from analytics.findings import oversize_produce as _oversize  # noqa: F401
@@ -15,4 +18,5 @@ from analytics.findings import resets as _resets  # noqa: F401
 from analytics.findings import surge as _surge  # noqa: F401
 from analytics.findings import tcp_window as _tcp  # noqa: F401
 
-__all__ = ["INCIDENTS_DOC", "RULES", "Finding", "Tables", "incident_ref", "rank", "rule", "run_rules"]
+__all__ = ["INCIDENT_TITLES", "INCIDENTS_DOC", "RULES", "Finding", "Tables", "incident_label", "incident_ref", "rank",
+           "rule", "run_rules"]

@@ -20,9 +20,26 @@ RULES: dict[str, Rule] = {}
 INCIDENTS_DOC = "docs/incidents.md"
 
 
+# Each incident's heading in docs/incidents.md (tests/analytics/test_docs.py holds the two equal), so a
+# finding names its incident in words where the document is out of reach (a report copied elsewhere).
+INCIDENT_TITLES: dict[int, str] = {
+    1: "The broker hangs up on a producer (RecordBatchTooLarge with acks=0)",
+    2: "Somebody resets producer connections (an idle-timeout firewall)",
+    3: "Who is writing to me? (client inventory)",
+    4: "ISR shrinking and high response times under a connection surge",
+    5: "Cross-ocean replication crawls at 64 KB per round trip (TCP level)",
+}
+
+
 def incident_ref(incident: int) -> str:
     """Where incident N is told: `docs/incidents.md#incident-N` (relative to the kafkatap repository)."""
     return f"{INCIDENTS_DOC}#incident-{incident}"
+
+
+def incident_label(incident: int) -> str:
+    """`incident 3: Who is writing to me? (client inventory) — docs/incidents.md#incident-3`."""
+    title = INCIDENT_TITLES.get(incident)
+    return f"incident {incident}: {title} — {incident_ref(incident)}" if title else f"incident {incident} — {incident_ref(incident)}"
 
 
 @dataclass
@@ -44,8 +61,13 @@ class Finding:
         """The incident's account in docs/incidents.md, or None for rules not tied to one."""
         return incident_ref(self.incident) if self.incident else None
 
+    @property
+    def incident_title(self) -> str | None:
+        """The incident's heading in docs/incidents.md, or None."""
+        return INCIDENT_TITLES.get(self.incident) if self.incident else None
+
     def to_json(self) -> dict[str, Any]:
-        return _jsonable({**asdict(self), "incident_doc": self.incident_doc})
+        return _jsonable({**asdict(self), "incident_doc": self.incident_doc, "incident_title": self.incident_title})
 
 
 def _jsonable(v: Any) -> Any:

@@ -31,7 +31,7 @@ def error_hotspot(t: Tables) -> list[Finding]:
         out.append(Finding(
             id="error_hotspot", severity=sev,
             title=f"{n:,} × {name} on {', '.join(apis)} ({len(clients)} client(s))",
-            summary=f"{name} appeared {n:,} times ({share:.3%} of requests), most on {rs[0].get('topic') or '?'} from {rs[0].get('client_id')}.",
+            summary=f"{name} appeared {n:,} times ({share:.3%} of requests), most on {rs[0].get('topic') or rs[0].get('group_or_resource') or '?'} from {rs[0].get('client_id')}.",
             evidence={"error": name, "count": n, "share_of_requests": share, "apis": apis, "clients": clients[:20]},
             examples=[{"conn_id": r.get("example_conn_id"), "first_seen": ts(r.get("first_seen")), "topic": r.get("topic"),
                        "client_id": r.get("client_id"), "count": r.get("count")} for r in rs[:5]],

@@ -11,20 +11,23 @@ from analytics.transforms.common import bucket, ns_to_ts
 def _exploded(req: DataFrame) -> DataFrame:
     """One row per error occurrence; the topic is the error's own, else the request's first."""
     e = req.where(F.col("error_count") > 0).select(
-        "conn_id", "client_id", "api_name", "ts_ns", "request_bytes", "acks", "topics", F.explode("errors").alias("e")
+        "conn_id", "client_id", "api_name", "ts_ns", "request_bytes", "acks", "topics", "group_id", F.explode("errors").alias("e")
     )
+    # a group (or other named resource: transactional id, ACL …) is not a topic: its own column
     return e.select(
         "conn_id", "client_id", "api_name", "ts_ns", "request_bytes", "acks",
         F.coalesce(F.col("e.name"), F.concat(F.lit("code "), F.col("e.code").cast("string"))).alias("error_name"),
         F.col("e.code").alias("error_code"),
-        F.coalesce(F.col("e.topic"), F.col("e.resource"), F.try_element_at(F.col("topics"), F.lit(1)), F.lit("")).alias("topic"),
+        F.coalesce(F.col("e.topic"), F.when(F.col("e.resource").isNull(), F.try_element_at(F.col("topics"), F.lit(1))),
+                   F.lit("")).alias("topic"),
+        F.coalesce(F.col("e.resource"), F.col("group_id"), F.lit("")).alias("group_or_resource"),
     )
 
 
 def errors_by_name(req: DataFrame) -> DataFrame:
     """Counts with evidence: first/last time, an example conn_id and request sizes."""
     e = _exploded(req)
-    return e.groupBy("error_name", "error_code", "api_name", "topic", "client_id").agg(
+    return e.groupBy("error_name", "error_code", "api_name", "topic", "group_or_resource", "client_id").agg(
         F.count(F.lit(1)).alias("count"),
         F.countDistinct("conn_id").alias("connections"),
         ns_to_ts(F.min("ts_ns")).alias("first_seen"),

@@ -7,6 +7,7 @@ from pyspark.sql import functions as F
 
 from analytics.transforms.cube import view
 
+INCREMENTAL_FETCH = "(incremental fetch: topics unchanged)"
 ACKS_LABEL = {0: "acks=0 (no response)", 1: "acks=1 (leader)", -1: "acks=all"}
 
 
@@ -71,7 +72,8 @@ def fetch_by_consumer(topics: DataFrame) -> DataFrame:
     """Per consumer and topic: fetches, bytes/s, empty-fetch ratio and long-poll ratio (from the topic rollup)."""
     # a multi-topic fetch's bytes are split evenly over its topics (responses are summarized per request)
     f = topics.where(F.col("api_name") == "Fetch")
-    return f.groupBy("client_id", F.coalesce("topic", F.lit("")).alias("topic")).agg(
+    # a Fetch in an incremental session (KIP-227) names no topic when nothing changed: its own labelled row
+    return f.groupBy("client_id", F.coalesce("topic", F.lit(INCREMENTAL_FETCH)).alias("topic")).agg(
         F.sum("requests").alias("fetches"),
         F.round(F.sum("fetch_bytes_split")).cast("long").alias("bytes"),
         _span_s().alias("span_s"),

@@ -73,8 +73,14 @@ def _has_records(fields: list[dict[str, Any]]) -> bool:
 class _Emitter:
     """Builds the source of one walker; see the module docstring for the protocol."""
 
-    def __init__(self, api_key: int, request: bool, version: int, flexible: bool, inc: bool) -> None:
+    def __init__(self, api_key: int, request: bool, version: int, flexible: bool, inc: bool,
+                 optimistic: bool = False) -> None:
         self.api = api_key
+        # optimistic: plain only; bails out (exception, or an end past the frame) on anything but the
+        # common case — a non-zero error code, a varint of more than one byte, a non-empty tagged
+        # section, a string that is not UTF-8 — so that the caller redoes the frame with the exact walker
+        self.opt = optimistic and not inc and flexible
+        self.bytes_body = False  # set by `build`: the walk runs on a bytes copy (never for records bodies)
         self.request = request
         self.v = version
         self.flex = flexible
@@ -132,6 +138,9 @@ class _Emitter:
             self.emit(ind, f"for c in {te}:")
             self.emit(ind + 1, f"if c: pe{k} = _pe(pe{k}, c)")
             return
+        if self.opt:
+            self.emit(ind, "p += _KT[d[p]]")
+            return
         self.need(ind, 1)
         if self.inc:
             self.emit(ind, "if d[p] == 0: p += 1")
@@ -143,6 +152,13 @@ class _Emitter:
     def string(self, ind: int, v: str) -> None:
         """Read a string into v (None when null)."""
         n = self.var("n")
+        if self.opt:
+            self.emit(ind, f"{n} = d[p]")
+            # bytes (small bodies are copied): the method is cheapest; a memoryview has none
+            dec = f"d[p + 1:p + {n}].decode()" if self.bytes_body else f"_u8(d[p + 1:p + {n}])[0]"
+            self.emit(ind, f"if 0 < {n} < 128: {v} = {dec}; p += {n}")
+            self.emit(ind, f"else: {v}, p = _cstr(d, p, lim)")
+            return
         if self.flex and not self.inc:
             # compact, plain: one-byte length is the common case (names < 127 bytes)
             self.emit(ind, f"{n} = d[p]")
@@ -158,6 +174,9 @@ class _Emitter:
         self.emit(ind + 1, f"{v} = _u8(d[p:p + {n}], 'replace')[0]; p += {n}")
 
     def skip_blob(self, ind: int, wide: bool) -> None:
+        if self.opt:
+            self.emit(ind, "p += _K1[d[p]]")
+            return
         n = self.var("n")
         self.length(ind, n, self.flex, wide)
         self.emit(ind, f"if {n} > 0: p += {n}")
@@ -216,7 +235,7 @@ class _Emitter:
                 if "<nested>" in texts[:first] or (kind == "t" and "_uuid(" in texts[first]):
                     inits.append(f"{kind}{k} = {cv[kind]}")
                 cv[kind] = f"{kind}{k}"
-            if has_err:
+            if has_err and (err_tags or not self.opt):  # optimistic: a non-zero error code bails out
                 inits.append(f"pe{k} = None")
             if inits:
                 self.emit(ind, "; ".join(inits))
@@ -240,7 +259,7 @@ class _Emitter:
             self.tags(ind, k, err_tags)
         # end-of-struct actions: the struct's context (topic name …) is complete now
         T, PT, R = cv["t"], cv["pt"], cv["r"]
-        if has_err:
+        if has_err and (k == 0 or err_tags or not self.opt):
             self.emit(ind, f"if pe{k}: _flush(S, pe{k}, {T}, {PT}, {R})")
         if fetch_part:
             self.emit(ind, f"S.fetched.append(_PF({T} or '', {PT} if {PT} is not None else -1, ec{k}, hw{k}, rb{k}))")
@@ -297,10 +316,10 @@ class _Emitter:
                 return None
         return {"lead": lead, "rest": fs[len(lead):], "errors": errors, "partition": partition, "ctx": ctx}
 
-    def struct_loop(self, f: dict[str, Any], ctx: dict[str, Any], ind: int, n: str) -> None:
+    def struct_loop(self, f: dict[str, Any], ctx: dict[str, Any], ind: int, n: str, it: str = "") -> None:
         """The loop over an array of structs (count already in `n`), leaf structs specialized."""
         leaf = self.leaf_plan(f["fields"], ctx["k"] + 1, f["name"])
-        self.emit(ind, f"for _ in range({n}):")
+        self.emit(ind, f"for _ in {it or f'range({n})'}:")
         if leaf is None:
             self.struct(f["fields"], ctx["k"] + 1, ind + 1, f["name"], ctx["cv"])
             return
@@ -315,19 +334,28 @@ class _Emitter:
         for f in lead:
             offsets.append(pos)
             pos += FIXED[f["type"]][1]
-        test = " or ".join(f"d[p + {offsets[i]}] or d[p + {offsets[i] + 1}]" for i in errors)
+        test = " or ".join(f"d[{_at(offsets[i])}] or d[p + {offsets[i] + 1}]" for i in errors)
         last = max(errors + ([part] if part is not None else []))
         names = [self.var("v") if i in errors or i == part else "_" for i in range(last + 1)]
         st = self.var("_st")
         self.globs[st] = Struct(">" + "".join(FIXED[f["type"]][0] for f in lead[: last + 1])).unpack_from
         self.need(ind, pos)
         self.emit(ind, f"if {test}:")
+        if self.opt:
+            self.emit(ind + 1, "raise _Bail")
+            self.emit(ind, f"p += {pos}")
+            self.leaf_rest(plan, ind, cv)
+            return
         self.emit(ind + 1, f"{', '.join(names)}, = {st}(d, p)")
         codes = [names[i] for i in errors]
         pending = f"[{codes[0]}]" if len(codes) == 1 else f"[c for c in ({', '.join(codes)},) if c]"
         ptv = names[part] if part is not None else cv["pt"]
         self.emit(ind + 1, f"_flush(S, {pending}, {cv['t']}, {ptv}, {cv['r']})")
         self.emit(ind, f"p += {pos}")
+        self.leaf_rest(plan, ind, cv)
+
+    def leaf_rest(self, plan: dict[str, Any], ind: int, cv: dict[str, str]) -> None:
+        """The fields of a `leaf_plan` struct after its leading fixed fields."""
         ctx = dict(plan["ctx"], cv=cv)
         for f in plan["rest"]:
             if f["type"] in FIXED and "fields" not in f:
@@ -341,7 +369,7 @@ class _Emitter:
         name, typ, k = f["name"], f["type"], ctx["k"]
         acts: list[str] = []
         if typ == "int16" and name.endswith("ErrorCode"):
-            acts.append(f"if {var}: pe{k} = _pe(pe{k}, {var})")
+            acts.append(f"if {var}: raise _Bail" if self.opt else f"if {var}: pe{k} = _pe(pe{k}, {var})")
             if ctx["fetch_part"] and name == "ErrorCode":
                 acts.append(f"ec{k} = {var}")
         if k == 0:
@@ -368,11 +396,19 @@ class _Emitter:
         size = sum(FIXED[f["type"]][1] for f in group)
         actions: list[str] = []
         names: list[str] = []
+        tests: list[str] = []  # optimistic: error codes tested in place, never unpacked
+        off = 0
         for f in group:
             v = self.var("v")
             a = self.fixed_actions(f, ctx, v)
+            if self.opt and a == [f"if {v}: raise _Bail"]:
+                tests.append(f"d[{_at(off)}] or d[p + {off + 1}]")
+                a = []
+            off += FIXED[f["type"]][1]
             names.append(v if a else "_")
             actions.extend(a)
+        if tests:
+            self.emit(ind, f"if {' or '.join(tests)}: raise _Bail")
         if not actions:
             self.emit(ind, f"p += {size}")
             return
@@ -463,11 +499,21 @@ class _Emitter:
     def array(self, f: dict[str, Any], ctx: dict[str, Any], ind: int) -> None:
         inner, name, k = f["type"][2:], f["name"], ctx["k"]
         n = self.var("n")
+        if "fields" in f and self.opt:
+            self.emit(ind, f"{n} = d[p] - 1")
+            self.emit(ind, f"if 0 <= {n} < 127: p += 1")
+            self.emit(ind, f"else: {n}, p = _carr(d, p, lim)")
+            self.struct_loop(f, ctx, ind, n)
+            return
         if "fields" in f and self.flex and not self.inc:
             self.emit(ind, f"{n} = d[p] - 1")
             self.emit(ind, f"if 0 <= {n} < 127: p += 1")
             self.emit(ind, f"else: {n}, p = _carr(d, p, lim)")
             self.struct_loop(f, ctx, ind, n)
+            return
+        if inner in FIXED and self.opt and not (
+                inner == "int32" and name in PARTITION_ARRAYS and ctx["parent"] not in IGNORED_STRUCTS):
+            self.emit(ind, f"p += _K{FIXED[inner][1]}[d[p]]")  # one-byte count (or null), else far past the end
             return
         if inner in FIXED and self.flex and not self.inc and not (
                 inner == "int32" and name in PARTITION_ARRAYS and ctx["parent"] not in IGNORED_STRUCTS):
@@ -518,36 +564,95 @@ class _Emitter:
         if self.inc:
             self.emit(1, "if False: yield  # always a generator, even for empty bodies")
         rebase = not self.inc and not _has_records(schema["fields"])
+        self.bytes_body = rebase and self.opt
         if rebase:
             # Indexing and slicing bytes is ~10% cheaper than a memoryview: a small body
             # without records is copied once and walked as bytes, positions rebased;
             # Produce/Fetch and big bodies stay zero-copy views.
             self.emit(1, "base = 0")
-            self.emit(1, f"if type(d) is not bytes and lim - p <= {COPY_SMALL_BODY}: d = bytes(d[p:lim]); base = p; lim -= p; p = 0")
+            # (optimistic walkers copy any size: a memcpy is nothing beside walking the body in Python)
+            cap = "" if self.opt else f" and lim - p <= {COPY_SMALL_BODY}"
+            self.emit(1, f"if type(d) is not bytes{cap}: d = bytes(d[p:lim]); base = p; lim -= p; p = 0")
         self.emit(1, "t0 = None; pt0 = None; r0 = None; pe0 = None; tp = {}; npart = 0")
         self.struct(schema["fields"], 0, 1, "")
         self.emit(1, "if tp: S.topics = list(tp)")
         self.emit(1, "if npart: S.partitions += npart")
         self.emit(1, "return p + base" if rebase else "return p")
-        return "\n".join(self.lines)
+        return "\n".join(_fold_steps(self.lines) if self.opt else self.lines)
+
+
+def _at(off: int) -> str:
+    """`p + off` as the walker indexes it (`p` alone at 0: one addition less per element)."""
+    return f"p + {off}" if off else "p"
+
+
+_STEP = re.compile(r"^(\s*)p \+= (\d+)$")
+_TABLE_STEP = re.compile(r"^(\s*)p \+= (_K\w+)\[d\[p\]\]$")
+_COUNT = re.compile(r"^(\s*)n\d+ = d\[p\]( - 1)?$")  # then `if …: … p += …` and `else: …(d, p, lim)`
+_COPY = re.compile(r"^\s*(t\d+) = s\d+$")
+
+
+def _fold_steps(lines: list[str]) -> list[str]:
+    """Peephole for optimistic walkers: `p += 14` then `p += _K4[d[p]]` becomes `p += _K4[d[p + 14]] + 14`.
+
+    Each statement costs tens of ns in CPython; a constant step merged into
+    the next one at the same indentation saves one per fixed-size run; a
+    constant step before a one-byte count or string length (the `n = d[p]`,
+    `if`, `else` triple the emitter writes) is folded into the triple. A
+    topic variable copied and never read again (nothing needs it once errors
+    bail out) is not copied.
+    """
+    text = "\n".join(lines)
+    lines = [ln for ln in lines if not ((m := _COPY.match(ln)) and len(re.findall(rf"\b{m.group(1)}\b", text)) == 1)]
+    pending: list[tuple[str, int]] = []
+    out: list[str] = []
+    for line in lines:
+        prev = _STEP.match(out[-1]) if out else None
+        if prev and _COUNT.match(line) and _COUNT.match(line).group(1) == prev.group(1):
+            # a count or string length after a constant step: read it at the offset, step once after
+            out[-1] = line.replace("d[p]", f"d[p + {prev.group(2)}]")
+            pending.append((prev.group(1), int(prev.group(2))))
+            continue
+        if pending and line.startswith(pending[-1][0]) and line[len(pending[-1][0])] in "ie":
+            ind, step = pending[-1]
+            if line.startswith(ind + "else:"):
+                pending.pop()
+                out.append(line.replace("(d, p, lim)", f"(d, p + {step}, lim)"))
+            else:
+                line = line.replace("d[p + 1:p + ", f"d[p + {step + 1}:p + {step} + ")
+                out.append(re.sub(r"p \+= (\w+)$", lambda m: f"p += {step} + {m.group(1)}", line))
+            continue
+        if prev:
+            ind, step = prev.group(1), int(prev.group(2))
+            cur = _STEP.match(line)
+            if cur and cur.group(1) == ind:
+                out[-1] = f"{ind}p += {step + int(cur.group(2))}"
+                continue
+            tab = _TABLE_STEP.match(line)
+            if tab and tab.group(1) == ind:
+                out[-1] = f"{ind}p += {tab.group(2)}[d[p + {step}]] + {step}"
+                continue
+        out.append(line)
+    return out
 
 
 
 Walker = Callable[[Any, int, int, Summary], Any]
-_CACHE: dict[tuple[int, bool, int, bool], Walker] = {}
+_CACHE: dict[tuple[int, bool, int, bool, bool], Walker] = {}
 
 
-def source(api_key: int, request: bool, version: int, incremental: bool = False) -> tuple[str, dict[str, Any]]:
+def source(api_key: int, request: bool, version: int, incremental: bool = False,
+           optimistic: bool = False) -> tuple[str, dict[str, Any]]:
     """The generated source of one walker (for debugging and tests)."""
     info = APIS.get(api_key)
     if info is None or not info.decodable(version):
         raise UnknownApi(f"no schema for api {api_key} v{version}")
     schema = info.schema(request, version)
-    em = _Emitter(api_key, request, version, info.flexible(version), incremental)
+    em = _Emitter(api_key, request, version, info.flexible(version), incremental, optimistic)
     return em.build(schema), em.globs
 
 
-def walker(api_key: int, request: bool, version: int, incremental: bool = False) -> Walker:
+def walker(api_key: int, request: bool, version: int, incremental: bool = False, optimistic: bool = False) -> Walker:
     """The compiled walker for one (api, direction, version, mode); cached.
 
     Plain: `walk(d, p, lim, S) -> end`; `d` must end exactly at `lim` (the
@@ -555,15 +660,23 @@ def walker(api_key: int, request: bool, version: int, incremental: bool = False)
     (callers treat all three as a body overrun) and `end > lim` means a
     skipped length ran past the frame.
     Incremental: a generator with the yield protocol described above.
+    Optimistic (plain, flexible versions; the same as plain otherwise): the
+    whole-frame fast path's walker. Table look-ups instead of branches for
+    one-byte counts and empty tagged sections, strict UTF-8, no error
+    bookkeeping: its result is the plain walker's whenever it returns exactly
+    `lim`; on anything unusual it raises or returns another end, and the
+    caller must redo the frame with the plain walker on a fresh `Summary`
+    (`KafkaStream` does: its fast path falls back to the slow one).
     Raises `UnknownApi` when no schema describes this version.
     """
-    key = (api_key, request, version, incremental)
+    key = (api_key, request, version, incremental, optimistic)
     fn = _CACHE.get(key)
     if fn is None:
-        src, globs = source(api_key, request, version, incremental)
+        src, globs = source(api_key, request, version, incremental, optimistic)
         ns = dict(RUNTIME)
         ns.update(globs)
-        exec(compile(src, f"<walker {api_key} {'req' if request else 'resp'} v{version}{' inc' if incremental else ''}>", "exec"), ns)
+        mode = " inc" if incremental else " opt" if optimistic else ""
+        exec(compile(src, f"<walker {api_key} {'req' if request else 'resp'} v{version}{mode}>", "exec"), ns)
         fn = ns["walk"]
         _CACHE[key] = fn
     return fn

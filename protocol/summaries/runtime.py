@@ -68,7 +68,26 @@ def _skiparr(d: Any, p: int, lim: int, size: int) -> int:
     return p + (n - 1) * size if n > 1 else p
 
 
+class Bail(Exception):
+    """Internal: an optimistic walker met something it leaves to the plain walker (see codegen.walker)."""
+
+
+# Optimistic walkers skip a compact array / string / tagged section with one table look-up on its
+# first byte: the bytes to advance when that byte is a whole one-byte count (or null), FAR when it
+# is not (a multi-byte varint, a non-empty tagged section). FAR puts the position past any frame,
+# so the next read raises or the walk ends past the frame: either way the plain walker redoes it.
+FAR = 1 << 62
+_K1 = (1,) + tuple(range(1, 128)) + (FAR,) * 128
+_K2 = (1,) + tuple(1 + (n - 1) * 2 for n in range(1, 128)) + (FAR,) * 128
+_K4 = (1,) + tuple(1 + (n - 1) * 4 for n in range(1, 128)) + (FAR,) * 128
+_K8 = (1,) + tuple(1 + (n - 1) * 8 for n in range(1, 128)) + (FAR,) * 128
+_K16 = (1,) + tuple(1 + (n - 1) * 16 for n in range(1, 128)) + (FAR,) * 128
+_KT = (1,) + (FAR,) * 255
+_R = tuple(range(n) for n in range(127))  # loop ranges for one-byte counts, built once
+
+
 RUNTIME: dict[str, Any] = {
+    "_Bail": Bail, "_K1": _K1, "_K2": _K2, "_K4": _K4, "_K8": _K8, "_K16": _K16, "_KT": _KT, "_R": _R,
     "Over": Over, "uv": uv, "tag_errors": tag_errors, "g_tag_errors": g_tag_errors, "g_uv": g_uv, "skip_tags": skip_tags, "g_skip_tags": g_skip_tags,
     "scan": scan, "scan_incremental": scan_incremental, "_pe": _pe, "_flush": _flush,
     "_PF": PartitionFetched, "_uuid": _uuid, "_Z16": _Z16, "_u8": _u8, "_skiparr": _skiparr, "_cstr": _cstr, "_carr": _carr,

@@ -14,7 +14,7 @@ from pathlib import Path
 from scenarios.spec import Scenario
 
 MODULES = ["batch_too_large", "idle_firewall", "who_is_writing", "connection_surge", "no_window_scaling",
-           "middlebox_latency"]
+           "middlebox_latency", "leader_moves", "coordinator_lost"]
 
 
 def all_scenarios() -> list[Scenario]:

@@ -9,7 +9,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession  # a required dependency: ./go installs it, a missing one must fail
 
 from analytics.session import get_spark
-from analytics.spark_schema import spark_schema
+from analytics.spark_schema import loaded_schema
 from recording import schema as rec
 
 
@@ -28,10 +28,10 @@ def _rows(dataset: str, rows: list[dict[str, Any]]) -> list[tuple]:
 
 @pytest.fixture()
 def make_df(spark: SparkSession):
-    """make_df(dataset, rows): a DataFrame with the recording's Spark schema (missing columns null)."""
+    """make_df(dataset, rows): a DataFrame as `analytics.load` gives the transforms (missing columns null)."""
 
     def make(dataset: str, rows: list[dict[str, Any]]) -> DataFrame:
-        return spark.createDataFrame(_rows(dataset, rows), spark_schema(dataset, with_partitions=False))
+        return spark.createDataFrame(_rows(dataset, rows), loaded_schema(dataset, with_partitions=False))
 
     return make
 

@@ -161,5 +161,7 @@ def test_run_rules_ranks_and_survives_a_broken_rule(monkeypatch) -> None:
 def test_every_rule_is_covered() -> None:
     tested = {"broker_closed_after_acks0_produce", "produce_rejected_too_large", "idle_resets_not_from_broker", "reconnect_storm",
               "client_inventory", "connection_surge", "window_scaling_off", "error_hotspot", "throttled_clients",
-              "compare_added_latency", "compare_errors_differ", "compare_ends_differ"}
+              "compare_added_latency", "compare_errors_differ", "compare_ends_differ",
+              "clients_bypass_proxy",  # tests/analytics/test_findings_bypass.py
+              "kafka_fault_reactions", "fault_retry_duplicates"}  # tests/analytics/test_fault_reactions.py
     assert set(RULES) - {"broken"} == tested

@@ -10,6 +10,7 @@ from analytics import load as L
 from analytics.synthetic import write_rows
 from recording import schema as rec
 from recording.migrations import Migration
+from recording.timestamps import from_epoch_ns, ingest_schema
 from analytics_rows import S, T0, conn, req
 
 pytestmark = pytest.mark.spark
@@ -58,7 +59,8 @@ def _write_with_version(root, version: bytes | None) -> None:
         meta.pop(rec.FORMAT_KEY)
     else:
         meta[rec.FORMAT_KEY] = version
-    t = pa.Table.from_pylist([{n: req("c1", 1).get(n) for n in schema.names}], schema=schema).replace_schema_metadata(meta)
+    t = from_epoch_ns(pa.Table.from_pylist([{n: req("c1", 1).get(n) for n in schema.names}], schema=ingest_schema("requests")),
+                      "requests").replace_schema_metadata(meta)
     d = root / "requests" / "proxy=p1" / "date=2026-11-20" / "hour=09"
     d.mkdir(parents=True)
     pq.write_table(t, d / "part-0.parquet")

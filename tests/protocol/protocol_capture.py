@@ -200,3 +200,91 @@ class Tee:
 def have_capture_tools() -> bool:
     return os.geteuid() == 0 and all(
         subprocess.run(["which", t], capture_output=True).returncode == 0 for t in ("dumpcap", "tshark"))
+
+
+def tshark_request_topics(pcap: Path, port: int) -> dict[tuple[int, int], set[str] | None]:
+    """tshark's topic names per (tcp stream, correlation id), for packets that carry one request only.
+
+    A packet with several requests aggregates their fields, which cannot be
+    told apart: those are left out. None when tshark says it did not decode the
+    body ("Unsupported <api> version", "Unknown <n> API key", a malformed
+    packet: it then reads garbage where a newer version's fields are), an
+    empty set when the request names no topic.
+    """
+    out = subprocess.run(
+        ["tshark", "-r", str(pcap), "-d", f"tcp.port=={port},kafka", "-Y", f"kafka && tcp.dstport=={port}",
+         "-T", "fields", "-E", "separator=\t", "-E", "occurrence=a", "-E", "aggregator=|",
+         "-e", "tcp.stream", "-e", "kafka.correlation_id", "-e", "_ws.expert.message", "-e", "kafka.topic_name"],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    found: dict[tuple[int, int], set[str] | None] = {}
+    for line in out.splitlines():
+        parts = line.split("\t") + ["", ""]
+        if not parts[1] or "|" in parts[1]:
+            continue
+        undecoded = any(w in parts[2] for w in ("Unsupported", "Unknown", "Malformed", "does not end"))
+        found[(int(parts[0]), int(parts[1]))] = None if undecoded else {n for n in parts[3].split("|") if n}
+    return found
+
+
+@dataclass
+class OracleReport:
+    """What comparing kafkatap's decode with tshark's on one capture found."""
+
+    requests: int = 0  # requests kafkatap decoded on the captured connections
+    headers_compared: int = 0  # (api key, version, correlation id, client id) tshark decoded, all equal to ours
+    topics_compared: int = 0  # requests whose topic names tshark decoded, all equal to ours
+    undecoded: set[tuple[str, int]] = field(default_factory=set)  # (api, version) whose body tshark cannot dissect
+    mismatches: list[str] = field(default_factory=list)
+
+
+def tshark_oracle(pcap: Path, port: int) -> OracleReport:
+    """kafkatap's decode of every captured connection to `port` against tshark's Kafka dissector.
+
+    Headers: every request tshark dissects must be one kafkatap saw, with the
+    same api key, version, correlation id and client id. Topics: where tshark
+    names a request's topics, kafkatap's summary must name the same ones
+    (requests that name topics by id — Produce v13, Fetch v13+ — have no name
+    on the wire). Bodies tshark says it cannot dissect (versions newer than
+    its dissector) are listed, not compared.
+    """
+    from protocol.events import RequestSeen
+    from protocol.stream import KafkaStream
+
+    rep = OracleReport()
+    ours: dict[int, list[tuple[int, int, int, str]]] = {}
+    topics: dict[tuple[int, int], tuple[str, int, list[str]]] = {}
+    for conn in connections(pcap, port):
+        s = KafkaStream()
+        for seg in conn.segments:
+            (s.receive_request_data if seg.to_broker else s.receive_response_data)(seg.payload, seg.ts_ns)
+        s.close(0)
+        seen = ours.setdefault(conn.stream, [])
+        for ev in s.events():
+            if isinstance(ev, RequestSeen):
+                rep.requests += 1
+                seen.append((ev.api_key, ev.api_version, ev.correlation_id, ev.client_id or ""))
+                if ev.summary is not None:
+                    topics[(conn.stream, ev.correlation_id)] = (ev.api_name, ev.api_version, ev.summary.topics)
+    for stream, tuples in tshark_requests(pcap, port).items():
+        for t in tuples:
+            if t in ours.get(stream, []):
+                rep.headers_compared += 1
+            else:
+                rep.mismatches.append(f"stream {stream}: tshark saw request {t}, kafkatap did not")
+    for key, names in tshark_request_topics(pcap, port).items():
+        if key not in topics:
+            continue
+        api, ver, mine = topics[key]
+        mine_names = {t for t in mine if not _is_uuid(t)}
+        if names is None:
+            rep.undecoded.add((api, ver))
+        elif names or mine_names:
+            rep.topics_compared += 1
+            if names != mine_names:
+                rep.mismatches.append(f"{api} v{ver} cid {key[1]}: tshark topics {sorted(names)}, kafkatap {sorted(mine_names)}")
+    return rep
+
+
+def _is_uuid(text: str) -> bool:
+    return len(text) == 36 and text.count("-") == 4

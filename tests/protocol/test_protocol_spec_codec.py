@@ -13,10 +13,13 @@ import pytest
 
 from protocol.apis import SASL_AUTHENTICATE
 from protocol.deep import decode_request, decode_response, encode_request, encode_response
-from protocol.events import RequestSeen, ResponseSeen
+from protocol.events import RequestSeen, ResponseSeen, Summary
+from protocol.headers import parse_request_header, response_header_flexible, skip_request_header_tags
+from protocol.summaries.codegen import walker
 from protocol_cases import SPEC_CASES, case_id
 from protocol_helpers import feed, strip_times
 from protocol_oracle import actual, expected
+from protocol_frames import fetch_response, metadata_response, produce_request
 from protocol_spec_random import random_body
 
 CASES = [c for c in SPEC_CASES if c != (17, 0)]  # SaslHandshake v0: raw tokens follow (see test_protocol_schemas)
@@ -47,3 +50,56 @@ def test_spec_bodies_round_trip_and_summarize(api_key: int, version: int) -> Non
         assert actual(rs.summary) == expected(rbody)
         assert actual(rq.summary)["errors"] == expected(body)["errors"]
         assert strip_times(feed(req, resp, chunk=7, seed=seed)) == strip_times(events)
+
+
+def request_header_end(frame: memoryview) -> int:
+    key, ver, _cid, _client, p = parse_request_header(frame, 4, len(frame))
+    return skip_request_header_tags(frame, p, len(frame), key, ver)
+
+
+def response_body_start(api_key: int, version: int) -> int:
+    return 9 if response_header_flexible(api_key, version) else 8
+
+
+@pytest.mark.parametrize("api_key,version", CASES, ids=[case_id(c) for c in CASES])
+def test_optimistic_walker_agrees_with_plain_or_bails(api_key: int, version: int) -> None:
+    """The fast path's optimistic walker: the plain walker's summary exactly, or a bail-out (never a third answer)."""
+    for request in (True, False):
+        plain = walker(api_key, request, version)
+        fast = walker(api_key, request, version, optimistic=True)
+        for seed in range(4):
+            body = random_body(api_key, version, request, seed + 11, min_items=int(seed % 2 == 0))
+            frame = memoryview(encode_request(api_key, version, 9, "spec", body) if request
+                               else encode_response(api_key, version, 9, body))
+            hdr = request_header_end(frame) if request else response_body_start(api_key, version)
+            want = Summary()
+            end = plain(frame, hdr, len(frame), want)
+            assert end == len(frame)
+            got = Summary()
+            try:
+                fast_end = fast(frame, hdr, len(frame), got)
+            except Exception:  # noqa: BLE001 - a bail-out: the stream redoes the frame with `plain`
+                continue
+            if fast_end == len(frame):
+                assert got == want, (api_key, version, request, seed)
+
+
+def test_optimistic_walker_takes_common_metadata_without_bailing() -> None:
+    """A clean Metadata response (the bench's) is summarized by the optimistic walker itself, errors bail."""
+    fast = walker(3, False, 12, optimistic=True)
+    clean = memoryview(metadata_response(topics=50, partitions=3))
+    s = Summary()
+    assert fast(clean, 9, len(clean), s) == len(clean) and s.partitions == 150 and len(s.topics) == 50
+    big = memoryview(metadata_response(topics=400, partitions=3))  # > 16 KiB, > 127 topics
+    s = Summary()
+    assert fast(big, 9, len(big), s) == len(big) and s.partitions == 1200 and len(s.topics) == 400
+    fetch = memoryview(fetch_response(version=12, parts=4, part_bytes=4096))
+    s = Summary()
+    assert walker(1, False, 12, optimistic=True)(fetch, 9, len(fetch), s) == len(fetch) and len(s.fetched) == 4
+    produce = memoryview(produce_request(version=9, acks=-1))
+    s = Summary()
+    end = walker(0, True, 9, optimistic=True)(produce, request_header_end(produce), len(produce), s)
+    assert end == len(produce) and s.batches and s.topics == ["orders"]
+    bad = memoryview(metadata_response(topics=5, bad_topic="missing"))
+    with pytest.raises(Exception):
+        fast(bad, 9, len(bad), Summary())

@@ -17,7 +17,7 @@ from harness.kafka import free_port
 KAFKATAP = [sys.executable, "-m", "kafkatap.cli"]
 
 
-def _wait_listening(port: int, proc: subprocess.Popen, timeout: float = 15) -> None:
+def _wait_listening(port: int, proc: subprocess.Popen, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:  # a subprocess has no event to await but its port
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""

@@ -9,7 +9,9 @@ is a topic id — every `topics` entry is a real topic name.
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -20,6 +22,9 @@ from harness.jars import INCIDENT_VERSION
 from protocol.apis import APIS
 from proxy.running import RunningProxy
 from proxy.topics import is_topic_id
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "protocol"))
+from protocol_capture import Capture, have_capture_tools, tshark_oracle  # noqa: E402
 
 pytestmark = pytest.mark.kafka
 
@@ -33,7 +38,7 @@ def proxied_kafka_37():
     kafka = LocalKafka(version=INCIDENT_VERSION, broker_props={"advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}"})
     kafka.start()
     try:
-        yield SimpleNamespace(kafka=kafka, route=f"127.0.0.1:{port}=127.0.0.1:{kafka.port}")
+        yield SimpleNamespace(kafka=kafka, proxy_port=port, route=f"127.0.0.1:{port}=127.0.0.1:{kafka.port}")
     finally:
         kafka.stop()
         kafka.cleanup()
@@ -62,8 +67,26 @@ def _run_all(j: JavaClients, *tools) -> None:
         j.run(tool).check()
 
 
-def test_java_4x_clients_through_the_proxy(proxied_kafka, topic_name, sink):
-    with RunningProxy([proxied_kafka.route], sink=sink) as p:
+def check_with_tshark(pcap: Path, port: int, min_headers: int, min_topics: int) -> None:
+    """The tshark oracle over the Java clients' connections (captured on the proxy's client side).
+
+    tshark 4.0's dissector knows Kafka up to about 3.x: it still dissects every
+    request header (api key, version, correlation id, client id), but leaves
+    the bodies of the newest versions undecoded; those are printed, and the
+    topics are compared wherever it does name them.
+    """
+    assert have_capture_tools(), "needs root, dumpcap and tshark (apt-get install tshark)"
+    rep = tshark_oracle(pcap, port)
+    print(f"tshark oracle: {rep.requests} requests, {rep.headers_compared} headers and {rep.topics_compared} "
+          f"topic lists compared; bodies tshark leaves undecoded: {sorted(rep.undecoded)}")
+    assert rep.mismatches == [], rep.mismatches[:10]
+    assert rep.headers_compared >= min_headers and rep.headers_compared >= 0.9 * rep.requests, rep
+    assert rep.topics_compared >= min_topics, rep
+
+
+def test_java_4x_clients_through_the_proxy(proxied_kafka, topic_name, sink, tmp_path):
+    pcap = tmp_path / "java4.pcap"
+    with Capture(proxied_kafka.proxy_port, pcap), RunningProxy([proxied_kafka.route], sink=sink) as p:
         j = JavaClients(p.bootstrap)
         _run_all(
             j,
@@ -106,10 +129,12 @@ def test_java_4x_clients_through_the_proxy(proxied_kafka, topic_name, sink):
     assert topic_ids_left(sink) == []
     touched = {t for r in sink.requests if r["api_name"] in ("Produce", "Fetch", "ShareFetch") for t in r["topics"]}
     assert touched == {topic_name}
+    check_with_tshark(pcap, proxied_kafka.proxy_port, min_headers=100, min_topics=0)
 
 
-def test_java_37_clients_through_the_proxy(proxied_kafka_37, topic_name, sink):
-    with RunningProxy([proxied_kafka_37.route], sink=sink) as p:
+def test_java_37_clients_through_the_proxy(proxied_kafka_37, topic_name, sink, tmp_path):
+    pcap = tmp_path / "java37.pcap"
+    with Capture(proxied_kafka_37.proxy_port, pcap), RunningProxy([proxied_kafka_37.route], sink=sink) as p:
         j = JavaClients(p.bootstrap, INCIDENT_VERSION)
         _run_all(
             j,
@@ -126,4 +151,5 @@ def test_java_37_clients_through_the_proxy(proxied_kafka_37, topic_name, sink):
     assert opaque_with_schema(sink) == []
     assert topic_ids_left(sink) == []
     assert {t for r in sink.requests if r["api_name"] in ("Produce", "Fetch") for t in r["topics"]} == {topic_name}
+    check_with_tshark(pcap, proxied_kafka_37.proxy_port, min_headers=30, min_topics=0)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -19,35 +20,70 @@ RATE = 5000  # rows/s
 FLUSH = 0.2
 
 
-def _start(root: Path, compact: float) -> subprocess.Popen:
+def _start(root: Path, compact: float, writer: str = "thread") -> subprocess.Popen:
     env = dict(os.environ, KAFKATAP_LOG_FORMAT="json")
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.recording.writer_proc", str(root), str(RATE), str(FLUSH), str(compact)],
+        [sys.executable, "-m", "tests.recording.writer_proc", str(root), str(RATE), str(FLUSH), str(compact), writer],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parents[2], env=env,
     )
 
 
-def _run_until(proc: subprocess.Popen, seconds: float) -> int:
+def _run_until(proc: subprocess.Popen, seconds: float, pids: list[int] | None = None,
+               root: Path | None = None) -> int:
+    """Let the writer run `seconds`, and on (until a minute) until `root` holds a complete file and the
+    writer process, if asked for, was reported: on a loaded machine start-up alone can take seconds.
+
+    Returns (rows enqueued, of them at risk by design at that moment) from the writer's last line.
+    """
     t_end = time.monotonic() + seconds
-    last = 0
-    while time.monotonic() < t_end:
+    deadline = t_end + 60
+    last = (0, 0)
+
+    def ready() -> bool:
+        return ((pids is None or bool(pids)) and (root is None or any(root.rglob("part-*.parquet"))))
+
+    while time.monotonic() < t_end or (time.monotonic() < deadline and not ready()):
         line = proc.stdout.readline()
         if not line:
             raise AssertionError(f"writer exited early: {proc.stderr.read()[-2000:]}")
-        last = int(line)
+        if line.startswith("writer "):
+            if pids is not None:
+                pids.append(int(line.split()[1]))
+            continue
+        n, at_risk = map(int, line.split())
+        last = (n, at_risk)
     return last
 
 
-@pytest.mark.parametrize("compact", [0.0, 0.5], ids=["flush-files", "with-compaction"])
-def test_kill9_leaves_valid_files_and_loses_at_most_one_interval(tmp_path: Path, compact: float) -> None:
-    root = tmp_path / "rec"
-    proc = _start(root, compact)
+def _wait_gone(pid: int, timeout: float = 60.0) -> None:
+    """Wait for a process that is not our child (the writer process, orphaned by the kill) to end."""
     try:
-        enqueued = _run_until(proc, 2.5)
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        ready, _, _ = select.select([fd], [], [], timeout)
+        assert ready, f"writer process {pid} still running {timeout} s after its proxy was killed"
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("writer", ["thread", "process"])
+@pytest.mark.parametrize("compact", [0.0, 0.5], ids=["flush-files", "with-compaction"])
+def test_kill9_leaves_valid_files_and_loses_at_most_one_interval(tmp_path: Path, compact: float, writer: str) -> None:
+    """writer=process: kill -9 of the proxy ends the writer's input; it writes what it got and exits."""
+    root = tmp_path / "rec"
+    proc = _start(root, compact, writer)
+    pids: list[int] = []
+    try:
+        enqueued, at_risk = _run_until(proc, 2.5, pids if writer == "process" else None, root)
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.kill()
         proc.wait()
+    if writer == "process":
+        assert pids, "the writer process never started"
+        _wait_gone(pids[0])
     files = list(root.rglob("part-*.parquet"))
     assert files
     for f in files:  # every complete-named file is a valid Parquet file
@@ -58,18 +94,20 @@ def test_kill9_leaves_valid_files_and_loses_at_most_one_interval(tmp_path: Path,
     assert len(ids) == len(set(ids)), "the reader must not see duplicates after a crash during compaction"
     assert sorted(ids) == list(range(1, len(ids) + 1)), "only the tail may be missing"
     lost = enqueued - len(ids)
-    # one flush interval of rows, plus the batch in flight and scheduling slack on an oversubscribed 2-core box
-    assert lost <= RATE * (FLUSH + 0.5), f"lost {lost} rows of {enqueued}"
+    # what was still at risk at the last report (thread: not written; process: not yet in the writer
+    # process), plus one flush interval and a batch of scheduling slack on an oversubscribed 2-core box
+    assert lost <= at_risk + RATE * (FLUSH + 0.5), f"lost {lost} rows of {enqueued} ({at_risk} at risk)"
     recover(root)
     assert not list(root.rglob(".tmp-*"))
     assert read_recording(root, "requests").num_rows == len(ids)
 
 
-def test_sigterm_loses_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_sigterm_loses_nothing(tmp_path: Path, writer: str) -> None:
     root = tmp_path / "rec"
-    proc = _start(root, 0.5)
+    proc = _start(root, 0.5, writer)
     try:
-        _run_until(proc, 1.5)
+        _run_until(proc, 1.5, None, root)
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
     finally:

@@ -85,14 +85,18 @@ def test_metrics_parse_with_prometheus_client(served) -> None:
     assert sum(reqs.values()) == 402 and reqs[("CreateTopics", "7")] == 1
     errs = [s for s in fams["kafkatap_request_errors"].samples]
     assert errs[0].labels["error"] == "TOPIC_ALREADY_EXISTS"
-    lat = fams["kafkatap_request_latency_us"]
+    lat = fams["kafkatap_request_latency_seconds"]  # Prometheus base units: seconds, not µs
     assert lat.type == "histogram"
+    bounds = sorted(float(s.labels["le"]) for s in lat.samples if s.name.endswith("_bucket") and s.labels["le"] != "+Inf")
+    assert bounds[0] == 50e-6 and bounds[-1] == 30.0
+    sums = [s.value for s in lat.samples if s.name.endswith("_sum")]
+    assert all(0 < v < 60 for v in sums), sums  # seconds: a µs sum of 401 requests would be far larger
     counts = [s for s in lat.samples if s.name.endswith("_count")]
     assert sum(s.value for s in counts) == 401  # the acks=0 row has no latency
     assert {"api", "broker"} <= set(counts[0].labels)
     inf = [s for s in lat.samples if s.name.endswith("_bucket") and s.labels["le"] == "+Inf"]
     assert sum(s.value for s in inf) == 401
-    assert "kafkatap_broker_latency_us" in fams
+    assert "kafkatap_broker_latency_seconds" in fams
     assert fams["kafkatap_open_connections"].samples[0].value == 6  # 6 + admin - 1 closed (c-tls only closes)
     ends = {(s.labels["reason"], s.labels["by"]): s.value for s in fams["kafkatap_connection_ends"].samples}
     assert ends[("broker_fin", "broker")] == 1
@@ -147,8 +151,9 @@ def test_http_edge_cases(served) -> None:
 def test_top_once_renders(served) -> None:
     sink, _sinks, lp, server = served
     lp.call(_feed, sink)
-    result = CliRunner().invoke(top, ["--addr", f"127.0.0.1:{server.port}", "--once"])
+    result = CliRunner().invoke(top, ["--addr", f"127.0.0.1:{server.port}", "--once", "--interval", "0.2"])
     assert result.exit_code == 0, result.output
+    assert "req/s" in result.output.splitlines()[0]  # --once polls twice, so it has a rate
     assert "kafkatap top" in result.output and "producer-2" in result.output and "\x1b[" not in result.output
     result = CliRunner().invoke(top, ["--addr", f"127.0.0.1:{server.port}", "--once", "--json"])
     assert json.loads(result.output)["open_connections"] == 6

@@ -12,6 +12,7 @@ import pytest
 from recording.reader import recording_start
 from recording.sample_rows import SessionMix
 from recording.schema import arrow_schema
+from recording.timestamps import from_epoch_ns, ingest_schema
 from recording.timespec import TimeSpecError, parse_time, parse_timespec, resolve_window
 
 S = 1_000_000_000
@@ -76,7 +77,7 @@ def test_relative_needs_a_start_and_looks_it_up_once() -> None:
 def _write_requests(path: Path, first_ns: list[int], **kw) -> None:
     rows = [dict(r, req_first_ns=t) for r, t in zip(SessionMix(seed=3).rows(len(first_ns)), first_ns)]
     path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(rows, schema=arrow_schema("requests")), path, **kw)
+    pq.write_table(from_epoch_ns(pa.Table.from_pylist(rows, schema=ingest_schema("requests")), "requests"), path, **kw)
 
 
 def test_recording_start_is_the_first_request_from_statistics(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from recording.schema import COLUMNS, arrow_schema
+from recording.timestamps import from_epoch_ns, ingest_schema
 from replay_frames import request, response
 
 
@@ -30,7 +31,8 @@ def write_dataset(root: Path, dataset: str, rows: list[dict[str, Any]], proxy_id
     dt = datetime.fromtimestamp(ts / 1e9, tz=timezone.utc)
     d = root / dataset / f"proxy={proxy_id}" / f"date={dt:%Y-%m-%d}" / f"hour={dt:%H}"
     d.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(full, schema=schema), d / "part-synthetic-00000001.parquet")
+    table = from_epoch_ns(pa.Table.from_pylist(full, schema=ingest_schema(dataset)), dataset)
+    pq.write_table(table.replace_schema_metadata(schema.metadata), d / "part-synthetic-00000001.parquet")
 
 
 @dataclass

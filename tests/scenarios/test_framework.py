@@ -23,7 +23,7 @@ from scenario_helpers import children
 def test_catalog_is_complete_and_well_formed() -> None:
     names = [s.name for s in all_scenarios()]
     assert names == ["batch-too-large", "idle-firewall", "who-is-writing", "connection-surge", "no-window-scaling",
-                     "middlebox-latency"]
+                     "middlebox-latency", "leader-moves", "coordinator-lost"]
     assert len(MODULES) == len(names)
     for s in all_scenarios():
         assert s.expect, f"{s.name} expects nothing"

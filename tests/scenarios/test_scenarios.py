@@ -31,6 +31,8 @@ CASES = [
     pytest.param("connection-surge", DEFAULT_VERSION, id="connection-surge"),
     pytest.param("no-window-scaling", DEFAULT_VERSION, id="no-window-scaling", marks=pytest.mark.netns),
     pytest.param("middlebox-latency", DEFAULT_VERSION, id="middlebox-latency"),
+    pytest.param("leader-moves", DEFAULT_VERSION, id="leader-moves"),  # issue 17: Kafka-level faults, 3 libraries
+    pytest.param("coordinator-lost", DEFAULT_VERSION, id="coordinator-lost"),
     pytest.param("demo", DEFAULT_VERSION, id="demo"),
 ]
 

@@ -1,0 +1,244 @@
+"""Saturated requests/s of `kafkatap proxy --workers 1` vs `--workers 2`, in one run.
+
+    .venv/bin/python bench/workers.py                 # 3 rounds, 5 s warm-up + 10 s window each
+    .venv/bin/python bench/workers.py --quick         # 1 round, short windows: checks that it works
+
+How (and why this way):
+1. Real frames: one Produce, Fetch and Metadata request/response pair captured from a
+   real kafka-python session through the proxy (`bench/recording_cost.py`'s
+   `capture_frames`, a real LocalKafka broker), so the workers decode real requests.
+2. The upstream is cheap on purpose: a fake broker in its own process answers each
+   captured request with its captured response (correlation id rewritten), far less
+   work per request than the proxy's relay + decode + recording, so it is not what
+   saturates. `--upstreams K` runs K of them on one port (SO_REUSEPORT).
+3. The load generator runs in its own processes (`--loaders`, default 2): each is the
+   pipelining wire client of `recording_cost.Load` (16 connections x 32 requests in
+   flight) with no rate limit, so the proxy is always busy; each loader counts the
+   responses it received in the measurement window.
+4. The proxy is the real command, `kafkatap proxy --workers N --record DIR` (recording on,
+   as an operator runs it; `--no-record` to measure the relay alone), started fresh for
+   each measurement; 1 and 2 workers alternate within a round.
+
+It prints requests/s per run, the median per worker count, and the ratio 2 / 1 next to
+the issue's target (>= 1.5 x), and the CPU the whole proxy (parent, workers, their
+recording writer processes) used in the window: when 2 workers do not get ~2 x the CPU
+of one, the host had no core to give them (on a 2-core machine the loaders and the
+upstream share the cores with the workers, so the ratio there is a floor).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from harness.kafka import free_port  # noqa: E402
+
+CONNS_PER_LOADER = 16
+DEPTH = 32
+
+
+def upstream_main(port: int, responses: dict[int, bytes], ready: mp.synchronize.Event) -> None:
+    """A fake broker on 127.0.0.1:port (SO_REUSEPORT, so several processes can share it)."""
+    import uvloop
+
+    from recording_cost import FakeBroker
+
+    FakeBroker.responses = responses
+
+    async def main() -> None:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(("127.0.0.1", port))
+        server = await asyncio.get_running_loop().create_server(FakeBroker, sock=sock, backlog=1024)
+        ready.set()
+        await server.serve_forever()
+
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    uvloop.run(main())
+
+
+def loader_main(port: int, requests: dict[int, bytes], warm: float, window: float, out: mp.Queue) -> None:
+    """One load process: saturating pipelined load for warm + window s; reports responses in the window."""
+    import uvloop
+
+    from recording_cost import Load
+
+    async def main() -> None:
+        load = Load(requests, rate=1e9, conns=CONNS_PER_LOADER, depth=DEPTH)
+        task = asyncio.ensure_future(load.run(("127.0.0.1", port), warm + window + 0.5))
+        out.put(None)  # started: the parent's CPU window follows this loader's
+        await asyncio.sleep(warm)
+        n0, t0 = load.completed, time.monotonic()
+        await asyncio.sleep(window)
+        n1, t1 = load.completed, time.monotonic()
+        out.put((n1 - n0, t1 - t0))
+        await task
+
+    uvloop.run(main())
+
+
+def wait_ready(proxy: subprocess.Popen, workers: int, timeout: float = 120.0) -> None:
+    """Read the proxy's JSON log until it listens with every worker; then keep draining it on a thread."""
+    want = "workers running" if workers > 1 else "listening"
+    found = threading.Event()
+
+    def drain() -> None:
+        assert proxy.stderr is not None
+        for line in proxy.stderr:
+            if not found.is_set() and line.startswith("{") and json.loads(line).get("event") == want:
+                found.set()
+
+    threading.Thread(target=drain, daemon=True).start()
+    if not found.wait(timeout):
+        raise RuntimeError(f"the proxy did not report {want!r} (exit {proxy.poll()})")
+
+
+def tree_cpu_s(root: int) -> float:
+    """CPU seconds (user + system) of process `root` and all its descendants (workers, their writer processes)."""
+    parent: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(entry)] = int(fields[1])
+        ticks[int(entry)] = int(fields[11]) + int(fields[12])
+    tree, todo = {root}, [root]
+    while todo:
+        pid = todo.pop()
+        for child, ppid in parent.items():
+            if ppid == pid and child not in tree:
+                tree.add(child)
+                todo.append(child)
+    return sum(ticks.get(pid, 0) for pid in tree) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(workers: int, upstream: int, requests: dict[int, bytes], args: argparse.Namespace,
+            work: Path) -> tuple[float, float]:
+    """(requests/s the loaders got answered, CPU % of the whole proxy) through a fresh `kafkatap proxy --workers N`."""
+    port = free_port()
+    rec = work / f"rec-{workers}-{time.monotonic_ns()}"
+    cmd = [sys.executable, "-m", "kafkatap.cli", "--log-format", "json", "--log-level", "info", "proxy",
+           "--workers", str(workers), "--listen", f"127.0.0.1:{port}", "--upstream", f"127.0.0.1:{upstream}",
+           "--no-resolve-topics"]
+    if not args.no_record:
+        cmd += ["--record", str(rec)]
+    proxy = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    try:
+        wait_ready(proxy, workers)
+        ctx = mp.get_context("spawn")
+        out: mp.Queue = ctx.Queue()
+        loaders = [ctx.Process(target=loader_main, args=(port, requests, args.warm, args.window, out))
+                   for _ in range(args.loaders)]
+        for p in loaders:
+            p.start()
+        early: list[tuple[int, float]] = []
+        started = 0
+        while started < len(loaders):  # every loader connected (a late one's result may come first)
+            msg = out.get(timeout=120)
+            started += msg is None
+            if msg is not None:
+                early.append(msg)
+        time.sleep(args.warm)  # the loaders' own warm-up; their counts come from their own clocks
+        c0, t0 = tree_cpu_s(proxy.pid), time.monotonic()
+        time.sleep(args.window)
+        c1, t1 = tree_cpu_s(proxy.pid), time.monotonic()
+        results = early + [out.get(timeout=args.warm + args.window + 120) for _ in range(len(loaders) - len(early))]
+        for p in loaders:
+            p.join(60)
+        rate = sum(n for n, _ in results) / statistics.mean(t for _, t in results)
+        return rate, 100 * (c1 - c0) / (t1 - t0)
+    finally:
+        proxy.send_signal(signal.SIGTERM)
+        try:
+            proxy.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proxy.pid, signal.SIGKILL)
+        shutil.rmtree(rec, ignore_errors=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--warm", type=float, default=5.0, help="seconds of load before the window")
+    ap.add_argument("--window", type=float, default=10.0, help="seconds counted")
+    ap.add_argument("--loaders", type=int, default=2, help="load generator processes")
+    ap.add_argument("--upstreams", type=int, default=1, help="fake broker processes (one port, SO_REUSEPORT)")
+    ap.add_argument("--no-record", action="store_true", help="relay and decode only (no --record)")
+    ap.add_argument("--quick", action="store_true", help="1 round, 1 s warm-up, 3 s window")
+    args = ap.parse_args()
+    if args.quick:
+        args.rounds, args.warm, args.window = 1, 1.0, 3.0
+
+    from recording_cost import capture_frames
+
+    print("capturing real frames (LocalKafka + kafka-python through the proxy) ...", file=sys.stderr)
+    pairs = capture_frames()
+    requests = {k: v[0] for k, v in pairs.items()}
+    responses = {k: v[1] for k, v in pairs.items()}
+    ctx = mp.get_context("spawn")
+    upstream = free_port()
+    ready = [ctx.Event() for _ in range(args.upstreams)]
+    ups = [ctx.Process(target=upstream_main, args=(upstream, responses, r), daemon=True) for r in ready]
+    for p in ups:
+        p.start()
+    for r in ready:
+        r.wait(60)
+    results: dict[int, list[float]] = {1: [], 2: []}
+    cpu: dict[int, list[float]] = {1: [], 2: []}
+    load0 = os.getloadavg()
+    try:
+        with tempfile.TemporaryDirectory(prefix="kafkatap-workers-bench-") as tmp:
+            for rnd in range(args.rounds):
+                for workers in ((1, 2) if rnd % 2 == 0 else (2, 1)):
+                    rate, pct = measure(workers, upstream, requests, args, Path(tmp))
+                    results[workers].append(rate)
+                    cpu[workers].append(pct)
+                    print(f"round {rnd + 1}: --workers {workers}: {rate:,.0f} requests/s, proxy CPU {pct:.0f} %",
+                          file=sys.stderr)
+    finally:
+        for p in ups:
+            p.terminate()
+            p.join(10)
+    one, two = statistics.median(results[1]), statistics.median(results[2])
+    ratio = two / one if one else float("nan")
+    load1 = os.getloadavg()
+    print("\n## Workers: saturated requests/s (`bench/workers.py`)\n")
+    print(f"`{' '.join(['.venv/bin/python', 'bench/workers.py', *sys.argv[1:]])}` — {os.cpu_count()} cores, "
+          f"load average {load0[0]:.2f} before / {load1[0]:.2f} after; recording "
+          f"{'off' if args.no_record else 'on'}; {args.loaders} loader processes x {CONNS_PER_LOADER} connections "
+          f"x {DEPTH} in flight; {args.upstreams} fake-broker process(es)\n")
+    print("| workers | requests/s (median) | runs | proxy CPU % (all its processes, median) |")
+    print("|---|---|---|---|")
+    for w, r in results.items():
+        print(f"| {w} | {statistics.median(r):,.0f} | {', '.join(f'{x:,.0f}' for x in r)} | "
+              f"{statistics.median(cpu[w]):.0f} |")
+    print(f"\nratio 2 / 1 workers: **{ratio:.2f} x** (target >= 1.5 x)")
+    print(json.dumps({"workers_1": one, "workers_2": two, "ratio": ratio}), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

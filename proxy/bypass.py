@@ -1,0 +1,104 @@
+"""The bypass warning: explicit mode relays a broker address the proxy does not listen for.
+
+Why: explicit mode forwards bytes unchanged, so when a broker advertises its
+own address (the default advertised.listeners), the first Metadata response
+sends every client straight to the broker. The proxy then records a few
+bootstrap connections and nothing else, silently. This module makes it loud:
+each request row whose response advertised addresses (the `advertised`
+column: Metadata, DescribeCluster, FindCoordinator) is checked against the
+proxy's own listeners, the ones that are not the proxy's go to the row's
+`bypass` column (so the recording and `kafkatap analyze` see it), `/metrics`
+and `top` count them (proxy.metrics), and the first time an address is seen one
+log line names it and says what to do.
+
+What counts as the proxy's: an address whose port is one of the listeners'
+and that is not itself one of the routes' upstream brokers. Host names are not
+resolved (the event loop never waits on DNS): a name on a listener port is
+given the benefit of the doubt, so the warning never cries wolf.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger("kafkatap.proxy")
+
+Row = dict[str, Any]
+MAX_WARNED = 64  # distinct addresses logged; past it only counted (a cluster of hundreds of brokers logs once more)
+
+
+def _split(addr: str) -> tuple[str, int] | None:
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
+class BypassCheck:
+    """Tells which advertised addresses lead around the proxy (pure: fed the listeners and upstreams)."""
+
+    def __init__(self, listen_addrs: Callable[[], Iterable[tuple[str, int]]],
+                 upstreams: Iterable[tuple[str, int]]) -> None:
+        self._listen_addrs = listen_addrs
+        self._upstreams = {(h, p) for h, p in upstreams}
+
+    def around(self, advertised: Iterable[str]) -> list[str]:
+        """The addresses of `advertised` that are not the proxy's, in order, without repeats."""
+        ports = {p for _, p in self._listen_addrs()}
+        out: list[str] = []
+        for text in advertised:
+            text = text.rpartition("@")[2]  # brokers come as "node_id@host:port"
+            addr = _split(text)
+            if addr is None or text in out:
+                continue
+            if addr[1] not in ports or addr in self._upstreams:
+                out.append(text)
+        return out
+
+
+class BypassSink:
+    """A row-sink step: fills `bypass` on request rows, logs new addresses once, passes everything on."""
+
+    def __init__(self, inner: Any, check: BypassCheck, listeners: Callable[[], list[str]]) -> None:
+        self.inner = inner
+        self.check = check
+        self._listeners = listeners
+        self.warned: set[str] = set()
+        self.responses = 0  # responses that advertised at least one address around the proxy
+
+    def request(self, row: Row) -> None:
+        advertised = row.get("advertised")
+        if advertised:
+            around = self.check.around(advertised)
+            if around:
+                row["bypass"] = around
+                self.responses += 1
+                new = [a for a in around if a not in self.warned]
+                if new and len(self.warned) < MAX_WARNED:
+                    self.warned.update(new)
+                    log.warning(
+                        "clients are being sent around the proxy: the broker advertises addresses this proxy does "
+                        "not listen for, so their traffic is not recorded. Use --cluster BOOTSTRAP:PORT (rewrites "
+                        "broker addresses, no broker change), or set the brokers' advertised.listeners to the "
+                        "proxy's listeners",
+                        addresses=new, api=row.get("api_name"), client=row.get("client_addr"),
+                        proxy_listeners=self._listeners())
+        self.inner.request(row)
+
+    def __getattr__(self, name: str) -> Any:  # connection, tcp, frame, topic, close …: unchanged
+        return getattr(self.inner, name)
+
+
+def top_line(samples: list[tuple[dict[str, str], float]], width: int = 200) -> str | None:
+    """`kafkatap top`'s warning line from the `kafkatap_bypass_advertised_total` samples (None: nothing to say)."""
+    counts = {labels.get("address", "?"): n for labels, n in samples if n > 0}
+    if not counts:
+        return None
+    total = sum(counts.values())
+    addrs = ", ".join(sorted(counts))
+    text = (f"BYPASS: {total:,.0f} responses sent clients around the proxy to {addrs} — that traffic is not "
+            "recorded; use --cluster or advertise the proxy's listeners")
+    return text if len(text) <= width else text[: max(1, width - 1)] + "…"

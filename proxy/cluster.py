@@ -1,0 +1,311 @@
+"""Cluster mode: one address in front of every broker, no broker reconfigured.
+
+Why: in explicit mode the proxy forwards bytes unchanged, so a broker that
+advertises its own address (the default) hands every client its real address
+in the first Metadata response, and all produce and fetch traffic goes around
+the proxy. Cluster mode gives each broker a listener of its own and rewrites
+every broker address a response carries (found from Kafka's specs:
+`protocol.addresses`) to that listener, so clients only ever reach brokers
+through the proxy.
+
+    kafkatap proxy --cluster broker1:9092 --listen 0.0.0.0:19092 --record rec/
+
+* The bootstrap listener (`--listen`) forwards to the `--cluster` address.
+* Broker N gets a listener on `--listen`'s port + 1 + N (`--broker-port-base`
+  moves the base, `--broker-port N=PORT` pins one), on the same host.
+* Brokers are discovered at start (one Metadata request to the bootstrap
+  address; failing that, e.g. when the listener wants SASL first, from the
+  first relayed response) and whenever a response names a node id not seen
+  before (scale-out, replacement): its listener is bound *before* the response
+  that names it is forwarded, so a client can never be told of a port that is
+  not listening yet.
+* A node id that comes back at another address (a replaced broker) keeps its
+  listener; new connections to it go to the new address.
+
+Only address fields change; each rewritten response's request row says so in
+its `edit` column ("rewrite addresses N").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from protocol.addresses import SeenAddress, endpoints, rewrite_response
+from protocol.apis import METADATA
+from protocol.deep import decode_response, encode_request
+from protocol.errors import ProtocolError
+from proxy.intercept import ConnInfo, Edit, RequestHead
+
+log = structlog.get_logger("kafkatap.proxy")
+
+Addr = tuple[str, int]
+DISCOVERY_METADATA_VERSION = 12  # served by every broker since 3.1 (3.7 and 4.x); topics [] = brokers only
+MAX_FAILURE_LOGS = 8  # distinct (api, version) rewrite failures logged; the rest only counted
+
+
+def parse_broker_ports(specs: tuple[str, ...] | list[str]) -> dict[int, int]:
+    """"NODE=PORT" flags → {node id: port}; ValueError with the offending text."""
+    out: dict[int, int] = {}
+    for spec in specs:
+        node, sep, port = spec.partition("=")
+        if not sep or not node.strip().lstrip("-").isdigit() or not port.strip().isdigit():
+            raise ValueError(f"--broker-port wants NODE_ID=PORT, got {spec!r}")
+        p = int(port)
+        if not 0 < p < 65536:
+            raise ValueError(f"--broker-port {spec!r}: port out of range")
+        out[int(node)] = p
+    return out
+
+
+@dataclass(slots=True)
+class BrokerRoute:
+    """One broker as the proxy serves it: where it really is, and the proxy port clients are told."""
+
+    node_id: int
+    upstream: Addr
+    listen_port: int | None  # None: no listener could be bound (its address is then left as it was)
+
+
+@dataclass(slots=True)
+class ClusterStats:
+    """Counters for /metrics and the `stopped` log line."""
+
+    rewritten_responses: int = 0
+    rewritten_addresses: int = 0
+    rewrite_failures: int = 0
+    brokers_seen: int = 0
+    failures_by_api: dict[str, int] = field(default_factory=dict)
+
+
+class BrokerRegistry:
+    """node id → upstream address and proxy port; the mapper `protocol.addresses` calls.
+
+    Pure bookkeeping on the event loop thread; binding a listener is the
+    `bind(route)` callback's job (it returns the bound port or None).
+    """
+
+    def __init__(self, advertise_host: str, port_for: Callable[[int], int],
+                 bind: Callable[[BrokerRoute], int | None] = lambda r: r.listen_port) -> None:
+        self.advertise_host = advertise_host
+        self.port_for = port_for
+        self.bind = bind
+        self.nodes: dict[int, BrokerRoute] = {}
+        self.by_upstream: dict[Addr, int] = {}
+        self.stats = ClusterStats()
+        self.on_topics: Callable[[Any], None] | None = None  # Metadata topics seen while rewriting (ClusterMode)
+
+    def learn(self, node_id: int, host: str, port: int) -> BrokerRoute:
+        """Record (or update) where node `node_id` is; bind its listener the first time."""
+        addr = (host, port)
+        route = self.nodes.get(node_id)
+        if route is None:
+            try:
+                want = self.port_for(node_id)
+            except ValueError as exc:
+                log.error("broker has no proxy listener: its clients would bypass the proxy", node_id=node_id,
+                          broker=f"{host}:{port}", error=str(exc))
+                want = None
+            route = BrokerRoute(node_id, addr, want)
+            self.nodes[node_id] = route
+            self.by_upstream[addr] = node_id
+            self.stats.brokers_seen += 1
+            if want is not None:
+                route.listen_port = self.bind(route)
+            return route
+        if route.upstream != addr:
+            log.warning("broker moved: new connections to its listener go to the new address", node_id=node_id,
+                        old=f"{route.upstream[0]}:{route.upstream[1]}", new=f"{host}:{port}",
+                        listener_port=route.listen_port)
+            self.by_upstream.pop(route.upstream, None)
+            route.upstream = addr
+            self.by_upstream[addr] = node_id
+        return route
+
+    def upstream(self, node_id: int) -> Addr:
+        return self.nodes[node_id].upstream
+
+    def map(self, addr: SeenAddress) -> tuple[str, int] | None:
+        """What the client should see for one address found in a response (None: leave it)."""
+        if addr.endpoint.broker and addr.node_id is not None and addr.node_id >= 0 and addr.host:
+            route = self.learn(addr.node_id, addr.host, addr.port)
+        else:
+            # an address without a node id (a KRaft listener, an application endpoint): only ever a known broker's
+            node = self.by_upstream.get((addr.host, addr.port))
+            if node is None:
+                return None
+            route = self.nodes[node]
+        if route.listen_port is None:
+            return None
+        return self.advertise_host, route.listen_port
+
+
+class AddressRewriter:
+    """The `proxy.intercept.Interceptor` of one cluster-mode connection: rewrites addresses in responses."""
+
+    __slots__ = ("registry", "conn_id")
+
+    def __init__(self, registry: BrokerRegistry, conn_id: str) -> None:
+        self.registry = registry
+        self.conn_id = conn_id
+
+    def wants_request(self, head: RequestHead) -> bool:
+        return False
+
+    def on_request(self, head: RequestHead, frame: bytes) -> Edit | None:
+        return None
+
+    def wants_response(self, head: RequestHead) -> bool:
+        return bool(endpoints(head.api_key, False, head.api_version))
+
+    def on_response(self, head: RequestHead, frame: bytes) -> Edit | None:
+        reg = self.registry
+        try:
+            out = rewrite_response(frame, head.api_key, head.api_version, reg.map)
+        except ProtocolError as exc:
+            st = reg.stats
+            st.rewrite_failures += 1
+            key = f"{head.api_key}v{head.api_version}"
+            st.failures_by_api[key] = st.failures_by_api.get(key, 0) + 1
+            if st.failures_by_api[key] == 1 and len(st.failures_by_api) <= MAX_FAILURE_LOGS:
+                log.error("response forwarded without address rewriting: a broker address may reach the client",
+                          conn_id=self.conn_id, api_key=head.api_key, api_version=head.api_version,
+                          correlation_id=head.correlation_id, error=str(exc))
+            return None
+        if out.body is not None and head.api_key == METADATA and reg.on_topics is not None:
+            # the body is decoded anyway: its topic id ↔ name pairs name the rows of id-only requests
+            # (Produce v13, Fetch v13+) even where the resolver cannot ask (a SASL listener)
+            reg.on_topics(out.body.get("topics") or ())
+        if out.frame is None:
+            return None
+        reg.stats.rewritten_responses += 1
+        reg.stats.rewritten_addresses += out.changed
+        return Edit(frame=out.frame, note=f"rewrite addresses {out.changed}")
+
+    def closed(self) -> None:
+        pass
+
+
+@dataclass
+class ClusterConfig:
+    """What `--cluster` and its companion flags say."""
+
+    bootstrap: Addr
+    listen: Addr
+    advertise_host: str | None = None
+    broker_port_base: int | None = None  # default: listen port + 1
+    broker_ports: dict[int, int] = field(default_factory=dict)
+
+    def port_for(self, node_id: int) -> int:
+        """The proxy port of broker `node_id` (ValueError when it does not fit)."""
+        if node_id in self.broker_ports:
+            return self.broker_ports[node_id]
+        base = self.broker_port_base if self.broker_port_base is not None else self.listen[1] + 1
+        port = base + node_id
+        if not 0 < port < 65536:
+            raise ValueError(f"port {base} + node id {node_id} = {port} is out of range; pin it with "
+                             f"--broker-port {node_id}=PORT or move --broker-port-base")
+        return port
+
+    def advertised(self) -> str:
+        """The host clients are told: --advertise-host, else the listen host, else this host's name."""
+        if self.advertise_host:
+            return self.advertise_host
+        host = self.listen[0]
+        if host in ("0.0.0.0", "::", ""):
+            return socket.getfqdn()
+        return host
+
+
+class ClusterMode:
+    """Cluster mode on one `ProxyServer`: the registry, the rewriting interceptor, the per-broker listeners.
+
+        mode = ClusterMode(ClusterConfig(bootstrap=("b1", 9092), listen=("127.0.0.1", 19092)))
+        server = ProxyServer(["127.0.0.1:19092=b1:9092"], cluster=mode)
+
+    The server calls `install` before it listens and `start` after.
+    """
+
+    def __init__(self, config: ClusterConfig, discovery_timeout: float = 5.0) -> None:
+        self.config = config
+        self.upstream_tls: Any = None  # proxy.tls.UpstreamTls: the server's, so discovery speaks TLS as relays do
+        self.discovery_timeout = discovery_timeout
+        self.registry = BrokerRegistry(config.advertised(), config.port_for, self._bind)
+        self._server: Any = None
+
+    @property
+    def stats(self) -> ClusterStats:
+        return self.registry.stats
+
+    def install(self, server: Any) -> None:
+        """Ask the server to give every connection the rewriter (all listeners of a cluster-mode proxy)."""
+        self._server = server
+        self.upstream_tls = getattr(server, "upstream_tls", None)
+        def learn(listed: Any) -> None:
+            topics = getattr(server, "topics", None)  # the server's TopicMap (made after install)
+            if topics is not None:
+                for t in listed:
+                    if t.get("name") and t.get("topic_id"):
+                        topics.learn(str(t["topic_id"]), t["name"], None)
+        self.registry.on_topics = learn
+        server.interceptors.append(self._factory)
+
+    def _factory(self, info: ConnInfo) -> AddressRewriter:
+        return AddressRewriter(self.registry, info.conn_id)
+
+    def _bind(self, route: BrokerRoute) -> int | None:
+        if self._server is None or route.listen_port is None:
+            return route.listen_port
+        node = route.node_id
+        try:
+            addr = self._server.add_listener((self.config.listen[0], route.listen_port),
+                                             lambda: self.registry.upstream(node), label=f"broker {node}")
+        except OSError as exc:
+            log.error("cannot listen for a broker: its address is left as it is, so its clients would bypass the "
+                      "proxy; pin a free port with --broker-port", node_id=node,
+                      broker=f"{route.upstream[0]}:{route.upstream[1]}", port=route.listen_port, error=str(exc))
+            return None
+        log.info("broker listener", node_id=node, listener=f"{self.registry.advertise_host}:{addr[1]}",
+                 broker=f"{route.upstream[0]}:{route.upstream[1]}")
+        return addr[1]
+
+    async def start(self) -> None:
+        """Discover the brokers through the bootstrap address and bind their listeners.
+
+        A failure is not fatal: the first relayed Metadata response registers them as well.
+        """
+        try:
+            brokers = await asyncio.wait_for(self.discover(), self.discovery_timeout)
+        except Exception as exc:  # noqa: BLE001 — OSError, TLS, EOF (a SASL listener hangs up), bad answer …
+            log.warning("broker discovery at start failed; brokers get their listeners when the first client's "
+                        "metadata names them", bootstrap=_fmt(self.config.bootstrap), error=str(exc) or repr(exc))
+            return
+        for node_id, host, port in brokers:
+            self.registry.learn(node_id, host, port)
+        log.info("cluster discovered", bootstrap=_fmt(self.config.bootstrap), brokers=len(brokers))
+
+    async def discover(self) -> list[tuple[int, str, int]]:
+        """(node id, host, port) of every broker, from one Metadata request to the bootstrap address."""
+        host, port = self.config.bootstrap
+        kw = self.upstream_tls.connect_kwargs(host) if self.upstream_tls is not None else {}
+        reader, writer = await asyncio.open_connection(host, port, **kw)
+        try:
+            writer.write(encode_request(METADATA, DISCOVERY_METADATA_VERSION, 1, "kafkatap-discovery",
+                                        {"topics": [], "allow_auto_topic_creation": False}))
+            size = int.from_bytes(await reader.readexactly(4), "big", signed=True)
+            if not 0 < size < 64 * 1024 * 1024:
+                raise ValueError(f"not a Kafka response (size {size})")
+            rest = await reader.readexactly(size)
+        finally:
+            writer.close()
+        body = decode_response(size.to_bytes(4, "big") + rest, METADATA, DISCOVERY_METADATA_VERSION)["body"]
+        return [(b["node_id"], b["host"], b["port"]) for b in body["brokers"]]
+
+
+def _fmt(a: Addr) -> str:
+    return f"[{a[0]}]:{a[1]}" if ":" in a[0] else f"{a[0]}:{a[1]}"

@@ -1,0 +1,591 @@
+"""Frame editing on a connection: the hook for address rewriting and Kafka-aware faults.
+
+Why a layer of its own: the plain relay forwards chunks as they arrive and never
+frames them (that is what keeps it cheap). Cluster mode must rewrite broker
+addresses inside some responses, and Kafka-aware faults must answer some
+requests with errors, delay or drop them. Both need whole frames, the request
+each response answers, and Kafka's rule that a connection's responses come in
+request order. A connection gets a `FrameEditor` only when an `Interceptor`
+asks for it at accept; every other connection keeps the untouched relay.
+
+How it frames: each direction is cut at frame boundaries as bytes arrive. Only
+a frame's head is held until readable (request: api key, version, correlation
+id, client id and, for Produce, acks; response: the correlation id). A frame no
+interceptor wants is then streamed through chunk by chunk, so large Produce and
+Fetch frames are never stored whole; a wanted frame is collected whole (up to
+`MAX_EDIT_FRAME`), handed to the interceptors, and their result is sent.
+
+Ordering: every request that expects a response takes a place in `order`. A
+response from the broker must be for `order[0]`; a response made by an
+interceptor in the broker's place (`Edit.answer`) waits in `ready` until every
+response before it has been sent. A delay (`Edit.delay_s`) holds its flow's
+output, and everything behind it, for that long; past `QUEUE_PAUSE` queued
+bytes the flow's source stops being read until the queue drains.
+
+What it never does: change a byte nobody asked it to change. Anything that is
+not Kafka framing (TLS, garbage, an oversize size prefix, a response the
+connection did not ask for, the raw token exchange after a SaslHandshake v0)
+turns the editor into pass-through for the rest of the connection, logged once
+with the reason. The editor holds at most one frame per direction being edited
+plus the queues of delayed output.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from struct import Struct
+from typing import Any, Protocol
+
+from protocol.apis import PRODUCE, SASL_HANDSHAKE, api_info
+from protocol.framing import DEFAULT_MAX_FRAME_BYTES, check_size, sniff_non_kafka
+from protocol.headers import parse_request_header, skip_request_header_tags
+from protocol.summaries.varint import Over, uv
+
+__all__ = ["RequestHead", "Edit", "Interceptor", "ConnInfo", "InterceptorFactory", "FrameEditor", "MAX_EDIT_FRAME",
+           "QUEUE_PAUSE", "chain"]
+
+MAX_EDIT_FRAME = 64 * 1024 * 1024  # a wanted frame larger than this is streamed unedited (and counted)
+MAX_HEAD = 64 * 1024 + 512  # bytes held to read a request head (client_id, header tags, transactional_id)
+QUEUE_PAUSE = 1024 * 1024  # delayed output past which the flow's source is paused
+_I32 = Struct(">i").unpack_from
+_I16 = Struct(">h").unpack_from
+
+
+@dataclass(slots=True)
+class RequestHead:
+    """What is known of a request once its header has been read (the body is not parsed)."""
+
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    size: int  # frame size without the 4-byte prefix
+    acks: int | None  # Produce only (0: no response will come), else None
+    expects_response: bool
+
+
+@dataclass(slots=True)
+class Edit:
+    """What an interceptor wants done with one frame; the defaults change nothing."""
+
+    frame: bytes | None = None  # responses: the replacement frame, 4-byte size prefix included
+    answer: bytes | None = None  # requests: not forwarded; this whole response frame goes to the client, in order
+    delay_s: float = 0.0  # hold this frame, and what follows it on the same flow, this long
+    close: bool = False  # requests: close the connection instead of forwarding; responses: after sending it
+    note: str | None = None  # recorded in the request row's `edit` column
+
+
+class Interceptor(Protocol):
+    """One editing concern on one connection (cluster address rewriting, Kafka faults, ...)."""
+
+    def wants_request(self, head: RequestHead) -> bool: ...
+
+    def on_request(self, head: RequestHead, frame: bytes) -> Edit | None: ...
+
+    def wants_response(self, head: RequestHead) -> bool: ...
+
+    def on_response(self, head: RequestHead, frame: bytes) -> Edit | None: ...
+
+    def closed(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ConnInfo:
+    """The connection an interceptor factory is asked about."""
+
+    conn_id: str
+    client: tuple[str, int] | None
+    listener: str
+    upstream: tuple[str, int] | None  # known at accept in explicit and cluster mode
+
+
+InterceptorFactory = Callable[[ConnInfo], "Interceptor | None"]
+
+
+class _Chain:
+    """Several interceptors as one: requests stop at the first answer/close, responses pass through each."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: list[Interceptor]) -> None:
+        self.parts = parts
+
+    def wants_request(self, head: RequestHead) -> bool:
+        return any(p.wants_request(head) for p in self.parts)
+
+    def on_request(self, head: RequestHead, frame: bytes) -> Edit | None:
+        notes: list[str] = []
+        delay = 0.0
+        for p in self.parts:
+            if not p.wants_request(head):
+                continue
+            e = p.on_request(head, frame)
+            if e is None:
+                continue
+            if e.note:
+                notes.append(e.note)
+            delay += e.delay_s
+            if e.answer is not None or e.close:
+                return Edit(answer=e.answer, close=e.close, delay_s=delay, note="; ".join(notes) or None)
+        return Edit(delay_s=delay, note="; ".join(notes)) if notes or delay else None
+
+    def wants_response(self, head: RequestHead) -> bool:
+        return any(p.wants_response(head) for p in self.parts)
+
+    def on_response(self, head: RequestHead, frame: bytes) -> Edit | None:
+        notes: list[str] = []
+        out: bytes | None = None
+        delay, close = 0.0, False
+        for p in self.parts:
+            if not p.wants_response(head):
+                continue
+            e = p.on_response(head, frame if out is None else out)
+            if e is None:
+                continue
+            if e.frame is not None:
+                out = e.frame
+            if e.note:
+                notes.append(e.note)
+            delay += e.delay_s
+            close = close or e.close
+        if out is None and not notes and not delay and not close:
+            return None
+        return Edit(frame=out, delay_s=delay, close=close, note="; ".join(notes) or None)
+
+    def closed(self) -> None:
+        for p in self.parts:
+            p.closed()
+
+
+def chain(parts: list[Interceptor]) -> Interceptor | None:
+    """None, the one interceptor, or a chain of them."""
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else _Chain(parts)
+
+
+class EditorOutput(Protocol):
+    """What the editor drives on its connection (proxy.connection implements it)."""
+
+    def send(self, request: bool, data: bytes, now_ns: int) -> None:
+        """Write bytes to the flow's destination and let the observer see them."""
+
+    def observe_only(self, request: bool, data: bytes, now_ns: int) -> None:
+        """Let the observer see bytes that go nowhere (a request answered in the broker's place)."""
+
+    def hold(self, request: bool, on: bool) -> None:
+        """Pause (on) or resume reading the flow's source: its delayed output is over the bound."""
+
+    def close(self, detail: str) -> None:
+        """End the connection on purpose (an interceptor asked for it)."""
+
+    def note(self, correlation_id: int, text: str) -> None:
+        """Record an edit for the request row of `correlation_id`."""
+
+    def log(self, level: str, event: str, **kw: Any) -> None: ...
+
+
+_HEAD, _STREAM, _WHOLE, _PASS = 0, 1, 2, 3
+
+
+class _Side:
+    """Framing state of one direction."""
+
+    __slots__ = ("request", "mode", "buf", "want", "size", "remaining", "head", "queue", "queued", "hold_until",
+                 "holding", "timer", "after", "out")
+
+    def __init__(self, request: bool) -> None:
+        self.request = request
+        self.mode = _HEAD
+        self.buf = bytearray()
+        self.want = 4  # bytes wanted in `buf` before the head can be read
+        self.size = -1  # the current frame's size (without the prefix), -1 until known
+        self.remaining = 0  # bytes of the current frame still to stream / collect
+        self.head: RequestHead | None = None  # the request the current frame is (or answers)
+        self.queue: deque[tuple[bytes, int]] | None = None  # output held by a delay
+        self.queued = 0
+        self.hold_until = 0.0
+        self.holding = False
+        self.timer: asyncio.TimerHandle | None = None
+        self.after: list[Callable[[], None]] = []  # run once the held output is out (a FIN to propagate)
+        self.out: list[bytes] = []  # output of the current `feed`, written as one chunk at its end
+
+
+class FrameEditor:
+    """Cuts both directions of one connection into frames and lets an interceptor edit them."""
+
+    def __init__(self, interceptor: Interceptor, out: EditorOutput, loop: asyncio.AbstractEventLoop,
+                 clock: Callable[[], int], max_frame: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        self.interceptor = interceptor
+        self.out = out
+        self.loop = loop
+        self.clock = clock
+        self.max_frame = max_frame
+        self.req = _Side(True)
+        self.resp = _Side(False)
+        self.pending: dict[int, RequestHead] = {}  # correlation id -> request awaiting its response
+        self.order: deque[int] = deque()  # correlation ids in the order their responses must go out
+        self.ready: dict[int, tuple[bytes, float]] = {}  # answers made here (frame, delay), waiting for their turn
+        self.passing = False  # pass-through for the rest of the connection
+        self.pass_reason: str | None = None
+        self.oversize = 0  # wanted frames too large to edit, streamed as they were
+        self.edited = 0
+        self._closing = False
+
+    # ------------------------------------------------------------------ input
+    def feed(self, request: bool, data: bytes, now_ns: int) -> None:
+        """Bytes read from the client (request=True) or from the broker.
+
+        What a chunk yields is written as one chunk (one `transport.write`, one
+        observer feed), however many frames it held: a chunk of 100 pipelined
+        small requests must not become 100 system calls.
+        """
+        self._feed(self.req if request else self.resp, data, now_ns)
+        for side in (self.req, self.resp):  # a request answered here emits on the response side
+            if side.out:
+                self._flush_out(side, now_ns)
+
+    def _flush_out(self, side: _Side, now_ns: int) -> None:
+        out = side.out
+        data = out[0] if len(out) == 1 else b"".join(out)
+        out.clear()
+        self.out.send(side.request, data, now_ns)
+
+    def _feed(self, side: _Side, data: bytes, now_ns: int) -> None:
+        n = len(data)
+        i = 0
+        mv: memoryview | None = None
+        while i < n:
+            mode = side.mode
+            if mode == _PASS:
+                self._emit(side, data if i == 0 else bytes(memoryview(data)[i:]), now_ns)
+                return
+            if mode == _STREAM:
+                k = min(side.remaining, n - i)
+                if i == 0 and k == n:
+                    self._emit(side, data, now_ns)
+                else:
+                    mv = mv or memoryview(data)
+                    self._emit(side, bytes(mv[i:i + k]), now_ns)
+                side.remaining -= k
+                i += k
+                if side.remaining == 0:
+                    self._frame_end(side, now_ns)
+                continue
+            mv = mv or memoryview(data)
+            if mode == _WHOLE:
+                k = min(side.remaining, n - i)
+                side.buf += mv[i:i + k]
+                side.remaining -= k
+                i += k
+                if side.remaining == 0:
+                    frame = bytes(side.buf)
+                    side.buf.clear()
+                    self._whole(side, frame, now_ns)
+                continue
+            # _HEAD: collect up to `want` bytes, then try to read the head
+            k = min(side.want - len(side.buf), n - i)
+            side.buf += mv[i:i + k]
+            i += k
+            if len(side.buf) >= side.want:
+                self._try_head(side, now_ns)
+
+    def _try_head(self, side: _Side, now_ns: int) -> None:
+        buf = side.buf
+        if side.size < 0:
+            first = bytes(buf[:4])
+            size = _I32(first, 0)[0]
+            bad = sniff_non_kafka(first) or check_size(first, size, 0, self.max_frame)
+            if bad is not None:
+                self._pass(f"{bad[1]}")
+                return
+            side.size = size
+            total = size + 4
+            side.want = min(total, 14 if side.request else 8)  # the fixed part of the header
+            if len(buf) < side.want:
+                return
+        total = side.size + 4
+        if side.request:
+            try:
+                head = self._request_head(buf, side.size)
+            except Over as more:  # collect exactly what the head still needs, never more than MAX_HEAD
+                need = max(more.need, len(buf) + 1)
+                if need > min(total, MAX_HEAD):
+                    self._pass(f"request header does not fit its frame or {MAX_HEAD} bytes")
+                    return
+                side.want = need
+                return
+            except ValueError as exc:
+                self._pass(f"unreadable request header: {exc}")
+                return
+            self._request_started(side, head, now_ns)
+        else:
+            if total < 8:
+                self._pass(f"response frame of {side.size} bytes has no correlation id")
+                return
+            cid = _I32(buf, 4)[0]
+            head = self.pending.pop(cid, None)
+            if head is None or not self.order or self.order[0] != cid:
+                self._pass(f"response correlation id {cid} does not answer the oldest request "
+                           f"({self.order[0] if self.order else 'none'} expected)")
+                return
+            self._response_started(side, head, now_ns)
+
+    def _request_head(self, buf: bytearray, size: int) -> RequestHead:
+        lim = len(buf)
+        key, ver, cid, client_id, p = parse_request_header(buf, 4, lim)
+        acks = None
+        if key == PRODUCE:
+            acks = _produce_acks(buf, p, lim, key, ver)
+        return RequestHead(key, ver, cid, client_id, size, acks, acks != 0)
+
+    def _request_started(self, side: _Side, head: RequestHead, now_ns: int) -> None:
+        side.head = head
+        if head.expects_response:
+            if head.correlation_id in self.pending:
+                self._pass(f"correlation id {head.correlation_id} reused while its request is unanswered")
+                return
+            self.pending[head.correlation_id] = head
+            self.order.append(head.correlation_id)
+        self._start_frame(side, self.interceptor.wants_request(head), now_ns)
+
+    def _response_started(self, side: _Side, head: RequestHead, now_ns: int) -> None:
+        side.head = head
+        self._start_frame(side, self.interceptor.wants_response(head), now_ns)
+
+    def _start_frame(self, side: _Side, wanted: bool, now_ns: int) -> None:
+        total = side.size + 4
+        if wanted and total > MAX_EDIT_FRAME:
+            self.oversize += 1
+            wanted = False
+        if wanted:
+            side.mode = _WHOLE
+            side.remaining = total - len(side.buf)
+            if side.remaining == 0:
+                frame = bytes(side.buf)
+                side.buf.clear()
+                self._whole(side, frame, now_ns)
+            return
+        data = bytes(side.buf)
+        side.buf.clear()
+        side.remaining = total - len(data)
+        side.mode = _STREAM
+        self._emit(side, data, now_ns)
+        if side.remaining == 0:
+            self._frame_end(side, now_ns)
+
+    def _frame_end(self, side: _Side, now_ns: int) -> None:
+        """The current frame is wholly handed on: get ready for the next head."""
+        head = side.head
+        side.mode = _HEAD
+        side.want = 4
+        side.size = -1
+        side.head = None
+        if not side.request:
+            self.order.popleft()
+            self._flush_ready(now_ns)
+        elif head is not None and head.api_key == SASL_HANDSHAKE and head.api_version == 0:
+            # v0: the SASL tokens that follow are raw bytes, not Kafka frames
+            self._pass("SaslHandshake v0: the authentication bytes that follow are not framed")
+
+    # ------------------------------------------------------------------ whole frames
+    def _whole(self, side: _Side, frame: bytes, now_ns: int) -> None:
+        head = side.head
+        assert head is not None
+        if side.request:
+            try:
+                edit = self.interceptor.on_request(head, frame)
+            except Exception as exc:  # an interceptor must never break the relay
+                self._interceptor_failed(exc)
+                edit = None
+            self._apply_request(side, head, frame, edit, now_ns)
+        else:
+            try:
+                edit = self.interceptor.on_response(head, frame)
+            except Exception as exc:
+                self._interceptor_failed(exc)
+                edit = None
+            self._apply_response(side, head, frame, edit, now_ns)
+
+    def _apply_request(self, side: _Side, head: RequestHead, frame: bytes, edit: Edit | None, now_ns: int) -> None:
+        if edit is None:
+            self._emit(side, frame, now_ns)
+            self._frame_end(side, now_ns)
+            return
+        if edit.note:
+            self.out.note(head.correlation_id, edit.note)
+        self.edited += 1
+        if (edit.close or edit.answer is not None) and side.out:
+            self._flush_out(side, now_ns)  # the observer sees requests in the order the client sent them
+        if edit.close:
+            self.out.observe_only(True, frame, now_ns)
+            self._frame_end(side, now_ns)
+            self._close(edit.note or f"connection closed on api {head.api_key} (fault)")
+            return
+        if edit.answer is not None:
+            self.out.observe_only(True, frame, now_ns)
+            self._frame_end(side, now_ns)
+            if head.expects_response:
+                cid = head.correlation_id
+                self.pending.pop(cid, None)
+                self.ready[cid] = (edit.answer, edit.delay_s)
+                self._flush_ready(now_ns)
+            return
+        if edit.delay_s > 0:
+            self._delay(side, edit.delay_s)
+        self._emit(side, frame, now_ns)
+        self._frame_end(side, now_ns)
+
+    def _apply_response(self, side: _Side, head: RequestHead, frame: bytes, edit: Edit | None, now_ns: int) -> None:
+        if edit is not None:
+            if edit.note:
+                self.out.note(head.correlation_id, edit.note)
+            self.edited += 1
+            if edit.frame is not None:
+                frame = edit.frame
+            if edit.delay_s > 0:
+                self._delay(side, edit.delay_s)
+        self._emit(side, frame, now_ns)
+        self._frame_end(side, now_ns)
+        if edit is not None and edit.close:
+            self._close(edit.note or f"connection closed after a response to api {head.api_key} (fault)")
+
+    def _flush_ready(self, now_ns: int) -> None:
+        """Send the answers made here whose turn has come (every earlier response is out).
+
+        Called when an answer is made and when a broker response ends. Between
+        frames (`_HEAD`: nothing of the next broker response has been handed on
+        yet) an answer at the front of `order` can go out at once; a delay asked
+        with it holds it, and everything after it, from that moment on.
+        """
+        if self.resp.mode != _HEAD:
+            return  # a broker response is being handed on: answers wait for its end
+        order, ready = self.order, self.ready
+        while order and order[0] in ready:
+            answer, delay = ready.pop(order.popleft())
+            if delay > 0:
+                self._delay(self.resp, delay)
+            self._emit(self.resp, answer, now_ns)
+
+    # ------------------------------------------------------------------ output, delays
+    def _emit(self, side: _Side, data: bytes, now_ns: int) -> None:
+        if not data:
+            return
+        if side.queue is not None:
+            side.queue.append((data, now_ns))
+            side.queued += len(data)
+            if side.queued > QUEUE_PAUSE and not side.holding:
+                side.holding = True
+                self.out.hold(side.request, True)
+            return
+        side.out.append(data)
+
+    def _delay(self, side: _Side, seconds: float) -> None:
+        """Hold this flow's output (the frame about to be emitted and all after it) for `seconds`."""
+        until = self.loop.time() + seconds
+        if side.queue is None:
+            if side.out:  # what came before the delayed frame goes now
+                self._flush_out(side, self.clock())
+            side.queue = deque()
+        if until > side.hold_until:
+            side.hold_until = until
+            if side.timer is not None:
+                side.timer.cancel()
+            side.timer = self.loop.call_at(until, self._release, side)
+
+    def _release(self, side: _Side) -> None:
+        side.timer = None
+        q, side.queue = side.queue, None
+        side.queued = 0
+        now = self.clock()
+        for data, _ in q or ():
+            self.out.send(side.request, data, now)
+        if side.holding:
+            side.holding = False
+            self.out.hold(side.request, False)
+        after, side.after = side.after, []
+        for fn in after:
+            fn()
+
+    def after_release(self, request: bool, fn: Callable[[], None]) -> bool:
+        """Run `fn` once the flow's delayed output is out; False (not deferred) when nothing is held."""
+        side = self.req if request else self.resp
+        if side.queue is None:
+            return False
+        side.after.append(fn)
+        return True
+
+    @property
+    def queued(self) -> bool:
+        """Output is held by a delay (half-close and close wait for it)."""
+        return self.req.queue is not None or self.resp.queue is not None
+
+    # ------------------------------------------------------------------ giving up, ending
+    def _pass(self, reason: str) -> None:
+        """Stop framing: everything from here on (and what is held) is forwarded as it is."""
+        if self.passing:
+            return
+        self.passing = True
+        self.pass_reason = reason
+        self.out.log("warning", "editing stopped, relaying as is", reason=reason)
+        now = self.clock()
+        lost = 0
+        if self.ready:  # answers made here: they can still go out if no broker response is half sent
+            if self.resp.mode == _HEAD:
+                for cid in list(self.order):
+                    if cid in self.ready:
+                        self._emit(self.resp, self.ready.pop(cid)[0], now)
+            lost = len(self.ready)
+            self.ready.clear()
+        if lost:
+            self.out.log("warning", "answers made by the proxy dropped: their place in the stream is lost", count=lost)
+        for side in (self.req, self.resp):
+            held = bytes(side.buf)
+            side.buf.clear()
+            side.mode = _PASS
+            if held:
+                self._emit(side, held, now)
+        self.order.clear()
+        self.pending.clear()
+
+    def _interceptor_failed(self, exc: BaseException) -> None:
+        self.out.log("error", "interceptor failed, frame forwarded unedited", error=repr(exc))
+
+    def _close(self, detail: str) -> None:
+        for side in (self.req, self.resp):  # what was handed on before the close goes out first
+            if side.out:
+                self._flush_out(side, self.clock())
+        if not self._closing:
+            self._closing = True
+            self.out.close(detail)
+
+    def closed(self) -> None:
+        """The connection ended: cancel timers, release the interceptor's state."""
+        for side in (self.req, self.resp):
+            if side.timer is not None:
+                side.timer.cancel()
+                side.timer = None
+        try:
+            self.interceptor.closed()
+        except Exception as exc:
+            self._interceptor_failed(exc)
+
+
+def _produce_acks(d: Any, p: int, lim: int, key: int, ver: int) -> int:
+    """Produce acks from a request prefix (`p`: after client_id). Raises Over when more bytes are needed."""
+    p = skip_request_header_tags(d, p, lim, key, ver)
+    if ver >= 3:
+        info = api_info(PRODUCE)
+        if info is not None and info.flexible(ver):
+            n, p = uv(d, p, lim)
+            p += max(0, n - 1)
+        else:
+            if p + 2 > lim:
+                raise Over(p + 2)
+            p += 2 + max(0, _I16(d, p)[0])
+    if p + 2 > lim:
+        raise Over(p + 2)
+    return _I16(d, p)[0]

@@ -1,0 +1,162 @@
+"""TLS on either side of the proxy: terminate the clients' TLS, originate TLS to the brokers.
+
+Why: most production clusters only offer SSL or SASL_SSL listeners. Relayed
+as is, their bytes are opaque: the proxy can time connections but decode
+nothing. Terminating the client's TLS with an operator-given certificate and
+opening a TLS connection of its own to the broker puts the proxy in the
+middle of the Kafka protocol again, so SSL and SASL_SSL clusters are recorded
+with full decoding (SASL credentials are still never recorded: SaslAuthenticate
+bodies are dropped by the decoder and never captured).
+
+Modes, independent of each other:
+
+* termination (`--tls-cert/--tls-key`, optional `--tls-client-ca` to require and
+  verify client certificates): the listeners speak TLS to clients;
+* origination (`--upstream-tls`, `--upstream-tls-ca`, `--upstream-tls-server-name`,
+  optional `--upstream-tls-cert/--upstream-tls-key` for mutual TLS): the proxy
+  speaks TLS to brokers, verifying their certificate (hostname included unless
+  `--upstream-tls-no-verify-hostname`);
+* neither (the default): TLS from clients is detected and relayed byte for
+  byte as opaque, as before (pass-through).
+
+Only context building and option handling live here; the transports are made
+in `proxy.listener` (accept) and `proxy.connection` (upstream connect).
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+TLS_HELP = """\b
+TLS (SSL and SASL_SSL clusters, recorded with full decoding; credentials are never recorded):
+  terminate:  --tls-cert proxy.pem --tls-key proxy.key [--tls-client-ca clients-ca.pem]
+  originate:  --upstream-tls --upstream-tls-ca brokers-ca.pem [--upstream-tls-server-name NAME]
+              [--upstream-tls-cert me.pem --upstream-tls-key me.key]
+Without these, TLS is relayed unchanged and recorded as opaque (pass-through)."""
+
+
+class TlsConfigError(ValueError):
+    """A TLS option that cannot work (missing file, key that does not match, …), as one line."""
+
+
+def server_context(cert: str | Path, key: str | Path, client_ca: str | Path | None = None,
+                   key_password: str | None = None) -> ssl.SSLContext:
+    """The context that terminates clients' TLS; with `client_ca`, clients must present a certificate it signed."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    _load_chain(ctx, cert, key, key_password, "--tls-cert/--tls-key")
+    if client_ca is not None:
+        _load_ca(ctx, client_ca, "--tls-client-ca")
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+def client_context(ca: str | Path | None = None, cert: str | Path | None = None, key: str | Path | None = None,
+                   verify_hostname: bool = True, key_password: str | None = None) -> ssl.SSLContext:
+    """The context the proxy connects to brokers with: verifies them (`ca`, else the system store)."""
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    if ca is not None:
+        _load_ca(ctx, ca, "--upstream-tls-ca")
+    ctx.check_hostname = verify_hostname
+    if cert is not None or key is not None:
+        if cert is None or key is None:
+            raise TlsConfigError("--upstream-tls-cert and --upstream-tls-key go together")
+        _load_chain(ctx, cert, key, key_password, "--upstream-tls-cert/--upstream-tls-key")
+    return ctx
+
+
+def _load_chain(ctx: ssl.SSLContext, cert: str | Path, key: str | Path, password: str | None, what: str) -> None:
+    for path in (cert, key):
+        if not Path(path).is_file():
+            raise TlsConfigError(f"{what}: {path} is not a readable file")
+    try:
+        ctx.load_cert_chain(str(cert), str(key), password=password)
+    except ssl.SSLError as exc:
+        raise TlsConfigError(f"{what}: cannot use {cert} with {key}: {exc.reason or exc}") from None
+
+
+def _load_ca(ctx: ssl.SSLContext, ca: str | Path, what: str) -> None:
+    if not Path(ca).is_file():
+        raise TlsConfigError(f"{what}: {ca} is not a readable file")
+    try:
+        ctx.load_verify_locations(cafile=str(ca))
+    except ssl.SSLError as exc:
+        raise TlsConfigError(f"{what}: {ca} holds no usable certificate: {exc.reason or exc}") from None
+
+
+@dataclass(frozen=True)
+class UpstreamTls:
+    """How a connection to a broker is wrapped: the context and the name it checks (SNI and hostname)."""
+
+    context: ssl.SSLContext
+    server_name: str | None = None  # None: the broker's host as the proxy dials it
+    handshake_timeout: float = 10.0
+
+    def connect_kwargs(self, host: str) -> dict[str, Any]:
+        """Keyword arguments for `loop.create_connection` to the broker at `host`."""
+        return {"ssl": self.context, "server_hostname": self.server_name or host,
+                "ssl_handshake_timeout": self.handshake_timeout}
+
+
+def tls_options(f: Callable) -> Callable:
+    """Click options of TLS termination and origination; their values arrive in **rec (see `tls_setup`)."""
+    path = click.Path(dir_okay=False, path_type=Path)
+    options = [
+        click.option("--tls-cert", "tls_cert", type=path, default=None, metavar="PEM",
+                     help="Terminate clients' TLS with this certificate (chain) on every listener (with --tls-key)."),
+        click.option("--tls-key", "tls_key", type=path, default=None, metavar="PEM",
+                     help="The private key of --tls-cert."),
+        click.option("--tls-client-ca", "tls_client_ca", type=path, default=None, metavar="PEM",
+                     help="Require client certificates signed by this CA bundle (mutual TLS)."),
+        click.option("--upstream-tls", "upstream_tls", is_flag=True,
+                     help="Speak TLS to the brokers (their SSL or SASL_SSL listener); implied by any --upstream-tls-* "
+                          "option."),
+        click.option("--upstream-tls-ca", "upstream_tls_ca", type=path, default=None, metavar="PEM",
+                     help="CA bundle that signed the brokers' certificates [default: the system store]."),
+        click.option("--upstream-tls-server-name", "upstream_tls_server_name", default=None, metavar="NAME",
+                     help="Name sent as SNI and checked against the brokers' certificates [default: the host the "
+                          "proxy connects to]."),
+        click.option("--upstream-tls-cert", "upstream_tls_cert", type=path, default=None, metavar="PEM",
+                     help="Client certificate the proxy presents to brokers (with --upstream-tls-key)."),
+        click.option("--upstream-tls-key", "upstream_tls_key", type=path, default=None, metavar="PEM",
+                     help="The private key of --upstream-tls-cert."),
+        click.option("--upstream-tls-no-verify-hostname", "upstream_tls_no_verify_hostname", is_flag=True,
+                     help="Check the brokers' certificate chain but not the name in it (test clusters only)."),
+    ]
+    for opt in reversed(options):
+        f = opt(f)
+    return f
+
+
+@dataclass(frozen=True)
+class TlsSetup:
+    """What the TLS options built: a server context (termination) and/or an upstream wrapper (origination)."""
+
+    server: ssl.SSLContext | None = None
+    upstream: UpstreamTls | None = None
+
+
+def tls_setup(rec: dict[str, Any], handshake_timeout: float = 10.0) -> TlsSetup:
+    """Take the TLS options out of the command's **rec and build the contexts; TlsConfigError on a bad one."""
+    cert, key, client_ca = rec.pop("tls_cert", None), rec.pop("tls_key", None), rec.pop("tls_client_ca", None)
+    up = rec.pop("upstream_tls", False)
+    up_ca, up_name = rec.pop("upstream_tls_ca", None), rec.pop("upstream_tls_server_name", None)
+    up_cert, up_key = rec.pop("upstream_tls_cert", None), rec.pop("upstream_tls_key", None)
+    no_verify_host = rec.pop("upstream_tls_no_verify_hostname", False)
+    server = None
+    if cert or key or client_ca:
+        if not (cert and key):
+            raise TlsConfigError("TLS termination needs both --tls-cert and --tls-key")
+        server = server_context(cert, key, client_ca)
+    upstream = None
+    if up or up_ca or up_name or up_cert or up_key or no_verify_host:
+        upstream = UpstreamTls(client_context(up_ca, up_cert, up_key, verify_hostname=not no_verify_host), up_name,
+                               handshake_timeout)
+    return TlsSetup(server, upstream)

@@ -1,0 +1,363 @@
+"""`kafkatap proxy --workers N`: N proxy processes on one address, one status endpoint.
+
+Why processes: the relay and its decoder are Python on one event loop, so one
+process uses one core however many the host has; in front of a busy cluster
+that process is the bottleneck. Every worker is an ordinary single-process
+proxy (`kafkatap proxy --workers 1` plus two hidden options) that listens on
+the same addresses with SO_REUSEPORT: the kernel spreads new connections over
+the workers' listeners by a hash of the connection's addresses, so nothing in
+the parent sits on the data path. This holds in every mode: a transparent
+worker reads SO_ORIGINAL_DST of the connections it accepted and sets the
+SO_MARK on its own upstream sockets like a single proxy does.
+
+What the parent does, and only that:
+
+- resolves port 0 and keeps the ports: it binds every listen address itself with
+  SO_REUSEPORT but never listens (the kernel gives connections only to listening
+  sockets), so a restarted worker always gets the same port back and nobody else
+  can take it meanwhile;
+- starts the workers and waits for each to report, on a pipe, that it listens
+  (and where its private status endpoint is); a worker that fails to start stops
+  the whole proxy with exit code 2, like a single proxy that cannot listen;
+- serves `--status-addr` for the whole proxy (`WorkerStats`): it asks every
+  worker's private loopback endpoint and merges (`proxy.metrics.merge_prometheus`
+  and `merge_clients`), so `/metrics`, `/clients` and `kafkatap top` show one proxy;
+- restarts a worker that dies (logged with its exit status) after a short
+  back-off; more than MAX_RESTARTS deaths within RESTART_WINDOW_S mean something
+  is wrong with every worker, so the proxy stops and exits 1 instead of spinning;
+- on SIGTERM/SIGINT sends SIGTERM to every worker and waits: each stops like a
+  single proxy (in-flight requests answered, every row flushed), and the parent
+  exits 0 only when every worker did.
+
+Each worker records under its own proxy id (`recording.layout.worker_proxy_id`:
+`<id>-w1`, `<id>-w2`, …), so no two processes share a partition directory. A
+worker whose parent dies gets SIGTERM from the kernel (PR_SET_PDEATHSIG) and
+stops gracefully as well.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import json
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from proxy.context import format_addr
+from proxy.metrics import merge_clients, merge_prometheus
+from proxy.server import Route
+from proxy.status import StatusServer, parse_addr
+from recording.layout import worker_proxy_id
+
+log = structlog.get_logger("kafkatap.proxy")
+
+READY_TIMEOUT_S = 120.0  # a worker imports, opens its recorder and listens well within this
+RESTART_BACKOFF_S = 1.0
+RESTART_WINDOW_S = 60.0
+MAX_RESTARTS = 5  # deaths within RESTART_WINDOW_S before the proxy gives up and exits 1
+SCRAPE_TIMEOUT_S = 3.0
+KILL_GRACE_S = 30.0  # past --shutdown-timeout, how long a stopping worker may flush before SIGKILL
+_PR_SET_PDEATHSIG = 1
+
+
+def default_workers() -> int:
+    """The cores this process may run on (its CPU affinity), at least 1."""
+    count = getattr(os, "process_cpu_count", None)  # Python 3.13+
+    if count is not None:
+        return count() or 1
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def reserve_ports(routes: Sequence[Route]) -> tuple[list[Route], list[socket.socket]]:
+    """Bind every listen address with SO_REUSEPORT without listening: port 0 resolved, the port held.
+
+    Returns the routes with real ports and the reserving sockets (keep them open while the
+    workers run). A port someone else holds fails here, at start-up, with EADDRINUSE.
+    """
+    resolved: list[Route] = []
+    held: list[socket.socket] = []
+    try:
+        for route in routes:
+            host, port = route.listen
+            sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+            held.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            if ":" in host:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind((host, port))
+            resolved.append(Route((host, sock.getsockname()[1]), route.upstream))
+    except BaseException:
+        for sock in held:
+            sock.close()
+        raise
+    return resolved, held
+
+
+def route_arg(route: Route) -> str:
+    """A `--route` argument for the route: "LISTEN=UPSTREAM", or "LISTEN" for a transparent one."""
+    listen = format_addr(route.listen)
+    return listen if route.upstream is None else f"{listen}={format_addr(route.upstream)}"
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Ask the kernel for SIGTERM when the parent dies (Linux), so an orphaned worker stops gracefully."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the parent's SIGTERM is the only stop signal
+        return
+    if os.getppid() != parent_pid:  # the parent died before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def report_ready(fd: int, status: str | None, listen: list[tuple[str, int]]) -> None:
+    """The worker's side of the start-up pipe: one JSON line, then the pipe is closed."""
+    line = json.dumps({"pid": os.getpid(), "status": status, "listen": [format_addr(a) for a in listen]})
+    try:
+        os.write(fd, line.encode() + b"\n")
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class Worker:
+    """One worker process as the parent sees it."""
+
+    index: int
+    proxy_id: str
+    process: asyncio.subprocess.Process | None = None
+    status: str | None = None  # its private status endpoint, "127.0.0.1:PORT"
+    ready: bool = False
+    started: list[float] = field(default_factory=list)
+
+
+class WorkerPool:
+    """Starts, watches, restarts and stops the workers; `run()` returns the proxy's exit code.
+
+    `argv(worker, ready_fd)` is the command line of a worker (the caller, `proxy.cli`,
+    knows the options); the pool only knows processes.
+    """
+
+    def __init__(self, count: int, proxy_id: str, argv: Callable[[Worker, int], list[str]], *,
+                 status_addr: str | None = None, shutdown_timeout: float = 10.0) -> None:
+        self.workers = [Worker(i, worker_proxy_id(proxy_id, i)) for i in range(1, count + 1)]
+        self.proxy_id = proxy_id
+        self.argv = argv
+        self.status_addr = status_addr
+        self.shutdown_timeout = shutdown_timeout
+        self.restarts = 0
+        self.stopping = False
+        self._stop = asyncio.Event()
+        self._deaths: list[float] = []
+
+    async def run(self) -> int:
+        """Run until SIGTERM/SIGINT or until workers keep dying. 0: clean stop; 1: gave up; 2: could not start."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+        status: StatusServer | None = None
+        try:
+            if self.status_addr:  # first: a taken port must stop the proxy before any worker starts
+                host, port = parse_addr(self.status_addr)
+                status = StatusServer(WorkerStats(self), host, port)  # type: ignore[arg-type]
+                try:
+                    await status.start()
+                except OSError as exc:
+                    log.error("cannot serve the status endpoint", addr=self.status_addr, error=str(exc))
+                    status = None
+                    return 2
+            starts = await asyncio.gather(*(self._spawn(w) for w in self.workers))
+            if not all(starts):
+                await self._stop_all()
+                return 2
+            log.info("workers running", workers=len(self.workers),
+                     pids=[w.process.pid for w in self.workers if w.process is not None])
+            code = await self._watch()
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+            if status is not None:
+                await status.stop()
+        return code
+
+    async def _spawn(self, w: Worker) -> bool:
+        """Start worker `w` and wait until it listens; False when it died or timed out first."""
+        r, wfd = os.pipe()
+        w.ready, w.status = False, None
+        w.started.append(time.monotonic())
+        try:
+            w.process = await asyncio.create_subprocess_exec(*self.argv(w, wfd), pass_fds=(wfd,),
+                                                             stdin=asyncio.subprocess.DEVNULL)
+        finally:
+            os.close(wfd)
+        try:
+            line = await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(None, _read_all, r),
+                                          READY_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            line = b""
+        finally:
+            os.close(r)
+        if not line.strip():
+            code = w.process.returncode if w.process.returncode is not None else "still starting"
+            log.error("worker did not start", worker=w.proxy_id, pid=w.process.pid, exit=code)
+            return False
+        info = json.loads(line)
+        w.status, w.ready = info.get("status"), True
+        log.info("worker listening", worker=w.proxy_id, pid=w.process.pid, listen=info.get("listen"))
+        return True
+
+    async def _watch(self) -> int:
+        """Wait for a stop request; restart workers that die meanwhile."""
+        stop = asyncio.ensure_future(self._stop.wait())
+        waits = {asyncio.ensure_future(w.process.wait()): w for w in self.workers if w.process is not None}
+        try:
+            while True:
+                done, _ = await asyncio.wait([stop, *waits], return_when=asyncio.FIRST_COMPLETED)
+                if stop in done:
+                    log.info("signal received: stopping the workers", workers=len(self.workers))
+                    return await self._stop_all()
+                for fut in done:
+                    w = waits.pop(fut)
+                    if not self._died(w):
+                        await self._stop_all()
+                        return 1
+                    await asyncio.sleep(RESTART_BACKOFF_S)  # a crash loop must not eat the cores it should relay on
+                    if self._stop.is_set():
+                        return await self._stop_all()
+                    self.restarts += 1
+                    if not await self._spawn(w):
+                        log.error("restarted worker did not start: stopping the proxy", worker=w.proxy_id)
+                        await self._stop_all()
+                        return 1
+                    waits[asyncio.ensure_future(w.process.wait())] = w  # type: ignore[union-attr]
+        finally:
+            stop.cancel()
+            for fut in waits:
+                fut.cancel()
+
+    def _died(self, w: Worker) -> bool:
+        """Log a worker's death; False when workers die too often to go on restarting them."""
+        assert w.process is not None
+        rc = w.process.returncode
+        how = f"signal {signal.Signals(-rc).name}" if rc is not None and rc < 0 else f"exit code {rc}"
+        w.ready = False
+        now = time.monotonic()
+        self._deaths = [t for t in self._deaths if now - t < RESTART_WINDOW_S] + [now]
+        if len(self._deaths) > MAX_RESTARTS:
+            log.error("workers keep dying: stopping the proxy", worker=w.proxy_id, pid=w.process.pid, status=how,
+                      deaths=len(self._deaths), window_s=RESTART_WINDOW_S)
+            return False
+        log.error("worker died: restarting it; its open connections were lost", worker=w.proxy_id,
+                  pid=w.process.pid, status=how)
+        return True
+
+    async def _stop_all(self) -> int:
+        """SIGTERM every live worker and wait for each (SIGKILL after the grace); 0 when all exited 0."""
+        self.stopping = True
+        live = [w for w in self.workers if w.process is not None and w.process.returncode is None]
+        for w in live:
+            try:
+                w.process.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+            except ProcessLookupError:
+                pass
+        grace = self.shutdown_timeout + KILL_GRACE_S
+
+        async def reap(w: Worker) -> int:
+            assert w.process is not None
+            try:
+                return await asyncio.wait_for(w.process.wait(), grace)
+            except asyncio.TimeoutError:
+                log.error("worker did not stop in time: killing it", worker=w.proxy_id, pid=w.process.pid,
+                          waited_s=grace)
+                w.process.kill()
+                return await w.process.wait()
+
+        codes = await asyncio.gather(*(reap(w) for w in live))
+        bad = {w.proxy_id: rc for w, rc in zip(live, codes) if rc != 0}
+        if bad:
+            log.error("workers stopped with errors", exit_codes=bad)
+        log.info("workers stopped", workers=len(self.workers), restarts=self.restarts)
+        return 1 if bad else 0
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while True:
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+class WorkerStats:
+    """The parent's status source: every running worker's `/metrics` and `/clients`, merged.
+
+    A worker that does not answer (restarting, or stuck) is left out of that scrape and
+    counted in `kafkatap_workers_unreachable`; the scrape itself never fails for it. A
+    restarted worker counts from zero again, so a merged counter can go down after a
+    restart: Prometheus' rate() reads that as a counter reset, which is what it is.
+    """
+
+    def __init__(self, pool: WorkerPool) -> None:
+        self.pool = pool
+        self.proxy_id = pool.proxy_id
+
+    async def _gather(self, path: str) -> tuple[list[tuple[str, bytes]], int]:
+        targets = [w for w in self.pool.workers if w.ready and w.status]
+        answers = await asyncio.gather(*(_http_get(w.status, path) for w in targets),  # type: ignore[arg-type]
+                                       return_exceptions=True)
+        got = [(w.proxy_id, a) for w, a in zip(targets, answers) if isinstance(a, bytes)]
+        return got, len(self.pool.workers) - len(got)
+
+    async def render_prometheus(self) -> str:
+        got, missing = await self._gather("/metrics")
+        merged = merge_prometheus((body.decode() for _, body in got), self.proxy_id)
+        running = sum(1 for w in self.pool.workers if w.ready)
+        own = [
+            ("kafkatap_workers", "gauge", "Worker processes configured (--workers).", len(self.pool.workers)),
+            ("kafkatap_workers_running", "gauge", "Worker processes listening now.", running),
+            ("kafkatap_workers_unreachable", "gauge", "Workers left out of this scrape (restarting or not answering).",
+             missing),
+            ("kafkatap_worker_restarts_total", "counter", "Workers restarted after they died.", self.pool.restarts),
+        ]
+        lines = [merged.rstrip("\n")]
+        for name, kind, help_, value in own:
+            lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f'{name}{{proxy="{self.proxy_id}"}} {value}']
+        return "\n".join(lines) + "\n"
+
+    async def clients_json(self) -> dict[str, Any]:
+        got, missing = await self._gather("/clients")
+        merged = merge_clients((json.loads(body) for _, body in got), self.proxy_id)
+        merged["workers"] = len(self.pool.workers)
+        merged["workers_unreachable"] = missing
+        return merged
+
+
+async def _http_get(addr: str, path: str) -> bytes:
+    """GET a worker's private status endpoint (HTTP/1.0-style: one request, read to EOF); the body."""
+    host, port = parse_addr(addr)
+
+    async def get() -> bytes:
+        reader, writer = await asyncio.open_connection(host, port)
+        try:
+            writer.write(f"GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n".encode())
+            data = await reader.read()
+        finally:
+            writer.close()
+        head, sep, body = data.partition(b"\r\n\r\n")
+        if not sep or not head.startswith(b"HTTP/1.1 200"):
+            raise ConnectionError(f"worker status {addr}{path}: {head[:40]!r}")
+        return body
+
+    return await asyncio.wait_for(get(), SCRAPE_TIMEOUT_S)

@@ -1,0 +1,103 @@
+"""The recording writer process: rows from the proxy's pipe → the same Parquet files the writer thread makes.
+
+Run by `recording.writer_pipe.WriterProcess` as `python -m recording.writer_child`;
+the protocol is described there. Inside, it is an ordinary `ParquetRecorder`
+driven inline (flushes when the proxy says so, compaction on its own
+thread), so the files, their names, footers and crash rules are exactly the
+writer thread's: one code path for the format.
+
+Counting: the proxy tells the child how many rows were dropped before they
+reached it (queue full, or lost with an earlier writer process); the child
+writes those into the footers beside its own write drops, and answers every
+flush with what it wrote and dropped, which the proxy shows in `/metrics`.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import sys
+from typing import Any
+
+from recording.compaction import name_os_thread
+from recording.writer import ParquetRecorder
+from recording.writer_pipe import recv, send
+
+
+def _configure_logging(level: str) -> None:
+    """JSON lines on stderr (stdout is the pipe): the proxy's own log stream carries them."""
+    import logging
+
+    import structlog
+
+    structlog.configure(
+        processors=[structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="iso", utc=True),
+                    structlog.processors.format_exc_info, structlog.processors.JSONRenderer()],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+    )
+
+
+def _stats(rec: ParquetRecorder) -> dict[str, Any]:
+    return {
+        "rows_written": {n: s.rows_written for n, s in rec._streams.items()},
+        "write_dropped": {n: s.write_dropped for n, s in rec._streams.items()},
+        "files_written": {n: s.files_written for n, s in rec._streams.items()},
+        "write_errors": rec.write_errors,
+    }
+
+
+def main() -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # only "close" or end of input end this process
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    name_os_thread(b"kafkatap-writer")  # how `top` and `ps -L` show it beside the proxy
+    # Unpickled rows are plain acyclic dicts freed by reference counting; the default collector would
+    # walk every queued row again and again while a flush's worth accumulates (~20 % of unpickling).
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(100_000, 50, 100)
+    inp = os.fdopen(os.dup(0), "rb")
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # a stray print must not corrupt the pipe
+    msg = recv(inp)
+    if msg is None or msg[0] != "config":
+        return 2
+    cfg = dict(msg[1])
+    _configure_logging(cfg.pop("log_level", "warning"))
+    rec = ParquetRecorder(cfg.pop("root"), cfg.pop("proxy_id"), queue_rows=1 << 62, queue_bytes=1 << 62,
+                          frame_queue_bytes=1 << 62, **cfg)
+    if rec.compact_interval_s > 0:
+        rec._compactor.start()
+    send(out, ("ready", os.getpid()))
+    streams = rec._streams
+    while True:
+        msg = recv(inp)
+        if msg is None:  # the proxy is gone (crash, kill -9): write what arrived, then exit
+            rec._flush(final=True)
+            rec._compactor.close()
+            return 0
+        kind = msg[0]
+        if kind == "rows":
+            s = streams[msg[1]]
+            rows = msg[2]
+            s.queue.extend(rows)
+            s.enqueued += len(rows)
+            if s.name == "frames":
+                s.enq_bytes += sum(len(r.get("data") or b"") for r in rows)
+        elif kind in ("flush", "close"):
+            for name, dropped in msg[1].items():  # dropped before reaching this process: the proxy logged them
+                s = streams[name]
+                s.dropped_logged += dropped - s.dropped
+                s.dropped = dropped
+            rec.requests_dropped = msg[2]
+            rec._flush(final=kind == "close")
+            if kind == "close":
+                rec._compactor.close()
+            send(out, ("stats", _stats(rec)))
+            if kind == "close":
+                return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""Cluster mode and the bypass warning without sockets: the registry, the rewriter, the checks, the counters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from protocol.addresses import SeenAddress, endpoints
+from protocol.deep import decode_response, encode_response
+from proxy.bypass import BypassCheck, BypassSink, top_line
+from proxy.cluster import AddressRewriter, BrokerRegistry, ClusterConfig, parse_broker_ports
+from proxy.cluster_options import cluster_setup
+from proxy.intercept import RequestHead
+from proxy.live import parse_metrics
+from proxy.metrics import LiveStats
+
+METADATA = 3
+
+
+def _addr(node: int | None, host: str, port: int, api: int = METADATA, version: int = 12) -> SeenAddress:
+    (ep,) = endpoints(api, False, version)
+    return SeenAddress(ep, node, host, port)
+
+
+def test_ports_follow_the_listen_port_and_can_be_pinned() -> None:
+    cfg = ClusterConfig(bootstrap=("b1", 9092), listen=("0.0.0.0", 19092), broker_ports={1001: 20001})
+    assert cfg.port_for(1) == 19094 and cfg.port_for(1001) == 20001
+    assert ClusterConfig(("b", 1), ("h", 19092), broker_port_base=30000).port_for(5) == 30005
+    with pytest.raises(ValueError, match="--broker-port 70000=PORT"):
+        cfg.port_for(70000)
+    assert ClusterConfig(("b", 1), ("127.0.0.1", 1)).advertised() == "127.0.0.1"
+    assert ClusterConfig(("b", 1), ("0.0.0.0", 1), advertise_host="proxy.example").advertised() == "proxy.example"
+    assert parse_broker_ports(["1=19001", "2 = 19002"]) == {1: 19001, 2: 19002}
+    with pytest.raises(ValueError):
+        parse_broker_ports(["1:19001"])
+
+
+def test_registry_binds_a_new_broker_before_answering_and_follows_a_moved_one() -> None:
+    bound: list[tuple[int, int]] = []
+    reg = BrokerRegistry("proxy", ClusterConfig(("b", 1), ("proxy", 19092)).port_for,
+                         bind=lambda r: bound.append((r.node_id, r.listen_port)) or r.listen_port)
+    assert reg.map(_addr(2, "10.0.0.2", 9092)) == ("proxy", 19095)
+    assert bound == [(2, 19095)]
+    assert reg.map(_addr(2, "10.0.0.2", 9092)) == ("proxy", 19095) and len(bound) == 1  # bound once
+    assert reg.map(_addr(2, "10.0.0.9", 9092)) == ("proxy", 19095)  # replaced: same listener, new target
+    assert reg.upstream(2) == ("10.0.0.9", 9092)
+    # an address without a node id is rewritten only when it is a known broker's
+    (streams_ep,) = [e for e in endpoints(89, False, 0) if not e.broker]
+    assert reg.map(SeenAddress(streams_ep, None, "10.0.0.9", 9092)) == ("proxy", 19095)
+    assert reg.map(SeenAddress(streams_ep, None, "app-host", 8080)) is None
+    assert reg.map(_addr(-1, "", -1)) is None  # "no coordinator": left as the broker wrote it
+
+
+def test_a_broker_without_a_listener_is_left_alone_and_logged() -> None:
+    reg = BrokerRegistry("proxy", ClusterConfig(("b", 1), ("proxy", 65000)).port_for, bind=lambda r: None)
+    assert reg.map(_addr(7, "10.0.0.7", 9092)) is None
+    assert reg.map(_addr(900, "10.0.0.8", 9092)) is None  # 65000 + 1 + 900 does not fit
+
+
+def _metadata(cid: int = 1) -> bytes:
+    return encode_response(METADATA, 12, cid, {"brokers": [{"node_id": 1, "host": "10.0.0.1", "port": 9092}],
+                                               "cluster_id": "c", "controller_id": 1, "topics": []})
+
+
+def test_rewriter_edits_wanted_responses_and_notes_it() -> None:
+    reg = BrokerRegistry("proxy", ClusterConfig(("b", 1), ("proxy", 19092)).port_for)
+    rw = AddressRewriter(reg, "c-1")
+    head = RequestHead(METADATA, 12, 1, "x", 20, None, True)
+    assert rw.wants_response(head) and not rw.wants_request(head)
+    assert not rw.wants_response(RequestHead(18, 3, 2, "x", 20, None, True))  # ApiVersions: no addresses
+    edit = rw.on_response(head, _metadata())
+    assert edit is not None and edit.note == "rewrite addresses 1"
+    body = decode_response(edit.frame, METADATA, 12)["body"]
+    assert (body["brokers"][0]["host"], body["brokers"][0]["port"]) == ("proxy", 19094)
+    # garbage in a wanted response: forwarded as it was, counted, never raised
+    assert rw.on_response(head, b"\x00\x00\x00\x06\x00\x00\x00\x01\xff\xff") is None
+    assert reg.stats.rewrite_failures == 1 and reg.stats.rewritten_responses == 1
+
+
+def test_cluster_options_refuse_what_cannot_work() -> None:
+    setup = cluster_setup({"cluster": "b1:9092", "broker_ports": ("1=19001",)})
+    assert setup.routes(("127.0.0.1:19092",), (), (), False) == ["127.0.0.1:19092=b1:9092"]
+    assert setup.routes((), (), ("127.0.0.1:19092=b1:9092",), False)  # a worker of --workers
+    with pytest.raises(ValueError, match="--upstream"):
+        setup.routes(("1",), ("b2:9092",), (), False)
+    with pytest.raises(ValueError, match="port 0"):
+        setup.routes(("127.0.0.1:0",), (), (), False)
+    with pytest.raises(ValueError, match="only apply with --cluster"):
+        cluster_setup({"advertise_host": "x"})
+
+
+class _Rows:
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+
+    def request(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+
+
+def test_bypass_check_flags_broker_addresses_not_the_proxy() -> None:
+    check = BypassCheck(lambda: [("127.0.0.1", 19092)], [("127.0.0.1", 29092)])
+    assert check.around(["127.0.0.1:29092", "10.1.1.1:9092", "127.0.0.1:19092", "proxy.local:19092"]) == [
+        "127.0.0.1:29092", "10.1.1.1:9092"]
+    inner = _Rows()
+    sink = BypassSink(inner, check, lambda: ["127.0.0.1:19092"])
+    sink.request({"api_name": "Metadata", "advertised": ["127.0.0.1:29092"]})
+    sink.request({"api_name": "Metadata", "advertised": ["127.0.0.1:19092"]})
+    sink.request({"api_name": "Produce"})
+    assert [r.get("bypass") for r in inner.rows] == [["127.0.0.1:29092"], None, None]
+    assert sink.responses == 1 and sink.warned == {"127.0.0.1:29092"}
+
+
+def test_bypass_is_counted_in_metrics_and_shown_in_top() -> None:
+    stats = LiveStats("p1")
+    stats.request({"conn_id": "c", "api_name": "Metadata", "api_version": 12, "bypass": ["127.0.0.1:29092"]})
+    stats.request({"conn_id": "c", "api_name": "Metadata", "api_version": 12, "bypass": ["127.0.0.1:29092"]})
+    metrics = parse_metrics(stats.render_prometheus())
+    assert metrics["kafkatap_bypass_advertised_total"] == [({"proxy": "p1", "address": "127.0.0.1:29092"}, 2.0)]
+    line = top_line(metrics["kafkatap_bypass_advertised_total"])
+    assert line is not None and "2 responses" in line and "127.0.0.1:29092" in line and "--cluster" in line
+    assert top_line([]) is None

@@ -1,0 +1,317 @@
+"""The frame-editing layer (proxy.intercept): framing, ordering, delays, pass-through — units and a real broker."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+from harness.wire import WireClient
+from protocol import codec
+from protocol.apis import API_VERSIONS, METADATA, PRODUCE, SASL_HANDSHAKE
+from protocol.headers import encode_request_header, encode_response_header
+from proxy.intercept import MAX_EDIT_FRAME, ConnInfo, Edit, FrameEditor, RequestHead, chain
+from proxy.running import RunningProxy
+
+# --------------------------------------------------------------------------- frames
+
+
+def _frame(payload: bytes) -> bytes:
+    return len(payload).to_bytes(4, "big") + payload
+
+
+def request(api_key: int, version: int, cid: int, body: dict[str, Any] | None = None, client: str = "c") -> bytes:
+    body = body if body is not None else {}
+    return _frame(encode_request_header(api_key, version, cid, client) + codec.encode(api_key, version, True, body))
+
+
+def response(api_key: int, version: int, cid: int, body: dict[str, Any] | None = None) -> bytes:
+    body = body if body is not None else {}
+    return _frame(encode_response_header(api_key, version, cid) + codec.encode(api_key, version, False, body))
+
+
+def produce(cid: int, acks: int, version: int = 9) -> bytes:
+    return request(PRODUCE, version, cid, {"transactional_id": None, "acks": acks, "timeout_ms": 1000,
+                                           "topic_data": []})
+
+
+class Port:
+    """A fake connection: what the editor sends, observes, holds and closes."""
+
+    def __init__(self) -> None:
+        self.sent: dict[bool, list[bytes]] = {True: [], False: []}
+        self.observed: dict[bool, list[bytes]] = {True: [], False: []}
+        self.holds: list[tuple[bool, bool]] = []
+        self.closed: list[str] = []
+        self.notes: dict[int, str] = {}
+        self.logs: list[tuple[str, str, dict]] = []
+        self.waiter: asyncio.Future | None = None
+
+    def send(self, request: bool, data: bytes, now_ns: int) -> None:
+        self.sent[request].append(bytes(data))
+        self.observed[request].append(bytes(data))
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    def observe_only(self, request: bool, data: bytes, now_ns: int) -> None:
+        self.observed[request].append(bytes(data))
+
+    def hold(self, request: bool, on: bool) -> None:
+        self.holds.append((request, on))
+
+    def close(self, detail: str) -> None:
+        self.closed.append(detail)
+
+    def note(self, correlation_id: int, text: str) -> None:
+        self.notes[correlation_id] = text
+
+    def log(self, level: str, event: str, **kw: Any) -> None:
+        self.logs.append((level, event, kw))
+
+    def out(self, request: bool) -> bytes:
+        return b"".join(self.sent[request])
+
+
+class Wants:
+    """An interceptor that asks for every frame and edits as told."""
+
+    def __init__(self, on_request=None, on_response=None, want: bool = True) -> None:
+        self._req = on_request or (lambda head, frame: None)
+        self._resp = on_response or (lambda head, frame: None)
+        self.want = want
+        self.heads: list[RequestHead] = []
+        self.ended = False
+
+    def wants_request(self, head: RequestHead) -> bool:
+        self.heads.append(head)
+        return self.want
+
+    def on_request(self, head: RequestHead, frame: bytes) -> Edit | None:
+        return self._req(head, frame)
+
+    def wants_response(self, head: RequestHead) -> bool:
+        return self.want
+
+    def on_response(self, head: RequestHead, frame: bytes) -> Edit | None:
+        return self._resp(head, frame)
+
+    def closed(self) -> None:
+        self.ended = True
+
+
+def editor(interceptor, loop=None) -> tuple[FrameEditor, Port]:
+    port = Port()
+    loop = loop or asyncio.new_event_loop()
+    return FrameEditor(interceptor, port, loop, lambda: 0), port
+
+
+def feed_split(ed: FrameEditor, request: bool, data: bytes, rng: random.Random) -> None:
+    i = 0
+    while i < len(data):
+        k = rng.randint(1, 37)
+        ed.feed(request, data[i:i + k], 0)
+        i += k
+
+
+# --------------------------------------------------------------------------- units
+
+
+def test_unedited_frames_pass_byte_for_byte_in_any_split() -> None:
+    reqs = b"".join([request(METADATA, 12, 1, {"topics": None, "allow_auto_topic_creation": False,
+                                               "include_topic_authorized_operations": False}),
+                     produce(2, 1), produce(3, 0), request(API_VERSIONS, 3, 4, {"client_software_name": "x",
+                                                                                  "client_software_version": "1"})])
+    resps = b"".join([response(METADATA, 12, 1), response(PRODUCE, 9, 2), response(API_VERSIONS, 3, 4)])
+    for want in (True, False):
+        for seed in range(20):
+            rng = random.Random(seed)
+            w = Wants(want=want)
+            ed, port = editor(w)
+            feed_split(ed, True, reqs, rng)
+            feed_split(ed, False, resps, rng)
+            assert port.out(True) == reqs and port.out(False) == resps
+            assert not ed.passing and not ed.order and not ed.pending
+    assert [h.acks for h in w.heads] == [None, 1, 0, None]
+    assert [h.expects_response for h in w.heads] == [True, True, False, True]
+
+
+def test_an_unwanted_frame_is_streamed_not_stored() -> None:
+    ed, port = editor(Wants(want=False))
+    big = request(PRODUCE, 9, 7, {"transactional_id": None, "acks": 1, "timeout_ms": 1,
+                                  "topic_data": [{"name": "t", "partition_data": [{"index": 0,
+                                                                                   "records": b"x" * 100_000}]}]})
+    ed.feed(True, big[:2000], 0)
+    assert len(port.out(True)) == 2000  # handed on before the frame is complete
+    ed.feed(True, big[2000:], 0)
+    assert port.out(True) == big
+
+
+def test_answer_in_place_keeps_kafka_response_order() -> None:
+    """A, B (answered here), C: the client must see A, B, C although the broker answers only A and C."""
+    def answer(head: RequestHead, frame: bytes) -> Edit | None:
+        if head.correlation_id == 2:
+            return Edit(answer=response(METADATA, 12, 2), note="answered")
+        return None
+
+    ed, port = editor(Wants(on_request=answer))
+    a, b, c = (request(METADATA, 12, i, {"topics": None, "allow_auto_topic_creation": False,
+                                         "include_topic_authorized_operations": False}) for i in (1, 2, 3))
+    ed.feed(True, a + b + c, 0)
+    assert port.out(True) == a + c  # B never reaches the broker
+    assert port.observed[True] == [a, b, c]  # but it is seen (and recorded) as the client sent it
+    assert port.out(False) == b""  # B's answer waits for A's
+    ra, rc = response(METADATA, 12, 1), response(METADATA, 12, 3)
+    ed.feed(False, ra[:5], 0)
+    ed.feed(False, ra[5:] + rc, 0)
+    assert port.out(False) == ra + response(METADATA, 12, 2) + rc
+    assert port.notes == {2: "answered"}
+
+
+def test_delay_holds_the_flow_and_what_follows() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        ed, port = editor(Wants(on_response=lambda h, f: Edit(delay_s=0.05) if h.correlation_id == 1 else None),
+                          loop)
+        ed.feed(True, produce(1, 1) + produce(2, 1), 0)
+        r1, r2 = response(PRODUCE, 9, 1), response(PRODUCE, 9, 2)
+        ed.feed(False, r1 + r2, 0)
+        assert port.out(False) == b""  # both held: the second is behind the first
+        assert ed.queued
+        eofs: list[str] = []
+        assert ed.after_release(False, lambda: eofs.append("eof"))
+        port.waiter = loop.create_future()
+        t0 = loop.time()
+        loop.run_until_complete(asyncio.wait_for(port.waiter, 5))
+        assert loop.time() - t0 >= 0.04
+        assert port.out(False) == r1 + r2 and eofs == ["eof"] and not ed.queued
+        assert not ed.after_release(False, lambda: None)  # nothing held: not deferred
+    finally:
+        loop.close()
+
+
+def test_garbage_turns_the_editor_into_pass_through_once() -> None:
+    ed, port = editor(Wants())
+    tls = bytes.fromhex("160301020001") + bytes(range(256)) * 3
+    feed_split(ed, True, tls, random.Random(1))
+    ed.feed(True, produce(1, 1), 0)  # even valid frames after it are passed as they are
+    assert port.out(True) == tls + produce(1, 1)
+    assert ed.passing and len([entry for entry in port.logs if entry[1].startswith("editing stopped")]) == 1
+
+
+def test_a_response_for_no_request_stops_editing_without_changing_bytes() -> None:
+    ed, port = editor(Wants())
+    ed.feed(True, produce(1, 1), 0)
+    stray = response(PRODUCE, 9, 99) + response(PRODUCE, 9, 1)
+    ed.feed(False, stray, 0)
+    assert port.out(False) == stray and ed.passing
+    assert "99" in ed.pass_reason
+
+
+def test_sasl_handshake_v0_tokens_are_not_framed() -> None:
+    ed, port = editor(Wants())
+    hs = request(SASL_HANDSHAKE, 0, 1, {"mechanism": "PLAIN"})
+    token = b"\x00\x00\x00\x10\x00user\x00password12"
+    ed.feed(True, hs + token, 0)
+    assert port.out(True) == hs + token and ed.passing
+    assert all(b"password" not in repr(entry).encode() for entry in port.logs)
+
+
+def test_close_edit_ends_the_connection_without_forwarding() -> None:
+    ed, port = editor(Wants(on_request=lambda h, f: Edit(close=True, note="drop on Produce")))
+    ed.feed(True, produce(1, 1), 0)
+    assert port.out(True) == b"" and port.closed == ["drop on Produce"] and port.notes == {1: "drop on Produce"}
+
+
+def test_chain_answer_wins_and_response_edits_compose() -> None:
+    first = Wants(on_response=lambda h, f: Edit(frame=f + b"", note="one"))
+    second = Wants(on_response=lambda h, f: Edit(note="two", delay_s=0.01))
+    both = chain([first, second])
+    edit = both.on_response(RequestHead(3, 12, 1, None, 10, None, True), b"frame")
+    assert edit.note == "one; two" and edit.delay_s == 0.01 and edit.frame == b"frame"
+    assert chain([]) is None and chain([first]) is first
+    answering = chain([Wants(on_request=lambda h, f: Edit(answer=b"a", note="x")),
+                       Wants(on_request=lambda h, f: Edit(close=True))])
+    assert answering.on_request(RequestHead(3, 12, 1, None, 10, None, True), b"").answer == b"a"
+
+
+def test_oversize_wanted_frame_is_streamed_and_counted() -> None:
+    ed, port = editor(Wants())
+    head = (MAX_EDIT_FRAME + 10).to_bytes(4, "big") + encode_request_header(PRODUCE, 3, 5, "c") + b"\xff\xff\x00\x01"
+    ed.feed(True, head, 0)
+    assert port.out(True) == head and ed.oversize == 1 and not ed.passing
+
+
+# --------------------------------------------------------------------------- a real broker
+
+
+class Recorder:
+    """Interceptor factory for the real-broker test: notes Metadata, answers the second ApiVersions itself."""
+
+    def __init__(self) -> None:
+        self.infos: list[ConnInfo] = []
+        self.api_versions: bytes | None = None
+
+    def __call__(self, info: ConnInfo):
+        self.infos.append(info)
+        outer = self
+
+        class PerConn:
+            def wants_request(self, head: RequestHead) -> bool:
+                return head.api_key == API_VERSIONS
+
+            def on_request(self, head: RequestHead, frame: bytes) -> Edit | None:
+                if outer.api_versions is None:
+                    return None
+                cid = head.correlation_id.to_bytes(4, "big", signed=True)
+                return Edit(answer=outer.api_versions[:4] + cid + outer.api_versions[8:], note="answered here")
+
+            def wants_response(self, head: RequestHead) -> bool:
+                return head.api_key in (METADATA, API_VERSIONS)
+
+            def on_response(self, head: RequestHead, frame: bytes) -> Edit | None:
+                if head.api_key == API_VERSIONS:
+                    outer.api_versions = frame
+                    return None
+                return Edit(note=f"seen metadata v{head.api_version}")
+
+            def closed(self) -> None:
+                pass
+
+        return PerConn()
+
+
+def test_real_broker_through_an_editing_proxy(proxied_kafka, topic_name, sink) -> None:
+    rec = Recorder()
+    with RunningProxy([proxied_kafka.route], sink=sink, interceptors=[rec]) as p:
+        proxied_kafka.kafka.create_topic(topic_name, partitions=1)  # the broker advertises the proxy
+        host, port = p.bootstrap.rsplit(":", 1)
+        from kafka import KafkaConsumer, KafkaProducer
+
+        producer = KafkaProducer(bootstrap_servers=p.bootstrap, acks=1)
+        for i in range(20):
+            producer.send(topic_name, f"m{i}".encode())
+        producer.flush()
+        producer.close()
+        consumer = KafkaConsumer(topic_name, bootstrap_servers=p.bootstrap, auto_offset_reset="earliest",
+                                 consumer_timeout_ms=10_000)
+        got = [m.value for m in consumer]
+        consumer.close()
+        with WireClient(host, int(port)) as c:  # a second ApiVersions: answered by the proxy
+            body = c.call(API_VERSIONS, 3, {"client_software_name": "t", "client_software_version": "1"})
+        sink.wait_for(lambda s: any(r.get("edit") == "answered here" for r in s.requests))
+    assert got == [f"m{i}".encode() for i in range(20)]
+    assert body["error_code"] == 0 and len(body["api_keys"]) > 50
+    assert all(i.upstream is not None and i.client is not None for i in rec.infos)
+    metadata = [r for r in sink.requests if r["api_key"] == METADATA]
+    assert metadata and all(r["edit"] == f"seen metadata v{r['api_version']}" for r in metadata)
+    assert all(r["edit"] is None for r in sink.requests if r["api_key"] not in (METADATA, API_VERSIONS))
+    answered = [r for r in sink.requests if r.get("edit") == "answered here"]
+    assert len(answered) >= 1 and all(r["answered"] for r in answered)
+
+
+def test_a_chunk_of_pipelined_frames_is_written_once() -> None:
+    """100 small requests in one read must not become 100 writes (system calls) on the other socket."""
+    ed, port = editor(Wants(want=False))
+    chunk = b"".join(produce(i, 1) for i in range(100))
+    ed.feed(True, chunk, 0)
+    assert port.sent[True] == [chunk] and len(ed.order) == 100

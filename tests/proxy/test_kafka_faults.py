@@ -1,0 +1,306 @@
+"""Kafka-aware faults on a real broker, with real clients: what each injection does to them, and what is recorded.
+
+Every test runs the proxy in front of the session's proxied broker with a
+fault rule, drives a real client (kafka-python, confluent-kafka/librdkafka,
+Apache Kafka's Java producer, or the harness wire client where exact timing is
+the point) and asserts both the client-visible effect and the recorded rows
+(`edit` names the injected fault; the rows show what the client did next).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+
+import pytest
+
+from harness.java_clients import JavaClients
+from harness.wire import WireClient
+from protocol.apis import API_VERSIONS, FIND_COORDINATOR, HEARTBEAT, METADATA, OFFSET_COMMIT, PRODUCE
+from proxy.kafka_faults import FaultRules, KafkaFaultLayer
+from proxy.running import RunningProxy
+
+pytestmark = [pytest.mark.kafka]
+KAFKATAP = [sys.executable, "-m", "kafkatap.cli"]
+
+
+def _proxy(proxied_kafka, sink, *specs: str, control: bool = False):
+    rules = FaultRules.from_specs(list(specs), seed=3, control=control)
+    layer = KafkaFaultLayer(rules)
+    p = _Named(layer, [proxied_kafka.route], sink=sink, interceptors=[layer])
+    return p, rules, layer
+
+
+class _Named(RunningProxy):
+    """A RunningProxy whose fault layer names topic ids with the server's topic map (as `kafkatap proxy` does)."""
+
+    def __init__(self, layer: KafkaFaultLayer, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self._layer = layer
+
+    def start(self) -> "_Named":
+        super().start()
+        self._layer.names = self.server.topics.name
+        return self
+
+
+def _consume_all(bootstrap: str, topic: str, expect: int) -> list[bytes]:
+    from kafka import KafkaConsumer
+
+    c = KafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=8000)
+    try:
+        out = []
+        for m in c:
+            out.append(m.value)
+            if len(out) >= expect + 5:  # enough to see duplicates, bounded
+                break
+        return out
+    finally:
+        c.close()
+
+
+def _codes(row: dict) -> set[int]:
+    return {e["code"] for e in row.get("errors") or ()}
+
+
+def _after(rows: list[dict], row: dict) -> list[dict]:
+    """Requests of the same client sent after `row` (any connection)."""
+    return sorted((r for r in rows if r["client_id"] == row["client_id"] and r["req_first_ns"] > row["req_first_ns"]),
+                  key=lambda r: r["req_first_ns"])
+
+
+def test_in_place_not_leader_kafka_python_refreshes_metadata_retries_no_duplicates(proxied_kafka, topic_name, sink) -> None:
+    from kafka import KafkaProducer
+
+    p, rules, _ = _proxy(proxied_kafka, sink, f"error=Produce:NOT_LEADER_OR_FOLLOWER,topic={topic_name},nth=2,once")
+    with p:
+        proxied_kafka.kafka.create_topic(topic_name, partitions=1)
+        prod = KafkaProducer(bootstrap_servers=p.bootstrap, client_id="kp-leader", acks=1, linger_ms=0)
+        for i in range(6):
+            prod.send(topic_name, f"m{i}".encode()).get(timeout=30)  # one Produce each
+        prod.close()
+        got = _consume_all(p.bootstrap, topic_name, 6)
+        sink.wait_for(lambda s: any((r.get("edit") or "").startswith("fault#1") for r in s.requests))
+    assert sorted(got) == [f"m{i}".encode() for i in range(6)]  # in place: the broker never saw it, no duplicate
+    assert rules.rules[0].injected == 1
+    faulted = [r for r in sink.requests if (r.get("edit") or "") == "fault#1 error=NOT_LEADER_OR_FOLLOWER in-place"]
+    assert len(faulted) == 1 and faulted[0]["api_key"] == PRODUCE and faulted[0]["answered"]
+    assert _codes(faulted[0]) == {6}  # the row shows what the client received
+    nxt = [r["api_key"] for r in _after(sink.requests, faulted[0])]
+    assert METADATA in nxt and PRODUCE in nxt[nxt.index(METADATA):]  # refresh, then the retry
+
+
+def test_rewrite_makes_a_non_idempotent_retry_duplicate_and_an_idempotent_one_not(proxied_kafka, topic_name, sink) -> None:
+    from kafka import KafkaProducer
+
+    p, rules, _ = _proxy(proxied_kafka, sink, "error=Produce:NOT_LEADER_OR_FOLLOWER,rewrite,client-id=kp-.*,once")
+    with p:
+        proxied_kafka.kafka.create_topic(topic_name, partitions=1)
+        prod = KafkaProducer(bootstrap_servers=p.bootstrap, client_id="kp-dup", acks=1, enable_idempotence=False,
+                             linger_ms=0)
+        prod.send(topic_name, b"once").get(timeout=30)
+        prod.close()
+        rules.add("error=Produce:NOT_LEADER_OR_FOLLOWER,rewrite,client-id=idem-.*,once")
+        prod = KafkaProducer(bootstrap_servers=p.bootstrap, client_id="idem-1", acks="all", enable_idempotence=True,
+                             linger_ms=0)
+        prod.send(topic_name, b"idempotent").get(timeout=30)
+        prod.close()
+        got = _consume_all(p.bootstrap, topic_name, 3)
+    assert got.count(b"once") == 2  # the broker wrote it, the client heard NOT_LEADER and sent it again
+    assert got.count(b"idempotent") == 1  # the retry carried the same sequence: the broker dropped it
+    rewritten = [r for r in sink.requests if "rewrite" in (r.get("edit") or "")]
+    assert [r["client_id"] for r in rewritten] == ["kp-dup", "idem-1"]
+    assert all(_codes(r) == {6} for r in rewritten)
+
+
+def test_confluent_consumer_finds_a_new_coordinator_after_not_coordinator(proxied_kafka, topic_name, sink) -> None:
+    from confluent_kafka import Consumer, Producer
+
+    p, rules, _ = _proxy(proxied_kafka, sink, "error=OffsetCommit:NOT_COORDINATOR,once",
+                         "error=Heartbeat:NOT_COORDINATOR,once")
+    with p:
+        proxied_kafka.kafka.create_topic(topic_name, partitions=1)
+        prod = Producer({"bootstrap.servers": p.bootstrap})
+        for i in range(20):
+            prod.produce(topic_name, f"v{i}".encode())
+        prod.flush(30)
+        group = f"g-{uuid.uuid4().hex[:6]}"
+        c = Consumer({"bootstrap.servers": p.bootstrap, "group.id": group, "client.id": "rd-coord",
+                      "auto.offset.reset": "earliest", "enable.auto.commit": False, "heartbeat.interval.ms": 300,
+                      "session.timeout.ms": 6000})
+        c.subscribe([topic_name])
+        got, commits, deadline = 0, 0, time.monotonic() + 40
+        try:
+            while time.monotonic() < deadline and (got < 20 or rules.rules[1].injected == 0 or commits < 3):
+                m = c.poll(0.3)
+                if m is not None and m.error() is None:
+                    got += 1
+                    try:
+                        c.commit(m, asynchronous=False)
+                        commits += 1
+                    except Exception:  # noqa: BLE001 — the injected NOT_COORDINATOR: the client must recover
+                        pass
+        finally:
+            c.close()
+    assert got == 20 and [r.injected for r in rules.rules] == [1, 1]
+    rows = sink.requests
+    for api, rule in ((OFFSET_COMMIT, 1), (HEARTBEAT, 2)):
+        hit = [r for r in rows if (r.get("edit") or "").startswith(f"fault#{rule} ")]
+        assert len(hit) == 1 and hit[0]["api_key"] == api and _codes(hit[0]) == {16}
+        assert FIND_COORDINATOR in [r["api_key"] for r in _after(rows, hit[0])], "no coordinator lookup after the fault"
+
+
+def test_java_producer_recovers_from_not_leader(proxied_kafka, topic_name, sink) -> None:
+    p, rules, _ = _proxy(proxied_kafka, sink, f"error=Produce:NOT_LEADER_OR_FOLLOWER,topic={topic_name},nth=2,once")
+    with p:
+        proxied_kafka.kafka.create_topic(topic_name, partitions=1)
+        j = JavaClients(p.bootstrap, proxied_kafka.kafka.version)
+        run = j.run(j.producer_perf(topic_name, 200, 100, throughput=200,
+                                    props={"client.id": "java-leader", "linger.ms": 0, "batch.size": 200}))
+        run.check()
+        got = _consume_all(p.bootstrap, topic_name, 200)
+    assert "200 records sent" in run.stdout and len(got) == 200
+    hit = [r for r in sink.requests if (r.get("edit") or "").startswith("fault#1")]
+    assert len(hit) == 1 and hit[0]["client_id"] == "java-leader" and _codes(hit[0]) == {6}
+    assert METADATA in [r["api_key"] for r in _after(sink.requests, hit[0])]
+
+
+def test_delay_throttle_and_drop_as_the_wire_sees_them(proxied_kafka, sink) -> None:
+    p, rules, _ = _proxy(proxied_kafka, sink, "delay=Metadata:400,client-id=slow", "throttle=Metadata:500,client-id=thr",
+                         "drop=Metadata,client-id=drop")
+    with p:
+        host, port = p.bootstrap.rsplit(":", 1)
+        with WireClient(host, int(port), client_id="slow") as c:
+            t0 = time.monotonic()
+            c.call(METADATA, 12, {"topics": [], "allow_auto_topic_creation": False,
+                                  "include_topic_authorized_operations": False})
+            slow = time.monotonic() - t0
+        with WireClient(host, int(port), client_id="thr") as c:
+            first = c.call(METADATA, 12, {"topics": [], "allow_auto_topic_creation": False,
+                                          "include_topic_authorized_operations": False})
+            t0 = time.monotonic()
+            c.call(API_VERSIONS, 3, {"client_software_name": "t", "client_software_version": "1"})
+            muted = time.monotonic() - t0
+        with WireClient(host, int(port), client_id="drop") as c:
+            with pytest.raises((OSError, EOFError, ConnectionError)):
+                c.call(METADATA, 12, {"topics": [], "allow_auto_topic_creation": False,
+                                      "include_topic_authorized_operations": False})
+        sink.wait_for(lambda s: any((r.get("edit") or "").startswith("fault#3") for r in s.requests)
+                      and any((r.get("edit") or "").startswith("fault pause") for r in s.requests))
+    assert slow >= 0.4
+    assert first["throttle_time_ms"] == 500 and muted >= 0.4  # the broker-like pause after a throttled response
+    notes = {r["client_id"]: r["edit"] for r in sink.requests if r.get("edit")}
+    assert notes["slow"] == "fault#1 delay=400ms" and notes["drop"] == "fault#3 drop"
+    assert [r.injected for r in rules.rules] == [1, 1, 1]
+
+
+# --------------------------------------------------------------------------- runtime control, the real CLI
+def _wait_port(port: int, proc: subprocess.Popen, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:  # a subprocess has no event to await but its port
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError("not listening")
+
+
+def _fault_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(KAFKATAP + ["fault", *args], capture_output=True, text=True, timeout=60)
+
+
+def _cli_proxy(proxied_kafka, status_port: int, *extra: str) -> subprocess.Popen:
+    proc = subprocess.Popen(KAFKATAP + ["proxy", "--route", proxied_kafka.route, "--status-addr", str(status_port),
+                                        *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, KAFKATAP_LOG_FORMAT="json"))
+    _wait_port(status_port, proc)
+    _wait_port(proxied_kafka.proxy_port, proc)
+    return proc
+
+
+def test_fault_add_list_clear_reach_a_live_connection(proxied_kafka) -> None:
+    from harness.kafka import free_port
+
+    status = free_port()
+    proc = _cli_proxy(proxied_kafka, status, "--fault-control")
+    try:
+        with WireClient("127.0.0.1", proxied_kafka.proxy_port, client_id="live") as c:  # opened before the rule
+            hb = {"group_id": "nobody", "generation_id": 1, "member_id": "m", "group_instance_id": None}
+            assert c.call(HEARTBEAT, 4, hb)["error_code"] != 16  # the broker's own answer
+            added = _fault_cli("add", "--addr", str(status), "error=Heartbeat:NOT_COORDINATOR,nth=2")
+            assert added.returncode == 0 and added.stdout.strip() == "added fault #1: error=Heartbeat:NOT_COORDINATOR,nth=2"
+            codes = [c.call(HEARTBEAT, 4, hb)["error_code"] for _ in range(4)]
+            assert [x == 16 for x in codes] == [False, True, False, True]
+            listed = json.loads(_fault_cli("list", "--addr", str(status), "--json").stdout)
+            assert listed["installed"] and listed["faults"][0] | {"added": 0} == {
+                "id": 1, "spec": "error=Heartbeat:NOT_COORDINATOR,nth=2", "api": "Heartbeat", "kind": "error",
+                "added": 0, "matched": 4, "injected": 2, "skipped": 0, "active": True}
+            table = _fault_cli("list", "--addr", str(status)).stdout.splitlines()
+            assert table[1].split() == ["1", "yes", "4", "2", "0", "error=Heartbeat:NOT_COORDINATOR,nth=2"]
+            bad = _fault_cli("add", "--addr", str(status), "error=Heartbeat:NOT_COORDNATOR")
+            assert bad.returncode == 1 and bad.stderr.strip().splitlines() == [
+                "Error: proxy answered 400: bad fault spec 'error=Heartbeat:NOT_COORDNATOR': unknown Kafka error "
+                "'NOT_COORDNATOR'; did you mean NOT_COORDINATOR?"]
+            tcp = _fault_cli("add", "--addr", str(status), "latency=both:5")
+            assert tcp.returncode == 1 and "TCP faults are set when the proxy starts" in tcp.stderr
+            cleared = _fault_cli("clear", "--addr", str(status))
+            assert cleared.stdout.strip() == "cleared 1 fault(s)"
+            assert all(c.call(HEARTBEAT, 4, hb)["error_code"] != 16 for _ in range(3))
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0
+
+
+def test_a_proxy_without_the_layer_refuses_fault_add(proxied_kafka) -> None:
+    from harness.kafka import free_port
+
+    status = free_port()
+    proc = _cli_proxy(proxied_kafka, status)
+    try:
+        out = _fault_cli("add", "--addr", str(status), "error=Heartbeat:NOT_COORDINATOR")
+        assert out.returncode == 1
+        assert out.stderr.strip().splitlines() == [
+            "Error: proxy answered 409: this proxy has no Kafka fault layer: restart it with --fault-control "
+            "(or with a Kafka --fault) to add faults at run time"]
+        assert "no Kafka fault layer" in _fault_cli("list", "--addr", str(status)).stdout
+        with urllib.request.urlopen(f"http://127.0.0.1:{status}/faults", timeout=5) as r:
+            assert json.loads(r.read()) == {"installed": False, "faults": []}
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0
+
+
+def test_java_kip848_consumer_recovers_from_not_coordinator_on_its_heartbeat(proxied_kafka, topic_name, sink) -> None:
+    """The newest group protocol (KIP-848 ConsumerGroupHeartbeat), answered in the broker's place from the specs.
+
+    The first heartbeat (the join) is refused: the consumer must find the coordinator again before it reads.
+    """
+    from kafka import KafkaProducer
+
+    p, rules, _ = _proxy(proxied_kafka, sink, "error=ConsumerGroupHeartbeat:NOT_COORDINATOR,once")
+    with p:
+        proxied_kafka.kafka.create_topic(topic_name, partitions=1)
+        prod = KafkaProducer(bootstrap_servers=p.bootstrap, linger_ms=0)
+        for i in range(10):
+            prod.send(topic_name, f"k{i}".encode())
+        prod.flush()
+        prod.close()
+        j = JavaClients(p.bootstrap, proxied_kafka.kafka.version)
+        run = j.run(j.console_consumer(topic_name, group=f"g848-{uuid.uuid4().hex[:6]}", protocol="consumer",
+                                       max_messages=10, timeout_ms=30_000, props={"client.id": "java-848"}))
+        run.check()
+        sink.wait_for(lambda s: any((r.get("edit") or "").startswith("fault#1") for r in s.requests))
+    got = [ln for ln in run.stdout.splitlines() if ln.startswith("k")]  # the tool also prints notices
+    assert sorted(got) == sorted(f"k{i}" for i in range(10))
+    hit = [r for r in sink.requests if (r.get("edit") or "").startswith("fault#1")]
+    assert len(hit) == 1 and hit[0]["client_id"] == "java-848" and _codes(hit[0]) == {16}
+    assert FIND_COORDINATOR in [r["api_key"] for r in _after(sink.requests, hit[0])]
+    assert rules.rules[0].injected == 1

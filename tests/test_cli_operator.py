@@ -1,0 +1,347 @@
+"""What an operator sees on a mistake (issue 18): the exit code and the one line that explains it.
+
+Every command runs as the operator runs it (`python -m kafkatap.cli …` in a subprocess), except where
+the test needs to look inside the process (which modules an early failure imported). No broker is
+needed: each case fails, or prints, before anything would talk to one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import click
+import pytest
+
+from kafkatap.cli import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+KAFKATAP = [sys.executable, "-m", "kafkatap.cli"]
+
+
+def run(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(KAFKATAP + list(args), capture_output=True, text=True, timeout=120, cwd=cwd or ROOT,
+                          env={**os.environ, **(env or {})})
+
+
+def error_line(res: subprocess.CompletedProcess) -> str:
+    """The one `Error: …` line click prints for a usage error (after its two-line usage hint)."""
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("Error:")]
+    assert len(lines) == 1, res.stderr
+    assert "Traceback" not in res.stderr, res.stderr
+    return lines[0]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---------------------------------------------------------------- ports: range-checked, once
+@pytest.mark.parametrize("args, line", [
+    (["proxy", "--listen", "127.0.0.1:99999", "--upstream", "127.0.0.1:9092"],
+     "Error: Invalid value for '--listen': port 99999 in '127.0.0.1:99999' is out of range (0-65535)"),
+    (["proxy", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:9092", "--status-addr", "99999"],
+     "Error: Invalid value for '--status-addr': port 99999 in '99999' is out of range (0-65535)"),
+    (["proxy", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:70000"],
+     "Error: Invalid value for '--upstream': port 70000 in '127.0.0.1:70000' is out of range (1-65535)"),
+    (["proxy", "--route", "127.0.0.1:65536=127.0.0.1:9092"],
+     "Error: port 65536 in '127.0.0.1:65536' is out of range (0-65535)"),
+    (["top", "--addr", "123456", "--once"],
+     "Error: Invalid value for '--addr': status address: port 123456 in '123456' is out of range (0-65535)"),
+    (["iptables", "--broker", "10.0.0.5:99999"],
+     "Error: port 99999 in '10.0.0.5:99999' is out of range (1-65535)"),
+    (["replay", str(ROOT), "--target", "staging:99999", "--yes"],
+     "Error: Invalid value for '--target': port 99999 in 'staging:99999' is out of range (1-65535)"),
+])
+def test_out_of_range_ports_are_refused_not_wrapped(args: list[str], line: str) -> None:
+    res = run(*args)
+    assert res.returncode == 2 and error_line(res) == line
+
+
+def test_busy_status_port_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        res = run("proxy", "--listen", "127.0.0.1:0", "--upstream", f"127.0.0.1:{free_port()}",
+                  "--status-addr", str(port), "--record", str(tmp_path / "rec"), env={"KAFKATAP_LOG_FORMAT": "json"})
+    assert res.returncode == 2, res.stderr
+    assert "Traceback" not in res.stderr
+    errors = [json.loads(ln) for ln in res.stderr.splitlines() if ln.startswith("{") and '"error"' in ln]
+    errors = [e for e in errors if e.get("level") == "error"]
+    assert len(errors) == 1, res.stderr
+    assert errors[0]["event"] == "cannot serve the status endpoint" and "in use" in errors[0]["error"]
+
+
+def test_help_says_where_a_bare_port_binds() -> None:
+    text = " ".join(run("proxy", "--help").stdout.split())
+    assert "A bare PORT (or :PORT) binds 0.0.0.0" in text and "A bare PORT binds 127.0.0.1" in text
+
+
+# ---------------------------------------------------------------- iptables
+def test_iptables_apply_and_remove_exclude_each_other() -> None:
+    res = run("iptables", "--apply", "--remove")
+    assert res.returncode == 2
+    assert error_line(res) == "Error: --apply and --remove exclude each other: give one (the default is --dry-run)"
+    assert res.stdout == ""  # nothing ran, nothing was printed as done
+
+
+def test_iptables_dry_run_says_so_and_names_resolve_visibly() -> None:
+    res = run("iptables", "--broker", "localhost:9092")
+    assert res.returncode == 0
+    notes = res.stderr.splitlines()
+    assert notes[-1] == "dry run: nothing was changed; these are the commands --apply would run (as root)"
+    resolved = [n for n in notes if n.startswith("--broker localhost:9092: localhost resolved once, now, to ")]
+    assert len(resolved) == 1 and "127.0.0.1" in resolved[0]
+    assert "-d 127.0.0.1 --dport 9092 -j REDIRECT" in res.stdout  # the rule holds the address, not the name
+    assert all(ln.startswith(("iptables ", "ip6tables ")) for ln in res.stdout.splitlines())  # stdout: commands only
+
+
+def test_iptables_mark_help_shows_a_real_default() -> None:
+    text = " ".join(run("iptables", "--help").stdout.split())
+    assert "_INT_AUTO_BASE" not in text and "--mark INT" in text and "[default: 0x4b54" in text
+
+
+# ---------------------------------------------------------------- analyze: input checked before Spark
+def test_analyze_missing_path(tmp_path: Path) -> None:
+    res = run("analyze", str(tmp_path / "nope"), "--out", str(tmp_path / "out"))
+    assert res.returncode == 2
+    assert error_line(res) == f"Error: Invalid value for 'DIR': {tmp_path / 'nope'} does not exist"
+    assert not (tmp_path / "out").exists()
+
+
+def test_analyze_one_dataset_hints_at_the_parent(tmp_path: Path) -> None:
+    (tmp_path / "rec" / "requests").mkdir(parents=True)
+    res = run("analyze", "rec/requests", "--out", "out", cwd=tmp_path)
+    assert res.returncode == 2
+    assert error_line(res) == ("Error: Invalid value for 'DIR': rec/requests is one dataset (requests/) of a "
+                               "recording: use the parent directory, `kafkatap analyze rec …`")
+
+
+def test_analyze_compare_side_is_checked_too(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    res = run("analyze", "--compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "o"))
+    assert res.returncode == 2 and "Invalid value for '--compare'" in error_line(res)
+
+
+def test_analyze_checks_the_master_before_the_jvm_starts(tmp_path: Path) -> None:
+    res = run("analyze", str(tmp_path), "--out", str(tmp_path / "o"), "--master", "nowhere://x")
+    assert res.returncode == 2 and error_line(res) == (
+        "Error: Invalid value for '--master': 'nowhere://x' is not a Spark master: local, local[N], local[*], "
+        "spark://HOST:PORT, yarn, k8s://URL")
+
+
+def test_analyze_refuses_before_the_jvm_starts(tmp_path: Path) -> None:
+    """A bad input costs no JVM start (3-4 s): the check runs before anything imports pyspark."""
+    code = ("import sys; from analytics.cli import analyze\n"
+            f"try: analyze([{str(tmp_path / 'nope')!r}, '--out', {str(tmp_path / 'o')!r}], standalone_mode=False)\n"
+            "except Exception as exc: print(type(exc).__name__)\n"
+            "print('pyspark' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.stdout.split() == ["BadParameter", "False"], out.stderr
+
+
+@pytest.mark.spark
+def test_analyze_failure_leaves_no_empty_out(tmp_path: Path) -> None:
+    """Spark itself fails (its JVM refuses the settings): one line, and the OUT it created, parents included, is gone."""
+    from analytics.synthetic import write_rows
+    from recording.sample_rows import connection_row
+
+    rec = tmp_path / "rec"
+    write_rows(rec, "connections", [connection_row("p1", "c1")])
+    res = run("analyze", str(rec), "--out", str(tmp_path / "new" / "out"), "--conf", "spark.driver.memory=lots", "-q")
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert res.stderr.splitlines()[-1] == ("Error: Spark's JVM did not start (its own message is above): check --master "
+                                           "and --conf")
+    assert not (tmp_path / "new").exists(), list(tmp_path.rglob("*"))
+
+
+# ---------------------------------------------------------------- every --help example parses
+def _commands(cmd: click.Command, ctx: click.Context) -> Iterator[tuple[click.Command, click.Context]]:
+    yield cmd, ctx
+    if isinstance(cmd, click.Group):
+        for name in cmd.list_commands(ctx):
+            sub = cmd.get_command(ctx, name)
+            assert sub is not None
+            yield from _commands(sub, click.Context(sub, info_name=name, parent=ctx))
+
+
+def _help_examples() -> list[tuple[str, str]]:
+    """(where, command line) for every `kafkatap …` line of every --help, and of the README's code blocks."""
+    found = []
+    for cmd, ctx in _commands(cli, click.Context(cli, info_name="kafkatap")):
+        text = re.sub(r"\\\n\s*", " ", cmd.get_help(ctx))  # a continued line (ending in a backslash) is one example
+        for line in text.splitlines():
+            if line.strip().startswith("kafkatap "):
+                found.append((ctx.command_path, line.strip()))
+    readme = (ROOT / "README.md").read_text().split("```")
+    for block in readme[1::2]:
+        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+            line = line.strip().removeprefix("./go ")
+            if line.startswith("kafkatap "):
+                found.append(("README.md", line))
+    return found
+
+
+EXAMPLES = _help_examples()
+ELIDED = {"proxy": ["--listen", ":19092", "--upstream", "b1:9092"]}  # what "…" stands for in an example
+
+
+def test_every_command_has_examples() -> None:
+    where = {w for w, _ in EXAMPLES}
+    for path in ("kafkatap kafka up", "kafkatap kafka down", "kafkatap kafka status", "kafkatap scenario list",
+                 "kafkatap scenario run", "kafkatap replay", "kafkatap top", "kafkatap iptables", "kafkatap analyze",
+                 "kafkatap proxy", "kafkatap demo"):
+        assert path in where, f"`{path} --help` shows no example"
+
+
+@pytest.mark.parametrize("where, line", EXAMPLES, ids=[f"{w}: {ln}" for w, ln in EXAMPLES])
+def test_help_example_parses(where: str, line: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each example goes through click's whole parser (types, required options, callbacks), not run."""
+    args = shlex.split(line, comments=True)[1:]
+    if "..." in args or "…" in args:  # "kafkatap proxy ... --fault X": the elided part is the usual routes
+        i = args.index("..." if "..." in args else "…")
+        assert args[0] in ELIDED, f"{where}: `{line}` elides arguments of a command without a stand-in"
+        args[i:i + 1] = ELIDED[args[0]]
+    monkeypatch.chdir(tmp_path)
+    for a in args:  # examples name directories (rec/ …) that must exist for click.Path(exists=True)
+        if a.endswith("/") and not a.startswith(("/", "-")) and "://" not in a and "*" not in a:
+            (tmp_path / a).mkdir(parents=True, exist_ok=True)
+    cmd: click.Command = cli
+    ctx = click.Context(cli, info_name="kafkatap")
+    while isinstance(cmd, click.Group):
+        assert args and args[0] in cmd.list_commands(ctx), f"{where}: {line}: not a command"
+        name, args = args[0], args[1:]
+        cmd = cmd.get_command(ctx, name)
+        ctx = click.Context(cmd, info_name=name, parent=ctx)
+    try:
+        cmd.make_context(ctx.info_name, args, parent=ctx.parent)
+    except click.UsageError as exc:
+        pytest.fail(f"{where}: `{line}` does not parse: {exc.format_message()}")
+
+
+def test_kafka_up_takes_kafka_version_like_every_other_command() -> None:
+    text = run("kafka", "up", "--help").stdout
+    assert "--kafka-version" in text and "--version " not in text  # the old spelling is hidden
+    up = cli.get_command(click.Context(cli), "kafka").get_command(click.Context(cli), "up")  # type: ignore[union-attr]
+    ctx = up.make_context("up", ["--version", "3.7.2"])  # still accepted (deprecated)
+    assert ctx.params["old_version"] == "3.7.2"
+
+
+# ---------------------------------------------------------------- top without a proxy
+def test_top_without_a_proxy_is_one_clear_line() -> None:
+    port = free_port()
+    res = run("top", "--addr", str(port), "--once")
+    assert res.returncode == 1
+    assert res.stderr.strip().splitlines() == [
+        f"Error: no proxy status endpoint at {port} (connection refused). Is the proxy running with "
+        f"--status-addr {port}?"]
+
+
+# ---------------------------------------------------------------- top: per client, nothing cut silently
+def _conn_row(conn: str, client: str, sw: str, ver: str | None, broker: str, addr: str, errors: bool = False) -> dict:
+    return {"proxy_id": "p1", "conn_id": conn, "api_key": 0, "api_name": "Produce", "api_version": 9,
+            "client_id": client, "client_addr": addr, "broker_addr": broker, "status": "answered",
+            "request_bytes": 100, "response_bytes": 50, "latency_us": 1500, "broker_latency_us": 1200,
+            "topics": ["orders"], "errors": [{"name": "NOT_LEADER_OR_FOLLOWER"}] if errors else [],
+            "client_software_name": sw, "client_software_version": ver}
+
+
+def _stats():
+    from proxy.metrics import LiveStats
+
+    stats = LiveStats("p1")
+    stats.request(_conn_row("c1", "billing", "kafka-python", "3.0.12", "10.0.0.1:9092", "10.0.0.9:5000"))
+    stats.request(_conn_row("c2", "billing", "kafka-python", "3.0.12", "10.0.0.2:9092", "10.0.0.9:5001", errors=True))
+    stats.request(_conn_row("c3", "analytics", "confluent-kafka-python", "2.6.1-rdkafka-2.6.1", "10.0.0.1:9092",
+                            "10.0.0.7:4000"))
+    stats.request(_conn_row("c4", "x" * 40, "apache-kafka-java-with-a-very-long-build-name", "3.7.2-SNAPSHOT-build-12345",
+                            "10.0.0.1:9092", "10.0.0.8:4000"))
+    return stats
+
+
+def test_top_shows_one_row_per_client_with_whole_versions() -> None:
+    from proxy.live import parse_metrics, render, snapshot_counts
+
+    stats = _stats()
+    metrics = parse_metrics(stats.render_prometheus())
+    prev = (0.0, snapshot_counts(stats.clients_json(), metrics))
+    screen = render(stats.clients_json(), metrics, prev, 1.0, 400, 50, False).splitlines()
+    assert "with an error response 1" in screen[0]  # the failed-requests count says what it counts
+    billing = [ln for ln in screen if ln.startswith("billing ")]
+    assert len(billing) == 1  # two connections (two brokers), one client
+    cells = billing[0].split()
+    assert cells[2:4] == ["kafka-python", "3.0.12"] and cells[4] == "10.0.0.9" and cells[5:7] == ["2", "2"]
+    assert any("confluent-kafka-python 2.6.1-rdkafka-2.6.1" in ln for ln in screen)  # version kept
+    long = [ln for ln in screen if ln.startswith("x")]
+    assert len(long) == 1 and "…" in long[0]  # what does not fit is cut visibly
+    per_conn = render(stats.clients_json(), metrics, prev, 1.0, 400, 50, False, per_connection=True).splitlines()
+    assert len([ln for ln in per_conn if ln.startswith("billing ")]) == 2
+
+
+def test_top_once_rates_and_per_connection(tmp_path: Path) -> None:
+    """`top --once` against a real status endpoint (a proxy process, no broker needed): REQ/S is a number."""
+    from harness.kafka import free_port as kafka_free_port
+
+    status = kafka_free_port()
+    proc = subprocess.Popen(KAFKATAP + ["proxy", "--listen", "127.0.0.1:0", "--upstream", f"127.0.0.1:{free_port()}",
+                                        "--status-addr", str(status), "--workers", "1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # the proxy says when its endpoint listens: that line is the event awaited
+            if "status endpoint listening" in line:
+                break
+        else:
+            pytest.fail("the proxy exited before its status endpoint listened")
+        res = run("top", "--addr", str(status), "--once", "--interval", "0.2")
+        assert res.returncode == 0, res.stderr
+        head = res.stdout.splitlines()[0]
+        assert "0 req/s" in head and "showing clients" in res.stdout.splitlines()[1]
+        res = run("top", "--addr", str(status), "--once", "--interval", "0.2", "--per-connection")
+        assert res.returncode == 0 and "showing connections" in res.stdout
+        _interactive_top_switches_view(status)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def _interactive_top_switches_view(status: int) -> None:
+    """On a terminal, c switches between per-client and per-connection rows and q quits (exit 0)."""
+    import pty
+    import select
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(KAFKATAP + ["top", "--addr", str(status), "--interval", "0.2"], stdin=slave, stdout=slave,
+                            stderr=slave, cwd=ROOT, close_fds=True)
+    os.close(slave)
+    seen = b""
+
+    def until(marker: bytes) -> None:
+        nonlocal seen
+        seen = b""
+        while marker not in seen:  # each refresh is written to the terminal: the screen is the event
+            ready, _, _ = select.select([master], [], [], 30)
+            assert ready, f"top never showed {marker!r}: {seen[-500:]!r}"
+            seen += os.read(master, 65536)
+
+    try:
+        until(b"showing clients")
+        os.write(master, b"c")
+        until(b"showing connections")
+        os.write(master, b"q")
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
