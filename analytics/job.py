@@ -29,7 +29,7 @@ from analytics.progress import Progress
 from analytics.report.html import connection_pages, render
 from analytics.result import AnalysisResult
 from analytics.session import get_spark
-from analytics.transforms import bypass, clients, compare, connections, drilldown, errors, faults, latency, overview, produce_fetch, rollups, tcp
+from analytics.transforms import brokers, bypass, clients, compare, connections, drilldown, errors, faults, latency, overview, produce_fetch, rollups, tcp
 from analytics.transforms.common import prepare_requests
 from analytics.transforms.cube import latency_cube, percentile_views
 
@@ -105,7 +105,8 @@ def table_plan(i: Inputs, bucket_s: int) -> dict[str, Callable[[], DataFrame]]:
         "produce_compression": lambda: produce_fetch.produce_compression(i.rollup),
         "produce_rate_by_topic": lambda: produce_fetch.produce_rate_by_topic(i.topics),
         "fetch_by_consumer": lambda: produce_fetch.fetch_by_consumer(i.topics),
-        **({} if i.requests is None else {"bypass": lambda: bypass.bypassed_addresses(i.requests)}),
+        **({} if i.requests is None else {"bypass": lambda: bypass.bypassed_addresses(i.requests),
+                                          "brokers": lambda: brokers.broker_ids(i.requests, i.conns)}),
         **({} if i.requests is None else {  # injected Kafka faults and the clients' reactions (issue 17)
             "fault_reactions_by_library": lambda: faults.fault_reactions_by_library(faults.fault_reactions(i.requests)),
             "fault_reactions": lambda: faults.fault_reactions(i.requests),

@@ -34,6 +34,7 @@ from protocol import codec
 from protocol.apis import APIS, in_versions
 from protocol.errors import ProtocolError
 from protocol.frames import response_body
+from protocol.summaries.varint import Over, uv
 
 __all__ = ["Endpoint", "SeenAddress", "Rewritten", "NotExact", "endpoints", "address_apis", "find_addresses",
            "rewrite_response", "rewrite_body"]
@@ -163,16 +164,11 @@ _TAGS: dict[tuple[int, int], frozenset[int] | None] = {}
 
 
 def _uv(d: Any, p: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        b = d[p]
-        p += 1
-        value |= (b & 0x7F) << shift
-        if b < 0x80:
-            return value, p
-        shift += 7
-        if shift > 35:
-            raise ValueError("varint longer than 5 bytes")
+    """An unsigned varint at p (the one varint reader); ValueError when the body is malformed or ends early."""
+    try:
+        return uv(d, p, len(d))
+    except (Over, ProtocolError) as exc:
+        raise ValueError(f"bad varint at {p}") from exc
 
 
 def _skip_len(d: Any, p: int, compact: bool, wide: bool) -> tuple[int, int]:

@@ -129,9 +129,32 @@ def conn_page(conn_id: str) -> str:
     return "connections/" + re.sub(r"[^A-Za-z0-9._-]", "_", conn_id) + ".html"
 
 
+BROKER_COLUMNS = frozenset({"broker_addr", "told_by", "brokers"})  # cells that name brokers by address
+
+
+def node_ids(rows: Rows) -> dict[str, int]:
+    """address -> node id from the `brokers` table (the latest node an address was said to be)."""
+    latest: dict[str, tuple[Any, int]] = {}
+    for r in rows:
+        seen = r.get("last_seen")
+        if r["address"] not in latest or (seen is not None and latest[r["address"]][0] is not None
+                                          and seen > latest[r["address"]][0]):
+            latest[r["address"]] = (seen, r["node_id"])
+    return {a: n for a, (_, n) in latest.items()}
+
+
+def with_node(text: str, nodes: dict[str, int]) -> str:
+    """ "host:port" -> "host:port (node N)" when the node is known; lists are labelled item by item."""
+    return ", ".join(f"{a} (node {nodes[a]})" if a in nodes else a for a in text.split(", "))
+
+
 def table_html(name: str, rows: Rows, limit: int = SHOW_ROWS, hide: tuple[str, ...] = HIDDEN,
-               links: frozenset[str] = frozenset(), prefix: str = "", columns: Sequence[str] | None = None) -> str:
-    """A table with human headers; conn ids with a drill-down page are links; very wide tables show their first columns."""
+               links: frozenset[str] = frozenset(), prefix: str = "", columns: Sequence[str] | None = None,
+               nodes: dict[str, int] | None = None) -> str:
+    """A table with human headers; conn ids with a drill-down page are links; very wide tables show their first columns.
+
+    `nodes` (address -> node id) puts the node id beside every broker address.
+    """
     if not rows:
         return '<p class="empty">no rows</p>'
     visible = [c for c in (columns or rows[0].keys()) if c not in hide]
@@ -143,6 +166,8 @@ def table_html(name: str, rows: Rows, limit: int = SHOW_ROWS, hide: tuple[str, .
         for c in cols:
             v = r.get(c)
             text, num = _cell(v, c)
+            if nodes and c in BROKER_COLUMNS and text:
+                text = with_node(text, nodes)
             full = _cell(v)[0] if isinstance(v, (list, tuple)) else text
             tip = f' title="{escape(full)}"' if len(full) > 24 else ""
             if c in ("conn_id", "example_conn_id") and isinstance(v, str) and v in links:
@@ -319,6 +344,7 @@ SECTIONS: list[tuple[str, str, str, list[tuple[str, str, Chart | None]]]] = [
         ("client_inventory", "Client inventory", _c_bars("client_id+role", {"requests": "requests"}, axis="requests over the whole recording")),
         ("topic_view", "Topics: who writes and who reads", _c_bars("topic", {"bytes_produced": "produced", "bytes_fetched": "fetched"}, "B", sort="bytes_produced", axis="record bytes")),
         ("group_protocols", "Groups and their protocol (classic / consumer / share / streams)", None),
+        ("brokers", "Brokers: node id and address (from the Metadata answers relayed)", None),
     ]),
     ("throughput", "Throughput over time", "Bytes per second each way (client → broker, broker → client) and records produced per second, "
                                            "per topic and per client; the busiest are drawn, the rest summed as “(others)”.", [
@@ -442,6 +468,7 @@ def render(result: AnalysisResult, filters: str = "none") -> str:
     t = result.tables
     ov = result.overview
     links = drilled(result)
+    nodes = node_ids(t.get("brokers", []))
     start, end = _cell(ov.get("start"))[0], _cell(ov.get("end"))[0]
     nav = ['<a href="#findings">Findings</a>']
     body = ['<section id="findings"><h2>Findings</h2><p class="intro">Ranked diagnoses, most important first, each with its evidence.</p>'
@@ -462,7 +489,7 @@ def render(result: AnalysisResult, filters: str = "none") -> str:
                 except Exception as exc:  # a chart must never cost the table
                     parts.append(f'<p class="note">chart unavailable: {escape(str(exc))}</p>')
             shown = SUMMARIES[name](rows, result.bucket_s) if name in SUMMARIES else rows
-            parts.append(table_html(name, shown, links=links, columns=COLUMNS_SHOWN.get(name)))
+            parts.append(table_html(name, shown, links=links, columns=COLUMNS_SHOWN.get(name), nodes=nodes))
         parts.append("</section>")
         body.append("".join(parts))
     if links:

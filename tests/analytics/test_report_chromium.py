@@ -155,6 +155,11 @@ def test_new_views_have_data(real_report: AnalysisResult) -> None:
     span = re.search(r"<b>([^<]*)</b><span>span</span>", html)
     assert span and re.fullmatch(r"\d+(\.\d)? s|\d+ min( \d+ s)?", span[1]), span  # "14 s", not "0.2 min"
     assert "bytes client → broker" in html and "bytes in / out" not in html
+    # broker ids beside addresses: the broker behind the proxy listener is node 1 (one-node cluster)
+    nodes = {(r["address"], r["node_id"]) for r in t["brokers"]}
+    upstreams = {r["broker_addr"] for r in t["connection_facts"] if r.get("broker_addr")}
+    assert upstreams and all((a, 1) in nodes for a in upstreams), (nodes, upstreams)
+    assert f"{sorted(upstreams)[0]} (node 1)" in _section(html, "latency")
 
 
 def test_connection_page_tells_the_story(real_report: AnalysisResult) -> None:

@@ -82,3 +82,15 @@ def test_drilled_connections_are_the_referenced_ones_examples_first_and_capped()
     ids = referenced_connections(tables, cap=10)
     assert ids[:3] == ["e1", "e2", "e3"] and len(ids) == 10 and "old" not in ids
     assert ids[3:6] == ["s0", "s1", "s2"]
+
+
+def test_broker_addresses_carry_their_node_id() -> None:
+    from analytics.report.html import node_ids
+
+    nodes = node_ids([{"address": "10.0.0.1:9092", "node_id": 1, "last_seen": T0},
+                      {"address": "10.0.0.2:9092", "node_id": 7, "last_seen": T0},
+                      {"address": "10.0.0.2:9092", "node_id": 2, "last_seen": T0 + dt.timedelta(seconds=5)}])
+    assert nodes == {"10.0.0.1:9092": 1, "10.0.0.2:9092": 2}  # a replaced broker: the latest node
+    html = table_html("x", [{"broker_addr": "10.0.0.2:9092", "told_by": ["10.0.0.1:9092", "10.9.9.9:1"]}], nodes=nodes)
+    assert "10.0.0.2:9092 (node 2)" in html and "10.0.0.1:9092 (node 1), 10.9.9.9:1<" in html
+    assert "(node" not in table_html("x", [{"broker_addr": "10.0.0.2:9092"}])

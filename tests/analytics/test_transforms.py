@@ -235,3 +235,22 @@ def test_new_group_protocols_name_their_members_and_groups(make_df) -> None:
     assert {g: x["protocol"] for g, x in groups.items()} == {
         "g-new": "consumer", "g-share": "share", "g-streams": "streams", "g-old": "classic", "g-offsets-only": "unknown"}
     assert groups["g-share"]["clients"] == ["sh"] and groups["g-share"]["requests"] == 2
+
+
+def test_broker_ids_come_from_the_relayed_metadata_answers(make_df) -> None:
+    from analytics.transforms.brokers import broker_ids
+
+    t0 = 1_700_000_000_000_000_000
+    rows = [
+        {"conn_id": "c1", "api_name": "Metadata", "req_first_ns": t0, "advertised": ["1@127.0.0.1:9093", "2@127.0.0.1:9094"]},
+        {"conn_id": "c1", "api_name": "Metadata", "req_first_ns": t0 + 10**9, "advertised": ["1@127.0.0.1:9093"]},
+        {"conn_id": "c2", "api_name": "FindCoordinator", "req_first_ns": t0, "advertised": ["127.0.0.1:9093"]},  # no id
+        {"conn_id": "c3", "api_name": "Produce", "req_first_ns": t0, "advertised": None},
+    ]
+    got = [(r["address"], r["node_id"], r["answers"])
+           for r in broker_ids(prepare_requests(make_df("requests", rows))).collect()]
+    assert got == [("127.0.0.1:9093", 1, 2), ("127.0.0.1:9094", 2, 1)]
+    # explicit mode: the broker advertises the proxy listener; connections accepted there reach 10.0.0.2:9092
+    conns = make_df("connections", [{"conn_id": "c1", "listener": "127.0.0.1:9094", "broker_addr": "10.0.0.2:9092"}])
+    got = {(r["address"], r["node_id"]) for r in broker_ids(prepare_requests(make_df("requests", rows)), conns).collect()}
+    assert got == {("127.0.0.1:9093", 1), ("127.0.0.1:9094", 2), ("10.0.0.2:9092", 2)}

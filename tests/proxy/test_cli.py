@@ -8,25 +8,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from proxy_upstreams import EchoServer
 from harness.kafka import free_port
+from proxy_procs import wait_listening
 
 KAFKATAP = [sys.executable, "-m", "kafkatap.cli"]
-
-
-def _wait_listening(port: int, proc: subprocess.Popen, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:  # a subprocess has no event to await but its port
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise AssertionError("proxy did not listen")
 
 
 def test_cli_proxy_logs_and_graceful_sigterm(tmp_path: Path):
@@ -37,7 +25,7 @@ def test_cli_proxy_logs_and_graceful_sigterm(tmp_path: Path):
                                             f"127.0.0.1:{echo.port}", "--record", str(tmp_path / "rec")],
                                 stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         try:
-            _wait_listening(port, proc)
+            wait_listening(port, proc)
             c = socket.create_connection(("127.0.0.1", port))
             c.sendall(b"hello")
             assert c.recv(5) == b"hello"
@@ -50,7 +38,7 @@ def test_cli_proxy_logs_and_graceful_sigterm(tmp_path: Path):
                 proc.kill()
     lines = [json.loads(ln) for ln in proc.stderr.read().splitlines() if ln.startswith("{")]
     closed = [ln for ln in lines if ln["event"] == "connection closed"]
-    # the probe connection from _wait_listening plus ours
+    # the probe connection from wait_listening plus ours
     assert closed and all({"conn_id", "client", "broker"} <= set(ln) for ln in closed)
     assert any(ln["end_reason"] == "proxy_shutdown" for ln in closed)
     assert list((tmp_path / "rec").rglob("*.parquet")), "recording flushed on shutdown"
@@ -74,7 +62,7 @@ def test_cli_debug_logs_one_line_per_request(tmp_path: Path):
                                             "--upstream", f"127.0.0.1:{echo.port}"],
                                 stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         try:
-            _wait_listening(port, proc)
+            wait_listening(port, proc)
             body = struct.pack(">hhih", 18, 0, 7, 3) + b"dbg"
             frame = struct.pack(">i", len(body)) + body
             c = socket.create_connection(("127.0.0.1", port))

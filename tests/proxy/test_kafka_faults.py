@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from harness.wire import WireClient
 from protocol.apis import API_VERSIONS, FIND_COORDINATOR, HEARTBEAT, METADATA, OFFSET_COMMIT, PRODUCE
 from proxy.kafka_faults import FaultRules, KafkaFaultLayer
 from proxy.running import RunningProxy
+from proxy_procs import wait_listening
 
 pytestmark = [pytest.mark.kafka]
 KAFKATAP = [sys.executable, "-m", "kafkatap.cli"]
@@ -201,16 +201,6 @@ def test_delay_throttle_and_drop_as_the_wire_sees_them(proxied_kafka, sink) -> N
 
 
 # --------------------------------------------------------------------------- runtime control, the real CLI
-def _wait_port(port: int, proc: subprocess.Popen, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:  # a subprocess has no event to await but its port
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise AssertionError("not listening")
 
 
 def _fault_cli(*args: str) -> subprocess.CompletedProcess:
@@ -221,8 +211,8 @@ def _cli_proxy(proxied_kafka, status_port: int, *extra: str) -> subprocess.Popen
     proc = subprocess.Popen(KAFKATAP + ["proxy", "--route", proxied_kafka.route, "--status-addr", str(status_port),
                                         *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, KAFKATAP_LOG_FORMAT="json"))
-    _wait_port(status_port, proc)
-    _wait_port(proxied_kafka.proxy_port, proc)
+    wait_listening(status_port, proc)
+    wait_listening(proxied_kafka.proxy_port, proc)
     return proc
 
 
