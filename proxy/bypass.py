@@ -41,9 +41,12 @@ class BypassCheck:
     """Tells which advertised addresses lead around the proxy (pure: fed the listeners and upstreams)."""
 
     def __init__(self, listen_addrs: Callable[[], Iterable[tuple[str, int]]],
-                 upstreams: Iterable[tuple[str, int]]) -> None:
+                 upstreams: Iterable[tuple[str, int]], fronted_by: Iterable[tuple[str, int]] = ()) -> None:
         self._listen_addrs = listen_addrs
         self._upstreams = {(h, p) for h, p in upstreams}
+        # addresses that reach this proxy through something in front of it (a load balancer, NAT, another
+        # proxy): the proxy cannot see that from the bytes, the operator says so (--fronted-by)
+        self._fronted_by = {(h, p) for h, p in fronted_by}
 
     def around(self, advertised: Iterable[str]) -> list[str]:
         """The addresses of `advertised` that are not the proxy's, in order, without repeats."""
@@ -52,7 +55,7 @@ class BypassCheck:
         for text in advertised:
             text = text.rpartition("@")[2]  # brokers come as "node_id@host:port"
             addr = _split(text)
-            if addr is None or text in out:
+            if addr is None or text in out or addr in self._fronted_by:
                 continue
             if addr[1] not in ports or addr in self._upstreams:
                 out.append(text)
@@ -83,7 +86,8 @@ class BypassSink:
                         "clients are being sent around the proxy: the broker advertises addresses this proxy does "
                         "not listen for, so their traffic is not recorded. Use --cluster BOOTSTRAP:PORT (rewrites "
                         "broker addresses, no broker change), or set the brokers' advertised.listeners to the "
-                        "proxy's listeners",
+                        "proxy's listeners; if these addresses do lead here through a load balancer, NAT or another "
+                        "proxy in front of this one, say so with --fronted-by HOST:PORT",
                         addresses=new, api=row.get("api_name"), client=row.get("client_addr"),
                         proxy_listeners=self._listeners())
         self.inner.request(row)

@@ -141,6 +141,9 @@ Examples:
               help="Broker for the --listen at the same position. The broker must advertise the proxy's "
                    "address (advertised.listeners), since bytes are forwarded unchanged; otherwise clients go "
                    "around the proxy (logged as a bypass) — use --cluster instead.")
+@click.option("--fronted-by", "fronted_by", multiple=True, metavar="HOST:PORT", callback=_check_addr,
+              help="An address that leads to this proxy through something in front of it (a load balancer, NAT, "
+                   "another proxy), as the brokers advertise it: not reported as a bypass (repeatable).")
 @click.option("--route", "route_specs", multiple=True, metavar="LISTEN=UPSTREAM",
               help="A listener and its broker in one argument, e.g. 0.0.0.0:19092=broker1:9092 (repeatable).")
 @click.option("--transparent", is_flag=True,
@@ -188,7 +191,7 @@ def proxy(ctx: click.Context, listens: tuple[str, ...], upstreams: tuple[str, ..
           transparent: bool, connect_timeout: float, tcp_info_interval: float, no_tcp_info: bool,
           idle_timeout: float | None, shutdown_timeout: float, mark: int | None, no_mark: bool,
           faults: tuple[str, ...], fault_seed: int | None, no_decode: bool, no_resolve_topics: bool,
-          **rec: object) -> None:
+          fronted_by: tuple[str, ...], **rec: object) -> None:
     """Run the recording proxy: forward every byte unchanged, time every request, explain every close.
 
     \b
@@ -256,6 +259,7 @@ def proxy(ctx: click.Context, listens: tuple[str, ...], upstreams: tuple[str, ..
                          idle_timeout=idle_timeout, shutdown_timeout=shutdown_timeout, so_mark=mark,
                          observe=not no_decode, log_requests=log_requests,
                          resolve_topics=not no_resolve_topics,
+                         fronted_by=[parse_hostport(a, allow_zero=False) for a in fronted_by],
                          cluster=cluster.mode(routes[0].listen) if cluster.cluster is not None else None,
                          tls_server=tls.server, upstream_tls=tls.upstream))
     sys.exit(code)

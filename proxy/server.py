@@ -118,6 +118,7 @@ class ProxyServer:
         cluster: Any = None,
         tls_server: Any = None,
         upstream_tls: Any = None,
+        fronted_by: Sequence[tuple[str, int]] = (),
     ) -> None:
         self.routes = [r if isinstance(r, Route) else Route.parse(r) for r in routes]
         if not self.routes:
@@ -139,6 +140,7 @@ class ProxyServer:
         # frame-editing factories (proxy.intercept), asked at every accept; a list so that one added later
         # (add_interceptor) applies to the connections accepted after it
         self.interceptors: list[Callable[[Any], Any]] = list(interceptors)
+        self.fronted_by = list(fronted_by)  # addresses that lead here through a middlebox: not a bypass
         # cluster mode (proxy.cluster.ClusterMode): per-broker listeners and address rewriting
         self.cluster = cluster
         self.tls_server = tls_server  # ssl.SSLContext: every listener terminates the clients' TLS (proxy.tls)
@@ -230,7 +232,8 @@ class ProxyServer:
         """Plain explicit mode: rows go through the bypass check (proxy.bypass); other modes need none."""
         if self.cluster is not None or any(r.upstream is None for r in self.routes):
             return self._emit
-        check = BypassCheck(lambda: self._listen_addrs, [r.upstream for r in self.routes if r.upstream])
+        check = BypassCheck(lambda: self._listen_addrs, [r.upstream for r in self.routes if r.upstream],
+                            self.fronted_by)
         self.bypass = BypassSink(self._emit, check, lambda: [format_addr(a) for a in self._listen_addrs])
         return self.bypass
 

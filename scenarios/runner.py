@@ -333,7 +333,11 @@ def run_scenario(
                 else:
                     sink = NullSink()
                 route = ["%s:%d=%s" % (*listen[p.name], up)]
-                kw = dict(sink=sink, faults=p.faults, proxy_id=p.name, tcp_info_interval=2.0)
+                kw = dict(sink=sink, faults=p.faults, proxy_id=p.name, tcp_info_interval=2.0,
+                          # a proxy in front of this one (the demo's "firewall"): its address leads here, the
+                          # broker advertising it is no bypass
+                          fronted_by=[_addr_of(q.advertise or "%s:%d" % listen[q.name])
+                                      for q in scenario.proxies if q.upstream == p.name])
                 layer = None
                 if p.kafka_faults:  # Kafka-level faults (proxy.kafka_faults): the layer on every connection
                     from proxy.kafka_faults import FaultRules, KafkaFaultLayer
@@ -476,3 +480,9 @@ def sigterm_as_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+def _addr_of(text: str) -> tuple[str, int]:
+    """"host:port" -> (host, port)."""
+    host, _, port = text.rpartition(":")
+    return host, int(port)

@@ -120,3 +120,9 @@ def test_bypass_is_counted_in_metrics_and_shown_in_top() -> None:
     line = top_line(metrics["kafkatap_bypass_advertised_total"])
     assert line is not None and "2 responses" in line and "127.0.0.1:29092" in line and "--cluster" in line
     assert top_line([]) is None
+
+
+def test_an_address_in_front_of_the_proxy_is_no_bypass() -> None:
+    """--fronted-by: a load balancer / NAT / another proxy forwards that address here."""
+    check = BypassCheck(lambda: [("127.0.0.1", 19092)], [("127.0.0.1", 29092)], fronted_by=[("10.1.1.1", 9092)])
+    assert check.around(["1@10.1.1.1:9092", "2@10.2.2.2:9092", "127.0.0.1:19092"]) == ["10.2.2.2:9092"]
