@@ -224,7 +224,15 @@ def test_fault_add_list_clear_reach_a_live_connection(proxied_kafka) -> None:
     try:
         with WireClient("127.0.0.1", proxied_kafka.proxy_port, client_id="live") as c:  # opened before the rule
             hb = {"group_id": "nobody", "generation_id": 1, "member_id": "m", "group_instance_id": None}
-            assert c.call(HEARTBEAT, 4, hb)["error_code"] != 16  # the broker's own answer
+            # on a fresh broker the group coordinator (__consumer_offsets) is created by the first lookup: until it
+            # is loaded the broker itself answers NOT_COORDINATOR, so wait for it before telling faults apart
+            deadline = time.monotonic() + 60
+            while c.call(FIND_COORDINATOR, 3, {"key": "nobody", "key_type": 0})["error_code"] != 0:
+                assert time.monotonic() < deadline, "the broker never found a coordinator for the group"
+                time.sleep(0.2)  # a broker-side state with no event to await: poll it
+            while (own := c.call(HEARTBEAT, 4, hb)["error_code"]) in (14, 15, 16):  # loading / not available / not coordinator
+                assert time.monotonic() < deadline, f"the broker's coordinator never loaded (error {own})"
+                time.sleep(0.2)
             added = _fault_cli("add", "--addr", str(status), "error=Heartbeat:NOT_COORDINATOR,nth=2")
             assert added.returncode == 0 and added.stdout.strip() == "added fault #1: error=Heartbeat:NOT_COORDINATOR,nth=2"
             codes = [c.call(HEARTBEAT, 4, hb)["error_code"] for _ in range(4)]
