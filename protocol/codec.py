@@ -382,17 +382,23 @@ class _Struct:
 _PLANS: dict[tuple[int, bool, int], _Struct] = {}
 
 
+def spec_fields(api_key: int, request: bool, version: int) -> list[dict[str, Any]]:
+    """The spec's field list of one (api, direction, version); UnknownApi when no spec describes it."""
+    info = APIS.get(api_key)
+    if info is None or not info.decodable(version):
+        raise UnknownApi(f"no schema for api {api_key} v{version}")
+    return info.schema(request, version)["fields"]
+
+
 def plan(api_key: int, request: bool, version: int) -> _Struct:
     """The compiled struct of one (api, direction, version); UnknownApi when no spec describes it."""
     key = (api_key, request, version)
     st = _PLANS.get(key)
     if st is None:
-        info = APIS.get(api_key)
-        if info is None or not info.decodable(version):
-            raise UnknownApi(f"no schema for api {api_key} v{version}")
-        schema = info.schema(request, version)
+        fields = spec_fields(api_key, request, version)
+        info = APIS[api_key]
         where = f"{info.name}{'Request' if request else 'Response'}"
-        st = _PLANS[key] = _Struct(schema["fields"], version, info.flexible(version), where)
+        st = _PLANS[key] = _Struct(fields, version, info.flexible(version), where)
     return st
 
 

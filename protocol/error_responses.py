@@ -33,9 +33,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol.apis import API_NAMES, API_VERSIONS, APIS, FETCH
-from protocol.codec import plan, snake
-from protocol.errors import ERROR_NAMES, UnknownApi
+from protocol.apis import API_NAMES, API_VERSIONS, FETCH
+from protocol.codec import plan, snake, spec_fields
+from protocol.errors import ERROR_NAMES
 
 __all__ = ["Where", "Entry", "error_response", "set_errors", "set_throttle", "request_entries",
            "error_code_by_name", "api_key_by_name", "ERROR_CODES"]
@@ -107,10 +107,7 @@ def _shape(api_key: int, request: bool, version: int) -> _Shape:
     key = (api_key, request, version)
     sh = _SHAPES.get(key)
     if sh is None:
-        info = APIS.get(api_key)
-        if info is None or not info.decodable(version):
-            raise UnknownApi(f"no schema for api {api_key} v{version}")
-        sh = _SHAPES[key] = _shape_of(info.schema(request, version)["fields"])
+        sh = _SHAPES[key] = _shape_of(spec_fields(api_key, request, version))
     return sh
 
 

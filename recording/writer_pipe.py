@@ -142,12 +142,7 @@ class WriterProcess:
                 self._cond.notify_all()
 
     def send(self, msg: Any) -> None:
-        if self.ended:
-            raise WriterGone(f"writer process ended (exit code {self.proc.poll()})")
-        try:
-            send(self.proc.stdin, msg)  # type: ignore[arg-type]
-        except (BrokenPipeError, ValueError, OSError) as exc:
-            raise WriterGone(f"writer process pipe broke: {exc}") from exc
+        self.send_raw(pickle.dumps(msg, protocol=5))
 
     def send_raw(self, payload: bytes) -> None:
         if self.ended:
