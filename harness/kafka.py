@@ -57,11 +57,24 @@ _BASE_PROPS = {
 }
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port the kernel just handed out and released (good enough on loopback)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port the kernel just handed out and released, never one this process was given before.
+
+    The kernel may hand the same released port out twice in a row; a caller that asks for a
+    broker port and then a proxy port before either binds would get a clash ("Address already in
+    use" on whichever starts second), so ports already given out in this process are redrawn.
+    """
+    for _ in range(1000):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise OSError("no fresh free port after 1000 draws")
 
 
 def port_is_free(host: str, port: int) -> bool:

@@ -20,6 +20,7 @@ from pathlib import Path
 import click
 import pytest
 
+from harness.kafka import free_port
 from kafkatap.cli import cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,12 +38,6 @@ def error_line(res: subprocess.CompletedProcess) -> str:
     assert len(lines) == 1, res.stderr
     assert "Traceback" not in res.stderr, res.stderr
     return lines[0]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------- ports: range-checked, once

@@ -20,7 +20,7 @@ import urllib.request
 from pathlib import Path
 
 import pyarrow.parquet as pq
-import test_cli  # a module, not its names: pytest would collect its tests here again
+from proxy_procs import wait_listening
 from proxy_upstreams import EchoServer
 
 from harness.kafka import free_port
@@ -99,7 +99,7 @@ def test_low_open_files_limit_raised_two_fds_per_connection_and_refusals_counted
             stdout=log_file, stderr=log_file, env=env, cwd=REPO)  # a file: a full pipe would block the proxy
         clients: list[socket.socket] = []
         try:
-            test_cli._wait_listening(port, proc)
+            wait_listening(port, proc)
             # 60 connections: 120 descriptors for the proxy; at four per connection (a dup per socket) under
             # the soft limit of 128 this was EMFILE, and uvloop then closed the listener without a word
             for _ in range(60):
@@ -140,7 +140,7 @@ def test_low_open_files_limit_raised_two_fds_per_connection_and_refusals_counted
     assert len(reserve_logs) == 1 and "reserved" in reserve_logs[0]["event"]
     assert not [ln for ln in lines if ln.get("level") == "error" and ln.get("reason") != "fd_reserve"], lines
     conns = pq.read_table(tmp_path / "rec" / "connections").to_pylist()
-    # every accepted connection was recorded (the probe connections of _wait_listening included)
+    # every accepted connection was recorded (the probe connections of wait_listening included)
     assert len({r["conn_id"] for r in conns if r["final"]}) >= 60 + 10 + 1
 
 
