@@ -623,3 +623,9 @@ class _EditorPort:
 
     def log(self, level: str, event: str, **kw: Any) -> None:
         self.conn.log(level, event, **kw)
+
+    def stopped(self, reason: str) -> None:
+        self.conn.facts.edit_stopped = reason
+
+    def unedited_oversize(self, size: int) -> None:
+        self.conn.facts.edit_oversize += 1

@@ -187,6 +187,12 @@ class EditorOutput(Protocol):
 
     def log(self, level: str, event: str, **kw: Any) -> None: ...
 
+    def stopped(self, reason: str) -> None:
+        """Editing gave up for the rest of the connection (recorded on the connection row, counted)."""
+
+    def unedited_oversize(self, size: int) -> None:
+        """A wanted frame over MAX_EDIT_FRAME went through unedited (recorded, counted)."""
+
 
 _HEAD, _STREAM, _WHOLE, _PASS = 0, 1, 2, 3
 
@@ -360,6 +366,9 @@ class FrameEditor:
         total = side.size + 4
         if wanted and total > MAX_EDIT_FRAME:
             self.oversize += 1
+            if self.oversize == 1:
+                self.out.log("warning", "frame too large to edit, forwarded unedited", size=total, bound=MAX_EDIT_FRAME)
+            self.out.unedited_oversize(total)
             wanted = False
         if wanted:
             side.mode = _WHOLE
@@ -531,6 +540,7 @@ class FrameEditor:
         self.passing = True
         self.pass_reason = reason
         self.out.log("warning", "editing stopped, relaying as is", reason=reason)
+        self.out.stopped(reason)
         now = self.clock()
         lost = 0
         if self.ready:  # answers made here: they can still go out if no broker response is half sent

@@ -109,7 +109,7 @@ class _Client:
 
     __slots__ = ("conn_id", "client_id", "software", "software_version", "client_addr", "broker_addr", "roles",
                  "topics", "requests", "errors", "bytes_in", "bytes_out", "first_seen_ns", "last_seen_ns",
-                 "open", "closed_mono", "end_reason", "opaque", "client_ids")
+                 "open", "closed_mono", "end_reason", "opaque", "client_ids", "edit_stopped", "edit_oversize")
 
     def __init__(self, conn_id: str, now_ns: int) -> None:
         self.conn_id = conn_id
@@ -131,6 +131,8 @@ class _Client:
         self.closed_mono = 0.0
         self.end_reason: str | None = None
         self.opaque = False
+        self.edit_stopped = False
+        self.edit_oversize = 0  # the latest row's count (rows are snapshots: the total adds the growth)
 
     def as_json(self, now_ns: int) -> dict[str, Any]:
         roles = role_names(self.roles)
@@ -185,6 +187,8 @@ class LiveStats:
         self.requests_dropped: dict[str, int] = {}
         self.relay_accounting: dict[str, int] = {}
         self.opaque_total = 0
+        self.edit_stopped_total = 0  # connections whose frame editor gave up (proxy.intercept)
+        self.edit_oversize_total = 0  # frames wanted for editing but over its bound, forwarded unedited
         self.connections_total = 0
         # reason → count of connections never accepted (EMFILE, fd reserve); the server's dict (proxy.listener)
         self.accept_failures: dict[str, int] = {}
@@ -277,6 +281,13 @@ class LiveStats:
         if row.get("opaque") and not c.opaque:
             c.opaque = True
             self.opaque_total += 1
+        if row.get("edit_stopped") and not c.edit_stopped:
+            c.edit_stopped = True
+            self.edit_stopped_total += 1
+        oversize = row.get("edit_oversize_frames") or 0
+        if oversize > c.edit_oversize:
+            self.edit_oversize_total += oversize - c.edit_oversize
+            c.edit_oversize = oversize
         if row.get("final") and c.open:
             c.open = False
             c.closed_mono = time.monotonic()
@@ -364,6 +375,14 @@ class LiveStats:
         family("kafkatap_opaque_connections_total", "counter",
                "Connections whose stream stopped being parsed (TLS, garbage, unknown framing).",
                [("", {}, self.opaque_total)])
+        family("kafkatap_edit_stopped_connections_total", "counter",
+               "Connections where the proxy was asked to edit (cluster rewriting, Kafka faults) but gave up and "
+               "relayed the rest unchanged (TLS, not Kafka framing, a stray response): the reason is on the "
+               "connection row (edit_stopped) and in one log line.",
+               [("", {}, self.edit_stopped_total)])
+        family("kafkatap_edit_oversize_frames_total", "counter",
+               "Frames the proxy was asked to edit but larger than its 64 MiB edit bound: forwarded unedited.",
+               [("", {}, self.edit_oversize_total)])
         family("kafkatap_accept_failures_total", "counter",
                "Client connections not accepted (emfile: out of descriptors; fd_reserve: refused to keep "
                "descriptors for the recorder), by reason.",

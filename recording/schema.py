@@ -162,6 +162,11 @@ CONNECTION_COLUMNS: list[Column] = [
     Column("last_request_acks", pa.int16(), "", "acks of the last request, when it was a Produce"),
     Column("last_request_topics", pa.list_(pa.string()), "", "topics of the last request"),
     Column("inferred_cause", pa.string(), "", "plain-language cause when the evidence supports one"),
+    Column("edit_stopped", pa.string(), "",
+           "why the proxy stopped editing this connection (cluster rewriting, Kafka faults) and relayed the rest "
+           "unchanged: TLS or not Kafka framing, a stray response, an oversize request head; null: it did not"),
+    Column("edit_oversize_frames", pa.int32(), "",
+           "frames the proxy was asked to edit but that exceeded the edit bound (64 MiB): forwarded unedited"),
     Column("tcp_client_open", TCP_STRUCT, "", "TCP_INFO of the client socket at accept"),
     Column("tcp_broker_open", TCP_STRUCT, "", "TCP_INFO of the broker socket after connect"),
     Column("tcp_client_close", TCP_STRUCT, "", "TCP_INFO of the client socket at the end"),

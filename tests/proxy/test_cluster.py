@@ -11,6 +11,7 @@ The full path runs on 4.3.1; a shorter one on 3.7.2 (`test_cluster_37`).
 
 from __future__ import annotations
 
+import socket
 import struct
 import time
 import uuid
@@ -104,6 +105,20 @@ def test_metadata_through_the_proxy_differs_from_the_broker_only_in_the_ports(cl
                     i = a.find(needle, i + 1)
             diff = {i for i, (x, y) in enumerate(zip(a, b)) if x != y}
             assert diff and diff <= allowed, (version, sorted(diff - allowed))
+
+
+def test_tls_hello_in_cluster_mode_is_relayed_unchanged_and_the_give_up_recorded(cluster, sink) -> None:
+    """TLS where Kafka framing should be, on an editing connection: the bytes reach the broker as they were (it closes on them),
+    and the connection row says why editing stopped, once."""
+    hello = bytes.fromhex("160301020001") + bytes(range(256)) * 2  # a ClientHello's first bytes: size 0x16030102
+    with cluster_proxy(cluster, sink) as p:
+        with socket.create_connection(p.listen_addr, timeout=30) as s:
+            s.sendall(hello)
+            while s.recv(65536):  # the broker drops a request of 369 MB: EOF, not a hang
+                pass
+        end = sink.wait_for(lambda k: [c for c in k.connections if c["final"]], timeout=30)[0]
+    assert end["edit_stopped"] and "TLS ClientHello" in end["edit_stopped"], end["edit_stopped"]
+    assert end["bytes_from_client"] == len(hello) and end["edit_oversize_frames"] is None
 
 
 def test_python_clients_produce_consume_in_a_group_and_admin_only_through_the_proxy(cluster, sink, topic_name) -> None:

@@ -45,6 +45,8 @@ class Port:
         self.closed: list[str] = []
         self.notes: dict[int, str] = {}
         self.logs: list[tuple[str, str, dict]] = []
+        self.stops: list[str] = []
+        self.oversized: list[int] = []
         self.waiter: asyncio.Future | None = None
 
     def send(self, request: bool, data: bytes, now_ns: int) -> None:
@@ -67,6 +69,12 @@ class Port:
 
     def log(self, level: str, event: str, **kw: Any) -> None:
         self.logs.append((level, event, kw))
+
+    def stopped(self, reason: str) -> None:
+        self.stops.append(reason)
+
+    def unedited_oversize(self, size: int) -> None:
+        self.oversized.append(size)
 
     def out(self, request: bool) -> bytes:
         return b"".join(self.sent[request])
@@ -196,6 +204,7 @@ def test_garbage_turns_the_editor_into_pass_through_once() -> None:
     ed.feed(True, produce(1, 1), 0)  # even valid frames after it are passed as they are
     assert port.out(True) == tls + produce(1, 1)
     assert ed.passing and len([entry for entry in port.logs if entry[1].startswith("editing stopped")]) == 1
+    assert port.stops == [ed.pass_reason]  # counted once, with the logged reason
 
 
 def test_a_response_for_no_request_stops_editing_without_changing_bytes() -> None:
@@ -239,6 +248,8 @@ def test_oversize_wanted_frame_is_streamed_and_counted() -> None:
     head = (MAX_EDIT_FRAME + 10).to_bytes(4, "big") + encode_request_header(PRODUCE, 3, 5, "c") + b"\xff\xff\x00\x01"
     ed.feed(True, head, 0)
     assert port.out(True) == head and ed.oversize == 1 and not ed.passing
+    assert port.oversized == [MAX_EDIT_FRAME + 14] and port.stops == []
+    assert [e for e in port.logs if e[1].startswith("frame too large")][0][2]["size"] == MAX_EDIT_FRAME + 14
 
 
 # --------------------------------------------------------------------------- a real broker

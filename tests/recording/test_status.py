@@ -189,6 +189,19 @@ def test_connection_visible_from_its_open_tcp_sample() -> None:
     assert stats.open_count == 0
 
 
+def test_editor_give_ups_and_oversize_frames_are_counted_once_per_growth() -> None:
+    """Snapshots repeat a connection's state: the counters add what is new, not every row."""
+    stats = LiveStats("p1")
+    snap = connection_row("p1", "c1", final=False, edit_stopped="not Kafka framing", edit_oversize_frames=1)
+    stats.connection(snap)
+    stats.connection(snap)  # the next periodic snapshot, nothing new
+    stats.connection(connection_row("p1", "c1", final=True, edit_stopped="not Kafka framing", edit_oversize_frames=3))
+    stats.connection(connection_row("p1", "c2", final=True))
+    families = {f.name: f for f in text_string_to_metric_families(stats.render_prometheus())}
+    assert families["kafkatap_edit_stopped_connections"].samples[0].value == 1
+    assert families["kafkatap_edit_oversize_frames"].samples[0].value == 3
+
+
 def test_live_stats_per_row_cost_is_small() -> None:
     import time
 
