@@ -596,6 +596,19 @@ class _EditorPort:
     def send(self, request: bool, data: bytes, now_ns: int) -> None:
         self.conn._send(self._flow(request), data, now_ns)
 
+    def send_many(self, request: bool, pieces: list[bytes | memoryview], now_ns: int) -> None:
+        conn, flow = self.conn, self._flow(request)
+        if conn._faults is not None:  # a TCP fault counts and delays bytes piece by piece
+            for piece in pieces:
+                conn._send(flow, piece, now_ns)
+            return
+        flow.dst.transport.writelines(pieces)  # type: ignore[union-attr]
+        flow.stamps.handed(sum(map(len, pieces)), conn.now())
+        obs = conn.observer
+        if obs is not None:
+            for piece in pieces:
+                obs.feed(request, piece, now_ns)
+
     def observe_only(self, request: bool, data: bytes, now_ns: int) -> None:
         flow = self._flow(request)
         flow.stamps.handed(len(data), now_ns)  # "sent" to nobody: the proxy answered it

@@ -40,7 +40,7 @@ from struct import Struct
 from typing import Any, Protocol
 
 from protocol.apis import PRODUCE, SASL_HANDSHAKE, api_info
-from protocol.framing import DEFAULT_MAX_FRAME_BYTES, check_size, sniff_non_kafka
+from protocol.framing import DEFAULT_MAX_FRAME_BYTES, check_size
 from protocol.headers import parse_request_header, skip_request_header_tags
 from protocol.summaries.varint import Over, uv
 
@@ -49,6 +49,7 @@ __all__ = ["RequestHead", "Edit", "Interceptor", "ConnInfo", "InterceptorFactory
 
 MAX_EDIT_FRAME = 64 * 1024 * 1024  # a wanted frame larger than this is streamed unedited (and counted)
 MAX_HEAD = 64 * 1024 + 512  # bytes held to read a request head (client_id, header tags, transactional_id)
+HEAD_TAKE = 512  # bytes of a frame's start taken at once to read its head (most heads are under 100)
 QUEUE_PAUSE = 1024 * 1024  # delayed output past which the flow's source is paused
 _I32 = Struct(">i").unpack_from
 _I16 = Struct(">h").unpack_from
@@ -170,8 +171,11 @@ def chain(parts: list[Interceptor]) -> Interceptor | None:
 class EditorOutput(Protocol):
     """What the editor drives on its connection (proxy.connection implements it)."""
 
-    def send(self, request: bool, data: bytes, now_ns: int) -> None:
+    def send(self, request: bool, data: bytes | memoryview, now_ns: int) -> None:
         """Write bytes to the flow's destination and let the observer see them."""
+
+    def send_many(self, request: bool, pieces: list[bytes | memoryview], now_ns: int) -> None:
+        """`send` of consecutive pieces, as one write (a gathered write: nothing is copied to join them)."""
 
     def observe_only(self, request: bool, data: bytes, now_ns: int) -> None:
         """Let the observer see bytes that go nowhere (a request answered in the broker's place)."""
@@ -201,7 +205,7 @@ class _Side:
     """Framing state of one direction."""
 
     __slots__ = ("request", "mode", "buf", "want", "size", "remaining", "head", "queue", "queued", "hold_until",
-                 "holding", "timer", "after", "out")
+                 "holding", "timer", "after", "out", "fresh")
 
     def __init__(self, request: bool) -> None:
         self.request = request
@@ -211,13 +215,14 @@ class _Side:
         self.size = -1  # the current frame's size (without the prefix), -1 until known
         self.remaining = 0  # bytes of the current frame still to stream / collect
         self.head: RequestHead | None = None  # the request the current frame is (or answers)
-        self.queue: deque[tuple[bytes, int]] | None = None  # output held by a delay
+        self.queue: deque[tuple[bytes | memoryview, int]] | None = None  # output held by a delay
         self.queued = 0
         self.hold_until = 0.0
         self.holding = False
         self.timer: asyncio.TimerHandle | None = None
         self.after: list[Callable[[], None]] = []  # run once the held output is out (a FIN to propagate)
-        self.out: list[bytes] = []  # output of the current `feed`, written as one chunk at its end
+        self.out: list[bytes | memoryview] = []  # output of the current `feed`, written as one chunk at its end
+        self.fresh = True  # no frame yet: the first size prefix is also checked for TLS / HTTP
 
 
 class FrameEditor:
@@ -255,10 +260,18 @@ class FrameEditor:
                 self._flush_out(side, now_ns)
 
     def _flush_out(self, side: _Side, now_ns: int) -> None:
+        """Write what a feed produced as one gathered write.
+
+        Joining the pieces of a 256 KiB read into one buffer cost more than the framing itself (a
+        copy into fresh pages for every large allocation); large pieces are views of the read, and
+        the transport writes all pieces with one system call.
+        """
         out = side.out
-        data = out[0] if len(out) == 1 else b"".join(out)
+        if len(out) == 1:
+            self.out.send(side.request, out[0], now_ns)
+        else:
+            self.out.send_many(side.request, list(out), now_ns)
         out.clear()
-        self.out.send(side.request, data, now_ns)
 
     def _feed(self, side: _Side, data: bytes, now_ns: int) -> None:
         n = len(data)
@@ -267,7 +280,7 @@ class FrameEditor:
         while i < n:
             mode = side.mode
             if mode == _PASS:
-                self._emit(side, data if i == 0 else bytes(memoryview(data)[i:]), now_ns)
+                self._emit(side, data if i == 0 else memoryview(data)[i:], now_ns)
                 return
             if mode == _STREAM:
                 k = min(side.remaining, n - i)
@@ -275,7 +288,7 @@ class FrameEditor:
                     self._emit(side, data, now_ns)
                 else:
                     mv = mv or memoryview(data)
-                    self._emit(side, bytes(mv[i:i + k]), now_ns)
+                    self._emit(side, mv[i:i + k], now_ns)  # a view: the gathered write copies nothing
                 side.remaining -= k
                 i += k
                 if side.remaining == 0:
@@ -292,26 +305,24 @@ class FrameEditor:
                     side.buf.clear()
                     self._whole(side, frame, now_ns)
                 continue
-            # _HEAD: collect up to `want` bytes, then try to read the head
-            k = min(side.want - len(side.buf), n - i)
-            side.buf += mv[i:i + k]
+            # _HEAD: collect at least `want` bytes, then try to read the head. Once the size is known, take
+            # as much of the frame's start as this chunk holds (up to HEAD_TAKE): one parse then finds the
+            # whole head, where growing `want` field by field cost a parse per field (5 for a Produce)
+            buf = side.buf
+            if side.size < 0 and not buf and n - i >= 4:  # the size prefix is whole here: read it at once
+                if not self._take_size(side, bytes(mv[i:i + 4])):
+                    continue  # not Kafka framing: passing from here on
+            target = side.want if side.size < 0 else max(side.want, min(side.size + 4, HEAD_TAKE))
+            k = min(target - len(buf), n - i)
+            buf += mv[i:i + k]
             i += k
-            if len(side.buf) >= side.want:
+            if len(buf) >= side.want:
                 self._try_head(side, now_ns)
 
     def _try_head(self, side: _Side, now_ns: int) -> None:
         buf = side.buf
         if side.size < 0:
-            first = bytes(buf[:4])
-            size = _I32(first, 0)[0]
-            bad = sniff_non_kafka(first) or check_size(first, size, 0, self.max_frame)
-            if bad is not None:
-                self._pass(f"{bad[1]}")
-                return
-            side.size = size
-            total = size + 4
-            side.want = min(total, 14 if side.request else 8)  # the fixed part of the header
-            if len(buf) < side.want:
+            if not self._take_size(side, bytes(buf[:4])) or len(buf) < side.want:
                 return
         total = side.size + 4
         if side.request:
@@ -339,6 +350,22 @@ class FrameEditor:
                            f"({self.order[0] if self.order else 'none'} expected)")
                 return
             self._response_started(side, head, now_ns)
+
+    def _take_size(self, side: _Side, first: bytes) -> bool:
+        """Read a frame's size prefix; False (and pass-through from here on) when it cannot start a Kafka frame.
+
+        TLS/HTTP signatures are looked for at the stream's start only, as the decoder does: later, a
+        size prefix that is not a legal size is refused by its value alone.
+        """
+        size = _I32(first, 0)[0]
+        bad = check_size(first, size, 0 if side.fresh else 1, self.max_frame)
+        if bad is not None:
+            self._pass(bad[1])
+            return False
+        side.fresh = False
+        side.size = size
+        side.want = min(size + 4, 14 if side.request else 8)  # the fixed part of the header
+        return True
 
     def _request_head(self, buf: bytearray, size: int) -> RequestHead:
         lim = len(buf)
@@ -480,7 +507,7 @@ class FrameEditor:
             self._emit(self.resp, answer, now_ns)
 
     # ------------------------------------------------------------------ output, delays
-    def _emit(self, side: _Side, data: bytes, now_ns: int) -> None:
+    def _emit(self, side: _Side, data: bytes | memoryview, now_ns: int) -> None:
         if not data:
             return
         if side.queue is not None:
@@ -510,8 +537,12 @@ class FrameEditor:
         q, side.queue = side.queue, None
         side.queued = 0
         now = self.clock()
-        for data, _ in q or ():
-            self.out.send(side.request, data, now)
+        if q:
+            pieces = [data for data, _ in q]
+            if len(pieces) == 1:
+                self.out.send(side.request, pieces[0], now)
+            else:
+                self.out.send_many(side.request, pieces, now)
         if side.holding:
             side.holding = False
             self.out.hold(side.request, False)

@@ -55,6 +55,9 @@ class Port:
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result(None)
 
+    def send_many(self, request: bool, pieces: list, now_ns: int) -> None:
+        self.send(request, b"".join(pieces), now_ns)  # one gathered write: one entry
+
     def observe_only(self, request: bool, data: bytes, now_ns: int) -> None:
         self.observed[request].append(bytes(data))
 
