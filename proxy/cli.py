@@ -15,9 +15,14 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import click
-import structlog
-import uvloop
+# pyarrow loads numpy, whose OpenBLAS starts a thread per core that the proxy never uses but that
+# shows up spinning in its profile; one is enough (set before the first pyarrow import, inherited by the
+# writer process)
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import click  # noqa: E402
+import structlog  # noqa: E402
+import uvloop  # noqa: E402
 
 from proxy.context import format_addr
 from proxy.faults import FAULT_SPEC_HELP, FaultSpecError, parse_fault_specs

@@ -117,7 +117,8 @@ class Connection:
         self.upstream = upstream
         self.facts = ConnectionFacts(
             proxy_id=ctx.settings.proxy_id, conn_id=ctx.hub.next_conn_id(), listener=listener,
-            mode="explicit" if upstream is not None else "transparent", opened_ns=self.now(),
+            mode=("cluster" if ctx.cluster_mode else "explicit") if upstream is not None else "transparent",
+            opened_ns=self.now(),
             broker_addr=format_addr(upstream) if upstream else None)
         self.last_activity = self.facts.opened_ns
         self.client = Peer("client")

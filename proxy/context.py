@@ -95,3 +95,5 @@ class ConnectionContext:
     interceptors: Sequence[Callable[[Any], Any]] = ()
     # proxy.tls.UpstreamTls: connect to brokers over TLS (origination); None: plain TCP
     upstream_tls: Any = None
+    # cluster mode (proxy.cluster): connections are recorded with mode "cluster"
+    cluster_mode: bool = False

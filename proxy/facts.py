@@ -53,7 +53,7 @@ class ConnectionFacts:
     proxy_id: str
     conn_id: str
     listener: str
-    mode: str  # explicit | transparent
+    mode: str  # explicit | transparent | cluster
     opened_ns: int
     client_addr: str | None = None
     original_dst: str | None = None

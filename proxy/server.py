@@ -190,7 +190,8 @@ class ProxyServer:
                                       emit=TopicNamingSink(self._bypass_step(), self.topics, self.resolver),
                                       hub=self, stream_factory=self.stream_factory,
                                       original_dst=self.original_dst, rng=self.rng, topics=self.topics,
-                                      interceptors=self.interceptors, upstream_tls=self.upstream_tls)
+                                      interceptors=self.interceptors, upstream_tls=self.upstream_tls,
+                                      cluster_mode=self.cluster is not None)
         for route in self.routes:
             self._listen(route)
         if self.cluster is not None:  # discovery binds the brokers' listeners before any client is served

@@ -132,7 +132,7 @@ CONNECTION_COLUMNS: list[Column] = [
     Column("final", pa.bool_(), "", "true for the row written at the end, false for periodic snapshots"),
     Column("snapshot_ns", TIMESTAMP, "timestamp", "when this row was taken"),
     Column("listener", pa.string(), "host:port", "proxy listener that accepted the connection"),
-    Column("mode", pa.string(), "", "explicit | transparent"),
+    Column("mode", pa.string(), "", "explicit | transparent | cluster (addresses rewritten, proxy.cluster)"),
     Column("client_addr", pa.string(), "host:port", "client address"),
     Column("original_dst", pa.string(), "host:port", "original destination (transparent mode)"),
     Column("broker_addr", pa.string(), "host:port", "upstream broker address"),
@@ -227,7 +227,8 @@ def markdown_table(dataset: str) -> str:
     """A README table for one dataset: column, type, unit, meaning."""
     lines = ["| column | type | unit | meaning |", "|---|---|---|---|"]
     for c in COLUMNS[dataset]:
-        lines.append(f"| `{c.name}` | {c.type} | {c.unit} | {c.doc} |")
+        doc = c.doc.replace("|", "\\|")  # "explicit | transparent" must not split the table's cells
+        lines.append(f"| `{c.name}` | {c.type} | {c.unit} | {doc} |")
     return "\n".join(lines)
 
 

@@ -119,6 +119,7 @@ def test_tls_hello_in_cluster_mode_is_relayed_unchanged_and_the_give_up_recorded
         end = sink.wait_for(lambda k: [c for c in k.connections if c["final"]], timeout=30)[0]
     assert end["edit_stopped"] and "TLS ClientHello" in end["edit_stopped"], end["edit_stopped"]
     assert end["bytes_from_client"] == len(hello) and end["edit_oversize_frames"] is None
+    assert end["mode"] == "cluster"
 
 
 def test_python_clients_produce_consume_in_a_group_and_admin_only_through_the_proxy(cluster, sink, topic_name) -> None:
