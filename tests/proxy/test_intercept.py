@@ -246,6 +246,27 @@ def test_chain_answer_wins_and_response_edits_compose() -> None:
     assert answering.on_request(RequestHead(3, 12, 1, None, 10, None, True), b"").answer == b"a"
 
 
+def test_a_whole_head_in_one_read_is_parsed_once_and_large_pieces_are_not_copied(monkeypatch) -> None:
+    """The per-frame cost of framing: one head parse per request, however many fields the head has,
+    and an unwanted frame's body handed on as a view of the read (a gathered write joins nothing)."""
+    ed, port = editor(Wants(want=False))
+    parses = []
+    real = FrameEditor._request_head
+    monkeypatch.setattr(FrameEditor, "_request_head", lambda self, buf, size: parses.append(size) or real(self, buf, size))
+    frames = [produce(i, 1) for i in range(50)]
+    ed.feed(True, b"".join(frames), 0)
+    assert len(parses) == 50 and port.out(True) == b"".join(frames)
+    big = request(PRODUCE, 9, 99, {"transactional_id": None, "acks": 1, "timeout_ms": 1000,
+                                    "topic_data": [{"name": "t", "partition_data": [{"index": 0, "records": b"x" * 300_000}]}]})
+    sent: list = []
+    monkeypatch.setattr(port, "send", lambda request, data, now: sent.append(data))
+    monkeypatch.setattr(port, "send_many", lambda request, pieces, now: sent.extend(pieces))
+    ed.feed(True, big[:1000], 0)
+    ed.feed(True, big[1000:] + produce(100, 1), 0)  # the body's end and a whole frame in one read
+    assert b"".join(bytes(p) for p in sent) == big + produce(100, 1)
+    assert any(isinstance(p, memoryview) and len(p) > 100_000 for p in sent)  # the body: a view, not a copy
+
+
 def test_oversize_wanted_frame_is_streamed_and_counted() -> None:
     ed, port = editor(Wants())
     head = (MAX_EDIT_FRAME + 10).to_bytes(4, "big") + encode_request_header(PRODUCE, 3, 5, "c") + b"\xff\xff\x00\x01"
