@@ -36,7 +36,7 @@ from protocol.apis import APIS, FETCH, FIND_COORDINATOR, LEAVE_GROUP, PRODUCE
 from protocol.apis import in_versions as _in
 from protocol.errors import UnknownApi
 from protocol.events import Summary
-from protocol.summaries.runtime import MAX_STRING_KEEP, RUNTIME
+from protocol.summaries.runtime import MAX_STRING_KEEP, RUNTIME, LeafRun
 
 FIXED: dict[str, tuple[str, int]] = {
     "int8": ("b", 1), "int16": ("h", 2), "uint16": ("H", 2), "int32": ("i", 4),
@@ -64,6 +64,9 @@ PARTITION_FIELDS = ("PartitionIndex", "Partition", "PartitionId", "Index")
 PARTITION_ARRAYS = ("Partitions", "PartitionIndexes")
 # Topics listed here are not "touched" by the request (Fetch: partitions leaving the session).
 IGNORED_STRUCTS = frozenset({"ForgottenTopicsData"})
+# Optimistic leaf runs (see `_Emitter.leaf_pattern`): the longest compact array / skipped string
+# a run matches; a longer one (more than 16 replicas …) makes the run fail and the loop walk it.
+RUN_MAX_COUNT = 16
 
 
 def _has_records(fields: list[dict[str, Any]]) -> bool:
@@ -317,8 +320,24 @@ class _Emitter:
         return {"lead": lead, "rest": fs[len(lead):], "errors": errors, "partition": partition, "ctx": ctx}
 
     def struct_loop(self, f: dict[str, Any], ctx: dict[str, Any], ind: int, n: str, it: str = "") -> None:
-        """The loop over an array of structs (count already in `n`), leaf structs specialized."""
+        """The loop over an array of structs (count already in `n`), leaf structs specialized.
+
+        Optimistic walkers skip a run of two or more leaf elements with one
+        regex match when the element has a `leaf_pattern` (see
+        `runtime.LeafRun`); when the match fails (an error code, a long
+        replica list, tags …) the per-element loop below redoes the run and
+        bails out or walks it, so the run changes speed, never results.
+        """
         leaf = self.leaf_plan(f["fields"], ctx["k"] + 1, f["name"])
+        element = self.leaf_pattern(leaf) if leaf is not None and self.opt and not it else None
+        if element is not None:
+            rx, m = self.var("_rx"), self.var("m")
+            self.globs[rx] = LeafRun(element)
+            count = f"; npart += {n}" if leaf["partition"] is not None else ""
+            # one element: the loop is as fast as a match (a call and a match object)
+            self.emit(ind, f"if {n} > 1 and ({m} := {rx}[{n}](d, p, lim)) is not None: p = {m}.end(){count}")
+            self.emit(ind, "else:")
+            ind += 1
         self.emit(ind, f"for _ in {it or f'range({n})'}:")
         if leaf is None:
             self.struct(f["fields"], ctx["k"] + 1, ind + 1, f["name"], ctx["cv"])
@@ -326,6 +345,55 @@ class _Emitter:
         self.leaf(leaf, ind + 1, ctx["cv"])
         if leaf["partition"] is not None:  # counted once per array; after the loop, as a per-element count would be
             self.emit(ind, f"if {n} > 0: npart += {n}")
+
+    def leaf_pattern(self, plan: dict[str, Any]) -> bytes | None:
+        """A bytes regex for one element of a `leaf_plan` struct exactly as the optimistic `leaf` walks it.
+
+        Zero error codes are literal `\\x00\\x00`, other fixed fields `.{w}`,
+        a compact array of fixed-size items (or a skipped compact string /
+        bytes: items of width 1) an alternation on its length byte up to
+        RUN_MAX_COUNT items (null included, as the `_K` tables take it), the
+        tagged section its empty byte. None when the element holds anything
+        else (then the loop alone walks it).
+        """
+        if not self.flex:
+            return None
+        toks: list[tuple[str, int]] = []  # ("any", width) | ("zero", width) | ("count", item width) | ("tags", 0)
+        for i, f in enumerate(plan["lead"]):
+            toks.append(("zero" if i in plan["errors"] else "any", FIXED[f["type"]][1]))
+        for f in plan["rest"]:
+            typ = f["type"]
+            inner = typ.removeprefix("[]")
+            if "fields" in f:
+                return None
+            if typ in FIXED:
+                toks.append(("any", FIXED[typ][1]))
+            elif typ.startswith("[]") and inner in FIXED:
+                toks.append(("count", FIXED[inner][1]))
+            elif typ in ("string", "bytes"):  # skipped (leaf_plan admits no string with actions)
+                toks.append(("count", 1))
+            else:
+                return None
+        toks.append(("tags", 0))
+        out: list[str] = []
+        run = 0  # consecutive "any" bytes, written as one `.{run}`
+        for kind, w in toks:
+            if kind == "any":
+                run += w
+                continue
+            if run:
+                out.append(f".{{{run}}}")
+                run = 0
+            if kind == "zero":
+                out.append("\\x00" * w)
+            elif kind == "tags":
+                out.append("\\x00")
+            else:
+                alts = ["\\x00"] + [f"\\x{c + 1:02x}" + (f".{{{c * w}}}" if c else "") for c in range(RUN_MAX_COUNT + 1)]
+                out.append(f"(?:{'|'.join(alts)})")
+        if run:
+            out.append(f".{{{run}}}")
+        return "".join(out).encode("ascii")
 
     def leaf(self, plan: dict[str, Any], ind: int, cv: dict[str, str]) -> None:
         """Emit one element of a `leaf_plan` struct."""
@@ -662,8 +730,9 @@ def walker(api_key: int, request: bool, version: int, incremental: bool = False,
     Incremental: a generator with the yield protocol described above.
     Optimistic (plain, flexible versions; the same as plain otherwise): the
     whole-frame fast path's walker. Table look-ups instead of branches for
-    one-byte counts and empty tagged sections, strict UTF-8, no error
-    bookkeeping: its result is the plain walker's whenever it returns exactly
+    one-byte counts and empty tagged sections, runs of leaf structs (Metadata
+    partitions …) skipped by one regex match (`runtime.LeafRun`), strict
+    UTF-8, no error bookkeeping: its result is the plain walker's whenever it returns exactly
     `lim`; on anything unusual it raises or returns another end, and the
     caller must redo the frame with the plain walker on a fresh `Summary`
     (`KafkaStream` does: its fast path falls back to the slow one).

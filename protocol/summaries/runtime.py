@@ -8,9 +8,10 @@ never touches the code that runs per frame, and the other way round.
 
 from __future__ import annotations
 
+import re
 from codecs import utf_8_decode as _u8  # 2x faster than str(memoryview, 'utf-8')
 from struct import Struct
-from typing import Any
+from typing import Any, Callable
 
 from protocol.errors import error_name
 from protocol.events import ErrorSeen, PartitionFetched, Summary
@@ -84,6 +85,53 @@ _K8 = (1,) + tuple(1 + (n - 1) * 8 for n in range(1, 128)) + (FAR,) * 128
 _K16 = (1,) + tuple(1 + (n - 1) * 16 for n in range(1, 128)) + (FAR,) * 128
 _KT = (1,) + (FAR,) * 255
 _R = tuple(range(n) for n in range(127))  # loop ranges for one-byte counts, built once
+
+RUN_CHUNK = 64  # longest run compiled as one pattern; longer runs are matched in chunks of this many
+
+
+class LeafRun(dict):  # type: ignore[type-arg]
+    """n -> a `match(d, p, lim)` that skips n consecutive leaf structs in one C-level regex match.
+
+    Why: an optimistic walker otherwise walks every partition of a big
+    response in Python (an error-code test and a table step per field, about
+    0.2 µs per element); `(?:ELEMENT){n}+` does the same checks in `re`'s C
+    loop. `element` (built by `codegen.leaf_pattern`) matches exactly the
+    bytes of one element whose error codes are zero, whose compact arrays /
+    strings are short and whose tagged section is empty; every counted field
+    is an alternation on its (mutually exclusive) length byte, so there is at
+    most one way to match and the possessive repeat never backtracks. None
+    means "not the common case": the walker then runs its per-element loop.
+    Patterns are compiled on first use of a count; counts above RUN_CHUNK are
+    matched in chunks, so at most RUN_CHUNK + 1 patterns exist per element
+    whatever counts a client sends.
+    """
+
+    __slots__ = ("element",)
+
+    def __init__(self, element: bytes) -> None:
+        super().__init__()
+        self.element = element
+
+    def __missing__(self, n: int) -> Callable[[Any, int, int], Any]:
+        if n > RUN_CHUNK:
+            return self._chunked(n)  # not stored: the cache stays bounded
+        match = re.compile(b"(?:%s){%d}+" % (self.element, max(n, 0)), re.DOTALL).match
+        self[n] = match
+        return match
+
+    def _chunked(self, n: int) -> Callable[[Any, int, int], Any]:
+        full, rest = divmod(n, RUN_CHUNK)
+        chunk, tail = self[RUN_CHUNK], self[rest]
+
+        def match(d: Any, p: int, lim: int) -> Any:
+            for _ in range(full):
+                m = chunk(d, p, lim)
+                if m is None:
+                    return None
+                p = m.end()
+            return tail(d, p, lim)  # rest == 0: the empty pattern, a match at p
+
+        return match
 
 
 RUNTIME: dict[str, Any] = {
