@@ -94,7 +94,8 @@ def test_low_open_files_limit_raised_two_fds_per_connection_and_refusals_counted
     env = dict(os.environ, KAFKATAP_LOG_FORMAT="json")
     with EchoServer() as echo, open(tmp_path / "proxy.log", "w") as log_file:
         proc = subprocess.Popen(["prlimit", "--nofile=128:256", "--"] + KAFKATAP + [
-            "proxy", "--listen", f"127.0.0.1:{port}", "--upstream", f"127.0.0.1:{echo.port}",
+            # one worker: each worker process has its own descriptor limit (N workers: N times the room)
+            "proxy", "--workers", "1", "--listen", f"127.0.0.1:{port}", "--upstream", f"127.0.0.1:{echo.port}",
             "--record", str(tmp_path / "rec"), "--status-addr", f"127.0.0.1:{status}"],
             stdout=log_file, stderr=log_file, env=env, cwd=REPO)  # a file: a full pipe would block the proxy
         clients: list[socket.socket] = []
