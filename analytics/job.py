@@ -28,10 +28,11 @@ from analytics.findings import run_rules
 from analytics.progress import Progress
 from analytics.report.html import connection_pages, render
 from analytics.result import AnalysisResult
-from analytics.session import get_spark
+from analytics.session import SMALL_INPUT_ROWS, get_spark, is_local, small_input_settings
 from analytics.transforms import brokers, bypass, clients, compare, connections, drilldown, errors, faults, latency, overview, produce_fetch, rollups, tcp
 from analytics.transforms.common import prepare_requests
 from analytics.transforms.cube import latency_cube, percentile_views
+from recording.reader import live_files
 
 TABLE_ROW_CAP = 20_000  # a table bigger than this is a detail list; the report and rules need the top rows only
 NICE_BUCKETS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400)
@@ -197,6 +198,51 @@ def pin(df: DataFrame) -> DataFrame:
     return df.localCheckpoint(eager=True)
 
 
+def input_rows(dirs: Sequence[str | Path], limit: int = SMALL_INPUT_ROWS) -> int | None:
+    """Rows recorded in `dirs` from the Parquet footers, counting up to just past `limit`; None when unknown.
+
+    Only tells a small recording from a big one (the Spark settings follow), so it stops
+    reading footers once past `limit` and gives up on paths pyarrow cannot list (e.g. `s3a://`).
+    """
+    total = 0
+    for d in dirs:
+        for ds in L.DATASETS_READ:
+            listing = live_files(str(d), ds)
+            if listing is None:
+                return None
+            for path in listing.paths:
+                try:
+                    total += pq.read_metadata(path, filesystem=listing.filesystem).num_rows
+                except (OSError, ValueError):
+                    return None  # unreadable footer: Spark will say so; no guess here
+                if total > limit:
+                    return total
+    return total
+
+
+class _RuntimeConf:
+    """Set runtime SQL settings for one analysis and put the previous values back after it.
+
+    The session is shared by every `run_analysis` of a process (scenarios, tests), so one
+    analysis's size-based choice must not leak into the next.
+    """
+
+    def __init__(self, spark: SparkSession, settings: dict[str, str]) -> None:
+        self.spark, self.settings, self.saved = spark, settings, {}
+
+    def __enter__(self) -> None:
+        for key, value in self.settings.items():
+            self.saved[key] = self.spark.conf.get(key, None)
+            self.spark.conf.set(key, value)
+
+    def __exit__(self, *exc: object) -> None:
+        for key, value in self.saved.items():
+            if value is None:
+                self.spark.conf.unset(key)
+            else:
+                self.spark.conf.set(key, value)
+
+
 def collect(df: DataFrame, cap: int = TABLE_ROW_CAP) -> pa.Table:
     return df.limit(cap).toArrow()
 
@@ -258,6 +304,17 @@ def run_analysis(
     out.mkdir(parents=True, exist_ok=True)
     spark = spark or get_spark(master, spark_conf)
     filters = L.Filters(*L.time_window(since, until, [*dirs, *(compare or ())]), tuple(brokers), tuple(clients), tuple(topics))
+    spark_master = spark.sparkContext.master
+    sized = {k: v for k, v in small_input_settings(spark_master, None if not is_local(spark_master) else input_rows([*dirs, *(compare or ())])).items()
+             if k not in (spark_conf or {})}  # the caller's --conf wins
+    with _RuntimeConf(spark, sized):
+        return _run(spark, dirs, out, filters, t_start, parallel, compare, compare_mode, tolerance_s, bucket_s, csv, report, progress)
+
+
+def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.Filters, t_start: float, parallel: int,
+         compare: tuple[str | Path, str | Path] | None, compare_mode: str, tolerance_s: float, bucket_s: int | None,
+         csv: bool, report: bool, progress: bool) -> AnalysisResult:
+    """run_analysis's body, under the size-chosen SQL settings."""
     tables: dict[str, list[dict[str, Any]]] = {}
     arrow: dict[str, pa.Table] = {}
     mode_used: str | None = None
@@ -274,17 +331,20 @@ def run_analysis(
         ov = (ov_t.to_pylist() or [{}])[0]
         bucket_s = bucket_s or choose_bucket(ov.get("span_s"))
         prog.info(f"{ov.get('requests') or 0:,} requests, {ov.get('connections') or 0:,} connections over "
-                  f"{ov.get('span_s') or 0:,.0f} s; time bucket {bucket_s} s; rollup {rollup.count():,} rows")
+                  f"{ov.get('span_s') or 0:,.0f} s; time bucket {bucket_s} s"
+                  + (f"; rollup {rollup.count():,} rows" if prog.enabled else ""))  # a count is a Spark job: only for a reader
         prog.step("topic rollup", "Produce and Fetch per client and topic, request rate per broker over time, errors")
         topics = pin(rollups.topic_rollup(full))
         traffic = pin(rollups.traffic_over_time(full, bucket_s))
         err = pin(full.where(F.col("error_count") > 0))  # few rows; the only place the nested error lists are read
-        prog.info(f"topic rollup {topics.count():,} rows, {traffic.count():,} broker-intervals, {err.count():,} requests with errors")
+        if prog.enabled:
+            prog.info(f"topic rollup {topics.count():,} rows, {traffic.count():,} broker-intervals, {err.count():,} requests with errors")
         sides = pin(tcp.tcp_sides(conns, rec.tcp))
         prog.step("latency cube", "all latency views from one pass over the requests")
         cube = pin(latency_cube(full, bucket_s))
         views = pin(percentile_views(cube))
-        prog.info(f"latency cube: {cube.count():,} cells, {views.count():,} percentile rows")
+        if prog.enabled:
+            prog.info(f"latency cube: {cube.count():,} cells, {views.count():,} percentile rows")
         inputs = Inputs(rollup, topics, traffic, views, err, conns, sides, full)
         plan = table_plan(inputs, bucket_s)
         if compare:

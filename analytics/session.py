@@ -21,6 +21,14 @@ _SESSION: SparkSession | None = None
 
 LOG4J = Path(__file__).with_name("log4j2.properties")
 
+# The driver JVM's JIT and collector, for a short-lived analysis on a small machine. A demo-sized
+# analysis spent half its CPU (24 of 53 s) in the C2 compiler threads optimising code that runs for
+# seconds; C1 alone (TieredStopAtLevel=1) cut a 2.4k-request analysis from 65 to 39 s of CPU and a
+# 1 M one from 90 to 69 s (one run each on a loaded machine). The parallel collector has no concurrent threads
+# competing for the two cores. The driver only: executors of a real cluster keep their own flags.
+# Class-data sharing (analytics.class_archive) still maps its archive with these flags.
+DRIVER_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseParallelGC"
+
 DEFAULTS: dict[str, str] = {
     "spark.ui.showConsoleProgress": "false",
     "spark.ui.enabled": "false",
@@ -36,7 +44,21 @@ DEFAULTS: dict[str, str] = {
     "spark.driver.host": "127.0.0.1",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.warehouse.dir": os.path.join(os.environ.get("TMPDIR", "/tmp"), "kafkatap-spark-warehouse"),
-    "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J} -Dderby.system.home=/tmp",
+    "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J} -Dderby.system.home=/tmp {DRIVER_JVM}",
+}
+
+SMALL_INPUT_ROWS = 100_000  # up to this many recorded rows, a local analysis uses SMALL_INPUT (job.py applies it)
+
+# For a small recording in local mode every query's cost is fixed overhead: adaptive re-planning,
+# shuffles into several partitions, and generating and compiling Java code (Janino) for each plan.
+# Interpreted expressions on a single shuffle partition answer the same queries with less work:
+# a 2.4k-request analysis went from ~37 to ~30 s of CPU. Runtime SQL settings, so the job sets them
+# per analysis; never on a cluster (spark://, yarn, k8s), where the data may be big and spread out.
+SMALL_INPUT: dict[str, str] = {
+    "spark.sql.adaptive.enabled": "false",
+    "spark.sql.shuffle.partitions": "1",
+    "spark.sql.codegen.wholeStage": "false",
+    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
 }
 
 
@@ -59,6 +81,13 @@ def cluster_defaults(master: str) -> dict[str, str | None]:
     if is_local(master):
         return {}
     return {"spark.driver.host": None, "spark.driver.bindAddress": None}
+
+
+def small_input_settings(master: str, input_rows: int | None) -> dict[str, str]:
+    """The SQL settings for an analysis of `input_rows` rows on `master` ({} unless local and small)."""
+    if not is_local(master) or input_rows is None or input_rows > SMALL_INPUT_ROWS:
+        return {}
+    return dict(SMALL_INPUT)
 
 
 def get_spark(master: str | None = None, conf: dict[str, str] | None = None, app_name: str = "kafkatap-analyze") -> SparkSession:

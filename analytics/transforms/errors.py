@@ -36,7 +36,7 @@ def errors_by_name(req: DataFrame) -> DataFrame:
         F.min("ts_ns").alias("example_ts_ns"),
         F.max("request_bytes").alias("max_request_bytes"),
         F.array_sort(F.collect_set("acks")).alias("acks"),
-    ).orderBy(F.desc("count"), "error_name")
+    ).orderBy(F.desc("count"), "error_name", "api_name", "topic", "group_or_resource", "client_id", "error_code")  # total: ties in one order whatever the partitioning
 
 
 def errors_over_time(req: DataFrame, bucket_s: int) -> DataFrame:
@@ -52,4 +52,4 @@ def throttling(rollup: DataFrame) -> DataFrame:
         F.sum("throttle_ms").alias("total_throttle_ms"),
         F.max("max_throttle_ms").alias("max_throttle_ms"),
         ns_to_ts(F.min("first_throttled_ns")).alias("first_seen"),
-    ).orderBy(F.desc("total_throttle_ms"))
+    ).orderBy(F.desc("total_throttle_ms"), "client_id", "api_name", "broker_addr")  # total: ties in one order whatever the partitioning

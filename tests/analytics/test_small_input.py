@@ -1,0 +1,58 @@
+"""Size-chosen Spark settings: a small local analysis runs interpreted on one shuffle partition, with the same results.
+
+Why: for a demo-sized recording every query's cost is fixed overhead (code generation,
+adaptive re-planning, shuffles), so `run_analysis` switches those off when the Parquet
+footers say the recording is small. These tests pin that the switch changes nothing in
+the output, never applies to a cluster master, never outlives the analysis, and that the
+driver JVM runs with the cheap JIT flags.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from analytics import session
+from analytics.job import input_rows, run_analysis
+from analytics.synthetic import generate
+
+pytestmark = pytest.mark.spark
+
+
+def test_settings_only_for_small_local_inputs() -> None:
+    small = session.SMALL_INPUT_ROWS
+    assert session.small_input_settings("local[2]", small) == session.SMALL_INPUT
+    assert session.small_input_settings("local[2]", small + 1) == {}
+    assert session.small_input_settings("local[2]", None) == {}  # unknown size (e.g. s3a://): assume big
+    assert session.small_input_settings("spark://127.0.0.1:7077", 10) == {}  # a cluster keeps Spark's own
+
+
+def test_input_rows_reads_footers_and_stops_past_the_limit(tmp_path: Path) -> None:
+    counts = generate(tmp_path / "rec", 600)
+    total = sum(counts.values())
+    assert input_rows([tmp_path / "rec"], limit=10**9) == total
+    early = input_rows([tmp_path / "rec"], limit=10)
+    assert early is not None and 10 < early <= total
+    assert input_rows([tmp_path / "missing"], limit=10**9) == 0
+
+
+def test_small_settings_change_no_output_and_do_not_leak(spark, tmp_path: Path) -> None:
+    generate(tmp_path / "rec", 1500)
+    before = {k: spark.conf.get(k, None) for k in session.SMALL_INPUT}
+    assert before["spark.sql.codegen.factoryMode"] != "NO_CODEGEN"  # else the comparison below compares nothing
+    small = run_analysis([tmp_path / "rec"], tmp_path / "small", spark=spark, progress=False, report=False)
+    assert {k: spark.conf.get(k, None) for k in session.SMALL_INPUT} == before  # put back after the analysis
+    usual = {k: v for k, v in before.items() if v is not None}  # the caller's conf wins over the size rule
+    big = run_analysis([tmp_path / "rec"], tmp_path / "usual", spark=spark, progress=False, report=False, spark_conf=usual)
+    assert small.tables.keys() == big.tables.keys()
+    for name in small.tables:
+        if name != "_meta":
+            assert small.tables[name] == big.tables[name], name
+    assert [f.to_json() for f in small.findings] == [f.to_json() for f in big.findings]
+
+
+def test_driver_jvm_runs_the_cheap_jit(spark) -> None:
+    args = list(spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())  # type: ignore[union-attr]
+    for flag in session.DRIVER_JVM.split():
+        assert flag in args
