@@ -254,7 +254,15 @@ class FrameEditor:
         observer feed), however many frames it held: a chunk of 100 pipelined
         small requests must not become 100 system calls.
         """
-        self._feed(self.req if request else self.resp, data, now_ns)
+        side = self.req if request else self.resp
+        if side.queue is None and (side.mode == _PASS or side.mode == _STREAM and side.remaining > len(data)):
+            # the common chunk: the middle of a frame nobody wants (or a connection given up on) goes on as
+            # it came, with no framing calls (reads of a big Fetch response are often only a few KiB each)
+            if side.mode == _STREAM:
+                side.remaining -= len(data)
+            self.out.send(request, data, now_ns)
+            return
+        self._feed(side, data, now_ns)
         for side in (self.req, self.resp):  # a request answered here emits on the response side
             if side.out:
                 self._flush_out(side, now_ns)
