@@ -305,7 +305,8 @@ def run_analysis(
     spark = spark or get_spark(master, spark_conf)
     filters = L.Filters(*L.time_window(since, until, [*dirs, *(compare or ())]), tuple(brokers), tuple(clients), tuple(topics))
     spark_master = spark.sparkContext.master
-    sized = {k: v for k, v in small_input_settings(spark_master, None if not is_local(spark_master) else input_rows([*dirs, *(compare or ())])).items()
+    rows = input_rows([*dirs, *(compare or ())]) if is_local(spark_master) else None  # a cluster's storage: not read here
+    sized = {k: v for k, v in small_input_settings(spark_master, rows).items()
              if k not in (spark_conf or {})}  # the caller's --conf wins
     with _RuntimeConf(spark, sized):
         return _run(spark, dirs, out, filters, t_start, parallel, compare, compare_mode, tolerance_s, bucket_s, csv, report, progress)

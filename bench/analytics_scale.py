@@ -16,7 +16,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -25,6 +24,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+from proc_tree import TICK, snapshot, tree  # noqa: E402
+
 SECTION = "## analytics (bench/analytics_scale.py)"
 TARGETS = {1_000_000: 20.0, 10_000_000: 90.0}
 LAST_CPU_S = 0.0
@@ -50,7 +53,6 @@ DUCKDB_QUERIES = {
 
 
 CPU_TICKS = {}  # pid -> latest utime+stime (clock ticks) seen for processes of the sampled tree
-TICK = os.sysconf("SC_CLK_TCK")
 
 
 def tree_rss_kib(pid: int) -> int:
@@ -60,31 +62,12 @@ def tree_rss_kib(pid: int) -> int:
     can be reported next to the wall time: on a shared machine wall time says
     as much about the neighbours as about us.
     """
-    children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
-    ticks: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-            fields = stat.rsplit(")", 1)[1].split()
-            ppid = int(fields[1])
-            ticks[int(entry)] = int(fields[11]) + int(fields[12])
-            with open(f"/proc/{entry}/status") as f:
-                m = re.search(r"VmRSS:\s+(\d+)", f.read())
-            children.setdefault(ppid, []).append(int(entry))
-            rss[int(entry)] = int(m.group(1)) if m else 0
-        except (OSError, IndexError, ValueError):
-            continue
-    total, todo = 0, [pid]
-    while todo:
-        p = todo.pop()
-        total += rss.get(p, 0)
-        if p in ticks:
-            CPU_TICKS[p] = max(CPU_TICKS.get(p, 0), ticks[p])
-        todo.extend(children.get(p, []))
+    procs = snapshot(rss=True)
+    total = 0
+    for p in tree(pid, procs):
+        if p in procs:
+            total += procs[p].rss_kib
+            CPU_TICKS[p] = max(CPU_TICKS.get(p, 0), procs[p].ticks)
     return total
 
 

@@ -52,6 +52,7 @@ sys.path.insert(0, str(ROOT))
 
 from harness.kafka import LocalKafka, free_port, port_is_free  # noqa: E402
 from harness.tls import Pki  # noqa: E402
+from proc_tree import cpu_s as proc_cpu_s  # noqa: E402
 
 LIB = ROOT / ".kafka" / "4.3.1" / "lib"
 KAFKATAP = ROOT / ".venv" / "bin" / "kafkatap"
@@ -177,11 +178,8 @@ def pct(v: list[int], q: float) -> float:
 
 
 def cpu_s(pid: int | None) -> float:
-    """utime + stime of a process in seconds (/proc/PID/stat fields 14 and 15)."""
-    if pid is None:
-        return 0.0
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """utime + stime of one process in seconds (0 for the direct path, which has no proxy)."""
+    return 0.0 if pid is None else proc_cpu_s(pid)
 
 
 def rss_mb(pid: int) -> float:

@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from harness.kafka import free_port  # noqa: E402
+from proc_tree import tree_cpu_s  # noqa: E402
 
 CONNS_PER_LOADER = 16
 DEPTH = 32
@@ -109,30 +110,6 @@ def wait_ready(proxy: subprocess.Popen, workers: int, timeout: float = 120.0) ->
     threading.Thread(target=drain, daemon=True).start()
     if not found.wait(timeout):
         raise RuntimeError(f"the proxy did not report {want!r} (exit {proxy.poll()})")
-
-
-def tree_cpu_s(root: int) -> float:
-    """CPU seconds (user + system) of process `root` and all its descendants (workers, their writer processes)."""
-    parent: dict[int, int] = {}
-    ticks: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parent[int(entry)] = int(fields[1])
-        ticks[int(entry)] = int(fields[11]) + int(fields[12])
-    tree, todo = {root}, [root]
-    while todo:
-        pid = todo.pop()
-        for child, ppid in parent.items():
-            if ppid == pid and child not in tree:
-                tree.add(child)
-                todo.append(child)
-    return sum(ticks.get(pid, 0) for pid in tree) / os.sysconf("SC_CLK_TCK")
 
 
 def measure(workers: int, upstream: int, requests: dict[int, bytes], args: argparse.Namespace,

@@ -358,6 +358,19 @@ class Connection:
         if obs is not None:
             obs.feed(flow.request, data, now)
 
+    def _send_many(self, flow: Flow, pieces: list[bytes | memoryview], now: int) -> None:
+        """`_send` of consecutive pieces as one gathered write (the frame editor's output: views, not copies)."""
+        if self._faults is not None:  # a TCP fault counts and delays bytes piece by piece
+            for piece in pieces:
+                self._send(flow, piece, now)
+            return
+        flow.dst.transport.writelines(pieces)  # type: ignore[union-attr]
+        flow.stamps.handed(sum(map(len, pieces)), self.now())
+        obs = self.observer
+        if obs is not None:
+            for piece in pieces:
+                obs.feed(flow.request, piece, now)
+
     def _written(self, flow: Flow, nbytes: int) -> None:
         """A fault queue handed `nbytes` of `flow` to its transport."""
         flow.stamps.handed(nbytes, self.now())
@@ -598,17 +611,7 @@ class _EditorPort:
         self.conn._send(self._flow(request), data, now_ns)
 
     def send_many(self, request: bool, pieces: list[bytes | memoryview], now_ns: int) -> None:
-        conn, flow = self.conn, self._flow(request)
-        if conn._faults is not None:  # a TCP fault counts and delays bytes piece by piece
-            for piece in pieces:
-                conn._send(flow, piece, now_ns)
-            return
-        flow.dst.transport.writelines(pieces)  # type: ignore[union-attr]
-        flow.stamps.handed(sum(map(len, pieces)), conn.now())
-        obs = conn.observer
-        if obs is not None:
-            for piece in pieces:
-                obs.feed(request, piece, now_ns)
+        self.conn._send_many(self._flow(request), pieces, now_ns)
 
     def observe_only(self, request: bool, data: bytes, now_ns: int) -> None:
         flow = self._flow(request)

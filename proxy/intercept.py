@@ -274,12 +274,15 @@ class FrameEditor:
         copy into fresh pages for every large allocation); large pieces are views of the read, and
         the transport writes all pieces with one system call.
         """
-        out = side.out
-        if len(out) == 1:
-            self.out.send(side.request, out[0], now_ns)
+        pieces, side.out = side.out, []
+        self._write(side, pieces, now_ns)
+
+    def _write(self, side: _Side, pieces: list[bytes | memoryview], now_ns: int) -> None:
+        """One piece as it is, several as one gathered write."""
+        if len(pieces) == 1:
+            self.out.send(side.request, pieces[0], now_ns)
         else:
-            self.out.send_many(side.request, list(out), now_ns)
-        out.clear()
+            self.out.send_many(side.request, pieces, now_ns)
 
     def _feed(self, side: _Side, data: bytes, now_ns: int) -> None:
         n = len(data)
@@ -546,11 +549,7 @@ class FrameEditor:
         side.queued = 0
         now = self.clock()
         if q:
-            pieces = [data for data, _ in q]
-            if len(pieces) == 1:
-                self.out.send(side.request, pieces[0], now)
-            else:
-                self.out.send_many(side.request, pieces, now)
+            self._write(side, [data for data, _ in q], now)
         if side.holding:
             side.holding = False
             self.out.hold(side.request, False)

@@ -6,7 +6,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ from contextlib import contextmanager
 from collections.abc import Iterator
 from typing import Any
 
-from harness.kafka import LocalKafka, port_is_free
+from harness.kafka import LocalKafka, free_port, port_is_free
 from proxy.cluster import ClusterConfig, ClusterMode
 from proxy.running import RunningProxy
 
@@ -24,9 +23,7 @@ from proxy.running import RunningProxy
 def free_port_run(n: int, host: str = "127.0.0.1") -> int:
     """A port p such that p .. p+n-1 are all free (listen port, then one per broker above it)."""
     for _ in range(200):
-        with socket.socket() as s:
-            s.bind((host, 0))
-            p = s.getsockname()[1]
+        p = free_port(host)
         if p + n < 65000 and all(port_is_free(host, p + i) for i in range(n)):
             return p
     raise RuntimeError("no run of free ports")

@@ -17,6 +17,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -29,16 +30,20 @@ from protocol.apis import METADATA
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalKafka]:
+def _three_nodes(**kw: Any) -> Iterator[LocalKafka]:
     """Three combined broker+controller nodes, default advertised.listeners (their own addresses)."""
-    kafka = LocalKafka(nodes=3, heap="512m")
+    kafka = LocalKafka(nodes=3, heap="512m", **kw)
     kafka.start()
     try:
         yield kafka
     finally:
         kafka.stop()
         kafka.cleanup()
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalKafka]:
+    yield from _three_nodes()
 
 
 def _records_produced(sink, topic: str) -> int:
@@ -253,13 +258,7 @@ def test_broker_killed_and_restarted_leadership_moves_traffic_keeps_flowing(clus
 def cluster_37() -> Iterator[LocalKafka]:
     from harness.jars import INCIDENT_VERSION
 
-    kafka = LocalKafka(version=INCIDENT_VERSION, nodes=3, heap="512m")
-    kafka.start()
-    try:
-        yield kafka
-    finally:
-        kafka.stop()
-        kafka.cleanup()
+    yield from _three_nodes(version=INCIDENT_VERSION)
 
 
 def test_cluster_37(cluster_37, sink) -> None:
