@@ -33,7 +33,7 @@ section h2{margin:0 0 4px;font-size:18px}section h3{margin:18px 0 6px;font-size:
 .badge.critical{background:var(--crit)}.badge.warning{background:var(--warn)}.inc{color:var(--mute);font-size:12px}
 .finding details{margin-top:4px}.finding summary{cursor:pointer;color:var(--mute);font-size:12px}
 table{border-collapse:collapse;width:100%;font-size:12.5px;margin:0}th,td{padding:3px 8px;border-bottom:1px solid var(--line);text-align:left;vertical-align:top}
-th{background:#f3f4f6;position:sticky;top:0;font-weight:600;white-space:nowrap}td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+th{background:#f3f4f6;position:sticky;top:0;font-weight:600;vertical-align:bottom;overflow-wrap:normal;hyphens:none}td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 td{max-width:260px;overflow-wrap:break-word}header a{color:#93c5fd}td .c{display:-webkit-box;-webkit-line-clamp:2;-webkit-box-orient:vertical;overflow:hidden}
 td a{color:var(--info)}td.t{white-space:nowrap;font-variant-numeric:tabular-nums}h4{margin:12px 0 2px;font-size:13px;font-weight:600;color:#374151}
 .tablewrap{max-height:420px;overflow:auto;border:1px solid var(--line);border-radius:6px;margin:6px 0}

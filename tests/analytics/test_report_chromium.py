@@ -103,13 +103,16 @@ def _measure(page: Path, tmp_path: Path) -> tuple[int, int, str]:
     probe = page.with_name(f".probe-{page.name}")
     probe.write_text(page.read_text(encoding="utf-8").replace(
         "</body>", "<script>document.title='SIZE '+document.documentElement.scrollWidth+' '"
-                   "+document.documentElement.scrollHeight</script></body>"), encoding="utf-8")
+                   "+document.documentElement.scrollHeight+' '+Math.max(0,...Array.from("
+                   "document.querySelectorAll('.tablewrap'),e=>e.scrollWidth-e.clientWidth))</script></body>"),
+        encoding="utf-8")
     try:
         dom = _chromium([f"--window-size={VIEWPORT},900", "--dump-dom", probe.as_uri()], tmp_path / "profile-dom").stdout
     finally:
         probe.unlink()
-    m = re.search(r"<title>SIZE (\d+) (\d+)</title>", dom)
+    m = re.search(r"<title>SIZE (\d+) (\d+) (\d+)</title>", dom)
     assert m, dom[:2000]
+    assert int(m[3]) <= 1, f"{page.name}: a table needs horizontal scrolling inside its frame ({m[3]} px) at {VIEWPORT} px"
     return int(m[1]), int(m[2]), dom
 
 
