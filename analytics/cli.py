@@ -104,7 +104,7 @@ def input_problem(directory: str) -> str | None:
 
     Only what pyarrow can list is checked (local paths, and remote ones it has a
     filesystem for); anything else is left to Spark. The common slip of pointing
-    at one dataset (`rec/requests`) gets the parent directory as a hint.
+    at one dataset (`rec/requests`, or a partition inside it) gets the recording's directory as a hint.
     """
     from recording.reader import dataset_version, live_files
 
@@ -129,10 +129,15 @@ def input_problem(directory: str) -> str | None:
                 except OSError:
                     return None
         return None
-    name = directory.rstrip("/").rpartition("/")[2]
-    if name in DATASETS:
-        parent = directory.rstrip("/").rpartition("/")[0] or "."
-        return (f"{directory} is one dataset ({name}/) of a recording: use the parent directory, "
+    parts = directory.rstrip("/").split("/")
+    at = max((i for i, part in enumerate(parts)  # rec/requests, or a partition in it: rec/requests/proxy=p1/date=…
+              if part in DATASETS and all("=" in below for below in parts[i + 1:])), default=None)
+    if at is not None:
+        parent = "/".join(parts[:at]) or ("/" if directory.startswith("/") else ".")
+        if at == len(parts) - 1:
+            return (f"{directory} is one dataset ({parts[at]}/) of a recording: use the parent directory, "
+                    f"`kafkatap analyze {parent} …`")
+        return (f"{directory} is inside one dataset ({parts[at]}/) of a recording: use the recording's directory, "
                 f"`kafkatap analyze {parent} …`")
     return (f"{directory} holds no recording: expected requests/, connections/ or tcp/ with Parquet files "
             "(record one with `kafkatap proxy … --record DIR`)")

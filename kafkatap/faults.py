@@ -30,22 +30,24 @@ def _url(addr: str, path: str) -> str:
     try:
         host, port = parse_addr(addr)
     except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--addr") from None
+        raise click.BadParameter(str(exc), param_hint="'--addr'") from None
     host = f"[{host}]" if ":" in host else host
     return f"http://{host}:{port}{path}"
 
 
-def _call(method: str, url: str) -> Any:
-    req = urllib.request.Request(url, method=method)
+def _call(method: str, addr: str, path: str) -> Any:
+    """One request to the proxy's status address; its refusals and "nobody there" as one line each."""
+    from proxy.live import unreachable  # the same "no proxy status endpoint at …" line as `kafkatap top`
+
+    req = urllib.request.Request(_url(addr, path), method=method)
     try:
         with urllib.request.urlopen(req, timeout=TIMEOUT_S) as resp:
             return json.loads(resp.read().decode() or "null")
     except urllib.error.HTTPError as exc:
         text = exc.read().decode(errors="replace").strip() or exc.reason
         raise FaultCommandError(f"proxy answered {exc.code}: {text}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise FaultCommandError(f"cannot reach the proxy's status address {url}: {reason}") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:  # ValueError: an answer that is not JSON
+        raise FaultCommandError(unreachable(addr, exc)) from None
 
 
 _ADDR = click.option("--addr", required=True, metavar="[HOST:]PORT",
@@ -74,7 +76,7 @@ def fault() -> None:
 @click.argument("spec")
 def add(addr: str, spec: str) -> None:
     """Add one fault; prints its id (for `clear --id`)."""
-    rule = _call("POST", _url(addr, "/faults?spec=" + quote(spec, safe="")))
+    rule = _call("POST", addr, "/faults?spec=" + quote(spec, safe=""))
     click.echo(f"added fault #{rule['id']}: {rule['spec']}")
 
 
@@ -83,7 +85,7 @@ def add(addr: str, spec: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the proxy's JSON document.")
 def list_(addr: str, as_json: bool) -> None:
     """List the faults with their counts (matched, injected, skipped) and whether they are active."""
-    doc = _call("GET", _url(addr, "/faults"))
+    doc = _call("GET", addr, "/faults")
     if as_json:
         click.echo(json.dumps(doc, indent=2))
         return
@@ -105,5 +107,5 @@ def list_(addr: str, as_json: bool) -> None:
 @click.option("--id", "rule_id", type=click.IntRange(min=1), default=None, help="Only this fault (default: all).")
 def clear(addr: str, rule_id: int | None) -> None:
     """Remove one fault (--id) or all of them."""
-    doc = _call("DELETE", _url(addr, "/faults" + (f"/{rule_id}" if rule_id else "")))
+    doc = _call("DELETE", addr, "/faults" + (f"/{rule_id}" if rule_id else ""))
     click.echo(f"cleared {doc['cleared']} fault(s)")

@@ -240,7 +240,7 @@ def parse_tcp_fault(spec: str, per: dict[str, dict[str, object]], other: dict[st
             if len(parts) > 1:
                 per[d]["jitter_ms"] = _number(parts[1], "JITTER_MS", spec)
         elif name == "bandwidth":
-            per[d]["bandwidth_bps"] = int(_number(parts[0], "BYTES_PER_S", spec, positive=True))
+            per[d]["bandwidth_bps"] = int(_number(parts[0], "BYTES_PER_S", spec, integer=True, positive=True))
         else:
             per[d]["close_after_bytes"] = int(_number(parts[0], "BYTES", spec, integer=True))
 

@@ -41,7 +41,18 @@ def fetch(addr: str, path: str, timeout: float = 3.0) -> bytes:
 
 
 def unreachable(addr: str, exc: BaseException) -> str:
-    """One line for "no proxy there", without urllib's `<urlopen error [Errno 111] …>` wrapping."""
+    """One line for "no proxy there", without urllib's `<urlopen error [Errno 111] …>` wrapping.
+
+    An HTTP error means something answered, just not a kafkatap status endpoint (another
+    service on that port, a web proxy in between): "(not found)" alone would read as
+    "nothing there", so the status code and that reading are said.
+    """
+    if isinstance(exc, urllib.error.HTTPError):
+        return (f"{addr} answered HTTP {exc.code} ({str(exc.reason).lower()}): not a kafkatap status endpoint. "
+                f"Is the proxy running with --status-addr {addr}?")
+    if isinstance(exc, ValueError):  # answered 200, but not our JSON / metrics
+        return (f"{addr} answered, but not as a kafkatap status endpoint (its answer is not kafkatap's JSON). "
+                f"Is the proxy running with --status-addr {addr}?")
     reason: object = getattr(exc, "reason", exc)
     text = getattr(reason, "strerror", None) or str(reason)
     return (f"no proxy status endpoint at {addr} ({str(text).lower()}). Is the proxy running with "

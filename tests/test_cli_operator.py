@@ -62,12 +62,13 @@ def test_out_of_range_ports_are_refused_not_wrapped(args: list[str], line: str) 
     assert res.returncode == 2 and error_line(res) == line
 
 
-def test_busy_status_port_is_one_line_and_exit_2(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", ["1", "2"])  # one process, and the parent that serves its workers' status merged
+def test_busy_status_port_is_one_line_and_exit_2(tmp_path: Path, workers: str) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        res = run("proxy", "--listen", "127.0.0.1:0", "--upstream", f"127.0.0.1:{free_port()}",
+        res = run("proxy", "--listen", "127.0.0.1:0", "--upstream", f"127.0.0.1:{free_port()}", "--workers", workers,
                   "--status-addr", str(port), "--record", str(tmp_path / "rec"), env={"KAFKATAP_LOG_FORMAT": "json"})
     assert res.returncode == 2, res.stderr
     assert "Traceback" not in res.stderr
@@ -75,11 +76,22 @@ def test_busy_status_port_is_one_line_and_exit_2(tmp_path: Path) -> None:
     errors = [e for e in errors if e.get("level") == "error"]
     assert len(errors) == 1, res.stderr
     assert errors[0]["event"] == "cannot serve the status endpoint" and "in use" in errors[0]["error"]
+    assert not (tmp_path / "rec").exists()  # checked before anything started: no recorder, no workers
 
 
 def test_help_says_where_a_bare_port_binds() -> None:
     text = " ".join(run("proxy", "--help").stdout.split())
     assert "A bare PORT (or :PORT) binds 0.0.0.0" in text and "A bare PORT binds 127.0.0.1" in text
+
+
+@pytest.mark.parametrize("spec, says", [
+    ("bandwidth=both:0.5", "BYTES_PER_S '0.5' is not an integer"),  # was rounded down to 0 bytes/s, which 0 itself is not
+    ("close-after=to-client:1.5", "BYTES '1.5' is not an integer"),
+])
+def test_fault_values_are_not_rounded_silently(spec: str, says: str) -> None:
+    res = run("proxy", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:9", "--fault", spec)
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr.strip().splitlines() == [f"Error: bad fault spec {spec!r}: {says}"]
 
 
 # ---------------------------------------------------------------- iptables
@@ -120,6 +132,19 @@ def test_analyze_one_dataset_hints_at_the_parent(tmp_path: Path) -> None:
     assert res.returncode == 2
     assert error_line(res) == ("Error: Invalid value for 'DIR': rec/requests is one dataset (requests/) of a "
                                "recording: use the parent directory, `kafkatap analyze rec …`")
+
+
+def test_analyze_inside_a_dataset_hints_at_the_recording(tmp_path: Path) -> None:
+    """A partition directory (rec/requests/proxy=p1/…) is the same slip one level deeper."""
+    (tmp_path / "rec" / "requests" / "proxy=p1" / "date=2026-11-23").mkdir(parents=True)
+    res = run("analyze", "rec/requests/proxy=p1/date=2026-11-23", "--out", "out", cwd=tmp_path)
+    assert res.returncode == 2
+    assert error_line(res) == ("Error: Invalid value for 'DIR': rec/requests/proxy=p1/date=2026-11-23 is inside one "
+                               "dataset (requests/) of a recording: use the recording's directory, "
+                               "`kafkatap analyze rec …`")
+    (tmp_path / "topics" / "mine").mkdir(parents=True)  # a directory merely named like a dataset: no such hint
+    assert "holds no recording" in error_line(run("analyze", "topics/mine", "--out", "out", cwd=tmp_path))
+    assert not (tmp_path / "out").exists()
 
 
 def test_analyze_compare_side_is_checked_too(tmp_path: Path) -> None:
@@ -224,6 +249,16 @@ def test_help_example_parses(where: str, line: str, tmp_path: Path, monkeypatch:
         pytest.fail(f"{where}: `{line}` does not parse: {exc.format_message()}")
 
 
+def test_every_document_a_help_names_exists() -> None:
+    """`scenario --help` pointed to a docs/incidents.md that did not exist: every path a --help names must."""
+    named = set()
+    for cmd, ctx in _commands(cli, click.Context(cli, info_name="kafkatap")):
+        named |= {(ctx.command_path, m) for m in re.findall(r"\b(?:docs|bench)/[\w./-]+\.md\b", cmd.get_help(ctx))}
+    assert ("kafkatap scenario", "docs/incidents.md") in named
+    for where, path in named:
+        assert (ROOT / path).is_file(), f"`{where} --help` names {path}, which does not exist"
+
+
 def test_kafka_up_takes_kafka_version_like_every_other_command() -> None:
     text = run("kafka", "up", "--help").stdout
     assert "--kafka-version" in text and "--version " not in text  # the old spelling is hidden
@@ -233,13 +268,46 @@ def test_kafka_up_takes_kafka_version_like_every_other_command() -> None:
 
 
 # ---------------------------------------------------------------- top without a proxy
-def test_top_without_a_proxy_is_one_clear_line() -> None:
+@pytest.mark.parametrize("command", [["top", "--once"], ["fault", "list"], ["fault", "clear"]])
+def test_no_proxy_is_one_clear_line(command: list[str]) -> None:
     port = free_port()
-    res = run("top", "--addr", str(port), "--once")
+    res = run(*command, "--addr", str(port))
     assert res.returncode == 1
     assert res.stderr.strip().splitlines() == [
         f"Error: no proxy status endpoint at {port} (connection refused). Is the proxy running with "
         f"--status-addr {port}?"]
+
+
+@pytest.mark.parametrize("status, body, says", [
+    (404, b"no such page", "answered HTTP 404 (not found): not a kafkatap status endpoint."),
+    (200, b"<html>a web server</html>", "answered, but not as a kafkatap status endpoint (its answer is not "
+                                        "kafkatap's JSON)."),
+])
+def test_top_against_something_else_says_so(status: int, body: bytes, says: str) -> None:
+    """Another service on the port answers: one line saying it is not a kafkatap endpoint, not "(not found)"."""
+    import http.server
+    import threading
+
+    class Other(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Other) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        port = server.server_address[1]
+        res = run("top", "--addr", str(port), "--once", "--interval", "0.2")
+        fault = run("fault", "list", "--addr", str(port))  # `kafkatap fault` talks to the same endpoint
+        server.shutdown()
+    line = f"Error: {port} {says} Is the proxy running with --status-addr {port}?"
+    assert res.returncode == 1 and res.stderr.strip().splitlines() == [line]
+    if status == 200:  # (an HTTP error is the proxy's own refusal for `fault`: "proxy answered 404: …")
+        assert fault.returncode == 1 and fault.stderr.strip().splitlines() == [line]
 
 
 # ---------------------------------------------------------------- top: per client, nothing cut silently
@@ -281,6 +349,25 @@ def test_top_shows_one_row_per_client_with_whole_versions() -> None:
     assert len(long) == 1 and "…" in long[0]  # what does not fit is cut visibly
     per_conn = render(stats.clients_json(), metrics, prev, 1.0, 400, 50, False, per_connection=True).splitlines()
     assert len([ln for ln in per_conn if ln.startswith("billing ")]) == 2
+
+
+def test_top_rates_are_numbers_from_two_polls() -> None:
+    """REQ/S is the difference of two polls over their interval: 4 more billing requests in 2 s is 2.0 per second."""
+    from proxy.live import parse_metrics, render, snapshot_counts
+
+    stats = _stats()
+    prev = (0.0, snapshot_counts(stats.clients_json(), parse_metrics(stats.render_prometheus())))
+    for _ in range(2):
+        stats.request(_conn_row("c1", "billing", "kafka-python", "3.0.12", "10.0.0.1:9092", "10.0.0.9:5000"))
+        stats.request(_conn_row("c2", "billing", "kafka-python", "3.0.12", "10.0.0.2:9092", "10.0.0.9:5001"))
+    screen = render(stats.clients_json(), parse_metrics(stats.render_prometheus()), prev, 2.0, 400, 50, False)
+    lines = screen.splitlines()
+    assert " 2.0 req/s " in lines[0], lines[0]
+    header = lines[3].split()
+    billing = next(ln for ln in lines if ln.startswith("billing ")).split()
+    assert billing[header.index("REQ/S") + 1] == "2.0"  # SOFTWARE is two cells ("kafka-python 3.0.12")
+    analytics = next(ln for ln in lines if ln.startswith("analytics ")).split()
+    assert analytics[header.index("REQ/S") + 1] == "0"
 
 
 def test_top_once_rates_and_per_connection(tmp_path: Path) -> None:
