@@ -9,11 +9,16 @@ as an operator would run it, with /metrics on.
 
 Probes:
 * **fairness** — a ping connection (one tiny request at a time) alone, then
-  beside a flood connection pipelining tiny frames; p50/p99 of the ping and
-  the ratio loaded/unloaded, with decoding off (reference), recording off and
-  recording on. Fair on a small machine: the proxy runs alone on CPU 0, the
-  flood, the responder and the pinger on the other CPUs (sched_setaffinity;
-  `--no-pin` to compare), and the flood is paced: first a calibration run
+  beside a flood connection pipelining tiny frames on another route of the
+  same proxy process; p50/p99 of the ping and the ratio loaded/unloaded, with
+  decoding off (reference), recording off and recording on. Fair on a small
+  machine: the proxy runs alone on CPU 0, the flood and its responder on the
+  other CPUs (sched_setaffinity; `--no-pin` to compare); the ping has a
+  responder of its own, and the pinger and that responder run at real-time
+  priority (SCHED_FIFO, they sleep between pings), so that what delays a ping
+  is the proxy, not a wait for a core behind the flood's own processes. The
+  `--no-decode` row is the check of that: forwarding alone must not move the
+  ping. The flood is paced: first a calibration run
   measures how fast one unpaced flood gets through the `--no-decode` proxy,
   then every probe floods at `--flood-share` of that — enough to keep the
   proxy's CPU busy once it decodes, without starving the pinger of its own
@@ -63,9 +68,17 @@ def req(cid: int, key: int = 18, ver: int = 0, client_id: bytes = b"c") -> bytes
 
 
 # ---------------------------------------------------------------- processes of their own
-def responder(port_file: str) -> None:
+def realtime() -> None:
+    """Run this process at real-time priority: it sleeps between pings, and must not wait for a core when woken."""
+    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
+
+
+def responder(port_file: str, rt: bool = False) -> None:
     """Answer every request frame with an ApiVersions v0 response (same correlation id)."""
     import asyncio
+
+    if rt:
+        realtime()
 
     TINY = struct.Struct(">ihhihc")
     ANSWER = struct.Struct(">iihi").pack
@@ -144,10 +157,15 @@ def cpu_s(pid: int) -> float:
 
 # ---------------------------------------------------------------- the bench process
 class Proxy:
-    def __init__(self, upstream: int, record: bool, tmp: Path, decode: bool = True) -> None:
+    def __init__(self, upstream: int, record: bool, tmp: Path, decode: bool = True, ping_upstream: int = 0) -> None:
+        """One proxy process; with `ping_upstream`, a second route (`ping_port`) to the ping's own responder."""
         self.port = free_port()
         self.status = free_port()
-        cmd = [str(KAFKATAP), "proxy", "--workers", "1", "--listen", f"127.0.0.1:{self.port}", "--upstream", f"127.0.0.1:{upstream}",
+        self.ping_port = free_port() if ping_upstream else 0
+        routes = ["--route", f"127.0.0.1:{self.port}=127.0.0.1:{upstream}"]
+        if ping_upstream:
+            routes += ["--route", f"127.0.0.1:{self.ping_port}=127.0.0.1:{ping_upstream}"]
+        cmd = [str(KAFKATAP), "proxy", "--workers", "1", *routes,
                "--status-addr", str(self.status), "--no-tcp-info", "--shutdown-timeout", "2"]
         if not decode:
             cmd.append("--no-decode")
@@ -157,12 +175,19 @@ class Proxy:
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
         wait_port(self.port)
+        if record and cpus:  # the writer process, like every process but the proxy's loop, runs on the other CPUs
+            from bench.proc_tree import snapshot, tree
+            for pid in tree(self.proc.pid, snapshot())[1:]:
+                os.sched_setaffinity(pid, os.sched_getaffinity(0))
+        if ping_upstream:
+            wait_port(self.ping_port)
         wait_port(self.status)
         # wait_port's own connection must be recorded first: probes count connections from here
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             m = self.metrics()
-            if metric(m, "kafkatap_connections_total") >= 1 and metric(m, "kafkatap_open_connections") == 0:
+            if (metric(m, "kafkatap_connections_total") >= 1 + bool(ping_upstream)
+                    and metric(m, "kafkatap_open_connections") == 0):
                 break
             time.sleep(0.05)
 
@@ -203,6 +228,19 @@ def pings(port: int, n: int) -> list[float]:
         out.append(time.perf_counter() - t0)
     c.close()
     return out
+
+
+def pinger(port: int, n: int) -> None:
+    """The ping, as its own real-time process: 200 warm-up pings, then n; prints the n round trips in seconds."""
+    realtime()
+    pings(port, 200)
+    print(" ".join(f"{x:.9f}" for x in pings(port, n)), flush=True)
+
+
+def ping_run(port: int, n: int) -> list[float]:
+    out = subprocess.run([sys.executable, __file__, "--role", "pinger", str(port), str(n)], capture_output=True,
+                         text=True, timeout=600, check=True).stdout
+    return [float(x) for x in out.split()]
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -265,19 +303,18 @@ def calibrate(upstream: int, tmp: Path, seconds: float = 3.0) -> list[str]:
             f"{REFERENCE['max_rate'] / 1e6:.0f} MB/s through the proxy, proxy CPU {busy:.0%} of a core", "reference"]
 
 
-def fairness(upstream: int, record: bool, tmp: Path, n: int, flood_s: float, decode: bool = True,
+def fairness(upstream: int, ping_upstream: int, record: bool, tmp: Path, n: int, flood_s: float, decode: bool = True,
              share: float = 0.7, pace: float = 0.0) -> list[str]:
     """One fairness row: the flood paced at `share` of the calibrated rate, or at `pace` bytes/s when given."""
-    proxy = Proxy(upstream, record, tmp, decode)
+    proxy = Proxy(upstream, record, tmp, decode, ping_upstream=ping_upstream)
     target = pace or REFERENCE["max_rate"] * share
     try:
-        pings(proxy.port, 200)  # warm-up
-        alone = pings(proxy.port, n)
+        alone = ping_run(proxy.ping_port, n)
         f = subprocess.Popen([sys.executable, __file__, "--role", "flood", str(proxy.port), str(flood_s), str(target)],
                              stdout=subprocess.PIPE, text=True)
         time.sleep(0.5)  # let the flood get going (a bench, not a test)
         c0, t0 = cpu_s(proxy.proc.pid), time.monotonic()
-        loaded = pings(proxy.port, n)
+        loaded = ping_run(proxy.ping_port, n)
         busy = (cpu_s(proxy.proc.pid) - c0) / (time.monotonic() - t0)
         still = f.poll() is None
         out, _ = f.communicate(timeout=flood_s + 30)
@@ -354,7 +391,7 @@ def accounting(upstream: int, tmp: Path) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--role", nargs="*")
-    ap.add_argument("--pings", type=int, default=2000)
+    ap.add_argument("--pings", type=int, default=5000)
     ap.add_argument("--flood-s", type=float, default=10.0)
     ap.add_argument("--flood-share", type=float, default=0.7,
                     help="flood pace as a share of the calibrated unpaced rate through the --no-decode proxy")
@@ -367,38 +404,44 @@ def main() -> None:
     if args.role:
         role, *rest = args.role
         if role == "responder":
-            responder(rest[0])
+            responder(rest[0], rt=len(rest) > 1 and rest[1] == "rt")
+        elif role == "pinger":
+            pinger(int(rest[0]), int(rest[1]))
         elif role == "flood":
             flood(int(rest[0]), float(rest[1]), float(rest[2]) if len(rest) > 2 else 0.0)
         return
     if not args.no_pin:
         pin({min(os.sched_getaffinity(0))})
     tmp = Path(tempfile.mkdtemp(prefix="kt-hostile-"))
-    port_file = tmp / "port"
-    up = subprocess.Popen([sys.executable, __file__, "--role", "responder", str(port_file)])
+    port_file, ping_file = tmp / "port", tmp / "ping-port"
+    ups = [subprocess.Popen([sys.executable, __file__, "--role", "responder", str(port_file)]),
+           subprocess.Popen([sys.executable, __file__, "--role", "responder", str(ping_file), "rt"])]
     try:
-        while not port_file.exists() or not port_file.read_text():
-            time.sleep(0.05)
-        upstream = int(port_file.read_text())
-        share = args.flood_share
+        for f in (port_file, ping_file):
+            while not f.exists() or not f.read_text():
+                time.sleep(0.05)
+        upstream, ping_up = int(port_file.read_text()), int(ping_file.read_text())
+        share, n, secs, decodable = args.flood_share, args.pings, args.flood_s, args.decodable_mbps * 1e6
         table = [calibrate(upstream, tmp),
-                 fairness(upstream, False, tmp, args.pings, args.flood_s, decode=False, share=share),
-                 fairness(upstream, False, tmp, args.pings, args.flood_s, share=share),
-                 fairness(upstream, True, tmp, args.pings, args.flood_s, share=share),
-                 fairness(upstream, False, tmp, args.pings, args.flood_s, pace=args.decodable_mbps * 1e6),
-                 fairness(upstream, True, tmp, args.pings, args.flood_s, pace=args.decodable_mbps * 1e6)]
+                 fairness(upstream, ping_up, False, tmp, n, secs, decode=False, share=share),
+                 fairness(upstream, ping_up, False, tmp, n, secs, share=share),
+                 fairness(upstream, ping_up, True, tmp, n, secs, share=share),
+                 fairness(upstream, ping_up, False, tmp, n, secs, pace=decodable),
+                 fairness(upstream, ping_up, True, tmp, n, secs, pace=decodable)]
         if not args.only_fairness:
             table += [*memory(upstream, tmp), accounting(upstream, tmp)]
     finally:
-        up.kill()
-        up.wait()
+        for up in ups:
+            up.kill()
+            up.wait()
         shutil.rmtree(tmp, ignore_errors=True)
     w = [max(len(r[i]) for r in table) for i in range(3)]
     print(f"{'probe':<{w[0]}} | {'result':<{w[1]}} | bound")
     print(f"{'-' * w[0]}-|-{'-' * w[1]}-|-{'-' * w[2]}")
     for r in table:
         print(f"{r[0]:<{w[0]}} | {r[1]:<{w[1]}} | {r[2]}")
-    where = (f"proxy pinned to CPU {sorted(PROXY_CPUS)}, bench/flood/responder on {sorted(os.sched_getaffinity(0))}"
+    where = (f"proxy pinned to CPU {sorted(PROXY_CPUS)}, bench/flood/responders/pinger on "
+             f"{sorted(os.sched_getaffinity(0))} (pinger and its responder SCHED_FIFO)"
              if PROXY_CPUS else "not pinned")
     print(f"load: {os.getloadavg()[0]:.2f} (1 min), cpus {os.cpu_count()}; {where}")
 

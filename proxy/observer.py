@@ -16,7 +16,7 @@ pipelining tiny frames could keep the loop busy decoding and starve every
 other connection's *forwarding*. Observation is therefore budgeted per loop
 turn by one `ObserveScheduler` per loop: a chunk no larger than the connection's
 current slice is decoded at once while the turn's budget lasts
-(`TURN_BUDGET` units: one per frame decoded, one per chunk or slice) and no
+(`TURN_NS` of decoding, and at most `TURN_BUDGET` units: one per frame decoded, one per chunk or slice) and no
 backlog is queued for that connection; otherwise the chunk is queued (what
 the budget still allows is decoded at once) and the scheduler decodes the queues round-robin, one slice
 at a time, a budget per `loop.call_soon` turn, so I/O callbacks (forwarding)
@@ -44,6 +44,7 @@ import asyncio
 import weakref
 from collections import deque
 from collections.abc import Callable
+from time import perf_counter_ns
 from typing import Any, Protocol
 
 from protocol.apis import PRODUCE
@@ -58,14 +59,24 @@ Log = Callable[..., None]  # log(level, event, **fields), bound to the connectio
 MAX_CLIENT_IDS = 16  # distinct client_id values kept per connection
 
 
-# Decode units per loop turn, and the smallest slice a queued chunk is decoded in. Another connection
-# waits for about one turn plus one slice of this work: a tiny pipelined frame costs ~10-15 µs to decode,
-# pair and row, so 4 KiB slices (273 such frames) held a ping beside a flood the decoder keeps up with
-# for 6-9 ms at the median (with 256 units); 1 KiB slices and 128 units: ~2-4 ms (bench/hostile.py,
-# "decoder keeps up" rows, 2 shared cores). 64 units were better still for the ping but let a 1 GiB
-# full-speed stream fall behind the relay (tests/proxy/test_bytes.py: no longer decoded to its end).
+# What one loop turn may spend decoding, and the smallest slice a queued chunk is decoded in. Another
+# connection waits for about one turn plus one slice of this work. A tiny pipelined frame costs ~10-15 µs
+# to decode, pair and row, so a budget counted in frames alone was either long for tiny frames (128 units
+# and 1 KiB slices held a ping beside a flood the decoder keeps up with for 2-4 ms at the median,
+# bench/hostile.py) or short for large ones (64 units let a 1 GiB full-speed stream of large frames fall
+# behind the relay, tests/proxy/test_bytes.py). A turn is therefore bounded by time (`TURN_NS`), checked
+# after each slice, and slices aim at 2-8 frames; the unit cap stays as a bound on rows per turn.
+# Forwarding itself is not budgeted (libuv reads up to 8 MiB per socket per loop iteration), so a chunk
+# that has to queue also earns decoding time where it is read: 1 ns per 2**`CREDIT_SHIFT` bytes (32 µs
+# per 256 KiB read), about an eighth of what forwarding it cost. That keeps up with large frames at full
+# speed (a 256 KiB slice of a large frame decodes in ~4 µs), while a flood of tiny frames (~10 µs each)
+# falls behind and, past `MAX_BACKLOG_BYTES`, goes opaque, counted, instead of delaying every other
+# connection.
+TURN_NS = 30_000
+CREDIT_SHIFT = 3
 TURN_BUDGET = 128
-SLICE_MIN, SLICE_MAX = 1024, 256 * 1024  # a queued chunk is decoded a slice at a time, sized by frame density
+SLICE_MIN, SLICE_MAX = 64, 256 * 1024  # a queued chunk is decoded a slice at a time, sized by frame density
+UNANSWERED_STEP = 16  # rows of requests left unanswered at close built per step of a turn
 # Queued, not yet decoded bytes per connection before it goes opaque. libuv reads up to 32 × 256 KiB from
 # one socket per loop iteration, so the bound must hold a few such bursts of cheap (large) frames.
 MAX_BACKLOG_BYTES = 16 << 20
@@ -79,6 +90,7 @@ class ObserveScheduler:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.used = 0  # units spent in this turn
+        self.until = 0  # perf_counter_ns() at which this turn's decoding time is spent
         self.ready: deque[Observer] = deque()
         self.scheduled = False
 
@@ -96,8 +108,28 @@ class ObserveScheduler:
             self.scheduled = True
             self.loop.call_soon(self._turn)
 
+    def over(self) -> bool:
+        """This turn's budget (time or units) is spent."""
+        return self.used >= TURN_BUDGET or perf_counter_ns() >= self.until
+
+    def may_decode_now(self) -> bool:
+        """A chunk may be decoded in this I/O callback: the turn has budget left, or no turn is pending and
+        the last one's window has passed (an idle loop: a new window opens here)."""
+        if self.used >= TURN_BUDGET:
+            return False
+        now = perf_counter_ns()
+        if now < self.until:
+            return True
+        if self.scheduled:  # spent in this loop iteration: the pending turn opens the next window
+            return False
+        self.until = now + TURN_NS
+        return True
+
     def wait(self, obs: Observer) -> None:
-        """`obs` has queued work: give it slices round-robin from the next turn on."""
+        """`obs` has queued work: give it slices round-robin from the next turn on (once, however often asked)."""
+        if obs.waiting:
+            return
+        obs.waiting = True
         self.ready.append(obs)
         if not self.scheduled:
             self.scheduled = True
@@ -105,12 +137,15 @@ class ObserveScheduler:
 
     def _turn(self) -> None:
         self.used = 0
+        self.until = perf_counter_ns() + TURN_NS
         ready = self.ready
-        while ready and self.used < TURN_BUDGET:
+        while ready and not self.over():
             obs = ready.popleft()
             if obs.step():
                 ready.append(obs)
-        if ready or self.used >= TURN_BUDGET:
+            else:
+                obs.waiting = False
+        if ready or self.over():
             self.loop.call_soon(self._turn)
         else:
             self.scheduled = False
@@ -150,6 +185,7 @@ class Observer:
         self._backlog_bytes = 0
         self._closed: Callable[[], None] | None = None
         self._slice = SLICE_MIN
+        self.waiting = False  # in the scheduler's ready queue
         self._unanswered: deque[RequestSeen] = deque()  # left unanswered by the end, rows not built yet
 
     @property
@@ -170,7 +206,7 @@ class Observer:
             self._observe(request, data, now_ns)
             return
         backlog = self._backlog
-        if not backlog and sched.used < TURN_BUDGET and len(data) <= self._slice:  # the common case: now
+        if not backlog and len(data) <= self._slice and sched.may_decode_now():  # the common case: now
             f = self.facts
             before = f.requests + f.from_broker.frames
             self._observe(request, data, now_ns)
@@ -179,28 +215,32 @@ class Observer:
         if self.stream is None:
             self.settle(request)
             return
+        n = len(data)
         backlog.append([request, data, now_ns, 0])
-        self._backlog_bytes += len(data)
-        if len(backlog) == 1:  # falling behind from here: decode what this turn allows, queue the rest
+        self._backlog_bytes += n
+        if len(backlog) == 1:  # falling behind from here: flush marks keep the "sent" times of each flush
             self._req_stamps.mark()
             self._resp_stamps.mark()
-            while sched.used < TURN_BUDGET and self.step():
-                pass
-            if backlog:
-                sched.wait(self)
-        elif self._backlog_bytes > MAX_BACKLOG_BYTES:
+        deadline = perf_counter_ns() + (n >> CREDIT_SHIFT)  # what this read earned, then the turns' share
+        while perf_counter_ns() < deadline and self.step():
+            pass
+        if not backlog:
+            return
+        if self._backlog_bytes > MAX_BACKLOG_BYTES:
             self._fall_behind()
+        else:
+            sched.wait(self)
 
     def _spent(self, frames: int, size: int) -> None:
-        """Charge a decoded slice to the turn, and size the next slice to ~16-64 frames (about equal cost)."""
-        if frames > 64:
+        """Charge a decoded slice to the turn, and size the next slice to ~2-8 frames (about equal cost)."""
+        if frames > 8:
             self._slice = max(SLICE_MIN, size // 2)
-        elif frames < 16 and size >= self._slice:
+        elif frames < 2 and size >= self._slice:
             self._slice = min(SLICE_MAX, self._slice * 2)
         sched = self._sched
         assert sched is not None
         sched.used += frames + 1
-        if sched.used >= TURN_BUDGET and not sched.scheduled:
+        if not sched.scheduled and sched.over():
             sched.scheduled = True
             sched.loop.call_soon(sched._turn)
 
@@ -209,7 +249,7 @@ class Observer:
         if self._unanswered:
             sched = self._sched
             assert sched is not None
-            n = max(16, TURN_BUDGET - sched.used)
+            n = UNANSWERED_STEP
             self._emit_unanswered(n)
             sched.used += n  # only ever run from a turn, which reschedules itself
             if self._unanswered:

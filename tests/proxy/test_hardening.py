@@ -371,6 +371,35 @@ def test_closing_with_thousands_unanswered_builds_rows_a_budget_per_turn():
     assert obs.facts.rows == 5_000 and all(r["status"] == "unanswered" for r in out.requests)
 
 
+def test_a_turn_of_tiny_frames_is_bounded_by_time_not_by_a_frame_count():
+    """A turn once decoded 128 frames whatever they cost (~1.3 ms of tiny frames with rows, which every other
+    connection waited for); now it stops after `TURN_NS` of work plus one slice of 2-8 frames."""
+    loop = asyncio.new_event_loop()
+    per_turn: list[int] = []
+    try:
+        obs, req, _, out = _observer(scheduler=ObserveScheduler(loop))
+        data = b"".join(_req(cid % 5_000) for cid in range(5_000))
+        req.handed(len(data), 10)
+        obs.feed(True, data, 5)  # 75 kB of 15-byte frames: what this read earned is decoded, the rest queued
+        per_turn.append(obs.facts.requests)
+
+        def count() -> None:
+            per_turn.append(obs.facts.requests)
+            if obs.behind:
+                loop.call_soon(count)
+            else:
+                loop.stop()
+
+        loop.call_soon(count)
+        loop.run_forever()
+    finally:
+        loop.close()
+    steps = [b - a for a, b in zip([0, *per_turn], per_turn)]
+    assert obs.facts.requests == 5_000 and not obs.behind
+    # ~10 µs per frame: 30 µs and a slice are a handful of frames; 40 leaves room for a fast machine
+    assert max(steps) <= 40 < TURN_BUDGET, steps
+
+
 def test_the_proxy_process_freezes_start_up_objects_out_of_the_collector():
     import gc
 
@@ -434,7 +463,9 @@ def test_a_forced_close_finishes_observation_at_once():
         data = b"".join(_req(cid) for cid in range(2_000))
         req.handed(len(data), 10)
         obs._sched.spend_all()  # type: ignore[union-attr]
-        obs.feed(True, data, 5)  # queued behind the spent budget
+        obs.feed(True, data, 5)  # queued behind the spent budget (but for the slice or two this read earned)
+        decoded = obs.facts.requests
+        assert decoded < 100
         obs.close(99, lambda: ended.append(True))
         assert obs.behind and not ended
         obs.hurry()
@@ -442,6 +473,9 @@ def test_a_forced_close_finishes_observation_at_once():
         loop.close()
     f = obs.facts
     assert ended == [True] and not obs.behind
-    # nothing lost without a count: the queued bytes were never decoded and say so
-    assert f.requests == 0 == len(out.requests) and f.skipped_bytes == len(data)
+    # nothing lost without a count: what was decoded is counted as dropped (its connection gave up observing),
+    # the queued bytes were never decoded and say so
+    assert f.requests == decoded and len(out.requests) == 0 and f.dropped == ({"observation_backlog": decoded}
+                                                                              if decoded else {})
+    assert 0 <= len(data) - f.skipped_bytes - decoded * len(_req(0)) < len(_req(0))  # at most a frame's start
     assert f.opaque_kind == "observation_backlog"
