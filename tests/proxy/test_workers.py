@@ -194,7 +194,10 @@ def test_sigterm_under_load_stops_every_worker_without_losing_rows(start_proxy, 
             if not stop.is_set():
                 errors.append(exc)
         finally:
-            prod.close(timeout=0)
+            try:
+                prod.close(timeout=0)  # records still queued for a stopped proxy: kafka-python raises on them
+            except Exception:  # noqa: BLE001 — the load's end, not what the test checks
+                pass
 
     threads = [threading.Thread(target=load, args=(i,), daemon=True) for i in range(6)]
     for t in threads:
