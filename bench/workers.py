@@ -13,7 +13,8 @@ How (and why this way):
    saturates. `--upstreams K` runs K of them on one port (SO_REUSEPORT).
 3. The load generator runs in its own processes (`--loaders`, default 2): each is the
    pipelining wire client of `recording_cost.Load` (16 connections x 32 requests in
-   flight) with no rate limit, so the proxy is always busy; each loader counts the
+   flight) with no rate limit, so the proxy is always busy (`--rate R` offers R requests/s
+   in all instead: below saturation, every request should be decoded); each loader counts the
    responses it received in the measurement window.
 4. The proxy is the real command, `kafkatap proxy --workers N --record DIR` (recording on,
    as an operator runs it; `--no-record` to measure the relay alone), started fresh for
@@ -78,14 +79,16 @@ def upstream_main(port: int, responses: dict[int, bytes], ready: mp.synchronize.
     uvloop.run(main())
 
 
-def loader_main(port: int, requests: dict[int, bytes], warm: float, window: float, out: mp.Queue) -> None:
-    """One load process: saturating pipelined load for warm + window s; reports responses in the window."""
+def loader_main(port: int, requests: dict[int, bytes], warm: float, window: float, out: mp.Queue,
+                rate: float = 1e9) -> None:
+    """One load process: pipelined load (saturating unless `rate` requests/s) for warm + window s; reports
+    responses in the window."""
     import uvloop
 
     from recording_cost import Load
 
     async def main() -> None:
-        load = Load(requests, rate=1e9, conns=CONNS_PER_LOADER, depth=DEPTH)
+        load = Load(requests, rate=rate, conns=CONNS_PER_LOADER, depth=DEPTH)
         task = asyncio.ensure_future(load.run(("127.0.0.1", port), warm + window + 0.5))
         out.put(None)  # started: the parent's CPU window follows this loader's
         await asyncio.sleep(warm)
@@ -130,11 +133,12 @@ def wait_ready(proxy: subprocess.Popen, workers: int, timeout: float = 120.0) ->
 
 
 def rows_total(status: int) -> float:
-    """Request rows the whole proxy built so far (its /metrics merges every worker's)."""
+    """Requests the whole proxy decoded into rows so far, live (its /metrics merges every worker's;
+    `kafkatap_request_rows_total` counts only closed connections)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{status}/metrics", timeout=10) as r:
         text = r.read().decode()
     return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
-               if ln.startswith(("kafkatap_request_rows_total ", "kafkatap_request_rows_total{")))
+               if ln.startswith(("kafkatap_requests_total ", "kafkatap_requests_total{")))
 
 
 def measure(workers: int, upstream: int, requests: dict[int, bytes], args: argparse.Namespace,
@@ -154,7 +158,8 @@ def measure(workers: int, upstream: int, requests: dict[int, bytes], args: argpa
         opaque = wait_ready(proxy, workers)
         ctx = mp.get_context("spawn")
         out: mp.Queue = ctx.Queue()
-        loaders = [ctx.Process(target=loader_main, args=(port, requests, args.warm, args.window, out))
+        rate = args.rate / args.loaders if args.rate else 1e9
+        loaders = [ctx.Process(target=loader_main, args=(port, requests, args.warm, args.window, out, rate))
                    for _ in range(args.loaders)]
         for p in loaders:
             p.start()
@@ -191,6 +196,8 @@ def main() -> None:
     ap.add_argument("--loaders", type=int, default=2, help="load generator processes")
     ap.add_argument("--upstreams", type=int, default=1, help="fake broker processes (one port, SO_REUSEPORT)")
     ap.add_argument("--no-record", action="store_true", help="relay and decode only (no --record)")
+    ap.add_argument("--rate", type=float, default=0.0,
+                    help="offer this many requests/s in all instead of saturating: then decoded should equal relayed")
     ap.add_argument("--quick", action="store_true", help="1 round, 1 s warm-up, 3 s window")
     args = ap.parse_args()
     if args.quick:
@@ -236,7 +243,8 @@ def main() -> None:
     load1 = os.getloadavg()
     print("\n## Workers: saturated requests/s (`bench/workers.py`)\n")
     print(f"`{' '.join(['.venv/bin/python', 'bench/workers.py', *sys.argv[1:]])}` — {os.cpu_count()} cores, "
-          f"load average {load0[0]:.2f} before / {load1[0]:.2f} after; recording "
+          f"load average {load0[0]:.2f} before / {load1[0]:.2f} after; "
+          f"{f'{args.rate:,.0f} requests/s offered' if args.rate else 'saturating'}; recording "
           f"{'off' if args.no_record else 'on'}; {args.loaders} loader processes x {CONNS_PER_LOADER} connections "
           f"x {DEPTH} in flight; {args.upstreams} fake-broker process(es)\n")
     print("| workers | requests/s relayed (median) | runs | requests/s decoded into rows (median) | runs | proxy CPU % "

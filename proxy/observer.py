@@ -65,7 +65,11 @@ MAX_CLIENT_IDS = 16  # distinct client_id values kept per connection
 # and 1 KiB slices held a ping beside a flood the decoder keeps up with for 2-4 ms at the median,
 # bench/hostile.py) or short for large ones (64 units let a 1 GiB full-speed stream of large frames fall
 # behind the relay, tests/proxy/test_bytes.py). A turn is therefore bounded by time (`TURN_NS`), checked
-# after each slice, and slices aim at 2-8 frames; the unit cap stays as a bound on rows per turn.
+# after each slice, and slices aim at 4-16 frames; the unit cap stays as a bound on rows per turn. A turn
+# lasts `TURN_NS` per connection waiting in it (at most `TURN_MAX_NS`): each busy connection gets about 30 µs
+# of decoding per loop iteration, round-robin, so one flood holds another connection for ~30 µs while 16
+# busy, legitimate connections still get ~480 µs (with a turn of 30 µs in all, 32 connections pipelining
+# 20k requests/s in all fell behind, ~13k/s decoded; now all of them: `bench/workers.py --rate 20000`).
 # Forwarding itself is not budgeted (libuv reads up to 8 MiB per socket per loop iteration), so a chunk
 # that has to queue also earns decoding time where it is read: 1 ns per 2**`CREDIT_SHIFT` bytes (32 µs
 # per 256 KiB read), about an eighth of what forwarding it cost. That keeps up with large frames at full
@@ -74,6 +78,7 @@ MAX_CLIENT_IDS = 16  # distinct client_id values kept per connection
 # connection.
 TURN_NS = 30_000
 CREDIT_SHIFT = 3
+TURN_MAX_NS = 1_000_000
 TURN_BUDGET = 128
 SLICE_MIN, SLICE_MAX = 64, 256 * 1024  # a queued chunk is decoded a slice at a time, sized by frame density
 UNANSWERED_STEP = 16  # rows of requests left unanswered at close built per step of a turn
@@ -137,7 +142,7 @@ class ObserveScheduler:
 
     def _turn(self) -> None:
         self.used = 0
-        self.until = perf_counter_ns() + TURN_NS
+        self.until = perf_counter_ns() + min(TURN_NS * max(1, len(self.ready)), TURN_MAX_NS)
         ready = self.ready
         while ready and not self.over():
             obs = ready.popleft()
@@ -232,10 +237,10 @@ class Observer:
             sched.wait(self)
 
     def _spent(self, frames: int, size: int) -> None:
-        """Charge a decoded slice to the turn, and size the next slice to ~2-8 frames (about equal cost)."""
-        if frames > 8:
+        """Charge a decoded slice to the turn, and size the next slice to ~4-16 frames (about equal cost)."""
+        if frames > 16:
             self._slice = max(SLICE_MIN, size // 2)
-        elif frames < 2 and size >= self._slice:
+        elif frames < 4 and size >= self._slice:
             self._slice = min(SLICE_MAX, self._slice * 2)
         sched = self._sched
         assert sched is not None
