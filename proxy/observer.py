@@ -68,8 +68,9 @@ MAX_CLIENT_IDS = 16  # distinct client_id values kept per connection
 # after each slice, and slices aim at 4-16 frames; the unit cap stays as a bound on rows per turn. A turn
 # lasts `TURN_NS` per connection waiting in it (at most `TURN_MAX_NS`): each busy connection gets about 30 µs
 # of decoding per loop iteration, round-robin, so one flood holds another connection for ~30 µs while 16
-# busy, legitimate connections still get ~480 µs (with a turn of 30 µs in all, 32 connections pipelining
-# 20k requests/s in all fell behind, ~13k/s decoded; now all of them: `bench/workers.py --rate 20000`).
+# busy, legitimate connections still get ~480 µs (a turn of 30 µs in all decoded ~13k of 20k requests/s
+# pipelined on 16 connections, and 2-8-frame slices cost ~20 % more; this decodes all of them,
+# `bench/workers.py --rate 20000`, bench/RESULTS.md).
 # Forwarding itself is not budgeted (libuv reads up to 8 MiB per socket per loop iteration), so a chunk
 # that has to queue also earns decoding time where it is read: 1 ns per 2**`CREDIT_SHIFT` bytes (32 µs
 # per 256 KiB read), about an eighth of what forwarding it cost. That keeps up with large frames at full
