@@ -58,6 +58,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 KAFKATAP = ROOT / ".venv" / "bin" / "kafkatap"
 
+from bench.proc_tree import cpu_s, snapshot, tree  # noqa: E402
 from bench.proxy_overhead import wait_port  # noqa: E402
 from harness.kafka import free_port  # noqa: E402
 
@@ -149,12 +150,6 @@ def pin(proxy_cpus: set[int]) -> None:
     os.sched_setaffinity(0, rest)
 
 
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process (all its threads), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 # ---------------------------------------------------------------- the bench process
 class Proxy:
     def __init__(self, upstream: int, record: bool, tmp: Path, decode: bool = True, ping_upstream: int = 0) -> None:
@@ -176,7 +171,6 @@ class Proxy:
                                      preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
         wait_port(self.port)
         if record and cpus:  # the writer process, like every process but the proxy's loop, runs on the other CPUs
-            from bench.proc_tree import snapshot, tree
             for pid in tree(self.proc.pid, snapshot())[1:]:
                 os.sched_setaffinity(pid, os.sched_getaffinity(0))
         if ping_upstream:

@@ -22,8 +22,9 @@ How (and why this way):
 
 It prints requests/s relayed and requests/s decoded into rows (the proxy's /metrics) per
 run, the connections whose decoding fell behind (those are relayed without decoding from
-then on), the medians per worker count, and the ratios 2 / 1 next to the issue's target (>= 1.5 x), and the CPU the whole proxy (parent, workers, their
-recording writer processes) used in the window: when 2 workers do not get ~2 x the CPU
+then on), the medians per worker count, the ratios 2 / 1 next to the issue's target
+(>= 1.5 x), and the CPU the whole proxy (parent, workers, their recording writer
+processes) used in the window: when 2 workers do not get ~2 x the CPU
 of one, the host had no core to give them (on a 2-core machine the loaders and the
 upstream share the cores with the workers, so the ratio there is a floor).
 """
@@ -52,6 +53,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from harness.kafka import free_port  # noqa: E402
+from hostile import metric  # noqa: E402
 from proc_tree import tree_cpu_s  # noqa: E402
 
 CONNS_PER_LOADER = 16
@@ -136,9 +138,7 @@ def rows_total(status: int) -> float:
     """Requests the whole proxy decoded into rows so far, live (its /metrics merges every worker's;
     `kafkatap_request_rows_total` counts only closed connections)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{status}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
-               if ln.startswith(("kafkatap_requests_total ", "kafkatap_requests_total{")))
+        return metric(r.read().decode(), "kafkatap_requests_total")
 
 
 def measure(workers: int, upstream: int, requests: dict[int, bytes], args: argparse.Namespace,

@@ -15,14 +15,15 @@ Fairness (issue 19): decoding runs on the event loop, so one connection
 pipelining tiny frames could keep the loop busy decoding and starve every
 other connection's *forwarding*. Observation is therefore budgeted per loop
 turn by one `ObserveScheduler` per loop: a chunk no larger than the connection's
-current slice is decoded at once while the turn's budget lasts
-(`TURN_NS` of decoding, and at most `TURN_BUDGET` units: one per frame decoded, one per chunk or slice) and no
-backlog is queued for that connection; otherwise the chunk is queued (what
-the budget still allows is decoded at once) and the scheduler decodes the queues round-robin, one slice
-at a time, a budget per `loop.call_soon` turn, so I/O callbacks (forwarding)
-run between turns. A slice is sized by the frames the previous one held
-(`SLICE_MIN`…`SLICE_MAX`): tiny pipelined frames are decoded about a KiB at a
-time, large Produce/Fetch frames (mostly skipped bytes) a chunk at a time. While a connection's observation is
+current slice is decoded at once while the turn's budget lasts (`TURN_NS` of
+decoding, and at most `TURN_BUDGET` units: one per frame decoded, one per chunk
+or slice) and no backlog is queued for that connection; otherwise the chunk is
+queued (what the read earned is decoded at once) and the scheduler decodes the
+queues round-robin, one slice at a time, 30 µs per waiting connection per
+`loop.call_soon` turn, so I/O callbacks (forwarding) run between turns. A slice
+is sized by the frames the previous one held (`SLICE_MIN`…`SLICE_MAX`, aiming at
+4-16 frames): tiny pipelined frames are decoded some hundred bytes at a time,
+large Produce/Fetch frames (mostly skipped bytes) a chunk at a time. While a connection's observation is
 behind, its `SendStamps` keep flush marks so "sent" times stay those of the
 flush, not of the late decode. Bound: a connection whose queued observation
 exceeds `MAX_BACKLOG_BYTES` (16 MiB) stops being observed (kind
