@@ -122,7 +122,10 @@ def wait_ready(proxy: subprocess.Popen, workers: int, timeout: float = 120.0) ->
         for line in proxy.stderr:
             if not line.startswith("{"):
                 continue
-            event = json.loads(line).get("event")
+            try:
+                event = json.loads(line).get("event")
+            except ValueError:  # not one of the proxy's JSON lines
+                continue
             if event == want:
                 found.set()
             elif event == FELL_BEHIND:

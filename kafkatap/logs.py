@@ -1,7 +1,9 @@
 """Process-wide structlog configuration, done once from the CLI root.
 
 Every log line goes to stderr so stdout stays free for command output (reports,
-summaries, JSON). Per-connection context (conn_id, client, broker) is bound with
+summaries, JSON), in one write per line: `--workers N` processes share that
+stderr, and a line written as text and newline separately (structlog's
+PrintLogger, since stderr is write-through) could be cut by another worker's. Per-connection context (conn_id, client, broker) is bound with
 `structlog.contextvars`, so the proxy never threads a logger through its code.
 """
 
@@ -42,7 +44,7 @@ def configure_logging(fmt: LogFormat = "auto", level: str = "info") -> None:
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
     # Libraries that use stdlib logging (kafka-python, py4j) stay quiet unless asked.

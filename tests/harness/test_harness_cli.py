@@ -48,3 +48,25 @@ def test_json_logs_go_to_stderr_when_not_a_terminal() -> None:
     lines = [json.loads(line) for line in proc.stderr.splitlines()]
     assert len(lines) == 1
     assert lines[0]["event"] == "hello" and lines[0]["conn_id"] == "c1" and lines[0]["level"] == "info"
+
+
+def test_each_log_line_is_one_write_so_workers_sharing_stderr_never_cut_each_others_lines() -> None:
+    """`--workers N` processes share one stderr. structlog's PrintLogger wrote the text and the newline in two
+    write() calls (stderr is write-through), so a second worker's line could land between them: the bench that
+    parses the proxy's JSON log once read two objects on one line."""
+    code = (
+        "import json, sys; from kafkatap.logs import configure_logging; import structlog\n"
+        "class Calls:\n"
+        "    writes = []\n"
+        "    def write(self, s): self.writes.append(s); return len(s)\n"
+        "    def flush(self): pass\n"
+        "    def isatty(self): return False\n"
+        "real, sys.stderr = sys.stderr, Calls()\n"
+        "configure_logging('json', 'info')\n"
+        "structlog.get_logger().info('hello', x=1); structlog.get_logger().warning('again')\n"
+        "print(json.dumps(sys.stderr.writes))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    writes = json.loads(proc.stdout)
+    assert len(writes) == 2 and all(w.endswith("\n") and w.count("\n") == 1 for w in writes), writes
+    assert [json.loads(w)["event"] for w in writes] == ["hello", "again"]
