@@ -1,6 +1,6 @@
 """Hostile clients against the relay (issue 19): fairness, memory bounds, accounting — one table.
 
-    .venv/bin/python bench/hostile.py [--pings 2000] [--flood-s 6] [--flood-share 0.7] [--no-pin]
+    .venv/bin/python bench/hostile.py [--pings 5000] [--flood-share 0.7] [--no-pin] [--only-fairness]
 
 No Kafka needed: the upstream is a small responder (its own process) that
 answers every request frame with an ApiVersions v0 response carrying the
@@ -8,9 +8,11 @@ same correlation id. kafkatap runs as `kafkatap proxy` in its own process,
 as an operator would run it, with /metrics on.
 
 Probes:
-* **fairness** — a ping connection (one tiny request at a time) alone, then
+* **fairness** — a ping connection (one tiny request at a time) alone and
   beside a flood connection pipelining tiny frames on another route of the
-  same proxy process; p50/p99 of the ping and the ratio loaded/unloaded, with
+  same proxy process, the two phases alternating ten times (the flood stopped
+  in between) so that the host's drifting noise weighs on both alike;
+  p50/p99 of the ping and the ratio loaded/unloaded, with
   decoding off (reference), recording off and recording on. Fair on a small
   machine: the proxy runs alone on CPU 0, the flood and its responder on the
   other CPUs (sched_setaffinity; `--no-pin` to compare); the ping has a
@@ -121,20 +123,39 @@ def responder(port_file: str, rt: bool = False) -> None:
 
 
 def flood(port: int, seconds: float, rate: float = 0.0) -> None:
-    """Pipeline tiny requests, at `rate` bytes/s (0: as fast as one process can); print bytes/s sent at the end."""
+    """Pipeline tiny requests, at `rate` bytes/s (0: as fast as one process can); print the bytes sent at the end.
+
+    seconds > 0: flood that long, then print bytes/s. seconds == 0: the bench drives it — the flood stops
+    itself once connected (SIGSTOP), floods while continued, and prints the bytes it sent on SIGTERM. Its
+    pace is a token bucket holding one block at most, so a flood continued after a pause does not burst.
+    """
     s = socket.create_connection(("127.0.0.1", port))
     block = b"".join(req(i) for i in range(2_000))  # 30 kB: pacing in steps of a few ms at most
     drain(s)
     sent = 0
-    t0 = time.monotonic()
-    stop = t0 + seconds
-    while (now := time.monotonic()) < stop:
-        if rate and sent > (now - t0) * rate:  # ahead of the pace: wait for it
-            time.sleep(min(0.002, sent / rate - (now - t0)))
-            continue
-        s.sendall(block)
-        sent += len(block)
-    print(sent / (time.monotonic() - t0), flush=True)
+    driven = seconds == 0
+    if driven:
+        def stop_now(*_: object) -> None:
+            raise SystemExit
+        signal.signal(signal.SIGTERM, stop_now)
+        os.kill(os.getpid(), signal.SIGSTOP)
+    t0 = last = time.monotonic()
+    stop = float("inf") if driven else t0 + seconds
+    credit = float(len(block))
+    try:
+        while (now := time.monotonic()) < stop:
+            if rate:
+                credit = min(credit + (now - last) * rate, 2.0 * len(block))
+                last = now
+                if credit < len(block):  # ahead of the pace: wait for it
+                    time.sleep(min(0.002, (len(block) - credit) / rate))
+                    continue
+                credit -= len(block)
+            s.sendall(block)
+            sent += len(block)
+    except SystemExit:
+        pass
+    print(sent if driven else sent / (time.monotonic() - t0), flush=True)
     s.close()
 
 
@@ -209,9 +230,8 @@ def metric(text: str, name: str, **labels: str) -> float:
     return total
 
 
-def pings(port: int, n: int) -> list[float]:
-    c = socket.create_connection(("127.0.0.1", port))
-    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+def pings(c: socket.socket, n: int) -> list[float]:
+    """n round trips of a tiny request on `c`, one at a time."""
     out = []
     for i in range(n):
         c.sendall(req(i))
@@ -220,21 +240,39 @@ def pings(port: int, n: int) -> list[float]:
         while len(got) < 14:  # the ApiVersions v0 answer
             got += c.recv(100)
         out.append(time.perf_counter() - t0)
-    c.close()
     return out
 
 
-def pinger(port: int, n: int) -> None:
-    """The ping, as its own real-time process: 200 warm-up pings, then n; prints the n round trips in seconds."""
+def pinger(port: int) -> None:
+    """The ping, as its own real-time process: 200 warm-up pings, then for each line "N" on stdin `WARM` more and N
+    pings on the same connection, printed as one line of round trips in seconds."""
     realtime()
-    pings(port, 200)
-    print(" ".join(f"{x:.9f}" for x in pings(port, n)), flush=True)
+    c = socket.create_connection(("127.0.0.1", port))
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    pings(c, 200)
+    for line in sys.stdin:
+        pings(c, WARM)  # after a pause the first round trips are slow on both sides (cold caches, wake-ups)
+        print(" ".join(f"{x:.9f}" for x in pings(c, int(line))), flush=True)
+    c.close()
 
 
-def ping_run(port: int, n: int) -> list[float]:
-    out = subprocess.run([sys.executable, __file__, "--role", "pinger", str(port), str(n)], capture_output=True,
-                         text=True, timeout=600, check=True).stdout
-    return [float(x) for x in out.split()]
+class Pinger:
+    """A `pinger` process the bench asks for pings between flood phases."""
+
+    def __init__(self, port: int) -> None:
+        self.proc = subprocess.Popen([sys.executable, __file__, "--role", "pinger", str(port)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+
+    def run(self, n: int) -> list[float]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(f"{n}\n")
+        self.proc.stdin.flush()
+        return [float(x) for x in self.proc.stdout.readline().split()]
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=30)
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -297,24 +335,67 @@ def calibrate(upstream: int, tmp: Path, seconds: float = 3.0) -> list[str]:
             f"{REFERENCE['max_rate'] / 1e6:.0f} MB/s through the proxy, proxy CPU {busy:.0%} of a core", "reference"]
 
 
-def fairness(upstream: int, ping_upstream: int, record: bool, tmp: Path, n: int, flood_s: float, decode: bool = True,
+ROUNDS = 10  # unloaded and loaded ping phases alternate this many times in a fairness row
+WARM = 50  # pings not counted at the start of each phase
+
+
+def stopped(pid: int) -> bool:
+    """The process is stopped (SIGSTOP): its /proc state is T."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def settle(pid: int, timeout: float = 5.0) -> None:
+    """Wait until the proxy is nearly idle (it decoded what the flood left it): < 10 % CPU over 50 ms."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        c0 = cpu_s(pid)
+        time.sleep(0.05)
+        if cpu_s(pid) - c0 < 0.005:
+            return
+
+
+def fairness(upstream: int, ping_upstream: int, record: bool, tmp: Path, n: int, decode: bool = True,
              share: float = 0.7, pace: float = 0.0) -> list[str]:
-    """One fairness row: the flood paced at `share` of the calibrated rate, or at `pace` bytes/s when given."""
+    """One fairness row: the flood paced at `share` of the calibrated rate, or at `pace` bytes/s when given.
+
+    Unloaded and loaded pings alternate (`ROUNDS` times n/ROUNDS each, the flood stopped with SIGSTOP in
+    between and the proxy let settle), so that the machine's own noise, which drifts over seconds on a
+    small VM, weighs on both sides of the ratio alike instead of on whichever ran in the noisier second.
+    """
     proxy = Proxy(upstream, record, tmp, decode, ping_upstream=ping_upstream)
     target = pace or REFERENCE["max_rate"] * share
+    per = max(1, n // ROUNDS)
+    alone: list[float] = []
+    loaded: list[float] = []
+    active = busy = 0.0
+    pinger = Pinger(proxy.ping_port)
+    f = subprocess.Popen([sys.executable, __file__, "--role", "flood", str(proxy.port), "0", str(target)],
+                         stdout=subprocess.PIPE, text=True)
     try:
-        alone = ping_run(proxy.ping_port, n)
-        f = subprocess.Popen([sys.executable, __file__, "--role", "flood", str(proxy.port), str(flood_s), str(target)],
-                             stdout=subprocess.PIPE, text=True)
-        time.sleep(0.5)  # let the flood get going (a bench, not a test)
-        c0, t0 = cpu_s(proxy.proc.pid), time.monotonic()
-        loaded = ping_run(proxy.ping_port, n)
-        busy = (cpu_s(proxy.proc.pid) - c0) / (time.monotonic() - t0)
-        still = f.poll() is None
-        out, _ = f.communicate(timeout=flood_s + 30)
-        rate = float(out.strip() or 0) / 1e6
+        while not stopped(f.pid):  # connected, waiting for its first phase
+            time.sleep(0.01)
+        for _ in range(ROUNDS):
+            alone += pinger.run(per)
+            c0, t0 = cpu_s(proxy.proc.pid), time.monotonic()
+            os.kill(f.pid, signal.SIGCONT)
+            time.sleep(0.3)  # let the flood get going (a bench, not a test)
+            loaded += pinger.run(per)
+            os.kill(f.pid, signal.SIGSTOP)
+            busy += cpu_s(proxy.proc.pid) - c0
+            active += time.monotonic() - t0
+            settle(proxy.proc.pid)
+        os.kill(f.pid, signal.SIGTERM)
+        os.kill(f.pid, signal.SIGCONT)
+        out, _ = f.communicate(timeout=30)
+        rate = float(out.strip() or 0) / active / 1e6
+        pinger.close()
         m = proxy.metrics()
     finally:
+        if f.poll() is None:
+            f.kill()
+        if pinger.proc.poll() is None:
+            pinger.proc.kill()
         proxy.stop()
     ratio = pct(loaded, 0.99) / pct(alone, 0.99)
     mode = f"recording {'on' if record else 'off'}" if decode else "--no-decode (reference)"
@@ -324,7 +405,7 @@ def fairness(upstream: int, ping_upstream: int, record: bool, tmp: Path, n: int,
     return [f"fairness, {mode}",
             f"ping p50 {pct(alone, .5):.2f} → {pct(loaded, .5):.2f} ms, p99 {pct(alone, .99):.2f} → "
             f"{pct(loaded, .99):.2f} ms (×{ratio:.2f}); flood relayed {rate:.0f} of {target / 1e6:.0f} MB/s paced, "
-            f"proxy CPU {busy:.0%}{'' if still else ' (flood ended before the pings)'}; "
+            f"proxy CPU {busy / active:.0%}; "
             f"decode skipped {metric(m, 'kafkatap_observation_skipped_bytes_total') / 1e6:.0f} MB",
             "p99 ≤ 2× unloaded" + ok]
 
@@ -386,7 +467,6 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--role", nargs="*")
     ap.add_argument("--pings", type=int, default=5000)
-    ap.add_argument("--flood-s", type=float, default=10.0)
     ap.add_argument("--flood-share", type=float, default=0.7,
                     help="flood pace as a share of the calibrated unpaced rate through the --no-decode proxy")
     ap.add_argument("--decodable-mbps", type=float, default=1.0,
@@ -400,7 +480,7 @@ def main() -> None:
         if role == "responder":
             responder(rest[0], rt=len(rest) > 1 and rest[1] == "rt")
         elif role == "pinger":
-            pinger(int(rest[0]), int(rest[1]))
+            pinger(int(rest[0]))
         elif role == "flood":
             flood(int(rest[0]), float(rest[1]), float(rest[2]) if len(rest) > 2 else 0.0)
         return
@@ -415,13 +495,13 @@ def main() -> None:
             while not f.exists() or not f.read_text():
                 time.sleep(0.05)
         upstream, ping_up = int(port_file.read_text()), int(ping_file.read_text())
-        share, n, secs, decodable = args.flood_share, args.pings, args.flood_s, args.decodable_mbps * 1e6
+        share, n, decodable = args.flood_share, args.pings, args.decodable_mbps * 1e6
         table = [calibrate(upstream, tmp),
-                 fairness(upstream, ping_up, False, tmp, n, secs, decode=False, share=share),
-                 fairness(upstream, ping_up, False, tmp, n, secs, share=share),
-                 fairness(upstream, ping_up, True, tmp, n, secs, share=share),
-                 fairness(upstream, ping_up, False, tmp, n, secs, pace=decodable),
-                 fairness(upstream, ping_up, True, tmp, n, secs, pace=decodable)]
+                 fairness(upstream, ping_up, False, tmp, n, decode=False, share=share),
+                 fairness(upstream, ping_up, False, tmp, n, share=share),
+                 fairness(upstream, ping_up, True, tmp, n, share=share),
+                 fairness(upstream, ping_up, False, tmp, n, pace=decodable),
+                 fairness(upstream, ping_up, True, tmp, n, pace=decodable)]
         if not args.only_fairness:
             table += [*memory(upstream, tmp), accounting(upstream, tmp)]
     finally:

@@ -134,6 +134,41 @@ class KafkaStream:
         while self._events:
             yield self._events.popleft()
 
+    def frames_end(self, request: bool, data: Any, start: int, frames: int) -> int:
+        """Where in `data` the next `frames` frame ends fall, if `data[start:]` is what this direction gets next.
+
+        Why: a caller that decodes a chunk in slices (the proxy's fair scheduler) wants
+        each slice to hold a fixed number of whole frames, so that every slice costs about
+        the same whatever the frame sizes. Only size prefixes are read (nothing is decoded
+        or changed): the frame in progress counts as one, and a size that cannot be a
+        frame ends the slice at the chunk's end (the decoder will judge those bytes).
+        Returns at least `start + 1` and at most `len(data)`.
+        """
+        n = len(data)
+        side = self._req if request else self._resp
+        if side.opaque:
+            return n
+        i = start
+        fr = side.frame
+        if fr is not None:
+            i += fr.size - fr.got
+            frames -= 1
+        elif side.prefix:
+            need = 4 - len(side.prefix)
+            if n - i < need:
+                return n
+            i += need + _I32(bytes(side.prefix) + bytes(data[i:i + need]), 0)[0]
+            frames -= 1
+        while frames > 0 and i + 4 <= n:
+            size = _I32(data, i)[0]
+            if size < 0:
+                return n
+            i += 4 + size
+            frames -= 1
+        if frames > 0:  # the chunk ends inside the last size prefix wanted, or the prefix is garbage
+            return n
+        return max(start + 1, min(i, n))
+
     def close(self, now_ns: int) -> None:
         """The connection ended: emit `StreamClosed` once (later calls do nothing)."""
         if self.closed:

@@ -21,9 +21,11 @@ or slice) and no backlog is queued for that connection; otherwise the chunk is
 queued (what the read earned is decoded at once) and the scheduler decodes the
 queues round-robin, one slice at a time, 30 µs per waiting connection per
 `loop.call_soon` turn, so I/O callbacks (forwarding) run between turns. A slice
-is sized by the frames the previous one held (`SLICE_MIN`…`SLICE_MAX`, aiming at
-4-16 frames): tiny pipelined frames are decoded some hundred bytes at a time,
-large Produce/Fetch frames (mostly skipped bytes) a chunk at a time. While a connection's observation is
+is a number of whole frames (`KafkaStream.frames_end` reads only their size
+prefixes): 4 while few connections wait, so a lone flood holds the loop for
+about four tiny frames at a time, and up to 16 when many wait (the turn is long
+then anyway, and fewer slices cost less). Large Produce/Fetch frames (mostly
+skipped bytes) are decoded a chunk at a time. While a connection's observation is
 behind, its `SendStamps` keep flush marks so "sent" times stay those of the
 flush, not of the late decode. Bound: a connection whose queued observation
 exceeds `MAX_BACKLOG_BYTES` (16 MiB) stops being observed (kind
@@ -66,12 +68,15 @@ MAX_CLIENT_IDS = 16  # distinct client_id values kept per connection
 # and 1 KiB slices held a ping beside a flood the decoder keeps up with for 2-4 ms at the median,
 # bench/hostile.py) or short for large ones (64 units let a 1 GiB full-speed stream of large frames fall
 # behind the relay, tests/proxy/test_bytes.py). A turn is therefore bounded by time (`TURN_NS`), checked
-# after each slice, and slices aim at 4-16 frames; the unit cap stays as a bound on rows per turn. A turn
+# after each slice, and a slice is a count of whole frames; the unit cap stays as a bound on rows per turn. A turn
 # lasts `TURN_NS` per connection waiting in it (at most `TURN_MAX_NS`): each busy connection gets about 30 µs
 # of decoding per loop iteration, round-robin, so one flood holds another connection for ~30 µs while 16
 # busy, legitimate connections still get ~480 µs (a turn of 30 µs in all decoded ~13k of 20k requests/s
-# pipelined on 16 connections, and 2-8-frame slices cost ~20 % more; this decodes all of them,
-# `bench/workers.py --rate 20000`, bench/RESULTS.md).
+# pipelined on 16 connections, `bench/workers.py --rate 20000`, bench/RESULTS.md). A slice is
+# `SLICE_FRAMES` whole frames, twice the connections waiting, at least 4, at most 16: what a ping beside a
+# lone flood waits for is one slice (byte-sized slices of 4-16 frames held it up to ~160 µs and missed
+# the 2x p99 target, bench/hostile.py), while many busy connections, which already make a long turn, pay
+# the per-slice overhead less often (fixed 4-frame slices decoded ~8 % less of that 20k load).
 # Forwarding itself is not budgeted (libuv reads up to 8 MiB per socket per loop iteration), so a chunk
 # that has to queue also earns decoding time where it is read: 1 ns per 2**`CREDIT_SHIFT` bytes (32 µs
 # per 256 KiB read), about an eighth of what forwarding it cost. That keeps up with large frames at full
@@ -82,7 +87,7 @@ TURN_NS = 30_000
 CREDIT_SHIFT = 3
 TURN_MAX_NS = 1_000_000
 TURN_BUDGET = 128
-SLICE_MIN, SLICE_MAX = 64, 256 * 1024  # a queued chunk is decoded a slice at a time, sized by frame density
+SLICE_FRAMES_MIN, SLICE_FRAMES_MAX = 4, 16  # whole frames per slice of a queued chunk
 UNANSWERED_STEP = 16  # rows of requests left unanswered at close built per step of a turn
 # Queued, not yet decoded bytes per connection before it goes opaque. libuv reads up to 32 × 256 KiB from
 # one socket per loop iteration, so the bound must hold a few such bursts of cheap (large) frames.
@@ -191,7 +196,6 @@ class Observer:
         self._backlog: deque[list[Any]] = deque()
         self._backlog_bytes = 0
         self._closed: Callable[[], None] | None = None
-        self._slice = SLICE_MIN
         self.waiting = False  # in the scheduler's ready queue
         self._unanswered: deque[RequestSeen] = deque()  # left unanswered by the end, rows not built yet
 
@@ -213,11 +217,13 @@ class Observer:
             self._observe(request, data, now_ns)
             return
         backlog = self._backlog
-        if not backlog and len(data) <= self._slice and sched.may_decode_now():  # the common case: now
+        st = self.stream
+        if not backlog and (st is None or st.frames_end(request, data, 0, SLICE_FRAMES_MAX) >= len(data)) \
+                and sched.may_decode_now():  # the common case: a few frames, decoded now
             f = self.facts
             before = f.requests + f.from_broker.frames
             self._observe(request, data, now_ns)
-            self._spent(f.requests + f.from_broker.frames - before, len(data))
+            self._spent(f.requests + f.from_broker.frames - before)
             return
         if self.stream is None:
             self.settle(request)
@@ -238,12 +244,14 @@ class Observer:
         else:
             sched.wait(self)
 
-    def _spent(self, frames: int, size: int) -> None:
-        """Charge a decoded slice to the turn, and size the next slice to ~4-16 frames (about equal cost)."""
-        if frames > 16:
-            self._slice = max(SLICE_MIN, size // 2)
-        elif frames < 4 and size >= self._slice:
-            self._slice = min(SLICE_MAX, self._slice * 2)
+    def _slice_frames(self) -> int:
+        """Whole frames per slice: 4 while few connections wait for decoding, up to 16 when many do."""
+        sched = self._sched
+        assert sched is not None
+        return min(SLICE_FRAMES_MAX, max(SLICE_FRAMES_MIN, 2 * (len(sched.ready) + 1)))
+
+    def _spent(self, frames: int) -> None:
+        """Charge a decoded slice (or chunk) to the turn: one unit per frame and one for the slice."""
         sched = self._sched
         assert sched is not None
         sched.used += frames + 1
@@ -275,14 +283,15 @@ class Observer:
         f = self.facts
         before = f.requests + f.from_broker.frames
         n = len(data)
-        size = self._slice
-        piece = data if done == 0 and n <= size else memoryview(data)[done:done + size]
-        item[3] = done = done + len(piece)
-        if done >= n:
+        st = self.stream
+        end = n if st is None else st.frames_end(request, data, done, self._slice_frames())
+        piece = data if done == 0 and end >= n else memoryview(data)[done:end]
+        item[3] = end
+        if end >= n:
             self._backlog.popleft()
             self._backlog_bytes -= n
         self._observe(request, piece, now_ns)
-        self._spent(f.requests + f.from_broker.frames - before, len(piece))
+        self._spent(f.requests + f.from_broker.frames - before)
         if not self._backlog:
             self._end_marks()
             if f.inflight <= 0:

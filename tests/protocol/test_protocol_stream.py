@@ -311,3 +311,48 @@ def test_legacy_sasl_v0_raw_tokens_are_never_parsed_as_frames() -> None:
         opaque = {e.direction: (e.kind, e.offset) for e in evs if isinstance(e, StreamOpaque)}
         assert opaque == {Direction.REQUEST: ("sasl_v0", len(handshake)), Direction.RESPONSE: ("sasl_v0", len(hs_resp))}
         assert [e.request is seen[0] for e in evs if isinstance(e, ResponseSeen)] == [True]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_frames_end_cuts_whole_frames_wherever_a_chunk_starts(seed):
+    """The fair scheduler slices a queued chunk with `frames_end`: each cut must fall on a frame boundary and
+    hold exactly `k` frame ends (fewer only at the chunk's end), whatever frame the stream is in the middle of
+    and however the bytes were chunked before; and decoding by those cuts gives the events of one feed."""
+    import random
+
+    rnd = random.Random(seed)
+    reqs, _ = conversation()
+    data = reqs * 3 + b"".join(request(18, 0, {}, 100 + i) for i in range(40))
+    ends, pos = set(), 0
+    while pos < len(data):
+        pos += 4 + struct.unpack_from(">i", data, pos)[0]
+        ends.add(pos)
+    st = KafkaStream()
+    at = 0
+    while at < len(data):
+        chunk = data[at:at + rnd.choice([1, 2, 3, 5, 40, 300, 5000, 100_000])]
+        done = 0
+        while done < len(chunk):
+            k = rnd.choice([1, 2, 4, 16])
+            end = st.frames_end(True, chunk, done, k)
+            assert done < end <= len(chunk)
+            inside = [e for e in ends if at + done < e <= at + end]
+            if end < len(chunk):
+                assert at + end in ends and len(inside) == k, (at, done, end, k)
+            else:
+                assert len(inside) <= k
+            st.receive_request_data(chunk[done:end], 0)
+            done = end
+        at += len(chunk)
+    whole = KafkaStream()
+    whole.receive_request_data(data, 0)
+    assert strip_times(list(st.events())) == strip_times(list(whole.events()))
+    assert st.request_bytes == len(data)
+
+
+def test_frames_end_leaves_garbage_and_opaque_streams_whole():
+    st = KafkaStream()
+    assert st.frames_end(True, b"\xff\xff\xff\xff" + b"x" * 60, 0, 4) == 64  # a negative size: the decoder judges
+    st.receive_request_data(b"\x16\x03\x01\x00\x10" + b"x" * 20, 0)  # TLS: opaque from here on
+    assert st.is_opaque(Direction.REQUEST)
+    assert st.frames_end(True, request(18, 0, {}, 1) * 5, 0, 1) == len(request(18, 0, {}, 1)) * 5

@@ -379,7 +379,7 @@ def test_closing_with_thousands_unanswered_builds_rows_a_budget_per_turn():
 
 def test_a_turn_of_tiny_frames_is_bounded_by_time_not_by_a_frame_count():
     """A turn once decoded 128 frames whatever they cost (~1.3 ms of tiny frames with rows, which every other
-    connection waited for); now it stops after `TURN_NS` of work plus one slice of 4-16 frames."""
+    connection waited for); now it stops after `TURN_NS` of work plus one slice of 4-16 whole frames."""
     loop = asyncio.new_event_loop()
     try:
         obs, req, _, out = _observer(scheduler=ObserveScheduler(loop))
