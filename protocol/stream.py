@@ -32,7 +32,7 @@ Guarantees, and why:
   `sasl_v0`) right after the handshake frames: the tokens are never parsed
   as Kafka headers (a password must not land in `client_id`) nor recorded.
 * A request header (client_id + tagged fields) larger than
-  `MAX_HEADER_BYTES` (32 KiB) makes the direction opaque (`oversize_header`)
+  `MAX_HEADER_BYTES` (64 KiB) makes the direction opaque (`oversize_header`)
   instead of being buffered up to the frame limit.
 * Unknown api keys / versions newer than the schemas become opaque *frames*
   (header fields, size, timestamps, still paired). Stream-level failures
