@@ -60,7 +60,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 KAFKATAP = ROOT / ".venv" / "bin" / "kafkatap"
 
-from bench.proc_tree import cpu_s, snapshot, tree  # noqa: E402
+from bench.proc_tree import cpu_s, snapshot, state, tree  # noqa: E402
 from bench.proxy_overhead import wait_port  # noqa: E402
 from harness.kafka import free_port  # noqa: E402
 
@@ -339,12 +339,6 @@ ROUNDS = 10  # unloaded and loaded ping phases alternate this many times in a fa
 WARM = 50  # pings not counted at the start of each phase
 
 
-def stopped(pid: int) -> bool:
-    """The process is stopped (SIGSTOP): its /proc state is T."""
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0] == "T"
-
-
 def settle(pid: int, timeout: float = 5.0) -> None:
     """Wait until the proxy is nearly idle (it decoded what the flood left it): < 10 % CPU over 50 ms."""
     deadline = time.monotonic() + timeout
@@ -373,7 +367,7 @@ def fairness(upstream: int, ping_upstream: int, record: bool, tmp: Path, n: int,
     f = subprocess.Popen([sys.executable, __file__, "--role", "flood", str(proxy.port), "0", str(target)],
                          stdout=subprocess.PIPE, text=True)
     try:
-        while not stopped(f.pid):  # connected, waiting for its first phase
+        while state(f.pid) != "T":  # connected, stopped itself (SIGSTOP) until its first phase
             time.sleep(0.01)
         for _ in range(ROUNDS):
             alone += pinger.run(per)

@@ -28,6 +28,11 @@ def _stat(pid: int | str) -> list[str]:
         return f.read().rsplit(")", 1)[1].split()
 
 
+def state(pid: int) -> str:
+    """The process state letter (/proc/PID/stat field 3): R, S, T for stopped by a signal, …"""
+    return _stat(pid)[0]
+
+
 def cpu_s(pid: int) -> float:
     """utime + stime of one process in seconds (/proc/PID/stat fields 14 and 15)."""
     fields = _stat(pid)

@@ -14,8 +14,8 @@ once, and the relay keeps forwarding.
 Fairness (issue 19): decoding runs on the event loop, so one connection
 pipelining tiny frames could keep the loop busy decoding and starve every
 other connection's *forwarding*. Observation is therefore budgeted per loop
-turn by one `ObserveScheduler` per loop: a chunk no larger than the connection's
-current slice is decoded at once while the turn's budget lasts (`TURN_NS` of
+turn by one `ObserveScheduler` per loop: a chunk of at most `SLICE_FRAMES_MAX`
+frames is decoded at once while the turn's budget lasts (`TURN_NS` of
 decoding, and at most `TURN_BUDGET` units: one per frame decoded, one per chunk
 or slice) and no backlog is queued for that connection; otherwise the chunk is
 queued (what the read earned is decoded at once) and the scheduler decodes the
@@ -62,7 +62,7 @@ Log = Callable[..., None]  # log(level, event, **fields), bound to the connectio
 MAX_CLIENT_IDS = 16  # distinct client_id values kept per connection
 
 
-# What one loop turn may spend decoding, and the smallest slice a queued chunk is decoded in. Another
+# What one loop turn may spend decoding, and how much of a queued chunk one slice decodes. Another
 # connection waits for about one turn plus one slice of this work. A tiny pipelined frame costs ~10-15 µs
 # to decode, pair and row, so a budget counted in frames alone was either long for tiny frames (128 units
 # and 1 KiB slices held a ping beside a flood the decoder keeps up with for 2-4 ms at the median,
@@ -73,7 +73,7 @@ MAX_CLIENT_IDS = 16  # distinct client_id values kept per connection
 # of decoding per loop iteration, round-robin, so one flood holds another connection for ~30 µs while 16
 # busy, legitimate connections still get ~480 µs (a turn of 30 µs in all decoded ~13k of 20k requests/s
 # pipelined on 16 connections, `bench/workers.py --rate 20000`, bench/RESULTS.md). A slice is
-# `SLICE_FRAMES` whole frames, twice the connections waiting, at least 4, at most 16: what a ping beside a
+# whole frames, twice the connections waiting, at least 4, at most 16 (`SLICE_FRAMES_*`): what a ping beside a
 # lone flood waits for is one slice (byte-sized slices of 4-16 frames held it up to ~160 µs and missed
 # the 2x p99 target, bench/hostile.py), while many busy connections, which already make a long turn, pay
 # the per-slice overhead less often (fixed 4-frame slices decoded ~8 % less of that 20k load).
@@ -225,7 +225,7 @@ class Observer:
             self._observe(request, data, now_ns)
             self._spent(f.requests + f.from_broker.frames - before)
             return
-        if self.stream is None:
+        if st is None:
             self.settle(request)
             return
         n = len(data)
