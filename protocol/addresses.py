@@ -33,11 +33,12 @@ from typing import Any
 from protocol import codec
 from protocol.apis import APIS, in_versions
 from protocol.errors import ProtocolError
-from protocol.frames import response_body
-from protocol.summaries.varint import Over, uv
+from protocol.frames import RESPONSE_CORRELATION_AT, response_body
+from protocol.headers import response_header_flexible
+from protocol.summaries.varint import Over, skip_tags, uv
 
 __all__ = ["Endpoint", "SeenAddress", "Rewritten", "NotExact", "endpoints", "address_apis", "find_addresses",
-           "rewrite_response", "rewrite_body"]
+           "no_addresses_in", "rewrite_response", "rewrite_body"]
 
 _SIZE = Struct(">i").pack
 _INT_TYPES = frozenset({"int8", "int16", "uint16", "int32", "int64"})
@@ -156,10 +157,10 @@ def address_apis(request: bool = False) -> dict[int, tuple[int, int]]:
 # --------------------------------------------------------------------------- the fast "nothing here" check
 # Produce, Fetch, ShareFetch and ShareAcknowledge carry their node endpoints (KIP-951) in a top-level tagged
 # field, present only when a partition's leader moved. Every Fetch response of a cluster-mode connection is
-# handed to `rewrite_response`, so for those the body is *skipped* (lengths read, nothing built, records not
-# copied) up to its top-level tagged fields, and decoded only when one of the address-carrying tags is there.
+# checked, so for those the body is *skipped* (lengths read, nothing built, records not copied) up to its
+# top-level tagged fields (`no_addresses_in`, on the frame still in the pieces it was read in), and decoded
+# only when one of the address-carrying tags is there.
 _SIZES = {"int8": 1, "int16": 2, "uint16": 2, "int32": 4, "int64": 8, "float64": 8, "bool": 1, "uuid": 16}
-_UNPACK_I16, _UNPACK_I32 = Struct(">h").unpack_from, Struct(">i").unpack_from
 _TAGS: dict[tuple[int, int], frozenset[int] | None] = {}
 
 
@@ -171,13 +172,21 @@ def _uv(d: Any, p: int) -> tuple[int, int]:
         raise ValueError(f"bad varint at {p}") from exc
 
 
+def _int(d: Any, p: int, width: int) -> int:
+    """A big-endian signed integer at p, read by slicing (so `protocol.pieces.Pieces` serves as well as bytes)."""
+    b = d[p:p + width]
+    if len(b) < width:
+        raise IndexError(f"{width}-byte integer at {p} runs past the body")
+    return int.from_bytes(b, "big", signed=True)
+
+
 def _skip_len(d: Any, p: int, compact: bool, wide: bool) -> tuple[int, int]:
     if compact:
         n, p = _uv(d, p)
         return n - 1, p
     if wide:
-        return _UNPACK_I32(d, p)[0], p + 4
-    return _UNPACK_I16(d, p)[0], p + 2
+        return _int(d, p, 4), p + 4
+    return _int(d, p, 2), p + 2
 
 
 def _skip_value(typ: str, compact: bool, d: Any, p: int) -> int:
@@ -245,10 +254,10 @@ def _address_tags(api_key: int, version: int) -> frozenset[int] | None:
     return _TAGS[key]
 
 
-def _tags_present(api_key: int, version: int, body: Any) -> set[int]:
-    """The top-level tags a body carries, found by skipping its regular fields (IndexError etc. when malformed)."""
+def _tags_present(api_key: int, version: int, body: Any, p: int = 0) -> set[int]:
+    """The top-level tags of a body starting at p, found by skipping its regular fields (IndexError etc. when
+    malformed). `body` is anything indexable by int and by contiguous slice: bytes, a memoryview, `Pieces`."""
     st = codec.plan(api_key, False, version)
-    p = 0
     for f in st.regular:
         p = _skip_field(f, body, p)
     count, p = _uv(body, p)
@@ -325,6 +334,27 @@ def rewrite_body(body: dict[str, Any], eps: tuple[Endpoint, ...], mapper: Mapper
     return len(edits), seen
 
 
+def no_addresses_in(frame: Any, api_key: int, api_version: int) -> bool:
+    """True when this response carries no address for sure: every address it can hold lives in a top-level tag
+    (Produce, Fetch, ShareFetch … since KIP-951), and none of those tags is there.
+
+    Found by skipping the regular fields (record sets by their length), so it reads a few bytes per
+    partition and copies nothing. `frame` is the whole frame, size prefix included: bytes, a memoryview or
+    `protocol.pieces.Pieces` (a frame still in the pieces it was read in). False when it cannot say (an API
+    whose addresses are not all in tags, a malformed frame): decode the frame to know.
+    """
+    tags = _address_tags(api_key, api_version)
+    if not tags:
+        return False
+    try:
+        p = RESPONSE_CORRELATION_AT + 4
+        if response_header_flexible(api_key, api_version):
+            p = skip_tags(frame, p, len(frame))
+        return not (_tags_present(api_key, api_version, frame, p) & tags)
+    except (IndexError, ValueError, struct_error, Over, ProtocolError):
+        return False
+
+
 def rewrite_response(frame: bytes, api_key: int, api_version: int, mapper: Mapper) -> Rewritten:
     """A whole response frame (size prefix included) with its addresses mapped.
 
@@ -334,20 +364,13 @@ def rewrite_response(frame: bytes, api_key: int, api_version: int, mapper: Mappe
     `mapper` is asked exactly once per address found.
     """
     eps = endpoints(api_key, False, api_version)
-    if not eps:
-        return Rewritten(None, 0, ())
+    if not eps or no_addresses_in(frame, api_key, api_version):
+        return Rewritten(None, 0, ())  # the usual Produce / Fetch answer: no endpoints, nothing decoded
     try:
         body = response_body(frame, api_key, api_version)
     except ValueError as exc:
         raise NotExact(str(exc)) from exc
     head_len = len(frame) - len(body)
-    tags = _address_tags(api_key, api_version)
-    if tags is not None:
-        try:
-            if not (_tags_present(api_key, api_version, body) & tags):
-                return Rewritten(None, 0, ())  # the usual Produce / Fetch answer: no endpoints, nothing decoded
-        except (IndexError, ValueError, struct_error):
-            pass  # malformed: the full decode below says how
     raw = bytes(body)
     decoded = codec.decode(api_key, api_version, False, raw, exact=True)
     seen, edits = _plan(decoded, eps, mapper)

@@ -36,7 +36,7 @@ from typing import Any
 
 import structlog
 
-from protocol.addresses import SeenAddress, endpoints, rewrite_response
+from protocol.addresses import SeenAddress, endpoints, no_addresses_in, rewrite_response
 from protocol.apis import METADATA
 from protocol.deep import decode_response, encode_request
 from protocol.errors import ProtocolError
@@ -162,6 +162,10 @@ class AddressRewriter:
 
     def wants_response(self, head: RequestHead) -> bool:
         return bool(endpoints(head.api_key, False, head.api_version))
+
+    def leaves_unchanged(self, head: RequestHead, request: bool, data: Any) -> bool:
+        """A Produce / Fetch response with no node endpoints (nearly all): forwarded without being joined."""
+        return not request and no_addresses_in(data, head.api_key, head.api_version)
 
     def on_response(self, head: RequestHead, frame: bytes) -> Edit | None:
         reg = self.registry

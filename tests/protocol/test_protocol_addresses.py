@@ -220,3 +220,45 @@ def test_fast_skip_over_big_fetch_bodies_agrees_with_the_full_decode(with_endpoi
             frame, FETCH, v, exact=True)["body"]["responses"]
     else:
         assert asked == [] and out.frame is None and out.body is None  # skipped, never decoded
+
+
+def _fetch_frame(with_endpoints: bool, v: int = 17) -> bytes:
+    parts = [{"partition_index": i, "error_code": 6 if i == 2 else 0, "high_watermark": 100, "last_stable_offset": 100,
+              "log_start_offset": 0, "preferred_read_replica": -1, "records": bytes([i]) * (70_000 + i),
+              "aborted_transactions": None,
+              "current_leader": {"leader_id": 3, "leader_epoch": 9} if i == 2 else None}
+             for i in range(3)]
+    body = {"throttle_time_ms": 0, "error_code": 0, "session_id": 11,
+            "responses": [{"topic_id": "6f1f0bc4-6c1a-4f3e-9b1b-7c2d7e0d0a11", "partitions": parts}],
+            "node_endpoints": [{"node_id": 3, "host": "b3", "port": 9092, "rack": None}] if with_endpoints else None}
+    return encode_response(FETCH, v, 5, body)
+
+
+@pytest.mark.parametrize("with_endpoints", [False, True])
+def test_no_addresses_in_reads_a_frame_still_in_its_pieces(with_endpoints: bool) -> None:
+    """The check the editor makes before joining a Fetch response's reads: the same answer on the pieces,
+    however they were cut, as on the joined frame; the pieces read as the frame does."""
+    import random
+
+    from protocol.pieces import Pieces
+
+    frame = _fetch_frame(with_endpoints)
+    assert A.no_addresses_in(frame, FETCH, 17) is not with_endpoints
+    for seed in range(8):
+        rng = random.Random(seed)
+        cuts = sorted({0, len(frame), *(rng.randrange(len(frame)) for _ in range(rng.randint(1, 40)))})
+        cuts += [cuts[-1]] if seed == 3 else []  # an empty piece at the end changes nothing
+        pieces = Pieces([memoryview(frame)[a:b] for a, b in zip(cuts, cuts[1:])])
+        assert len(pieces) == len(frame) and bytes(pieces) == frame
+        assert A.no_addresses_in(pieces, FETCH, 17) is not with_endpoints
+        for _ in range(200):
+            i = rng.randrange(len(frame))
+            k = rng.randint(0, 9)
+            assert pieces[i] == frame[i] and pieces[i:i + k] == frame[i:i + k]
+        assert pieces[-1] == frame[-1]
+        with pytest.raises(IndexError):
+            pieces[len(frame)]
+    # what it cannot vouch for, it does not: a truncated frame, an API whose addresses are not in tags
+    assert not A.no_addresses_in(frame[:-30], FETCH, 17)
+    assert not A.no_addresses_in(Pieces([frame[:1000], frame[1000:-1]]), FETCH, 17)
+    assert not A.no_addresses_in(encode_response(METADATA, 12, 1, _clean(_metadata_body(12), 12)), METADATA, 12)

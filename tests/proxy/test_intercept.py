@@ -6,6 +6,7 @@ import asyncio
 import random
 from typing import Any
 
+
 from harness.wire import WireClient
 from protocol import codec
 from protocol.apis import API_VERSIONS, METADATA, PRODUCE, SASL_HANDSHAKE
@@ -265,6 +266,58 @@ def test_a_whole_head_in_one_read_is_parsed_once_and_large_pieces_are_not_copied
     ed.feed(True, big[1000:] + produce(100, 1), 0)  # the body's end and a whole frame in one read
     assert b"".join(bytes(p) for p in sent) == big + produce(100, 1)
     assert any(isinstance(p, memoryview) and len(p) > 100_000 for p in sent)  # the body: a view, not a copy
+
+
+def test_a_wanted_frame_is_joined_only_when_it_may_be_edited() -> None:
+    """An interceptor that can tell from the reads that it leaves a frame alone gets no joined copy: the reads
+    go on as they came (views, nothing copied). Otherwise it gets the exact frame, in any split."""
+    body = {"transactional_id": None, "acks": 1, "timeout_ms": 1,
+            "topic_data": [{"name": "t", "partition_data": [{"index": 0, "records": b"r" * 50_000}]}]}
+    frame = request(PRODUCE, 9, 1, body)
+    for seed in range(5):
+        seen: list = []
+        ed, port = editor(Wants(on_request=lambda h, f: seen.append(f)))
+        feed_split(ed, True, frame, random.Random(seed)) if seed else ed.feed(True, frame, 0)
+        assert seen == [frame] and port.out(True) == frame and not ed.passing
+
+    class Untouched(Wants):
+        def __init__(self) -> None:
+            self.joined: list = []
+            super().__init__(on_request=lambda h, f: self.joined.append(f))
+            self.checked: list = []
+
+        def leaves_unchanged(self, head, request, data) -> bool:
+            self.checked.append(bytes(data))
+            return True
+
+    w = Untouched()
+    ed, port = editor(w)
+    sent: list = []
+    port.send_many = lambda request, pieces, now: sent.extend(pieces)  # type: ignore[method-assign]
+    rest = frame[3000:] + produce(2, 1)
+    ed.feed(True, frame[:3000], 0)
+    ed.feed(True, rest, 0)  # the frame's end and the next frame in one read
+    assert w.checked == [frame] and b"".join(bytes(p) for p in sent) == frame + produce(2, 1)
+    assert w.joined == [produce(2, 1)]  # a frame in one piece costs no join: it is handed over as it is
+    assert any(isinstance(p, memoryview) and p.obj is rest and len(p) > 40_000 for p in sent)  # a view: no copy
+    # in a chain, every interceptor that wants the frame must say so
+    both = chain([Untouched(), Wants()])
+    assert not both.leaves_unchanged(RequestHead(PRODUCE, 9, 1, None, 10, 1, True), True, frame)
+    assert chain([Untouched(), Wants(want=False)]).leaves_unchanged(RequestHead(PRODUCE, 9, 1, None, 10, 1, True),
+                                                                    True, frame)
+
+
+def test_pass_through_while_a_wanted_frame_is_half_collected_keeps_its_bytes() -> None:
+    ed, port = editor(Wants())
+    body = {"transactional_id": None, "acks": 1, "timeout_ms": 1,
+            "topic_data": [{"name": "t", "partition_data": [{"index": 0, "records": b"r" * 10_000}]}]}
+    frame = request(PRODUCE, 9, 1, body)
+    ed.feed(True, frame[:4000], 0)
+    assert port.out(True) == b""  # wanted: held until whole
+    ed.feed(False, b"garbage that is no response", 0)  # the other direction gives up on framing
+    assert ed.passing and port.out(True) == frame[:4000]  # what was held goes on unchanged
+    ed.feed(True, frame[4000:], 0)
+    assert port.out(True) == frame and port.out(False) == b"garbage that is no response"
 
 
 def test_oversize_wanted_frame_is_streamed_and_counted() -> None:
