@@ -221,7 +221,7 @@ class _Side:
     """Framing state of one direction."""
 
     __slots__ = ("request", "mode", "buf", "pieces", "want", "size", "remaining", "head", "queue", "queued",
-                 "hold_until", "holding", "timer", "after", "out", "fresh")
+                 "hold_until", "holding", "timer", "after", "out", "fresh", "verbatim")
 
     def __init__(self, request: bool) -> None:
         self.request = request
@@ -240,6 +240,7 @@ class _Side:
         self.after: list[Callable[[], None]] = []  # run once the held output is out (a FIN to propagate)
         self.out: list[bytes | memoryview] = []  # output of the current `feed`, written as one chunk at its end
         self.fresh = True  # no frame yet: the first size prefix is also checked for TLS / HTTP
+        self.verbatim = False  # during a feed: every piece in `out` is the chunk's own bytes, in order
 
 
 class FrameEditor:
@@ -280,7 +281,13 @@ class FrameEditor:
                 side.remaining -= len(data)
             self.out.send(request, data, now_ns)
             return
+        # nothing of an earlier chunk is held: if the feed hands on all of this chunk unchanged, it goes
+        # on as the chunk itself (one write, one observer feed) rather than as the views framing cut it in
+        side.verbatim = side.queue is None and not side.buf and side.mode != _WHOLE
         self._feed(side, data, now_ns)
+        if side.verbatim and len(side.out) > 1 and sum(map(len, side.out)) == len(data):
+            side.out = [data]
+        side.verbatim = False
         for side in (self.req, self.resp):  # a request answered here emits on the response side
             if side.out:
                 self._flush_out(side, now_ns)
@@ -293,6 +300,7 @@ class FrameEditor:
         the transport writes all pieces with one system call.
         """
         pieces, side.out = side.out, []
+        side.verbatim = False  # written mid-feed: `out` no longer holds the whole chunk
         self._write(side, pieces, now_ns)
 
     def _write(self, side: _Side, pieces: list[bytes | memoryview], now_ns: int) -> None:
@@ -503,6 +511,7 @@ class FrameEditor:
             self._emit(side, frame, now_ns)
             self._frame_end(side, now_ns)
             return
+        side.verbatim = False
         if edit.note:
             self.out.note(head.correlation_id, edit.note)
         self.edited += 1
@@ -529,6 +538,7 @@ class FrameEditor:
 
     def _apply_response(self, side: _Side, head: RequestHead, frame: bytes, edit: Edit | None, now_ns: int) -> None:
         if edit is not None:
+            side.verbatim = False
             if edit.note:
                 self.out.note(head.correlation_id, edit.note)
             self.edited += 1
@@ -553,6 +563,7 @@ class FrameEditor:
             return  # a broker response is being handed on: answers wait for its end
         order, ready = self.order, self.ready
         while order and order[0] in ready:
+            self.resp.verbatim = False
             answer, delay = ready.pop(order.popleft())
             if delay > 0:
                 self._delay(self.resp, delay)
@@ -616,6 +627,7 @@ class FrameEditor:
         """Stop framing: everything from here on (and what is held) is forwarded as it is."""
         if self.passing:
             return
+        self.req.verbatim = self.resp.verbatim = False
         self.passing = True
         self.pass_reason = reason
         self.out.log("warning", "editing stopped, relaying as is", reason=reason)

@@ -263,9 +263,24 @@ def test_a_whole_head_in_one_read_is_parsed_once_and_large_pieces_are_not_copied
     monkeypatch.setattr(port, "send", lambda request, data, now: sent.append(data))
     monkeypatch.setattr(port, "send_many", lambda request, pieces, now: sent.extend(pieces))
     ed.feed(True, big[:1000], 0)
-    ed.feed(True, big[1000:] + produce(100, 1), 0)  # the body's end and a whole frame in one read
+    tail = big[1000:] + produce(100, 1)
+    ed.feed(True, tail, 0)  # the body's end and a whole frame in one read
     assert b"".join(bytes(p) for p in sent) == big + produce(100, 1)
-    assert any(isinstance(p, memoryview) and len(p) > 100_000 for p in sent)  # the body: a view, not a copy
+    assert sent[-1] is tail  # all of it unchanged: handed on as the read itself, one write, nothing copied
+
+
+def test_a_chunk_goes_on_as_itself_only_when_every_byte_of_it_is_unchanged() -> None:
+    """An edit that keeps a frame's length must still be sent, not the chunk it came in."""
+    one, two = response(PRODUCE, 9, 1), response(PRODUCE, 9, 2)
+    edited = one[:-1] + bytes([one[-1] ^ 0xFF])
+    ed, port = editor(Wants(on_response=lambda h, f: Edit(frame=edited) if h.correlation_id == 1 else None))
+    ed.feed(True, produce(1, 1) + produce(2, 1), 0)
+    ed.feed(False, one + two, 0)
+    assert port.out(False) == edited + two
+    answered, port2 = editor(Wants(on_request=lambda h, f: Edit(answer=two) if h.correlation_id == 2 else None))
+    answered.feed(True, produce(1, 1) + produce(2, 1), 0)
+    answered.feed(False, one, 0)  # the broker's answer to 1, then the one made here for 2
+    assert port2.out(False) == one + two and port2.out(True) == produce(1, 1)
 
 
 def test_a_wanted_frame_is_joined_only_when_it_may_be_edited() -> None:
