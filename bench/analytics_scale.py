@@ -29,7 +29,15 @@ sys.path.insert(0, str(ROOT / "bench"))
 from proc_tree import TICK, snapshot, tree  # noqa: E402
 
 SECTION = "## analytics (bench/analytics_scale.py)"
-TARGETS = {1_000_000: 20.0, 10_000_000: 90.0}
+SMALL_RECORDING = 100_000  # requests: a recording this small (the demo's is ~2,500) has the "small" target
+
+
+def target_s(requests: int) -> float | None:
+    """Issue 16's wall-time target for `kafkatap analyze`, JVM start included (None: no target at this size)."""
+    if requests <= SMALL_RECORDING:
+        return 8.0
+    return {1_000_000: 12.0, 10_000_000: 30.0}.get(requests)
+
 LAST_CPU_S = 0.0
 
 DUCKDB_QUERIES = {
@@ -40,7 +48,7 @@ DUCKDB_QUERIES = {
                    from read_parquet('{d}/requests/**/*.parquet', hive_partitioning=true) where latency_us is not null group by a""",
     "latency_by_client": """select client_id, count(*), quantile_cont(latency_us, [0.5,0.99]) from read_parquet('{d}/requests/**/*.parquet', hive_partitioning=true)
                    where latency_us is not null group by client_id""",
-    "latency_over_time_broker": """select broker_addr, req_first_ns // 60000000000 b, count(*), quantile_cont(latency_us, [0.5,0.99])
+    "latency_over_time_broker": """select broker_addr, epoch_us(req_first_ns) // 60000000 b, count(*), quantile_cont(latency_us, [0.5,0.99])
                    from read_parquet('{d}/requests/**/*.parquet', hive_partitioning=true) group by all""",
     "client_inventory": """select client_id, split_part(client_addr, ':', 1) h, count(*), count(distinct conn_id), bool_or(api_name='Produce'), bool_or(api_name='Fetch'),
                    sum(records), sum(request_bytes + coalesce(response_bytes,0)) from read_parquet('{d}/requests/**/*.parquet', hive_partitioning=true) group by all order by 3 desc""",
@@ -106,7 +114,7 @@ con = duckdb.connect()
 con.execute("PRAGMA threads=2")
 t = {{}}
 for name, q in json.loads({qs!r}).items():
-    t0 = time.monotonic(); con.execute(q).fetchall(); t[name] = round(time.monotonic() - t0, 3)
+    t0 = time.monotonic(); r = con.execute(q); (getattr(r, 'to_arrow_table', None) or r.fetch_arrow_table)(); t[name] = round(time.monotonic() - t0, 3)
 print(json.dumps(t))
 """
 
@@ -157,7 +165,7 @@ def markdown(results: list[dict], cmd: str) -> str:
              "| requests | recording | Spark wall | target | Spark CPU | Spark peak RSS | DuckDB wall | DuckDB CPU | DuckDB peak RSS | Spark/DuckDB wall | load before→after |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in results:
-        tgt = TARGETS.get(r["requests"])
+        tgt = target_s(r["requests"])
         cpu = lambda k: f"{r[k]} s" if r.get(k) is not None else "n/a"  # noqa: E731
         lines.append(f"| {r['requests']:,} | {r['size_mib']} MiB | {r['spark_s']} s | {'≤ %d s' % tgt if tgt else ''} "
                      f"{'✅' if tgt and r['spark_s'] <= tgt else '❌' if tgt else ''} | {cpu('spark_cpu_s')} | {r['spark_peak_mib']} MiB | "
@@ -165,8 +173,8 @@ def markdown(results: list[dict], cmd: str) -> str:
                      f"{r['load_before']}→{r['load_after']} |")
     if len(results) >= 2:
         a, b = results[0], results[-1]
-        lines += ["", f"Growth {b['requests'] // a['requests']}× requests: Spark {b['spark_s'] / a['spark_s']:.2f}× "
-                      f"(target ≤ 6×), DuckDB {b['duckdb_s'] / max(a['duckdb_s'], 0.01):.2f}×."]
+        lines += ["", f"Growth {b['requests'] // a['requests']}× requests: Spark {b['spark_s'] / a['spark_s']:.2f}×, "
+                      f"DuckDB {b['duckdb_s'] / max(a['duckdb_s'], 0.01):.2f}×."]
     lines += ["", "DuckDB per-query seconds: " + "; ".join(f"{r['requests']:,}: " + ", ".join(f"{k} {v}" for k, v in r["duckdb_queries"].items())
                                                      for r in results), ""]
     return "\n".join(lines)
