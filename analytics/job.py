@@ -71,9 +71,10 @@ class Inputs:
     conns: DataFrame
     sides: DataFrame
     requests: DataFrame | None = None  # the raw prepared view (never cached): throughput and slowest-N scan it once each
+    reactions: DataFrame | None = None  # faults.fault_reactions, pinned; None when no fault was injected
 
 
-def table_plan(i: Inputs, bucket_s: int) -> dict[str, Callable[[], DataFrame]]:
+def table_plan(i: Inputs, bucket_s: int) -> dict[str, Callable[[], DataFrame | pa.Table]]:
     """Every report table, in report order, as a thunk so the job can time and run them concurrently."""
     return {
         "client_inventory": lambda: clients.client_inventory(i.rollup, i.topics, i.conns),
@@ -109,14 +110,31 @@ def table_plan(i: Inputs, bucket_s: int) -> dict[str, Callable[[], DataFrame]]:
         **({} if i.requests is None else {"bypass": lambda: bypass.bypassed_addresses(i.requests),
                                           "brokers": lambda: brokers.broker_ids(i.requests, i.conns)}),
         **({} if i.requests is None else {  # injected Kafka faults and the clients' reactions (issue 17)
-            "fault_reactions_by_library": lambda: faults.fault_reactions_by_library(faults.fault_reactions(i.requests)),
-            "fault_reactions": lambda: faults.fault_reactions(i.requests),
+            "fault_reactions_by_library": lambda: (faults.fault_reactions_by_library(i.reactions) if i.reactions is not None
+                                                   else empty_table(i.requests, faults.BY_LIBRARY_COLUMNS)),
+            "fault_reactions": lambda: (i.reactions if i.reactions is not None
+                                        else empty_table(i.requests, faults.REACTIONS_COLUMNS)),
         }),
         **({} if i.requests is None else {
             "throughput_over_time": lambda: drilldown.throughput_over_time(i.requests, bucket_s),
             "slowest_requests": lambda: drilldown.slowest_requests(i.requests),
         }),
     }
+
+
+def empty_table(like: DataFrame, columns: str) -> pa.Table:
+    """An empty table with these columns (Spark DDL), typed as `toArrow` would type them, without a job.
+
+    For the fault tables of a recording without injected faults: their plan cost ~3 s of a small
+    analysis (analysed and run twice) to say nothing, and even an empty relation's `toArrow` runs
+    a job (~0.5 s).
+    """
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    spark = like.sparkSession
+    schema = spark.createDataFrame([], columns).schema  # parsed and resolved only: no job
+    return to_arrow_schema(schema, error_on_duplicated_field_names_in_struct=True,
+                           prefers_large_types=spark._jconf.arrowUseLargeVarTypes()).empty_table()
 
 
 DRILLDOWN_TABLES = ("connection_facts", "connection_requests", "connection_tcp")
@@ -247,8 +265,9 @@ def collect(df: DataFrame, cap: int = TABLE_ROW_CAP) -> pa.Table:
     return df.limit(cap).toArrow()
 
 
-def collect_all(plan: dict[str, Callable[[], DataFrame]], prog: Progress, parallel: int) -> dict[str, pa.Table]:
-    """Collect every table, a few Spark jobs at a time.
+def collect_all(plan: dict[str, Callable[[], DataFrame | pa.Table]], prog: Progress, parallel: int
+                ) -> dict[str, pa.Table]:
+    """Collect every table, a few Spark jobs at a time (a thunk may hand back a table it made without Spark).
 
     Most tables are small aggregations whose wall time is dominated by
     per-job fixed costs (planning, code generation, scheduling) rather than
@@ -258,10 +277,11 @@ def collect_all(plan: dict[str, Callable[[], DataFrame]], prog: Progress, parall
     done: dict[str, pa.Table] = {}
     n = len(plan)
 
-    def one(item: tuple[str, Callable[[], DataFrame]]) -> tuple[str, pa.Table, float]:
+    def one(item: tuple[str, Callable[[], DataFrame | pa.Table]]) -> tuple[str, pa.Table, float]:
         name, thunk = item
         t0 = time.monotonic()
-        return name, collect(thunk()), time.monotonic() - t0
+        got = thunk()
+        return name, got if isinstance(got, pa.Table) else collect(got), time.monotonic() - t0
 
     with ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="kafkatap-table") as pool:
         for i, (name, table, secs) in enumerate(pool.map(one, plan.items()), 1):
@@ -346,7 +366,11 @@ def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.
         views = pin(percentile_views(cube))
         if prog.enabled:
             prog.info(f"latency cube: {cube.count():,} cells, {views.count():,} percentile rows")
-        inputs = Inputs(rollup, topics, traffic, views, err, conns, sides, full)
+        reactions = None
+        if ov.get("faults_injected"):
+            prog.step("fault reactions", f"{ov['faults_injected']:,} injected Kafka fault(s) and what each client did next")
+            reactions = pin(faults.fault_reactions(full))
+        inputs = Inputs(rollup, topics, traffic, views, err, conns, sides, full, reactions)
         plan = table_plan(inputs, bucket_s)
         if compare:
             mode_used, cplan = compare_plan(spark, str(compare[0]), str(compare[1]), filters, compare_mode, tolerance_s, prog)

@@ -31,6 +31,21 @@ from pyspark.sql import functions as F
 WINDOW_S = 120  # a reaction later than this is not attributed to the fault
 NOTE = r"fault#(\d+) (\w+)(?:=(\S+))?(?: (in-place|rewrite))?"
 
+# The two tables' columns (Spark DDL), for a recording without injected faults: Spark needs ~1 s only to
+# analyse the reactions' plan (a window, five joins), and a zero limit still runs a job, so those empty
+# tables are made from these. tests/analytics/test_fault_reactions.py keeps them equal to the plans'.
+REACTIONS_COLUMNS = (
+    "at timestamp, client_id string, library string, library_version string, rule int, kind string, detail string, "
+    "mode string, api_name string, topics array<string>, recovered boolean, time_to_recover_ms double, "
+    "retries bigint, metadata_refreshes bigint, coordinator_lookups bigint, rebalance_requests bigint, "
+    "reconnects bigint, requests_in_window bigint, duplicate_records bigint, conn_id string, correlation_id int, "
+    "edit string")
+BY_LIBRARY_COLUMNS = (
+    "library string, client_id string, kind string, detail string, api_name string, faults bigint, recovered bigint, "
+    "recover_p50_ms double, recover_max_ms double, retries bigint, metadata_refreshes bigint, "
+    "coordinator_lookups bigint, rebalance_requests bigint, reconnects bigint, duplicate_records bigint, "
+    "requests_per_fault double")
+
 
 def injected_faults(req: DataFrame) -> DataFrame:
     """One row per injected fault (a request whose `edit` carries `fault#ID …`), with its reaction window."""

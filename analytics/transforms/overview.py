@@ -29,6 +29,7 @@ def overview(rollup: DataFrame, conns: DataFrame) -> DataFrame:
         F.coalesce(F.sum("requests_with_errors"), F.lit(0)).alias("requests_with_errors"),
         status("unanswered").alias("unanswered"),
         status("no_response").alias("acks0_produces"),
+        F.coalesce(F.sum("faults_injected"), F.lit(0)).alias("faults_injected"),
     )
     c = conns.agg(
         F.count(F.lit(1)).alias("connections"),
@@ -48,5 +49,5 @@ def overview(rollup: DataFrame, conns: DataFrame) -> DataFrame:
         "proxies", "brokers", "client_ids", "connections", "connections_ended", "requests",
         "request_bytes", "response_bytes", "requests_with_errors",
         F.round(F.col("requests_with_errors") / F.greatest(F.col("requests"), F.lit(1)), 5).alias("error_rate"),
-        "unanswered", "acks0_produces",
+        "unanswered", "acks0_produces", "faults_injected",
     )

@@ -55,6 +55,8 @@ def request_rollup(req: DataFrame) -> DataFrame:
         F.max(F.when(throttled, F.col("throttle_ms"))).alias("max_throttle_ms"),
         F.min(F.when(throttled, F.col("ts_ns"))).alias("first_throttled_ns"),
         F.max(F.when(big, F.col("response_bytes") / transfer_s)).alias("peak_response_bytes_per_s"),
+        # requests the proxy injected a Kafka fault into (`fault#…` in `edit`): none, and the fault tables need no job
+        F.sum(F.col("edit").contains("fault#").cast("long")).alias("faults_injected"),
     )  # fixed-width buffers only: a string max/first would turn this into a sort-based aggregate (the software name comes from connections)
 
 

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 from analytics.findings import run_rules
+from analytics.job import empty_table
 from analytics.transforms.common import prepare_requests
-from analytics.transforms.faults import fault_reactions, fault_reactions_by_library
+from analytics.transforms.faults import (
+    BY_LIBRARY_COLUMNS,
+    REACTIONS_COLUMNS,
+    fault_reactions,
+    fault_reactions_by_library,
+)
 from analytics_rows import req
 
 NL = [{"code": 6, "name": "NOT_LEADER_OR_FOLLOWER", "topic": "orders", "partition": 0, "resource": None}]
@@ -69,5 +75,11 @@ def test_reactions_per_fault_and_per_library(make_df) -> None:
 def test_no_fault_no_rows(make_df) -> None:
     r = prepare_requests(make_df("requests", [req("c", 1), req("c", 2, "Metadata", t_s=1)]))
     assert fault_reactions(r).count() == 0
+    # without faults the job makes both tables from their declared columns, with no Spark job: they must be
+    # the tables the plans give, column for column and type for type
+    for plan, declared in ((fault_reactions(r), REACTIONS_COLUMNS),
+                           (fault_reactions_by_library(fault_reactions(r)), BY_LIBRARY_COLUMNS)):
+        made, real = empty_table(r, declared), plan.toArrow()
+        assert made.num_rows == 0 and [(f.name, f.type) for f in made.schema] == [(f.name, f.type) for f in real.schema]
     assert not [f for f in run_rules({"fault_reactions": [], "fault_reactions_by_library": []})
                 if f.id in ("kafka_fault_reactions", "fault_retry_duplicates")]
