@@ -1,7 +1,7 @@
 """Where a Spark application's wall time went, read from its event log.
 
 `kafkatap analyze --conf spark.eventLog.enabled=true --conf spark.eventLog.dir=DIR`
-makes Spark write one JSON event per line (application start, every SQL
+makes Spark write one JSON event per line, zstd-compressed by default in Spark 4 (application start, every SQL
 execution, job, stage and task with their timestamps and metrics). This module
 turns such a log, plus the moment the process was started, into the phases an
 analysis goes through:
@@ -24,9 +24,11 @@ the benchmark calls it after the run.
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 SQL_START = "org.apache.spark.sql.execution.ui.SparkListenerSQLExecutionStart"
 SQL_END = "org.apache.spark.sql.execution.ui.SparkListenerSQLExecutionEnd"
@@ -85,6 +87,20 @@ def event_files(log_dir: Path) -> list[Path]:
     return files
 
 
+def _open_events(path: Path) -> IO[str]:
+    """An event file as text lines. Spark 4 compresses event logs with zstd by default (`.zstd`), which
+    pyarrow's stream codec reads; another codec is refused with the setting that avoids it."""
+    suffix = path.suffix.lstrip(".")
+    if suffix in ("zstd", "zst"):
+        import pyarrow as pa
+
+        return io.TextIOWrapper(pa.CompressedInputStream(pa.OSFile(str(path)), "zstd"), encoding="utf-8")
+    if suffix in ("lz4", "lzf", "snappy"):
+        raise ValueError(f"{path}: event log compressed with {suffix}; rerun with --conf spark.eventLog.compress=false "
+                         "or --conf spark.eventLog.compression.codec=zstd")
+    return open(path, encoding="utf-8")
+
+
 def _union_ms(intervals: list[tuple[int, int]]) -> int:
     total, end = 0, None
     for s, e in sorted(intervals):
@@ -110,7 +126,7 @@ def read(log_dir: Path, process_start_ms: int, process_end_ms: int, top: int = 8
     jobs = stages = tasks = 0
     task_ms = cpu_ns = gc_ms = 0
     for path in event_files(log_dir):
-        with open(path, encoding="utf-8") as f:
+        with _open_events(path) as f:
             for line in f:
                 ev = json.loads(line)
                 kind = ev["Event"]

@@ -1,7 +1,9 @@
-"""bench/analytics_scale.py's DuckDB side keeps working on the recording format of the day.
+"""The analysis benches' tools keep working: bench/analytics_scale.py's DuckDB side on the recording format of the
+day, bench/spark_timeline.py on the event logs Spark writes.
 
-Why a test for a bench: its DuckDB queries read the recorder's files directly, so a format change
-(format 3 made the `_ns` columns timestamps) broke the bench silently until someone ran it.
+Why tests for benches: the DuckDB queries read the recorder's files directly, so a format change (format 3
+made the `_ns` columns timestamps) broke the bench silently until someone ran it; and the timeline read only
+plain event logs, when Spark 4 writes them zstd-compressed by default.
 """
 
 from __future__ import annotations
@@ -11,22 +13,28 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
 
 from analytics.synthetic import generate
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("analytics_scale", ROOT / "bench" / "analytics_scale.py")
+def _bench_module(name: str) -> Any:
+    """A module of bench/ (not a package), loaded by path and registered, as its dataclasses need."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
 
 
 def test_the_bench_duckdb_queries_run_on_a_fresh_recording(tmp_path: Path) -> None:
-    bench = _bench()
+    bench = _bench_module("analytics_scale")
     rec = tmp_path / "rec"
     generate(rec, 500)
     out = subprocess.run([sys.executable, "-c", bench.duckdb_script(rec)], capture_output=True, text=True, timeout=120)
@@ -35,3 +43,24 @@ def test_the_bench_duckdb_queries_run_on_a_fresh_recording(tmp_path: Path) -> No
     assert set(timings) == set(bench.DUCKDB_QUERIES)
     assert all(isinstance(v, float | int) and v >= 0 for v in timings.values())
     assert bench.target_s(2_444) == 8.0 and bench.target_s(1_000_000) == 12.0 and bench.target_s(10_000_000) == 30.0
+
+
+def test_spark_timeline_reads_spark4s_zstd_event_logs(tmp_path: Path) -> None:
+    """Spark 4 compresses event logs with zstd by default; the timeline read only plain ones and failed on it."""
+    tl = _bench_module("spark_timeline")
+    events = [
+        {"Event": "SparkListenerApplicationStart", "Timestamp": 1_000},
+        {"Event": "SparkListenerExecutorAdded", "Timestamp": 1_300},
+        {"Event": tl.SQL_START, "executionId": 0, "time": 2_000, "description": "toArrow at job.py:1"},
+        {"Event": tl.SQL_END, "executionId": 0, "time": 2_500},
+        {"Event": "SparkListenerApplicationEnd", "Timestamp": 3_000},
+    ]
+    app = tmp_path / "logs" / "eventlog_v2_local-1"
+    app.mkdir(parents=True)
+    with pa.CompressedOutputStream(pa.OSFile(str(app / "events_1_local-1.zstd"), "wb"), "zstd") as out:
+        out.write("".join(json.dumps(e) + "\n" for e in events).encode())
+    got = tl.read(tmp_path / "logs", 500, 3_200)
+    assert got.executions == 1 and got.slowest[0].ms == 500 and got.slowest[0].description == "toArrow"
+    (app / "events_1_local-1.zstd").rename(app / "events_1_local-1.lz4")
+    with pytest.raises(ValueError, match="spark.eventLog.compress=false"):
+        tl.read(tmp_path / "logs", 500, 3_200)
