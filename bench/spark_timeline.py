@@ -1,8 +1,9 @@
 """Where a Spark application's wall time went, read from its event log.
 
 `kafkatap analyze --conf spark.eventLog.enabled=true --conf spark.eventLog.dir=DIR`
-makes Spark write one JSON event per line, zstd-compressed by default in Spark 4 (application start, every SQL
-execution, job, stage and task with their timestamps and metrics). This module
+makes Spark write one JSON event per line (application start, every SQL
+execution, job, stage and task with their timestamps and metrics; zstd-compressed
+by default in Spark 4, which `read` handles). This module
 turns such a log, plus the moment the process was started, into the phases an
 analysis goes through:
 

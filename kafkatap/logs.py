@@ -3,7 +3,8 @@
 Every log line goes to stderr so stdout stays free for command output (reports,
 summaries, JSON), in one write per line: `--workers N` processes share that
 stderr, and a line written as text and newline separately (structlog's
-PrintLogger, since stderr is write-through) could be cut by another worker's. Per-connection context (conn_id, client, broker) is bound with
+PrintLogger, since stderr is write-through) could be cut by another worker's.
+Per-connection context (conn_id, client, broker) is bound with
 `structlog.contextvars`, so the proxy never threads a logger through its code.
 """
 

@@ -485,8 +485,8 @@ class FrameEditor:
                     self._emit(side, piece, now_ns)
                 self._frame_end(side, now_ns)
                 return
-        first = pieces[0]
-        self._whole(side, first if len(pieces) == 1 and isinstance(first, bytes) else b"".join(pieces), now_ns)
+        # a frame in one piece is the bytes of its head, taken whole: handed over as they are
+        self._whole(side, pieces[0] if len(pieces) == 1 else b"".join(pieces), now_ns)
 
     def _whole(self, side: _Side, frame: bytes, now_ns: int) -> None:
         head = side.head
