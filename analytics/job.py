@@ -60,18 +60,24 @@ class Inputs:
 
     The raw request view is never cached (10 M rows): it is scanned, column-pruned,
     by the passes that build `rollup`, `topics` and `cube` (plus `traffic`
-    and the rows with errors), and every table reads those small results.
+    and the notable rows: errors, answers naming brokers), and every table
+    reads those small results.
     """
 
     rollup: DataFrame  # rollups.request_rollup
     topics: DataFrame  # rollups.topic_rollup
     traffic: DataFrame  # rollups.traffic_over_time
     views: DataFrame  # cube.percentile_views of the latency cube
-    err: DataFrame  # request rows with errors (their nested error lists)
+    err: DataFrame  # request rows with errors (their nested error lists): a view of `notable`
     conns: DataFrame
     sides: DataFrame
-    requests: DataFrame | None = None  # the raw prepared view (never cached): throughput and slowest-N scan it once each
+    requests: DataFrame | None = None  # the raw prepared view (never cached): slowest-N scans it once
     reactions: DataFrame | None = None  # faults.fault_reactions, pinned; None when no fault was injected
+    notable: DataFrame | None = None  # rollups.notable_requests, pinned: errors and answers naming brokers
+
+    def named_brokers(self) -> DataFrame:
+        """Rows that may carry `advertised` / `bypass`: the pinned notable rows, else every request."""
+        return self.notable if self.notable is not None else self.requests
 
 
 def table_plan(i: Inputs, bucket_s: int) -> dict[str, Callable[[], DataFrame | pa.Table]]:
@@ -107,8 +113,8 @@ def table_plan(i: Inputs, bucket_s: int) -> dict[str, Callable[[], DataFrame | p
         "produce_compression": lambda: produce_fetch.produce_compression(i.rollup),
         "produce_rate_by_topic": lambda: produce_fetch.produce_rate_by_topic(i.topics),
         "fetch_by_consumer": lambda: produce_fetch.fetch_by_consumer(i.topics),
-        **({} if i.requests is None else {"bypass": lambda: bypass.bypassed_addresses(i.requests),
-                                          "brokers": lambda: brokers.broker_ids(i.requests, i.conns)}),
+        **({} if i.requests is None else {"bypass": lambda: bypass.bypassed_addresses(i.named_brokers()),
+                                          "brokers": lambda: brokers.broker_ids(i.named_brokers(), i.conns)}),
         **({} if i.requests is None else {  # injected Kafka faults and the clients' reactions (issue 17)
             "fault_reactions_by_library": lambda: (faults.fault_reactions_by_library(i.reactions) if i.reactions is not None
                                                    else empty_table(i.requests, faults.BY_LIBRARY_COLUMNS)),
@@ -116,7 +122,7 @@ def table_plan(i: Inputs, bucket_s: int) -> dict[str, Callable[[], DataFrame | p
                                         else empty_table(i.requests, faults.REACTIONS_COLUMNS)),
         }),
         **({} if i.requests is None else {
-            "throughput_over_time": lambda: drilldown.throughput_over_time(i.requests, bucket_s),
+            "throughput_over_time": lambda: drilldown.throughput_over_time(i.traffic, i.topics, bucket_s),
             "slowest_requests": lambda: drilldown.slowest_requests(i.requests),
         }),
     }
@@ -355,11 +361,12 @@ def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.
                   f"{ov.get('span_s') or 0:,.0f} s; time bucket {bucket_s} s"
                   + (f"; rollup {rollup.count():,} rows" if prog.enabled else ""))  # a count is a Spark job: only for a reader
         prog.step("topic rollup", "Produce and Fetch per client and topic, request rate per broker over time, errors")
-        topics = pin(rollups.topic_rollup(full))
+        topics = pin(rollups.topic_rollup(full, bucket_s))
         traffic = pin(rollups.traffic_over_time(full, bucket_s))
-        err = pin(full.where(F.col("error_count") > 0))  # few rows; the only place the nested error lists are read
+        notable = pin(rollups.notable_requests(full))  # few rows: errors, and the answers that named brokers
+        err = notable.where(F.col("error_count") > 0)
         if prog.enabled:
-            prog.info(f"topic rollup {topics.count():,} rows, {traffic.count():,} broker-intervals, {err.count():,} requests with errors")
+            prog.info(f"topic rollup {topics.count():,} rows, {traffic.count():,} broker × client intervals, {err.count():,} requests with errors")
         sides = pin(tcp.tcp_sides(conns, rec.tcp))
         prog.step("latency cube", "all latency views from one pass over the requests")
         cube = pin(latency_cube(full, bucket_s))
@@ -370,7 +377,7 @@ def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.
         if ov.get("faults_injected"):
             prog.step("fault reactions", f"{ov['faults_injected']:,} injected Kafka fault(s) and what each client did next")
             reactions = pin(faults.fault_reactions(full))
-        inputs = Inputs(rollup, topics, traffic, views, err, conns, sides, full, reactions)
+        inputs = Inputs(rollup, topics, traffic, views, err, conns, sides, full, reactions, notable)
         plan = table_plan(inputs, bucket_s)
         if compare:
             mode_used, cplan = compare_plan(spark, str(compare[0]), str(compare[1]), filters, compare_mode, tolerance_s, prog)

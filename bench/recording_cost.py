@@ -242,17 +242,7 @@ def cpu_ticks(pid: int) -> tuple[float, dict[str, float]]:
 def children_cpu(pid: int) -> float:
     """CPU seconds of the live child processes of `pid` (the recorder's writer process)."""
     total = 0.0
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return 0.0
-    kids: set[str] = set()
-    for task in tasks:
-        try:
-            kids.update(open(f"/proc/{pid}/task/{task}/children").read().split())
-        except OSError:
-            continue
-    for kid in kids:
+    for kid in child_pids(pid):
         try:
             parts = open(f"/proc/{kid}/stat").read().rsplit(")", 1)[1].split()
         except OSError:
@@ -261,9 +251,52 @@ def children_cpu(pid: int) -> float:
     return total
 
 
+def pin_cpus() -> tuple[set[int], set[int]] | None:
+    """(the proxy's core, every other core) when this machine lets us choose; None with a single core."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+    return ({cpus[0]}, set(cpus[1:])) if len(cpus) >= 2 else None
+
+
+def set_process_affinity(pid: int, cpus: set[int]) -> None:
+    """Pin every thread of `pid` (sched_setaffinity on a pid moves only its main thread)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return
+    for tid in tasks:
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except OSError:
+            continue
+
+
+def child_pids(pid: int) -> set[int]:
+    kids: set[int] = set()
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return kids
+    for task in tasks:
+        try:
+            kids.update(int(k) for k in open(f"/proc/{pid}/task/{task}/children").read().split())
+        except OSError:
+            continue
+    return kids
+
+
 def serve_proxy(mode: str, upstream: str, record_dir: str) -> None:
-    """Child process: the real proxy with the sinks of one mode; prints its port, stops on SIGTERM."""
+    """Child process: the real proxy with the sinks of one mode; prints its port, stops on SIGTERM.
+
+    With KAFKATAP_BENCH_PROXY_CPU set it pins itself to that core first, so every thread it starts
+    inherits it (the bench then moves the writer process to the other cores).
+    """
     import uvloop
+
+    if os.environ.get("KAFKATAP_BENCH_PROXY_CPU"):
+        os.sched_setaffinity(0, {int(os.environ["KAFKATAP_BENCH_PROXY_CPU"])})
 
     from kafkatap.logs import configure_logging
     from proxy.metrics import LiveStats
@@ -294,13 +327,19 @@ def serve_proxy(mode: str, upstream: str, record_dir: str) -> None:
 
 
 async def run_mode(mode: str, upstream_port: int, pairs, rate: float, warm: float, window: float,
-                   record_dir: str) -> dict[str, Any]:
+                   record_dir: str, pins: tuple[set[int], set[int]] | None = None) -> dict[str, Any]:
+    env = dict(os.environ)
+    if pins:
+        env["KAFKATAP_BENCH_PROXY_CPU"] = str(min(pins[0]))
     proc = subprocess.Popen([sys.executable, __file__, "--serve", mode, f"127.0.0.1:{upstream_port}", record_dir],
-                            stdout=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, text=True, env=env)
     port = int(proc.stdout.readline())
     load = Load({k: v[0] for k, v in pairs.items()}, rate, conns=16, depth=8)
     task = asyncio.ensure_future(load.run(("127.0.0.1", port), warm + window))
     await asyncio.sleep(warm)
+    if pins:  # the writer process started on the proxy's core (it inherits it): off to the other cores
+        for kid in child_pids(proc.pid):
+            set_process_affinity(kid, pins[1])
     c0, t0_threads = cpu_ticks(proc.pid)
     k0 = children_cpu(proc.pid)
     n0, w0 = load.completed, time.monotonic()
@@ -429,6 +468,9 @@ async def amain(args) -> tuple:
     pairs = capture_frames()
     FakeBroker.responses = {k: v[1] for k, v in pairs.items()}
     loop = asyncio.get_running_loop()
+    pins = args.pins
+    if pins:  # the load generator and the fake broker (this process) stay off the proxy's core
+        set_process_affinity(os.getpid(), pins[1])
     srv = await loop.create_server(FakeBroker, "127.0.0.1", 0)
     upstream_port = srv.sockets[0].getsockname()[1]
     modes = ["off", "stats", "record-thread", "record", "record+capture"]
@@ -438,7 +480,7 @@ async def amain(args) -> tuple:
         for mode in (modes if rnd % 2 == 0 else list(reversed(modes))):
             d = tempfile.mkdtemp(prefix=f"kt-bench-{mode.replace('+', '-')}-")
             rec_dirs.setdefault(mode, d)
-            res = await run_mode(mode, upstream_port, pairs, args.rate, args.warmup, args.window, d)
+            res = await run_mode(mode, upstream_port, pairs, args.rate, args.warmup, args.window, d, pins)
             print(f"  {mode:15s} {res['rate']:8.0f} req/s  proxy CPU {res['cpu_pct']:5.1f} %  "
                   f"{res['cpu_us_per_req']:5.1f} µs/req  shipping thread {res['writer_pct']:4.1f} %  "
                   f"writer process {res['child_pct']:4.1f} %", file=sys.stderr)
@@ -452,6 +494,10 @@ def report(args, results, sizes, real_bpr, real_rows, synth, side) -> None:
     def best(mode: str, key: str = "cpu_us_per_req") -> float:  # least-disturbed round: interference only adds
         return min(r[key] for r in results[mode])
 
+    def by_round(mode: str, vs: str = "stats") -> str:  # each round against the same round's `vs` (close in time)
+        return ", ".join(f"{100 * (r['cpu_us_per_req'] - b['cpu_us_per_req']) / b['cpu_us_per_req']:+.0f} %"
+                         for r, b in zip(results[mode], results[vs]))
+
     def ratios(key: str, vs: str) -> str:
         base = best(vs, key)
         return "; ".join(f"{m} {best(m, key):.1f} µs" + ("" if m == vs else f" ({100 * (best(m, key) - base) / base:+.0f} %)")
@@ -464,7 +510,9 @@ def report(args, results, sizes, real_bpr, real_rows, synth, side) -> None:
         f"{'' if args.rate == 20_000 else f' --rate {args.rate:.0f}'}` — "
         f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} shared cores "
         f"(load average {os.getloadavg()[0]:.1f} while it ran), offered {args.rate:,.0f} req/s, "
-        f"{args.rounds} alternating rounds × {args.window:.0f} s windows.",
+        f"{args.rounds} alternating rounds × {args.window:.0f} s windows; "
+        + ("the proxy pinned alone to one core, the load generator, fake broker and writer process to the "
+           "others." if args.pins else "no CPU pinning."),
         "",
         f"Real proxy (ProxyServer + uvloop, own process) in front of a fake broker replaying real captured "
         f"frames (request/response bytes: Produce {sizes[0][0]}/{sizes[0][1]}, Fetch {sizes[1][0]}/{sizes[1][1]}, "
@@ -485,6 +533,9 @@ def report(args, results, sizes, real_bpr, real_rows, synth, side) -> None:
     lines += ["",
               "Proxy process CPU per request, best round of each mode — vs `stats` (the issue's ratio): "
               + ratios("cpu_us_per_req", "stats") + ".",
+              "",
+              "Round by round, each against the same round's `stats` (the issue's targets: record ≤ +10 %, "
+              f"record+capture ≤ +25 %): record {by_round('record')}; record+capture {by_round('record+capture')}.",
               "",
               "Same, vs `off`: " + ratios("cpu_us_per_req", "off") + ".",
               "",
@@ -529,12 +580,17 @@ def main() -> None:
     ap.add_argument("--window", type=float, default=10.0)
     ap.add_argument("--warmup", type=float, default=3.0)
     ap.add_argument("--quick", action="store_true", help="1 round, 5 s windows")
+    ap.add_argument("--pin", action="store_true",
+                    help="pin the proxy alone to the first core and the load generator, fake broker and writer "
+                         "process to the others (default: the OS places them). On the 2-core bench machine this did "
+                         "not narrow the spread between rounds (bench/RESULTS.md)")
     args = ap.parse_args()
     if args.serve:
         serve_proxy(*args.serve)
         return
     if args.quick:
         args.rounds, args.window, args.warmup = 1, 5.0, 2.0
+    args.pins = pin_cpus() if args.pin else None  # before this process pins itself to the others
     import uvloop
 
     from kafkatap.logs import configure_logging

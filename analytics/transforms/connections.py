@@ -18,9 +18,12 @@ def connections_over_time(conns: DataFrame, traffic: DataFrame, bucket_s: int, v
     so quiet buckets still carry the open connections; latency (long polls out)
     and bytes per request sit on the same row, which is what shows queueing:
     latency climbing with concurrency while bytes per request stay flat.
-    `traffic` is `rollups.traffic_over_time` with the same bucket; latency
-    comes from the cube's broker x time view (`views`: cube or percentile views).
+    `traffic` is `rollups.traffic_over_time` with the same bucket (summed over
+    clients here); latency comes from the cube's broker x time view (`views`:
+    cube or percentile views).
     """
+    traffic = traffic.groupBy("broker_addr", "b").agg(
+        *[F.sum(c).alias(c) for c in ("requests", "request_bytes", "sized_requests")])
     c = conns.select(
         "broker_addr",
         time_bucket_index("opened_ns", bucket_s).alias("open_b"),

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from analytics.transforms.common import bucket, ns_to_ts, with_client
+from analytics.transforms.common import ns_to_ts, with_client
 
 THROUGHPUT_KEYS = 8  # busiest topics and clients charted; the rest are folded into "(others)"
 SLOWEST = 50
@@ -38,31 +38,32 @@ def _rates(df: DataFrame, bucket_s: int) -> DataFrame:
     ).orderBy("by", "key", "bucket")
 
 
-def throughput_over_time(req: DataFrame, bucket_s: int) -> DataFrame:
+def throughput_over_time(traffic: DataFrame, topics: DataFrame, bucket_s: int) -> DataFrame:
     """Bytes/s each way and records/s produced, per client (whole frames) and per topic (record bytes).
 
     A client's bytes are its request and response frames; a topic's are the
     record batches produced to it (client → broker) and fetched from it
     (broker → client), a multi-topic request's split evenly over its topics.
     Records are the produced ones (Fetch responses are summarized in bytes).
+    Read from the rollups (`rollups.traffic_over_time`, and `rollups.topic_rollup`
+    made with the same `bucket_s`), not from the requests: no scan of its own.
     """
+    zero = F.lit(0.0)
+    per_client = traffic.groupBy(F.col("client_id").alias("key"), "b").agg(
+        F.coalesce(F.sum("request_bytes"), zero).cast("double").alias("to_broker"),
+        F.coalesce(F.sum("response_bytes"), zero).cast("double").alias("to_client"),
+        F.coalesce(F.sum("produced_records"), zero).cast("double").alias("records"),
+    ).select(F.lit("client").alias("by"), "key", "b", "to_broker", "to_client", "records")
     produce = F.col("api_name") == "Produce"
-    fetch = F.col("api_name").isin("Fetch", "ShareFetch")
-    per_client = req.select(
-        F.lit("client").alias("by"), F.col("client_id").alias("key"), bucket("ts_ns", bucket_s),
-        F.coalesce(F.col("request_bytes"), F.lit(0)).cast("double").alias("to_broker"),
-        F.coalesce(F.col("response_bytes"), F.lit(0)).cast("double").alias("to_client"),
-        F.when(produce, F.coalesce(F.col("records"), F.lit(0))).otherwise(0).cast("double").alias("records"),
-    )
-    n = F.greatest(F.size("topics"), F.lit(1))
-    share = F.coalesce(F.col("record_bytes"), F.lit(0)) / n
-    per_topic = req.where((produce | fetch) & (F.size("topics") > 0)).select(
-        F.lit("topic").alias("by"), F.explode("topics").alias("key"), bucket("ts_ns", bucket_s),
-        F.when(produce, share).otherwise(0).cast("double").alias("to_broker"),
-        F.when(fetch, share).otherwise(0).cast("double").alias("to_client"),
-        F.when(produce, F.coalesce(F.col("records"), F.lit(0)) / n).otherwise(0).cast("double").alias("records"),
-    )
-    return _rates(per_client.unionByName(per_topic), bucket_s)
+    per_topic = topics.where(F.col("topic").isNotNull() & F.col("api_name").isin("Produce", "Fetch", "ShareFetch")).groupBy(
+        F.col("topic").alias("key"), "b").agg(
+        F.coalesce(F.sum(F.when(produce, F.col("fetch_bytes_split"))), zero).cast("double").alias("to_broker"),
+        F.coalesce(F.sum(F.when(~produce, F.col("fetch_bytes_split"))), zero).cast("double").alias("to_client"),
+        F.coalesce(F.sum(F.when(produce, F.col("split_records"))), zero).cast("double").alias("records"),
+    ).select(F.lit("topic").alias("by"), "key", "b", "to_broker", "to_client", "records")
+    both = per_client.unionByName(per_topic)
+    return _rates(both.select("by", "key", F.timestamp_seconds(F.col("b") * bucket_s).alias("bucket"),
+                              "to_broker", "to_client", "records"), bucket_s)
 
 
 def slowest_requests(req: DataFrame, n: int = SLOWEST) -> DataFrame:

@@ -13,9 +13,14 @@ coarser grouping of a rollup gives the same answer as grouping the requests.
   broker, so the rollup has about (connections x APIs) rows. It also keeps
   each group's best transfer rate of a large response (the TCP ceiling table).
 - `topic_rollup`: Produce and Fetch (and ShareFetch) requests exploded by topic, one row per
-  client x API x topic x compression.
-- `traffic_over_time`: requests and request bytes per broker and time bucket
-  (connections over time needs every request, long polls and unanswered ones too).
+  client x API x topic x compression (x time bucket, when the job gives one: the
+  throughput chart's per-topic lines).
+- `traffic_over_time`: requests and bytes per broker, client and time bucket
+  (connections over time needs every request, long polls and unanswered ones
+  too; the throughput chart's per-client lines are its sums over brokers).
+- `notable_requests`: not a sum but the few whole rows that some tables read:
+  requests with errors, and answers that named brokers. Kept once, so the error
+  tables, the bypass table and the broker ids never scan every request.
 """
 
 from __future__ import annotations
@@ -60,19 +65,28 @@ def request_rollup(req: DataFrame) -> DataFrame:
     )  # fixed-width buffers only: a string max/first would turn this into a sort-based aggregate (the software name comes from connections)
 
 
-def topic_rollup(req: DataFrame) -> DataFrame:
-    """Produce and Fetch per client, API and topic; a Fetch without topics gets topic null.
+def topic_rollup(req: DataFrame, bucket_s: int | None = None) -> DataFrame:
+    """Produce and Fetch per client, API and topic (and time bucket `b`); a Fetch without topics gets topic null.
 
-    A multi-topic Fetch's record bytes are split evenly over its topics in
-    `fetch_bytes_split` (responses are summarized per request), while
-    `record_bytes` keeps the whole request's figure for per-topic totals.
+    A multi-topic request's record bytes and records are split evenly over its
+    topics in `fetch_bytes_split` and `split_records` (responses are summarized
+    per request), while `record_bytes` keeps the whole request's figure for
+    per-topic totals. With `bucket_s` the rows are also per bucket index `b`:
+    every measure is a sum, minimum or maximum, so the tables that group by
+    client or topic get the same answer, and the throughput chart needs no
+    scan of its own.
     """
+    n = F.greatest(F.size("topics"), F.lit(1))
     pf = req.where(F.col("api_name").isin("Produce", *FETCH_APIS)).select(
         "client_id", "client_host", "api_name", "compression", "ts_ns", "request_bytes", "records", "record_bytes", "long_poll",
-        (F.col("record_bytes") / F.greatest(F.size("topics"), F.lit(1))).alias("split_bytes"),
+        (F.col("record_bytes") / n).alias("split_bytes"), (F.col("records") / n).alias("split_records"),
         F.explode_outer("topics").alias("topic"),
     )
-    return pf.groupBy("client_id", "client_host", "api_name", "topic", "compression").agg(
+    keys = ["client_id", "client_host", "api_name", "topic", "compression"]
+    if bucket_s is not None:
+        pf = pf.withColumn("b", time_bucket_index("ts_ns", bucket_s))
+        keys.append("b")
+    return pf.groupBy(*keys).agg(
         F.count(F.lit(1)).alias("requests"),
         F.min("ts_ns").alias("first_ns"),
         F.max("ts_ns").alias("last_ns"),
@@ -80,6 +94,7 @@ def topic_rollup(req: DataFrame) -> DataFrame:
         F.count("records").alias("requests_with_records"),
         F.sum("record_bytes").alias("record_bytes"),
         F.sum("split_bytes").alias("fetch_bytes_split"),
+        F.sum("split_records").alias("split_records"),
         F.max("request_bytes").alias("max_request_bytes"),
         F.sum((_zero("record_bytes") == 0).cast("long")).alias("empty"),
         F.sum(F.col("long_poll").cast("long")).alias("long_polls"),
@@ -87,9 +102,21 @@ def topic_rollup(req: DataFrame) -> DataFrame:
 
 
 def traffic_over_time(req: DataFrame, bucket_s: int) -> DataFrame:
-    """Requests and request bytes per broker and bucket index (ts // bucket)."""
-    return req.groupBy("broker_addr", time_bucket_index("ts_ns", bucket_s).alias("b")).agg(
+    """Requests, bytes each way and records produced per broker, client and bucket index (ts // bucket)."""
+    return req.groupBy("broker_addr", "client_id", time_bucket_index("ts_ns", bucket_s).alias("b")).agg(
         F.count(F.lit(1)).alias("requests"),
         F.sum("request_bytes").alias("request_bytes"),
         F.count("request_bytes").alias("sized_requests"),
+        F.sum(_zero("response_bytes")).alias("response_bytes"),
+        F.sum(F.when(F.col("api_name") == "Produce", _zero("records")).otherwise(0)).alias("produced_records"),
     )
+
+
+def notable_requests(req: DataFrame) -> DataFrame:
+    """The request rows read whole: errors (their nested lists), and answers naming brokers (`advertised`, `bypass`).
+
+    Few whatever the recording's size (errors are rare, and only Metadata, FindCoordinator and
+    DescribeCluster answers name brokers), so one pass keeps them for three tables that each
+    used to scan every request for their handful.
+    """
+    return req.where((F.col("error_count") > 0) | F.col("advertised").isNotNull() | F.col("bypass").isNotNull())
