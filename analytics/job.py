@@ -28,7 +28,7 @@ from analytics.findings import run_rules
 from analytics.progress import Progress
 from analytics.report.html import connection_pages, render
 from analytics.result import AnalysisResult
-from analytics.session import SMALL_INPUT_ROWS, get_spark, is_local, small_input_settings
+from analytics.session import C1_ONLY_MAX_ROWS, SMALL_INPUT_ROWS, default_master, get_spark, is_local, small_input_settings
 from analytics.transforms import brokers, bypass, clients, compare, connections, drilldown, errors, faults, latency, overview, produce_fetch, rollups, tcp
 from analytics.transforms.common import prepare_requests
 from analytics.transforms.cube import latency_cube, percentile_views
@@ -328,10 +328,17 @@ def run_analysis(
     parallel = parallel or int(os.environ.get("KAFKATAP_ANALYZE_PARALLEL", "3"))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    spark = spark or get_spark(master, spark_conf)
+
+    def rows_on(spark_master: str) -> int | None:  # a cluster's storage is not read here
+        return input_rows([*dirs, *(compare or ())], C1_ONLY_MAX_ROWS) if is_local(spark_master) else None
+
+    spark_master = spark.sparkContext.master if spark is not None else default_master(master)
+    rows = rows_on(spark_master)  # counted before the JVM starts: its JIT follows the size (session.driver_jvm)
+    spark = spark or get_spark(master, spark_conf, input_rows=rows)
+    if spark.sparkContext.master != spark_master:  # the process's session was already up, on another master
+        spark_master = spark.sparkContext.master
+        rows = rows_on(spark_master)
     filters = L.Filters(*L.time_window(since, until, [*dirs, *(compare or ())]), tuple(brokers), tuple(clients), tuple(topics))
-    spark_master = spark.sparkContext.master
-    rows = input_rows([*dirs, *(compare or ())]) if is_local(spark_master) else None  # a cluster's storage: not read here
     sized = {k: v for k, v in small_input_settings(spark_master, rows).items()
              if k not in (spark_conf or {})}  # the caller's --conf wins
     with _RuntimeConf(spark, sized):

@@ -28,6 +28,12 @@ LOG4J = Path(__file__).with_name("log4j2.properties")
 # competing for the two cores. The driver only: executors of a real cluster keep their own flags.
 # Class-data sharing (analytics.class_archive) still maps its archive with these flags.
 DRIVER_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseParallelGC"
+# Past a few million rows the same trade goes the other way: the tasks run long enough for C2's code
+# to pay back its compiling. 10 M requests took 128 s with C1 alone and 77.5 s with the full tiered
+# JIT (the latency cube 61 -> 22 s); at 1 M the two were within the runs' noise (bench/RESULTS.md).
+# So a local analysis of more than C1_ONLY_MAX_ROWS rows starts its JVM with DRIVER_JVM_LARGE.
+DRIVER_JVM_LARGE = "-XX:+UseParallelGC"
+C1_ONLY_MAX_ROWS = 2_000_000
 
 DEFAULTS: dict[str, str] = {
     "spark.ui.showConsoleProgress": "false",
@@ -44,7 +50,7 @@ DEFAULTS: dict[str, str] = {
     "spark.driver.host": "127.0.0.1",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.warehouse.dir": os.path.join(os.environ.get("TMPDIR", "/tmp"), "kafkatap-spark-warehouse"),
-    "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J} -Dderby.system.home=/tmp {DRIVER_JVM}",
+    "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J} -Dderby.system.home=/tmp",  # + driver_jvm()
 }
 
 SMALL_INPUT_ROWS = 100_000  # up to this many recorded rows, a local analysis uses SMALL_INPUT (job.py applies it)
@@ -90,21 +96,35 @@ def small_input_settings(master: str, input_rows: int | None) -> dict[str, str]:
     return dict(SMALL_INPUT)
 
 
-def get_spark(master: str | None = None, conf: dict[str, str] | None = None, app_name: str = "kafkatap-analyze") -> SparkSession:
+def default_master(master: str | None = None) -> str:
+    """The master a new session gets: the one asked for, else $KAFKATAP_SPARK_MASTER, else local[2]."""
+    return master or os.environ.get("KAFKATAP_SPARK_MASTER", "local[2]")
+
+
+def driver_jvm(input_rows: int | None) -> str:
+    """The driver JVM's JIT flags for an analysis of `input_rows` rows (None: unknown, the small-run choice)."""
+    return DRIVER_JVM_LARGE if input_rows is not None and input_rows > C1_ONLY_MAX_ROWS else DRIVER_JVM
+
+
+def get_spark(master: str | None = None, conf: dict[str, str] | None = None, app_name: str = "kafkatap-analyze",
+              input_rows: int | None = None) -> SparkSession:
     """Return the process's SparkSession, creating it on first call.
 
-    `master` and `conf` only matter on the first call (a JVM cannot be
-    re-configured); later calls get the same session back, which is what lets
-    `run_analysis` be called many times from one scenario process.
+    `master`, `conf` and `input_rows` (which picks the JIT, `driver_jvm`) only
+    matter on the first call (a JVM cannot be re-configured); later calls get
+    the same session back, which is what lets `run_analysis` be called many
+    times from one scenario process.
     """
     global _SESSION
     with _LOCK:
         if _SESSION is not None and _SESSION.sparkContext._jsc is not None:  # type: ignore[attr-defined]
             return _SESSION
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        master = master or os.environ.get("KAFKATAP_SPARK_MASTER", "local[2]")
+        master = default_master(master)
         builder = SparkSession.builder.appName(app_name).master(master)
-        settings = {**DEFAULTS, **cluster_defaults(master), **(conf or {})}
+        defaults = dict(DEFAULTS)
+        defaults["spark.driver.extraJavaOptions"] += " " + driver_jvm(input_rows)
+        settings = {**defaults, **cluster_defaults(master), **(conf or {})}
         for key in [k for k, v in settings.items() if v is None]:  # None: leave it to Spark
             del settings[key]
         options = settings.get("spark.driver.extraJavaOptions", "")

@@ -56,3 +56,24 @@ def test_driver_jvm_runs_the_cheap_jit(spark) -> None:
     args = list(spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())  # type: ignore[union-attr]
     for flag in session.DRIVER_JVM.split():
         assert flag in args
+
+
+def test_driver_jit_follows_the_input_size() -> None:
+    """C1 alone for small and unknown inputs; the full tiered JIT past C1_ONLY_MAX_ROWS, where C2 pays back."""
+    assert session.driver_jvm(None) == session.DRIVER_JVM
+    assert session.driver_jvm(2_444) == session.DRIVER_JVM
+    assert session.driver_jvm(session.C1_ONLY_MAX_ROWS) == session.DRIVER_JVM
+    big = session.driver_jvm(session.C1_ONLY_MAX_ROWS + 1)
+    assert "TieredStopAtLevel" not in big and "-XX:+UseParallelGC" in big
+
+
+def test_a_big_input_starts_the_driver_with_the_full_jit() -> None:
+    """The size reaches the JVM's command line: a fresh session for 3 M rows has no TieredStopAtLevel."""
+    import subprocess
+    import sys
+
+    code = ("from analytics.session import get_spark; s = get_spark(input_rows=3_000_000); "
+            "print(' '.join(s.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments()))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "-XX:+UseParallelGC" in p.stdout and "TieredStopAtLevel" not in p.stdout, p.stdout[-2000:]
