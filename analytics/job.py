@@ -28,7 +28,9 @@ from analytics.findings import run_rules
 from analytics.progress import Progress
 from analytics.report.html import connection_pages, render
 from analytics.result import AnalysisResult
-from analytics.session import C1_ONLY_MAX_ROWS, SMALL_INPUT_ROWS, default_master, get_spark, is_local, small_input_settings
+from analytics.session import (
+    C1_ONLY_MAX_ROWS, SMALL_INPUT_ROWS, default_master, get_spark, is_local, running_session, small_input_settings,
+)
 from analytics.transforms import brokers, bypass, clients, compare, connections, drilldown, errors, faults, latency, overview, produce_fetch, rollups, tcp
 from analytics.transforms.common import prepare_requests
 from analytics.transforms.cube import latency_cube, percentile_views
@@ -68,16 +70,16 @@ class Inputs:
     topics: DataFrame  # rollups.topic_rollup
     traffic: DataFrame  # rollups.traffic_over_time
     views: DataFrame  # cube.percentile_views of the latency cube
-    err: DataFrame  # request rows with errors (their nested error lists): a view of `notable`
+    notable: DataFrame  # rollups.notable_requests: errors and answers naming brokers (`advertised`, `bypass`)
     conns: DataFrame
     sides: DataFrame
     requests: DataFrame | None = None  # the raw prepared view (never cached): slowest-N scans it once
     reactions: DataFrame | None = None  # faults.fault_reactions, pinned; None when no fault was injected
-    notable: DataFrame | None = None  # rollups.notable_requests, pinned: errors and answers naming brokers
 
-    def named_brokers(self) -> DataFrame:
-        """Rows that may carry `advertised` / `bypass`: the pinned notable rows, else every request."""
-        return self.notable if self.notable is not None else self.requests
+    @property
+    def err(self) -> DataFrame:
+        """The request rows with errors (the only place their nested error lists are read)."""
+        return self.notable.where(F.col("error_count") > 0)
 
 
 def table_plan(i: Inputs, bucket_s: int) -> dict[str, Callable[[], DataFrame | pa.Table]]:
@@ -113,8 +115,8 @@ def table_plan(i: Inputs, bucket_s: int) -> dict[str, Callable[[], DataFrame | p
         "produce_compression": lambda: produce_fetch.produce_compression(i.rollup),
         "produce_rate_by_topic": lambda: produce_fetch.produce_rate_by_topic(i.topics),
         "fetch_by_consumer": lambda: produce_fetch.fetch_by_consumer(i.topics),
-        **({} if i.requests is None else {"bypass": lambda: bypass.bypassed_addresses(i.named_brokers()),
-                                          "brokers": lambda: brokers.broker_ids(i.named_brokers(), i.conns)}),
+        **({} if i.requests is None else {"bypass": lambda: bypass.bypassed_addresses(i.notable),
+                                          "brokers": lambda: brokers.broker_ids(i.notable, i.conns)}),
         **({} if i.requests is None else {  # injected Kafka faults and the clients' reactions (issue 17)
             "fault_reactions_by_library": lambda: (faults.fault_reactions_by_library(i.reactions) if i.reactions is not None
                                                    else empty_table(i.requests, faults.BY_LIBRARY_COLUMNS)),
@@ -328,16 +330,11 @@ def run_analysis(
     parallel = parallel or int(os.environ.get("KAFKATAP_ANALYZE_PARALLEL", "3"))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-
-    def rows_on(spark_master: str) -> int | None:  # a cluster's storage is not read here
-        return input_rows([*dirs, *(compare or ())], C1_ONLY_MAX_ROWS) if is_local(spark_master) else None
-
+    spark = spark or running_session()
     spark_master = spark.sparkContext.master if spark is not None else default_master(master)
-    rows = rows_on(spark_master)  # counted before the JVM starts: its JIT follows the size (session.driver_jvm)
+    # counted before a JVM starts: its JIT follows the size (session.driver_jvm); a cluster's storage is not read here
+    rows = input_rows([*dirs, *(compare or ())], C1_ONLY_MAX_ROWS) if is_local(spark_master) else None
     spark = spark or get_spark(master, spark_conf, input_rows=rows)
-    if spark.sparkContext.master != spark_master:  # the process's session was already up, on another master
-        spark_master = spark.sparkContext.master
-        rows = rows_on(spark_master)
     filters = L.Filters(*L.time_window(since, until, [*dirs, *(compare or ())]), tuple(brokers), tuple(clients), tuple(topics))
     sized = {k: v for k, v in small_input_settings(spark_master, rows).items()
              if k not in (spark_conf or {})}  # the caller's --conf wins
@@ -371,9 +368,9 @@ def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.
         topics = pin(rollups.topic_rollup(full, bucket_s))
         traffic = pin(rollups.traffic_over_time(full, bucket_s))
         notable = pin(rollups.notable_requests(full))  # few rows: errors, and the answers that named brokers
-        err = notable.where(F.col("error_count") > 0)
         if prog.enabled:
-            prog.info(f"topic rollup {topics.count():,} rows, {traffic.count():,} broker × client intervals, {err.count():,} requests with errors")
+            errs = notable.where(F.col("error_count") > 0).count()
+            prog.info(f"topic rollup {topics.count():,} rows, {traffic.count():,} broker × client intervals, {errs:,} requests with errors")
         sides = pin(tcp.tcp_sides(conns, rec.tcp))
         prog.step("latency cube", "all latency views from one pass over the requests")
         cube = pin(latency_cube(full, bucket_s))
@@ -384,7 +381,7 @@ def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.
         if ov.get("faults_injected"):
             prog.step("fault reactions", f"{ov['faults_injected']:,} injected Kafka fault(s) and what each client did next")
             reactions = pin(faults.fault_reactions(full))
-        inputs = Inputs(rollup, topics, traffic, views, err, conns, sides, full, reactions, notable)
+        inputs = Inputs(rollup, topics, traffic, views, notable, conns, sides, full, reactions)
         plan = table_plan(inputs, bucket_s)
         if compare:
             mode_used, cplan = compare_plan(spark, str(compare[0]), str(compare[1]), filters, compare_mode, tolerance_s, prog)

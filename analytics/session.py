@@ -106,6 +106,13 @@ def driver_jvm(input_rows: int | None) -> str:
     return DRIVER_JVM_LARGE if input_rows is not None and input_rows > C1_ONLY_MAX_ROWS else DRIVER_JVM
 
 
+def running_session() -> SparkSession | None:
+    """The process's session if one is up (its JVM alive), else None."""
+    if _SESSION is not None and _SESSION.sparkContext._jsc is not None:  # type: ignore[attr-defined]
+        return _SESSION
+    return None
+
+
 def get_spark(master: str | None = None, conf: dict[str, str] | None = None, app_name: str = "kafkatap-analyze",
               input_rows: int | None = None) -> SparkSession:
     """Return the process's SparkSession, creating it on first call.
@@ -117,8 +124,9 @@ def get_spark(master: str | None = None, conf: dict[str, str] | None = None, app
     """
     global _SESSION
     with _LOCK:
-        if _SESSION is not None and _SESSION.sparkContext._jsc is not None:  # type: ignore[attr-defined]
-            return _SESSION
+        running = running_session()
+        if running is not None:
+            return running
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         master = default_master(master)
         builder = SparkSession.builder.appName(app_name).master(master)

@@ -274,6 +274,7 @@ def set_process_affinity(pid: int, cpus: set[int]) -> None:
 
 
 def child_pids(pid: int) -> set[int]:
+    """The live child processes of `pid` (of any of its threads): the recorder's writer process."""
     kids: set[int] = set()
     try:
         tasks = os.listdir(f"/proc/{pid}/task")

@@ -55,8 +55,7 @@ def throughput_over_time(traffic: DataFrame, topics: DataFrame, bucket_s: int) -
         F.coalesce(F.sum("produced_records"), zero).cast("double").alias("records"),
     ).select(F.lit("client").alias("by"), "key", "b", "to_broker", "to_client", "records")
     produce = F.col("api_name") == "Produce"
-    per_topic = topics.where(F.col("topic").isNotNull() & F.col("api_name").isin("Produce", "Fetch", "ShareFetch")).groupBy(
-        F.col("topic").alias("key"), "b").agg(
+    per_topic = topics.where(F.col("topic").isNotNull()).groupBy(F.col("topic").alias("key"), "b").agg(  # Produce, Fetch, ShareFetch
         F.coalesce(F.sum(F.when(produce, F.col("fetch_bytes_split"))), zero).cast("double").alias("to_broker"),
         F.coalesce(F.sum(F.when(~produce, F.col("fetch_bytes_split"))), zero).cast("double").alias("to_client"),
         F.coalesce(F.sum(F.when(produce, F.col("split_records"))), zero).cast("double").alias("records"),

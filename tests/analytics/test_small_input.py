@@ -9,6 +9,8 @@ driver JVM runs with the cheap JIT flags.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -69,9 +71,6 @@ def test_driver_jit_follows_the_input_size() -> None:
 
 def test_a_big_input_starts_the_driver_with_the_full_jit() -> None:
     """The size reaches the JVM's command line: a fresh session for 3 M rows has no TieredStopAtLevel."""
-    import subprocess
-    import sys
-
     code = ("from analytics.session import get_spark; s = get_spark(input_rows=3_000_000); "
             "print(' '.join(s.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments()))")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
