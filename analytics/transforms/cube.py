@@ -2,9 +2,9 @@
 
 Ten percentile tables computed with `percentile_approx` mean ten scans of
 10 M rows through an object-based aggregate. Instead the requests are grouped
-once with GROUPING SETS, one set per view: (view keys, log-bin of the value)
--> count, sum, max. Spark runs that as a single code-generated Expand + hash
-aggregate, far cheaper than per-view scans or exploding arrays of structs.
+once: each request is copied once per view as a narrow row (view, its keys,
+log-bin of its value) and one code-generated hash aggregate sums them into
+count, sum and max per cell (`_grouped` says why not GROUPING SETS).
 Bins are 2 % wide on a log scale (10 % for the over-time views, which only
 feed charts and the surge rule, and would otherwise be most of the cells); a
 percentile is reported as the largest value actually seen in its bin, so it
@@ -24,6 +24,7 @@ view from that small result.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame, Window
@@ -36,36 +37,38 @@ TIME_BIN_BASE = 1.10  # the over-time views only feed charts and the surge rule:
 ALL_APIS = "(all)"
 
 
-def _bin(v: Column, base: float = BIN_BASE) -> Column:
-    return F.when(v <= 1, F.lit(0)).otherwise(F.ceil(F.log(v.cast("double")) / math.log(base))).cast("int")
+def _bin(v: Column, base: float | Column = BIN_BASE) -> Column:
+    """The log-bin of a positive value (values <= 1 share bin 0); `base` may differ per row."""
+    log_base = F.lit(math.log(base)) if isinstance(base, float) else base
+    return F.when(v <= 1, F.lit(0)).otherwise(F.ceil(F.log(v.cast("double")) / log_base)).cast("int")
 
 
 @dataclass(frozen=True)
 class View:
-    """One grouping set: a cube dim keyed by k1 (and k2) over one value column, binned by `bin`."""
+    """One view of the cube: dim keyed by k1 (and k2) over one value column, binned on a log scale of `base`."""
 
     dim: str
     metric: str
     k1: str
     k2: str | None
     value: str
-    bin: str
+    base: float = BIN_BASE
 
 
 # values: v = client-visible latency, vr = the same without long polls, bl = broker latency,
 # pd = proxy-added delay of answered requests, w = broker wait of long polls, rb = Produce request size
 REQUEST_VIEWS = (
-    View("api_version", "latency", "api_label", "api_version", "v", "lbin"),
-    View("client", "latency", "client_id", None, "vr", "lbin"),
-    View("time", "latency", "b", "api_name", "vr", "tbin"),
-    View("broker_time", "latency", "broker_addr", "b", "vr", "tbin"),
-    View("api", "broker_latency", "api_label", None, "bl", "blbin"),
-    View("api", "proxy_delay", "api_name", None, "pd", "pdbin"),
-    View("long_poll_wait", "broker_latency", "client_id", None, "w", "wbin"),
+    View("api_version", "latency", "api_label", "api_version", "v"),
+    View("client", "latency", "client_id", None, "vr"),
+    View("time", "latency", "b", "api_name", "vr", TIME_BIN_BASE),
+    View("broker_time", "latency", "broker_addr", "b", "vr", TIME_BIN_BASE),
+    View("api", "broker_latency", "api_label", None, "bl"),
+    View("api", "proxy_delay", "api_name", None, "pd"),
+    View("long_poll_wait", "broker_latency", "client_id", None, "w"),
 )
 TOPIC_VIEWS = (
-    View("topic", "latency", "topic", "api_name", "vr", "lbin"),
-    View("produce_topic", "request_bytes", "topic", None, "rb", "rbin"),
+    View("topic", "latency", "topic", "api_name", "vr"),
+    View("produce_topic", "request_bytes", "topic", None, "rb"),
 )
 # (derived dim, metric, source dim, k2 of the result): the source summed over its k2, k1 kept
 DERIVED = (
@@ -75,40 +78,35 @@ DERIVED = (
 )
 
 
+def _per_view(views: tuple[View, ...], expr_of: Callable[[View], Column]) -> Column:
+    """CASE on the view index `i`: view n's expression for its rows."""
+    out = None
+    for n, v in enumerate(views):
+        out = F.when(F.col("i") == n, expr_of(v)) if out is None else out.when(F.col("i") == n, expr_of(v))
+    return out
+
+
 def _grouped(df: DataFrame, views: tuple[View, ...]) -> DataFrame:
-    """GROUPING SETS over `views`, then one (dim, k1, k2, metric, bin, n, s, mx) row per non-empty cell."""
-    keys: list[str] = []
-    for v in views:
-        for c in (v.k1, v.k2, v.bin):
-            if c and c not in keys:
-                keys.append(c)
-    values = sorted({v.value for v in views})
-    sets = [[F.col(c) for c in (v.k1, v.k2, v.bin) if c] for v in views]
-    aggs = [F.grouping_id().alias("gid")]
-    for val in values:
-        aggs += [F.count(val).alias(f"n_{val}"), F.sum(val).alias(f"s_{val}"), F.max(val).alias(f"mx_{val}")]
-    g = df.groupingSets(sets, *keys).agg(*aggs)
+    """Every row once per view as a narrow (i, k1, k2, bin, value) row, then one grouping -> (dim, k1, k2, metric, bin, n, s, mx).
 
-    def pick(expr_of) -> Column:
-        out = None
-        for v in views:
-            present = {v.k1, v.k2, v.bin}
-            gid = sum(1 << (len(keys) - 1 - i) for i, c in enumerate(keys) if c not in present)
-            cond = F.col("gid") == gid
-            out = F.when(cond, expr_of(v)) if out is None else out.when(cond, expr_of(v))
-        return out
-
-    rows = g.select(
-        pick(lambda v: F.lit(v.dim)).alias("dim"),
-        pick(lambda v: F.col(v.k1).cast("string")).alias("k1"),
-        pick(lambda v: F.col(v.k2).cast("string") if v.k2 else F.lit("")).alias("k2"),
-        pick(lambda v: F.lit(v.metric)).alias("metric"),
-        pick(lambda v: F.col(v.bin)).alias("bin"),
-        pick(lambda v: F.col(f"n_{v.value}")).alias("n"),
-        pick(lambda v: F.col(f"s_{v.value}")).alias("s"),
-        pick(lambda v: F.col(f"mx_{v.value}")).alias("mx"),
-    )
-    return rows.where(F.col("n") > 0)
+    Each copy carries only its own view's keys and value, and copies whose value is null
+    (no latency, not a long poll, not a Produce) are dropped before the grouping. That is
+    the point of not using GROUPING SETS here: Spark's Expand for grouping sets copies every
+    key column into every copy and updates every value's count, sum and max in every cell,
+    which made the hash aggregate twice as slow (1 M requests: 8.8-11.9 s against 4.7-5.6 s).
+    """
+    copies = df.select("*", F.explode(F.array(*[F.lit(n) for n in range(len(views))])).alias("i"))
+    narrow = copies.select(
+        "i",
+        _per_view(views, lambda v: F.col(v.k1).cast("string")).alias("k1"),
+        _per_view(views, lambda v: F.col(v.k2).cast("string") if v.k2 else F.lit("")).alias("k2"),
+        _per_view(views, lambda v: F.col(v.value)).alias("value"),
+        _per_view(views, lambda v: F.lit(math.log(v.base))).alias("log_base"),
+    ).where(F.col("value").isNotNull())
+    cells = narrow.groupBy("i", "k1", "k2", _bin(F.col("value"), F.col("log_base")).alias("bin")).agg(
+        F.count(F.lit(1)).alias("n"), F.sum("value").alias("s"), F.max("value").alias("mx"))
+    return cells.select(_per_view(views, lambda v: F.lit(v.dim)).alias("dim"), "k1", "k2",
+                        _per_view(views, lambda v: F.lit(v.metric)).alias("metric"), "bin", "n", "s", "mx")
 
 
 def latency_cube(req: DataFrame, bucket_s: int) -> DataFrame:
@@ -125,12 +123,9 @@ def latency_cube(req: DataFrame, bucket_s: int) -> DataFrame:
         F.when(F.col("long_poll"), F.col("broker_latency_us").cast("long")).alias("w"),
         F.when(F.col("api_name") == "Produce", F.col("request_bytes").cast("long")).alias("rb"),
     )
-    per_request = values.select("*", *[_bin(F.col(v)).alias(n) for v, n in (("v", "lbin"), ("bl", "blbin"), ("pd", "pdbin"), ("w", "wbin"))],
-                                _bin(F.col("vr"), TIME_BIN_BASE).alias("tbin"))
     topics = values.where((answered & real) | F.col("rb").isNotNull()).select(
-        "api_name", "vr", "rb", F.explode("topics").alias("topic")
-    ).select("*", _bin(F.col("vr")).alias("lbin"), _bin(F.col("rb")).alias("rbin"))
-    return _grouped(per_request, REQUEST_VIEWS).unionByName(_grouped(topics, TOPIC_VIEWS))
+        "api_name", "vr", "rb", F.explode("topics").alias("topic"))
+    return _grouped(values, REQUEST_VIEWS).unionByName(_grouped(topics, TOPIC_VIEWS))
 
 
 def with_derived(cube: DataFrame) -> DataFrame:

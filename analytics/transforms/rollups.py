@@ -28,7 +28,7 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from analytics.transforms.common import FETCH_APIS, time_bucket_index
+from analytics.transforms.common import FETCH_APIS, host, time_bucket_index
 from analytics.transforms.tcp import UNSCALED_WINDOW as LARGE_RESPONSE_BYTES  # fills an unscaled window: its rate shows the ceiling
 
 
@@ -41,8 +41,11 @@ def request_rollup(req: DataFrame) -> DataFrame:
     throttled = F.col("throttle_ms") > 0
     transfer_s = (F.col("resp_last_ns") - F.col("resp_first_ns")) / 1e9
     big = (F.col("response_bytes") >= LARGE_RESPONSE_BYTES) & (transfer_s > 0)
-    return req.groupBy(
-        "proxy_id", "conn_id", "client_id", "client_host", "broker_addr", "api_name", "group_id", "acks", "compression", "status",
+    # grouped by the client's address, not its host: a connection has one address, so the rows are
+    # the same, and the host's regular expression runs once per row of the result instead of per
+    # request (1 M requests: 3.0 -> 2.6 s)
+    sums = req.groupBy(
+        "proxy_id", "conn_id", "client_id", "client_addr", "broker_addr", "api_name", "group_id", "acks", "compression", "status",
     ).agg(
         F.count(F.lit(1)).alias("requests"),
         F.min("ts_ns").alias("first_ns"),
@@ -63,6 +66,7 @@ def request_rollup(req: DataFrame) -> DataFrame:
         # requests the proxy injected a Kafka fault into (`fault#…` in `edit`): none, and the fault tables need no job
         F.sum(F.col("edit").contains("fault#").cast("long")).alias("faults_injected"),
     )  # fixed-width buffers only: a string max/first would turn this into a sort-based aggregate (the software name comes from connections)
+    return sums.withColumn("client_host", host(F.col("client_addr"))).drop("client_addr")
 
 
 def topic_rollup(req: DataFrame, bucket_s: int | None = None) -> DataFrame:
