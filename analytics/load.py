@@ -27,6 +27,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from analytics.spark_schema import conform, spark_schema, spark_type, timestamps_as_epoch_ns
+from analytics.transforms.common import host
 from analytics.transforms.topics import name_connection_topics, name_topic_ids, topic_pairs
 from recording import schema as rec
 from recording.migrations import MIGRATIONS, RecordingFormatError
@@ -157,15 +158,10 @@ def dedupe_connections(conns: DataFrame) -> DataFrame:
     return conns.withColumn("_rn", F.row_number().over(w)).where("_rn = 1").drop("_rn")
 
 
-def _host(col: Column) -> Column:
-    """host part of host:port (IPv6 in [brackets] kept whole)."""
-    return F.regexp_extract(col, r"^(\[[^\]]*\]|[^:]*)", 1)
-
-
 def _match_any(col: Column, values: Iterable[str]) -> Column:
     """Exact host:port, or host only, for --broker / --client addresses."""
     vals = list(values)
-    return col.isin(vals) | _host(col).isin(vals)
+    return col.isin(vals) | host(col).isin(vals)
 
 
 def apply_filters(r: Recording, f: Filters) -> Recording:

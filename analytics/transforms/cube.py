@@ -109,8 +109,8 @@ def _grouped(df: DataFrame, views: tuple[View, ...]) -> DataFrame:
                         _per_view(views, lambda v: F.lit(v.metric)).alias("metric"), "bin", "n", "s", "mx")
 
 
-def latency_cube(req: DataFrame, bucket_s: int) -> DataFrame:
-    """(dim, k1, k2, metric, bin) -> count n, sum s, max mx for every latency view in the report."""
+def view_values(req: DataFrame, bucket_s: int) -> tuple[DataFrame, DataFrame]:
+    """The value columns REQUEST_VIEWS read (one row per request) and TOPIC_VIEWS read (one per request and topic)."""
     real = ~F.col("long_poll")
     answered = F.col("latency_us").isNotNull()
     b = time_bucket_index("ts_ns", bucket_s) * bucket_s  # bucket start, epoch seconds
@@ -125,6 +125,12 @@ def latency_cube(req: DataFrame, bucket_s: int) -> DataFrame:
     )
     topics = values.where((answered & real) | F.col("rb").isNotNull()).select(
         "api_name", "vr", "rb", F.explode("topics").alias("topic"))
+    return values, topics
+
+
+def latency_cube(req: DataFrame, bucket_s: int) -> DataFrame:
+    """(dim, k1, k2, metric, bin) -> count n, sum s, max mx for every latency view in the report."""
+    values, topics = view_values(req, bucket_s)
     return _grouped(values, REQUEST_VIEWS).unionByName(_grouped(topics, TOPIC_VIEWS))
 
 

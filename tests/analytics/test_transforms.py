@@ -254,3 +254,30 @@ def test_broker_ids_come_from_the_relayed_metadata_answers(make_df) -> None:
     conns = make_df("connections", [{"conn_id": "c1", "listener": "127.0.0.1:9094", "broker_addr": "10.0.0.2:9092"}])
     got = {(r["address"], r["node_id"]) for r in broker_ids(prepare_requests(make_df("requests", rows)), conns).collect()}
     assert got == {("127.0.0.1:9093", 1), ("127.0.0.1:9094", 2), ("10.0.0.2:9092", 2)}
+
+
+def test_latency_cube_equals_one_grouping_per_view(make_df) -> None:
+    """Every cell of the one-pass cube equals a plain groupBy of its own view (no view's keys or values mixed up)."""
+    from pyspark.sql import functions as F
+
+    from analytics.transforms.cube import REQUEST_VIEWS, TOPIC_VIEWS, _bin, view_values
+    r = prepare_requests(make_df("requests", [
+        req("c1", 1, "Fetch", lat_us=500_300, broker_latency_us=500_100, max_wait_ms=500, record_bytes=0, topics=["t"]),
+        req("c1", 2, "Fetch", t_s=70, lat_us=3000, broker_latency_us=2900, max_wait_ms=500, record_bytes=9000, topics=["t", "u"]),
+        req("c2", 1, "Produce", t_s=5, lat_us=2000, client="p", topics=["t"], request_bytes=4096),
+        req("c2", 2, "Produce", t_s=130, lat_us=40_000, client="p", topics=["u"], request_bytes=100),
+        req("c2", 3, "Produce", t_s=131, lat_us=None, client="p", topics=["u"], request_bytes=1_000_000),  # unanswered
+        req("c3", 1, "Metadata", lat_us=1, client="admin"),
+    ]))
+    values, topics = view_values(r, 60)
+    expected = set()
+    for rows, views in ((values, REQUEST_VIEWS), (topics, TOPIC_VIEWS)):
+        for v in views:
+            cells = rows.where(F.col(v.value).isNotNull()).groupBy(
+                F.col(v.k1).cast("string").alias("k1"), (F.col(v.k2).cast("string") if v.k2 else F.lit("")).alias("k2"),
+                _bin(F.col(v.value), v.base).alias("bin"),
+            ).agg(F.count(F.lit(1)).alias("n"), F.sum(v.value).alias("s"), F.max(v.value).alias("mx"))
+            expected |= {(v.dim, v.metric, x.k1, x.k2, x.bin, x.n, x.s, x.mx) for x in cells.collect()}
+    got = {(x.dim, x.metric, x.k1, x.k2, x.bin, x.n, x.s, x.mx) for x in latency_cube(r, 60).collect()}
+    assert got == expected
+    assert {(d, m) for d, m, *_ in got} == {(v.dim, v.metric) for v in REQUEST_VIEWS + TOPIC_VIEWS}  # every view has cells
