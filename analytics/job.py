@@ -33,7 +33,7 @@ from analytics.session import (
 )
 from analytics.transforms import brokers, bypass, clients, compare, connections, drilldown, errors, faults, latency, overview, produce_fetch, rollups, tcp
 from analytics.transforms.common import prepare_requests
-from analytics.transforms.cube import latency_cube, percentile_views
+from analytics.transforms.cube import latency_cube, percentile_views, tail_floor
 from recording.reader import live_files
 
 TABLE_ROW_CAP = 20_000  # a table bigger than this is a detail list; the report and rules need the top rows only
@@ -75,6 +75,13 @@ class Inputs:
     sides: DataFrame
     requests: DataFrame | None = None  # the raw prepared view (never cached): slowest-N scans it once
     reactions: DataFrame | None = None  # faults.fault_reactions, pinned; None when no fault was injected
+    cube: DataFrame | None = None  # the pinned latency cube: its tail bounds the slowest-requests scan
+
+    def slowest_floor(self) -> int | None:
+        """A latency at most the SLOWEST-th highest (cube.tail_floor), or None without a cube or enough requests."""
+        if self.cube is None:
+            return None
+        return collect(tail_floor(self.cube, drilldown.SLOWEST)).column("floor_us")[0].as_py()
 
     @property
     def err(self) -> DataFrame:
@@ -125,7 +132,7 @@ def table_plan(i: Inputs, bucket_s: int) -> dict[str, Callable[[], DataFrame | p
         }),
         **({} if i.requests is None else {
             "throughput_over_time": lambda: drilldown.throughput_over_time(i.traffic, i.topics, bucket_s),
-            "slowest_requests": lambda: drilldown.slowest_requests(i.requests),
+            "slowest_requests": lambda: drilldown.slowest_requests(i.requests, floor_us=i.slowest_floor()),
         }),
     }
 
@@ -381,7 +388,7 @@ def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.
         if ov.get("faults_injected"):
             prog.step("fault reactions", f"{ov['faults_injected']:,} injected Kafka fault(s) and what each client did next")
             reactions = pin(faults.fault_reactions(full))
-        inputs = Inputs(rollup, topics, traffic, views, notable, conns, sides, full, reactions)
+        inputs = Inputs(rollup, topics, traffic, views, notable, conns, sides, full, reactions, cube)
         plan = table_plan(inputs, bucket_s)
         if compare:
             mode_used, cplan = compare_plan(spark, str(compare[0]), str(compare[1]), filters, compare_mode, tolerance_s, prog)

@@ -134,6 +134,21 @@ def latency_cube(req: DataFrame, bucket_s: int) -> DataFrame:
     return _grouped(values, REQUEST_VIEWS).unionByName(_grouped(topics, TOPIC_VIEWS))
 
 
+def tail_floor(cube: DataFrame, n: int) -> DataFrame:
+    """One row, `floor_us`: a latency no higher than the n-th highest client-visible one (long polls excluded).
+
+    Null when the cube holds fewer than n such requests. Lets the slowest-requests scan filter on
+    `latency_us >= floor_us`, which Parquet can check per batch, instead of ordering every request.
+    From the cube's `client` view summed over clients: B is the highest bin whose tail (bins >= B)
+    holds n requests, so each of the n slowest lies in a bin >= B, above BIN_BASE^(B-1); the floor
+    goes one bin lower still, a margin for floating point at the bin's edge.
+    """
+    per_bin = cube.where((F.col("dim") == "client") & (F.col("metric") == "latency")).groupBy("bin").agg(F.sum("n").alias("n"))
+    tail = F.sum("n").over(Window.orderBy(F.desc("bin")).rowsBetween(Window.unboundedPreceding, Window.currentRow))
+    b = per_bin.select("bin", tail.alias("tail")).where(F.col("tail") >= n).agg(F.max("bin").alias("b"))
+    return b.select(F.when(F.col("b") >= 2, F.floor(F.pow(F.lit(BIN_BASE), F.col("b") - 2))).cast("long").alias("floor_us"))
+
+
 def with_derived(cube: DataFrame) -> DataFrame:
     """The cube plus the views summed from finer ones (see DERIVED).
 

@@ -65,9 +65,15 @@ def throughput_over_time(traffic: DataFrame, topics: DataFrame, bucket_s: int) -
                               "to_broker", "to_client", "records"), bucket_s)
 
 
-def slowest_requests(req: DataFrame, n: int = SLOWEST) -> DataFrame:
-    """The n slowest answered requests by client-visible latency; long-poll Fetches (waiting by design) excluded."""
+def slowest_requests(req: DataFrame, n: int = SLOWEST, floor_us: int | None = None) -> DataFrame:
+    """The n slowest answered requests by client-visible latency; long-poll Fetches (waiting by design) excluded.
+
+    `floor_us` (`cube.tail_floor`), when given, must be at most the n-th highest latency: requests
+    below it are dropped before the ordering, so only a few rows are ever materialized and sorted.
+    """
     r = req.where(F.col("latency_us").isNotNull() & ~F.col("long_poll"))
+    if floor_us is not None:
+        r = r.where(F.col("latency_us") >= floor_us)
     return r.orderBy(F.desc("latency_us"), "conn_id", "correlation_id").limit(n).select(
         ns_to_ts("ts_ns").alias("at"), "conn_id", "correlation_id", "api_name", "api_version", "client_id",
         "broker_addr", "topics", "latency_us", "broker_latency_us", "request_bytes", "response_bytes", "status",

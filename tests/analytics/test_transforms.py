@@ -281,3 +281,22 @@ def test_latency_cube_equals_one_grouping_per_view(make_df) -> None:
     got = {(x.dim, x.metric, x.k1, x.k2, x.bin, x.n, x.s, x.mx) for x in latency_cube(r, 60).collect()}
     assert got == expected
     assert {(d, m) for d, m, *_ in got} == {(v.dim, v.metric) for v in REQUEST_VIEWS + TOPIC_VIEWS}  # every view has cells
+
+
+def test_tail_floor_bounds_the_slowest_requests(make_df) -> None:
+    """The cube's tail floor is at most the n-th highest latency, so the filtered slowest list is the same list."""
+    from analytics.transforms import drilldown
+    from analytics.transforms.cube import tail_floor
+
+    lat = [(i * 7919) % 100_000 + 50 for i in range(300)]  # spread over 50 µs … 100 ms, in no order
+    rows = [req("c1", i, "Produce", t_s=i, lat_us=v) for i, v in enumerate(lat)]
+    rows += [req("c2", i, "Fetch", lat_us=900_000, broker_latency_us=899_990, max_wait_ms=900, record_bytes=0) for i in range(20)]  # long polls
+    r = prepare_requests(make_df("requests", rows))
+    cube = latency_cube(r, 60)
+    floor = tail_floor(cube, 25).collect()[0].floor_us
+    assert floor is not None and 0 < floor <= sorted(lat)[-25]  # at or below the 25th highest; long polls not counted
+    assert floor >= sorted(lat)[-25] / 1.02 ** 3  # and close to it: within the bin and the margin bin
+    plain = [x.asDict() for x in drilldown.slowest_requests(r, 25).collect()]
+    assert [x.asDict() for x in drilldown.slowest_requests(r, 25, floor_us=floor).collect()] == plain
+    assert [x["latency_us"] for x in plain] == sorted(lat, reverse=True)[:25]
+    assert tail_floor(cube, 301).collect()[0].floor_us is None  # fewer requests than asked for: no floor
