@@ -93,7 +93,7 @@ def _grouped(df: DataFrame, views: tuple[View, ...]) -> DataFrame:
     (no latency, not a long poll, not a Produce) are dropped before the grouping. That is
     the point of not using GROUPING SETS here: Spark's Expand for grouping sets copies every
     key column into every copy and updates every value's count, sum and max in every cell,
-    which made the hash aggregate twice as slow (1 M requests: 8.8-11.9 s against 4.7-5.6 s).
+    which made the cube step seconds slower at 1 M and 10 M requests (bench/RESULTS.md, seventh session).
     """
     copies = df.select("*", F.explode(F.array(*[F.lit(n) for n in range(len(views))])).alias("i"))
     narrow = copies.select(
