@@ -70,6 +70,8 @@ TOPIC_VIEWS = (
     View("topic", "latency", "topic", "api_name", "vr"),
     View("produce_topic", "request_bytes", "topic", None, "rb"),
 )
+# the view whose bins bound the slowest requests (`tail_floor`): every answered request but long polls, once
+TAIL_VIEW = next(v for v in REQUEST_VIEWS if v.dim == "client" and v.metric == "latency")
 # (derived dim, metric, source dim, k2 of the result): the source summed over its k2, k1 kept
 DERIVED = (
     ("api", "latency", "api_version", ""),
@@ -139,14 +141,15 @@ def tail_floor(cube: DataFrame, n: int) -> DataFrame:
 
     Null when the cube holds fewer than n such requests. Lets the slowest-requests scan filter on
     `latency_us >= floor_us`, which Parquet can check per batch, instead of ordering every request.
-    From the cube's `client` view summed over clients: B is the highest bin whose tail (bins >= B)
-    holds n requests, so each of the n slowest lies in a bin >= B, above BIN_BASE^(B-1); the floor
+    From TAIL_VIEW summed over clients: B is the highest bin whose tail (bins >= B)
+    holds n requests, so each of the n slowest lies in a bin >= B, above base^(B-1); the floor
     goes one bin lower still, a margin for floating point at the bin's edge.
     """
-    per_bin = cube.where((F.col("dim") == "client") & (F.col("metric") == "latency")).groupBy("bin").agg(F.sum("n").alias("n"))
+    view = (F.col("dim") == TAIL_VIEW.dim) & (F.col("metric") == TAIL_VIEW.metric)
+    per_bin = cube.where(view).groupBy("bin").agg(F.sum("n").alias("n"))
     tail = F.sum("n").over(Window.orderBy(F.desc("bin")).rowsBetween(Window.unboundedPreceding, Window.currentRow))
     b = per_bin.select("bin", tail.alias("tail")).where(F.col("tail") >= n).agg(F.max("bin").alias("b"))
-    return b.select(F.when(F.col("b") >= 2, F.floor(F.pow(F.lit(BIN_BASE), F.col("b") - 2))).cast("long").alias("floor_us"))
+    return b.select(F.when(F.col("b") >= 2, F.floor(F.pow(F.lit(TAIL_VIEW.base), F.col("b") - 2))).cast("long").alias("floor_us"))
 
 
 def with_derived(cube: DataFrame) -> DataFrame:

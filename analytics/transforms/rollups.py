@@ -43,7 +43,7 @@ def request_rollup(req: DataFrame) -> DataFrame:
     big = (F.col("response_bytes") >= LARGE_RESPONSE_BYTES) & (transfer_s > 0)
     # grouped by the client's address, not its host: a connection has one address, so the rows are
     # the same, and the host's regular expression runs once per row of the result instead of per
-    # request (1 M requests: 3.0 -> 2.6 s)
+    # request (bench/RESULTS.md, seventh session: the rollup step at 10 M requests)
     sums = req.groupBy(
         "proxy_id", "conn_id", "client_id", "client_addr", "broker_addr", "api_name", "group_id", "acks", "compression", "status",
     ).agg(

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from pyspark.sql import functions as F
 
-from analytics.transforms import clients, compare, connections, errors, latency, overview, produce_fetch, tcp
+from analytics.transforms import clients, compare, connections, drilldown, errors, latency, overview, produce_fetch, tcp
 from analytics.transforms.common import LONG_POLL_LABEL, percentiles_by, prepare_requests
-from analytics.transforms.cube import latency_cube
+from analytics.transforms.cube import REQUEST_VIEWS, TOPIC_VIEWS, _bin, latency_cube, tail_floor, view_values
 from analytics.transforms.rollups import request_rollup, topic_rollup, traffic_over_time
 from analytics.synthetic import tcp_info
 from analytics_rows import S, T0, conn, req
@@ -258,9 +259,6 @@ def test_broker_ids_come_from_the_relayed_metadata_answers(make_df) -> None:
 
 def test_latency_cube_equals_one_grouping_per_view(make_df) -> None:
     """Every cell of the one-pass cube equals a plain groupBy of its own view (no view's keys or values mixed up)."""
-    from pyspark.sql import functions as F
-
-    from analytics.transforms.cube import REQUEST_VIEWS, TOPIC_VIEWS, _bin, view_values
     r = prepare_requests(make_df("requests", [
         req("c1", 1, "Fetch", lat_us=500_300, broker_latency_us=500_100, max_wait_ms=500, record_bytes=0, topics=["t"]),
         req("c1", 2, "Fetch", t_s=70, lat_us=3000, broker_latency_us=2900, max_wait_ms=500, record_bytes=9000, topics=["t", "u"]),
@@ -285,9 +283,6 @@ def test_latency_cube_equals_one_grouping_per_view(make_df) -> None:
 
 def test_tail_floor_bounds_the_slowest_requests(make_df) -> None:
     """The cube's tail floor is at most the n-th highest latency, so the filtered slowest list is the same list."""
-    from analytics.transforms import drilldown
-    from analytics.transforms.cube import tail_floor
-
     lat = [(i * 7919) % 100_000 + 50 for i in range(300)]  # spread over 50 µs … 100 ms, in no order
     rows = [req("c1", i, "Produce", t_s=i, lat_us=v) for i, v in enumerate(lat)]
     rows += [req("c2", i, "Fetch", lat_us=900_000, broker_latency_us=899_990, max_wait_ms=900, record_bytes=0) for i in range(20)]  # long polls
