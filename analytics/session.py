@@ -49,6 +49,11 @@ DEFAULTS: dict[str, str] = {
     "spark.driver.bindAddress": "127.0.0.1",
     "spark.driver.host": "127.0.0.1",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
+    # PySpark 4 wraps every DataFrame and function call to tell the JVM the Python call site (for
+    # error messages): about seven more Py4J round trips per call, half of all the round trips that
+    # building the report's ~50 queries makes. The transforms are ours and tested; errors still name
+    # the failing expression, only not the Python line (bench/RESULTS.md, eighth session).
+    "spark.python.sql.dataFrameDebugging.enabled": "false",
     "spark.sql.warehouse.dir": os.path.join(os.environ.get("TMPDIR", "/tmp"), "kafkatap-spark-warehouse"),
     "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J} -Dderby.system.home=/tmp",  # + driver_jvm()
 }

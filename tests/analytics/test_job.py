@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from analytics.cli import analyze
-from analytics.job import choose_bucket, run_analysis
+from analytics.job import choose_bucket, row_counts, run_analysis
 from analytics.result import AnalysisResult
 from analytics.synthetic import generate, write_rows
 from analytics_rows import INCIDENT_RULES, conn, req
@@ -93,6 +93,11 @@ def test_report_renders_in_headless_chromium(result: AnalysisResult, tmp_path) -
 
 def test_choose_bucket() -> None:
     assert choose_bucket(60) == 1 and choose_bucket(7200) == 60 and choose_bucket(None) == 60 and choose_bucket(10**9) == 86400
+
+
+def test_row_counts_in_one_job_equal_each_count(spark) -> None:
+    frames = {"ten": spark.range(10), "none": spark.range(0), "three": spark.range(3).where("id < 2").union(spark.range(1))}
+    assert row_counts(frames) == {name: df.count() for name, df in frames.items()} == {"ten": 10, "none": 0, "three": 3}
 
 
 def test_cli_help() -> None:
