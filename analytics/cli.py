@@ -17,7 +17,7 @@ DATASETS_READ = ("requests", "connections", "tcp")  # what analytics.load reads 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.argument("dirs", nargs=-1, type=str, metavar="DIR [DIR…]")
-@click.option("--out", "-o", required=True, type=click.Path(file_okay=False), help="Output directory (created): report.html, findings.json, tables/.")
+@click.option("--out", "-o", type=click.Path(file_okay=False), help="Output directory (created): report.html, findings.json, tables/.  [required]")
 @click.option("--master", default=None, metavar="URL",
               help="Spark master: local[2] (default; env KAFKATAP_SPARK_MASTER), local[*], spark://host:7077, yarn, k8s://…")
 @click.option("--since", type=TIME, default=None, metavar="TIME", help=f"Only traffic at or after TIME: {TIME_HELP}.")
@@ -26,7 +26,8 @@ DATASETS_READ = ("requests", "connections", "tcp")  # what analytics.load reads 
 @click.option("--client", "clients", multiple=True, metavar="ID|ADDR", help="Only this client_id or client host[:port]; repeatable.")
 @click.option("--topic", "topics", multiple=True, metavar="NAME", help="Only requests touching this topic (and their connections); repeatable.")
 @click.option("--compare", nargs=2, default=None, metavar="A B",
-              help="Compare two recordings of the same traffic (either side of a middlebox, or a recording and its replay).")
+              help="Compare two recordings of the same traffic (either side of a middlebox, or a recording and its replay). "
+                   "With DIRs as well, the report covers the DIRs and adds the comparison of A with B.")
 @click.option("--match", "compare_mode", type=click.Choice(["auto", "wire", "sequence"]), default="auto", show_default=True,
               help="How --compare pairs requests: wire = client_id+correlation_id+api and time proximity; sequence = order within "
                    "each connection (replays); auto = wire when the recordings overlap in time.")
@@ -35,7 +36,7 @@ DATASETS_READ = ("requests", "connections", "tcp")  # what analytics.load reads 
 @click.option("--conf", "conf", multiple=True, metavar="KEY=VALUE", help="Extra Spark configuration, e.g. --conf spark.driver.memory=6g; repeatable.")
 @click.option("--no-csv", is_flag=True, help="Write tables as Parquet only.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines on stderr.")
-def analyze(dirs: tuple[str, ...], out: str, master: str | None, since: TimeSpec | None, until: TimeSpec | None, brokers: tuple[str, ...],
+def analyze(dirs: tuple[str, ...], out: str | None, master: str | None, since: TimeSpec | None, until: TimeSpec | None, brokers: tuple[str, ...],
             clients: tuple[str, ...], topics: tuple[str, ...], compare: tuple[str, str] | None, compare_mode: str, tolerance_s: float,
             bucket_s: int | None, conf: tuple[str, ...], no_csv: bool, quiet: bool) -> None:
     """Analyze kafkatap recordings with Apache Spark and write a report.
@@ -56,6 +57,10 @@ def analyze(dirs: tuple[str, ...], out: str, master: str | None, since: TimeSpec
       kafkatap analyze --compare rec/ replay-rec/ --out cmp/                      # how a replay differed
       kafkatap analyze rec/ --out report/ --master spark://spark-master:7077
     """
+    if compare and any(c.startswith("-") for c in compare):  # nargs=2 took the next option as B
+        raise click.UsageError(f"--compare takes two recordings A B, got {' '.join(compare)!r}")
+    if out is None:  # checked here, after --compare, so that `--compare A --out O` gets the message above
+        raise click.UsageError("Missing option '--out' / '-o' (the directory the report is written to).")
     if not dirs and not compare:
         raise click.UsageError("give at least one recording DIR (or --compare A B)")
     spark_conf = {}

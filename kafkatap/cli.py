@@ -17,7 +17,7 @@ from kafkatap.logs import LEVELS, configure_logging
 # name -> (module:attribute, one-line help shown by `kafkatap --help`)
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("scenarios.cli:demo", "Run the demo: local Kafka + proxy + traffic + Spark report."),
-    "proxy": ("proxy.cli:proxy", "Run the recording proxy (explicit routes or transparent mode)."),
+    "proxy": ("proxy.cli:proxy", "Run the recording proxy: cluster mode (rewrites broker addresses), explicit or transparent."),
     "iptables": ("proxy.cli:iptables", "Print, apply or remove the REDIRECT rules for transparent mode."),
     "top": ("proxy.live:top", "Live view of a running proxy's clients and requests."),
     "analyze": ("analytics.cli:analyze", "Analyze recordings with Spark: report, tables, findings."),
@@ -77,7 +77,7 @@ def cli(log_format: str, log_level: str) -> None:
     \b
     Typical first steps:
       kafkatap demo                               # everything locally, ends with a report
-      kafkatap proxy --listen 127.0.0.1:19092 --upstream BROKER:9092 --record rec/
+      kafkatap proxy --cluster BROKER:9092 --listen 127.0.0.1:19092 --record rec/
       kafkatap analyze rec/ --out report/
     """
     configure_logging(log_format, log_level)  # type: ignore[arg-type]

@@ -1,4 +1,4 @@
-"""The bypass warning: explicit mode relays a broker address the proxy does not listen for.
+"""The bypass warning: the proxy relays a broker address it does not listen for.
 
 Why: explicit mode forwards bytes unchanged, so when a broker advertises its
 own address (the default advertised.listeners), the first Metadata response
@@ -10,6 +10,10 @@ proxy's own listeners, the ones that are not the proxy's go to the row's
 `bypass` column (so the recording and `kafkatap analyze` see it), `/metrics`
 and `top` count them (proxy.metrics), and the first time an address is seen one
 log line names it and says what to do.
+
+Cluster mode rewrites every broker address, so there a bypass means that a
+broker got no listener (its port was taken, or out of range): its address
+went to the clients as it was. The same check counts it, with cluster-mode advice.
 
 What counts as the proxy's: an address whose port is one of the listeners'
 and that is not itself one of the routes' upstream brokers. Host names are not
@@ -41,9 +45,15 @@ class BypassCheck:
     """Tells which advertised addresses lead around the proxy (pure: fed the listeners and upstreams)."""
 
     def __init__(self, listen_addrs: Callable[[], Iterable[tuple[str, int]]],
-                 upstreams: Iterable[tuple[str, int]], fronted_by: Iterable[tuple[str, int]] = ()) -> None:
+                 upstreams: Iterable[tuple[str, int]] | Callable[[], Iterable[tuple[str, int]]],
+                 fronted_by: Iterable[tuple[str, int]] = ()) -> None:
+        """`upstreams`: the brokers' own addresses, fixed (explicit routes) or read at each check (cluster mode learns them)."""
         self._listen_addrs = listen_addrs
-        self._upstreams = {(h, p) for h, p in upstreams}
+        if callable(upstreams):
+            self._upstreams_now: Callable[[], Iterable[tuple[str, int]]] = upstreams
+        else:
+            fixed = frozenset((h, p) for h, p in upstreams)
+            self._upstreams_now = lambda: fixed
         # addresses that reach this proxy through something in front of it (a load balancer, NAT, another
         # proxy): the proxy cannot see that from the bytes, the operator says so (--fronted-by)
         self._fronted_by = {(h, p) for h, p in fronted_by}
@@ -51,13 +61,14 @@ class BypassCheck:
     def around(self, advertised: Iterable[str]) -> list[str]:
         """The addresses of `advertised` that are not the proxy's, in order, without repeats."""
         ports = {p for _, p in self._listen_addrs()}
+        upstreams = set(self._upstreams_now())
         out: list[str] = []
         for text in advertised:
             text = text.rpartition("@")[2]  # brokers come as "node_id@host:port"
             addr = _split(text)
             if addr is None or text in out or addr in self._fronted_by:
                 continue
-            if addr[1] not in ports or addr in self._upstreams:
+            if addr[1] not in ports or addr in upstreams:
                 out.append(text)
         return out
 
@@ -65,10 +76,22 @@ class BypassCheck:
 class BypassSink:
     """A row-sink step: fills `bypass` on request rows, logs new addresses once, passes everything on."""
 
-    def __init__(self, inner: Any, check: BypassCheck, listeners: Callable[[], list[str]]) -> None:
+    EXPLICIT_ADVICE = (
+        "clients are being sent around the proxy: the broker advertises addresses this proxy does "
+        "not listen for, so their traffic is not recorded. Use --cluster BOOTSTRAP:PORT (rewrites "
+        "broker addresses, no broker change), or set the brokers' advertised.listeners to the "
+        "proxy's listeners; if these addresses do lead here through a load balancer, NAT or another "
+        "proxy in front of this one, say so with --fronted-by HOST:PORT")
+    CLUSTER_ADVICE = (
+        "clients are being sent around the proxy: cluster mode has no listener for these brokers (see the "
+        "'cannot listen for a broker' error), so their addresses go to clients unchanged and their traffic "
+        "is not recorded. Free that port, or restart with --broker-port NODE_ID=PORT on a free one")
+
+    def __init__(self, inner: Any, check: BypassCheck, listeners: Callable[[], list[str]], cluster: bool = False) -> None:
         self.inner = inner
         self.check = check
         self._listeners = listeners
+        self._advice = self.CLUSTER_ADVICE if cluster else self.EXPLICIT_ADVICE
         self.warned: set[str] = set()
         self.responses = 0  # responses that advertised at least one address around the proxy
 
@@ -82,13 +105,7 @@ class BypassSink:
                 new = [a for a in around if a not in self.warned]
                 if new and len(self.warned) < MAX_WARNED:
                     self.warned.update(new)
-                    log.warning(
-                        "clients are being sent around the proxy: the broker advertises addresses this proxy does "
-                        "not listen for, so their traffic is not recorded. Use --cluster BOOTSTRAP:PORT (rewrites "
-                        "broker addresses, no broker change), or set the brokers' advertised.listeners to the "
-                        "proxy's listeners; if these addresses do lead here through a load balancer, NAT or another "
-                        "proxy in front of this one, say so with --fronted-by HOST:PORT",
-                        addresses=new, api=row.get("api_name"), client=row.get("client_addr"),
+                    log.warning(self._advice, addresses=new, api=row.get("api_name"), client=row.get("client_addr"),
                         proxy_listeners=self._listeners())
         self.inner.request(row)
 
@@ -96,13 +113,17 @@ class BypassSink:
         return getattr(self.inner, name)
 
 
-def top_line(samples: list[tuple[dict[str, str], float]], width: int = 200) -> str | None:
-    """`kafkatap top`'s warning line from the `kafkatap_bypass_advertised_total` samples (None: nothing to say)."""
+def top_line(samples: list[tuple[dict[str, str], float]], width: int = 200, cluster: bool = False) -> str | None:
+    """`kafkatap top`'s warning line from the `kafkatap_bypass_advertised_total` samples (None: nothing to say).
+
+    `cluster`: the proxy runs in cluster mode (its advice is then to give the broker a listener).
+    """
     counts = {labels.get("address", "?"): n for labels, n in samples if n > 0}
     if not counts:
         return None
     total = sum(counts.values())
     addrs = ", ".join(sorted(counts))
-    text = (f"BYPASS: {total:,.0f} responses sent clients around the proxy to {addrs} — that traffic is not "
-            "recorded; use --cluster or advertise the proxy's listeners")
+    advice = ("a broker has no listener: free its port or pin one with --broker-port" if cluster
+              else "use --cluster or advertise the proxy's listeners")
+    text = f"BYPASS: {total:,.0f} responses sent clients around the proxy to {addrs} — that traffic is not recorded; {advice}"
     return text if len(text) <= width else text[: max(1, width - 1)] + "…"

@@ -201,7 +201,7 @@ def proxy(ctx: click.Context, listens: tuple[str, ...], upstreams: tuple[str, ..
 
     \b
     Cluster mode:      --cluster BROKER:PORT --listen HOST:PORT    (no broker change: addresses rewritten)
-    Explicit mode:     --listen HOST:PORT --upstream BROKER:PORT   (repeat for several brokers)
+    Explicit mode:     --listen HOST:PORT --upstream BROKER:PORT   (one per broker; each must advertise it)
     Transparent mode:  --transparent --listen 0.0.0.0:15092        (with `kafkatap iptables`)
 
     Logs one line per connection open/close (with the close reason and inferred cause); with the root
@@ -235,6 +235,8 @@ def proxy(ctx: click.Context, listens: tuple[str, ...], upstreams: tuple[str, ..
         raise OneLineError(str(exc)) from None
     if no_mark and mark is not None:
         raise click.UsageError("--mark and --no-mark exclude each other")
+    if rec.get("worker_ready_fd") is None:  # the user's command line (a worker is given every option spelled out)
+        _refuse_ignored_options(ctx, transparent, no_mark, no_tcp_info, rec)
     if transparent and mark is None and not no_mark:
         mark = DEFAULT_MARK
     if mark is not None:
@@ -354,6 +356,18 @@ def _options_argv(ctx: click.Context, skip: set[str]) -> list[str]:
     return out
 
 
+def _refuse_ignored_options(ctx: click.Context, transparent: bool, no_mark: bool, no_tcp_info: bool,
+                            rec: dict) -> None:
+    """Options that would be silently ignored in this combination: say so instead (usage error, exit 2)."""
+    if rec.get("capture") not in (None, "none") and not rec.get("record"):
+        raise click.UsageError("--capture keeps raw frames in the recording: it needs --record DIR")
+    if no_mark and not transparent:
+        raise click.UsageError("--no-mark only applies with --transparent (the mark keeps the proxy's own upstream "
+                               "connections out of a local REDIRECT rule)")
+    if no_tcp_info and ctx.get_parameter_source("tcp_info_interval") is click.core.ParameterSource.COMMANDLINE:
+        raise click.UsageError("--tcp-info-interval and --no-tcp-info exclude each other")
+
+
 class OneLineError(click.ClickException):
     """A usage error printed as the one line `Error: …` (exit 2), without the usage block."""
 
@@ -372,6 +386,8 @@ async def _serve(routes: list[Route], faults, rec: dict, *, ready_fd: int | None
     except Exception as exc:  # RecordingError, bad address …
         log.error("cannot set up recording", error=str(exc))
         return 2
+    if ready_fd is not None and sinks.status is not None:  # a worker: the parent serves the status address
+        sinks.status.private = True
     # from here on the server owns the sink: its stop() flushes and closes it, whatever happens
     layer = KafkaFaultLayer(fault_rules) if fault_rules is not None else None  # none: the relay is unchanged
     server = ProxyServer(routes, sink=sinks.sink, faults=faults, proxy_id=proxy_id, capture=capture,
@@ -469,6 +485,9 @@ def iptables(mode: str, brokers: tuple[str, ...], ports: tuple[int, ...], proxy_
     chosen = [name for name, on in (("--apply", do_apply), ("--remove", do_remove), ("--dry-run", dry_run)) if on]
     if len(chosen) > 1:
         raise click.UsageError(f"{' and '.join(chosen)} exclude each other: give one (the default is --dry-run)")
+    if interface is not None and mode != "gateway" and not do_remove:
+        raise click.UsageError("--interface only applies with --mode gateway (local mode redirects this host's own "
+                               "outgoing connections, which arrive on no interface)")
     if do_remove:
         try:
             cmds = removal_found()

@@ -70,6 +70,7 @@ class BrokerRoute:
     node_id: int
     upstream: Addr
     listen_port: int | None  # None: no listener could be bound (its address is then left as it was)
+    problem: str | None = None  # why it has no listener (for the start-up error and the logs)
 
 
 @dataclass(slots=True)
@@ -80,6 +81,7 @@ class ClusterStats:
     rewritten_addresses: int = 0
     rewrite_failures: int = 0
     brokers_seen: int = 0
+    brokers_unlistened: int = 0  # of brokers_seen: no listener (port taken, out of range), so clients go around
     failures_by_api: dict[str, int] = field(default_factory=dict)
 
 
@@ -110,13 +112,17 @@ class BrokerRegistry:
             except ValueError as exc:
                 log.error("broker has no proxy listener: its clients would bypass the proxy", node_id=node_id,
                           broker=f"{host}:{port}", error=str(exc))
-                want = None
-            route = BrokerRoute(node_id, addr, want)
+                want, problem = None, str(exc)
+            else:
+                problem = None
+            route = BrokerRoute(node_id, addr, want, problem)
             self.nodes[node_id] = route
             self.by_upstream[addr] = node_id
             self.stats.brokers_seen += 1
             if want is not None:
                 route.listen_port = self.bind(route)
+            if route.listen_port is None:
+                self.stats.brokers_unlistened += 1
             return route
         if route.upstream != addr:
             log.warning("broker moved: new connections to its listener go to the new address", node_id=node_id,
@@ -214,6 +220,9 @@ class ClusterConfig:
         if not 0 < port < 65536:
             raise ValueError(f"port {base} + node id {node_id} = {port} is out of range; pin it with "
                              f"--broker-port {node_id}=PORT or move --broker-port-base")
+        if port == self.listen[1] or port in self.broker_ports.values():
+            raise ValueError(f"port {base} + node id {node_id} = {port} is already the --listen port or a pinned "
+                             f"--broker-port; pin it with --broker-port {node_id}=PORT or move --broker-port-base")
         return port
 
     def advertised(self) -> str:
@@ -270,9 +279,10 @@ class ClusterMode:
             addr = self._server.add_listener((self.config.listen[0], route.listen_port),
                                              lambda: self.registry.upstream(node), label=f"broker {node}")
         except OSError as exc:
+            route.problem = (f"cannot listen on {_fmt((self.config.listen[0], route.listen_port))} "
+                             f"({exc.strerror or exc}); pin a free port with --broker-port {node}=PORT")
             log.error("cannot listen for a broker: its address is left as it is, so its clients would bypass the "
-                      "proxy; pin a free port with --broker-port", node_id=node,
-                      broker=f"{route.upstream[0]}:{route.upstream[1]}", port=route.listen_port, error=str(exc))
+                      "proxy", node_id=node, broker=f"{route.upstream[0]}:{route.upstream[1]}", problem=route.problem)
             return None
         log.info("broker listener", node_id=node, listener=f"{self.registry.advertise_host}:{addr[1]}",
                  broker=f"{route.upstream[0]}:{route.upstream[1]}")
@@ -281,7 +291,9 @@ class ClusterMode:
     async def start(self) -> None:
         """Discover the brokers through the bootstrap address and bind their listeners.
 
-        A failure is not fatal: the first relayed Metadata response registers them as well.
+        A discovery failure is not fatal: the first relayed Metadata response registers them as well.
+        A discovered broker that gets no listener is (raises `BrokerListenerError`): its clients would
+        go around the proxy, which is what cluster mode is for preventing, so the proxy does not start.
         """
         try:
             brokers = await asyncio.wait_for(self.discover(), self.discovery_timeout)
@@ -289,8 +301,11 @@ class ClusterMode:
             log.warning("broker discovery at start failed; brokers get their listeners when the first client's "
                         "metadata names them", bootstrap=_fmt(self.config.bootstrap), error=str(exc) or repr(exc))
             return
-        for node_id, host, port in brokers:
-            self.registry.learn(node_id, host, port)
+        routes = [self.registry.learn(node_id, host, port) for node_id, host, port in brokers]
+        failed = [r for r in routes if r.listen_port is None]
+        if failed:
+            raise BrokerListenerError("; ".join(
+                f"broker {r.node_id} ({_fmt(r.upstream)}): {r.problem or 'no listener'}" for r in failed))
         log.info("cluster discovered", bootstrap=_fmt(self.config.bootstrap), brokers=len(brokers))
 
     async def discover(self) -> list[tuple[int, str, int]]:
@@ -309,6 +324,10 @@ class ClusterMode:
             writer.close()
         body = decode_response(size.to_bytes(4, "big") + rest, METADATA, DISCOVERY_METADATA_VERSION)["body"]
         return [(b["node_id"], b["host"], b["port"]) for b in body["brokers"]]
+
+
+class BrokerListenerError(OSError):
+    """A broker found at start-up could not get its listener (the proxy exits 2 with this message)."""
 
 
 def _fmt(a: Addr) -> str:

@@ -67,6 +67,12 @@ class ClusterSetup:
         listen = parse_hostport(listens[0]) if listens else parse_hostport(route_specs[0].partition("=")[0])
         if listen[1] == 0 and self.broker_port_base is None:
             raise ValueError("--cluster with --listen port 0 needs --broker-port-base (broker ports derive from it)")
+        for node, p in sorted(self.broker_ports.items()):
+            if p == listen[1]:
+                raise ValueError(f"--broker-port {node}={p} is the --listen port (the bootstrap listener); pick another")
+            others = sorted(n for n, q in self.broker_ports.items() if q == p and n != node)
+            if others:
+                raise ValueError(f"--broker-port {node}={p} and {others[0]}={p}: each broker needs a port of its own")
         host, port = self.cluster
         return [f"{_fmt(listen)}={_fmt((host, port))}"]
 
@@ -80,7 +86,11 @@ class ClusterSetup:
 def cluster_setup(rec: dict[str, Any]) -> ClusterSetup:
     """Take the cluster options out of the command's **rec; ValueError with a one-line reason."""
     text = rec.pop("cluster", None)
-    setup = ClusterSetup(parse_hostport(text, "127.0.0.1", allow_zero=False) if text else None,
+    try:
+        bootstrap = parse_hostport(text, "127.0.0.1", allow_zero=False) if text else None
+    except ValueError as exc:
+        raise ValueError(f"--cluster: {exc}") from None
+    setup = ClusterSetup(bootstrap,
                          rec.pop("advertise_host", None), rec.pop("broker_port_base", None),
                          parse_broker_ports(tuple(rec.pop("broker_ports", None) or ())))
     if setup.cluster is None and (setup.advertise_host or setup.broker_port_base or setup.broker_ports):

@@ -80,22 +80,26 @@ log = structlog.get_logger("kafkatap.proxy")
 class PeerProtocol(asyncio.Protocol):
     """The asyncio face of one peer: every callback goes to the connection with the peer's flows."""
 
-    __slots__ = ("conn", "peer", "inbound", "outbound")
+    __slots__ = ("conn", "peer", "inbound", "outbound", "tls")
 
     def __init__(self, conn: Connection, peer: Peer, inbound: Flow, outbound: Flow) -> None:
         self.conn = conn
         self.peer = peer
         self.inbound = inbound  # bytes this peer sends
         self.outbound = outbound  # bytes written to this peer
+        self.tls = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.tls = transport.get_extra_info("ssl_object") is not None
         self.conn.peer_made(self.peer, transport)  # type: ignore[arg-type]
 
     def data_received(self, data: bytes) -> None:
         self.conn.received(self.inbound, data)
 
     def eof_received(self) -> bool:
-        return self.conn.peer_eof(self.peer, self.inbound)
+        # A TLS transport cannot stay half-open (asyncio closes it and warns once per connection if
+        # asked to): the FIN is still mirrored, by the close that follows.
+        return self.conn.peer_eof(self.peer, self.inbound) and not self.tls
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.conn.peer_lost(self.peer, exc)

@@ -85,6 +85,11 @@ def bind_listener(host: str, port: int, backlog: int, reuse_port: bool = False) 
         sock.bind((host, port))
         sock.listen(backlog)
         sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        if exc.filename is None and exc.errno is not None:  # name the address: "cannot listen" alone does not say which
+            raise OSError(exc.errno, exc.strerror, f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}") from None
+        raise
     except BaseException:
         sock.close()
         raise

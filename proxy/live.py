@@ -220,7 +220,8 @@ def render(clients: dict[str, Any], metrics: dict, prev: tuple[float, dict[str, 
         f"   showing {view}",
         "",
     ]
-    warning = bypass_top_line(metrics.get("kafkatap_bypass_advertised_total", []), width)
+    warning = bypass_top_line(metrics.get("kafkatap_bypass_advertised_total", []), width,
+                              cluster="kafkatap_cluster_brokers" in metrics)
     if warning:  # clients told to reach brokers directly: the one thing top must not let go unnoticed
         lines.insert(2, b(warning))
     if per_connection:
@@ -342,7 +343,7 @@ def top(addr: str, interval: float, once: bool, as_json: bool, per_connection: b
 
     \b
     Start the proxy with a status endpoint, then watch it:
-      kafkatap proxy --listen 127.0.0.1:19092 --upstream BROKER:9092 --status-addr 9464
+      kafkatap proxy --cluster BROKER:9092 --listen 127.0.0.1:19092 --status-addr 9464
       kafkatap top --addr 9464
       kafkatap top --addr 9464 --once --per-connection
       kafkatap top --addr 9464 --once --json

@@ -400,8 +400,12 @@ class LiveStats:
             family("kafkatap_cluster_rewrite_failures_total", "counter",
                    "Cluster mode: responses that carry addresses but could not be rewritten (forwarded as they were).",
                    [("", {}, cs.rewrite_failures)])
-            family("kafkatap_cluster_brokers", "gauge", "Cluster mode: brokers known (each has a listener).",
-                   [("", {}, cs.brokers_seen)])
+            family("kafkatap_cluster_brokers", "gauge", "Cluster mode: brokers known that have a listener of the proxy's.",
+                   [("", {}, cs.brokers_seen - cs.brokers_unlistened)])
+            family("kafkatap_cluster_brokers_unlistened", "gauge",
+                   "Cluster mode: brokers known that have no listener (port taken or out of range): their "
+                   "addresses go to clients as they are, so their traffic goes around the proxy.",
+                   [("", {}, cs.brokers_unlistened)])
         rs = self.recorder_stats() if self.recorder_stats else None
         if rs is not None:
             family("kafkatap_recording_dropped_rows_total", "counter",
@@ -452,9 +456,12 @@ def _num(v: float) -> str:
 # Merging works on the exposition text, generically over metric families, so a family added or
 # renamed here (or a unit change) needs no change below: counters and gauges are summed per label set
 # (the `proxy` label becomes the parent's id), histogram `_bucket`/`_sum`/`_count` samples are summed
-# bucket-wise (cumulative counts of equal bounds add up to the merged histogram), and the few gauges
-# that are instants rather than amounts (MERGE_MIN_SUFFIXES) take the earliest value.
+# bucket-wise (cumulative counts of equal bounds add up to the merged histogram), the few gauges
+# that are instants rather than amounts (MERGE_MIN_SUFFIXES) take the earliest value, and the gauges
+# that every worker measures of the same shared thing (MERGE_MAX_FAMILIES: each worker discovers the
+# whole cluster) take the largest.
 MERGE_MIN_SUFFIXES = ("_start_time_seconds",)
+MERGE_MAX_FAMILIES = ("kafkatap_cluster_brokers", "kafkatap_cluster_brokers_unlistened")
 
 
 def parse_exposition(text: str) -> list[tuple[str, str, str, list[tuple[str, str]], float]]:
@@ -534,6 +541,8 @@ def merge_prometheus(texts: Iterable[str], proxy_id: str) -> str:
                 samples[fam][key] = value
             elif fam.endswith(MERGE_MIN_SUFFIXES):
                 samples[fam][key] = min(have, value)
+            elif fam in MERGE_MAX_FAMILIES:
+                samples[fam][key] = max(have, value)
             else:
                 samples[fam][key] = have + value
     out: list[str] = []

@@ -230,12 +230,19 @@ class ProxyServer:
                      upstream=f"{up[0]}:{up[1]}" if up else "original destination (transparent)")
 
     def _bypass_step(self) -> Any:
-        """Plain explicit mode: rows go through the bypass check (proxy.bypass); other modes need none."""
-        if self.cluster is not None or any(r.upstream is None for r in self.routes):
+        """Explicit and cluster mode: rows go through the bypass check (proxy.bypass); transparent mode needs none.
+
+        In cluster mode the rows hold the addresses as rewritten, so only a broker that got no
+        listener shows up, and the brokers' own addresses are the ones the registry has learned.
+        """
+        if any(r.upstream is None for r in self.routes):
             return self._emit
-        check = BypassCheck(lambda: self._listen_addrs, [r.upstream for r in self.routes if r.upstream],
-                            self.fronted_by)
-        self.bypass = BypassSink(self._emit, check, lambda: [format_addr(a) for a in self._listen_addrs])
+        fixed = [r.upstream for r in self.routes if r.upstream]
+        cluster = self.cluster
+        upstreams = fixed if cluster is None else (lambda: [*fixed, *cluster.registry.by_upstream])
+        check = BypassCheck(lambda: self._listen_addrs, upstreams, self.fronted_by)
+        self.bypass = BypassSink(self._emit, check, lambda: [format_addr(a) for a in self._listen_addrs],
+                                 cluster=cluster is not None)
         return self.bypass
 
     def add_listener(self, listen: Addr, upstream: Callable[[], Addr], label: str = "") -> Addr:
@@ -395,9 +402,10 @@ class ProxyServer:
 
     def accepted(self, conn: Connection) -> None:
         self.conns.add(conn)
+        self.stats["accepted"] += 1  # every client connection, so accepted = closed (+ open) in the `stopped` line
 
     def opened(self, conn: Connection) -> None:
-        self.stats["accepted"] += 1
+        pass  # the broker side is up too (the Hub protocol's hook; the counts need nothing more)
 
     def closed(self, conn: Connection, end_reason: str) -> None:
         self.conns.discard(conn)

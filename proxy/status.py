@@ -73,6 +73,7 @@ class StatusServer:
         self.host = host
         self.port = port
         self._server: asyncio.base_events.Server | None = None
+        self.private = False  # a worker's own endpoint, read only by its parent (proxy.workers): not announced
 
     @property
     def address(self) -> str:
@@ -84,7 +85,8 @@ class StatusServer:
         if not is_loopback(self.host):
             log.warning("status endpoint is reachable from the network; it names clients and topics",
                         addr=self.address)
-        log.info("status endpoint listening", addr=self.address, routes=["/metrics", "/clients", "/healthz"])
+        (log.debug if self.private else log.info)("status endpoint listening", addr=self.address,
+                                                  routes=["/metrics", "/clients", "/healthz"])
 
     async def stop(self) -> None:
         if self._server is not None:

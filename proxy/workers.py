@@ -95,7 +95,10 @@ def reserve_ports(routes: Sequence[Route]) -> tuple[list[Route], list[socket.soc
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             if ":" in host:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            sock.bind((host, port))
+            try:
+                sock.bind((host, port))
+            except OSError as exc:  # name the address, as proxy.listener.bind_listener does
+                raise OSError(exc.errno, exc.strerror, format_addr((host, port))) from None
             resolved.append(Route((host, sock.getsockname()[1]), route.upstream))
     except BaseException:
         for sock in held:

@@ -62,6 +62,47 @@ def test_out_of_range_ports_are_refused_not_wrapped(args: list[str], line: str) 
     assert res.returncode == 2 and error_line(res) == line
 
 
+@pytest.mark.parametrize("extra, line", [
+    (["--capture", "all"], "Error: --capture keeps raw frames in the recording: it needs --record DIR"),
+    (["--no-mark"], "Error: --no-mark only applies with --transparent (the mark keeps the proxy's own upstream "
+                    "connections out of a local REDIRECT rule)"),
+    (["--no-tcp-info", "--tcp-info-interval", "5"], "Error: --tcp-info-interval and --no-tcp-info exclude each other"),
+])
+def test_options_that_would_be_ignored_are_refused(extra: list[str], line: str) -> None:
+    res = run("proxy", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:9092", *extra)
+    assert res.returncode == 2 and error_line(res) == line
+
+
+def test_kafka_up_suggests_a_proxy_port_whose_broker_listener_is_free() -> None:
+    from harness.kafka import port_is_free
+    from scenarios.cli import _suggested_listen
+
+    first = next(p for p in iter(free_port, None) if port_is_free("127.0.0.1", p + 2) and p < 60000)
+    with socket.socket() as held:  # broker 1's listener (first + 2) taken: the suggestion moves on
+        held.bind(("127.0.0.1", first + 2))
+        held.listen(1)
+        got = _suggested_listen(1, first=first)
+        assert got != first and port_is_free("127.0.0.1", got) and port_is_free("127.0.0.1", got + 2)
+
+
+def test_iptables_interface_is_for_gateway_mode_only() -> None:
+    res = run("iptables", "--mode", "local", "--port", "9092", "--interface", "eth0")
+    assert res.returncode == 2 and error_line(res).startswith("Error: --interface only applies with --mode gateway")
+    assert run("iptables", "--mode", "gateway", "--port", "9092", "--interface", "eth0").returncode == 0
+
+
+def test_a_taken_listen_port_names_the_address(tmp_path: Path) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        port = held.getsockname()[1]
+        res = run("--log-format", "json", "proxy", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:9092",
+                  "--listen", f"127.0.0.1:{port}", "--upstream", "127.0.0.1:9093", "--workers", "1")
+    assert res.returncode == 2
+    said = [json.loads(ln) for ln in res.stderr.splitlines() if ln.startswith("{") and "cannot listen" in ln]
+    assert said and f"127.0.0.1:{port}" in said[0]["error"], res.stderr
+
+
 @pytest.mark.parametrize("workers", ["1", "2"])  # one process, and the parent that serves its workers' status merged
 def test_busy_status_port_is_one_line_and_exit_2(tmp_path: Path, workers: str) -> None:
     with socket.socket() as taken:

@@ -30,7 +30,9 @@ def clients_bypass_proxy(t: Tables) -> list[Finding]:
                  f"address(es) the proxy does not listen for ({shown}). From then on those clients produced and "
                  "fetched directly, so this recording holds little more than their bootstrap requests. Run the proxy "
                  "in cluster mode (`kafkatap proxy --cluster BOOTSTRAP:PORT --listen HOST:PORT`: it rewrites broker "
-                 "addresses, no broker change), or set each broker's advertised.listeners to a proxy listener."),
+                 "addresses, no broker change), or set each broker's advertised.listeners to a proxy listener. If "
+                 "the proxy already ran in cluster mode, a broker got no listener (its port was taken): the proxy "
+                 "logged 'cannot listen for a broker'; free that port or pin one with --broker-port NODE_ID=PORT."),
         evidence={"addresses": addrs, "responses": responses, "clients": clients[:20], "told_by": told_by},
         examples=[{"address": r["address"], "responses": r.get("responses"), "clients": r.get("client_ids"),
                    "apis": r.get("apis"), "first_seen": ts(r.get("first_seen")), "last_seen": ts(r.get("last_seen")),

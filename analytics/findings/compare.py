@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from analytics.findings.base import Finding, Tables, rule, score
+from analytics.transforms.common import LONG_POLL_LABEL
 
 MIN_ADDED_US = 1000
 
 
 @rule("compare_added_latency")
 def compare_added_latency(t: Tables) -> list[Finding]:
-    rows = [r for r in t.get("compare_by_api", []) if (r.get("matched") or 0) > 0 and r.get("diff_p50_us") is not None]
+    # long polls are the broker waiting for data, not the path between A and B (compare.compare_by_api)
+    rows = [r for r in t.get("compare_by_api", []) if (r.get("matched") or 0) > 0 and r.get("diff_p50_us") is not None
+            and r.get("api_name") != LONG_POLL_LABEL]
     if not rows:
         return []
     worst = max(rows, key=lambda r: abs(r.get("diff_p99_us") or 0))

@@ -17,10 +17,10 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from analytics.transforms.common import first_client_id, percentiles_by
+from analytics.transforms.common import LONG_POLL_LABEL, first_client_id, percentiles_by
 
 
-SIDE_COLS = ("correlation_id", "conn_id", "proxy_id", "ts_ns", "latency_us", "status", "error_names")
+SIDE_COLS = ("correlation_id", "conn_id", "proxy_id", "ts_ns", "latency_us", "status", "error_names", "long_poll")
 
 
 def _side(req: DataFrame, s: str, extra: tuple[str, ...] = ()) -> DataFrame:
@@ -66,8 +66,14 @@ def _diff(m: DataFrame) -> DataFrame:
 
 
 def compare_by_api(m: DataFrame) -> DataFrame:
-    """Per API: p50/p99 on each side and of the per-request difference (A - B)."""
-    d = _diff(m)
+    """Per API: p50/p99 on each side and of the per-request difference (A - B).
+
+    A Fetch that was a long poll on either side is its own row ("Fetch (long poll)"): its latency
+    is the broker waiting for data, so A − B says when data arrived (a replay answered at once
+    what the original waited 500 ms for), not what lies between A and B.
+    """
+    long_poll = F.coalesce(F.col("long_poll_a"), F.lit(False)) | F.coalesce(F.col("long_poll_b"), F.lit(False))
+    d = _diff(m).withColumn("api_name", F.when(long_poll, F.lit(LONG_POLL_LABEL)).otherwise(F.col("api_name")))
     a = percentiles_by(d, ["api_name"], "latency_us_a", prefix="a_").select("api_name", "a_count", "a_p50_us", "a_p99_us")
     b = percentiles_by(d, ["api_name"], "latency_us_b", prefix="b_").select("api_name", "b_p50_us", "b_p99_us")
     x = percentiles_by(d, ["api_name"], "diff_us", prefix="diff_").select("api_name", "diff_p50_us", "diff_p99_us", "diff_max_us")

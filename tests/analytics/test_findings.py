@@ -136,6 +136,9 @@ def test_compare_rules() -> None:
     api = [{"api_name": "Produce", "matched": 100, "a_p50_us": 3000, "b_p50_us": 1000, "diff_p50_us": 2000, "diff_p99_us": 2500}]
     assert compare_added_latency({"compare_by_api": api})[0].severity == "warning"
     assert compare_added_latency({"compare_by_api": []}) == []
+    waits = [{"api_name": "Fetch (long poll)", "matched": 100, "diff_p50_us": 497_000, "diff_p99_us": 500_000}]
+    assert compare_added_latency({"compare_by_api": waits}) == []  # the broker's wait for data, not the path
+    assert "Produce" in compare_added_latency({"compare_by_api": waits + api})[0].title
     e = [{"api_name": "Produce", "errors_a": "", "errors_b": "MESSAGE_TOO_LARGE", "status_a": "answered", "status_b": "answered", "requests": 1}]
     assert compare_errors_differ({"compare_errors": e})[0].evidence["requests"] == 1
     assert compare_errors_differ({"compare_errors": []}) == []

@@ -123,6 +123,13 @@ def test_cli_compare_middlebox(spark, tmp_path) -> None:
     assert row["evidence"]["apis"]["Produce"]["matched"] == 30
 
 
+def test_cli_says_what_compare_takes() -> None:
+    got = CliRunner().invoke(analyze, ["--compare", "rec-a", "--out", "cmp"])  # B forgotten: --out became B
+    assert got.exit_code == 2 and "--compare takes two recordings A B, got 'rec-a --out'" in got.output
+    got = CliRunner().invoke(analyze, ["rec"])
+    assert got.exit_code == 2 and "Missing option '--out'" in got.output
+
+
 def test_cli_rejects_bad_recording(tmp_path) -> None:
     out = CliRunner().invoke(analyze, [str(tmp_path), "--out", str(tmp_path / "o"), "--quiet"])
     assert out.exit_code != 0 and "holds no recording" in out.output

@@ -206,6 +206,17 @@ def test_compare_sequence_matching_for_replays(make_df) -> None:
     assert {x.api_name: x.matched for x in compare.compare_summary(pa_, pb, m, "sequence").collect()} == {"Produce": 3}
 
 
+def test_compare_keeps_long_polls_apart(make_df) -> None:
+    """A recorded Fetch that waited 500 ms for data and its replay answered at once are not 500 ms of path."""
+    a = make_df("requests", [req("a1", 5 + i, "Fetch", t_s=i, lat_us=500_000, max_wait_ms=500, record_bytes=0) for i in range(3)]
+                + [req("a1", 9, "Fetch", t_s=4, lat_us=2000, max_wait_ms=500)])
+    b = make_df("requests", [req("r1", 100 + i, "Fetch", t_s=5000 + i, lat_us=1500, max_wait_ms=500) for i in range(4)])
+    m = compare.match_requests(prepare_requests(a), prepare_requests(b), "sequence")
+    api = by(compare.compare_by_api(m).collect(), "api_name")
+    assert {k: v["matched"] for k, v in api.items()} == {"Fetch (long poll)": 3, "Fetch": 1}
+    assert api["Fetch"]["diff_p50_us"] == 500
+
+
 
 def test_errors_tolerate_requests_without_topics(make_df) -> None:
     """Spark 4 (ANSI) raises on element_at of an empty array; a JoinGroup error has no topics."""

@@ -11,8 +11,10 @@ The full path runs on 4.3.1; a shorter one on 3.7.2 (`test_cluster_37`).
 
 from __future__ import annotations
 
+import json
 import socket
 import struct
+import subprocess
 import time
 import uuid
 from collections import Counter
@@ -21,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from cluster_helpers import cluster_proxy, kcat_brokers, proxy_ports
+from cluster_helpers import PROXY, cluster_proxy, free_port_run, kcat_brokers, proxy_ports
 from harness.java_clients import JavaClients
 from harness.kafka import LocalKafka, partition_states
 from harness.wire import WireClient
@@ -85,6 +87,41 @@ def test_brokers_first_seen_in_a_response_get_their_listener_before_it_is_forwar
         assert p.cluster.stats.brokers_seen == 3 and len(p.listen_addrs) == 4
         sink.wait_for(lambda s: _records_produced(s, topic_name) >= 30)
     assert _records_produced(sink, topic_name) == 30
+
+
+def _hold(port: int) -> socket.socket:
+    """Another program on `port` (listening, without SO_REUSEPORT): no proxy can bind it."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", port))
+    s.listen(1)
+    return s
+
+
+def test_a_broker_port_taken_at_start_stops_the_proxy_with_the_fix(cluster, tmp_path) -> None:
+    """Else broker 2's clients would be told its own address and go around the proxy, unrecorded."""
+    listen = free_port_run(5)
+    node = cluster.nodes[0]
+    with _hold(listen + 1 + 2):
+        out = subprocess.run([*PROXY, "--cluster", f"{cluster.host}:{node.port}", "--listen", f"127.0.0.1:{listen}",
+                              "--workers", "1", "--record", str(tmp_path / "rec")], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out.stderr
+    errors = [json.loads(line) for line in out.stderr.splitlines() if line.startswith("{") and '"error"' in line]
+    said = " ".join(str(e.get("error")) for e in errors if e.get("event") == "cannot listen")
+    assert f"broker 2 ({cluster.host}:{cluster.nodes[1].port})" in said, out.stderr
+    assert f"127.0.0.1:{listen + 3}" in said and "--broker-port 2=PORT" in said, said
+
+
+def test_a_broker_without_a_listener_later_is_counted_as_a_bypass(cluster, sink) -> None:
+    """No discovery at start, and broker 3's port taken: its address goes out as it is, and that is loud."""
+    with cluster_proxy(cluster, sink, discovery_timeout=1e-9) as p:
+        with _hold(p.listen_addr[1] + 1 + 3):
+            brokers = kcat_brokers(p.bootstrap)
+            real = f"{cluster.host}:{cluster.nodes[2].port}"
+            assert (3, cluster.host, cluster.nodes[2].port) in brokers  # what the bypass looks like from a client
+            sink.wait_for(lambda s: any(r.get("bypass") for r in s.requests))
+            assert p.cluster.stats.brokers_unlistened == 1 and p.cluster.stats.brokers_seen == 3
+    bypassed = {a for r in sink.requests for a in (r.get("bypass") or [])}
+    assert bypassed == {real}, bypassed
 
 
 def test_metadata_through_the_proxy_differs_from_the_broker_only_in_the_ports(cluster, sink) -> None:

@@ -88,6 +88,14 @@ def test_cluster_options_refuse_what_cannot_work() -> None:
         setup.routes(("127.0.0.1:0",), (), (), False)
     with pytest.raises(ValueError, match="only apply with --cluster"):
         cluster_setup({"advertise_host": "x"})
+    with pytest.raises(ValueError, match="is the --listen port"):
+        cluster_setup({"cluster": "b1:9092", "broker_ports": ("1=19092",)}).routes(("127.0.0.1:19092",), (), (), False)
+    with pytest.raises(ValueError, match="a port of its own"):
+        cluster_setup({"cluster": "b1:9092", "broker_ports": ("1=19001", "2=19001")}).routes(("127.0.0.1:19092",), (), (), False)
+    with pytest.raises(ValueError, match="^--cluster: "):
+        cluster_setup({"cluster": "127.0.0.1"})
+    with pytest.raises(ValueError, match="already the --listen port"):  # a derived port on the bootstrap listener
+        ClusterConfig(("b", 1), ("h", 19092), broker_port_base=19090).port_for(2)
 
 
 class _Rows:
@@ -119,6 +127,8 @@ def test_bypass_is_counted_in_metrics_and_shown_in_top() -> None:
     assert metrics["kafkatap_bypass_advertised_total"] == [({"proxy": "p1", "address": "127.0.0.1:29092"}, 2.0)]
     line = top_line(metrics["kafkatap_bypass_advertised_total"])
     assert line is not None and "2 responses" in line and "127.0.0.1:29092" in line and "--cluster" in line
+    in_cluster_mode = top_line(metrics["kafkatap_bypass_advertised_total"], cluster=True)
+    assert in_cluster_mode is not None and "--broker-port" in in_cluster_mode and "--cluster" not in in_cluster_mode
     assert top_line([]) is None
 
 

@@ -27,6 +27,7 @@ from kafka.admin import KafkaAdminClient
 
 from harness import netns
 from harness.kafka import free_port
+from proxy.cluster import ClusterStats
 from proxy.live import parse_metrics
 from proxy.metrics import LiveStats, merge_clients, merge_prometheus
 from recording.layout import worker_proxy_id
@@ -278,6 +279,10 @@ def test_merge_sums_counters_and_histograms_bucket_wise_and_concatenates_clients
     assert buckets["+Inf"] == 5
     assert merged["kafkatap_start_time_seconds"][0][1] == min(a.started_ns, b.started_ns) / 1e9
     assert merged["kafkatap_open_connections"][0][1] == 2  # gauges are summed
+    for stats in (a, b):  # ... except what every worker sees of the same cluster: each discovers all of it
+        stats.cluster_stats = ClusterStats(brokers_seen=3, brokers_unlistened=1)
+    merged = parse_metrics(merge_prometheus([a.render_prometheus(), b.render_prometheus()], "p"))
+    assert merged["kafkatap_cluster_brokers"][0][1] == 2 and merged["kafkatap_cluster_brokers_unlistened"][0][1] == 1
     clients = merge_clients([a.clients_json(), b.clients_json()], "p")
     assert clients["open_connections"] == 2
     assert sorted((c["conn_id"], c["worker"]) for c in clients["clients"]) == [("c1", "p-w1"), ("c2", "p-w2")]
