@@ -448,8 +448,12 @@ def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.
 def summary(result: AnalysisResult) -> str:
     """The short stdout summary: headline numbers and the findings, most important first."""
     ov = result.overview
+    unrecorded = (ov.get("request_connections") or 0) - (ov.get("connections") or 0)
+    conns = f"{ov.get('connections') or 0:,} connections" + (
+        f" (+{unrecorded:,} with requests but no connection row yet: still open when the proxy last wrote)"
+        if unrecorded > 0 else "")
     lines = [
-        f"kafkatap analyze: {ov.get('requests') or 0:,} requests, {ov.get('connections') or 0:,} connections, "
+        f"kafkatap analyze: {ov.get('requests') or 0:,} requests, {conns}, "
         f"{ov.get('client_ids') or 0} client ids, {ov.get('brokers') or 0} broker(s), span {ov.get('span_s') or 0:,.0f} s, "
         f"error rate {(ov.get('error_rate') or 0):.3%}",
         f"{len(result.findings)} finding(s):",

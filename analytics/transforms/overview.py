@@ -23,6 +23,9 @@ def overview(rollup: DataFrame, conns: DataFrame) -> DataFrame:
         F.countDistinct("proxy_id").alias("proxies"),
         F.countDistinct("broker_addr").alias("brokers"),
         F.countDistinct("client_id").alias("client_ids"),
+        # connections that sent requests; more than `connections` while a proxy still runs: a connection's row
+        # is written at its close or its first snapshot (--tcp-info-interval), its requests as they are answered
+        F.countDistinct("proxy_id", "conn_id").alias("request_connections"),
         F.coalesce(F.sum("requests"), F.lit(0)).alias("requests"),
         F.coalesce(F.sum("request_bytes"), F.lit(0)).alias("request_bytes"),
         F.coalesce(F.sum("response_bytes"), F.lit(0)).alias("response_bytes"),
@@ -46,7 +49,7 @@ def overview(rollup: DataFrame, conns: DataFrame) -> DataFrame:
         F.round((end - start) / 1e9, 3).alias("span_s"),
         start.alias("start_ns"),
         end.alias("end_ns"),
-        "proxies", "brokers", "client_ids", "connections", "connections_ended", "requests",
+        "proxies", "brokers", "client_ids", "connections", "request_connections", "connections_ended", "requests",
         "request_bytes", "response_bytes", "requests_with_errors",
         F.round(F.col("requests_with_errors") / F.greatest(F.col("requests"), F.lit(1)), 5).alias("error_rate"),
         "unanswered", "acks0_produces", "faults_injected",

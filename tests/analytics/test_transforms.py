@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pyspark.sql import functions as F
 
+from analytics.job import summary
+from analytics.result import AnalysisResult
 from analytics.transforms import clients, compare, connections, drilldown, errors, latency, overview, produce_fetch, tcp
 from analytics.transforms.common import LONG_POLL_LABEL, percentiles_by, prepare_requests
 from analytics.transforms.cube import REQUEST_VIEWS, TOPIC_VIEWS, _bin, latency_cube, tail_floor, view_values
@@ -102,6 +106,16 @@ def test_overview(make_df) -> None:
     c = make_df("connections", [conn("c1", 0, 20)])
     o = overview.overview(request_rollup(r), c).collect()[0]
     assert o["requests"] == 2 and o["unanswered"] == 1 and o["connections"] == 1 and o["span_s"] == 20.0
+    assert o["request_connections"] == 1
+
+
+def test_summary_says_when_connections_have_no_row_yet(make_df) -> None:
+    """A proxy still running: c2's requests are written, its connection row comes at close or its first snapshot."""
+    r = prepare_requests(make_df("requests", [req("c1", 1, t_s=0), req("c2", 1, t_s=1), req("c3", 1, t_s=2)]))
+    o = overview.overview(request_rollup(r), make_df("connections", [conn("c1", 0, 20)])).collect()[0].asDict()
+    assert (o["connections"], o["request_connections"]) == (1, 3)
+    first = summary(AnalysisResult(Path("out"), [], o, {}, 60, Path("r.html"), Path("f.json"), {})).splitlines()[0]
+    assert "1 connections (+2 with requests but no connection row yet" in first, first
 
 
 def test_connections_over_time_concurrency_and_latency(make_df) -> None:
