@@ -32,7 +32,7 @@ from analytics.session import (
     C1_ONLY_MAX_ROWS, SMALL_INPUT_ROWS, default_master, get_spark, is_local, running_session, small_input_settings,
 )
 from analytics.transforms import brokers, bypass, clients, compare, connections, drilldown, errors, faults, latency, overview, produce_fetch, rollups, tcp
-from analytics.transforms.common import prepare_requests
+from analytics.transforms.common import prepare_requests, union_all
 from analytics.transforms.cube import latency_cube, percentile_views, tail_floor
 from recording.reader import live_files
 
@@ -281,10 +281,7 @@ def row_counts(frames: dict[str, DataFrame]) -> dict[str, int]:
 
     For the progress lines only, where six counts were six jobs of a few hundred ms of fixed cost each.
     """
-    parts = [df.select(F.lit(name).alias("name"), F.lit(1).alias("one")) for name, df in frames.items()]
-    union = parts[0]
-    for part in parts[1:]:
-        union = union.unionByName(part)
+    union = union_all([df.select(F.lit(name).alias("name"), F.lit(1).alias("one")) for name, df in frames.items()])
     rows = union.groupBy("name").agg(F.count("one").alias("n")).toArrow().to_pylist()
     got = {r["name"]: r["n"] for r in rows}
     return {name: got.get(name, 0) for name in frames}

@@ -27,7 +27,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from analytics.spark_schema import conform, spark_schema, spark_type, timestamps_as_epoch_ns
-from analytics.transforms.common import host
+from analytics.transforms.common import host, union_all
 from analytics.transforms.topics import name_connection_topics, name_topic_ids, topic_pairs
 from recording import schema as rec
 from recording.migrations import MIGRATIONS, RecordingFormatError
@@ -220,16 +220,10 @@ def load(spark: SparkSession, dirs: Sequence[str], filters: Filters | None = Non
                 "(record one with `kafkatap proxy … --record DIR`)"
             )
 
-    def union(parts: list[DataFrame]) -> DataFrame:
-        out = parts[0]
-        for p in parts[1:]:
-            out = out.unionByName(p)
-        return out
-
     recording = Recording(
-        requests=name_topic_ids(union(frames["requests"]), pairs),
-        connections=name_connection_topics(dedupe_connections(union(frames["connections"])), pairs),
-        tcp=union(frames["tcp"]),
+        requests=name_topic_ids(union_all(frames["requests"]), pairs),
+        connections=name_connection_topics(dedupe_connections(union_all(frames["connections"])), pairs),
+        tcp=union_all(frames["tcp"]),
         dirs=tuple(dirs),
         versions=versions,
         topic_names=pairs,

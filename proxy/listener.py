@@ -66,6 +66,16 @@ def fd_ceiling() -> int:
     return max(soft - FD_RESERVE, soft // 2)
 
 
+def bind_named(sock: socket.socket, host: str, port: int) -> None:
+    """`sock.bind((host, port))`, whose OSError names the address: "cannot listen" alone does not say which."""
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        if exc.filename is not None or exc.errno is None:
+            raise
+        raise OSError(exc.errno, exc.strerror, format_addr((host, port))) from None
+
+
 def bind_listener(host: str, port: int, backlog: int, reuse_port: bool = False) -> socket.socket:
     """A non-blocking listening TCP socket: SO_REUSEADDR, and IPV6_V6ONLY like asyncio's create_server.
 
@@ -82,14 +92,9 @@ def bind_listener(host: str, port: int, backlog: int, reuse_port: bool = False) 
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         if family == socket.AF_INET6:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-        sock.bind((host, port))
+        bind_named(sock, host, port)
         sock.listen(backlog)
         sock.setblocking(False)
-    except OSError as exc:
-        sock.close()
-        if exc.filename is None and exc.errno is not None:  # name the address: "cannot listen" alone does not say which
-            raise OSError(exc.errno, exc.strerror, f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}") from None
-        raise
     except BaseException:
         sock.close()
         raise

@@ -51,6 +51,7 @@ from typing import Any
 import structlog
 
 from proxy.context import format_addr
+from proxy.listener import bind_named
 from proxy.metrics import merge_clients, merge_prometheus
 from proxy.server import Route
 from proxy.status import StatusServer, parse_addr
@@ -95,10 +96,7 @@ def reserve_ports(routes: Sequence[Route]) -> tuple[list[Route], list[socket.soc
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             if ":" in host:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            try:
-                sock.bind((host, port))
-            except OSError as exc:  # name the address, as proxy.listener.bind_listener does
-                raise OSError(exc.errno, exc.strerror, format_addr((host, port))) from None
+            bind_named(sock, host, port)
             resolved.append(Route((host, sock.getsockname()[1]), route.upstream))
     except BaseException:
         for sock in held:

@@ -281,16 +281,18 @@ def kafka_up(kafka_version: str, old_version: str | None, port: int | None, prop
     brokers_registered(k.host, k.port)
     click.echo(f"Kafka {version} up at {k.bootstrap} (pid {node.proc.pid}, log {node.log_file})")
     # cluster mode: the broker keeps advertising its own address, and the proxy rewrites it in every response,
-    # so clients of 127.0.0.1:19092 stay on the proxy and everything they do is recorded
+    # so clients of the suggested listener stay on the proxy and everything they do is recorded
     click.echo(f"try: kafkatap proxy --cluster {k.bootstrap} --listen 127.0.0.1:{_suggested_listen(node.node_id)} --record rec/")
 
 
 def _suggested_listen(node_id: int, first: int = 19092) -> int:
-    """A listen port for the suggested proxy command whose broker listener (port + 1 + node id) is free too."""
+    """A listen port for the suggested proxy command whose broker listener (cluster mode's default) is free too."""
     from harness.kafka import port_is_free
+    from proxy.cluster import ClusterConfig
 
     for port in range(first, first + 1000, 10):
-        if port_is_free("127.0.0.1", port) and port_is_free("127.0.0.1", port + 1 + node_id):
+        broker_port = ClusterConfig(("127.0.0.1", 1), ("127.0.0.1", port)).port_for(node_id)
+        if port_is_free("127.0.0.1", port) and port_is_free("127.0.0.1", broker_port):
             return port
     return first
 

@@ -43,6 +43,19 @@ def is_long_poll() -> Column:
     )
 
 
+def api_label(long_poll: Column) -> Column:
+    """`api_name`, except "Fetch (long poll)" where `long_poll`: a long poll's latency is waiting, never mixed with real Fetch."""
+    return F.when(long_poll, F.lit(LONG_POLL_LABEL)).otherwise(F.col("api_name"))
+
+
+def union_all(frames: Sequence[DataFrame]) -> DataFrame:
+    """The frames one after another, columns matched by name (at least one frame)."""
+    out = frames[0]
+    for frame in frames[1:]:
+        out = out.unionByName(frame)
+    return out
+
+
 def prepare_requests(req: DataFrame) -> DataFrame:
     """The slim request view every transform uses (one projection, cached by the job).
 
@@ -62,7 +75,7 @@ def prepare_requests(req: DataFrame) -> DataFrame:
         host(F.col("client_addr")).alias("client_host"),
         is_long_poll().alias("long_poll"),
     ).withColumn(
-        "api_label", F.when(F.col("long_poll"), F.lit(LONG_POLL_LABEL)).otherwise(F.col("api_name"))
+        "api_label", api_label(F.col("long_poll"))
     ).withColumn("client_id", F.coalesce(F.col("client_id"), F.lit("(none)")))
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from analytics.transforms.common import LONG_POLL_LABEL, first_client_id, percentiles_by
+from analytics.transforms.common import api_label, first_client_id, percentiles_by
 
 
 SIDE_COLS = ("correlation_id", "conn_id", "proxy_id", "ts_ns", "latency_us", "status", "error_names", "long_poll")
@@ -73,7 +73,7 @@ def compare_by_api(m: DataFrame) -> DataFrame:
     what the original waited 500 ms for), not what lies between A and B.
     """
     long_poll = F.coalesce(F.col("long_poll_a"), F.lit(False)) | F.coalesce(F.col("long_poll_b"), F.lit(False))
-    d = _diff(m).withColumn("api_name", F.when(long_poll, F.lit(LONG_POLL_LABEL)).otherwise(F.col("api_name")))
+    d = _diff(m).withColumn("api_name", api_label(long_poll))
     a = percentiles_by(d, ["api_name"], "latency_us_a", prefix="a_").select("api_name", "a_count", "a_p50_us", "a_p99_us")
     b = percentiles_by(d, ["api_name"], "latency_us_b", prefix="b_").select("api_name", "b_p50_us", "b_p99_us")
     x = percentiles_by(d, ["api_name"], "diff_us", prefix="diff_").select("api_name", "diff_p50_us", "diff_p99_us", "diff_max_us")
