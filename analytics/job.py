@@ -452,7 +452,7 @@ def summary(result: AnalysisResult) -> str:
     lines = [
         f"kafkatap analyze: {ov.get('requests') or 0:,} requests, {conns}, "
         f"{ov.get('client_ids') or 0} client ids, {ov.get('brokers') or 0} broker(s), span {ov.get('span_s') or 0:,.0f} s, "
-        f"error rate {(ov.get('error_rate') or 0):.3%}",
+        f"error rate {(ov.get('error_rate') or 0):.3%} (+{(ov.get('retriable_rate') or 0):.3%} retriable)",
         f"{len(result.findings)} finding(s):",
     ]
     for f in result.findings[:15]:

@@ -464,7 +464,8 @@ async def _serve(routes: list[Route], faults, rec: dict, *, ready_fd: int | None
 @click.option("--remove", "do_remove", is_flag=True,
               help="Remove whatever kafkatap installed (its KAFKATAP chains and the jumps to them, IPv4 and "
                    "IPv6), found in the live rules: no other option is needed.")
-@click.option("--dry-run", "dry_run", is_flag=True, help="Only print the commands (the default).")
+@click.option("--dry-run", "dry_run", is_flag=True,
+              help="Only print the commands (the default); with --remove, the ones it would run.")
 def iptables(mode: str, brokers: tuple[str, ...], ports: tuple[int, ...], proxy_port: int, mark: int,
              owner_uid: int | None, interface: str | None, ipv6: bool, do_apply: bool, do_remove: bool,
              dry_run: bool) -> None:
@@ -478,12 +479,13 @@ def iptables(mode: str, brokers: tuple[str, ...], ports: tuple[int, ...], proxy_
     Examples:
       kafkatap iptables --mode gateway --broker 10.0.0.5:9092 --broker 10.0.0.6:9092
       kafkatap iptables --mode local --port 9092 --apply
+      kafkatap iptables --remove --dry-run    # what --remove would delete
       kafkatap iptables --remove
     """
     from proxy.netfilter import RulePlan, apply, build, removal_found, render
 
     chosen = [name for name, on in (("--apply", do_apply), ("--remove", do_remove), ("--dry-run", dry_run)) if on]
-    if len(chosen) > 1:
+    if do_apply and len(chosen) > 1:  # --remove --dry-run is a preview of the removal
         raise click.UsageError(f"{' and '.join(chosen)} exclude each other: give one (the default is --dry-run)")
     if interface is not None and mode != "gateway" and not do_remove:
         raise click.UsageError("--interface only applies with --mode gateway (local mode redirects this host's own "
@@ -491,6 +493,10 @@ def iptables(mode: str, brokers: tuple[str, ...], ports: tuple[int, ...], proxy_
     if do_remove:
         try:
             cmds = removal_found()
+            if dry_run:
+                click.echo("dry run: nothing was changed; these are the commands --remove would run (as root)", err=True)
+                click.echo(render(cmds) if cmds else "nothing of kafkatap's installed")
+                return
             apply(cmds)
         except (RuntimeError, FileNotFoundError) as exc:
             raise click.ClickException(str(exc)) from exc

@@ -26,6 +26,7 @@ from typing import Any
 
 import click
 
+from protocol.error_kinds import ERROR, RETRIABLE
 from proxy.bypass import top_line as bypass_top_line
 from proxy.status import parse_addr
 
@@ -199,7 +200,8 @@ def render(clients: dict[str, Any], metrics: dict, prev: tuple[float, dict[str, 
     b = (lambda s: f"{BOLD}{s}{RESET}") if color else (lambda s: s)
     d = (lambda s: f"{DIM}{s}{RESET}") if color else (lambda s: s)
     reqs = _total(metrics, "kafkatap_requests_total")
-    errs = _total(metrics, "kafkatap_failed_requests_total")
+    errs = _total(metrics, "kafkatap_failed_requests_total", kind=ERROR)
+    retriable = _total(metrics, "kafkatap_failed_requests_total", kind=RETRIABLE)
     drops = _total(metrics, "kafkatap_recording_dropped_rows_total")
     queue = _total(metrics, "kafkatap_recording_queue_rows")
     p50, p99 = _latency_p(metrics, 0.5), _latency_p(metrics, 0.99)
@@ -215,7 +217,7 @@ def render(clients: dict[str, Any], metrics: dict, prev: tuple[float, dict[str, 
     lines = [
         b(f"kafkatap top — proxy {clients.get('proxy_id') or '?'}")
         + f"  open connections {clients.get('open_connections', 0)}  requests {reqs:,.0f}{rate}"
-        + f"  with an error response {errs:,.0f}",
+        + f"  errors {errs:,.0f}  retriable {retriable:,.0f}",
         f"latency p50 ≤{_fmt_s(p50)} p99 ≤{_fmt_s(p99)}   recording: dropped {drops:,.0f} queued {queue:,.0f}"
         f"   showing {view}",
         "",
@@ -338,8 +340,10 @@ def top(addr: str, interval: float, once: bool, as_json: bool, per_connection: b
     """Live view of a running proxy: who is connected, their role and traffic, latency, recording health.
 
     One row per client (same client_id and software from one host, its connections to every
-    broker summed); press c for one row per connection, q to quit. "with an error response"
-    counts requests whose response carried an error code.
+    broker summed); press c for one row per connection, q to quit. "errors" counts requests whose
+    answer carried an error, "retriable" those whose errors were all ones Kafka's clients retry
+    (a coordinator loading, a leader moving); protocol steps such as a first JoinGroup's
+    MEMBER_ID_REQUIRED are neither.
 
     \b
     Start the proxy with a status endpoint, then watch it:

@@ -28,6 +28,8 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from protocol.error_kinds import PROTOCOL_STEP, error_kind, response_kind
+
 Row = dict[str, Any]
 
 # µs bucket bounds: 50 µs … 30 s, roughly 1-2.5-5 per decade.
@@ -175,7 +177,8 @@ class LiveStats:
         self.started_ns = clock_ns()
         self.requests: dict[tuple[str, int], int] = {}
         self.errors: dict[tuple[str, int, str], int] = {}  # (api, version, error name)
-        self.failed_requests: dict[tuple[str, int], int] = {}  # requests with ≥1 error code
+        # requests whose answer carried an error, by (api, version, worst kind): protocol steps are not counted
+        self.failed_requests: dict[tuple[str, int, str], int] = {}
         self.unanswered: dict[tuple[str, str], int] = {}  # (api, status)
         self.latency: dict[tuple[str, str], _Histogram] = {}  # (api, broker) client-visible
         self.broker_latency: dict[tuple[str, str], _Histogram] = {}  # (api, broker) broker only
@@ -235,10 +238,15 @@ class LiveStats:
             if blat is not None:
                 _histogram(self.broker_latency, lk).observe(blat)
         errs = row.get("errors")
+        failed = False
         if errs:
-            _bump(self.failed_requests, key)
-            for e in errs[:16]:  # bounded: a response can carry an error per partition
-                name = (e.get("name") if isinstance(e, dict) else None) or "UNKNOWN"
+            # bounded: a response can carry an error per partition
+            names = [(e.get("name") if isinstance(e, dict) else None) or "UNKNOWN" for e in errs[:16]]
+            kind = response_kind(api, names)
+            failed = kind != PROTOCOL_STEP  # a first JoinGroup's MEMBER_ID_REQUIRED is the protocol, not a failure
+            if failed:
+                _bump(self.failed_requests, (api, ver, kind))
+            for name in names:
                 _bump(self.errors, (api, ver, name))
         bypass = row.get("bypass")
         if bypass:
@@ -252,7 +260,7 @@ class LiveStats:
             c.broker_addr = broker
         c.bytes_in += req_b
         c.bytes_out += resp_b
-        if errs:
+        if failed:
             c.errors += 1
         cid = row.get("client_id")
         if cid is not None:
@@ -336,10 +344,14 @@ class LiveStats:
         family("kafkatap_requests_total", "counter", "Requests seen, by API and version.",
                (("", {"api": a, "version": v}, n) for (a, v), n in _sorted(self.requests)))
         family("kafkatap_request_errors_total", "counter",
-               "Non-zero error codes in responses, by API, version and error name.",
-               (("", {"api": a, "version": v, "error": e}, n) for (a, v, e), n in _sorted(self.errors)))
-        family("kafkatap_failed_requests_total", "counter", "Requests whose response carried at least one error.",
-               (("", {"api": a, "version": v}, n) for (a, v), n in _sorted(self.failed_requests)))
+               "Non-zero error codes in responses, by API, version, error name and kind "
+               "(error, retriable: Kafka's clients retry it, protocol_step: how the protocol works).",
+               (("", {"api": a, "version": v, "error": e, "kind": error_kind(a, e)}, n) for (a, v, e), n in _sorted(self.errors)))
+        family("kafkatap_failed_requests_total", "counter",
+               "Requests whose response carried an error, by API, version and worst kind (error, or retriable when every "
+               "error was one Kafka's clients retry); answers with only protocol steps (a first JoinGroup's "
+               "MEMBER_ID_REQUIRED …) are not counted.",
+               (("", {"api": a, "version": v, "kind": k}, n) for (a, v, k), n in _sorted(self.failed_requests)))
         family("kafkatap_requests_unanswered_total", "counter",
                "Requests without a response: unanswered (connection ended first) or no_response (acks=0).",
                (("", {"api": a, "status": s}, n) for (a, s), n in _sorted(self.unanswered)))

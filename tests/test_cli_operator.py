@@ -380,7 +380,7 @@ def test_top_shows_one_row_per_client_with_whole_versions() -> None:
     metrics = parse_metrics(stats.render_prometheus())
     prev = (0.0, snapshot_counts(stats.clients_json(), metrics))
     screen = render(stats.clients_json(), metrics, prev, 1.0, 400, 50, False).splitlines()
-    assert "with an error response 1" in screen[0]  # the failed-requests count says what it counts
+    assert "errors 0  retriable 1" in screen[0]  # NOT_LEADER_OR_FOLLOWER is one Kafka's clients retry
     billing = [ln for ln in screen if ln.startswith("billing ")]
     assert len(billing) == 1  # two connections (two brokers), one client
     cells = billing[0].split()
@@ -390,6 +390,26 @@ def test_top_shows_one_row_per_client_with_whole_versions() -> None:
     assert len(long) == 1 and "…" in long[0]  # what does not fit is cut visibly
     per_conn = render(stats.clients_json(), metrics, prev, 1.0, 400, 50, False, per_connection=True).splitlines()
     assert len([ln for ln in per_conn if ln.startswith("billing ")]) == 2
+
+
+def test_protocol_steps_are_not_failures_and_every_error_has_its_kind() -> None:
+    """A first JoinGroup's MEMBER_ID_REQUIRED is counted by name but not as a failed request; kinds label both families."""
+    from proxy.live import parse_metrics, render
+
+    stats = _stats()
+    join = {**_conn_row("c5", "audit", "kafka-python", "3.0.12", "10.0.0.1:9092", "10.0.0.9:5002"),
+            "api_key": 11, "api_name": "JoinGroup", "api_version": 9, "errors": [{"name": "MEMBER_ID_REQUIRED"}]}
+    stats.request(join)
+    stats.request({**_conn_row("c5", "audit", "kafka-python", "3.0.12", "10.0.0.1:9092", "10.0.0.9:5002"),
+                   "errors": [{"name": "NOT_LEADER_OR_FOLLOWER"}, {"name": "TOPIC_AUTHORIZATION_FAILED"}]})
+    metrics = parse_metrics(stats.render_prometheus())
+    failed = {(lb["api"], lb["kind"]): v for lb, v in metrics["kafkatap_failed_requests_total"]}
+    assert failed == {("Produce", "retriable"): 1, ("Produce", "error"): 1}  # the worst kind; the JoinGroup absent
+    kinds = {(lb["error"], lb["kind"]) for lb, _ in metrics["kafkatap_request_errors_total"]}
+    assert kinds == {("MEMBER_ID_REQUIRED", "protocol_step"), ("NOT_LEADER_OR_FOLLOWER", "retriable"),
+                     ("TOPIC_AUTHORIZATION_FAILED", "error")}
+    assert next(c for c in stats.clients_json()["clients"] if c["conn_id"] == "c5")["errors"] == 1
+    assert "errors 1  retriable 1" in render(stats.clients_json(), metrics, None, 1.0, 400, 50, False).splitlines()[0]
 
 
 def test_top_rates_are_numbers_from_two_polls() -> None:

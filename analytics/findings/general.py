@@ -6,16 +6,21 @@ from collections import defaultdict
 
 from analytics.findings.base import Finding, Tables, rule, score, ts
 from analytics.findings.oversize_produce import TOO_LARGE
+from protocol.error_kinds import PROTOCOL_STEP, RETRIABLE
 
 MIN_ERRORS = 10
 
 
 @rule("error_hotspot")
 def error_hotspot(t: Tables) -> list[Finding]:
-    """The most frequent error names (those incident rules already explain are left to them)."""
+    """The most frequent error names (those incident rules already explain are left to them).
+
+    Protocol steps (a first JoinGroup's MEMBER_ID_REQUIRED …) are how the protocol works: a large
+    group would otherwise raise a finding at every start. Retriable ones stay, named as such.
+    """
     by_name: dict[str, list[dict]] = defaultdict(list)
     for r in t.get("errors_by_name", []):
-        if r.get("error_name") not in TOO_LARGE:
+        if r.get("error_name") not in TOO_LARGE and r.get("kind") != PROTOCOL_STEP:
             by_name[r["error_name"]].append(r)
     total_req = ((t.get("overview") or [{}])[0]).get("requests") or 0
     out = []
@@ -28,9 +33,10 @@ def error_hotspot(t: Tables) -> list[Finding]:
         sev = "warning" if share >= 0.001 else "info"
         apis = sorted({r.get("api_name") for r in rs})
         clients = sorted({r.get("client_id") for r in rs})
+        retriable = " (retriable)" if rs[0].get("kind") == RETRIABLE else ""
         out.append(Finding(
             id="error_hotspot", severity=sev,
-            title=f"{n:,} × {name} on {', '.join(apis)} ({len(clients)} client(s))",
+            title=f"{n:,} × {name}{retriable} on {', '.join(apis)} ({len(clients)} client(s))",
             summary=f"{name} appeared {n:,} times ({share:.3%} of requests), most on {rs[0].get('topic') or rs[0].get('group_or_resource') or '?'} from {rs[0].get('client_id')}.",
             evidence={"error": name, "count": n, "share_of_requests": share, "apis": apis, "clients": clients[:20]},
             examples=[{"conn_id": r.get("example_conn_id"), "first_seen": ts(r.get("first_seen")), "topic": r.get("topic"),

@@ -62,7 +62,7 @@ HEADERS: dict[str, str] = {
 # internal columns (sort keys, raw epoch ns, proxy ids that are the same everywhere) are in tables/*.csv, not on screen
 HIDDEN = ("bin", "closed_ns", "example_ts_ns", "proxy_id", "seq", "first_ns", "last_ns", "ts_ns", "opened_ns", "snapshot_ns")
 MAX_COLUMNS = 11  # wider tables show their first columns; the rest are in tables/NAME.csv (named under the table)
-RATIOS = ("empty_ratio", "long_poll_ratio", "error_rate")
+RATIOS = ("empty_ratio", "long_poll_ratio", "error_rate", "retriable_rate")
 
 
 def header(col: str) -> str:
@@ -364,7 +364,9 @@ SECTIONS: list[tuple[str, str, str, list[tuple[str, str, Chart | None]]]] = [
         ("proxy_delay_by_api", "Delay added by the proxy", _c_bars("api_name", {"p50_us": "p50", "p99_us": "p99"}, "µs", axis="delay added by the proxy")),
         ("long_polls_by_client", "Long-poll Fetches per consumer", None),
     ]),
-    ("errors", "Errors and throttling", "Every non-zero error code by name × API × topic (or group / resource) × client, with an example connection.", [
+    ("errors", "Errors and throttling", "Every non-zero error code by name × API × topic (or group / resource) × client, with an example connection. "
+     "Kind: error; retriable (Kafka's clients retry it: normal in bursts, a problem when it lasts); protocol_step (how the "
+     "protocol works, e.g. a first JoinGroup's MEMBER_ID_REQUIRED; not counted in the error rates).", [
         ("errors_by_name", "Errors", _c_bars("error_name+api_name+client_id", {"count": "count"}, sort="count", axis="occurrences")),
         ("errors_over_time", "Errors over time", _c_errors_over_time),
         ("throttling", "Throttling (quota)", None),
@@ -413,7 +415,7 @@ SUMMARIES: dict[str, Callable[[Rows, int], Rows]] = {"throughput_over_time": thr
 COLUMNS_SHOWN: dict[str, tuple[str, ...]] = {
     "client_inventory": ("client_id", "client_host", "role", "software_name", "software_version", "requests", "requests_per_s",
                          "records_per_s", "bytes_per_s", "connections", "topics_produced", "topics_consumed"),
-    "errors_by_name": ("error_name", "api_name", "topic", "group_or_resource", "client_id", "count", "connections",
+    "errors_by_name": ("error_name", "kind", "api_name", "topic", "group_or_resource", "client_id", "count", "connections",
                        "first_seen", "example_conn_id"),
     "slowest_requests": ("at", "conn_id", "correlation_id", "api_name", "api_version", "client_id", "broker_addr", "topics",
                          "latency_us", "broker_latency_us", "errors"),
@@ -444,7 +446,8 @@ def _tiles(ov: dict[str, Any], bucket_s: int) -> str:
         ("proxies", str(ov.get("proxies") or 0)), ("span", human_duration(ov.get("span_s") or 0)),
         ("bytes client → broker", fmt_num(ov.get("request_bytes") or 0, "B")),
         ("bytes broker → client", fmt_num(ov.get("response_bytes") or 0, "B")),
-        ("error rate", f"{(ov.get('error_rate') or 0):.3%}"), ("unanswered", fmt_num(ov.get("unanswered") or 0)),
+        ("error rate", f"{(ov.get('error_rate') or 0):.3%}"), ("retriable errors", f"{(ov.get('retriable_rate') or 0):.3%}"),
+        ("unanswered", fmt_num(ov.get("unanswered") or 0)),
         ("time bucket", human_duration(bucket_s)),
     ]
     return '<div class="tiles">' + "".join(f"<div class=\"tile\"><b>{escape(v)}</b><span>{escape(k)}</span></div>" for k, v in items) + "</div>"

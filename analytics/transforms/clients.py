@@ -50,6 +50,7 @@ def client_inventory(rollup: DataFrame, topics: DataFrame, conns: DataFrame) -> 
         F.sum("request_bytes").alias("bytes_sent"),
         F.sum("response_bytes").alias("bytes_received"),
         F.sum("requests_with_errors").alias("requests_with_errors"),
+        F.sum("requests_retriable").alias("requests_retriable"),
         F.array_sort(F.collect_set("broker_addr")).alias("brokers"),
     )
     named = topics.where(F.col("topic").isNotNull())
@@ -81,7 +82,7 @@ def client_inventory(rollup: DataFrame, topics: DataFrame, conns: DataFrame) -> 
         "records_produced",
         F.round(F.col("records_produced") / span_s, 2).alias("records_per_s"),
         F.round((F.col("bytes_sent") + F.col("bytes_received")) / span_s, 1).alias("bytes_per_s"),
-        "bytes_produced", "bytes_fetched", "bytes_sent", "bytes_received", "requests_with_errors",
+        "bytes_produced", "bytes_fetched", "bytes_sent", "bytes_received", "requests_with_errors", "requests_retriable",
         "topics_produced", "topics_consumed", "groups", "brokers",
         ns_to_ts("first_ns").alias("first_seen"), ns_to_ts("last_ns").alias("last_seen"),
     ).orderBy(F.desc("requests"), F.desc("bytes_per_s"), "client_id")

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from protocol.error_kinds import ERROR, PROTOCOL_STEP, PROTOCOL_STEPS, RETRIABLE, RETRIABLE_ERRORS
+
 QUANTILES = (0.5, 0.9, 0.99, 0.999)
 QNAMES = ("p50", "p90", "p99", "p999")
 
@@ -46,6 +48,26 @@ def is_long_poll() -> Column:
 def api_label(long_poll: Column) -> Column:
     """`api_name`, except "Fetch (long poll)" where `long_poll`: a long poll's latency is waiting, never mixed with real Fetch."""
     return F.when(long_poll, F.lit(LONG_POLL_LABEL)).otherwise(F.col("api_name"))
+
+
+def error_kind(api: Column, name: Column) -> Column:
+    """`protocol.error_kinds.error_kind` as a Spark expression: protocol_step, retriable or error."""
+    step = F.lit(False)
+    for step_api, step_error in sorted(PROTOCOL_STEPS):
+        step = step | ((api == step_api) & (name == step_error))
+    return (F.when(name.isNull(), F.lit(ERROR)).when(step, F.lit(PROTOCOL_STEP))
+            .when(name.isin(*sorted(RETRIABLE_ERRORS)), F.lit(RETRIABLE)).otherwise(F.lit(ERROR)))
+
+
+def response_error_kind() -> Column:
+    """The worst kind among a request's `errors` (error > retriable > protocol_step), null without any.
+
+    Evaluated only for the rare requests with errors (CASE stops at the first branch that holds).
+    """
+    def has(kind: str) -> Column:
+        return F.exists("errors", lambda e: error_kind(F.col("api_name"), e["name"]) == kind)
+    return (F.when(F.coalesce(F.col("error_count"), F.lit(0)) == 0, F.lit(None).cast("string"))
+            .when(has(ERROR), F.lit(ERROR)).when(has(RETRIABLE), F.lit(RETRIABLE)).otherwise(F.lit(PROTOCOL_STEP)))
 
 
 def union_all(frames: Sequence[DataFrame]) -> DataFrame:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from analytics.transforms.common import bucket, ns_to_ts
+from analytics.transforms.common import bucket, error_kind, ns_to_ts
 
 
 def _exploded(req: DataFrame) -> DataFrame:
@@ -18,6 +18,7 @@ def _exploded(req: DataFrame) -> DataFrame:
         "conn_id", "client_id", "api_name", "ts_ns", "request_bytes", "acks",
         F.coalesce(F.col("e.name"), F.concat(F.lit("code "), F.col("e.code").cast("string"))).alias("error_name"),
         F.col("e.code").alias("error_code"),
+        error_kind(F.col("api_name"), F.col("e.name")).alias("kind"),
         F.coalesce(F.col("e.topic"), F.when(F.col("e.resource").isNull(), F.try_element_at(F.col("topics"), F.lit(1))),
                    F.lit("")).alias("topic"),
         F.coalesce(F.col("e.resource"), F.col("group_id"), F.lit("")).alias("group_or_resource"),
@@ -25,9 +26,13 @@ def _exploded(req: DataFrame) -> DataFrame:
 
 
 def errors_by_name(req: DataFrame) -> DataFrame:
-    """Counts with evidence: first/last time, an example conn_id and request sizes."""
+    """Counts with evidence: first/last time, an example conn_id and request sizes.
+
+    `kind` (error, retriable, protocol_step: `protocol.error_kinds`) keeps every code visible while
+    saying which ones are the protocol working as designed.
+    """
     e = _exploded(req)
-    return e.groupBy("error_name", "error_code", "api_name", "topic", "group_or_resource", "client_id").agg(
+    return e.groupBy("error_name", "error_code", "kind", "api_name", "topic", "group_or_resource", "client_id").agg(
         F.count(F.lit(1)).alias("count"),
         F.countDistinct("conn_id").alias("connections"),
         ns_to_ts(F.min("ts_ns")).alias("first_seen"),

@@ -9,9 +9,12 @@ from analytics.transforms.common import ns_to_ts
 
 
 def overview(rollup: DataFrame, conns: DataFrame) -> DataFrame:
-    """Time span, proxies, brokers, clients, connections, requests, bytes and error rate.
+    """Time span, proxies, brokers, clients, connections, requests, bytes and error rates.
 
-    `rollup` is the request rollup. Computed as two single-row aggregates
+    A request counts once, by its worst error (`protocol.error_kinds`): `error_rate` is the share
+    whose answer carried a real error, `retriable_rate` the share that only carried errors Kafka's
+    clients retry, and `protocol_steps` counts answers like a first JoinGroup's MEMBER_ID_REQUIRED,
+    which are how the protocol works and no error at all. `rollup` is the request rollup. Computed as two single-row aggregates
     cross-joined, so it is one cheap pass over each.
     """
     def status(name: str) -> Column:
@@ -30,6 +33,8 @@ def overview(rollup: DataFrame, conns: DataFrame) -> DataFrame:
         F.coalesce(F.sum("request_bytes"), F.lit(0)).alias("request_bytes"),
         F.coalesce(F.sum("response_bytes"), F.lit(0)).alias("response_bytes"),
         F.coalesce(F.sum("requests_with_errors"), F.lit(0)).alias("requests_with_errors"),
+        F.coalesce(F.sum("requests_retriable"), F.lit(0)).alias("requests_retriable"),
+        F.coalesce(F.sum("protocol_steps"), F.lit(0)).alias("protocol_steps"),
         status("unanswered").alias("unanswered"),
         status("no_response").alias("acks0_produces"),
         F.coalesce(F.sum("faults_injected"), F.lit(0)).alias("faults_injected"),
@@ -52,5 +57,8 @@ def overview(rollup: DataFrame, conns: DataFrame) -> DataFrame:
         "proxies", "brokers", "client_ids", "connections", "request_connections", "connections_ended", "requests",
         "request_bytes", "response_bytes", "requests_with_errors",
         F.round(F.col("requests_with_errors") / F.greatest(F.col("requests"), F.lit(1)), 5).alias("error_rate"),
+        "requests_retriable",
+        F.round(F.col("requests_retriable") / F.greatest(F.col("requests"), F.lit(1)), 5).alias("retriable_rate"),
+        "protocol_steps",
         "unanswered", "acks0_produces", "faults_injected",
     )

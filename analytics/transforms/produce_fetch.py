@@ -28,6 +28,7 @@ def produce_acks(rollup: DataFrame) -> DataFrame:
         F.sum("records").alias("records"),
         F.sum("request_bytes").alias("bytes"),
         F.sum("requests_with_errors").alias("with_errors"),
+        F.sum("requests_retriable").alias("with_retriable_errors"),
     ).orderBy(F.desc("requests"))
 
 

@@ -28,8 +28,9 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from analytics.transforms.common import FETCH_APIS, host, time_bucket_index
+from analytics.transforms.common import FETCH_APIS, host, response_error_kind, time_bucket_index
 from analytics.transforms.tcp import UNSCALED_WINDOW as LARGE_RESPONSE_BYTES  # fills an unscaled window: its rate shows the ceiling
+from protocol.error_kinds import ERROR, PROTOCOL_STEP, RETRIABLE
 
 
 def _zero(name: str) -> Column:
@@ -41,6 +42,7 @@ def request_rollup(req: DataFrame) -> DataFrame:
     throttled = F.col("throttle_ms") > 0
     transfer_s = (F.col("resp_last_ns") - F.col("resp_first_ns")) / 1e9
     big = (F.col("response_bytes") >= LARGE_RESPONSE_BYTES) & (transfer_s > 0)
+    kind = response_error_kind()  # each request counts once, by its worst error (protocol.error_kinds)
     # grouped by the client's address, not its host: a connection has one address, so the rows are
     # the same, and the host's regular expression runs once per row of the result instead of per
     # request (bench/RESULTS.md, seventh session: the rollup step at 10 M requests)
@@ -55,7 +57,9 @@ def request_rollup(req: DataFrame) -> DataFrame:
         F.max("request_bytes").alias("max_request_bytes"),
         F.sum("records").alias("records"),  # null when no request of the group carried a count
         F.sum("record_bytes").alias("record_bytes"),
-        F.sum((F.col("error_count") > 0).cast("long")).alias("requests_with_errors"),
+        F.sum((kind == ERROR).cast("long")).alias("requests_with_errors"),
+        F.sum((kind == RETRIABLE).cast("long")).alias("requests_retriable"),
+        F.sum((kind == PROTOCOL_STEP).cast("long")).alias("protocol_steps"),
         F.sum(F.col("long_poll").cast("long")).alias("long_polls"),
         F.max("max_wait_ms").alias("max_wait_ms"),
         F.sum(throttled.cast("long")).alias("throttled_requests"),

@@ -109,6 +109,47 @@ def test_overview(make_df) -> None:
     assert o["request_connections"] == 1
 
 
+def _err(name: str, code: int) -> list[dict]:
+    return [{"code": code, "name": name, "topic": None, "partition": None, "resource": None}]
+
+
+def test_error_rate_counts_real_errors_only(make_df) -> None:
+    """A first JoinGroup's MEMBER_ID_REQUIRED is no error; a coordinator still loading is retriable; worst kind wins."""
+    r = prepare_requests(make_df("requests", [
+        req("c1", 1, "JoinGroup", t_s=0, errors=_err("MEMBER_ID_REQUIRED", 79), error_count=1, group_id="g"),
+        req("c1", 2, "Heartbeat", t_s=1, errors=_err("REBALANCE_IN_PROGRESS", 27), error_count=1, group_id="g"),
+        req("c1", 3, "FindCoordinator", t_s=2, errors=_err("COORDINATOR_NOT_AVAILABLE", 15), error_count=1),
+        req("c1", 4, "Produce", t_s=3, errors=_err("NOT_LEADER_OR_FOLLOWER", 6) + _err("MESSAGE_TOO_LARGE", 10), error_count=2),
+        req("c1", 5, "Produce", t_s=4), req("c1", 6, "Produce", t_s=5), req("c1", 7, "Produce", t_s=6),
+        req("c1", 8, "Produce", t_s=7),
+    ]))
+    rollup = request_rollup(r)
+    o = overview.overview(rollup, make_df("connections", [conn("c1", 0, 20)])).collect()[0].asDict()
+    assert (o["requests_with_errors"], o["requests_retriable"], o["protocol_steps"]) == (1, 1, 2)
+    assert (o["error_rate"], o["retriable_rate"]) == (0.125, 0.125)
+    kinds = {(x["error_name"], x["api_name"]): x["kind"] for x in errors.errors_by_name(r).collect()}
+    assert kinds == {("MEMBER_ID_REQUIRED", "JoinGroup"): "protocol_step", ("REBALANCE_IN_PROGRESS", "Heartbeat"): "protocol_step",
+                     ("COORDINATOR_NOT_AVAILABLE", "FindCoordinator"): "retriable",
+                     ("NOT_LEADER_OR_FOLLOWER", "Produce"): "retriable", ("MESSAGE_TOO_LARGE", "Produce"): "error"}
+    inv = clients.client_inventory(rollup, topic_rollup(r), make_df("connections", [conn("c1", 0, 20)])).collect()[0]
+    assert (inv["requests_with_errors"], inv["requests_retriable"]) == (1, 1)
+    first = summary(AnalysisResult(Path("out"), [], o, {}, 60, Path("r.html"), Path("f.json"), {})).splitlines()[0]
+    assert "error rate 12.500% (+12.500% retriable)" in first, first
+
+
+def test_spark_error_kind_is_protocols(make_df, spark) -> None:
+    """The Spark expression and protocol.error_kinds.error_kind agree on every known name, for every API a step names."""
+    from analytics.transforms.common import error_kind as spark_kind
+    from protocol.error_kinds import PROTOCOL_STEPS, error_kind
+    from protocol.errors import ERROR_NAMES
+
+    apis = sorted({a for a, _ in PROTOCOL_STEPS} | {"Produce"})
+    pairs = [(a, n) for a in apis for n in sorted(set(ERROR_NAMES.values()))] + [("Produce", None)]
+    df = spark.createDataFrame(pairs, "api string, name string")
+    got = {(x["api"], x["name"]): x["kind"] for x in df.select("api", "name", spark_kind(F.col("api"), F.col("name")).alias("kind")).collect()}
+    assert got == {(a, n): error_kind(a, n) for a, n in pairs}
+
+
 def test_summary_says_when_connections_have_no_row_yet(make_df) -> None:
     """A proxy still running: c2's requests are written, its connection row comes at close or its first snapshot."""
     r = prepare_requests(make_df("requests", [req("c1", 1, t_s=0), req("c2", 1, t_s=1), req("c3", 1, t_s=2)]))

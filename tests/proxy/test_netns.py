@@ -277,8 +277,13 @@ def test_transparent_default_listener_serves_ipv4_and_ipv6_and_remove_needs_no_a
                                   "s.sendall(b'46'); print(s.recv(10).decode())"], check=False)
                 assert out.returncode == 0 and out.stdout.strip() == "46", (dst, out.stderr)
             rows = sink.wait_final(2)
+        installed = _nat_rules(gw)
+        preview = gw.run(KAFKATAP + ["iptables", "--remove", "--dry-run"])
+        assert "-X KAFKATAP" in preview.stdout and "dry run" in preview.stderr
+        assert _nat_rules(gw) == installed  # a preview changes nothing
         removed = gw.run(KAFKATAP + ["iptables", "--remove"])
         assert "KAFKATAP" in removed.stdout
+        assert removed.stdout.splitlines()[1:] == preview.stdout.splitlines()  # it did what the preview said
         assert _nat_rules(gw) == before
     assert {r["original_dst"] for r in rows} == {"10.77.42.2:7000", "[fd77:42::2]:7000"}
     assert all(r["mode"] == "transparent" and r["original_dst"] == r["broker_addr"] for r in rows)
