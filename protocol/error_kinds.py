@@ -1,19 +1,22 @@
 """Which error codes in a response are trouble, which a client retries, and which are the protocol's own steps.
 
 Why: every non-zero code used to count as an error. On a healthy cluster that is misleading from the
-first minute. Every consumer's first JoinGroup is answered MEMBER_ID_REQUIRED (KIP-394: the
-coordinator hands out the member id that way), every rebalance is announced to members as
-REBALANCE_IN_PROGRESS on their Heartbeat, and a client newer than its broker learns the broker's
-ApiVersions range from an UNSUPPORTED_VERSION answer (KIP-511). A new operator's first report showed
-an error rate where nothing was wrong.
+first minute. A dynamic member's first JoinGroup in the classic group protocol is answered
+MEMBER_ID_REQUIRED (KIP-394: the coordinator hands out the member id that way), a rebalance is
+announced to the group's members as REBALANCE_IN_PROGRESS on their Heartbeat, and a client newer
+than its broker learns the broker's ApiVersions range from an UNSUPPORTED_VERSION answer (KIP-511).
+A new operator's first report showed an error rate where nothing was wrong.
 
 Three kinds, so a headline can count what matters and still show the rest:
 
 - ``protocol_step``: the answer is how the protocol works; a correct client on a healthy cluster gets
-  it. Only the (API, error) pairs in `PROTOCOL_STEPS`.
+  it. Only the (API, error) pairs in `PROTOCOL_STEPS`. Many of them still say something (many joins,
+  many rebalances), so the errors table keeps them and the hot-spot finding reports them as info.
 - ``retriable``: Kafka's own clients retry it (the exception is a `RetriableException` in
   kafka-clients: a coordinator still loading, a leader moving, a topic being created). Normal in
-  bursts (start-up, a broker restart), a problem when it lasts: tables keep it apart, not hidden.
+  bursts (start-up, a broker restart), a problem when it lasts (a misspelt topic's
+  UNKNOWN_TOPIC_OR_PARTITION, NOT_ENOUGH_REPLICAS, KAFKA_STORAGE_ERROR are retriable too): the
+  report shows its rate beside the error rate, never hides it.
 - ``error``: everything else.
 
 Pure data and functions: the analytics turn the same sets into Spark expressions, and the proxy's
@@ -32,8 +35,8 @@ PROTOCOL_STEP = "protocol_step"
 KIND_ORDER = (ERROR, RETRIABLE, PROTOCOL_STEP)
 
 PROTOCOL_STEPS: frozenset[tuple[str, str]] = frozenset({
-    ("JoinGroup", "MEMBER_ID_REQUIRED"),        # KIP-394: the first join of every member
-    ("Heartbeat", "REBALANCE_IN_PROGRESS"),     # how the coordinator tells a member to rejoin
+    ("JoinGroup", "MEMBER_ID_REQUIRED"),        # KIP-394: a dynamic member's first join (classic protocol)
+    ("Heartbeat", "REBALANCE_IN_PROGRESS"),     # how the coordinator tells a member to rejoin, at each rebalance
     ("ApiVersions", "UNSUPPORTED_VERSION"),     # KIP-511: a newer client learns the broker's range
 })
 

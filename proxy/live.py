@@ -202,6 +202,8 @@ def render(clients: dict[str, Any], metrics: dict, prev: tuple[float, dict[str, 
     reqs = _total(metrics, "kafkatap_requests_total")
     errs = _total(metrics, "kafkatap_failed_requests_total", kind=ERROR)
     retriable = _total(metrics, "kafkatap_failed_requests_total", kind=RETRIABLE)
+    if not any("kind" in labels for labels, _ in metrics.get("kafkatap_failed_requests_total", [])):
+        errs = _total(metrics, "kafkatap_failed_requests_total")  # a proxy from before error kinds: all it counted
     drops = _total(metrics, "kafkatap_recording_dropped_rows_total")
     queue = _total(metrics, "kafkatap_recording_queue_rows")
     p50, p99 = _latency_p(metrics, 0.5), _latency_p(metrics, 0.99)

@@ -28,7 +28,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from protocol.error_kinds import PROTOCOL_STEP, error_kind, response_kind
+from protocol.error_kinds import ERROR, PROTOCOL_STEP, RETRIABLE, error_kind, response_kind
 
 Row = dict[str, Any]
 
@@ -110,7 +110,7 @@ class _Client:
     """Live facts about one client connection."""
 
     __slots__ = ("conn_id", "client_id", "software", "software_version", "client_addr", "broker_addr", "roles",
-                 "topics", "requests", "errors", "bytes_in", "bytes_out", "first_seen_ns", "last_seen_ns",
+                 "topics", "requests", "errors", "retriable", "bytes_in", "bytes_out", "first_seen_ns", "last_seen_ns",
                  "open", "closed_mono", "end_reason", "opaque", "client_ids", "edit_stopped", "edit_oversize")
 
     def __init__(self, conn_id: str, now_ns: int) -> None:
@@ -124,7 +124,8 @@ class _Client:
         self.roles = 0
         self.topics: set[str] = set()
         self.requests = 0
-        self.errors = 0
+        self.errors = 0  # requests answered with an error (protocol.error_kinds), as top's header counts them
+        self.retriable = 0  # requests whose errors were all retriable
         self.bytes_in = 0  # client → broker (request frames)
         self.bytes_out = 0  # broker → client (response frames)
         self.first_seen_ns = now_ns
@@ -151,6 +152,7 @@ class _Client:
             "topics": sorted(self.topics),
             "requests": self.requests,
             "errors": self.errors,
+            "retriable": self.retriable,
             "bytes_from_client": self.bytes_in,
             "bytes_from_broker": self.bytes_out,
             "first_seen_ns": self.first_seen_ns,
@@ -238,15 +240,13 @@ class LiveStats:
             if blat is not None:
                 _histogram(self.broker_latency, lk).observe(blat)
         errs = row.get("errors")
-        failed = False
+        kind = None
         if errs:
-            # bounded: a response can carry an error per partition
-            names = [(e.get("name") if isinstance(e, dict) else None) or "UNKNOWN" for e in errs[:16]]
-            kind = response_kind(api, names)
-            failed = kind != PROTOCOL_STEP  # a first JoinGroup's MEMBER_ID_REQUIRED is the protocol, not a failure
-            if failed:
+            names = [(e.get("name") if isinstance(e, dict) else None) or "UNKNOWN" for e in errs]
+            kind = response_kind(api, names)  # from every error, as the report does
+            if kind != PROTOCOL_STEP:  # a first JoinGroup's MEMBER_ID_REQUIRED is the protocol, not a failure
                 _bump(self.failed_requests, (api, ver, kind))
-            for name in names:
+            for name in names[:16]:  # bounded: a response can carry an error per partition
                 _bump(self.errors, (api, ver, name))
         bypass = row.get("bypass")
         if bypass:
@@ -260,8 +260,10 @@ class LiveStats:
             c.broker_addr = broker
         c.bytes_in += req_b
         c.bytes_out += resp_b
-        if failed:
+        if kind == ERROR:
             c.errors += 1
+        elif kind == RETRIABLE:
+            c.retriable += 1
         cid = row.get("client_id")
         if cid is not None:
             c.client_id = cid

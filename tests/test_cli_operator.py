@@ -143,6 +143,25 @@ def test_iptables_apply_and_remove_exclude_each_other() -> None:
     assert res.stdout == ""  # nothing ran, nothing was printed as done
 
 
+def test_iptables_remove_dry_run_prints_and_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--remove --dry-run lists what --remove would delete and never runs a command (the netns test does it for real)."""
+    from click.testing import CliRunner
+
+    import proxy.netfilter as netfilter
+    from proxy.cli import iptables
+
+    found = [["iptables", "-w", "-t", "nat", "-D", "OUTPUT", "-j", "KAFKATAP"], ["iptables", "-w", "-t", "nat", "-X", "KAFKATAP"]]
+    ran: list = []
+    monkeypatch.setattr(netfilter, "removal_found", lambda: found)
+    monkeypatch.setattr(netfilter, "apply", ran.append)
+    res = CliRunner().invoke(iptables, ["--remove", "--dry-run"])
+    assert res.exit_code == 0 and ran == []
+    assert res.stdout.splitlines() == netfilter.render(found).splitlines()
+    assert "dry run: nothing was changed; these are the commands --remove would run (as root)" in res.stderr
+    res = CliRunner().invoke(iptables, ["--remove"])
+    assert res.exit_code == 0 and ran == [found]
+
+
 def test_iptables_dry_run_says_so_and_names_resolve_visibly() -> None:
     res = run("iptables", "--broker", "localhost:9092")
     assert res.returncode == 0
@@ -408,8 +427,17 @@ def test_protocol_steps_are_not_failures_and_every_error_has_its_kind() -> None:
     kinds = {(lb["error"], lb["kind"]) for lb, _ in metrics["kafkatap_request_errors_total"]}
     assert kinds == {("MEMBER_ID_REQUIRED", "protocol_step"), ("NOT_LEADER_OR_FOLLOWER", "retriable"),
                      ("TOPIC_AUTHORIZATION_FAILED", "error")}
-    assert next(c for c in stats.clients_json()["clients"] if c["conn_id"] == "c5")["errors"] == 1
+    c5 = next(c for c in stats.clients_json()["clients"] if c["conn_id"] == "c5")
+    assert (c5["errors"], c5["retriable"]) == (1, 0)
     assert "errors 1  retriable 1" in render(stats.clients_json(), metrics, None, 1.0, 400, 50, False).splitlines()[0]
+    # the kind comes from every error, not only the 16 whose names are counted
+    many = [{"name": "NOT_LEADER_OR_FOLLOWER"}] * 20 + [{"name": "TOPIC_AUTHORIZATION_FAILED"}]
+    stats.request({**_conn_row("c6", "audit", "kafka-python", "3.0.12", "10.0.0.1:9092", "10.0.0.9:5003"), "errors": many})
+    failed = {(lb["api"], lb["kind"]): v for lb, v in parse_metrics(stats.render_prometheus())["kafkatap_failed_requests_total"]}
+    assert failed[("Produce", "error")] == 2
+    # a proxy from before the kinds: top shows its label-free count instead of a silent 0
+    old = {"kafkatap_failed_requests_total": [({"api": "Produce", "version": "9"}, 3.0)], "kafkatap_requests_total": []}
+    assert "errors 3  retriable 0" in render({"clients": [], "open_connections": 0}, old, None, 1.0, 400, 50, False).splitlines()[0]
 
 
 def test_top_rates_are_numbers_from_two_polls() -> None:

@@ -15,30 +15,35 @@ MIN_ERRORS = 10
 def error_hotspot(t: Tables) -> list[Finding]:
     """The most frequent error names (those incident rules already explain are left to them).
 
-    Protocol steps (a first JoinGroup's MEMBER_ID_REQUIRED …) are how the protocol works: a large
-    group would otherwise raise a finding at every start. Retriable ones stay, named as such.
+    Protocol steps (a first JoinGroup's MEMBER_ID_REQUIRED, a Heartbeat's REBALANCE_IN_PROGRESS) are
+    how the protocol works, so they are never more than info; many of them still mean many joins or
+    rebalances. Retriable ones are named as such. A name counts per kind: REBALANCE_IN_PROGRESS on
+    a Heartbeat is a step, on an OffsetCommit a lost commit.
     """
-    by_name: dict[str, list[dict]] = defaultdict(list)
+    by_name: dict[tuple[str, str | None], list[dict]] = defaultdict(list)
     for r in t.get("errors_by_name", []):
-        if r.get("error_name") not in TOO_LARGE and r.get("kind") != PROTOCOL_STEP:
-            by_name[r["error_name"]].append(r)
+        if r.get("error_name") not in TOO_LARGE:
+            by_name[(r["error_name"], r.get("kind"))].append(r)
     total_req = ((t.get("overview") or [{}])[0]).get("requests") or 0
     out = []
-    for name, rs in by_name.items():
+    for (name, kind), rs in by_name.items():
         n = sum(r.get("count") or 0 for r in rs)
         if n < MIN_ERRORS:
             continue
         rs.sort(key=lambda r: -(r.get("count") or 0))
         share = n / total_req if total_req else 0
-        sev = "warning" if share >= 0.001 else "info"
+        sev = "warning" if share >= 0.001 and kind != PROTOCOL_STEP else "info"
         apis = sorted({r.get("api_name") for r in rs})
         clients = sorted({r.get("client_id") for r in rs})
-        retriable = " (retriable)" if rs[0].get("kind") == RETRIABLE else ""
+        label = {RETRIABLE: " (retriable)", PROTOCOL_STEP: " (protocol step)"}.get(kind or "", "")
+        why = {RETRIABLE: " Kafka's clients retry it: normal in a burst, a problem when it lasts.",
+               PROTOCOL_STEP: " Not an error but a step of the protocol; this many means many group joins, rebalances "
+                              "or version negotiations."}.get(kind or "", "")
         out.append(Finding(
             id="error_hotspot", severity=sev,
-            title=f"{n:,} × {name}{retriable} on {', '.join(apis)} ({len(clients)} client(s))",
-            summary=f"{name} appeared {n:,} times ({share:.3%} of requests), most on {rs[0].get('topic') or rs[0].get('group_or_resource') or '?'} from {rs[0].get('client_id')}.",
-            evidence={"error": name, "count": n, "share_of_requests": share, "apis": apis, "clients": clients[:20]},
+            title=f"{n:,} × {name}{label} on {', '.join(apis)} ({len(clients)} client(s))",
+            summary=f"{name} appeared {n:,} times ({share:.3%} of requests), most on {rs[0].get('topic') or rs[0].get('group_or_resource') or '?'} from {rs[0].get('client_id')}.{why}",
+            evidence={"error": name, "kind": kind, "count": n, "share_of_requests": share, "apis": apis, "clients": clients[:20]},
             examples=[{"conn_id": r.get("example_conn_id"), "first_seen": ts(r.get("first_seen")), "topic": r.get("topic"),
                        "client_id": r.get("client_id"), "count": r.get("count")} for r in rs[:5]],
             tables=["errors_by_name", "errors_over_time"], score=score(sev, n),

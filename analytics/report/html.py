@@ -12,6 +12,7 @@ from typing import Any
 from analytics.findings import INCIDENTS_DOC, Finding, incident_ref
 from analytics.report.svg import all_zero, bar_chart, fmt_num, line_chart, time_bars
 from analytics.result import AnalysisResult
+from protocol.error_kinds import PROTOCOL_STEP
 
 Rows = list[dict[str, Any]]
 SHOW_ROWS = 25
@@ -246,12 +247,14 @@ def _c_conns_over_time(rows: Rows, bucket_s: int) -> str:
 
 
 def _c_errors_over_time(rows: Rows, bucket_s: int) -> str:
+    """Errors and retriable errors per bucket, the six most frequent names; protocol steps are not errors."""
+    rows = [r for r in rows if r.get("kind") != PROTOCOL_STEP]
     xs = sorted({r["bucket"] for r in rows})
     tot: dict[str, int] = defaultdict(int)
-    m: dict[tuple, int] = {}
+    m: dict[tuple, int] = defaultdict(int)
     for r in rows:
         tot[r["error_name"]] += r["count"]
-        m[(r["error_name"], r["bucket"])] = r["count"]
+        m[(r["error_name"], r["bucket"])] += r["count"]
     names = sorted(tot, key=lambda n: -tot[n])[:6]
     series = {n: [m.get((n, x), 0) for x in xs] for n in names}
     if not xs or all_zero(series):

@@ -62,12 +62,15 @@ def error_kind(api: Column, name: Column) -> Column:
 def response_error_kind() -> Column:
     """The worst kind among a request's `errors` (error > retriable > protocol_step), null without any.
 
-    Evaluated only for the rare requests with errors (CASE stops at the first branch that holds).
+    Evaluated only for the rare requests with errors (CASE stops at the first branch that holds). A
+    request whose `error_count` says errors but whose list names none (a recording not made by this
+    proxy) counts as an error: only a named protocol step is excused.
     """
     def has(kind: str) -> Column:
         return F.exists("errors", lambda e: error_kind(F.col("api_name"), e["name"]) == kind)
     return (F.when(F.coalesce(F.col("error_count"), F.lit(0)) == 0, F.lit(None).cast("string"))
-            .when(has(ERROR), F.lit(ERROR)).when(has(RETRIABLE), F.lit(RETRIABLE)).otherwise(F.lit(PROTOCOL_STEP)))
+            .when(has(ERROR), F.lit(ERROR)).when(has(RETRIABLE), F.lit(RETRIABLE))
+            .when(has(PROTOCOL_STEP), F.lit(PROTOCOL_STEP)).otherwise(F.lit(ERROR)))
 
 
 def union_all(frames: Sequence[DataFrame]) -> DataFrame:

@@ -45,8 +45,9 @@ def errors_by_name(req: DataFrame) -> DataFrame:
 
 
 def errors_over_time(req: DataFrame, bucket_s: int) -> DataFrame:
+    """Occurrences per time bucket, error name and kind (the chart leaves protocol steps out)."""
     e = _exploded(req).withColumn("bucket", bucket("ts_ns", bucket_s))
-    return e.groupBy("bucket", "error_name").agg(F.count(F.lit(1)).alias("count")).orderBy("bucket", "error_name")
+    return e.groupBy("bucket", "error_name", "kind").agg(F.count(F.lit(1)).alias("count")).orderBy("bucket", "error_name", "kind")
 
 
 def throttling(rollup: DataFrame) -> DataFrame:

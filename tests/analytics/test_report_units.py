@@ -46,6 +46,10 @@ def test_errors_over_time_are_bars_per_bucket() -> None:
     svg = _c_errors_over_time(rows, 1)
     assert svg.count("<rect") >= 3 and "<path" not in svg  # bars, not a line drawn between counts
     assert "errors per 1 s" in svg
+    steps = [{"bucket": T0, "error_name": "MEMBER_ID_REQUIRED", "kind": "protocol_step", "count": 40}]
+    assert "<svg" not in _c_errors_over_time(steps, 1)  # protocol steps are not errors: nothing to chart
+    mixed = _c_errors_over_time(steps + [{**rows[0], "kind": "retriable"}], 1)
+    assert "<svg" in mixed and "MEMBER_ID_REQUIRED" not in mixed and "NOT_LEADER_OR_FOLLOWER" in mixed
 
 
 def test_charts_of_zeros_are_left_out_with_a_note() -> None:

@@ -122,19 +122,26 @@ def test_error_rate_counts_real_errors_only(make_df) -> None:
         req("c1", 4, "Produce", t_s=3, errors=_err("NOT_LEADER_OR_FOLLOWER", 6) + _err("MESSAGE_TOO_LARGE", 10), error_count=2),
         req("c1", 5, "Produce", t_s=4), req("c1", 6, "Produce", t_s=5), req("c1", 7, "Produce", t_s=6),
         req("c1", 8, "Produce", t_s=7),
+        req("c1", 9, "Produce", t_s=8, errors=[], error_count=1),  # a count without names: not excused
+        req("c1", 10, "Heartbeat", t_s=9, errors=_err("REBALANCE_IN_PROGRESS", 27) + _err("COORDINATOR_NOT_AVAILABLE", 15),
+            error_count=2, group_id="g"),  # a step and a retriable one: retriable
+        req("c1", 11, "Produce", t_s=10, errors=_err("NOT_LEADER_OR_FOLLOWER", 6), error_count=1),
     ]))
     rollup = request_rollup(r)
     o = overview.overview(rollup, make_df("connections", [conn("c1", 0, 20)])).collect()[0].asDict()
-    assert (o["requests_with_errors"], o["requests_retriable"], o["protocol_steps"]) == (1, 1, 2)
-    assert (o["error_rate"], o["retriable_rate"]) == (0.125, 0.125)
+    assert (o["requests_with_errors"], o["requests_retriable"], o["protocol_steps"]) == (2, 3, 2)
+    assert (o["error_rate"], o["retriable_rate"]) == (0.18182, 0.27273)
     kinds = {(x["error_name"], x["api_name"]): x["kind"] for x in errors.errors_by_name(r).collect()}
     assert kinds == {("MEMBER_ID_REQUIRED", "JoinGroup"): "protocol_step", ("REBALANCE_IN_PROGRESS", "Heartbeat"): "protocol_step",
-                     ("COORDINATOR_NOT_AVAILABLE", "FindCoordinator"): "retriable",
+                     ("COORDINATOR_NOT_AVAILABLE", "FindCoordinator"): "retriable", ("COORDINATOR_NOT_AVAILABLE", "Heartbeat"): "retriable",
                      ("NOT_LEADER_OR_FOLLOWER", "Produce"): "retriable", ("MESSAGE_TOO_LARGE", "Produce"): "error"}
+    assert {x["kind"] for x in errors.errors_over_time(r, 60).collect()} == {"protocol_step", "retriable", "error"}
     inv = clients.client_inventory(rollup, topic_rollup(r), make_df("connections", [conn("c1", 0, 20)])).collect()[0]
-    assert (inv["requests_with_errors"], inv["requests_retriable"]) == (1, 1)
+    assert (inv["requests_with_errors"], inv["requests_retriable"]) == (2, 3)
+    acks = produce_fetch.produce_acks(rollup).collect()[0]
+    assert (acks["with_errors"], acks["with_retriable_errors"]) == (2, 1)
     first = summary(AnalysisResult(Path("out"), [], o, {}, 60, Path("r.html"), Path("f.json"), {})).splitlines()[0]
-    assert "error rate 12.500% (+12.500% retriable)" in first, first
+    assert "error rate 18.182% (+27.273% retriable)" in first, first
 
 
 def test_spark_error_kind_is_protocols(make_df, spark) -> None:
