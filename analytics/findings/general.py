@@ -9,6 +9,9 @@ from analytics.findings.oversize_produce import TOO_LARGE
 from protocol.error_kinds import PROTOCOL_STEP, RETRIABLE
 
 MIN_ERRORS = 10
+# a protocol step seen this many times per connection on average is no longer one join or one rebalance
+# per member: members that keep rejoining (a rebalance storm) get a warning, a group's start does not
+STEPS_PER_CONNECTION = 3
 
 
 @rule("error_hotspot")
@@ -16,9 +19,10 @@ def error_hotspot(t: Tables) -> list[Finding]:
     """The most frequent error names (those incident rules already explain are left to them).
 
     Protocol steps (a first JoinGroup's MEMBER_ID_REQUIRED, a Heartbeat's REBALANCE_IN_PROGRESS) are
-    how the protocol works, so they are never more than info; many of them still mean many joins or
-    rebalances. Retriable ones are named as such. A name counts per kind: REBALANCE_IN_PROGRESS on
-    a Heartbeat is a step, on an OffsetCommit a lost commit.
+    how the protocol works: a group's start gives each member's connection one, which is info at most.
+    Only when the connections saw STEPS_PER_CONNECTION or more each on average (members rejoining
+    again and again: a rebalance storm) is it a warning. Retriable ones are named as such. A name
+    counts per kind: REBALANCE_IN_PROGRESS on a Heartbeat is a step, on an OffsetCommit a lost commit.
     """
     by_name: dict[tuple[str, str | None], list[dict]] = defaultdict(list)
     for r in t.get("errors_by_name", []):
@@ -32,13 +36,16 @@ def error_hotspot(t: Tables) -> list[Finding]:
             continue
         rs.sort(key=lambda r: -(r.get("count") or 0))
         share = n / total_req if total_req else 0
-        sev = "warning" if share >= 0.001 and kind != PROTOCOL_STEP else "info"
+        per_conn = n / max(1, sum(r.get("connections") or 0 for r in rs))
+        repeated = kind != PROTOCOL_STEP or per_conn >= STEPS_PER_CONNECTION
+        sev = "warning" if share >= 0.001 and repeated else "info"
         apis = sorted({r.get("api_name") for r in rs})
         clients = sorted({r.get("client_id") for r in rs})
         label = {RETRIABLE: " (retriable)", PROTOCOL_STEP: " (protocol step)"}.get(kind or "", "")
         why = {RETRIABLE: " Kafka's clients retry it: normal in a burst, a problem when it lasts.",
-               PROTOCOL_STEP: " Not an error but a step of the protocol; this many means many group joins, rebalances "
-                              "or version negotiations."}.get(kind or "", "")
+               PROTOCOL_STEP: f" Not an error but a step of the protocol, {per_conn:.1f} per connection: "
+                              + ("members rejoined again and again (a rebalance storm?)." if repeated
+                                 else "about one join or rebalance per member.")}.get(kind or "", "")
         out.append(Finding(
             id="error_hotspot", severity=sev,
             title=f"{n:,} × {name}{label} on {', '.join(apis)} ({len(clients)} client(s))",

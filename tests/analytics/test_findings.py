@@ -127,14 +127,18 @@ def test_error_hotspot_and_throttling() -> None:
     pos = error_hotspot(t)
     assert [f.evidence["error"] for f in pos] == ["NOT_LEADER_OR_FOLLOWER"]  # too-large is incident 1's rule
     assert error_hotspot({"overview": [{"requests": 1000}], "errors_by_name": [err("NOT_LEADER_OR_FOLLOWER", n=2)]}) == []
-    # a protocol step is never more than info, however many; a retriable error says so; one name, two kinds: two findings
-    steps = [err("REBALANCE_IN_PROGRESS", "Heartbeat", n=400, kind="protocol_step"),
-             err("REBALANCE_IN_PROGRESS", "OffsetCommit", n=30, kind="error"),
-             err("COORDINATOR_LOAD_IN_PROGRESS", "JoinGroup", n=40, kind="retriable")]
-    found = {f.title: f.severity for f in error_hotspot({"overview": [{"requests": 1000}], "errors_by_name": steps})}
-    assert found == {"400 × REBALANCE_IN_PROGRESS (protocol step) on Heartbeat (1 client(s))": "info",
+    # a protocol step once per connection (a group's start) is info; a retriable error says so; one name, two kinds: two findings
+    steps = [err("MEMBER_ID_REQUIRED", "JoinGroup", n=400, kind="protocol_step", connections=400),
+             err("REBALANCE_IN_PROGRESS", "OffsetCommit", n=30, kind="error", connections=30),
+             err("COORDINATOR_LOAD_IN_PROGRESS", "JoinGroup", n=40, kind="retriable", connections=40)]
+    found = {f.title: f.severity for f in error_hotspot({"overview": [{"requests": 10_000}], "errors_by_name": steps})}
+    assert found == {"400 × MEMBER_ID_REQUIRED (protocol step) on JoinGroup (1 client(s))": "info",
                      "30 × REBALANCE_IN_PROGRESS on OffsetCommit (1 client(s))": "warning",
                      "40 × COORDINATOR_LOAD_IN_PROGRESS (retriable) on JoinGroup (1 client(s))": "warning"}
+    # the same members told to rejoin again and again: a storm, a warning
+    storm = [err("REBALANCE_IN_PROGRESS", "Heartbeat", n=60, kind="protocol_step", connections=6)]
+    f = error_hotspot({"overview": [{"requests": 10_000}], "errors_by_name": storm})[0]
+    assert f.severity == "warning" and "10.0 per connection" in f.summary and "rebalance storm" in f.summary
     th = throttled_clients({"throttling": [{"client_id": "x", "api_name": "Produce", "total_throttle_ms": 20_000}]})
     assert th and th[0].severity == "warning"
     assert throttled_clients({"throttling": []}) == []
