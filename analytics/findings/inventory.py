@@ -31,6 +31,6 @@ def client_inventory(t: Tables) -> list[Finding]:
                  f"{len({tp for r in producers for tp in (r.get('topics_produced') or [])})} topic(s)."),
         evidence={"clients": len(rows), "roles": dict(roles), "producers": len(producers)},
         examples=[{k: r.get(k) for k in ("client_id", "client_host", "role", "software_name", "requests", "requests_per_s",
-                                         "records_per_s", "bytes_per_s", "connections", "topics_produced", "topics_consumed")} for r in top],
+                                         "records_produced_per_s", "bytes_per_s", "connections", "topics_produced", "topics_consumed")} for r in top],
         tables=["client_inventory", "topic_view"], score=score("info", len(rows)),
     )]

@@ -49,7 +49,8 @@ code{background:#f3f4f6;padding:0 4px;border-radius:4px}
 HEADERS: dict[str, str] = {
     "conn_id": "connection", "example_conn_id": "example connection", "client_id": "client id", "client_host": "client host",
     "broker_addr": "broker", "client_addr": "client address", "api_name": "API", "api_label": "API", "api_version": "version",
-    "correlation_id": "correlation id", "requests_per_s": "requests/s", "records_per_s": "records/s", "bytes_per_s": "bytes/s",
+    "correlation_id": "correlation id", "requests_per_s": "requests/s", "records_per_s": "records/s",
+    "records_produced_per_s": "records produced/s", "bytes_per_s": "bytes/s",
     "error_name": "error", "error_code": "code", "group_or_resource": "group / resource", "p50_us": "p50 (ms)",
     "p90_us": "p90 (ms)", "p99_us": "p99 (ms)", "p999_us": "p99.9 (ms)", "max_us": "max (ms)", "mean_us": "mean (ms)",
     "latency_us": "latency (ms)", "broker_latency_us": "broker latency (ms)", "bytes_sent": "bytes client → broker",
@@ -417,7 +418,7 @@ SUMMARIES: dict[str, Callable[[Rows, int], Rows]] = {"throughput_over_time": thr
 # the columns that matter on screen for tables wider than MAX_COLUMNS (the file has them all)
 COLUMNS_SHOWN: dict[str, tuple[str, ...]] = {
     "client_inventory": ("client_id", "client_host", "role", "software_name", "software_version", "requests", "requests_per_s",
-                         "records_per_s", "bytes_per_s", "connections", "topics_produced", "topics_consumed"),
+                         "records_produced_per_s", "bytes_per_s", "connections", "topics_produced", "topics_consumed"),
     "errors_by_name": ("error_name", "kind", "api_name", "topic", "group_or_resource", "client_id", "count", "connections",
                        "first_seen", "example_conn_id"),
     "slowest_requests": ("at", "conn_id", "correlation_id", "api_name", "api_version", "client_id", "broker_addr", "topics",

@@ -80,7 +80,7 @@ def client_inventory(rollup: DataFrame, topics: DataFrame, conns: DataFrame) -> 
         "software_name", "software_version", "requests", "connections",
         F.round(F.col("requests") / span_s, 2).alias("requests_per_s"),
         "records_produced",
-        F.round(F.col("records_produced") / span_s, 2).alias("records_per_s"),
+        F.round(F.col("records_produced") / span_s, 2).alias("records_produced_per_s"),
         F.round((F.col("bytes_sent") + F.col("bytes_received")) / span_s, 1).alias("bytes_per_s"),
         "bytes_produced", "bytes_fetched", "bytes_sent", "bytes_received", "requests_with_errors", "requests_retriable",
         "topics_produced", "topics_consumed", "groups", "brokers",

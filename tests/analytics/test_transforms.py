@@ -80,6 +80,7 @@ def test_client_inventory_roles_and_order(make_df) -> None:
     roles = {x["client_id"]: x["role"] for x in inv}
     assert roles == {"prod": "producer", "cons": "consumer, group member", "adm": "admin"}
     assert inv[0]["software_name"] == "librdkafka" and inv[0]["topics_produced"] == ["orders"] and inv[0]["records_produced"] == 100
+    assert inv[0]["records_produced_per_s"] == 9.09  # 100 records produced over 11 s (ApiVersions at 0 s, the last Produce at 11 s)
     tv = by(clients.topic_view(topic_rollup(r)).collect(), "topic")["orders"]
     assert tv["producers"] == ["prod"] and tv["consumers"] == ["cons"]
 
