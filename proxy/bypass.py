@@ -9,7 +9,8 @@ column: Metadata, DescribeCluster, FindCoordinator) is checked against the
 proxy's own listeners, the ones that are not the proxy's go to the row's
 `bypass` column (so the recording and `kafkatap analyze` see it), `/metrics`
 and `top` count them (proxy.metrics), and the first time an address is seen one
-log line names it and says what to do.
+log line names it and says what to do: one line for the whole proxy, however
+many workers see the address (`first_in_proxy`).
 
 Cluster mode rewrites every broker address, so there a bypass means that a
 broker got no listener (its port was taken, or out of range): its address
@@ -23,6 +24,8 @@ given the benefit of the doubt, so the warning never cries wolf.
 
 from __future__ import annotations
 
+import hashlib
+import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -32,6 +35,29 @@ log = structlog.get_logger("kafkatap.proxy")
 
 Row = dict[str, Any]
 MAX_WARNED = 64  # distinct addresses logged; past it only counted (a cluster of hundreds of brokers logs once more)
+# set by proxy.workers in each worker's environment: a directory private to one proxy (its parent), where the
+# first worker to warn about an address leaves a mark, so N workers log one line, not N
+ONCE_DIR_ENV = "KAFKATAP_WORKERS_ONCE_DIR"
+
+
+def first_in_proxy(key: str) -> bool:
+    """True for the first worker of this proxy to ask about `key` (always True outside `--workers` N > 1).
+
+    An O_EXCL create in the parent's directory is atomic across processes. A worker restarted
+    later finds the mark and stays quiet, as one process would. Any other error answers True:
+    a duplicate warning line is better than a missing one.
+    """
+    root = os.environ.get(ONCE_DIR_ENV)
+    if not root:
+        return True
+    try:
+        fd = os.open(os.path.join(root, hashlib.sha1(key.encode()).hexdigest()), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        return False
+    except OSError:
+        return True
+    os.close(fd)
+    return True
 
 
 def _split(addr: str) -> tuple[str, int] | None:
@@ -105,8 +131,10 @@ class BypassSink:
                 new = [a for a in around if a not in self.warned]
                 if new and len(self.warned) < MAX_WARNED:
                     self.warned.update(new)
-                    log.warning(self._advice, addresses=new, api=row.get("api_name"), client=row.get("client_addr"),
-                        proxy_listeners=self._listeners())
+                    new = [a for a in new if first_in_proxy("bypass " + a)]  # one line per address for all workers
+                    if new:
+                        log.warning(self._advice, addresses=new, api=row.get("api_name"), client=row.get("client_addr"),
+                                    proxy_listeners=self._listeners())
         self.inner.request(row)
 
     def __getattr__(self, name: str) -> Any:  # connection, tcp, frame, topic, close …: unchanged

@@ -41,8 +41,10 @@ import asyncio
 import ctypes
 import json
 import os
+import shutil
 import signal
 import socket
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -50,6 +52,7 @@ from typing import Any
 
 import structlog
 
+from proxy.bypass import ONCE_DIR_ENV
 from proxy.context import format_addr
 from proxy.listener import bind_named
 from proxy.metrics import merge_clients, merge_prometheus
@@ -161,6 +164,7 @@ class WorkerPool:
         self.stopping = False
         self._stop = asyncio.Event()
         self._deaths: list[float] = []
+        self._once_dir: str | None = None  # proxy.bypass.first_in_proxy: one warning line for all workers
 
     async def run(self) -> int:
         """Run until SIGTERM/SIGINT or until workers keep dying. 0: clean stop; 1: gave up; 2: could not start."""
@@ -178,6 +182,7 @@ class WorkerPool:
                     log.error("cannot serve the status endpoint", addr=self.status_addr, error=str(exc))
                     status = None
                     return 2
+            self._once_dir = tempfile.mkdtemp(prefix="kafkatap-workers-once-")
             starts = await asyncio.gather(*(self._spawn(w) for w in self.workers))
             if not all(starts):
                 await self._stop_all()
@@ -190,6 +195,8 @@ class WorkerPool:
                 loop.remove_signal_handler(sig)
             if status is not None:
                 await status.stop()
+            if self._once_dir:
+                shutil.rmtree(self._once_dir, ignore_errors=True)
         return code
 
     async def _spawn(self, w: Worker) -> bool:
@@ -198,8 +205,9 @@ class WorkerPool:
         w.ready, w.status = False, None
         w.started.append(time.monotonic())
         try:
+            env = {**os.environ, ONCE_DIR_ENV: self._once_dir} if self._once_dir else None
             w.process = await asyncio.create_subprocess_exec(*self.argv(w, wfd), pass_fds=(wfd,),
-                                                             stdin=asyncio.subprocess.DEVNULL)
+                                                             stdin=asyncio.subprocess.DEVNULL, env=env)
         finally:
             os.close(wfd)
         try:

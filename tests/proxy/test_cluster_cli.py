@@ -14,6 +14,7 @@ import json
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pyarrow.dataset as ds
@@ -76,6 +77,34 @@ def test_explicit_mode_warns_loudly_when_clients_bypass_the_proxy(kafka_broker, 
     first = items[0]
     assert first["id"] == "clients_bypass_proxy" and broker in first["title"], [f["id"] for f in items]
     assert "clients_bypass_proxy" in (out / "report.html").read_text()
+
+
+def test_two_workers_log_one_warning_per_address(kafka_broker, tmp_path) -> None:
+    """Both workers relay the broker's own address (the kernel spreads kcat's connections over them); one line says so."""
+    from proxy.live import parse_metrics
+
+    listen, status = free_port(), free_port()
+    broker = f"127.0.0.1:{kafka_broker.port}"
+    p = CliProxy(["--listen", f"127.0.0.1:{listen}", "--upstream", broker], status, tmp_path, workers=2)
+    try:
+        workers: set = set()
+        runs = 0
+        while len(workers) < 2 and runs < 40:  # SO_REUSEPORT hashes each connection to a worker
+            kcat_brokers(f"127.0.0.1:{listen}")
+            runs += 1
+            clients = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{status}/clients", timeout=5).read())
+            workers = {c.get("worker") for c in clients["clients"]}
+        assert len(workers) == 2, f"one worker served all {runs} connections"
+        deadline = time.monotonic() + 30
+        seen = 0.0
+        while seen < runs and time.monotonic() < deadline:  # every kcat's Metadata answer counted, by its worker
+            seen = sum(v for _, v in parse_metrics(p.metrics()).get("kafkatap_bypass_advertised_total", []))
+            time.sleep(0.05)  # a subprocess's counters: no event to await
+        assert seen >= runs
+    finally:
+        lines = p.stop()
+    warned = [e for e in lines if "around the proxy" in str(e.get("event"))]
+    assert len(warned) == 1 and warned[0]["addresses"] == [broker], warned
 
 
 @pytest.mark.parametrize("workers", [1, 2])

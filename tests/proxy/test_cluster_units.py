@@ -119,6 +119,18 @@ def test_bypass_check_flags_broker_addresses_not_the_proxy() -> None:
     assert sink.responses == 1 and sink.warned == {"127.0.0.1:29092"}
 
 
+def test_first_in_proxy_is_once_per_key_across_processes(tmp_path, monkeypatch) -> None:
+    """The mark is a file in the parent's directory: a second worker (or a restarted one) asking again gets False."""
+    from proxy.bypass import ONCE_DIR_ENV, first_in_proxy
+
+    monkeypatch.delenv(ONCE_DIR_ENV, raising=False)
+    assert first_in_proxy("bypass a:1") and first_in_proxy("bypass a:1")  # one process: its own set decides
+    monkeypatch.setenv(ONCE_DIR_ENV, str(tmp_path))
+    assert first_in_proxy("bypass a:1") and not first_in_proxy("bypass a:1") and first_in_proxy("bypass b:2")
+    monkeypatch.setenv(ONCE_DIR_ENV, str(tmp_path / "gone"))
+    assert first_in_proxy("bypass a:1")  # the directory went away: warn twice rather than never
+
+
 def test_bypass_is_counted_in_metrics_and_shown_in_top() -> None:
     stats = LiveStats("p1")
     stats.request({"conn_id": "c", "api_name": "Metadata", "api_version": 12, "bypass": ["127.0.0.1:29092"]})
