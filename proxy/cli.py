@@ -35,6 +35,7 @@ from proxy.listener import raise_nofile_limit
 from proxy.server import DEFAULT_MARK, MarkUnavailable, ProxyServer, Route, parse_hostport, probe_mark
 from proxy.sinks import build_sinks, default_proxy_id
 from proxy.status import parse_addr as parse_status_addr
+from proxy.upstream_probe import probe_in_background
 from proxy.workers import (WorkerPool, Worker, default_workers, die_with_parent, report_ready, reserve_ports,
                            route_arg)
 from recording.writer import CAPTURE_CHOICES
@@ -254,6 +255,8 @@ def proxy(ctx: click.Context, listens: tuple[str, ...], upstreams: tuple[str, ..
         if problem:
             log.error("cannot serve the status endpoint", addr=rec["status_addr"], error=problem)
             sys.exit(2)
+    if ready_fd is None and cluster.cluster is None and not transparent:  # the user's command, explicit mode: once
+        probe_in_background(routes, connect_timeout)
     if ready_fd is None and workers > 1:
         sys.exit(_run_workers(ctx, workers, routes, mark, shutdown_timeout, rec))
     if parent is not None:

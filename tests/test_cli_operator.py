@@ -14,6 +14,7 @@ import shlex
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -101,6 +102,48 @@ def test_a_taken_listen_port_names_the_address(tmp_path: Path) -> None:
     assert res.returncode == 2
     said = [json.loads(ln) for ln in res.stderr.splitlines() if ln.startswith("{") and "cannot listen" in ln]
     assert said and f"127.0.0.1:{port}" in said[0]["error"], res.stderr
+
+
+def test_probe_names_an_upstream_that_refuses_and_is_quiet_otherwise() -> None:
+    from structlog.testing import capture_logs
+
+    from proxy.server import Route
+    from proxy.upstream_probe import probe_upstreams
+
+    with socket.socket() as closed, socket.socket() as open_:
+        closed.bind(("127.0.0.1", 0))  # bound, not listening: connections are refused
+        open_.bind(("127.0.0.1", 0))
+        open_.listen(1)
+        bad, good = closed.getsockname()[1], open_.getsockname()[1]
+        routes = [Route(("127.0.0.1", 39901), ("127.0.0.1", bad)), Route(("127.0.0.1", 39902), ("127.0.0.1", good)),
+                  Route(("127.0.0.1", 39903), ("127.0.0.1", bad))]
+        with capture_logs() as logs:
+            probe_upstreams(routes, 2.0)
+    assert [(e["upstream"], e["listeners"], e["error"]) for e in logs] == [
+        (f"127.0.0.1:{bad}", ["127.0.0.1:39901", "127.0.0.1:39903"], "Connection refused")]  # one line per upstream
+
+
+def test_explicit_mode_says_at_start_when_its_upstream_refuses() -> None:
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        bad = closed.getsockname()[1]
+        proc = subprocess.Popen([*KAFKATAP, "--log-format", "json", "proxy", "--workers", "2", "--listen", "127.0.0.1:0",
+                                 "--upstream", f"127.0.0.1:{bad}"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        guard = threading.Timer(30, proc.terminate)  # a missing line ends the read (EOF) instead of hanging
+        guard.start()
+        try:
+            seen: list[dict] = []
+            for line in proc.stderr:  # type: ignore[union-attr]  # each line is an event: read until both came
+                seen.append(json.loads(line))
+                events = [str(e.get("event")) for e in seen]
+                if "workers running" in events and any(e.startswith("upstream does not accept") for e in events):
+                    break
+        finally:
+            guard.cancel()
+            proc.terminate()
+            proc.wait(30)
+    warned = [e for e in seen if str(e.get("event")).startswith("upstream does not accept")]
+    assert len(warned) == 1 and warned[0]["upstream"] == f"127.0.0.1:{bad}" and "--upstream" in warned[0]["event"]
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])  # one process, and the parent that serves its workers' status merged
