@@ -496,9 +496,12 @@ def iptables(mode: str, brokers: tuple[str, ...], ports: tuple[int, ...], proxy_
     if do_remove:
         try:
             cmds = removal_found()
-            if dry_run:
+            if dry_run:  # stdout holds only commands, so it can be read or run as it is
+                if not cmds:
+                    click.echo("dry run: nothing of kafkatap's installed, so --remove would run no command", err=True)
+                    return
                 click.echo("dry run: nothing was changed; these are the commands --remove would run (as root)", err=True)
-                click.echo(render(cmds) if cmds else "nothing of kafkatap's installed")
+                click.echo(render(cmds))
                 return
             apply(cmds)
         except (RuntimeError, FileNotFoundError) as exc:

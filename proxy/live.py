@@ -126,10 +126,11 @@ def _latency_p(metrics: dict, q: float) -> float | None:
 
 
 # (header, the most characters a cell gets before it is cut with "…"; 0: the last column, cut at the screen edge)
+# ERR / RETRY: requests answered with an error / with only retriable ones (protocol.error_kinds), as the header counts them
 CONN_COLUMNS = [("CLIENT_ID", 24), ("ROLE", 28), ("SOFTWARE", 48), ("CLIENT", 28), ("BROKER", 28), ("REQS", 10),
-                ("REQ/S", 8), ("IN", 8), ("OUT", 8), ("SEEN", 6), ("TOPICS", 0)]
+                ("REQ/S", 8), ("ERR", 7), ("RETRY", 7), ("IN", 8), ("OUT", 8), ("SEEN", 6), ("TOPICS", 0)]
 CLIENT_COLUMNS = [("CLIENT_ID", 24), ("ROLE", 28), ("SOFTWARE", 48), ("HOST", 28), ("CONNS", 7), ("BROKERS", 8),
-                  ("REQS", 10), ("REQ/S", 8), ("IN", 8), ("OUT", 8), ("SEEN", 6), ("TOPICS", 0)]
+                  ("REQS", 10), ("REQ/S", 8), ("ERR", 7), ("RETRY", 7), ("IN", 8), ("OUT", 8), ("SEEN", 6), ("TOPICS", 0)]
 
 
 def _host(addr: str | None) -> str:
@@ -156,7 +157,8 @@ def by_client(conns: list[dict[str, Any]], rates: dict[str, float]) -> list[dict
         g = groups.get(key)
         if g is None:
             g = groups[key] = {"client_id": key[0], "software_label": key[1], "host": key[2], "roles": [],
-                               "brokers": set(), "conns": 0, "open_conns": 0, "requests": 0, "rate": None,
+                               "brokers": set(), "conns": 0, "open_conns": 0, "requests": 0, "errors": 0, "retriable": 0,
+                               "rate": None,
                                "bytes_from_client": 0, "bytes_from_broker": 0, "last_seen_s_ago": float("inf"),
                                "topics": set(), "open": False, "end_reason": None}
         g["conns"] += 1
@@ -166,6 +168,8 @@ def by_client(conns: list[dict[str, Any]], rates: dict[str, float]) -> list[dict
         if c.get("broker_addr"):
             g["brokers"].add(c["broker_addr"])
         g["requests"] += c["requests"]
+        g["errors"] += c.get("errors") or 0
+        g["retriable"] += c.get("retriable") or 0  # absent from a proxy older than the error kinds
         if c["conn_id"] in rates:
             g["rate"] = (g["rate"] or 0.0) + rates[c["conn_id"]]
         g["bytes_from_client"] += c["bytes_from_client"]
@@ -236,7 +240,7 @@ def render(clients: dict[str, Any], metrics: dict, prev: tuple[float, dict[str, 
         rows = [(c["open"], c.get("end_reason"), [
             c.get("client_id") or "-", c["role"], _software(c), c.get("client_addr") or "-", c.get("broker_addr") or "-",
             f"{c['requests']:,}", _fmt_rate(per_conn_rate[c["conn_id"]]) if c["conn_id"] in per_conn_rate else "-",
-            _human_bytes(c["bytes_from_client"]), _human_bytes(c["bytes_from_broker"]),
+            f"{c.get('errors') or 0:,}", f"{c.get('retriable') or 0:,}", _human_bytes(c["bytes_from_client"]), _human_bytes(c["bytes_from_broker"]),
             f"{c['last_seen_s_ago']:.0f}s", ",".join(c["topics"]) or "-"]) for c in conns]
     else:
         columns = CLIENT_COLUMNS
@@ -248,7 +252,7 @@ def render(clients: dict[str, Any], metrics: dict, prev: tuple[float, dict[str, 
             g["client_id"], "+".join(g["roles"]) or "other", g["software_label"], g["host"],
             f"{g['open_conns']}/{g['conns']}" if g["open_conns"] != g["conns"] else str(g["conns"]),
             str(len(g["brokers"])), f"{g['requests']:,}", "-" if g["rate"] is None else _fmt_rate(g["rate"]),
-            _human_bytes(g["bytes_from_client"]), _human_bytes(g["bytes_from_broker"]),
+            f"{g['errors']:,}", f"{g['retriable']:,}", _human_bytes(g["bytes_from_client"]), _human_bytes(g["bytes_from_broker"]),
             f"{g['last_seen_s_ago']:.0f}s", ",".join(sorted(g["topics"])) or "-"]) for g in groups]
     shown = rows[: max(1, height - len(lines) - 1)]
     widths = _fit([cells for _, _, cells in shown], columns)
@@ -342,10 +346,10 @@ def top(addr: str, interval: float, once: bool, as_json: bool, per_connection: b
     """Live view of a running proxy: who is connected, their role and traffic, latency, recording health.
 
     One row per client (same client_id and software from one host, its connections to every
-    broker summed); press c for one row per connection, q to quit. "errors" counts requests whose
-    answer carried an error, "retriable" those whose errors were all ones Kafka's clients retry
-    (a coordinator loading, a leader moving); protocol steps such as a first JoinGroup's
-    MEMBER_ID_REQUIRED are neither.
+    broker summed); press c for one row per connection, q to quit. "errors" in the header (ERR per
+    row) counts requests whose answer carried an error, "retriable" (RETRY) those whose errors
+    were all ones Kafka's clients retry (a coordinator loading, a leader moving); protocol steps
+    such as a first JoinGroup's MEMBER_ID_REQUIRED are neither.
 
     \b
     Start the proxy with a status endpoint, then watch it:

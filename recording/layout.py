@@ -121,6 +121,11 @@ def worker_proxy_id(proxy_id: str, worker: int) -> str:
     return f"{proxy_id}-w{worker}"
 
 
+# what `worker_proxy_id` appends: removing it gives the proxy a worker belongs to (a regular expression,
+# for readers that count proxies rather than processes)
+WORKER_SUFFIX_RE = r"-w[0-9]+$"
+
+
 def partition_dir(root: Path, dataset: str, proxy_id: str, hour_index: int) -> Path:
     """The Hive partition directory of the hour `hour_index` (hours since the epoch, UTC)."""
     t = time.gmtime(hour_index * 3600)

@@ -203,6 +203,9 @@ def test_iptables_remove_dry_run_prints_and_changes_nothing(monkeypatch: pytest.
     assert "dry run: nothing was changed; these are the commands --remove would run (as root)" in res.stderr
     res = CliRunner().invoke(iptables, ["--remove"])
     assert res.exit_code == 0 and ran == [found]
+    monkeypatch.setattr(netfilter, "removal_found", lambda: [])
+    res = CliRunner().invoke(iptables, ["--remove", "--dry-run"])
+    assert res.exit_code == 0 and res.stdout == "" and "nothing of kafkatap's installed" in res.stderr  # stdout: commands only
 
 
 def test_iptables_dry_run_says_so_and_names_resolve_visibly() -> None:
@@ -472,7 +475,12 @@ def test_protocol_steps_are_not_failures_and_every_error_has_its_kind() -> None:
                      ("TOPIC_AUTHORIZATION_FAILED", "error")}
     c5 = next(c for c in stats.clients_json()["clients"] if c["conn_id"] == "c5")
     assert (c5["errors"], c5["retriable"]) == (1, 0)
-    assert "errors 1  retriable 1" in render(stats.clients_json(), metrics, None, 1.0, 400, 50, False).splitlines()[0]
+    screen = render(stats.clients_json(), metrics, None, 1.0, 400, 50, False).splitlines()
+    assert "errors 1  retriable 1" in screen[0]
+    header = screen[screen.index(next(ln for ln in screen if ln.startswith("CLIENT_ID")))].split()
+    audit = next(ln for ln in screen if ln.startswith("audit ")).split()
+    # SOFTWARE is two cells ("kafka-python 3.0.12"): one more than the header's index
+    assert (audit[header.index("ERR") + 1], audit[header.index("RETRY") + 1]) == ("1", "0")
     # the kind comes from every error, not only the 16 whose names are counted
     many = [{"name": "NOT_LEADER_OR_FOLLOWER"}] * 20 + [{"name": "TOPIC_AUTHORIZATION_FAILED"}]
     stats.request({**_conn_row("c6", "audit", "kafka-python", "3.0.12", "10.0.0.1:9092", "10.0.0.9:5003"), "errors": many})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from collections import defaultdict
 
 from analytics.findings.base import Finding, Tables, rule, score, ts
@@ -12,6 +13,21 @@ MIN_ERRORS = 10
 # a protocol step seen this many times per connection on average is no longer one join or one rebalance
 # per member: members that keep rejoining (a rebalance storm) get a warning, a group's start does not
 STEPS_PER_CONNECTION = 3
+# a retriable error that one client keeps getting, at least every LASTING_EVERY_S for LASTING_S or longer,
+# is not a burst the client rode out (a misspelt topic's UNKNOWN_TOPIC_OR_PARTITION, a lost replica's
+# NOT_ENOUGH_REPLICAS): a warning however small its share of all requests
+LASTING_S = 10.0
+LASTING_EVERY_S = 5.0
+LASTING_MIN = 5
+
+
+def _lasting_s(r: dict) -> float:
+    """How long a row's error lasted for its client, when it came back at least every LASTING_EVERY_S; else 0."""
+    first, last, n = r.get("first_seen"), r.get("last_seen"), r.get("count") or 0
+    if not isinstance(first, dt.datetime) or not isinstance(last, dt.datetime) or n < LASTING_MIN:
+        return 0.0
+    span = (last - first).total_seconds()
+    return span if span >= LASTING_S and span / (n - 1) <= LASTING_EVERY_S else 0.0
 
 
 @rule("error_hotspot")
@@ -38,14 +54,20 @@ def error_hotspot(t: Tables) -> list[Finding]:
         share = n / total_req if total_req else 0
         per_conn = n / max(1, sum(r.get("connections") or 0 for r in rs))
         repeated = kind != PROTOCOL_STEP or per_conn >= STEPS_PER_CONNECTION
-        sev = "warning" if share >= 0.001 and repeated else "info"
+        lasting = max(rs, key=_lasting_s) if kind == RETRIABLE else None
+        lasted = _lasting_s(lasting) if lasting else 0.0
+        sev = "warning" if (share >= 0.001 and repeated) or lasted else "info"
         apis = sorted({r.get("api_name") for r in rs})
         clients = sorted({r.get("client_id") for r in rs})
         label = {RETRIABLE: " (retriable)", PROTOCOL_STEP: " (protocol step)"}.get(kind or "", "")
-        why = {RETRIABLE: " Kafka's clients retry it: normal in a burst, a problem when it lasts.",
-               PROTOCOL_STEP: f" Not an error but a step of the protocol, {per_conn:.1f} per connection: "
-                              + ("members rejoined again and again (a rebalance storm?)." if repeated
-                                 else "about one join or rebalance per member.")}.get(kind or "", "")
+        why = {RETRIABLE: (f" Kafka's clients retry it, but {lasting['client_id']} got it {lasting.get('count')} times over "
+                           f"{lasted:.0f} s ({lasting.get('topic') or lasting.get('group_or_resource') or lasting.get('api_name')}): "
+                           "not a burst it rode out." if lasting and lasted else
+                           " Kafka's clients retry it: normal in a burst, a problem when it lasts."),
+               PROTOCOL_STEP: f" Not an error but a step of the protocol, {per_conn:.1f} per connection that saw it"
+                              + (f" ({STEPS_PER_CONNECTION} or more): members were told to rejoin again and again "
+                                 "(a rebalance storm?)." if repeated else
+                                 f" (under {STEPS_PER_CONNECTION}): a few joins or rebalances per member.")}.get(kind or "", "")
         out.append(Finding(
             id="error_hotspot", severity=sev,
             title=f"{n:,} × {name}{label} on {', '.join(apis)} ({len(clients)} client(s))",

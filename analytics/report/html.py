@@ -247,6 +247,11 @@ def _c_conns_over_time(rows: Rows, bucket_s: int) -> str:
     return "".join(parts[:16])
 
 
+def _without_steps(chart: Callable[[Rows, int], str]) -> Callable[[Rows, int], str]:
+    """The chart of the rows that are errors or retriable ones: protocol steps stay in the table, out of the picture."""
+    return lambda rows, bucket_s: chart([r for r in rows if r.get("kind") != PROTOCOL_STEP], bucket_s)
+
+
 def _c_errors_over_time(rows: Rows, bucket_s: int) -> str:
     """Errors and retriable errors per bucket, the six most frequent names; protocol steps are not errors."""
     rows = [r for r in rows if r.get("kind") != PROTOCOL_STEP]
@@ -371,7 +376,8 @@ SECTIONS: list[tuple[str, str, str, list[tuple[str, str, Chart | None]]]] = [
     ("errors", "Errors and throttling", "Every non-zero error code by name × API × topic (or group / resource) × client, with an example connection. "
      "Kind: error; retriable (Kafka's clients retry it: normal in bursts, a problem when it lasts); protocol_step (how the "
      "protocol works, e.g. a first JoinGroup's MEMBER_ID_REQUIRED; not counted in the error rates).", [
-        ("errors_by_name", "Errors", _c_bars("error_name+api_name+client_id", {"count": "count"}, sort="count", axis="occurrences")),
+        ("errors_by_name", "Errors", _without_steps(_c_bars("error_name+api_name+client_id", {"count": "count"}, sort="count",
+                                                            axis="occurrences"))),
         ("errors_over_time", "Errors over time", _c_errors_over_time),
         ("throttling", "Throttling (quota)", None),
     ]),
@@ -447,7 +453,8 @@ def _tiles(ov: dict[str, Any], bucket_s: int) -> str:
     items = [
         ("requests", fmt_num(ov.get("requests") or 0)), ("connections", fmt_num(ov.get("connections") or 0)),
         ("client ids", fmt_num(ov.get("client_ids") or 0)), ("brokers", str(ov.get("brokers") or 0)),
-        ("proxies", str(ov.get("proxies") or 0)), ("span", human_duration(ov.get("span_s") or 0)),
+        ("proxies", str(ov.get("proxies") or 0) + (f" ({ov['proxy_processes']} workers)"
+                                                     if (ov.get("proxy_processes") or 0) > (ov.get("proxies") or 0) else "")), ("span", human_duration(ov.get("span_s") or 0)),
         ("bytes client → broker", fmt_num(ov.get("request_bytes") or 0, "B")),
         ("bytes broker → client", fmt_num(ov.get("response_bytes") or 0, "B")),
         ("error rate", f"{(ov.get('error_rate') or 0):.3%}"), ("retriable errors", f"{(ov.get('retriable_rate') or 0):.3%}"),

@@ -6,6 +6,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from analytics.transforms.common import ns_to_ts
+from recording.layout import WORKER_SUFFIX_RE
 
 
 def overview(rollup: DataFrame, conns: DataFrame) -> DataFrame:
@@ -23,7 +24,9 @@ def overview(rollup: DataFrame, conns: DataFrame) -> DataFrame:
     r = rollup.agg(
         F.min("first_ns").alias("first_ns"),
         F.max("last_ns").alias("last_ns"),
-        F.countDistinct("proxy_id").alias("proxies"),
+        # a proxy with --workers N records under N ids (`<id>-w1` …): one proxy, N processes
+        F.countDistinct(F.regexp_replace("proxy_id", WORKER_SUFFIX_RE, "")).alias("proxies"),
+        F.countDistinct("proxy_id").alias("proxy_processes"),
         F.countDistinct("broker_addr").alias("brokers"),
         F.countDistinct("client_id").alias("client_ids"),
         # connections that sent requests; more than `connections` while a proxy still runs: a connection's row
@@ -54,7 +57,7 @@ def overview(rollup: DataFrame, conns: DataFrame) -> DataFrame:
         F.round((end - start) / 1e9, 3).alias("span_s"),
         start.alias("start_ns"),
         end.alias("end_ns"),
-        "proxies", "brokers", "client_ids", "connections", "request_connections", "connections_ended", "requests",
+        "proxies", "proxy_processes", "brokers", "client_ids", "connections", "request_connections", "connections_ended", "requests",
         "request_bytes", "response_bytes", "requests_with_errors",
         F.round(F.col("requests_with_errors") / F.greatest(F.col("requests"), F.lit(1)), 5).alias("error_rate"),
         "requests_retriable",

@@ -57,9 +57,10 @@ def request_rollup(req: DataFrame) -> DataFrame:
         F.max("request_bytes").alias("max_request_bytes"),
         F.sum("records").alias("records"),  # null when no request of the group carried a count
         F.sum("record_bytes").alias("record_bytes"),
-        F.sum((kind == ERROR).cast("long")).alias("requests_with_errors"),
-        F.sum((kind == RETRIABLE).cast("long")).alias("requests_retriable"),
-        F.sum((kind == PROTOCOL_STEP).cast("long")).alias("protocol_steps"),
+        # kind is null without errors: count 0 for those, never a null sum for a client without any
+        F.sum(F.when(kind == ERROR, 1).otherwise(0).cast("long")).alias("requests_with_errors"),
+        F.sum(F.when(kind == RETRIABLE, 1).otherwise(0).cast("long")).alias("requests_retriable"),
+        F.sum(F.when(kind == PROTOCOL_STEP, 1).otherwise(0).cast("long")).alias("protocol_steps"),
         F.sum(F.col("long_poll").cast("long")).alias("long_polls"),
         F.max("max_wait_ms").alias("max_wait_ms"),
         F.sum(throttled.cast("long")).alias("throttled_requests"),

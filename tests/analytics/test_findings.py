@@ -135,6 +135,16 @@ def test_error_hotspot_and_throttling() -> None:
     assert found == {"400 × MEMBER_ID_REQUIRED (protocol step) on JoinGroup (1 client(s))": "info",
                      "30 × REBALANCE_IN_PROGRESS on OffsetCommit (1 client(s))": "warning",
                      "40 × COORDINATOR_LOAD_IN_PROGRESS (retriable) on JoinGroup (1 client(s))": "warning"}
+    # one client stuck on a retriable error (a misspelt topic) is a warning, however busy everything else was
+    typo = [err("UNKNOWN_TOPIC_OR_PARTITION", "Metadata", n=15, kind="retriable", client_id="typo", topic="orders_",
+                connections=1, last_seen=T + dt.timedelta(seconds=24)),
+            err("UNKNOWN_TOPIC_OR_PARTITION", "Metadata", n=1, kind="retriable", client_id="auto", topic="new", connections=1)]
+    f = error_hotspot({"overview": [{"requests": 1_000_000}], "errors_by_name": typo})[0]
+    assert f.severity == "warning" and "typo got it 15 times over 24 s (orders_)" in f.summary, f.summary
+    burst = [err("NOT_LEADER_OR_FOLLOWER", "Produce", n=40, kind="retriable", last_seen=T + dt.timedelta(seconds=2))]
+    assert error_hotspot({"overview": [{"requests": 1_000_000}], "errors_by_name": burst})[0].severity == "info"
+    rare = [err("NOT_LEADER_OR_FOLLOWER", "Produce", n=12, kind="retriable", last_seen=T + dt.timedelta(hours=1))]
+    assert error_hotspot({"overview": [{"requests": 1_000_000}], "errors_by_name": rare})[0].severity == "info"  # 2 moves an hour apart
     # the same members told to rejoin again and again: a storm, a warning
     storm = [err("REBALANCE_IN_PROGRESS", "Heartbeat", n=60, kind="protocol_step", connections=6)]
     f = error_hotspot({"overview": [{"requests": 10_000}], "errors_by_name": storm})[0]

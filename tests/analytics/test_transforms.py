@@ -108,6 +108,10 @@ def test_overview(make_df) -> None:
     o = overview.overview(request_rollup(r), c).collect()[0]
     assert o["requests"] == 2 and o["unanswered"] == 1 and o["connections"] == 1 and o["span_s"] == 20.0
     assert o["request_connections"] == 1
+    two = prepare_requests(make_df("requests", [req("c1", 1, proxy_id="vm-w1"), req("c2", 1, proxy_id="vm-w2"),
+                                                req("c3", 1, proxy_id="gw")]))
+    o = overview.overview(request_rollup(two), c).collect()[0]
+    assert (o["proxies"], o["proxy_processes"]) == (2, 3)  # vm with two workers, and gw
 
 
 def _err(name: str, code: int) -> list[dict]:
@@ -139,6 +143,9 @@ def test_error_rate_counts_real_errors_only(make_df) -> None:
     assert {x["kind"] for x in errors.errors_over_time(r, 60).collect()} == {"protocol_step", "retriable", "error"}
     inv = clients.client_inventory(rollup, topic_rollup(r), make_df("connections", [conn("c1", 0, 20)])).collect()[0]
     assert (inv["requests_with_errors"], inv["requests_retriable"]) == (2, 3)
+    clean = prepare_requests(make_df("requests", [req("c2", 1, "Produce", client="quiet")]))
+    quiet = clients.client_inventory(request_rollup(clean), topic_rollup(clean), make_df("connections", [conn("c2", 0, 20)])).collect()[0]
+    assert (quiet["requests_with_errors"], quiet["requests_retriable"]) == (0, 0)  # zero, not null, without any error
     acks = produce_fetch.produce_acks(rollup).collect()[0]
     assert (acks["with_errors"], acks["with_retriable_errors"]) == (2, 1)
     first = summary(AnalysisResult(Path("out"), [], o, {}, 60, Path("r.html"), Path("f.json"), {})).splitlines()[0]
