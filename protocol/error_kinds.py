@@ -11,7 +11,8 @@ Three kinds, so a headline can count what matters and still show the rest:
 
 - ``protocol_step``: the answer is how the protocol works; a correct client on a healthy cluster gets
   it. Only the (API, error) pairs in `PROTOCOL_STEPS`. Many of them still say something (many joins,
-  many rebalances), so the errors table keeps them and the hot-spot finding reports them as info.
+  many rebalances), so the errors table keeps them, and the hot-spot finding warns only when the
+  same connections got them again and again.
 - ``retriable``: Kafka's own clients retry it (the exception is a `RetriableException` in
   kafka-clients: a coordinator still loading, a leader moving, a topic being created). Normal in
   bursts (start-up, a broker restart), a problem when it lasts (a misspelt topic's

@@ -17,9 +17,9 @@ from proxy.sinks import build_sinks
 
 async def main(route: str, root: str, proxy_id: str) -> None:
     sinks = build_sinks(root, proxy_id, capture="requests", status_addr="127.0.0.1:0")
-    await sinks.serve()
     server = ProxyServer([route], sink=sinks.sink, proxy_id=proxy_id, capture="requests")
-    await server.start()
+    await server.start()  # first: the route's port was chosen free beforehand; the status port 0 must not take it
+    await sinks.serve()
     assert sinks.status is not None
     print(json.dumps({"listen": list(server.listen_addr), "status": sinks.status.port}), flush=True)
     await server.serve_forever()  # SIGTERM → graceful stop → the server closes the sink (recorder flushed)
