@@ -28,6 +28,7 @@ import click
 
 from protocol.error_kinds import ERROR, RETRIABLE
 from proxy.bypass import top_line as bypass_top_line
+from proxy.metrics import ROLE_NAMES
 from proxy.status import parse_addr
 
 CLEAR = "\x1b[H\x1b[2J"
@@ -126,6 +127,7 @@ def _latency_p(metrics: dict, q: float) -> float | None:
 
 
 # (header, the most characters a cell gets before it is cut with "…"; 0: the last column, cut at the screen edge)
+ROLE_ORDER = [name for _, name in ROLE_NAMES]
 # ERR / RETRY: requests answered with an error / with only retriable ones (protocol.error_kinds), as the header counts them
 CONN_COLUMNS = [("CLIENT_ID", 24), ("ROLE", 28), ("SOFTWARE", 48), ("CLIENT", 28), ("BROKER", 28), ("REQS", 10),
                 ("REQ/S", 8), ("ERR", 7), ("RETRY", 7), ("IN", 8), ("OUT", 8), ("SEEN", 6), ("TOPICS", 0)]
@@ -143,6 +145,17 @@ def _host(addr: str | None) -> str:
 
 def _software(c: dict[str, Any]) -> str:
     return " ".join(x for x in (c.get("software"), c.get("software_version")) if x) or "-"
+
+
+def client_roles(roles: list[str]) -> str:
+    """A client's roles in one fixed order; "other" (a connection that only bootstrapped) only when it is all there is.
+
+    Its connections are summed in whatever order they came, and nearly every client has a
+    bootstrap connection that sent only ApiVersions and Metadata: "group-member+consumer+other"
+    and "consumer+group-member" were the same kind of client.
+    """
+    named = sorted((r for r in roles if r in ROLE_ORDER), key=ROLE_ORDER.index)
+    return "+".join(named) or "+".join(roles) or "other"
 
 
 def by_client(conns: list[dict[str, Any]], rates: dict[str, float]) -> list[dict[str, Any]]:
@@ -249,7 +262,7 @@ def render(clients: dict[str, Any], metrics: dict, prev: tuple[float, dict[str, 
                 "client": lambda g: g["client_id"], "seen": lambda g: g["last_seen_s_ago"]}[sort]
         groups.sort(key=lambda g: (not g["open"], gkey(g)))
         rows = [(g["open"], g["end_reason"], [
-            g["client_id"], "+".join(g["roles"]) or "other", g["software_label"], g["host"],
+            g["client_id"], client_roles(g["roles"]), g["software_label"], g["host"],
             f"{g['open_conns']}/{g['conns']}" if g["open_conns"] != g["conns"] else str(g["conns"]),
             str(len(g["brokers"])), f"{g['requests']:,}", "-" if g["rate"] is None else _fmt_rate(g["rate"]),
             f"{g['errors']:,}", f"{g['retriable']:,}", _human_bytes(g["bytes_from_client"]), _human_bytes(g["bytes_from_broker"]),

@@ -457,6 +457,14 @@ def test_top_shows_one_row_per_client_with_whole_versions() -> None:
     assert len([ln for ln in per_conn if ln.startswith("billing ")]) == 2
 
 
+def test_a_clients_roles_read_the_same_whatever_the_order_of_its_connections() -> None:
+    from proxy.live import client_roles
+
+    assert client_roles(["group-member", "consumer", "other"]) == client_roles(["other", "consumer", "group-member"]) \
+        == "consumer+group-member"
+    assert client_roles(["other"]) == "other" and client_roles(["opaque"]) == "opaque" and client_roles([]) == "other"
+
+
 def test_protocol_steps_are_not_failures_and_every_error_has_its_kind() -> None:
     """A first JoinGroup's MEMBER_ID_REQUIRED is counted by name but not as a failed request; kinds label both families."""
     from proxy.live import parse_metrics, render
