@@ -40,6 +40,7 @@ from protocol.addresses import SeenAddress, endpoints, no_addresses_in, rewrite_
 from protocol.apis import METADATA
 from protocol.deep import decode_response, encode_request
 from protocol.errors import ProtocolError
+from proxy.context import format_addr
 from proxy.intercept import ConnInfo, Edit, RequestHead
 
 log = structlog.get_logger("kafkatap.proxy")
@@ -279,7 +280,7 @@ class ClusterMode:
             addr = self._server.add_listener((self.config.listen[0], route.listen_port),
                                              lambda: self.registry.upstream(node), label=f"broker {node}")
         except OSError as exc:
-            route.problem = (f"cannot listen on {_fmt((self.config.listen[0], route.listen_port))} "
+            route.problem = (f"cannot listen on {format_addr((self.config.listen[0], route.listen_port))} "
                              f"({exc.strerror or exc}); pin a free port with --broker-port {node}=PORT")
             log.error("cannot listen for a broker: its address is left as it is, so its clients would bypass the "
                       "proxy", node_id=node, broker=f"{route.upstream[0]}:{route.upstream[1]}", problem=route.problem)
@@ -299,14 +300,14 @@ class ClusterMode:
             brokers = await asyncio.wait_for(self.discover(), self.discovery_timeout)
         except Exception as exc:  # noqa: BLE001 — OSError, TLS, EOF (a SASL listener hangs up), bad answer …
             log.warning("broker discovery at start failed; brokers get their listeners when the first client's "
-                        "metadata names them", bootstrap=_fmt(self.config.bootstrap), error=str(exc) or repr(exc))
+                        "metadata names them", bootstrap=format_addr(self.config.bootstrap), error=str(exc) or repr(exc))
             return
         routes = [self.registry.learn(node_id, host, port) for node_id, host, port in brokers]
         failed = [r for r in routes if r.listen_port is None]
         if failed:
             raise BrokerListenerError("; ".join(
-                f"broker {r.node_id} ({_fmt(r.upstream)}): {r.problem or 'no listener'}" for r in failed))
-        log.info("cluster discovered", bootstrap=_fmt(self.config.bootstrap), brokers=len(brokers))
+                f"broker {r.node_id} ({format_addr(r.upstream)}): {r.problem or 'no listener'}" for r in failed))
+        log.info("cluster discovered", bootstrap=format_addr(self.config.bootstrap), brokers=len(brokers))
 
     async def discover(self) -> list[tuple[int, str, int]]:
         """(node id, host, port) of every broker, from one Metadata request to the bootstrap address."""
@@ -328,7 +329,3 @@ class ClusterMode:
 
 class BrokerListenerError(OSError):
     """A broker found at start-up could not get its listener (the proxy exits 2 with this message)."""
-
-
-def _fmt(a: Addr) -> str:
-    return f"[{a[0]}]:{a[1]}" if ":" in a[0] else f"{a[0]}:{a[1]}"

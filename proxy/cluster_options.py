@@ -15,6 +15,7 @@ import click
 
 from proxy.address import parse_hostport
 from proxy.cluster import ClusterConfig, ClusterMode, parse_broker_ports
+from proxy.context import format_addr
 
 CLUSTER_HELP = """\b
 Cluster mode (no broker reconfigured, no root): one listener in front of the whole cluster.
@@ -74,7 +75,7 @@ class ClusterSetup:
             if others:
                 raise ValueError(f"--broker-port {node}={p} and {others[0]}={p}: each broker needs a port of its own")
         host, port = self.cluster
-        return [f"{_fmt(listen)}={_fmt((host, port))}"]
+        return [f"{format_addr(listen)}={format_addr((host, port))}"]
 
     def mode(self, listen: tuple[str, int], **kw: Any) -> ClusterMode:
         assert self.cluster is not None
@@ -96,7 +97,3 @@ def cluster_setup(rec: dict[str, Any]) -> ClusterSetup:
     if setup.cluster is None and (setup.advertise_host or setup.broker_port_base or setup.broker_ports):
         raise ValueError("--advertise-host, --broker-port-base and --broker-port only apply with --cluster")
     return setup
-
-
-def _fmt(a: tuple[str, int]) -> str:
-    return f"[{a[0]}]:{a[1]}" if ":" in a[0] else f"{a[0]}:{a[1]}"

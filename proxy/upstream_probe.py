@@ -17,20 +17,15 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Sequence
-from typing import Protocol
 
 import structlog
 
 from proxy.context import format_addr
+from proxy.server import Route
 
 log = structlog.get_logger("kafkatap.proxy")
 
 MAX_PROBE_S = 5.0
-
-
-class _Route(Protocol):
-    listen: tuple[str, int]
-    upstream: tuple[str, int] | None
 
 
 def connect_problem(host: str, port: int, timeout: float) -> str | None:
@@ -44,7 +39,7 @@ def connect_problem(host: str, port: int, timeout: float) -> str | None:
         return exc.strerror or str(exc)
 
 
-def probe_upstreams(routes: Sequence[_Route], timeout: float) -> None:
+def probe_upstreams(routes: Sequence[Route], timeout: float) -> None:
     """Probe every distinct upstream of `routes` once; one warning line for each that does not accept."""
     targets = sorted({r.upstream for r in routes if r.upstream is not None})
     for host, port in targets:
@@ -55,7 +50,7 @@ def probe_upstreams(routes: Sequence[_Route], timeout: float) -> None:
                         listeners=[format_addr(r.listen) for r in routes if r.upstream == (host, port)], error=problem)
 
 
-def probe_in_background(routes: Sequence[_Route], timeout: float) -> threading.Thread:
+def probe_in_background(routes: Sequence[Route], timeout: float) -> threading.Thread:
     """`probe_upstreams` on a daemon thread (the caller goes on to listen at once)."""
     thread = threading.Thread(target=probe_upstreams, args=(list(routes), timeout), name="kafkatap-upstream-probe",
                               daemon=True)

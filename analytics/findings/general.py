@@ -30,6 +30,21 @@ def _lasting_s(r: dict) -> float:
     return span if span >= LASTING_S and span / (n - 1) <= LASTING_EVERY_S else 0.0
 
 
+def _kind_note(kind: str | None, per_conn: float, repeated: bool, lasting: dict | None, lasted: float) -> str:
+    """The sentence a hot spot's summary ends with: what its kind means here ("" for a plain error)."""
+    if kind == RETRIABLE and lasting is not None:
+        where = lasting.get("topic") or lasting.get("group_or_resource") or lasting.get("api_name")
+        return (f" Kafka's clients retry it, but {lasting['client_id']} got it {lasting.get('count')} times over "
+                f"{lasted:.0f} s ({where}): not a burst it rode out.")
+    if kind == RETRIABLE:
+        return " Kafka's clients retry it: normal in a burst, a problem when it lasts."
+    if kind == PROTOCOL_STEP:
+        side = (f" ({STEPS_PER_CONNECTION} or more): members were told to rejoin again and again (a rebalance storm?)."
+                if repeated else f" (under {STEPS_PER_CONNECTION}): a few joins or rebalances per member.")
+        return f" Not an error but a step of the protocol, {per_conn:.1f} per connection that saw it{side}"
+    return ""
+
+
 @rule("error_hotspot")
 def error_hotspot(t: Tables) -> list[Finding]:
     """The most frequent error names (those incident rules already explain are left to them).
@@ -54,20 +69,12 @@ def error_hotspot(t: Tables) -> list[Finding]:
         share = n / total_req if total_req else 0
         per_conn = n / max(1, sum(r.get("connections") or 0 for r in rs))
         repeated = kind != PROTOCOL_STEP or per_conn >= STEPS_PER_CONNECTION
-        lasting = max(rs, key=_lasting_s) if kind == RETRIABLE else None
-        lasted = _lasting_s(lasting) if lasting else 0.0
+        lasted, lasting = max(((_lasting_s(r), r) for r in rs), key=lambda x: x[0]) if kind == RETRIABLE else (0.0, None)
         sev = "warning" if (share >= 0.001 and repeated) or lasted else "info"
         apis = sorted({r.get("api_name") for r in rs})
         clients = sorted({r.get("client_id") for r in rs})
         label = {RETRIABLE: " (retriable)", PROTOCOL_STEP: " (protocol step)"}.get(kind or "", "")
-        why = {RETRIABLE: (f" Kafka's clients retry it, but {lasting['client_id']} got it {lasting.get('count')} times over "
-                           f"{lasted:.0f} s ({lasting.get('topic') or lasting.get('group_or_resource') or lasting.get('api_name')}): "
-                           "not a burst it rode out." if lasting and lasted else
-                           " Kafka's clients retry it: normal in a burst, a problem when it lasts."),
-               PROTOCOL_STEP: f" Not an error but a step of the protocol, {per_conn:.1f} per connection that saw it"
-                              + (f" ({STEPS_PER_CONNECTION} or more): members were told to rejoin again and again "
-                                 "(a rebalance storm?)." if repeated else
-                                 f" (under {STEPS_PER_CONNECTION}): a few joins or rebalances per member.")}.get(kind or "", "")
+        why = _kind_note(kind, per_conn, repeated, lasting if lasted else None, lasted)
         out.append(Finding(
             id="error_hotspot", severity=sev,
             title=f"{n:,} × {name}{label} on {', '.join(apis)} ({len(clients)} client(s))",

@@ -247,14 +247,19 @@ def _c_conns_over_time(rows: Rows, bucket_s: int) -> str:
     return "".join(parts[:16])
 
 
+def _not_steps(rows: Rows) -> Rows:
+    """The rows of errors and retriable ones: protocol steps stay in the tables, out of the error charts."""
+    return [r for r in rows if r.get("kind") != PROTOCOL_STEP]
+
+
 def _without_steps(chart: Callable[[Rows, int], str]) -> Callable[[Rows, int], str]:
-    """The chart of the rows that are errors or retriable ones: protocol steps stay in the table, out of the picture."""
-    return lambda rows, bucket_s: chart([r for r in rows if r.get("kind") != PROTOCOL_STEP], bucket_s)
+    """`chart` drawn from `_not_steps` of its rows."""
+    return lambda rows, bucket_s: chart(_not_steps(rows), bucket_s)
 
 
 def _c_errors_over_time(rows: Rows, bucket_s: int) -> str:
     """Errors and retriable errors per bucket, the six most frequent names; protocol steps are not errors."""
-    rows = [r for r in rows if r.get("kind") != PROTOCOL_STEP]
+    rows = _not_steps(rows)
     xs = sorted({r["bucket"] for r in rows})
     tot: dict[str, int] = defaultdict(int)
     m: dict[tuple, int] = defaultdict(int)
