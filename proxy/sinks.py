@@ -89,10 +89,11 @@ class FanOut:
 
     def __init__(self, *sinks: RecordSink) -> None:
         self.sinks = [s for s in sinks if s is not None]
+        self._requests = tuple(s.request for s in self.sinks)  # bound once: this runs for every request
 
     def request(self, row: Row) -> None:
-        for s in self.sinks:
-            s.request(row)
+        for request in self._requests:
+            request(row)
 
     def connection(self, row: Row) -> None:
         for s in self.sinks:

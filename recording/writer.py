@@ -8,15 +8,17 @@ Why this shape
   forwarding. Each counter is written by exactly one thread (enqueue side by
   the loop, dequeue side by the writer), so no lock is needed.
 * **A writer process** (`writer="process"`, what `kafkatap proxy` uses; issue 16):
-  the loop thread pickles every `PACK_ROWS` (64) queued rows into one chunk
-  (~0.2 ms) and frees them; a thread of the proxy wakes every
+  the loop thread keeps a request row as the tuple of its values
+  (`TUPLE_DATASETS`), pickles every `PACK_ROWS` (64) queued rows into one
+  chunk (~0.1 ms) and frees them; a thread of the proxy wakes every
   `flush_interval_s` and writes the chunks (and the tail, pickled there) to a
   pipe to a child process (`recording.writer_child`) that does everything
   below — Arrow, sort, zstd, files, compaction — on another core, with the
   very same code. A flush of 10,000 rows no longer stalls the loop (issue 19),
   the queue holds ~270 bytes per row instead of a ~2.5 KiB dict, and Arrow
-  and Parquet (~10 µs a row) leave the proxy's process; pickling (~2-3 µs a
-  row once the row has left the CPU cache) is what recording still costs it.
+  and Parquet (~10 µs a row) leave the proxy's process; taking the values and
+  pickling them (~1.5 µs a row in a warm loop) is what recording still costs it
+  (about +9-11 % CPU per request over live stats alone, bench/RESULTS.md).
   A child that dies is replaced at the next flush; the rows it had not
   confirmed are counted as dropped.
 * **Or one writer thread** (`writer="thread"`, the default for direct use:
@@ -56,6 +58,8 @@ import sys
 import threading
 import time
 from collections import deque
+from functools import partial
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -87,6 +91,12 @@ _SIZE_SAMPLE = 256  # re-measure a dataset's row size on every 256th row: the ho
 # the packed bytes. Pickling them later on the other thread cost 2-3x that (cache misses on every row,
 # and holding a flush interval of rows made every young collection walk them).
 PACK_ROWS = 64
+# writer="process": a request row is queued as the tuple of its values in the ingest schema's column order
+# (`operator.itemgetter`, one C call while the row is hot), not as the dict. The dict is then freed at
+# once, a tuple pickles in half the time of a dict (no key per value), and the writer process builds
+# Arrow column by column from the tuples instead of converting dicts. Rows without every column
+# (tests, hand-made rows) stay dicts; both may meet in one chunk.
+TUPLE_DATASETS = ("requests",)
 
 
 def _row_size(row: Row) -> int:
@@ -99,18 +109,32 @@ def _row_size(row: Row) -> int:
     return size
 
 
+def _as_dicts(s: "_Stream", tuples: list[tuple]) -> list[Row]:
+    """Value tuples back into row dicts (the slow way, for a chunk whose columns would not convert)."""
+    names = s.struct.names  # type: ignore[attr-defined]
+    return [dict(zip(names, t)) for t in tuples]
+
+
 class RecordingError(RuntimeError):
     """The recording directory cannot be used (message says why and what to do)."""
 
 
 class _Stream:
-    """Queue and writer state of one dataset."""
+    """Queue and writer state of one dataset (slots: the loop thread reads a dozen of them for every row)."""
+
+    __slots__ = ("name", "schema", "struct", "names", "as_tuple", "queue", "cap_rows", "cap_bytes", "row_bytes",
+                 "enqueued", "dropped", "enq_bytes", "deq_bytes", "write_dropped", "dropped_reported",
+                 "dropped_logged", "rows_written", "files_written", "shipped", "gone_written", "gone_dropped",
+                 "gone_files", "packed", "pk_rows", "pk_bytes", "tx_rows", "tx_bytes", "segments", "time_col")
 
     def __init__(self, name: str, cap_rows: int, cap_bytes: int) -> None:
         self.name = name
         self.schema = arrow_schema(name)
         self.struct = pa.struct(list(ingest_schema(name)))  # rows carry timestamps as int epoch ns
         self.names = set(self.schema.names)
+        # writer="process": the row → values tuple of TUPLE_DATASETS (None: rows stay dicts)
+        self.as_tuple: Callable[[Row], tuple] | None = (
+            itemgetter(*self.struct.names) if name in TUPLE_DATASETS else None)  # type: ignore[attr-defined]
         self.queue: deque[Row] = deque()
         self.cap_rows = cap_rows
         self.cap_bytes = cap_bytes  # estimated queue memory (rows × row_bytes; frames: their data)
@@ -239,6 +263,8 @@ class ParquetRecorder:
                          for name in COLUMNS}
         self._req, self._conn, self._tcp, self._frames = (self._streams[n] for n in
                                                           ("requests", "connections", "tcp", "frames"))
+        # one Python call less for every request the relay hands over (the method below says what it does)
+        self.request = partial(self._offer, self._req)  # type: ignore[method-assign]
         self.frames_redacted = 0  # SaslAuthenticate / unverifiable frames refused (loop thread)
         self.write_errors = 0
         self._last_error_log = 0.0
@@ -313,11 +339,16 @@ class ParquetRecorder:
         q = s.queue
         n = len(q)
         if n + s.pk_rows - s.tx_rows < s.cap_rows and n * s.row_bytes + s.pk_bytes - s.tx_bytes < s.cap_bytes:
-            q.append(row)
             s.enqueued += 1
             if s.enqueued % _SIZE_SAMPLE == 1:
                 size = _row_size(row)
                 s.row_bytes = size if s.enqueued == 1 else max(size, (s.row_bytes + size) // 2)
+            if s.as_tuple is not None:
+                try:
+                    row = s.as_tuple(row)  # type: ignore[assignment]
+                except KeyError:  # a row without every column: it travels as the dict it is
+                    pass
+            q.append(row)
             if n + 1 >= PACK_ROWS:
                 self._pack(s)
         else:
@@ -610,8 +641,21 @@ class ParquetRecorder:
         return rows
 
     def _to_table(self, s: _Stream, rows: list[Row]) -> pa.Table:
-        """Rows → Arrow in chunks; a chunk that does not convert is retried row by row and bad rows dropped."""
+        """Rows → Arrow in chunks; a chunk that does not convert is retried row by row and bad rows dropped.
+
+        Value tuples (`TUPLE_DATASETS`, from a proxy's writer="process") are converted column by column;
+        a chunk of them that does not convert, or that is mixed with dicts, goes the dicts' way.
+        """
         batches = []
+        tuples = [r for r in rows if type(r) is tuple]
+        if tuples:
+            dicts = [r for r in rows if type(r) is not tuple]
+            batch = self._columns_to_batch(s, tuples)
+            if batch is None:
+                dicts += _as_dicts(s, tuples)
+            else:
+                batches.append(batch)
+            rows = dicts
         for i in range(0, len(rows), _CONVERT_CHUNK):
             chunk = rows[i:i + _CONVERT_CHUNK]
             try:
@@ -633,6 +677,16 @@ class ParquetRecorder:
             return s.schema.empty_table()
         # int epoch ns → timestamp[us, UTC], once per flush for the whole table (never per row on the loop)
         return from_epoch_ns(pa.Table.from_batches(batches), s.name)
+
+    @staticmethod
+    def _columns_to_batch(s: _Stream, tuples: list[tuple]) -> pa.RecordBatch | None:
+        """Value tuples → one record batch, a column at a time (None when a value does not fit its column)."""
+        fields = list(s.struct)
+        try:
+            arrays = [pa.array(col, type=f.type) for col, f in zip(zip(*tuples), fields)]
+            return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+            return None
 
     def _flush_stream(self, s: _Stream) -> None:
         rows = self._drain(s)

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 from recording.files import META_DROPPED_TOTAL
 from recording.reader import read_recording
 from recording.sample_rows import SessionMix, connection_row, frame_row, tcp_row
+from recording.schema import REQUEST_COLUMNS
 from recording.writer import ParquetRecorder
 
 
@@ -111,3 +112,55 @@ def test_a_row_that_cannot_cross_the_pipe_is_counted_not_fatal(tmp_path: Path) -
     assert r.stats()["rows_written"]["requests"] == 98 and r.dropped()["requests"] == 2
     (f,) = (tmp_path / "requests").rglob("part-*.parquet")
     assert pq.read_metadata(f).metadata[META_DROPPED_TOTAL] == b"2"
+
+
+def _full_rows(n: int) -> list[dict]:
+    """Request rows with every column, as `proxy.rows.request_row` makes them (SessionMix leaves some out)."""
+    return [{c.name: r.get(c.name) for c in REQUEST_COLUMNS} for r in SessionMix(proxy_id="p1").rows(n)]
+
+
+def test_full_request_rows_travel_as_value_tuples_and_are_written_alike(tmp_path: Path) -> None:
+    """Rows with every column cross the pipe as value tuples (the cheap way); others, mixed in, as dicts."""
+    rows = _full_rows(1000) + SessionMix(proxy_id="p1", seed=11).rows(300)  # the last 300 lack some columns
+    probe = ParquetRecorder(tmp_path / "probe", "p1", fsync=False, flush_interval_s=3600, writer="process").start()
+    probe.request(dict(rows[0]))
+    probe.request(dict(rows[-1]))
+    assert [type(r) for r in probe._req.queue] == [tuple, dict]
+    batch = ParquetRecorder._columns_to_batch(probe._req, [probe._req.as_tuple(r) for r in rows[:1000]])
+    assert batch is not None and batch.num_rows == 1000  # column by column, not the dicts' fallback
+    probe.close()
+    others = (connection_row("p1", "c00001"), tcp_row("p1", "c00001"),
+              frame_row("p1", "c00001", 3, b"\x00\x00\x00\x0c\x00\x03\x00\x0c\x00\x00\x00\x07", api_version=12))
+    for w in ("thread", "process"):
+        _write_both(tmp_path / w, w, rows, others)
+    a = read_recording(tmp_path / "thread", "requests", with_partitions=False)
+    b = read_recording(tmp_path / "process", "requests", with_partitions=False)
+    assert a.schema == b.schema and a.num_rows == b.num_rows == 1300
+    key = [(f.name, "ascending") for f in a.schema if not pa.types.is_nested(f.type)]
+    assert a.sort_by(key).equals(b.sort_by(key))
+
+
+def test_a_value_tuple_that_does_not_fit_its_column_costs_that_row_only(tmp_path: Path) -> None:
+    r = ParquetRecorder(tmp_path, "p1", fsync=False, flush_interval_s=3600, writer="process",
+                        compact_interval_s=0).start()
+    rows = _full_rows(200)
+    rows[5]["api_key"] = "not a number"  # crosses the pipe (it pickles) but no int16 column takes it
+    for row in rows:
+        r.request(row)
+    r.close()
+    assert r.stats()["rows_written"]["requests"] == 199 and r.dropped()["requests"] == 1
+    assert read_recording(tmp_path, "requests").num_rows == 199
+
+
+def test_the_rows_pipe_is_widened(tmp_path: Path) -> None:
+    """A second of rows crosses in a few writes, not one blocking write per 64 KiB (bench/RESULTS.md)."""
+    import fcntl
+
+    from recording.writer_pipe import PIPE_BYTES
+
+    r = ParquetRecorder(tmp_path, "p1", fsync=False, writer="process", compact_interval_s=0).start()
+    try:
+        assert r._child is not None
+        assert fcntl.fcntl(r._child.proc.stdin.fileno(), fcntl.F_GETPIPE_SZ) == PIPE_BYTES
+    finally:
+        r.close()
