@@ -484,6 +484,7 @@ def _thread_cpu(tid: int | None) -> float:
 
 
 # --------------------------------------------------------------------------- main
+MODES = ("off", "stats", "record-thread", "record", "record+capture")  # what `serve_proxy` can run
 SIDE_BY_SIDE = ("stats", "record", "record+capture")  # the ratios, measured in one window each round
 
 
@@ -497,7 +498,7 @@ async def amain(args) -> tuple:
         set_process_affinity(os.getpid(), pins[1])
     srv = await loop.create_server(FakeBroker, "127.0.0.1", 0)
     upstream_port = srv.sockets[0].getsockname()[1]
-    modes = ["off", "stats", "record-thread", "record", "record+capture"]
+    modes = list(MODES)
     results: dict[str, list[dict]] = {m: [] for m in modes}
     rec_dirs = {}
     if args.side_by_side:
@@ -632,6 +633,10 @@ def main() -> None:
     if args.serve:
         serve_proxy(*args.serve)
         return
+    if args.side_by_side:
+        unknown = [m for m in args.side_by_side.split(",") if m not in MODES]
+        if unknown:
+            ap.error(f"--side-by-side: unknown mode(s) {', '.join(unknown)}; choose from {', '.join(MODES)}")
     if args.quick:
         args.rounds, args.window, args.warmup = 1, 5.0, 2.0
     args.pins = pin_cpus() if args.pin else None  # before this process pins itself to the others
