@@ -643,8 +643,9 @@ class ParquetRecorder:
     def _to_table(self, s: _Stream, rows: list[Row]) -> pa.Table:
         """Rows → Arrow in chunks; a chunk that does not convert is retried row by row and bad rows dropped.
 
-        Value tuples (`TUPLE_DATASETS`, from a proxy's writer="process") are converted column by column;
-        a chunk of them that does not convert, or that is mixed with dicts, goes the dicts' way.
+        Value tuples (`TUPLE_DATASETS`, from a proxy's writer="process") are converted column by column,
+        apart from any dict rows beside them (the writer process only: in one call, as its GIL is its own).
+        When their columns do not convert they go the dicts' way, so only the bad rows are dropped.
         """
         batches = []
         tuples = [r for r in rows if type(r) is tuple]
