@@ -498,12 +498,9 @@ async def amain(args) -> tuple:
         set_process_affinity(os.getpid(), pins[1])
     srv = await loop.create_server(FakeBroker, "127.0.0.1", 0)
     upstream_port = srv.sockets[0].getsockname()[1]
-    modes = list(MODES)
+    modes = args.modes
     results: dict[str, list[dict]] = {m: [] for m in modes}
     rec_dirs = {}
-    if args.side_by_side:
-        modes = args.side_by_side.split(",")
-        results = {m: [] for m in modes}
     for rnd in range(args.rounds):
         order = modes if rnd % 2 == 0 else list(reversed(modes))
         batches = [order] if args.side_by_side else [[m] for m in order]
@@ -525,13 +522,15 @@ def report(args, results, sizes, real_bpr, real_rows, synth, side) -> None:
     def best(mode: str, key: str = "cpu_us_per_req") -> float:  # least-disturbed round: interference only adds
         return min(r[key] for r in results[mode])
 
-    def by_round(mode: str, vs: str = "stats") -> str:  # each round against the same round's `vs` (close in time)
-        return ", ".join(f"{100 * (r['cpu_us_per_req'] - b['cpu_us_per_req']) / b['cpu_us_per_req']:+.0f} %"
-                         for r, b in zip(results[mode], results[vs]))
+    def round_ratios(mode: str, vs: str = "stats") -> list[float]:  # each round against the same round's `vs`
+        return [100 * (r["cpu_us_per_req"] - b["cpu_us_per_req"]) / b["cpu_us_per_req"]
+                for r, b in zip(results[mode], results[vs])]
+
+    def by_round(mode: str, vs: str = "stats") -> str:
+        return ", ".join(f"{x:+.0f} %" for x in round_ratios(mode, vs))
 
     def median_by_round(mode: str, vs: str = "stats") -> float:  # the side-by-side figure: rounds are pairs
-        return statistics.median(100 * (r["cpu_us_per_req"] - b["cpu_us_per_req"]) / b["cpu_us_per_req"]
-                                 for r, b in zip(results[mode], results[vs]))
+        return statistics.median(round_ratios(mode, vs))
 
     def ratios(key: str, vs: str) -> str:
         base = best(vs, key)
@@ -633,10 +632,10 @@ def main() -> None:
     if args.serve:
         serve_proxy(*args.serve)
         return
-    if args.side_by_side:
-        unknown = [m for m in args.side_by_side.split(",") if m not in MODES]
-        if unknown:
-            ap.error(f"--side-by-side: unknown mode(s) {', '.join(unknown)}; choose from {', '.join(MODES)}")
+    args.modes = args.side_by_side.split(",") if args.side_by_side else list(MODES)
+    unknown = [m for m in args.modes if m not in MODES]
+    if unknown:
+        ap.error(f"--side-by-side: unknown mode(s) {', '.join(unknown)}; choose from {', '.join(MODES)}")
     if args.quick:
         args.rounds, args.window, args.warmup = 1, 5.0, 2.0
     args.pins = pin_cpus() if args.pin else None  # before this process pins itself to the others
