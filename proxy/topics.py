@@ -257,6 +257,10 @@ class TopicNamingSink:
         self.sink = sink
         self.map = topic_map
         self.resolver = resolver
+        for name in ("tcp", "frame"):  # passed on unchanged: bound once, one call fewer a row (capture: a frame)
+            method = getattr(sink, name, None)
+            if method is not None:
+                setattr(self, name, method)
 
     def request(self, row: Row) -> None:
         topics = row.get("topics")

@@ -8,9 +8,9 @@ Why this shape
   forwarding. Each counter is written by exactly one thread (enqueue side by
   the loop, dequeue side by the writer), so no lock is needed.
 * **A writer process** (`writer="process"`, what `kafkatap proxy` uses; issue 16):
-  the loop thread keeps a request row as the tuple of its values
-  (`TUPLE_DATASETS`), pickles every `PACK_ROWS` (64) queued rows into one
-  chunk (~0.1 ms) and frees them; a thread of the proxy wakes every
+  the loop thread keeps a request row or captured frame as the tuple of its
+  values (`TUPLE_DATASETS`), pickles every `PACK_ROWS` (64) queued rows (frames:
+  sooner, at `PACK_BYTES`) into one chunk (~0.1 ms) and frees them; a thread of the proxy wakes every
   `flush_interval_s` and writes the chunks (and the tail, pickled there) to a
   pipe to a child process (`recording.writer_child`) that does everything
   below — Arrow, sort, zstd, files, compaction — on another core, with the
@@ -54,6 +54,7 @@ import os
 import pickle
 import secrets
 import shutil
+import struct
 import sys
 import threading
 import time
@@ -95,8 +96,12 @@ PACK_ROWS = 64
 # (`operator.itemgetter`, one C call while the row is hot), not as the dict. The dict is then freed at
 # once, a tuple pickles in half the time of a dict (no key per value), and the writer process builds
 # Arrow column by column from the tuples instead of converting dicts. Rows without every column
-# (tests, hand-made rows) stay dicts; both may meet in one chunk.
-TUPLE_DATASETS = ("requests",)
+# (tests, hand-made rows) stay dicts; both may meet in one chunk. Captured frames go the same way (kept
+# as dicts until the next flush, they cost the proxy more than their own capture: bench/RESULTS.md).
+TUPLE_DATASETS = ("requests", "frames")
+# writer="process", frames: a pack also closes once its frames hold this many data bytes, so one pickle
+# call on the loop thread copies at most this plus one frame (a frame's size is bounded by the decoder).
+PACK_BYTES = 256 << 10
 
 
 def _row_size(row: Row) -> int:
@@ -107,6 +112,20 @@ def _row_size(row: Row) -> int:
         if isinstance(v, (list, dict)):
             size += sum(sys.getsizeof(x) for x in v)
     return size
+
+
+_HEADER_KEY_VERSION = struct.Struct(">hh")  # a request frame's api key and version, after its 4-byte size
+
+
+def row_data_bytes(s: "_Stream", rows: Iterable[Any]) -> int:
+    """Frame bytes that rows (dicts or value tuples) carry: what the frames queue's byte cap counts."""
+    i = s.data_at
+    total = 0
+    for r in rows:
+        d = r[i] if type(r) is tuple else r.get("data")
+        if d:
+            total += len(d)
+    return total
 
 
 def _as_dicts(s: "_Stream", tuples: list[tuple]) -> list[Row]:
@@ -125,7 +144,8 @@ class _Stream:
     __slots__ = ("name", "schema", "struct", "names", "as_tuple", "queue", "cap_rows", "cap_bytes", "row_bytes",
                  "enqueued", "dropped", "enq_bytes", "deq_bytes", "write_dropped", "dropped_reported",
                  "dropped_logged", "rows_written", "files_written", "shipped", "gone_written", "gone_dropped",
-                 "gone_files", "packed", "pk_rows", "pk_bytes", "tx_rows", "tx_bytes", "segments", "time_col")
+                 "gone_files", "packed", "pk_rows", "pk_bytes", "pk_data", "tx_rows", "tx_bytes", "segments", "time_col",
+                 "data_at")
 
     def __init__(self, name: str, cap_rows: int, cap_bytes: int) -> None:
         self.name = name
@@ -135,6 +155,8 @@ class _Stream:
         # writer="process": the row → values tuple of TUPLE_DATASETS (None: rows stay dicts)
         self.as_tuple: Callable[[Row], tuple] | None = (
             itemgetter(*self.struct.names) if name in TUPLE_DATASETS else None)  # type: ignore[attr-defined]
+        names = self.struct.names  # type: ignore[attr-defined]
+        self.data_at: int | None = names.index("data") if "data" in names else None  # frames: the bytes' slot
         self.queue: deque[Row] = deque()
         self.cap_rows = cap_rows
         self.cap_bytes = cap_bytes  # estimated queue memory (rows × row_bytes; frames: their data)
@@ -157,9 +179,11 @@ class _Stream:
         self.gone_dropped = 0
         self.gone_files = 0
         # writer="process": pickled chunks of rows (payload, rows) waiting for the shipping thread;
-        # pk_* are written by the loop thread (packing), tx_* by the shipping thread (sending)
+        # pk_* are written by the loop thread (packing), tx_* by the shipping thread (sending).
+        # Frames: pk_data is the frame bytes that packing took out of the queue, so the bytes still
+        # queued are enq_bytes - pk_data - deq_bytes (each counter written by one thread only)
         self.packed: deque[tuple[bytes, int]] = deque()
-        self.pk_rows = self.pk_bytes = 0
+        self.pk_rows = self.pk_bytes = self.pk_data = 0
         self.tx_rows = self.tx_bytes = 0
         self.segments: dict[Path, Segment] = {}
         self.time_col = TIME_COLUMN[name]
@@ -368,6 +392,8 @@ class ParquetRecorder:
             pass
         if not rows:
             return
+        if s.data_at is not None:
+            s.pk_data += row_data_bytes(s, rows)  # out of the queue's bytes, whether they pickle or not
         try:
             payload = pickle.dumps(("rows", s.name, rows), protocol=5)
         except Exception:  # noqa: BLE001 — a value pickle refuses (a bug upstream): that row is dropped, counted
@@ -410,11 +436,24 @@ class ParquetRecorder:
             self.frames_redacted += 1
             return
         s = self._frames
-        data = row.get("data") or b""
-        if len(s.queue) < s.cap_rows and s.enq_bytes - s.deq_bytes + len(data) <= s.cap_bytes:
-            s.queue.append(row)
+        data = row.get("data")
+        size = len(data) if data else 0
+        q = s.queue
+        n = len(q)
+        queued = s.enq_bytes - s.pk_data - s.deq_bytes  # writer="thread": the pk_* and tx_* counters stay 0
+        if n + s.pk_rows - s.tx_rows < s.cap_rows and queued + s.pk_bytes - s.tx_bytes + size <= s.cap_bytes:
             s.enqueued += 1
-            s.enq_bytes += len(data)
+            s.enq_bytes += size
+            if self.writer == "process":  # as request rows: a value tuple, packed while it is hot
+                try:
+                    row = s.as_tuple(row)  # type: ignore[misc]
+                except KeyError:  # a row without every column travels as the dict it is
+                    pass
+                q.append(row)
+                if n + 1 >= PACK_ROWS or queued + size >= PACK_BYTES:
+                    self._pack(s)
+            else:
+                q.append(row)
         else:
             s.dropped += 1
 
@@ -428,8 +467,7 @@ class ParquetRecorder:
             data = row.get("data")
             if not data or len(data) < 8:
                 return False
-            hdr_key = int.from_bytes(data[4:6], "big", signed=True)
-            hdr_ver = int.from_bytes(data[6:8], "big", signed=True)
+            hdr_key, hdr_ver = _HEADER_KEY_VERSION.unpack_from(data, 4)
             if hdr_key != api_key or hdr_key == SASL_AUTHENTICATE or hdr_ver != row.get("api_version", hdr_ver):
                 return False
         return True
@@ -562,7 +600,7 @@ class ParquetRecorder:
                     r = pop()
                     n -= 1
                     rows.append(r)
-                    size += len(r.get("data") or b"")
+                    size += row_data_bytes(s, (r,))
                 s.deq_bytes += size
             else:
                 k = min(n, CHUNK_ROWS)
@@ -637,7 +675,7 @@ class ParquetRecorder:
         for _ in range(n):
             rows.append(pop())
         if s.name == "frames":
-            s.deq_bytes += sum(len(r.get("data") or b"") for r in rows)
+            s.deq_bytes += row_data_bytes(s, rows)
         return rows
 
     def _to_table(self, s: _Stream, rows: list[Row]) -> pa.Table:

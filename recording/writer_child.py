@@ -21,7 +21,7 @@ import sys
 from typing import Any
 
 from recording.compaction import name_os_thread
-from recording.writer import ParquetRecorder
+from recording.writer import ParquetRecorder, row_data_bytes
 from recording.writer_pipe import recv, send
 
 
@@ -84,7 +84,7 @@ def main() -> int:
             s.queue.extend(rows)
             s.enqueued += len(rows)
             if s.name == "frames":
-                s.enq_bytes += sum(len(r.get("data") or b"") for r in rows)
+                s.enq_bytes += row_data_bytes(s, rows)
         elif kind in ("flush", "close"):
             for name, dropped in msg[1].items():  # dropped before reaching this process: the proxy logged them
                 s = streams[name]

@@ -164,3 +164,57 @@ def test_the_rows_pipe_is_widened(tmp_path: Path) -> None:
         assert fcntl.fcntl(r._child.proc.stdin.fileno(), fcntl.F_GETPIPE_SZ) == PIPE_BYTES
     finally:
         r.close()
+
+
+def _frames(n: int, size: int = 200) -> list[dict]:
+    """Request frames whose own header agrees with the row (the recorder refuses the others)."""
+    out = []
+    for i in range(n):
+        body = (3).to_bytes(2, "big") + (12).to_bytes(2, "big") + i.to_bytes(4, "big") + bytes(size - 12)
+        out.append(frame_row("p1", f"c{i % 4:05d}", 3, len(body).to_bytes(4, "big") + body, api_version=12,
+                             correlation_id=i))
+    return out
+
+
+def test_captured_frames_travel_as_value_tuples_packed_by_rows_and_bytes(tmp_path: Path) -> None:
+    """Frames are packed on the loop thread like request rows: every 64, or sooner when their bytes add up."""
+    from recording.writer import PACK_BYTES, PACK_ROWS
+
+    r = ParquetRecorder(tmp_path / "probe", "p1", capture="all", fsync=False, flush_interval_s=3600,
+                        writer="process").start()
+    s = r._frames
+    r.frame(_frames(1)[0])
+    assert [type(x) for x in s.queue] == [tuple]
+    for f in _frames(PACK_ROWS - 1):
+        r.frame(f)
+    assert not s.queue and len(s.packed) == 1 and s.pk_rows == PACK_ROWS
+    big = _frames(2, size=PACK_BYTES // 2 + 1)
+    r.frame(big[0])
+    assert len(s.queue) == 1  # half the bytes: still queued
+    r.frame(big[1])
+    assert not s.queue and len(s.packed) == 2  # two frames, but their bytes closed the pack
+    r.close()
+    assert r.stats()["rows_written"]["frames"] == PACK_ROWS + 2 and r.dropped()["frames"] == 0
+    assert s.enq_bytes - s.pk_data - s.deq_bytes == 0 and s.pk_bytes == s.tx_bytes  # every byte left the cap
+    frames = _frames(300, size=300) + _frames(3, size=PACK_BYTES)
+    for w in ("thread", "process"):
+        rec = ParquetRecorder(tmp_path / w, "p1", capture="all", fsync=False, flush_interval_s=3600, writer=w).start()
+        for f in frames:
+            rec.frame(dict(f))
+        rec.close()
+    a = read_recording(tmp_path / "thread", "frames", with_partitions=False)
+    b = read_recording(tmp_path / "process", "frames", with_partitions=False)
+    assert a.num_rows == b.num_rows == 303
+    assert a.sort_by("correlation_id").equals(b.sort_by("correlation_id"))
+
+
+def test_the_frames_byte_cap_counts_packed_frames_until_they_are_shipped(tmp_path: Path) -> None:
+    r = ParquetRecorder(tmp_path, "p1", capture="all", fsync=False, flush_interval_s=3600, writer="process",
+                        frame_queue_bytes=1_000_000, compact_interval_s=0).start()
+    for f in _frames(30, size=100_000):  # packed every third frame (PACK_BYTES), never shipped before close
+        r.frame(f)
+    kept = r._frames.enqueued
+    assert len(r._frames.packed) >= 2 and 8 <= kept <= 10 and r.dropped()["frames"] == 30 - kept
+    r.close()
+    st = r.stats()
+    assert st["rows_written"]["frames"] == kept and st["rows_written"]["frames"] + st["dropped"]["frames"] == 30
