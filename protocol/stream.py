@@ -94,6 +94,19 @@ _I32 = Struct(">i").unpack_from
 _I16 = Struct(">h").unpack_from
 
 
+def _incremental_failure(head: Head, request: bool, frame: memoryview) -> BaseException | None:
+    """How the incremental walker fails on this whole frame: the reason a frame that arrived in pieces gets.
+
+    The plain walker stops early where a count cannot fit the bytes left (it knows where the frame ends);
+    the incremental walker, which sees one window at a time, reads on and may meet a malformed value
+    first. A bad frame must get the same reason however it was chunked, so the plain walker's failure
+    is replaced by this one. Runs only for frames that do not decode.
+    """
+    window = bytes(frame[head.body_pos:])
+    walk = walker(head.key, request, head.ver, True)
+    return IncrementalBody(walk(window, 0, len(window), Summary()), len(frame), head.body_pos, window).failure
+
+
 class KafkaStream:
     """One Kafka connection, both directions; see the module docstring."""
 
@@ -466,12 +479,13 @@ class KafkaStream:
         if head is None:
             return
         if head.summary is not None:
+            request = side.direction is Direction.REQUEST
             try:
-                end = walker(head.key, side.direction is Direction.REQUEST, head.ver)(frame, head.body_pos, size, head.summary)
+                end = walker(head.key, request, head.ver)(frame, head.body_pos, size, head.summary)
                 if end != size:
                     end_mismatch(head, end, size)
             except Exception as exc:
-                head.fail = walk_failure(exc, size)
+                head.fail = walk_failure(_incremental_failure(head, request, frame) or exc, size)
         self._emit_frame(side, head, start, size, now_ns, now_ns)
 
     def _finish(self, side: Side, fr: FrameInProgress, now_ns: int) -> None:

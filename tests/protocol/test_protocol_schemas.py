@@ -62,6 +62,19 @@ def test_random_bytes_never_raise(data: bytes, chunk: int) -> None:
     feed(data, data[::-1], chunk=chunk or None)
 
 
+def test_a_bad_body_gets_one_reason_however_it_was_chunked() -> None:
+    """A flipped byte makes an array count too large for the body: the plain walker stops at the count,
+    the incremental one reads on into a malformed varint. Whole or byte by byte, the note must agree
+    (found by the property test below)."""
+    req, resp = pair(8, 8, 8)  # OffsetCommit v8
+    bad = bytearray(req)
+    bad[32] ^= 0x80
+    whole = strip_times(feed(bytes(bad), resp))
+    assert whole[0].decode_note is not None and whole[0].decode_note.startswith("body_overrun")
+    for chunk in (1, 7, 50):
+        assert strip_times(feed(bytes(bad), resp, chunk=chunk)) == whole
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(CASES), st.integers(0, 10**6), st.data())
 def test_truncated_and_corrupted_frames_never_raise(case: tuple[int, int], seed: int, data: st.DataObject) -> None:
