@@ -218,3 +218,17 @@ def test_the_frames_byte_cap_counts_packed_frames_until_they_are_shipped(tmp_pat
     r.close()
     st = r.stats()
     assert st["rows_written"]["frames"] == kept and st["rows_written"]["frames"] + st["dropped"]["frames"] == 30
+
+
+def test_request_rows_stop_at_the_byte_cap_counting_packed_chunks_by_their_size(tmp_path: Path) -> None:
+    """Room is granted a pack at a time, never past either cap; what is refused is counted."""
+    r = ParquetRecorder(tmp_path, "p1", fsync=False, flush_interval_s=3600, writer="process",
+                        queue_bytes=2 * 60_000, compact_interval_s=0).start()  # requests get half: 60,000 bytes
+    s = r._req
+    for row in _full_rows(3000):  # never shipped before close: everything kept waits in the proxy
+        r.request(row)
+    kept = 3000 - r.dropped()["requests"]
+    assert 0 < kept < 3000
+    assert s.pk_bytes - s.tx_bytes + len(s.queue) * s.row_bytes <= 60_000
+    r.close()
+    assert r.stats()["rows_written"]["requests"] == kept
