@@ -31,7 +31,7 @@ flush's answer before it ships more, so the child holds at most one queue's
 worth of rows (the recorder's `queue_rows` / `queue_bytes` bound both sides);
 the pipe itself holds one 512-row chunk.
 
-The child runs `python -m recording.writer_child`; this module imports
+The child runs `python -P -m recording.writer_child` from this checkout; this module imports
 nothing of the writer, so neither side imports the other.
 """
 
@@ -115,8 +115,10 @@ class WriterProcess:
     def __init__(self, config: dict[str, Any], on_stats: Callable[[WriterProcess, dict[str, Any]], None]) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_PROJECT_ROOT), env.get("PYTHONPATH")) if p)
+        # -P: not the working directory first on sys.path (what `-m` does by default), so the child runs the
+        # same code as the proxy, whatever directory the proxy was started from
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "recording.writer_child"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            [sys.executable, "-P", "-m", "recording.writer_child"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=None, env=env, start_new_session=True, close_fds=True,
         )
         self.pid = self.proc.pid
