@@ -70,6 +70,7 @@ import structlog
 
 from protocol.apis import SASL_AUTHENTICATE
 from recording.compaction import Compactor, FlushFile, Segment, name_os_thread, take_due
+from recording.derived import DERIVED_COLUMNS, derive
 from recording.files import ParquetOptions, file_metadata, write_atomic
 from recording.layout import HOUR_NS, TIME_COLUMN, flush_name, new_run_id, partition_dir, recover
 from recording.schema import COLUMNS, arrow_schema
@@ -114,6 +115,8 @@ def _row_size(row: Row) -> int:
     return size
 
 
+# what pyarrow raises when a value does not fit its column
+_CONVERSION_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError)
 _HEADER_KEY_VERSION = struct.Struct(">hh")  # a request frame's api key and version, after its 4-byte size
 
 
@@ -128,12 +131,6 @@ def row_data_bytes(s: "_Stream", rows: Iterable[Any]) -> int:
     return total
 
 
-def _as_dicts(s: "_Stream", tuples: list[tuple]) -> list[Row]:
-    """Value tuples back into row dicts (the slow way, for a chunk whose columns would not convert)."""
-    names = s.struct.names  # type: ignore[attr-defined]
-    return [dict(zip(names, t)) for t in tuples]
-
-
 class RecordingError(RuntimeError):
     """The recording directory cannot be used (message says why and what to do)."""
 
@@ -145,17 +142,20 @@ class _Stream:
                  "enqueued", "dropped", "enq_bytes", "deq_bytes", "write_dropped", "dropped_reported",
                  "dropped_logged", "rows_written", "files_written", "shipped", "gone_written", "gone_dropped",
                  "gone_files", "packed", "pk_rows", "pk_bytes", "pk_data", "tx_rows", "tx_bytes", "segments", "time_col",
-                 "data_at", "room")
+                 "data_at", "room", "tuple_names")
 
     def __init__(self, name: str, cap_rows: int, cap_bytes: int) -> None:
         self.name = name
         self.schema = arrow_schema(name)
         self.struct = pa.struct(list(ingest_schema(name)))  # rows carry timestamps as int epoch ns
         self.names = set(self.schema.names)
-        # writer="process": the row → values tuple of TUPLE_DATASETS (None: rows stay dicts)
+        # writer="process": the row → values tuple of TUPLE_DATASETS (None: rows stay dicts), without the
+        # columns the writer process derives from the others (`recording.derived`)
+        derived = DERIVED_COLUMNS.get(name, ())
+        self.tuple_names = [n for n in self.struct.names if n not in derived]  # type: ignore[attr-defined]
         self.as_tuple: Callable[[Row], tuple] | None = (
-            itemgetter(*self.struct.names) if name in TUPLE_DATASETS else None)  # type: ignore[attr-defined]
-        names = self.struct.names  # type: ignore[attr-defined]
+            itemgetter(*self.tuple_names) if name in TUPLE_DATASETS else None)
+        names = self.tuple_names
         self.data_at: int | None = names.index("data") if "data" in names else None  # frames: the bytes' slot
         self.queue: deque[Row] = deque()
         self.cap_rows = cap_rows
@@ -696,29 +696,32 @@ class ParquetRecorder:
 
         Value tuples (`TUPLE_DATASETS`, from a proxy's writer="process") are converted column by column,
         apart from any dict rows beside them (the writer process only: in one call, as its GIL is its own).
-        When their columns do not convert they go the dicts' way, so only the bad rows are dropped.
+        When their columns do not convert they are converted one by one, so only the bad rows are dropped.
         """
         batches = []
         tuples = [r for r in rows if type(r) is tuple]
         if tuples:
-            dicts = [r for r in rows if type(r) is not tuple]
-            batch = self._columns_to_batch(s, tuples)
-            if batch is None:
-                dicts += _as_dicts(s, tuples)
-            else:
-                batches.append(batch)
-            rows = dicts
+            rows = [r for r in rows if type(r) is not tuple]
+            try:
+                batches.append(self._columns_to_batch(s, tuples))
+            except _CONVERSION_ERRORS:
+                for t in tuples:
+                    try:
+                        batches.append(self._columns_to_batch(s, [t]))
+                    except _CONVERSION_ERRORS as exc:
+                        s.write_dropped += 1
+                        self._error("recording row does not match the schema", exc, dataset=s.name)
         for i in range(0, len(rows), _CONVERT_CHUNK):
             chunk = rows[i:i + _CONVERT_CHUNK]
             try:
                 arr = pa.array(chunk, type=s.struct)
-            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+            except _CONVERSION_ERRORS:
                 good = []
                 for r in chunk:
                     try:
                         pa.array([r], type=s.struct)
                         good.append(r)
-                    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
+                    except _CONVERSION_ERRORS as exc:
                         s.write_dropped += 1
                         self._error("recording row does not match the schema", exc, dataset=s.name)
                 if not good:
@@ -731,14 +734,13 @@ class ParquetRecorder:
         return from_epoch_ns(pa.Table.from_batches(batches), s.name)
 
     @staticmethod
-    def _columns_to_batch(s: _Stream, tuples: list[tuple]) -> pa.RecordBatch | None:
-        """Value tuples → one record batch, a column at a time (None when a value does not fit its column)."""
-        fields = list(s.struct)
-        try:
-            arrays = [pa.array(col, type=f.type) for col, f in zip(zip(*tuples), fields)]
-            return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
-            return None
+    def _columns_to_batch(s: _Stream, tuples: list[tuple]) -> pa.RecordBatch:
+        """Value tuples → one record batch, a column at a time, the derived columns computed from the others
+        (`recording.derived`). Raises one of `_CONVERSION_ERRORS` when a value does not fit its column."""
+        fields = {f.name: f for f in s.struct}
+        cols = {n: pa.array(col, type=fields[n].type) for n, col in zip(s.tuple_names, zip(*tuples))}
+        cols.update(derive(s.name, cols, {n: fields[n].type for n in DERIVED_COLUMNS.get(s.name, ())}))
+        return pa.RecordBatch.from_arrays([cols[n] for n in fields], schema=pa.schema(list(s.struct)))
 
     def _flush_stream(self, s: _Stream) -> None:
         rows = self._drain(s)

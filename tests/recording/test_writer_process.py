@@ -127,7 +127,7 @@ def test_full_request_rows_travel_as_value_tuples_and_are_written_alike(tmp_path
     probe.request(dict(rows[-1]))
     assert [type(r) for r in probe._req.queue] == [tuple, dict]
     batch = ParquetRecorder._columns_to_batch(probe._req, [probe._req.as_tuple(r) for r in rows[:1000]])
-    assert batch is not None and batch.num_rows == 1000  # column by column, not the dicts' fallback
+    assert batch.num_rows == 1000  # column by column, not row by row
     probe.close()
     others = (connection_row("p1", "c00001"), tcp_row("p1", "c00001"),
               frame_row("p1", "c00001", 3, b"\x00\x00\x00\x0c\x00\x03\x00\x0c\x00\x00\x00\x07", api_version=12))
@@ -232,3 +232,57 @@ def test_request_rows_stop_at_the_byte_cap_counting_packed_chunks_by_their_size(
     assert s.pk_bytes - s.tx_bytes + len(s.queue) * s.row_bytes <= 60_000
     r.close()
     assert r.stats()["rows_written"]["requests"] == kept
+
+
+def test_derived_columns_equal_the_proxys_own_rows(tmp_path: Path) -> None:
+    """The writer process computes latencies, `answered` and `error_count` itself (`recording.derived`):
+    they must equal what `proxy.rows.request_row` put in the rows, with missing and out-of-order clocks."""
+    from protocol.events import ErrorSeen, RequestSeen, ResponseSeen, Summary
+    from proxy.facts import ConnectionFacts
+    from proxy.rows import request_row
+
+    conn = ConnectionFacts(proxy_id="p1", conn_id="c1", listener="l", mode="explicit", opened_ns=0,
+                           client_addr="127.0.0.1:5000", broker_addr="127.0.0.1:9092")
+    base = 1_790_000_000_000_000_000
+    rows = []
+    for i, (last, sent, rfirst, rlast, rsent, status) in enumerate([
+        (1_500, 2_999, 900_001, 901_000, 1_000_999, "answered"),
+        (5_000, 4_001, 3_000, 3_500, 3_200, "answered"),  # out of order: negative spans floor like Python's //
+        (700, 1_300, None, None, None, "unanswered"),  # no response: null latencies, not answered
+        (700, None, None, None, None, "unanswered"),  # never sent either
+    ]):
+        req = RequestSeen(0, 40, base, base + last, 3, 12, "Metadata", i, "c", True, Summary())
+        resp = None
+        if rfirst is not None:
+            errors = [ErrorSeen(3, "UNKNOWN_TOPIC_OR_PARTITION", "t", 0)] * i
+            resp = ResponseSeen(40, 30, base + rfirst, base + rlast, i, req, Summary(errors=errors))
+        rows.append(request_row(conn, req, resp, None if sent is None else base + sent,
+                                None if rsent is None else base + rsent, status))
+    assert rows[1]["proxy_req_delay_us"] == -1 and rows[1]["error_count"] == 1
+    r = ParquetRecorder(tmp_path, "p1", fsync=False, flush_interval_s=3600, writer="process",
+                        compact_interval_s=0).start()
+    for row in rows:
+        r.request(dict(row))
+    assert all(type(x) is tuple for x in r._req.queue)
+    r.close()
+    got = read_recording(tmp_path, "requests", with_partitions=False).sort_by("correlation_id").to_pylist()
+    for name in ("latency_us", "broker_latency_us", "proxy_req_delay_us", "proxy_resp_delay_us", "answered",
+                 "error_count"):
+        assert [g[name] for g in got] == [row[name] for row in rows], name
+
+
+def test_the_writer_process_runs_this_checkouts_code_whatever_the_working_directory(tmp_path: Path,
+                                                                                     monkeypatch) -> None:
+    """`python -m` puts the working directory first on sys.path: another `recording` package there (an older
+    checkout, say) must not become the writer process."""
+    impostor = tmp_path / "cwd" / "recording"
+    impostor.mkdir(parents=True)
+    (impostor / "__init__.py").write_text("")
+    (impostor / "writer_child.py").write_text("raise SystemExit(3)\n")
+    monkeypatch.chdir(tmp_path / "cwd")
+    r = ParquetRecorder(tmp_path / "rec", "p1", fsync=False, flush_interval_s=3600, writer="process",
+                        compact_interval_s=0).start()
+    for row in _full_rows(100):
+        r.request(row)
+    r.close()
+    assert r.stats()["rows_written"]["requests"] == 100 and r.write_errors == 0
