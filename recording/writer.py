@@ -18,7 +18,7 @@ Why this shape
   the queue holds ~270 bytes per row instead of a ~2.5 KiB dict, and Arrow
   and Parquet (~10 µs a row) leave the proxy's process; taking the values and
   pickling them (~1.5 µs a row in a warm loop) is what recording still costs it
-  (about +9-11 % CPU per request over live stats alone, bench/RESULTS.md).
+  (about +8-10 % CPU per request over live stats alone, bench/RESULTS.md).
   A child that dies is replaced at the next flush; the rows it had not
   confirmed are counted as dropped.
 * **Or one writer thread** (`writer="thread"`, the default for direct use:
