@@ -3,6 +3,8 @@
     .venv/bin/python bench/recording_cost.py            # full run (~3 min), prints a markdown section
     .venv/bin/python bench/recording_cost.py --quick    # shorter windows
     .venv/bin/python bench/recording_cost.py --side-by-side --rate 6000 --rounds 8   # the steadier ratio
+    .venv/bin/python bench/recording_cost.py --side-by-side stats,record --before 39761f9 --rate 6000 --rounds 8
+                                                              # a change's effect: REV's proxies in the same run
 
 `--side-by-side` runs the stats, record and record+capture proxies at the same time, each with its own
 load, and measures all of them over the same window: whatever disturbs the machine meanwhile falls on
@@ -10,6 +12,10 @@ all of them, so the round's ratios are steadier than those of windows taken one 
 same mode moved by up to 38 % between two sequential windows). Their sum must stay below what the
 two cores can carry: 3 × 6,000 req/s does, 3 × 20,000 does not (each proxy then reaches only what it
 gets of the CPU, and the ratios compare different rates).
+
+`--before REV` adds, beside each side-by-side mode other than `stats`, the same mode served from the
+code of git revision REV (`MODE@before`, extracted with `git archive` into a temporary directory): a
+change's effect measured in the same windows as the code it replaced, with no copy of the bench.
 
 How (and why this way):
 1. Real frames: a real broker (LocalKafka) and real kafka-python clients run
@@ -66,8 +72,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+# the code under test; a `MODE@before` proxy is served from another revision's tree (`--before`)
+ROOT = Path(os.environ.get("KAFKATAP_BENCH_ROOT") or Path(__file__).resolve().parents[1])
 sys.path.insert(0, str(ROOT))
+BEFORE = "@before"
 
 CLK = os.sysconf("SC_CLK_TCK")
 
@@ -337,7 +345,8 @@ def serve_proxy(mode: str, upstream: str, record_dir: str) -> None:
 
 
 async def run_modes(modes: list[str], upstream_port: int, pairs, rate: float, warm: float, window: float,
-                    record_dirs: list[str], pins: tuple[set[int], set[int]] | None = None) -> list[dict[str, Any]]:
+                    record_dirs: list[str], pins: tuple[set[int], set[int]] | None = None,
+                    before_root: str | None = None) -> list[dict[str, Any]]:
     """One proxy process per mode, all loaded at `rate` at once and measured over the same window.
 
     With one mode this is the sequential bench. With several (`--side-by-side`), every proxy meets
@@ -348,8 +357,16 @@ async def run_modes(modes: list[str], upstream_port: int, pairs, rate: float, wa
     env = dict(os.environ)
     if pins:
         env["KAFKATAP_BENCH_PROXY_CPU"] = str(min(pins[0]))
-    procs = [subprocess.Popen([sys.executable, __file__, "--serve", mode, f"127.0.0.1:{upstream_port}", d],
-                              stdout=subprocess.PIPE, text=True, env=env) for mode, d in zip(modes, record_dirs)]
+    def serve(mode: str, d: str) -> subprocess.Popen:
+        if not mode.endswith(BEFORE):
+            return subprocess.Popen([sys.executable, __file__, "--serve", mode, f"127.0.0.1:{upstream_port}", d],
+                                    stdout=subprocess.PIPE, text=True, env=env)
+        # REV's code, started from REV's tree: an older writer process is found through the working directory
+        return subprocess.Popen([sys.executable, __file__, "--serve", mode.removesuffix(BEFORE),
+                                 f"127.0.0.1:{upstream_port}", d], stdout=subprocess.PIPE, text=True,
+                                env={**env, "KAFKATAP_BENCH_ROOT": str(before_root)}, cwd=before_root)
+
+    procs = [serve(mode, d) for mode, d in zip(modes, record_dirs)]
     ports = [int(proc.stdout.readline()) for proc in procs]
     loads = [Load({k: v[0] for k, v in pairs.items()}, rate, conns=16, depth=8) for _ in modes]
     tasks = [asyncio.ensure_future(load.run(("127.0.0.1", port), warm + window)) for load, port in zip(loads, ports)]
@@ -483,6 +500,18 @@ def _thread_cpu(tid: int | None) -> float:
     return (int(tp[11]) + int(tp[12])) / CLK
 
 
+def extract_revision(rev: str) -> str:
+    """REV's tree in a new temporary directory (`git archive`: no worktree left in the repository)."""
+    try:
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", rev], check=True,
+                                 capture_output=True).stdout
+    except subprocess.CalledProcessError as exc:
+        sys.exit(f"--before {rev}: git cannot archive that revision: {exc.stderr.decode().strip()}")
+    out = tempfile.mkdtemp(prefix="kt-bench-before-")
+    subprocess.run(["tar", "-x", "-C", out], input=archive, check=True)
+    return out
+
+
 # --------------------------------------------------------------------------- main
 MODES = ("off", "stats", "record-thread", "record", "record+capture")  # what `serve_proxy` can run
 SIDE_BY_SIDE = ("stats", "record", "record+capture")  # the issue's ratios, measured in one window each round
@@ -508,7 +537,8 @@ async def amain(args) -> tuple:
             dirs = [tempfile.mkdtemp(prefix=f"kt-bench-{mode.replace('+', '-')}-") for mode in batch]
             for mode, d in zip(batch, dirs):
                 rec_dirs.setdefault(mode, d)
-            for res in await run_modes(batch, upstream_port, pairs, args.rate, args.warmup, args.window, dirs, pins):
+            for res in await run_modes(batch, upstream_port, pairs, args.rate, args.warmup, args.window, dirs, pins,
+                                       args.before_root):
                 print(f"  {res['mode']:15s} {res['rate']:8.0f} req/s  proxy CPU {res['cpu_pct']:5.1f} %  "
                       f"{res['cpu_us_per_req']:5.1f} µs/req  shipping thread {res['writer_pct']:4.1f} %  "
                       f"writer process {res['child_pct']:4.1f} %", file=sys.stderr)
@@ -543,6 +573,7 @@ def report(args, results, sizes, real_bpr, real_rows, synth, side) -> None:
         f"Command: `.venv/bin/python bench/recording_cost.py{' --quick' if args.quick else ''}"
         f"{'' if args.rate == 20_000 else f' --rate {args.rate:.0f}'}"
         f"{f' --side-by-side {args.side_by_side}' if args.side_by_side else ''}"
+        f"{f' --before {args.before}' if args.before else ''}"
         f"{'' if args.rounds == 2 or args.quick else f' --rounds {args.rounds}'}{' --pin' if args.pins else ''}` — "
         f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} shared cores "
         f"(load average {os.getloadavg()[0]:.1f} while it ran), offered {args.rate:,.0f} req/s"
@@ -572,6 +603,9 @@ def report(args, results, sizes, real_bpr, real_rows, synth, side) -> None:
                   "**Side by side, the median over rounds of each round's ratio to `stats`** (the issue's figure in "
                   "this mode; targets record ≤ +10 %, record+capture ≤ +25 %): "
                   + "; ".join(f"{m} {median_by_round(m):+.1f} %" for m in results if m != "stats") + "."]
+        lines += [f"- {m}: `{args.before}` {median_by_round(m + BEFORE):+.1f} % → this checkout "
+                  f"{median_by_round(m):+.1f} %, measured in the same windows"
+                  for m in results if m + BEFORE in results]
     lines += ["",
               "Proxy process CPU per request, best round of each mode — vs `stats` (the issue's ratio): "
               + ratios("cpu_us_per_req", "stats") + ".",
@@ -624,6 +658,9 @@ def main() -> None:
     ap.add_argument("--side-by-side", nargs="?", const=",".join(SIDE_BY_SIDE), metavar="MODES",
                     help="run one proxy per mode at once (default: " + ",".join(SIDE_BY_SIDE) + "), each offered "
                          "--rate, and measure them over the same window (without it: one mode at a time, alternating)")
+    ap.add_argument("--before", metavar="REV",
+                    help="with --side-by-side: also run each mode but stats from git revision REV's code, in the same "
+                         "windows (MODE@before), to measure a change against the code it replaced")
     ap.add_argument("--pin", action="store_true",
                     help="pin the proxy alone to the first core and the load generator, fake broker and writer "
                          "process to the others (default: the OS places them). On the 2-core bench machine this did "
@@ -636,6 +673,12 @@ def main() -> None:
     unknown = [m for m in args.modes if m not in MODES]
     if unknown:
         ap.error(f"--side-by-side: unknown mode(s) {', '.join(unknown)}; choose from {', '.join(MODES)}")
+    args.before_root = None
+    if args.before:
+        if not args.side_by_side:
+            ap.error("--before needs --side-by-side: a revision's proxies are compared in the same windows")
+        args.before_root = extract_revision(args.before)
+        args.modes += [m + BEFORE for m in args.modes if m != "stats"]
     if args.quick:
         args.rounds, args.window, args.warmup = 1, 5.0, 2.0
     args.pins = pin_cpus() if args.pin else None  # before this process pins itself to the others
@@ -646,6 +689,10 @@ def main() -> None:
     configure_logging("json", "warning")  # logs to stderr: stdout is the markdown section
 
     results, sizes, rec_dirs = uvloop.run(amain(args))
+    if args.before_root:
+        import shutil
+
+        shutil.rmtree(args.before_root, ignore_errors=True)
     real_bpr, real_rows = bytes_per_row(Path(rec_dirs["record"])) if "record" in rec_dirs else (0.0, 0)
     synth = synthetic_disk()
     side = {w: loop_side(w) for w in ("thread", "process")}
