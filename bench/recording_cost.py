@@ -367,7 +367,16 @@ async def run_modes(modes: list[str], upstream_port: int, pairs, rate: float, wa
                                 env={**env, "KAFKATAP_BENCH_ROOT": str(before_root)}, cwd=before_root)
 
     procs = [serve(mode, d) for mode, d in zip(modes, record_dirs)]
-    ports = [int(proc.stdout.readline()) for proc in procs]
+    ports = []
+    for mode, proc in zip(modes, procs):
+        line = proc.stdout.readline()
+        if not line.strip().isdigit():  # it died before listening (its error is above on stderr)
+            for p in procs:
+                p.terminate()
+            for p in procs:
+                p.wait(60)
+            sys.exit(f"the {mode} proxy did not start" + (" from the --before revision's code" if BEFORE in mode else ""))
+        ports.append(int(line))
     loads = [Load({k: v[0] for k, v in pairs.items()}, rate, conns=16, depth=8) for _ in modes]
     tasks = [asyncio.ensure_future(load.run(("127.0.0.1", port), warm + window)) for load, port in zip(loads, ports)]
     await asyncio.sleep(warm)
@@ -688,11 +697,13 @@ def main() -> None:
 
     configure_logging("json", "warning")  # logs to stderr: stdout is the markdown section
 
-    results, sizes, rec_dirs = uvloop.run(amain(args))
-    if args.before_root:
-        import shutil
+    try:
+        results, sizes, rec_dirs = uvloop.run(amain(args))
+    finally:
+        if args.before_root:
+            import shutil
 
-        shutil.rmtree(args.before_root, ignore_errors=True)
+            shutil.rmtree(args.before_root, ignore_errors=True)
     real_bpr, real_rows = bytes_per_row(Path(rec_dirs["record"])) if "record" in rec_dirs else (0.0, 0)
     synth = synthetic_disk()
     side = {w: loop_side(w) for w in ("thread", "process")}
