@@ -102,9 +102,12 @@ def _incremental_failure(head: Head, request: bool, frame: memoryview) -> BaseEx
     first. A bad frame must get the same reason however it was chunked, so the plain walker's failure
     is replaced by this one. Runs only for frames that do not decode.
     """
-    window = bytes(frame[head.body_pos:])
-    walk = walker(head.key, request, head.ver, True)
-    return IncrementalBody(walk(window, 0, len(window), Summary()), len(frame), head.body_pos, window).failure
+    try:
+        window = bytes(frame[head.body_pos:])
+        walk = walker(head.key, request, head.ver, True)
+        return IncrementalBody(walk(window, 0, len(window), Summary()), len(frame), head.body_pos, window).failure
+    except Exception:  # noqa: BLE001 - only a better reason was at stake: the plain walker's stands
+        return None
 
 
 class KafkaStream:
