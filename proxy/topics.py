@@ -41,6 +41,7 @@ import structlog
 
 from protocol.apis import CREATE_TOPICS, METADATA
 from protocol.deep import decode_response, encode_request
+from proxy.sink_steps import pass_through
 
 log = structlog.get_logger("kafkatap.proxy")
 
@@ -257,10 +258,7 @@ class TopicNamingSink:
         self.sink = sink
         self.map = topic_map
         self.resolver = resolver
-        for name in ("tcp", "frame"):  # passed on unchanged: bound once, one call fewer a row (capture: a frame)
-            method = getattr(sink, name, None)
-            if method is not None:
-                setattr(self, name, method)
+        pass_through(self, sink, ("tcp", "frame"))  # passed on unchanged
 
     def request(self, row: Row) -> None:
         topics = row.get("topics")
