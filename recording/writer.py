@@ -705,33 +705,30 @@ class ParquetRecorder:
             try:
                 batches.append(self._columns_to_batch(s, tuples))
             except _CONVERSION_ERRORS:
-                for t in tuples:
-                    try:
-                        batches.append(self._columns_to_batch(s, [t]))
-                    except _CONVERSION_ERRORS as exc:
-                        s.write_dropped += 1
-                        self._error("recording row does not match the schema", exc, dataset=s.name)
+                batches += self._one_by_one(s, tuples, lambda t: self._columns_to_batch(s, [t]))
         for i in range(0, len(rows), _CONVERT_CHUNK):
             chunk = rows[i:i + _CONVERT_CHUNK]
             try:
-                arr = pa.array(chunk, type=s.struct)
+                arrays = [pa.array(chunk, type=s.struct)]
             except _CONVERSION_ERRORS:
-                good = []
-                for r in chunk:
-                    try:
-                        pa.array([r], type=s.struct)
-                        good.append(r)
-                    except _CONVERSION_ERRORS as exc:
-                        s.write_dropped += 1
-                        self._error("recording row does not match the schema", exc, dataset=s.name)
-                if not good:
-                    continue
-                arr = pa.array(good, type=s.struct)
-            batches.append(pa.RecordBatch.from_struct_array(arr))
+                arrays = self._one_by_one(s, chunk, lambda r: pa.array([r], type=s.struct))
+            batches += [pa.RecordBatch.from_struct_array(a) for a in arrays]
         if not batches:
             return s.schema.empty_table()
         # int epoch ns → timestamp[us, UTC], once per flush for the whole table (never per row on the loop)
         return from_epoch_ns(pa.Table.from_batches(batches), s.name)
+
+    def _one_by_one(self, s: _Stream, rows: list[Any], convert: Callable[[Any], Any]) -> list[Any]:
+        """`convert` each row alone (a chunk of them did not convert): a row whose values do not fit their
+        columns is dropped, counted and logged; the others are kept."""
+        out = []
+        for r in rows:
+            try:
+                out.append(convert(r))
+            except _CONVERSION_ERRORS as exc:
+                s.write_dropped += 1
+                self._error("recording row does not match the schema", exc, dataset=s.name)
+        return out
 
     @staticmethod
     def _columns_to_batch(s: _Stream, tuples: list[tuple]) -> pa.RecordBatch:
