@@ -64,6 +64,7 @@ import datetime as dt
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -358,13 +359,13 @@ async def run_modes(modes: list[str], upstream_port: int, pairs, rate: float, wa
     if pins:
         env["KAFKATAP_BENCH_PROXY_CPU"] = str(min(pins[0]))
     def serve(mode: str, d: str) -> subprocess.Popen:
-        if not mode.endswith(BEFORE):
-            return subprocess.Popen([sys.executable, __file__, "--serve", mode, f"127.0.0.1:{upstream_port}", d],
-                                    stdout=subprocess.PIPE, text=True, env=env)
-        # REV's code, started from REV's tree: an older writer process is found through the working directory
+        # a MODE@before proxy runs REV's code, started from REV's tree (an older writer process is found
+        # through the working directory)
+        before = mode.endswith(BEFORE)
         return subprocess.Popen([sys.executable, __file__, "--serve", mode.removesuffix(BEFORE),
                                  f"127.0.0.1:{upstream_port}", d], stdout=subprocess.PIPE, text=True,
-                                env={**env, "KAFKATAP_BENCH_ROOT": str(before_root)}, cwd=before_root)
+                                env={**env, "KAFKATAP_BENCH_ROOT": str(before_root)} if before else env,
+                                cwd=before_root if before else None)
 
     procs = [serve(mode, d) for mode, d in zip(modes, record_dirs)]
     ports = []
@@ -701,8 +702,6 @@ def main() -> None:
         results, sizes, rec_dirs = uvloop.run(amain(args))
     finally:
         if args.before_root:
-            import shutil
-
             shutil.rmtree(args.before_root, ignore_errors=True)
     real_bpr, real_rows = bytes_per_row(Path(rec_dirs["record"])) if "record" in rec_dirs else (0.0, 0)
     synth = synthetic_disk()
