@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +39,7 @@ from recording.reader import live_files
 TABLE_ROW_CAP = 20_000  # a table bigger than this is a detail list; the report and rules need the top rows only
 NICE_BUCKETS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400)
 TARGET_BUCKETS = 120
+OVERLAP_MAX_ROWS = 2_000_000  # up to this many recorded rows, a local analysis overlaps its passes (overlapped_passes)
 
 FINDINGS_FORMAT = 1
 
@@ -276,6 +277,47 @@ class _RuntimeConf:
                 self.spark.conf.set(key, value)
 
 
+class _OneByOne:
+    """The executor of `pass_runner(1)`: each submitted pass runs at once, on the caller's thread."""
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        done: Future = Future()
+        try:
+            done.set_result(fn(*args))
+        except BaseException as e:  # handed to whoever asks for the result, as a pool would
+            done.set_exception(e)
+        return done
+
+    def __enter__(self) -> "_OneByOne":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def pass_runner(passes: int) -> ThreadPoolExecutor | _OneByOne:
+    """Where the job submits its passes over the requests: a pool of `passes - 1` threads (the job's own
+    thread runs one more), or, for `passes` <= 1, one after another in submission order."""
+    if passes <= 1:
+        return _OneByOne()
+    return ThreadPoolExecutor(max_workers=passes - 1, thread_name_prefix="kafkatap-pass")
+
+
+def overlapped_passes(master: str, input_rows: int | None, parallel: int) -> int:
+    """How many of the passes over the requests run at a time: `parallel`, unless the input is big and local.
+
+    On a small or mid-sized input each pass's time is Spark's fixed per-job cost (planning,
+    scheduling, single-task stages), which leaves a core idle: overlapping three took ~1 s off a
+    demo-sized analysis and 3–6 s off most 1 M-request ones. Past OVERLAP_MAX_ROWS the passes' own
+    tasks keep both local cores busy and overlapping only adds contention (10 M requests: 53 and
+    61 s one by one, 59 and 61 s overlapped; bench/RESULTS.md, twelfth session), so a big or
+    unknown-sized local input gets them one by one. A cluster has the cores: it overlaps.
+    """
+    if is_local(master) and (input_rows is None or input_rows > OVERLAP_MAX_ROWS):
+        return 1
+    return max(1, parallel)
+
+
 def row_counts(frames: dict[str, DataFrame]) -> dict[str, int]:
     """Rows of each (pinned) frame, counted in one Spark job instead of one job each.
 
@@ -351,16 +393,17 @@ def run_analysis(
     spark = spark or running_session()
     spark_master = spark.sparkContext.master if spark is not None else default_master(master)
     # counted before a JVM starts: its JIT follows the size (session.driver_jvm); a cluster's storage is not read here
-    rows = input_rows([*dirs, *(compare or ())], C1_ONLY_MAX_ROWS) if is_local(spark_master) else None
+    rows = input_rows([*dirs, *(compare or ())], max(C1_ONLY_MAX_ROWS, OVERLAP_MAX_ROWS)) if is_local(spark_master) else None
     spark = spark or get_spark(master, spark_conf, input_rows=rows)
     filters = L.Filters(*L.time_window(since, until, [*dirs, *(compare or ())]), tuple(brokers), tuple(clients), tuple(topics))
     sized = {k: v for k, v in small_input_settings(spark_master, rows).items()
              if k not in (spark_conf or {})}  # the caller's --conf wins
     with _RuntimeConf(spark, sized):
-        return _run(spark, dirs, out, filters, t_start, parallel, compare, compare_mode, tolerance_s, bucket_s, csv, report, progress)
+        passes = overlapped_passes(spark_master, rows, parallel)
+        return _run(spark, dirs, out, filters, t_start, parallel, passes, compare, compare_mode, tolerance_s, bucket_s, csv, report, progress)
 
 
-def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.Filters, t_start: float, parallel: int,
+def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.Filters, t_start: float, parallel: int, passes: int,
          compare: tuple[str | Path, str | Path] | None, compare_mode: str, tolerance_s: float, bucket_s: int | None,
          csv: bool, report: bool, progress: bool) -> AnalysisResult:
     """run_analysis's body, under the size-chosen SQL settings."""
@@ -372,23 +415,27 @@ def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.
         prog.step("reading", f"{', '.join(main_dirs)} (filters: {filters.describe()})")
         rec = L.load(spark, main_dirs, filters)
         full = prepare_requests(rec.requests)  # never cached: the column-pruned passes below read it
-        conns = pin(rec.connections)
-        prog.step("request rollup", "one pass over the requests: sums per connection, client and API")
-        rollup = pin(rollups.request_rollup(full))
-        ov_t = collect(overview.overview(rollup, conns))
-        arrow["overview"] = ov_t
-        ov = (ov_t.to_pylist() or [{}])[0]
-        bucket_s = bucket_s or choose_bucket(ov.get("span_s"))
-        prog.info(f"{ov.get('requests') or 0:,} requests, {ov.get('connections') or 0:,} connections over "
-                  f"{ov.get('span_s') or 0:,.0f} s; time bucket {bucket_s} s")
-        prog.step("topic rollup", "Produce and Fetch per client and topic, request rate per broker over time, errors")
-        topics = pin(rollups.topic_rollup(full, bucket_s))
-        traffic = pin(rollups.traffic_over_time(full, bucket_s))
-        notable = pin(rollups.notable_requests(full))  # few rows: errors, and the answers that named brokers
-        sides = pin(tcp.tcp_sides(conns, rec.tcp))
-        prog.step("latency cube", "all latency views from one pass over the requests")
-        cube = pin(latency_cube(full, bucket_s))
-        views = pin(percentile_views(cube))
+        with pass_runner(passes) as pool:  # this thread runs one pass; the pool up to passes - 1 more
+            prog.step("request rollup", "one pass over the requests: sums per connection, client and API"
+                      + (f"; the notable rows and TCP sides alongside ({passes} Spark jobs at a time)" if passes > 1 else ""))
+            f_conns = pool.submit(pin, rec.connections)
+            f_notable = pool.submit(lambda: pin(rollups.notable_requests(full)))  # few rows: errors, answers naming brokers
+            f_sides = pool.submit(lambda: pin(tcp.tcp_sides(f_conns.result(), rec.tcp)))
+            rollup = pin(rollups.request_rollup(full))
+            conns = f_conns.result()
+            ov_t = collect(overview.overview(rollup, conns))
+            arrow["overview"] = ov_t
+            ov = (ov_t.to_pylist() or [{}])[0]
+            bucket_s = bucket_s or choose_bucket(ov.get("span_s"))
+            prog.info(f"{ov.get('requests') or 0:,} requests, {ov.get('connections') or 0:,} connections over "
+                      f"{ov.get('span_s') or 0:,.0f} s; time bucket {bucket_s} s")
+            prog.step("topic rollup and latency cube",
+                      "Produce and Fetch per client and topic, request rate per broker over time, all latency views")
+            f_topics = pool.submit(lambda: pin(rollups.topic_rollup(full, bucket_s)))
+            f_traffic = pool.submit(lambda: pin(rollups.traffic_over_time(full, bucket_s)))
+            cube = pin(latency_cube(full, bucket_s))
+            views = pin(percentile_views(cube))
+            topics, traffic, notable, sides = f_topics.result(), f_traffic.result(), f_notable.result(), f_sides.result()
         if prog.enabled:  # counting is a Spark job: only for a reader, and one job for all of them
             n = row_counts({"rollup": rollup, "topics": topics, "traffic": traffic, "errors": notable.where(F.col("error_count") > 0),
                             "cube": cube, "views": views})

@@ -27,7 +27,13 @@ LOG4J = Path(__file__).with_name("log4j2.properties")
 # 1 M one from 90 to 69 s (one run each on a loaded machine). The parallel collector has no concurrent threads
 # competing for the two cores. The driver only: executors of a real cluster keep their own flags.
 # Class-data sharing (analytics.class_archive) still maps its archive with these flags.
-DRIVER_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseParallelGC"
+#
+# C1 also compiles sooner than its defaults: at a third of the usual invocation counts
+# (CompileThresholdScaling=0.3) a 2.4k-request analysis took ~1 s less (four alternating pairs,
+# bench/RESULTS.md, twelfth session); a tenth filled the code cache and was slower. Compiling more
+# needs more room than C1's 48 MB default cache: full, the JVM stops compiling and can fail
+# ("Out of space in CodeCache"), which a 1 M-request analysis did at 0.3. Hence the bigger cache.
+DRIVER_JVM = "-XX:TieredStopAtLevel=1 -XX:CompileThresholdScaling=0.3 -XX:ReservedCodeCacheSize=240m -XX:+UseParallelGC"
 # Past a few million rows the same trade goes the other way: the tasks run long enough for C2's code
 # to pay back its compiling. 10 M requests took 128 s with C1 alone and 77.5 s with the full tiered
 # JIT (the latency cube 61 -> 22 s); at 1 M the two were within the runs' noise (bench/RESULTS.md).
