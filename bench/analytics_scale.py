@@ -8,6 +8,14 @@ subprocess). Prints a table and, with --write-results, replaces the
 "## analytics (bench/analytics_scale.py)" section of bench/RESULTS.md.
 
     .venv/bin/python bench/analytics_scale.py --sizes 1000000 10000000 --write-results
+
+`--before REV --rounds N` measures a change: each round runs `kafkatap analyze` from git
+revision REV's code (extracted with `git archive` into a temporary directory), then from this
+checkout, on the same recording, and the report lists every pair and both medians. On a
+shared 2-core machine the same code's time drifts by a third within an hour; alternating
+pairs are what make a before/after figure mean something.
+
+    .venv/bin/python bench/analytics_scale.py --sizes 2444 1000000 --before HEAD~3 --rounds 4
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ import datetime as dt
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import threading
@@ -27,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
 from proc_tree import TICK, snapshot, tree  # noqa: E402
+from revisions import extract_revision  # noqa: E402
 
 SECTION = "## analytics (bench/analytics_scale.py)"
 SMALL_RECORDING = 100_000  # requests: a recording this small (the demo's is ~2,500) has the "small" target
@@ -79,12 +89,12 @@ def tree_rss_kib(pid: int) -> int:
     return total
 
 
-def run_sampled(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, int, str, str]:
-    """Run cmd; return wall seconds, peak process-tree RSS (KiB), stdout, stderr (CPU seconds in LAST_CPU_S)."""
+def run_sampled(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | str = ROOT) -> tuple[float, int, str, str]:
+    """Run cmd in `cwd`; return wall seconds, peak process-tree RSS (KiB), stdout, stderr (CPU seconds in LAST_CPU_S)."""
     global LAST_CPU_S
     CPU_TICKS.clear()
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
     peak = 0
     stop = threading.Event()
 
@@ -126,7 +136,19 @@ def loadavg() -> str:
         return "?"
 
 
-def bench_size(n: int, work: Path, regenerate: bool) -> dict:
+def analyze_once(d: Path, out: Path, code: Path | str = ROOT) -> dict:
+    """One `kafkatap analyze D --out OUT --quiet` run from the code in `code` (its directory comes first on
+    `python -m`'s path): wall and CPU seconds, peak RSS, the load average before and after."""
+    shutil.rmtree(out, ignore_errors=True)
+    load_before = loadavg()
+    wall, peak, _, _ = run_sampled([sys.executable, "-m", "kafkatap.cli", "analyze", str(d), "--out", str(out), "--quiet"], cwd=code)
+    return {"wall_s": round(wall, 1), "cpu_s": LAST_CPU_S, "peak_mib": round(peak / 1024), "load_before": load_before,
+            "load_after": loadavg(), "findings": len(json.loads((out / "findings.json").read_text())["findings"])}
+
+
+def bench_size(n: int, work: Path, regenerate: bool, rounds: int = 1, before: str | None = None) -> dict:
+    """Generate (if needed) and analyze a recording of n requests: `rounds` runs of this checkout, each after
+    one of the `before` tree when given, then DuckDB's headline queries once."""
     from analytics.synthetic import generate
 
     d = work / f"rec-{n}"
@@ -138,15 +160,36 @@ def bench_size(n: int, work: Path, regenerate: bool) -> dict:
         res["generate_s"] = round(time.monotonic() - t0, 1)
         res["connections"] = counts["connections"]
     res["size_mib"] = round(sum(f.stat().st_size for f in d.rglob("*.parquet")) / 2**20, 1)
-    out = work / f"out-{n}"
-    shutil.rmtree(out, ignore_errors=True)
-    res["load_before"] = loadavg()
-    wall, peak, stdout, _ = run_sampled([sys.executable, "-m", "kafkatap.cli", "analyze", str(d), "--out", str(out), "--quiet"])
-    res.update(spark_s=round(wall, 1), spark_cpu_s=LAST_CPU_S, spark_peak_mib=round(peak / 1024), load_after=loadavg())
-    res["findings"] = len(json.loads((out / "findings.json").read_text())["findings"])
+    runs, before_runs = [], []
+    for i in range(rounds):
+        if before:
+            before_runs.append(analyze_once(d, work / f"out-{n}-before", before))
+            print(f"  round {i + 1}/{rounds}: before {before_runs[-1]['wall_s']} s", file=sys.stderr)
+        runs.append(analyze_once(d, work / f"out-{n}"))
+        print(f"  round {i + 1}/{rounds}: this checkout {runs[-1]['wall_s']} s", file=sys.stderr)
+    res["runs"], res["before_runs"] = runs, before_runs
+    res.update(spark_s=round(statistics.median(r["wall_s"] for r in runs), 1),
+               spark_cpu_s=round(statistics.median(r["cpu_s"] for r in runs), 1),
+               spark_peak_mib=max(r["peak_mib"] for r in runs), load_before=runs[0]["load_before"],
+               load_after=runs[-1]["load_after"], findings=runs[-1]["findings"])
     wall, peak, stdout, _ = run_sampled([sys.executable, "-c", duckdb_script(d)])
     res.update(duckdb_s=round(wall, 1), duckdb_cpu_s=LAST_CPU_S, duckdb_peak_mib=round(peak / 1024), duckdb_queries=json.loads(stdout.strip().splitlines()[-1]))
     return res
+
+
+def pairs_markdown(results: list[dict], rev: str) -> list[str]:
+    """The before/after pairs of every size, in run order, and their medians."""
+    lines = ["", f"Before = `{rev}`, after = this checkout; each round runs before, then after, on the same recording. "
+                 "Wall (CPU) seconds of the whole `kafkatap analyze` process tree, JVM start included.", "",
+             "| requests | round | before | after | after − before | load before→after |", "|---:|---:|---:|---:|---:|---|"]
+    for r in results:
+        for i, (b, a) in enumerate(zip(r["before_runs"], r["runs"]), 1):
+            lines.append(f"| {r['requests']:,} | {i} | {b['wall_s']} s ({b['cpu_s']} s) | {a['wall_s']} s ({a['cpu_s']} s) | "
+                         f"{a['wall_s'] - b['wall_s']:+.1f} s | {b['load_before']}→{a['load_after']} |")
+        mb = statistics.median(x["wall_s"] for x in r["before_runs"])
+        ma = statistics.median(x["wall_s"] for x in r["runs"])
+        lines.append(f"| {r['requests']:,} | median | {mb:.1f} s | {ma:.1f} s | {ma - mb:+.1f} s | |")
+    return lines
 
 
 def class_archive_note() -> str:
@@ -155,13 +198,15 @@ def class_archive_note() -> str:
     return "used" if java_options() else "none (run `python -m analytics.class_archive` first)"
 
 
-def markdown(results: list[dict], cmd: str) -> str:
+def markdown(results: list[dict], cmd: str, rev: str | None = None) -> str:
     lines = [SECTION, "", f"Command: `{cmd}`  ", f"Date: {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M UTC}, "
              f"{os.cpu_count()} cores (shared machine: the 1-min load average before/after each run is in the table). "
              f"Spark class archive (analytics/class_archive.py): {class_archive_note()}.", "",
-             "Spark = the whole `kafkatap analyze` process (JVM start, all 29 tables, findings, report, CSV+Parquet). "
+             "Spark = the whole `kafkatap analyze` process (JVM start, every table, findings, report, CSV+Parquet). "
              "DuckDB = the 7 headline queries (overview, latency by API / client / broker×minute, inventory, errors, connection ends) "
-             "on the same files, 2 threads. Peak memory = peak RSS of the process tree (driver + JVM).", "",
+             "on the same files, 2 threads. Peak memory = peak RSS of the process tree (driver + JVM)."
+             + (" Spark wall and CPU are the medians of this checkout's runs (--rounds)." if any(len(r["runs"]) > 1 for r in results) else ""),
+             "",
              "| requests | recording | Spark wall | target | Spark CPU | Spark peak RSS | DuckDB wall | DuckDB CPU | DuckDB peak RSS | Spark/DuckDB wall | load before→after |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in results:
@@ -171,6 +216,8 @@ def markdown(results: list[dict], cmd: str) -> str:
                      f"{'✅' if tgt and r['spark_s'] <= tgt else '❌' if tgt else ''} | {cpu('spark_cpu_s')} | {r['spark_peak_mib']} MiB | "
                      f"{r['duckdb_s']} s | {cpu('duckdb_cpu_s')} | {r['duckdb_peak_mib']} MiB | {r['spark_s'] / max(r['duckdb_s'], 0.01):.0f}× | "
                      f"{r['load_before']}→{r['load_after']} |")
+    if any(r["before_runs"] for r in results):
+        lines += pairs_markdown(results, rev)
     if len(results) >= 2:
         a, b = results[0], results[-1]
         lines += ["", f"Growth {b['requests'] // a['requests']}× requests: Spark {b['spark_s'] / a['spark_s']:.2f}×, "
@@ -199,7 +246,14 @@ def main() -> None:
     ap.add_argument("--regenerate", action="store_true", help="rewrite the synthetic recordings even if present")
     ap.add_argument("--write-results", action="store_true", help="update bench/RESULTS.md")
     ap.add_argument("--generate-only", action="store_true")
+    ap.add_argument("--rounds", type=int, default=1, help="analyses of each size (with --before: pairs); Spark's figures are their medians")
+    ap.add_argument("--before", metavar="REV",
+                    help="also analyze each size with git revision REV's code, alternating with this checkout's, to measure a change")
     a = ap.parse_args()
+    if a.rounds < 1:
+        ap.error("--rounds must be at least 1")
+    if a.before and a.generate_only:
+        ap.error("--before measures analyses; --generate-only runs none")
     a.workdir.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(ROOT))
     if a.generate_only:
@@ -213,13 +267,18 @@ def main() -> None:
                 generate(d, n)
                 print(f"generated {n:,} in {time.monotonic() - t0:.1f} s", file=sys.stderr)
         return
+    before_root = extract_revision(ROOT, a.before) if a.before else None
     results = []
-    for n in a.sizes:
-        print(f"--- {n:,} requests", file=sys.stderr)
-        r = bench_size(n, a.workdir, a.regenerate)
-        print(json.dumps(r), file=sys.stderr)
-        results.append(r)
-    md = markdown(results, "python bench/analytics_scale.py " + " ".join(sys.argv[1:]))
+    try:
+        for n in a.sizes:
+            print(f"--- {n:,} requests", file=sys.stderr)
+            r = bench_size(n, a.workdir, a.regenerate, a.rounds, before_root)
+            print(json.dumps(r), file=sys.stderr)
+            results.append(r)
+    finally:
+        if before_root:
+            shutil.rmtree(before_root, ignore_errors=True)
+    md = markdown(results, "python bench/analytics_scale.py " + " ".join(sys.argv[1:]), a.before)
     print(md)
     if a.write_results:
         write_results(md)

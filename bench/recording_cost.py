@@ -78,6 +78,8 @@ ROOT = Path(os.environ.get("KAFKATAP_BENCH_ROOT") or Path(__file__).resolve().pa
 sys.path.insert(0, str(ROOT))
 BEFORE = "@before"
 
+from revisions import extract_revision  # noqa: E402  (bench/, this script's own directory)
+
 CLK = os.sysconf("SC_CLK_TCK")
 
 
@@ -510,18 +512,6 @@ def _thread_cpu(tid: int | None) -> float:
     return (int(tp[11]) + int(tp[12])) / CLK
 
 
-def extract_revision(rev: str) -> str:
-    """REV's tree in a new temporary directory (`git archive`: no worktree left in the repository)."""
-    try:
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", rev], check=True,
-                                 capture_output=True).stdout
-    except subprocess.CalledProcessError as exc:
-        sys.exit(f"--before {rev}: git cannot archive that revision: {exc.stderr.decode().strip()}")
-    out = tempfile.mkdtemp(prefix="kt-bench-before-")
-    subprocess.run(["tar", "-x", "-C", out], input=archive, check=True)
-    return out
-
-
 # --------------------------------------------------------------------------- main
 MODES = ("off", "stats", "record-thread", "record", "record+capture")  # what `serve_proxy` can run
 SIDE_BY_SIDE = ("stats", "record", "record+capture")  # the issue's ratios, measured in one window each round
@@ -687,7 +677,7 @@ def main() -> None:
     if args.before:
         if not args.side_by_side:
             ap.error("--before needs --side-by-side: a revision's proxies are compared in the same windows")
-        args.before_root = extract_revision(args.before)
+        args.before_root = extract_revision(ROOT, args.before)
         args.modes += [m + BEFORE for m in args.modes if m != "stats"]
     if args.quick:
         args.rounds, args.window, args.warmup = 1, 5.0, 2.0
