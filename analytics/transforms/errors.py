@@ -18,7 +18,7 @@ def _exploded(req: DataFrame) -> DataFrame:
         "conn_id", "client_id", "api_name", "ts_ns", "request_bytes", "acks",
         F.coalesce(F.col("e.name"), F.concat(F.lit("code "), F.col("e.code").cast("string"))).alias("error_name"),
         F.col("e.code").alias("error_code"),
-        error_kind(F.col("api_name"), F.col("e.name")).alias("kind"),
+        error_kind("api_name", "e.name").alias("kind"),
         F.coalesce(F.col("e.topic"), F.when(F.col("e.resource").isNull(), F.try_element_at(F.col("topics"), F.lit(1))),
                    F.lit("")).alias("topic"),
         F.coalesce(F.col("e.resource"), F.col("group_id"), F.lit("")).alias("group_or_resource"),

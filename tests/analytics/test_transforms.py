@@ -161,8 +161,31 @@ def test_spark_error_kind_is_protocols(make_df, spark) -> None:
     apis = sorted({a for a, _ in PROTOCOL_STEPS} | {"Produce"})
     pairs = [(a, n) for a in apis for n in sorted(set(ERROR_NAMES.values()))] + [("Produce", None)]
     df = spark.createDataFrame(pairs, "api string, name string")
-    got = {(x["api"], x["name"]): x["kind"] for x in df.select("api", "name", spark_kind(F.col("api"), F.col("name")).alias("kind")).collect()}
+    got = {(x["api"], x["name"]): x["kind"] for x in df.select("api", "name", spark_kind("api", "name").alias("kind")).collect()}
     assert got == {(a, n): error_kind(a, n) for a, n in pairs}
+
+
+def test_spark_response_error_kind_is_protocols_worst(spark) -> None:
+    """The request's kind in Spark SQL equals protocol.error_kinds.response_kind, including no errors and unnamed ones."""
+    from analytics.transforms.common import response_error_kind
+    from protocol.error_kinds import response_kind
+
+    cases = [("Produce", []), ("JoinGroup", ["MEMBER_ID_REQUIRED"]), ("Produce", ["NOT_LEADER_OR_FOLLOWER"] * 2),
+             ("Produce", ["NOT_LEADER_OR_FOLLOWER", "TOPIC_AUTHORIZATION_FAILED"]),
+             ("Heartbeat", ["REBALANCE_IN_PROGRESS", "COORDINATOR_NOT_AVAILABLE"]), ("Heartbeat", ["REBALANCE_IN_PROGRESS"]),
+             ("OffsetCommit", ["REBALANCE_IN_PROGRESS"]), ("Produce", [None])]
+    rows = [(i, api, len(names), [{"name": n} for n in names]) for i, (api, names) in enumerate(cases)]
+    df = spark.createDataFrame(rows, "i int, api_name string, error_count int, errors array<struct<name: string>>")
+    got = {r["i"]: r["kind"] for r in df.select("i", response_error_kind().alias("kind")).collect()}
+    want = {i: response_kind(api, names) for i, (api, names) in enumerate(cases)}
+    assert got == want
+
+
+def test_sql_text_quotes_what_the_kind_expression_embeds(spark) -> None:
+    from analytics.transforms.common import _sql_text
+
+    for value in ("plain", "it's", "back\\slash", "both \\' at once"):
+        assert spark.range(1).select(F.expr(_sql_text(value)).alias("v")).collect()[0]["v"] == value
 
 
 def test_summary_says_when_connections_have_no_row_yet(make_df) -> None:
