@@ -284,7 +284,7 @@ class _OneByOne:
         done: Future = Future()
         try:
             done.set_result(fn(*args))
-        except BaseException as e:  # handed to whoever asks for the result, as a pool would
+        except Exception as e:  # handed to whoever asks for the result, as a pool would (Ctrl-C stops at once)
             done.set_exception(e)
         return done
 
@@ -307,8 +307,8 @@ def overlapped_passes(master: str, input_rows: int | None, parallel: int) -> int
     """How many of the passes over the requests run at a time: `parallel`, unless the input is big and local.
 
     On a small or mid-sized input each pass's time is Spark's fixed per-job cost (planning,
-    scheduling, single-task stages), which leaves a core idle: overlapping three took ~1 s off a
-    demo-sized analysis and 3–6 s off most 1 M-request ones. Past OVERLAP_MAX_ROWS the passes' own
+    scheduling, single-task stages), which leaves a core idle: overlapping three took about 1 s off a
+    demo-sized analysis and 1–6 s off a 1 M-request one. Past OVERLAP_MAX_ROWS the passes' own
     tasks keep both local cores busy and overlapping only adds contention (10 M requests: 53 and
     61 s one by one, 59 and 61 s overlapped; bench/RESULTS.md, twelfth session), so a big or
     unknown-sized local input gets them one by one. A cluster has the cores: it overlaps.

@@ -10,8 +10,9 @@ subprocess). Prints a table and, with --write-results, replaces the
     .venv/bin/python bench/analytics_scale.py --sizes 1000000 10000000 --write-results
 
 `--before REV --rounds N` measures a change: each round runs `kafkatap analyze` from git
-revision REV's code (extracted with `git archive` into a temporary directory), then from this
-checkout, on the same recording, and the report lists every pair and both medians. On a
+revision REV's code (extracted with `git archive` into a temporary directory) and from this
+checkout, on the same recording, REV's first in odd rounds and this checkout's first in even
+ones; the report lists every pair and both medians. On a
 shared 2-core machine the same code's time drifts by a third within an hour; alternating
 pairs are what make a before/after figure mean something.
 
@@ -147,8 +148,8 @@ def analyze_once(d: Path, out: Path, code: Path | str = ROOT) -> dict:
 
 
 def bench_size(n: int, work: Path, regenerate: bool, rounds: int = 1, before: str | None = None) -> dict:
-    """Generate (if needed) and analyze a recording of n requests: `rounds` runs of this checkout, each after
-    one of the `before` tree when given, then DuckDB's headline queries once."""
+    """Generate (if needed) and analyze a recording of n requests: `rounds` runs of this checkout, each paired
+    with one of the `before` tree when given, then DuckDB's headline queries once."""
     from analytics.synthetic import generate
 
     d = work / f"rec-{n}"
@@ -162,11 +163,11 @@ def bench_size(n: int, work: Path, regenerate: bool, rounds: int = 1, before: st
     res["size_mib"] = round(sum(f.stat().st_size for f in d.rglob("*.parquet")) / 2**20, 1)
     runs, before_runs = [], []
     for i in range(rounds):
-        if before:
-            before_runs.append(analyze_once(d, work / f"out-{n}-before", before))
-            print(f"  round {i + 1}/{rounds}: before {before_runs[-1]['wall_s']} s", file=sys.stderr)
-        runs.append(analyze_once(d, work / f"out-{n}"))
-        print(f"  round {i + 1}/{rounds}: this checkout {runs[-1]['wall_s']} s", file=sys.stderr)
+        # who goes first alternates: the first run after a pause also pays for the page cache and a cold CPU
+        for which in (("before", "after") if i % 2 == 0 else ("after", "before")) if before else ("after",):
+            into, out, code = (before_runs, f"out-{n}-before", before) if which == "before" else (runs, f"out-{n}", ROOT)
+            into.append(analyze_once(d, work / out, code))
+            print(f"  round {i + 1}/{rounds}: {which} {into[-1]['wall_s']} s", file=sys.stderr)
     res["runs"], res["before_runs"] = runs, before_runs
     res.update(spark_s=round(statistics.median(r["wall_s"] for r in runs), 1),
                spark_cpu_s=round(statistics.median(r["cpu_s"] for r in runs), 1),
@@ -179,13 +180,15 @@ def bench_size(n: int, work: Path, regenerate: bool, rounds: int = 1, before: st
 
 def pairs_markdown(results: list[dict], rev: str) -> list[str]:
     """The before/after pairs of every size, in run order, and their medians."""
-    lines = ["", f"Before = `{rev}`, after = this checkout; each round runs before, then after, on the same recording. "
+    lines = ["", f"Before = `{rev}`, after = this checkout; each round runs both on the same recording, before first in odd "
+                 "rounds and after first in even ones. "
                  "Wall (CPU) seconds of the whole `kafkatap analyze` process tree, JVM start included.", "",
              "| requests | round | before | after | after − before | load before→after |", "|---:|---:|---:|---:|---:|---|"]
     for r in results:
         for i, (b, a) in enumerate(zip(r["before_runs"], r["runs"]), 1):
+            first, last = (b, a) if i % 2 else (a, b)
             lines.append(f"| {r['requests']:,} | {i} | {b['wall_s']} s ({b['cpu_s']} s) | {a['wall_s']} s ({a['cpu_s']} s) | "
-                         f"{a['wall_s'] - b['wall_s']:+.1f} s | {b['load_before']}→{a['load_after']} |")
+                         f"{a['wall_s'] - b['wall_s']:+.1f} s | {first['load_before']}→{last['load_after']} |")
         mb = statistics.median(x["wall_s"] for x in r["before_runs"])
         ma = statistics.median(x["wall_s"] for x in r["runs"])
         lines.append(f"| {r['requests']:,} | median | {mb:.1f} s | {ma:.1f} s | {ma - mb:+.1f} s | |")

@@ -43,6 +43,17 @@ def test_one_pass_at_a_time_runs_each_at_once_on_the_callers_thread() -> None:
     assert third.done() and [r[0] for r in ran] == ["a", "c"]
 
 
+def test_one_pass_at_a_time_lets_an_interrupt_through_at_once() -> None:
+    """Ctrl-C during a pass stops the analysis there, not after the passes that follow it."""
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        with pass_runner(1) as pool:
+            pool.submit(interrupted)
+            pytest.fail("the next pass ran after an interrupt")
+
+
 def test_several_at_a_time_use_a_pool_beside_the_callers_thread() -> None:
     gate = threading.Event()
     with pass_runner(3) as pool:

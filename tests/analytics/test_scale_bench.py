@@ -83,12 +83,13 @@ def test_the_bench_refuses_what_it_cannot_measure_before_starting_anything(tmp_p
 
 def test_before_and_after_pairs_are_listed_in_run_order_with_their_medians() -> None:
     bench = _bench_module("analytics_scale")
-    run = lambda wall, cpu: {"wall_s": wall, "cpu_s": cpu, "load_before": "1.0", "load_after": "2.0"}  # noqa: E731
-    result = {"requests": 2_444, "before_runs": [run(16.0, 25.0), run(14.0, 22.0), run(15.0, 24.0)],
-              "runs": [run(13.0, 21.0), run(15.5, 25.5), run(12.0, 20.0)]}
+    def run(wall: float, cpu: float, load: str = "1.0") -> dict:
+        return {"wall_s": wall, "cpu_s": cpu, "load_before": load, "load_after": load + "+"}
+    result = {"requests": 2_444, "before_runs": [run(16.0, 25.0), run(14.0, 22.0, "3.0"), run(15.0, 24.0)],
+              "runs": [run(13.0, 21.0, "2.0"), run(15.5, 25.5), run(12.0, 20.0)]}
     lines = bench.pairs_markdown([result], "abc1234")
     assert "`abc1234`" in lines[1]
     rows = [ln for ln in lines if ln.startswith("| 2,444 |")]
-    assert rows[0] == "| 2,444 | 1 | 16.0 s (25.0 s) | 13.0 s (21.0 s) | -3.0 s | 1.0→2.0 |"
-    assert rows[1].startswith("| 2,444 | 2 | 14.0 s") and "+1.5 s" in rows[1]
+    assert rows[0] == "| 2,444 | 1 | 16.0 s (25.0 s) | 13.0 s (21.0 s) | -3.0 s | 1.0→2.0+ |"  # before ran first
+    assert rows[1].startswith("| 2,444 | 2 | 14.0 s") and "+1.5 s" in rows[1] and "1.0→3.0+" in rows[1]  # after ran first
     assert rows[-1] == "| 2,444 | median | 15.0 s | 13.0 s | -2.0 s | |"
