@@ -15,6 +15,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from analytics.class_archive import java_options
+from analytics.jvm_lookups import remember_jvm_lookups
 
 _LOCK = threading.Lock()
 _SESSION: SparkSession | None = None
@@ -153,6 +154,7 @@ def get_spark(master: str | None = None, conf: dict[str, str] | None = None, app
             builder = builder.config(key, value)
         _SESSION = builder.getOrCreate()
         _SESSION.sparkContext.setLogLevel("ERROR")
+        remember_jvm_lookups(_SESSION.sparkContext._jvm)  # type: ignore[attr-defined]
         return _SESSION
 
 
