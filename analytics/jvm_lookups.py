@@ -8,8 +8,11 @@ Spark jars, then again for each imported package until
 methods (Java copies all ~1,000 `Method` objects of the class to answer), and
 only then calls it. PySpark does this for every `F.col`, every literal and
 every list it hands over. A demo-sized analysis made ~2,600 such class lookups
-and as many method lookups (a JFR profile: about a tenth of the driver JVM's
-CPU, bench/RESULTS.md, thirteenth session).
+and as many method lookups: ~8 % of the driver JVM's sampled CPU in a JFR
+profile, and a third of the analysis's ~16,700 round trips (bench/RESULTS.md,
+thirteenth session). The analysis's wall time did not move beyond the noise
+of repeated runs (the JVM's CPU is spread over much else): this removes work,
+not the bottleneck.
 
 A class stays a class and a static method a method for the life of the JVM, so
 the answer to each question is kept on the Python object that asked it, the
