@@ -37,7 +37,9 @@ LOG4J = Path(__file__).with_name("log4j2.properties")
 DRIVER_JVM = "-XX:TieredStopAtLevel=1 -XX:CompileThresholdScaling=0.3 -XX:ReservedCodeCacheSize=240m -XX:+UseParallelGC"
 # Past a few million rows the same trade goes the other way: the tasks run long enough for C2's code
 # to pay back its compiling. 10 M requests took 128 s with C1 alone and 77.5 s with the full tiered
-# JIT (the latency cube 61 -> 22 s); at 1 M the two were within the runs' noise (bench/RESULTS.md).
+# JIT (the latency cube 61 -> 22 s). At 1 M the two were first within the runs' noise; with today's
+# flags and overlapped passes C1 alone is clearly ahead there (24.0-25.9 s against 33.3-33.7 s, three
+# alternating pairs, bench/RESULTS.md, thirteenth session).
 # So a local analysis of more than C1_ONLY_MAX_ROWS rows starts its JVM with DRIVER_JVM_LARGE.
 DRIVER_JVM_LARGE = "-XX:+UseParallelGC"
 C1_ONLY_MAX_ROWS = 2_000_000
