@@ -36,9 +36,12 @@ DATASETS_READ = ("requests", "connections", "tcp")  # what analytics.load reads 
 @click.option("--conf", "conf", multiple=True, metavar="KEY=VALUE", help="Extra Spark configuration, e.g. --conf spark.driver.memory=6g; repeatable.")
 @click.option("--no-csv", is_flag=True, help="Write tables as Parquet only.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines on stderr.")
+@click.option("--ignore-rollups", is_flag=True,
+              help="Pass over every request even where the recording stores rollups beside its requests files "
+                   "(latency cells, request/topic/traffic sums: the same tables, slower; for checking them).")
 def analyze(dirs: tuple[str, ...], out: str | None, master: str | None, since: TimeSpec | None, until: TimeSpec | None, brokers: tuple[str, ...],
             clients: tuple[str, ...], topics: tuple[str, ...], compare: tuple[str, str] | None, compare_mode: str, tolerance_s: float,
-            bucket_s: int | None, conf: tuple[str, ...], no_csv: bool, quiet: bool) -> None:
+            bucket_s: int | None, conf: tuple[str, ...], no_csv: bool, quiet: bool, ignore_rollups: bool) -> None:
     """Analyze kafkatap recordings with Apache Spark and write a report.
 
     DIR is a recording directory written by `kafkatap proxy --record DIR` (any path Spark reads: local, HDFS, S3A);
@@ -87,7 +90,7 @@ def analyze(dirs: tuple[str, ...], out: str | None, master: str | None, since: T
     try:
         result = run_analysis(list(dirs), out, master=master, since=since_ns, until=until_ns, brokers=brokers, clients=clients, topics=topics,
                               compare=compare, compare_mode=compare_mode, tolerance_s=tolerance_s, bucket_s=bucket_s,
-                              progress=not quiet, csv=not no_csv, spark_conf=spark_conf or None)
+                              progress=not quiet, csv=not no_csv, spark_conf=spark_conf or None, ignore_rollups=ignore_rollups)
     except (RecordingFormatError, ValueError) as exc:
         _drop_if_empty(out, created)
         raise click.ClickException(str(exc)) from exc

@@ -33,7 +33,10 @@ from analytics.session import (
 )
 from analytics.transforms import brokers, bypass, clients, compare, connections, drilldown, errors, faults, latency, overview, produce_fetch, rollups, tcp
 from analytics.transforms.common import prepare_requests, union_all
-from analytics.transforms.cube import latency_cube, percentile_views, tail_floor
+from analytics.transforms.cube import cube_from_cells, latency_cube, percentile_views, tail_floor
+from recording.request_terms import ROLLUP_BUCKET_S
+from recording.rollups import coverage
+from recording.schema import DERIVED_DATASETS
 from recording.reader import live_files
 
 TABLE_ROW_CAP = 20_000  # a table bigger than this is a detail list; the report and rules need the top rows only
@@ -232,15 +235,25 @@ def pin(df: DataFrame) -> DataFrame:
     return df.localCheckpoint(eager=True)
 
 
-def input_rows(dirs: Sequence[str | Path], limit: int = SMALL_INPUT_ROWS) -> int | None:
-    """Rows recorded in `dirs` from the Parquet footers, counting up to just past `limit`; None when unknown.
+def read_datasets(directory: str, rollups: bool) -> tuple[str, ...]:
+    """The datasets an analysis's passes read in `directory`: the stored rollups in place of the requests when
+    every requests file has all of them (and `rollups`, i.e. nothing narrows the analysis)."""
+    if rollups and all((c := coverage(directory, ds)) is not None and c.complete for ds in DERIVED_DATASETS):
+        return tuple(ds for ds in L.DATASETS_READ if ds != "requests") + DERIVED_DATASETS
+    return L.DATASETS_READ
 
-    Only tells a small recording from a big one (the Spark settings follow), so it stops
+
+def input_rows(dirs: Sequence[str | Path], limit: int = SMALL_INPUT_ROWS, rollups: bool = True) -> int | None:
+    """Rows the analysis's passes read in `dirs` (Parquet footers), counting up to just past `limit`; None when unknown.
+
+    Only tells a small input from a big one (the Spark settings follow), so it stops
     reading footers once past `limit` and gives up on paths pyarrow cannot list (e.g. `s3a://`).
+    With rollups stored beside every requests file, those are what the passes read, so they are
+    what is counted (`read_datasets`).
     """
     total = 0
     for d in dirs:
-        for ds in L.DATASETS_READ:
+        for ds in read_datasets(str(d), rollups):
             listing = live_files(str(d), ds)
             if listing is None:
                 return None
@@ -379,12 +392,14 @@ def run_analysis(
     report: bool = True,
     spark_conf: dict[str, str] | None = None,
     parallel: int | None = None,
+    ignore_rollups: bool = False,
 ) -> AnalysisResult:
     """Analyze recordings `dirs` (or, with `compare=(A, B)`, compare two) and write OUT.
 
     Returns the ranked findings, the overview row, every table's rows and the
     paths written (an `analytics.result.AnalysisResult`). `dirs` may be empty
-    when `compare` is given.
+    when `compare` is given. `ignore_rollups` computes everything from the request rows even where
+    the recording stores rollups beside them (recording.rollups: the same result, slower; for checking them).
     """
     t_start = time.monotonic()
     parallel = parallel or int(os.environ.get("KAFKATAP_ANALYZE_PARALLEL", "3"))
@@ -393,19 +408,24 @@ def run_analysis(
     spark = spark or running_session()
     spark_master = spark.sparkContext.master if spark is not None else default_master(master)
     # counted before a JVM starts: its JIT follows the size (session.driver_jvm); a cluster's storage is not read here
-    rows = input_rows([*dirs, *(compare or ())], max(C1_ONLY_MAX_ROWS, OVERLAP_MAX_ROWS)) if is_local(spark_master) else None
+    # the passes read the stored rollups instead of the requests unless something rules them out (then count the requests)
+    narrowed = (since is not None or until is not None or bool(brokers or clients or topics) or compare is not None
+                or (bucket_s is not None and bucket_s % ROLLUP_BUCKET_S != 0))
+    rows = (input_rows([*dirs, *(compare or ())], max(C1_ONLY_MAX_ROWS, OVERLAP_MAX_ROWS), rollups=not (ignore_rollups or narrowed))
+            if is_local(spark_master) else None)
     spark = spark or get_spark(master, spark_conf, input_rows=rows)
     filters = L.Filters(*L.time_window(since, until, [*dirs, *(compare or ())]), tuple(brokers), tuple(clients), tuple(topics))
     sized = {k: v for k, v in small_input_settings(spark_master, rows).items()
              if k not in (spark_conf or {})}  # the caller's --conf wins
     with _RuntimeConf(spark, sized):
         passes = overlapped_passes(spark_master, rows, parallel)
-        return _run(spark, dirs, out, filters, t_start, parallel, passes, compare, compare_mode, tolerance_s, bucket_s, csv, report, progress)
+        return _run(spark, dirs, out, filters, t_start, parallel, passes, compare, compare_mode, tolerance_s, bucket_s, csv, report,
+                    progress, ignore_rollups)
 
 
 def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.Filters, t_start: float, parallel: int, passes: int,
          compare: tuple[str | Path, str | Path] | None, compare_mode: str, tolerance_s: float, bucket_s: int | None,
-         csv: bool, report: bool, progress: bool) -> AnalysisResult:
+         csv: bool, report: bool, progress: bool, ignore_rollups: bool = False) -> AnalysisResult:
     """run_analysis's body, under the size-chosen SQL settings."""
     tables: dict[str, list[dict[str, Any]]] = {}
     arrow: dict[str, pa.Table] = {}
@@ -415,13 +435,28 @@ def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.
         prog.step("reading", f"{', '.join(main_dirs)} (filters: {filters.describe()})")
         rec = L.load(spark, main_dirs, filters)
         full = prepare_requests(rec.requests)  # never cached: the column-pruned passes below read it
+        stored = {} if ignore_rollups else L.read_rollups(spark, main_dirs, filters)
+        if stored:
+            prog.info(f"rollups stored beside every requests file: {', '.join(stored)} (the passes below sum them)")
+        used: list[str] = []
+
+        def from_stored(dataset: str, build: Callable[[DataFrame], DataFrame], raw: Callable[[], DataFrame]) -> DataFrame:
+            """`build` over the stored rollup when the recording has it (the same rows, a fraction of the work), else `raw`."""
+            if dataset in stored:
+                used.append(dataset)
+                return build(stored[dataset])
+            return raw()
+
         with pass_runner(passes) as pool:  # this thread runs one pass; the pool up to passes - 1 more
-            prog.step("request rollup", "one pass over the requests: sums per connection, client and API"
+            prog.step("request rollup", ("summing the stored request sums per connection, client and API" if "request_sums" in stored
+                                         else "one pass over the requests: sums per connection, client and API")
                       + (f"; the notable rows and TCP sides alongside ({passes} Spark jobs at a time)" if passes > 1 else ""))
             f_conns = pool.submit(pin, rec.connections)
-            f_notable = pool.submit(lambda: pin(rollups.notable_requests(full)))  # few rows: errors, answers naming brokers
+            f_notable = pool.submit(lambda: pin(from_stored(  # few rows: errors, answers naming brokers
+                "notable_requests", lambda df: rollups.notable_from_stored(df, rec.topic_names),
+                lambda: rollups.notable_requests(full))))
             f_sides = pool.submit(lambda: pin(tcp.tcp_sides(f_conns.result(), rec.tcp)))
-            rollup = pin(rollups.request_rollup(full))
+            rollup = pin(from_stored("request_sums", rollups.request_rollup_from_sums, lambda: rollups.request_rollup(full)))
             conns = f_conns.result()
             ov_t = collect(overview.overview(rollup, conns))
             arrow["overview"] = ov_t
@@ -429,11 +464,20 @@ def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.
             bucket_s = bucket_s or choose_bucket(ov.get("span_s"))
             prog.info(f"{ov.get('requests') or 0:,} requests, {ov.get('connections') or 0:,} connections over "
                       f"{ov.get('span_s') or 0:,.0f} s; time bucket {bucket_s} s")
+            if bucket_s % ROLLUP_BUCKET_S:  # the stored time-keyed rollups are per 60 s: this bucket cannot be made of them
+                timed = [d for d in ("topic_sums", "traffic_sums", "latency_cells") if stored.pop(d, None) is not None]
+                if timed:
+                    prog.info(f"time bucket {bucket_s} s is not a multiple of the stored rollups' {ROLLUP_BUCKET_S} s: "
+                              f"{', '.join(timed)} computed from the requests")
             prog.step("topic rollup and latency cube",
                       "Produce and Fetch per client and topic, request rate per broker over time, all latency views")
-            f_topics = pool.submit(lambda: pin(rollups.topic_rollup(full, bucket_s)))
-            f_traffic = pool.submit(lambda: pin(rollups.traffic_over_time(full, bucket_s)))
-            cube = pin(latency_cube(full, bucket_s))
+            f_topics = pool.submit(lambda: pin(from_stored(
+                "topic_sums", lambda df: rollups.topic_rollup_from_sums(df, bucket_s, rec.topic_names),
+                lambda: rollups.topic_rollup(full, bucket_s))))
+            f_traffic = pool.submit(lambda: pin(from_stored(
+                "traffic_sums", lambda df: rollups.traffic_from_sums(df, bucket_s), lambda: rollups.traffic_over_time(full, bucket_s))))
+            cube = pin(from_stored("latency_cells", lambda df: cube_from_cells(df, bucket_s, rec.topic_names),
+                                   lambda: latency_cube(full, bucket_s)))
             views = pin(percentile_views(cube))
             topics, traffic, notable, sides = f_topics.result(), f_traffic.result(), f_notable.result(), f_sides.result()
         if prog.enabled:  # counting is a Spark job: only for a reader, and one job for all of them
@@ -461,7 +505,7 @@ def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.
                 "connection_tcp": lambda: drilldown.connection_tcp(rec.tcp, drill),
             }, prog, parallel))
         prog.step("writing", str(out))
-        arrow["_meta"] = pa.table({"bucket_s": [bucket_s], "compare_mode": [mode_used]})
+        arrow["_meta"] = pa.table({"bucket_s": [bucket_s], "compare_mode": [mode_used], "rollups": [",".join(sorted(used))]})
         for name, t in arrow.items():
             tables[name] = t.to_pylist()
             if not name.startswith("_"):

@@ -27,12 +27,18 @@ import pyarrow.parquet as pq
 from recording import schema as rec
 from recording.timestamps import from_epoch_ns, ingest_schema
 from recording.layout import TIME_COLUMN  # the recorder's own partitioning column per dataset
+from recording.rollups import write_rollups
 NS = 1_000_000_000
 HOUR_NS = 3600 * NS
 
 
-def write_table(root: str | Path, dataset: str, table: pa.Table, row_group_size: int = 1 << 20) -> list[Path]:
-    """Write `table` (already in the dataset's schema) Hive-partitioned proxy=/date=/hour=."""
+def write_table(root: str | Path, dataset: str, table: pa.Table, row_group_size: int = 1 << 20,
+                rollups: bool = True) -> list[Path]:
+    """Write `table` (already in the dataset's schema) Hive-partitioned proxy=/date=/hour=.
+
+    A requests file gets its rollups beside it, as the proxy's final files do (`rollups=False`: a
+    recording as an older proxy, or one with compaction off, left it).
+    """
     schema = rec.arrow_schema(dataset)
     table = table.select(schema.names).cast(ingest_schema(dataset))  # timestamps as int epoch ns, as the proxy's rows
     ts = table.column(TIME_COLUMN[dataset])
@@ -49,6 +55,8 @@ def write_table(root: str | Path, dataset: str, table: pa.Table, row_group_size:
         d.mkdir(parents=True, exist_ok=True)
         path = d / f"part-{uuid.uuid4().hex[:12]}.parquet"
         pq.write_table(part.replace_schema_metadata(schema.metadata), path, row_group_size=row_group_size, compression="zstd")
+        if dataset == "requests" and rollups:
+            write_rollups(path, fsync=False)
         written.append(path)
     return written
 
@@ -344,8 +352,13 @@ def _rejected_produce(proxy: str, start_ns: int, broker: str) -> pa.Table:
 
 
 def generate(root: str | Path, n_requests: int, *, seed: int = 7, proxy: str = "synth-1",
-             start: dt.datetime | None = None, span_s: int = 7200, flush_rows: int = 1_000_000) -> dict[str, int]:
-    """Write a synthetic recording of about `n_requests` requests; returns row counts per dataset."""
+             start: dt.datetime | None = None, span_s: int = 7200, flush_rows: int = 1_000_000,
+             rollups: bool = True) -> dict[str, int]:
+    """Write a synthetic recording of about `n_requests` requests; returns row counts per dataset.
+
+    `rollups=False`: without the rollups a proxy writes beside its requests files (recording.rollups),
+    as an older proxy's recording, so the analysis computes everything from the requests.
+    """
     start = start or dt.datetime(2026, 11, 20, 9, 0, tzinfo=dt.timezone.utc)
     start_ns = int(start.timestamp()) * NS
     rng = random.Random(seed)
@@ -358,7 +371,7 @@ def generate(root: str | Path, n_requests: int, *, seed: int = 7, proxy: str = "
         nonlocal pending, pending_rows
         if pending:
             tbl = pa.concat_tables(pending).combine_chunks()
-            write_table(root, "requests", tbl)
+            write_table(root, "requests", tbl, rollups=rollups)
             counts["requests"] += tbl.num_rows
         pending, pending_rows = [], 0
 

@@ -61,7 +61,7 @@ class Segment:
 
 def take_due(segments: dict[Path, Segment], *, now: float, force: bool, rotate_bytes: int,
              interval_s: float) -> list[Segment]:
-    """Remove the segments due for compaction from `segments`; return those worth merging (2+ files).
+    """Remove the segments due for compaction from `segments` and return them (a one-file segment is final as it is).
 
     The newest directory keeps collecting unless it is old or big enough;
     any older one (its hour was left) is due at once.
@@ -74,7 +74,7 @@ def take_due(segments: dict[Path, Segment], *, now: float, force: bool, rotate_b
         if not due:
             continue
         del segments[directory]
-        if len(seg.files) >= 2:
+        if seg.files:
             out.append(seg)
     return out
 
@@ -88,15 +88,18 @@ def remove_inputs(seg: Segment) -> None:
 # write(stream, tables, path, seq_label, dropped, rows) -> bytes written; raises OSError on failure
 WriteFile = Callable[[Any, Iterable[pa.Table], Path, str, int, int], int]
 OnError = Callable[..., None]
+# final(stream, path): a file that compaction will not touch again (merged, or alone in its segment)
+OnFinal = Callable[[Any, Path], None]
 
 
 class Compactor:
-    """Merges segments inline, or on its own thread once `start()`ed."""
+    """Merges segments inline, or on its own thread once `start()`ed; hands every final file to `on_final`."""
 
-    def __init__(self, run: str, write: WriteFile, on_error: OnError) -> None:
+    def __init__(self, run: str, write: WriteFile, on_error: OnError, on_final: OnFinal | None = None) -> None:
         self.run = run
         self._write = write
         self._on_error = on_error
+        self._on_final = on_final
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
@@ -128,6 +131,17 @@ class Compactor:
                 self._on_error("recording compaction failed; keeping the flush files", exc, dataset=item[0].name)
 
     def merge(self, stream: _Stream, seg: Segment) -> Path | None:
+        """Merge the segment (a one-file segment stays as it is), then hand the final file to `on_final`."""
+        out = self._merged(stream, seg) if len(seg.files) >= 2 else seg.files[0].path
+        if out is not None and self._on_final is not None:
+            try:
+                self._on_final(stream, out)
+            except Exception as exc:  # derived data only: the file itself is complete and stays
+                self._on_error("recording: could not write what is derived from a final file", exc,
+                               dataset=stream.name, file=str(out))
+        return out
+
+    def _merged(self, stream: _Stream, seg: Segment) -> Path | None:
         """Write the merged file, then delete its inputs; on a write error keep the inputs (nothing lost)."""
         first, last = seg.files[0].seq, seg.files[-1].seq
         out = seg.directory / merged_name(self.run, first, last)

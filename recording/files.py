@@ -38,6 +38,11 @@ SORT_KEYS = {
     "tcp": ["conn_id", "side", "ts_ns"],
     "frames": ["conn_id", "ts_ns"],
     "topics": ["topic_id", "first_seen_ns"],
+    "latency_cells": ["dim", "metric", "k1", "k2", "bin"],
+    "request_sums": ["conn_id", "api_name"],
+    "topic_sums": ["topic", "client_id", "b"],
+    "traffic_sums": ["broker_addr", "client_id", "b"],
+    "notable_requests": ["conn_id", "ts_ns"],
 }
 
 

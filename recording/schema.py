@@ -22,7 +22,9 @@ import pyarrow as pa
 
 FORMAT_VERSION = 3  # 3: the *_ns timestamp columns are timestamp[us, UTC] instead of int64 epoch ns (issue 18); 2: requests.topic_ids and the topics/ dataset (issue 14, topics.cluster_id: issue 19); acks int16, error_count int32 (issue 19)
 FORMAT_KEY = b"kafkatap.format_version"
-DATASETS = ("requests", "connections", "tcp", "frames", "topics")
+RECORDED = ("requests", "connections", "tcp", "frames", "topics")  # what the proxy observes, row by row
+DERIVED_DATASETS = ("latency_cells", "request_sums", "topic_sums", "traffic_sums", "notable_requests")  # computed from recorded files (recording.rollups): deleting them loses nothing
+DATASETS = RECORDED + DERIVED_DATASETS
 PARTITION_COLUMNS = ("proxy", "date", "hour")
 TIMESTAMP = pa.timestamp("us", tz="UTC")  # what every Parquet reader (Spark included) reads as a timestamp
 
@@ -205,12 +207,96 @@ TOPIC_COLUMNS: list[Column] = [
     Column("cluster_id", pa.string(), "", "cluster id in that Metadata answer: `kafkatap replay` refuses a target of the same cluster"),
 ]
 
+# Derived, not observed (DERIVED_DATASETS): written beside each final requests file (recording.rollups), read by
+# analytics in its place when every requests file has them. Deleting them loses nothing: analytics reads the requests.
+LATENCY_CELL_COLUMNS: list[Column] = [
+    Column("dim", pa.string(), "", "latency view: api_version, client, time, broker_time, api, long_poll_wait, topic, produce_topic"),
+    Column("k1", pa.string(), "", "the view's first key (API, client id, broker, topic; for `time` the bucket start, epoch s)"),
+    Column("k2", pa.string(), "", "the view's second key or empty (API version, API; for `broker_time` the bucket start, epoch s)"),
+    Column("metric", pa.string(), "", "latency | broker_latency | proxy_delay | request_bytes"),
+    Column("bin", pa.int32(), "", "log bin of the values: ceil(ln v / ln 1.02), 1.10 for the time views; 0 for v <= 1"),
+    Column("n", pa.int64(), "", "values in the cell"),
+    Column("s", pa.int64(), "µs or bytes", "their sum"),
+    Column("mx", pa.int64(), "µs or bytes", "their maximum (a percentile is the maximum of its bin)"),
+]
+
+_SUM_NOTE = "summed over the file's requests of the group"
+REQUEST_SUM_COLUMNS: list[Column] = [
+    *[Column(n, pa.string(), u, d) for n, u, d in (
+        ("proxy_id", "", "id of the proxy instance"), ("conn_id", "", "connection id"),
+        ("client_id", "", "client_id ((none) when the request had none)"), ("client_addr", "host:port", "client address"),
+        ("broker_addr", "host:port", "broker address"), ("api_name", "", "Kafka API name"),
+        ("group_id", "", "consumer group id"))],
+    Column("acks", pa.int16(), "", "Produce acks"),
+    Column("compression", pa.string(), "", "compression codec(s)"),
+    Column("status", pa.string(), "", "answered | unanswered | no_response"),
+    Column("requests", pa.int64(), "", "requests in the group"),
+    Column("first_ns", TIMESTAMP, "timestamp", "first request's first byte"),
+    Column("last_ns", TIMESTAMP, "timestamp", "last request's first byte"),
+    Column("request_bytes", pa.int64(), "bytes", "request bytes, " + _SUM_NOTE),
+    Column("response_bytes", pa.int64(), "bytes", "response bytes, " + _SUM_NOTE),
+    Column("max_request_bytes", pa.int32(), "bytes", "largest request"),
+    Column("records", pa.int64(), "records", "records produced or fetched, " + _SUM_NOTE),
+    Column("record_bytes", pa.int64(), "bytes", "record-batch bytes, " + _SUM_NOTE),
+    Column("requests_with_errors", pa.int64(), "", "requests whose worst error is a real error (protocol.error_kinds)"),
+    Column("requests_retriable", pa.int64(), "", "requests whose worst error is retriable"),
+    Column("protocol_steps", pa.int64(), "", "requests answered with a protocol step only"),
+    Column("long_polls", pa.int64(), "", "Fetch requests that only waited (no data, broker latency >= 80 % of max_wait)"),
+    Column("max_wait_ms", pa.int32(), "ms", "largest Fetch max_wait"),
+    Column("throttled_requests", pa.int64(), "", "answers with throttle_time_ms > 0"),
+    Column("throttle_ms", pa.int64(), "ms", "throttle time, " + _SUM_NOTE),
+    Column("max_throttle_ms", pa.int32(), "ms", "longest throttle"),
+    Column("first_throttled_ns", TIMESTAMP, "timestamp", "first throttled request"),
+    Column("peak_response_bytes_per_s", pa.float64(), "bytes/s", "fastest transfer of a response of 64 KiB or more"),
+    Column("faults_injected", pa.int64(), "", "requests the proxy injected a Kafka fault into"),
+]
+TOPIC_SUM_COLUMNS: list[Column] = [
+    Column("client_id", pa.string(), "", "client_id ((none) when the request had none)"),
+    Column("client_host", pa.string(), "", "client host (client_addr without the port)"),
+    Column("api_name", pa.string(), "", "Produce | Fetch | ShareFetch"),
+    Column("topic", pa.string(), "", "topic as recorded (an id when the proxy did not know the name yet); null: none"),
+    Column("compression", pa.string(), "", "compression codec(s)"),
+    Column("b", pa.int64(), "epoch s", "start of the request's 60 s bucket"),
+    Column("requests", pa.int64(), "", "requests (a request with n topics counts in each)"),
+    Column("first_ns", TIMESTAMP, "timestamp", "first request's first byte"),
+    Column("last_ns", TIMESTAMP, "timestamp", "last request's first byte"),
+    Column("records", pa.int64(), "records", "records of the whole requests, " + _SUM_NOTE),
+    Column("requests_with_records", pa.int64(), "", "requests that carried a record count"),
+    Column("record_bytes", pa.int64(), "bytes", "record-batch bytes of the whole requests, " + _SUM_NOTE),
+    Column("fetch_bytes_split", pa.float64(), "bytes", "record-batch bytes split evenly over each request's topics"),
+    Column("split_records", pa.float64(), "records", "records split evenly over each request's topics"),
+    Column("max_request_bytes", pa.int32(), "bytes", "largest request"),
+    Column("empty", pa.int64(), "", "requests without record bytes"),
+    Column("long_polls", pa.int64(), "", "Fetch requests that only waited"),
+]
+TRAFFIC_SUM_COLUMNS: list[Column] = [
+    Column("broker_addr", pa.string(), "host:port", "broker address"),
+    Column("client_id", pa.string(), "", "client_id ((none) when the request had none)"),
+    Column("b", pa.int64(), "epoch s", "start of the requests' 60 s bucket"),
+    Column("requests", pa.int64(), "", "requests"),
+    Column("request_bytes", pa.int64(), "bytes", "request bytes"),
+    Column("sized_requests", pa.int64(), "", "requests with a size"),
+    Column("response_bytes", pa.int64(), "bytes", "response bytes"),
+    Column("produced_records", pa.int64(), "records", "records produced"),
+]
+_NOTABLE = ("proxy_id", "conn_id", "client_id", "api_name", "broker_addr", "req_first_ns", "request_bytes", "acks", "topics",
+            "group_id", "errors", "error_count", "bypass", "advertised", "topic_ids")
+NOTABLE_REQUEST_COLUMNS: list[Column] = [
+    (Column("ts_ns", c.type, c.unit, c.doc) if c.name == "req_first_ns" else c)
+    for c in sorted((c for c in REQUEST_COLUMNS if c.name in _NOTABLE), key=lambda c: _NOTABLE.index(c.name))
+]
+
 COLUMNS: dict[str, list[Column]] = {
     "requests": REQUEST_COLUMNS,
     "connections": CONNECTION_COLUMNS,
     "tcp": TCP_COLUMNS,
     "frames": FRAME_COLUMNS,
     "topics": TOPIC_COLUMNS,
+    "latency_cells": LATENCY_CELL_COLUMNS,
+    "request_sums": REQUEST_SUM_COLUMNS,
+    "topic_sums": TOPIC_SUM_COLUMNS,
+    "traffic_sums": TRAFFIC_SUM_COLUMNS,
+    "notable_requests": NOTABLE_REQUEST_COLUMNS,
 }
 
 

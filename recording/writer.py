@@ -70,10 +70,11 @@ import structlog
 
 from protocol.apis import SASL_AUTHENTICATE
 from recording.compaction import Compactor, FlushFile, Segment, name_os_thread, take_due
+from recording.rollups import write_rollups
 from recording.derived import DERIVED_COLUMNS, derive
 from recording.files import ParquetOptions, file_metadata, write_atomic
 from recording.layout import HOUR_NS, TIME_COLUMN, flush_name, new_run_id, partition_dir, recover
-from recording.schema import COLUMNS, arrow_schema
+from recording.schema import COLUMNS, RECORDED, arrow_schema
 from recording.timestamps import from_epoch_ns, ingest_schema
 from recording.writer_pipe import CHUNK_BYTES, CHUNK_ROWS, WriterGone, WriterProcess
 
@@ -282,12 +283,12 @@ class ParquetRecorder:
         self._seq = 0
         # queue_bytes bounds the row datasets' queues (rows were bounded only by count: ~350 MiB at the cap):
         # half for requests, the rest shared by the others; frames keep their own frame_queue_bytes
-        others = [n for n in COLUMNS if n not in ("frames", "requests")]
+        others = [n for n in RECORDED if n not in ("frames", "requests")]
         cap_bytes = {"requests": queue_bytes // 2, "frames": frame_queue_bytes,
                      **{n: queue_bytes // 2 // len(others) for n in others}}
         self._streams = {name: _Stream(name, queue_rows if name != "frames" else max(1, queue_rows // 4),
                                        cap_bytes[name])
-                         for name in COLUMNS}
+                         for name in RECORDED}
         self._req, self._conn, self._tcp, self._frames = (self._streams[n] for n in
                                                           ("requests", "connections", "tcp", "frames"))
         # one Python call less for every request the relay hands over (the method below says what it does)
@@ -299,7 +300,7 @@ class ParquetRecorder:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._options = {name: ParquetOptions(name, compression_level, fsync) for name in COLUMNS}
-        self._compactor = Compactor(self.run, self._write_file, self._error)
+        self._compactor = Compactor(self.run, self._write_file, self._error, self._file_final)
         self._closed = False
         self._lock = threading.Lock()  # serializes flushes (writer thread vs. close on another thread)
 
@@ -804,6 +805,11 @@ class ParquetRecorder:
         for seg in take_due(s.segments, now=time.monotonic(), force=force, rotate_bytes=self.rotate_bytes,
                             interval_s=self.compact_interval_s):
             self._compactor.submit(s, seg)
+
+    def _file_final(self, s: _Stream, path: Path) -> None:
+        """A requests file compaction is done with gets its rollups (recording.rollups), off the flush path."""
+        if s.name == "requests":
+            write_rollups(path, fsync=self._options[s.name].fsync)
 
     # -- logging ----------------------------------------------------------------------
     def _log_drops(self, s: _Stream) -> None:

@@ -8,6 +8,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from protocol.error_kinds import ERROR, PROTOCOL_STEP, PROTOCOL_STEPS, RETRIABLE, RETRIABLE_ERRORS
+from recording.request_terms import FETCH_APIS, LONG_POLL_FRACTION, LONG_POLL_LABEL  # noqa: F401 — shared with the writer's rollups
 
 QUANTILES = (0.5, 0.9, 0.99, 0.999)
 QNAMES = ("p50", "p90", "p99", "p999")
@@ -24,9 +25,6 @@ GROUP_APIS = ("JoinGroup", "SyncGroup", "Heartbeat", "LeaveGroup")  # the classi
 KIP848_APIS = ("ConsumerGroupHeartbeat",)
 SHARE_APIS = ("ShareGroupHeartbeat", "ShareFetch", "ShareAcknowledge")
 STREAMS_APIS = ("StreamsGroupHeartbeat",)
-FETCH_APIS = ("Fetch", "ShareFetch")  # reading records: a share consumer reads a topic as much as a consumer does
-LONG_POLL_LABEL = "Fetch (long poll)"
-LONG_POLL_FRACTION = 0.8  # broker latency >= 80 % of max_wait with no data = the broker just waited
 
 
 def host(col: Column) -> Column:

@@ -24,16 +24,15 @@ view from that small result.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from analytics.transforms.common import QNAMES, QUANTILES, time_bucket_index
+from analytics.transforms.topics import name_topic
+from recording.latency_cells import BIN_BASE, REQUEST_VIEWS, TIME_BIN_BASE, TIME_KEYS, TOPIC_VIEWS, View  # noqa: F401 — one definition for both engines
 
-BIN_BASE = 1.02
-TIME_BIN_BASE = 1.10  # the over-time views only feed charts and the surge rule: 10 % bins, 5x fewer cells
 ALL_APIS = "(all)"
 
 
@@ -43,33 +42,6 @@ def _bin(v: Column, base: float | Column = BIN_BASE) -> Column:
     return F.when(v <= 1, F.lit(0)).otherwise(F.ceil(F.log(v.cast("double")) / log_base)).cast("int")
 
 
-@dataclass(frozen=True)
-class View:
-    """One view of the cube: dim keyed by k1 (and k2) over one value column, binned on a log scale of `base`."""
-
-    dim: str
-    metric: str
-    k1: str
-    k2: str | None
-    value: str
-    base: float = BIN_BASE
-
-
-# values: v = client-visible latency, vr = the same without long polls, bl = broker latency,
-# pd = proxy-added delay of answered requests, w = broker wait of long polls, rb = Produce request size
-REQUEST_VIEWS = (
-    View("api_version", "latency", "api_label", "api_version", "v"),
-    View("client", "latency", "client_id", None, "vr"),
-    View("time", "latency", "b", "api_name", "vr", TIME_BIN_BASE),
-    View("broker_time", "latency", "broker_addr", "b", "vr", TIME_BIN_BASE),
-    View("api", "broker_latency", "api_label", None, "bl"),
-    View("api", "proxy_delay", "api_name", None, "pd"),
-    View("long_poll_wait", "broker_latency", "client_id", None, "w"),
-)
-TOPIC_VIEWS = (
-    View("topic", "latency", "topic", "api_name", "vr"),
-    View("produce_topic", "request_bytes", "topic", None, "rb"),
-)
 # the view whose bins bound the slowest requests (`tail_floor`): every answered request but long polls, once
 TAIL_VIEW = next(v for v in REQUEST_VIEWS if v.dim == "client" and v.metric == "latency")
 # (derived dim, metric, source dim, k2 of the result): the source summed over its k2, k1 kept
@@ -199,3 +171,25 @@ def view(cube_or_percentiles: DataFrame, dim: str, metric: str = "latency", pref
 
 
 cube_percentiles = view  # the name the transforms used before the views were computed together
+
+
+def cube_from_cells(cells: DataFrame, bucket_s: int, topic_names: Mapping[str, str]) -> DataFrame:
+    """The latency cube from the cells the writer stored beside each requests file (`recording.latency_cells`).
+
+    The stored cells are per file and per ROLLUP_BUCKET_S; the cube is per recording and per `bucket_s`
+    (a multiple of it), so the time views' bucket keys are moved to the start of their `bucket_s`
+    bucket, topic ids the proxy could not yet name are named, and cells that now share their keys are
+    summed. Every cell measure is a count, a sum or a maximum: the result equals `latency_cube` of the
+    same requests.
+    """
+    def rebucket(key: str) -> Column:
+        start = (F.floor(F.col(key).cast("long") / bucket_s) * bucket_s).cast("string")
+        dims = [d for d, k in TIME_KEYS.items() if k == key]
+        return F.when(F.col("dim").isin(dims), start).otherwise(F.col(key)) if dims else F.col(key)
+
+    topic_dims = [v.dim for v in TOPIC_VIEWS if v.k1 == "topic"]
+    k1 = rebucket("k1")
+    if topic_names:
+        k1 = F.when(F.col("dim").isin(topic_dims), name_topic(F.col("k1"), topic_names)).otherwise(k1)
+    return cells.groupBy("dim", k1.alias("k1"), rebucket("k2").alias("k2"), "metric", "bin").agg(
+        F.sum("n").alias("n"), F.sum("s").alias("s"), F.max("mx").alias("mx"))

@@ -25,11 +25,14 @@ coarser grouping of a rollup gives the same answer as grouping the requests.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from analytics.transforms.common import FETCH_APIS, host, response_error_kind, time_bucket_index
-from analytics.transforms.tcp import UNSCALED_WINDOW as LARGE_RESPONSE_BYTES  # fills an unscaled window: its rate shows the ceiling
+from analytics.transforms.topics import name_topic, name_topic_ids
+from recording.request_sums import LARGE_RESPONSE_BYTES, NOTABLE_COLUMNS, SUMS, SumSpec
 from protocol.error_kinds import ERROR, PROTOCOL_STEP, RETRIABLE
 
 
@@ -121,12 +124,6 @@ def traffic_over_time(req: DataFrame, bucket_s: int) -> DataFrame:
     )
 
 
-# what the tables that read the notable rows use (errors, bypass, brokers): pinning only these skips
-# decoding the other ~25 columns of every request (a third of the pass's time at 1 M requests)
-NOTABLE_COLUMNS = ("proxy_id", "conn_id", "client_id", "api_name", "broker_addr", "ts_ns", "request_bytes", "acks", "topics",
-                   "group_id", "errors", "error_count", "bypass", "advertised")
-
-
 def notable_requests(req: DataFrame) -> DataFrame:
     """The few request rows some tables read in detail: errors (their nested lists), and answers naming brokers (`advertised`, `bypass`).
 
@@ -136,3 +133,40 @@ def notable_requests(req: DataFrame) -> DataFrame:
     """
     return req.select(*NOTABLE_COLUMNS).where(
         (F.col("error_count") > 0) | F.col("advertised").isNotNull() | F.col("bypass").isNotNull())
+
+
+def _merged(stored: DataFrame, spec: SumSpec, keys: list[Column]) -> DataFrame:
+    """Stored partial sums grouped by `keys` (the spec's keys, some rewritten), each measure merged as the spec says."""
+    how = {"sum": F.sum, "min": F.min, "max": F.max}
+    return stored.groupBy(*keys).agg(*[how[h](m).alias(m) for m, h in spec.measures.items()])
+
+
+def request_rollup_from_sums(stored: DataFrame) -> DataFrame:
+    """`request_rollup` of the requests whose sums the writer stored (`recording.request_sums`): the same rows."""
+    spec = SUMS["request_sums"]
+    sums = _merged(stored, spec, [F.col(k) for k in spec.keys])
+    return sums.withColumn("client_host", host(F.col("client_addr"))).drop("client_addr")
+
+
+def _rebucketed(bucket_s: int) -> Column:
+    """The stored 60 s bucket start as the index of the analysis's `bucket_s` bucket (a multiple of 60 s)."""
+    return F.floor(F.col("b") / bucket_s).cast("long").alias("b")
+
+
+def topic_rollup_from_sums(stored: DataFrame, bucket_s: int, topic_names: Mapping[str, str]) -> DataFrame:
+    """`topic_rollup(req, bucket_s)` of the requests whose sums the writer stored, topics named as the requests' are."""
+    spec = SUMS["topic_sums"]
+    keys = [name_topic(F.col("topic"), topic_names).alias("topic") if k == "topic" else
+            _rebucketed(bucket_s) if k == "b" else F.col(k) for k in spec.keys]
+    return _merged(stored, spec, keys)
+
+
+def traffic_from_sums(stored: DataFrame, bucket_s: int) -> DataFrame:
+    """`traffic_over_time(req, bucket_s)` of the requests whose sums the writer stored."""
+    spec = SUMS["traffic_sums"]
+    return _merged(stored, spec, [_rebucketed(bucket_s) if k == "b" else F.col(k) for k in spec.keys])
+
+
+def notable_from_stored(stored: DataFrame, topic_names: Mapping[str, str]) -> DataFrame:
+    """`notable_requests` from the rows the writer kept, with topic ids named as the requests' are."""
+    return name_topic_ids(stored, topic_names).select(*NOTABLE_COLUMNS)

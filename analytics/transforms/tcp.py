@@ -6,8 +6,8 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from analytics.transforms.common import first_client_id
+from recording.request_terms import UNSCALED_WINDOW
 
-UNSCALED_WINDOW = 65535  # bytes: the largest window without the window-scale option
 
 
 def tcp_sides(conns: DataFrame, tcp: DataFrame) -> DataFrame:

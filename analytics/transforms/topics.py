@@ -50,6 +50,11 @@ def name_topic_ids(requests: DataFrame, pairs: Mapping[str, str]) -> DataFrame:
             .withColumn("errors", F.when(has_ids & (F.col("error_count") > 0), errors).otherwise(F.col("errors"))))
 
 
+def name_topic(col: Column, pairs: Mapping[str, str]) -> Column:
+    """One topic column (a string, not a list) with a known id replaced by its name: the stored latency cells' topics."""
+    return F.coalesce(F.element_at(_lookup(pairs), col), col) if pairs else col
+
+
 def name_connection_topics(conns: DataFrame, pairs: Mapping[str, str]) -> DataFrame:
     """The connections' `last_request_topics`, named the same way."""
     if not pairs:

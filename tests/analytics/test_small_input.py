@@ -13,11 +13,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from analytics import session
 from analytics.job import input_rows, run_analysis
 from analytics.synthetic import generate
+from recording.schema import DERIVED_DATASETS
 
 pytestmark = pytest.mark.spark
 
@@ -33,7 +35,11 @@ def test_settings_only_for_small_local_inputs() -> None:
 def test_input_rows_reads_footers_and_stops_past_the_limit(tmp_path: Path) -> None:
     counts = generate(tmp_path / "rec", 600)
     total = sum(counts.values())
-    assert input_rows([tmp_path / "rec"], limit=10**9) == total
+    assert input_rows([tmp_path / "rec"], limit=10**9, rollups=False) == total
+    # with rollups beside every requests file, the passes read those instead of the requests: they are counted
+    stored = sum(pq.read_metadata(p).num_rows for ds in DERIVED_DATASETS for p in (tmp_path / "rec" / ds).rglob("*.parquet"))
+    assert stored > 0
+    assert input_rows([tmp_path / "rec"], limit=10**9) == total - counts["requests"] + stored
     early = input_rows([tmp_path / "rec"], limit=10)
     assert early is not None and 10 < early <= total
     assert input_rows([tmp_path / "missing"], limit=10**9) == 0

@@ -7,11 +7,14 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
 from structlog.testing import capture_logs
 
+from recording.latency_cells import CELL_KEYS, latency_cells, merge_cells
+from recording.rollups import CELLS, derived_path
 from recording.writer import ParquetRecorder, RecordingError, check_recording_dir, recover
 from recording.sample_rows import SessionMix, connection_row, frame_row, tcp_row
 from recording.reader import (
@@ -90,6 +93,43 @@ def test_compaction_merges_flush_files(make_recorder, rec_dir: Path) -> None:
     assert 1 <= len(files) <= 3, files
     assert any(f.name.count("-") == 4 for f in files), "a merged part-<run>-<first>-<last> file"
     assert read_recording(rec_dir, "requests").num_rows == 1600
+
+
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_final_requests_files_get_their_latency_cells(rec_dir: Path, writer: str) -> None:
+    """Every requests file compaction is done with (merged, or alone in its segment) gets its cells; flush files do not."""
+    r = ParquetRecorder(rec_dir, "p1", fsync=False, flush_interval_s=3600, compact_interval_s=3600, writer=writer).start()
+    mix = SessionMix(proxy_id="p1")
+    rows = mix.rows(1500)
+    for row in rows:
+        r.request(row)
+    r.close()
+    requests = _files(rec_dir, "requests")
+    cells = _files(rec_dir, "latency_cells")
+    assert requests and [derived_path(f, CELLS) for f in requests] == cells
+    got = merge_cells(pq.read_table(f) for f in cells)
+    want = latency_cells(read_recording(rec_dir, "requests", with_partitions=False))
+    assert got.sort_by([(k, "ascending") for k in CELL_KEYS]).equals(want.sort_by([(k, "ascending") for k in CELL_KEYS]))
+    assert sum(got.filter(pc.equal(got["dim"], "api_version"))["n"].to_pylist()) == sum(
+        1 for row in rows if row.get("latency_us") is not None)
+
+
+def test_merged_segments_get_cells_and_no_cells_without_compaction(make_recorder, rec_dir: Path, tmp_path: Path) -> None:
+    r = make_recorder(compact_interval_s=3600)
+    mix = SessionMix()
+    for _ in range(3):
+        for row in mix.rows(100):
+            r.request(row)
+        r._flush(final=False)
+    r.close()
+    (merged,) = _files(rec_dir, "requests")
+    assert merged.name.count("-") == 4 and derived_path(merged, CELLS).is_file()
+    assert int(pq.read_metadata(derived_path(merged, CELLS)).metadata[b"kafkatap.source_rows"]) == 300
+    off = ParquetRecorder(tmp_path / "off", "p1", fsync=False, compact_interval_s=0).start()
+    for row in mix.rows(100):
+        off.request(row)
+    off.close()
+    assert _files(tmp_path / "off", "requests") and not _files(tmp_path / "off", "latency_cells")
 
 
 def test_rows_partitioned_by_their_own_hour(make_recorder, rec_dir: Path) -> None:

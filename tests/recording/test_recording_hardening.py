@@ -121,5 +121,5 @@ def test_compaction_streams_with_bounded_memory(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     one_file, before, peak = map(int, out.stdout.split()[-3:])
     assert peak - before < 4 * one_file, (one_file, before, peak)  # loading the segment is ≥ 8 files (+ sort copy)
-    merged = [f for f in (tmp_path / "rec").rglob("part-*.parquet")]
+    merged = [f for f in (tmp_path / "rec" / "requests").rglob("part-*.parquet")]
     assert len(merged) == 1 and pq.ParquetFile(merged[0]).metadata.num_row_groups >= 4

@@ -1,0 +1,203 @@
+"""The analysis's request rollups of a batch of request rows, in pyarrow: what the writer stores beside each requests file.
+
+The twins of `analytics.transforms.rollups` (request_rollup, topic_rollup,
+traffic_over_time, notable_requests), for the reason `recording.latency_cells`
+gives: every measure is a count, a sum, a minimum or a maximum, so sums of
+each final requests file can be computed once by the writer and an analysis
+adds them up instead of passing over every request again. `SUMS` says, per
+rollup, which columns are keys and how each measure merges; the writer's merge
+and the analysis's re-aggregation both follow it.
+
+The time-keyed rollups (topics, traffic) are stored per ROLLUP_BUCKET_S, with
+`b` the bucket's start in epoch seconds; an analysis re-buckets them. Topics are
+kept as recorded (an id when the proxy did not know the name yet), and so are
+the notable rows' `topic_ids`: the analysis names them as it names raw rows.
+
+Pure: pyarrow tables in, pyarrow tables out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from protocol.error_kinds import ERROR, PROTOCOL_STEP, RETRIABLE, response_kind
+from recording.request_terms import FETCH_APIS, UNSCALED_WINDOW, bucket_start, host, long_poll, when
+
+__all__ = ["LARGE_RESPONSE_BYTES", "NOTABLE_COLUMNS", "SumSpec", "SUMS", "INPUT_COLUMNS", "request_sums", "topic_sums",
+           "traffic_sums", "notable_rows", "merge"]
+
+LARGE_RESPONSE_BYTES = UNSCALED_WINDOW  # fills an unscaled TCP window: its transfer rate shows the window's ceiling
+# what the tables that read the notable rows use (errors, bypass, brokers), plus the ids that name their topics
+NOTABLE_COLUMNS = ("proxy_id", "conn_id", "client_id", "api_name", "broker_addr", "ts_ns", "request_bytes", "acks", "topics",
+                   "group_id", "errors", "error_count", "bypass", "advertised")
+
+
+@dataclass(frozen=True)
+class SumSpec:
+    """One rollup: its key columns and, per measure, how two partial sums merge (sum, min or max)."""
+
+    dataset: str
+    keys: tuple[str, ...]
+    measures: dict[str, str]
+
+
+SUMS = {
+    "request_sums": SumSpec(
+        "request_sums",
+        ("proxy_id", "conn_id", "client_id", "client_addr", "broker_addr", "api_name", "group_id", "acks", "compression", "status"),
+        {"requests": "sum", "first_ns": "min", "last_ns": "max", "request_bytes": "sum", "response_bytes": "sum",
+         "max_request_bytes": "max", "records": "sum", "record_bytes": "sum", "requests_with_errors": "sum",
+         "requests_retriable": "sum", "protocol_steps": "sum", "long_polls": "sum", "max_wait_ms": "max",
+         "throttled_requests": "sum", "throttle_ms": "sum", "max_throttle_ms": "max", "first_throttled_ns": "min",
+         "peak_response_bytes_per_s": "max", "faults_injected": "sum"}),
+    "topic_sums": SumSpec(
+        "topic_sums", ("client_id", "client_host", "api_name", "topic", "compression", "b"),
+        {"requests": "sum", "first_ns": "min", "last_ns": "max", "records": "sum", "requests_with_records": "sum",
+         "record_bytes": "sum", "fetch_bytes_split": "sum", "split_records": "sum", "max_request_bytes": "max",
+         "empty": "sum", "long_polls": "sum"}),
+    "traffic_sums": SumSpec(
+        "traffic_sums", ("broker_addr", "client_id", "b"),
+        {"requests": "sum", "request_bytes": "sum", "sized_requests": "sum", "response_bytes": "sum",
+         "produced_records": "sum"}),
+}
+# the raw request columns these are computed from (a writer reads only these back)
+INPUT_COLUMNS = ("proxy_id", "conn_id", "client_id", "client_addr", "broker_addr", "api_name", "group_id", "acks",
+                 "compression", "status", "req_first_ns", "request_bytes", "response_bytes", "records", "record_bytes",
+                 "error_count", "errors", "max_wait_ms", "broker_latency_us", "throttle_ms", "resp_first_ns",
+                 "resp_last_ns", "edit", "topics", "topic_ids", "bypass", "advertised")
+
+
+def _ns(ts: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """timestamp[us] as epoch ns (the unit the analysis computes in)."""
+    return pc.multiply(ts.cast(pa.int64()), 1000)
+
+
+def _flag(cond: pa.Array) -> pa.Array:
+    """A condition as 1/0 (null stays null), to be summed: Spark's `cond.cast("long")`."""
+    return cond.cast(pa.int64())
+
+
+def _kinds(t: pa.Table) -> pa.Array:
+    """Each request's worst error kind (analytics.transforms.common.response_error_kind), null without errors.
+
+    Python per row, but only for the rare rows with errors: a request whose `error_count` says errors
+    but whose list names none counts as an error, as in Spark.
+    """
+    has = pc.greater(pc.fill_null(t["error_count"], 0), 0)
+    out: list[str | None] = [None] * t.num_rows
+    if pc.any(has).as_py():
+        idx = pc.indices_nonzero(has).to_pylist()
+        apis = t["api_name"].take(idx).to_pylist()
+        errors = t["errors"].take(idx).to_pylist()
+        for i, api, errs in zip(idx, apis, errors):
+            out[i] = response_kind(api, [e["name"] for e in errs or []]) or ERROR
+    return pa.array(out, pa.string())
+
+
+def _aggregate(table: pa.Table, spec: SumSpec, measures: dict[str, tuple[str, str]]) -> pa.Table:
+    """Group `table` by the spec's keys; measures: output name -> (input column, pyarrow aggregation)."""
+    aggs = [(src, how) for src, how in measures.values()]
+    grouped = table.group_by(list(spec.keys), use_threads=False).aggregate(aggs)
+    cols = {k: grouped[k] for k in spec.keys}
+    for name, (src, how) in measures.items():
+        cols[name] = grouped[f"{src}_{how}"]
+    return pa.table(cols)
+
+
+def request_sums(t: pa.Table) -> pa.Table:
+    """analytics.transforms.rollups.request_rollup's sums per connection, client and API (client_addr still the address)."""
+    spec = SUMS["request_sums"]
+    kind = _kinds(t)
+    throttle = t["throttle_ms"]
+    throttled = pc.greater(throttle, 0)
+    first_ns = t["req_first_ns"]
+    transfer_s = pc.divide(pc.subtract(_ns(t["resp_last_ns"]), _ns(t["resp_first_ns"])).cast(pa.float64()), 1e9)
+    big = pc.and_kleene(pc.greater_equal(t["response_bytes"], LARGE_RESPONSE_BYTES), pc.greater(transfer_s, 0))
+    rate = pc.divide(t["response_bytes"].cast(pa.float64()), transfer_s)
+    one = pa.array([1] * t.num_rows, pa.int64())
+    work = pa.table({
+        **{k: t[k] for k in spec.keys if k != "client_id"}, "client_id": pc.fill_null(t["client_id"], "(none)"),
+        "one": one, "ts": first_ns, "rq": pc.fill_null(t["request_bytes"].cast(pa.int64()), 0),
+        "rs": pc.fill_null(t["response_bytes"].cast(pa.int64()), 0), "rqmax": t["request_bytes"],
+        "records": t["records"], "record_bytes": t["record_bytes"],
+        "err": pc.if_else(pc.fill_null(pc.equal(kind, ERROR), False), 1, 0).cast(pa.int64()),
+        "retr": pc.if_else(pc.fill_null(pc.equal(kind, RETRIABLE), False), 1, 0).cast(pa.int64()),
+        "step": pc.if_else(pc.fill_null(pc.equal(kind, PROTOCOL_STEP), False), 1, 0).cast(pa.int64()),
+        "lp": _flag(long_poll(t)), "max_wait_ms": t["max_wait_ms"], "thr": _flag(throttled),
+        "thr_ms": when(throttled, throttle), "thr_ts": when(throttled, first_ns), "rate": when(big, rate),
+        "faults": _flag(pc.match_substring(t["edit"], "fault#")),
+    })
+    return _aggregate(work, spec, {
+        "requests": ("one", "sum"), "first_ns": ("ts", "min"), "last_ns": ("ts", "max"), "request_bytes": ("rq", "sum"),
+        "response_bytes": ("rs", "sum"), "max_request_bytes": ("rqmax", "max"), "records": ("records", "sum"),
+        "record_bytes": ("record_bytes", "sum"), "requests_with_errors": ("err", "sum"),
+        "requests_retriable": ("retr", "sum"), "protocol_steps": ("step", "sum"), "long_polls": ("lp", "sum"),
+        "max_wait_ms": ("max_wait_ms", "max"), "throttled_requests": ("thr", "sum"), "throttle_ms": ("thr_ms", "sum"),
+        "max_throttle_ms": ("thr_ms", "max"), "first_throttled_ns": ("thr_ts", "min"),
+        "peak_response_bytes_per_s": ("rate", "max"), "faults_injected": ("faults", "sum"),
+    })
+
+
+def topic_sums(t: pa.Table) -> pa.Table:
+    """analytics.transforms.rollups.topic_rollup's sums per client, API, topic and ROLLUP_BUCKET_S bucket (`b`: its start)."""
+    spec = SUMS["topic_sums"]
+    pf = t.filter(pc.is_in(t["api_name"], pa.array(("Produce", *FETCH_APIS))))
+    topics = pf["topics"].combine_chunks() if isinstance(pf["topics"], pa.ChunkedArray) else pf["topics"]
+    lengths = pc.fill_null(pc.list_value_length(topics), 0)
+    n = pc.max_element_wise(lengths, 1).cast(pa.float64())
+    # explode_outer: each topic a row, and a null or empty list still one row, with topic null
+    no_topic = pc.indices_nonzero(pc.equal(lengths, 0))
+    rows = pa.concat_arrays([pc.list_parent_indices(topics).cast(pa.int64()), no_topic.cast(pa.int64())])
+    topic = pa.concat_arrays([pc.list_flatten(topics), pa.nulls(len(no_topic), pa.string())])
+    first_ns = pf["req_first_ns"]
+    record_bytes = pf["record_bytes"]
+    work = pa.table({
+        "client_id": pc.fill_null(pf["client_id"], "(none)"), "client_host": host(pf["client_addr"]),
+        "api_name": pf["api_name"], "compression": pf["compression"], "b": bucket_start(pf),
+        "one": pa.array([1] * pf.num_rows, pa.int64()), "ts": first_ns, "records": pf["records"],
+        "has_records": _flag(pc.is_valid(pf["records"])), "record_bytes": record_bytes,
+        "split_bytes": pc.divide(record_bytes.cast(pa.float64()), n), "split_records": pc.divide(pf["records"].cast(pa.float64()), n),
+        "rqmax": pf["request_bytes"], "empty": _flag(pc.equal(pc.fill_null(record_bytes, 0), 0)), "lp": _flag(long_poll(pf)),
+    }).take(rows)
+    work = work.append_column("topic", topic)
+    return _aggregate(work, spec, {
+        "requests": ("one", "sum"), "first_ns": ("ts", "min"), "last_ns": ("ts", "max"), "records": ("records", "sum"),
+        "requests_with_records": ("has_records", "sum"), "record_bytes": ("record_bytes", "sum"),
+        "fetch_bytes_split": ("split_bytes", "sum"), "split_records": ("split_records", "sum"),
+        "max_request_bytes": ("rqmax", "max"), "empty": ("empty", "sum"), "long_polls": ("lp", "sum"),
+    })
+
+
+def traffic_sums(t: pa.Table) -> pa.Table:
+    """analytics.transforms.rollups.traffic_over_time's sums per broker, client and ROLLUP_BUCKET_S bucket (`b`: its start)."""
+    produce = pc.fill_null(pc.equal(t["api_name"], "Produce"), False)
+    work = pa.table({
+        "broker_addr": t["broker_addr"], "client_id": pc.fill_null(t["client_id"], "(none)"), "b": bucket_start(t),
+        "one": pa.array([1] * t.num_rows, pa.int64()), "rq": t["request_bytes"].cast(pa.int64()),
+        "sized": _flag(pc.is_valid(t["request_bytes"])), "rs": pc.fill_null(t["response_bytes"].cast(pa.int64()), 0),
+        "produced": pc.if_else(produce, pc.fill_null(t["records"], 0), 0).cast(pa.int64()),
+    })
+    return _aggregate(work, SUMS["traffic_sums"], {
+        "requests": ("one", "sum"), "request_bytes": ("rq", "sum"), "sized_requests": ("sized", "sum"),
+        "response_bytes": ("rs", "sum"), "produced_records": ("produced", "sum"),
+    })
+
+
+def notable_rows(t: pa.Table) -> pa.Table:
+    """analytics.transforms.rollups.notable_requests: rows with errors or answers naming brokers (plus `topic_ids`)."""
+    keep = pc.or_kleene(pc.or_kleene(pc.greater(t["error_count"], 0), pc.is_valid(t["advertised"])), pc.is_valid(t["bypass"]))
+    rows = t.filter(keep)
+    cols = {c: rows[c] for c in NOTABLE_COLUMNS if c not in ("ts_ns", "client_id")}
+    cols["client_id"] = pc.fill_null(rows["client_id"], "(none)")
+    cols["ts_ns"] = rows["req_first_ns"]
+    cols["topic_ids"] = rows["topic_ids"]
+    return pa.table({c: cols[c] for c in (*NOTABLE_COLUMNS, "topic_ids")})
+
+
+def merge(spec: SumSpec, tables: list[pa.Table]) -> pa.Table:
+    """Partial sums of several batches (at least one) as one: each measure merged as SUMS says."""
+    whole = pa.concat_tables(tables)
+    return _aggregate(whole, spec, {m: (m, how) for m, how in spec.measures.items()})

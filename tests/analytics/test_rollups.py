@@ -1,0 +1,225 @@
+"""The rollups stored beside each requests file (recording.latency_cells, recording.request_sums) against Spark's own.
+
+The writer computes the latency cube's cells and the request, topic and traffic sums with
+pyarrow; the analysis sums them instead of passing over every request. These tests hold
+the two engines to the same rows, the merged rollups of several files to those of all
+their rows, the percentiles read from merged cells to within one bin of the exact ones,
+and a whole analysis with rollups to the same tables and findings as one without.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pyspark.sql import functions as F
+
+from analytics import load as L
+from analytics.job import run_analysis
+from analytics.synthetic import generate, write_rows, write_table
+from analytics.transforms import rollups
+from analytics.transforms.common import prepare_requests
+from analytics.transforms.cube import cube_from_cells, latency_cube, percentile_views
+from recording.latency_cells import BIN_BASE, ROLLUP_BUCKET_S, latency_cells, merge_cells
+from recording.rollups import CELLS, coverage, derived_path, write_missing
+from recording.schema import DERIVED_DATASETS
+from recording.timestamps import from_epoch_ns, ingest_schema
+from tests.analytics.analytics_rows import S, T0, req
+
+CELL = ("dim", "k1", "k2", "metric", "bin", "n", "s", "mx")
+
+
+def _set(rows: list) -> set[tuple]:
+    return {tuple(r[k] for k in CELL) for r in rows}
+
+
+def _spark_cube(spark, root: Path, bucket_s: int = ROLLUP_BUCKET_S) -> set[tuple]:
+    rec = L.load(spark, [str(root)])
+    return _set([r.asDict() for r in latency_cube(prepare_requests(rec.requests), bucket_s).collect()])
+
+
+def _stored(spark, root: Path, bucket_s: int = ROLLUP_BUCKET_S) -> set[tuple]:
+    rec = L.load(spark, [str(root)])
+    cells = L.read_rollups(spark, [str(root)], L.Filters())[CELLS]
+    return _set([r.asDict() for r in cube_from_cells(cells, bucket_s, rec.topic_names).collect()])
+
+
+EDGE_ROWS = [
+    req("c1", 1, "Fetch", lat_us=500_300, broker_latency_us=500_100, max_wait_ms=500, record_bytes=0, topics=["t"]),  # long poll
+    req("c1", 2, "Fetch", t_s=70, lat_us=3000, broker_latency_us=2900, max_wait_ms=500, record_bytes=9000, topics=["t", "u"]),
+    req("c1", 3, "Fetch", t_s=71, lat_us=None, max_wait_ms=500, record_bytes=None, topics=["t"]),  # unanswered Fetch
+    req("c1", 4, "Fetch", t_s=72, lat_us=800, broker_latency_us=None, max_wait_ms=500, record_bytes=0),  # no broker latency
+    req("c2", 1, "Produce", t_s=5, lat_us=2000, client="p", topics=["t"], request_bytes=4096),
+    req("c2", 2, "Produce", t_s=130, lat_us=40_000, client="p", topics=["u"], request_bytes=100),
+    req("c2", 3, "Produce", t_s=131, lat_us=None, client="p", topics=["u"], request_bytes=1_000_000),  # unanswered
+    req("c2", 4, "Produce", t_s=132, lat_us=0, client=None, topics=[], request_bytes=1, proxy_req_delay_us=None),
+    req("c3", 1, "Metadata", t_s=3599.9999, lat_us=1, client="admin", api_version=12),  # last µs before the hour
+    req("c3", 2, "Metadata", t_s=3600, lat_us=2, client="admin", broker="10.0.0.2:9092", answered=None),
+]
+
+
+def test_cells_equal_the_spark_cube_cell_for_cell(spark, tmp_path) -> None:
+    """Edge rows (long polls, nulls, zero and one µs, no topics, no client id, an hour edge) and a mixed recording."""
+    edge = tmp_path / "edge"
+    write_rows(edge, "requests", EDGE_ROWS)
+    mixed = tmp_path / "mixed"
+    generate(mixed, 6000, span_s=5400)
+    for root in (edge, mixed):
+        assert _stored(spark, root) == _spark_cube(spark, root), root
+
+
+def _err(name: str | None, topic: str | None = None) -> dict:
+    return {"code": 6, "name": name, "topic": topic, "partition": 0, "resource": None}
+
+
+SUM_ROWS = EDGE_ROWS + [
+    req("c1", 9, "Fetch", t_s=2, lat_us=500_200, broker_latency_us=500_050, max_wait_ms=500, record_bytes=0, topics=["t"]),  # 2nd long poll
+    req("c4", 1, "Produce", t_s=10, errors=[_err("NOT_LEADER_OR_FOLLOWER", "t")], error_count=1, throttle_ms=250, topics=["t"]),
+    req("c4", 2, "Produce", t_s=11, errors=[_err("CORRUPT_MESSAGE", "t"), _err("NOT_LEADER_OR_FOLLOWER", "t")], error_count=2,
+        edit="fault#1 error=CORRUPT_MESSAGE in-place", compression="zstd", acks=1),
+    req("c4", 3, "JoinGroup", t_s=12, errors=[_err("MEMBER_ID_REQUIRED")], error_count=1, group_id="g"),
+    req("c4", 4, "Heartbeat", t_s=13, errors=[], error_count=1, throttle_ms=0),  # a count without names: an error
+    req("c4", 5, "Heartbeat", t_s=14, errors=[_err(None)], error_count=1, throttle_ms=None),
+    req("c5", 1, "Metadata", t_s=20, advertised=["1@10.0.0.1:9092", "2@10.9.9.9:9092"], bypass=["10.9.9.9:9092"]),
+    req("c5", 2, "Fetch", t_s=21, lat_us=90_000, response_bytes=1_000_000, record_bytes=999_000, records=None,
+        resp_first_ns=T0 + 21 * S, resp_last_ns=T0 + 21 * S + 40_000_000, topics=None, client_addr="[::1]:5000"),
+    req("c5", 3, "ShareFetch", t_s=22, topics=["t", "u", "v"], records=7, record_bytes=700, client_addr="host-only"),
+    req("c5", 4, "Fetch", t_s=23, topics=["8f1c2f0e-1111-4222-8333-944445555666"], topic_ids=["8f1c2f0e-1111-4222-8333-944445555666"],
+        errors=[_err("UNKNOWN_TOPIC_ID", "8f1c2f0e-1111-4222-8333-944445555666")], error_count=1),
+]
+
+
+def _rows_of(df) -> list[str]:
+    """Rows as sorted text, doubles to 9 significant digits (sums of partial sums round differently)."""
+    def cell(v):
+        return f"{v:.9g}" if isinstance(v, float) else repr(v)
+    return sorted(repr([(k, cell(v)) for k, v in sorted(r.asDict(recursive=True).items())]) for r in df.collect())
+
+
+def test_stored_sums_equal_the_spark_rollups(spark, tmp_path) -> None:
+    """Request, topic and traffic sums and the notable rows, from stored rollups and from the requests, row for row."""
+    root = tmp_path / "rec"
+    write_rows(root, "requests", SUM_ROWS)
+    write_rows(root, "topics", [{"proxy_id": "p1", "topic_id": "8f1c2f0e-1111-4222-8333-944445555666", "name": "payments",
+                                 "first_seen_ns": T0}])
+    mixed = tmp_path / "mixed"
+    generate(mixed, 5000, span_s=5400)
+    for r in (root, mixed):
+        rec = L.load(spark, [str(r)])
+        full = prepare_requests(rec.requests)
+        stored = L.read_rollups(spark, [str(r)], L.Filters())
+        pairs = [
+            (rollups.request_rollup(full), rollups.request_rollup_from_sums(stored["request_sums"])),
+            (rollups.topic_rollup(full, 300), rollups.topic_rollup_from_sums(stored["topic_sums"], 300, rec.topic_names)),
+            (rollups.traffic_over_time(full, 120), rollups.traffic_from_sums(stored["traffic_sums"], 120)),
+            (rollups.notable_requests(full), rollups.notable_from_stored(stored["notable_requests"], rec.topic_names)),
+        ]
+        for raw, summed in pairs:
+            assert raw.columns == summed.columns, (raw.columns, summed.columns)
+            types = [[(f.name, f.dataType) for f in df.schema] for df in (raw, summed)]  # nullability may differ
+            assert types[0] == types[1], [(a, b) for a, b in zip(*types) if a != b]
+            assert _rows_of(summed) == _rows_of(raw)
+    kept = rollups.notable_from_stored(L.read_rollups(spark, [str(root)], L.Filters())["notable_requests"],
+                                       {"8f1c2f0e-1111-4222-8333-944445555666": "payments"}).where(F.col("conn_id") == "c5")
+    by_api = {r["api_name"]: r for r in kept.collect()}
+    assert by_api["Metadata"]["bypass"] == ["10.9.9.9:9092"]  # the answer naming brokers
+    assert by_api["Fetch"]["topics"] == ["payments"] and by_api["Fetch"]["errors"][0]["topic"] == "payments"  # named late
+
+
+def test_merged_cells_equal_the_cells_of_all_rows() -> None:
+    rng = random.Random(3)
+    rows = [req(f"c{i % 7}", i, rng.choice(["Produce", "Fetch", "Metadata"]), t_s=rng.uniform(0, 900),
+                lat_us=int(rng.lognormvariate(8, 1.5)), client=f"app-{i % 5}") for i in range(3000)]
+    table = from_epoch_ns(pa.Table.from_pylist(rows, schema=ingest_schema("requests")), "requests")  # as on disk
+    whole = latency_cells(table)
+    parts = merge_cells(latency_cells(table.slice(a, 1000)) for a in (0, 1000, 2000))
+    assert _set(parts.to_pylist()) == _set(whole.to_pylist())
+    assert parts.num_rows < table.num_rows * 9  # cells, not copies: some values share a bin
+
+
+def test_cube_from_cells_rebuckets_and_names_topic_ids(spark, tmp_path) -> None:
+    """Two files (two hours) summed, time views moved to 300 s buckets, a topic id named from topics/."""
+    root = tmp_path / "rec"
+    tid = "8f1c2f0e-1111-4222-8333-944445555666"
+    rows = [req("c1", i, "Produce", t_s=i * 37.0, lat_us=1000 + 17 * i, topics=["orders"]) for i in range(150)]
+    rows += [req("c2", i, "Fetch", t_s=i * 41.0, lat_us=5000 + i, record_bytes=10, topics=[tid], topic_ids=[tid])
+             for i in range(120)]
+    write_rows(root, "requests", rows)
+    write_rows(root, "topics", [{"proxy_id": "p1", "topic_id": tid, "name": "payments", "first_seen_ns": rows[0]["req_first_ns"]}])
+    assert len(list((root / CELLS).rglob("*.parquet"))) == 2
+    got = _stored(spark, root, 300)
+    assert got == _spark_cube(spark, root, 300)
+    assert any(c[0] == "topic" and c[1] == "payments" for c in got) and not any(c[1] == tid for c in got)
+
+
+def test_percentiles_from_merged_cells_are_within_one_bin_of_exact(spark, tmp_path) -> None:
+    """The issue's ask: percentiles read from histograms merged across files, against exact ones from the raw values."""
+    rng = random.Random(11)
+    root = tmp_path / "rec"
+    lat = {c: [int(rng.lognormvariate(mu, 1.1)) + 1 for _ in range(4000)] for c, mu in (("fast", 6.0), ("slow", 10.0))}
+    for hour in range(3):  # three files, each holding a third of every client's values
+        rows = [req(f"{c}-{hour}", i, "Produce", t_s=hour * 3600 + i * 0.5, lat_us=v, client=c)
+                for c, vals in lat.items() for i, v in enumerate(vals[hour::3])]
+        write_table(root, "requests", pa.Table.from_pylist(rows, schema=ingest_schema("requests")))
+    assert len(coverage(str(root), CELLS).covered) == 3
+    views = percentile_views(cube_from_cells(L.read_rollups(spark, [str(root)], L.Filters())[CELLS], 60, {}))
+    got = {r["k1"]: r.asDict() for r in views.where((F.col("dim") == "client") & (F.col("metric") == "latency")).collect()}
+    for client, values in lat.items():
+        ordered = sorted(values)
+        row = got[client]
+        assert row["count"] == len(values) and row["max_us"] == ordered[-1]
+        assert row["mean_us"] == pytest.approx(sum(values) / len(values), abs=0.05)
+        for q, name in ((0.5, "p50_us"), (0.9, "p90_us"), (0.99, "p99_us"), (0.999, "p999_us")):
+            exact = ordered[math.ceil(q * len(values)) - 1]  # nearest rank
+            assert exact <= row[name] <= exact * BIN_BASE, (client, name, exact, row[name])
+            assert row[name] in values  # a value actually seen
+
+
+def test_an_analysis_with_cells_equals_one_without(spark, tmp_path) -> None:
+    root = tmp_path / "rec"
+    generate(root, 4000)
+    runs = {}
+    for ignore in (False, True):
+        runs[ignore] = run_analysis([str(root)], tmp_path / f"out-{ignore}", spark=spark, progress=False, report=False,
+                                    csv=False, ignore_rollups=ignore)
+    with_cells, without = runs[False], runs[True]
+    assert with_cells.tables["_meta"][0]["rollups"] == ",".join(sorted(DERIVED_DATASETS))
+    assert without.tables["_meta"][0]["rollups"] == ""
+    for name, rows in without.tables.items():
+        if name != "_meta":
+            assert sorted(map(repr, with_cells.tables[name])) == sorted(map(repr, rows)), name
+    assert [f.to_json() for f in with_cells.findings] == [f.to_json() for f in without.findings]
+    assert with_cells.findings  # the synthetic incidents are found either way
+
+
+def test_cells_stand_in_only_for_every_file_and_no_filter(spark, tmp_path) -> None:
+    root = tmp_path / "rec"
+    write_rows(root, "requests", [req("c1", i, t_s=i * 30.0) for i in range(300)])  # 2.5 h: three files
+    files = sorted((root / "requests").rglob("*.parquet"))
+    assert len(files) == 3 and all(derived_path(f, d).is_file() for f in files for d in DERIVED_DATASETS)
+    assert set(L.read_rollups(spark, [str(root)], L.Filters())) == set(DERIVED_DATASETS)
+    assert L.read_rollups(spark, [str(root)], L.Filters(clients=("app-1",))) == {}  # rollups cannot be narrowed
+    derived_path(files[1], CELLS).unlink()  # e.g. a crash between the requests file and its rollups
+    assert not coverage(str(root), CELLS).complete
+    assert CELLS not in L.read_rollups(spark, [str(root)], L.Filters())
+    result = run_analysis([str(root)], tmp_path / "out", spark=spark, progress=False, report=False, csv=False)
+    assert result.tables["_meta"][0]["rollups"] == "notable_requests,request_sums,topic_sums,traffic_sums"
+    assert write_missing(root, fsync=False) == (1, 0)  # filled in afterwards
+    assert coverage(str(root), CELLS).complete
+    odd = run_analysis([str(root)], tmp_path / "out2", spark=spark, progress=False, report=False, csv=False, bucket_s=90)
+    assert odd.tables["_meta"][0]["rollups"] == "notable_requests,request_sums"  # 90 s: not a multiple of the stored 60 s
+    assert result.tables["latency_by_api"] == run_analysis(
+        [str(root)], tmp_path / "out3", spark=spark, progress=False, report=False, csv=False).tables["latency_by_api"]
+
+
+def test_cells_files_name_their_requests_file(tmp_path) -> None:
+    root = tmp_path / "rec"
+    (path,) = write_rows(root, "requests", [req("c1", 1)])
+    cells = derived_path(path, CELLS)
+    assert cells.relative_to(root / CELLS) == path.relative_to(root / "requests")
+    assert int(pq.read_metadata(cells).metadata[b"kafkatap.source_rows"]) == 1
+    assert pq.read_schema(cells).names == list(CELL)
