@@ -80,6 +80,7 @@ class Inputs:
     requests: DataFrame | None = None  # the raw prepared view (never cached): slowest-N scans it once
     reactions: DataFrame | None = None  # faults.fault_reactions, pinned; None when no fault was injected
     cube: DataFrame | None = None  # the pinned latency cube: its tail bounds the slowest-requests scan
+    slowest: DataFrame | None = None  # every file's slowest requests, as the writer kept them (recording.rollups); None: scan
 
     def slowest_floor(self) -> int | None:
         """A latency at most the SLOWEST-th highest (cube.tail_floor), or None without a cube or enough requests."""
@@ -136,7 +137,8 @@ def table_plan(i: Inputs, bucket_s: int) -> dict[str, Callable[[], DataFrame | p
         }),
         **({} if i.requests is None else {
             "throughput_over_time": lambda: drilldown.throughput_over_time(i.traffic, i.topics, bucket_s),
-            "slowest_requests": lambda: drilldown.slowest_requests(i.requests, floor_us=i.slowest_floor()),
+            "slowest_requests": lambda: (drilldown.slowest_requests(i.slowest) if i.slowest is not None
+                                         else drilldown.slowest_requests(i.requests, floor_us=i.slowest_floor())),
         }),
     }
 
@@ -440,7 +442,7 @@ def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.
             prog.info(f"rollups stored beside every requests file: {', '.join(stored)} (the passes below sum them)")
         used: list[str] = []
 
-        def from_stored(dataset: str, build: Callable[[DataFrame], DataFrame], raw: Callable[[], DataFrame]) -> DataFrame:
+        def from_stored(dataset: str, build: Callable[[DataFrame], DataFrame], raw: Callable[[], Any]) -> Any:
             """`build` over the stored rollup when the recording has it (the same rows, a fraction of the work), else `raw`."""
             if dataset in stored:
                 used.append(dataset)
@@ -489,7 +491,8 @@ def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.
         if ov.get("faults_injected"):
             prog.step("fault reactions", f"{ov['faults_injected']:,} injected Kafka fault(s) and what each client did next")
             reactions = pin(faults.fault_reactions(full))
-        inputs = Inputs(rollup, topics, traffic, views, notable, conns, sides, full, reactions, cube)
+        slowest = from_stored("slowest_requests", lambda df: rollups.slowest_candidates(df, rec.topic_names), lambda: None)
+        inputs = Inputs(rollup, topics, traffic, views, notable, conns, sides, full, reactions, cube, slowest)
         plan = table_plan(inputs, bucket_s)
         if compare:
             mode_used, cplan = compare_plan(spark, str(compare[0]), str(compare[1]), filters, compare_mode, tolerance_s, prog)
@@ -519,6 +522,7 @@ def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.
             "compare_mode": mode_used,
             "filters": filters.describe(),
             "bucket_s": bucket_s,
+            "rollups": sorted(used),  # stored rollups the analysis summed instead of passing over the requests
             "overview": {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in ov.items()},
             "findings": [f.to_json() for f in findings],
         }, indent=2, default=str))

@@ -143,8 +143,10 @@ def analyze_once(d: Path, out: Path, code: Path | str = ROOT) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     load_before = loadavg()
     wall, peak, _, _ = run_sampled([sys.executable, "-m", "kafkatap.cli", "analyze", str(d), "--out", str(out), "--quiet"], cwd=code)
+    found = json.loads((out / "findings.json").read_text())
     return {"wall_s": round(wall, 1), "cpu_s": LAST_CPU_S, "peak_mib": round(peak / 1024), "load_before": load_before,
-            "load_after": loadavg(), "findings": len(json.loads((out / "findings.json").read_text())["findings"])}
+            "load_after": loadavg(), "findings": len(found["findings"]),
+            "rollups": found.get("rollups", [])}  # the stored rollups it summed (an older checkout: none)
 
 
 def bench_size(n: int, work: Path, regenerate: bool, rounds: int = 1, before: str | None = None) -> dict:
@@ -160,7 +162,13 @@ def bench_size(n: int, work: Path, regenerate: bool, rounds: int = 1, before: st
         counts = generate(d, n)
         res["generate_s"] = round(time.monotonic() - t0, 1)
         res["connections"] = counts["connections"]
-    res["size_mib"] = round(sum(f.stat().st_size for f in d.rglob("*.parquet")) / 2**20, 1)
+    from recording.schema import DERIVED_DATASETS
+
+    def mib(datasets: set[str]) -> float:
+        return round(sum(f.stat().st_size for f in d.rglob("*.parquet") if f.relative_to(d).parts[0] in datasets) / 2**20, 1)
+
+    res["size_mib"] = mib({p.name for p in d.iterdir()} - set(DERIVED_DATASETS))  # what the proxy recorded
+    res["rollups_mib"] = mib(set(DERIVED_DATASETS))  # what its writer derived beside it
     runs, before_runs = [], []
     for i in range(rounds):
         # who goes first alternates: the first run after a pause also pays for the page cache and a cold CPU
@@ -172,7 +180,7 @@ def bench_size(n: int, work: Path, regenerate: bool, rounds: int = 1, before: st
     res.update(spark_s=round(statistics.median(r["wall_s"] for r in runs), 1),
                spark_cpu_s=round(statistics.median(r["cpu_s"] for r in runs), 1),
                spark_peak_mib=max(r["peak_mib"] for r in runs), load_before=runs[0]["load_before"],
-               load_after=runs[-1]["load_after"], findings=runs[-1]["findings"])
+               load_after=runs[-1]["load_after"], findings=runs[-1]["findings"], rollups=runs[-1]["rollups"])
     wall, peak, stdout, _ = run_sampled([sys.executable, "-c", duckdb_script(d)])
     res.update(duckdb_s=round(wall, 1), duckdb_cpu_s=LAST_CPU_S, duckdb_peak_mib=round(peak / 1024), duckdb_queries=json.loads(stdout.strip().splitlines()[-1]))
     return res
@@ -207,15 +215,20 @@ def markdown(results: list[dict], cmd: str, rev: str | None = None) -> str:
              f"Spark class archive (analytics/class_archive.py): {class_archive_note()}.", "",
              "Spark = the whole `kafkatap analyze` process (JVM start, every table, findings, report, CSV+Parquet). "
              "DuckDB = the 7 headline queries (overview, latency by API / client / broker×minute, inventory, errors, connection ends) "
-             "on the same files, 2 threads. Peak memory = peak RSS of the process tree (driver + JVM)."
+             "on the same recording's requests, 2 threads. Peak memory = peak RSS of the process tree (driver + JVM). "
+             "Recording = the recorded datasets, and in brackets the rollups the writer stores beside them "
+             "(recording/rollups.py); Spark read = how many of those rollups this checkout's analysis summed instead of "
+             "passing over the requests."
              + (" Spark wall and CPU are the medians of this checkout's runs (--rounds)." if any(len(r["runs"]) > 1 for r in results) else ""),
              "",
-             "| requests | recording | Spark wall | target | Spark CPU | Spark peak RSS | DuckDB wall | DuckDB CPU | DuckDB peak RSS | Spark/DuckDB wall | load before→after |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| requests | recording (rollups) | Spark read | Spark wall | target | Spark CPU | Spark peak RSS | DuckDB wall | DuckDB CPU | DuckDB peak RSS | Spark/DuckDB wall | load before→after |",
+             "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in results:
         tgt = target_s(r["requests"])
         cpu = lambda k: f"{r[k]} s" if r.get(k) is not None else "n/a"  # noqa: E731
-        lines.append(f"| {r['requests']:,} | {r['size_mib']} MiB | {r['spark_s']} s | {'≤ %d s' % tgt if tgt else ''} "
+        read = f"{len(r['rollups'])} rollups" if r.get("rollups") else "requests only"
+        lines.append(f"| {r['requests']:,} | {r['size_mib']} MiB ({r.get('rollups_mib', 0)} MiB) | {read} | {r['spark_s']} s | "
+                     f"{'≤ %d s' % tgt if tgt else ''} "
                      f"{'✅' if tgt and r['spark_s'] <= tgt else '❌' if tgt else ''} | {cpu('spark_cpu_s')} | {r['spark_peak_mib']} MiB | "
                      f"{r['duckdb_s']} s | {cpu('duckdb_cpu_s')} | {r['duckdb_peak_mib']} MiB | {r['spark_s'] / max(r['duckdb_s'], 0.01):.0f}× | "
                      f"{r['load_before']}→{r['load_after']} |")

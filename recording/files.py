@@ -43,6 +43,7 @@ SORT_KEYS = {
     "topic_sums": ["topic", "client_id", "b"],
     "traffic_sums": ["broker_addr", "client_id", "b"],
     "notable_requests": ["conn_id", "ts_ns"],
+    "slowest_requests": ["latency_us"],
 }
 
 

@@ -24,15 +24,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from protocol.error_kinds import ERROR, PROTOCOL_STEP, RETRIABLE, response_kind
+from recording.schema import NOTABLE_REQUEST_COLUMNS, SLOWEST_REQUEST_COLUMNS
 from recording.request_terms import FETCH_APIS, UNSCALED_WINDOW, bucket_start, host, long_poll, when
 
-__all__ = ["LARGE_RESPONSE_BYTES", "NOTABLE_COLUMNS", "SumSpec", "SUMS", "INPUT_COLUMNS", "request_sums", "topic_sums",
-           "traffic_sums", "notable_rows", "merge"]
+__all__ = ["LARGE_RESPONSE_BYTES", "NOTABLE_COLUMNS", "SLOWEST_KEPT", "SLOWEST_COLUMNS", "SumSpec", "SUMS", "INPUT_COLUMNS",
+           "request_sums", "topic_sums", "traffic_sums", "notable_rows", "slowest_rows", "slowest_of", "merge"]
 
 LARGE_RESPONSE_BYTES = UNSCALED_WINDOW  # fills an unscaled TCP window: its transfer rate shows the window's ceiling
-# what the tables that read the notable rows use (errors, bypass, brokers), plus the ids that name their topics
-NOTABLE_COLUMNS = ("proxy_id", "conn_id", "client_id", "api_name", "broker_addr", "ts_ns", "request_bytes", "acks", "topics",
-                   "group_id", "errors", "error_count", "bypass", "advertised")
+# what the tables that read the notable rows use (errors, bypass, brokers); the stored rows add the ids that name topics
+NOTABLE_COLUMNS = tuple(c.name for c in NOTABLE_REQUEST_COLUMNS if c.name != "topic_ids")
+SLOWEST_KEPT = 50  # slowest requests kept per file: the report lists the 50 slowest of the recording, all among these
+SLOWEST_COLUMNS = tuple(c.name for c in SLOWEST_REQUEST_COLUMNS)  # the slowest-requests table's, plus what names topics
+# the report's order: slowest first, then conn id and correlation id (Spark's ascending order puts nulls first)
+SLOWEST_ORDER = [("latency_us", "descending", "at_end"), ("conn_id", "ascending", "at_start"),
+                 ("correlation_id", "ascending", "at_start")]
 
 
 @dataclass(frozen=True)
@@ -65,7 +70,7 @@ SUMS = {
 }
 # the raw request columns these are computed from (a writer reads only these back)
 INPUT_COLUMNS = ("proxy_id", "conn_id", "client_id", "client_addr", "broker_addr", "api_name", "group_id", "acks",
-                 "compression", "status", "req_first_ns", "request_bytes", "response_bytes", "records", "record_bytes",
+                 "compression", "status", "req_first_ns", "correlation_id", "api_version", "latency_us", "request_bytes", "response_bytes", "records", "record_bytes",
                  "error_count", "errors", "max_wait_ms", "broker_latency_us", "throttle_ms", "resp_first_ns",
                  "resp_last_ns", "edit", "topics", "topic_ids", "bypass", "advertised")
 
@@ -194,7 +199,34 @@ def notable_rows(t: pa.Table) -> pa.Table:
     cols["client_id"] = pc.fill_null(rows["client_id"], "(none)")
     cols["ts_ns"] = rows["req_first_ns"]
     cols["topic_ids"] = rows["topic_ids"]
-    return pa.table({c: cols[c] for c in (*NOTABLE_COLUMNS, "topic_ids")})
+    return pa.table({c.name: cols[c.name] for c in NOTABLE_REQUEST_COLUMNS})
+
+
+def slowest_rows(t: pa.Table) -> pa.Table:
+    """The SLOWEST_KEPT slowest answered requests but long polls, in the report's order.
+
+    The recording's slowest requests are the slowest among every file's slowest (the same order
+    everywhere), so a file keeps only these for the slowest-requests table.
+    """
+    answered = pc.indices_nonzero(pc.and_(pc.is_valid(t["latency_us"]), pc.invert(pc.fill_null(long_poll(t), True))))
+    top = t.take(answered.take(_slowest_indices(t.select([k for k, _, _ in SLOWEST_ORDER]).take(answered))))
+    cols = {c: top[c] for c in SLOWEST_COLUMNS if c not in ("ts_ns", "client_id")}
+    cols["ts_ns"] = top["req_first_ns"]
+    cols["client_id"] = pc.fill_null(top["client_id"], "(none)")
+    return pa.table({c: cols[c] for c in SLOWEST_COLUMNS})
+
+
+def slowest_of(t: pa.Table) -> pa.Table:
+    """The SLOWEST_KEPT first rows of `t` in the report's order (rows of `slowest_rows`, or raw ones).
+
+    Ordered by its three key columns alone, then only those rows taken: sorting the whole batch
+    would copy every column of it (compaction's memory bound, tests/recording).
+    """
+    return t.take(_slowest_indices(t.select([k for k, _, _ in SLOWEST_ORDER])))
+
+
+def _slowest_indices(keys: pa.Table) -> pa.Array:
+    return pc.sort_indices(keys, sort_keys=SLOWEST_ORDER)[:SLOWEST_KEPT]
 
 
 def merge(spec: SumSpec, tables: list[pa.Table]) -> pa.Table:

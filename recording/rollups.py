@@ -2,8 +2,8 @@
 
 Layout: the rollups of `DIR/requests/<partition>/<name>` are `DIR/<dataset>/<partition>/<name>`
 for each derived dataset (`recording.schema.DERIVED_DATASETS`): the latency cells
-(`recording.latency_cells`), the request, topic and traffic sums and the notable rows
-(`recording.request_sums`). A requests file gets them once it is final — when
+(`recording.latency_cells`), the request, topic and traffic sums, the notable rows and
+the slowest requests (`recording.request_sums`). A requests file gets them once it is final — when
 compaction merged it, or left it alone as the only file of its segment — so a live
 proxy writes a handful of small files a minute, never one per flush. They are written
 after their requests file (dot-file, fsync, rename, as every file of a recording): a
@@ -59,6 +59,7 @@ DERIVED: dict[str, _Derived] = {
     "topic_sums": _sums("topic_sums"),
     "traffic_sums": _sums("traffic_sums"),
     "notable_requests": _Derived(sums_mod.notable_rows, pa.concat_tables),
+    "slowest_requests": _Derived(sums_mod.slowest_rows, lambda parts: sums_mod.slowest_of(pa.concat_tables(parts))),
 }
 assert set(DERIVED) == set(DERIVED_DATASETS)
 

@@ -23,7 +23,7 @@ import pyarrow as pa
 FORMAT_VERSION = 3  # 3: the *_ns timestamp columns are timestamp[us, UTC] instead of int64 epoch ns (issue 18); 2: requests.topic_ids and the topics/ dataset (issue 14, topics.cluster_id: issue 19); acks int16, error_count int32 (issue 19)
 FORMAT_KEY = b"kafkatap.format_version"
 RECORDED = ("requests", "connections", "tcp", "frames", "topics")  # what the proxy observes, row by row
-DERIVED_DATASETS = ("latency_cells", "request_sums", "topic_sums", "traffic_sums", "notable_requests")  # computed from recorded files (recording.rollups): deleting them loses nothing
+DERIVED_DATASETS = ("latency_cells", "request_sums", "topic_sums", "traffic_sums", "notable_requests", "slowest_requests")  # computed from recorded files (recording.rollups): deleting them loses nothing
 DATASETS = RECORDED + DERIVED_DATASETS
 PARTITION_COLUMNS = ("proxy", "date", "hour")
 TIMESTAMP = pa.timestamp("us", tz="UTC")  # what every Parquet reader (Spark included) reads as a timestamp
@@ -285,6 +285,13 @@ NOTABLE_REQUEST_COLUMNS: list[Column] = [
     (Column("ts_ns", c.type, c.unit, c.doc) if c.name == "req_first_ns" else c)
     for c in sorted((c for c in REQUEST_COLUMNS if c.name in _NOTABLE), key=lambda c: _NOTABLE.index(c.name))
 ]
+_SLOWEST = ("proxy_id", "conn_id", "correlation_id", "req_first_ns", "api_name", "api_version", "client_id", "broker_addr",
+            "topics", "topic_ids", "latency_us", "broker_latency_us", "request_bytes", "response_bytes", "status", "errors",
+            "error_count")
+SLOWEST_REQUEST_COLUMNS: list[Column] = [
+    (Column("ts_ns", c.type, c.unit, c.doc) if c.name == "req_first_ns" else c)
+    for c in sorted((c for c in REQUEST_COLUMNS if c.name in _SLOWEST), key=lambda c: _SLOWEST.index(c.name))
+]
 
 COLUMNS: dict[str, list[Column]] = {
     "requests": REQUEST_COLUMNS,
@@ -297,6 +304,7 @@ COLUMNS: dict[str, list[Column]] = {
     "topic_sums": TOPIC_SUM_COLUMNS,
     "traffic_sums": TRAFFIC_SUM_COLUMNS,
     "notable_requests": NOTABLE_REQUEST_COLUMNS,
+    "slowest_requests": SLOWEST_REQUEST_COLUMNS,
 }
 
 

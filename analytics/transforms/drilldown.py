@@ -17,9 +17,10 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from analytics.transforms.common import ns_to_ts, with_client
+from recording.request_sums import SLOWEST_KEPT
 
 THROUGHPUT_KEYS = 8  # busiest topics and clients charted; the rest are folded into "(others)"
-SLOWEST = 50
+SLOWEST = SLOWEST_KEPT  # the report's slowest requests: at most what the writer keeps per file (recording.request_sums)
 CONNECTION_REQUESTS = 300  # requests shown per drilled-down connection (its first ones, in time order)
 OTHERS = "(others)"
 

@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 from analytics import load as L
 from analytics.job import run_analysis
 from analytics.synthetic import generate, write_rows, write_table
-from analytics.transforms import rollups
+from analytics.transforms import drilldown, rollups
 from analytics.transforms.common import prepare_requests
 from analytics.transforms.cube import cube_from_cells, latency_cube, percentile_views
 from recording.latency_cells import BIN_BASE, ROLLUP_BUCKET_S, latency_cells, merge_cells
@@ -101,7 +101,7 @@ def _rows_of(df) -> list[str]:
 
 
 def test_stored_sums_equal_the_spark_rollups(spark, tmp_path) -> None:
-    """Request, topic and traffic sums and the notable rows, from stored rollups and from the requests, row for row."""
+    """Request, topic and traffic sums, the notable rows and the slowest requests: from stored rollups and from the requests."""
     root = tmp_path / "rec"
     write_rows(root, "requests", SUM_ROWS)
     write_rows(root, "topics", [{"proxy_id": "p1", "topic_id": "8f1c2f0e-1111-4222-8333-944445555666", "name": "payments",
@@ -117,6 +117,8 @@ def test_stored_sums_equal_the_spark_rollups(spark, tmp_path) -> None:
             (rollups.topic_rollup(full, 300), rollups.topic_rollup_from_sums(stored["topic_sums"], 300, rec.topic_names)),
             (rollups.traffic_over_time(full, 120), rollups.traffic_from_sums(stored["traffic_sums"], 120)),
             (rollups.notable_requests(full), rollups.notable_from_stored(stored["notable_requests"], rec.topic_names)),
+            (drilldown.slowest_requests(full, 7), drilldown.slowest_requests(rollups.slowest_candidates(
+                stored["slowest_requests"], rec.topic_names), 7)),
         ]
         for raw, summed in pairs:
             assert raw.columns == summed.columns, (raw.columns, summed.columns)
@@ -207,11 +209,11 @@ def test_cells_stand_in_only_for_every_file_and_no_filter(spark, tmp_path) -> No
     assert not coverage(str(root), CELLS).complete
     assert CELLS not in L.read_rollups(spark, [str(root)], L.Filters())
     result = run_analysis([str(root)], tmp_path / "out", spark=spark, progress=False, report=False, csv=False)
-    assert result.tables["_meta"][0]["rollups"] == "notable_requests,request_sums,topic_sums,traffic_sums"
+    assert result.tables["_meta"][0]["rollups"] == "notable_requests,request_sums,slowest_requests,topic_sums,traffic_sums"
     assert write_missing(root, fsync=False) == (1, 0)  # filled in afterwards
     assert coverage(str(root), CELLS).complete
     odd = run_analysis([str(root)], tmp_path / "out2", spark=spark, progress=False, report=False, csv=False, bucket_s=90)
-    assert odd.tables["_meta"][0]["rollups"] == "notable_requests,request_sums"  # 90 s: not a multiple of the stored 60 s
+    assert odd.tables["_meta"][0]["rollups"] == "notable_requests,request_sums,slowest_requests"  # 90 s: not a multiple of the stored 60 s
     assert result.tables["latency_by_api"] == run_analysis(
         [str(root)], tmp_path / "out3", spark=spark, progress=False, report=False, csv=False).tables["latency_by_api"]
 
