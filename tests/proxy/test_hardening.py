@@ -443,7 +443,7 @@ def test_requests_files_carry_the_relays_drop_reasons(tmp_path):
     rec.request({"proxy_id": "p1", "conn_id": "c1", "correlation_id": 1, "api_key": 18, "req_first_ns": 1,
                  "status": "unanswered", "acks": 300, "error_count": 40_000})
     rec.close()
-    (f,) = [p for p in tmp_path.rglob("*.parquet") if "requests" in str(p)]
+    (f,) = (tmp_path / "requests").rglob("*.parquet")  # the recorded file, not the rollups written beside it
     md = pq.read_metadata(f).metadata
     assert md[b"kafkatap.requests_dropped_by_relay"] == b"correlation_id_reused=2,in_flight_cap=7"
     assert pq.read_table(f).column("acks").to_pylist() == [300]  # int16: the row was not rejected
