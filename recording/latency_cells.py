@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from recording.request_terms import LONG_POLL_FRACTION, LONG_POLL_LABEL, ROLLUP_BUCKET_S, bucket_start, long_poll, when
+from recording.request_terms import LONG_POLL_FRACTION, LONG_POLL_LABEL, ROLLUP_BUCKET_S, bucket_start, client_id, long_poll, when
 
 __all__ = ["BIN_BASE", "TIME_BIN_BASE", "ROLLUP_BUCKET_S", "LONG_POLL_LABEL", "LONG_POLL_FRACTION", "View",
            "REQUEST_VIEWS", "TOPIC_VIEWS", "TIME_KEYS", "CELL_KEYS", "INPUT_COLUMNS", "log_bin", "latency_cells",
@@ -100,7 +100,7 @@ def _view_values(t: pa.Table, bucket_s: int) -> pa.Table:
         "api_name": api,
         "api_version": t["api_version"],
         "broker_addr": t["broker_addr"],
-        "client_id": pc.fill_null(t["client_id"], "(none)"),
+        "client_id": client_id(t),
         "topics": t["topics"],
         "b": bucket_start(t, bucket_s),
         "v": latency,

@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from protocol.error_kinds import ERROR, PROTOCOL_STEP, RETRIABLE, response_kind
 from recording.schema import NOTABLE_REQUEST_COLUMNS, SLOWEST_REQUEST_COLUMNS
-from recording.request_terms import FETCH_APIS, UNSCALED_WINDOW, bucket_start, host, long_poll, when
+from recording.request_terms import FETCH_APIS, UNSCALED_WINDOW, bucket_start, client_id, host, long_poll, when
 
 __all__ = ["LARGE_RESPONSE_BYTES", "NOTABLE_COLUMNS", "SLOWEST_KEPT", "SLOWEST_COLUMNS", "SumSpec", "SUMS", "INPUT_COLUMNS",
            "request_sums", "topic_sums", "traffic_sums", "notable_rows", "slowest_rows", "slowest_of", "merge"]
@@ -80,6 +80,11 @@ def _ns(ts: pa.ChunkedArray | pa.Array) -> pa.Array:
     return pc.multiply(ts.cast(pa.int64()), 1000)
 
 
+def _ones(n: int) -> pa.Array:
+    """A 1 per row: summed, the row count (Spark's `count(lit(1))`)."""
+    return pa.repeat(pa.scalar(1, pa.int64()), n)
+
+
 def _flag(cond: pa.Array) -> pa.Array:
     """A condition as 1/0 (null stays null), to be summed: Spark's `cond.cast("long")`."""
     return cond.cast(pa.int64())
@@ -122,10 +127,9 @@ def request_sums(t: pa.Table) -> pa.Table:
     transfer_s = pc.divide(pc.subtract(_ns(t["resp_last_ns"]), _ns(t["resp_first_ns"])).cast(pa.float64()), 1e9)
     big = pc.and_kleene(pc.greater_equal(t["response_bytes"], LARGE_RESPONSE_BYTES), pc.greater(transfer_s, 0))
     rate = pc.divide(t["response_bytes"].cast(pa.float64()), transfer_s)
-    one = pa.array([1] * t.num_rows, pa.int64())
     work = pa.table({
-        **{k: t[k] for k in spec.keys if k != "client_id"}, "client_id": pc.fill_null(t["client_id"], "(none)"),
-        "one": one, "ts": first_ns, "rq": pc.fill_null(t["request_bytes"].cast(pa.int64()), 0),
+        **{k: t[k] for k in spec.keys if k != "client_id"}, "client_id": client_id(t),
+        "one": _ones(t.num_rows), "ts": first_ns, "rq": pc.fill_null(t["request_bytes"].cast(pa.int64()), 0),
         "rs": pc.fill_null(t["response_bytes"].cast(pa.int64()), 0), "rqmax": t["request_bytes"],
         "records": t["records"], "record_bytes": t["record_bytes"],
         "err": pc.if_else(pc.fill_null(pc.equal(kind, ERROR), False), 1, 0).cast(pa.int64()),
@@ -160,9 +164,9 @@ def topic_sums(t: pa.Table) -> pa.Table:
     first_ns = pf["req_first_ns"]
     record_bytes = pf["record_bytes"]
     work = pa.table({
-        "client_id": pc.fill_null(pf["client_id"], "(none)"), "client_host": host(pf["client_addr"]),
+        "client_id": client_id(pf), "client_host": host(pf["client_addr"]),
         "api_name": pf["api_name"], "compression": pf["compression"], "b": bucket_start(pf),
-        "one": pa.array([1] * pf.num_rows, pa.int64()), "ts": first_ns, "records": pf["records"],
+        "one": _ones(pf.num_rows), "ts": first_ns, "records": pf["records"],
         "has_records": _flag(pc.is_valid(pf["records"])), "record_bytes": record_bytes,
         "split_bytes": pc.divide(record_bytes.cast(pa.float64()), n), "split_records": pc.divide(pf["records"].cast(pa.float64()), n),
         "rqmax": pf["request_bytes"], "empty": _flag(pc.equal(pc.fill_null(record_bytes, 0), 0)), "lp": _flag(long_poll(pf)),
@@ -180,8 +184,8 @@ def traffic_sums(t: pa.Table) -> pa.Table:
     """analytics.transforms.rollups.traffic_over_time's sums per broker, client and ROLLUP_BUCKET_S bucket (`b`: its start)."""
     produce = pc.fill_null(pc.equal(t["api_name"], "Produce"), False)
     work = pa.table({
-        "broker_addr": t["broker_addr"], "client_id": pc.fill_null(t["client_id"], "(none)"), "b": bucket_start(t),
-        "one": pa.array([1] * t.num_rows, pa.int64()), "rq": t["request_bytes"].cast(pa.int64()),
+        "broker_addr": t["broker_addr"], "client_id": client_id(t), "b": bucket_start(t),
+        "one": _ones(t.num_rows), "rq": t["request_bytes"].cast(pa.int64()),
         "sized": _flag(pc.is_valid(t["request_bytes"])), "rs": pc.fill_null(t["response_bytes"].cast(pa.int64()), 0),
         "produced": pc.if_else(produce, pc.fill_null(t["records"], 0), 0).cast(pa.int64()),
     })
@@ -196,7 +200,7 @@ def notable_rows(t: pa.Table) -> pa.Table:
     keep = pc.or_kleene(pc.or_kleene(pc.greater(t["error_count"], 0), pc.is_valid(t["advertised"])), pc.is_valid(t["bypass"]))
     rows = t.filter(keep)
     cols = {c: rows[c] for c in NOTABLE_COLUMNS if c not in ("ts_ns", "client_id")}
-    cols["client_id"] = pc.fill_null(rows["client_id"], "(none)")
+    cols["client_id"] = client_id(rows)
     cols["ts_ns"] = rows["req_first_ns"]
     cols["topic_ids"] = rows["topic_ids"]
     return pa.table({c.name: cols[c.name] for c in NOTABLE_REQUEST_COLUMNS})
@@ -212,7 +216,7 @@ def slowest_rows(t: pa.Table) -> pa.Table:
     top = t.take(answered.take(_slowest_indices(t.select([k for k, _, _ in SLOWEST_ORDER]).take(answered))))
     cols = {c: top[c] for c in SLOWEST_COLUMNS if c not in ("ts_ns", "client_id")}
     cols["ts_ns"] = top["req_first_ns"]
-    cols["client_id"] = pc.fill_null(top["client_id"], "(none)")
+    cols["client_id"] = client_id(top)
     return pa.table({c: cols[c] for c in SLOWEST_COLUMNS})
 
 

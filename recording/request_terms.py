@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 __all__ = ["LONG_POLL_LABEL", "LONG_POLL_FRACTION", "FETCH_APIS", "UNSCALED_WINDOW", "ROLLUP_BUCKET_S", "HOST_RE",
-           "host", "long_poll", "bucket_start", "when"]
+           "host", "client_id", "long_poll", "bucket_start", "when"]
 
 LONG_POLL_LABEL = "Fetch (long poll)"
 LONG_POLL_FRACTION = 0.8  # broker latency >= 80 % of max_wait with no data = the broker just waited
@@ -25,6 +25,11 @@ HOST_RE = r"^(?P<host>\[[^\]]*\]|[^:]*)"  # host part of host:port, [IPv6] kept 
 def host(addr: pa.Array | pa.ChunkedArray) -> pa.Array:
     """The host of each host:port (Spark's `regexp_extract` of HOST_RE, group 1)."""
     return pc.struct_field(pc.extract_regex(addr, HOST_RE), [0])
+
+
+def client_id(t: pa.Table) -> pa.Array:
+    """client_id as the analysis names it: "(none)" for a request without one (analytics' prepare_requests)."""
+    return pc.fill_null(t["client_id"], "(none)")
 
 
 def long_poll(t: pa.Table) -> pa.Array:
