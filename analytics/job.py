@@ -437,7 +437,8 @@ def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.
         prog.step("reading", f"{', '.join(main_dirs)} (filters: {filters.describe()})")
         rec = L.load(spark, main_dirs, filters)
         full = prepare_requests(rec.requests)  # never cached: the column-pruned passes below read it
-        stored = {} if ignore_rollups else L.read_rollups(spark, main_dirs, filters)
+        # a comparison reads both recordings' requests (its matching needs them); so do its main tables, as its sizing assumed
+        stored = {} if ignore_rollups or compare else L.read_rollups(spark, main_dirs, filters)
         if stored:
             prog.info(f"rollups stored beside every requests file: {', '.join(stored)} (the passes below sum them)")
         used: list[str] = []

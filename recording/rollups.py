@@ -8,7 +8,8 @@ compaction merged it, or left it alone as the only file of its segment — so a 
 proxy writes a handful of small files a minute, never one per flush. They are written
 after their requests file (dot-file, fsync, rename, as every file of a recording): a
 crash in between leaves a requests file without them, which an analysis treats as not
-covered (it reads the requests instead) and `write_missing` fills in later.
+covered (it reads the requests instead) until `write_missing` fills it in (nothing calls it on its
+own yet: the analysis stays correct, only slower, for that recording).
 
 The name is the link, so the reader needs no index: an analysis uses a derived dataset
 when every live requests file has its namesake there (`coverage`), and ignores files
