@@ -51,7 +51,11 @@ def test_kafka_python_produce_consume(proxied_kafka, topic_name, sink):
     names = {r["api_name"] for r in sink.requests}
     assert {"ApiVersions", "Metadata", "Produce", "Fetch"} <= names
     produces = [r for r in sink.requests if r["api_name"] == "Produce"]
-    assert all(r["status"] == "answered" and r["error_count"] == 0 for r in produces)
+    assert produces and all(r["status"] == "answered" for r in produces)
+    # the topic is auto-created by the first produce: one racing its leader's election is answered
+    # NOT_LEADER_OR_FOLLOWER and retried by the client (Kafka's behaviour, not the proxy's); nothing else may fail
+    assert all({e["name"] for e in r.get("errors") or []} <= {"NOT_LEADER_OR_FOLLOWER"} for r in produces)
+    assert produces[-1]["error_count"] == 0
     assert all(c["end_reason"] in ("client_fin", "proxy_shutdown") for c in sink.finals())
 
 
