@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from recording.request_sums import SumSpec, merge
 from recording.request_terms import LONG_POLL_FRACTION, LONG_POLL_LABEL, ROLLUP_BUCKET_S, bucket_start, client_id, long_poll, when
 
 __all__ = ["BIN_BASE", "TIME_BIN_BASE", "ROLLUP_BUCKET_S", "LONG_POLL_LABEL", "LONG_POLL_FRACTION", "View",
@@ -69,6 +70,7 @@ TOPIC_VIEWS = (
 # dim -> which key holds the time bucket (epoch seconds of its start, as text): what re-bucketing rewrites
 TIME_KEYS = {v.dim: ("k1" if v.k1 == "b" else "k2") for v in REQUEST_VIEWS if "b" in (v.k1, v.k2)}
 CELL_KEYS = ("dim", "k1", "k2", "metric", "bin")
+CELL_SPEC = SumSpec("latency_cells", CELL_KEYS, {"n": "sum", "s": "sum", "mx": "max"})  # how cells of two batches merge
 # the raw request columns the cells are computed from (a writer reads only these back)
 INPUT_COLUMNS = ("api_name", "api_version", "broker_addr", "client_id", "topics", "req_first_ns", "latency_us",
                  "broker_latency_us", "proxy_req_delay_us", "proxy_resp_delay_us", "answered", "request_bytes",
@@ -158,9 +160,4 @@ def latency_cells(requests: pa.Table, bucket_s: int = ROLLUP_BUCKET_S) -> pa.Tab
 def merge_cells(tables: Iterable[pa.Table]) -> pa.Table:
     """Cells of several batches as one set: counts and sums added, maxima kept, per (dim, k1, k2, metric, bin)."""
     parts = [t for t in tables if t.num_rows]
-    if not parts:
-        return CELLS_SCHEMA.empty_table()
-    merged = pa.concat_tables(parts).group_by(list(CELL_KEYS), use_threads=False).aggregate(
-        [("n", "sum"), ("s", "sum"), ("mx", "max")])
-    return pa.table({**{k: merged[k] for k in CELL_KEYS}, "n": merged["n_sum"], "s": merged["s_sum"],
-                     "mx": merged["mx_max"]}, schema=CELLS_SCHEMA)
+    return merge(CELL_SPEC, parts).cast(CELLS_SCHEMA) if parts else CELLS_SCHEMA.empty_table()

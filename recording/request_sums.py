@@ -18,6 +18,7 @@ Pure: pyarrow tables in, pyarrow tables out.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -195,15 +196,16 @@ def traffic_sums(t: pa.Table) -> pa.Table:
     })
 
 
+def _stored_rows(rows: pa.Table, columns: Iterable[str]) -> pa.Table:
+    """Request rows as a derived dataset keeps them: `ts_ns` is `req_first_ns`, client_id as the analysis names it."""
+    special = {"ts_ns": rows["req_first_ns"], "client_id": client_id(rows)}
+    return pa.table({c: special[c] if c in special else rows[c] for c in columns})
+
+
 def notable_rows(t: pa.Table) -> pa.Table:
     """analytics.transforms.rollups.notable_requests: rows with errors or answers naming brokers (plus `topic_ids`)."""
     keep = pc.or_kleene(pc.or_kleene(pc.greater(t["error_count"], 0), pc.is_valid(t["advertised"])), pc.is_valid(t["bypass"]))
-    rows = t.filter(keep)
-    cols = {c: rows[c] for c in NOTABLE_COLUMNS if c not in ("ts_ns", "client_id")}
-    cols["client_id"] = client_id(rows)
-    cols["ts_ns"] = rows["req_first_ns"]
-    cols["topic_ids"] = rows["topic_ids"]
-    return pa.table({c.name: cols[c.name] for c in NOTABLE_REQUEST_COLUMNS})
+    return _stored_rows(t.filter(keep), [c.name for c in NOTABLE_REQUEST_COLUMNS])
 
 
 def slowest_rows(t: pa.Table) -> pa.Table:
@@ -214,10 +216,7 @@ def slowest_rows(t: pa.Table) -> pa.Table:
     """
     answered = pc.indices_nonzero(pc.and_(pc.is_valid(t["latency_us"]), pc.invert(pc.fill_null(long_poll(t), True))))
     top = t.take(answered.take(_slowest_indices(t.select([k for k, _, _ in SLOWEST_ORDER]).take(answered))))
-    cols = {c: top[c] for c in SLOWEST_COLUMNS if c not in ("ts_ns", "client_id")}
-    cols["ts_ns"] = top["req_first_ns"]
-    cols["client_id"] = client_id(top)
-    return pa.table({c: cols[c] for c in SLOWEST_COLUMNS})
+    return _stored_rows(top, SLOWEST_COLUMNS)
 
 
 def slowest_of(t: pa.Table) -> pa.Table:

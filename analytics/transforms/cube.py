@@ -30,7 +30,9 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from analytics.transforms.common import QNAMES, QUANTILES, time_bucket_index
+from analytics.transforms.rollups import merged
 from analytics.transforms.topics import name_topic
+from recording.latency_cells import CELL_SPEC
 from recording.latency_cells import BIN_BASE, REQUEST_VIEWS, TIME_BIN_BASE, TIME_KEYS, TOPIC_VIEWS, View  # noqa: F401 — one definition for both engines
 
 ALL_APIS = "(all)"
@@ -191,5 +193,4 @@ def cube_from_cells(cells: DataFrame, bucket_s: int, topic_names: Mapping[str, s
     k1 = rebucket("k1")
     if topic_names:
         k1 = F.when(F.col("dim").isin(topic_dims), name_topic(F.col("k1"), topic_names)).otherwise(k1)
-    return cells.groupBy("dim", k1.alias("k1"), rebucket("k2").alias("k2"), "metric", "bin").agg(
-        F.sum("n").alias("n"), F.sum("s").alias("s"), F.max("mx").alias("mx"))
+    return merged(cells, CELL_SPEC, [F.col("dim"), k1.alias("k1"), rebucket("k2").alias("k2"), F.col("metric"), F.col("bin")])

@@ -135,7 +135,7 @@ def notable_requests(req: DataFrame) -> DataFrame:
         (F.col("error_count") > 0) | F.col("advertised").isNotNull() | F.col("bypass").isNotNull())
 
 
-def _merged(stored: DataFrame, spec: SumSpec, keys: list[Column]) -> DataFrame:
+def merged(stored: DataFrame, spec: SumSpec, keys: list[Column]) -> DataFrame:
     """Stored partial sums grouped by `keys` (the spec's keys, some rewritten), each measure merged as the spec says."""
     how = {"sum": F.sum, "min": F.min, "max": F.max}
     return stored.groupBy(*keys).agg(*[how[h](m).alias(m) for m, h in spec.measures.items()])
@@ -144,7 +144,7 @@ def _merged(stored: DataFrame, spec: SumSpec, keys: list[Column]) -> DataFrame:
 def request_rollup_from_sums(stored: DataFrame) -> DataFrame:
     """`request_rollup` of the requests whose sums the writer stored (`recording.request_sums`): the same rows."""
     spec = SUMS["request_sums"]
-    sums = _merged(stored, spec, [F.col(k) for k in spec.keys])
+    sums = merged(stored, spec, [F.col(k) for k in spec.keys])
     return sums.withColumn("client_host", host(F.col("client_addr"))).drop("client_addr")
 
 
@@ -158,13 +158,13 @@ def topic_rollup_from_sums(stored: DataFrame, bucket_s: int, topic_names: Mappin
     spec = SUMS["topic_sums"]
     keys = [name_topic(F.col("topic"), topic_names).alias("topic") if k == "topic" else
             _rebucketed(bucket_s) if k == "b" else F.col(k) for k in spec.keys]
-    return _merged(stored, spec, keys)
+    return merged(stored, spec, keys)
 
 
 def traffic_from_sums(stored: DataFrame, bucket_s: int) -> DataFrame:
     """`traffic_over_time(req, bucket_s)` of the requests whose sums the writer stored."""
     spec = SUMS["traffic_sums"]
-    return _merged(stored, spec, [_rebucketed(bucket_s) if k == "b" else F.col(k) for k in spec.keys])
+    return merged(stored, spec, [_rebucketed(bucket_s) if k == "b" else F.col(k) for k in spec.keys])
 
 
 def notable_from_stored(stored: DataFrame, topic_names: Mapping[str, str]) -> DataFrame:
