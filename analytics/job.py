@@ -35,7 +35,7 @@ from analytics.transforms import brokers, bypass, clients, compare, connections,
 from analytics.transforms.common import prepare_requests, union_all
 from analytics.transforms.cube import cube_from_cells, latency_cube, percentile_views, tail_floor
 from recording.request_terms import ROLLUP_BUCKET_S
-from recording.rollups import coverage
+from recording.rollups import TIME_KEYED, RecordingCoverage, coverage_all, stored_span_ns
 from recording.schema import DERIVED_DATASETS
 from recording.reader import live_files
 
@@ -237,25 +237,58 @@ def pin(df: DataFrame) -> DataFrame:
     return df.localCheckpoint(eager=True)
 
 
-def read_datasets(directory: str, rollups: bool) -> tuple[str, ...]:
-    """The datasets an analysis's passes read in `directory`: the stored rollups in place of the requests when
-    every requests file has all of them (and `rollups`, i.e. nothing narrows the analysis)."""
-    if rollups and all((c := coverage(directory, ds)) is not None and c.complete for ds in DERIVED_DATASETS):
+def stored_rollups(dirs: Sequence[str | Path], rollups: bool) -> dict[str, RecordingCoverage] | None:
+    """Each recording's rollup coverage (recording.rollups.coverage_all), listed once per analysis; None when
+    `rollups` is off (a filter, a comparison, --ignore-rollups) or some path cannot be listed."""
+    if not rollups:
+        return None
+    out = {}
+    for d in dirs:
+        c = coverage_all(d)
+        if c is None:
+            return None
+        out[str(d)] = c
+    return out
+
+
+def time_keyed_usable(covers: dict[str, RecordingCoverage] | None, dirs: Sequence[str | Path], bucket_s: int | None) -> bool:
+    """Whether the time-keyed rollups (stored per ROLLUP_BUCKET_S) can make the analysis's time bucket.
+
+    With no bucket given it is chosen from the span, which the stored request sums' footers
+    bound from below (`stored_span_ns`): a recording of an hour or less gets a bucket under
+    ROLLUP_BUCKET_S, and its time-keyed views are computed from the requests.
+    """
+    if bucket_s is None:
+        spans = [stored_span_ns(live) for d in dirs if (live := live_files(str(d), "request_sums")) is not None]
+        if not spans or any(sp is None for sp in spans):
+            return False
+        bucket_s = choose_bucket((max(sp[1] for sp in spans if sp) - min(sp[0] for sp in spans if sp)) / 1e9)
+    return bucket_s % ROLLUP_BUCKET_S == 0
+
+
+def read_datasets(cover: RecordingCoverage | None, time_keyed: bool) -> tuple[str, ...]:
+    """The datasets an analysis's passes read in one recording: the stored rollups in place of the requests when
+    every requests file has all of them, the requests too when the time-keyed rollups cannot make the bucket."""
+    if cover is None or not cover.complete:
+        return L.DATASETS_READ
+    if time_keyed:
         return tuple(ds for ds in L.DATASETS_READ if ds != "requests") + DERIVED_DATASETS
-    return L.DATASETS_READ
+    return L.DATASETS_READ + tuple(ds for ds in DERIVED_DATASETS if ds not in TIME_KEYED)
 
 
-def input_rows(dirs: Sequence[str | Path], limit: int = SMALL_INPUT_ROWS, rollups: bool = True) -> int | None:
+def input_rows(dirs: Sequence[str | Path], limit: int = SMALL_INPUT_ROWS, covers: dict[str, RecordingCoverage] | None = None,
+               bucket_s: int | None = None) -> int | None:
     """Rows the analysis's passes read in `dirs` (Parquet footers), counting up to just past `limit`; None when unknown.
 
     Only tells a small input from a big one (the Spark settings follow), so it stops
     reading footers once past `limit` and gives up on paths pyarrow cannot list (e.g. `s3a://`).
-    With rollups stored beside every requests file, those are what the passes read, so they are
-    what is counted (`read_datasets`).
+    With rollups stored beside every requests file (`covers`, from `stored_rollups`), those are
+    what the passes read, so they are what is counted (`read_datasets`).
     """
     total = 0
+    time_keyed = covers is not None and time_keyed_usable(covers, dirs, bucket_s)
     for d in dirs:
-        for ds in read_datasets(str(d), rollups):
+        for ds in read_datasets(covers.get(str(d)) if covers else None, time_keyed):
             listing = live_files(str(d), ds)
             if listing is None:
                 return None
@@ -411,9 +444,9 @@ def run_analysis(
     spark_master = spark.sparkContext.master if spark is not None else default_master(master)
     # counted before a JVM starts: its JIT follows the size (session.driver_jvm); a cluster's storage is not read here
     # the passes read the stored rollups instead of the requests unless something rules them out (then count the requests)
-    narrowed = (since is not None or until is not None or bool(brokers or clients or topics) or compare is not None
-                or (bucket_s is not None and bucket_s % ROLLUP_BUCKET_S != 0))
-    rows = (input_rows([*dirs, *(compare or ())], max(C1_ONLY_MAX_ROWS, OVERLAP_MAX_ROWS), rollups=not (ignore_rollups or narrowed))
+    narrowed = since is not None or until is not None or bool(brokers or clients or topics) or compare is not None
+    covers = stored_rollups(dirs, not (ignore_rollups or narrowed))
+    rows = (input_rows([*dirs, *(compare or ())], max(C1_ONLY_MAX_ROWS, OVERLAP_MAX_ROWS), covers, bucket_s)
             if is_local(spark_master) else None)
     spark = spark or get_spark(master, spark_conf, input_rows=rows)
     filters = L.Filters(*L.time_window(since, until, [*dirs, *(compare or ())]), tuple(brokers), tuple(clients), tuple(topics))
@@ -422,12 +455,12 @@ def run_analysis(
     with _RuntimeConf(spark, sized):
         passes = overlapped_passes(spark_master, rows, parallel)
         return _run(spark, dirs, out, filters, t_start, parallel, passes, compare, compare_mode, tolerance_s, bucket_s, csv, report,
-                    progress, ignore_rollups)
+                    progress, covers)
 
 
 def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.Filters, t_start: float, parallel: int, passes: int,
          compare: tuple[str | Path, str | Path] | None, compare_mode: str, tolerance_s: float, bucket_s: int | None,
-         csv: bool, report: bool, progress: bool, ignore_rollups: bool = False) -> AnalysisResult:
+         csv: bool, report: bool, progress: bool, covers: dict[str, RecordingCoverage] | None = None) -> AnalysisResult:
     """run_analysis's body, under the size-chosen SQL settings."""
     tables: dict[str, list[dict[str, Any]]] = {}
     arrow: dict[str, pa.Table] = {}
@@ -438,7 +471,7 @@ def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.
         rec = L.load(spark, main_dirs, filters)
         full = prepare_requests(rec.requests)  # never cached: the column-pruned passes below read it
         # a comparison reads both recordings' requests (its matching needs them); so do its main tables, as its sizing assumed
-        stored = {} if ignore_rollups or compare else L.read_rollups(spark, main_dirs, filters)
+        stored = L.read_rollups(spark, main_dirs, covers) if covers is not None and dirs else {}
         if stored:
             prog.info(f"rollups stored beside every requests file: {', '.join(stored)} (the passes below sum them)")
         used: list[str] = []
@@ -468,7 +501,7 @@ def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.
             prog.info(f"{ov.get('requests') or 0:,} requests, {ov.get('connections') or 0:,} connections over "
                       f"{ov.get('span_s') or 0:,.0f} s; time bucket {bucket_s} s")
             if bucket_s % ROLLUP_BUCKET_S:  # the stored time-keyed rollups are per 60 s: this bucket cannot be made of them
-                timed = [d for d in ("topic_sums", "traffic_sums", "latency_cells") if stored.pop(d, None) is not None]
+                timed = [d for d in TIME_KEYED if stored.pop(d, None) is not None]
                 if timed:
                     prog.info(f"time bucket {bucket_s} s is not a multiple of the stored rollups' {ROLLUP_BUCKET_S} s: "
                               f"{', '.join(timed)} computed from the requests")

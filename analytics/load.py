@@ -32,7 +32,7 @@ from analytics.transforms.topics import name_connection_topics, name_topic_ids, 
 from recording import schema as rec
 from recording.migrations import MIGRATIONS, RecordingFormatError
 from recording.reader import LiveFiles, dataset_version, live_files, recording_start
-from recording.rollups import coverage
+from recording.rollups import RecordingCoverage
 from recording.timespec import resolve_window
 
 __all__ = ["DATASETS_READ", "RecordingFormatError", "MIGRATIONS", "Filters", "Recording", "fmt_ns", "time_window",
@@ -50,11 +50,6 @@ class Filters:
     brokers: tuple[str, ...] = ()
     clients: tuple[str, ...] = ()
     topics: tuple[str, ...] = ()
-
-    @property
-    def narrows(self) -> bool:
-        """Whether any filter is set (rollups stand for whole files: a narrowed analysis reads the requests)."""
-        return any(v is not None for v in (self.since_ns, self.until_ns)) or bool(self.brokers or self.clients or self.topics)
 
     def describe(self) -> str:
         parts = []
@@ -200,24 +195,23 @@ def apply_filters(r: Recording, f: Filters) -> Recording:
     return Recording(req, conns, tcp, r.dirs, r.versions, r.topic_names)
 
 
-def read_rollups(spark: SparkSession, dirs: Sequence[str], filters: Filters) -> dict[str, DataFrame]:
+def read_rollups(spark: SparkSession, dirs: Sequence[str], covers: dict[str, RecordingCoverage]) -> dict[str, DataFrame]:
     """The derived datasets (recording.rollups) that stand for every live requests file of `dirs`, by name.
 
-    A dataset is left out when a filter narrows the requests (rollups stand for whole files), when
-    some requests file has no rollup there yet (a live proxy's last minute, a recording made before
-    rollups were written or with compaction off), or when a path cannot be listed: the analysis then
-    computes that part from the requests, with the same result, only slower. Timestamps come out as
-    epoch ns, as `read_dataset` gives them.
+    `covers` is each recording's coverage, listed once per analysis (`analytics.job.stored_rollups`;
+    the caller passes none when a filter narrows the requests: rollups stand for whole files).
+    A dataset is left out when some requests file has no rollup there yet (a live proxy's last
+    minute, a recording made before rollups were written or with compaction off): the analysis
+    then computes that part from the requests, with the same result, only slower. Timestamps
+    come out as epoch ns, as `read_dataset` gives them.
     """
-    if filters.narrows or not dirs:
-        return {}
     out = {}
     for dataset in rec.DERIVED_DATASETS:
-        found = [coverage(str(d), dataset) for d in dirs]
-        if any(c is None or not c.complete for c in found):
+        found = [covers[d].by_dataset[dataset] if d in covers else None for d in dirs]
+        if not found or any(c is None or not c.complete for c in found):
             continue
         schema = spark_schema(dataset, with_partitions=False)
-        df = union_all([spark.read.schema(schema).parquet(*c.covered).select(*schema.names) for c in found if c is not None])
+        df = union_all([spark.read.schema(schema).parquet(*c.files).select(*schema.names) for c in found if c is not None])
         out[dataset] = timestamps_as_epoch_ns(df, dataset)
     return out
 

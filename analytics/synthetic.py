@@ -13,8 +13,8 @@ written here is indistinguishable in shape from a proxy's. Two entry points:
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import random
-import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,8 +26,13 @@ import pyarrow.parquet as pq
 
 from recording import schema as rec
 from recording.timestamps import from_epoch_ns, ingest_schema
-from recording.layout import TIME_COLUMN  # the recorder's own partitioning column per dataset
-from recording.rollups import write_rollups
+from recording.layout import TIME_COLUMN, merged_name, new_run_id  # the recorder's partitioning column and file names
+from recording.rollups import merge_hour, write_rollups
+
+# files are named as a writer's compacted files are (one run, rising sequence numbers), so an hour's rollups
+# merge as a proxy's do (recording.rollups.merge_hour)
+RUN = new_run_id()
+_SEQ = itertools.count(1)
 NS = 1_000_000_000
 HOUR_NS = 3600 * NS
 
@@ -53,7 +58,8 @@ def write_table(root: str | Path, dataset: str, table: pa.Table, row_group_size:
         start = dt.datetime.fromtimestamp(key["h"] * 3600, tz=dt.timezone.utc)
         d = Path(root) / dataset / f"proxy={key['proxy']}" / f"date={start:%Y-%m-%d}" / f"hour={start:%H}"
         d.mkdir(parents=True, exist_ok=True)
-        path = d / f"part-{uuid.uuid4().hex[:12]}.parquet"
+        seq = next(_SEQ)
+        path = d / merged_name(RUN, seq, seq)
         pq.write_table(part.replace_schema_metadata(schema.metadata), path, row_group_size=row_group_size, compression="zstd")
         if dataset == "requests" and rollups:
             write_rollups(path, fsync=False)
@@ -385,6 +391,9 @@ def generate(root: str | Path, n_requests: int, *, seed: int = 7, proxy: str = "
             flush()
     pending.append(_rejected_produce(proxy, start_ns, conns[0].broker))
     flush()
+    if rollups:  # each hour's rollups merged, as a proxy does when it leaves the hour
+        for directory in sorted({p.parent for p in (Path(root) / "requests").rglob("*.parquet")}):
+            merge_hour(directory, RUN, fsync=False)
     conn_rows = []
     tcp_rows = []
     for c in conns:

@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "iptables": ("proxy.cli:iptables", "Print, apply or remove the REDIRECT rules for transparent mode."),
     "top": ("proxy.live:top", "Live view of a running proxy's clients and requests."),
     "analyze": ("analytics.cli:analyze", "Analyze recordings with Spark: report, tables, findings."),
+    "rollups": ("recording.cli:rollups", "Write and merge the rollups an existing recording lacks (analysis sums them)."),
     "scenario": ("scenarios.cli:scenario", "List and run the incident scenarios end to end."),
     "replay": ("replay.cli:replay", "Replay recorded Kafka sessions against another broker."),
     "kafka": ("scenarios.cli:kafka", "Start, stop and inspect a local Apache Kafka broker (KRaft)."),

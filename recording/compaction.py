@@ -57,6 +57,7 @@ class Segment:
     started: float  # time.monotonic() of its first file
     files: list[FlushFile] = field(default_factory=list)
     bytes: int = 0
+    closes: bool = False  # its hour was left or the writer closes: its directory is done (a late row may still reopen it)
 
 
 def take_due(segments: dict[Path, Segment], *, now: float, force: bool, rotate_bytes: int,
@@ -74,6 +75,7 @@ def take_due(segments: dict[Path, Segment], *, now: float, force: bool, rotate_b
         if not due:
             continue
         del segments[directory]
+        seg.closes = force or directory != newest
         if seg.files:
             out.append(seg)
     return out
@@ -88,8 +90,9 @@ def remove_inputs(seg: Segment) -> None:
 # write(stream, tables, path, seq_label, dropped, rows) -> bytes written; raises OSError on failure
 WriteFile = Callable[[Any, Iterable[pa.Table], Path, str, int, int], int]
 OnError = Callable[..., None]
-# final(stream, path): a file that compaction will not touch again (merged, or alone in its segment)
-OnFinal = Callable[[Any, Path], None]
+# final(stream, path, closes): a file that compaction will not touch again (merged, or alone in its segment);
+# `closes` when it is the last of this run in its directory (Segment.closes)
+OnFinal = Callable[[Any, Path, bool], None]
 
 
 class Compactor:
@@ -135,7 +138,7 @@ class Compactor:
         out = self._merged(stream, seg) if len(seg.files) >= 2 else seg.files[0].path
         if out is not None and self._on_final is not None:
             try:
-                self._on_final(stream, out)
+                self._on_final(stream, out, seg.closes)
             except Exception as exc:  # derived data only: the file itself is complete and stays
                 self._on_error("recording: could not write what is derived from a final file", exc,
                                dataset=stream.name, file=str(out))

@@ -30,7 +30,7 @@ from pathlib import Path
 from recording.schema import COLUMNS
 
 __all__ = ["TIME_COLUMN", "HOUR_NS", "new_run_id", "flush_name", "merged_name", "tmp_name", "safe_segment",
-           "worker_proxy_id", "partition_dir", "is_hidden", "superseded", "partition_values", "recover"]
+           "worker_proxy_id", "partition_dir", "is_hidden", "file_range", "superseded", "partition_values", "recover"]
 
 # The column whose hour decides a row's partition. Following the rows' own time
 # (not the clock at flush) means a Spark job pruning by date/hour never misses
@@ -138,25 +138,43 @@ def is_hidden(name: str) -> bool:
     return name.startswith((".", "_"))
 
 
-def _merged_ranges(names: Iterable[str]) -> list[tuple[str, int, int]]:
+def file_range(name: str) -> tuple[str, int, int] | None:
+    """(run, first, last) of a writer's file name (a flush file's range is its one sequence number); None otherwise."""
+    m = _FILE_RE.match(name)
+    if m is None:
+        return None
+    first = int(m["first"])
+    return m["run"], first, int(m["last"]) if m["last"] else first
+
+
+def _merged_ranges(names: Iterable[str]) -> list[tuple[str, int, int, str]]:
     out = []
     for n in names:
         m = _FILE_RE.match(n)
         if m and m["last"]:
-            out.append((m["run"], int(m["first"]), int(m["last"])))
+            out.append((m["run"], int(m["first"]), int(m["last"]), n))
     return out
 
 
 def superseded(names: Iterable[str]) -> set[str]:
-    """File names (same directory) that a merged file already contains: not live, every reader skips them."""
+    """File names (same directory) that a merged file already contains: not live, every reader skips them.
+
+    A file is contained when a merged file of the same run spans its whole range and more:
+    a flush file in a compacted requests file, or one requests file's rollup in its hour's
+    merged rollup (`recording.rollups.merge_hour`). Compacted requests files of one run
+    never overlap, so for them only flush files are ever superseded.
+    """
     names = list(names)
     merged = _merged_ranges(names)
     out: set[str] = set()
     if not merged:
         return out
     for n in names:
-        m = _FILE_RE.match(n)
-        if m and not m["last"] and any(r == m["run"] and a <= int(m["first"]) <= b for r, a, b in merged):
+        r = file_range(n)
+        if r is None:
+            continue
+        run, a, b = r
+        if any(mr == run and x <= a and b <= y and m != n for mr, x, y, m in merged):
             out.add(n)
     return out
 

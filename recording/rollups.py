@@ -1,23 +1,29 @@
-"""Rollup files: what the analysis would sum from each final requests file, written beside it under the same name.
+"""Rollup files: what the analysis would sum from each final requests file, written beside it.
 
 Layout: the rollups of `DIR/requests/<partition>/<name>` are `DIR/<dataset>/<partition>/<name>`
 for each derived dataset (`recording.schema.DERIVED_DATASETS`): the latency cells
 (`recording.latency_cells`), the request, topic and traffic sums, the notable rows and
 the slowest requests (`recording.request_sums`). A requests file gets them once it is final — when
 compaction merged it, or left it alone as the only file of its segment — so a live
-proxy writes a handful of small files a minute, never one per flush. They are written
-after their requests file (dot-file, fsync, rename, as every file of a recording): a
-crash in between leaves a requests file without them, which an analysis treats as not
-covered (it reads the requests instead) until `write_missing` fills it in (nothing calls it on its
-own yet: the analysis stays correct, only slower, for that recording).
+proxy writes a handful of small files a minute, never one per flush. When the writer leaves
+an hour (or closes), it merges that hour's rollups of its run into one file per dataset named
+for the range of sequence numbers it spans (`merge_hour`), as compaction does for flush files.
 
-The name is the link, so the reader needs no index: an analysis uses a derived dataset
-when every live requests file has its namesake there (`coverage`), and ignores files
-whose requests file is gone.
+Files are written as every file of a recording is (dot-file, fsync, rename), rollups after
+their requests file: a crash in between leaves a requests file without them, which an
+analysis treats as not covered (it reads the requests instead) until `write_missing` (`kafkatap
+rollups DIR`) fills it in. Nothing runs that on its own: the analysis stays correct, only slower.
+
+The name is the link, so the reader needs no index: a requests file is covered by its namesake
+or by a merged rollup of its run whose range spans its own (`coverage`); an analysis uses a
+derived dataset when every live requests file is covered there, and ignores files whose
+requests file is gone. A merged rollup stands for its whole range, so data is deleted by whole
+partition directories of every dataset (an hour), not a requests file at a time.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,13 +34,16 @@ import pyarrow.parquet as pq
 from recording import latency_cells as cells_mod
 from recording import request_sums as sums_mod
 from recording.files import META_PROXY, META_RUN, META_SEQ, ParquetOptions, file_metadata, write_atomic
-from recording.reader import file_version, live_files
+from recording.layout import file_range, is_hidden, merged_name, superseded
+from recording.reader import LiveFiles, file_version, live_files
 from recording.schema import DERIVED_DATASETS, FORMAT_VERSION, arrow_schema
 
-__all__ = ["CELLS", "META_SOURCE_ROWS", "BATCH_ROWS", "derived_path", "write_rollups", "write_missing", "Coverage",
-           "coverage"]
+__all__ = ["CELLS", "META_SOURCE_ROWS", "BATCH_ROWS", "derived_path", "write_rollups", "merge_hour", "Backfill",
+           "write_missing", "Coverage", "RecordingCoverage", "coverage", "coverage_all", "TIME_KEYED", "stored_span_ns"]
 
 CELLS = "latency_cells"
+# stored per ROLLUP_BUCKET_S: an analysis whose time bucket is not a multiple of it computes these from the requests
+TIME_KEYED = (CELLS, "topic_sums", "traffic_sums")
 META_SOURCE_ROWS = b"kafkatap.source_rows"  # requests the file summarizes
 BATCH_ROWS = 32_768  # requests read at a time: a merged file of a busy minute never sits in memory whole
 MERGE_ROWS = 262_144  # partial rollup rows held before they are merged into one (merging is the costly step)
@@ -72,6 +81,27 @@ def derived_path(requests_file: Path, dataset: str) -> Path:
     return Path(*parts[:i], dataset, *parts[i + 1:])
 
 
+def _fold(d: _Derived, held: list[pa.Table], part: pa.Table) -> list[pa.Table]:
+    """Add one partial result; merge what is held once it passes MERGE_ROWS (memory stays a few batches)."""
+    held.append(part)
+    return [d.merge(held)] if sum(p.num_rows for p in held) > MERGE_ROWS else held
+
+
+def _finish(name: str, held: list[pa.Table]) -> pa.Table:
+    """The merged rollup of `held`, in the dataset's stored schema."""
+    schema = arrow_schema(name)
+    table = DERIVED[name].merge(held) if len(held) > 1 else held[0] if held else schema.empty_table()
+    return table.select(schema.names).cast(schema.remove_metadata())
+
+
+def _write(name: str, table: pa.Table, out: Path, *, proxy_id: str, run: str, seq: str, source_rows: int,
+           fsync: bool) -> None:
+    schema = arrow_schema(name)
+    footer = file_metadata(schema, proxy_id=proxy_id, run=run, seq=seq, rows=table.num_rows, dropped=0, dropped_total=0)
+    footer[META_SOURCE_ROWS] = str(source_rows).encode()
+    write_atomic([table], out, footer, ParquetOptions(name, fsync=fsync))
+
+
 def write_rollups(requests_file: Path, fsync: bool = True) -> list[Path]:
     """Compute and write every derived dataset of one final requests file (current format); returns their paths.
 
@@ -86,70 +116,236 @@ def write_rollups(requests_file: Path, fsync: bool = True) -> list[Path]:
         table = pa.Table.from_batches([batch])
         rows += batch.num_rows
         for name, d in DERIVED.items():
-            parts = held[name]
-            parts.append(d.compute(table))
-            if sum(p.num_rows for p in parts) > MERGE_ROWS:  # merged now and then: memory stays a few batches
-                held[name] = [d.merge(parts)]
+            held[name] = _fold(d, held[name], d.compute(table))
     written = []
-    for name, d in DERIVED.items():
-        schema = arrow_schema(name)
-        parts = held[name]
-        table = d.merge(parts) if len(parts) > 1 else parts[0] if parts else schema.empty_table()
-        table = table.select(schema.names).cast(schema.remove_metadata())
-        footer = file_metadata(schema, proxy_id=md.get(META_PROXY, b"").decode(), run=md.get(META_RUN, b"").decode(),
-                               seq=md.get(META_SEQ, b"").decode(), rows=table.num_rows, dropped=0, dropped_total=0)
-        footer[META_SOURCE_ROWS] = str(rows).encode()
+    for name in DERIVED:
         out = derived_path(requests_file, name)
-        write_atomic([table], out, footer, ParquetOptions(name, fsync=fsync))
+        _write(name, _finish(name, held[name]), out, proxy_id=md.get(META_PROXY, b"").decode(),
+               run=md.get(META_RUN, b"").decode(), seq=md.get(META_SEQ, b"").decode(), source_rows=rows, fsync=fsync)
         written.append(out)
     return written
 
 
-def write_missing(root: Path | str, fsync: bool = True) -> tuple[int, int]:
-    """Write the rollups of every live requests file of a local recording that lacks any; (files done, skipped).
+def _live_names(directory: Path) -> list[str]:
+    """The live Parquet file names of one partition directory (recording.layout's rules)."""
+    try:
+        names = [n for n in os.listdir(directory) if n.endswith(".parquet") and not is_hidden(n)]
+    except FileNotFoundError:
+        return []
+    skip = superseded(names)
+    return sorted(n for n in names if n not in skip)
 
-    For recordings made before the writer stored rollups, or with compaction off. Files of an older
-    format are skipped: an analysis reads those requests themselves.
+
+def _standing_for(requests: list[str], derived: list[str]) -> dict[str, str | None]:
+    """The derived file standing for each requests file of one directory (None: it has none).
+
+    A requests file's own rollup has its name; a merged rollup (`merge_hour`) stands for every
+    file of its run whose range it spans.
+    """
+    have = set(derived)
+    ranges = [(r, n) for n in derived if (r := file_range(n)) is not None and r[1] != r[2]]
+    out: dict[str, str | None] = {}
+    for name in requests:
+        rr = file_range(name)
+        out[name] = name if name in have else None if rr is None else next(
+            (n for (run, x, y), n in ranges if run == rr[0] and x <= rr[1] and rr[2] <= y), None)
+    return out
+
+
+def merge_hour(requests_dir: Path, run: str, fsync: bool = True) -> int:
+    """Merge the rollups of `run`'s requests files in one partition directory into one file per dataset.
+
+    Why: a live proxy finishes a requests file a minute or so, and the views without a time
+    key repeat in each one's rollups; an hour merged is one small file per dataset, so a
+    week's analysis reads ~170 files a dataset instead of ~10,000. The writer calls this
+    when it leaves an hour (and on close).
+
+    The merged file is named for the range of sequence numbers it spans
+    (`part-<run>-<first>-<last>.parquet`), which is what links it to its requests files
+    (`coverage`). So it is written only when every live requests file of the run in the
+    directory has its rollups: otherwise its range would claim a file it lacks. It is written
+    before its inputs are deleted; a crash in between leaves inputs that the superseded rule
+    hides and `recover()` removes. Returns the number of datasets merged.
+    """
+    requests = [n for n in _live_names(requests_dir) if (r := file_range(n)) is not None and r[0] == run]
+    if len(requests) < 2:
+        return 0
+    plans = {}
+    for name in DERIVED:
+        directory = derived_path(requests_dir / requests[0], name).parent
+        standing = _standing_for(requests, [n for n in _live_names(directory) if (r := file_range(n)) is not None and r[0] == run])
+        if None in standing.values():
+            return 0  # a requests file without its rollups (a crash): `write_missing` first, then merge
+        plans[name] = (directory, sorted(set(v for v in standing.values() if v is not None)))
+    merged = 0
+    for name, (directory, inputs) in plans.items():
+        if len(inputs) < 2:
+            continue
+        spans = [r for n in inputs if (r := file_range(n)) is not None]
+        first, last = min(r[1] for r in spans), max(r[2] for r in spans)
+        held: list[pa.Table] = []
+        source_rows = 0
+        proxy_id = ""
+        for n in inputs:
+            pf = pq.ParquetFile(directory / n)
+            md = pf.schema_arrow.metadata or {}
+            proxy_id = proxy_id or md.get(META_PROXY, b"").decode()
+            source_rows += int(md.get(META_SOURCE_ROWS, b"0") or 0)
+            held = _fold(DERIVED[name], held, pf.read().replace_schema_metadata(None))
+        _write(name, _finish(name, held), directory / merged_name(run, first, last), proxy_id=proxy_id, run=run,
+               seq=f"{first}-{last}", source_rows=source_rows, fsync=fsync)
+        for n in inputs:
+            (directory / n).unlink(missing_ok=True)
+        merged += 1
+    return merged
+
+
+@dataclass(frozen=True)
+class Backfill:
+    """What `write_missing` did to one recording."""
+
+    written: int  # requests files that got their rollups
+    skipped: int  # requests files of an older format: an analysis reads those requests themselves
+    merged: int  # partition directories whose rollups were merged per run (`merge_hour`)
+
+
+def write_missing(root: Path | str, fsync: bool = True, merge: bool = True,
+                  progress: Callable[[int, int], None] | None = None) -> Backfill:
+    """Write the rollups of every live requests file of a local recording that lacks any, then merge each hour's.
+
+    For recordings made before the writer stored rollups, with compaction off, or left by a
+    crash between a requests file and its rollups. Merging (`merge_hour`, per directory and run)
+    is what a writer does when it leaves an hour; run it on a recording no proxy is writing to.
+    `progress(done, todo)` is called after each file written.
     """
     listing = live_files(root, "requests")
     if listing is None:
         raise ValueError(f"{root}: not a local path")
-    done = set.intersection(*(set(_live(root, name).relative) for name in DERIVED))
+    cover = coverage_all(root)
+    missing = [(rel, path) for rel, path in zip(listing.relative, listing.paths) if rel in (cover.uncovered if cover else ())]
     written = skipped = 0
-    for rel, path in zip(listing.relative, listing.paths):
-        if rel in done:
-            continue
+    for rel, path in missing:
         if file_version(path) != FORMAT_VERSION:
             skipped += 1
             continue
         write_rollups(Path(path), fsync=fsync)
         written += 1
-    return written, skipped
-
-
-def _live(root: Path | str, dataset: str):
-    listing = live_files(root, dataset)
-    assert listing is not None  # the caller listed the requests of the same root
-    return listing
+        if progress is not None:
+            progress(written + skipped, len(missing))
+    merged = 0
+    if merge:
+        runs: dict[Path, set[str]] = {}
+        for path in listing.paths:
+            r = file_range(Path(path).name)
+            if r is not None:
+                runs.setdefault(Path(path).parent, set()).add(r[0])
+        merged = sum(1 for directory, rs in runs.items() for run in sorted(rs) if merge_hour(directory, run, fsync=fsync))
+    return Backfill(written, skipped, merged)
 
 
 @dataclass(frozen=True)
 class Coverage:
-    """Which requests files of one recording have their rollup in one derived dataset."""
+    """Which derived files stand for the live requests files of one recording, in one derived dataset."""
 
     requests: int  # live requests files
-    covered: tuple[str, ...]  # the rollup files of those that have one, spelled for Spark
+    uncovered: tuple[str, ...]  # those with no rollup there (relative names)
+    files: tuple[str, ...]  # the derived files standing for the others, spelled for Spark, each once
 
     @property
     def complete(self) -> bool:
-        return self.requests > 0 and len(self.covered) == self.requests
+        return self.requests > 0 and not self.uncovered
+
+
+def _by_dir(relative: tuple[str, ...]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for rel in relative:
+        d, _, name = rel.rpartition("/")
+        out.setdefault(d, []).append(name)
+    return out
+
+
+def _coverage(requests: LiveFiles, derived: LiveFiles) -> Coverage:
+    have = _by_dir(derived.relative)
+    uncovered: list[str] = []
+    files: set[str] = set()
+    for d, names in _by_dir(requests.relative).items():
+        prefix = f"{d}/" if d else ""
+        for name, standing in _standing_for(names, have.get(d, [])).items():
+            if standing is None:
+                uncovered.append(prefix + name)
+            else:
+                files.add(f"{derived.spelled_base}/{prefix}{standing}")
+    return Coverage(len(requests.relative), tuple(uncovered), tuple(sorted(files)))
+
+
+@dataclass(frozen=True)
+class RecordingCoverage:
+    """Every derived dataset's coverage of one recording, from one listing per dataset directory."""
+
+    by_dataset: dict[str, Coverage]
+
+    @property
+    def complete(self) -> bool:
+        """Every derived dataset stands for every live requests file (the passes can read rollups only)."""
+        return all(c.complete for c in self.by_dataset.values())
+
+    @property
+    def uncovered(self) -> set[str]:
+        """Requests files lacking their rollups in at least one derived dataset (relative names)."""
+        return {rel for c in self.by_dataset.values() for rel in c.uncovered}
+
+
+def coverage_all(root: Path | str) -> RecordingCoverage | None:
+    """Coverage of every derived dataset of `root`: the requests and each dataset listed once; None where pyarrow cannot list it."""
+    requests = live_files(root, "requests")
+    if requests is None:
+        return None
+    out = {}
+    for dataset in DERIVED:
+        derived = live_files(root, dataset)
+        if derived is None:
+            return None
+        out[dataset] = _coverage(requests, derived)
+    return RecordingCoverage(out)
 
 
 def coverage(root: str, dataset: str) -> Coverage | None:
     """The `dataset` files standing for the live requests files of `root`; None where pyarrow cannot list it."""
     requests = live_files(root, "requests")
-    if requests is None:
-        return None
-    derived = _live(root, dataset)
-    have = set(derived.relative)
-    return Coverage(len(requests.relative), tuple(f"{derived.spelled_base}/{rel}" for rel in requests.relative if rel in have))
+    derived = live_files(root, dataset) if requests is not None else None
+    return None if requests is None or derived is None else _coverage(requests, derived)
+
+
+def stored_span_ns(listing: LiveFiles) -> tuple[int, int] | None:
+    """(first, last) request time, epoch ns, from the footer statistics of `request_sums` files; None if unknown.
+
+    Why: an analysis picks its time bucket from the recording's span, and whether the time-keyed
+    rollups can serve depends on that bucket; its Spark settings are chosen before Spark starts,
+    from what the passes will read. The footers answer without reading a row. Connections may
+    stretch the real span: this is a lower bound.
+    """
+    lo = hi = None
+    for path in listing.paths:
+        try:
+            md = pq.read_metadata(path, filesystem=listing.filesystem)
+        except (OSError, ValueError):
+            return None
+        names = [md.schema.column(i).name for i in range(md.num_columns)]
+        if "first_ns" not in names or "last_ns" not in names:
+            return None
+        first, last = names.index("first_ns"), names.index("last_ns")
+        for g in range(md.num_row_groups):
+            rg = md.row_group(g)
+            a, b = rg.column(first).statistics, rg.column(last).statistics
+            if a is None or b is None or not (a.has_min_max and b.has_min_max):
+                if rg.num_rows:
+                    return None
+                continue
+            lo = _epoch_ns(a.min) if lo is None else min(lo, _epoch_ns(a.min))
+            hi = _epoch_ns(b.max) if hi is None else max(hi, _epoch_ns(b.max))
+    return None if lo is None or hi is None else (lo, hi)
+
+
+def _epoch_ns(value: object) -> int:
+    """A footer statistic of a timestamp[us] column as epoch ns (pyarrow gives a datetime; a raw integer is in µs)."""
+    return int(pa.scalar(value, pa.timestamp("us", "UTC")).value) * 1000

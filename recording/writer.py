@@ -70,7 +70,7 @@ import structlog
 
 from protocol.apis import SASL_AUTHENTICATE
 from recording.compaction import Compactor, FlushFile, Segment, name_os_thread, take_due
-from recording.rollups import write_rollups
+from recording.rollups import merge_hour, write_rollups
 from recording.derived import DERIVED_COLUMNS, derive
 from recording.files import ParquetOptions, file_metadata, write_atomic
 from recording.layout import HOUR_NS, TIME_COLUMN, flush_name, new_run_id, partition_dir, recover
@@ -301,6 +301,7 @@ class ParquetRecorder:
         self._thread: threading.Thread | None = None
         self._options = {name: ParquetOptions(name, compression_level, fsync) for name in COLUMNS}
         self._compactor = Compactor(self.run, self._write_file, self._error, self._file_final)
+        self._unmerged: set[Path] = set()  # partition directories whose rollups are not merged yet (compactor thread)
         self._closed = False
         self._lock = threading.Lock()  # serializes flushes (writer thread vs. close on another thread)
 
@@ -345,6 +346,7 @@ class ParquetRecorder:
         else:
             self._flush(final=True)
         self._compactor.close()
+        self._merge_rollups(list(self._unmerged))  # the hours still open (the compactor thread has stopped)
         log.info("recording closed", root=str(self.root), **self.stats())
 
     # -- RecordSink: event loop thread, O(1), never blocks --------------------------
@@ -806,10 +808,28 @@ class ParquetRecorder:
                             interval_s=self.compact_interval_s):
             self._compactor.submit(s, seg)
 
-    def _file_final(self, s: _Stream, path: Path) -> None:
-        """A requests file compaction is done with gets its rollups (recording.rollups), off the flush path."""
-        if s.name == "requests":
-            write_rollups(path, fsync=self._options[s.name].fsync)
+    def _file_final(self, s: _Stream, path: Path, closes: bool) -> None:
+        """A requests file compaction is done with gets its rollups (recording.rollups), off the flush path.
+
+        Once the writer has left an hour (a later hour's file is final, or this file's segment
+        closed its directory), that hour's rollups of this run are merged into one file per dataset
+        (`merge_hour`); the hours still open are merged at close (`_merge_rollups`).
+        """
+        if s.name != "requests":
+            return
+        write_rollups(path, fsync=self._options[s.name].fsync)
+        self._unmerged.add(path.parent)
+        newest = max(self._unmerged, key=str)
+        self._merge_rollups([d for d in self._unmerged if d != newest or (closes and d == path.parent)])
+
+    def _merge_rollups(self, directories: Iterable[Path]) -> None:
+        for d in sorted(directories, key=str):
+            self._unmerged.discard(d)
+            try:
+                merge_hour(d, self.run, fsync=self._options["requests"].fsync)
+            except Exception as exc:  # derived data only: the per-file rollups stay valid and are read instead
+                self._error("recording: could not merge an hour's rollups; keeping one per requests file", exc,
+                            directory=str(d))
 
     # -- logging ----------------------------------------------------------------------
     def _log_drops(self, s: _Stream) -> None:

@@ -19,13 +19,14 @@ import pytest
 from pyspark.sql import functions as F
 
 from analytics import load as L
-from analytics.job import run_analysis
-from analytics.synthetic import generate, write_rows, write_table
+from analytics.job import run_analysis, stored_rollups
+from analytics.synthetic import RUN, generate, write_rows, write_table
 from analytics.transforms import drilldown, rollups
 from analytics.transforms.common import prepare_requests
 from analytics.transforms.cube import cube_from_cells, latency_cube, percentile_views
 from recording.latency_cells import BIN_BASE, ROLLUP_BUCKET_S, latency_cells, merge_cells
-from recording.rollups import CELLS, coverage, derived_path, write_missing
+from recording.layout import file_range, recover
+from recording.rollups import CELLS, coverage, derived_path, merge_hour, write_missing
 from recording.schema import DERIVED_DATASETS
 from recording.timestamps import from_epoch_ns, ingest_schema
 from tests.analytics.analytics_rows import S, T0, req
@@ -42,9 +43,14 @@ def _spark_cube(spark, root: Path, bucket_s: int = ROLLUP_BUCKET_S) -> set[tuple
     return _set([r.asDict() for r in latency_cube(prepare_requests(rec.requests), bucket_s).collect()])
 
 
+def _read_stored(spark, root: Path) -> dict:
+    """The stored rollups an analysis of `root` would read (its coverage listed as `run_analysis` lists it)."""
+    return L.read_rollups(spark, [str(root)], stored_rollups([str(root)], True))
+
+
 def _stored(spark, root: Path, bucket_s: int = ROLLUP_BUCKET_S) -> set[tuple]:
     rec = L.load(spark, [str(root)])
-    cells = L.read_rollups(spark, [str(root)], L.Filters())[CELLS]
+    cells = _read_stored(spark, root)[CELLS]
     return _set([r.asDict() for r in cube_from_cells(cells, bucket_s, rec.topic_names).collect()])
 
 
@@ -111,7 +117,7 @@ def test_stored_sums_equal_the_spark_rollups(spark, tmp_path) -> None:
     for r in (root, mixed):
         rec = L.load(spark, [str(r)])
         full = prepare_requests(rec.requests)
-        stored = L.read_rollups(spark, [str(r)], L.Filters())
+        stored = _read_stored(spark, r)
         pairs = [
             (rollups.request_rollup(full), rollups.request_rollup_from_sums(stored["request_sums"])),
             (rollups.topic_rollup(full, 300), rollups.topic_rollup_from_sums(stored["topic_sums"], 300, rec.topic_names)),
@@ -125,7 +131,7 @@ def test_stored_sums_equal_the_spark_rollups(spark, tmp_path) -> None:
             types = [[(f.name, f.dataType) for f in df.schema] for df in (raw, summed)]  # nullability may differ
             assert types[0] == types[1], [(a, b) for a, b in zip(*types) if a != b]
             assert _rows_of(summed) == _rows_of(raw)
-    kept = rollups.notable_from_stored(L.read_rollups(spark, [str(root)], L.Filters())["notable_requests"],
+    kept = rollups.notable_from_stored(_read_stored(spark, root)["notable_requests"],
                                        {"8f1c2f0e-1111-4222-8333-944445555666": "payments"}).where(F.col("conn_id") == "c5")
     by_api = {r["api_name"]: r for r in kept.collect()}
     assert by_api["Metadata"]["bypass"] == ["10.9.9.9:9092"]  # the answer naming brokers
@@ -167,8 +173,8 @@ def test_percentiles_from_merged_cells_are_within_one_bin_of_exact(spark, tmp_pa
         rows = [req(f"{c}-{hour}", i, "Produce", t_s=hour * 3600 + i * 0.5, lat_us=v, client=c)
                 for c, vals in lat.items() for i, v in enumerate(vals[hour::3])]
         write_table(root, "requests", pa.Table.from_pylist(rows, schema=ingest_schema("requests")))
-    assert len(coverage(str(root), CELLS).covered) == 3
-    views = percentile_views(cube_from_cells(L.read_rollups(spark, [str(root)], L.Filters())[CELLS], 60, {}))
+    assert len(coverage(str(root), CELLS).files) == 3
+    views = percentile_views(cube_from_cells(_read_stored(spark, root)[CELLS], 60, {}))
     got = {r["k1"]: r.asDict() for r in views.where((F.col("dim") == "client") & (F.col("metric") == "latency")).collect()}
     for client, values in lat.items():
         ordered = sorted(values)
@@ -203,14 +209,15 @@ def test_cells_stand_in_only_for_every_file_and_no_filter(spark, tmp_path) -> No
     write_rows(root, "requests", [req("c1", i, t_s=i * 30.0) for i in range(300)])  # 2.5 h: three files
     files = sorted((root / "requests").rglob("*.parquet"))
     assert len(files) == 3 and all(derived_path(f, d).is_file() for f in files for d in DERIVED_DATASETS)
-    assert set(L.read_rollups(spark, [str(root)], L.Filters())) == set(DERIVED_DATASETS)
-    assert L.read_rollups(spark, [str(root)], L.Filters(clients=("app-1",))) == {}  # rollups cannot be narrowed
+    assert set(_read_stored(spark, root)) == set(DERIVED_DATASETS)
+    narrowed = run_analysis([str(root)], tmp_path / "out0", spark=spark, progress=False, report=False, csv=False, clients=("app-1",))
+    assert narrowed.tables["_meta"][0]["rollups"] == ""  # rollups cannot be narrowed
     derived_path(files[1], CELLS).unlink()  # e.g. a crash between the requests file and its rollups
     assert not coverage(str(root), CELLS).complete
-    assert CELLS not in L.read_rollups(spark, [str(root)], L.Filters())
+    assert CELLS not in _read_stored(spark, root)
     result = run_analysis([str(root)], tmp_path / "out", spark=spark, progress=False, report=False, csv=False)
     assert result.tables["_meta"][0]["rollups"] == "notable_requests,request_sums,slowest_requests,topic_sums,traffic_sums"
-    assert write_missing(root, fsync=False) == (1, 0)  # filled in afterwards
+    assert write_missing(root, fsync=False, merge=False).written == 1  # filled in afterwards
     assert coverage(str(root), CELLS).complete
     odd = run_analysis([str(root)], tmp_path / "out2", spark=spark, progress=False, report=False, csv=False, bucket_s=90)
     assert odd.tables["_meta"][0]["rollups"] == "notable_requests,request_sums,slowest_requests"  # 90 s: not a multiple of the stored 60 s
@@ -225,3 +232,50 @@ def test_cells_files_name_their_requests_file(tmp_path) -> None:
     assert cells.relative_to(root / CELLS) == path.relative_to(root / "requests")
     assert int(pq.read_metadata(cells).metadata[b"kafkatap.source_rows"]) == 1
     assert pq.read_schema(cells).names == list(CELL)
+
+
+def _analysis(spark, root: Path, out: Path):
+    return run_analysis([str(root)], out, spark=spark, progress=False, report=False, csv=False, bucket_s=60)
+
+
+def _same_tables(a, b) -> None:
+    for name, rows in a.tables.items():
+        if name != "_meta":
+            assert sorted(map(repr, rows)) == sorted(map(repr, b.tables[name])), name
+
+
+def test_an_hours_rollups_merge_into_one_file_standing_for_its_range(spark, tmp_path) -> None:
+    """merge_hour: one file per dataset stands for the hour's requests files, the analysis is unchanged, a crash's
+    leftovers are hidden and removed, and a file that lacks its rollups blocks the merge until it is backfilled."""
+    root = tmp_path / "rec"
+    hour = [r for r in SUM_ROWS if r["req_first_ns"] < T0 + 3600 * S]
+    for part in (hour[0::3], hour[1::3], hour[2::3]):
+        write_rows(root, "requests", part)
+    (directory,) = {p.parent for p in (root / "requests").rglob("*.parquet")}
+    assert len(list(directory.iterdir())) == 3
+    per_file = _analysis(spark, root, tmp_path / "per-file")
+    kept = {p: p.read_bytes() for p in (root / CELLS).rglob("*.parquet")}
+    assert merge_hour(directory, RUN, fsync=False) == len(DERIVED_DATASETS)
+    (merged,) = (root / CELLS).rglob("*.parquet")
+    run, first, last = file_range(merged.name)
+    assert run == RUN and [file_range(p.name)[1] for p in sorted(directory.iterdir())] == [first, first + 1, last]
+    assert int(pq.read_metadata(merged).metadata[b"kafkatap.source_rows"]) == len(hour)
+    assert coverage(str(root), CELLS).complete and len(coverage(str(root), CELLS).files) == 1
+    after = _analysis(spark, root, tmp_path / "merged")
+    assert after.tables["_meta"][0]["rollups"] == ",".join(sorted(DERIVED_DATASETS))
+    _same_tables(per_file, after)
+    for p, data in kept.items():  # a crash between writing the merged file and deleting its inputs
+        p.write_bytes(data)
+    assert coverage(str(root), CELLS).files == (f"{root}/{CELLS}/{merged.relative_to(root / CELLS)}",)
+    assert recover(root) == len(kept) and not any(p.exists() for p in kept)
+    # a later requests file of the hour (a late row) without its rollups (a crash): not covered, and no merge claims it
+    write_table(root, "requests", pa.Table.from_pylist([req("c9", 1, t_s=3000)], schema=ingest_schema("requests")), rollups=False)
+    assert merge_hour(directory, RUN, fsync=False) == 0
+    assert not coverage(str(root), CELLS).complete
+    done = write_missing(root, fsync=False)
+    assert (done.written, done.skipped, done.merged) == (1, 0, 1)
+    (again,) = (root / CELLS).rglob("*.parquet")
+    assert file_range(again.name) == (RUN, first, last + 1) and coverage(str(root), CELLS).complete
+    raw = run_analysis([str(root)], tmp_path / "raw", spark=spark, progress=False, report=False, csv=False, bucket_s=60,
+                       ignore_rollups=True)
+    _same_tables(raw, _analysis(spark, root, tmp_path / "again"))

@@ -17,8 +17,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from analytics import session
-from analytics.job import input_rows, run_analysis
+from analytics.job import input_rows, run_analysis, stored_rollups
 from analytics.synthetic import generate
+from recording.rollups import TIME_KEYED
 from recording.schema import DERIVED_DATASETS
 
 pytestmark = pytest.mark.spark
@@ -35,11 +36,15 @@ def test_settings_only_for_small_local_inputs() -> None:
 def test_input_rows_reads_footers_and_stops_past_the_limit(tmp_path: Path) -> None:
     counts = generate(tmp_path / "rec", 600)
     total = sum(counts.values())
-    assert input_rows([tmp_path / "rec"], limit=10**9, rollups=False) == total
+    assert input_rows([tmp_path / "rec"], limit=10**9) == total  # rollups not to be used (e.g. a filter)
     # with rollups beside every requests file, the passes read those instead of the requests: they are counted
-    stored = sum(pq.read_metadata(p).num_rows for ds in DERIVED_DATASETS for p in (tmp_path / "rec" / ds).rglob("*.parquet"))
-    assert stored > 0
-    assert input_rows([tmp_path / "rec"], limit=10**9) == total - counts["requests"] + stored
+    stored = {ds: sum(pq.read_metadata(p).num_rows for p in (tmp_path / "rec" / ds).rglob("*.parquet")) for ds in DERIVED_DATASETS}
+    assert all(stored.values())
+    covers = stored_rollups([tmp_path / "rec"], True)
+    assert input_rows([tmp_path / "rec"], limit=10**9, covers=covers) == total - counts["requests"] + sum(stored.values())
+    # a 90 s bucket cannot be made of the stored 60 s ones: the time-keyed views read the requests
+    untimed = sum(n for ds, n in stored.items() if ds not in TIME_KEYED)
+    assert input_rows([tmp_path / "rec"], limit=10**9, covers=covers, bucket_s=90) == total + untimed
     early = input_rows([tmp_path / "rec"], limit=10)
     assert early is not None and 10 < early <= total
     assert input_rows([tmp_path / "missing"], limit=10**9) == 0

@@ -14,7 +14,9 @@ import pytest
 from structlog.testing import capture_logs
 
 from recording.latency_cells import CELL_KEYS, latency_cells, merge_cells
-from recording.rollups import CELLS, derived_path
+from recording.layout import file_range
+from recording.rollups import CELLS, coverage, derived_path
+from recording.schema import DERIVED_DATASETS
 from recording.writer import ParquetRecorder, RecordingError, check_recording_dir, recover
 from recording.sample_rows import SessionMix, connection_row, frame_row, tcp_row
 from recording.reader import (
@@ -130,6 +132,30 @@ def test_merged_segments_get_cells_and_no_cells_without_compaction(make_recorder
         off.request(row)
     off.close()
     assert _files(tmp_path / "off", "requests") and not _files(tmp_path / "off", "latency_cells")
+
+
+T_HOUR = 1_795_165_200 * 10**9  # 2026-11-20 09:00 UTC
+
+
+def test_the_writer_merges_an_hours_rollups(make_recorder, rec_dir: Path) -> None:
+    """Several final requests files in one hour: at close their rollups are one file per dataset spanning them all."""
+    r = make_recorder(compact_interval_s=3600)
+    mix = SessionMix(start_ns=T_HOUR + 60 * 10**9)  # one hour, whenever the test runs
+    stream = r._streams["requests"]
+    for _ in range(3):
+        for row in mix.rows(100):
+            r.request(row)
+        r._flush(final=False)
+        r._compact_due(stream, force=True)  # each segment final on its own: three requests files in one hour
+    r.close()
+    requests = _files(rec_dir, "requests")
+    (cells,) = _files(rec_dir, "latency_cells")
+    assert len(requests) == 3 and {f.parent.relative_to(rec_dir / "requests") for f in requests} == {
+        cells.parent.relative_to(rec_dir / "latency_cells")}
+    spans = [file_range(f.name) for f in requests]
+    assert file_range(cells.name) == (r.run, min(s[1] for s in spans), max(s[2] for s in spans))
+    assert int(pq.read_metadata(cells).metadata[b"kafkatap.source_rows"]) == 300
+    assert all(coverage(str(rec_dir), ds).complete and len(_files(rec_dir, ds)) == 1 for ds in DERIVED_DATASETS)
 
 
 def test_rows_partitioned_by_their_own_hour(make_recorder, rec_dir: Path) -> None:
