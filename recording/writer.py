@@ -345,8 +345,7 @@ class ParquetRecorder:
             self._ship(final=True)
         else:
             self._flush(final=True)
-        self._compactor.close()
-        self._merge_rollups(list(self._unmerged))  # the hours still open (the compactor thread has stopped)
+        self.finish_compaction()
         log.info("recording closed", root=str(self.root), **self.stats())
 
     # -- RecordSink: event loop thread, O(1), never blocks --------------------------
@@ -821,6 +820,14 @@ class ParquetRecorder:
         self._unmerged.add(path.parent)
         newest = max(self._unmerged, key=str)
         self._merge_rollups([d for d in self._unmerged if d != newest or (closes and d == path.parent)])
+
+    def finish_compaction(self) -> None:
+        """Finish every submitted merge and stop the compactor, then merge the rollups of the hours still open.
+
+        The last step of a close, here and in the writer process (recording.writer_child).
+        """
+        self._compactor.close()
+        self._merge_rollups(list(self._unmerged))  # the compactor thread has stopped: nothing else touches the set
 
     def _merge_rollups(self, directories: Iterable[Path]) -> None:
         for d in sorted(directories, key=str):

@@ -75,7 +75,7 @@ def main() -> int:
         msg = recv(inp)
         if msg is None:  # the proxy is gone (crash, kill -9): write what arrived, then exit
             rec._flush(final=True)
-            rec._compactor.close()
+            rec.finish_compaction()
             return 0
         kind = msg[0]
         if kind == "rows":
@@ -93,7 +93,7 @@ def main() -> int:
             rec.requests_dropped = msg[2]
             rec._flush(final=kind == "close")
             if kind == "close":
-                rec._compactor.close()
+                rec.finish_compaction()
             send(out, ("stats", _stats(rec)))
             if kind == "close":
                 return 0

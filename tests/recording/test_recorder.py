@@ -138,7 +138,7 @@ T_HOUR = 1_795_165_200 * 10**9  # 2026-11-20 09:00 UTC
 
 
 def test_the_writer_merges_an_hours_rollups(make_recorder, rec_dir: Path) -> None:
-    """Several final requests files in one hour: at close their rollups are one file per dataset spanning them all."""
+    """Several final requests files in one hour still open: at close their rollups are one file per dataset spanning them all."""
     r = make_recorder(compact_interval_s=3600)
     mix = SessionMix(start_ns=T_HOUR + 60 * 10**9)  # one hour, whenever the test runs
     stream = r._streams["requests"]
@@ -146,8 +146,10 @@ def test_the_writer_merges_an_hours_rollups(make_recorder, rec_dir: Path) -> Non
         for row in mix.rows(100):
             r.request(row)
         r._flush(final=False)
-        r._compact_due(stream, force=True)  # each segment final on its own: three requests files in one hour
-    r.close()
+        # each segment final on its own, as compact_interval_s makes it: three requests files in one open hour
+        (seg,) = [stream.segments.pop(d) for d in list(stream.segments)]
+        r._compactor.submit(stream, seg)
+    r.close()  # the hour is still open: merged at close
     requests = _files(rec_dir, "requests")
     (cells,) = _files(rec_dir, "latency_cells")
     assert len(requests) == 3 and {f.parent.relative_to(rec_dir / "requests") for f in requests} == {
@@ -156,6 +158,33 @@ def test_the_writer_merges_an_hours_rollups(make_recorder, rec_dir: Path) -> Non
     assert file_range(cells.name) == (r.run, min(s[1] for s in spans), max(s[2] for s in spans))
     assert int(pq.read_metadata(cells).metadata[b"kafkatap.source_rows"]) == 300
     assert all(coverage(str(rec_dir), ds).complete and len(_files(rec_dir, ds)) == 1 for ds in DERIVED_DATASETS)
+
+
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_leaving_an_hour_merges_its_rollups_and_a_late_file_merges_again(rec_dir: Path, writer: str) -> None:
+    """Rows of 09:00, then of 10:00 (09:00 is left: its file is final), then late rows of 09:00 (a second file there):
+    at close each hour's rollups are one file per dataset spanning that hour's requests files, in both writer modes."""
+    r = ParquetRecorder(rec_dir, "p1", fsync=False, flush_interval_s=3600, compact_interval_s=3600, writer=writer).start()
+    flush = (lambda: r._ship(final=False)) if writer == "process" else (lambda: r._flush(final=False))
+    for start, n in ((T_HOUR + 60 * 10**9, 100), (T_HOUR + 3660 * 10**9, 50), (T_HOUR + 1800 * 10**9, 70)):
+        for row in SessionMix(start_ns=start).rows(n):
+            r.request(row)
+        flush()
+    r.close()
+    requests = _files(rec_dir, "requests")
+    by_hour: dict[Path, list[Path]] = {}
+    for f in requests:
+        by_hour.setdefault(f.parent.relative_to(rec_dir / "requests"), []).append(f)
+    assert sorted(len(v) for v in by_hour.values()) == [1, 2], requests
+    for ds in DERIVED_DATASETS:
+        assert coverage(str(rec_dir), ds).complete, ds
+        files = _files(rec_dir, ds)
+        assert {f.parent.relative_to(rec_dir / ds) for f in files} == set(by_hour) and len(files) == 2, (ds, files)
+    for hour, files in by_hour.items():
+        (cells,) = (rec_dir / CELLS / hour).glob("part-*.parquet")
+        spans = [file_range(f.name) for f in files]
+        assert file_range(cells.name)[1:] == (min(s[1] for s in spans), max(s[2] for s in spans))
+        assert int(pq.read_metadata(cells).metadata[b"kafkatap.source_rows"]) == sum(pq.read_metadata(f).num_rows for f in files)
 
 
 def test_rows_partitioned_by_their_own_hour(make_recorder, rec_dir: Path) -> None:
