@@ -474,6 +474,10 @@ def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.
         stored = L.read_rollups(spark, main_dirs, covers) if covers is not None and dirs else {}
         if stored:
             prog.info(f"rollups stored beside every requests file: {', '.join(stored)} (the passes below sum them)")
+        stale = sorted({c.stale for rc in (covers or {}).values() for c in rc.by_dataset.values() if c.stale})
+        if stale:
+            prog.info(f"rollups not used, computed from the requests instead: {'; '.join(stale)} "
+                      "(`kafkatap rollups DIR` rewrites them)")
         used: list[str] = []
 
         def from_stored(dataset: str, build: Callable[[DataFrame], DataFrame], raw: Callable[[], Any]) -> Any:

@@ -35,7 +35,7 @@ from recording import latency_cells as cells_mod
 from recording import request_sums as sums_mod
 from recording.files import META_PROXY, META_RUN, META_SEQ, ParquetOptions, file_metadata, write_atomic
 from recording.layout import file_range, is_hidden, merged_name, superseded
-from recording.reader import LiveFiles, file_version, live_files
+from recording.reader import LiveFiles, RecordingFormatError, dataset_version, file_version, live_files
 from recording.schema import DERIVED_DATASETS, FORMAT_VERSION, arrow_schema
 
 __all__ = ["CELLS", "META_SOURCE_ROWS", "BATCH_ROWS", "derived_path", "write_rollups", "merge_hour", "Backfill",
@@ -222,6 +222,10 @@ def write_missing(root: Path | str, fsync: bool = True, merge: bool = True,
     if listing is None:
         raise ValueError(f"{root}: not a local path")
     cover = coverage_all(root)
+    for name, c in (cover.by_dataset.items() if cover else ()):
+        if c.stale is not None:  # another format's rollups: derived data, recomputed below (deleting loses nothing)
+            for path in (Path(root) / name).rglob("*.parquet"):  # superseded ones too: they would surface
+                path.unlink(missing_ok=True)
     missing = [(rel, path) for rel, path in zip(listing.relative, listing.paths) if rel in (cover.uncovered if cover else ())]
     written = skipped = 0
     for rel, path in missing:
@@ -250,6 +254,7 @@ class Coverage:
     requests: int  # live requests files
     uncovered: tuple[str, ...]  # those with no rollup there (relative names)
     files: tuple[str, ...]  # the derived files standing for the others, spelled for Spark, each once
+    stale: str | None = None  # why the dataset's files cannot be read as they are (another format version): none count
 
     @property
     def complete(self) -> bool:
@@ -265,6 +270,9 @@ def _by_dir(relative: tuple[str, ...]) -> dict[str, list[str]]:
 
 
 def _coverage(requests: LiveFiles, derived: LiveFiles) -> Coverage:
+    stale = _stale(derived)
+    if stale is not None:  # derived data is never migrated: it is recomputed (`write_missing`)
+        return Coverage(len(requests.relative), requests.relative, (), stale)
     have = _by_dir(derived.relative)
     uncovered: list[str] = []
     files: set[str] = set()
@@ -276,6 +284,17 @@ def _coverage(requests: LiveFiles, derived: LiveFiles) -> Coverage:
             else:
                 files.add(f"{derived.spelled_base}/{prefix}{standing}")
     return Coverage(len(requests.relative), tuple(uncovered), tuple(sorted(files)))
+
+
+def _stale(derived: LiveFiles) -> str | None:
+    """Why a derived dataset's files are not in the current format (sampled as the reader samples), or None."""
+    if not derived.relative:
+        return None
+    try:
+        version, _ = dataset_version(derived)
+    except RecordingFormatError as exc:
+        return str(exc)
+    return None if version == FORMAT_VERSION else f"{derived.spelled_base}: format version {version}, not {FORMAT_VERSION}"
 
 
 @dataclass(frozen=True)

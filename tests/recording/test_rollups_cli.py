@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow.parquet as pq
 from click.testing import CliRunner
 
 from analytics.synthetic import generate, write_rows
 from kafkatap.cli import cli
+from recording.reader import file_version
 from recording.rollups import coverage_all
+from recording.schema import FORMAT_KEY, FORMAT_VERSION
 from tests.analytics.analytics_rows import req
 
 
@@ -39,3 +42,21 @@ def test_backfill_writes_merges_and_checks(tmp_path: Path) -> None:
 def test_a_directory_without_requests_is_a_clear_error(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["rollups", str(tmp_path)])
     assert result.exit_code != 0 and "holds no requests files" in result.output
+
+
+def test_rollups_of_another_format_are_not_used_and_are_rewritten(tmp_path: Path) -> None:
+    """Derived data is never migrated: rollups of another format version count as missing until rewritten."""
+    root = tmp_path / "rec"
+    generate(root, 2000)
+    assert coverage_all(root).complete
+    for path in (root / "topic_sums").rglob("*.parquet"):  # as a future (or older) kafkatap would have left them
+        table = pq.read_table(path)
+        pq.write_table(table.replace_schema_metadata({**table.schema.metadata, FORMAT_KEY: b"99"}), path)
+    cover = coverage_all(root)
+    stale = cover.by_dataset["topic_sums"]
+    assert not cover.complete and not stale.complete and stale.files == () and "99" in (stale.stale or "")
+    assert cover.by_dataset["request_sums"].complete  # the others still serve
+    done = CliRunner().invoke(cli, ["rollups", str(root)])
+    assert done.exit_code == 0, done.output
+    again = coverage_all(root)
+    assert again.complete and all(file_version(p) == FORMAT_VERSION for p in (root / "topic_sums").rglob("*.parquet"))
