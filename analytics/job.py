@@ -37,6 +37,7 @@ from analytics.transforms.cube import cube_from_cells, latency_cube, percentile_
 from recording.request_terms import ROLLUP_BUCKET_S
 from recording.rollups import TIME_KEYED, RecordingCoverage, coverage_all, stored_span_ns
 from recording.schema import DERIVED_DATASETS
+from recording.layout import partition_values
 from recording.reader import live_files
 
 TABLE_ROW_CAP = 20_000  # a table bigger than this is a detail list; the report and rules need the top rows only
@@ -302,6 +303,54 @@ def input_rows(dirs: Sequence[str | Path], limit: int = SMALL_INPUT_ROWS, covers
     return total
 
 
+def drill_requests(rec: L.Recording, full: DataFrame, rollup: DataFrame, drill: Sequence[str], prog: Progress) -> DataFrame:
+    """The requests the drill-down's timelines read: the hour each connection's first requests lie in, when that is enough.
+
+    Why: a timeline shows a connection's first CONNECTION_REQUESTS requests, and a recording is
+    partitioned by the hour of each request (recording.layout). A connection that has that many
+    (or all of its own) in the hour of its first request needs no other hour, so the scan of a
+    week-long recording reads a few hours' files instead of every request. The others are read
+    from their first hour on. The rows are the same as a scan of everything (ordered by time,
+    every row of an hour precedes the next hour's). Costs two small Spark jobs, so it is only
+    done when those first hours are fewer than the recording's.
+    """
+    per_conn = drilldown.CONNECTION_REQUESTS
+    starts = {(r["proxy_id"], r["conn_id"]): (r["first_ns"], r["requests"])
+              for r in drilldown.connection_starts(rollup, drill).collect() if r["first_ns"] is not None}
+    hours = {(p, c): (time.strftime("%Y-%m-%d", time.gmtime(ns // 10**9)), time.gmtime(ns // 10**9).tm_hour)
+             for (p, c), (ns, _) in starts.items()}
+    recorded = recorded_hours(rec.dirs)
+    if not starts or recorded is None or len(set(hours.values())) >= len(recorded):
+        return full
+    first = rec.requests.where(drilldown.in_hours([(p, c, d, h) for (p, c), (d, h) in hours.items()]))
+    found = {(r["proxy_id"], r["conn_id"]): r["count"] for r in first.groupBy("proxy_id", "conn_id").count().collect()}
+    enough = [pc for pc, (_, total) in starts.items() if found.get(pc, 0) >= min(per_conn, total or 0)]
+    more = [pc for pc in starts if pc not in enough]
+    rows = rec.requests.where(drilldown.in_hours([(p, c, *hours[(p, c)]) for p, c in enough]))
+    if more:  # from their first hour on: every later hour may hold the rest of their first requests
+        since = min(hours[pc] for pc in more)
+        later = (F.col("date") > since[0]) | ((F.col("date") == since[0]) & (F.col("hour") >= since[1]))
+        rows = rows.unionByName(rec.requests.where(later & drilldown.of_connections(more)))
+    prog.info(f"drill-down: {len(enough)} of {len(starts)} connection(s) read from the hour of their first request only")
+    return prepare_requests(rows)
+
+
+def recorded_hours(dirs: Sequence[str]) -> set[tuple[str, int]] | None:
+    """Every (date, hour) partition of the recordings' requests (one listing each); None if one cannot be listed or
+    a file lies outside the date=/hour= layout."""
+    out = set()
+    for d in dirs:
+        listing = live_files(str(d), "requests")
+        if listing is None:
+            return None
+        for rel in listing.relative:
+            pv = partition_values(rel)
+            if "date" not in pv or not pv.get("hour", "").isdigit():
+                return None
+            out.add((pv["date"], int(pv["hour"])))
+    return out
+
+
 class _RuntimeConf:
     """Set runtime SQL settings for one analysis and put the previous values back after it.
 
@@ -542,7 +591,7 @@ def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.
             prog.info(f"drill-down for {len(drill)} referenced connection(s)")
             arrow.update(collect_all({
                 "connection_facts": lambda: drilldown.connection_facts(conns, drill),
-                "connection_requests": lambda: drilldown.connection_requests(full, drill),
+                "connection_requests": lambda: drilldown.connection_requests(drill_requests(rec, full, rollup, drill, prog), drill),
                 "connection_tcp": lambda: drilldown.connection_tcp(rec.tcp, drill),
             }, prog, parallel))
         prog.step("writing", str(out))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from analytics.transforms.common import ns_to_ts, with_client
@@ -81,6 +81,32 @@ def slowest_requests(req: DataFrame, n: int = SLOWEST, floor_us: int | None = No
         F.array_distinct(F.transform("errors", lambda e: F.coalesce(e["name"], e["code"].cast("string")))).alias("errors"),
         "proxy_id",
     )
+
+
+def connection_starts(rollup: DataFrame, conn_ids: Sequence[str]) -> DataFrame:
+    """Per (proxy, connection) of `conn_ids`: its recorded requests and the time of its first (the request rollup's sums).
+
+    What `analytics.job.drill_requests` needs to read only the hours a connection's first requests lie in.
+    """
+    return rollup.where(F.col("conn_id").isin(list(conn_ids))).groupBy("proxy_id", "conn_id").agg(
+        F.sum("requests").alias("requests"), F.min("first_ns").alias("first_ns"))
+
+
+def of_connections(pairs: Sequence[tuple[str, str]]) -> Column:
+    """Rows of the given (proxy, conn) pairs."""
+    cond = F.lit(False)
+    for proxy, conn in pairs:
+        cond = cond | ((F.col("proxy_id") == proxy) & (F.col("conn_id") == conn))
+    return cond
+
+
+def in_hours(pairs: Sequence[tuple[str, str, str, int]]) -> Column:
+    """Rows of the given (proxy, conn) pairs in the given (date, hour) partitions: literal predicates on the partition
+    columns, so Spark lists and opens only those hours' files (Hive partition pruning)."""
+    cond = F.lit(False)
+    for proxy, conn, date, hour in pairs:
+        cond = cond | ((F.col("date") == date) & (F.col("hour") == hour) & of_connections([(proxy, conn)]))
+    return cond
 
 
 def connection_requests(req: DataFrame, conn_ids: Sequence[str], per_conn: int = CONNECTION_REQUESTS) -> DataFrame:
