@@ -303,36 +303,40 @@ def input_rows(dirs: Sequence[str | Path], limit: int = SMALL_INPUT_ROWS, covers
     return total
 
 
-def drill_requests(rec: L.Recording, full: DataFrame, rollup: DataFrame, drill: Sequence[str], prog: Progress) -> DataFrame:
-    """The requests the drill-down's timelines read: the hour each connection's first requests lie in, when that is enough.
+def drill_requests(rec: L.Recording, full: DataFrame, stored_sums: DataFrame | None, drill: Sequence[str],
+                   prog: Progress) -> DataFrame:
+    """The requests the drill-down's timelines read: only the hours that hold each connection's first requests.
 
     Why: a timeline shows a connection's first CONNECTION_REQUESTS requests, and a recording is
-    partitioned by the hour of each request (recording.layout). A connection that has that many
-    (or all of its own) in the hour of its first request needs no other hour, so the scan of a
-    week-long recording reads a few hours' files instead of every request. The others are read
-    from their first hour on. The rows are the same as a scan of everything (ordered by time,
-    every row of an hour precedes the next hour's). Costs two small Spark jobs, so it is only
-    done when those first hours are fewer than the recording's.
+    partitioned by the hour of each request (recording.layout). The stored request sums say how
+    many requests each connection has in each hour, so the hours up to the one where it reaches
+    that many (or all of its own) are the only ones read: a few hours' files of a week-long
+    recording instead of every request. The rows are those of a scan of everything (ordered by
+    time, every row of an hour precedes the next hour's). One small job over the sums; without
+    them (a filter, --ignore-rollups, an older recording), or when every hour is needed, the
+    whole recording is scanned as before.
     """
-    per_conn = drilldown.CONNECTION_REQUESTS
-    starts = {(r["proxy_id"], r["conn_id"]): (r["first_ns"], r["requests"])
-              for r in drilldown.connection_starts(rollup, drill).collect() if r["first_ns"] is not None}
-    hours = {(p, c): (time.strftime("%Y-%m-%d", time.gmtime(ns // 10**9)), time.gmtime(ns // 10**9).tm_hour)
-             for (p, c), (ns, _) in starts.items()}
-    recorded = recorded_hours(rec.dirs)
-    if not starts or recorded is None or len(set(hours.values())) >= len(recorded):
+    recorded = recorded_hours(rec.dirs) if stored_sums is not None else None
+    if recorded is None or len(recorded) < 2:
         return full
-    first = rec.requests.where(drilldown.in_hours([(p, c, d, h) for (p, c), (d, h) in hours.items()]))
-    found = {(r["proxy_id"], r["conn_id"]): r["count"] for r in first.groupBy("proxy_id", "conn_id").count().collect()}
-    enough = [pc for pc, (_, total) in starts.items() if found.get(pc, 0) >= min(per_conn, total or 0)]
-    more = [pc for pc in starts if pc not in enough]
-    rows = rec.requests.where(drilldown.in_hours([(p, c, *hours[(p, c)]) for p, c in enough]))
-    if more:  # from their first hour on: every later hour may hold the rest of their first requests
-        since = min(hours[pc] for pc in more)
-        later = (F.col("date") > since[0]) | ((F.col("date") == since[0]) & (F.col("hour") >= since[1]))
-        rows = rows.unionByName(rec.requests.where(later & drilldown.of_connections(more)))
-    prog.info(f"drill-down: {len(enough)} of {len(starts)} connection(s) read from the hour of their first request only")
-    return prepare_requests(rows)
+    per_conn = drilldown.CONNECTION_REQUESTS
+    counts: dict[tuple[str, str], list[tuple[int, int]]] = {}
+    for r in drilldown.connection_hours(stored_sums, drill).collect():
+        counts.setdefault((r["proxy_id"], r["conn_id"]), []).append((r["hour_index"], r["requests"] or 0))
+    pairs = []
+    for (proxy, conn), hours in counts.items():
+        seen = 0
+        for hour_index, n in sorted(hours):  # its hours in time order, until they hold the timeline's requests
+            if seen >= per_conn:
+                break
+            t = time.gmtime(hour_index * 3600)
+            pairs.append((proxy, conn, time.strftime("%Y-%m-%d", t), t.tm_hour))
+            seen += n
+    needed = {(d, h) for _, _, d, h in pairs}
+    if not pairs or not needed < recorded:
+        return full
+    prog.info(f"drill-down: the requests of {len(needed)} of the recording's {len(recorded)} hours")
+    return prepare_requests(rec.requests.where(drilldown.in_hours(pairs)))
 
 
 def recorded_hours(dirs: Sequence[str]) -> set[tuple[str, int]] | None:
@@ -521,6 +525,7 @@ def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.
         full = prepare_requests(rec.requests)  # never cached: the column-pruned passes below read it
         # a comparison reads both recordings' requests (its matching needs them); so do its main tables, as its sizing assumed
         stored = L.read_rollups(spark, main_dirs, covers) if covers is not None and dirs else {}
+        stored_sums = stored.get("request_sums")  # per file (hour) and connection: what the drill-down's pruning reads
         if stored:
             prog.info(f"rollups stored beside every requests file: {', '.join(stored)} (the passes below sum them)")
         stale = sorted({c.stale for rc in (covers or {}).values() for c in rc.by_dataset.values() if c.stale})
@@ -591,7 +596,8 @@ def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.
             prog.info(f"drill-down for {len(drill)} referenced connection(s)")
             arrow.update(collect_all({
                 "connection_facts": lambda: drilldown.connection_facts(conns, drill),
-                "connection_requests": lambda: drilldown.connection_requests(drill_requests(rec, full, rollup, drill, prog), drill),
+                "connection_requests": lambda: drilldown.connection_requests(
+                    drill_requests(rec, full, stored_sums, drill, prog), drill),
                 "connection_tcp": lambda: drilldown.connection_tcp(rec.tcp, drill),
             }, prog, parallel))
         prog.step("writing", str(out))

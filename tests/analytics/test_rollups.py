@@ -282,27 +282,30 @@ def test_an_hours_rollups_merge_into_one_file_standing_for_its_range(spark, tmp_
 
 
 def test_the_drill_down_reads_only_the_hours_its_connections_need(spark, tmp_path) -> None:
-    """drill_requests: a connection with enough requests (or all of its own) in the hour of its first one is read from
-    that hour only, the others from their first hour on; the timelines equal a scan of everything."""
+    """drill_requests: from the stored request sums, each connection is read from the hours up to the one that holds
+    its timeline's requests (or all of its own); the timelines equal a scan of everything, which needs every hour."""
     from analytics.job import drill_requests
     from analytics.progress import Progress
 
     root = tmp_path / "rec"
-    rows = [req("idle", i, t_s=60 + i) for i in range(30)]  # hour 0: no drilled connection
+    rows = [req("idle", i, t_s=60 + i) for i in range(30)]  # hour 0 (09:00): no drilled connection
     rows += [req("solo", i, t_s=3600 + i) for i in range(20)]  # hour 1: all of its own requests
     rows += [req("c1", i, t_s=7000 + i) for i in range(5)]  # hour 1: 5, then 400 in hour 2: needs hour 2 too
     rows += [req("c1", 5 + i, t_s=7200 + i) for i in range(400)]
-    rows += [req("c2", i, t_s=7300 + i) for i in range(350)]  # hour 2: more than a timeline shows
+    rows += [req("c2", i, t_s=7300 + i) for i in range(350)]  # hour 2: more than a timeline shows, then hour 3
+    rows += [req("c2", 350 + i, t_s=3 * 3600 + 10 + i) for i in range(50)]
     write_rows(root, "requests", rows)
     rec = L.load(spark, [str(root)])
     full = prepare_requests(rec.requests)
-    rollup = rollups.request_rollup(full).localCheckpoint()
     drill = ["solo", "c1", "c2"]
     want = drilldown.connection_requests(full, drill).collect()
     assert {r["conn_id"] for r in want} == set(drill) and len(want) == 20 + 2 * drilldown.CONNECTION_REQUESTS
-    pruned = drill_requests(rec, full, rollup, drill, Progress(spark, enabled=False))
-    (hour0,) = (root / "requests").rglob("hour=09/*.parquet")
-    hour0.unlink()  # a scan of everything now fails; the drill-down must not need that hour
+    pruned = drill_requests(rec, full, _read_stored(spark, root)["request_sums"], drill, Progress(spark, enabled=False))
+    assert pruned is not full
+    for hour in ("09", "12"):  # neither holds a timeline's requests: a scan of everything now fails, the drill-down must not
+        (path,) = (root / "requests").rglob(f"hour={hour}/*.parquet")
+        path.unlink()
     with pytest.raises(Exception, match="FILE_NOT_EXIST"):
         full.count()
     assert drilldown.connection_requests(pruned, drill).collect() == want
+    assert drill_requests(rec, full, None, drill, Progress(spark, enabled=False)) is full  # no stored sums: scan
