@@ -33,6 +33,13 @@ def test_settings_only_for_small_local_inputs() -> None:
     assert session.small_input_settings("spark://127.0.0.1:7077", 10) == {}  # a cluster keeps Spark's own
 
 
+def test_listing_stays_in_the_driver_locally_only() -> None:
+    """Locally, Spark lists the recording's files itself instead of running a job per read; a cluster keeps its own."""
+    key = "spark.sql.sources.parallelPartitionDiscovery.threshold"
+    assert int(session.DEFAULTS[key]) >= 10_000 and key not in session.cluster_defaults("local[2]")
+    assert session.cluster_defaults("spark://127.0.0.1:7077")[key] is None  # None: left to Spark
+
+
 def test_input_rows_reads_footers_and_stops_past_the_limit(tmp_path: Path) -> None:
     counts = generate(tmp_path / "rec", 600)
     total = sum(counts.values())
