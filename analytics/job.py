@@ -303,6 +303,9 @@ def input_rows(dirs: Sequence[str | Path], limit: int = SMALL_INPUT_ROWS, covers
     return total
 
 
+DRILL_PRUNE_MIN_HOURS = 3  # recordings this long or longer: the drill-down reads only the hours it needs (drill_requests)
+
+
 def drill_requests(rec: L.Recording, full: DataFrame, stored_sums: DataFrame | None, drill: Sequence[str],
                    prog: Progress) -> DataFrame:
     """The requests the drill-down's timelines read: only the hours that hold each connection's first requests.
@@ -312,12 +315,13 @@ def drill_requests(rec: L.Recording, full: DataFrame, stored_sums: DataFrame | N
     many requests each connection has in each hour, so the hours up to the one where it reaches
     that many (or all of its own) are the only ones read: a few hours' files of a week-long
     recording instead of every request. The rows are those of a scan of everything (ordered by
-    time, every row of an hour precedes the next hour's). One small job over the sums; without
-    them (a filter, --ignore-rollups, an older recording), or when every hour is needed, the
-    whole recording is scanned as before.
+    time, every row of an hour precedes the next hour's). One small job over the sums (~0.3 s),
+    so not for recordings of fewer than DRILL_PRUNE_MIN_HOURS hours, where it would cost about
+    what it could save; without the sums (a filter, --ignore-rollups, an older recording), or
+    when every hour is needed, the whole recording is scanned as before.
     """
     recorded = recorded_hours(rec.dirs) if stored_sums is not None else None
-    if recorded is None or len(recorded) < 2:
+    if recorded is None or len(recorded) < DRILL_PRUNE_MIN_HOURS:
         return full
     per_conn = drilldown.CONNECTION_REQUESTS
     counts: dict[tuple[str, str], list[tuple[int, int]]] = {}
