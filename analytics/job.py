@@ -38,7 +38,7 @@ from recording.request_terms import ROLLUP_BUCKET_S
 from recording.rollups import TIME_KEYED, RecordingCoverage, coverage_all, stored_span_ns
 from recording.schema import DERIVED_DATASETS
 from recording.layout import partition_values
-from recording.reader import live_files
+from recording.reader import LiveFiles, live_files
 
 TABLE_ROW_CAP = 20_000  # a table bigger than this is a detail list; the report and rules need the top rows only
 NICE_BUCKETS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400)
@@ -260,7 +260,8 @@ def time_keyed_usable(covers: dict[str, RecordingCoverage] | None, dirs: Sequenc
     ROLLUP_BUCKET_S, and its time-keyed views are computed from the requests.
     """
     if bucket_s is None:
-        spans = [stored_span_ns(live) for d in dirs if (live := live_files(str(d), "request_sums")) is not None]
+        listings = [covers[str(d)].listing("request_sums") if covers and str(d) in covers else None for d in dirs]
+        spans = [stored_span_ns(live) if live is not None else None for live in listings]
         if not spans or any(sp is None for sp in spans):
             return False
         bucket_s = choose_bucket((max(sp[1] for sp in spans if sp) - min(sp[0] for sp in spans if sp)) / 1e9)
@@ -289,8 +290,11 @@ def input_rows(dirs: Sequence[str | Path], limit: int = SMALL_INPUT_ROWS, covers
     total = 0
     time_keyed = covers is not None and time_keyed_usable(covers, dirs, bucket_s)
     for d in dirs:
-        for ds in read_datasets(covers.get(str(d)) if covers else None, time_keyed):
-            listing = live_files(str(d), ds)
+        cover = covers.get(str(d)) if covers else None
+        for ds in read_datasets(cover, time_keyed):
+            listing = cover.listing(ds) if cover else None  # listed once, with the coverage
+            if listing is None:
+                listing = live_files(str(d), ds)
             if listing is None:
                 return None
             for path in listing.paths:
@@ -306,8 +310,8 @@ def input_rows(dirs: Sequence[str | Path], limit: int = SMALL_INPUT_ROWS, covers
 DRILL_PRUNE_MIN_HOURS = 3  # recordings this long or longer: the drill-down reads only the hours it needs (drill_requests)
 
 
-def drill_requests(rec: L.Recording, full: DataFrame, stored_sums: DataFrame | None, drill: Sequence[str],
-                   prog: Progress) -> DataFrame:
+def drill_requests(rec: L.Recording, full: DataFrame, stored_sums: DataFrame | None,
+                   covers: dict[str, RecordingCoverage] | None, drill: Sequence[str], prog: Progress) -> DataFrame:
     """The requests the drill-down's timelines read: only the hours that hold each connection's first requests.
 
     Why: a timeline shows a connection's first CONNECTION_REQUESTS requests, and a recording is
@@ -320,7 +324,7 @@ def drill_requests(rec: L.Recording, full: DataFrame, stored_sums: DataFrame | N
     what it could save; without the sums (a filter, --ignore-rollups, an older recording), or
     when every hour is needed, the whole recording is scanned as before.
     """
-    recorded = recorded_hours(rec.dirs) if stored_sums is not None else None
+    recorded = recorded_hours([c.requests for c in covers.values()]) if stored_sums is not None and covers else None
     if recorded is None or len(recorded) < DRILL_PRUNE_MIN_HOURS:
         return full
     per_conn = drilldown.CONNECTION_REQUESTS
@@ -343,14 +347,10 @@ def drill_requests(rec: L.Recording, full: DataFrame, stored_sums: DataFrame | N
     return prepare_requests(rec.requests.where(drilldown.in_hours(pairs)))
 
 
-def recorded_hours(dirs: Sequence[str]) -> set[tuple[str, int]] | None:
-    """Every (date, hour) partition of the recordings' requests (one listing each); None if one cannot be listed or
-    a file lies outside the date=/hour= layout."""
+def recorded_hours(listings: Sequence[LiveFiles]) -> set[tuple[str, int]] | None:
+    """Every (date, hour) partition of the given requests listings; None if a file lies outside the date=/hour= layout."""
     out = set()
-    for d in dirs:
-        listing = live_files(str(d), "requests")
-        if listing is None:
-            return None
+    for listing in listings:
         for rel in listing.relative:
             pv = partition_values(rel)
             if "date" not in pv or not pv.get("hour", "").isdigit():
@@ -601,7 +601,7 @@ def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.
             arrow.update(collect_all({
                 "connection_facts": lambda: drilldown.connection_facts(conns, drill),
                 "connection_requests": lambda: drilldown.connection_requests(
-                    drill_requests(rec, full, stored_sums, drill, prog), drill),
+                    drill_requests(rec, full, stored_sums, covers, drill, prog), drill),
                 "connection_tcp": lambda: drilldown.connection_tcp(rec.tcp, drill),
             }, prog, parallel))
         prog.step("writing", str(out))

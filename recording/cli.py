@@ -38,7 +38,7 @@ def rollups(recording: Path, no_merge: bool, check: bool) -> None:
     cover = coverage_all(recording)
     if cover is None:
         raise click.ClickException(f"{recording}: cannot list it")
-    requests = next(iter(cover.by_dataset.values())).requests if cover.by_dataset else 0
+    requests = len(cover.requests.relative)
     if requests == 0:
         raise click.ClickException(f"{recording} holds no requests files (record one with `kafkatap proxy … --record DIR`)")
     lacking = len(cover.uncovered)

@@ -30,7 +30,7 @@ from pathlib import Path
 from recording.schema import COLUMNS
 
 __all__ = ["TIME_COLUMN", "HOUR_NS", "new_run_id", "flush_name", "merged_name", "tmp_name", "safe_segment",
-           "worker_proxy_id", "partition_dir", "is_hidden", "file_range", "superseded", "partition_values", "recover"]
+           "worker_proxy_id", "partition_dir", "is_hidden", "file_range", "superseded", "live_names", "partition_values", "recover"]
 
 # The column whose hour decides a row's partition. Following the rows' own time
 # (not the clock at flush) means a Spark job pruning by date/hour never misses
@@ -177,6 +177,13 @@ def superseded(names: Iterable[str]) -> set[str]:
         if any(mr == run and x <= a and b <= y and m != n for mr, x, y, m in merged):
             out.add(n)
     return out
+
+
+def live_names(names: Iterable[str]) -> list[str]:
+    """The live Parquet files among the file names of one directory, sorted: `*.parquet`, not hidden, not superseded."""
+    data = [n for n in names if n.endswith(".parquet") and not is_hidden(n)]
+    skip = superseded(data)
+    return sorted(n for n in data if n not in skip)
 
 
 def partition_values(relative: str) -> dict[str, str]:

@@ -30,7 +30,7 @@ import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from recording.layout import TIME_COLUMN, is_hidden, partition_values, superseded
+from recording.layout import TIME_COLUMN, is_hidden, live_names, partition_values
 from recording.migrations import MIGRATIONS, Migration, RecordingFormatError, migrations_from, single_version, version_of
 from recording.schema import DATASETS, FORMAT_VERSION, arrow_schema
 
@@ -113,8 +113,7 @@ def live_files(root: Path | str, dataset: str) -> LiveFiles | None:
         by_dir.setdefault(d, []).append(name)
     live = []
     for d, names in by_dir.items():
-        skip = superseded(names)
-        live.extend(f"{d}/{n}" if d else n for n in names if n not in skip)
+        live.extend(f"{d}/{n}" if d else n for n in live_names(names))
     return LiveFiles(fs, base, f"{spelled}/{dataset}", tuple(sorted(live)))
 
 

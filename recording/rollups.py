@@ -34,12 +34,12 @@ import pyarrow.parquet as pq
 from recording import latency_cells as cells_mod
 from recording import request_sums as sums_mod
 from recording.files import META_PROXY, META_RUN, META_SEQ, ParquetOptions, file_metadata, write_atomic
-from recording.layout import file_range, is_hidden, merged_name, superseded
+from recording.layout import file_range, live_names, merged_name
 from recording.reader import LiveFiles, RecordingFormatError, dataset_version, file_version, live_files
 from recording.schema import DERIVED_DATASETS, FORMAT_VERSION, arrow_schema
 
 __all__ = ["CELLS", "META_SOURCE_ROWS", "BATCH_ROWS", "derived_path", "write_rollups", "merge_hour", "Backfill",
-           "write_missing", "Coverage", "RecordingCoverage", "coverage", "coverage_all", "TIME_KEYED", "stored_span_ns"]
+           "write_missing", "Coverage", "RecordingCoverage", "coverage_all", "TIME_KEYED", "stored_span_ns"]
 
 CELLS = "latency_cells"
 # stored per ROLLUP_BUCKET_S: an analysis whose time bucket is not a multiple of it computes these from the requests
@@ -127,13 +127,11 @@ def write_rollups(requests_file: Path, fsync: bool = True) -> list[Path]:
 
 
 def _live_names(directory: Path) -> list[str]:
-    """The live Parquet file names of one partition directory (recording.layout's rules)."""
+    """The live Parquet file names of one local partition directory (recording.layout's rules)."""
     try:
-        names = [n for n in os.listdir(directory) if n.endswith(".parquet") and not is_hidden(n)]
+        return live_names(os.listdir(directory))
     except FileNotFoundError:
         return []
-    skip = superseded(names)
-    return sorted(n for n in names if n not in skip)
 
 
 def _standing_for(requests: list[str], derived: list[str]) -> dict[str, str | None]:
@@ -218,15 +216,16 @@ def write_missing(root: Path | str, fsync: bool = True, merge: bool = True,
     is what a writer does when it leaves an hour; run it on a recording no proxy is writing to.
     `progress(done, todo)` is called after each file written.
     """
-    listing = live_files(root, "requests")
-    if listing is None:
-        raise ValueError(f"{root}: not a local path")
     cover = coverage_all(root)
-    for name, c in (cover.by_dataset.items() if cover else ()):
+    if cover is None:
+        raise ValueError(f"{root}: not a local path")
+    listing = cover.requests
+    for name, c in cover.by_dataset.items():
         if c.stale is not None:  # another format's rollups: derived data, recomputed below (deleting loses nothing)
             for path in (Path(root) / name).rglob("*.parquet"):  # superseded ones too: they would surface
                 path.unlink(missing_ok=True)
-    missing = [(rel, path) for rel, path in zip(listing.relative, listing.paths) if rel in (cover.uncovered if cover else ())]
+    uncovered = cover.uncovered
+    missing = [(rel, path) for rel, path in zip(listing.relative, listing.paths) if rel in uncovered]
     written = skipped = 0
     for rel, path in missing:
         if file_version(path) != FORMAT_VERSION:
@@ -299,9 +298,16 @@ def _stale(derived: LiveFiles) -> str | None:
 
 @dataclass(frozen=True)
 class RecordingCoverage:
-    """Every derived dataset's coverage of one recording, from one listing per dataset directory."""
+    """Every derived dataset's coverage of one recording, and the listings it was made from (one per dataset
+    directory: an analysis's sizing and drill-down read them instead of listing again)."""
 
+    requests: LiveFiles
+    derived: dict[str, LiveFiles]
     by_dataset: dict[str, Coverage]
+
+    def listing(self, dataset: str) -> LiveFiles | None:
+        """The listing of `dataset` this coverage was made from; None for a dataset it did not list."""
+        return self.requests if dataset == "requests" else self.derived.get(dataset)
 
     @property
     def complete(self) -> bool:
@@ -319,20 +325,13 @@ def coverage_all(root: Path | str) -> RecordingCoverage | None:
     requests = live_files(root, "requests")
     if requests is None:
         return None
-    out = {}
+    derived = {}
     for dataset in DERIVED:
-        derived = live_files(root, dataset)
-        if derived is None:
+        listing = live_files(root, dataset)
+        if listing is None:
             return None
-        out[dataset] = _coverage(requests, derived)
-    return RecordingCoverage(out)
-
-
-def coverage(root: str, dataset: str) -> Coverage | None:
-    """The `dataset` files standing for the live requests files of `root`; None where pyarrow cannot list it."""
-    requests = live_files(root, "requests")
-    derived = live_files(root, dataset) if requests is not None else None
-    return None if requests is None or derived is None else _coverage(requests, derived)
+        derived[dataset] = listing
+    return RecordingCoverage(requests, derived, {name: _coverage(requests, listing) for name, listing in derived.items()})
 
 
 def stored_span_ns(listing: LiveFiles) -> tuple[int, int] | None:

@@ -26,7 +26,7 @@ from analytics.transforms.common import prepare_requests
 from analytics.transforms.cube import cube_from_cells, latency_cube, percentile_views
 from recording.latency_cells import BIN_BASE, ROLLUP_BUCKET_S, latency_cells, merge_cells
 from recording.layout import file_range, recover
-from recording.rollups import CELLS, coverage, derived_path, merge_hour, write_missing
+from recording.rollups import CELLS, coverage_all, derived_path, merge_hour, write_missing
 from recording.schema import DERIVED_DATASETS
 from recording.timestamps import from_epoch_ns, ingest_schema
 from tests.analytics.analytics_rows import S, T0, req
@@ -173,7 +173,7 @@ def test_percentiles_from_merged_cells_are_within_one_bin_of_exact(spark, tmp_pa
         rows = [req(f"{c}-{hour}", i, "Produce", t_s=hour * 3600 + i * 0.5, lat_us=v, client=c)
                 for c, vals in lat.items() for i, v in enumerate(vals[hour::3])]
         write_table(root, "requests", pa.Table.from_pylist(rows, schema=ingest_schema("requests")))
-    assert len(coverage(str(root), CELLS).files) == 3
+    assert len(coverage_all(root).by_dataset[CELLS].files) == 3
     views = percentile_views(cube_from_cells(_read_stored(spark, root)[CELLS], 60, {}))
     got = {r["k1"]: r.asDict() for r in views.where((F.col("dim") == "client") & (F.col("metric") == "latency")).collect()}
     for client, values in lat.items():
@@ -213,12 +213,12 @@ def test_cells_stand_in_only_for_every_file_and_no_filter(spark, tmp_path) -> No
     narrowed = run_analysis([str(root)], tmp_path / "out0", spark=spark, progress=False, report=False, csv=False, clients=("app-1",))
     assert narrowed.tables["_meta"][0]["rollups"] == ""  # rollups cannot be narrowed
     derived_path(files[1], CELLS).unlink()  # e.g. a crash between the requests file and its rollups
-    assert not coverage(str(root), CELLS).complete
+    assert not coverage_all(root).by_dataset[CELLS].complete
     assert CELLS not in _read_stored(spark, root)
     result = run_analysis([str(root)], tmp_path / "out", spark=spark, progress=False, report=False, csv=False)
     assert result.tables["_meta"][0]["rollups"] == "notable_requests,request_sums,slowest_requests,topic_sums,traffic_sums"
     assert write_missing(root, fsync=False, merge=False).written == 1  # filled in afterwards
-    assert coverage(str(root), CELLS).complete
+    assert coverage_all(root).by_dataset[CELLS].complete
     odd = run_analysis([str(root)], tmp_path / "out2", spark=spark, progress=False, report=False, csv=False, bucket_s=90)
     assert odd.tables["_meta"][0]["rollups"] == "notable_requests,request_sums,slowest_requests"  # 90 s: not a multiple of the stored 60 s
     assert result.tables["latency_by_api"] == run_analysis(
@@ -260,22 +260,22 @@ def test_an_hours_rollups_merge_into_one_file_standing_for_its_range(spark, tmp_
     run, first, last = file_range(merged.name)
     assert run == RUN and [file_range(p.name)[1] for p in sorted(directory.iterdir())] == [first, first + 1, last]
     assert int(pq.read_metadata(merged).metadata[b"kafkatap.source_rows"]) == len(hour)
-    assert coverage(str(root), CELLS).complete and len(coverage(str(root), CELLS).files) == 1
+    assert coverage_all(root).by_dataset[CELLS].complete and len(coverage_all(root).by_dataset[CELLS].files) == 1
     after = _analysis(spark, root, tmp_path / "merged")
     assert after.tables["_meta"][0]["rollups"] == ",".join(sorted(DERIVED_DATASETS))
     _same_tables(per_file, after)
     for p, data in kept.items():  # a crash between writing the merged file and deleting its inputs
         p.write_bytes(data)
-    assert coverage(str(root), CELLS).files == (f"{root}/{CELLS}/{merged.relative_to(root / CELLS)}",)
+    assert coverage_all(root).by_dataset[CELLS].files == (f"{root}/{CELLS}/{merged.relative_to(root / CELLS)}",)
     assert recover(root) == len(kept) and not any(p.exists() for p in kept)
     # a later requests file of the hour (a late row) without its rollups (a crash): not covered, and no merge claims it
     write_table(root, "requests", pa.Table.from_pylist([req("c9", 1, t_s=3000)], schema=ingest_schema("requests")), rollups=False)
     assert merge_hour(directory, RUN, fsync=False) == 0
-    assert not coverage(str(root), CELLS).complete
+    assert not coverage_all(root).by_dataset[CELLS].complete
     done = write_missing(root, fsync=False)
     assert (done.written, done.skipped, done.merged) == (1, 0, 1)
     (again,) = (root / CELLS).rglob("*.parquet")
-    assert file_range(again.name) == (RUN, first, last + 1) and coverage(str(root), CELLS).complete
+    assert file_range(again.name) == (RUN, first, last + 1) and coverage_all(root).by_dataset[CELLS].complete
     raw = run_analysis([str(root)], tmp_path / "raw", spark=spark, progress=False, report=False, csv=False, bucket_s=60,
                        ignore_rollups=True)
     _same_tables(raw, _analysis(spark, root, tmp_path / "again"))
@@ -300,7 +300,8 @@ def test_the_drill_down_reads_only_the_hours_its_connections_need(spark, tmp_pat
     drill = ["solo", "c1", "c2"]
     want = drilldown.connection_requests(full, drill).collect()
     assert {r["conn_id"] for r in want} == set(drill) and len(want) == 20 + 2 * drilldown.CONNECTION_REQUESTS
-    pruned = drill_requests(rec, full, _read_stored(spark, root)["request_sums"], drill, Progress(spark, enabled=False))
+    covers = stored_rollups([str(root)], True)
+    pruned = drill_requests(rec, full, _read_stored(spark, root)["request_sums"], covers, drill, Progress(spark, enabled=False))
     assert pruned is not full
     for hour in ("09", "12"):  # neither holds a timeline's requests: a scan of everything now fails, the drill-down must not
         (path,) = (root / "requests").rglob(f"hour={hour}/*.parquet")
@@ -308,4 +309,4 @@ def test_the_drill_down_reads_only_the_hours_its_connections_need(spark, tmp_pat
     with pytest.raises(Exception, match="FILE_NOT_EXIST"):
         full.count()
     assert drilldown.connection_requests(pruned, drill).collect() == want
-    assert drill_requests(rec, full, None, drill, Progress(spark, enabled=False)) is full  # no stored sums: scan
+    assert drill_requests(rec, full, None, None, drill, Progress(spark, enabled=False)) is full  # no stored sums: scan

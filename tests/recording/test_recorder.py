@@ -15,7 +15,7 @@ from structlog.testing import capture_logs
 
 from recording.latency_cells import CELL_KEYS, latency_cells, merge_cells
 from recording.layout import file_range
-from recording.rollups import CELLS, coverage, derived_path
+from recording.rollups import CELLS, coverage_all, derived_path
 from recording.schema import DERIVED_DATASETS
 from recording.writer import ParquetRecorder, RecordingError, check_recording_dir, recover
 from recording.sample_rows import SessionMix, connection_row, frame_row, tcp_row
@@ -157,7 +157,7 @@ def test_the_writer_merges_an_hours_rollups(make_recorder, rec_dir: Path) -> Non
     spans = [file_range(f.name) for f in requests]
     assert file_range(cells.name) == (r.run, min(s[1] for s in spans), max(s[2] for s in spans))
     assert int(pq.read_metadata(cells).metadata[b"kafkatap.source_rows"]) == 300
-    assert all(coverage(str(rec_dir), ds).complete and len(_files(rec_dir, ds)) == 1 for ds in DERIVED_DATASETS)
+    assert all(coverage_all(rec_dir).by_dataset[ds].complete and len(_files(rec_dir, ds)) == 1 for ds in DERIVED_DATASETS)
 
 
 @pytest.mark.parametrize("writer", ["thread", "process"])
@@ -177,7 +177,7 @@ def test_leaving_an_hour_merges_its_rollups_and_a_late_file_merges_again(rec_dir
         by_hour.setdefault(f.parent.relative_to(rec_dir / "requests"), []).append(f)
     assert sorted(len(v) for v in by_hour.values()) == [1, 2], requests
     for ds in DERIVED_DATASETS:
-        assert coverage(str(rec_dir), ds).complete, ds
+        assert coverage_all(rec_dir).by_dataset[ds].complete, ds
         files = _files(rec_dir, ds)
         assert {f.parent.relative_to(rec_dir / ds) for f in files} == set(by_hour) and len(files) == 2, (ds, files)
     for hour, files in by_hour.items():
