@@ -100,6 +100,15 @@ def _total(metrics: dict, name: str, **match: str) -> float:
     return sum(v for labels, v in metrics.get(name, []) if all(labels.get(k) == m for k, m in match.items()))
 
 
+def recording_errors_text(samples: list[tuple[dict, float]]) -> str:
+    """" errors rollups 3" for the kinds that have any (nothing when none): kept off the line until it matters."""
+    by_kind: dict[str, float] = {}
+    for labels, v in samples:
+        by_kind[labels.get("kind", "?")] = by_kind.get(labels.get("kind", "?"), 0) + v
+    shown = [f"{k} {v:,.0f}" for k, v in sorted(by_kind.items()) if v]
+    return f" errors {', '.join(shown)}" if shown else ""
+
+
 def _human_bytes(n: float) -> str:
     for unit in ("B", "K", "M", "G", "T"):
         if abs(n) < 1024:
@@ -223,6 +232,7 @@ def render(clients: dict[str, Any], metrics: dict, prev: tuple[float, dict[str, 
         errs = _total(metrics, "kafkatap_failed_requests_total")  # a proxy from before error kinds: all it counted
     drops = _total(metrics, "kafkatap_recording_dropped_rows_total")
     queue = _total(metrics, "kafkatap_recording_queue_rows")
+    rec_errors = recording_errors_text(metrics.get("kafkatap_recording_errors_total", []))
     p50, p99 = _latency_p(metrics, 0.5), _latency_p(metrics, 0.99)
     rate = ""
     per_conn_rate: dict[str, float] = {}
@@ -238,7 +248,7 @@ def render(clients: dict[str, Any], metrics: dict, prev: tuple[float, dict[str, 
         + f"  open connections {clients.get('open_connections', 0)}  requests {reqs:,.0f}{rate}"
         + f"  errors {errs:,.0f}  retriable {retriable:,.0f}",
         f"latency p50 ≤{_fmt_s(p50)} p99 ≤{_fmt_s(p99)}   recording: dropped {drops:,.0f} queued {queue:,.0f}"
-        f"   showing {view}",
+        f"{rec_errors}   showing {view}",
         "",
     ]
     warning = bypass_top_line(metrics.get("kafkatap_bypass_advertised_total", []), width,

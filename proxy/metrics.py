@@ -429,6 +429,10 @@ class LiveStats:
                    (("", {"dataset": d}, n) for d, n in sorted(rs["queued"].items())))
             family("kafkatap_recording_rows_written_total", "counter", "Rows written to Parquet, by dataset.",
                    (("", {"dataset": d}, n) for d, n in sorted(rs["rows_written"].items())))
+            family("kafkatap_recording_errors_total", "counter",
+                   "Recording errors by kind: write (rows dropped), compaction (flush files kept), rollups "
+                   "(derived data missing; the analysis reads the requests), writer_process.",
+                   (("", {"kind": k}, n) for k, n in sorted(rs.get("errors", {}).items())))
             family("kafkatap_recording_frames_redacted_total", "counter",
                    "Raw frames refused by the recorder (SaslAuthenticate or unverifiable header).",
                    [("", {}, rs["frames_redacted"])])

@@ -89,6 +89,7 @@ def remove_inputs(seg: Segment) -> None:
 
 # write(stream, tables, path, seq_label, dropped, rows) -> bytes written; raises OSError on failure
 WriteFile = Callable[[Any, Iterable[pa.Table], Path, str, int, int], int]
+# on_error(kind, message, exc, **fields): kind is "compaction" (the flush files stay) or "rollups" (derived data)
 OnError = Callable[..., None]
 # final(stream, path, closes): a file that compaction will not touch again (merged, or alone in its segment);
 # `closes` when it is the last of this run in its directory (Segment.closes)
@@ -131,7 +132,7 @@ class Compactor:
             try:
                 self.merge(*item)
             except Exception as exc:  # the flush files stay valid; only the merge is lost
-                self._on_error("recording compaction failed; keeping the flush files", exc, dataset=item[0].name)
+                self._on_error("compaction", "recording compaction failed; keeping the flush files", exc, dataset=item[0].name)
 
     def merge(self, stream: _Stream, seg: Segment) -> Path | None:
         """Merge the segment (a one-file segment stays as it is), then hand the final file to `on_final`."""
@@ -140,7 +141,7 @@ class Compactor:
             try:
                 self._on_final(stream, out, seg.closes)
             except Exception as exc:  # derived data only: the file itself is complete and stays
-                self._on_error("recording: could not write what is derived from a final file", exc,
+                self._on_error("rollups", "recording: could not write what is derived from a final file", exc,
                                dataset=stream.name, file=str(out))
         return out
 
@@ -152,7 +153,7 @@ class Compactor:
             self._write(stream, read_batches([f.path for f in seg.files], stream.schema), out, f"{first}-{last}",
                         sum(f.dropped for f in seg.files), sum(f.rows for f in seg.files))
         except OSError as exc:
-            self._on_error("recording compaction failed; keeping the flush files", exc, dataset=stream.name)
+            self._on_error("compaction", "recording compaction failed; keeping the flush files", exc, dataset=stream.name)
             return None
         remove_inputs(seg)
         return out

@@ -117,6 +117,16 @@ def _row_size(row: Row) -> int:
 
 
 # what pyarrow raises when a value does not fit its column
+# What can go wrong while recording, counted apart (`/metrics` kafkatap_recording_errors_total{kind}) because
+# they mean different things to the operator: "write" loses rows (counted as dropped), "compaction" keeps
+# the flush files (more, smaller files), "rollups" loses derived data only (the analysis reads the requests
+# instead), "writer_process" is the child writer failing to start or dying.
+ERROR_KINDS = ("write", "compaction", "rollups", "writer_process")
+ERROR_HINTS: dict[str, dict[str, str]] = {
+    "compaction": {"consequence": "the flush files stay and are read as they are; nothing is lost"},
+    "rollups": {"consequence": "nothing is lost: an analysis reads these requests instead of their rollups",
+                "fix": "once no proxy writes to the recording, `kafkatap rollups DIR` writes what is missing"},
+}
 _CONVERSION_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError)
 _HEADER_KEY_VERSION = struct.Struct(">hh")  # a request frame's api key and version, after its 4-byte size
 
@@ -276,7 +286,7 @@ class ParquetRecorder:
         self.run = run or new_run_id()  # a writer process is given its parent's
         self._child: WriterProcess | None = None  # writer="process": the current child, spawned by the shipper
         self._children = 0
-        self._child_errors = 0  # the current child's write_errors already added to ours
+        self._child_errors: dict[str, int] = {}  # the current child's errors already added to ours, by kind
         self._stats_lock = threading.Lock()  # the child's answers (its reader thread) vs. giving a child up
         if writer == "process":
             self._offer = self._offer_packed  # type: ignore[method-assign]
@@ -294,8 +304,8 @@ class ParquetRecorder:
         # one Python call less for every request the relay hands over (the method below says what it does)
         self.request = partial(self._offer, self._req)  # type: ignore[method-assign]
         self.frames_redacted = 0  # SaslAuthenticate / unverifiable frames refused (loop thread)
-        self.write_errors = 0
-        self._last_error_log = 0.0
+        self.errors = dict.fromkeys(ERROR_KINDS, 0)  # by kind (ERROR_KINDS): /metrics shows each
+        self._last_error_log = dict.fromkeys(ERROR_KINDS, 0.0)
         self._wake = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -321,7 +331,7 @@ class ParquetRecorder:
             try:
                 self._spawn()
             except (OSError, WriterGone) as exc:  # the shipping thread tries again at every flush
-                self._error("cannot start the recording writer process", exc)
+                self._error("writer_process", "cannot start the recording writer process", exc)
         self._thread = threading.Thread(target=self._ship_loop if process else self._run, name="kafkatap-recorder",
                                         daemon=True)
         self._thread.start()
@@ -504,6 +514,7 @@ class ParquetRecorder:
             "queued": self.queue_depth(),
             "frames_redacted": self.frames_redacted,
             "write_errors": self.write_errors,
+            "errors": dict(self.errors),
         }
 
     # -- writer thread ---------------------------------------------------------------
@@ -528,7 +539,7 @@ class ParquetRecorder:
             try:
                 self._ship(final=False)
             except Exception as exc:  # noqa: BLE001 — this thread must outlive anything, or nothing is recorded
-                self._error("recording flush failed", exc)
+                self._error("write", "recording flush failed", exc)
         self._ship(final=True)
 
     def _ship(self, final: bool) -> None:
@@ -572,7 +583,7 @@ class ParquetRecorder:
     def _spawn(self) -> WriterProcess:
         run = self.run if self._children == 0 else new_run_id()  # a replacement must not reuse file names
         self._children += 1
-        self._child_errors = 0
+        self._child_errors = {}
         self._child = WriterProcess({
             "root": str(self.root), "proxy_id": self.proxy_id, "capture": self.capture,
             "flush_interval_s": self.flush_interval_s, "compact_interval_s": self.compact_interval_s,
@@ -645,8 +656,9 @@ class ParquetRecorder:
             s.rows_written = s.gone_written + st["rows_written"][n]
             s.write_dropped = s.gone_dropped + st["write_dropped"][n]
             s.files_written = s.gone_files + st["files_written"][n]
-        self.write_errors += st["write_errors"] - self._child_errors
-        self._child_errors = st["write_errors"]
+        for kind, n in st["errors"].items():
+            self.errors[kind] += n - self._child_errors.get(kind, 0)
+        self._child_errors = dict(st["errors"])
 
     def _child_lost(self, exc: BaseException) -> None:
         """The writer process is gone: what it never confirmed is lost, and counted; the next flush starts another."""
@@ -661,7 +673,7 @@ class ParquetRecorder:
                 lost += unconfirmed
                 s.write_dropped += unconfirmed
                 s.gone_written, s.gone_dropped, s.gone_files = s.rows_written, s.write_dropped, s.files_written
-        self._error("recording writer process failed; rows it had not written are counted as dropped", exc,
+        self._error("writer_process", "recording writer process failed; rows it had not written are counted as dropped", exc,
                     rows_lost=lost, pid=child.pid if child else None)
 
     def _flush(self, final: bool) -> None:
@@ -671,7 +683,7 @@ class ParquetRecorder:
                     self._flush_stream(s)
                     self._compact_due(s, force=final)
                 except Exception as exc:  # the writer must survive anything a row or the disk throws at it
-                    self._error("recording flush failed", exc, dataset=s.name)
+                    self._error("write", "recording flush failed", exc, dataset=s.name)
                 self._log_drops(s)
             if final:
                 # rows that arrived while we were flushing the other datasets
@@ -681,7 +693,7 @@ class ParquetRecorder:
                             self._flush_stream(s)
                             self._compact_due(s, force=True)
                         except Exception as exc:
-                            self._error("recording flush failed", exc, dataset=s.name)
+                            self._error("write", "recording flush failed", exc, dataset=s.name)
 
     def _drain(self, s: _Stream) -> list[Row]:
         rows: list[Row] = []
@@ -729,7 +741,7 @@ class ParquetRecorder:
                 out.append(convert(r))
             except _CONVERSION_ERRORS as exc:
                 s.write_dropped += 1
-                self._error("recording row does not match the schema", exc, dataset=s.name)
+                self._error("write", "recording row does not match the schema", exc, dataset=s.name)
         return out
 
     @staticmethod
@@ -777,7 +789,7 @@ class ParquetRecorder:
     def _write_flush_file(self, s: _Stream, directory: Path, table: pa.Table) -> None:
         if shutil.disk_usage(self.root).free < self.min_free_bytes // 4:
             s.write_dropped += table.num_rows
-            self._error("recording disk nearly full: dropping rows", None, dataset=s.name,
+            self._error("write", "recording disk nearly full: dropping rows", None, dataset=s.name,
                         free_mib=shutil.disk_usage(self.root).free // 2**20)
             return
         self._seq += 1
@@ -788,7 +800,7 @@ class ParquetRecorder:
             size = self._write_file(s, [table], path, f"{seq}-{seq}", dropped, table.num_rows)
         except OSError as exc:
             s.write_dropped += table.num_rows
-            self._error("recording write failed: dropping rows", exc, dataset=s.name, rows=table.num_rows)
+            self._error("write", "recording write failed: dropping rows", exc, dataset=s.name, rows=table.num_rows)
             return
         s.dropped_reported += dropped
         s.rows_written += table.num_rows
@@ -835,8 +847,8 @@ class ParquetRecorder:
             try:
                 merge_hour(d, self.run, fsync=self._options["requests"].fsync)
             except Exception as exc:  # derived data only: the per-file rollups stay valid and are read instead
-                self._error("recording: could not merge an hour's rollups; keeping one per requests file", exc,
-                            directory=str(d))
+                self._error("rollups", "recording: could not merge an hour's rollups; keeping one per requests file",
+                            exc, directory=str(d))
 
     # -- logging ----------------------------------------------------------------------
     def _log_drops(self, s: _Stream) -> None:
@@ -847,10 +859,21 @@ class ParquetRecorder:
                         queue_rows=len(s.queue), queue_cap=s.cap_rows)
             s.dropped_logged = total
 
-    def _error(self, msg: str, exc: BaseException | None, **kw: Any) -> None:
-        self.write_errors += 1
+    @property
+    def write_errors(self) -> int:
+        """Every error of every kind so far."""
+        return sum(self.errors.values())
+
+    def _error(self, kind: str, msg: str, exc: BaseException | None, **kw: Any) -> None:
+        """Count an error of `kind` (ERROR_KINDS) and log it, once per flush interval and kind.
+
+        Per kind, so that a failing rollup (derived data, nothing lost) cannot hide a failing
+        write (rows lost) behind its throttle, and the operator reads which one it is.
+        """
+        self.errors[kind] += 1
         now = time.monotonic()
-        if now - self._last_error_log >= self.flush_interval_s:  # once per interval, not once per row
-            self._last_error_log = now
-            log.error(msg, error=repr(exc) if exc else None, errors_total=self.write_errors, **kw)
+        if now - self._last_error_log[kind] >= self.flush_interval_s:  # once per interval, not once per row
+            self._last_error_log[kind] = now
+            log.error(msg, error=repr(exc) if exc else None, kind=kind, errors_total=self.errors[kind],
+                      **ERROR_HINTS.get(kind, {}), **kw)
 

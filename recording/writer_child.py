@@ -44,7 +44,7 @@ def _stats(rec: ParquetRecorder) -> dict[str, Any]:
         "rows_written": {n: s.rows_written for n, s in rec._streams.items()},
         "write_dropped": {n: s.write_dropped for n, s in rec._streams.items()},
         "files_written": {n: s.files_written for n, s in rec._streams.items()},
-        "write_errors": rec.write_errors,
+        "errors": dict(rec.errors),
     }
 
 

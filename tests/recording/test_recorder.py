@@ -187,6 +187,26 @@ def test_leaving_an_hour_merges_its_rollups_and_a_late_file_merges_again(rec_dir
         assert int(pq.read_metadata(cells).metadata[b"kafkatap.source_rows"]) == sum(pq.read_metadata(f).num_rows for f in files)
 
 
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_a_rollup_failure_is_counted_as_its_own_kind(rec_dir: Path, writer: str) -> None:
+    """Rollups that cannot be written (a file where their dataset directory should be) lose no row: the
+    requests are all written, and the error counts under "rollups", not as a write error, in both writer modes."""
+    rec_dir.mkdir(parents=True, exist_ok=True)
+    (rec_dir / CELLS).write_bytes(b"in the way")
+    r = ParquetRecorder(rec_dir, "p1", fsync=False, flush_interval_s=3600, compact_interval_s=3600, writer=writer).start()
+    for row in SessionMix(proxy_id="p1").rows(200):
+        r.request(row)
+    with capture_logs() as logs:
+        r.close()
+    assert sum(pq.read_metadata(f).num_rows for f in _files(rec_dir, "requests")) == 200
+    assert r.dropped()["requests"] == 0
+    errors = r.stats()["errors"]
+    assert errors["rollups"] >= 1 and errors["write"] == errors["compaction"] == 0, errors
+    if writer == "thread":  # the process writer logs from its own process
+        (line,) = [e for e in logs if e.get("kind") == "rollups"]
+        assert "kafkatap rollups" in line["fix"] and line["log_level"] == "error"
+
+
 def test_rows_partitioned_by_their_own_hour(make_recorder, rec_dir: Path) -> None:
     r = make_recorder()
     base = 1_763_000_000 * 10**9 // (3600 * 10**9) * 3600 * 10**9  # an hour boundary

@@ -103,6 +103,8 @@ def test_metrics_parse_with_prometheus_client(served) -> None:
     assert fams["kafkatap_opaque_connections"].samples[0].value == 1
     assert {s.labels["dataset"] for s in fams["kafkatap_recording_dropped_rows"].samples} >= {"requests"}
     assert "kafkatap_recording_queue_rows" in fams
+    rec_errors = {s.labels["kind"]: s.value for s in fams["kafkatap_recording_errors"].samples}
+    assert rec_errors == {"write": 0, "compaction": 0, "rollups": 0, "writer_process": 0}
     assert fams["kafkatap_request_bytes"].samples and fams["kafkatap_response_bytes"].samples
     unans = {s.labels["status"] for s in fams["kafkatap_requests_unanswered"].samples}
     assert unans == {"no_response"}
@@ -175,6 +177,18 @@ def test_render_rates_from_two_polls() -> None:
     _feed(stats, 100)
     screen = render(stats.clients_json(), parse_metrics(stats.render_prometheus()), prev, 1.0, 200, 50, False)
     assert "req/s" in screen and "p99" in screen
+
+
+def test_top_names_recording_errors_only_when_there_are_some() -> None:
+    errors = {"write": 0, "compaction": 0, "rollups": 0, "writer_process": 0}
+    stats = LiveStats("p1", recorder_stats=lambda: {"dropped": {}, "queued": {}, "rows_written": {}, "frames_redacted": 0,
+                                                    "errors": errors})
+    _feed(stats, 10)
+    screen = render(stats.clients_json(), parse_metrics(stats.render_prometheus()), None, 1.0, 200, 50, False)
+    assert "recording: dropped 0 queued 0   showing" in screen
+    errors["rollups"] = 3
+    screen = render(stats.clients_json(), parse_metrics(stats.render_prometheus()), None, 1.0, 200, 50, False)
+    assert "recording: dropped 0 queued 0 errors rollups 3   showing" in screen
 
 
 def test_connection_visible_from_its_open_tcp_sample() -> None:
