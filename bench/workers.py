@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/workers.py                 # 3 rounds, 5 s warm-up + 10 s window each
     .venv/bin/python bench/workers.py --quick         # 1 round, short windows: checks that it works
+    .venv/bin/python bench/workers.py --capacity --rounds 2   # the highest rate each records in full
 
 How (and why this way):
 1. Real frames: one Produce, Fetch and Metadata request/response pair captured from a
@@ -19,6 +20,13 @@ How (and why this way):
 4. The proxy is the real command, `kafkatap proxy --workers N --record DIR` (recording on,
    as an operator runs it; `--no-record` to measure the relay alone), started fresh for
    each measurement; 1 and 2 workers alternate within a round.
+
+`--capacity` answers the issue's question for a proxy that must record everything: per worker count,
+the highest offered rate at which no connection falls behind decoding and the rows keep up with what
+is relayed (`find_capacity`: steps up by a quarter, then halves the gap twice). A saturating load
+overstates the relay (most connections go opaque) and understates decoding by however many
+connections happened to fall behind in the warm-up (one worker decoded 15.0k and 21.7k requests/s in
+two runs of the same 40k load).
 
 It prints requests/s relayed and requests/s decoded into rows (the proxy's /metrics) per
 run, the connections whose decoding fell behind (those are relayed without decoding from
@@ -47,6 +55,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -145,9 +154,11 @@ def rows_total(status: int) -> float:
 
 
 def measure(workers: int, upstream: int, requests: dict[int, bytes], args: argparse.Namespace,
-            work: Path) -> tuple[float, float, int, float]:
+            work: Path, offered: float | None = None) -> tuple[float, float, int, float]:
     """(requests/s the loaders got answered, CPU % of the whole proxy, connections whose decoding fell behind,
-    requests/s decoded into rows) through a fresh `kafkatap proxy --workers N`."""
+    requests/s decoded into rows) through a fresh `kafkatap proxy --workers N`, offered `offered` requests/s in
+    all (default: `--rate`, or saturating)."""
+    offered = args.rate if offered is None else offered
     port, status = free_port(), free_port()
     rec = work / f"rec-{workers}-{time.monotonic_ns()}"
     cmd = [sys.executable, "-m", "kafkatap.cli", "--log-format", "json", "--log-level", "info", "proxy",
@@ -161,7 +172,7 @@ def measure(workers: int, upstream: int, requests: dict[int, bytes], args: argpa
         opaque = wait_ready(proxy, workers)
         ctx = mp.get_context("spawn")
         out: mp.Queue = ctx.Queue()
-        rate = args.rate / args.loaders if args.rate else 1e9
+        rate = offered / args.loaders if offered else 1e9
         loaders = [ctx.Process(target=loader_main, args=(port, requests, args.warm, args.window, out, rate))
                    for _ in range(args.loaders)]
         for p in loaders:
@@ -191,6 +202,80 @@ def measure(workers: int, upstream: int, requests: dict[int, bytes], args: argpa
         shutil.rmtree(rec, ignore_errors=True)
 
 
+# A rate is sustained when the whole proxy does its whole job at it: every connection still decoded, the
+# rows keeping up with what is relayed, and what is relayed keeping up with what is offered.
+KEPT_UP = 0.95
+
+
+def sustained(offered: float, relayed: float, behind: int, decoded: float) -> bool:
+    """True when the proxy relayed and decoded (into rows) all of `offered` requests/s in the window."""
+    return behind == 0 and relayed >= KEPT_UP * offered and decoded >= KEPT_UP * relayed
+
+
+def find_capacity(workers: int, run: Callable[[float], tuple[float, float, int, float]], start: float,
+                  log: Callable[[str], None]) -> tuple[float, float]:
+    """The highest offered rate the proxy sustains (`sustained`), and what it decoded there.
+
+    Steps up by a quarter from `start` until a rate is not sustained (or down by halves until one is),
+    then halves the gap between the last sustained and the first failed rate twice: the answer is
+    within ~6 % below the true capacity. Past the capacity, connections fall behind and go opaque,
+    so a saturating load reads a relay rate that is mostly undecoded; this is the figure a saturated
+    proxy that still records everything reaches.
+    """
+    def ok(rate: float) -> tuple[bool, float]:
+        relayed, pct, behind, decoded = run(rate)
+        good = sustained(rate, relayed, behind, decoded)
+        log(f"--workers {workers}: offered {rate:,.0f}/s: relayed {relayed:,.0f}, decoded {decoded:,.0f}, "
+            f"{behind} fell behind, proxy CPU {pct:.0f} % -> {'sustained' if good else 'not sustained'}")
+        return good, decoded
+
+    good, bad, got = 0.0, 0.0, 0.0
+    rate = start
+    while True:
+        passed, decoded = ok(rate)
+        if passed:
+            good, got = rate, decoded
+            if bad:
+                break
+            rate *= 1.25
+        else:
+            bad = rate
+            if good or rate < 1000:
+                break
+            rate /= 2
+    for _ in range(2):
+        if not (good and bad):
+            break
+        mid = (good + bad) / 2
+        passed, decoded = ok(mid)
+        if passed:
+            good, got = mid, decoded
+        else:
+            bad = mid
+    return good, got
+
+
+def capacity_report(args: argparse.Namespace, caps: dict[int, list[tuple[float, float]]],
+                    load0: tuple[float, float, float]) -> None:
+    load1 = os.getloadavg()
+    print("\n## Workers: the highest rate recorded in full (`bench/workers.py --capacity`)\n")
+    print(f"`{' '.join(['.venv/bin/python', 'bench/workers.py', *sys.argv[1:]])}` — {os.cpu_count()} cores, "
+          f"load average {load0[0]:.2f} before / {load1[0]:.2f} after; recording {'off' if args.no_record else 'on'}; "
+          f"{args.loaders} loader processes x {CONNS_PER_LOADER} connections x {DEPTH} in flight; {args.upstreams} "
+          f"fake-broker process(es); a rate is sustained when no connection falls behind decoding, the loaders get "
+          f">= {KEPT_UP:.0%} of it answered and the rows keep up with >= {KEPT_UP:.0%} of that\n")
+    print("| workers | sustained requests/s (median) | per round | decoded into rows there, per round |")
+    print("|---|---|---|---|")
+    for w, got in caps.items():
+        print(f"| {w} | {statistics.median(r for r, _ in got):,.0f} | {', '.join(f'{r:,.0f}' for r, _ in got)} | "
+              f"{', '.join(f'{d:,.0f}' for _, d in got)} |")
+    one, two = (statistics.median(r for r, _ in caps[w]) for w in (1, 2))
+    per_round = [b[0] / a[0] for a, b in zip(caps[1], caps[2]) if a[0]]
+    print(f"\nratio 2 / 1 workers: **{two / one if one else float('nan'):.2f} x** (per round: "
+          f"{', '.join(f'{x:.2f}' for x in per_round)}; target >= 1.5 x)")
+    print(json.dumps({"capacity_1": one, "capacity_2": two, "ratio": two / one if one else None}), file=sys.stderr)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
@@ -201,6 +286,10 @@ def main() -> None:
     ap.add_argument("--no-record", action="store_true", help="relay and decode only (no --record)")
     ap.add_argument("--rate", type=float, default=0.0,
                     help="offer this many requests/s in all instead of saturating: then decoded should equal relayed")
+    ap.add_argument("--capacity", action="store_true",
+                    help="find, per worker count, the highest offered rate recorded in full (no connection falls "
+                         "behind, rows keep up): the saturated rate of a proxy that still does its job")
+    ap.add_argument("--start", type=float, default=10_000.0, help="--capacity: the first rate offered (requests/s)")
     ap.add_argument("--quick", action="store_true", help="1 round, 1 s warm-up, 3 s window")
     args = ap.parse_args()
     if args.quick:
@@ -225,6 +314,21 @@ def main() -> None:
     opaque: dict[int, list[int]] = {1: [], 2: []}
     decoded: dict[int, list[float]] = {1: [], 2: []}
     load0 = os.getloadavg()
+    if args.capacity:
+        caps: dict[int, list[tuple[float, float]]] = {1: [], 2: []}
+        try:
+            with tempfile.TemporaryDirectory(prefix="kafkatap-workers-bench-") as tmp:
+                for rnd in range(args.rounds):
+                    for workers in ((1, 2) if rnd % 2 == 0 else (2, 1)):
+                        caps[workers].append(find_capacity(
+                            workers, lambda r, w=workers: measure(w, upstream, requests, args, Path(tmp), r), args.start,
+                            lambda line, n=rnd: print(f"round {n + 1}: {line}", file=sys.stderr)))
+        finally:
+            for p in ups:
+                p.terminate()
+                p.join(10)
+        capacity_report(args, caps, load0)
+        return
     try:
         with tempfile.TemporaryDirectory(prefix="kafkatap-workers-bench-") as tmp:
             for rnd in range(args.rounds):

@@ -100,6 +100,14 @@ def _total(metrics: dict, name: str, **match: str) -> float:
     return sum(v for labels, v in metrics.get(name, []) if all(labels.get(k) == m for k, m in match.items()))
 
 
+def worker_spread_text(metrics: dict) -> str:
+    """" (per worker 21 / 11)" with --workers N: how the kernel spread the connections (nothing for one process)."""
+    per = sorted(metrics.get("kafkatap_worker_open_connections", []), key=lambda lv: lv[0].get("worker", ""))
+    if len(per) < 2:
+        return ""
+    return f" (per worker {' / '.join(f'{v:,.0f}' for _, v in per)})"
+
+
 def recording_errors_text(samples: list[tuple[dict, float]]) -> str:
     """" errors rollups 3" for the kinds that have any (nothing when none): kept off the line until it matters."""
     by_kind: dict[str, float] = {}
@@ -245,7 +253,7 @@ def render(clients: dict[str, Any], metrics: dict, prev: tuple[float, dict[str, 
     view = "connections" if per_connection else f"clients ({len(conns)} connections)"
     lines = [
         b(f"kafkatap top — proxy {clients.get('proxy_id') or '?'}")
-        + f"  open connections {clients.get('open_connections', 0)}  requests {reqs:,.0f}{rate}"
+        + f"  open connections {clients.get('open_connections', 0)}{worker_spread_text(metrics)}  requests {reqs:,.0f}{rate}"
         + f"  errors {errs:,.0f}  retriable {retriable:,.0f}",
         f"latency p50 ≤{_fmt_s(p50)} p99 ≤{_fmt_s(p99)}   recording: dropped {drops:,.0f} queued {queue:,.0f}"
         f"{rec_errors}   showing {view}",

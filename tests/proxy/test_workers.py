@@ -162,6 +162,11 @@ def test_connections_spread_over_workers_and_status_is_merged(start_proxy, proxi
     top = subprocess.run([*KAFKATAP, "top", "--addr", status, "--once"], capture_output=True, text=True, timeout=60)
     assert top.returncode == 0, top.stderr
     assert f"proxy {PROXY_ID}" in top.stdout and "worker-test-" in top.stdout  # one view of every worker's clients
+    # and, per worker, the spread the merge hides: requests decoded by each add up to the whole
+    by_worker = {labels["worker"]: v for labels, v in metrics["kafkatap_worker_requests_total"]}
+    assert set(by_worker) == {worker_proxy_id(PROXY_ID, 1), worker_proxy_id(PROXY_ID, 2)}
+    assert sum(by_worker.values()) == total_requests and min(by_worker.values()) > 0, by_worker
+    assert len(metrics["kafkatap_worker_open_connections"]) == 2 and "(per worker " in top.stdout, top.stdout
 
     assert p.terminate() == 0
     rows = _rows_by_worker(record)
