@@ -153,6 +153,18 @@ def rows_total(status: int) -> float:
         return metric(r.read().decode(), "kafkatap_requests_total")
 
 
+SPREAD: dict[int, str] = {}  # worker count -> the last measurement's open connections per worker, "21 / 11"
+
+
+def worker_spread(status: int) -> str:
+    """Open connections per worker, from the parent's /metrics (how the kernel's hash spread them)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{status}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    per = sorted((line.split('worker="')[1].split('"')[0], float(line.rsplit(" ", 1)[1]))
+                 for line in text.splitlines() if line.startswith("kafkatap_worker_open_connections{"))
+    return " / ".join(f"{v:.0f}" for _, v in per)
+
+
 def measure(workers: int, upstream: int, requests: dict[int, bytes], args: argparse.Namespace,
             work: Path, offered: float | None = None) -> tuple[float, float, int, float]:
     """(requests/s the loaders got answered, CPU % of the whole proxy, connections whose decoding fell behind,
@@ -188,6 +200,8 @@ def measure(workers: int, upstream: int, requests: dict[int, bytes], args: argpa
         c0, r0, t0 = tree_cpu_s(proxy.pid), rows_total(status), time.monotonic()
         time.sleep(args.window)
         c1, r1, t1 = tree_cpu_s(proxy.pid), rows_total(status), time.monotonic()
+        if workers > 1:
+            SPREAD[workers] = worker_spread(status)
         results = early + [out.get(timeout=args.warm + args.window + 120) for _ in range(len(loaders) - len(early))]
         for p in loaders:
             p.join(60)
@@ -226,7 +240,9 @@ def find_capacity(workers: int, run: Callable[[float], tuple[float, float, int, 
         relayed, pct, behind, decoded = run(rate)
         good = sustained(rate, relayed, behind, decoded)
         log(f"--workers {workers}: offered {rate:,.0f}/s: relayed {relayed:,.0f}, decoded {decoded:,.0f}, "
-            f"{behind} fell behind, proxy CPU {pct:.0f} % -> {'sustained' if good else 'not sustained'}")
+            f"{behind} fell behind, proxy CPU {pct:.0f} %"
+            f"{f', connections per worker {SPREAD[workers]}' if workers in SPREAD else ''} -> "
+            f"{'sustained' if good else 'not sustained'}")
         return good, decoded
 
     good, bad, got = 0.0, 0.0, 0.0
@@ -340,7 +356,8 @@ def main() -> None:
                     decoded[workers].append(rows)
                     print(f"round {rnd + 1}: --workers {workers}: {rate:,.0f} requests/s relayed, {rows:,.0f} decoded "
                           f"into rows, proxy CPU {pct:.0f} %, {behind} of {args.loaders * CONNS_PER_LOADER} "
-                          f"connections fell behind decoding", file=sys.stderr)
+                          f"connections fell behind decoding"
+                          f"{f', connections per worker {SPREAD[workers]}' if workers in SPREAD else ''}", file=sys.stderr)
     finally:
         for p in ups:
             p.terminate()

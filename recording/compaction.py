@@ -141,7 +141,7 @@ class Compactor:
             try:
                 self._on_final(stream, out, seg.closes)
             except Exception as exc:  # derived data only: the file itself is complete and stays
-                self._on_error("rollups", "recording: could not write what is derived from a final file", exc,
+                self._on_error("rollups", "recording: could not write a requests file's rollups", exc,
                                dataset=stream.name, file=str(out))
         return out
 

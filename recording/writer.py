@@ -70,7 +70,6 @@ import structlog
 
 from protocol.apis import SASL_AUTHENTICATE
 from recording.compaction import Compactor, FlushFile, Segment, name_os_thread, take_due
-from recording.rollups import merge_hour, write_rollups
 from recording.derived import DERIVED_COLUMNS, derive
 from recording.files import ParquetOptions, file_metadata, write_atomic
 from recording.layout import HOUR_NS, TIME_COLUMN, flush_name, new_run_id, partition_dir, recover
@@ -116,7 +115,6 @@ def _row_size(row: Row) -> int:
     return size
 
 
-# what pyarrow raises when a value does not fit its column
 # What can go wrong while recording, counted apart (`/metrics` kafkatap_recording_errors_total{kind}) because
 # they mean different things to the operator: "write" loses rows (counted as dropped), "compaction" keeps
 # the flush files (more, smaller files), "rollups" loses derived data only (the analysis reads the requests
@@ -127,6 +125,7 @@ ERROR_HINTS: dict[str, dict[str, str]] = {
     "rollups": {"consequence": "nothing is lost: an analysis reads these requests instead of their rollups",
                 "fix": "once no proxy writes to the recording, `kafkatap rollups DIR` writes what is missing"},
 }
+# what pyarrow raises when a value does not fit its column
 _CONVERSION_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError)
 _HEADER_KEY_VERSION = struct.Struct(">hh")  # a request frame's api key and version, after its 4-byte size
 
@@ -828,6 +827,8 @@ class ParquetRecorder:
         """
         if s.name != "requests":
             return
+        from recording.rollups import write_rollups  # here: see _merge_rollups
+
         write_rollups(path, fsync=self._options[s.name].fsync)
         self._unmerged.add(path.parent)
         newest = max(self._unmerged, key=str)
@@ -842,6 +843,10 @@ class ParquetRecorder:
         self._merge_rollups(list(self._unmerged))  # the compactor thread has stopped: nothing else touches the set
 
     def _merge_rollups(self, directories: Iterable[Path]) -> None:
+        # Imported when first needed, not with this module: the rollups read Parquet through pyarrow.dataset
+        # (~50 MB of RSS), and a proxy whose writer is a process never computes them itself.
+        from recording.rollups import merge_hour
+
         for d in sorted(directories, key=str):
             self._unmerged.discard(d)
             try:
