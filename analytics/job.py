@@ -37,7 +37,7 @@ from analytics.transforms.cube import cube_from_cells, latency_cube, percentile_
 from recording.request_terms import ROLLUP_BUCKET_S
 from recording.rollups import TIME_KEYED, RecordingCoverage, coverage_all, stored_span_ns
 from recording.schema import DERIVED_DATASETS
-from recording.layout import partition_values
+from recording.layout import hour_partition, partition_values
 from recording.reader import LiveFiles, live_files
 
 TABLE_ROW_CAP = 20_000  # a table bigger than this is a detail list; the report and rules need the top rows only
@@ -337,8 +337,7 @@ def drill_requests(rec: L.Recording, full: DataFrame, stored_sums: DataFrame | N
         for hour_index, n in sorted(hours):  # its hours in time order, until they hold the timeline's requests
             if seen >= per_conn:
                 break
-            t = time.gmtime(hour_index * 3600)
-            pairs.append((proxy, conn, time.strftime("%Y-%m-%d", t), t.tm_hour))
+            pairs.append((proxy, conn, *hour_partition(hour_index)))
             seen += n
     needed = {(d, h) for _, _, d, h in pairs}
     if not pairs or not needed < recorded:

@@ -64,6 +64,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from harness.kafka import free_port  # noqa: E402
 from hostile import metric  # noqa: E402
 from proc_tree import tree_cpu_s  # noqa: E402
+from proxy.live import parse_metrics  # noqa: E402
 
 CONNS_PER_LOADER = 16
 DEPTH = 32
@@ -159,10 +160,8 @@ SPREAD: dict[int, str] = {}  # worker count -> the last measurement's open conne
 def worker_spread(status: int) -> str:
     """Open connections per worker, from the parent's /metrics (how the kernel's hash spread them)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{status}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    per = sorted((line.split('worker="')[1].split('"')[0], float(line.rsplit(" ", 1)[1]))
-                 for line in text.splitlines() if line.startswith("kafkatap_worker_open_connections{"))
-    return " / ".join(f"{v:.0f}" for _, v in per)
+        samples = parse_metrics(r.read().decode()).get("kafkatap_worker_open_connections", [])
+    return " / ".join(f"{v:.0f}" for _, v in sorted(samples, key=lambda lv: lv[0]["worker"]))
 
 
 def measure(workers: int, upstream: int, requests: dict[int, bytes], args: argparse.Namespace,

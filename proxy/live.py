@@ -112,7 +112,8 @@ def recording_errors_text(samples: list[tuple[dict, float]]) -> str:
     """" errors rollups 3" for the kinds that have any (nothing when none): kept off the line until it matters."""
     by_kind: dict[str, float] = {}
     for labels, v in samples:
-        by_kind[labels.get("kind", "?")] = by_kind.get(labels.get("kind", "?"), 0) + v
+        kind = labels.get("kind", "?")
+        by_kind[kind] = by_kind.get(kind, 0) + v
     shown = [f"{k} {v:,.0f}" for k, v in sorted(by_kind.items()) if v]
     return f" errors {', '.join(shown)}" if shown else ""
 

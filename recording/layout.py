@@ -30,7 +30,7 @@ from pathlib import Path
 from recording.schema import COLUMNS
 
 __all__ = ["TIME_COLUMN", "HOUR_NS", "new_run_id", "flush_name", "merged_name", "tmp_name", "safe_segment",
-           "worker_proxy_id", "partition_dir", "is_hidden", "file_range", "superseded", "live_names", "partition_values", "recover"]
+           "worker_proxy_id", "hour_partition", "partition_dir", "is_hidden", "file_range", "superseded", "live_names", "partition_values", "recover"]
 
 # The column whose hour decides a row's partition. Following the rows' own time
 # (not the clock at flush) means a Spark job pruning by date/hour never misses
@@ -126,11 +126,16 @@ def worker_proxy_id(proxy_id: str, worker: int) -> str:
 WORKER_SUFFIX_RE = r"-w[0-9]+$"
 
 
+def hour_partition(hour_index: int) -> tuple[str, int]:
+    """The (date, hour) partition values of the hour `hour_index` (hours since the epoch, UTC)."""
+    t = time.gmtime(hour_index * 3600)
+    return time.strftime("%Y-%m-%d", t), t.tm_hour
+
+
 def partition_dir(root: Path, dataset: str, proxy_id: str, hour_index: int) -> Path:
     """The Hive partition directory of the hour `hour_index` (hours since the epoch, UTC)."""
-    t = time.gmtime(hour_index * 3600)
-    return (root / dataset / f"proxy={safe_segment(proxy_id)}"
-            / f"date={time.strftime('%Y-%m-%d', t)}" / f"hour={t.tm_hour:02d}")
+    date, hour = hour_partition(hour_index)
+    return root / dataset / f"proxy={safe_segment(proxy_id)}" / f"date={date}" / f"hour={hour:02d}"
 
 
 def is_hidden(name: str) -> bool:

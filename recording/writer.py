@@ -512,8 +512,7 @@ class ParquetRecorder:
             "dropped": self.dropped(),
             "queued": self.queue_depth(),
             "frames_redacted": self.frames_redacted,
-            "write_errors": self.write_errors,
-            "errors": dict(self.errors),
+            "errors": dict(self.errors),  # by kind; write_errors is their sum
         }
 
     # -- writer thread ---------------------------------------------------------------
