@@ -158,7 +158,8 @@ SPREAD: dict[int, str] = {}  # worker count -> the last measurement's open conne
 
 
 def worker_spread(status: int) -> str:
-    """Open connections per worker, from the parent's /metrics (how the kernel's hash spread them)."""
+    """Open connections per worker, from the parent's /metrics: "16 / 16" when balanced, the hash's spread with
+    --balance kernel."""
     with urllib.request.urlopen(f"http://127.0.0.1:{status}/metrics", timeout=10) as r:
         samples = parse_metrics(r.read().decode()).get("kafkatap_worker_open_connections", [])
     return " / ".join(f"{v:.0f}" for _, v in sorted(samples, key=lambda lv: lv[0]["worker"]))
@@ -174,7 +175,7 @@ def measure(workers: int, upstream: int, requests: dict[int, bytes], args: argpa
     rec = work / f"rec-{workers}-{time.monotonic_ns()}"
     cmd = [sys.executable, "-m", "kafkatap.cli", "--log-format", "json", "--log-level", "info", "proxy",
            "--workers", str(workers), "--listen", f"127.0.0.1:{port}", "--upstream", f"127.0.0.1:{upstream}",
-           "--no-resolve-topics", "--status-addr", str(status)]
+           "--no-resolve-topics", "--status-addr", str(status), "--balance", args.balance]
     if not args.no_record:
         cmd += ["--record", str(rec)]
     proxy = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
@@ -276,7 +277,7 @@ def capacity_report(args: argparse.Namespace, caps: dict[int, list[tuple[float, 
     print("\n## Workers: the highest rate recorded in full (`bench/workers.py --capacity`)\n")
     print(f"`{' '.join(['.venv/bin/python', 'bench/workers.py', *sys.argv[1:]])}` — {os.cpu_count()} cores, "
           f"load average {load0[0]:.2f} before / {load1[0]:.2f} after; recording {'off' if args.no_record else 'on'}; "
-          f"{args.loaders} loader processes x {CONNS_PER_LOADER} connections x {DEPTH} in flight; {args.upstreams} "
+          f"--balance {args.balance}; {args.loaders} loader processes x {CONNS_PER_LOADER} connections x {DEPTH} in flight; {args.upstreams} "
           f"fake-broker process(es); a rate is sustained when no connection falls behind decoding, the loaders get "
           f">= {KEPT_UP:.0%} of it answered and the rows keep up with >= {KEPT_UP:.0%} of that\n")
     print("| workers | sustained requests/s (median) | per round | decoded into rows there, per round |")
@@ -305,6 +306,9 @@ def main() -> None:
                     help="find, per worker count, the highest offered rate recorded in full (no connection falls "
                          "behind, rows keep up): the saturated rate of a proxy that still does its job")
     ap.add_argument("--start", type=float, default=10_000.0, help="--capacity: the first rate offered (requests/s)")
+    ap.add_argument("--balance", choices=("connections", "kernel"), default="connections",
+                    help="the proxy's --balance: connections (its default: equal connections per worker) or kernel "
+                         "(SO_REUSEPORT's hash alone, as before the workers passed connections)")
     ap.add_argument("--quick", action="store_true", help="1 round, 1 s warm-up, 3 s window")
     args = ap.parse_args()
     if args.quick:

@@ -31,6 +31,7 @@ from proxy.kafka_faults import KAFKA_FAULT_HELP, FaultRules, KafkaFaultLayer, sp
 from proxy.cluster_options import CLUSTER_HELP, cluster_options, cluster_setup
 from proxy.tls import TLS_HELP, TlsConfigError, tls_options, tls_setup
 from proxy.address import bind_problem
+from proxy.balance import Balancer, BalanceSpec, WorkerMail
 from proxy.listener import raise_nofile_limit
 from proxy.server import DEFAULT_MARK, MarkUnavailable, ProxyServer, Route, parse_hostport, probe_mark
 from proxy.sinks import build_sinks, default_proxy_id
@@ -44,6 +45,7 @@ log = structlog.get_logger("kafkatap.proxy")
 
 WORKER_READY_FD = "--worker-ready-fd"  # hidden: the pipe a worker reports "listening" on (proxy.workers)
 WORKER_OF = "--worker-of"  # hidden: the parent's pid; the worker stops when it dies
+WORKER_BALANCE = "--worker-balance"  # hidden: proxy.balance.BalanceSpec, the worker's share of connection passing
 
 
 def recording_options(f: Callable) -> Callable:
@@ -190,8 +192,14 @@ Examples:
               help="Proxy processes accepting on the same addresses (SO_REUSEPORT), each recording under "
                    "<proxy-id>-w<i>; --status-addr shows them merged as one proxy. A worker that dies is "
                    "restarted. [default: the cores this process may use]")
+@click.option("--balance", type=click.Choice(["connections", "kernel"]), default="connections", show_default=True,
+              help="How --workers N share connections. connections: a worker that accepts a connection while "
+                   "another serves fewer passes it on before reading a byte, so the workers serve equal numbers "
+                   "of connections. kernel: where SO_REUSEPORT's hash of the addresses puts them (Kafka clients "
+                   "keep few, long connections, so one worker may carry most of them for hours).")
 @click.option(WORKER_READY_FD, "worker_ready_fd", type=int, default=None, hidden=True)  # set by proxy.workers only
 @click.option(WORKER_OF, "worker_of", type=int, default=None, hidden=True)
+@click.option(WORKER_BALANCE, "worker_balance", default=None, hidden=True)
 @click.pass_context
 def proxy(ctx: click.Context, listens: tuple[str, ...], upstreams: tuple[str, ...], route_specs: tuple[str, ...],
           transparent: bool, connect_timeout: float, tcp_info_interval: float, no_tcp_info: bool,
@@ -250,6 +258,7 @@ def proxy(ctx: click.Context, listens: tuple[str, ...], upstreams: tuple[str, ..
     log_requests = root.get("log_level") == "debug"
     workers = rec.pop("workers") or default_workers()
     ready_fd, parent = rec.pop("worker_ready_fd"), rec.pop("worker_of")
+    balance, balance_spec = rec.pop("balance"), rec.pop("worker_balance")
     if ready_fd is None and rec.get("status_addr"):  # before the recorder or any worker starts: one line, exit 2
         problem = bind_problem(*parse_status_addr(str(rec["status_addr"])))
         if problem:
@@ -258,7 +267,7 @@ def proxy(ctx: click.Context, listens: tuple[str, ...], upstreams: tuple[str, ..
     if ready_fd is None and cluster.cluster is None and not transparent:  # the user's command, explicit mode: once
         probe_in_background(routes, connect_timeout)
     if ready_fd is None and workers > 1:
-        sys.exit(_run_workers(ctx, workers, routes, mark, shutdown_timeout, rec))
+        sys.exit(_run_workers(ctx, workers, routes, mark, shutdown_timeout, rec, balance == "connections"))
     if parent is not None:
         structlog.contextvars.bind_contextvars(worker=rec.get("proxy_id"))  # every line says which worker
         die_with_parent(parent)
@@ -271,7 +280,8 @@ def proxy(ctx: click.Context, listens: tuple[str, ...], upstreams: tuple[str, ..
                          resolve_topics=not no_resolve_topics,
                          fronted_by=[parse_hostport(a, allow_zero=False) for a in fronted_by],
                          cluster=cluster.mode(routes[0].listen) if cluster.cluster is not None else None,
-                         tls_server=tls.server, upstream_tls=tls.upstream))
+                         tls_server=tls.server, upstream_tls=tls.upstream,
+                         balancer=Balancer(BalanceSpec.parse(balance_spec)) if balance_spec else None))
     sys.exit(code)
 
 
@@ -297,7 +307,7 @@ async def _close_unstarted(sinks) -> None:  # noqa: ANN001 — proxy.sinks.Proxy
 
 
 def _run_workers(ctx: click.Context, workers: int, routes: list[Route], mark: int | None, shutdown_timeout: float,
-                 rec: dict) -> int:
+                 rec: dict, balanced: bool) -> int:
     """`--workers N` (N > 1): this process only supervises; each worker is this command again (`proxy.workers`).
 
     A worker's command line is this one's options as parsed (so every option, present and
@@ -314,7 +324,7 @@ def _run_workers(ctx: click.Context, workers: int, routes: list[Route], mark: in
     root = ctx.find_root().params
     # options the parent decides for each worker, given below instead of the user's
     replaced = {"listens", "upstreams", "route_specs", "transparent", "mark", "proxy_id", "status_addr", "workers",
-                "worker_ready_fd", "worker_of"}
+                "worker_ready_fd", "worker_of", "balance", "worker_balance"}
     common = [sys.executable, "-m", "kafkatap.cli", "--log-format", str(root.get("log_format") or "auto"),
               "--log-level", str(root.get("log_level") or "info"), "proxy", *_options_argv(ctx, replaced)]
     for route in resolved:
@@ -322,19 +332,25 @@ def _run_workers(ctx: click.Context, workers: int, routes: list[Route], mark: in
     if mark is not None:
         common += ["--mark", hex(mark)]
 
+    mail = WorkerMail(workers) if balanced else None
+
     def argv(w: Worker, ready_fd: int) -> list[str]:
         own = ["--proxy-id", w.proxy_id, "--workers", "1", WORKER_READY_FD, str(ready_fd), WORKER_OF, str(os.getpid())]
+        if mail is not None:
+            own += [WORKER_BALANCE, mail.spec(w.index - 1).render()]
         return [*common, *own, *(["--status-addr", "127.0.0.1:0"] if status_addr else [])]
 
     log.info("starting workers", workers=workers, proxy_id=proxy_id,
-             listen=[format_addr(r.listen) for r in resolved])
+             listen=[format_addr(r.listen) for r in resolved], balance="connections" if balanced else "kernel")
     pool = WorkerPool(workers, proxy_id, argv, status_addr=str(status_addr) if status_addr else None,
-                      shutdown_timeout=shutdown_timeout)
+                      shutdown_timeout=shutdown_timeout, mail=mail)
     try:
         return uvloop.run(pool.run())
     finally:
         for sock in held:
             sock.close()
+        if mail is not None:
+            mail.close()
 
 
 def _options_argv(ctx: click.Context, skip: set[str]) -> list[str]:
@@ -407,6 +423,8 @@ async def _serve(routes: list[Route], faults, rec: dict, *, ready_fd: int | None
         sinks.stats.relay_accounting = server.accounting
         if server.cluster is not None:
             sinks.stats.cluster_stats = server.cluster.stats
+        if server.balancer is not None:
+            sinks.stats.balance_stats = server.balancer.stats
     if sinks.recorder is not None:
         sinks.recorder.requests_dropped = server.requests_dropped  # into every requests file's footer
     try:

@@ -111,10 +111,13 @@ class Acceptor:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket,
                  factory: Callable[[], asyncio.Protocol], failed: Callable[[str], None],
-                 ssl: Any = None) -> None:
+                 ssl: Any = None, balancer: Any = None) -> None:
         self.loop = loop
         self.sock = sock
+        self.name = _sockname(sock) or ""  # "HOST:PORT": every worker's listener of this address has this name
         self.ssl = ssl  # an ssl.SSLContext: terminate the clients' TLS here (proxy.tls); None: plain TCP
+        # proxy.balance.Balancer (--workers N): may give a just-accepted connection to a less loaded worker
+        self.balancer = balancer
         self.factory = factory
         self.failed = failed
         self.ceiling = fd_ceiling()
@@ -152,15 +155,23 @@ class Acceptor:
                     continue  # the client gave up before we accepted: nothing to do
                 self._fail("error", f"accept failed: {exc}", backoff=True)
                 return
-            if conn.fileno() >= self.ceiling:
-                _refuse(conn)
-                self._fail("fd_reserve", f"connection refused: descriptor {self.ceiling} and above are reserved "
-                                         "so the recorder can keep writing (raise the open-files limit)")
-                continue
-            conn.setblocking(False)
-            task = self.loop.create_task(self._connect(conn))
-            self._pending.add(task)
-            task.add_done_callback(self._pending.discard)
+            if self.balancer is not None and self.balancer.pass_on(conn, self.name):
+                continue  # another worker serves it (nothing was read from it)
+            self.adopt(conn)
+
+    def adopt(self, conn: socket.socket) -> None:
+        """Serve `conn`, accepted on this listener here or by another worker (proxy.balance)."""
+        if conn.fileno() >= self.ceiling:
+            refuse(conn)
+            self._fail("fd_reserve", f"connection refused: descriptor {self.ceiling} and above are reserved "
+                                     "so the recorder can keep writing (raise the open-files limit)")
+            return
+        conn.setblocking(False)
+        if self.balancer is not None:
+            self.balancer.kept()
+        task = self.loop.create_task(self._connect(conn))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
 
     async def _connect(self, conn: socket.socket) -> None:
         try:
@@ -171,6 +182,8 @@ class Acceptor:
                                                         ssl_handshake_timeout=TLS_HANDSHAKE_S)
         except Exception as exc:  # noqa: BLE001 — one client's failed set-up never stops the listener
             conn.close()
+            if self.balancer is not None:  # never reached the server, so its close will not release it
+                self.balancer.released()
             if self.ssl is not None:  # a client that does not speak TLS, or distrusts our certificate
                 self._fail("tls_handshake", f"client TLS handshake failed: {exc}")
                 return
@@ -195,7 +208,8 @@ class Acceptor:
             self.loop.add_reader(self.sock.fileno(), self._ready)
 
 
-def _refuse(conn: socket.socket) -> None:
+def refuse(conn: socket.socket) -> None:
+    """Close an accepted connection with a reset (SO_LINGER 0): the client learns at once that it was refused."""
     try:
         conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER0)
     except OSError:

@@ -101,11 +101,13 @@ def _total(metrics: dict, name: str, **match: str) -> float:
 
 
 def worker_spread_text(metrics: dict) -> str:
-    """" (per worker 21 / 11)" with --workers N: how the kernel spread the connections (nothing for one process)."""
+    """" (per worker 16 / 16, 9 passed)" with --workers N: the workers' shares, and how many connections a
+    worker passed to a less loaded one (proxy.balance) to get there. Nothing for one process."""
     per = sorted(metrics.get("kafkatap_worker_open_connections", []), key=lambda lv: lv[0].get("worker", ""))
     if len(per) < 2:
         return ""
-    return f" (per worker {' / '.join(f'{v:,.0f}' for _, v in per)})"
+    passed = sum(v for labels, v in metrics.get("kafkatap_balanced_connections_total", []) if labels.get("how") == "passed")
+    return f" (per worker {' / '.join(f'{v:,.0f}' for _, v in per)}{f', {passed:,.0f} passed' if passed else ''})"
 
 
 def recording_errors_text(samples: list[tuple[dict, float]]) -> str:

@@ -202,6 +202,8 @@ class LiveStats:
         self.bypass: dict[str, int] = {}
         # cluster mode's counters (proxy.cluster.ClusterStats), read at scrape time; `kafkatap proxy` wires them
         self.cluster_stats: Any = None
+        # a --workers worker's connection passing (proxy.balance.Balancer.stats), read at scrape time
+        self.balance_stats: Callable[[], dict[str, int]] | None = None
         self.open_count = 0
         self.tcp_samples = 0
         self.frames = 0
@@ -406,6 +408,12 @@ class LiveStats:
                "address this proxy does not listen for, by address: that traffic goes around the proxy and is not "
                "recorded (use --cluster, or advertise the proxy's listeners).",
                (("", {"address": a}, n) for a, n in _sorted(self.bypass)))
+        if self.balance_stats is not None:
+            family("kafkatap_balanced_connections_total", "counter",
+                   "--workers N: connections a worker passed to a less loaded one (passed), took from another "
+                   "(taken), gave back because it had no listener for them yet (returned), or lost because it was "
+                   "out of descriptors (lost).",
+                   (("", {"how": k}, n) for k, n in self.balance_stats().items()))
         cs = self.cluster_stats
         if cs is not None:
             family("kafkatap_cluster_rewritten_responses_total", "counter",

@@ -119,6 +119,7 @@ class ProxyServer:
         tls_server: Any = None,
         upstream_tls: Any = None,
         fronted_by: Sequence[tuple[str, int]] = (),
+        balancer: Any = None,
     ) -> None:
         self.routes = [r if isinstance(r, Route) else Route.parse(r) for r in routes]
         if not self.routes:
@@ -145,6 +146,7 @@ class ProxyServer:
         self.cluster = cluster
         self.tls_server = tls_server  # ssl.SSLContext: every listener terminates the clients' TLS (proxy.tls)
         self.upstream_tls = upstream_tls  # proxy.tls.UpstreamTls: brokers are reached over TLS
+        self.balancer = balancer  # proxy.balance.Balancer: one of --workers N, passing connections to the least loaded
         self.bypass: BypassSink | None = None  # plain explicit mode: counts responses that send clients around us
         if cluster is not None:
             cluster.install(self)
@@ -158,7 +160,7 @@ class ProxyServer:
         self.resolve_topics = resolve_topics
         self.resolver: TopicResolver | None = None
         self._ctx: ConnectionContext | None = None
-        self._acceptors: list[Acceptor] = []
+        self._acceptors: dict[str, Acceptor] = {}  # listener name ("HOST:PORT") → its acceptor
         self.accept_failures: dict[str, int] = {}  # reason → count, for /metrics (proxy.listener)
         self._listen_addrs: list[tuple[str, int]] = []
         self._ids = itertools.count(1)
@@ -196,6 +198,8 @@ class ProxyServer:
             self._listen(route)
         if self.cluster is not None:  # discovery binds the brokers' listeners before any client is served
             await self.cluster.start()
+        if self.balancer is not None:  # after discovery: the brokers' listeners exist before others pass to us
+            self.balancer.start(self.loop, self.adopt)
         if self.tcp_info_interval:
             self._periodic = self.loop.call_later(self.tcp_info_interval, self._tick)
         self._clock_timer = self.loop.call_later(CLOCK_CHECK_S, self._clock_tick)
@@ -222,10 +226,7 @@ class ProxyServer:
             def factory(up: Addr | None = up, listener: str | None = listener) -> asyncio.Protocol:
                 return Connection(self._ctx, listener, up).client_protocol  # type: ignore[arg-type]
 
-            acceptor = Acceptor(self.loop, sock, factory, self._accept_failed, ssl=self.tls_server)
-            acceptor.start()
-            self._acceptors.append(acceptor)
-            self._listen_addrs.append((addr[0], addr[1]))
+            self._accept(sock, factory)
             log.info("listening", listener=listener,
                      upstream=f"{up[0]}:{up[1]}" if up else "original destination (transparent)")
 
@@ -259,13 +260,31 @@ class ProxyServer:
         def factory() -> asyncio.Protocol:
             return Connection(self._ctx, listener, upstream()).client_protocol  # type: ignore[arg-type]
 
-        acceptor = Acceptor(self.loop, sock, factory, self._accept_failed, ssl=self.tls_server)
-        acceptor.start()
-        self._acceptors.append(acceptor)
-        self._listen_addrs.append((addr[0], addr[1]))
+        acceptor = self._accept(sock, factory)
         if self.closing:
             acceptor.close()
         return addr[0], addr[1]
+
+    def _accept(self, sock: socket.socket, factory: Callable[[], asyncio.Protocol]) -> Acceptor:
+        """Start accepting on a bound listener (proxy.listener: EMFILE is seen, logged, counted)."""
+        acceptor = Acceptor(self.loop, sock, factory, self._accept_failed, ssl=self.tls_server,
+                            balancer=self.balancer)
+        acceptor.start()
+        self._acceptors[acceptor.name] = acceptor
+        self._listen_addrs.append(sock.getsockname()[:2])
+        return acceptor
+
+    def adopt(self, listener: str, sock: socket.socket) -> bool:
+        """Serve a connection another worker accepted on its listener `listener` (proxy.balance).
+
+        False when this worker has no listener of that name (cluster mode: a broker it has not
+        discovered yet) or is stopping: the balancer gives the connection back.
+        """
+        acceptor = self._acceptors.get(listener)
+        if acceptor is None or self.closing:
+            return False
+        acceptor.adopt(sock)
+        return True
 
     def _accept_failed(self, reason: str) -> None:
         self.accept_failures[reason] = self.accept_failures.get(reason, 0) + 1
@@ -293,7 +312,9 @@ class ProxyServer:
             return
         self.closing = True
         timeout = self.shutdown_timeout if timeout is None else timeout
-        for acceptor in self._acceptors:
+        if self.balancer is not None:
+            self.balancer.stop()
+        for acceptor in self._acceptors.values():
             acceptor.close()
         if self._periodic is not None:
             self._periodic.cancel()
@@ -409,6 +430,8 @@ class ProxyServer:
 
     def closed(self, conn: Connection, end_reason: str) -> None:
         self.conns.discard(conn)
+        if self.balancer is not None:
+            self.balancer.released()
         if not self.conns and self._all_closed is not None:
             self._all_closed.set()
         self.stats["closed"] += 1

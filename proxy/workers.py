@@ -4,11 +4,12 @@ Why processes: the relay and its decoder are Python on one event loop, so one
 process uses one core however many the host has; in front of a busy cluster
 that process is the bottleneck. Every worker is an ordinary single-process
 proxy (`kafkatap proxy --workers 1` plus two hidden options) that listens on
-the same addresses with SO_REUSEPORT: the kernel spreads new connections over
-the workers' listeners by a hash of the connection's addresses, so nothing in
-the parent sits on the data path. This holds in every mode: a transparent
-worker reads SO_ORIGINAL_DST of the connections it accepted and sets the
-SO_MARK on its own upstream sockets like a single proxy does.
+the same addresses with SO_REUSEPORT: the kernel spreads new connections over the
+workers' listeners by a hash of the connection's addresses, and the workers even
+that out by passing freshly accepted connections to the least loaded one
+(`proxy.balance`), so nothing in the parent sits on the data path. This holds in
+every mode: a transparent worker reads SO_ORIGINAL_DST of the connections it
+serves and sets the SO_MARK on its own upstream sockets like a single proxy does.
 
 What the parent does, and only that:
 
@@ -16,6 +17,8 @@ What the parent does, and only that:
   SO_REUSEPORT but never listens (the kernel gives connections only to listening
   sockets), so a restarted worker always gets the same port back and nobody else
   can take it meanwhile;
+- creates the workers' shared load table and mailboxes (`proxy.balance.WorkerMail`)
+  and keeps them for the proxy's life, so a restarted worker finds them again;
 - starts the workers and waits for each to report, on a pipe, that it listens
   (and where its private status endpoint is); a worker that fails to start stops
   the whole proxy with exit code 2, like a single proxy that cannot listen;
@@ -52,6 +55,7 @@ from typing import Any
 
 import structlog
 
+from proxy.balance import WorkerMail
 from proxy.bypass import ONCE_DIR_ENV
 from proxy.context import format_addr
 from proxy.listener import bind_named
@@ -154,7 +158,8 @@ class WorkerPool:
     """
 
     def __init__(self, count: int, proxy_id: str, argv: Callable[[Worker, int], list[str]], *,
-                 status_addr: str | None = None, shutdown_timeout: float = 10.0) -> None:
+                 status_addr: str | None = None, shutdown_timeout: float = 10.0, mail: WorkerMail | None = None) -> None:
+        self.mail = mail  # proxy.balance: the workers pass connections to the least loaded one (None: kernel only)
         self.workers = [Worker(i, worker_proxy_id(proxy_id, i)) for i in range(1, count + 1)]
         self.proxy_id = proxy_id
         self.argv = argv
@@ -206,7 +211,8 @@ class WorkerPool:
         w.started.append(time.monotonic())
         try:
             env = {**os.environ, ONCE_DIR_ENV: self._once_dir} if self._once_dir else None
-            w.process = await asyncio.create_subprocess_exec(*self.argv(w, wfd), pass_fds=(wfd,),
+            shared = self.mail.fds(w.index - 1) if self.mail is not None else ()
+            w.process = await asyncio.create_subprocess_exec(*self.argv(w, wfd), pass_fds=(wfd, *shared),
                                                              stdin=asyncio.subprocess.DEVNULL, env=env)
         finally:
             os.close(wfd)
@@ -259,6 +265,8 @@ class WorkerPool:
         """Log a worker's death; False when workers die too often to go on restarting them."""
         assert w.process is not None
         rc = w.process.returncode
+        if self.mail is not None:
+            self.mail.down(w.index - 1)
         how = f"signal {signal.Signals(-rc).name}" if rc is not None and rc < 0 else f"exit code {rc}"
         w.ready = False
         now = time.monotonic()

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import pyarrow.dataset as ds
 import pytest
 
-from cluster_helpers import CliProxy, free_port_run
+from cluster_helpers import PROXY, CliProxy, free_port_run
 from harness.java_clients import JavaClients, JavaTool
 from harness.kafka import LocalKafka, free_port
 from harness.tls import SCRAM_MECHANISM, Pki, scram_format_args, ssl_listener_props
@@ -221,3 +221,59 @@ def test_tls_pass_through_stays_available(tls_kafka, sink) -> None:
         ends = sink.wait_final(1)
     assert ends[0]["tls"] and ends[0]["opaque"] and ends[0]["bytes_from_broker"] > 0
     assert not sink.requests
+
+
+def test_two_workers_terminate_tls_on_connections_they_were_passed(tls_kafka, topic_name, tmp_path) -> None:
+    """--workers 2: a TLS client's connection may be passed to the other worker before its handshake
+    (proxy.balance); that worker does the handshake and serves it. 12 held connections end up 6 and 6,
+    every one answers, and a kafka-python producer's records are all recorded."""
+    import json
+    import socket
+    import struct
+    import urllib.request
+
+    from kafka import KafkaProducer
+
+    from proxy.live import parse_metrics
+
+    t = tls_kafka
+    t.kafka.create_topic(topic_name)
+    listen, status, rec = free_port_run(3), free_port(), tmp_path / "rec"
+    p = CliProxy(["--cluster", f"127.0.0.1:{t.ssl_port}", "--listen", f"127.0.0.1:{listen}", "--record", str(rec),
+                  "--tls-cert", str(t.proxy_cert.cert), "--tls-key", str(t.proxy_cert.key),
+                  "--upstream-tls-ca", str(t.pki.ca), "--upstream-tls-cert", str(t.proxy_client.cert),
+                  "--upstream-tls-key", str(t.proxy_client.key)], status, tmp_path, workers=2)
+    ca = str(t.pki.ca)
+    held = []
+    try:
+        context = ssl.create_default_context(cafile=ca)
+        for corr in range(12):
+            tls = context.wrap_socket(socket.create_connection(("127.0.0.1", listen), timeout=15),
+                                      server_hostname="127.0.0.1")
+            body = struct.pack(">hhih", 18, 0, corr, 7) + b"held-tl"
+            tls.sendall(struct.pack(">i", len(body)) + body)
+            head = tls.recv(8)
+            assert struct.unpack(">i", head[4:8])[0] == corr  # the broker's answer, through either worker
+            held.append(tls)
+        metrics = parse_metrics(urllib.request.urlopen(f"http://127.0.0.1:{status}/metrics", timeout=10).read().decode())
+        per_worker = sorted(v for _, v in metrics["kafkatap_worker_open_connections"])
+        assert per_worker == [6, 6], per_worker
+        moved = {labels["how"]: v for labels, v in metrics["kafkatap_balanced_connections_total"]}
+        assert moved["passed"] == moved["taken"] and moved["lost"] == 0, moved
+        clients = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{status}/clients", timeout=10).read())
+        assert len({c["worker"] for c in clients["clients"]}) == 2
+        top = subprocess.run([*PROXY[:-1], "top", "--addr", f"127.0.0.1:{status}", "--once"], capture_output=True,
+                             text=True, timeout=60)
+        assert "open connections 12 (per worker 6 / 6" in top.stdout, top.stdout + top.stderr
+        prod = KafkaProducer(bootstrap_servers=f"127.0.0.1:{listen}", security_protocol="SSL", ssl_cafile=ca, acks="all")
+        for i in range(20):
+            prod.send(topic_name, b"w-%d" % i)
+        prod.flush(30)
+        prod.close()
+    finally:
+        for s in held:
+            s.close()
+        p.stop()
+    rows = ds.dataset(rec / "requests", format="parquet", partitioning="hive").to_table().to_pylist()
+    assert _records(rows, topic_name) == 20
+    assert sum(1 for r in rows if r["api_name"] == "ApiVersions" and r["client_id"] == "held-tl") == 12

@@ -293,19 +293,26 @@ def test_merge_sums_counters_and_histograms_bucket_wise_and_concatenates_clients
     assert sorted((c["conn_id"], c["worker"]) for c in clients["clients"]) == [("c1", "p-w1"), ("c2", "p-w2")]
 
 
-ECHO_ONCE_EACH = """
-import socket
+ECHO = """
+import socket, threading
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(("10.77.52.2", 7000)); s.listen(64)
 print("ready", flush=True)
+def serve(c):
+    for data in iter(lambda: c.recv(100), b""):
+        c.sendall(data)
+    c.close()
 while True:
-    c, _ = s.accept(); c.sendall(c.recv(100)); c.close()
+    c, _ = s.accept(); threading.Thread(target=serve, args=(c,), daemon=True).start()
 """
 
 
 def test_transparent_mode_workers_each_take_the_original_destination():
     """A gateway (`kafkatap iptables --mode gateway`) in front of a server: every worker answers redirected
-    connections with their SO_ORIGINAL_DST, and sets the default SO_MARK on its upstream sockets."""
+    connections with their SO_ORIGINAL_DST, and sets the default SO_MARK on its upstream sockets.
+
+    The client holds its 16 connections open, so the workers balance them (proxy.balance): a
+    connection passed to the other worker keeps its original destination, and each serves 8."""
     with netns.Topology() as topo:
         client, gw, server = topo.host("cw"), topo.host("gw"), topo.host("sw")
         topo.link(client, "10.77.51.1/24", gw, "10.77.51.2/24")
@@ -313,7 +320,7 @@ def test_transparent_mode_workers_each_take_the_original_destination():
         topo.enable_forwarding(gw)
         topo.route(client, "10.77.52.0/24", "10.77.51.2")
         topo.route(server, "10.77.51.0/24", "10.77.52.1")
-        echo = server.popen([sys.executable, "-c", ECHO_ONCE_EACH], stdout=subprocess.PIPE, text=True)
+        echo = server.popen([sys.executable, "-c", ECHO], stdout=subprocess.PIPE, text=True)
         assert echo.stdout.readline().strip() == "ready"
         gw.run(KAFKATAP + ["iptables", "--mode", "gateway", "--port", "7000", "--no-ipv6", "--apply"])
         p = ProxyProcess(["--transparent", "--listen", "0.0.0.0:15092", "--workers", "2", "--proxy-id", PROXY_ID],
@@ -321,9 +328,12 @@ def test_transparent_mode_workers_each_take_the_original_destination():
         try:
             p.wait_event("workers running")
             script = ("import socket\n"
+                      "held = []\n"
                       "for i in range(16):\n"
                       "    s = socket.create_connection(('10.77.52.2', 7000), timeout=10)\n"
-                      "    s.sendall(b'w%d' % i); assert s.recv(10) == b'w%d' % i; s.close()\n")
+                      "    s.sendall(b'w%d' % i); assert s.recv(10) == b'w%d' % i; held.append(s)\n"
+                      "for s in held:\n"
+                      "    s.close()\n")
             out = client.run([sys.executable, "-c", script], check=False)
             assert out.returncode == 0, out.stderr
             closed = p.wait_event("connection closed", count=16)
@@ -334,7 +344,7 @@ def test_transparent_mode_workers_each_take_the_original_destination():
     assert len(opened) == 16 and all(ev["mode"] == "transparent" for ev in opened), opened
     assert {ev["original_dst"] for ev in opened} == {"10.77.52.2:7000"}
     spread = Counter(ev["worker"] for ev in opened)
-    assert len(spread) == 2, spread  # the kernel gave both workers some of the redirected connections
+    assert sorted(spread.values()) == [8, 8], spread  # balanced, whatever the kernel's hash chose
     assert all(ev["end_reason"] != "upstream_connect_failed" for ev in closed)
 
 
