@@ -50,14 +50,20 @@ def _taker(got: list, ready: asyncio.Event, has: Callable[[str], bool] = lambda 
     return adopt
 
 
+def _two_started(has1: Callable[[str], bool] = lambda _name: True):
+    """Two workers taking connections on the running loop: (mail, w0, w1, what w0 took, what w1 took, event)."""
+    mail = WorkerMail(2)
+    w0, w1 = _worker(mail, 0), _worker(mail, 1)
+    loop = asyncio.get_running_loop()
+    got0, got1, ready = [], [], asyncio.Event()
+    w0.start(loop, _taker(got0, ready))
+    w1.start(loop, _taker(got1, ready, has=has1))
+    return mail, w0, w1, got0, got1, ready
+
+
 def test_a_connection_goes_to_the_less_loaded_worker_with_its_unread_bytes() -> None:
     async def run() -> None:
-        mail = WorkerMail(2)
-        w0, w1 = _worker(mail, 0), _worker(mail, 1)
-        loop = asyncio.get_running_loop()
-        got0, got1, ready = [], [], asyncio.Event()
-        w0.start(loop, _taker(got0, ready))
-        w1.start(loop, _taker(got1, ready))
+        mail, w0, w1, got0, got1, ready = _two_started()
         _serving(w0, 3)
         _serving(w1, 1)
         listener, client, conn = _accepted_with(b"first request")
@@ -105,12 +111,7 @@ def test_ties_stay_and_down_or_stopping_workers_are_never_chosen() -> None:
 def test_a_worker_without_the_listener_gives_the_connection_back() -> None:
     """Cluster mode: worker 1 has not discovered the broker whose listener took the connection; worker 0 serves it."""
     async def run() -> None:
-        mail = WorkerMail(2)
-        w0, w1 = _worker(mail, 0), _worker(mail, 1)
-        loop = asyncio.get_running_loop()
-        got0, got1, ready = [], [], asyncio.Event()
-        w0.start(loop, _taker(got0, ready))
-        w1.start(loop, _taker(got1, ready, has=lambda name: name != "127.0.0.1:19095"))
+        mail, w0, w1, got0, got1, ready = _two_started(has1=lambda name: name != "127.0.0.1:19095")
         _serving(w0, 4)
         listener, client, conn = _accepted_with(b"metadata")
         assert w0.pass_on(conn, "127.0.0.1:19095")
