@@ -21,6 +21,7 @@ from pathlib import Path
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import click  # noqa: E402
+from click.core import ParameterSource  # noqa: E402
 import structlog  # noqa: E402
 import uvloop  # noqa: E402
 
@@ -266,6 +267,8 @@ def proxy(ctx: click.Context, listens: tuple[str, ...], upstreams: tuple[str, ..
             sys.exit(2)
     if ready_fd is None and cluster.cluster is None and not transparent:  # the user's command, explicit mode: once
         probe_in_background(routes, connect_timeout)
+    if ready_fd is None and workers == 1 and ctx.get_parameter_source("balance") is ParameterSource.COMMANDLINE:
+        raise click.UsageError("--balance shares connections between workers: it needs --workers 2 or more")
     if ready_fd is None and workers > 1:
         sys.exit(_run_workers(ctx, workers, routes, mark, shutdown_timeout, rec, balance == "connections"))
     if parent is not None:
@@ -383,7 +386,7 @@ def _refuse_ignored_options(ctx: click.Context, transparent: bool, no_mark: bool
     if no_mark and not transparent:
         raise click.UsageError("--no-mark only applies with --transparent (the mark keeps the proxy's own upstream "
                                "connections out of a local REDIRECT rule)")
-    if no_tcp_info and ctx.get_parameter_source("tcp_info_interval") is click.core.ParameterSource.COMMANDLINE:
+    if no_tcp_info and ctx.get_parameter_source("tcp_info_interval") is ParameterSource.COMMANDLINE:
         raise click.UsageError("--tcp-info-interval and --no-tcp-info exclude each other")
 
 

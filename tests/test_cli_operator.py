@@ -68,6 +68,8 @@ def test_out_of_range_ports_are_refused_not_wrapped(args: list[str], line: str) 
     (["--no-mark"], "Error: --no-mark only applies with --transparent (the mark keeps the proxy's own upstream "
                     "connections out of a local REDIRECT rule)"),
     (["--no-tcp-info", "--tcp-info-interval", "5"], "Error: --tcp-info-interval and --no-tcp-info exclude each other"),
+    (["--workers", "1", "--balance", "kernel"],
+     "Error: --balance shares connections between workers: it needs --workers 2 or more"),
 ])
 def test_options_that_would_be_ignored_are_refused(extra: list[str], line: str) -> None:
     res = run("proxy", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:9092", *extra)
