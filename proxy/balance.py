@@ -211,6 +211,13 @@ class Balancer:
             self._loop.remove_reader(self.mailbox.fileno())
             self._loop = None
 
+    def close(self) -> None:
+        """Stop, and close the descriptors this worker was given (a worker's own exit does this too)."""
+        self.stop()
+        for s in (self.mailbox, *self.inboxes):
+            s.close()
+        self.table.close()
+
     # ------------------------------------------------------------------ counts
     # One count, from the moment a connection is kept (accepted and not passed on, or taken) until it
     # ends, whether it ends in set-up or after: a count made of the server's connections plus those

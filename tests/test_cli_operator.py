@@ -561,9 +561,10 @@ def _interactive_top_switches_view(status: int) -> None:
     def until(marker: bytes) -> None:
         nonlocal seen
         seen = b""
+        poller = select.poll()  # not select(): in a full run the descriptor may be above 1023
+        poller.register(master, select.POLLIN)
         while marker not in seen:  # each refresh is written to the terminal: the screen is the event
-            ready, _, _ = select.select([master], [], [], 30)
-            assert ready, f"top never showed {marker!r}: {seen[-500:]!r}"
+            assert poller.poll(30_000), f"top never showed {marker!r}: {seen[-500:]!r}"
             seen += os.read(master, 65536)
 
     try:

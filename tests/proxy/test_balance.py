@@ -10,16 +10,37 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+
+import pytest
 
 from proxy.balance import DOWN, Balancer, BalanceSpec, WorkerMail
+
+
+_OPENED: list[WorkerMail | Balancer] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_what_was_opened() -> Iterator[None]:
+    """Every table and socket pair closed after each test: the suite runs in one long process."""
+    yield
+    while _OPENED:
+        _OPENED.pop().close()
+
+
+def _mail(count: int) -> WorkerMail:
+    mail = WorkerMail(count)
+    _OPENED.append(mail)
+    return mail
 
 
 def _worker(mail: WorkerMail, index: int) -> Balancer:
     """A worker's balancer over duplicates of what it would inherit (each Balancer owns its descriptors)."""
     spec = mail.spec(index)
-    return Balancer(BalanceSpec(index, os.dup(spec.table_fd), os.dup(spec.mailbox_fd),
-                                tuple(os.dup(fd) for fd in spec.inbox_fds)))
+    worker = Balancer(BalanceSpec(index, os.dup(spec.table_fd), os.dup(spec.mailbox_fd),
+                                  tuple(os.dup(fd) for fd in spec.inbox_fds)))
+    _OPENED.append(worker)
+    return worker
 
 
 def _serving(w: Balancer, n: int) -> None:
@@ -52,7 +73,7 @@ def _taker(got: list, ready: asyncio.Event, has: Callable[[str], bool] = lambda 
 
 def _two_started(has1: Callable[[str], bool] = lambda _name: True):
     """Two workers taking connections on the running loop: (mail, w0, w1, what w0 took, what w1 took, event)."""
-    mail = WorkerMail(2)
+    mail = _mail(2)
     w0, w1 = _worker(mail, 0), _worker(mail, 1)
     loop = asyncio.get_running_loop()
     got0, got1, ready = [], [], asyncio.Event()
@@ -86,7 +107,7 @@ def test_a_connection_goes_to_the_less_loaded_worker_with_its_unread_bytes() -> 
 
 
 def test_ties_stay_and_down_or_stopping_workers_are_never_chosen() -> None:
-    mail = WorkerMail(3)
+    mail = _mail(3)
     w0, w1, w2 = _worker(mail, 0), _worker(mail, 1), _worker(mail, 2)
     loop = asyncio.new_event_loop()
     try:
@@ -150,7 +171,7 @@ def test_two_servers_on_one_port_share_held_connections_and_count_each_once() ->
 
         upstream = await asyncio.start_server(echo, "127.0.0.1", 0)
         up = upstream.sockets[0].getsockname()
-        mail = WorkerMail(2)
+        mail = _mail(2)
         first = ProxyServer([f"127.0.0.1:0=127.0.0.1:{up[1]}"], reuse_port=True, tcp_info=False,
                             balancer=_worker(mail, 0))
         await first.start()
@@ -190,7 +211,7 @@ def test_a_failed_tls_handshake_gives_its_count_back(tmp_path) -> None:
     cert = pki.issue("proxy")
 
     async def run() -> None:
-        mail = WorkerMail(2)
+        mail = _mail(2)
         server = ProxyServer(["127.0.0.1:0=127.0.0.1:9"], reuse_port=True, tcp_info=False, balancer=_worker(mail, 0),
                              tls_server=server_context(cert.cert, cert.key))
         await server.start()

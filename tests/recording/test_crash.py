@@ -62,8 +62,9 @@ def _wait_gone(pid: int, timeout: float = 60.0) -> None:
     except ProcessLookupError:
         return
     try:
-        ready, _, _ = select.select([fd], [], [], timeout)
-        assert ready, f"writer process {pid} still running {timeout} s after its proxy was killed"
+        poller = select.poll()  # not select(): by this point of a full run the descriptor may be above 1023
+        poller.register(fd, select.POLLIN)
+        assert poller.poll(timeout * 1000), f"writer process {pid} still running {timeout} s after its proxy was killed"
     finally:
         os.close(fd)
 
