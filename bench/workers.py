@@ -175,7 +175,9 @@ def measure(workers: int, upstream: int, requests: dict[int, bytes], args: argpa
     rec = work / f"rec-{workers}-{time.monotonic_ns()}"
     cmd = [sys.executable, "-m", "kafkatap.cli", "--log-format", "json", "--log-level", "info", "proxy",
            "--workers", str(workers), "--listen", f"127.0.0.1:{port}", "--upstream", f"127.0.0.1:{upstream}",
-           "--no-resolve-topics", "--status-addr", str(status), "--balance", args.balance]
+           "--no-resolve-topics", "--status-addr", str(status)]
+    if workers > 1:  # one process has nobody to balance with (the proxy refuses --balance there)
+        cmd += ["--balance", args.balance]
     if not args.no_record:
         cmd += ["--record", str(rec)]
     proxy = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
