@@ -57,7 +57,7 @@ PASS, RETURN = "p", "r"
 class LoadTable:
     """The workers' shared counters (see the module docstring), on a memfd every worker maps.
 
-    `create()` in the parent; `attach(fd, count)` in a worker (the fd inherited with pass_fds).
+    `create()` in the parent; `LoadTable(fd, count)` in a worker (the fd inherited with pass_fds).
     """
 
     def __init__(self, fd: int, count: int) -> None:
@@ -93,9 +93,6 @@ class LoadTable:
     def add_received(self, w: int) -> None:
         self._slots[self.count + w] += 1
 
-    def sent(self, v: int, w: int) -> int:
-        return self._slots[2 * self.count + v * self.count + w]
-
     def add_sent(self, v: int, w: int) -> None:
         self._slots[2 * self.count + v * self.count + w] += 1
 
@@ -104,7 +101,8 @@ class LoadTable:
         opened = self.open(w)
         if opened < 0:
             return None
-        in_flight = sum(self.sent(v, w) for v in range(self.count)) - self.received(w)
+        n = self.count
+        in_flight = sum(self._slots[2 * n + w::n]) - self.received(w)  # column w of sent[v][w], one C-level sum
         return opened + max(0, in_flight)
 
     def loads(self) -> list[int | None]:
