@@ -75,3 +75,25 @@ def tree_cpu_s(root: int) -> float:
     """CPU seconds (user + system) of `root` and all its descendants."""
     procs = snapshot()
     return sum(procs[p].ticks for p in tree(root, procs) if p in procs) / TICK
+
+
+def pin_cpus() -> tuple[set[int], set[int]] | None:
+    """(the proxy's core, every other core) when this machine lets us choose; None with a single core."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+    return ({cpus[0]}, set(cpus[1:])) if len(cpus) >= 2 else None
+
+
+def set_process_affinity(pid: int, cpus: set[int]) -> None:
+    """Pin every thread of `pid` (sched_setaffinity on a pid moves only its main thread)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return
+    for tid in tasks:
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except OSError:
+            continue

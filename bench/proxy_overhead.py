@@ -33,6 +33,15 @@ and recording add is the difference to the kafkatap path.
 
 `--quick` runs one short round of everything (to check the bench works, not to
 measure); `--no-tls` leaves the TLS paths out.
+
+`--pin` gives the proxies a core of their own: every proxy (kafkatap's
+processes, HAProxy) runs on one CPU, and the broker, the clients and the probe
+on the others, for every path, direct included. Unpinned, on a two-core
+machine, whatever CPU a proxy spends is taken from the broker and the clients
+it is measured with (HAProxy, which decodes nothing, then reaches 0.74-0.97 x
+direct); pinned, the ratios measure what the extra hop costs a client when the
+proxy has its own CPU, as on a gateway host. Both are worth printing: unpinned
+is the client host that also runs the proxy, pinned is the gateway.
 """
 
 from __future__ import annotations
@@ -57,6 +66,7 @@ sys.path.insert(0, str(ROOT))
 from harness.kafka import LocalKafka, free_port, port_is_free  # noqa: E402
 from harness.tls import Pki  # noqa: E402
 from proc_tree import cpu_s as proc_cpu_s  # noqa: E402
+from proc_tree import pin_cpus  # noqa: E402
 
 LIB = ROOT / ".kafka" / "4.3.1" / "lib"
 KAFKATAP = ROOT / ".venv" / "bin" / "kafkatap"
@@ -221,12 +231,28 @@ def main() -> None:
     ap.add_argument("--conns", type=int, default=1000)
     ap.add_argument("--quick", action="store_true", help="one short round: checks the bench runs, measures nothing")
     ap.add_argument("--no-tls", action="store_true", help="leave out the TLS termination paths")
+    ap.add_argument("--pin", action="store_true",
+                    help="the proxies on one core of their own, broker and clients on the others (see above)")
     args = ap.parse_args()
     if args.quick:
         args.rounds, args.records, args.probe, args.conns = 1, 20_000, 200, 50
     paths = tuple(p for p in PATHS if not (args.no_tls and p.endswith("-tls")))
 
     os.environ.setdefault("KAFKATAP_LOG_FORMAT", "json")
+    proxy_cpus: set[int] | None = None
+    rest: set[int] = set()
+    if args.pin:
+        pins = pin_cpus()
+        if pins is None:
+            ap.error("--pin needs at least two CPUs")
+        proxy_cpus, rest = pins
+        os.sched_setaffinity(0, rest)  # the broker, the clients and the probe inherit it
+
+    def on_proxy_core() -> None:
+        """Popen preexec_fn: a proxy process (and every process it starts) runs on the proxies' core."""
+        if proxy_cpus:
+            os.sched_setaffinity(0, proxy_cpus)
+
     tmp = Path(tempfile.mkdtemp(prefix="kt-bench-"))
     b_kt, b_hap, p_kt, p_hap, b_kts, b_haps, p_kts, p_haps = (free_port() for _ in range(8))
     p_cl = _free_run(3)  # cluster mode: bootstrap listener, then broker 1 on p_cl + 2
@@ -259,28 +285,28 @@ def main() -> None:
                 f.write(f"listen kafka-tls\n  bind 127.0.0.1:{p_haps} ssl crt {cert.bundle}\n"
                         f"  server b1 127.0.0.1:{b_haps}\n")
         hap = subprocess.Popen(["/usr/sbin/haproxy", "-f", str(cfg), "-db"], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+                               stderr=subprocess.DEVNULL, preexec_fn=on_proxy_core)
         procs.append(hap)
         frame = capture_produce_frame(f"127.0.0.1:{p_kt}", f"127.0.0.1:{b_kt}", "bench-lat")
         kt = subprocess.Popen([str(KAFKATAP), "--log-level", "warning", "proxy", "--workers", "1", "--route",
                                f"127.0.0.1:{p_kt}=127.0.0.1:{b_kt}", "--record", str(tmp / "rec")],
-                              stdout=subprocess.DEVNULL, stderr=open(tmp / "kafkatap.log", "w"))
+                              stdout=subprocess.DEVNULL, stderr=open(tmp / "kafkatap.log", "w"), preexec_fn=on_proxy_core)
         procs.append(kt)
         p_nd = free_port()
         nd = subprocess.Popen([str(KAFKATAP), "--log-level", "warning", "proxy", "--workers", "1", "--no-decode", "--route",
                                f"127.0.0.1:{p_nd}=127.0.0.1:{b_kt}"],  # the raw probe needs no advertised address
-                              stdout=subprocess.DEVNULL, stderr=open(tmp / "kafkatap-nodecode.log", "w"))
+                              stdout=subprocess.DEVNULL, stderr=open(tmp / "kafkatap-nodecode.log", "w"), preexec_fn=on_proxy_core)
         procs.append(nd)
         cl = subprocess.Popen([str(KAFKATAP), "--log-level", "warning", "proxy", "--workers", "1", "--cluster", kafka.bootstrap,
                                "--listen", f"127.0.0.1:{p_cl}", "--record", str(tmp / "rec-cluster")],
-                              stdout=subprocess.DEVNULL, stderr=open(tmp / "kafkatap-cluster.log", "w"))
+                              stdout=subprocess.DEVNULL, stderr=open(tmp / "kafkatap-cluster.log", "w"), preexec_fn=on_proxy_core)
         procs.append(cl)
         kts = None
         if "kafkatap-tls" in paths:
             kts = subprocess.Popen([str(KAFKATAP), "--log-level", "warning", "proxy", "--workers", "1", "--route",
                                     f"127.0.0.1:{p_kts}=127.0.0.1:{b_kts}", "--record", str(tmp / "rec-tls"),
                                     "--tls-cert", str(cert.cert), "--tls-key", str(cert.key)],
-                                   stdout=subprocess.DEVNULL, stderr=open(tmp / "kafkatap-tls.log", "w"))
+                                   stdout=subprocess.DEVNULL, stderr=open(tmp / "kafkatap-tls.log", "w"), preexec_fn=on_proxy_core)
             procs.append(kts)
             wait_port(p_kts)
         wait_port(p_hap)
@@ -331,6 +357,11 @@ def main() -> None:
 
         med = {p: statistics.median(prod[p]) for p in paths}
         cmed = {p: statistics.median(cons[p]) for p in paths}
+
+        def paired(runs: dict[str, list[float]], p: str) -> str:
+            """Median of the per-round ratios to direct: each round's paths ran back to back, so a slow round
+            slows them alike and the pairing cancels it (the medians above are taken path by path)."""
+            return f"{statistics.median(a / b for a, b in zip(runs[p], runs['direct'])):.3f}"
         p50 = {p: pct(lat[p], 0.50) for p in PROBED}
         p99 = {p: pct(lat[p], 0.99) for p in PROBED}
         ms_mb = {p: 1000 * cpu[p] / moved_mb[p] for p in paths}  # proxy CPU ms per MB relayed
@@ -341,6 +372,8 @@ def main() -> None:
             f"| {med['kafkatap'] / med['direct']:.3f} × direct, {med['kafkatap'] / med['haproxy']:.3f} × haproxy | ≥ 0.95 × direct, ≥ 0.9 × haproxy |",
             f"| consumer fetch MB/s (median of {args.rounds}) | {cmed['direct']:.1f} | {cmed['kafkatap']:.1f} | {cmed['haproxy']:.1f} "
             f"| {cmed['kafkatap'] / cmed['direct']:.3f} × direct, {cmed['kafkatap'] / cmed['haproxy']:.3f} × haproxy | ≥ 0.90 × direct, ≥ 0.9 × haproxy |",
+            f"| producer / consumer, median of the per-round ratios to direct | | {paired(prod, 'kafkatap')} / "
+            f"{paired(cons, 'kafkatap')} | {paired(prod, 'haproxy')} / {paired(cons, 'haproxy')} | | |",
             f"| acks=1 small produce p50 µs | {p50['direct']:.0f} | {p50['kafkatap']:.0f} | {p50['haproxy']:.0f} "
             f"| +{p50['kafkatap'] - p50['direct']:.0f} µs (haproxy +{p50['haproxy'] - p50['direct']:.0f}; kafkatap relaying "
             f"only, --no-decode, +{p50['relay-only'] - p50['direct']:.0f}) | ≤ +60 µs |",
@@ -358,6 +391,8 @@ def main() -> None:
             f"| {med['haproxy'] / med['direct']:.3f} × direct | ≥ 0.95 × direct |",
             f"| consumer fetch MB/s | {cmed['direct']:.1f} | {cmed['cluster']:.1f} | {cmed['cluster'] / cmed['direct']:.3f} × "
             f"direct | {cmed['haproxy'] / cmed['direct']:.3f} × direct | ≥ 0.95 × direct |",
+            f"| producer / consumer, median of the per-round ratios | | | {paired(prod, 'cluster')} / "
+            f"{paired(cons, 'cluster')} | {paired(prod, 'haproxy')} / {paired(cons, 'haproxy')} | |",
             f"| acks=1 small produce p50 / p99 µs | {p50['direct']:.0f} / {p99['direct']:.0f} | {p50['cluster']:.0f} / "
             f"{p99['cluster']:.0f} | +{p50['cluster'] - p50['direct']:.0f} / +{p99['cluster'] - p99['direct']:.0f} µs "
             f"| +{p50['haproxy'] - p50['direct']:.0f} / +{p99['haproxy'] - p99['direct']:.0f} µs | |",
@@ -378,8 +413,10 @@ def main() -> None:
             ]
         print("\n".join(lines))
         load = os.getloadavg()
+        placement = (f"proxies pinned to CPU {sorted(proxy_cpus)}, broker + clients + probe on {sorted(rest)}"
+                     if proxy_cpus else "no CPU pinning: proxies, broker and clients share every core")
         print(f"\nall runs: producer {prod}\nconsumer {cons}\nproxy cpu s {cpu}\nbench time {took:.0f} s, "
-              f"load average at end {load[0]:.1f} on {os.cpu_count()} cpus")
+              f"load average at end {load[0]:.1f} on {os.cpu_count()} cpus; {placement}")
         (tmp / "table.md").write_text("\n".join(lines) + "\n")
         print(f"table written to {tmp / 'table.md'}")
     finally:

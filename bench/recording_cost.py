@@ -78,7 +78,8 @@ ROOT = Path(os.environ.get("KAFKATAP_BENCH_ROOT") or Path(__file__).resolve().pa
 sys.path.insert(0, str(ROOT))
 BEFORE = "@before"
 
-from revisions import extract_revision  # noqa: E402  (bench/, this script's own directory)
+from proc_tree import pin_cpus, set_process_affinity  # noqa: E402  (bench/, this script's own directory)
+from revisions import extract_revision  # noqa: E402
 
 CLK = os.sysconf("SC_CLK_TCK")
 
@@ -269,28 +270,6 @@ def children_cpu(pid: int) -> float:
             continue
         total += (int(parts[11]) + int(parts[12])) / CLK
     return total
-
-
-def pin_cpus() -> tuple[set[int], set[int]] | None:
-    """(the proxy's core, every other core) when this machine lets us choose; None with a single core."""
-    try:
-        cpus = sorted(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return None
-    return ({cpus[0]}, set(cpus[1:])) if len(cpus) >= 2 else None
-
-
-def set_process_affinity(pid: int, cpus: set[int]) -> None:
-    """Pin every thread of `pid` (sched_setaffinity on a pid moves only its main thread)."""
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return
-    for tid in tasks:
-        try:
-            os.sched_setaffinity(int(tid), cpus)
-        except OSError:
-            continue
 
 
 def child_pids(pid: int) -> set[int]:
