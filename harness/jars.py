@@ -113,16 +113,23 @@ def ensure_jars(version: str = DEFAULT_VERSION, quiet: bool = False) -> Path:
     return lib
 
 
+ERRORS_JAVA = "org/apache/kafka/common/protocol/Errors.java"  # in kafka-clients' sources jar: every error code
+ERRORS_JAVA_NAME = "Errors.java"  # its name beside the specs
+
+
 def ensure_specs(version: str = DEFAULT_VERSION, quiet: bool = False) -> Path:
-    """Kafka's JSON message specs (`common/message/*.json` of kafka-clients' sources jar), fetched once.
+    """Kafka's JSON message specs (`common/message/*.json` of kafka-clients' sources jar) and its error
+    codes (`Errors.java`), fetched once.
 
     Why the sources jar: the specs are the definition `protocol/generated/specs.json` is generated
-    from (`python -m protocol.spec_gen`); they come through Maven like the broker jars, pinned to
-    the same release, and are unpacked into `<cache>/specs/<version>` (a `.complete` marker again).
+    from (`python -m protocol.spec_gen`), and Errors.java the one of `protocol/generated/errors.json`
+    (`python -m protocol.errors_gen`); they come through Maven like the broker jars, pinned to the
+    same release, and are unpacked into `<cache>/specs/<version>` (a `.complete` marker again; a
+    cache from before Errors.java was kept is unpacked again).
     """
     release(version)
     out = cache_root() / "specs" / version
-    if (out / ".complete").exists():
+    if (out / ".complete").exists() and (out / ERRORS_JAVA_NAME).exists():
         return out
     mvn = require_tool("mvn", "maven")
     jar_dir = cache_root() / "specs" / f"{version}-jar"
@@ -144,8 +151,12 @@ def ensure_specs(version: str = DEFAULT_VERSION, quiet: bool = False) -> Path:
         names = [n for n in jar.namelist() if n.startswith("common/message/") and n.endswith(".json")]
         for name in names:
             (out / Path(name).name).write_bytes(jar.read(name))
+        if ERRORS_JAVA in jar.namelist():
+            (out / ERRORS_JAVA_NAME).write_bytes(jar.read(ERRORS_JAVA))
     if not names:
         raise KafkaHarnessError(f"{artifact} holds no common/message/*.json")
+    if not (out / ERRORS_JAVA_NAME).exists():
+        raise KafkaHarnessError(f"{artifact} holds no {ERRORS_JAVA}")
     (out / ".complete").write_text(f"{len(names)} specs\n")
     return out
 

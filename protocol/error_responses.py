@@ -43,8 +43,7 @@ __all__ = ["Where", "Entry", "error_response", "set_errors", "set_throttle", "re
 # (topic name or None, topic id or None, partition or None) -> should this entry fail?
 Where = Callable[[str | None, str | None, int | None], bool]
 
-ERROR_CODES: dict[str, int] = {name: code for code, name in ERROR_NAMES.items() if code != -1 or name == "UNKNOWN"}
-ERROR_CODES.setdefault("UNKNOWN_SERVER_ERROR", -1)
+ERROR_CODES: dict[str, int] = {name: code for code, name in ERROR_NAMES.items()}
 _PARTITION_KEYS = ("partition_index", "partition", "index", "partition_id")
 _ALIASES: dict[str, tuple[str, ...]] = {
     "name": ("topic", "topic_name"), "topic": ("name", "topic_name"), "topic_name": ("name", "topic"),

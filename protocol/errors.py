@@ -10,6 +10,9 @@ events. The only exceptions a caller can ever see are subclasses of
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 
 class ProtocolError(Exception):
     """Base of every exception `protocol/` raises to its caller."""
@@ -51,30 +54,11 @@ TOPIC_ALREADY_EXISTS = 36
 MEMBER_ID_REQUIRED = 79
 
 
-# Kafka error codes (org.apache.kafka.common.protocol.Errors). Names follow the
-# Java enum, which is what broker logs and operators use; kafka-python's table
-# differs only in a few legacy spellings (e.g. MESSAGE_SIZE_TOO_LARGE).
-def _build_error_names() -> dict[int, str]:
-    names: dict[int, str] = {}
-    try:
-        import kafka.errors as kerr  # only at import time, not on the hot path
-
-        for attr in dir(kerr):
-            cls = getattr(kerr, attr)
-            if (
-                isinstance(cls, type)
-                and issubclass(cls, kerr.BrokerResponseError)
-                and isinstance(getattr(cls, "errno", None), int)
-            ):
-                names.setdefault(cls.errno, str(cls.message))
-    except Exception:  # pragma: no cover - kafka-python is a hard dependency
-        pass
-    # Java enum names where kafka-python kept an older spelling.
-    names.update({10: "MESSAGE_TOO_LARGE", 6: "NOT_LEADER_OR_FOLLOWER"})
-    return names
-
-
-ERROR_NAMES: dict[int, str] = _build_error_names()
+# Kafka error codes and their names, as the Java enum org.apache.kafka.common.protocol.Errors spells them (what
+# broker logs and operators use): generated from Kafka's own Errors.java (`python -m protocol.errors_gen`).
+ERRORS_FILE = Path(__file__).resolve().parent / "generated" / "errors.json"
+ERROR_NAMES: dict[int, str] = {int(code): name for code, name in
+                               json.loads(ERRORS_FILE.read_text(encoding="utf-8"))["errors"].items()}
 
 
 def error_name(code: int) -> str:
