@@ -66,7 +66,7 @@ sys.path.insert(0, str(ROOT))
 from harness.kafka import LocalKafka, free_port, port_is_free  # noqa: E402
 from harness.tls import Pki  # noqa: E402
 from proc_tree import cpu_s as proc_cpu_s  # noqa: E402
-from proc_tree import pin_cpus  # noqa: E402
+from proc_tree import pin_cpus, snapshot, tree  # noqa: E402
 
 LIB = ROOT / ".kafka" / "4.3.1" / "lib"
 KAFKATAP = ROOT / ".venv" / "bin" / "kafkatap"
@@ -196,6 +196,12 @@ def pct(v: list[int], q: float) -> float:
 def cpu_s(pid: int | None) -> float:
     """utime + stime of one process in seconds (0 for the direct path, which has no proxy)."""
     return 0.0 if pid is None else proc_cpu_s(pid)
+
+
+def tree_rss_mb(pid: int) -> float:
+    """Resident memory of `pid` and its descendants: the proxy with its recording writer process."""
+    procs = snapshot(rss=True)
+    return sum(procs[p].rss_kib for p in tree(pid, procs) if p in procs) / 1024
 
 
 def rss_mb(pid: int) -> float:
@@ -348,9 +354,9 @@ def main() -> None:
                 lat[p].extend(v)
             print(f"round {r} latency p50 " + " ".join(f"{p}={pct(lat[p], .5):.0f}us" for p in PROBED), flush=True)
 
-        rss_idle = rss_mb(kt.pid)
+        rss_idle, tree_idle = rss_mb(kt.pid), tree_rss_mb(kt.pid)
         socks = open_many(p_kt, args.conns)
-        rss_conns = rss_mb(kt.pid)
+        rss_conns, tree_conns = rss_mb(kt.pid), tree_rss_mb(kt.pid)
         for s in socks:
             s.close()
         took = time.monotonic() - t_start
@@ -379,7 +385,10 @@ def main() -> None:
             f"only, --no-decode, +{p50['relay-only'] - p50['direct']:.0f}) | ≤ +60 µs |",
             f"| acks=1 small produce p99 µs | {p99['direct']:.0f} | {p99['kafkatap']:.0f} | {p99['haproxy']:.0f} "
             f"| +{p99['kafkatap'] - p99['direct']:.0f} µs (haproxy +{p99['haproxy'] - p99['direct']:.0f}) | ≤ +500 µs |",
-            f"| kafkatap RSS MB | | idle {rss_idle:.0f} / {args.conns} conns {rss_conns:.0f} | | | ≤ 150 MB at 1,000 |",
+            f"| kafkatap RSS MB, the proxy process | | idle {rss_idle:.0f} / {args.conns} conns {rss_conns:.0f} | | "
+            f"| ≤ 150 MB at 1,000 |",
+            f"| kafkatap RSS MB, with its recording writer process | | idle {tree_idle:.0f} / {args.conns} conns "
+            f"{tree_conns:.0f} | | | |",
             f"| proxy CPU ms per MB relayed (load-independent cost) | | "
             f"{ms_mb['kafkatap']:.2f} | {ms_mb['haproxy']:.2f} "
             f"| {ms_mb['kafkatap'] / max(ms_mb['haproxy'], 1e-9):.1f} × haproxy | |",

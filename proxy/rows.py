@@ -13,11 +13,11 @@ from typing import Any
 from protocol.events import RequestSeen, ResponseSeen, Summary
 from proxy.facts import ConnectionFacts
 from proxy.topics import split_topics
-from recording.schema import CONNECTION_COLUMNS, REQUEST_COLUMNS, TCP_FIELDS
+from recording.datasets import COLUMN_NAMES, TCP_FIELD_NAMES
 
-REQUEST_KEYS = tuple(c.name for c in REQUEST_COLUMNS)
-CONNECTION_KEYS = tuple(c.name for c in CONNECTION_COLUMNS)
-TCP_KEYS = tuple(c.name for c in TCP_FIELDS)
+REQUEST_KEYS = COLUMN_NAMES["requests"]
+CONNECTION_KEYS = COLUMN_NAMES["connections"]
+TCP_KEYS = TCP_FIELD_NAMES
 
 
 def _us(a: int | None, b: int | None) -> int | None:

@@ -30,8 +30,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from recording.layout import merged_name
+from recording.thread_names import name_os_thread
 
-__all__ = ["FlushFile", "Segment", "take_due", "Compactor", "remove_inputs", "name_os_thread", "read_batches"]
+__all__ = ["FlushFile", "Segment", "take_due", "Compactor", "remove_inputs", "read_batches"]
 
 MERGE_BATCH_BYTES = 32 << 20  # Arrow bytes per written row group: bounds a merge's memory, keeps sorting useful
 
@@ -177,13 +178,3 @@ def read_batches(paths: list[Path], schema: pa.Schema, batch_bytes: int | None =
                     held, size = [], 0
     if held:
         yield pa.concat_tables(held)
-
-
-def name_os_thread(name: bytes) -> None:
-    """Give a recorder thread a kernel-visible name (top -H, /proc/PID/task/*/comm) so its CPU can be told apart."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(15, ctypes.c_char_p(name[:15]), 0, 0, 0)  # PR_SET_NAME
-    except Exception:  # noqa: BLE001 — cosmetic only
-        pass

@@ -19,13 +19,9 @@ from typing import Mapping
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["DERIVED_COLUMNS", "derive"]
+from recording.datasets import DERIVED_COLUMNS  # which columns: named there, pyarrow-free, for the proxy's rows
 
-# per dataset: the columns `derive` computes from the others
-DERIVED_COLUMNS: dict[str, tuple[str, ...]] = {
-    "requests": ("latency_us", "broker_latency_us", "proxy_req_delay_us", "proxy_resp_delay_us", "answered",
-                 "error_count"),
-}
+__all__ = ["DERIVED_COLUMNS", "derive"]
 
 
 def _floor_us(later: pa.Array, earlier: pa.Array) -> pa.Array:

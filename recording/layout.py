@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from recording.schema import COLUMNS
+from recording.datasets import DATASETS
 
 __all__ = ["TIME_COLUMN", "HOUR_NS", "new_run_id", "flush_name", "merged_name", "tmp_name", "safe_segment",
            "worker_proxy_id", "hour_partition", "partition_dir", "is_hidden", "file_range", "superseded", "live_names", "partition_values", "recover"]
@@ -219,7 +219,7 @@ def recover(root: Path | str, proxy_id: str | None = None) -> int:
         return 0
     if proxy_id is not None:
         part = f"proxy={safe_segment(proxy_id)}"
-        tops = [root / ds / part for ds in COLUMNS if (root / ds / part).is_dir()]
+        tops = [root / ds / part for ds in DATASETS if (root / ds / part).is_dir()]
     else:
         tops = [root]
     walk = [w for top in tops for w in os.walk(top)]

@@ -16,16 +16,21 @@ not in the files.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import pyarrow as pa
 
-FORMAT_VERSION = 3  # 3: the *_ns timestamp columns are timestamp[us, UTC] instead of int64 epoch ns (issue 18); 2: requests.topic_ids and the topics/ dataset (issue 14, topics.cluster_id: issue 19); acks int16, error_count int32 (issue 19)
-FORMAT_KEY = b"kafkatap.format_version"
-RECORDED = ("requests", "connections", "tcp", "frames", "topics")  # what the proxy observes, row by row
-DERIVED_DATASETS = ("latency_cells", "request_sums", "topic_sums", "traffic_sums", "notable_requests", "slowest_requests")  # computed from recorded files (recording.rollups): deleting them loses nothing
-DATASETS = RECORDED + DERIVED_DATASETS
-PARTITION_COLUMNS = ("proxy", "date", "hour")
+# the names, pyarrow-free for the proxy process (recording.datasets), re-exported: importers of the schema see one module
+from recording.datasets import (  # noqa: F401
+    DATASETS,
+    DERIVED_DATASETS,
+    FORMAT_KEY,
+    FORMAT_VERSION,
+    PARTITION_COLUMNS,
+    RECORDED,
+)
+
 TIMESTAMP = pa.timestamp("us", tz="UTC")  # what every Parquet reader (Spark included) reads as a timestamp
 
 
@@ -326,6 +331,30 @@ def markdown_table(dataset: str) -> str:
     return "\n".join(lines)
 
 
+def column_names_module() -> str:
+    """The text of `recording/column_names.py`: every dataset's column names, and the tcp struct's fields."""
+    lines = [
+        '"""Every dataset\'s column names in schema order, for processes that need no Arrow types (the proxy).',
+        "",
+        "Generated from recording/schema.py by `python -m recording.schema --names > recording/column_names.py`:",
+        "do not edit; tests/recording/test_column_names.py fails when it is stale.",
+        '"""',
+        "",
+        "COLUMN_NAMES: dict[str, tuple[str, ...]] = {",
+    ]
+    for name, cols in COLUMNS.items():
+        lines.append(f'    "{name}": (')
+        lines += [f'        "{c.name}",' for c in cols]
+        lines.append("    ),")
+    lines += ["}", "", "TCP_FIELD_NAMES: tuple[str, ...] = ("]
+    lines += [f'    "{c.name}",' for c in TCP_FIELDS]
+    lines += [")", ""]
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
-    for name in DATASETS:
-        print(f"### `{name}/`\n\n{markdown_table(name)}\n")
+    if sys.argv[1:] == ["--names"]:
+        print(column_names_module(), end="")
+    else:
+        for name in DATASETS:
+            print(f"### `{name}/`\n\n{markdown_table(name)}\n")

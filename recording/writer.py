@@ -62,20 +62,23 @@ from collections import deque
 from functools import partial
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-import pyarrow as pa
-import pyarrow.compute as pc
 import structlog
 
 from protocol.apis import SASL_AUTHENTICATE
-from recording.compaction import Compactor, FlushFile, Segment, name_os_thread, take_due
-from recording.derived import DERIVED_COLUMNS, derive
-from recording.files import ParquetOptions, file_metadata, write_atomic
+from recording.datasets import DATASETS, DERIVED_COLUMNS, RECORDED, row_names
 from recording.layout import HOUR_NS, TIME_COLUMN, flush_name, new_run_id, partition_dir, recover
-from recording.schema import COLUMNS, RECORDED, arrow_schema
-from recording.timestamps import from_epoch_ns, ingest_schema
+from recording.thread_names import name_os_thread
 from recording.writer_pipe import CHUNK_BYTES, CHUNK_ROWS, WriterGone, WriterProcess
+
+# Arrow, Parquet and compaction are imported where rows are written (writer="thread", and the writer
+# process), never at import: a proxy whose writer is a process only queues, packs and ships rows, and
+# pyarrow alone would cost its process ~75 MB of resident memory (tests/recording/test_writer_process.py).
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from recording.compaction import Compactor, Segment
 
 __all__ = ["ParquetRecorder", "RecordingError", "check_recording_dir", "recover", "CAPTURE_CHOICES"]
 
@@ -125,8 +128,14 @@ ERROR_HINTS: dict[str, dict[str, str]] = {
     "rollups": {"consequence": "nothing is lost: an analysis reads these requests instead of their rollups",
                 "fix": "once no proxy writes to the recording, `kafkatap rollups DIR` writes what is missing"},
 }
-# what pyarrow raises when a value does not fit its column
-_CONVERSION_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError)
+
+
+def _conversion_errors() -> tuple[type[BaseException], ...]:
+    """What pyarrow raises when a value does not fit its column."""
+    import pyarrow as pa
+
+    return (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError)
+
 _HEADER_KEY_VERSION = struct.Struct(">hh")  # a request frame's api key and version, after its 4-byte size
 
 
@@ -148,21 +157,29 @@ class RecordingError(RuntimeError):
 class _Stream:
     """Queue and writer state of one dataset (slots: the loop thread reads a dozen of them for every row)."""
 
-    __slots__ = ("name", "schema", "struct", "names", "as_tuple", "queue", "cap_rows", "cap_bytes", "row_bytes",
+    __slots__ = ("name", "schema", "struct", "as_tuple", "queue", "cap_rows", "cap_bytes", "row_bytes",
                  "enqueued", "dropped", "enq_bytes", "deq_bytes", "write_dropped", "dropped_reported",
                  "dropped_logged", "rows_written", "files_written", "shipped", "gone_written", "gone_dropped",
                  "gone_files", "packed", "pk_rows", "pk_bytes", "pk_data", "tx_rows", "tx_bytes", "segments", "time_col",
                  "data_at", "room", "tuple_names")
 
-    def __init__(self, name: str, cap_rows: int, cap_bytes: int) -> None:
+    def __init__(self, name: str, cap_rows: int, cap_bytes: int, arrow: bool) -> None:
         self.name = name
-        self.schema = arrow_schema(name)
-        self.struct = pa.struct(list(ingest_schema(name)))  # rows carry timestamps as int epoch ns
-        self.names = set(self.schema.names)
+        # arrow: this stream converts and writes its rows (writer="thread"); a proxy that ships them to a
+        # writer process never needs the types
+        self.schema: pa.Schema | None = None
+        self.struct: pa.StructType | None = None
+        if arrow:
+            import pyarrow as pa
+
+            from recording.schema import arrow_schema
+            from recording.timestamps import ingest_schema
+
+            self.schema = arrow_schema(name)
+            self.struct = pa.struct(list(ingest_schema(name)))  # rows carry timestamps as int epoch ns
         # writer="process": the row → values tuple of TUPLE_DATASETS (None: rows stay dicts), without the
         # columns the writer process derives from the others (`recording.derived`)
-        derived = DERIVED_COLUMNS.get(name, ())
-        self.tuple_names = [n for n in self.struct.names if n not in derived]  # type: ignore[attr-defined]
+        self.tuple_names = list(row_names(name))
         self.as_tuple: Callable[[Row], tuple] | None = (
             itemgetter(*self.tuple_names) if name in TUPLE_DATASETS else None)
         names = self.tuple_names
@@ -295,8 +312,9 @@ class ParquetRecorder:
         others = [n for n in RECORDED if n not in ("frames", "requests")]
         cap_bytes = {"requests": queue_bytes // 2, "frames": frame_queue_bytes,
                      **{n: queue_bytes // 2 // len(others) for n in others}}
+        arrow = writer == "thread"  # this process converts and writes rows (else the writer process does)
         self._streams = {name: _Stream(name, queue_rows if name != "frames" else max(1, queue_rows // 4),
-                                       cap_bytes[name])
+                                       cap_bytes[name], arrow)
                          for name in RECORDED}
         self._req, self._conn, self._tcp, self._frames = (self._streams[n] for n in
                                                           ("requests", "connections", "tcp", "frames"))
@@ -304,12 +322,19 @@ class ParquetRecorder:
         self.request = partial(self._offer, self._req)  # type: ignore[method-assign]
         self.frames_redacted = 0  # SaslAuthenticate / unverifiable frames refused (loop thread)
         self.errors = dict.fromkeys(ERROR_KINDS, 0)  # by kind (ERROR_KINDS): /metrics shows each
-        self._last_error_log = dict.fromkeys(ERROR_KINDS, 0.0)
+        # -inf: the first error of a kind is always logged (monotonic time starts at boot, not at a flush interval)
+        self._last_error_log = dict.fromkeys(ERROR_KINDS, float("-inf"))
         self._wake = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
-        self._options = {name: ParquetOptions(name, compression_level, fsync) for name in COLUMNS}
-        self._compactor = Compactor(self.run, self._write_file, self._error, self._file_final)
+        self._options: dict[str, Any] = {}  # dataset → recording.files.ParquetOptions (writer="thread")
+        self._compactor: Compactor | None = None
+        if arrow:
+            from recording.compaction import Compactor
+            from recording.files import ParquetOptions
+
+            self._options = {name: ParquetOptions(name, compression_level, fsync) for name in DATASETS}
+            self._compactor = Compactor(self.run, self._write_file, self._error, self._file_final)
         self._unmerged: set[Path] = set()  # partition directories whose rollups are not merged yet (compactor thread)
         self._closed = False
         self._lock = threading.Lock()  # serializes flushes (writer thread vs. close on another thread)
@@ -334,7 +359,7 @@ class ParquetRecorder:
         self._thread = threading.Thread(target=self._ship_loop if process else self._run, name="kafkatap-recorder",
                                         daemon=True)
         self._thread.start()
-        if self.compact_interval_s > 0 and not process:
+        if self.compact_interval_s > 0 and self._compactor is not None:
             # its own thread, so a long merge never delays the next flush (the kill -9 bound)
             self._compactor.start()
         log.info("recording", root=str(self.root), proxy_id=self.proxy_id, capture=self.capture,
@@ -710,19 +735,24 @@ class ParquetRecorder:
         apart from any dict rows beside them (the writer process only: in one call, as its GIL is its own).
         When their columns do not convert they are converted one by one, so only the bad rows are dropped.
         """
+        import pyarrow as pa
+
+        from recording.timestamps import from_epoch_ns
+
+        conversion_errors = _conversion_errors()
         batches = []
         tuples = [r for r in rows if type(r) is tuple]
         if tuples:
             rows = [r for r in rows if type(r) is not tuple]
             try:
                 batches.append(self._columns_to_batch(s, tuples))
-            except _CONVERSION_ERRORS:
+            except conversion_errors:
                 batches += self._one_by_one(s, tuples, lambda t: self._columns_to_batch(s, [t]))
         for i in range(0, len(rows), _CONVERT_CHUNK):
             chunk = rows[i:i + _CONVERT_CHUNK]
             try:
                 arrays = [pa.array(chunk, type=s.struct)]
-            except _CONVERSION_ERRORS:
+            except conversion_errors:
                 arrays = self._one_by_one(s, chunk, lambda r: pa.array([r], type=s.struct))
             batches += [pa.RecordBatch.from_struct_array(a) for a in arrays]
         if not batches:
@@ -734,10 +764,11 @@ class ParquetRecorder:
         """`convert` each row alone (a chunk of them did not convert): a row whose values do not fit their
         columns is dropped, counted and logged; the others are kept."""
         out = []
+        conversion_errors = _conversion_errors()
         for r in rows:
             try:
                 out.append(convert(r))
-            except _CONVERSION_ERRORS as exc:
+            except conversion_errors as exc:
                 s.write_dropped += 1
                 self._error("write", "recording row does not match the schema", exc, dataset=s.name)
         return out
@@ -745,13 +776,19 @@ class ParquetRecorder:
     @staticmethod
     def _columns_to_batch(s: _Stream, tuples: list[tuple]) -> pa.RecordBatch:
         """Value tuples → one record batch, a column at a time, the derived columns computed from the others
-        (`recording.derived`). Raises one of `_CONVERSION_ERRORS` when a value does not fit its column."""
+        (`recording.derived`). Raises one of `_conversion_errors()` when a value does not fit its column."""
+        import pyarrow as pa
+
+        from recording.derived import derive
+
         fields = {f.name: f for f in s.struct}
         cols = {n: pa.array(col, type=fields[n].type) for n, col in zip(s.tuple_names, zip(*tuples))}
         cols.update(derive(s.name, cols, {n: fields[n].type for n in DERIVED_COLUMNS.get(s.name, ())}))
         return pa.RecordBatch.from_arrays([cols[n] for n in fields], schema=pa.schema(list(s.struct)))
 
     def _flush_stream(self, s: _Stream) -> None:
+        import pyarrow.compute as pc
+
         rows = self._drain(s)
         if not rows:
             return
@@ -764,6 +801,9 @@ class ParquetRecorder:
             self._write_flush_file(s, directory, part)
 
     def _split_by_hour(self, s: _Stream, table: pa.Table) -> list[tuple[Path, pa.Table]]:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
         now_us = self._clock_ns() // 1000
         ts = pc.fill_null(table[s.time_col].cast(pa.int64()), now_us)  # timestamp[us] → epoch µs
         hours = pc.divide(ts, HOUR_NS // 1000)
@@ -777,6 +817,8 @@ class ParquetRecorder:
     def _write_file(self, s: _Stream, tables: Iterable[pa.Table], path: Path, seq: str, dropped: int,
                     rows: int) -> int:
         """Write one flush or merged file of `s` (footer: format version, run, sequence range, drops)."""
+        from recording.files import file_metadata, write_atomic
+
         md = file_metadata(s.schema, proxy_id=self.proxy_id, run=self.run, seq=seq, rows=rows,
                            dropped=dropped, dropped_total=s.dropped_total())
         if s.name == "requests":
@@ -805,6 +847,8 @@ class ParquetRecorder:
         s.files_written += 1
         if self.compact_interval_s <= 0:  # compaction off: every flush file stays as written
             return
+        from recording.compaction import FlushFile, Segment
+
         seg = s.segments.get(directory)
         if seg is None:
             seg = s.segments[directory] = Segment(directory, time.monotonic())
@@ -813,8 +857,11 @@ class ParquetRecorder:
 
     # -- compaction (recording.compaction) ----------------------------------------------
     def _compact_due(self, s: _Stream, force: bool) -> None:
+        from recording.compaction import take_due
+
         for seg in take_due(s.segments, now=time.monotonic(), force=force, rotate_bytes=self.rotate_bytes,
                             interval_s=self.compact_interval_s):
+            assert self._compactor is not None  # flushes run where rows are written: writer="thread"
             self._compactor.submit(s, seg)
 
     def _file_final(self, s: _Stream, path: Path, closes: bool) -> None:
@@ -838,12 +885,15 @@ class ParquetRecorder:
 
         The last step of a close, here and in the writer process (recording.writer_child).
         """
-        self._compactor.close()
+        if self._compactor is not None:
+            self._compactor.close()
         self._merge_rollups(list(self._unmerged))  # the compactor thread has stopped: nothing else touches the set
 
     def _merge_rollups(self, directories: Iterable[Path]) -> None:
         # Imported when first needed, not with this module: the rollups read Parquet through pyarrow.dataset
         # (~50 MB of RSS), and a proxy whose writer is a process never computes them itself.
+        if not directories:
+            return
         from recording.rollups import merge_hour
 
         for d in sorted(directories, key=str):

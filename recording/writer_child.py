@@ -20,7 +20,7 @@ import signal
 import sys
 from typing import Any
 
-from recording.compaction import name_os_thread
+from recording.thread_names import name_os_thread
 from recording.writer import ParquetRecorder, row_data_bytes
 from recording.writer_pipe import recv, send
 

@@ -68,3 +68,7 @@ def test_the_overhead_bench_runs_pinned() -> None:
     assert re.search(r"^\| producer / consumer, median of the per-round ratios to direct \| \| [\d.]+ / [\d.]+ \|",
                      r.stdout, re.M), r.stdout
     assert re.search(r"^\| producer MB/s \| [\d.]+ \| [\d.]+ \| [\d.]+ × direct", r.stdout, re.M), r.stdout
+    proxy = re.search(r"RSS MB, the proxy process \| \| idle (\d+) / \d+ conns (\d+)", r.stdout)
+    whole = re.search(r"RSS MB, with its recording writer process \| \| idle (\d+) / \d+ conns (\d+)", r.stdout)
+    assert proxy and whole, r.stdout
+    assert int(whole[1]) > int(proxy[1]) > 0  # the writer process is counted beside the proxy, not instead
