@@ -143,7 +143,7 @@ def test_grammar_parses_every_option() -> None:
     ("error=Prodce:NOT_LEADER_OR_FOLLOWER", "unknown Kafka API 'Prodce'; did you mean Produce?"),
     ("error=Produce:NOT_LEADER", "unknown Kafka error 'NOT_LEADER'; did you mean NOT_LEADER_OR_FOLLOWER?"),
     ("error=Produce", "missing fields for error=API:ERROR"),
-    ("error=Produce:NONE", "unknown Kafka error"),
+    ("error=Produce:NONE", "error code 0 (NONE) is not an error"),  # NONE: the Java name of code 0
     ("error=Produce:0", "error code 0 (NONE) is not an error"),
     ("delay=Fetch:5:1:2", "too many fields"),
     ("delay=Fetch:-5", "MS must be between 0 and"),
