@@ -198,17 +198,11 @@ def cpu_s(pid: int | None) -> float:
     return 0.0 if pid is None else proc_cpu_s(pid)
 
 
-def tree_rss_mb(pid: int) -> float:
-    """Resident memory of `pid` and its descendants: the proxy with its recording writer process."""
+def rss_mb(pid: int) -> tuple[float, float]:
+    """Resident memory of `pid` alone and with its descendants (the proxy with its recording writer
+    process), from one reading of /proc so that both figures are of the same moment."""
     procs = snapshot(rss=True)
-    return sum(procs[p].rss_kib for p in tree(pid, procs) if p in procs) / 1024
-
-
-def rss_mb(pid: int) -> float:
-    for ln in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if ln.startswith("VmRSS:"):
-            return int(ln.split()[1]) / 1024
-    return float("nan")
+    return procs[pid].rss_kib / 1024, sum(procs[p].rss_kib for p in tree(pid, procs) if p in procs) / 1024
 
 
 def open_many(port: int, n: int) -> list[socket.socket]:
@@ -354,9 +348,9 @@ def main() -> None:
                 lat[p].extend(v)
             print(f"round {r} latency p50 " + " ".join(f"{p}={pct(lat[p], .5):.0f}us" for p in PROBED), flush=True)
 
-        rss_idle, tree_idle = rss_mb(kt.pid), tree_rss_mb(kt.pid)
+        rss_idle, tree_idle = rss_mb(kt.pid)
         socks = open_many(p_kt, args.conns)
-        rss_conns, tree_conns = rss_mb(kt.pid), tree_rss_mb(kt.pid)
+        rss_conns, tree_conns = rss_mb(kt.pid)
         for s in socks:
             s.close()
         took = time.monotonic() - t_start
