@@ -35,7 +35,8 @@ from protocol.apis import APIS, in_versions
 from protocol.errors import ProtocolError
 from protocol.frames import RESPONSE_CORRELATION_AT, response_body
 from protocol.headers import response_header_flexible
-from protocol.summaries.varint import Over, skip_tags, uv
+from protocol.summaries.varint import Over, skip_tags
+from protocol.tag_scan import tag_scanner
 
 __all__ = ["Endpoint", "SeenAddress", "Rewritten", "NotExact", "endpoints", "address_apis", "find_addresses",
            "no_addresses_in", "rewrite_response", "rewrite_body"]
@@ -156,86 +157,12 @@ def address_apis(request: bool = False) -> dict[int, tuple[int, int]]:
 
 # --------------------------------------------------------------------------- the fast "nothing here" check
 # Produce, Fetch, ShareFetch and ShareAcknowledge carry their node endpoints (KIP-951) in a top-level tagged
-# field, present only when a partition's leader moved. Every Fetch response of a cluster-mode connection is
-# checked, so for those the body is *skipped* (lengths read, nothing built, records not copied) up to its
-# top-level tagged fields (`no_addresses_in`, on the frame still in the pieces it was read in), and decoded
-# only when one of the address-carrying tags is there.
-_SIZES = {"int8": 1, "int16": 2, "uint16": 2, "int32": 4, "int64": 8, "float64": 8, "bool": 1, "uuid": 16}
+# field, present only when a partition's leader moved. Every such response of a cluster-mode connection is
+# checked before it is forwarded, so for those the body is *skipped* by a generated walker
+# (`protocol.tag_scan`: lengths read, nothing built, records not copied) up to its top-level tagged fields
+# (`no_addresses_in`, on the frame still in the pieces it was read in), and decoded only when one of the
+# address-carrying tags is there.
 _TAGS: dict[tuple[int, int], frozenset[int] | None] = {}
-
-
-def _uv(d: Any, p: int) -> tuple[int, int]:
-    """An unsigned varint at p (the one varint reader); ValueError when the body is malformed or ends early."""
-    try:
-        return uv(d, p, len(d))
-    except (Over, ProtocolError) as exc:
-        raise ValueError(f"bad varint at {p}") from exc
-
-
-def _int(d: Any, p: int, width: int) -> int:
-    """A big-endian signed integer at p, read by slicing (so `protocol.pieces.Pieces` serves as well as bytes)."""
-    b = d[p:p + width]
-    if len(b) < width:
-        raise IndexError(f"{width}-byte integer at {p} runs past the body")
-    return int.from_bytes(b, "big", signed=True)
-
-
-def _skip_len(d: Any, p: int, compact: bool, wide: bool) -> tuple[int, int]:
-    if compact:
-        n, p = _uv(d, p)
-        return n - 1, p
-    if wide:
-        return _int(d, p, 4), p + 4
-    return _int(d, p, 2), p + 2
-
-
-def _skip_value(typ: str, compact: bool, d: Any, p: int) -> int:
-    size = _SIZES.get(typ)
-    if size is not None:
-        return p + size
-    n, p = _skip_len(d, p, compact, typ != "string")
-    return p + max(n, 0)
-
-
-def _skip_tags(d: Any, p: int) -> int:
-    count, p = _uv(d, p)
-    for _ in range(count):
-        _, p = _uv(d, p)
-        size, p = _uv(d, p)
-        p += size
-    return p
-
-
-def _skip_struct(st: Any, d: Any, p: int) -> int:
-    for f in st.regular:
-        p = _skip_field(f, d, p)
-    return _skip_tags(d, p) if st.flexible else p
-
-
-def _skip_field(f: Any, d: Any, p: int) -> int:
-    kind = f.kind
-    if kind == "value":
-        return _skip_value(f.inner, f.compact, d, p)
-    if kind == "struct":
-        if f.nullable:
-            if d[p] == 0xFF:
-                return p + 1
-            p += 1
-        return _skip_struct(f.struct, d, p)
-    n, p = _skip_len(d, p, f.compact, True)
-    if n <= 0:
-        return p
-    if kind == "structs":
-        st = f.struct
-        for _ in range(n):
-            p = _skip_struct(st, d, p)
-        return p
-    size = _SIZES.get(f.inner)
-    if size is not None:
-        return p + n * size
-    for _ in range(n):
-        p = _skip_value(f.inner, f.compact, d, p)
-    return p
 
 
 def _address_tags(api_key: int, version: int) -> frozenset[int] | None:
@@ -252,24 +179,6 @@ def _address_tags(api_key: int, version: int) -> frozenset[int] | None:
             tags.add(f.tag)
         _TAGS[key] = frozenset(tags) if tags is not None else None
     return _TAGS[key]
-
-
-def _tags_present(api_key: int, version: int, body: Any, p: int = 0) -> set[int]:
-    """The top-level tags of a body starting at p, found by skipping its regular fields (IndexError etc. when
-    malformed). `body` is anything indexable by int and by contiguous slice: bytes, a memoryview, `Pieces`."""
-    st = codec.plan(api_key, False, version)
-    for f in st.regular:
-        p = _skip_field(f, body, p)
-    count, p = _uv(body, p)
-    present = set()
-    for _ in range(count):
-        tag, p = _uv(body, p)
-        size, p = _uv(body, p)
-        p += size
-        present.add(tag)
-    if p > len(body):
-        raise ValueError("tagged fields run past the body")
-    return present
 
 
 # --------------------------------------------------------------------------- finding and rewriting in a body
@@ -350,7 +259,8 @@ def no_addresses_in(frame: Any, api_key: int, api_version: int) -> bool:
         p = RESPONSE_CORRELATION_AT + 4
         if response_header_flexible(api_key, api_version):
             p = skip_tags(frame, p, len(frame))
-        return not (_tags_present(api_key, api_version, frame, p) & tags)
+        present, _ = tag_scanner(api_key, False, api_version)(frame, p)
+        return not (present & tags)
     except (IndexError, ValueError, struct_error, Over, ProtocolError):
         return False
 
