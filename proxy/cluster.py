@@ -156,6 +156,7 @@ class AddressRewriter:
     """The `proxy.intercept.Interceptor` of one cluster-mode connection: rewrites addresses in responses."""
 
     __slots__ = ("registry", "conn_id")
+    edits_requests = False  # requests are forwarded as read: only responses carry addresses
 
     def __init__(self, registry: BrokerRegistry, conn_id: str) -> None:
         self.registry = registry

@@ -16,7 +16,10 @@ Fetch frames are never stored whole; a wanted frame is collected whole (up to
 `MAX_EDIT_FRAME`), as the reads it came in, handed to the interceptors, and
 their result is sent. An interceptor that can tell from those reads that it
 will not edit the frame (`leaves_unchanged`: a Fetch response without node
-endpoints) has it forwarded as the reads themselves, never joined.
+endpoints) has it forwarded as the reads themselves, never joined. An
+interceptor that never edits requests (`edits_requests = False`: cluster mode)
+has every request chunk forwarded the moment it is read; the requests are
+framed afterwards, only to pair the responses with them.
 
 Ordering: every request that expects a response takes a place in `order`. A
 response from the broker must be for `order[0]`; a response made by an
@@ -99,6 +102,9 @@ class Interceptor(Protocol):
     # Optional: `leaves_unchanged(head, request, data) -> bool`, asked before a wanted frame read in several
     # pieces is joined. True means on_request/on_response would return None: the pieces go on as they were
     # read, and the frame is never joined. `data` is a `protocol.pieces.Pieces` (or one buffer).
+    # Optional: `edits_requests = False` (a class attribute): wants_request is always False. The editor then
+    # forwards every request chunk the moment it is read and frames it afterwards (to pair the responses),
+    # so the requests' own framing is off their latency path (cluster mode's address rewriting).
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +146,10 @@ class _Chain:
             if e.answer is not None or e.close:
                 return Edit(answer=e.answer, close=e.close, delay_s=delay, note="; ".join(notes) or None)
         return Edit(delay_s=delay, note="; ".join(notes)) if notes or delay else None
+
+    @property
+    def edits_requests(self) -> bool:
+        return any(getattr(p, "edits_requests", True) for p in self.parts)
 
     def wants_response(self, head: RequestHead) -> bool:
         return any(p.wants_response(head) for p in self.parts)
@@ -221,7 +231,7 @@ class _Side:
     """Framing state of one direction."""
 
     __slots__ = ("request", "mode", "buf", "pieces", "want", "size", "remaining", "head", "queue", "queued",
-                 "hold_until", "holding", "timer", "after", "out", "fresh", "verbatim")
+                 "hold_until", "holding", "timer", "after", "out", "fresh", "verbatim", "forwarded")
 
     def __init__(self, request: bool) -> None:
         self.request = request
@@ -241,6 +251,7 @@ class _Side:
         self.out: list[bytes | memoryview] = []  # output of the current `feed`, written as one chunk at its end
         self.fresh = True  # no frame yet: the first size prefix is also checked for TLS / HTTP
         self.verbatim = False  # during a feed: every piece in `out` is the chunk's own bytes, in order
+        self.forwarded = False  # requests nobody edits: each chunk is sent as read, framing only follows it
 
 
 class FrameEditor:
@@ -256,6 +267,7 @@ class FrameEditor:
         self.max_frame = max_frame
         self.req = _Side(True)
         self.resp = _Side(False)
+        self.req.forwarded = not getattr(interceptor, "edits_requests", True)
         self.pending: dict[int, RequestHead] = {}  # correlation id -> request awaiting its response
         self.order: deque[int] = deque()  # correlation ids in the order their responses must go out
         self.ready: dict[int, tuple[bytes, float]] = {}  # answers made here (frame, delay), waiting for their turn
@@ -274,6 +286,18 @@ class FrameEditor:
         small requests must not become 100 system calls.
         """
         side = self.req if request else self.resp
+        if side.forwarded:
+            # requests nobody edits go on as read; framing them afterwards only pairs the responses
+            self.out.send(True, data, now_ns)
+            if side.mode == _PASS:
+                return
+            if side.mode == _STREAM and side.remaining > len(data):
+                side.remaining -= len(data)
+                return
+            self._feed(side, data, now_ns)
+            if self.resp.out:  # a request that stops framing (`_pass`) hands on a held response's reads
+                self._flush_out(self.resp, now_ns)
+            return
         if side.queue is None and (side.mode == _PASS or side.mode == _STREAM and side.remaining > len(data)):
             # the common chunk: the middle of a frame nobody wants (or a connection given up on) goes on as
             # it came, with no framing calls (reads of a big Fetch response are often only a few KiB each)
@@ -571,7 +595,7 @@ class FrameEditor:
 
     # ------------------------------------------------------------------ output, delays
     def _emit(self, side: _Side, data: bytes | memoryview, now_ns: int) -> None:
-        if not data:
+        if not data or side.forwarded:  # (forwarded: these bytes were sent when they were read)
             return
         if side.queue is not None:
             side.queue.append((data, now_ns))

@@ -335,6 +335,57 @@ def test_pass_through_while_a_wanted_frame_is_half_collected_keeps_its_bytes() -
     assert port.out(True) == frame and port.out(False) == b"garbage that is no response"
 
 
+class ResponsesOnly(Wants):
+    """An interceptor that never edits requests (as cluster mode's address rewriter): it says so."""
+
+    edits_requests = False
+
+    def wants_request(self, head: RequestHead) -> bool:
+        self.heads.append(head)
+        return False
+
+
+def test_requests_nobody_edits_go_on_as_read_and_responses_are_still_paired() -> None:
+    """Each request chunk is sent the moment it is read (its framing follows, off the latency path), exactly
+    once, in any split; the responses are still paired with their requests and edited."""
+    reqs = [produce(1, 1), produce(2, 0), request(METADATA, 12, 3, {"topics": None, "allow_auto_topic_creation": False,
+                                                                    "include_topic_authorized_operations": False})]
+    resps = response(PRODUCE, 9, 1) + response(METADATA, 12, 3)
+    for seed in range(20):
+        rng = random.Random(seed)
+        w = ResponsesOnly(on_response=lambda h, f: Edit(frame=f, note=f"seen {h.api_key}"))
+        ed, port = editor(w)
+        chunks = []
+        data = b"".join(reqs)
+        i = 0
+        while i < len(data):
+            k = rng.randint(1, 37)
+            chunks.append(data[i:i + k])
+            ed.feed(True, data[i:i + k], 0)
+            assert port.sent[True] == chunks  # sent as read, before the frame (or its head) is whole
+            i += k
+        feed_split(ed, False, resps, rng)
+        assert port.out(False) == resps and port.notes == {1: "seen 0", 3: "seen 3"}
+        assert [h.correlation_id for h in w.heads] == [1, 2, 3] and [h.acks for h in w.heads] == [1, 0, None]
+        assert not ed.passing and not ed.order and not ed.pending
+
+
+def test_requests_sent_as_read_are_never_sent_twice_when_editing_stops() -> None:
+    """A request that stops the framing (a reused correlation id) while a response is half collected: the
+    held response reads go on, and no request byte is written again."""
+    ed, port = editor(ResponsesOnly())
+    ed.feed(True, produce(1, 1), 0)
+    resp = response(PRODUCE, 9, 1)
+    ed.feed(False, resp[:6], 0)
+    assert port.out(False) == b""  # wanted: held until whole
+    ed.feed(True, produce(1, 1), 0)  # correlation id 1 again while unanswered
+    assert ed.passing and port.out(True) == produce(1, 1) * 2 and port.out(False) == resp[:6]
+    ed.feed(False, resp[6:], 0)
+    garbage = bytes.fromhex("160301020001") + bytes(64)
+    ed.feed(True, garbage, 0)
+    assert port.out(False) == resp and port.out(True) == produce(1, 1) * 2 + garbage
+
+
 def test_oversize_wanted_frame_is_streamed_and_counted() -> None:
     ed, port = editor(Wants())
     head = (MAX_EDIT_FRAME + 10).to_bytes(4, "big") + encode_request_header(PRODUCE, 3, 5, "c") + b"\xff\xff\x00\x01"
