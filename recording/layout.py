@@ -93,13 +93,27 @@ def _tmp_is_leftover(path: Path, now: float) -> bool:
 
 
 def _pid_alive(pid: int) -> bool:
+    """Whether process `pid` still runs. A zombie does not: it has exited and only waits to be reaped.
+
+    Why zombies matter: a writer process whose proxy was killed is reparented to PID 1, and in a
+    container whose PID 1 is not an init (or is a slow one) it stays a zombie, for a moment or for
+    good. Its pid still answers `kill(pid, 0)`, so its leftover `.tmp-` files would be kept for
+    TMP_STALE_S instead of removed by the next `recover()`.
+    """
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # exists, another user's
-        return True
-    return True
+        pass
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]  # after "pid (comm)": comm may hold spaces or ")"
+    except FileNotFoundError:
+        return False  # gone since kill(pid, 0)
+    except (OSError, IndexError):
+        return True  # no /proc to ask: as kill(pid, 0) said
+    return state not in (b"Z", b"X")
 
 
 def safe_segment(value: str) -> str:

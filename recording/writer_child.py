@@ -48,6 +48,31 @@ def _stats(rec: ParquetRecorder) -> dict[str, Any]:
     }
 
 
+class _Answers:
+    """The child's answers to the proxy, which may be dead: then nobody reads them, and they stop.
+
+    Why: a proxy killed with answers still to come (its last flush requests in the pipe) leaves the
+    child with a pipe that has no reader. An answer written there raised BrokenPipeError, which ended
+    the child there and then: the rows the pipe still held after that flush were never written, and a
+    merge its compaction thread was writing stayed a `.tmp-` file.
+    """
+
+    def __init__(self, out: Any) -> None:
+        self.out: Any = out
+
+    def send(self, msg: Any) -> None:
+        if self.out is None:
+            return
+        try:
+            send(self.out, msg)
+        except (BrokenPipeError, ValueError, OSError):  # the proxy is gone: the input's end will tell the rest
+            out, self.out = self.out, None
+            try:
+                out.close()  # its unsent bytes go with it (else the interpreter's exit tries them again)
+            except (BrokenPipeError, ValueError, OSError):
+                pass
+
+
 def main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # only "close" or end of input end this process
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -69,7 +94,8 @@ def main() -> int:
                           frame_queue_bytes=1 << 62, **cfg)
     if rec.compact_interval_s > 0:
         rec._compactor.start()
-    send(out, ("ready", os.getpid()))
+    answers = _Answers(out)
+    answers.send(("ready", os.getpid()))
     streams = rec._streams
     while True:
         msg = recv(inp)
@@ -94,7 +120,7 @@ def main() -> int:
             rec._flush(final=kind == "close")
             if kind == "close":
                 rec.finish_compaction()
-            send(out, ("stats", _stats(rec)))
+            answers.send(("stats", _stats(rec)))
             if kind == "close":
                 return 0
 

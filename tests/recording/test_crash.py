@@ -118,3 +118,19 @@ def test_sigterm_loses_nothing(tmp_path: Path, writer: str) -> None:
     n = int(closed[0].split()[1])
     t = read_recording(root, "requests")
     assert t.num_rows == n and sorted(t["correlation_id"].to_pylist()) == list(range(1, n + 1))
+
+
+def test_a_proxy_killed_before_its_writer_answers_loses_nothing_it_handed_over(tmp_path: Path) -> None:
+    """The writer process answers each flush; when its proxy was killed meanwhile, nobody reads that answer.
+    Writing it must not end the child: the rows still in the pipe behind the flush are written too, every
+    merge is finished (no `.tmp-` file), and nothing is printed but the child's own log lines."""
+    root = tmp_path / "rec"
+    proc = subprocess.Popen([sys.executable, "-m", "tests.recording.orphan_proc", str(root), "3000", "2000"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parents[2])
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGKILL, err[-2000:]
+    _wait_gone(next(int(ln) for ln in out.splitlines() if ln.strip().isdigit()))  # (log lines share stdout)
+    assert "Traceback" not in err and "BrokenPipe" not in err, err[-2000:]
+    assert not list(root.rglob(".tmp-*")), "a merge was left half written"
+    ids = read_recording(root, "requests")["correlation_id"].to_pylist()
+    assert sorted(ids) == list(range(1, 5001))

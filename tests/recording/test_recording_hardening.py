@@ -87,6 +87,23 @@ def test_recovery_keeps_a_live_writers_temp_files_and_removes_dead_or_stale_ones
         other.communicate(b"")
 
 
+def test_recovery_removes_the_temp_files_of_a_writer_that_is_a_zombie(rec_dir: Path) -> None:
+    """A writer process orphaned by a killed proxy can stay a zombie (a container whose PID 1 reaps late, or
+    never): it has exited, so its in-progress files are leftovers, though its pid still answers kill(pid, 0)."""
+    d = rec_dir / PART
+    d.mkdir(parents=True)
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        os.waitid(os.P_PID, zombie.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped: a zombie until wait()
+        os.kill(zombie.pid, 0)  # the pid still answers
+        left = _tmp(d, f".tmp-{zombie.pid}-0a1b2c3d-part-20260101T000000Z-dddd-00000002-00000005.parquet")
+        r = ParquetRecorder(rec_dir, "p1", fsync=False).start()  # start-up recovery of proxy id p1
+        r.close()
+        assert not left.exists(), "a zombie writer's leftover was kept as if its writer still ran"
+    finally:
+        zombie.wait()
+
+
 def test_compaction_streams_with_bounded_memory(tmp_path: Path) -> None:
     """Eight flush files merged: peak Arrow memory stays near one batch, not the whole segment."""
     script = textwrap.dedent(f"""
