@@ -25,13 +25,14 @@ from collections.abc import Callable
 from typing import Any
 
 from protocol import codec
+from protocol.summaries.codegen import FIXED
 from protocol.summaries.varint import skip_tags, uv
 
 __all__ = ["TagScan", "tag_scanner", "scanner_source"]
 
 TagScan = Callable[[Any, int], tuple[frozenset[int], int]]  # (body, start) -> (top-level tags present, end)
 
-_FIXED = {"int8": 1, "int16": 2, "uint16": 2, "int32": 4, "int64": 8, "float64": 8, "bool": 1, "uuid": 16}
+_FIXED = {typ: size for typ, (_fmt, size) in FIXED.items()}  # wire sizes of the fixed-size types
 _NO_TAGS: frozenset[int] = frozenset()
 _SCANNERS: dict[tuple[int, bool, int], TagScan] = {}
 
@@ -154,9 +155,7 @@ class _Emitter:
             self.struct(ind + 1, f.struct)
         else:
             self.value(ind + 1, f.inner, f.compact)
-        self.flush(ind + 1)
-        if self.lines[-1].strip() == f"for _ in range({v}):":  # every element skipped by `tags` alone: impossible
-            self.emit(ind + 1, "pass")
+        self.flush(ind + 1)  # (never an empty body: fixed-size elements took the branch above)
 
 
 def scanner_source(api_key: int, request: bool, version: int) -> str:
