@@ -12,11 +12,15 @@ How (and why this way):
    captured request with its captured response (correlation id rewritten), far less
    work per request than the proxy's relay + decode + recording, so it is not what
    saturates. `--upstreams K` runs K of them on one port (SO_REUSEPORT).
-3. The load generator runs in its own processes (`--loaders`, default 2): each is the
-   pipelining wire client of `recording_cost.Load` (16 connections x 32 requests in
-   flight) with no rate limit, so the proxy is always busy (`--rate R` offers R requests/s
-   in all instead: below saturation, every request should be decoded); each loader counts the
-   responses it received in the measurement window.
+3. The load generator runs in its own process: 32 connections x 32 requests in flight,
+   the pipelining wire client of `recording_cost.Load`, with no rate limit, so the proxy
+   is always busy (`--rate R` offers R requests/s in all instead: below saturation, every
+   request should be decoded); it counts the responses it received in the measurement window.
+   By default the load and the fake broker are bench/wireload.c (`--load c`, compiled with the
+   system's cc; bench/wire_load.py): on two cores whatever they spend is taken from the workers,
+   and the Python ones (`--load python`: `--loaders` uvloop processes of 16 connections each,
+   and FakeBroker) took 40-50 % of the two cores at two workers' capacity. The report prints the
+   CPU the load and the broker used beside the proxy's.
 4. The proxy is the real command, `kafkatap proxy --workers N --record DIR` (recording on,
    as an operator runs it; `--no-record` to measure the relay alone), started fresh for
    each measurement; 1 and 2 workers alternate within a round.
@@ -32,9 +36,9 @@ It prints requests/s relayed and requests/s decoded into rows (the proxy's /metr
 run, the connections whose decoding fell behind (those are relayed without decoding from
 then on), the medians per worker count, the ratios 2 / 1 next to the issue's target
 (>= 1.5 x), and the CPU the whole proxy (parent, workers, their recording writer
-processes) used in the window: when 2 workers do not get ~2 x the CPU
-of one, the host had no core to give them (on a 2-core machine the loaders and the
-upstream share the cores with the workers, so the ratio there is a floor).
+processes) and the load (load generator and fake broker) used in the window: when 2 workers
+do not get ~2 x the CPU of one, the host had no core to give them (on a 2-core machine the
+load shares the cores with the workers, so the ratio there is a floor).
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import wire_load  # noqa: E402
 from harness.kafka import free_port  # noqa: E402
 from hostile import metric  # noqa: E402
 from proc_tree import tree_cpu_s  # noqa: E402
@@ -111,6 +116,79 @@ def loader_main(port: int, requests: dict[int, bytes], warm: float, window: floa
         await task
 
     uvloop.run(main())
+
+
+class PythonLoad:
+    """`--load python`: `loaders` uvloop processes (loader_main), `CONNS_PER_LOADER` connections each, the rate split
+    between them; the same interface as wire_load.WireLoad."""
+
+    def __init__(self, port: int, requests: dict[int, bytes], loaders: int, rate: float, warm: float,
+                 window: float) -> None:
+        ctx = mp.get_context("spawn")
+        self.out: mp.Queue = ctx.Queue()
+        self.warm, self.window = warm, window
+        self.procs = [ctx.Process(target=loader_main, args=(port, requests, warm, window, self.out,
+                                                             rate / loaders if rate else 1e9))
+                      for _ in range(loaders)]
+        for p in self.procs:
+            p.start()
+        self.pids = [p.pid for p in self.procs if p.pid is not None]
+        self.early: list[tuple[int, float]] = []
+
+    def wait_connected(self) -> None:
+        started = 0
+        while started < len(self.procs):  # every loader connected (a late one's result may come first)
+            msg = self.out.get(timeout=120)
+            started += msg is None
+            if msg is not None:
+                self.early.append(msg)
+
+    def rate(self) -> float:
+        results = self.early + [self.out.get(timeout=self.warm + self.window + 120)
+                                for _ in range(len(self.procs) - len(self.early))]
+        for p in self.procs:
+            p.join(60)
+        return sum(n for n, _ in results) / statistics.mean(t for _, t in results)
+
+
+class Upstream:
+    """The fake broker processes and how a measurement starts its load against a proxy (`--load c` or `python`)."""
+
+    def __init__(self, args: argparse.Namespace, pairs: dict[int, tuple[bytes, bytes]], work: Path) -> None:
+        from recording_cost import request_sequence
+
+        self.args, self.port = args, free_port()
+        self.requests = {k: v[0] for k, v in pairs.items()}
+        responses = {k: v[1] for k, v in pairs.items()}
+        self.procs: list = []
+        if args.load == "c":
+            self.program = wire_load.build(work)
+            self.request_file = wire_load.write_requests(work / "requests.bin", request_sequence(self.requests))
+            answers = wire_load.write_responses(work / "responses.bin", responses)
+            self.procs = [wire_load.start_broker(self.program, self.port, answers) for _ in range(args.upstreams)]
+        else:
+            ctx = mp.get_context("spawn")
+            ready = [ctx.Event() for _ in range(args.upstreams)]
+            self.procs = [ctx.Process(target=upstream_main, args=(self.port, responses, r), daemon=True) for r in ready]
+            for p in self.procs:
+                p.start()
+            for r in ready:
+                r.wait(60)
+        self.pids = [p.pid for p in self.procs]
+
+    def load(self, port: int, offered: float) -> "PythonLoad | wire_load.WireLoad":
+        """Start the load against the proxy on `port`, offering `offered` requests/s in all (0: saturating)."""
+        a = self.args
+        if a.load == "c":
+            return wire_load.WireLoad(self.program, port, self.request_file, a.loaders * CONNS_PER_LOADER, DEPTH,
+                                      offered, a.warm, a.window)
+        return PythonLoad(port, self.requests, a.loaders, offered, a.warm, a.window)
+
+    def close(self) -> None:
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            p.wait(10) if isinstance(p, subprocess.Popen) else p.join(10)
 
 
 FELL_BEHIND = "decoding fell behind; connection is now opaque (bytes still relayed)"
@@ -165,16 +243,19 @@ def worker_spread(status: int) -> str:
     return " / ".join(f"{v:.0f}" for _, v in sorted(samples, key=lambda lv: lv[0]["worker"]))
 
 
-def measure(workers: int, upstream: int, requests: dict[int, bytes], args: argparse.Namespace,
+LOAD_CPU: dict[int, float] = {}  # worker count -> CPU % of the load and the fake broker in its last measurement
+
+
+def measure(workers: int, upstream: Upstream, args: argparse.Namespace,
             work: Path, offered: float | None = None) -> tuple[float, float, int, float]:
-    """(requests/s the loaders got answered, CPU % of the whole proxy, connections whose decoding fell behind,
+    """(requests/s the load got answered, CPU % of the whole proxy, connections whose decoding fell behind,
     requests/s decoded into rows) through a fresh `kafkatap proxy --workers N`, offered `offered` requests/s in
     all (default: `--rate`, or saturating)."""
     offered = args.rate if offered is None else offered
     port, status = free_port(), free_port()
     rec = work / f"rec-{workers}-{time.monotonic_ns()}"
     cmd = [sys.executable, "-m", "kafkatap.cli", "--log-format", "json", "--log-level", "info", "proxy",
-           "--workers", str(workers), "--listen", f"127.0.0.1:{port}", "--upstream", f"127.0.0.1:{upstream}",
+           "--workers", str(workers), "--listen", f"127.0.0.1:{port}", "--upstream", f"127.0.0.1:{upstream.port}",
            "--no-resolve-topics", "--status-addr", str(status)]
     if workers > 1:  # one process has nobody to balance with (the proxy refuses --balance there)
         cmd += ["--balance", args.balance]
@@ -184,30 +265,19 @@ def measure(workers: int, upstream: int, requests: dict[int, bytes], args: argpa
                              start_new_session=True)
     try:
         opaque = wait_ready(proxy, workers)
-        ctx = mp.get_context("spawn")
-        out: mp.Queue = ctx.Queue()
-        rate = offered / args.loaders if offered else 1e9
-        loaders = [ctx.Process(target=loader_main, args=(port, requests, args.warm, args.window, out, rate))
-                   for _ in range(args.loaders)]
-        for p in loaders:
-            p.start()
-        early: list[tuple[int, float]] = []
-        started = 0
-        while started < len(loaders):  # every loader connected (a late one's result may come first)
-            msg = out.get(timeout=120)
-            started += msg is None
-            if msg is not None:
-                early.append(msg)
-        time.sleep(args.warm)  # the loaders' own warm-up; their counts come from their own clocks
+        load = upstream.load(port, offered or 0.0)
+        load.wait_connected()
+        time.sleep(args.warm)  # the load's own warm-up; its counts come from its own clock
+        driving = load.pids + upstream.pids
         c0, r0, t0 = tree_cpu_s(proxy.pid), rows_total(status), time.monotonic()
+        l0 = sum(tree_cpu_s(pid) for pid in driving)
         time.sleep(args.window)
         c1, r1, t1 = tree_cpu_s(proxy.pid), rows_total(status), time.monotonic()
+        l1 = sum(tree_cpu_s(pid) for pid in driving)
         if workers > 1:
             SPREAD[workers] = worker_spread(status)
-        results = early + [out.get(timeout=args.warm + args.window + 120) for _ in range(len(loaders) - len(early))]
-        for p in loaders:
-            p.join(60)
-        rate = sum(n for n, _ in results) / statistics.mean(t for _, t in results)
+        LOAD_CPU[workers] = 100 * (l1 - l0) / (t1 - t0)
+        rate = load.rate()
         return rate, 100 * (c1 - c0) / (t1 - t0), opaque[0], (r1 - r0) / (t1 - t0)
     finally:
         proxy.send_signal(signal.SIGTERM)
@@ -242,7 +312,7 @@ def find_capacity(workers: int, run: Callable[[float], tuple[float, float, int, 
         relayed, pct, behind, decoded = run(rate)
         good = sustained(rate, relayed, behind, decoded)
         log(f"--workers {workers}: offered {rate:,.0f}/s: relayed {relayed:,.0f}, decoded {decoded:,.0f}, "
-            f"{behind} fell behind, proxy CPU {pct:.0f} %"
+            f"{behind} fell behind, proxy CPU {pct:.0f} %, load CPU {LOAD_CPU.get(workers, 0):.0f} %"
             f"{f', connections per worker {SPREAD[workers]}' if workers in SPREAD else ''} -> "
             f"{'sustained' if good else 'not sustained'}")
         return good, decoded
@@ -279,8 +349,7 @@ def capacity_report(args: argparse.Namespace, caps: dict[int, list[tuple[float, 
     print("\n## Workers: the highest rate recorded in full (`bench/workers.py --capacity`)\n")
     print(f"`{' '.join(['.venv/bin/python', 'bench/workers.py', *sys.argv[1:]])}` — {os.cpu_count()} cores, "
           f"load average {load0[0]:.2f} before / {load1[0]:.2f} after; recording {'off' if args.no_record else 'on'}; "
-          f"--balance {args.balance}; {args.loaders} loader processes x {CONNS_PER_LOADER} connections x {DEPTH} in flight; {args.upstreams} "
-          f"fake-broker process(es); a rate is sustained when no connection falls behind decoding, the loaders get "
+          f"--balance {args.balance}; {describe_load(args)}; a rate is sustained when no connection falls behind decoding, the loaders get "
           f">= {KEPT_UP:.0%} of it answered and the rows keep up with >= {KEPT_UP:.0%} of that\n")
     print("| workers | sustained requests/s (median) | per round | decoded into rows there, per round |")
     print("|---|---|---|---|")
@@ -294,12 +363,25 @@ def capacity_report(args: argparse.Namespace, caps: dict[int, list[tuple[float, 
     print(json.dumps({"capacity_1": one, "capacity_2": two, "ratio": two / one if one else None}), file=sys.stderr)
 
 
+def describe_load(args: argparse.Namespace) -> str:
+    """The report's one-line account of the load."""
+    conns = f"{args.loaders * CONNS_PER_LOADER} connections x {DEPTH} in flight"
+    if args.load == "c":
+        return f"load: bench/wireload.c, one process, {conns}; {args.upstreams} C fake-broker process(es)"
+    return (f"load: {args.loaders} Python loader processes, {conns} in all; {args.upstreams} Python fake-broker "
+            "process(es)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--warm", type=float, default=5.0, help="seconds of load before the window")
     ap.add_argument("--window", type=float, default=10.0, help="seconds counted")
-    ap.add_argument("--loaders", type=int, default=2, help="load generator processes")
+    ap.add_argument("--load", choices=("c", "python"), default="c",
+                    help="c (default): the load generator and fake broker of bench/wireload.c, compiled with cc, which "
+                         "leave the cores to the workers; python: the uvloop ones of bench/recording_cost.py")
+    ap.add_argument("--loaders", type=int, default=2,
+                    help=f"x {CONNS_PER_LOADER} connections in all (--load python: one process per {CONNS_PER_LOADER})")
     ap.add_argument("--upstreams", type=int, default=1, help="fake broker processes (one port, SO_REUSEPORT)")
     ap.add_argument("--no-record", action="store_true", help="relay and decode only (no --record)")
     ap.add_argument("--rate", type=float, default=0.0,
@@ -320,53 +402,40 @@ def main() -> None:
 
     print("capturing real frames (LocalKafka + kafka-python through the proxy) ...", file=sys.stderr)
     pairs = capture_frames()
-    requests = {k: v[0] for k, v in pairs.items()}
-    responses = {k: v[1] for k, v in pairs.items()}
-    ctx = mp.get_context("spawn")
-    upstream = free_port()
-    ready = [ctx.Event() for _ in range(args.upstreams)]
-    ups = [ctx.Process(target=upstream_main, args=(upstream, responses, r), daemon=True) for r in ready]
-    for p in ups:
-        p.start()
-    for r in ready:
-        r.wait(60)
     results: dict[int, list[float]] = {1: [], 2: []}
     cpu: dict[int, list[float]] = {1: [], 2: []}
+    load_cpu: dict[int, list[float]] = {1: [], 2: []}
     opaque: dict[int, list[int]] = {1: [], 2: []}
     decoded: dict[int, list[float]] = {1: [], 2: []}
     load0 = os.getloadavg()
-    if args.capacity:
-        caps: dict[int, list[tuple[float, float]]] = {1: [], 2: []}
+    with tempfile.TemporaryDirectory(prefix="kafkatap-workers-bench-") as tmp:
+        upstream = Upstream(args, pairs, Path(tmp))
         try:
-            with tempfile.TemporaryDirectory(prefix="kafkatap-workers-bench-") as tmp:
+            if args.capacity:
+                caps: dict[int, list[tuple[float, float]]] = {1: [], 2: []}
                 for rnd in range(args.rounds):
                     for workers in ((1, 2) if rnd % 2 == 0 else (2, 1)):
                         caps[workers].append(find_capacity(
-                            workers, lambda r, w=workers: measure(w, upstream, requests, args, Path(tmp), r), args.start,
+                            workers, lambda r, w=workers: measure(w, upstream, args, Path(tmp), r), args.start,
                             lambda line, n=rnd: print(f"round {n + 1}: {line}", file=sys.stderr)))
+            else:
+                for rnd in range(args.rounds):
+                    for workers in ((1, 2) if rnd % 2 == 0 else (2, 1)):
+                        rate, pct, behind, rows = measure(workers, upstream, args, Path(tmp))
+                        results[workers].append(rate)
+                        cpu[workers].append(pct)
+                        load_cpu[workers].append(LOAD_CPU[workers])
+                        opaque[workers].append(behind)
+                        decoded[workers].append(rows)
+                        print(f"round {rnd + 1}: --workers {workers}: {rate:,.0f} requests/s relayed, {rows:,.0f} decoded "
+                              f"into rows, proxy CPU {pct:.0f} %, load CPU {LOAD_CPU[workers]:.0f} %, {behind} of "
+                              f"{args.loaders * CONNS_PER_LOADER} connections fell behind decoding"
+                              f"{f', connections per worker {SPREAD[workers]}' if workers in SPREAD else ''}", file=sys.stderr)
         finally:
-            for p in ups:
-                p.terminate()
-                p.join(10)
+            upstream.close()
+    if args.capacity:
         capacity_report(args, caps, load0)
         return
-    try:
-        with tempfile.TemporaryDirectory(prefix="kafkatap-workers-bench-") as tmp:
-            for rnd in range(args.rounds):
-                for workers in ((1, 2) if rnd % 2 == 0 else (2, 1)):
-                    rate, pct, behind, rows = measure(workers, upstream, requests, args, Path(tmp))
-                    results[workers].append(rate)
-                    cpu[workers].append(pct)
-                    opaque[workers].append(behind)
-                    decoded[workers].append(rows)
-                    print(f"round {rnd + 1}: --workers {workers}: {rate:,.0f} requests/s relayed, {rows:,.0f} decoded "
-                          f"into rows, proxy CPU {pct:.0f} %, {behind} of {args.loaders * CONNS_PER_LOADER} "
-                          f"connections fell behind decoding"
-                          f"{f', connections per worker {SPREAD[workers]}' if workers in SPREAD else ''}", file=sys.stderr)
-    finally:
-        for p in ups:
-            p.terminate()
-            p.join(10)
     one, two = statistics.median(results[1]), statistics.median(results[2])
     ratio = two / one if one else float("nan")
     load1 = os.getloadavg()
@@ -374,15 +443,15 @@ def main() -> None:
     print(f"`{' '.join(['.venv/bin/python', 'bench/workers.py', *sys.argv[1:]])}` — {os.cpu_count()} cores, "
           f"load average {load0[0]:.2f} before / {load1[0]:.2f} after; "
           f"{f'{args.rate:,.0f} requests/s offered' if args.rate else 'saturating'}; recording "
-          f"{'off' if args.no_record else 'on'}; {args.loaders} loader processes x {CONNS_PER_LOADER} connections "
-          f"x {DEPTH} in flight; {args.upstreams} fake-broker process(es)\n")
+          f"{'off' if args.no_record else 'on'}; {describe_load(args)}\n")
     print("| workers | requests/s relayed (median) | runs | requests/s decoded into rows (median) | runs | proxy CPU % "
-          "(all its processes, median) | connections that fell behind decoding, per run |")
-    print("|---|---|---|---|---|---|---|")
+          "(all its processes, median) | load CPU % (load and fake broker, median) | connections that fell behind "
+          "decoding, per run |")
+    print("|---|---|---|---|---|---|---|---|")
     for w, r in results.items():
         print(f"| {w} | {statistics.median(r):,.0f} | {', '.join(f'{x:,.0f}' for x in r)} | "
               f"{statistics.median(decoded[w]):,.0f} | {', '.join(f'{x:,.0f}' for x in decoded[w])} | "
-              f"{statistics.median(cpu[w]):.0f} | {', '.join(map(str, opaque[w]))} |")
+              f"{statistics.median(cpu[w]):.0f} | {statistics.median(load_cpu[w]):.0f} | {', '.join(map(str, opaque[w]))} |")
     d1, d2 = statistics.median(decoded[1]), statistics.median(decoded[2])
     print(f"\nratio 2 / 1 workers, relayed: **{ratio:.2f} x**; decoded into rows: **{d2 / d1 if d1 else float('nan'):.2f} x** "
           f"(target >= 1.5 x). A connection whose decoding falls behind is relayed without decoding from then on, "
