@@ -61,7 +61,7 @@ class WireLoad:
                  window: float) -> None:
         self.proc = subprocess.Popen(
             [str(program), "load", str(port), str(requests), str(conns), str(depth), f"{rate:.3f}", str(warm), str(window)],
-            stdout=subprocess.PIPE, text=True)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.pids = [self.proc.pid]
 
     def wait_connected(self) -> None:
@@ -69,9 +69,21 @@ class WireLoad:
         _expect(self.proc, "connected", "the C load")
 
     def rate(self) -> float:
-        """Responses per second the load received in its window (waits for the window to end)."""
+        """Responses per second the load received in its window (waits for the window to end); then the load
+        closes its connections and ends."""
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline().split()
-        if self.proc.wait(60) != 0 or len(line) != 2:
+        self.close()
+        if self.proc.returncode != 0 or len(line) != 2:
             raise RuntimeError(f"the C load failed (exit {self.proc.returncode}, said {line})")
         return int(line[0]) / float(line[1])
+
+    def close(self) -> None:
+        """Let the load end (it holds its connections open until its stdin closes); kill it if it does not."""
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()

@@ -22,7 +22,8 @@
  *       round and round, each with a fresh correlation id. Prints "connected"
  *       once every connection is up, then, WARM seconds later, counts the
  *       responses received in the next WINDOW seconds and prints
- *       "<responses> <seconds>" and exits.
+ *       "<responses> <seconds>"; its connections stay open, idle, until its
+ *       stdin is closed.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -42,6 +43,7 @@
 #define READ_CHUNK 65536
 #define MAX_EVENTS 256
 #define MAX_BURST 8 /* frames per connection per turn when rate-limited, as the Python loader */
+#define TICK 0.002   /* seconds between offers, as the Python loader */
 
 typedef struct {
     uint8_t *p;
@@ -281,7 +283,7 @@ static int load(int port, const char *path, int nconns, int depth, double rate, 
     }
     printf("connected\n");
     fflush(stdout);
-    double t_start = now(), t_warm = t_start + warm, t_end = t_warm + window, last = t_start, credit = 0;
+    double t_start = now(), t_warm = t_start + warm, t_end = t_warm + window, next_tick = t_start, credit = 0;
     double t0 = 0;
     unsigned long long completed = 0, n0 = 0;
     int counting = 0, k = 0;
@@ -294,39 +296,41 @@ static int load(int port, const char *path, int nconns, int depth, double rate, 
             t0 = t;
         }
         if (t >= t_end) break;
-        /* offer what the rate allows since the last turn, round robin, at most MAX_BURST at a time */
-        int saturated = 1;
-        if (rate <= 0) {
-            for (int i = 0; i < nconns; i++)
-                if (conns[i]->inflight < depth) send_requests(conns[i], depth - conns[i]->inflight);
-        } else {
-            credit += rate * (t - last);
-            int idle = 0;
-            while (credit >= 1 && idle < nconns) {
-                conn_t *c = conns[k++ % nconns];
-                int room = depth - c->inflight;
-                if (room <= 0) {
-                    idle++;
-                    continue;
+        /* Every TICK, offer what the rate allows, round robin, at most MAX_BURST at a time (saturating: refill
+           every connection to DEPTH). Offering on every wake-up instead would send a frame per write as each
+           response arrives, and the proxy would then see many more, smaller reads than the Python load gives it. */
+        if (t >= next_tick) {
+            next_tick += TICK;
+            if (next_tick < t) next_tick = t + TICK; /* fell behind (a slow turn): no burst to catch up */
+            if (rate <= 0) {
+                for (int i = 0; i < nconns; i++)
+                    if (conns[i]->inflight < depth) send_requests(conns[i], depth - conns[i]->inflight);
+            } else {
+                credit += rate * TICK;
+                int idle = 0;
+                while (credit >= 1 && idle < nconns) {
+                    conn_t *c = conns[k++ % nconns];
+                    int room = depth - c->inflight;
+                    if (room <= 0) {
+                        idle++;
+                        continue;
+                    }
+                    idle = 0;
+                    int n = room < MAX_BURST ? room : MAX_BURST;
+                    if (n > (int)credit) n = (int)credit;
+                    send_requests(c, n);
+                    credit -= n;
                 }
-                idle = 0;
-                int n = room < MAX_BURST ? room : MAX_BURST;
-                if (n > (int)credit) n = (int)credit;
-                send_requests(c, n);
-                credit -= n;
+                if (idle >= nconns && credit > (double)depth * nconns) credit = (double)depth * nconns; /* no backlog */
             }
-            saturated = idle >= nconns;
-            if (saturated && credit > (double)depth * nconns) credit = (double)depth * nconns; /* no backlog */
+            for (int i = 0; i < nconns; i++)
+                if (conns[i]->out.len && flush_out(ep, conns[i]) < 0) {
+                    fprintf(stderr, "wireload load: connection %d closed by the proxy\n", i);
+                    return 1;
+                }
         }
-        last = t;
-        for (int i = 0; i < nconns; i++)
-            if (conns[i]->out.len && flush_out(ep, conns[i]) < 0) {
-                fprintf(stderr, "wireload load: connection %d closed by the proxy\n", i);
-                return 1;
-            }
-        /* rate-limited: wake every 2 ms to offer more, as the Python loader's tick */
-        int timeout = rate > 0 ? 2 : 100;
-        int n = epoll_wait(ep, evs, MAX_EVENTS, timeout);
+        int timeout = (int)((next_tick - now()) * 1000) + 1;
+        int n = epoll_wait(ep, evs, MAX_EVENTS, timeout > 0 ? timeout : 0);
         if (n < 0 && errno != EINTR) die("epoll_wait");
         for (int i = 0; i < n; i++) {
             conn_t *c = evs[i].data.ptr;
@@ -351,6 +355,11 @@ static int load(int port, const char *path, int nconns, int depth, double rate, 
     }
     printf("%llu %.6f\n", completed - n0, now() - t0);
     fflush(stdout);
+    /* The connections stay open (idle) until the caller closes our stdin: it reads the proxy's state after
+       its own window, which ends a moment after ours. */
+    char byte;
+    while (read(0, &byte, 1) > 0) {
+    }
     for (int i = 0; i < nconns; i++) drop(ep, conns[i]);
     return 0;
 }

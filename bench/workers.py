@@ -150,6 +150,12 @@ class PythonLoad:
             p.join(60)
         return sum(n for n, _ in results) / statistics.mean(t for _, t in results)
 
+    def close(self) -> None:
+        for p in self.procs:
+            p.join(60)
+            if p.is_alive():
+                p.terminate()
+
 
 class Upstream:
     """The fake broker processes and how a measurement starts its load against a proxy (`--load c` or `python`)."""
@@ -263,6 +269,7 @@ def measure(workers: int, upstream: Upstream, args: argparse.Namespace,
         cmd += ["--record", str(rec)]
     proxy = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                              start_new_session=True)
+    load = None
     try:
         opaque = wait_ready(proxy, workers)
         load = upstream.load(port, offered or 0.0)
@@ -280,6 +287,8 @@ def measure(workers: int, upstream: Upstream, args: argparse.Namespace,
         rate = load.rate()
         return rate, 100 * (c1 - c0) / (t1 - t0), opaque[0], (r1 - r0) / (t1 - t0)
     finally:
+        if load is not None:
+            load.close()
         proxy.send_signal(signal.SIGTERM)
         try:
             proxy.wait(60)
