@@ -25,7 +25,6 @@ from pyspark.sql import functions as F
 
 from analytics import load as L
 from analytics.findings import run_rules
-from analytics.one_job import collect_in_one_job
 from analytics.progress import Progress
 from analytics.report.html import connection_pages, render
 from analytics.result import AnalysisResult
@@ -440,32 +439,28 @@ def collect(df: DataFrame, cap: int = TABLE_ROW_CAP) -> pa.Table:
 
 def collect_all(plan: dict[str, Callable[[], DataFrame | pa.Table]], prog: Progress, parallel: int
                 ) -> dict[str, pa.Table]:
-    """Collect every table with one Spark query (a thunk may hand back a table it made without Spark).
+    """Collect every table, a few Spark jobs at a time (a thunk may hand back a table it made without Spark).
 
-    The tables are small aggregations of small pinned inputs, so each one's wall time was
-    Spark's fixed cost per query (planning, scheduling, the Arrow hand-over), not its data:
-    one query for all of them (analytics.one_job) pays that once. Building the DataFrames
-    (analysis round trips to the JVM, and the few thunks that run a small job of their own)
-    still runs `parallel` at a time. Results come back in plan order.
+    Most tables are small aggregations whose wall time is dominated by
+    per-job fixed costs (planning, code generation, scheduling) rather than
+    by the scan of the cached data; overlapping a few of them keeps both
+    cores busy. Results come back in plan order.
     """
+    done: dict[str, pa.Table] = {}
     n = len(plan)
-    t0 = time.monotonic()
 
-    def build(item: tuple[str, Callable[[], DataFrame | pa.Table]]) -> tuple[str, DataFrame | pa.Table]:
-        return item[0], item[1]()
+    def one(item: tuple[str, Callable[[], DataFrame | pa.Table]]) -> tuple[str, pa.Table, float]:
+        name, thunk = item
+        t0 = time.monotonic()
+        got = thunk()
+        return name, got if isinstance(got, pa.Table) else collect(got), time.monotonic() - t0
 
     with ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="kafkatap-table") as pool:
-        built = dict(pool.map(build, plan.items()))
-    frames = {name: got for name, got in built.items() if isinstance(got, DataFrame)}
-    t1 = time.monotonic()
-    done = collect_in_one_job(frames, TABLE_ROW_CAP)
-    t2 = time.monotonic()
-    prog.timings["tables:build"] = round(t1 - t0, 3)
-    prog.timings["tables:query"] = round(t2 - t1, 3)
-    out = {name: done[name] if name in done else got for name, got in built.items()}  # type: ignore[misc]
-    prog.info(f"  {n} tables ({len(frames)} in one Spark query): built in {t1 - t0:.1f} s, collected in {t2 - t1:.1f} s; "
-              + ", ".join(f"{name} {t.num_rows:,}" for name, t in out.items()))
-    return out
+        for i, (name, table, secs) in enumerate(pool.map(one, plan.items()), 1):
+            done[name] = table
+            prog.timings[f"table:{name}"] = round(secs, 3)
+            prog.info(f"  ({i}/{n}) {name}: {table.num_rows:,} rows, {secs:.1f} s")
+    return {name: done[name] for name in plan}
 
 
 def run_analysis(
@@ -597,7 +592,7 @@ def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.
         if compare:
             mode_used, cplan = compare_plan(spark, str(compare[0]), str(compare[1]), filters, compare_mode, tolerance_s, prog)
             plan.update(cplan)
-        prog.step("tables", f"{len(plan)} tables, collected with one Spark query")
+        prog.step("tables", f"{len(plan)} tables, {parallel} Spark jobs at a time")
         arrow.update(collect_all(plan, prog, parallel))
         drill = referenced_connections(arrow)
         if drill:
