@@ -283,7 +283,8 @@ static int load(int port, const char *path, int nconns, int depth, double rate, 
     }
     printf("connected\n");
     fflush(stdout);
-    double t_start = now(), t_warm = t_start + warm, t_end = t_warm + window, next_tick = t_start, credit = 0;
+    double t_start = now(), t_warm = t_start + warm, t_end = t_warm + window, next_tick = t_start, last = t_start;
+    double credit = 0;
     double t0 = 0;
     unsigned long long completed = 0, n0 = 0;
     int counting = 0, k = 0;
@@ -300,13 +301,12 @@ static int load(int port, const char *path, int nconns, int depth, double rate, 
            every connection to DEPTH). Offering on every wake-up instead would send a frame per write as each
            response arrives, and the proxy would then see many more, smaller reads than the Python load gives it. */
         if (t >= next_tick) {
-            next_tick += TICK;
-            if (next_tick < t) next_tick = t + TICK; /* fell behind (a slow turn): no burst to catch up */
+            next_tick = t + TICK;
             if (rate <= 0) {
                 for (int i = 0; i < nconns; i++)
                     if (conns[i]->inflight < depth) send_requests(conns[i], depth - conns[i]->inflight);
             } else {
-                credit += rate * TICK;
+                credit += rate * (t - last); /* the time since the last offer, however late this wake-up is */
                 int idle = 0;
                 while (credit >= 1 && idle < nconns) {
                     conn_t *c = conns[k++ % nconns];
@@ -323,13 +323,14 @@ static int load(int port, const char *path, int nconns, int depth, double rate, 
                 }
                 if (idle >= nconns && credit > (double)depth * nconns) credit = (double)depth * nconns; /* no backlog */
             }
+            last = t;
             for (int i = 0; i < nconns; i++)
                 if (conns[i]->out.len && flush_out(ep, conns[i]) < 0) {
                     fprintf(stderr, "wireload load: connection %d closed by the proxy\n", i);
                     return 1;
                 }
         }
-        int timeout = (int)((next_tick - now()) * 1000) + 1;
+        int timeout = (int)((next_tick - now()) * 1000 + 0.999); /* ms, rounded up: never a busy loop */
         int n = epoll_wait(ep, evs, MAX_EVENTS, timeout > 0 ? timeout : 0);
         if (n < 0 && errno != EINTR) die("epoll_wait");
         for (int i = 0; i < n; i++) {
