@@ -87,6 +87,14 @@ static uint32_t be32(const uint8_t *p) {
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
 }
 
+/* The length of the size-prefixed frame that starts at `pos` in `b`, prefix included, once it is all there (else 0):
+   the broker's and the load's read loops both cut their input with it. */
+static size_t whole_frame(const buf_t *b, size_t pos) {
+    if (b->len - pos < 4) return 0;
+    size_t len = 4 + be32(b->p + pos);
+    return b->len - pos < len ? 0 : len;
+}
+
 static double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -215,10 +223,8 @@ static int broker(int port, const char *path) {
                 continue;
             }
             int gone = (evs[i].events & EPOLLIN) && fill_in(c) < 0;
-            size_t pos = 0;
-            while (c->in.len - pos >= 12) {
-                size_t len = 4 + be32(c->in.p + pos);
-                if (c->in.len - pos < len) break;
+            size_t pos = 0, len;
+            while ((len = whole_frame(&c->in, pos)) >= 12) { /* a request's header holds its key and correlation id */
                 unsigned key = (unsigned)c->in.p[pos + 4] << 8 | c->in.p[pos + 5];
                 frame_t r = responses[key];
                 if (!r.frame) {
@@ -339,10 +345,8 @@ static int load(int port, const char *path, int nconns, int depth, double rate, 
                 fprintf(stderr, "wireload load: a connection was closed by the proxy\n");
                 return 1;
             }
-            size_t pos = 0;
-            while (c->in.len - pos >= 4) {
-                size_t len = 4 + be32(c->in.p + pos);
-                if (c->in.len - pos < len) break;
+            size_t pos = 0, len;
+            while ((len = whole_frame(&c->in, pos)) > 0) {
                 pos += len;
                 c->inflight--;
                 completed++;
