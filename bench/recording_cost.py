@@ -51,7 +51,7 @@ How (and why this way):
 Fairness changes (issue 16): `record` used to be the recorder *without*
 LiveStats, so "record vs stats" compared two different sinks; it is now
 stats + recorder, as its description always said. The proxy child now gets
-`settle_gc()` like `kafkatap proxy`. And with the writer in its own process,
+`settle_memory()` like `kafkatap proxy`. And with the writer in its own process,
 its CPU is measured from the proxy's children (a /proc/PID/stat of the
 proxy alone would hide it).
 """
@@ -309,7 +309,7 @@ def serve_proxy(mode: str, upstream: str, record_dir: str) -> None:
     from proxy.server import ProxyServer
     from proxy.sinks import NullSink, build_sinks
 
-    from proxy.gc_tuning import settle_gc
+    from proxy.memory_tuning import settle_memory
 
     configure_logging("json", "warning")
 
@@ -325,7 +325,7 @@ def serve_proxy(mode: str, upstream: str, record_dir: str) -> None:
         server = ProxyServer([f"127.0.0.1:0={upstream}"], sink=sink, proxy_id="bench", capture=capture,
                              tcp_info_interval=10.0)
         await server.start()
-        settle_gc()  # as `kafkatap proxy` does once it listens
+        settle_memory()  # as `kafkatap proxy` does once it listens
         print(server.listen_addr[1], flush=True)
         await server.serve_forever()  # SIGTERM → stop() closes the sink
 

@@ -27,7 +27,7 @@ import uvloop  # noqa: E402
 
 from proxy.context import format_addr
 from proxy.faults import FAULT_SPEC_HELP, FaultSpecError, parse_fault_specs
-from proxy.gc_tuning import settle_gc
+from proxy.memory_tuning import settle_memory
 from proxy.kafka_faults import KAFKA_FAULT_HELP, FaultRules, KafkaFaultLayer, split_specs
 from proxy.cluster_options import CLUSTER_HELP, cluster_options, cluster_setup
 from proxy.tls import TLS_HELP, TlsConfigError, tls_options, tls_setup
@@ -455,7 +455,7 @@ async def _serve(routes: list[Route], faults, rec: dict, *, ready_fd: int | None
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
         if ready_fd is not None:  # a worker of `--workers N`: tell the parent it listens, and where its status is
             report_ready(ready_fd, sinks.status.address if sinks.status is not None else None, server.listen_addrs)
-        settle_gc()
+        settle_memory()
         await server.serve_forever(install_signals=False, stop_requested=stop)
     finally:
         try:

@@ -16,23 +16,23 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from proxy.faults import Faults
-from proxy.gc_tuning import FIRST_GENERATION, settle_gc
+from proxy.memory_tuning import FIRST_GENERATION, settle_memory
 from proxy.server import ProxyServer, Route
 
-_gc_settled = False  # settle_gc() once per process: later proxies only get the thresholds back
+_settled = False  # settle_memory() once per process: later proxies only get the thresholds back
 
 
-def _settle_gc_once() -> None:
-    """The collector settings of `kafkatap proxy`, so tests and benchmarks run the relay people run.
+def _settle_memory_once() -> None:
+    """The collector and allocator settings of `kafkatap proxy`, so tests and benchmarks run the relay people run.
 
     The first proxy of a process freezes what is alive (a full collection first); later ones
-    only restore the thresholds (something may have reset them), since each collect + freeze
-    costs a full collection of a possibly large test process.
+    only restore the collector's thresholds (something may have reset them), since each
+    collect + freeze costs a full collection of a possibly large test process.
     """
-    global _gc_settled
-    if not _gc_settled:
-        settle_gc()
-        _gc_settled = True
+    global _settled
+    if not _settled:
+        settle_memory()
+        _settled = True
     elif gc.get_threshold()[0] < FIRST_GENERATION:
         gc.set_threshold(FIRST_GENERATION, 20, 20)
 
@@ -44,15 +44,15 @@ class RunningProxy:
             produce(p.bootstrap)
 
     Keyword arguments are passed to ProxyServer. `upstream` is a shortcut for one
-    explicit route listening on 127.0.0.1:0. The process's garbage collector is
-    set up as `kafkatap proxy` sets it (`proxy.gc_tuning.settle_gc`) unless
-    `settle_gc=False`.
+    explicit route listening on 127.0.0.1:0. The process's garbage collector and
+    allocator are set up as `kafkatap proxy` sets them
+    (`proxy.memory_tuning.settle_memory`) unless `settle_memory=False`.
     """
 
     def __init__(self, routes: Sequence[Route | str] | None = None, *, upstream: str | None = None,
                  listen: str = "127.0.0.1:0",
                  thread_context: Callable[[], contextlib.AbstractContextManager] | None = None,
-                 settle_gc: bool = True, **kwargs: Any) -> None:
+                 settle_memory: bool = True, **kwargs: Any) -> None:
         if routes is None:
             if upstream is None:
                 raise ValueError("give routes or upstream")
@@ -62,7 +62,7 @@ class RunningProxy:
         # entered on the proxy thread before its loop exists, e.g. `lambda: host.entered()` to run
         # the proxy inside a network namespace (setns is per thread)
         self._thread_context = thread_context
-        self._settle_gc = settle_gc
+        self._settle_memory = settle_memory
         self.server: ProxyServer | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -71,8 +71,8 @@ class RunningProxy:
         self._stop_future: asyncio.Future | None = None
 
     def start(self) -> RunningProxy:
-        if self._settle_gc:
-            _settle_gc_once()
+        if self._settle_memory:
+            _settle_memory_once()
         self._thread = threading.Thread(target=self._main, name="kafkatap-proxy", daemon=True)
         self._thread.start()
         self._ready.wait()

@@ -395,44 +395,6 @@ def test_a_turn_of_tiny_frames_is_bounded_by_time_not_by_a_frame_count():
     assert max(steps) <= 40 < TURN_BUDGET, steps
 
 
-def test_the_proxy_process_freezes_start_up_objects_out_of_the_collector():
-    import gc
-
-    from proxy.cli import settle_gc
-
-    before = gc.get_threshold()
-    try:
-        settle_gc()
-        assert gc.get_freeze_count() > 10_000  # modules, schemas, walkers: never scanned again
-        assert gc.get_threshold()[0] >= 20_000
-    finally:
-        gc.unfreeze()
-        gc.set_threshold(*before)
-
-
-def test_running_proxy_sets_the_collector_up_as_kafkatap_proxy_does(monkeypatch):
-    """Tests and benchmarks drive the relay through RunningProxy: it must run with the proxy's collector."""
-    import gc
-
-    from proxy import running
-
-    before = gc.get_threshold()
-    monkeypatch.setattr(running, "_gc_settled", False)
-    gc.set_threshold(700, 10, 10)
-    try:
-        with running.RunningProxy(upstream="127.0.0.1:9"):
-            assert gc.get_freeze_count() > 10_000
-            assert gc.get_threshold()[0] >= 20_000
-        gc.set_threshold(700, 10, 10)
-        with running.RunningProxy(upstream="127.0.0.1:9"):  # later proxies: thresholds only, no second freeze
-            assert gc.get_threshold()[0] >= 20_000
-        with running.RunningProxy(upstream="127.0.0.1:9", settle_gc=False):
-            pass
-    finally:
-        gc.unfreeze()
-        gc.set_threshold(*before)
-
-
 def test_requests_files_carry_the_relays_drop_reasons(tmp_path):
     import pyarrow.parquet as pq
 
