@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "top": ("proxy.live:top", "Live view of a running proxy's clients and requests."),
     "analyze": ("analytics.cli:analyze", "Analyze recordings with Spark: report, tables, findings."),
     "rollups": ("recording.cli:rollups", "Write and merge the rollups an existing recording lacks (analysis sums them)."),
+    "prune": ("recording.cli:prune", "Delete the hours of a recording older than a given age (what proxy --retain does)."),
     "scenario": ("scenarios.cli:scenario", "List and run the incident scenarios end to end."),
     "replay": ("replay.cli:replay", "Replay recorded Kafka sessions against another broker."),
     "kafka": ("scenarios.cli:kafka", "Start, stop and inspect a local Apache Kafka broker (KRaft)."),

@@ -40,6 +40,7 @@ from proxy.status import parse_addr as parse_status_addr
 from proxy.upstream_probe import probe_in_background
 from proxy.workers import (WorkerPool, Worker, default_workers, die_with_parent, report_ready, reserve_ports,
                            route_arg)
+from recording.retention import DURATION
 from recording.writer import CAPTURE_CHOICES
 
 log = structlog.get_logger("kafkatap.proxy")
@@ -50,7 +51,8 @@ WORKER_BALANCE = "--worker-balance"  # hidden: proxy.balance.BalanceSpec, the wo
 
 
 def recording_options(f: Callable) -> Callable:
-    """Click options for `kafkatap proxy`: --record, --capture, --flush-interval, --proxy-id, --status-addr.
+    """Click options for `kafkatap proxy`: --record, --capture, --flush-interval, --compact-interval, --retain,
+    --proxy-id, --status-addr.
 
     Their values go straight to `proxy.sinks.build_sinks`.
     """
@@ -65,6 +67,10 @@ def recording_options(f: Callable) -> Callable:
         click.option("--compact-interval", "compact_interval", type=click.FloatRange(min=0), default=60.0,
                      show_default=True,
                      help="Seconds after which one-per-flush files are merged into one file (0: never)."),
+        click.option("--retain", "retain", type=DURATION, default=None, metavar="DURATION",
+                     help="Keep a rolling window of the recording: once a minute, delete this proxy's hours "
+                          "that ended longer ago than this (e.g. 36h, 7d, 2w; at least 1h). topics/ is kept. "
+                          "Default: keep everything."),
         click.option("--proxy-id", "proxy_id", default=None,
                      help="Name of this proxy in recordings and metrics (default: short hostname)."),
         click.option("--status-addr", "status_addr", default=None, metavar="[HOST:]PORT", callback=_check_addr,
@@ -383,6 +389,8 @@ def _refuse_ignored_options(ctx: click.Context, transparent: bool, no_mark: bool
     """Options that would be silently ignored in this combination: say so instead (usage error, exit 2)."""
     if rec.get("capture") not in (None, "none") and not rec.get("record"):
         raise click.UsageError("--capture keeps raw frames in the recording: it needs --record DIR")
+    if rec.get("retain") is not None and not rec.get("record"):
+        raise click.UsageError("--retain deletes old hours of a recording: it needs --record DIR")
     if no_mark and not transparent:
         raise click.UsageError("--no-mark only applies with --transparent (the mark keeps the proxy's own upstream "
                                "connections out of a local REDIRECT rule)")
@@ -404,7 +412,8 @@ async def _serve(routes: list[Route], faults, rec: dict, *, ready_fd: int | None
     capture = str(rec["capture"])
     try:
         sinks = build_sinks(rec.get("record"), proxy_id, capture, rec.get("status_addr"),
-                            float(rec["flush_interval"]), compact_interval_s=float(rec["compact_interval"]))
+                            float(rec["flush_interval"]), compact_interval_s=float(rec["compact_interval"]),
+                            retain_s=rec.get("retain"))
     except Exception as exc:  # RecordingError, bad address …
         log.error("cannot set up recording", error=str(exc))
         return 2

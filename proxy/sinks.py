@@ -201,6 +201,7 @@ def build_sinks(
     extra_sinks: tuple[RecordSink, ...] = (),
     live_stats: bool = False,
     writer: str = "process",
+    retain_s: float | None = None,
 ) -> ProxySinks:
     """Build the proxy's row consumers.
 
@@ -209,6 +210,7 @@ def build_sinks(
     "PORT" or "HOST:PORT" (host defaults to 127.0.0.1).
     writer: where Arrow conversion and Parquet encoding run — "process" (a child process on
     another core, so recording barely costs the proxy's loop CPU; issue 16) or "thread".
+    retain_s: delete this proxy's recorded hours older than this (None: keep them all).
     Raises `recording.writer.RecordingError` at once when the directory is unusable,
     so the proxy fails at start-up with a clear message.
     """
@@ -221,7 +223,7 @@ def build_sinks(
     if record_dir is not None:
         recorder = ParquetRecorder(record_dir, proxy_id, capture=capture, flush_interval_s=flush_interval_s,
                                    compact_interval_s=compact_interval_s, queue_rows=queue_rows,
-                                   writer=writer).start()
+                                   writer=writer, retain_s=retain_s).start()
     stats: LiveStats | None = None
     if status_addr or live_stats:  # nobody reads the counters without the endpoint: skip their per-row cost
         stats = LiveStats(proxy_id, recorder_stats=recorder.stats if recorder else None)

@@ -1,9 +1,12 @@
-"""`kafkatap rollups DIR`: give an existing recording the rollups a proxy now writes beside its requests files.
+"""The commands that maintain a recording in place: `kafkatap rollups DIR` and `kafkatap prune DIR`.
 
-Why a command: recordings made before rollups were written, with compaction off, or left by a
+`rollups`: recordings made before rollups were written, with compaction off, or left by a
 crash between a requests file and its rollups are analyzed from every request (correct, only
 slower). This fills them in and merges each hour's, as a proxy does when it leaves an hour
 (recording.rollups), so `kafkatap analyze` sums them instead.
+
+`prune`: what `kafkatap proxy --retain` does once a minute, once, for any recording and every
+proxy in it (recording.retention).
 """
 
 from __future__ import annotations
@@ -13,12 +16,14 @@ from pathlib import Path
 
 import click
 
-from recording.rollups import coverage_all, write_missing
+from recording.retention import DURATION, describe, prune as prune_hours
 
-__all__ = ["rollups"]
+__all__ = ["rollups", "prune"]
+
+_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
-@click.command("rollups", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.command("rollups", context_settings=_SETTINGS)
 @click.argument("recording", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--no-merge", is_flag=True, help="Write each requests file's rollups but do not merge each hour's into one file.")
 @click.option("--check", is_flag=True, help="Only say how many requests files lack rollups; write nothing (exit 1 if any do).")
@@ -35,6 +40,8 @@ def rollups(recording: Path, no_merge: bool, check: bool) -> None:
     Example:
       kafkatap rollups rec/            # then: kafkatap analyze rec/ --out report/
     """
+    from recording.rollups import coverage_all, write_missing  # pyarrow: only for this command
+
     cover = coverage_all(recording)
     if cover is None:
         raise click.ClickException(f"{recording}: cannot list it")
@@ -59,3 +66,34 @@ def rollups(recording: Path, no_merge: bool, check: bool) -> None:
                + (f", skipped {result.skipped:,} of an older format" if result.skipped else "")
                + ("" if no_merge else f"; merged the rollups of {result.merged:,} partition directories")
                + f" in {time.monotonic() - started:.1f} s")
+
+
+@click.command("prune", context_settings=_SETTINGS)
+@click.argument("recording", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--older-than", "older_than", type=DURATION, required=True, metavar="DURATION",
+              help="Delete the hours that ended longer ago than this: 36h, 7d, 2w … (at least 1h).")
+@click.option("--proxy-id", "proxy_id", default=None,
+              help="Only this proxy's hours (a worker of --workers N records as <id>-w<N>). Default: every proxy's.")
+@click.option("--dry-run", is_flag=True, help="Only say what would be deleted.")
+def prune(recording: Path, older_than: float, proxy_id: str | None, dry_run: bool) -> None:
+    """Delete the hours of RECORDING older than --older-than, every dataset but topics/.
+
+    \b
+    Hours go whole: an analysis of what is left sees a recording that starts later, each
+    requests file still with its rollups. topics/ (the topic names learned, a few KiB) is
+    kept. A proxy started with --retain does this itself once a minute; run this for
+    recordings made without it. Safe beside a running proxy: the last two hours are never
+    old enough. An analysis running over RECORDING meanwhile may fail on a deleted file.
+
+    \b
+    Example:
+      kafkatap prune rec/ --older-than 7d --dry-run
+    """
+    cutoff_ns = time.time_ns() - int(older_than * 1e9)
+    try:
+        result = prune_hours(recording, cutoff_ns, proxy_id, dry_run=dry_run)
+    except OSError as exc:
+        raise click.ClickException(f"{recording}: {exc}") from None
+    click.echo(("would delete " if dry_run else "deleted ") + describe(result) if result.hours
+               else f"{recording}: {describe(result)} (nothing ended before "
+                    f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(cutoff_ns / 1e9))} UTC)")

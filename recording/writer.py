@@ -38,6 +38,9 @@ Why this shape
   and the deletes leaves duplicates that `recover()` (run at start-up) and the
   reader (`recording.reader`) both resolve by file name
   (`recording.layout.superseded`).
+* **Retention** (`retain_s`, `kafkatap proxy --retain`): once a minute the
+  writer deletes this proxy's hours that ended more than `retain_s` ago, every
+  dataset but topics/ (`recording.retention`).
 * **Partitions** follow the rows' own time (requests: `req_first_ns`, others:
   their timestamp), so a Spark job pruning by `date`/`hour` never misses rows
   written just after the hour turned.
@@ -122,12 +125,26 @@ def _row_size(row: Row) -> int:
 # they mean different things to the operator: "write" loses rows (counted as dropped), "compaction" keeps
 # the flush files (more, smaller files), "rollups" loses derived data only (the analysis reads the requests
 # instead), "writer_process" is the child writer failing to start or dying.
-ERROR_KINDS = ("write", "compaction", "rollups", "writer_process")
+ERROR_KINDS = ("write", "compaction", "rollups", "writer_process", "retention")
 ERROR_HINTS: dict[str, dict[str, str]] = {
     "compaction": {"consequence": "the flush files stay and are read as they are; nothing is lost"},
     "rollups": {"consequence": "nothing is lost: an analysis reads these requests instead of their rollups",
                 "fix": "once no proxy writes to the recording, `kafkatap rollups DIR` writes what is missing"},
+    "retention": {"consequence": "old hours stay on disk until a later pruning (once a minute) succeeds",
+                  "fix": "check the recording directory's permissions, or prune it with `kafkatap prune DIR --older-than …`"},
 }
+PRUNE_EVERY_S = 60.0  # retention: how often the writer looks for hours to delete
+
+
+def _log_level() -> str:
+    """The lowest level this process logs at: its writer process logs at the same one."""
+    import logging
+
+    bound = log.bind()
+    for name in ("debug", "info", "warning"):
+        if bound.is_enabled_for(logging.getLevelName(name.upper())):
+            return name
+    return "error"
 
 
 def _conversion_errors() -> tuple[type[BaseException], ...]:
@@ -277,6 +294,7 @@ class ParquetRecorder:
         clock_ns: Callable[[], int] = time.time_ns,
         writer: str = "thread",
         run: str | None = None,
+        retain_s: float | None = None,
     ) -> None:
         if capture not in CAPTURE_CHOICES:
             raise ValueError(f"capture must be one of {CAPTURE_CHOICES}, not {capture!r}")
@@ -293,6 +311,8 @@ class ParquetRecorder:
         self.flush_interval_s = flush_interval_s
         self.frame_queue_bytes = frame_queue_bytes
         self.compact_interval_s = compact_interval_s
+        self.retain_s = retain_s  # None: keep every hour (recording.retention)
+        self._next_prune = 0.0  # monotonic time of the next retention pass (writer side)
         self.rotate_bytes = rotate_bytes
         self.min_free_bytes = min_free_bytes
         self.fsync = fsync
@@ -611,7 +631,8 @@ class ParquetRecorder:
             "root": str(self.root), "proxy_id": self.proxy_id, "capture": self.capture,
             "flush_interval_s": self.flush_interval_s, "compact_interval_s": self.compact_interval_s,
             "rotate_bytes": self.rotate_bytes, "min_free_bytes": self.min_free_bytes, "fsync": self.fsync,
-            "compression_level": self.compression_level, "run": run,
+            "compression_level": self.compression_level, "run": run, "retain_s": self.retain_s,
+            "log_level": _log_level(),
         }, self._on_child_stats)
         return self._child
 
@@ -717,6 +738,26 @@ class ParquetRecorder:
                             self._compact_due(s, force=True)
                         except Exception as exc:
                             self._error("write", "recording flush failed", exc, dataset=s.name)
+            self._apply_retention()
+
+    def _apply_retention(self) -> None:
+        """Delete this proxy's hours older than `retain_s`, at most once per PRUNE_EVERY_S (writer side)."""
+        if self.retain_s is None:
+            return
+        now = time.monotonic()
+        if now < self._next_prune:
+            return
+        self._next_prune = now + PRUNE_EVERY_S
+        from recording.retention import describe, prune
+
+        try:
+            result = prune(self.root, self._clock_ns() - int(self.retain_s * 1e9), self.proxy_id)
+        except OSError as exc:
+            self._error("retention", "recording retention could not delete an old hour", exc)
+            return
+        if result.hours:
+            log.info("recording retention: deleted " + describe(result), proxy_id=self.proxy_id,
+                     retain_s=self.retain_s)
 
     def _drain(self, s: _Stream) -> list[Row]:
         rows: list[Row] = []

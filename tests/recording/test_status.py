@@ -104,7 +104,7 @@ def test_metrics_parse_with_prometheus_client(served) -> None:
     assert {s.labels["dataset"] for s in fams["kafkatap_recording_dropped_rows"].samples} >= {"requests"}
     assert "kafkatap_recording_queue_rows" in fams
     rec_errors = {s.labels["kind"]: s.value for s in fams["kafkatap_recording_errors"].samples}
-    assert rec_errors == {"write": 0, "compaction": 0, "rollups": 0, "writer_process": 0}
+    assert rec_errors == {"write": 0, "compaction": 0, "rollups": 0, "writer_process": 0, "retention": 0}
     assert fams["kafkatap_request_bytes"].samples and fams["kafkatap_response_bytes"].samples
     unans = {s.labels["status"] for s in fams["kafkatap_requests_unanswered"].samples}
     assert unans == {"no_response"}
@@ -180,7 +180,7 @@ def test_render_rates_from_two_polls() -> None:
 
 
 def test_top_names_recording_errors_only_when_there_are_some() -> None:
-    errors = {"write": 0, "compaction": 0, "rollups": 0, "writer_process": 0}
+    errors = {"write": 0, "compaction": 0, "rollups": 0, "writer_process": 0, "retention": 0}
     stats = LiveStats("p1", recorder_stats=lambda: {"dropped": {}, "queued": {}, "rows_written": {}, "frames_redacted": 0,
                                                     "errors": errors})
     _feed(stats, 10)

@@ -1,0 +1,187 @@
+"""Retention: the hours of a recording older than a cutoff, deleted whole.
+
+Why: a proxy left in a production path records for weeks. At 20,000
+requests/s that is ~72 M request rows an hour, a few GB a day, and a disk that
+fills stops the recording (the writer refuses to write below its free-space
+floor). `kafkatap proxy --retain 7d` keeps a rolling window instead, and
+`kafkatap prune DIR --older-than 7d` does the same once, for any recording.
+
+Why whole hours: every dataset is partitioned `date=…/hour=…` by the rows' own
+time (`recording.layout`), so an hour directory holds exactly that hour's rows
+and, beside them, that hour's rollups. Deleting the directory of every dataset
+for one hour keeps what remains consistent: each requests file left still has
+its rollups, and an analysis sees a recording that starts later. An hour goes
+only once all of it is older than the cutoff.
+
+`topics/` is never pruned: each of its rows is a topic name learned once
+(the first time the proxy saw the topic's id), which later requests of any
+hour are named by, and it stays a few KiB however long the proxy runs.
+
+This module only lists and deletes; the recorder decides when
+(`ParquetRecorder`, once a minute on its writer), the CLI says what it did.
+"""
+
+from __future__ import annotations
+
+import calendar
+import os
+import re
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import click
+
+from recording.datasets import DATASETS
+from recording.layout import HOUR_NS, safe_segment
+
+__all__ = ["KEPT", "PRUNED", "MIN_RETAIN_S", "Pruned", "hour_dirs", "expired", "prune", "parse_duration",
+           "DURATION", "describe"]
+
+KEPT = ("topics",)  # datasets retention never touches (see the module docstring)
+PRUNED = tuple(d for d in DATASETS if d not in KEPT)
+MIN_RETAIN_S = 3600.0  # the current and the previous hour are always kept: late rows and merges still go there
+
+_DATE = re.compile(r"^date=(\d{4})-(\d{2})-(\d{2})$")
+_HOUR = re.compile(r"^hour=(\d{1,2})$")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+_UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+@dataclass
+class Pruned:
+    """What a pruning removed (or, dry, would remove)."""
+
+    hours: list[int] = field(default_factory=list)  # hour indexes (hours since the epoch, UTC), each once
+    directories: int = 0  # hour directories over all datasets and proxies
+    files: int = 0
+    bytes: int = 0
+
+
+def _hour_index(date_dir: str, hour_dir: str) -> int | None:
+    """The hour index of a `date=YYYY-MM-DD/hour=HH` pair, or None when the names are not partitions."""
+    d, h = _DATE.match(date_dir), _HOUR.match(hour_dir)
+    if d is None or h is None or int(h.group(1)) > 23:
+        return None
+    try:
+        day = calendar.timegm((int(d.group(1)), int(d.group(2)), int(d.group(3)), 0, 0, 0, 0, 0, 0))
+    except (ValueError, OverflowError):
+        return None
+    return day // 3600 + int(h.group(1))
+
+
+def hour_dirs(root: Path | str, proxy_id: str | None = None) -> Iterator[tuple[int, Path]]:
+    """(hour index, directory) of every hour partition of the pruned datasets: one proxy's, or every proxy's."""
+    root = Path(root)
+    for dataset in PRUNED:
+        base = root / dataset
+        if proxy_id is not None:
+            proxies = [base / f"proxy={safe_segment(proxy_id)}"]
+        else:
+            try:
+                proxies = [p for p in base.iterdir() if p.name.startswith("proxy=")]
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+        for proxy_dir in proxies:
+            try:
+                dates = sorted(proxy_dir.iterdir())
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            for date_dir in dates:
+                try:
+                    hours = sorted(date_dir.iterdir())
+                except (FileNotFoundError, NotADirectoryError):
+                    continue
+                for hour_dir in hours:
+                    index = _hour_index(date_dir.name, hour_dir.name)
+                    if index is not None and hour_dir.is_dir():
+                        yield index, hour_dir
+
+
+def expired(root: Path | str, cutoff_ns: int, proxy_id: str | None = None) -> list[tuple[int, Path]]:
+    """The hour directories whose whole hour ended at or before `cutoff_ns` (epoch ns), oldest first."""
+    return sorted((i, d) for i, d in hour_dirs(root, proxy_id) if (i + 1) * HOUR_NS <= cutoff_ns)
+
+
+def _size(directory: Path) -> tuple[int, int]:
+    files = size = 0
+    for dirpath, _dirs, names in os.walk(directory):
+        for name in names:
+            try:
+                size += os.stat(os.path.join(dirpath, name)).st_size
+                files += 1
+            except FileNotFoundError:
+                pass
+    return files, size
+
+
+def prune(root: Path | str, cutoff_ns: int, proxy_id: str | None = None, *, dry_run: bool = False) -> Pruned:
+    """Delete (or, dry, only count) every hour directory of the pruned datasets that `expired` names.
+
+    A date directory left empty goes too. Errors other than a directory already gone are
+    raised (OSError): the caller counts and logs them, and the next pruning tries again.
+    """
+    out = Pruned()
+    hours: set[int] = set()
+    for index, directory in expired(root, cutoff_ns, proxy_id):
+        files, size = _size(directory)
+        if not dry_run:
+            try:
+                shutil.rmtree(directory)
+            except FileNotFoundError:
+                continue
+            try:
+                directory.parent.rmdir()  # the date, once its last hour is gone
+            except OSError:
+                pass
+        hours.add(index)
+        out.directories += 1
+        out.files += files
+        out.bytes += size
+    out.hours = sorted(hours)
+    return out
+
+
+def describe(result: Pruned) -> str:
+    """One line for logs and the CLI: how much, and which hours (UTC)."""
+    if not result.hours:
+        return "no hour old enough"
+
+    def stamp(index: int) -> str:
+        return time.strftime("%Y-%m-%d %H:00", time.gmtime(index * 3600))
+
+    span = stamp(result.hours[0]) if len(result.hours) == 1 else f"{stamp(result.hours[0])} to {stamp(result.hours[-1])}"
+    return (f"{len(result.hours)} hour(s), {span} UTC: {result.files:,} files, {result.bytes / 2**20:,.1f} MiB "
+            f"in {result.directories:,} directories")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds of a duration written as a number and a unit: 90m, 36h, 7d, 2w (a bare number is seconds)."""
+    m = _DURATION.match(text)
+    if m is None:
+        raise ValueError(f"{text!r} is not a duration: use a number and a unit, e.g. 12h, 7d or 2w (s, m, h, d, w)")
+    return float(m.group(1)) * _UNIT_S[m.group(2)]
+
+
+class _Duration(click.ParamType):
+    """A click type for retention windows: at least MIN_RETAIN_S, in any unit parse_duration reads."""
+
+    name = "DURATION"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, (int, float)):
+            seconds = float(value)
+        else:
+            try:
+                seconds = parse_duration(str(value))
+            except ValueError as exc:
+                self.fail(str(exc), param, ctx)
+        if seconds < MIN_RETAIN_S:
+            self.fail(f"{value} is less than an hour: recordings are kept and deleted by the hour, and the last "
+                      "two hours are still being written", param, ctx)
+        return seconds
+
+
+DURATION = _Duration()

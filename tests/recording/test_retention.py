@@ -1,0 +1,167 @@
+"""Retention (recording/retention.py): whole hours older than a cutoff go, every dataset but topics/.
+
+Checked on recordings written through the recorder's own schema (requests with their
+rollups, topics), by the functions, by `kafkatap prune`, by a recorder on its writer
+thread and in its writer process, and by a real `kafkatap proxy --retain` process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from analytics.synthetic import write_rows
+from kafkatap.cli import cli
+from recording.layout import HOUR_NS
+from recording.retention import DURATION, MIN_RETAIN_S, expired, parse_duration, prune
+from recording.rollups import coverage_all
+from tests.analytics.analytics_rows import T0, req
+
+H = 3600.0
+
+
+def _record_hours(root: Path, hours: list[int], proxy: str = "p1") -> None:
+    """One request row (and so its rollups) in each hour T0 + h, and a topic name learned in the first."""
+    for h in hours:
+        write_rows(root, "requests", [dict(req(f"c{h}", h, t_s=h * H + 60), proxy_id=proxy)])
+    write_rows(root, "topics", [{"proxy_id": proxy, "topic_id": "0" * 32, "topic": "orders",
+                                 "first_seen_ns": T0 + hours[0] * HOUR_NS}])
+
+
+def _hours_of(root: Path, dataset: str, proxy: str = "p1") -> list[str]:
+    return sorted(f"{p.parent.parent.name}/{p.parent.name}" for p in (root / dataset / f"proxy={proxy}").rglob("*.parquet"))
+
+
+def test_durations_read_units_and_refuse_less_than_an_hour():
+    assert parse_duration("7d") == 7 * 86400 and parse_duration("36h") == 36 * 3600
+    assert parse_duration("90m") == 5400 and parse_duration("2w") == 14 * 86400 and parse_duration("7200") == 7200
+    assert parse_duration("1.5h") == 5400
+    for bad in ("", "7x", "-1h", "h", "7 days"):
+        with pytest.raises(ValueError, match="not a duration"):
+            parse_duration(bad)
+    assert DURATION.convert("2h", None, None) == 7200
+    with pytest.raises(click.BadParameter, match="less than an hour"):
+        DURATION.convert("30m", None, None)
+    assert MIN_RETAIN_S == 3600
+
+
+def test_prune_removes_whole_old_hours_and_keeps_topics_and_coverage(tmp_path: Path):
+    root = tmp_path / "rec"
+    _record_hours(root, [0, 1, 2, 3, 4])
+    _record_hours(root, [0], proxy="other")
+    (root / "requests" / "proxy=p1" / "date=not-a-date").mkdir()  # not a partition: never touched
+    assert len(_hours_of(root, "requests")) == 5 and len(_hours_of(root, "latency_cells")) == 5
+
+    cutoff = T0 + 3 * HOUR_NS + HOUR_NS // 2  # hours 0-2 ended before it; hour 3 had not
+    dry = prune(root, cutoff, "p1", dry_run=True)
+    assert len(dry.hours) == 3 and dry.files > 0 and dry.bytes > 0
+    assert len(_hours_of(root, "requests")) == 5  # a dry run deletes nothing
+
+    done = prune(root, cutoff, "p1")
+    assert (done.hours, done.files, done.bytes, done.directories) == (dry.hours, dry.files, dry.bytes, dry.directories)
+    assert done.hours == [T0 // HOUR_NS + h for h in (0, 1, 2)]
+    assert _hours_of(root, "requests") == ["date=2026-11-20/hour=12", "date=2026-11-20/hour=13"]
+    for ds in ("latency_cells", "request_sums", "topic_sums", "traffic_sums", "slowest_requests"):
+        assert _hours_of(root, ds) == _hours_of(root, "requests"), ds  # rollups went with their hours
+    assert _hours_of(root, "topics") == ["date=2026-11-20/hour=09"]  # topic names stay
+    assert _hours_of(root, "requests", "other") == ["date=2026-11-20/hour=09"]  # another proxy's hours stay
+    assert (root / "requests" / "proxy=p1" / "date=not-a-date").is_dir()
+    cover = coverage_all(root)
+    assert cover is not None and cover.complete  # what is left still reads from its rollups
+    assert expired(root, cutoff, "p1") == []
+
+    everyone = prune(root, T0 + 10 * HOUR_NS)  # every proxy's hours
+    assert len(everyone.hours) == 3 and not list((root / "requests").rglob("*.parquet"))
+    assert not (root / "requests" / "proxy=p1" / "date=2026-11-20").exists()  # an emptied date goes too
+
+
+def test_prune_command_dry_run_then_delete(tmp_path: Path):
+    root = tmp_path / "rec"
+    _record_hours(root, [0, 1])  # November 2026: long ago for a run in real time? No: check the clock below
+    runner = CliRunner()
+    age_h = (time.time_ns() - T0) / HOUR_NS
+    if age_h < 3:  # the rows' hours must have ended more than --older-than ago
+        pytest.fail(f"the test's rows are dated {age_h:.1f} h ago: move tests.analytics.analytics_rows.T0 back")
+    out = runner.invoke(cli, ["prune", str(root), "--older-than", "1h", "--dry-run"])
+    assert out.exit_code == 0, out.output
+    assert "would delete 2 hour(s), 2026-11-20 09:00 to 2026-11-20 10:00 UTC" in out.output
+    assert len(_hours_of(root, "requests")) == 2
+    out = runner.invoke(cli, ["prune", str(root), "--older-than", "1h"])
+    assert out.exit_code == 0 and out.output.startswith("deleted 2 hour(s)"), out.output
+    assert _hours_of(root, "requests") == [] and _hours_of(root, "topics")
+    again = runner.invoke(cli, ["prune", str(root), "--older-than", "1h"])
+    assert again.exit_code == 0 and "no hour old enough" in again.output
+    bad = runner.invoke(cli, ["prune", str(root), "--older-than", "20m"])
+    assert bad.exit_code == 2 and "less than an hour" in bad.output
+
+
+def test_recorder_thread_prunes_its_own_old_hours(tmp_path: Path, make_recorder):
+    root = tmp_path / "rec"
+    _record_hours(root, [0, 1, 5])
+    _record_hours(root, [0], proxy="other")
+    now = T0 + 5 * HOUR_NS + 120 * 10**9  # 09:00 + 5 h 2 min: hours 0 and 1 ended > 2 h ago, hour 5 is current
+    rec = make_recorder(root=root, proxy_id="p1", retain_s=2 * H, clock_ns=lambda: now)
+    rec.close()  # the final flush runs the first retention pass
+    assert _hours_of(root, "requests") == ["date=2026-11-20/hour=14"]
+    assert _hours_of(root, "requests", "other") == ["date=2026-11-20/hour=09"]
+    assert rec.errors["retention"] == 0
+
+
+def test_writer_process_prunes_with_the_real_clock(tmp_path: Path, make_recorder):
+    root = tmp_path / "rec"
+    _record_hours(root, [0])  # 2026-11-20: days before any run of this test
+    recent = (time.time_ns() - T0) / 1e9  # this hour, in the rows' terms
+    write_rows(root, "requests", [dict(req("now", 1, t_s=recent), proxy_id="p1")])
+    rec = make_recorder(root=root, proxy_id="p1", retain_s=24 * H, writer="process")
+    rec.close()
+    hours = _hours_of(root, "requests")
+    assert len(hours) == 1 and hours[0] != "date=2026-11-20/hour=09", hours
+
+
+def test_proxy_retain_needs_a_recording_and_an_hour(tmp_path: Path):
+    base = [sys.executable, "-m", "kafkatap.cli", "proxy", "--listen", "127.0.0.1:1", "--upstream", "127.0.0.1:9"]
+    out = subprocess.run(base + ["--retain", "2h"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--retain deletes old hours of a recording: it needs --record DIR" in out.stderr
+    out = subprocess.run(base + ["--record", str(tmp_path / "r"), "--retain", "45m"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2 and "less than an hour" in out.stderr
+
+
+def test_a_running_proxy_with_retain_deletes_its_old_hours(tmp_path: Path):
+    """`kafkatap proxy --retain` in its own process (writer process, as shipped): old hours go, others stay."""
+    from harness.kafka import free_port
+    from tests.proxy.proxy_procs import wait_listening
+
+    root = tmp_path / "rec"
+    _record_hours(root, [0, 1], proxy="edge")
+    _record_hours(root, [0], proxy="someone-else")
+    port = free_port()
+    env = dict(os.environ, KAFKATAP_LOG_FORMAT="json")
+    proc = subprocess.Popen([sys.executable, "-m", "kafkatap.cli", "proxy", "--workers", "1", "--listen",
+                             f"127.0.0.1:{port}", "--upstream", "127.0.0.1:9", "--record", str(root),
+                             "--proxy-id", "edge", "--retain", "1d", "--flush-interval", "0.2"],
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        wait_listening(port, proc)
+        deadline = time.monotonic() + 30
+        while _hours_of(root, "requests", "edge") and time.monotonic() < deadline:
+            time.sleep(0.1)  # the writer's first flush runs the first pass: no event reaches this process
+        assert _hours_of(root, "requests", "edge") == []
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert _hours_of(root, "topics", "edge") and _hours_of(root, "requests", "someone-else")
+    lines = [json.loads(ln) for ln in proc.stderr.read().splitlines() if ln.startswith("{")]
+    said = [ln for ln in lines if ln["event"].startswith("recording retention: deleted 2 hour(s)")]
+    assert said and said[0]["proxy_id"] == "edge", [ln["event"] for ln in lines]
