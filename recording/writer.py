@@ -140,9 +140,11 @@ def _log_level() -> str:
     """The lowest level this process logs at: its writer process logs at the same one."""
     import logging
 
-    bound = log.bind()
+    enabled = getattr(log.bind(), "is_enabled_for", None)  # structlog's filtering loggers; others: the old default
+    if enabled is None:
+        return "warning"
     for name in ("debug", "info", "warning"):
-        if bound.is_enabled_for(logging.getLevelName(name.upper())):
+        if enabled(logging.getLevelName(name.upper())):
             return name
     return "error"
 
