@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 
-from recording.retention import DURATION, describe, prune as prune_hours
+from recording.retention import DURATION, PRUNED, describe, prune as prune_hours
 
 __all__ = ["rollups", "prune"]
 
@@ -89,6 +89,9 @@ def prune(recording: Path, older_than: float, proxy_id: str | None, dry_run: boo
     Example:
       kafkatap prune rec/ --older-than 7d --dry-run
     """
+    if not any((recording / ds).is_dir() for ds in PRUNED):
+        raise click.ClickException(f"{recording} holds none of a recording's datasets (requests/, connections/ …): "
+                                   "give the directory a proxy was started with as --record DIR")
     cutoff_ns = time.time_ns() - int(older_than * 1e9)
     try:
         result = prune_hours(recording, cutoff_ns, proxy_id, dry_run=dry_run)

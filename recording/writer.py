@@ -124,7 +124,8 @@ def _row_size(row: Row) -> int:
 # What can go wrong while recording, counted apart (`/metrics` kafkatap_recording_errors_total{kind}) because
 # they mean different things to the operator: "write" loses rows (counted as dropped), "compaction" keeps
 # the flush files (more, smaller files), "rollups" loses derived data only (the analysis reads the requests
-# instead), "writer_process" is the child writer failing to start or dying.
+# instead), "writer_process" is the child writer failing to start or dying, "retention" an hour older than
+# `retain_s` that could not be deleted (it stays; the next pass tries again).
 ERROR_KINDS = ("write", "compaction", "rollups", "writer_process", "retention")
 ERROR_HINTS: dict[str, dict[str, str]] = {
     "compaction": {"consequence": "the flush files stay and are read as they are; nothing is lost"},

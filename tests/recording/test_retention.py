@@ -86,7 +86,7 @@ def test_prune_removes_whole_old_hours_and_keeps_topics_and_coverage(tmp_path: P
 
 def test_prune_command_dry_run_then_delete(tmp_path: Path):
     root = tmp_path / "rec"
-    _record_hours(root, [0, 1])  # November 2026: long ago for a run in real time? No: check the clock below
+    _record_hours(root, [0, 1])  # dated by tests.analytics.analytics_rows.T0: checked against the clock below
     runner = CliRunner()
     age_h = (time.time_ns() - T0) / HOUR_NS
     if age_h < 3:  # the rows' hours must have ended more than --older-than ago
@@ -102,6 +102,8 @@ def test_prune_command_dry_run_then_delete(tmp_path: Path):
     assert again.exit_code == 0 and "no hour old enough" in again.output
     bad = runner.invoke(cli, ["prune", str(root), "--older-than", "20m"])
     assert bad.exit_code == 2 and "less than an hour" in bad.output
+    elsewhere = runner.invoke(cli, ["prune", str(tmp_path), "--older-than", "1h"])  # the parent of a recording
+    assert elsewhere.exit_code == 1 and "holds none of a recording's datasets" in elsewhere.output
 
 
 def test_recorder_thread_prunes_its_own_old_hours(tmp_path: Path, make_recorder):
@@ -136,32 +138,38 @@ def test_proxy_retain_needs_a_recording_and_an_hour(tmp_path: Path):
     assert out.returncode == 2 and "less than an hour" in out.stderr
 
 
-def test_a_running_proxy_with_retain_deletes_its_old_hours(tmp_path: Path):
-    """`kafkatap proxy --retain` in its own process (writer process, as shipped): old hours go, others stay."""
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_running_proxy_with_retain_deletes_its_old_hours(tmp_path: Path, workers: int):
+    """`kafkatap proxy --retain` in its own process (writer process, as shipped): old hours go, others stay.
+
+    With --workers 2 each worker records (and prunes) as <id>-w<N>: the option must reach both.
+    """
     from harness.kafka import free_port
     from tests.proxy.proxy_procs import wait_listening
 
     root = tmp_path / "rec"
-    _record_hours(root, [0, 1], proxy="edge")
+    ids = ["edge"] if workers == 1 else ["edge-w1", "edge-w2"]
+    for proxy in ids:
+        _record_hours(root, [0, 1], proxy=proxy)
     _record_hours(root, [0], proxy="someone-else")
     port = free_port()
     env = dict(os.environ, KAFKATAP_LOG_FORMAT="json")
-    proc = subprocess.Popen([sys.executable, "-m", "kafkatap.cli", "proxy", "--workers", "1", "--listen",
+    proc = subprocess.Popen([sys.executable, "-m", "kafkatap.cli", "proxy", "--workers", str(workers), "--listen",
                              f"127.0.0.1:{port}", "--upstream", "127.0.0.1:9", "--record", str(root),
                              "--proxy-id", "edge", "--retain", "1d", "--flush-interval", "0.2"],
                             stderr=subprocess.PIPE, text=True, env=env)
     try:
         wait_listening(port, proc)
         deadline = time.monotonic() + 30
-        while _hours_of(root, "requests", "edge") and time.monotonic() < deadline:
+        while any(_hours_of(root, "requests", p) for p in ids) and time.monotonic() < deadline:
             time.sleep(0.1)  # the writer's first flush runs the first pass: no event reaches this process
-        assert _hours_of(root, "requests", "edge") == []
+        assert [_hours_of(root, "requests", p) for p in ids] == [[] for _ in ids]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert _hours_of(root, "topics", "edge") and _hours_of(root, "requests", "someone-else")
+    assert all(_hours_of(root, "topics", p) for p in ids) and _hours_of(root, "requests", "someone-else")
     lines = [json.loads(ln) for ln in proc.stderr.read().splitlines() if ln.startswith("{")]
-    said = [ln for ln in lines if ln["event"].startswith("recording retention: deleted 2 hour(s)")]
-    assert said and said[0]["proxy_id"] == "edge", [ln["event"] for ln in lines]
+    said = sorted(ln["proxy_id"] for ln in lines if ln["event"].startswith("recording retention: deleted 2 hour(s)"))
+    assert said == ids, [ln["event"] for ln in lines]
