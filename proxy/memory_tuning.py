@@ -10,9 +10,10 @@ from __future__ import annotations
 import ctypes
 import gc
 
-__all__ = ["settle_memory", "settle_gc", "settle_malloc", "FIRST_GENERATION"]
+__all__ = ["settle_memory", "settle_gc", "settle_malloc", "FIRST_GENERATION", "GC_THRESHOLDS"]
 
 FIRST_GENERATION = 20_000  # allocations between young collections (CPython's default: 700)
+GC_THRESHOLDS = (FIRST_GENERATION, 20, 20)  # gc.set_threshold's three, as the relay runs with them
 
 # glibc's mallopt parameters (malloc.h) and the values the relay runs with
 _M_TRIM_THRESHOLD = -1
@@ -34,7 +35,7 @@ def settle_gc() -> None:
     """
     gc.collect()
     gc.freeze()
-    gc.set_threshold(FIRST_GENERATION, 20, 20)
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def settle_malloc() -> bool:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from proxy.faults import Faults
-from proxy.memory_tuning import FIRST_GENERATION, settle_memory
+from proxy.memory_tuning import FIRST_GENERATION, GC_THRESHOLDS, settle_memory
 from proxy.server import ProxyServer, Route
 
 _settled = False  # settle_memory() once per process: later proxies only get the thresholds back
@@ -34,7 +34,7 @@ def _settle_memory_once() -> None:
         settle_memory()
         _settled = True
     elif gc.get_threshold()[0] < FIRST_GENERATION:
-        gc.set_threshold(FIRST_GENERATION, 20, 20)
+        gc.set_threshold(*GC_THRESHOLDS)
 
 
 class RunningProxy:

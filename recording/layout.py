@@ -20,6 +20,7 @@ next start.
 
 from __future__ import annotations
 
+import calendar
 import os
 import re
 import secrets
@@ -30,7 +31,7 @@ from pathlib import Path
 from recording.datasets import DATASETS
 
 __all__ = ["TIME_COLUMN", "HOUR_NS", "new_run_id", "flush_name", "merged_name", "tmp_name", "safe_segment",
-           "worker_proxy_id", "hour_partition", "partition_dir", "is_hidden", "file_range", "superseded", "live_names", "partition_values", "recover"]
+           "worker_proxy_id", "hour_partition", "hour_of_dirs", "partition_dir", "is_hidden", "file_range", "superseded", "live_names", "partition_values", "recover"]
 
 # The column whose hour decides a row's partition. Following the rows' own time
 # (not the clock at flush) means a Spark job pruning by date/hour never misses
@@ -38,6 +39,8 @@ __all__ = ["TIME_COLUMN", "HOUR_NS", "new_run_id", "flush_name", "merged_name", 
 TIME_COLUMN = {"requests": "req_first_ns", "connections": "snapshot_ns", "tcp": "ts_ns", "frames": "ts_ns", "topics": "first_seen_ns"}
 HOUR_NS = 3600 * 1_000_000_000
 
+_DATE_DIR = re.compile(r"^date=(\d{4})-(\d{2})-(\d{2})$")
+_HOUR_DIR = re.compile(r"^hour=(\d{1,2})$")
 _FILE_RE = re.compile(r"^part-(?P<run>[0-9TZ]+-[0-9a-f]+)-(?P<first>\d{8})(?:-(?P<last>\d{8}))?\.parquet$")
 _TMP_PREFIX = ".tmp-"
 # ".tmp-<pid>-<process token>-<final name>": whose in-progress file it is (older names carry neither)
@@ -144,6 +147,19 @@ def hour_partition(hour_index: int) -> tuple[str, int]:
     """The (date, hour) partition values of the hour `hour_index` (hours since the epoch, UTC)."""
     t = time.gmtime(hour_index * 3600)
     return time.strftime("%Y-%m-%d", t), t.tm_hour
+
+
+def hour_of_dirs(date_dir: str, hour_dir: str) -> int | None:
+    """The hour index of a `date=YYYY-MM-DD` / `hour=HH` directory pair (what `partition_dir` names), or None
+    when the names are not such partitions."""
+    d, h = _DATE_DIR.match(date_dir), _HOUR_DIR.match(hour_dir)
+    if d is None or h is None or int(h.group(1)) > 23:
+        return None
+    try:
+        day = calendar.timegm((int(d.group(1)), int(d.group(2)), int(d.group(3)), 0, 0, 0, 0, 0, 0))
+    except (ValueError, OverflowError):
+        return None
+    return day // 3600 + int(h.group(1))
 
 
 def partition_dir(root: Path, dataset: str, proxy_id: str, hour_index: int) -> Path:

@@ -23,7 +23,6 @@ This module only lists and deletes; the recorder decides when
 
 from __future__ import annotations
 
-import calendar
 import os
 import re
 import shutil
@@ -35,7 +34,7 @@ from pathlib import Path
 import click
 
 from recording.datasets import DATASETS
-from recording.layout import HOUR_NS, safe_segment
+from recording.layout import HOUR_NS, hour_of_dirs, safe_segment
 
 __all__ = ["KEPT", "PRUNED", "MIN_RETAIN_S", "Pruned", "hour_dirs", "expired", "prune", "parse_duration",
            "DURATION", "describe"]
@@ -44,8 +43,6 @@ KEPT = ("topics",)  # datasets retention never touches (see the module docstring
 PRUNED = tuple(d for d in DATASETS if d not in KEPT)
 MIN_RETAIN_S = 3600.0  # the current and the previous hour are always kept: late rows and merges still go there
 
-_DATE = re.compile(r"^date=(\d{4})-(\d{2})-(\d{2})$")
-_HOUR = re.compile(r"^hour=(\d{1,2})$")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
@@ -60,16 +57,12 @@ class Pruned:
     bytes: int = 0
 
 
-def _hour_index(date_dir: str, hour_dir: str) -> int | None:
-    """The hour index of a `date=YYYY-MM-DD/hour=HH` pair, or None when the names are not partitions."""
-    d, h = _DATE.match(date_dir), _HOUR.match(hour_dir)
-    if d is None or h is None or int(h.group(1)) > 23:
-        return None
+def _children(directory: Path) -> list[Path]:
+    """The entries of `directory`, sorted; none when it is gone or is not a directory (a concurrent prune)."""
     try:
-        day = calendar.timegm((int(d.group(1)), int(d.group(2)), int(d.group(3)), 0, 0, 0, 0, 0, 0))
-    except (ValueError, OverflowError):
-        return None
-    return day // 3600 + int(h.group(1))
+        return sorted(directory.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return []
 
 
 def hour_dirs(root: Path | str, proxy_id: str | None = None) -> Iterator[tuple[int, Path]]:
@@ -77,25 +70,12 @@ def hour_dirs(root: Path | str, proxy_id: str | None = None) -> Iterator[tuple[i
     root = Path(root)
     for dataset in PRUNED:
         base = root / dataset
-        if proxy_id is not None:
-            proxies = [base / f"proxy={safe_segment(proxy_id)}"]
-        else:
-            try:
-                proxies = [p for p in base.iterdir() if p.name.startswith("proxy=")]
-            except (FileNotFoundError, NotADirectoryError):
-                continue
+        proxies = ([base / f"proxy={safe_segment(proxy_id)}"] if proxy_id is not None
+                   else [p for p in _children(base) if p.name.startswith("proxy=")])
         for proxy_dir in proxies:
-            try:
-                dates = sorted(proxy_dir.iterdir())
-            except (FileNotFoundError, NotADirectoryError):
-                continue
-            for date_dir in dates:
-                try:
-                    hours = sorted(date_dir.iterdir())
-                except (FileNotFoundError, NotADirectoryError):
-                    continue
-                for hour_dir in hours:
-                    index = _hour_index(date_dir.name, hour_dir.name)
+            for date_dir in _children(proxy_dir):
+                for hour_dir in _children(date_dir):
+                    index = hour_of_dirs(date_dir.name, hour_dir.name)
                     if index is not None and hour_dir.is_dir():
                         yield index, hour_dir
 
