@@ -495,6 +495,8 @@ class Connection:
         """`peer` sent FIN: propagate it to the other side (half-close) unless both are done."""
         peer.eof = True
         self._set_end(f"{peer.role}_fin", peer.role, None)
+        if self.editor is not None:  # an unfinished frame it holds goes on before the FIN
+            self.editor.source_ended(inbound.request)
         if inbound.dst.eof:
             self.close()
         elif inbound.early is None:
@@ -513,6 +515,8 @@ class Connection:
                 other.reset()  # the other side sees what this one did
         else:
             self._set_end(f"{peer.role}_fin", peer.role, None)
+            if self.editor is not None:
+                self.editor.source_ended(toward.request)
             if other.open:
                 toward.close_dst()
         if not other.open:

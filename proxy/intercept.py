@@ -677,6 +677,26 @@ class FrameEditor:
         self.order.clear()
         self.pending.clear()
 
+    def source_ended(self, request: bool) -> None:
+        """One direction's source sent FIN: the frame it left unfinished never will be, so what is held of it
+        (a head being read, a wanted frame being collected) goes on as it was read, before the FIN.
+
+        A relay without an editor forwards those bytes; holding them back would make cluster mode change
+        the stream it exists to leave alone (a broker's last, cut-off response would never reach the client).
+        """
+        side = self.req if request else self.resp
+        held = [piece for piece in (*side.pieces, bytes(side.buf)) if len(piece)]
+        side.pieces = []
+        side.buf.clear()
+        side.mode = _PASS  # nothing more comes from this source
+        if not held:
+            return
+        now = self.clock()
+        for piece in held:
+            self._emit(side, piece, now)
+        if side.out:
+            self._flush_out(side, now)
+
     def _interceptor_failed(self, exc: BaseException) -> None:
         self.out.log("error", "interceptor failed, frame forwarded unedited", error=repr(exc))
 

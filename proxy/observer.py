@@ -279,7 +279,9 @@ class Observer:
             self._backlog.clear()
             self._end_marks()
             self._close_now(now_ns)
-            return False
+            # Rows of requests left unanswered are built in later steps of this same turn loop: `_close_now` cannot
+            # queue this observer again (it is still marked waiting), so saying "more to do" is what keeps it queued.
+            return bool(self._unanswered)
         f = self.facts
         before = f.requests + f.from_broker.frames
         n = len(data)

@@ -377,6 +377,28 @@ def test_closing_with_thousands_unanswered_builds_rows_a_budget_per_turn():
     assert obs.facts.rows == 5_000 and all(r["status"] == "unanswered" for r in out.requests)
 
 
+def test_a_connection_that_ends_while_decoding_is_behind_still_gets_its_rows():
+    """The end reached in a scheduler turn, with requests still unanswered: their rows and the connection's
+    `closed` once waited for a turn that never came (the observer was still marked as waiting), so the
+    connection stayed open in the proxy's books until shutdown."""
+    loop = asyncio.new_event_loop()
+    ended: list[bool] = []
+    try:
+        obs, req, _, out = _observer(scheduler=ObserveScheduler(loop))
+        data = b"".join(_req(cid) for cid in range(500))
+        req.handed(len(data), 10)
+        obs._sched.spend_all()  # another connection used this turn: the chunk queues
+        obs.feed(True, data, 5)
+        assert obs.behind
+        obs.close(99, lambda: ended.append(True))
+        turns = iter(range(10_000))  # far more than 500 rows at a budget per turn need; a stuck observer stops here
+        _per_turn(loop, lambda: len(out.requests), lambda: not ended and next(turns, None) is not None)
+    finally:
+        loop.close()
+    assert ended == [True] and len(out.requests) == 500
+    assert all(r["status"] == "unanswered" for r in out.requests)
+
+
 def test_a_turn_of_tiny_frames_is_bounded_by_time_not_by_a_frame_count():
     """A turn once decoded 128 frames whatever they cost (~1.3 ms of tiny frames with rows, which every other
     connection waited for); now it stops after `TURN_NS` of work plus one slice of 4-16 whole frames."""

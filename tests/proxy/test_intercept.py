@@ -335,6 +335,25 @@ def test_pass_through_while_a_wanted_frame_is_half_collected_keeps_its_bytes() -
     assert port.out(True) == frame and port.out(False) == b"garbage that is no response"
 
 
+def test_a_frame_cut_off_by_its_sources_fin_goes_on_as_read() -> None:
+    """A broker that sends part of a response and then FIN: without an editor the client gets those bytes, so
+    with one it must too (cluster mode held them back and dropped them)."""
+    resp = response(PRODUCE, 9, 1)
+    for cut in (2, 6, len(resp) - 1):  # inside the size prefix, inside the head, inside the body
+        ed, port = editor(Wants())
+        ed.feed(True, produce(1, 1), 0)
+        ed.feed(False, resp[:cut], 0)
+        assert port.out(False) == b""  # wanted: held until whole
+        ed.source_ended(False)
+        assert port.out(False) == resp[:cut]
+        ed.source_ended(False)  # the transport's close after the FIN: nothing is sent twice
+        assert port.out(False) == resp[:cut] and port.out(True) == produce(1, 1)
+    ed, port = editor(ResponsesOnly())
+    ed.feed(True, produce(1, 1)[:9], 0)  # requests nobody edits were sent as read: nothing held to send again
+    ed.source_ended(True)
+    assert port.out(True) == produce(1, 1)[:9]
+
+
 class ResponsesOnly(Wants):
     """An interceptor that never edits requests (as cluster mode's address rewriter): it says so."""
 
@@ -393,6 +412,31 @@ def test_oversize_wanted_frame_is_streamed_and_counted() -> None:
     assert port.out(True) == head and ed.oversize == 1 and not ed.passing
     assert port.oversized == [MAX_EDIT_FRAME + 14] and port.stops == []
     assert [e for e in port.logs if e[1].startswith("frame too large")][0][2]["size"] == MAX_EDIT_FRAME + 14
+
+
+def test_a_broker_that_sends_half_a_response_then_fin_through_an_editing_proxy(sink) -> None:
+    """The relay end to end: the bytes an editing proxy holds when the broker's FIN comes reach the client."""
+    import socket
+
+    from proxy_upstreams import OneShotServer, recv_all
+
+    resp = response(PRODUCE, 9, 1)
+
+    def broker(s: socket.socket) -> bytes:
+        got = b""
+        while len(got) < len(produce(1, 1)):
+            got += s.recv(65536)
+        s.sendall(resp[:7])
+        s.shutdown(socket.SHUT_WR)
+        return recv_all(s)
+
+    with OneShotServer(broker) as up, RunningProxy(upstream=f"127.0.0.1:{up.port}", sink=sink,
+                                                   interceptors=[lambda info: Wants()]) as p:
+        host, port = p.bootstrap.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as c:
+            c.sendall(produce(1, 1))
+            assert recv_all(c) == resp[:7]
+        up.join()
 
 
 # --------------------------------------------------------------------------- a real broker
