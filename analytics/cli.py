@@ -11,7 +11,8 @@ import click
 from recording.schema import DATASETS
 from recording.timespec import TIME, TIME_HELP, TimeSpec, cli_window
 
-MASTER = re.compile(r"local(\[(\d+|\*)(,\s*\d+)?\])?|local-cluster\[.+\]|yarn|(spark|k8s|mesos)://.+")  # Spark's own forms
+MASTER = re.compile(r"local(\[([1-9]\d*|\*)(,\s*\d+)?\])?|local-cluster\[.+\]|yarn|(spark|k8s|mesos)://.+")  # Spark's own forms
+READ_ATTEMPTS = 3  # analyses of a recording whose files a running proxy replaced while it was being read
 DATASETS_READ = ("requests", "connections", "tcp")  # what analytics.load reads (it imports Spark: not from there)
 
 
@@ -27,12 +28,14 @@ DATASETS_READ = ("requests", "connections", "tcp")  # what analytics.load reads 
 @click.option("--topic", "topics", multiple=True, metavar="NAME", help="Only requests touching this topic (and their connections); repeatable.")
 @click.option("--compare", nargs=2, default=None, metavar="A B",
               help="Compare two recordings of the same traffic (either side of a middlebox, or a recording and its replay). "
-                   "With DIRs as well, the report covers the DIRs and adds the comparison of A with B.")
+                   "With DIRs as well, the report covers the DIRs and adds the comparison of A with B. A +SECONDS "
+                   "--since/--until counts from each side's own first request.")
 @click.option("--match", "compare_mode", type=click.Choice(["auto", "wire", "sequence"]), default="auto", show_default=True,
               help="How --compare pairs requests: wire = client_id+correlation_id+api and time proximity; sequence = order within "
                    "each connection (replays); auto = wire when the recordings overlap in time.")
 @click.option("--tolerance", "tolerance_s", type=float, default=10.0, show_default=True, help="Max time difference (s) for wire matching.")
-@click.option("--bucket", "bucket_s", type=int, default=None, help="Time bucket in seconds for the over-time views (default: ~120 points over the span).")
+@click.option("--bucket", "bucket_s", type=click.IntRange(min=1), default=None, metavar="SECONDS",
+              help="Time bucket in seconds for the over-time views (default: ~120 points over the span).")
 @click.option("--conf", "conf", multiple=True, metavar="KEY=VALUE", help="Extra Spark configuration, e.g. --conf spark.driver.memory=6g; repeatable.")
 @click.option("--no-csv", is_flag=True, help="Write tables as Parquet only.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines on stderr.")
@@ -72,25 +75,54 @@ def analyze(dirs: tuple[str, ...], out: str | None, master: str | None, since: T
             raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--conf")
         k, v = item.split("=", 1)
         spark_conf[k.strip()] = v.strip()
-    if master is not None and not MASTER.fullmatch(master):
-        raise click.BadParameter(f"{master!r} is not a Spark master: local, local[N], local[*], spark://HOST:PORT, "
-                                 "yarn, k8s://URL", param_hint="'--master'")
+    twice = repeated(dirs)
+    if twice:
+        raise click.BadParameter(f"{twice} is given twice: each recording is read once (its requests would count twice)",
+                                 param_hint="'DIR'")
+    if compare and same_place(*compare):
+        raise click.BadParameter(f"A and B are the same recording ({compare[0]}): compare two recordings of the same traffic",
+                                 param_hint="'--compare'")
     for d in (*dirs, *(compare or ())):
         problem = input_problem(d)
         if problem:
             raise click.BadParameter(problem, param_hint="'--compare'" if d not in dirs else "'DIR'")
+    if master is not None:
+        unreachable = master_unreachable(master)
+        if unreachable:
+            raise click.BadParameter(unreachable, param_hint="'--master'")
     from recording.reader import recording_start
 
-    since_ns, until_ns = cli_window(since, until, lambda: recording_start([*dirs, *(compare or ())]))
+    cli_window(since, until, lambda: recording_start([*dirs, *(compare or ())]))  # a bad or empty window is said now
     from analytics.job import run_analysis, summary  # starts nothing yet; get_spark (the JVM) runs inside
     from analytics.load import RecordingFormatError
     from pyspark.errors import PySparkRuntimeError
 
     created = _first_missing(out)
     try:
-        result = run_analysis(list(dirs), out, master=master, since=since_ns, until=until_ns, brokers=brokers, clients=clients, topics=topics,
-                              compare=compare, compare_mode=compare_mode, tolerance_s=tolerance_s, bucket_s=bucket_s,
-                              progress=not quiet, csv=not no_csv, spark_conf=spark_conf or None, ignore_rollups=ignore_rollups)
+        for attempt in range(1, READ_ATTEMPTS + 1):
+            try:  # the window is resolved again inside: a +SECONDS end counts from each --compare side's own start
+                result = run_analysis(list(dirs), out, master=master, since=since, until=until, brokers=brokers, clients=clients,
+                                      topics=topics, compare=compare, compare_mode=compare_mode, tolerance_s=tolerance_s,
+                                      bucket_s=bucket_s, progress=not quiet, csv=not no_csv, spark_conf=spark_conf or None,
+                                      ignore_rollups=ignore_rollups)
+                break
+            except Exception as exc:  # noqa: BLE001 — only Spark's failed reads are handled; the rest is re-raised
+                failed = read_failure(exc)
+                if failed is None:
+                    raise
+                path, vanished = failed
+                if not vanished:
+                    raise click.ClickException(
+                        f"cannot read {path} (a file cut short by a crash, or not Parquet): move it out of the recording "
+                        "(its rows are lost) and analyze with --ignore-rollups: the hour's stored rollups still count its rows") from None
+                if attempt == READ_ATTEMPTS:
+                    raise click.ClickException(
+                        f"{path} went away while it was being read, {READ_ATTEMPTS} times: a running proxy's compaction or "
+                        "retention replaces files faster than this analysis reads them; analyze a copy, or narrow it with "
+                        "--until") from None
+                if not quiet:
+                    click.echo(f"[analyze] {path} went away while it was read (a running proxy compacted or pruned it); "
+                               f"reading the recording again (attempt {attempt + 1} of {READ_ATTEMPTS})", err=True)
     except (RecordingFormatError, ValueError) as exc:
         _drop_if_empty(out, created)
         raise click.ClickException(str(exc)) from exc
@@ -105,6 +137,71 @@ def analyze(dirs: tuple[str, ...], out: str | None, master: str | None, since: T
         raise
     click.echo(summary(result))
     sys.stdout.flush()
+
+
+# Spark's message for a file it listed but could not read: FAILED_READ_FILE, with a sub-class
+# (FILE_NOT_EXIST when it was deleted after the listing) and the file's URI.
+_READ_FAILURE = re.compile(r"\[FAILED_READ_FILE(?:\.(\w+))?\][^\n]*?reading file (\S+?)\.?(?:\s|$)")
+
+
+def read_failure(exc: BaseException) -> tuple[str, bool] | None:
+    """(the file, whether it vanished) when `exc` is Spark failing to read one of a recording's files, else None.
+
+    A running proxy compacts and prunes its recording: a file listed when the
+    analysis started may be gone when a later pass reads it. That is worth a
+    fresh listing; any other failed read (a file cut short by a crash) is the
+    file's fault, and named.
+    """
+    m = _READ_FAILURE.search(str(exc))
+    if m is None:
+        return None
+    path = m[2].removeprefix("file://")
+    return path, m[1] == "FILE_NOT_EXIST" or "FileNotFoundException" in str(exc)
+
+
+def repeated(dirs: tuple[str, ...]) -> str | None:
+    """The first DIR named twice (the same directory however spelt, for local paths), or None."""
+    seen: set[str] = set()
+    for d in dirs:
+        key = _place(d)
+        if key in seen:
+            return d
+        seen.add(key)
+    return None
+
+
+def same_place(a: str, b: str) -> bool:
+    return _place(a) == _place(b)
+
+
+def _place(d: str) -> str:
+    return d.rstrip("/") if "://" in d else str(Path(d).resolve())
+
+
+def master_unreachable(master: str) -> str | None:
+    """Why `master` cannot work, in one line, before the JVM starts; None when it may.
+
+    A standalone master that nobody listens on would cost a minute of Spark's
+    retries and a long Java trace; a TCP connect says it in a second.
+    """
+    if not MASTER.fullmatch(master):
+        return (f"{master!r} is not a Spark master: local, local[N] (N >= 1), local[*], spark://HOST:PORT, yarn, "
+                "k8s://URL")
+    if not master.startswith("spark://"):
+        return None
+    import socket
+
+    problem = ""
+    for hostport in master.removeprefix("spark://").split(","):  # HA masters: spark://h1:7077,h2:7077
+        host, _, port = hostport.rpartition(":")
+        if not host or not port.isdigit():
+            return f"{master!r}: expected spark://HOST:PORT"
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=3).close()
+            return None
+        except OSError as exc:
+            problem = exc.strerror or str(exc) or type(exc).__name__
+    return f"cannot reach the Spark master at {master} ({problem}): is it running, and is the address right?"
 
 
 def input_problem(directory: str) -> str | None:

@@ -13,7 +13,7 @@ import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -185,14 +185,17 @@ def referenced_connections(tables: dict[str, pa.Table], cap: int = DRILLDOWN_CAP
     return list(seen)
 
 
-def compare_plan(spark: SparkSession, a_dir: str, b_dir: str, filters: L.Filters, mode: str, tolerance_s: float,
+def compare_plan(spark: SparkSession, a_dir: str, b_dir: str, sides: tuple[L.Filters, L.Filters], mode: str, tolerance_s: float,
                  progress: Progress) -> tuple[str, dict[str, Callable[[], DataFrame]]]:
-    ra = L.load(spark, [a_dir], filters)
-    rb = L.load(spark, [b_dir], filters)
+    """The comparison tables of A and B, each read through its own filters (`side_filters`)."""
+    ra = L.load(spark, [a_dir], sides[0])
+    rb = L.load(spark, [b_dir], sides[1])
     a, b = prepare_requests(ra.requests).cache(), prepare_requests(rb.requests).cache()
     if mode == "auto":
         mode = compare.choose_mode(a, b)
-    progress.info(f"comparing {a_dir} (A) with {b_dir} (B): {mode} matching")
+    windows = ("" if sides[0] == sides[1] else
+               f" (A: {sides[0].describe()}; B: {sides[1].describe()})")
+    progress.info(f"comparing {a_dir} (A) with {b_dir} (B): {mode} matching{windows}")
     m = compare.match_requests(a, b, mode, tolerance_s).cache()
     return mode, {
         "compare_summary": lambda: compare.compare_summary(a, b, m, mode),
@@ -468,8 +471,8 @@ def run_analysis(
     out: str | Path,
     *,
     master: str | None = None,
-    since: str | int | None = None,
-    until: str | int | None = None,
+    since: object = None,
+    until: object = None,
     brokers: Sequence[str] = (),
     clients: Sequence[str] = (),
     topics: Sequence[str] = (),
@@ -505,18 +508,37 @@ def run_analysis(
     rows = (input_rows([*dirs, *(compare or ())], max(C1_ONLY_MAX_ROWS, OVERLAP_MAX_ROWS), covers, bucket_s)
             if is_local(spark_master) else None)
     spark = spark or get_spark(master, spark_conf, input_rows=rows)
-    filters = L.Filters(*L.time_window(since, until, [*dirs, *(compare or ())]), tuple(brokers), tuple(clients), tuple(topics))
+    filters = L.Filters(*L.time_window(since, until, (list(dirs) or [compare[0]]) if compare else dirs),
+                        tuple(brokers), tuple(clients), tuple(topics))
+    sides = side_filters(filters, since, until, compare) if compare else None
     sized = {k: v for k, v in small_input_settings(spark_master, rows).items()
              if k not in (spark_conf or {})}  # the caller's --conf wins
     with _RuntimeConf(spark, sized):
         passes = overlapped_passes(spark_master, rows, parallel)
         return _run(spark, dirs, out, filters, t_start, parallel, passes, compare, compare_mode, tolerance_s, bucket_s, csv, report,
-                    progress, covers)
+                    progress, covers, sides)
+
+
+def side_filters(filters: L.Filters, since: object, until: object,
+                 compare: tuple[str | Path, str | Path]) -> tuple[L.Filters, L.Filters]:
+    """The filters of each side of a comparison: a `+SECONDS` end counts from that side's own first request.
+
+    A recording and its replay, or two sides of a middlebox recorded at different
+    times, are compared over "the same minutes of each": anchoring both to the
+    earlier recording's start would put the later one's window before its data.
+    Absolute times are the same for both sides.
+    """
+    out = []
+    for side in compare:
+        since_ns, until_ns = L.time_window(since, until, [side])
+        out.append(replace(filters, since_ns=since_ns, until_ns=until_ns))
+    return out[0], out[1]
 
 
 def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.Filters, t_start: float, parallel: int, passes: int,
          compare: tuple[str | Path, str | Path] | None, compare_mode: str, tolerance_s: float, bucket_s: int | None,
-         csv: bool, report: bool, progress: bool, covers: dict[str, RecordingCoverage] | None = None) -> AnalysisResult:
+         csv: bool, report: bool, progress: bool, covers: dict[str, RecordingCoverage] | None = None,
+         sides: tuple[L.Filters, L.Filters] | None = None) -> AnalysisResult:
     """run_analysis's body, under the size-chosen SQL settings."""
     tables: dict[str, list[dict[str, Any]]] = {}
     arrow: dict[str, pa.Table] = {}
@@ -590,7 +612,8 @@ def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.
         inputs = Inputs(rollup, topics, traffic, views, notable, conns, sides, full, reactions, cube, slowest)
         plan = table_plan(inputs, bucket_s)
         if compare:
-            mode_used, cplan = compare_plan(spark, str(compare[0]), str(compare[1]), filters, compare_mode, tolerance_s, prog)
+            mode_used, cplan = compare_plan(spark, str(compare[0]), str(compare[1]), sides or (filters, filters),
+                                             compare_mode, tolerance_s, prog)
             plan.update(cplan)
         prog.step("tables", f"{len(plan)} tables, {parallel} Spark jobs at a time")
         arrow.update(collect_all(plan, prog, parallel))

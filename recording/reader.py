@@ -126,8 +126,14 @@ def recording_files(root: Path | str, dataset: str) -> list[Path]:
 
 
 def file_version(path: Path | str, filesystem: pafs.FileSystem | None = None) -> int:
-    """The kafkatap format version stored in a file's footer (RecordingFormatError if absent)."""
-    return version_of(pq.read_metadata(str(path), filesystem=filesystem).metadata, str(path))
+    """The kafkatap format version stored in a file's footer (RecordingFormatError if absent or unreadable)."""
+    try:
+        meta = pq.read_metadata(str(path), filesystem=filesystem)
+    except pa.ArrowInvalid as exc:  # no footer: a file cut short (a crash mid-write, a full disk) or not Parquet
+        raise RecordingFormatError(f"cannot read {path} ({exc}): a file cut short by a crash, or not Parquet; move it "
+                                   "out of the recording (its rows are lost) and analyze with --ignore-rollups: the hour's "
+                                   "stored rollups still count its rows") from None
+    return version_of(meta.metadata, str(path))
 
 
 def dataset_version(listing: LiveFiles, sample: int = 16) -> tuple[int, list[Migration]]:

@@ -73,6 +73,11 @@ class TimeSpec:
         return start + self.offset_ns
 
 
+# The last instant a time may name: the end of year 9999, what ISO 8601 and Python's datetime can spell. A
+# larger number is a typo, and would otherwise fail late (after Spark started) or overflow a timestamp.
+MAX_NS = 253_402_300_800 * 1_000_000_000 - 1
+
+
 def _epoch_ns(num: Decimal) -> int:
     """Epoch seconds, ms, µs or ns by magnitude (exact: no float rounding of 19-digit ns values)."""
     if num > Decimal("1e17"):
@@ -82,6 +87,13 @@ def _epoch_ns(num: Decimal) -> int:
     if num > Decimal("1e11"):
         return int(num * 1_000_000)
     return int(num * 1_000_000_000)
+
+
+def _bounded(spec: TimeSpec) -> TimeSpec:
+    """`spec`, unless it names a time past the year 9999 (or an offset longer than that)."""
+    if (spec.epoch_ns if spec.epoch_ns is not None else spec.offset_ns or 0) > MAX_NS:
+        raise TimeSpecError(f"time {spec.text!r} is past the year 9999: {_HOW}")
+    return spec
 
 
 def _datetime_ns(d: dt.datetime) -> int:
@@ -100,16 +112,16 @@ def parse_timespec(value: str | int | float | dt.datetime | TimeSpec | None) -> 
         num = Decimal(value)
         if not num.is_finite() or num < 0:
             raise TimeSpecError(f"cannot parse time {value!r}: {_HOW}")
-        return TimeSpec(str(value), epoch_ns=_epoch_ns(num))
+        return _bounded(TimeSpec(str(value), epoch_ns=_epoch_ns(num)))
     if not isinstance(value, str):
         raise TimeSpecError(f"cannot parse time {value!r}: {_HOW}")
     text = value.strip()
     if not text:
         return None
     if _EPOCH.fullmatch(text):
-        return TimeSpec(text, epoch_ns=_epoch_ns(Decimal(text)))
+        return _bounded(TimeSpec(text, epoch_ns=_epoch_ns(Decimal(text))))
     if m := _RELATIVE.fullmatch(text):
-        return TimeSpec(text, offset_ns=int(Decimal(m[1]) * 1_000_000_000))
+        return _bounded(TimeSpec(text, offset_ns=int(Decimal(m[1]) * 1_000_000_000)))
     try:
         d = dt.datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
@@ -142,7 +154,16 @@ def resolve_window(since: object, until: object, start: Callable[[], int | None]
         except TimeSpecError as exc:
             exc.option = option  # type: ignore[attr-defined]
             raise
+    if out[0] is not None and out[1] is not None and out[0] > out[1]:  # an empty window: said now, not after a run
+        exc = TimeSpecError(f"the window ends before it starts: --until {_text(until)} is earlier than "
+                            f"--since {_text(since)}")
+        exc.option = "until"  # type: ignore[attr-defined]
+        raise exc
     return out[0], out[1]
+
+
+def _text(value: object) -> str:
+    return value.text if isinstance(value, TimeSpec) else str(value)
 
 
 class _TimeParam(click.ParamType):

@@ -211,7 +211,9 @@ def _analyze_window(tmp_path, monkeypatch, *args: str):
     monkeypatch.setattr(job, "run_analysis", fake_run)
     monkeypatch.setattr(job, "summary", lambda result: "ok")
     res = CliRunner().invoke(analyze, [str(tmp_path), "--out", str(tmp_path / "out"), "--quiet", *args])
-    return res, (seen.get("since"), seen.get("until"))
+    if not seen:
+        return res, (None, None)
+    return res, L.time_window(seen["since"], seen["until"], [tmp_path])  # the job resolves what the CLI checked
 
 
 def _replay_window(tmp_path, monkeypatch, *args: str):

@@ -98,3 +98,15 @@ def test_recording_start_is_the_first_request_from_statistics(tmp_path: Path) ->
                     [T0 - 600 * S])
     assert recording_start([tmp_path / "rec", other]) == T0 - 600 * S
     assert recording_start([tmp_path / "empty"]) is None
+
+
+def test_times_past_the_year_9999_and_empty_windows_are_refused_at_once() -> None:
+    """A typo'd epoch (`1e30`) once failed after Spark started, or overflowed; an inverted window ran a whole analysis."""
+    for text in ("1e30", "99999999999999999999999", "+1e20"):
+        with pytest.raises(TimeSpecError, match="past the year 9999"):
+            parse_timespec(text)
+    assert parse_timespec("9999-12-31T23:59:59").epoch_ns == 253_402_300_799 * 10**9  # the last second: still a time
+    with pytest.raises(TimeSpecError, match="the window ends before it starts") as exc:
+        resolve_window("2026-11-21T10:00", "2026-11-21T09:00", lambda: None)
+    assert exc.value.option == "until"  # type: ignore[attr-defined]
+    assert resolve_window("+10", "+10", lambda: 0) == (10 * 10**9, 10 * 10**9)  # one instant is a window

@@ -132,8 +132,8 @@ def test_analyze_compare_reports_the_connection_b_closed(session: RecordedSessio
 
     spark = get_spark(None, None)
     with Progress(spark, enabled=False) as prog:
-        mode, plan = compare_plan(spark, str(session.path), str(replayed.out), AFilters(None, None, (), (), ()),
-                                  "auto", 10.0, prog)
+        mode, plan = compare_plan(spark, str(session.path), str(replayed.out),
+                                  (AFilters(None, None, (), (), ()),) * 2, "auto", 10.0, prog)
         ends = [r.asDict() for r in plan["compare_ends"]().collect()]
         summary = [r.asDict() for r in plan["compare_summary"]().collect()]
     assert mode == "sequence"

@@ -1,0 +1,145 @@
+"""`kafkatap analyze`'s refusals before Spark starts, and what it does when Spark cannot read a file.
+
+Each refusal here used to cost a JVM start and end in a Java trace, or worse, in
+a report with wrong numbers (a DIR given twice counted every request twice).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from analytics import job
+from analytics.cli import analyze, read_failure
+from analytics.synthetic import write_rows
+from analytics_rows import S, T0, conn, req
+
+FILE_NOT_EXIST = ("An error occurred while calling o65.count.\n: org.apache.spark.SparkException: [FAILED_READ_FILE.FILE_NOT_EXIST] "
+                  "Encountered error while reading file file:///r/requests/proxy=p/date=2026-11-20/hour=10/part-a.parquet. "
+                  "File does not exist. It is possible the underlying files have been updated.")
+
+
+def _recording(root, start_s: float = 10) -> None:
+    write_rows(root, "requests", [req("c1", 1, t_s=start_s), req("c1", 2, t_s=start_s + 40)])
+    write_rows(root, "connections", [conn("c1", 0, start_s + 60)])
+
+
+def _invoke(*args: str):
+    return CliRunner().invoke(analyze, [*args, "--quiet"])
+
+
+@pytest.fixture
+def fake_job(monkeypatch):
+    """run_analysis replaced: records every call's arguments; `fail` holds exceptions to raise first."""
+    calls: list[dict] = []
+    fail: list[BaseException] = []
+
+    def run(dirs, out, **kw):
+        calls.append({"dirs": dirs, **kw})
+        if fail:
+            raise fail.pop(0)
+        return "result"
+
+    monkeypatch.setattr(job, "run_analysis", run)
+    monkeypatch.setattr(job, "summary", lambda result: f"summary of {result}")
+    return calls, fail
+
+
+def test_a_directory_given_twice_is_refused(tmp_path, fake_job) -> None:
+    _recording(tmp_path / "rec")
+    res = _invoke(str(tmp_path / "rec"), f"{tmp_path}/rec/", "--out", str(tmp_path / "out"))
+    assert res.exit_code == 2 and "is given twice" in res.output and not fake_job[0]
+    res = _invoke("--compare", str(tmp_path / "rec"), str(tmp_path / "rec"), "--out", str(tmp_path / "out"))
+    assert res.exit_code == 2 and "A and B are the same recording" in res.output
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--bucket", "0"], "--bucket"),
+    (["--bucket", "-5"], "--bucket"),
+    (["--master", "local[0]"], "is not a Spark master"),
+    (["--since", "1e30"], "past the year 9999"),
+    (["--since", "2026-11-20T10:00", "--until", "2026-11-20T09:00"], "the window ends before it starts"),
+])
+def test_values_that_cannot_work_are_refused_before_spark(tmp_path, fake_job, args, says) -> None:
+    _recording(tmp_path / "rec")
+    res = _invoke(str(tmp_path / "rec"), "--out", str(tmp_path / "out"), *args)
+    assert res.exit_code == 2 and says in res.output, res.output
+    assert not fake_job[0] and not (tmp_path / "out").exists()
+
+
+def test_an_unreachable_standalone_master_is_said_in_a_line(tmp_path, fake_job) -> None:
+    _recording(tmp_path / "rec")
+    with socket.socket() as s:  # a port nobody listens on: bound, never listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        res = _invoke(str(tmp_path / "rec"), "--out", str(tmp_path / "out"), "--master", f"spark://127.0.0.1:{port}")
+    assert res.exit_code == 2 and f"cannot reach the Spark master at spark://127.0.0.1:{port}" in res.output
+    assert not fake_job[0]
+
+
+def test_a_file_cut_short_is_named_before_spark(tmp_path, fake_job) -> None:
+    _recording(tmp_path / "rec")
+    (path,) = (tmp_path / "rec" / "requests").rglob("*.parquet")
+    os.truncate(path, path.stat().st_size - 100)
+    res = _invoke(str(tmp_path / "rec"), "--out", str(tmp_path / "out"))
+    assert res.exit_code == 2 and f"cannot read {path}" in res.output and "--ignore-rollups" in res.output
+    assert not fake_job[0]
+
+
+def test_a_file_compacted_away_while_read_is_read_again(tmp_path, fake_job) -> None:
+    calls, fail = fake_job
+    _recording(tmp_path / "rec")
+    fail.append(Exception(FILE_NOT_EXIST))
+    res = CliRunner().invoke(analyze, [str(tmp_path / "rec"), "--out", str(tmp_path / "out")])
+    assert res.exit_code == 0 and "summary of result" in res.stdout, res.output
+    assert len(calls) == 2 and "went away while it was read" in res.stderr and "attempt 2 of 3" in res.stderr
+    fail.extend(Exception(FILE_NOT_EXIST) for _ in range(3))
+    res = _invoke(str(tmp_path / "rec"), "--out", str(tmp_path / "out"))
+    assert res.exit_code == 1 and "went away while it was being read, 3 times" in res.output
+
+
+def test_other_failures_are_not_retried(tmp_path, fake_job) -> None:
+    calls, fail = fake_job
+    _recording(tmp_path / "rec")
+    fail.append(RuntimeError("something else"))
+    res = _invoke(str(tmp_path / "rec"), "--out", str(tmp_path / "out"))
+    assert isinstance(res.exception, RuntimeError) and len(calls) == 1
+
+
+def test_relative_compare_windows_count_from_each_side(tmp_path, fake_job) -> None:
+    """A recording and its replay made a day later: `+10 … +50` is the same minute of each, not the earlier's."""
+    _recording(tmp_path / "a", start_s=10)
+    _recording(tmp_path / "b", start_s=86_400 + 10)
+    calls, _ = fake_job
+    res = _invoke("--compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "out"),
+                  "--since", "+0", "--until", "+40")
+    assert res.exit_code == 0, res.output
+    kw = calls[0]
+    sides = job.side_filters(job.L.Filters(), kw["since"], kw["until"], kw["compare"])
+    assert (sides[0].since_ns, sides[0].until_ns) == (T0 + 10 * S, T0 + 50 * S)
+    assert (sides[1].since_ns, sides[1].until_ns) == (T0 + 86_410 * S, T0 + 86_450 * S)
+    absolute = job.side_filters(job.L.Filters(), "2026-11-20T09:00", None, kw["compare"])
+    assert absolute[0] == absolute[1]
+
+
+def test_spark_read_failures_are_told_apart(spark, tmp_path) -> None:
+    """The messages of this Spark: a file deleted after the listing, and one that is not Parquet."""
+    _recording(tmp_path / "rec")
+    (path,) = (tmp_path / "rec" / "requests").rglob("*.parquet")
+    shutil.copy(path, tmp_path / "copy.parquet")
+    df = spark.read.parquet(str(path))
+    path.unlink()
+    with pytest.raises(Exception) as gone:
+        df.count()
+    assert read_failure(gone.value) == (str(path), True)
+    schema = spark.read.parquet(str(tmp_path / "copy.parquet")).schema
+    os.truncate(tmp_path / "copy.parquet", pq.read_metadata(tmp_path / "copy.parquet").serialized_size)
+    with pytest.raises(Exception) as cut:
+        spark.read.schema(schema).parquet(str(tmp_path / "copy.parquet")).count()
+    assert read_failure(cut.value) == (str(tmp_path / "copy.parquet"), False)
+    assert read_failure(RuntimeError("no file here")) is None
