@@ -75,6 +75,10 @@ def analyze(dirs: tuple[str, ...], out: str | None, master: str | None, since: T
             raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--conf")
         k, v = item.split("=", 1)
         spark_conf[k.strip()] = v.strip()
+    if master is not None:
+        unreachable = master_unreachable(master)
+        if unreachable:
+            raise click.BadParameter(unreachable, param_hint="'--master'")
     twice = repeated(dirs)
     if twice:
         raise click.BadParameter(f"{twice} is given twice: each recording is read once (its requests would count twice)",
@@ -86,10 +90,6 @@ def analyze(dirs: tuple[str, ...], out: str | None, master: str | None, since: T
         problem = input_problem(d)
         if problem:
             raise click.BadParameter(problem, param_hint="'--compare'" if d not in dirs else "'DIR'")
-    if master is not None:
-        unreachable = master_unreachable(master)
-        if unreachable:
-            raise click.BadParameter(unreachable, param_hint="'--master'")
     from recording.reader import recording_start
 
     cli_window(since, until, lambda: recording_start([*dirs, *(compare or ())]))  # a bad or empty window is said now
@@ -185,7 +185,7 @@ def master_unreachable(master: str) -> str | None:
     retries and a long Java trace; a TCP connect says it in a second.
     """
     if not MASTER.fullmatch(master):
-        return (f"{master!r} is not a Spark master: local, local[N] (N >= 1), local[*], spark://HOST:PORT, yarn, "
+        return (f"{master!r} is not a Spark master: local, local[N], local[*], spark://HOST:PORT, yarn, "
                 "k8s://URL")
     if not master.startswith("spark://"):
         return None
