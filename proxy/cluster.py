@@ -214,7 +214,9 @@ class ClusterConfig:
     broker_ports: dict[int, int] = field(default_factory=dict)
 
     def port_for(self, node_id: int) -> int:
-        """The proxy port of broker `node_id` (ValueError when it does not fit)."""
+        """The proxy port of broker `node_id` (ValueError when it does not fit, or names no broker)."""
+        if node_id < 0:
+            raise ValueError(f"node id {node_id} names no broker")
         if node_id in self.broker_ports:
             return self.broker_ports[node_id]
         base = self.broker_port_base if self.broker_port_base is not None else self.listen[1] + 1
@@ -303,7 +305,8 @@ class ClusterMode:
             log.warning("broker discovery at start failed; brokers get their listeners when the first client's "
                         "metadata names them", bootstrap=format_addr(self.config.bootstrap), error=str(exc) or repr(exc))
             return
-        routes = [self.registry.learn(node_id, host, port) for node_id, host, port in brokers]
+        # A negative id names no broker (-1 is Kafka's "none"), as `BrokerRegistry.map` holds for responses
+        routes = [self.registry.learn(node_id, host, port) for node_id, host, port in brokers if node_id >= 0]
         failed = [r for r in routes if r.listen_port is None]
         if failed:
             raise BrokerListenerError("; ".join(

@@ -263,17 +263,7 @@ class Connection:
         ctx = self.ctx
         sock: socket.socket | None = None
         try:
-            infos = await ctx.loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-            family, _, _, _, sockaddr = infos[0]
-            sock = socket.socket(family, socket.SOCK_STREAM)
-            sock.setblocking(False)
-            if ctx.settings.so_mark is not None:
-                try:
-                    sock.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_MARK", 36), ctx.settings.so_mark)
-                except OSError as exc:  # needs CAP_NET_ADMIN; only matters for an OUTPUT redirect rule
-                    ctx.hub.mark_failed(exc)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            await asyncio.wait_for(ctx.loop.sock_connect(sock, sockaddr), ctx.settings.connect_timeout)
+            sock = await self._connected_socket(host, port)
             if self.client.closed:
                 self._close_unused(sock)
                 return None
@@ -289,6 +279,40 @@ class Connection:
             if sock is not None:
                 sock.close()
             raise
+
+    async def _connected_socket(self, host: str, port: int) -> socket.socket:
+        """A socket connected to `host`:`port`, name lookup included in `--connect-timeout`.
+
+        A slow resolver must not hold a client past the timeout the operator set, and a
+        name with several addresses (IPv6 and IPv4, a round-robin record) is tried
+        address by address, each with what is left of the timeout.
+        """
+        ctx = self.ctx
+        loop = ctx.loop
+        deadline = loop.time() + ctx.settings.connect_timeout
+        infos = await asyncio.wait_for(loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), ctx.settings.connect_timeout)
+        error: BaseException = OSError(f"no address for {host}")
+        for family, _, _, _, sockaddr in infos:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                sock.setblocking(False)
+                if ctx.settings.so_mark is not None:
+                    try:
+                        sock.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_MARK", 36), ctx.settings.so_mark)
+                    except OSError as exc:  # needs CAP_NET_ADMIN; only matters for an OUTPUT redirect rule
+                        ctx.hub.mark_failed(exc)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                await asyncio.wait_for(loop.sock_connect(sock, sockaddr), max(0.0, deadline - loop.time()))
+                return sock
+            except (OSError, asyncio.TimeoutError) as exc:
+                sock.close()
+                error = exc
+                if loop.time() >= deadline:
+                    break
+            except BaseException:
+                sock.close()
+                raise
+        raise error
 
     def _close_unused(self, sock: socket.socket) -> None:
         """Close an upstream socket the client no longer needs: RST when the client reset, like the client did."""

@@ -18,6 +18,8 @@ from typing import Any, Protocol
 
 import structlog
 
+from proxy.flow import reset_socket
+
 from proxy.address import parse_hostport
 from proxy.metrics import LiveStats
 
@@ -26,6 +28,7 @@ log = structlog.get_logger("kafkatap.status")
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MAX_REQUEST_HEAD = 16 * 1024
 READ_TIMEOUT_S = 5.0
+WRITE_TIMEOUT_S = READ_TIMEOUT_S
 
 
 def parse_addr(addr: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
@@ -126,6 +129,11 @@ class StatusServer:
                 await self._respond(writer, status, ctype, body, close=close, head_only=method == "HEAD")
                 if close:
                     return
+        except (asyncio.TimeoutError, ConnectionError):  # an answer not taken in time, or a peer gone
+            # a close would leave the untaken answer queued in the kernel, the peer none the wiser: reset it
+            reset_socket(writer.get_extra_info("socket"))
+            writer.transport.abort()
+            return
         except Exception as exc:  # a scraper must never take the proxy down
             log.warning("status request failed", error=repr(exc))
         finally:
@@ -162,4 +170,6 @@ class StatusServer:
         head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
                 f"Cache-Control: no-store\r\nConnection: {'close' if close else 'keep-alive'}\r\n\r\n")
         writer.write(head.encode("latin-1") + (b"" if head_only else body))
-        await writer.drain()
+        # A client that sends requests and never reads its answers would hold this connection (and its
+        # buffered answers) for ever: the answer must be taken within the same time a request may take.
+        await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT_S)

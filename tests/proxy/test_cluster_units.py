@@ -29,6 +29,8 @@ def test_ports_follow_the_listen_port_and_can_be_pinned() -> None:
     assert ClusterConfig(("b", 1), ("h", 19092), broker_port_base=30000).port_for(5) == 30005
     with pytest.raises(ValueError, match="--broker-port 70000=PORT"):
         cfg.port_for(70000)
+    with pytest.raises(ValueError, match="node id -1 names no broker"):  # it would have been the --listen port
+        cfg.port_for(-1)
     assert ClusterConfig(("b", 1), ("127.0.0.1", 1)).advertised() == "127.0.0.1"
     assert ClusterConfig(("b", 1), ("0.0.0.0", 1), advertise_host="proxy.example").advertised() == "proxy.example"
     assert parse_broker_ports(["1=19001", "2 = 19002"]) == {1: 19001, 2: 19002}

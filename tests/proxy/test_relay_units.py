@@ -7,6 +7,7 @@ the relay drives these units.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -242,3 +243,39 @@ def test_connection_row_is_built_from_plain_facts():
     assert row["inferred_cause"] == "because broker"
     snap = rows.connection_row(f, False, now_ns=2_000_000)
     assert snap["end_reason"] == "open" and snap["inferred_cause"] is None and snap["duration_us"] == 1_000
+
+
+def test_upstream_connect_tries_each_address_and_bounds_the_lookup() -> None:
+    """A name with several addresses is tried address by address (only the first was); a resolver that does
+    not answer is bounded by --connect-timeout (the lookup ran outside it)."""
+    import socket
+    import time
+    from types import SimpleNamespace
+
+    from proxy.connection import Connection
+
+    with socket.create_server(("127.0.0.1", 0)) as up:
+        port = up.getsockname()[1]
+        loop = asyncio.new_event_loop()
+        try:
+            conn = object.__new__(Connection)
+            conn.ctx = SimpleNamespace(loop=loop, settings=SimpleNamespace(connect_timeout=1.0, so_mark=None), hub=None)
+
+            async def two_addresses(host, port_, **kw):  # nobody listens on 127.0.0.2
+                return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (a, port_)) for a in ("127.0.0.2", "127.0.0.1")]
+
+            loop.getaddrinfo = two_addresses  # type: ignore[method-assign]
+            sock = loop.run_until_complete(conn._connected_socket("broker.example", port))
+            assert sock.getpeername() == ("127.0.0.1", port)
+            sock.close()
+
+            async def never(host, port_, **kw):
+                await asyncio.Event().wait()
+
+            loop.getaddrinfo = never  # type: ignore[method-assign]
+            t0 = time.monotonic()
+            with pytest.raises(asyncio.TimeoutError):
+                loop.run_until_complete(conn._connected_socket("broker.example", port))
+            assert time.monotonic() - t0 < 5
+        finally:
+            loop.close()

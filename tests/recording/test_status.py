@@ -226,3 +226,46 @@ def test_live_stats_per_row_cost_is_small() -> None:
         stats.request(r)
     per_row_us = (time.perf_counter() - t0) / len(rows) * 1e6
     assert per_row_us < 40, per_row_us
+
+
+def test_a_client_that_never_reads_its_answers_is_cut_off(monkeypatch) -> None:
+    """Requests pipelined by a client that never reads: the answers fill both sockets' buffers, and the
+    connection (with its buffered answers) stayed open for ever; now it is aborted once an answer is not
+    taken within the write timeout."""
+    import socket
+    import struct
+    import time
+
+    from proxy import status
+
+    monkeypatch.setattr(status, "WRITE_TIMEOUT_S", 0.3)
+
+    class Big:
+        proxy_id = "p1"
+
+        def render_prometheus(self) -> str:
+            return "x" * (1 << 20)
+
+        def clients_json(self) -> dict:
+            return {}
+
+    lp = _Loop()
+    server = status.StatusServer(Big())
+    try:
+        lp.run(server.start())
+        c = socket.socket()
+        c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        c.connect(("127.0.0.1", server.port))
+        c.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * 8)
+        deadline = time.monotonic() + 10
+        state = None
+        while time.monotonic() < deadline:  # the kernel's view of the socket: CLOSE (7) once the server's RST came
+            state = struct.unpack("B", c.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[:1])[0]
+            if state == 7:
+                break
+            time.sleep(0.05)
+        assert state == 7, f"still open (TCP state {state})"
+        c.close()
+    finally:
+        lp.run(server.stop())
+        lp.stop()
