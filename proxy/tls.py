@@ -35,7 +35,7 @@ import click
 
 TLS_HELP = """\b
 TLS (SSL and SASL_SSL clusters, recorded with full decoding; credentials are never recorded):
-  terminate:  --tls-cert proxy.pem --tls-key proxy.key [--tls-client-ca clients-ca.pem]
+  terminate:  --tls-cert proxy.pem --tls-key proxy.key [--tls-key-password-file F] [--tls-client-ca clients-ca.pem]
   originate:  --upstream-tls --upstream-tls-ca brokers-ca.pem [--upstream-tls-server-name NAME]
               [--upstream-tls-cert me.pem --upstream-tls-key me.key]
 Without these, TLS is relayed unchanged and recorded as opaque (pass-through)."""
@@ -50,7 +50,7 @@ def server_context(cert: str | Path, key: str | Path, client_ca: str | Path | No
     """The context that terminates clients' TLS; with `client_ca`, clients must present a certificate it signed."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    _load_chain(ctx, cert, key, key_password, "--tls-cert/--tls-key")
+    _load_chain(ctx, cert, key, key_password, "--tls-cert/--tls-key", "--tls-key-password-file")
     if client_ca is not None:
         _load_ca(ctx, client_ca, "--tls-client-ca")
         ctx.verify_mode = ssl.CERT_REQUIRED
@@ -68,18 +68,41 @@ def client_context(ca: str | Path | None = None, cert: str | Path | None = None,
     if cert is not None or key is not None:
         if cert is None or key is None:
             raise TlsConfigError("--upstream-tls-cert and --upstream-tls-key go together")
-        _load_chain(ctx, cert, key, key_password, "--upstream-tls-cert/--upstream-tls-key")
+        _load_chain(ctx, cert, key, key_password, "--upstream-tls-cert/--upstream-tls-key",
+                    "--upstream-tls-key-password-file")
     return ctx
 
 
-def _load_chain(ctx: ssl.SSLContext, cert: str | Path, key: str | Path, password: str | None, what: str) -> None:
+def _load_chain(ctx: ssl.SSLContext, cert: str | Path, key: str | Path, password: str | None, what: str,
+                password_option: str) -> None:
     for path in (cert, key):
         if not Path(path).is_file():
             raise TlsConfigError(f"{what}: {path} is not a readable file")
+
+    def no_passphrase() -> str:
+        # Without a callable OpenSSL would prompt on the terminal (a service has none) and then fail obscurely.
+        raise TlsConfigError(f"{what}: {key} is encrypted: give its passphrase with {password_option} FILE")
+
     try:
-        ctx.load_cert_chain(str(cert), str(key), password=password)
+        ctx.load_cert_chain(str(cert), str(key), password=password if password is not None else no_passphrase)
     except ssl.SSLError as exc:
-        raise TlsConfigError(f"{what}: cannot use {cert} with {key}: {exc.reason or exc}") from None
+        hint = " (wrong passphrase?)" if password is not None else ""
+        raise TlsConfigError(f"{what}: cannot use {cert} with {key}{hint}: {exc.reason or exc}") from None
+    except OSError as exc:
+        raise TlsConfigError(f"{what}: cannot use {cert} with {key}: {exc.strerror or exc}") from None
+
+
+def read_passphrase(path: Path | None, option: str) -> str | None:
+    """The passphrase in file `path` (its first line), so that it is never on a command line or in a log."""
+    if path is None:
+        return None
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        raise TlsConfigError(f"{option}: cannot read {path}: {exc.strerror or exc}") from None
+    if not lines or not lines[0]:
+        raise TlsConfigError(f"{option}: {path} is empty; its first line must be the key's passphrase")
+    return lines[0]
 
 
 def _load_ca(ctx: ssl.SSLContext, ca: str | Path, what: str) -> None:
@@ -113,6 +136,8 @@ def tls_options(f: Callable) -> Callable:
                      help="Terminate clients' TLS with this certificate (chain) on every listener (with --tls-key)."),
         click.option("--tls-key", "tls_key", type=path, default=None, metavar="PEM",
                      help="The private key of --tls-cert."),
+        click.option("--tls-key-password-file", "tls_key_password_file", type=path, default=None, metavar="FILE",
+                     help="File whose first line is the passphrase of an encrypted --tls-key."),
         click.option("--tls-client-ca", "tls_client_ca", type=path, default=None, metavar="PEM",
                      help="Require client certificates signed by this CA bundle (mutual TLS)."),
         click.option("--upstream-tls", "upstream_tls", is_flag=True,
@@ -127,6 +152,8 @@ def tls_options(f: Callable) -> Callable:
                      help="Client certificate the proxy presents to brokers (with --upstream-tls-key)."),
         click.option("--upstream-tls-key", "upstream_tls_key", type=path, default=None, metavar="PEM",
                      help="The private key of --upstream-tls-cert."),
+        click.option("--upstream-tls-key-password-file", "upstream_tls_key_password_file", type=path, default=None,
+                     metavar="FILE", help="File whose first line is the passphrase of an encrypted --upstream-tls-key."),
         click.option("--upstream-tls-no-verify-hostname", "upstream_tls_no_verify_hostname", is_flag=True,
                      help="Check the brokers' certificate chain but not the name in it (test clusters only)."),
     ]
@@ -146,17 +173,19 @@ class TlsSetup:
 def tls_setup(rec: dict[str, Any], handshake_timeout: float = 10.0) -> TlsSetup:
     """Take the TLS options out of the command's **rec and build the contexts; TlsConfigError on a bad one."""
     cert, key, client_ca = rec.pop("tls_cert", None), rec.pop("tls_key", None), rec.pop("tls_client_ca", None)
+    key_pw = read_passphrase(rec.pop("tls_key_password_file", None), "--tls-key-password-file")
     up = rec.pop("upstream_tls", False)
     up_ca, up_name = rec.pop("upstream_tls_ca", None), rec.pop("upstream_tls_server_name", None)
     up_cert, up_key = rec.pop("upstream_tls_cert", None), rec.pop("upstream_tls_key", None)
+    up_key_pw = read_passphrase(rec.pop("upstream_tls_key_password_file", None), "--upstream-tls-key-password-file")
     no_verify_host = rec.pop("upstream_tls_no_verify_hostname", False)
     server = None
     if cert or key or client_ca:
         if not (cert and key):
             raise TlsConfigError("TLS termination needs both --tls-cert and --tls-key")
-        server = server_context(cert, key, client_ca)
+        server = server_context(cert, key, client_ca, key_password=key_pw)
     upstream = None
     if up or up_ca or up_name or up_cert or up_key or no_verify_host:
-        upstream = UpstreamTls(client_context(up_ca, up_cert, up_key, verify_hostname=not no_verify_host), up_name,
-                               handshake_timeout)
+        upstream = UpstreamTls(client_context(up_ca, up_cert, up_key, verify_hostname=not no_verify_host,
+                                              key_password=up_key_pw), up_name, handshake_timeout)
     return TlsSetup(server, upstream)

@@ -277,3 +277,27 @@ def test_two_workers_terminate_tls_on_connections_they_were_passed(tls_kafka, to
     rows = ds.dataset(rec / "requests", format="parquet", partitioning="hive").to_table().to_pylist()
     assert _records(rows, topic_name) == 20
     assert sum(1 for r in rows if r["api_name"] == "ApiVersions" and r["client_id"] == "held-tl") == 12
+
+
+def test_an_encrypted_key_takes_its_passphrase_from_a_file_and_never_prompts(tmp_path) -> None:
+    """An encrypted key once stopped at OpenSSL's terminal prompt (twice), then crashed with a traceback."""
+    import subprocess
+
+    from harness.tls import Pki
+    from proxy.tls import TlsConfigError, server_context, tls_setup
+
+    pki = Pki.create(tmp_path / "pki")
+    cert = pki.issue("proxy")
+    enc = tmp_path / "enc.key"
+    subprocess.run(["openssl", "pkcs8", "-topk8", "-in", str(cert.key), "-out", str(enc), "-passout", "pass:s3cret",
+                    "-v2", "aes-256-cbc"], check=True, capture_output=True)
+    with pytest.raises(TlsConfigError, match="enc.key is encrypted: give its passphrase with --tls-key-password-file"):
+        server_context(cert.cert, enc)
+    with pytest.raises(TlsConfigError, match="wrong passphrase"):
+        server_context(cert.cert, enc, key_password="nope")
+    (tmp_path / "pw").write_text("s3cret\n")
+    setup = tls_setup({"tls_cert": cert.cert, "tls_key": enc, "tls_key_password_file": tmp_path / "pw"})
+    assert setup.server is not None
+    (tmp_path / "empty").write_text("")
+    with pytest.raises(TlsConfigError, match="is empty"):
+        tls_setup({"tls_cert": cert.cert, "tls_key": enc, "tls_key_password_file": tmp_path / "empty"})
