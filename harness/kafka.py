@@ -60,6 +60,18 @@ _BASE_PROPS = {
 _HANDED_OUT: set[int] = set()
 
 
+def java_error(output: str) -> str:
+    """The line of a Java tool's output that says what went wrong: its exception's message, not a stack frame.
+
+    `--prop message.max.bytes=abc` made StorageTool end with a trace whose last line is `at kafka.tools…`;
+    the cause is the `…ConfigException: Invalid value abc …` line above it.
+    """
+    lines = [ln.strip() for ln in output.strip().splitlines() if ln.strip()]
+    messages = [ln for ln in lines if not ln.startswith(("at ", "..."))]
+    causes = [ln for ln in messages if "Exception" in ln or "Error" in ln]
+    return (causes or messages or lines or ["(no output)"])[-1 if not causes else 0]
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port the kernel just handed out and released, never one this process was given before.
 
@@ -222,7 +234,7 @@ class LocalKafka:
                 capture_output=True, text=True,
             )
             if fmt.returncode != 0:
-                raise KafkaHarnessError(f"formatting storage failed: {(fmt.stderr or fmt.stdout).strip().splitlines()[-1:]}")
+                raise KafkaHarnessError(f"formatting storage failed: {java_error(fmt.stderr or fmt.stdout)}")
         for node in self.nodes:
             self._launch(lib, node)
         self._wait_ready()

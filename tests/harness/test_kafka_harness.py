@@ -97,3 +97,11 @@ def test_broker_that_exits_reports_its_log(tmp_path) -> None:
     with pytest.raises(KafkaHarnessError) as err:
         bad.start()
     assert "exited" in str(err.value) or "formatting" in str(err.value)
+
+
+def test_a_property_storage_formatting_rejects_is_named_not_a_stack_frame(tmp_path) -> None:
+    """`kafka up --prop message.max.bytes=abc` said `['\\tat kafka.tools.StorageTool.main(…)']`."""
+    bad = LocalKafka(broker_props={"message.max.bytes": "abc"}, workdir=tmp_path, start_timeout=60)
+    with pytest.raises(KafkaHarnessError, match="formatting storage failed: .*Invalid value abc for configuration "
+                                                "message.max.bytes"):
+        bad.start()
