@@ -16,7 +16,8 @@ from pathlib import Path
 
 import click
 
-from recording.retention import DURATION, PRUNED, describe, prune as prune_hours
+from recording.layout import safe_segment
+from recording.retention import DURATION, PRUNED, describe, proxies_in, prune as prune_hours
 
 __all__ = ["rollups", "prune"]
 
@@ -92,6 +93,14 @@ def prune(recording: Path, older_than: float, proxy_id: str | None, dry_run: boo
     if not any((recording / ds).is_dir() for ds in PRUNED):
         raise click.ClickException(f"{recording} holds none of a recording's datasets (requests/, connections/ …): "
                                    "give the directory a proxy was started with as --record DIR")
+    if proxy_id is not None:
+        known = proxies_in(recording)
+        if safe_segment(proxy_id) not in known:  # with --workers N a proxy records as <id>-w1 … <id>-wN
+            workers = [p for p in known if p.startswith(f"{safe_segment(proxy_id)}-w")]
+            raise click.ClickException(
+                f"{recording} holds no hours of proxy {proxy_id!r}"
+                + (f"; its workers record as {', '.join(workers)}: give one of them" if workers
+                   else f"; it holds {', '.join(known) or 'none'}"))
     cutoff_ns = time.time_ns() - int(older_than * 1e9)
     try:
         result = prune_hours(recording, cutoff_ns, proxy_id, dry_run=dry_run)

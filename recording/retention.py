@@ -65,6 +65,13 @@ def _children(directory: Path) -> list[Path]:
         return []
 
 
+def proxies_in(root: Path | str) -> list[str]:
+    """The proxy ids a recording holds hours of (its `proxy=` directories, in every pruned dataset)."""
+    root = Path(root)
+    return sorted({p.name.removeprefix("proxy=") for dataset in PRUNED for p in _children(root / dataset)
+                   if p.name.startswith("proxy=")})
+
+
 def hour_dirs(root: Path | str, proxy_id: str | None = None) -> Iterator[tuple[int, Path]]:
     """(hour index, directory) of every hour partition of the pruned datasets: one proxy's, or every proxy's."""
     root = Path(root)

@@ -106,6 +106,20 @@ def test_prune_command_dry_run_then_delete(tmp_path: Path):
     assert elsewhere.exit_code == 1 and "holds none of a recording's datasets" in elsewhere.output
 
 
+def test_prune_names_the_proxies_when_the_one_asked_for_has_no_hours(tmp_path: Path):
+    """With --workers N a proxy records as <id>-w1 … <id>-wN: `--proxy-id vm` matched nothing, and said
+    "no hour old enough" as if all were well."""
+    root = tmp_path / "rec"
+    _record_hours(root, [0], proxy="vm-w1")
+    _record_hours(root, [0], proxy="vm-w2")
+    out = CliRunner().invoke(cli, ["prune", str(root), "--older-than", "1h", "--proxy-id", "vm"])
+    assert out.exit_code == 1 and "holds no hours of proxy 'vm'; its workers record as vm-w1, vm-w2" in out.output
+    out = CliRunner().invoke(cli, ["prune", str(root), "--older-than", "1h", "--proxy-id", "other"])
+    assert out.exit_code == 1 and "it holds vm-w1, vm-w2" in out.output
+    out = CliRunner().invoke(cli, ["prune", str(root), "--older-than", "1h", "--proxy-id", "vm-w1", "--dry-run"])
+    assert out.exit_code == 0 and "would delete 1 hour(s)" in out.output, out.output
+
+
 def test_recorder_thread_prunes_its_own_old_hours(tmp_path: Path, make_recorder):
     root = tmp_path / "rec"
     _record_hours(root, [0, 1, 5])
