@@ -18,6 +18,12 @@ import structlog
 
 LogFormat = Literal["auto", "console", "json"]
 LEVELS = ("debug", "info", "warning", "error")
+_configured: dict[str, str] = {}  # the format and level this process logs with ("auto" resolved)
+
+
+def current_logging() -> tuple[str, str] | None:
+    """(format, level) of this process's logging if `configure_logging` ran: a child process logs the same way."""
+    return (_configured["format"], _configured["level"]) if _configured else None
 
 
 def configure_logging(fmt: LogFormat = "auto", level: str = "info") -> None:
@@ -31,6 +37,7 @@ def configure_logging(fmt: LogFormat = "auto", level: str = "info") -> None:
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
         raise ValueError(f"unknown log level {level!r}; choose one of {', '.join(LEVELS)}")
+    _configured.update(format=fmt, level=level)
     processors: list = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,

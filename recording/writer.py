@@ -128,6 +128,9 @@ def _row_size(row: Row) -> int:
 # `retain_s` that could not be deleted (it stays; the next pass tries again).
 ERROR_KINDS = ("write", "compaction", "rollups", "writer_process", "retention")
 ERROR_HINTS: dict[str, dict[str, str]] = {
+    "write": {"consequence": "these rows are lost, counted in kafkatap_recording_dropped_rows_total; the proxy keeps "
+                             "forwarding, and recording resumes by itself once writing works again",
+              "fix": "free disk space under the recording directory, or fix its permissions or filesystem"},
     "compaction": {"consequence": "the flush files stay and are read as they are; nothing is lost"},
     "rollups": {"consequence": "nothing is lost: an analysis reads these requests instead of their rollups",
                 "fix": "once no proxy writes to the recording, `kafkatap rollups DIR` writes what is missing"},
@@ -148,6 +151,14 @@ def _log_level() -> str:
         if enabled(logging.getLevelName(name.upper())):
             return name
     return "error"
+
+
+def _log_format() -> str:
+    """The format this process logs in (`kafkatap --log-format`): its writer process writes the same."""
+    from kafkatap.logs import current_logging
+
+    configured = current_logging()
+    return configured[0] if configured is not None else "json"
 
 
 def _conversion_errors() -> tuple[type[BaseException], ...]:
@@ -315,6 +326,7 @@ class ParquetRecorder:
         self.frame_queue_bytes = frame_queue_bytes
         self.compact_interval_s = compact_interval_s
         self.retain_s = retain_s  # None: keep every hour (recording.retention)
+        self.log_drops = True  # a writer process leaves them to the proxy, which counts every drop
         self._next_prune = 0.0  # monotonic time of the next retention pass (writer side)
         self.rotate_bytes = rotate_bytes
         self.min_free_bytes = min_free_bytes
@@ -635,7 +647,7 @@ class ParquetRecorder:
             "flush_interval_s": self.flush_interval_s, "compact_interval_s": self.compact_interval_s,
             "rotate_bytes": self.rotate_bytes, "min_free_bytes": self.min_free_bytes, "fsync": self.fsync,
             "compression_level": self.compression_level, "run": run, "retain_s": self.retain_s,
-            "log_level": _log_level(),
+            "log_level": _log_level(), "log_format": _log_format(),
         }, self._on_child_stats)
         return self._child
 
@@ -950,6 +962,8 @@ class ParquetRecorder:
 
     # -- logging ----------------------------------------------------------------------
     def _log_drops(self, s: _Stream) -> None:
+        if not self.log_drops:
+            return
         total = s.dropped_total()
         if total != s.dropped_logged:
             log.warning("recording dropped rows (queue full or write failed); the proxy kept forwarding",
@@ -972,6 +986,6 @@ class ParquetRecorder:
         now = time.monotonic()
         if now - self._last_error_log[kind] >= self.flush_interval_s:  # once per interval, not once per row
             self._last_error_log[kind] = now
-            log.error(msg, error=repr(exc) if exc else None, kind=kind, errors_total=self.errors[kind],
+            log.error(msg, **({"error": repr(exc)} if exc else {}), kind=kind, errors_total=self.errors[kind],
                       **ERROR_HINTS.get(kind, {}), **kw)
 

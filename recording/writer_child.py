@@ -25,18 +25,11 @@ from recording.writer import ParquetRecorder, row_data_bytes
 from recording.writer_pipe import recv, send
 
 
-def _configure_logging(level: str) -> None:
-    """JSON lines on stderr (stdout is the pipe): the proxy's own log stream carries them."""
-    import logging
+def _configure_logging(level: str, fmt: str) -> None:
+    """Lines on stderr (stdout is the pipe) in the proxy's own format and level: one log stream, one format."""
+    from kafkatap.logs import configure_logging
 
-    import structlog
-
-    structlog.configure(
-        processors=[structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="iso", utc=True),
-                    structlog.processors.format_exc_info, structlog.processors.JSONRenderer()],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
-    )
+    configure_logging(fmt if fmt in ("console", "json") else "json", level)  # type: ignore[arg-type]
 
 
 def _stats(rec: ParquetRecorder) -> dict[str, Any]:
@@ -89,9 +82,12 @@ def main() -> int:
     if msg is None or msg[0] != "config":
         return 2
     cfg = dict(msg[1])
-    _configure_logging(cfg.pop("log_level", "warning"))
+    _configure_logging(cfg.pop("log_level", "warning"), cfg.pop("log_format", "json"))
     rec = ParquetRecorder(cfg.pop("root"), cfg.pop("proxy_id"), queue_rows=1 << 62, queue_bytes=1 << 62,
                           frame_queue_bytes=1 << 62, **cfg)
+    # Drops are the proxy's to log: it counts its own and, from the stats answered below, this process's write
+    # drops too. Logged here as well, each write drop came twice, once beside this process's unbounded queue cap.
+    rec.log_drops = False
     if rec.compact_interval_s > 0:
         rec._compactor.start()
     answers = _Answers(out)

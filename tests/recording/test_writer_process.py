@@ -319,3 +319,41 @@ def test_the_proxy_process_does_not_load_what_only_the_writer_process_needs(tmp_
     assert loaded == [], loaded
     assert written == 500
     assert read_recording(tmp_path, "requests", with_partitions=False).num_rows == 500
+
+def test_the_writer_process_logs_in_the_proxys_format_and_leaves_drops_to_the_proxy(tmp_path: Path) -> None:
+    """The writer process logged JSON under `--log-format console`, and each of its write drops twice (once
+    beside its own unbounded queue cap); the disk-full line said `error: null` and had no hint. On a real full
+    disk: a small tmpfs, filled once the recorder has started."""
+    import subprocess
+    import sys
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=80m", "tmpfs", str(disk)], check=True)
+    try:
+        probe = (
+            "import os\n"
+            "from kafkatap.logs import configure_logging\n"
+            "configure_logging('console', 'info')\n"
+            "from recording.sample_rows import SessionMix\n"
+            "from recording.writer import ParquetRecorder\n"
+            f"r = ParquetRecorder({str(disk / 'rec')!r}, 'p1', fsync=False, writer='process').start()\n"
+            f"with open({str(disk / 'fill')!r}, 'wb') as f:  # leave less than a quarter of the 64 MiB floor\n"
+            "    f.write(bytes(70 << 20))\n"
+            "for row in SessionMix(proxy_id='p1').rows(50):\n"
+            "    r.request(row)\n"
+            "r.close()\n"
+            "print('dropped', r.dropped()['requests'])\n"
+        )
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                             cwd=Path(__file__).resolve().parents[2])
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "dropped 50" in out.stdout, out.stdout + out.stderr[-2000:]
+    lines = out.stderr.splitlines()
+    full = [ln for ln in lines if "recording disk nearly full" in ln]
+    drops = [ln for ln in lines if "recording dropped rows" in ln]
+    assert full and not any(ln.lstrip().startswith("{") for ln in full), full  # the console format, not JSON
+    assert all("error=" not in ln and "free disk space" in ln for ln in full), full
+    assert len(drops) == 1 and "queue_cap=200000" in drops[0], drops  # logged once, by the proxy side
