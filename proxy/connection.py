@@ -23,6 +23,9 @@ Design (why it looks like this):
     + ≤ 16 MiB      forwarded chunks waiting to be observed, only while
                     decoding is behind (proxy.observer; past it the
                     connection goes opaque, the relay never waits).
+  Cluster mode (and Kafka faults) collect the frames they may edit whole: all
+  connections of a process together hold ≤ 256 MiB of them, then the next
+  such frame's source waits (proxy.intercept.EditMemory).
   So ≈ 1.3 MiB for any connection that is neither pipelining thousands of
   requests nor outrunning the decoder, ≤ ~27 MiB for the worst hostile one;
   an idle connection holds a few KiB of objects. Opt-in extras: `--capture`
@@ -64,6 +67,7 @@ from proxy.flow import (
     EARLY_LIMIT,
     HOLD_EARLY,
     HOLD_EDIT_BACKLOG,
+    HOLD_EDIT_MEMORY,
     HOLD_FAULT_BACKLOG,
     HOLD_PEER_BUFFER,
     HOLD_STOPPING,
@@ -651,12 +655,13 @@ class _EditorPort:
         if self.conn.observer is not None:
             self.conn.observer.feed(request, data, now_ns)
 
-    def hold(self, request: bool, on: bool) -> None:
+    def hold(self, request: bool, on: bool, memory: bool = False) -> None:
         src = self._flow(request).src
+        bit = HOLD_EDIT_MEMORY if memory else HOLD_EDIT_BACKLOG
         if on:
-            src.hold(HOLD_EDIT_BACKLOG)
+            src.hold(bit)
         else:
-            src.release(HOLD_EDIT_BACKLOG)
+            src.release(bit)
 
     def close(self, detail: str) -> None:
         conn = self.conn

@@ -34,6 +34,7 @@ HOLD_FAULT_BACKLOG = 2  # a latency/bandwidth fault queue is over its limit
 HOLD_EARLY = 4  # not connected upstream yet and the early buffer is full
 HOLD_STOPPING = 8  # the proxy is stopping: no new requests are read while answers drain
 HOLD_EDIT_BACKLOG = 16  # a frame editor's delayed output is over its bound (proxy.intercept)
+HOLD_EDIT_MEMORY = 32  # a frame to edit waits for the process's EditMemory (proxy.intercept)
 
 EARLY_LIMIT = 256 * 1024  # bytes read from the client before the upstream connect completes
 _LINGER0 = struct.pack("ii", 1, 0)

@@ -39,6 +39,7 @@ plus the queues of delayed output.
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,12 +53,17 @@ from protocol.pieces import Pieces
 from protocol.summaries.varint import Over, uv
 
 __all__ = ["RequestHead", "Edit", "Interceptor", "ConnInfo", "InterceptorFactory", "FrameEditor", "MAX_EDIT_FRAME",
-           "QUEUE_PAUSE", "chain"]
+           "QUEUE_PAUSE", "EDIT_MEMORY_BYTES", "EditMemory", "chain"]
 
 MAX_EDIT_FRAME = 64 * 1024 * 1024  # a wanted frame larger than this is streamed unedited (and counted)
 MAX_HEAD = 64 * 1024 + 512  # bytes held to read a request head (client_id, header tags, transactional_id)
 HEAD_TAKE = 512  # bytes of a frame's start taken at once to read its head (most heads are under 100)
 QUEUE_PAUSE = 1024 * 1024  # delayed output past which the flow's source is paused
+# Wanted frames being collected, all connections of a process together: a frame is collected whole before it
+# can be edited (cluster mode's Fetch v16+ / Produce v10+ responses carry their node endpoints at the end), so
+# eight consumers fetching 40 MiB at once held 320 MiB. Past this, a new wanted frame's source is paused until
+# earlier frames are out (first come, first served); one frame is always let through, however large.
+EDIT_MEMORY_BYTES = 256 * 1024 * 1024
 _I32 = Struct(">i").unpack_from
 _I16 = Struct(">h").unpack_from
 
@@ -206,8 +212,9 @@ class EditorOutput(Protocol):
     def observe_only(self, request: bool, data: bytes, now_ns: int) -> None:
         """Let the observer see bytes that go nowhere (a request answered in the broker's place)."""
 
-    def hold(self, request: bool, on: bool) -> None:
-        """Pause (on) or resume reading the flow's source: its delayed output is over the bound."""
+    def hold(self, request: bool, on: bool, memory: bool = False) -> None:
+        """Pause (on) or resume reading the flow's source: its delayed output is over the bound, or (`memory`)
+        the frame it is sending waits for EditMemory."""
 
     def close(self, detail: str) -> None:
         """End the connection on purpose (an interceptor asked for it)."""
@@ -227,11 +234,68 @@ class EditorOutput(Protocol):
 _HEAD, _STREAM, _WHOLE, _PASS = 0, 1, 2, 3
 
 
+class EditMemory:
+    """The bytes a process's editors may hold in wanted frames at once (`EDIT_MEMORY_BYTES`), granted in order.
+
+    A frame's size is known from its prefix, so its whole size is asked for before it is collected. A grant
+    that does not fit waits in line and its source is paused (TCP pushes back on the broker); what that
+    source had already read is still collected, so the bound is the limit plus about one read per waiting
+    connection. A frame alone in flight is always granted, or nothing would ever move.
+    """
+
+    _per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, EditMemory] = weakref.WeakKeyDictionary()
+
+    def __init__(self, limit: int = EDIT_MEMORY_BYTES) -> None:
+        self.limit = limit
+        self.granted = 0
+        self.line: deque[list[Any]] = deque()  # [bytes, on_grant] waiting, oldest first (on_grant None: cancelled)
+        self.waits = 0  # frames that had to wait (kafkatap counts them in the editor's log)
+
+    @classmethod
+    def for_loop(cls, loop: asyncio.AbstractEventLoop) -> EditMemory:
+        budget = cls._per_loop.get(loop)
+        if budget is None:
+            budget = cls._per_loop[loop] = cls()
+        return budget
+
+    def ask(self, n: int, on_grant: Callable[[], None]) -> list[Any] | None:
+        """None: granted now. Otherwise a ticket in line; `on_grant` runs when its turn comes (`cancel` it)."""
+        if not self.line and (self.granted == 0 or self.granted + n <= self.limit):
+            self.granted += n
+            return None
+        ticket = [n, on_grant]
+        self.line.append(ticket)
+        self.waits += 1
+        return ticket
+
+    def give_back(self, n: int) -> None:
+        self.granted -= n
+        self._serve()
+
+    def cancel(self, ticket: list[Any]) -> None:
+        ticket[1] = None
+        self._serve()
+
+    def _serve(self) -> None:
+        line = self.line
+        while line:
+            n, on_grant = line[0]
+            if on_grant is None:
+                line.popleft()
+                continue
+            if self.granted and self.granted + n > self.limit:
+                return
+            line.popleft()
+            self.granted += n
+            on_grant()
+
+
 class _Side:
     """Framing state of one direction."""
 
     __slots__ = ("request", "mode", "buf", "pieces", "want", "size", "remaining", "head", "queue", "queued",
-                 "hold_until", "holding", "timer", "after", "out", "fresh", "verbatim", "forwarded")
+                 "hold_until", "holding", "timer", "after", "out", "fresh", "verbatim", "forwarded", "granted",
+                 "ticket")
 
     def __init__(self, request: bool) -> None:
         self.request = request
@@ -252,14 +316,18 @@ class _Side:
         self.fresh = True  # no frame yet: the first size prefix is also checked for TLS / HTTP
         self.verbatim = False  # during a feed: every piece in `out` is the chunk's own bytes, in order
         self.forwarded = False  # requests nobody edits: each chunk is sent as read, framing only follows it
+        self.granted = 0  # bytes of EditMemory held for the wanted frame being collected
+        self.ticket: list[Any] | None = None  # waiting in EditMemory's line (the source is paused meanwhile)
 
 
 class FrameEditor:
     """Cuts both directions of one connection into frames and lets an interceptor edit them."""
 
     def __init__(self, interceptor: Interceptor, out: EditorOutput, loop: asyncio.AbstractEventLoop,
-                 clock: Callable[[], int], max_frame: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+                 clock: Callable[[], int], max_frame: int = DEFAULT_MAX_FRAME_BYTES,
+                 memory: EditMemory | None = None) -> None:
         self.interceptor = interceptor
+        self.memory = memory if memory is not None else EditMemory.for_loop(loop)
         self._leaves: Callable[[RequestHead, bool, Any], bool] | None = getattr(interceptor, "leaves_unchanged", None)
         self.out = out
         self.loop = loop
@@ -463,6 +531,8 @@ class FrameEditor:
             side.buf.clear()
             if side.remaining == 0:
                 self._collected(side, now_ns)
+                return
+            self._ask_memory(side, total)
             return
         data = bytes(side.buf)
         side.buf.clear()
@@ -486,6 +556,34 @@ class FrameEditor:
             # v0: the SASL tokens that follow are raw bytes, not Kafka frames
             self._pass("SaslHandshake v0: the authentication bytes that follow are not framed")
 
+    # ------------------------------------------------------------------ the memory wanted frames hold
+    def _ask_memory(self, side: _Side, total: int) -> None:
+        """Hold `total` bytes of the process's EditMemory for this frame, or pause its source until granted."""
+
+        def granted() -> None:
+            side.ticket = None
+            side.granted = total
+            self.out.hold(side.request, False, memory=True)
+
+        side.ticket = self.memory.ask(total, granted)
+        if side.ticket is None:
+            side.granted = total
+            return
+        if self.memory.waits == 1 or self.memory.waits % 1000 == 0:
+            self.out.log("info", "frames to edit are over their memory bound; reading waits for earlier frames",
+                         bound=self.memory.limit, held=self.memory.granted, waited_total=self.memory.waits)
+        self.out.hold(side.request, True, memory=True)
+
+    def _give_back(self, side: _Side) -> None:
+        """The side's frame is out (or never will be): its memory goes to the next frame in line."""
+        if side.ticket is not None:
+            self.memory.cancel(side.ticket)
+            side.ticket = None
+            self.out.hold(side.request, False, memory=True)
+        if side.granted:
+            n, side.granted = side.granted, 0
+            self.memory.give_back(n)
+
     # ------------------------------------------------------------------ whole frames
     def _collected(self, side: _Side, now_ns: int) -> None:
         """A wanted frame is whole. Joined into one buffer only if an interceptor may edit it.
@@ -496,6 +594,7 @@ class FrameEditor:
         tell from the pieces that it will leave the frame alone spares both.
         """
         pieces, side.pieces = side.pieces, []
+        self._give_back(side)  # the frame is whole: what it holds now goes out below, whatever the edit
         head = side.head
         assert head is not None
         if len(pieces) > 1 and self._leaves is not None:
@@ -672,6 +771,7 @@ class FrameEditor:
             side.pieces = []
             side.buf.clear()
             side.mode = _PASS
+            self._give_back(side)
             for piece in held:
                 self._emit(side, piece, now)
         self.order.clear()
@@ -689,6 +789,7 @@ class FrameEditor:
         side.pieces = []
         side.buf.clear()
         side.mode = _PASS  # nothing more comes from this source
+        self._give_back(side)
         if not held:
             return
         now = self.clock()
@@ -709,11 +810,13 @@ class FrameEditor:
             self.out.close(detail)
 
     def closed(self) -> None:
-        """The connection ended: cancel timers, release the interceptor's state."""
+        """The connection ended: cancel timers, give back held memory, release the interceptor's state."""
         for side in (self.req, self.resp):
             if side.timer is not None:
                 side.timer.cancel()
                 side.timer = None
+            side.pieces = []
+            self._give_back(side)
         try:
             self.interceptor.closed()
         except Exception as exc:

@@ -62,8 +62,8 @@ class Port:
     def observe_only(self, request: bool, data: bytes, now_ns: int) -> None:
         self.observed[request].append(bytes(data))
 
-    def hold(self, request: bool, on: bool) -> None:
-        self.holds.append((request, on))
+    def hold(self, request: bool, on: bool, memory: bool = False) -> None:
+        self.holds.append((request, on) if not memory else (request, on, "memory"))
 
     def close(self, detail: str) -> None:
         self.closed.append(detail)
@@ -352,6 +352,65 @@ def test_a_frame_cut_off_by_its_sources_fin_goes_on_as_read() -> None:
     ed.feed(True, produce(1, 1)[:9], 0)  # requests nobody edits were sent as read: nothing held to send again
     ed.source_ended(True)
     assert port.out(True) == produce(1, 1)[:9]
+
+
+def _big_response(cid: int, n: int) -> bytes:
+    """A Produce response padded to about `n` bytes (a response the interceptor wants whole)."""
+    body = response(PRODUCE, 9, cid)
+    return (len(body) - 4 + n).to_bytes(4, "big") + body[4:] + bytes(n)
+
+
+def test_frames_to_edit_share_a_memory_bound_first_come_first_served() -> None:
+    """Eight consumers fetching 40 MiB each through cluster mode held 320 MiB: a frame is collected whole
+    before it can be edited. Now a process holds at most EditMemory's limit of wanted frames; a frame that
+    does not fit pauses its source (TCP pushes back on the broker) until earlier frames are out."""
+    from proxy.intercept import EditMemory
+
+    memory = EditMemory(limit=10_000)
+    loop = asyncio.new_event_loop()
+    try:
+        a, pa = FrameEditor(Wants(), Port(), loop, lambda: 0, memory=memory), None
+        pa, pb, pc = a.out, Port(), Port()
+        b = FrameEditor(Wants(), pb, loop, lambda: 0, memory=memory)
+        c = FrameEditor(Wants(), pc, loop, lambda: 0, memory=memory)
+        ra, rb, rc = _big_response(1, 6_000), _big_response(1, 6_000), _big_response(1, 20_000)
+        for ed in (a, b, c):
+            ed.feed(True, produce(1, 1), 0)
+        a.feed(False, ra[:100], 0)
+        assert memory.granted == len(ra) and pa.holds == []
+        b.feed(False, rb[:100], 0)  # does not fit beside a's: b's broker is paused, what it read is kept
+        c.feed(False, rc[:100], 0)  # in line behind b
+        assert pb.holds == [(False, True, "memory")] and pc.holds == [(False, True, "memory")]
+        assert memory.granted == len(ra) and memory.waits == 2
+        a.feed(False, ra[100:], 0)  # a is out: b's turn (c still does not fit beside it)
+        assert pa.out(False) == ra and pb.holds[-1] == (False, False, "memory") and len(pc.holds) == 1
+        assert memory.granted == len(rb)
+        b.feed(False, rb[100:], 0)  # b is out: c, larger than the whole bound, goes alone
+        assert pb.out(False) == rb and pc.holds[-1] == (False, False, "memory") and memory.granted == len(rc)
+        c.feed(False, rc[100:], 0)
+        assert pc.out(False) == rc and memory.granted == 0 and not memory.line
+    finally:
+        loop.close()
+
+
+def test_a_connection_that_ends_gives_back_its_memory_or_its_place_in_line() -> None:
+    from proxy.intercept import EditMemory
+
+    memory = EditMemory(limit=10_000)
+    loop = asyncio.new_event_loop()
+    try:
+        eds = [FrameEditor(Wants(), Port(), loop, lambda: 0, memory=memory) for _ in range(3)]
+        for ed in eds:
+            ed.feed(True, produce(1, 1), 0)
+            ed.feed(False, _big_response(1, 8_000)[:50], 0)
+        assert memory.granted > 0 and len(memory.line) == 2
+        eds[1].closed()  # waiting: leaves the line
+        eds[0].closed()  # holding: its memory goes to the next still waiting
+        assert eds[2].out.holds[-1] == (False, False, "memory") and memory.granted == len(_big_response(1, 8_000))
+        eds[2].source_ended(False)  # the broker's FIN mid-frame: what was held goes on, the memory back
+        assert memory.granted == 0 and not memory.line
+    finally:
+        loop.close()
 
 
 class ResponsesOnly(Wants):
