@@ -227,6 +227,10 @@ class Connection:
             self._connect_failed(f"timeout: no answer from {host}:{port} within {ctx.settings.connect_timeout:g} s")
             return
         except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):  # the proxy's own limit, not the broker's fault
+                self._connect_failed(f"no file descriptor left for the broker's socket ({exc.strerror}): raise the "
+                                     "proxy's open-files limit")
+                return
             kind = {
                 errno.ECONNREFUSED: "refused", errno.EHOSTUNREACH: "unreachable",
                 errno.ENETUNREACH: "unreachable", errno.ETIMEDOUT: "timeout",

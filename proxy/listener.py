@@ -31,6 +31,7 @@ log = structlog.get_logger("kafkatap.proxy")
 
 FD_RESERVE = 64  # descriptors kept free for the recorder, the status endpoint and logging
 ACCEPT_BATCH = 64  # accepts per readiness callback: fair to connections already relaying
+UPSTREAM_HEADROOM = 32  # descriptors below the reserve kept for the broker sockets of clients just accepted
 EMFILE_BACKOFF_S = 0.1  # pause accepting this long when the process is out of descriptors
 TLS_HANDSHAKE_S = 10.0  # a client that opens a TLS listener and says nothing is dropped after this
 FAILURE_LOG_S = 60.0  # one log line per failure reason per minute, however many clients are turned away
@@ -161,10 +162,14 @@ class Acceptor:
 
     def adopt(self, conn: socket.socket) -> None:
         """Serve `conn`, accepted on this listener here or by another worker (proxy.balance)."""
-        if conn.fileno() >= self.ceiling:
+        # Each client needs a second descriptor for its broker, opened after the accept batch: clients are only
+        # taken below the ceiling minus UPSTREAM_HEADROOM, so that the sockets of a burst of accepted clients'
+        # brokers land there and not in the reserve (they went into it: EMFILE, blamed on the broker).
+        if conn.fileno() >= self.ceiling - UPSTREAM_HEADROOM:
             refuse(conn)
-            self._fail("fd_reserve", f"connection refused: descriptor {self.ceiling} and above are reserved "
-                                     "so the recorder can keep writing (raise the open-files limit)")
+            self._fail("fd_reserve", f"connection refused: descriptors from {self.ceiling - UPSTREAM_HEADROOM} on are "
+                                     "kept for the brokers' sockets of clients already accepted and for the recorder "
+                                     "(raise the open-files limit)")
             return
         conn.setblocking(False)
         if self.balancer is not None:

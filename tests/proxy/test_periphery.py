@@ -138,7 +138,7 @@ def test_low_open_files_limit_raised_two_fds_per_connection_and_refusals_counted
     raised = [ln for ln in lines if ln["event"] == "raised the open-files limit"]
     assert raised and raised[0]["soft_before"] == 128 and raised[0]["soft"] == 256
     reserve_logs = [ln for ln in lines if ln.get("reason") == "fd_reserve"]
-    assert len(reserve_logs) == 1 and "reserved" in reserve_logs[0]["event"]
+    assert len(reserve_logs) == 1 and "kept for the brokers' sockets" in reserve_logs[0]["event"]
     assert not [ln for ln in lines if ln.get("level") == "error" and ln.get("reason") != "fd_reserve"], lines
     conns = pq.read_table(tmp_path / "rec" / "connections").to_pylist()
     # every accepted connection was recorded (the probe connections of wait_listening included)
