@@ -306,7 +306,9 @@ def _routes(listens: tuple[str, ...], upstreams: tuple[str, ...], specs: tuple[s
                              "(or use --route LISTEN=UPSTREAM)")
         routes += [Route(parse_hostport(l), parse_hostport(u, "127.0.0.1")) for l, u in zip(listens, upstreams)]
     if not routes:
-        raise ValueError("nothing to listen on: give --listen/--upstream, --route, or --transparent")
+        raise ValueError("nothing to listen on: give --cluster BOOTSTRAP --listen HOST:PORT (one address for the whole "
+                         "cluster, no broker change), --listen/--upstream, --route, or --transparent "
+                         "(README: 'Choosing a mode')")
     return routes
 
 

@@ -371,7 +371,7 @@ def _keys() -> Iterator[Callable[[float], str | None]]:
               help="Seconds between refreshes (with --once: between its two polls).")
 @click.option("--once", is_flag=True, help="Poll twice --interval apart (for REQ/S), print one snapshot (no "
               "screen clearing, no colour) and exit.")
-@click.option("--json", "as_json", is_flag=True, help="With --once: print the raw /clients JSON instead (one poll).")
+@click.option("--json", "as_json", is_flag=True, help="Print the raw /clients JSON of one poll and exit (implies --once).")
 @click.option("--per-connection", is_flag=True, help="One row per connection instead of one per client "
               "(interactively: press c to switch).")
 @click.option("--sort", type=click.Choice(["requests", "rate", "client", "seen"]), default="requests",
@@ -393,7 +393,10 @@ def top(addr: str, interval: float, once: bool, as_json: bool, per_connection: b
       kafkatap top --addr 9464 --once --json
     """
     prev: tuple[float, dict[str, int]] | None = None
-    color = sys.stdout.isatty() and not once
+    once = once or as_json  # JSON is a document, not a screen: one poll
+    tty = sys.stdout.isatty()
+    color = tty and not once
+    clear = CLEAR if tty else "\n"  # into a file or a pipe: snapshots one after the other, no escape codes
     if once:
         try:
             clients, metrics = _poll(addr)
@@ -413,7 +416,7 @@ def top(addr: str, interval: float, once: bool, as_json: bool, per_connection: b
                 try:
                     clients, metrics = _poll(addr)
                 except (urllib.error.URLError, OSError, ValueError) as exc:
-                    sys.stdout.write(f"{CLEAR}waiting: {unreachable(addr, exc)}\n")
+                    sys.stdout.write(f"{clear}waiting: {unreachable(addr, exc)}\n")
                     sys.stdout.flush()
                     key = wait(interval)
                     if key in ("q", "Q"):
@@ -422,7 +425,7 @@ def top(addr: str, interval: float, once: bool, as_json: bool, per_connection: b
                 now = time.monotonic()
                 size = shutil.get_terminal_size((160, 40))
                 screen = render(clients, metrics, prev, now, size.columns, size.lines, color, sort, per_connection)
-                sys.stdout.write(CLEAR + screen + "\n")
+                sys.stdout.write(clear + screen + "\n")
                 sys.stdout.flush()
                 prev = (now, snapshot_counts(clients, metrics))
                 key = wait(interval)

@@ -161,6 +161,32 @@ def test_top_once_renders(served) -> None:
     assert json.loads(result.output)["open_connections"] == 6
 
 
+def test_top_json_is_one_poll_and_a_pipe_gets_snapshots_without_escape_codes(served) -> None:
+    """`top --json` without --once was silently the live screen; into a file `top` wrote screen-clearing codes."""
+    import subprocess
+    import sys
+
+    sink, _sinks, lp, server = served
+    lp.call(_feed, sink)
+    result = CliRunner().invoke(top, ["--addr", f"127.0.0.1:{server.port}", "--json"])
+    assert result.exit_code == 0 and json.loads(result.output)["open_connections"] == 6
+    proc = subprocess.Popen([sys.executable, "-m", "kafkatap.cli", "top", "--addr", f"127.0.0.1:{server.port}",
+                             "--interval", "0.2"], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    try:
+        screens = 0
+        out = []
+        assert proc.stdout is not None
+        for line in proc.stdout:  # two snapshots, then stop it
+            out.append(line)
+            screens += line.startswith("kafkatap top")
+            if screens == 2:
+                break
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert screens == 2 and not any("\x1b[" in line for line in out)
+
+
 def test_top_unreachable_is_clear() -> None:
     result = CliRunner().invoke(top, ["--addr", "127.0.0.1:1", "--once"])
     assert result.exit_code != 0 and "Is the proxy running with --status-addr" in result.output
