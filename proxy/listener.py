@@ -102,6 +102,27 @@ def bind_listener(host: str, port: int, backlog: int, reuse_port: bool = False) 
     return sock
 
 
+# OpenSSL's reasons for the handshake failures a misconfigured client causes, and what the operator should check
+_TLS_HINTS = {
+    "WRONG_VERSION_NUMBER": "the client spoke plaintext to this TLS listener: set its security.protocol to SSL "
+                            "(or SASL_SSL)",
+    "HTTP_REQUEST": "the client spoke HTTP to this TLS listener",
+    "SSLV3_ALERT_CERTIFICATE_UNKNOWN": "the client does not trust the proxy's certificate: give it the CA that "
+                                       "signed --tls-cert (ssl.truststore.location / ssl.ca.location)",
+    "TLSV1_ALERT_UNKNOWN_CA": "the client does not trust the proxy's certificate: give it the CA that signed "
+                              "--tls-cert (ssl.truststore.location / ssl.ca.location)",
+    "PEER_DID_NOT_RETURN_A_CERTIFICATE": "the client sent no certificate, and --tls-client-ca requires one",
+    "CERTIFICATE_VERIFY_FAILED": "the client's certificate is not signed by --tls-client-ca",
+}
+
+
+def tls_hint(exc: BaseException) -> str:
+    """`: what to check`, for a handshake failure whose OpenSSL reason says what the client got wrong; else ''."""
+    reason = getattr(exc, "reason", None) or str(exc)
+    hint = next((h for key, h in _TLS_HINTS.items() if key in str(reason).upper()), None)
+    return f" ({hint})" if hint else ""
+
+
 class Acceptor:
     """Accepts connections on one listening socket and hands each to `factory`'s protocol.
 
@@ -190,7 +211,7 @@ class Acceptor:
             if self.balancer is not None:  # never reached the server, so its close will not release it
                 self.balancer.released()
             if self.ssl is not None:  # a client that does not speak TLS, or distrusts our certificate
-                self._fail("tls_handshake", f"client TLS handshake failed: {exc}")
+                self._fail("tls_handshake", f"client TLS handshake failed: {exc}{tls_hint(exc)}")
                 return
             self._fail("error", f"accepted connection could not be set up: {exc}")
 

@@ -301,3 +301,32 @@ def test_an_encrypted_key_takes_its_passphrase_from_a_file_and_never_prompts(tmp
     (tmp_path / "empty").write_text("")
     with pytest.raises(TlsConfigError, match="is empty"):
         tls_setup({"tls_cert": cert.cert, "tls_key": enc, "tls_key_password_file": tmp_path / "empty"})
+
+
+def test_a_plaintext_client_on_a_tls_listener_is_told_apart(tmp_path) -> None:
+    """`WRONG_VERSION_NUMBER` alone left the operator to know that it means a plaintext client."""
+    import asyncio
+
+    from structlog.testing import capture_logs
+
+    from harness.tls import Pki
+    from proxy.server import ProxyServer
+
+    pki = Pki.create(tmp_path / "pki")
+    cert = pki.issue("proxy")
+
+    async def run() -> None:
+        server = ProxyServer(["127.0.0.1:0=127.0.0.1:9"], tcp_info=False, tls_server=server_context(cert.cert, cert.key))
+        await server.start()
+        reader, writer = await asyncio.open_connection(*server.listen_addr)
+        writer.write(b"\x00\x00\x00\x15\x00\x12\x00\x03\x00\x00\x00\x01\x00\x03abc" + bytes(8))  # ApiVersions, plain
+        assert await reader.read() == b""
+        writer.close()
+        while server.accept_failures.get("tls_handshake", 0) == 0:
+            await asyncio.sleep(0.01)  # counted after the close the client saw: nothing to await on
+        await server.stop()
+
+    with capture_logs() as logs:
+        asyncio.run(run())
+    failed = [e for e in logs if e.get("reason") == "tls_handshake"]
+    assert failed and "spoke plaintext to this TLS listener" in failed[0]["event"], failed
