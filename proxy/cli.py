@@ -352,7 +352,8 @@ def _run_workers(ctx: click.Context, workers: int, routes: list[Route], mark: in
         return [*common, *own, *(["--status-addr", "127.0.0.1:0"] if status_addr else [])]
 
     log.info("starting workers", workers=workers, proxy_id=proxy_id,
-             listen=[format_addr(r.listen) for r in resolved], balance="connections" if balanced else "kernel")
+             listen=[format_addr(r.listen) for r in resolved], balance="connections" if balanced else "kernel",
+             **_retention_fields(rec))
     pool = WorkerPool(workers, proxy_id, argv, status_addr=str(status_addr) if status_addr else None,
                       shutdown_timeout=shutdown_timeout, mail=mail)
     try:
@@ -400,6 +401,14 @@ def _refuse_ignored_options(ctx: click.Context, transparent: bool, no_mark: bool
         raise click.UsageError("--tcp-info-interval and --no-tcp-info exclude each other")
 
 
+def _retention_fields(rec: dict) -> dict[str, object]:
+    """How long the recording is kept, for the start-up log line (nothing without --retain)."""
+    retain = rec.get("retain")
+    if retain is None:
+        return {}
+    return {"retain_hours": round(float(retain) / 3600, 2), "pruned": "hours that ended longer ago, once a minute"}
+
+
 class OneLineError(click.ClickException):
     """A usage error printed as the one line `Error: …` (exit 2), without the usage block."""
 
@@ -421,6 +430,8 @@ async def _serve(routes: list[Route], faults, rec: dict, *, ready_fd: int | None
         return 2
     if ready_fd is not None and sinks.status is not None:  # a worker: the parent serves the status address
         sinks.status.private = True
+    if ready_fd is None and rec.get("retain") is not None:  # workers: their parent said it, once
+        log.info("keeping a rolling window of the recording", **_retention_fields(rec))
     # from here on the server owns the sink: its stop() flushes and closes it, whatever happens
     layer = KafkaFaultLayer(fault_rules) if fault_rules is not None else None  # none: the relay is unchanged
     server = ProxyServer(routes, sink=sinks.sink, faults=faults, proxy_id=proxy_id, capture=capture,

@@ -187,3 +187,6 @@ def test_a_running_proxy_with_retain_deletes_its_old_hours(tmp_path: Path, worke
     lines = [json.loads(ln) for ln in proc.stderr.read().splitlines() if ln.startswith("{")]
     said = sorted(ln["proxy_id"] for ln in lines if ln["event"].startswith("recording retention: deleted 2 hour(s)"))
     assert said == ids, [ln["event"] for ln in lines]
+    # the start-up log says the window once, whether one process or the workers' parent says it
+    window = [ln for ln in lines if ln.get("retain_hours") == 24.0]
+    assert len(window) == 1, [ln["event"] for ln in lines]
