@@ -452,6 +452,8 @@ async def _serve(routes: list[Route], faults, rec: dict, *, ready_fd: int | None
             sinks.stats.balance_stats = server.balancer.stats
     if sinks.recorder is not None:
         sinks.recorder.requests_dropped = server.requests_dropped  # into every requests file's footer
+    if sinks.status is not None:
+        sinks.status.serving = False  # /healthz says "starting" until the listeners are bound
     try:
         try:
             await sinks.serve()
@@ -472,6 +474,8 @@ async def _serve(routes: list[Route], faults, rec: dict, *, ready_fd: int | None
             log.error("cannot listen", error=str(exc))
             await server.stop()
             return 2
+        if sinks.status is not None:
+            sinks.status.serving = True
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):  # before a worker reports ready: its parent may stop it at once
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)

@@ -77,6 +77,9 @@ class StatusServer:
         self.port = port
         self._server: asyncio.base_events.Server | None = None
         self.private = False  # a worker's own endpoint, read only by its parent (proxy.workers): not announced
+        # False while the proxy it reports on is not listening yet: /healthz answers 503 "starting", so that a
+        # load balancer or an orchestrator sends no client before a listener exists
+        self.serving = True
 
     @property
     def address(self) -> str:
@@ -156,16 +159,16 @@ class StatusServer:
         if path == "/clients":
             return 200, "application/json", json.dumps(await _resolved(self.stats.clients_json())).encode()
         if path in ("/healthz", "/"):
-            body: dict[str, Any] = {"status": "ok", "proxy_id": self.stats.proxy_id,
+            body: dict[str, Any] = {"status": "ok" if self.serving else "starting", "proxy_id": self.stats.proxy_id,
                                     "routes": ["/metrics", "/clients", "/healthz"]}
-            return 200, "application/json", json.dumps(body).encode()
+            return 200 if self.serving else 503, "application/json", json.dumps(body).encode()
         return 404, "text/plain", b"not found: try /metrics or /clients\n"
 
     @staticmethod
     async def _respond(writer: asyncio.StreamWriter, status: int, ctype: str, body: bytes, close: bool,
                        head_only: bool = False) -> None:
         reason = {200: "OK", 201: "Created", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
-                  405: "Method Not Allowed", 409: "Conflict",
+                  405: "Method Not Allowed", 409: "Conflict", 503: "Service Unavailable",
                   431: "Request Header Fields Too Large"}.get(status, "OK")
         head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
                 f"Cache-Control: no-store\r\nConnection: {'close' if close else 'keep-alive'}\r\n\r\n")

@@ -181,6 +181,7 @@ class WorkerPool:
             if self.status_addr:  # first: a taken port must stop the proxy before any worker starts
                 host, port = parse_addr(self.status_addr)
                 status = StatusServer(WorkerStats(self), host, port)  # type: ignore[arg-type]
+                status.serving = False  # /healthz: "starting" until every worker listens
                 try:
                     await status.start()
                 except OSError as exc:
@@ -192,6 +193,8 @@ class WorkerPool:
             if not all(starts):
                 await self._stop_all()
                 return 2
+            if status is not None:
+                status.serving = True
             log.info("workers running", workers=len(self.workers),
                      pids=[w.process.pid for w in self.workers if w.process is not None])
             code = await self._watch()

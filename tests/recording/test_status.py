@@ -135,6 +135,10 @@ def test_http_edge_cases(served) -> None:
     sink, _sinks, lp, server = served
     assert _get(server, "/nope")[0] == 404
     assert _get(server, "/healthz")[0] == 200
+    server.serving = False  # the proxy's listeners are not bound yet (kafkatap proxy sets it until they are)
+    status, _, body = _get(server, "/healthz")
+    assert status == 503 and json.loads(body)["status"] == "starting"
+    server.serving = True
     import http.client
 
     conn = http.client.HTTPConnection(server.host, server.port, timeout=5)
