@@ -186,7 +186,7 @@ class ProxyServer:
         self.loop = asyncio.get_running_loop()
         self._stopped = asyncio.Event()
         self.resolver = TopicResolver(self.loop, self.topics, enabled=self.resolve_topics,
-                                      so_mark=self.settings.so_mark)
+                                      so_mark=self.settings.so_mark, on_cluster=self._cluster_learned)
         self.resolver.tls = self.upstream_tls
         self._ctx = ConnectionContext(loop=self.loop, clock=self.clock, settings=self.settings,
                                       emit=TopicNamingSink(self._bypass_step(), self.topics, self.resolver),
@@ -408,6 +408,16 @@ class ProxyServer:
         cluster = self.resolver.cluster_ids.get(source) if self.resolver is not None and source else None
         self._emit.topic({"proxy_id": self.proxy_id, "topic_id": topic_id, "name": name,
                           "first_seen_ns": self.clock(), "broker_addr": source, "cluster_id": cluster})
+
+    def _cluster_learned(self, broker: str, cluster_id: str) -> None:
+        """A broker's cluster id, first learned: a `topics/` row of its own (no topic id, no name).
+
+        Why a row without a pair: replay's same-cluster guard needs the recording to name its cluster,
+        and the answer that gave the id may bring no new pair (names already learned from relayed
+        responses in cluster mode, a topic not created yet). Analytics reads only rows with a pair.
+        """
+        self._emit.topic({"proxy_id": self.proxy_id, "topic_id": None, "name": None,
+                          "first_seen_ns": self.clock(), "broker_addr": broker, "cluster_id": cluster_id})
 
     def next_conn_id(self) -> str:
         return f"{self._run}-{next(self._ids)}"

@@ -26,6 +26,15 @@ resolves whatever the recording's `topics/` dataset names (late resolution).
 Every pair learned is also recorded (`topics/` dataset, one row per pair the
 first time it is seen), so analytics can name ids that rows recorded before
 the name was known.
+
+The cluster id. Each query's answer names the broker's cluster, recorded with
+the pairs it brings and, the first time a broker's id is learned, in a row of
+its own (no topic id, no name): `kafkatap replay` refuses a target of the
+recorded cluster, so a recording must name its cluster even when no new pair
+came with the answer (pairs already learned from relayed responses in cluster
+mode, a topic not created yet). A relayed Metadata or DescribeCluster answer
+(the ones that carry the id) asks its broker once when its id is still unknown
+(`TopicResolver.want_cluster`); that answer is not decoded on the relay path.
 """
 
 from __future__ import annotations
@@ -47,8 +56,12 @@ log = structlog.get_logger("kafkatap.proxy")
 
 Row = dict[str, Any]
 DESCRIBE_TOPIC_PARTITIONS = 75  # no constant in protocol.apis (not ours to edit)
+DESCRIBE_CLUSTER = 60
 # Requests that name topics the client is about to use by id.
 NAMING_APIS = frozenset({METADATA, CREATE_TOPICS, DESCRIBE_TOPIC_PARTITIONS})
+# Requests whose answer carries the cluster id (Metadata v2+, DescribeCluster): the broker's id is then learned
+CLUSTER_ID_APIS = frozenset({METADATA, DESCRIBE_CLUSTER})
+CLUSTER_ID_TRIES = 3  # queries per broker for its cluster id: one that never answers (SASL first) is not asked for ever
 METADATA_VERSION = 12  # topic ids from v10; v12 is served by every broker since 3.1 (3.7 and 4.x included)
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _ZERO_ID = "00000000-0000-0000-0000-000000000000"
@@ -138,10 +151,14 @@ class TopicResolver:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, topic_map: TopicMap, *, enabled: bool = True,
                  so_mark: int | None = None, min_interval_s: float = 2.0, timeout_s: float = 5.0,
-                 client_id: str = "kafkatap-topic-resolver") -> None:
+                 client_id: str = "kafkatap-topic-resolver",
+                 on_cluster: Callable[[str, str], None] | None = None) -> None:
+        """`on_cluster(broker, cluster_id)`: called when a broker's cluster id is first learned (or changes)."""
         self.loop = loop
         self.map = topic_map
         self.cluster_ids: dict[str, str] = {}  # broker "host:port" → cluster id its Metadata answer gave
+        self.on_cluster = on_cluster
+        self._cluster_tries: dict[str, int] = {}  # broker → queries asked for its cluster id (want_cluster)
         self.enabled = enabled
         self.so_mark = so_mark
         self.tls: Any = None  # proxy.tls.UpstreamTls when brokers are reached over TLS (set by the server)
@@ -163,6 +180,22 @@ class TopicResolver:
             self._again.add(broker_addr)
             return
         self._tasks[broker_addr] = self.loop.create_task(self._run(broker_addr))
+
+    def want_cluster(self, broker_addr: str | None) -> None:
+        """Learn the cluster id of a broker that just answered a client's Metadata / DescribeCluster.
+
+        Why ask: the relayed answer carries the id, but the plain relay never
+        decodes it; one query of our own (which names the broker's topics too)
+        does, and only while the broker's id is unknown. A query already running
+        brings it; a broker that never answers is asked `CLUSTER_ID_TRIES` times.
+        """
+        if not broker_addr or broker_addr in self.cluster_ids or broker_addr in self._tasks:
+            return
+        tries = self._cluster_tries.get(broker_addr, 0)
+        if tries >= CLUSTER_ID_TRIES or not self.enabled or self._closed:
+            return
+        self._cluster_tries[broker_addr] = tries + 1
+        self.want(broker_addr)
 
     async def _run(self, broker: str) -> None:
         try:
@@ -204,8 +237,11 @@ class TopicResolver:
                 raise ConnectionError(f"bad response size {size}")
             rest = await asyncio.wait_for(reader.readexactly(size), self.timeout_s)
             answer = decode_response(size.to_bytes(4, "big") + rest, METADATA, METADATA_VERSION)["body"]
-            if answer.get("cluster_id"):  # recorded with each pair: replay's same-cluster guard reads it
-                self.cluster_ids[broker] = answer["cluster_id"]
+            cluster = answer.get("cluster_id")
+            if cluster and self.cluster_ids.get(broker) != cluster:  # replay's same-cluster guard reads it
+                self.cluster_ids[broker] = cluster
+                if self.on_cluster is not None:
+                    self.on_cluster(broker, cluster)
             for t in answer.get("topics") or ():
                 if t.get("name") and t.get("topic_id"):
                     self.map.learn(str(t["topic_id"]), t["name"], broker)
@@ -251,7 +287,9 @@ class TopicNamingSink:
 
     A `request` row's `topics` gets every known id replaced by its name
     (`topic_ids` keeps the ids as sent); error entries and a connection's
-    `last_request_topics` are named the same way. Runs on the event loop.
+    `last_request_topics` are named the same way. A Metadata / DescribeCluster
+    row from a broker whose cluster id is unknown starts a query too. Runs on
+    the event loop.
     """
 
     def __init__(self, sink: Any, topic_map: TopicMap, resolver: TopicResolver | None) -> None:
@@ -274,6 +312,8 @@ class TopicNamingSink:
                 want = any(not self.map.knows_name(t) for t in topics)
             if want and self.resolver is not None:
                 self.resolver.want(row.get("broker_addr"))
+        if row.get("api_key") in CLUSTER_ID_APIS and self.resolver is not None:  # after `want`: no second query
+            self.resolver.want_cluster(row.get("broker_addr"))  # a dict lookup once the broker's id is known
         self.sink.request(row)
 
     def connection(self, row: Row) -> None:

@@ -3,9 +3,10 @@
 Why the safety rails: a replay writes to a real broker. It refuses the
 recording's own cluster unless told otherwise (`--yes-same-cluster`): the
 recorded broker's address, and any other broker or listener whose cluster id
-(asked with one Metadata request) is one the recording saw. It shows one screen
-of what it is about to do, and only proceeds on a "yes" at a terminal or `--yes`
-in scripts.
+(asked with one Metadata request) is one the recording saw. A recording that
+names no cluster id is refused as well: nothing then tells a second listener of
+the recorded cluster from another cluster. It shows one screen of what it is
+about to do, and only proceeds on a "yes" at a terminal or `--yes` in scripts.
 """
 
 from __future__ import annotations
@@ -60,17 +61,27 @@ def target_cluster_id(target: str, timeout: float = 5.0) -> str | None:
     return body.get("cluster_id") or None
 
 
+NO_CLUSTER_ID = ("the recording names no cluster id, so the target may belong to the recorded cluster (its proxy "
+                 "learned none: --no-resolve-topics, a broker that wants SASL first, no Metadata seen, or an older "
+                 "kafkatap)")
+NOT_CHECKED = "  cluster      not checked (--yes-same-cluster)"
+
+
 def _same_cluster_refusal(rec: Recording, target: str) -> tuple[str | None, str | None]:
-    """(why the target is the recording's own cluster, or None; a note for the plan when that is unknown)."""
+    """(why the target may be the recording's own cluster, or None; a note for the plan about what was checked).
+
+    A recording without a cluster id is refused: comparing addresses alone let a replay through to
+    another listener of the recorded cluster, which it then wrote to.
+    """
     origin = [b for b in rec.broker_addrs if same_address(b, target)]
     if origin:
         return f"it is the recording's own broker ({origin[0]})", None
     if not rec.cluster_ids:
-        return None, ("  cluster      the recording names no cluster id (recorded without topic resolution): only "
-                      "the target's address was checked")
+        return NO_CLUSTER_ID, None
     cluster = target_cluster_id(target)
-    if cluster is None:
-        return None, "  cluster      could not read the target's cluster id: only its address was checked"
+    if cluster is None:  # unreachable, or a listener that wants SASL before Metadata: it may be the origin
+        return ("its cluster id could not be read (unreachable, or it wants SASL or TLS before a Metadata request), "
+                "so nothing shows it is not the recorded cluster"), None
     if cluster in rec.cluster_ids:
         return f"it belongs to the recorded cluster {cluster} (another broker or listener of the origin)", None
     return None, f"  cluster      target {cluster}, recorded {', '.join(sorted(rec.cluster_ids))}"
@@ -142,7 +153,7 @@ def _check_target(ctx: click.Context, param: click.Parameter, value: str) -> str
                    "recordings never hold credentials. Also read from KAFKATAP_REPLAY_SASL_PLAIN.")
 @click.option("--yes-same-cluster", "--allow-origin", "same_cluster", is_flag=True,
               help="Allow a target in the recording's own cluster (its broker, or another broker or listener with "
-                   "the same cluster id).")
+                   "the same cluster id), or one the recording cannot tell from it (it names no cluster id).")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation (required when not on a terminal).")
 @click.option("--pending-timeout", type=float, default=10.0, show_default=True,
               help="Seconds a request waits for state it needs from the target (producer id, member id) before it is skipped.")
@@ -197,10 +208,10 @@ def replay(recording: Path, target: str, speed: str, clients: tuple[str, ...], t
     if not rec.connections:
         click.echo("kafkatap replay: nothing to replay (the filters kept no request)", err=True)
         sys.exit(2)
-    refusal, note = (None, None) if same_cluster else _same_cluster_refusal(rec, target)
+    refusal, note = (None, NOT_CHECKED) if same_cluster else _same_cluster_refusal(rec, target)
     if refusal:
-        click.echo(f"kafkatap replay: refusing to replay against {target}: {refusal}; pass --yes-same-cluster if "
-                   "that is really what you want", err=True)
+        click.echo(f"kafkatap replay: refusing to replay against {target}: {refusal}; pass --yes-same-cluster "
+                   "to replay there anyway", err=True)
         sys.exit(2)
     click.echo(format_plan(rec, target, spd, tmap, record, fetch_mode), err=True)
     if note:

@@ -27,9 +27,13 @@ class _Rows:
 class _Wants:
     def __init__(self) -> None:
         self.brokers: list[str | None] = []
+        self.clusters: list[str | None] = []
 
     def want(self, broker: str | None) -> None:
         self.brokers.append(broker)
+
+    def want_cluster(self, broker: str | None) -> None:
+        self.clusters.append(broker)
 
 
 def test_topic_id_shape() -> None:
@@ -68,6 +72,32 @@ def test_naming_sink_names_known_ids_and_asks_for_unknown_ones() -> None:
     assert wants.brokers == ["b:1", "b:2"]  # a client is about to use a topic we cannot name yet
     sink.connection({"last_request_topics": [TID]})
     assert rows.connections[-1]["last_request_topics"] == ["orders"]
+
+
+def test_naming_sink_asks_for_the_cluster_id_of_brokers_that_answer_metadata() -> None:
+    """Metadata and DescribeCluster answers carry the cluster id: their broker's is learned (replay's guard)."""
+    rows, wants = _Rows(), _Wants()
+    sink = TopicNamingSink(rows, TopicMap(), wants)  # type: ignore[arg-type]
+    for key, broker in ((FETCH, "b:1"), (METADATA, "b:2"), (60, "b:3")):  # 60: DescribeCluster
+        sink.request({"api_key": key, "broker_addr": broker, "topics": [], "topic_ids": []})
+    assert wants.clusters == ["b:2", "b:3"] and wants.brokers == [] and len(rows.requests) == 3
+
+
+def test_a_relayed_metadata_answer_records_its_broker_cluster_id(proxied_kafka, sink):
+    """A client asking for brokers only names no topic, yet the recording must name the cluster it saw:
+    the broker's id is learned once and recorded in a `topics/` row of its own (no topic id, no name)."""
+    with RunningProxy([proxied_kafka.route], sink=sink) as p:
+        host, port = p.bootstrap.rsplit(":", 1)
+        for _ in range(3):
+            with WireClient(host, int(port)) as c:
+                c.call(METADATA, 12, {"topics": [], "allow_auto_topic_creation": False,
+                                      "include_topic_authorized_operations": False})
+        sink.wait_for(lambda s: any(t["topic_id"] is None for t in s.topics))
+        sink.wait_for(lambda s: len([r for r in s.requests if r["api_key"] == METADATA]) == 3)
+        queries = p.call(lambda: p.server.resolver.queries)
+    own = [(t["broker_addr"], t["cluster_id"], t["name"]) for t in sink.topics if t["topic_id"] is None]
+    assert own == [(proxied_kafka.upstream, proxied_kafka.kafka.cluster_id, None)]
+    assert queries == 1  # asked once: the later Metadata rows found the id known (or the query running)
 
 
 def _create_directly(kafka, topic: str) -> None:

@@ -21,6 +21,7 @@ from click.testing import CliRunner
 from replay_frames import cls, request, response
 from replay_synthetic import SynthConn, api_versions, metadata, write_dataset, write_recording
 
+from harness.kafka import free_port
 from proxy.running import RunningProxy
 from recording.reader import read_recording
 from recording.writer import ParquetRecorder
@@ -105,12 +106,31 @@ def test_another_listener_of_the_recorded_cluster_is_refused(tmp_path: Path):
         assert res.exit_code == 2 and "pass --yes" in res.output and "refusing" not in res.output
 
 
-def test_without_a_recorded_cluster_id_the_plan_says_only_the_address_was_checked(tmp_path: Path):
+def test_without_a_recorded_cluster_id_the_replay_is_refused_unless_told(tmp_path: Path):
+    """Nothing tells the target from the recorded cluster: refused, and the message says why and what to pass."""
     _synthetic(tmp_path, None)
-    with fake_cluster("origin-cluster") as target:
-        res = CliRunner().invoke(replay, [str(tmp_path), "--target", target])
-    assert res.exit_code == 2 and "pass --yes" in res.output
-    assert "names no cluster id" in res.output and "only the target's address was checked" in res.output
+    target = f"127.0.0.1:{free_port()}"  # never asked: the refusal needs no answer from the target
+    res = CliRunner().invoke(replay, [str(tmp_path), "--target", target, "--yes"])
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"kafkatap replay: refusing to replay against {target}: the "
+                                                   "recording names no cluster id"), res.output
+    assert "pass --yes-same-cluster" in lines[0] and "Replay plan" not in res.output
+    assert "recorded without topic resolution" not in res.output
+    res = CliRunner().invoke(replay, [str(tmp_path), "--target", target, "--yes-same-cluster"])
+    assert res.exit_code == 2 and "pass --yes" in res.output and "refusing" not in res.output
+    assert "cluster      not checked (--yes-same-cluster)" in res.output
+
+
+def test_a_target_whose_cluster_id_cannot_be_read_is_refused_unless_told(tmp_path: Path):
+    """A listener that wants SASL before Metadata (or that is down) may well be the recorded cluster's: the
+    replay once went ahead with a note."""
+    _synthetic(tmp_path, "origin-cluster")
+    target = f"127.0.0.1:{free_port()}"  # nobody listens: no cluster id can be read
+    res = CliRunner().invoke(replay, [str(tmp_path), "--target", target, "--yes"])
+    assert res.exit_code == 2 and "its cluster id could not be read" in res.output, res.output
+    res = CliRunner().invoke(replay, [str(tmp_path), "--target", target, "--yes-same-cluster"])
+    assert "refusing" not in res.output
 
 
 def test_cluster_id_from_recorded_metadata_and_describe_cluster_responses(tmp_path: Path):
@@ -144,7 +164,9 @@ def test_the_proxy_records_the_cluster_id_and_replay_refuses_that_cluster(tmp_pa
             # the proxy's own Metadata query for the new name: wait for it on the proxy's loop, never on a sleep
             asyncio.run_coroutine_threadsafe(p.server.resolver.idle(), p.server.loop).result(20)
     topics = read_recording(rec, "topics").to_pylist()
-    assert [(t["name"], t["cluster_id"]) for t in topics] == [("orders", "origin-cluster")]
+    # the pair, and the broker's cluster id in a row of its own (recorded even when no new pair comes with it)
+    assert sorted((t["name"] or "", t["cluster_id"]) for t in topics) == [("", "origin-cluster"),
+                                                                          ("orders", "origin-cluster")]
     with fake_cluster("origin-cluster") as another_listener:
         res = CliRunner().invoke(replay, [str(rec), "--target", another_listener, "--yes"])
     assert res.exit_code == 2 and "recorded cluster origin-cluster" in res.output, res.output

@@ -15,6 +15,9 @@ from replay.engine import ReplayOptions, replay_async
 from recording.timespec import parse_time
 from replay.load import Filters, ReplayLoadError, load_recording, parse_api
 
+# synthetic recordings name no cluster id: the same-cluster guard refuses them without this (test_replay_guard)
+NO_ID = ("--yes-same-cluster",)
+
 
 def two_clients() -> list[SynthConn]:
     a = SynthConn("c1", 0.0, [api_versions(1, "alpha"), metadata(2, 0.1, "alpha")], client_id="alpha")
@@ -51,10 +54,10 @@ def test_filters_by_client_api_and_time(tmp_path: Path):
 def test_cli_time_window_uses_the_shared_time_syntax(tmp_path: Path):
     t0 = write_recording(tmp_path, two_clients())  # the first request (alpha's ApiVersions) is at t0
     for since in ("+0.6", "+0.6s", f"{(t0 + 600_000_000) / 1e9:.3f}", str(t0 + 600_000_000)):
-        res = CliRunner().invoke(replay, [str(tmp_path), "--target", "127.0.0.1:9", "--since", since])
+        res = CliRunner().invoke(replay, [str(tmp_path), "--target", "127.0.0.1:9", "--since", since, *NO_ID])
         assert res.exit_code == 2 and "pass --yes" in res.output
         assert "requests     2   (filtered out: 3)" in res.output, (since, res.output)
-    res = CliRunner().invoke(replay, [str(tmp_path), "--target", "127.0.0.1:9", "--until", "+0.15"])
+    res = CliRunner().invoke(replay, [str(tmp_path), "--target", "127.0.0.1:9", "--until", "+0.15", *NO_ID])
     assert "requests     2   (filtered out: 3)" in res.output
     res = CliRunner().invoke(replay, [str(tmp_path), "--target", "127.0.0.1:9", "--since", "yesterday", "--yes"])
     assert res.exit_code == 2 and "Invalid value for '--since': cannot parse time 'yesterday'" in res.output
@@ -86,7 +89,7 @@ def test_sasl_connections_are_skipped_without_credentials(tmp_path: Path):
 
 def test_cli_rails_yes_required_and_origin_refused(tmp_path: Path):
     write_recording(tmp_path, two_clients())
-    res = CliRunner().invoke(replay, [str(tmp_path), "--target", "127.0.0.1:9"])
+    res = CliRunner().invoke(replay, [str(tmp_path), "--target", "127.0.0.1:9", *NO_ID])
     assert res.exit_code == 2 and "pass --yes" in res.output
     assert "Replay plan" in res.output and "connections  2" in res.output and "requests     5" in res.output
     res = CliRunner().invoke(replay, [str(tmp_path), "--target", "10.0.0.1:9092", "--yes"])
