@@ -477,12 +477,15 @@ async def _serve(routes: list[Route], faults, rec: dict, *, ready_fd: int | None
         if sinks.status is not None:
             sinks.status.serving = True
         stop = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):  # before a worker reports ready: its parent may stop it at once
+        # A worker stops on its parent's SIGTERM (it runs in a process group of its own, which a terminal's
+        # Ctrl-C does not reach): a second SIGTERM is the parent passing on a second Ctrl-C (close at once).
+        stop_signals = (signal.SIGTERM,) if ready_fd is not None else (signal.SIGTERM, signal.SIGINT)
+        for sig in stop_signals:  # before a worker reports ready: its parent may stop it at once
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
         if ready_fd is not None:  # a worker of `--workers N`: tell the parent it listens, and where its status is
             report_ready(ready_fd, sinks.status.address if sinks.status is not None else None, server.listen_addrs)
         settle_memory()
-        await server.serve_forever(install_signals=False, stop_requested=stop)
+        await server.serve_forever(install_signals=False, stop_requested=stop, stop_signals=stop_signals)
     finally:
         try:
             await sinks.stop_serving()

@@ -169,6 +169,7 @@ class ProxyServer:
         self._mark_warned = False
         self._all_closed: asyncio.Event | None = None
         self._stopped: asyncio.Event | None = None
+        self._hurry: asyncio.Event | None = None  # a second stop signal: stop waiting for answers in flight
         # epoch ns from the monotonic clock plus an offset: no jumps inside a request's timestamps, while
         # `_check_clock` re-derives the offset after a suspend or an NTP step
         self.clock, self._set_epoch_offset = _offset_clock(time.time_ns() - time.monotonic_ns())
@@ -185,6 +186,7 @@ class ProxyServer:
             probe_mark(self.settings.so_mark)
         self.loop = asyncio.get_running_loop()
         self._stopped = asyncio.Event()
+        self._hurry = asyncio.Event()
         self.resolver = TopicResolver(self.loop, self.topics, enabled=self.resolve_topics,
                                       so_mark=self.settings.so_mark, on_cluster=self._cluster_learned)
         self.resolver.tls = self.upstream_tls
@@ -325,8 +327,11 @@ class ProxyServer:
             log.info("shutting down", open_connections=len(conns), wait_s=timeout)
             for c in conns:  # a request read now could not be answered before the close: leave it unread
                 c.stop_reading()
-            waiters = [c.wait_quiet() for c in conns]
-            await asyncio.wait(waiters, timeout=timeout)
+            assert self._hurry is not None
+            quiet = asyncio.gather(*(c.wait_quiet() for c in conns))
+            hurry = asyncio.ensure_future(self._hurry.wait())  # a second signal: close now
+            await asyncio.wait([quiet, hurry], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            hurry.cancel()
             for c in list(self.conns):
                 c.shutdown()
             # transports report connection_lost on the next loop iterations; then force what is left
@@ -352,12 +357,15 @@ class ProxyServer:
         assert self._stopped is not None
         self._stopped.set()
 
-    async def serve_forever(self, install_signals: bool = True, stop_requested: asyncio.Event | None = None) -> None:
+    async def serve_forever(self, install_signals: bool = True, stop_requested: asyncio.Event | None = None,
+                            stop_signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> None:
         """Run until SIGTERM/SIGINT (or stop(), or `stop_requested` is set), then shut down gracefully.
 
         `stop_requested`: the caller's own stop event, e.g. set by signal handlers it installed
         before start-up finished (a `--workers` worker may be told to stop the moment it reports
-        that it listens); pass install_signals=False then.
+        that it listens); pass install_signals=False then. `stop_signals` are the ones a second
+        arrival of which closes at once (a worker: SIGTERM only, its parent's; a terminal's Ctrl-C
+        reaches the whole process group).
         """
         if self.loop is None:
             await self.start()
@@ -372,8 +380,18 @@ class ProxyServer:
         waiter.cancel()
         stopped.cancel()
         if not self.closing:
-            log.info("signal received: stopping")
+            log.info("signal received: stopping (a second Ctrl-C or SIGTERM closes at once)",
+                     open_connections=len(self.conns), wait_s=self.shutdown_timeout)
+            for sig in stop_signals:  # from here on a signal means: stop waiting
+                self.loop.add_signal_handler(sig, self.hurry)
             await self.stop()
+
+    def hurry(self) -> None:
+        """Stop waiting for answers in flight: close every connection now (shutdown's second signal)."""
+        if self._hurry is not None and not self._hurry.is_set():
+            log.warning("second stop signal: closing connections now, without waiting for answers in flight",
+                        open_connections=len(self.conns))
+            self._hurry.set()
 
     def set_faults(self, faults: Faults | None) -> None:
         """Replace the fault config; applies to connections accepted from now on."""

@@ -215,8 +215,11 @@ class WorkerPool:
         try:
             env = {**os.environ, ONCE_DIR_ENV: self._once_dir} if self._once_dir else None
             shared = self.mail.fds(w.index - 1) if self.mail is not None else ()
+            # a session (and process group) of its own: a terminal's Ctrl-C reaches this parent only, which stops the workers (a
+            # worker still starting once took it for itself, and the proxy exited 2 as if it could not start)
             w.process = await asyncio.create_subprocess_exec(*self.argv(w, wfd), pass_fds=(wfd, *shared),
-                                                             stdin=asyncio.subprocess.DEVNULL, env=env)
+                                                             stdin=asyncio.subprocess.DEVNULL, env=env,
+                                                             start_new_session=True)
         finally:
             os.close(wfd)
         try:
@@ -283,14 +286,24 @@ class WorkerPool:
         return True
 
     async def _stop_all(self) -> int:
-        """SIGTERM every live worker and wait for each (SIGKILL after the grace); 0 when all exited 0."""
+        """SIGTERM every live worker and wait for each (SIGKILL after the grace); 0 when all exited 0.
+
+        A second SIGTERM/SIGINT meanwhile is passed on: each worker then closes its connections at once.
+        """
         self.stopping = True
         live = [w for w in self.workers if w.process is not None and w.process.returncode is None]
-        for w in live:
-            try:
-                w.process.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
-            except ProcessLookupError:
-                pass
+
+        def signal_all() -> None:
+            for w in live:
+                try:
+                    w.process.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+                except ProcessLookupError:
+                    pass
+
+        signal_all()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, signal_all)
         grace = self.shutdown_timeout + KILL_GRACE_S
 
         async def reap(w: Worker) -> int:

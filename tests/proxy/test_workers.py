@@ -363,3 +363,62 @@ def test_workers_never_touch_each_others_partitions(tmp_path):
     assert recover(tmp_path, w1) == 0
     assert all(f.exists() for f in files)
     assert recover(tmp_path, w2) == 2  # its own recovery does clean them (leftover + superseded flush file)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_second_ctrl_c_closes_at_once_and_a_first_one_waits(tmp_path, workers: int) -> None:
+    """Ctrl-C reaches the whole process group. The first waits for answers in flight (up to
+    --shutdown-timeout, 60 s here); a second one closes at once (it only set the same stop flag again)."""
+    import json
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from harness.kafka import free_port
+    from tests.proxy.proxy_procs import wait_listening
+
+    held = socket.create_server(("127.0.0.1", 0))  # a broker that takes requests and never answers
+    upstream = held.getsockname()[1]
+    port = free_port()
+    env = dict(os.environ, KAFKATAP_LOG_FORMAT="json")
+    proc = subprocess.Popen([sys.executable, "-m", "kafkatap.cli", "proxy", "--workers", str(workers), "--listen",
+                             f"127.0.0.1:{port}", "--upstream", f"127.0.0.1:{upstream}", "--shutdown-timeout", "60"],
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    clients, brokers = [], []
+    request = b"\x00\x00\x00\x15\x00\x12\x00\x03\x00\x00\x00\x01\x00\x03abc" + bytes(8)  # ApiVersions
+    try:
+        wait_listening(port, proc)
+        held.settimeout(20)
+        for _ in range(4):  # with two workers, requests held on both
+            c = socket.create_connection(("127.0.0.1", port))
+            c.sendall(request)
+            clients.append(c)
+            while True:  # the request reached the broker: it is in flight in the proxy
+                b, _ = held.accept()  # (the proxy's start-up probe of its upstream connects and closes at once)
+                b.settimeout(20)
+                got = b""
+                while len(got) < len(request) and (chunk := b.recv(64)):
+                    got += chunk
+                brokers.append(b)
+                if got == request:
+                    break
+        os.killpg(proc.pid, signal.SIGINT)  # the terminal's Ctrl-C
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(3)  # waiting for the answers
+        t0 = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(20) == 0 and time.monotonic() - t0 < 15
+    finally:
+        for c in clients + brokers:
+            c.close()
+        held.close()
+        if proc.poll() is None:
+            proc.kill()
+    lines = [json.loads(ln) for ln in proc.stderr.read().splitlines() if ln.startswith("{")]
+    hurried = [ln for ln in lines if ln["event"].startswith("second stop signal")]
+    # once per worker that still waited (a worker whose connections all went to the other one had stopped);
+    # never on the first Ctrl-C, which the wait above shows
+    assert 1 <= len(hurried) <= workers, [ln["event"] for ln in lines]
