@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import sys
 from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 import click
 
+from kafkatap.errors import OneLineError
+
+from analytics.interrupt import interrupts_handled
+from analytics.outdir import clear_artifacts, inside
 from recording.schema import DATASETS
 from recording.timespec import TIME, TIME_HELP, TimeSpec, cli_window
+
+if TYPE_CHECKING:
+    from analytics.result import AnalysisResult
 
 MASTER = re.compile(r"local(\[([1-9]\d*|\*)(,\s*\d+)?\])?|local-cluster\[.+\]|yarn|(spark|k8s|mesos)://.+")  # Spark's own forms
 READ_ATTEMPTS = 3  # analyses of a recording whose files a running proxy replaced while it was being read
@@ -54,6 +65,9 @@ def analyze(dirs: tuple[str, ...], out: str | None, master: str | None, since: T
       report.html        one self-contained page: findings first, then charts with their tables
       findings.json      ranked diagnoses with evidence (conn_ids, timestamps, counts)
       tables/NAME.parquet and NAME.csv for every table in the report
+      connections/ID.html  a page per connection the tables point at
+
+    An earlier analysis's files in OUT are replaced (other files there are left alone); OUT may not lie inside a DIR.
 
     \b
     Examples:
@@ -90,22 +104,36 @@ def analyze(dirs: tuple[str, ...], out: str | None, master: str | None, since: T
         problem = input_problem(d)
         if problem:
             raise click.BadParameter(problem, param_hint="'--compare'" if d not in dirs else "'DIR'")
+        if inside(out, d):
+            raise OneLineError(f"--out {out} is inside the recording {d}: the report's connections/ pages would land in "
+                               "the recording's own connections/ dataset; give an --out outside it")
+    created = _first_missing(out)
+    with interrupts_handled(Interrupted(out, created)):  # Ctrl-C from here on: one line, exit 130, no report half-written
+        result = _run(dirs, out, created, quiet, master=master, since=since, until=until, brokers=brokers, clients=clients,
+                      topics=topics, compare=compare, compare_mode=compare_mode, tolerance_s=tolerance_s, bucket_s=bucket_s,
+                      progress=not quiet, csv=not no_csv, spark_conf=spark_conf or None, ignore_rollups=ignore_rollups)
+    from analytics.job import summary
+
+    click.echo(summary(result))
+    sys.stdout.flush()
+
+
+def _run(dirs: tuple[str, ...], out: str, created: Path | None, quiet: bool, **kw: Any) -> AnalysisResult:
+    """`run_analysis(dirs, out, **kw)`, read again when a running proxy compacted a file away; returns its result.
+
+    A failure leaves no report in OUT: neither a half-written one nor an earlier run's (run_analysis cleared that).
+    """
     from recording.reader import recording_start
 
-    cli_window(since, until, lambda: recording_start([*dirs, *(compare or ())]))  # a bad or empty window is said now
-    from analytics.job import run_analysis, summary  # starts nothing yet; get_spark (the JVM) runs inside
+    cli_window(kw["since"], kw["until"], lambda: recording_start([*dirs, *(kw["compare"] or ())]))  # a bad or empty window is said now
+    from analytics.job import run_analysis  # starts nothing yet; get_spark (the JVM) runs inside
     from analytics.load import RecordingFormatError
     from pyspark.errors import PySparkRuntimeError
 
-    created = _first_missing(out)
     try:
         for attempt in range(1, READ_ATTEMPTS + 1):
             try:  # the window is resolved again inside: a +SECONDS end counts from each --compare side's own start
-                result = run_analysis(list(dirs), out, master=master, since=since, until=until, brokers=brokers, clients=clients,
-                                      topics=topics, compare=compare, compare_mode=compare_mode, tolerance_s=tolerance_s,
-                                      bucket_s=bucket_s, progress=not quiet, csv=not no_csv, spark_conf=spark_conf or None,
-                                      ignore_rollups=ignore_rollups)
-                break
+                return run_analysis(list(dirs), out, **kw)
             except Exception as exc:  # noqa: BLE001 — only Spark's failed reads are handled; the rest is re-raised
                 failed = read_failure(exc)
                 if failed is None:
@@ -124,19 +152,18 @@ def analyze(dirs: tuple[str, ...], out: str | None, master: str | None, since: T
                     click.echo(f"[analyze] {path} went away while it was read (a running proxy compacted or pruned it); "
                                f"reading the recording again (attempt {attempt + 1} of {READ_ATTEMPTS})", err=True)
     except (RecordingFormatError, ValueError) as exc:
-        _drop_if_empty(out, created)
+        _abandon(out, created)
         raise click.ClickException(str(exc)) from exc
     except PySparkRuntimeError as exc:
-        _drop_if_empty(out, created)
+        _abandon(out, created)
         if "JAVA_GATEWAY_EXITED" not in str(exc):
             raise
         raise click.ClickException("Spark's JVM did not start (its own message is above): check --master and "
                                    "--conf") from None
     except BaseException:
-        _drop_if_empty(out, created)
+        _abandon(out, created)
         raise
-    click.echo(summary(result))
-    sys.stdout.flush()
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 # Spark's message for a file it listed but could not read: FAILED_READ_FILE, with a sub-class
@@ -254,6 +281,38 @@ def _first_missing(out: str) -> Path | None:
     while not path.exists():
         missing, path = path, path.parent
     return missing
+
+
+class Interrupted:
+    """The SIGINT handler of an analysis: one line, exit 130, and no half-written report left in OUT.
+
+    It ends the process at once (os._exit) instead of raising KeyboardInterrupt. pyspark's own handler
+    (which SparkContext installs, and analytics.interrupt keeps ours over) calls cancelAllJobs through
+    Py4J from inside the very Py4J read the signal interrupted: "RuntimeError: reentrant call inside
+    <_io.BufferedReader>", then a Py4JNetworkError from every thread still collecting a table, ~90
+    lines for one Ctrl-C. Exiting closes the JVM's stdin, on which Spark's gateway ends the JVM and
+    with it every running job. The files of this run in OUT are removed first (run_analysis removed the
+    earlier run's when it started), then OUT itself if the run created it and it is empty.
+    """
+
+    def __init__(self, out: str, created: Path | None) -> None:
+        self.out, self.created = out, created
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
+        try:
+            _abandon(self.out, self.created)
+        except OSError:
+            pass  # nothing more to do about it on the way out
+        os.write(2, b"kafkatap analyze: interrupted\n")  # not print: the interrupted thread may hold stderr's buffer
+        os._exit(130)
+
+
+def _abandon(out: str, created: Path | None) -> None:
+    """What a failed or interrupted analysis leaves: no report files in OUT, and no OUT if it made an empty one."""
+    if Path(out).is_dir():
+        clear_artifacts(out)
+    _drop_if_empty(out, created)
 
 
 def _drop_if_empty(out: str, created: Path | None) -> None:

@@ -25,6 +25,7 @@ from pyspark.sql import functions as F
 
 from analytics import load as L
 from analytics.findings import run_rules
+from analytics.outdir import clear_artifacts
 from analytics.progress import Progress
 from analytics.report.html import connection_pages, render
 from analytics.result import AnalysisResult
@@ -34,6 +35,7 @@ from analytics.session import (
 from analytics.transforms import brokers, bypass, clients, compare, connections, drilldown, errors, faults, latency, overview, produce_fetch, rollups, tcp
 from analytics.transforms.common import prepare_requests, union_all
 from analytics.transforms.cube import cube_from_cells, latency_cube, percentile_views, tail_floor
+from analytics.unmatched import is_narrowed, nothing_matched
 from recording.request_terms import ROLLUP_BUCKET_S
 from recording.rollups import TIME_KEYED, RecordingCoverage, coverage_all, stored_span_ns
 from recording.schema import DERIVED_DATASETS
@@ -488,7 +490,7 @@ def run_analysis(
     parallel: int | None = None,
     ignore_rollups: bool = False,
 ) -> AnalysisResult:
-    """Analyze recordings `dirs` (or, with `compare=(A, B)`, compare two) and write OUT.
+    """Analyze recordings `dirs` (or, with `compare=(A, B)`, compare two) and write OUT, an earlier analysis's files there removed.
 
     Returns the ranked findings, the overview row, every table's rows and the
     paths written (an `analytics.result.AnalysisResult`). `dirs` may be empty
@@ -499,6 +501,7 @@ def run_analysis(
     parallel = parallel or int(os.environ.get("KAFKATAP_ANALYZE_PARALLEL", "3"))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    clear_artifacts(out)  # OUT holds this run's report only: no earlier run's tables or pages beside it
     spark = spark or running_session()
     spark_master = spark.sparkContext.master if spark is not None else default_master(master)
     # counted before a JVM starts: its JIT follows the size (session.driver_jvm); a cluster's storage is not read here
@@ -583,6 +586,11 @@ def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.
             bucket_s = bucket_s or choose_bucket(ov.get("span_s"))
             prog.info(f"{ov.get('requests') or 0:,} requests, {ov.get('connections') or 0:,} connections over "
                       f"{ov.get('span_s') or 0:,.0f} s; time bucket {bucket_s} s")
+            unmatched = (nothing_matched(spark, main_dirs, filters)  # jobs of its own, only when the filters kept nothing
+                         if not compare and is_narrowed(filters) and not ov.get("requests") and not ov.get("connections")
+                         else None)
+            if unmatched:
+                prog.info(unmatched)
             if bucket_s % ROLLUP_BUCKET_S:  # the stored time-keyed rollups are per 60 s: this bucket cannot be made of them
                 timed = [d for d in TIME_KEYED if stored.pop(d, None) is not None]
                 if timed:
@@ -598,7 +606,8 @@ def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.
             cube = pin(from_stored("latency_cells", lambda df: cube_from_cells(df, bucket_s, rec.topic_names),
                                    lambda: latency_cube(full, bucket_s)))
             views = pin(percentile_views(cube))
-            topics, traffic, notable, sides = f_topics.result(), f_traffic.result(), f_notable.result(), f_sides.result()
+            # not `sides`: that name holds the --compare sides' filters (this DataFrame in their place broke every --compare)
+            topics, traffic, notable, tcp_sides = f_topics.result(), f_traffic.result(), f_notable.result(), f_sides.result()
         if prog.enabled:  # counting is a Spark job: only for a reader, and one job for all of them
             n = row_counts({"rollup": rollup, "topics": topics, "traffic": traffic, "errors": notable.where(F.col("error_count") > 0),
                             "cube": cube, "views": views})
@@ -609,8 +618,10 @@ def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.
             prog.step("fault reactions", f"{ov['faults_injected']:,} injected Kafka fault(s) and what each client did next")
             reactions = pin(faults.fault_reactions(full))
         slowest = from_stored("slowest_requests", lambda df: rollups.slowest_candidates(df, rec.topic_names), lambda: None)
-        inputs = Inputs(rollup, topics, traffic, views, notable, conns, sides, full, reactions, cube, slowest)
+        inputs = Inputs(rollup, topics, traffic, views, notable, conns, tcp_sides, full, reactions, cube, slowest)
         plan = table_plan(inputs, bucket_s)
+        if ov.get("opaque_connections"):  # TLS pass-through and other undecoded connections: only a recording with some pays
+            plan["opaque_connections"] = lambda: connections.opaque_connections(conns)
         if compare:
             mode_used, cplan = compare_plan(spark, str(compare[0]), str(compare[1]), sides or (filters, filters),
                                              compare_mode, tolerance_s, prog)
@@ -642,11 +653,12 @@ def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.
             "filters": filters.describe(),
             "bucket_s": bucket_s,
             "rollups": sorted(used),  # stored rollups the analysis summed instead of passing over the requests
+            "nothing_matched": unmatched,  # the filters kept nothing: the recording's span and what there is (analytics.unmatched)
             "overview": {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in ov.items()},
             "findings": [f.to_json() for f in findings],
         }, indent=2, default=str))
         report_path = out / "report.html"
-        result = AnalysisResult(out, findings, ov, tables, bucket_s, report_path, findings_path, prog.timings, mode_used)
+        result = AnalysisResult(out, findings, ov, tables, bucket_s, report_path, findings_path, prog.timings, mode_used, unmatched)
         if report:
             report_path.write_text(render(result, filters.describe()), encoding="utf-8")
             for rel, page in connection_pages(result).items():
@@ -667,8 +679,10 @@ def summary(result: AnalysisResult) -> str:
         f"kafkatap analyze: {ov.get('requests') or 0:,} requests, {conns}, "
         f"{ov.get('client_ids') or 0} client ids, {ov.get('brokers') or 0} broker(s), span {ov.get('span_s') or 0:,.0f} s, "
         f"error rate {(ov.get('error_rate') or 0):.3%} (+{(ov.get('retriable_rate') or 0):.3%} retriable)",
-        f"{len(result.findings)} finding(s):",
     ]
+    if result.nothing_matched:
+        lines.append(result.nothing_matched)
+    lines.append(f"{len(result.findings)} finding(s):")
     for f in result.findings[:15]:
         lines.append(f"  [{f.severity.upper():8}] {f.title}")
     if len(result.findings) > 15:

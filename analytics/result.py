@@ -28,6 +28,7 @@ class AnalysisResult:
     findings_path: Path
     timings: dict[str, float] = field(default_factory=dict)
     compare_mode: str | None = None
+    nothing_matched: str | None = None  # the filters kept nothing: a line saying so, with what the recording holds
 
     def finding_ids(self) -> set[str]:
         return {f.id for f in self.findings}

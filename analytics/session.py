@@ -15,6 +15,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from analytics.class_archive import java_options
+from analytics.interrupt import reinstall as reinstall_interrupt_handler
 from analytics.jvm_lookups import remember_jvm_lookups
 
 _LOCK = threading.Lock()
@@ -160,6 +161,7 @@ def get_spark(master: str | None = None, conf: dict[str, str] | None = None, app
         for key, value in settings.items():
             builder = builder.config(key, value)
         _SESSION = builder.getOrCreate()
+        reinstall_interrupt_handler()  # SparkContext just installed its own SIGINT handler (analytics.interrupt)
         _SESSION.sparkContext.setLogLevel("ERROR")
         remember_jvm_lookups(_SESSION.sparkContext._jvm)  # type: ignore[attr-defined]
         return _SESSION

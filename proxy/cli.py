@@ -25,6 +25,7 @@ from click.core import ParameterSource  # noqa: E402
 import structlog  # noqa: E402
 import uvloop  # noqa: E402
 
+from kafkatap.errors import OneLineError
 from proxy.context import format_addr
 from proxy.faults import FAULT_SPEC_HELP, FaultSpecError, parse_fault_specs
 from proxy.memory_tuning import settle_memory
@@ -407,12 +408,6 @@ def _retention_fields(rec: dict) -> dict[str, object]:
     if retain is None:
         return {}
     return {"retain_hours": round(float(retain) / 3600, 2), "pruned": "hours that ended longer ago, once a minute"}
-
-
-class OneLineError(click.ClickException):
-    """A usage error printed as the one line `Error: …` (exit 2), without the usage block."""
-
-    exit_code = 2
 
 
 async def _serve(routes: list[Route], faults, rec: dict, *, ready_fd: int | None = None,

@@ -396,6 +396,7 @@ SECTIONS: list[tuple[str, str, str, list[tuple[str, str, Chart | None]]]] = [
     ("connections", "Connections", "Opens, ends and concurrency per broker with latency overlaid (incident 4); how and why connections end "
                                     f"(incidents 1 and 2; all three in {INCIDENTS_DOC}).", [
         ("bypass", "Broker addresses that sent clients around the proxy (explicit mode; use --cluster)", None),
+        ("opaque_connections", "Connections relayed without decoding (TLS pass-through, not Kafka …)", None),
         ("connections_over_time", "Concurrency and latency over time, per broker", _c_conns_over_time),
         ("connection_ends", "How connections ended", _c_ends),
         ("connection_lifetimes", "Lifetimes", _c_bars("lifetime", {"connections": "connections"}, axis="connections")),
@@ -491,7 +492,8 @@ def render(result: AnalysisResult, filters: str = "none") -> str:
     start, end = _cell(ov.get("start"))[0], _cell(ov.get("end"))[0]
     nav = ['<a href="#findings">Findings</a>']
     body = ['<section id="findings"><h2>Findings</h2><p class="intro">Ranked diagnoses, most important first, each with its evidence.</p>'
-            + ("".join(_finding_html(f, links) for f in result.findings) or '<p class="empty">No findings: nothing in this recording matched a rule.</p>')
+            + ("".join(_finding_html(f, links) for f in result.findings)
+               or f'<p class="empty">No findings: {escape(result.nothing_matched or "nothing in this recording matched a rule")}.</p>')
             + "</section>"]
     for sid, title, intro, items in SECTIONS:
         present = [(n, h, c) for n, h, c in items if n in t]

@@ -178,7 +178,8 @@ def line_chart(
     pw, ph = width - ml - mr, height - mt - mb
     xv = _xs(xs)
     x0, x1 = min(xv), max(xv)
-    x1 = x1 if x1 > x0 else x0 + 1
+    if x1 <= x0:  # one point in time: in the middle, under its own time label
+        x0, x1 = x0 - 0.5, x0 + 0.5
 
     def sx(v: float) -> float:
         return ml + (v - x0) / (x1 - x0) * pw
@@ -206,28 +207,36 @@ def line_chart(
     _time_axis(out, x0, x1, sx, height - 8)
     out.append(f'<line x1="{ml}" x2="{ml + pw}" y1="{mt + ph}" y2="{mt + ph}" class="axis"/>')
 
-    def path(vals: Sequence[float | None], hi: float) -> str:
-        d, pen = [], False
-        for xvv, v in zip(xv, vals):
-            if v is None:
-                pen = False
+    def path(vals: Sequence[float | None], hi: float) -> tuple[str, list[tuple[float, float]]]:
+        """The line's path, and the points no segment reaches (a bare move draws nothing): those get a dot."""
+        d, run, alone = [], [], []
+        for xvv, v in [*zip(xv, vals), (None, None)]:  # the sentinel ends the last run
+            if v is None or xvv is None:
+                if len(run) == 1:
+                    alone.append(run[0])
+                run = []
                 continue
-            y = mt + ph - v / hi * ph
-            d.append(f"{'L' if pen else 'M'}{sx(xvv):.1f},{y:.1f}")
-            pen = True
-        return " ".join(d)
+            point = (sx(xvv), mt + ph - v / hi * ph)
+            d.append(f"{'L' if run else 'M'}{point[0]:.1f},{point[1]:.1f}")
+            run.append(point)
+        return " ".join(d), alone
+
+    def draw(name: str, vals: Sequence[float | None], hi: float, c: str, dash: str) -> None:
+        d, alone = path(vals, hi)
+        out.append(f'<path d="{d}" fill="none" stroke="{c}" stroke-width="1.8"{dash}><title>{escape(name)}</title></path>')
+        out.extend(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3.5" fill="{c}"><title>{escape(name)}</title></circle>' for x, y in alone)
 
     legend = []
     i = 0
     for name, vals in series.items():
         c = PALETTE[i % len(PALETTE)]
-        out.append(f'<path d="{path(vals, lhi)}" fill="none" stroke="{c}" stroke-width="1.8"><title>{escape(name)}</title></path>')
+        draw(name, vals, lhi, c, "")
         legend.append((name, c, False))
         i += 1
     if right:
         for name, vals in right.items():
             c = PALETTE[i % len(PALETTE)]
-            out.append(f'<path d="{path(vals, rhi)}" fill="none" stroke="{c}" stroke-width="1.8" stroke-dasharray="5 3"><title>{escape(name)}</title></path>')
+            draw(name, vals, rhi, c, ' stroke-dasharray="5 3"')
             legend.append((name + " (right axis)", c, True))
             i += 1
     _legend(out, legend, ml, right=width - mr)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from analytics.transforms.common import ns_to_ts, time_bucket_index, with_client
 from analytics.transforms.cube import view
+from analytics.transforms.overview import opaque
 
 RESET_REASONS = ("client_rst", "broker_rst")
 
@@ -149,3 +150,42 @@ def unanswered_at_close(conns: DataFrame, rollup: DataFrame, limit: int = 5000) 
         "conn_id", "client_id", "broker_addr", "end_reason", "end_by", "unanswered", "unanswered_apis", "last_api",
         "last_request_bytes", "last_request_acks", "last_request_topics", "inferred_cause", ns_to_ts("closed_ns").alias("closed_at"),
     ).orderBy(F.desc("unanswered")).limit(limit)
+
+
+# the proxy's reason for a stream it stopped parsing: "<direction> stream opaque at offset N: KIND: …" (proxy.observer)
+OPAQUE_KIND = r"stream opaque at offset \d+: (\w+):"
+
+
+def opaque_connections(conns: DataFrame) -> DataFrame:
+    """Connections relayed without decoding, by why (`kind`): TLS pass-through, HTTP, a frame that is not Kafka ….
+
+    Their requests (all of them, or those after the byte where decoding stopped) are not in the recording,
+    so every other table undercounts them; the `opaque_connections` finding says so and how to decode
+    them. `kind` is `tls` wherever TLS was seen, else the kind in the proxy's `opaque_reason`
+    (`observation_backlog` and `decoder_error` for the reasons that carry none). The job builds this table
+    only when the overview counts opaque connections.
+    """
+    reason = F.col("opaque_reason")
+    kind = (F.when(F.coalesce(F.col("tls"), F.lit(False)), F.lit("tls"))
+            .when(reason.rlike(OPAQUE_KIND), F.regexp_extract(reason, OPAQUE_KIND, 1))
+            .when(reason.startswith("observation fell"), F.lit("observation_backlog"))
+            .when(reason.startswith("decoder error"), F.lit("decoder_error"))
+            .otherwise(F.lit("other")))
+    c = with_client(conns.where(opaque())).withColumn("kind", kind)
+
+    def few(col: str) -> Column:
+        return F.slice(F.sort_array(F.collect_set(col)), 1, 20)
+
+    return c.groupBy("kind").agg(
+        F.count(F.lit(1)).alias("connections"),
+        F.coalesce(F.sum("requests"), F.lit(0)).alias("requests_decoded"),
+        F.coalesce(F.sum("bytes_from_client"), F.lit(0)).alias("bytes_from_client"),
+        F.coalesce(F.sum("bytes_from_broker"), F.lit(0)).alias("bytes_from_broker"),
+        few("client_host").alias("client_hosts"),
+        few("broker_addr").alias("brokers"),
+        F.slice(F.array_sort(F.array_distinct(F.flatten(F.collect_list("client_ids")))), 1, 20).alias("client_ids"),
+        F.min_by("conn_id", "opened_ns").alias("example_conn_id"),
+        F.min_by("opaque_reason", "opened_ns").alias("example_reason"),
+        ns_to_ts(F.min("opened_ns")).alias("first_opened"),
+        ns_to_ts(F.max(F.coalesce("closed_ns", "snapshot_ns", "opened_ns"))).alias("last_seen"),
+    ).orderBy(F.desc("connections"), "kind")

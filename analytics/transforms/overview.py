@@ -9,6 +9,11 @@ from analytics.transforms.common import ns_to_ts
 from recording.layout import WORKER_SUFFIX_RE
 
 
+def opaque() -> Column:
+    """A connection the proxy relayed without decoding (all of it, or from some byte on): TLS, or `opaque` with its reason."""
+    return F.col("tls") | F.col("opaque") | F.col("opaque_reason").isNotNull()
+
+
 def overview(rollup: DataFrame, conns: DataFrame) -> DataFrame:
     """Time span, proxies, brokers, clients, connections, requests, bytes and error rates.
 
@@ -16,7 +21,8 @@ def overview(rollup: DataFrame, conns: DataFrame) -> DataFrame:
     whose answer carried a real error, `retriable_rate` the share that only carried errors Kafka's
     clients retry, and `protocol_steps` counts answers like a first JoinGroup's MEMBER_ID_REQUIRED,
     which are how the protocol works and no error at all. `rollup` is the request rollup. Computed as two single-row aggregates
-    cross-joined, so it is one cheap pass over each.
+    cross-joined, so it is one cheap pass over each. `opaque_connections` (`tls_connections` of them TLS) were relayed
+    without decoding: they are why the job adds the `opaque_connections` table, and only when there are some.
     """
     def status(name: str) -> Column:
         return F.sum(F.when(F.col("status") == name, F.col("requests")).otherwise(0))
@@ -47,6 +53,9 @@ def overview(rollup: DataFrame, conns: DataFrame) -> DataFrame:
         F.sum(F.when(F.col("end_by").isin("client", "broker", "proxy"), 1).otherwise(0)).alias("connections_ended"),
         F.min("opened_ns").alias("first_open_ns"),
         F.max(F.coalesce("closed_ns", "snapshot_ns")).alias("last_close_ns"),
+        # relayed without decoding, TLS pass-through among them: their requests are not in the recording
+        F.coalesce(F.sum(F.when(F.col("tls"), 1).otherwise(0)), F.lit(0)).alias("tls_connections"),
+        F.coalesce(F.sum(F.when(opaque(), 1).otherwise(0)), F.lit(0)).alias("opaque_connections"),
     )
     out = r.crossJoin(c)
     start = F.least(F.col("first_ns"), F.col("first_open_ns"))
@@ -63,5 +72,5 @@ def overview(rollup: DataFrame, conns: DataFrame) -> DataFrame:
         "requests_retriable",
         F.round(F.col("requests_retriable") / F.greatest(F.col("requests"), F.lit(1)), 5).alias("retriable_rate"),
         "protocol_steps",
-        "unanswered", "acks0_produces", "faults_injected",
+        "unanswered", "acks0_produces", "faults_injected", "tls_connections", "opaque_connections",
     )

@@ -6,6 +6,7 @@ a report with wrong numbers (a DIR given twice counted every request twice).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -143,3 +144,38 @@ def test_spark_read_failures_are_told_apart(spark, tmp_path) -> None:
         spark.read.schema(schema).parquet(str(tmp_path / "copy.parquet")).count()
     assert read_failure(cut.value) == (str(tmp_path / "copy.parquet"), False)
     assert read_failure(RuntimeError("no file here")) is None
+
+
+@pytest.mark.parametrize("inner", ["", "report", "connections/pages"])
+def test_an_out_inside_a_recording_is_refused_in_one_line(tmp_path, fake_job, inner) -> None:
+    """Its connections/*.html pages would land in the recording's own connections/ dataset."""
+    _recording(tmp_path / "rec")
+    out = tmp_path / "rec" / inner if inner else tmp_path / "rec"
+    res = _invoke(str(tmp_path / "rec"), "--out", str(out))
+    assert res.exit_code == 2 and not fake_job[0], res.output
+    assert res.output.strip().splitlines() == [f"Error: --out {out} is inside the recording {tmp_path / 'rec'}: the report's "
+                                               "connections/ pages would land in the recording's own connections/ dataset; give "
+                                               "an --out outside it"]
+    _recording(tmp_path / "b")
+    res = _invoke("--compare", str(tmp_path / "rec"), str(tmp_path / "b"), "--out", str(tmp_path / "b" / "cmp"))
+    assert res.exit_code == 2 and f"is inside the recording {tmp_path / 'b'}" in res.output
+    res = _invoke(str(tmp_path / "rec"), "--out", str(tmp_path / "rec-out"))  # a sibling whose name starts alike is outside
+    assert res.exit_code == 0 and len(fake_job[0]) == 1, res.output
+
+
+def test_filters_that_match_nothing_say_so_with_what_there_is(spark, tmp_path) -> None:
+    write_rows(tmp_path / "rec", "requests", [req("c1", 1, t_s=10, topics=["orders"]), req("c1", 2, t_s=50, topics=["orders"]),
+                                              req("c2", 1, t_s=20, topics=["payments"], client="billing", broker="10.0.0.2:9092")])
+    write_rows(tmp_path / "rec", "connections", [conn("c1", 0, 60), conn("c2", 0, 60, client="billing", broker="10.0.0.2:9092")])
+    res = CliRunner().invoke(analyze, [str(tmp_path / "rec"), "--out", str(tmp_path / "out"), "--quiet",
+                                       "--topic", "ordres", "--client", "app-9"])
+    assert res.exit_code == 0, res.output
+    (line,) = [x for x in res.stdout.splitlines() if x.startswith("nothing matched the filters")]
+    assert "(client in app-9; topic in ordres)" in line
+    assert "3 requests run from 2026-11-20 09:00:10 UTC to 2026-11-20 09:00:50 UTC" in line
+    assert "commonest topics: orders (2), payments (1)" in line and "commonest clients: app-1 (2), billing (1)" in line
+    assert "brokers" not in line  # no --broker given: no hint for it
+    doc = json.loads((tmp_path / "out" / "findings.json").read_text())
+    assert doc["nothing_matched"] == line
+    res = CliRunner().invoke(analyze, [str(tmp_path / "rec"), "--out", str(tmp_path / "out"), "--quiet", "--topic", "orders"])
+    assert res.exit_code == 0 and "nothing matched" not in res.output, res.output

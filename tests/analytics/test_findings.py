@@ -15,6 +15,7 @@ from analytics.findings.base import Finding, rank
 from analytics.findings.compare import compare_added_latency, compare_ends_differ, compare_errors_differ
 from analytics.findings.general import error_hotspot, throttled_clients
 from analytics.findings.inventory import client_inventory
+from analytics.findings.opaque import opaque_connections
 from analytics.findings.oversize_produce import broker_closed_after_acks0_produce, produce_rejected_too_large
 from analytics.findings.resets import idle_resets_not_from_broker, reconnect_storm
 from analytics.findings.surge import connection_surge
@@ -171,6 +172,39 @@ def test_compare_rules() -> None:
     assert compare_ends_differ({"compare_ends": [dict(ends[0], same=True)]}) == []
 
 
+def opaque(kind: str, n: int, **kw) -> dict:
+    """An `opaque_connections` row (analytics.transforms.connections.opaque_connections)."""
+    reason = {"tls": "request stream opaque at offset 0: tls: TLS ClientHello/handshake (0x16 0x03 0x01): the connection is encrypted",
+              "http": "request stream opaque at offset 0: http: HTTP (b'GET '…) where a Kafka size prefix should be"}.get(
+        kind, f"request stream opaque at offset 512: {kind}: frame at byte 512: …")
+    row = {"kind": kind, "connections": n, "requests_decoded": 0 if kind in ("tls", "http") else 4 * n, "bytes_from_client": 3000 * n,
+           "bytes_from_broker": 6000 * n, "client_hosts": ["10.1.0.5"], "brokers": ["10.0.0.1:9093"], "client_ids": [],
+           "example_conn_id": f"{kind}-1", "example_reason": reason, "first_opened": T, "last_seen": T}
+    row.update(kw)
+    return row
+
+
+def test_opaque_connections() -> None:
+    """TLS relayed opaque reads as an empty recording ("0 requests, 5 connections"): say so, and how to decode it."""
+    (tls,) = opaque_connections({"overview": [{"requests": 0, "connections": 5}], "opaque_connections": [opaque("tls", 5)]})
+    assert tls.id == "opaque_connections" and tls.severity == "warning"
+    assert tls.title.startswith("5 of 5 connection(s) were TLS, relayed opaque: not decoded")
+    assert "`kafkatap proxy … --tls-cert CERT --tls-key KEY`" in tls.summary and "--upstream-tls-ca CA" in tls.summary
+    assert tls.evidence["bytes"] == 45_000 and tls.examples[0]["conn_id"] == "tls-1" and tls.tables == ["opaque_connections"]
+    # other reasons: named with their counts; a few among many decoded connections are info, many are a warning
+    few = opaque_connections({"overview": [{"requests": 10_000, "connections": 100}],
+                              "opaque_connections": [opaque("garbage", 2), opaque("http", 1)]})
+    assert len(few) == 1 and few[0].severity == "info" and "(garbage ×2, http ×1)" in few[0].title
+    assert "spoke HTTP" in few[0].summary and "frame at byte 512" in few[0].summary
+    many = opaque_connections({"overview": [{"requests": 10_000, "connections": 100}], "opaque_connections": [opaque("oversize", 30)]})
+    assert many[0].severity == "warning"
+    cut = opaque_connections({"overview": [{"requests": 0, "connections": 3}], "opaque_connections": [opaque("truncated", 3)]})
+    assert cut[0].severity == "info"  # a frame cut off at the end loses nothing before it
+    both = opaque_connections({"overview": [{"requests": 0, "connections": 50}], "opaque_connections": [opaque("tls", 4), opaque("http", 1)]})
+    assert [f.severity for f in both] == ["warning", "warning"]  # no request decoded at all: the other kinds matter too
+    assert opaque_connections({"overview": [{"requests": 5, "connections": 5}]}) == []
+
+
 def test_run_rules_ranks_and_survives_a_broken_rule(monkeypatch) -> None:
     def broken(t):
         raise RuntimeError("boom")
@@ -188,5 +222,6 @@ def test_every_rule_is_covered() -> None:
               "client_inventory", "connection_surge", "window_scaling_off", "error_hotspot", "throttled_clients",
               "compare_added_latency", "compare_errors_differ", "compare_ends_differ",
               "clients_bypass_proxy",  # tests/analytics/test_findings_bypass.py
+              "opaque_connections",
               "kafka_fault_reactions", "fault_retry_duplicates"}  # tests/analytics/test_fault_reactions.py
     assert set(RULES) - {"broken"} == tested

@@ -210,7 +210,8 @@ def _analyze_window(tmp_path, monkeypatch, *args: str):
 
     monkeypatch.setattr(job, "run_analysis", fake_run)
     monkeypatch.setattr(job, "summary", lambda result: "ok")
-    res = CliRunner().invoke(analyze, [str(tmp_path), "--out", str(tmp_path / "out"), "--quiet", *args])
+    out = f"{tmp_path}-out"  # beside the recording: an OUT inside it is refused
+    res = CliRunner().invoke(analyze, [str(tmp_path), "--out", out, "--quiet", *args])
     if not seen:
         return res, (None, None)
     return res, L.time_window(seen["since"], seen["until"], [tmp_path])  # the job resolves what the CLI checked

@@ -98,3 +98,13 @@ def test_broker_addresses_carry_their_node_id() -> None:
     html = table_html("x", [{"broker_addr": "10.0.0.2:9092", "told_by": ["10.0.0.1:9092", "10.9.9.9:1"]}], nodes=nodes)
     assert "10.0.0.2:9092 (node 2)" in html and "10.0.0.1:9092 (node 1), 10.9.9.9:1<" in html
     assert "(node" not in table_html("x", [{"broker_addr": "10.0.0.2:9092"}])
+
+
+def test_a_single_point_is_drawn_as_a_dot() -> None:
+    """A bare move (`d="M84.0,30.0"`) draws nothing: a one-request recording had 6 of its 8 charts blank."""
+    one = line_chart([T0], {"p99": [5000]}, "µs", right={"requests": [3]})
+    assert one.count('<circle cx="615.0"') == 2  # each series, in the middle of the chart (84 + (1230 - 2 × 84) / 2)
+    assert ">09:00:00<" in one  # under its time label
+    gaps = line_chart([T0 + dt.timedelta(seconds=s) for s in range(5)], {"x": [1, None, 2, 3, None]})
+    assert gaps.count("<circle") == 1  # the point between gaps; the 2-3 segment is a line
+    assert "<circle" not in line_chart([T0, T0 + dt.timedelta(seconds=1)], {"x": [1, 2]})

@@ -399,3 +399,25 @@ def test_tail_floor_bounds_the_slowest_requests(make_df) -> None:
     assert [x.asDict() for x in drilldown.slowest_requests(r, 25, floor_us=floor).collect()] == plain
     assert [x["latency_us"] for x in plain] == sorted(lat, reverse=True)[:25]
     assert tail_floor(cube, 301).collect()[0].floor_us is None  # fewer requests than asked for: no floor
+
+
+def test_opaque_connections_by_kind_and_their_finding(make_df) -> None:
+    """TLS pass-through and other undecoded connections: counted in the overview, grouped by why, and a finding."""
+    from analytics.findings.opaque import opaque_connections
+
+    tls = "request stream opaque at offset 0: tls: TLS ClientHello/handshake (0x16 0x03 0x01): the connection is encrypted"
+    c = make_df("connections", [
+        *[conn(f"t{i}", i, i + 30, client_ids=[], requests=0, tls=True, opaque=True, opaque_reason=tls) for i in range(3)],
+        conn("g1", 5, 40, opaque=True, opaque_reason="response stream opaque at offset 77: garbage: request header is not Kafka: x"),
+        conn("b1", 6, 40, opaque=True, opaque_reason="observation fell more than 1048576 bytes behind the relay; 9 bytes relayed"),
+        conn("ok", 0, 40),
+    ])
+    o = overview.overview(request_rollup(prepare_requests(make_df("requests", [req("ok", 1)]))), c).collect()[0]
+    assert (o["connections"], o["opaque_connections"], o["tls_connections"]) == (6, 5, 3)
+    rows = [r.asDict() for r in connections.opaque_connections(c).collect()]
+    assert [(r["kind"], r["connections"], r["example_conn_id"]) for r in rows] == [
+        ("tls", 3, "t0"), ("garbage", 1, "g1"), ("observation_backlog", 1, "b1")]
+    assert rows[0]["brokers"] == ["10.0.0.1:9092"] and rows[0]["bytes_from_client"] == 3000 and rows[1]["client_ids"] == ["app-1"]
+    found = opaque_connections({"overview": [o.asDict()], "opaque_connections": rows})
+    assert [f.severity for f in found] == ["warning", "warning"]  # 2 of 6 connections undecoded beside the TLS ones
+    assert "3 of 6 connection(s) were TLS" in found[0].title and "garbage ×1, observation_backlog ×1" in found[1].title

@@ -1,0 +1,102 @@
+"""OUT after a second analysis, after Ctrl-C, and for a recording whose connections were all TLS pass-through.
+
+A re-run into the same OUT used to leave the previous run's files beside the new report (a
+comparison's tables, connection pages of a run that had requests); Ctrl-C printed ~90 lines of Py4J
+traces and exited 1 with a half-written OUT; a TLS recording read as "0 requests" with nothing saying why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from analytics.job import run_analysis
+from analytics.synthetic import generate, write_rows
+from analytics_rows import conn, req
+
+pytestmark = pytest.mark.spark
+
+ROOT = Path(__file__).resolve().parents[2]
+TLS_REASON = "request stream opaque at offset 0: tls: TLS ClientHello/handshake (0x16 0x03 0x01): the connection is encrypted"
+
+
+def test_a_rerun_leaves_only_its_own_report_and_the_users_files(spark, tmp_path: Path) -> None:
+    rec, out = tmp_path / "rec", tmp_path / "out"
+    write_rows(rec, "requests", [req("c1", 1, t_s=1), req("c1", 2, t_s=2)])
+    write_rows(rec, "connections", [conn("c1", 0, 5)])
+    earlier = [out / "tables" / "compare_summary.parquet", out / "tables" / "compare_by_api.csv",  # an earlier --compare run's
+               out / "tables" / "connection_facts.parquet", out / "connections" / "gone-conn.html"]
+    kept = [out / "notes.txt", out / "tables" / "my-query.sql", out / "connections" / "README"]  # the user's own
+    for p in earlier + kept:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text("earlier")
+    result = run_analysis([rec], out, spark=spark, progress=False)
+    stale = [str(p) for p in earlier if p.exists() and p.read_bytes() == b"earlier"]  # gone, or this run's own
+    assert stale == [] and not (out / "tables" / "compare_summary.parquet").exists()
+    assert not (out / "connections" / "gone-conn.html").exists()
+    assert all(p.read_text() == "earlier" for p in kept)
+    written = {p.name for p in (out / "tables").iterdir()}
+    assert {f"{name}.parquet" for name in result.tables if not name.startswith("_")} | {"my-query.sql"} <= written
+    assert not any(name.startswith("compare_") for name in written)
+    assert json.loads((out / "findings.json").read_text())["compare"] is None
+
+
+def test_tls_pass_through_is_a_finding_not_an_empty_recording(spark, tmp_path: Path) -> None:
+    rec = tmp_path / "rec"
+    write_rows(rec, "connections", [conn(f"t{i}", i, i + 30, client_ids=[], requests=0, responses=0, tls=True, opaque=True,
+                                         opaque_reason=TLS_REASON, bytes_from_client=4000, bytes_from_broker=9000)
+                                    for i in range(5)])
+    result = run_analysis([rec], tmp_path / "out", spark=spark, progress=False)
+    assert (result.overview["requests"], result.overview["connections"], result.overview["tls_connections"]) == (0, 5, 5)
+    (f,) = result.by_id("opaque_connections")
+    assert f.severity == "warning" and "5 of 5 connection(s) were TLS" in f.title
+    assert "--tls-cert CERT --tls-key KEY" in f.summary and f.examples[0]["conn_id"] == "t0"
+    assert result.tables["opaque_connections"][0]["kind"] == "tls"
+    assert "opaque_connections" in (tmp_path / "out" / "report.html").read_text()
+
+
+def _pidfd_wait(pid: int, timeout_s: float) -> bool:
+    """Whether process `pid` (not a child of ours) ended within `timeout_s`: its pidfd turns readable when it does."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], timeout_s)[0])
+    finally:
+        os.close(fd)
+
+
+def test_ctrl_c_exits_130_in_one_line_and_leaves_no_report(tmp_path: Path) -> None:
+    """SIGINT once Spark runs the first pass (pyspark has installed its own handler by then)."""
+    generate(tmp_path / "rec", 3000)
+    out = tmp_path / "new" / "out"  # both made by the run: both go again
+    p = subprocess.Popen([sys.executable, "-m", "kafkatap.cli", "analyze", str(tmp_path / "rec"), "--out", str(out)],
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        seen = []
+        for line in p.stderr:  # the progress lines: a step of Spark's work has begun
+            seen.append(line)
+            if "request rollup" in line:
+                break
+        else:
+            pytest.fail(f"no progress line before the end: {''.join(seen)}")
+        jvms = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()
+        assert jvms, "Spark's JVM is not running yet"
+        p.send_signal(signal.SIGINT)
+        rest = p.stderr.read()
+        assert p.wait(timeout=60) == 130, rest
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert rest.strip().splitlines() == ["kafkatap analyze: interrupted"], rest
+    assert p.stdout.read() == ""
+    assert not (tmp_path / "new").exists()
+    assert all(_pidfd_wait(int(pid), 30) for pid in jvms), "Spark's JVM outlived the analysis"
