@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from kafkatap.errors import OneLineError
+from recording.cli_errors import OneLineError
 
 from analytics.interrupt import interrupts_handled
 from analytics.outdir import clear_artifacts, inside

@@ -304,7 +304,7 @@ def serve_proxy(mode: str, upstream: str, record_dir: str) -> None:
     if os.environ.get("KAFKATAP_BENCH_PROXY_CPU"):
         os.sched_setaffinity(0, {int(os.environ["KAFKATAP_BENCH_PROXY_CPU"])})
 
-    from kafkatap.logs import configure_logging
+    from recording.logs import configure_logging
     from proxy.metrics import LiveStats
     from proxy.server import ProxyServer
     from proxy.sinks import NullSink, build_sinks
@@ -669,7 +669,7 @@ def main() -> None:
     args.pins = pin_cpus() if args.pin else None  # before this process pins itself to the others
     import uvloop
 
-    from kafkatap.logs import configure_logging
+    from recording.logs import configure_logging
 
     configure_logging("json", "warning")  # logs to stderr: stdout is the markdown section
 

@@ -12,7 +12,7 @@ import sys
 import click
 
 from kafkatap import __version__
-from kafkatap.logs import LEVELS, configure_logging
+from recording.logs import LEVELS, configure_logging
 
 # name -> (module:attribute, one-line help shown by `kafkatap --help`)
 COMMANDS: dict[str, tuple[str, str]] = {

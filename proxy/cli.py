@@ -25,7 +25,7 @@ from click.core import ParameterSource  # noqa: E402
 import structlog  # noqa: E402
 import uvloop  # noqa: E402
 
-from kafkatap.errors import OneLineError
+from recording.cli_errors import OneLineError
 from proxy.context import format_addr
 from proxy.faults import FAULT_SPEC_HELP, FaultSpecError, parse_fault_specs
 from proxy.memory_tuning import settle_memory

@@ -155,7 +155,7 @@ def _log_level() -> str:
 
 def _log_format() -> str:
     """The format this process logs in (`kafkatap --log-format`): its writer process writes the same."""
-    from kafkatap.logs import current_logging
+    from recording.logs import current_logging
 
     configured = current_logging()
     return configured[0] if configured is not None else "json"

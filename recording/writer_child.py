@@ -27,7 +27,7 @@ from recording.writer_pipe import recv, send
 
 def _configure_logging(level: str, fmt: str) -> None:
     """Lines on stderr (stdout is the pipe) in the proxy's own format and level: one log stream, one format."""
-    from kafkatap.logs import configure_logging
+    from recording.logs import configure_logging
 
     configure_logging(fmt if fmt in ("console", "json") else "json", level)  # type: ignore[arg-type]
 

@@ -27,7 +27,7 @@ SPARK_AND_BROKER_S = 75  # broker start + Spark analysis on a 2-core machine, fo
 
 def _quiet_logs() -> None:
     """Per-connection proxy logs drown the progress lines; keep them unless the user asked for a level."""
-    from kafkatap.logs import configure_logging
+    from recording.logs import configure_logging
 
     root = click.get_current_context().find_root()
     src = root.get_parameter_source("log_level")

@@ -39,7 +39,7 @@ def test_help_does_not_import_spark() -> None:
 
 def test_json_logs_go_to_stderr_when_not_a_terminal() -> None:
     code = (
-        "from kafkatap.logs import configure_logging; import structlog;"
+        "from recording.logs import configure_logging; import structlog;"
         "configure_logging('auto','info'); structlog.contextvars.bind_contextvars(conn_id='c1');"
         "structlog.get_logger().info('hello', x=1); structlog.get_logger().debug('hidden')"
     )
@@ -55,7 +55,7 @@ def test_each_log_line_is_one_write_so_workers_sharing_stderr_never_cut_each_oth
     write() calls (stderr is write-through), so a second worker's line could land between them: the bench that
     parses the proxy's JSON log once read two objects on one line."""
     code = (
-        "import json, sys; from kafkatap.logs import configure_logging; import structlog\n"
+        "import json, sys; from recording.logs import configure_logging; import structlog\n"
         "class Calls:\n"
         "    writes = []\n"
         "    def write(self, s): self.writes.append(s); return len(s)\n"

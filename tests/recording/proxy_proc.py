@@ -10,7 +10,7 @@ import sys
 
 import uvloop
 
-from kafkatap.logs import configure_logging
+from recording.logs import configure_logging
 from proxy.server import ProxyServer
 from proxy.sinks import build_sinks
 

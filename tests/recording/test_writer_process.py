@@ -333,7 +333,7 @@ def test_the_writer_process_logs_in_the_proxys_format_and_leaves_drops_to_the_pr
     try:
         probe = (
             "import os\n"
-            "from kafkatap.logs import configure_logging\n"
+            "from recording.logs import configure_logging\n"
             "configure_logging('console', 'info')\n"
             "from recording.sample_rows import SessionMix\n"
             "from recording.writer import ParquetRecorder\n"

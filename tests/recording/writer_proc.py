@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 
-from kafkatap.logs import configure_logging
+from recording.logs import configure_logging
 from recording.writer import ParquetRecorder
 from recording.sample_rows import SessionMix
 

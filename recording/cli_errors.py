@@ -1,4 +1,8 @@
-"""Errors every command prints the same way."""
+"""Errors every command prints the same way.
+
+In `recording`, the lowest package whose commands (prune, rollups) and whose importers' commands (proxy,
+analyze) all print them; `recording.timespec` holds the --since/--until type they share for the same reason.
+"""
 
 from __future__ import annotations
 

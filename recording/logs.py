@@ -1,4 +1,8 @@
-"""Process-wide structlog configuration, done once from the CLI root.
+"""Process-wide structlog configuration, done once from the CLI root (and by the recording's writer process).
+
+Why in `recording`: every process kafkatap starts logs the same way, the writer process included
+(`recording.writer_child`), and `recording` is the lowest package that all of them may import
+(docs/architecture.md, "The dependency rule").
 
 Every log line goes to stderr so stdout stays free for command output (reports,
 summaries, JSON), in one write per line: `--workers N` processes share that
