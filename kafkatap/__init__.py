@@ -2,7 +2,8 @@
 
 The distribution is split into the packages named in the architecture document
 (`protocol`, `proxy`, `analytics`, `scenarios`); this package only holds the
-command-line entry point and process-wide concerns such as logging.
+command-line entry point (process-wide logging is `recording.logs`: every process kafkatap starts, the
+recording's writer process included, sets it up the same way).
 """
 
 from importlib.metadata import PackageNotFoundError, version
