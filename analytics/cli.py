@@ -123,7 +123,7 @@ def _run(dirs: tuple[str, ...], out: str, created: Path | None, quiet: bool, **k
 
     A failure leaves no report in OUT: neither a half-written one nor an earlier run's (run_analysis cleared that).
     """
-    from recording.reader import recording_start
+    from recording.reader import recording_start, unreadable_file
 
     cli_window(kw["since"], kw["until"], lambda: recording_start([*dirs, *(kw["compare"] or ())]))  # a bad or empty window is said now
     from analytics.job import run_analysis  # starts nothing yet; get_spark (the JVM) runs inside
@@ -140,9 +140,7 @@ def _run(dirs: tuple[str, ...], out: str, created: Path | None, quiet: bool, **k
                     raise
                 path, vanished = failed
                 if not vanished:
-                    raise click.ClickException(
-                        f"cannot read {path} (a file cut short by a crash, or not Parquet): move it out of the recording "
-                        "(its rows are lost) and analyze with --ignore-rollups: the hour's stored rollups still count its rows") from None
+                    raise click.ClickException(unreadable_file(path)) from None
                 if attempt == READ_ATTEMPTS:
                     raise click.ClickException(
                         f"{path} went away while it was being read, {READ_ATTEMPTS} times: a running proxy's compaction or "

@@ -767,15 +767,20 @@ class FrameEditor:
         if lost:
             self.out.log("warning", "answers made by the proxy dropped: their place in the stream is lost", count=lost)
         for side in (self.req, self.resp):
-            held = [*side.pieces, bytes(side.buf)]  # a wanted frame's reads, or a head: they go on as they came
-            side.pieces = []
-            side.buf.clear()
-            side.mode = _PASS
-            self._give_back(side)
-            for piece in held:
-                self._emit(side, piece, now)
+            self._hand_on_held(side, now)
         self.order.clear()
         self.pending.clear()
+
+    def _hand_on_held(self, side: _Side, now_ns: int) -> None:
+        """Stop framing `side`: what it holds of an unfinished frame (a wanted frame's reads, or a head) goes on
+        as it was read, and the memory that frame held is given back."""
+        held = [*side.pieces, bytes(side.buf)]
+        side.pieces = []
+        side.buf.clear()
+        side.mode = _PASS
+        self._give_back(side)
+        for piece in held:
+            self._emit(side, piece, now_ns)  # (an empty piece is skipped)
 
     def source_ended(self, request: bool) -> None:
         """One direction's source sent FIN: the frame it left unfinished never will be, so what is held of it
@@ -785,16 +790,8 @@ class FrameEditor:
         the stream it exists to leave alone (a broker's last, cut-off response would never reach the client).
         """
         side = self.req if request else self.resp
-        held = [piece for piece in (*side.pieces, bytes(side.buf)) if len(piece)]
-        side.pieces = []
-        side.buf.clear()
-        side.mode = _PASS  # nothing more comes from this source
-        self._give_back(side)
-        if not held:
-            return
         now = self.clock()
-        for piece in held:
-            self._emit(side, piece, now)
+        self._hand_on_held(side, now)  # nothing more comes from this source
         if side.out:
             self._flush_out(side, now)
 

@@ -18,9 +18,8 @@ from typing import Any, Protocol
 
 import structlog
 
-from proxy.flow import reset_socket
-
 from proxy.address import parse_hostport
+from proxy.flow import reset_socket
 from proxy.metrics import LiveStats
 
 log = structlog.get_logger("kafkatap.status")

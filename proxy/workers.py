@@ -215,8 +215,9 @@ class WorkerPool:
         try:
             env = {**os.environ, ONCE_DIR_ENV: self._once_dir} if self._once_dir else None
             shared = self.mail.fds(w.index - 1) if self.mail is not None else ()
-            # a session (and process group) of its own: a terminal's Ctrl-C reaches this parent only, which stops the workers (a
-            # worker still starting once took it for itself, and the proxy exited 2 as if it could not start)
+            # a session (and process group) of its own: a terminal's Ctrl-C reaches this parent only, which stops
+            # the workers (a worker still starting once took it for itself, and the proxy exited 2 as if it could
+            # not start)
             w.process = await asyncio.create_subprocess_exec(*self.argv(w, wfd), pass_fds=(wfd, *shared),
                                                              stdin=asyncio.subprocess.DEVNULL, env=env,
                                                              start_new_session=True)

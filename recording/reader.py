@@ -130,10 +130,15 @@ def file_version(path: Path | str, filesystem: pafs.FileSystem | None = None) ->
     try:
         meta = pq.read_metadata(str(path), filesystem=filesystem)
     except pa.ArrowInvalid as exc:  # no footer: a file cut short (a crash mid-write, a full disk) or not Parquet
-        raise RecordingFormatError(f"cannot read {path} ({exc}): a file cut short by a crash, or not Parquet; move it "
-                                   "out of the recording (its rows are lost) and analyze with --ignore-rollups: the hour's "
-                                   "stored rollups still count its rows") from None
+        raise RecordingFormatError(unreadable_file(path, str(exc))) from None
     return version_of(meta.metadata, str(path))
+
+
+def unreadable_file(path: Path | str, detail: str | None = None) -> str:
+    """What to say of a recording file that cannot be read (pyarrow's footer check or Spark's read), and what to do."""
+    why = f" ({detail})" if detail else ""
+    return (f"cannot read {path}{why}: a file cut short by a crash, or not Parquet; move it out of the recording "
+            "(its rows are lost) and analyze with --ignore-rollups: the hour's stored rollups still count its rows")
 
 
 def dataset_version(listing: LiveFiles, sample: int = 16) -> tuple[int, list[Migration]]:

@@ -4,8 +4,9 @@ Why the safety rails: a replay writes to a real broker. It refuses the
 recording's own cluster unless told otherwise (`--yes-same-cluster`): the
 recorded broker's address, and any other broker or listener whose cluster id
 (asked with one Metadata request) is one the recording saw. A recording that
-names no cluster id is refused as well: nothing then tells a second listener of
-the recorded cluster from another cluster. It shows one screen of what it is
+names no cluster id is refused as well, and so is a target whose cluster id
+cannot be read (unreachable, or SASL first): nothing then tells a second
+listener of the recorded cluster from another cluster. It shows one screen of what it is
 about to do, and only proceeds on a "yes" at a terminal or `--yes` in scripts.
 """
 
@@ -153,7 +154,8 @@ def _check_target(ctx: click.Context, param: click.Parameter, value: str) -> str
                    "recordings never hold credentials. Also read from KAFKATAP_REPLAY_SASL_PLAIN.")
 @click.option("--yes-same-cluster", "--allow-origin", "same_cluster", is_flag=True,
               help="Allow a target in the recording's own cluster (its broker, or another broker or listener with "
-                   "the same cluster id), or one the recording cannot tell from it (it names no cluster id).")
+                   "the same cluster id), or one the recording cannot tell from it (it names no cluster id, or the "
+                   "target's cannot be read).")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation (required when not on a terminal).")
 @click.option("--pending-timeout", type=float, default=10.0, show_default=True,
               help="Seconds a request waits for state it needs from the target (producer id, member id) before it is skipped.")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -295,8 +297,6 @@ def test_the_proxy_process_does_not_load_what_only_the_writer_process_needs(tmp_
     whose writer is a process, queues, packs and ships rows and must import none of it. Checked on the whole
     path: import the proxy, record rows through a process writer, close; then the rows are on disk."""
     import json
-    import subprocess
-    import sys
 
     probe = (
         "import sys\n"
@@ -312,27 +312,30 @@ def test_the_proxy_process_does_not_load_what_only_the_writer_process_needs(tmp_
         "print(json.dumps([r.stats()['rows_written']['requests'],\n"
         "                  sorted(m for m in sys.modules if m.split('.')[0] == 'pyarrow' or m == 'recording.rollups')]))\n"
     )
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
-                         cwd=Path(__file__).resolve().parents[2])
-    assert out.returncode == 0, out.stderr[-3000:]
+    out = _run_probe(probe)
     written, loaded = json.loads(out.stdout.strip().splitlines()[-1])  # the last line: the recorder logs to stdout
     assert loaded == [], loaded
     assert written == 500
     assert read_recording(tmp_path, "requests", with_partitions=False).num_rows == 500
 
+
+def _run_probe(probe: str) -> subprocess.CompletedProcess:
+    """Run `probe` in a fresh interpreter from this checkout (its imports are what a test looks at); it must succeed."""
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
 def test_the_writer_process_logs_in_the_proxys_format_and_leaves_drops_to_the_proxy(tmp_path: Path) -> None:
     """The writer process logged JSON under `--log-format console`, and each of its write drops twice (once
     beside its own unbounded queue cap); the disk-full line said `error: null` and had no hint. On a real full
     disk: a small tmpfs, filled once the recorder has started."""
-    import subprocess
-    import sys
-
     disk = tmp_path / "disk"
     disk.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=80m", "tmpfs", str(disk)], check=True)
     try:
         probe = (
-            "import os\n"
             "from recording.logs import configure_logging\n"
             "configure_logging('console', 'info')\n"
             "from recording.sample_rows import SessionMix\n"
@@ -345,11 +348,9 @@ def test_the_writer_process_logs_in_the_proxys_format_and_leaves_drops_to_the_pr
             "r.close()\n"
             "print('dropped', r.dropped()['requests'])\n"
         )
-        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
-                             cwd=Path(__file__).resolve().parents[2])
+        out = _run_probe(probe)
     finally:
         subprocess.run(["umount", str(disk)], check=True)
-    assert out.returncode == 0, out.stderr[-3000:]
     assert "dropped 50" in out.stdout, out.stdout + out.stderr[-2000:]
     lines = out.stderr.splitlines()
     full = [ln for ln in lines if "recording disk nearly full" in ln]
