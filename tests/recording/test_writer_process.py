@@ -358,3 +358,40 @@ def test_the_writer_process_logs_in_the_proxys_format_and_leaves_drops_to_the_pr
     assert full and not any(ln.lstrip().startswith("{") for ln in full), full  # the console format, not JSON
     assert all("error=" not in ln and "free disk space" in ln for ln in full), full
     assert len(drops) == 1 and "queue_cap=200000" in drops[0], drops  # logged once, by the proxy side
+
+
+def test_the_writer_process_does_without_pandas(tmp_path: Path) -> None:
+    """pyarrow imports pandas on its first array only to ask whether the argument is a pandas object: ~35 MB
+    of the writer process's RSS for nothing. The child refuses it (`writer_child.refuse_pandas`). Checked twice:
+    a real child after a flush has no pandas mapped, and the whole writing path (files, per-file rollups, the
+    hour's merge, compaction) runs with pandas refused and writes every row."""
+    r = ParquetRecorder(tmp_path / "child", "p1", fsync=False, flush_interval_s=3600, writer="process",
+                        compact_interval_s=0).start()
+    for row in _full_rows(200):
+        r.request(row)
+    r._ship(final=False)
+    assert r._wait_flushed()
+    maps = Path(f"/proc/{r._child.pid}/maps").read_text()
+    r.close()
+    assert "/pyarrow/" in maps and "/pandas/" not in maps
+    assert r.stats()["rows_written"]["requests"] == 200
+
+    probe = (
+        "import sys\n"
+        "from recording.writer_child import refuse_pandas\n"
+        "refuse_pandas()\n"
+        "from recording.sample_rows import SessionMix, connection_row\n"
+        "from recording.writer import ParquetRecorder\n"
+        f"r = ParquetRecorder({str(tmp_path / 'thread')!r}, 'p1', fsync=False, writer='thread', rotate_bytes=20_000,\n"
+        "                     compact_interval_s=0.01).start()\n"
+        "for row in SessionMix(proxy_id='p1').rows(3000):\n"
+        "    r.request(row)\n"
+        "r.connection(connection_row('p1', 'c00001'))\n"
+        "r.close()\n"
+        "print(r.stats()['rows_written']['requests'], r.write_errors, 'pandas' in sys.modules)\n"
+    )
+    written, errors, pandas = _run_probe(probe).stdout.split()[-3:]
+    assert (written, errors, pandas) == ("3000", "0", "False")
+    assert read_recording(tmp_path / "thread", "requests", with_partitions=False).num_rows == 3000
+    for rollup in ("request_sums", "latency_cells"):  # the rollups, built with pyarrow.compute and group_by
+        assert list((tmp_path / "thread" / rollup).rglob("part-*.parquet")), rollup
