@@ -643,7 +643,8 @@ def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.
                 "connection_tcp": lambda: drilldown.connection_tcp(rec.tcp, drill),
             }, prog, parallel))
         prog.step("writing", str(out))
-        arrow["_meta"] = pa.table({"bucket_s": [bucket_s], "compare_mode": [mode_used], "rollups": [",".join(sorted(used))]})
+        arrow["_meta"] = pa.table({"bucket_s": [bucket_s], "compare_mode": [mode_used], "rollups": [",".join(sorted(used))],
+                                   "tolerance_s": [float(tolerance_s)]})  # the wire matching's, for compare_few_matched's causes
         for name, t in arrow.items():
             tables[name] = t.to_pylist()
             if not name.startswith("_"):
