@@ -32,7 +32,9 @@ DATASETS_READ = ("requests", "connections", "tcp")  # what analytics.load reads 
 @click.option("--out", "-o", type=click.Path(file_okay=False), help="Output directory (created): report.html, findings.json, tables/.  [required]")
 @click.option("--master", default=None, metavar="URL",
               help="Spark master: local[2] (default; env KAFKATAP_SPARK_MASTER), local[*], spark://host:7077, yarn, k8s://…")
-@click.option("--since", type=TIME, default=None, metavar="TIME", help=f"Only traffic at or after TIME: {TIME_HELP}.")
+@click.option("--since", type=TIME, default=None, metavar="TIME",
+              help=f"Only traffic at or after TIME: {TIME_HELP}. The report's span, time bucket and connection series "
+                   "cover the window (a connection already open at its start counts as open from there).")
 @click.option("--until", type=TIME, default=None, metavar="TIME", help="Only traffic at or before TIME (same forms as --since).")
 @click.option("--broker", "brokers", multiple=True, metavar="ADDR", help="Only this broker (host or host:port); repeatable.")
 @click.option("--client", "clients", multiple=True, metavar="ID|ADDR", help="Only this client_id or client host[:port]; repeatable.")
@@ -40,13 +42,15 @@ DATASETS_READ = ("requests", "connections", "tcp")  # what analytics.load reads 
 @click.option("--compare", nargs=2, default=None, metavar="A B",
               help="Compare two recordings of the same traffic (either side of a middlebox, or a recording and its replay). "
                    "With DIRs as well, the report covers the DIRs and adds the comparison of A with B. A +SECONDS "
-                   "--since/--until counts from each side's own first request.")
+                   "--since/--until counts from each side's own first request. When under half of either side's "
+                   "requests match, a warning says so, with when each side's requests ran and the likely causes.")
 @click.option("--match", "compare_mode", type=click.Choice(["auto", "wire", "sequence"]), default="auto", show_default=True,
               help="How --compare pairs requests: wire = client_id+correlation_id+api and time proximity; sequence = order within "
                    "each connection (replays); auto = wire when the recordings overlap in time.")
 @click.option("--tolerance", "tolerance_s", type=float, default=10.0, show_default=True, help="Max time difference (s) for wire matching.")
 @click.option("--bucket", "bucket_s", type=click.IntRange(min=1), default=None, metavar="SECONDS",
-              help="Time bucket in seconds for the over-time views (default: ~120 points over the span).")
+              help="Time bucket in seconds for the over-time views (default: ~120 points over the span, that of "
+                   "the --since/--until window when given).")
 @click.option("--conf", "conf", multiple=True, metavar="KEY=VALUE", help="Extra Spark configuration, e.g. --conf spark.driver.memory=6g; repeatable.")
 @click.option("--no-csv", is_flag=True, help="Write tables as Parquet only.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines on stderr.")

@@ -97,8 +97,13 @@ class Inputs:
         return self.notable.where(F.col("error_count") > 0)
 
 
-def table_plan(i: Inputs, bucket_s: int) -> dict[str, Callable[[], DataFrame | pa.Table]]:
-    """Every report table, in report order, as a thunk so the job can time and run them concurrently."""
+def table_plan(i: Inputs, bucket_s: int, window: tuple[int | None, int | None] = (None, None)
+               ) -> dict[str, Callable[[], DataFrame | pa.Table]]:
+    """Every report table, in report order, as a thunk so the job can time and run them concurrently.
+
+    `window` is --since/--until in epoch ns: the connection series covers only its buckets (the
+    requests are filtered already; a connection is kept for the whole of its life if it overlaps it).
+    """
     return {
         "client_inventory": lambda: clients.client_inventory(i.rollup, i.topics, i.conns),
         "topic_view": lambda: clients.topic_view(i.topics),
@@ -115,7 +120,7 @@ def table_plan(i: Inputs, bucket_s: int) -> dict[str, Callable[[], DataFrame | p
         "errors_by_name": lambda: errors.errors_by_name(i.err),
         "errors_over_time": lambda: errors.errors_over_time(i.err, bucket_s),
         "throttling": lambda: errors.throttling(i.rollup),
-        "connections_over_time": lambda: connections.connections_over_time(i.conns, i.traffic, bucket_s, i.views),
+        "connections_over_time": lambda: connections.connections_over_time(i.conns, i.traffic, bucket_s, i.views, *window),
         "connection_lifetimes": lambda: connections.connection_lifetimes(i.conns),
         "connection_ends": lambda: connections.connection_ends(i.conns),
         "resets": lambda: connections.resets(i.conns),
@@ -580,7 +585,7 @@ def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.
             f_sides = pool.submit(lambda: pin(tcp.tcp_sides(f_conns.result(), rec.tcp)))
             rollup = pin(from_stored("request_sums", rollups.request_rollup_from_sums, lambda: rollups.request_rollup(full)))
             conns = f_conns.result()
-            ov_t = collect(overview.overview(rollup, conns))
+            ov_t = collect(overview.overview(rollup, conns, filters.since_ns, filters.until_ns))  # span: data ∩ window
             arrow["overview"] = ov_t
             ov = (ov_t.to_pylist() or [{}])[0]
             bucket_s = bucket_s or choose_bucket(ov.get("span_s"))
@@ -619,7 +624,7 @@ def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.
             reactions = pin(faults.fault_reactions(full))
         slowest = from_stored("slowest_requests", lambda df: rollups.slowest_candidates(df, rec.topic_names), lambda: None)
         inputs = Inputs(rollup, topics, traffic, views, notable, conns, tcp_sides, full, reactions, cube, slowest)
-        plan = table_plan(inputs, bucket_s)
+        plan = table_plan(inputs, bucket_s, (filters.since_ns, filters.until_ns))
         if ov.get("opaque_connections"):  # TLS pass-through and other undecoded connections: only a recording with some pays
             plan["opaque_connections"] = lambda: connections.opaque_connections(conns)
         if compare:
@@ -638,7 +643,8 @@ def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.
                 "connection_tcp": lambda: drilldown.connection_tcp(rec.tcp, drill),
             }, prog, parallel))
         prog.step("writing", str(out))
-        arrow["_meta"] = pa.table({"bucket_s": [bucket_s], "compare_mode": [mode_used], "rollups": [",".join(sorted(used))]})
+        arrow["_meta"] = pa.table({"bucket_s": [bucket_s], "compare_mode": [mode_used], "rollups": [",".join(sorted(used))],
+                                   "tolerance_s": [float(tolerance_s)]})  # the wire matching's, for compare_few_matched's causes
         for name, t in arrow.items():
             tables[name] = t.to_pylist()
             if not name.startswith("_"):

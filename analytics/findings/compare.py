@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
-from analytics.findings.base import Finding, Tables, rule, score
+from analytics.findings.base import Finding, Tables, human_ts, rule, score
 from analytics.transforms.common import LONG_POLL_LABEL
 
 MIN_ADDED_US = 1000
+# under this share of either side's requests matched, most of that side's traffic is not in the comparison
+MIN_MATCHED_SHARE = 0.5
+
+# why requests go unmatched, by --match mode: what the reader can check or change
+UNMATCHED_CAUSES = {
+    "wire": ("the recordings cover different time windows (narrow both to the time they share with --since/--until); "
+             "different clients (a request matches only one with the same client_id, API and correlation id); a proxy "
+             "side that saw only part of the traffic (it fronts some brokers only, some clients bypass it, or it started "
+             "late or stopped early); or the two hosts' clocks differ by more than --tolerance ({tolerance}): raise it"),
+    "sequence": ("a replay that sent only part of the recording (an interrupted replay, connections recorded without "
+                 "--capture requests), other client ids on one side, or clients that opened their connections in another "
+                 "order (requests match by client_id, the connection's rank, API and position in the connection)"),
+}
 
 
 @rule("compare_added_latency")
@@ -25,6 +38,56 @@ def compare_added_latency(t: Tables) -> list[Finding]:
                  "the middlebox adds; for a replay, negative means the replay target was slower): " + "; ".join(parts) + "."),
         evidence={"apis": {r["api_name"]: {k: r.get(k) for k in ("matched", "a_p50_us", "b_p50_us", "diff_p50_us", "diff_p99_us")} for r in rows}},
         tables=["compare_by_api", "compare_by_connection"], score=score(sev, sum(r["matched"] for r in rows)),
+    )]
+
+
+def _share(matched: int, requests: int) -> float:
+    """Matched share of one side (at most 1: in wire mode two A requests may pair with the same B one)."""
+    return min(1.0, matched / requests) if requests else 0.0
+
+
+def _spans(rows: list[dict]) -> str:
+    """"A's requests run from … to …; B's from … to …. ", which shows different windows or a clock offset ("" without times)."""
+    out = []
+    for side in ("a", "b"):
+        first = [r[f"first_{side}"] for r in rows if r.get(f"first_{side}") is not None]
+        last = [r[f"last_{side}"] for r in rows if r.get(f"last_{side}") is not None]
+        if first and last:
+            out.append(f"{side.upper()}'s{' requests' if not out else ''} run from {human_ts(min(first))} to {human_ts(max(last))}")
+    return "; ".join(out) + ". " if out else ""
+
+
+@rule("compare_few_matched")
+def compare_few_matched(t: Tables) -> list[Finding]:
+    """A comparison that matched under MIN_MATCHED_SHARE of either side's requests says so, with the likely causes.
+
+    Every other compare finding reads only the matched pairs: without this one, 50 matched out of
+    50,000 read like a clean comparison of everything (`compare_summary` holds the counts).
+    """
+    rows = t.get("compare_summary", [])
+    req_a, req_b = (sum(r.get(k) or 0 for r in rows) for k in ("requests_a", "requests_b"))
+    matched = sum(r.get("matched") or 0 for r in rows)
+    if not (req_a or req_b):
+        return []
+    share_a, share_b = _share(matched, req_a), _share(matched, req_b)
+    if min(share_a, share_b) >= MIN_MATCHED_SHARE:
+        return []
+    mode = next((r["mode"] for r in rows if r.get("mode")), "wire")
+    unmatched = sorted(rows, key=lambda r: (r.get("matched") or 0) - max(r.get("requests_a") or 0, r.get("requests_b") or 0))
+    tolerance = (t.get("_meta") or [{}])[0].get("tolerance_s")
+    causes = UNMATCHED_CAUSES.get(mode, UNMATCHED_CAUSES["wire"]).format(
+        tolerance=f"{tolerance:g} s" if tolerance is not None else "10 s unless given")
+    return [Finding(
+        id="compare_few_matched", severity="warning",
+        title=f"Few requests matched: {share_a:.0%} of A's {req_a:,}, {share_b:.0%} of B's {req_b:,}",
+        summary=(f"{mode.capitalize()} matching paired {matched:,} requests: {share_a:.0%} of A's {req_a:,} and {share_b:.0%} "
+                 f"of B's {req_b:,} (two recordings of the same traffic match nearly all of both). {_spans(rows)}The latency "
+                 f"differences, differing errors and connection ends speak for the matched requests only, which may not stand "
+                 f"for the rest. Likely causes: {causes}."),
+        evidence={"mode": mode, "requests_a": req_a, "requests_b": req_b, "matched": matched,
+                  "matched_share_a": round(share_a, 4), "matched_share_b": round(share_b, 4), "threshold": MIN_MATCHED_SHARE},
+        examples=[{k: r.get(k) for k in ("api_name", "requests_a", "requests_b", "matched")} for r in unmatched[:5]],
+        tables=["compare_summary"], score=score("warning", max(req_a, req_b) - matched),
     )]
 
 

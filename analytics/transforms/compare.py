@@ -17,7 +17,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from analytics.transforms.common import api_label, first_client_id, percentiles_by
+from analytics.transforms.common import api_label, first_client_id, ns_to_ts, percentiles_by
 
 
 SIDE_COLS = ("correlation_id", "conn_id", "proxy_id", "ts_ns", "latency_us", "status", "error_names", "long_poll")
@@ -123,7 +123,18 @@ def compare_ends(m: DataFrame, conns_a: DataFrame, conns_b: DataFrame, limit: in
 
 
 def compare_summary(a: DataFrame, b: DataFrame, m: DataFrame, mode: str) -> DataFrame:
-    ca = a.groupBy("api_name").agg(F.count(F.lit(1)).alias("requests_a"))
-    cb = b.groupBy("api_name").agg(F.count(F.lit(1)).alias("requests_b"))
+    """Per API: requests on each side, how many matched, and when each side's requests ran.
+
+    The times are what `findings.compare.compare_few_matched` shows when few requests matched: two
+    recordings of different windows, or a clock offset, show in them. They come from the aggregates
+    that count the requests, so they cost no extra pass.
+    """
+    def side(req: DataFrame, s: str) -> DataFrame:
+        return req.groupBy("api_name").agg(F.count(F.lit(1)).alias(f"requests_{s}"), ns_to_ts(F.min("ts_ns")).alias(f"first_{s}"),
+                                           ns_to_ts(F.max("ts_ns")).alias(f"last_{s}"))
+
     cm = m.groupBy("api_name").agg(F.count(F.lit(1)).alias("matched"))
-    return ca.join(cb, "api_name", "outer").join(cm, "api_name", "outer").fillna(0).withColumn("mode", F.lit(mode)).orderBy(F.desc("requests_a"))
+    return (side(a, "a").join(side(b, "b"), "api_name", "outer").join(cm, "api_name", "outer")
+            .fillna(0, ["requests_a", "requests_b", "matched"]).withColumn("mode", F.lit(mode))
+            .select("api_name", "requests_a", "requests_b", "matched", "mode", "first_a", "last_a", "first_b", "last_b")
+            .orderBy(F.desc("requests_a")))

@@ -12,7 +12,8 @@ from analytics.transforms.overview import opaque
 RESET_REASONS = ("client_rst", "broker_rst")
 
 
-def connections_over_time(conns: DataFrame, traffic: DataFrame, bucket_s: int, views: DataFrame) -> DataFrame:
+def connections_over_time(conns: DataFrame, traffic: DataFrame, bucket_s: int, views: DataFrame,
+                          since_ns: int | None = None, until_ns: int | None = None) -> DataFrame:
     """Per broker and bucket: opens, ends, concurrency, request rate and latency.
 
     Concurrency is a running sum of opens minus ends over a dense bucket grid,
@@ -22,15 +23,36 @@ def connections_over_time(conns: DataFrame, traffic: DataFrame, bucket_s: int, v
     `traffic` is `rollups.traffic_over_time` with the same bucket (summed over
     clients here); latency comes from the cube's broker x time view (`views`:
     cube or percentile views).
+
+    With a `since_ns`/`until_ns` window (--since/--until) the grid covers only the
+    buckets inside it. A connection opened before the window and still open at its
+    start is concurrent from the window's first bucket on, but not one of its
+    `opens`; one closed after the window is still open at its last bucket, not one
+    of its `ends`. Without that, one connection opened a week before a one-hour
+    window drew a week of buckets.
     """
     traffic = traffic.groupBy("broker_addr", "b").agg(
         *[F.sum(c).alias(c) for c in ("requests", "request_bytes", "sized_requests")])
+    first_b = None if since_ns is None else since_ns // (bucket_s * 1_000_000_000)
+    last_b = None if until_ns is None else until_ns // (bucket_s * 1_000_000_000)
+    open_b, close_b = time_bucket_index("opened_ns", bucket_s), time_bucket_index("closed_ns", bucket_s)
+    closed = F.col("closed_ns").isNotNull()
+    if since_ns is not None:  # what the loader keeps for the window (analytics.load.apply_filters), so this holds alone too
+        conns = conns.where(~closed | (F.col("closed_ns") >= since_ns))
+    if until_ns is not None:
+        conns = conns.where(F.col("opened_ns") <= until_ns)
+    ends_inside = closed if until_ns is None else closed & (F.col("closed_ns") <= until_ns)
     c = conns.select(
         "broker_addr",
-        time_bucket_index("opened_ns", bucket_s).alias("open_b"),
-        F.when(F.col("closed_ns").isNotNull(), time_bucket_index("closed_ns", bucket_s)).alias("close_b"),
+        # the bucket from which it counts as open: its own, or the window's first for one opened before it
+        (open_b if first_b is None else F.greatest(open_b, F.lit(first_b))).alias("open_b"),
+        (F.lit(True) if since_ns is None else F.col("opened_ns") >= since_ns).alias("opened_inside"),
+        F.when(ends_inside, close_b).alias("close_b"),
+        # the last bucket it is known to be open in: its close, the window's last (closed after it), or its open
+        F.when(ends_inside, close_b).when(closed, F.lit(last_b)).alias("last_b"),
     )
-    opens = c.groupBy("broker_addr", F.col("open_b").alias("b")).agg(F.count(F.lit(1)).alias("opens"))
+    opens = c.groupBy("broker_addr", F.col("open_b").alias("b")).agg(
+        F.count(F.lit(1)).alias("starts"), F.count(F.when(F.col("opened_inside"), 1)).alias("opens"))
     ends = c.where(F.col("close_b").isNotNull()).groupBy("broker_addr", F.col("close_b").alias("b")).agg(F.count(F.lit(1)).alias("ends"))
     q = view(views, "broker_time").select(
         F.col("k1").alias("broker_addr"), (F.col("k2").try_cast("long") / bucket_s).cast("long").alias("b"),
@@ -38,19 +60,19 @@ def connections_over_time(conns: DataFrame, traffic: DataFrame, bucket_s: int, v
     lat = traffic.select("broker_addr", "b", "requests",
                    F.round(F.col("request_bytes") / F.col("sized_requests"), 1).alias("bytes_per_request")
                    ).join(q, ["broker_addr", "b"], "left")
-    bounds = c.select("broker_addr", "open_b", F.coalesce("close_b", "open_b").alias("close_b")).unionByName(
+    bounds = c.select("broker_addr", "open_b", F.coalesce("last_b", "open_b").alias("close_b")).unionByName(
         traffic.select("broker_addr", F.col("b").alias("open_b"), F.col("b").alias("close_b"))
     ).groupBy("broker_addr").agg(F.min("open_b").alias("lo"), F.max("close_b").alias("hi"))
     grid = bounds.select("broker_addr", F.explode(F.sequence("lo", "hi")).alias("b"))
     g = grid.join(opens, ["broker_addr", "b"], "left").join(ends, ["broker_addr", "b"], "left").join(lat, ["broker_addr", "b"], "left")
-    g = g.fillna(0, ["opens", "ends", "requests"])
+    g = g.fillna(0, ["starts", "opens", "ends", "requests"])
     w = Window.partitionBy("broker_addr").orderBy("b").rowsBetween(Window.unboundedPreceding, Window.currentRow)
     # a connection that ends in bucket b was still open during part of b: subtract ends of earlier buckets
     return g.select(
         "broker_addr",
         F.timestamp_seconds(F.col("b") * bucket_s).alias("bucket"),
         "opens", "ends",
-        (F.sum("opens").over(w) - F.sum("ends").over(w) + F.col("ends")).alias("concurrent"),
+        (F.sum("starts").over(w) - F.sum("ends").over(w) + F.col("ends")).alias("concurrent"),
         "requests",
         F.round(F.col("requests") / bucket_s, 2).alias("requests_per_s"),
         F.col("q")[0].alias("p50_us"),

@@ -14,8 +14,23 @@ def opaque() -> Column:
     return F.col("tls") | F.col("opaque") | F.col("opaque_reason").isNotNull()
 
 
-def overview(rollup: DataFrame, conns: DataFrame) -> DataFrame:
+def clamp(ns: Column, lo: int | None, hi: int | None) -> Column:
+    """`ns` moved into [lo, hi] (either bound may be absent); null stays null.
+
+    Spark's greatest/least skip nulls, so without the null check "no data" would come out as the bound itself.
+    """
+    out = ns if lo is None else F.greatest(ns, F.lit(lo))
+    out = out if hi is None else F.least(out, F.lit(hi))
+    return out if lo is None and hi is None else F.when(ns.isNotNull(), out)
+
+
+def overview(rollup: DataFrame, conns: DataFrame, since_ns: int | None = None, until_ns: int | None = None) -> DataFrame:
     """Time span, proxies, brokers, clients, connections, requests, bytes and error rates.
+
+    The span (`start`, `end`, `span_s`) is where the data meets the `since_ns`/`until_ns` window
+    (--since/--until): the connections kept are those open at some time inside it, so a connection
+    opened a week before `since_ns` would otherwise stretch a one-hour window's span (and the time
+    bucket the job chooses from it) to a week.
 
     A request counts once, by its worst error (`protocol.error_kinds`): `error_rate` is the share
     whose answer carried a real error, `retriable_rate` the share that only carried errors Kafka's
@@ -58,8 +73,8 @@ def overview(rollup: DataFrame, conns: DataFrame) -> DataFrame:
         F.coalesce(F.sum(F.when(opaque(), 1).otherwise(0)), F.lit(0)).alias("opaque_connections"),
     )
     out = r.crossJoin(c)
-    start = F.least(F.col("first_ns"), F.col("first_open_ns"))
-    end = F.greatest(F.col("last_ns"), F.col("last_close_ns"))
+    start = clamp(F.least(F.col("first_ns"), F.col("first_open_ns")), since_ns, until_ns)
+    end = clamp(F.greatest(F.col("last_ns"), F.col("last_close_ns")), since_ns, until_ns)
     return out.select(
         ns_to_ts(start).alias("start"),
         ns_to_ts(end).alias("end"),

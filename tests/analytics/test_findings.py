@@ -12,7 +12,7 @@ import pytest
 
 from analytics.findings import RULES, run_rules
 from analytics.findings.base import Finding, rank
-from analytics.findings.compare import compare_added_latency, compare_ends_differ, compare_errors_differ
+from analytics.findings.compare import compare_added_latency, compare_ends_differ, compare_errors_differ, compare_few_matched
 from analytics.findings.general import error_hotspot, throttled_clients
 from analytics.findings.inventory import client_inventory
 from analytics.findings.opaque import opaque_connections
@@ -172,6 +172,30 @@ def test_compare_rules() -> None:
     assert compare_ends_differ({"compare_ends": [dict(ends[0], same=True)]}) == []
 
 
+
+def matching(api: str, a: int, b: int, matched: int, mode: str = "wire", **times) -> dict:
+    return {"api_name": api, "requests_a": a, "requests_b": b, "matched": matched, "mode": mode, **times}
+
+
+def test_compare_few_matched() -> None:
+    """Under half of either side's requests matched: a warning with the shares, when each side ran and why it may be."""
+    hour = dt.timedelta(hours=1)
+    rows = [matching("Produce", 900, 300, 300, first_a=T, last_a=T + hour, first_b=T + 0.6 * hour, last_b=T + 2 * hour),
+            matching("Metadata", 100, 0, 0)]
+    (f,) = compare_few_matched({"compare_summary": rows, "_meta": [{"tolerance_s": 2.5}]})
+    assert f.severity == "warning" and f.title == "Few requests matched: 30% of A's 1,000, 100% of B's 300"
+    assert "A's requests run from 2026-11-20 09:00:00 UTC to 2026-11-20 10:00:00 UTC; B's run from 2026-11-20 09:36:00 UTC" in f.summary
+    for cause in ("different time windows", "different clients", "only part of the traffic", "clocks differ by more than --tolerance (2.5 s)"):
+        assert cause in f.summary, cause
+    assert (f.evidence["matched_share_a"], f.evidence["matched_share_b"]) == (0.3, 1.0)
+    assert [x["api_name"] for x in f.examples] == ["Produce", "Metadata"]  # most unmatched first
+    (b_short,) = compare_few_matched({"compare_summary": [matching("Produce", 100, 400, 100, "sequence")]})
+    assert "25% of B's 400" in b_short.title and "a replay that sent only part of the recording" in b_short.summary
+    (nothing,) = compare_few_matched({"compare_summary": [matching("Produce", 50, 0, 0)]})  # one side empty in the window
+    assert nothing.evidence["matched_share_b"] == 0.0
+    assert compare_few_matched({"compare_summary": [matching("Produce", 100, 98, 50)]}) == []  # half of each: no warning
+    assert compare_few_matched({"compare_summary": []}) == []
+
 def opaque(kind: str, n: int, **kw) -> dict:
     """An `opaque_connections` row (analytics.transforms.connections.opaque_connections)."""
     reason = {"tls": "request stream opaque at offset 0: tls: TLS ClientHello/handshake (0x16 0x03 0x01): the connection is encrypted",
@@ -220,7 +244,7 @@ def test_run_rules_ranks_and_survives_a_broken_rule(monkeypatch) -> None:
 def test_every_rule_is_covered() -> None:
     tested = {"broker_closed_after_acks0_produce", "produce_rejected_too_large", "idle_resets_not_from_broker", "reconnect_storm",
               "client_inventory", "connection_surge", "window_scaling_off", "error_hotspot", "throttled_clients",
-              "compare_added_latency", "compare_errors_differ", "compare_ends_differ",
+              "compare_added_latency", "compare_errors_differ", "compare_ends_differ", "compare_few_matched",
               "clients_bypass_proxy",  # tests/analytics/test_findings_bypass.py
               "opaque_connections",
               "kafka_fault_reactions", "fault_retry_duplicates"}  # tests/analytics/test_fault_reactions.py

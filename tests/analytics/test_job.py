@@ -16,7 +16,8 @@ from analytics.cli import analyze
 from analytics.job import choose_bucket, row_counts, run_analysis
 from analytics.result import AnalysisResult
 from analytics.synthetic import generate, write_rows
-from analytics_rows import INCIDENT_RULES, conn, req
+from analytics.report.html import human_duration
+from analytics_rows import INCIDENT_RULES, S, T0, conn, req
 
 pytestmark = pytest.mark.spark
 
@@ -122,6 +123,57 @@ def test_cli_compare_middlebox(spark, tmp_path) -> None:
     row = [r for r in json.loads(json.dumps(doc))["findings"] if r["id"] == "compare_added_latency"][0]
     assert row["evidence"]["apis"]["Produce"]["matched"] == 30
 
+
+
+def test_a_window_narrows_the_span_the_bucket_and_the_connection_series(spark, tmp_path) -> None:
+    """--since/--until an hour into a week: the span tile, the time bucket and connections_over_time are the hour's.
+
+    The connection open all week is concurrent in every bucket of the hour; nothing before or after it is drawn.
+    """
+    rec, day, since_s = tmp_path / "rec", 86_400, 3 * 86_400
+    write_rows(rec, "requests", [req("week", 1, t_s=600), req("week", 2, t_s=since_s + 600), req("hour", 1, t_s=since_s + 1200),
+                                 req("week", 3, t_s=6 * day)])
+    write_rows(rec, "connections", [conn("week", 0, 7 * day), conn("hour", since_s + 1100, since_s + 1300)])
+    since, until = T0 + since_s * S, T0 + (since_s + 3600) * S
+    res = run_analysis([rec], tmp_path / "out", spark=spark, progress=False, since=since, until=until)
+    assert res.overview["requests"] == 2 and (res.overview["start_ns"], res.overview["end_ns"]) == (since, until)
+    assert res.overview["span_s"] == 3600 and res.bucket_s == 30
+    assert f"<b>{human_duration(3600)}</b><span>span</span>" in res.report_path.read_text()
+    series = res.tables["connections_over_time"]
+    buckets = [int(r["bucket"].timestamp()) * S for r in series]
+    assert min(buckets) == since and max(buckets) <= until and len(series) == 121, (len(series), buckets[:3], buckets[-3:])
+    assert series[0]["concurrent"] == 1 and series[0]["opens"] == 0  # open since day 0: there at the window's start
+    assert max(r["concurrent"] for r in series) == 2 and sum(r["opens"] for r in series) == sum(r["ends"] for r in series) == 1
+    assert series[-1]["concurrent"] == 1  # still open at the window's end (it closes on day 7)
+
+
+def test_cli_compare_warns_when_few_requests_match(spark, tmp_path) -> None:
+    """B saw 10 of A's 30 requests (it started late): the CLI's findings and the report say so, with the likely causes.
+
+    Narrowed with --since/--until to the seconds both recorded, every request matches and the warning goes;
+    the overview then spans that window only.
+    """
+    a, b = tmp_path / "a", tmp_path / "b"
+    write_rows(a, "requests", [req("a1", i, "Produce", t_s=i, lat_us=3000) for i in range(30)])
+    write_rows(b, "requests", [req("b1", i, "Produce", t_s=i + 0.0005, lat_us=1000) for i in range(20, 30)])
+    write_rows(a, "connections", [conn("a1", 0, 40)])
+    write_rows(b, "connections", [conn("b1", 19, 40)])
+    out = CliRunner().invoke(analyze, ["--compare", str(a), str(b), "--out", str(tmp_path / "out"), "--quiet", "--tolerance", "5"])
+    assert out.exit_code == 0, out.output
+    assert "[WARNING ] Few requests matched: 33% of A's 30, 100% of B's 10" in out.output
+    doc = json.loads((tmp_path / "out" / "findings.json").read_text())
+    (few,) = [f for f in doc["findings"] if f["id"] == "compare_few_matched"]
+    assert few["evidence"]["matched"] == 10 and few["tables"] == ["compare_summary"]
+    assert ("A's requests run from 2026-11-20 09:00:00 UTC to 2026-11-20 09:00:29 UTC; "
+            "B's run from 2026-11-20 09:00:20 UTC to 2026-11-20 09:00:29 UTC") in few["summary"]
+    assert "different time windows" in few["summary"] and "clocks differ by more than --tolerance (5 s)" in few["summary"]
+    assert "Few requests matched: 33% of A&#x27;s 30" in (tmp_path / "out" / "report.html").read_text()
+    out = CliRunner().invoke(analyze, ["--compare", str(a), str(b), "--out", str(tmp_path / "narrow"), "--quiet",
+                                       "--since", "2026-11-20T09:00:20", "--until", "2026-11-20T09:00:30"])
+    assert out.exit_code == 0 and "Few requests matched" not in out.output, out.output
+    assert "Latency A − B: Produce p50 +2.00 ms" in out.output
+    doc = json.loads((tmp_path / "narrow" / "findings.json").read_text())
+    assert doc["overview"]["span_s"] == 10.0 and doc["overview"]["requests"] == 10  # A's side, within the window
 
 def test_cli_says_what_compare_takes() -> None:
     got = CliRunner().invoke(analyze, ["--compare", "rec-a", "--out", "cmp"])  # B forgotten: --out became B

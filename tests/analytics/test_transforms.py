@@ -114,6 +114,22 @@ def test_overview(make_df) -> None:
     assert (o["proxies"], o["proxy_processes"]) == (2, 3)  # vm with two workers, and gw
 
 
+
+def test_overview_span_is_where_the_data_meets_the_window(make_df) -> None:
+    """--since/--until: a connection open all week spans the hour asked for, not the week; a wider window, the data's own span."""
+    day, since_s = 86_400, 3 * 86_400
+    since, until = T0 + since_s * S, T0 + (since_s + 3600) * S
+    r = prepare_requests(make_df("requests", [req("week", 1, t_s=since_s + 600)]))
+    week = make_df("connections", [conn("week", 0, 7 * day)])
+    o = overview.overview(request_rollup(r), week, since, until).collect()[0]
+    assert (o["start_ns"], o["end_ns"], o["span_s"]) == (since, until, 3600.0)
+    assert overview.overview(request_rollup(r), week).collect()[0]["span_s"] == 7 * day  # no window: the data's span
+    short = make_df("connections", [conn("short", since_s + 300, since_s + 1200)])
+    wide = overview.overview(request_rollup(r), short, since - day * S, until + day * S).collect()[0]
+    assert (wide["start_ns"], wide["end_ns"], wide["span_s"]) == (since + 300 * S, since + 1200 * S, 900.0)
+    empty = overview.overview(request_rollup(r.limit(0)), week.limit(0), since, until).collect()[0]
+    assert (empty["start"], empty["end"], empty["span_s"]) == (None, None, None)  # no data: no span, not the window's bounds
+
 def _err(name: str, code: int) -> list[dict]:
     return [{"code": code, "name": name, "topic": None, "partition": None, "resource": None}]
 
@@ -209,6 +225,26 @@ def test_connections_over_time_concurrency_and_latency(make_df) -> None:
     assert rows[0]["p99_us"] == 1000 and rows[2]["p99_us"] == 9000
     assert rows[0]["requests"] == 1 and rows[1]["requests"] == 0 and rows[0]["bytes_per_request"] == 500
 
+
+
+def test_connections_over_time_covers_only_the_window(make_df) -> None:
+    """With --since/--until the grid is the window's buckets; connections open at its start count as concurrent there.
+
+    Opened before the window (even in its first bucket) is concurrent, not an open; closed after it is open to its end,
+    not an end; a connection that ended before the window (a caller that did not filter) counts nowhere.
+    """
+    day, b0 = 86_400, 3 * 86_400  # the window: 30 s into bucket b0 to the last second of b0 + 9 (60 s buckets)
+    since, until = T0 + (b0 + 30) * S, T0 + (b0 + 599) * S
+    cs = [conn("week", 0, 7 * day), conn("never-closed", 0, None, snapshot_ns=since + 300 * S), conn("gone", 0, day),
+          conn("edge", b0 + 10, b0 + 200), conn("inside", b0 + 150, b0 + 330), conn("late", b0 + 400, 5 * day)]
+    r = prepare_requests(make_df("requests", [req("inside", 1, t_s=b0 + 160, lat_us=2000)]))
+    rows = [x.asDict() for x in connections.connections_over_time(
+        make_df("connections", cs), traffic_over_time(r, 60), 60, latency_cube(r, 60), since, until).collect()]
+    assert [int(x["bucket"].timestamp()) for x in rows] == [(T0 // S) + b0 + 60 * i for i in range(10)]
+    assert [x["concurrent"] for x in rows] == [3, 3, 4, 4, 3, 3, 3, 3, 3, 3]
+    assert [x["opens"] for x in rows] == [0, 0, 1, 0, 0, 0, 1, 0, 0, 0]
+    assert [x["ends"] for x in rows] == [0, 0, 0, 1, 0, 1, 0, 0, 0, 0]
+    assert (rows[2]["requests"], rows[2]["p99_us"]) == (1, 2000)
 
 def test_connection_ends_resets_reconnects(make_df) -> None:
     cs = [conn(f"r{i}", i * 100, i * 100 + 90, client="billing", end_reason="client_rst", end_by="client", idle_ms=60_000,
