@@ -16,7 +16,7 @@ from recording.cli_errors import OneLineError
 
 from analytics.interrupt import interrupts_handled
 from analytics.outdir import clear_artifacts, inside
-from recording.schema import DATASETS
+from recording.datasets import DATASETS  # not recording.schema: no pyarrow before the SIGINT handler is in place
 from recording.timespec import TIME, TIME_HELP, TimeSpec, cli_window
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ DATASETS_READ = ("requests", "connections", "tcp")  # what analytics.load reads 
                    "the --since/--until window when given).")
 @click.option("--conf", "conf", multiple=True, metavar="KEY=VALUE", help="Extra Spark configuration, e.g. --conf spark.driver.memory=6g; repeatable.")
 @click.option("--no-csv", is_flag=True, help="Write tables as Parquet only.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress lines on stderr.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress lines on stderr: only errors are printed there.")
 @click.option("--ignore-rollups", is_flag=True,
               help="Pass over every request even where the recording stores rollups beside its requests files "
                    "(latency cells, request/topic/traffic sums: the same tables, slower; for checking them).")
@@ -81,6 +81,8 @@ def analyze(dirs: tuple[str, ...], out: str | None, master: str | None, since: T
       kafkatap analyze --compare rec/ replay-rec/ --out cmp/                      # how a replay differed
       kafkatap analyze rec/ --out report/ --master spark://spark-master:7077
     """
+    interrupted = Interrupted()  # Ctrl-C from the first line on: one line, exit 130 (and no report half-written)
+    click.get_current_context().with_resource(interrupts_handled(interrupted))  # until the command ends
     if compare and any(c.startswith("-") for c in compare):  # nargs=2 took the next option as B
         raise click.UsageError(f"--compare takes two recordings A B, got {' '.join(compare)!r}")
     if out is None:  # checked here, after --compare, so that `--compare A --out O` gets the message above
@@ -112,10 +114,11 @@ def analyze(dirs: tuple[str, ...], out: str | None, master: str | None, since: T
             raise OneLineError(f"--out {out} is inside the recording {d}: the report's connections/ pages would land in "
                                "the recording's own connections/ dataset; give an --out outside it")
     created = _first_missing(out)
-    with interrupts_handled(Interrupted(out, created)):  # Ctrl-C from here on: one line, exit 130, no report half-written
-        result = _run(dirs, out, created, quiet, master=master, since=since, until=until, brokers=brokers, clients=clients,
-                      topics=topics, compare=compare, compare_mode=compare_mode, tolerance_s=tolerance_s, bucket_s=bucket_s,
-                      progress=not quiet, csv=not no_csv, spark_conf=spark_conf or None, ignore_rollups=ignore_rollups)
+    interrupted.cleans(out, created)  # from here on an interrupt also removes what this run wrote in OUT
+    result = _run(dirs, out, created, quiet, master=master, since=since, until=until, brokers=brokers, clients=clients,
+                  topics=topics, compare=compare, compare_mode=compare_mode, tolerance_s=tolerance_s, bucket_s=bucket_s,
+                  progress=not quiet, csv=not no_csv, spark_conf=spark_conf or None, ignore_rollups=ignore_rollups)
+    interrupted.cleans(None, None)  # the report is complete: an interrupt now leaves it be
     from analytics.job import summary
 
     click.echo(summary(result))
@@ -288,8 +291,13 @@ def _first_missing(out: str) -> Path | None:
 class Interrupted:
     """The SIGINT handler of an analysis: one line, exit 130, and no half-written report left in OUT.
 
+    In place from the command's first line: a Ctrl-C while the arguments are checked (a Spark master
+    probed for up to 3 s, the recording's footers read) or the JVM starts gets the same line as one
+    during the passes, instead of click's "Aborted!" and exit 1. Until `cleans` names OUT it leaves
+    OUT alone (this run has written nothing there; an earlier run's report stays).
+
     It ends the process at once (os._exit) instead of raising KeyboardInterrupt. pyspark's own handler
-    (which SparkContext installs, and analytics.interrupt keeps ours over) calls cancelAllJobs through
+    (which SparkContext would install; analytics.session starts it where it cannot) calls cancelAllJobs through
     Py4J from inside the very Py4J read the signal interrupted: "RuntimeError: reentrant call inside
     <_io.BufferedReader>", then a Py4JNetworkError from every thread still collecting a table, ~90
     lines for one Ctrl-C. Exiting closes the JVM's stdin, on which Spark's gateway ends the JVM and
@@ -297,15 +305,21 @@ class Interrupted:
     earlier run's when it started), then OUT itself if the run created it and it is empty.
     """
 
-    def __init__(self, out: str, created: Path | None) -> None:
+    def __init__(self) -> None:
+        self.out: str | None = None
+        self.created: Path | None = None
+
+    def cleans(self, out: str | None, created: Path | None) -> None:
+        """From now on an interrupt clears this run's files from `out` (None: touches nothing)."""
         self.out, self.created = out, created
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
-        try:
-            _abandon(self.out, self.created)
-        except OSError:
-            pass  # nothing more to do about it on the way out
+        if self.out is not None:
+            try:
+                _abandon(self.out, self.created)
+            except OSError:
+                pass  # nothing more to do about it on the way out
         os.write(2, b"kafkatap analyze: interrupted\n")  # not print: the interrupted thread may hold stderr's buffer
         os._exit(130)
 

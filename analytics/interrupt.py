@@ -1,12 +1,13 @@
-"""Who handles Ctrl-C (SIGINT) while an analysis runs: the caller's handler, also once Spark has started.
+"""Who handles Ctrl-C (SIGINT) while an analysis runs: the caller's handler, also while and after Spark starts.
 
-pyspark's SparkContext installs a SIGINT handler of its own when it starts (pyspark/core/context.py:
-cancelAllJobs, then KeyboardInterrupt). That handler runs on the main thread in the middle of whatever
-Py4J call the signal interrupted, and its cancelAllJobs goes out on the same thread's pinned Py4J
-connection: "RuntimeError: reentrant call inside <_io.BufferedReader>", then a Py4JNetworkError from
-every thread still collecting a table. `kafkatap analyze` brings its own handler (analytics.cli.Interrupted)
-and `analytics.session.get_spark` puts it back over pyspark's. No pyspark import here: the CLI installs
-the handler before Spark is imported.
+pyspark's SparkContext installs a SIGINT handler of its own when it is constructed on the main thread
+(pyspark/core/context.py: cancelAllJobs, then KeyboardInterrupt). That handler runs on the main thread
+in the middle of whatever Py4J call the signal interrupted, and its cancelAllJobs goes out on the same
+thread's pinned Py4J connection: "RuntimeError: reentrant call inside <_io.BufferedReader>", then a
+Py4JNetworkError from every thread still collecting a table. `kafkatap analyze` brings its own handler
+(analytics.cli.Interrupted), and `analytics.session.get_spark` constructs the SparkContext on a thread
+of its own, so pyspark never installs one. No pyspark import here: the CLI installs the handler before
+Spark is imported.
 """
 
 from __future__ import annotations
@@ -20,8 +21,6 @@ from typing import Any
 
 Handler = Callable[[int, FrameType | None], Any]
 
-_HANDLER: Handler | None = None
-
 
 @contextmanager
 def interrupts_handled(handler: Handler) -> Iterator[None]:
@@ -29,21 +28,12 @@ def interrupts_handled(handler: Handler) -> Iterator[None]:
 
     Only the main thread can set a signal handler: elsewhere (a scenario's worker thread) nothing changes.
     """
-    global _HANDLER
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous, saved = signal.getsignal(signal.SIGINT), _HANDLER
-    _HANDLER = handler
+    previous = signal.getsignal(signal.SIGINT)
     signal.signal(signal.SIGINT, handler)
     try:
         yield
     finally:
-        _HANDLER = saved
         signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
-
-
-def reinstall() -> None:
-    """Put the handler of the enclosing `interrupts_handled` back (call it right after a SparkContext started)."""
-    if _HANDLER is not None and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, _HANDLER)

@@ -3,6 +3,20 @@
 Starting a JVM costs seconds; tests, the CLI and scenario code all call
 `get_spark()` and share one session. Spark's console progress bar and INFO
 logs are switched off because the job prints its own progress on stderr.
+
+Two things of Spark's start are kafkatap's own (`_start_context`):
+
+* The JVM's stderr reaches ours through a pipe, line by line, minus the notices in
+  `JVM_NOTICES`: Spark's launcher adds `--add-modules=jdk.incubator.vector` to every
+  driver JVM, and the JVM then prints "WARNING: Using incubator modules:
+  jdk.incubator.vector" at each start, which `analyze -q` printed as its only line.
+  Nothing the operator can act on, so it is dropped always; every other line (a JVM that
+  cannot start, Spark's ERROR logs) is passed on unchanged.
+* The SparkContext is constructed on a thread of its own. pyspark installs its SIGINT handler
+  from SparkContext's constructor when that runs on the main thread (pyspark/core/context.py),
+  and that handler turns a Ctrl-C into ~90 lines of Py4J errors (analytics.interrupt). Off the
+  main thread it installs none, so the caller's handler (`analyze`'s one line and exit 130)
+  stays in place through the whole start.
 """
 
 from __future__ import annotations
@@ -11,12 +25,16 @@ import os
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pyspark.sql import SparkSession
 
 from analytics.class_archive import java_options
-from analytics.interrupt import reinstall as reinstall_interrupt_handler
 from analytics.jvm_lookups import remember_jvm_lookups
+
+if TYPE_CHECKING:
+    from py4j.java_gateway import JavaGateway
+    from pyspark import SparkConf
 
 _LOCK = threading.Lock()
 _SESSION: SparkSession | None = None
@@ -71,6 +89,10 @@ DEFAULTS: dict[str, str] = {
     "spark.sql.warehouse.dir": os.path.join(os.environ.get("TMPDIR", "/tmp"), "kafkatap-spark-warehouse"),
     "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J} -Dderby.system.home=/tmp",  # + driver_jvm()
 }
+
+# Lines the driver JVM prints at start that say nothing to act on (the module notice above); matched at a line's start.
+JVM_NOTICES: tuple[bytes, ...] = (b"WARNING: Using incubator modules: ",)
+RELAY_DRAIN_S = 5.0  # how long a failed start waits for the JVM's last lines, so they come before kafkatap's own
 
 SMALL_INPUT_ROWS = 100_000  # up to this many recorded rows, a local analysis uses SMALL_INPUT (job.py applies it)
 
@@ -149,7 +171,6 @@ def get_spark(master: str | None = None, conf: dict[str, str] | None = None, app
             return running
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         master = default_master(master)
-        builder = SparkSession.builder.appName(app_name).master(master)
         defaults = dict(DEFAULTS)
         defaults["spark.driver.extraJavaOptions"] += " " + driver_jvm(input_rows)
         settings = {**defaults, **cluster_defaults(master), **(conf or {})}
@@ -158,13 +179,67 @@ def get_spark(master: str | None = None, conf: dict[str, str] | None = None, app
         options = settings.get("spark.driver.extraJavaOptions", "")
         if "SharedArchiveFile" not in options and "ArchiveClassesAtExit" not in options:  # unless the caller chose an archive
             settings["spark.driver.extraJavaOptions"] = f"{options} {java_options()}".strip()
+        _start_context(master, app_name, settings)
+        builder = SparkSession.builder.appName(app_name).master(master)
         for key, value in settings.items():
             builder = builder.config(key, value)
-        _SESSION = builder.getOrCreate()
-        reinstall_interrupt_handler()  # SparkContext just installed its own SIGINT handler (analytics.interrupt)
+        _SESSION = builder.getOrCreate()  # the session of the context just started (the settings are the same)
         _SESSION.sparkContext.setLogLevel("ERROR")
         remember_jvm_lookups(_SESSION.sparkContext._jvm)  # type: ignore[attr-defined]
         return _SESSION
+
+
+def _start_context(master: str, app_name: str, settings: dict[str, str]) -> None:
+    """Start the SparkContext (and, the first time, its JVM) that SparkSession's builder then finds (module docstring)."""
+    from pyspark import SparkConf, SparkContext
+
+    conf = SparkConf().setMaster(master).setAppName(app_name).setAll(list(settings.items()))
+    gateway = _launch_gateway(conf) if SparkContext._gateway is None else None  # type: ignore[attr-defined]
+    failed: list[BaseException] = []
+
+    def construct() -> None:
+        try:
+            SparkContext(conf=conf, gateway=gateway)
+        except BaseException as exc:  # noqa: BLE001 — raised again on the caller's thread
+            failed.append(exc)
+
+    starter = threading.Thread(target=construct, name="kafkatap-spark-start", daemon=True)
+    starter.start()
+    starter.join()  # interruptible: the caller's SIGINT handler runs meanwhile
+    if failed:
+        raise failed[0]
+
+
+def _launch_gateway(conf: SparkConf) -> JavaGateway:
+    """Spark's JVM with its stderr relayed through `_relay_stderr` (module docstring)."""
+    from pyspark.java_gateway import launch_gateway
+
+    read_end, write_end = os.pipe()
+    relay = threading.Thread(target=_relay_stderr, args=(read_end,), name="kafkatap-jvm-stderr", daemon=True)
+    relay.start()
+    try:
+        return launch_gateway(conf, popen_kwargs={"stderr": write_end})
+    except Exception:  # the JVM exited (JAVA_GATEWAY_EXITED); not on Ctrl-C, where nobody waits for its words
+        os.close(write_end)
+        write_end = -1
+        relay.join(RELAY_DRAIN_S)  # its last words first, then the caller's ("its own message is above")
+        raise
+    finally:
+        if write_end >= 0:
+            os.close(write_end)  # the JVM holds the only write end now: the relay ends when the JVM does
+
+
+def _relay_stderr(read_end: int) -> None:
+    """Copy the JVM's stderr to this process's, whole lines, without the lines `JVM_NOTICES` names."""
+    with open(read_end, "rb") as jvm_stderr:
+        for line in jvm_stderr:
+            if line.startswith(JVM_NOTICES):
+                continue
+            try:
+                while line:
+                    line = line[os.write(2, line):]
+            except OSError:
+                pass  # our stderr is gone: keep draining, or the JVM would block on a full pipe
 
 
 def stop_spark() -> None:

@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from recording import schema as rec
-from recording.timestamps import from_epoch_ns, ingest_schema
+from recording.timestamps import from_epoch_ns, ingest_schema, timestamp_columns
 from recording.layout import TIME_COLUMN, merged_name, new_run_id  # the recorder's partitioning column and file names
 from recording.rollups import merge_hour, write_rollups
 
@@ -35,17 +35,20 @@ RUN = new_run_id()
 _SEQ = itertools.count(1)
 NS = 1_000_000_000
 HOUR_NS = 3600 * NS
+_UTC_NS = pa.timestamp("ns", tz="UTC")
 
 
 def write_table(root: str | Path, dataset: str, table: pa.Table, row_group_size: int = 1 << 20,
                 rollups: bool = True) -> list[Path]:
-    """Write `table` (already in the dataset's schema) Hive-partitioned proxy=/date=/hour=.
+    """Write `table` (the dataset's columns) Hive-partitioned proxy=/date=/hour=.
 
+    Its timestamp columns may come as the proxy's rows carry them (int64 epoch ns, `ingest_schema`) or
+    as a recording stores them (TIMESTAMP, e.g. a table read back from one), in any unit or time zone.
     A requests file gets its rollups beside it, as the proxy's final files do (`rollups=False`: a
     recording as an older proxy, or one with compaction off, left it).
     """
     schema = rec.arrow_schema(dataset)
-    table = table.select(schema.names).cast(ingest_schema(dataset))  # timestamps as int epoch ns, as the proxy's rows
+    table = _epoch_ns(table.select(schema.names), dataset).cast(ingest_schema(dataset))  # as the proxy's rows
     ts = table.column(TIME_COLUMN[dataset])
     if dataset == "connections":
         ts = pc.coalesce(ts, table.column("opened_ns"))
@@ -65,6 +68,19 @@ def write_table(root: str | Path, dataset: str, table: pa.Table, row_group_size:
             write_rollups(path, fsync=False)
         written.append(path)
     return written
+
+
+def _epoch_ns(table: pa.Table, dataset: str) -> pa.Table:
+    """The dataset's timestamp-typed columns as int64 epoch ns; integer ones are taken as epoch ns already.
+
+    Why not cast straight to int64: that gives the count of the type's own unit, so a recording's
+    timestamp[us] column would be read as nanoseconds, a thousand times too early (1970, not 2026).
+    """
+    for name in timestamp_columns(dataset):
+        col = table.column(name)
+        if pa.types.is_timestamp(col.type):
+            table = table.set_column(table.schema.get_field_index(name), name, col.cast(_UTC_NS).cast(pa.int64()))
+    return table
 
 
 def write_rows(root: str | Path, dataset: str, rows: Iterable[Mapping[str, Any]]) -> list[Path]:

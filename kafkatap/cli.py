@@ -6,13 +6,15 @@ host without pyspark can still run `kafkatap proxy`.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import sys
 
 import click
+from click.core import ParameterSource
 
 from kafkatap import __version__
-from recording.logs import LEVELS, configure_logging
+from recording.logs import LEVELS, configure_logging, current_logging
 
 # name -> (module:attribute, one-line help shown by `kafkatap --help`)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -30,8 +32,57 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+# The process-wide logging options, defined once: the group takes them before the command name (with
+# defaults and environment variables), and every command the group hands out takes them after its own
+# name too (`LazyGroup.get_command`), since users write `kafkatap proxy … --log-level debug` as often as
+# `kafkatap --log-level debug proxy …`. Either spelling sets the group's own parameter (proxy/cli.py and
+# scenarios/cli.py read the level from there), and the later one given wins.
+LOGGING_OPTIONS: dict[str, tuple[click.Choice, str]] = {
+    "log_format": (click.Choice(["auto", "console", "json"]),
+                   "Log rendering: console on a terminal and JSON lines otherwise when 'auto'. Logs go to stderr."),
+    "log_level": (click.Choice(LEVELS), "Minimum level to log; 'debug' adds one line per request."),
+}
+AFTER = "after_"  # the name prefix of a logging option given after a command's name
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _logging_option_after(name: str) -> click.Option:
+    """`--log-format` / `--log-level` as a command's own option: no default, so only a value given changes anything."""
+    kind, _ = LOGGING_OPTIONS[name]
+    return click.Option([_flag(name), AFTER + name], type=kind, default=None, expose_value=False,
+                        callback=_apply_logging_after,
+                        help=f"Same as `kafkatap {_flag(name)} …` before the command; the later one wins.")
+
+
+def _apply_logging_after(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    """A logging option given after the command's name: becomes the group's value and takes effect at once."""
+    if value is None:
+        return
+    root = ctx.find_root()
+    name = (param.name or "").removeprefix(AFTER)
+    root.params[name] = value
+    root.set_parameter_source(name, ParameterSource.COMMANDLINE)
+    fmt, level = current_logging() or ("auto", "info")  # a command invoked on its own has no group parameters
+    configure_logging(root.params.get("log_format") or fmt, root.params.get("log_level") or level)  # type: ignore[arg-type]
+
+
+def with_logging_options(command: click.Command) -> click.Command:
+    """A copy of `command`, and of every sub-command of a group, that also takes the logging options.
+
+    A copy: the command modules' own objects stay as written (tests invoke them directly).
+    """
+    taken = copy.copy(command)
+    taken.params = [*command.params, *(_logging_option_after(name) for name in LOGGING_OPTIONS)]
+    if isinstance(command, click.Group):
+        taken.commands = {name: with_logging_options(sub) for name, sub in command.commands.items()}
+    return taken
+
+
 class LazyGroup(click.Group):
-    """A click group whose sub-commands are imported on first use."""
+    """A click group whose sub-commands are imported on first use, each taking the logging options after its name."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(COMMANDS)
@@ -47,7 +98,7 @@ class LazyGroup(click.Group):
             missing = getattr(exc, "name", None) or str(exc)
             hint = " (install the analytics extra: pip install 'kafkatap[analytics]')" if "pyspark" in str(missing) else ""
             raise click.ClickException(f"'{name}' is unavailable: cannot import {missing}{hint}") from exc
-        return getattr(module, attr)
+        return with_logging_options(getattr(module, attr))
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         # Use the static one-liners: listing commands must not import Spark.
@@ -57,22 +108,10 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="kafkatap")
-@click.option(
-    "--log-format",
-    type=click.Choice(["auto", "console", "json"]),
-    default="auto",
-    show_default=True,
-    envvar="KAFKATAP_LOG_FORMAT",
-    help="Log rendering: console on a terminal and JSON lines otherwise when 'auto'. Logs go to stderr.",
-)
-@click.option(
-    "--log-level",
-    type=click.Choice(LEVELS),
-    default="info",
-    show_default=True,
-    envvar="KAFKATAP_LOG_LEVEL",
-    help="Minimum level to log; 'debug' adds one line per request.",
-)
+@click.option(_flag("log_format"), type=LOGGING_OPTIONS["log_format"][0], default="auto", show_default=True,
+              envvar="KAFKATAP_LOG_FORMAT", help=LOGGING_OPTIONS["log_format"][1] + " Also accepted after the command.")
+@click.option(_flag("log_level"), type=LOGGING_OPTIONS["log_level"][0], default="info", show_default=True,
+              envvar="KAFKATAP_LOG_LEVEL", help=LOGGING_OPTIONS["log_level"][1] + " Also accepted after the command.")
 def cli(log_format: str, log_level: str) -> None:
     """kafkatap: see who talks to your Kafka brokers, how fast, and how each connection ends.
 

@@ -221,8 +221,8 @@ def proxy(ctx: click.Context, listens: tuple[str, ...], upstreams: tuple[str, ..
     Explicit mode:     --listen HOST:PORT --upstream BROKER:PORT   (one per broker; each must advertise it)
     Transparent mode:  --transparent --listen 0.0.0.0:15092        (with `kafkatap iptables`)
 
-    Logs one line per connection open/close (with the close reason and inferred cause); with the root
-    option --log-level debug also one line per request. Stops gracefully on SIGTERM/SIGINT.
+    Logs one line per connection open/close (with the close reason and inferred cause); with
+    --log-level debug (before or after `proxy`) also one line per request. Stops gracefully on SIGTERM/SIGINT.
     """
     fault_control = bool(rec.pop("fault_control", False))
     try:

@@ -35,7 +35,9 @@ def rollups(recording: Path, no_merge: bool, check: bool) -> None:
     A proxy writes them itself beside every final requests file, and merges an hour's when it
     leaves the hour. Run this on recordings made before that, recorded with compaction off
     (--compact-interval 0), or left by a crash. Run it when no proxy is writing to RECORDING.
-    Files of an older recording format are skipped: the analysis reads those requests.
+    Files of an older recording format are skipped: the analysis reads those requests. A recording
+    with connections but no request (every connection TLS passed through) has nothing to roll up:
+    it is said, with the connections' count, and the exit status is 0.
 
     \b
     Example:
@@ -48,7 +50,14 @@ def rollups(recording: Path, no_merge: bool, check: bool) -> None:
         raise click.ClickException(f"{recording}: cannot list it")
     requests = len(cover.requests.relative)
     if requests == 0:
-        raise click.ClickException(f"{recording} holds no requests files (record one with `kafkatap proxy … --record DIR`)")
+        seen = _connections_seen(recording)
+        if seen is None:
+            raise click.ClickException(f"{recording} holds no requests files (record one with `kafkatap proxy … --record DIR`)")
+        # Connections but no request, as when every connection was TLS passed through: a recording with nothing to sum.
+        conns, opaque, tls = seen
+        click.echo(f"{recording}: no requests files, so no rollups to write: {conns:,} connection(s) recorded, "
+                   f"{opaque:,} of them opaque ({tls:,} TLS passed through), and no Kafka request")
+        return
     lacking = len(cover.uncovered)
     click.echo(f"{recording}: {requests:,} requests files, {lacking:,} without all their rollups")
     if check:
@@ -67,6 +76,28 @@ def rollups(recording: Path, no_merge: bool, check: bool) -> None:
                + (f", skipped {result.skipped:,} of an older format" if result.skipped else "")
                + ("" if no_merge else f"; merged the rollups of {result.merged:,} partition directories")
                + f" in {time.monotonic() - started:.1f} s")
+
+
+def _connections_seen(recording: Path) -> tuple[int, int, int] | None:
+    """(connections, opaque ones, TLS ones) in `recording`'s connections/, each counted once; None if it has none."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from recording.reader import live_files
+
+    listing = live_files(recording, "connections")
+    if listing is None or not listing.paths:
+        return None
+    seen: set[tuple[str, str]] = set()
+    opaque: set[tuple[str, str]] = set()
+    tls: set[tuple[str, str]] = set()
+    for path in listing.paths:  # a connection's snapshots and its final row: any of them may say it went opaque
+        t = pq.read_table(path, columns=["proxy_id", "conn_id", "tls", "opaque"], filesystem=listing.filesystem)
+        ids = list(zip(t.column("proxy_id").to_pylist(), t.column("conn_id").to_pylist()))
+        seen.update(ids)
+        for flags, into in ((t.column("opaque"), opaque), (t.column("tls"), tls)):
+            into.update(i for i, flag in zip(ids, pc.fill_null(flags, False).to_pylist()) if flag)
+    return len(seen), len(opaque), len(tls)
 
 
 @click.command("prune", context_settings=_SETTINGS)

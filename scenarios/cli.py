@@ -240,14 +240,24 @@ def kafka() -> None:
               help="Deprecated spelling of --kafka-version.")
 @click.option("--port", type=click.IntRange(1, 65535), default=None, help="Listener port on 127.0.0.1 (default: a free one).")
 @click.option("--prop", "props", multiple=True, metavar="KEY=VALUE", help="server.properties override (repeatable).")
-def kafka_up(kafka_version: str, old_version: str | None, port: int | None, props: tuple[str, ...]) -> None:
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
+              help="Keep the broker's data (its log.dirs: topics, records, offsets, the cluster's metadata) in DIR, "
+                   "created if missing. `kafka down` leaves DIR alone, and a later `kafka up --data-dir DIR` starts "
+                   "from it (same --kafka-version or newer). Default: a fresh directory in the cache's work dir, "
+                   "removed by `kafka down`.")
+def kafka_up(kafka_version: str, old_version: str | None, port: int | None, props: tuple[str, ...],
+             data_dir: Path | None) -> None:
     """Start a detached broker; its state is kept in the cache dir for `status` and `down`.
+
+    Without --data-dir every `kafka up` starts an empty broker; with it, topics and their records
+    outlive `kafka down` (the broker keeps the cluster id it was first formatted with).
 
     \b
     Examples:
       kafkatap kafka up
       kafkatap kafka up --port 9092 --kafka-version 3.7.2
       kafkatap kafka up --prop message.max.bytes=100000 --prop auto.create.topics.enable=false
+      kafkatap kafka up --data-dir ~/kafka-data          # then: kafka down; kafka up --data-dir ~/kafka-data
     """
     from harness.kafka import KafkaHarnessError, LocalKafka, brokers_registered
 
@@ -266,8 +276,25 @@ def kafka_up(kafka_version: str, old_version: str | None, port: int | None, prop
             raise click.BadParameter(f"expected KEY=VALUE, got {kv!r}", param_hint="--prop")
         overrides[k.strip()] = v.strip()
     workdir = _workdir()
+    broker_props = dict(overrides)
+    if data_dir is not None:
+        data_dir = data_dir.expanduser().absolute()
+        if "log.dirs" in overrides or "log.dir" in overrides:
+            raise click.UsageError("--data-dir sets the broker's log.dirs: give it or --prop log.dirs=…, not both")
+        work = workdir.absolute()
+        if data_dir == work or work in data_dir.parents or data_dir in work.parents:  # `kafka up` empties the work dir
+            raise click.BadParameter(f"{data_dir} overlaps the broker's work dir {work}, which each `kafka up` starts "
+                                     "afresh; choose a directory apart from it", param_hint="--data-dir")
+        try:
+            data_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise click.BadParameter(f"cannot create {data_dir}: {exc.strerror or exc}", param_hint="--data-dir") from None
+        broker_props["log.dirs"] = str(data_dir)
     shutil.rmtree(workdir, ignore_errors=True)
-    k = LocalKafka(version=version, broker_props=overrides, port=port, workdir=workdir)
+    k = LocalKafka(version=version, broker_props=broker_props, port=port, workdir=workdir)
+    formatted = _cluster_id_of(data_dir) if data_dir is not None else None
+    if formatted:  # a data dir from an earlier `kafka up`: its storage stays formatted as it is (a new id is refused)
+        k.cluster_id = formatted
     try:
         k.start()
     except KafkaHarnessError as exc:
@@ -276,13 +303,28 @@ def kafka_up(kafka_version: str, old_version: str | None, port: int | None, prop
     assert node.proc is not None
     _state_path().write_text(json.dumps({
         "pid": node.proc.pid, "bootstrap": k.bootstrap, "version": version, "workdir": str(workdir),
+        "data_dir": str(data_dir) if data_dir is not None else None,
         "log": str(node.log_file), "props": overrides, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }, indent=2))
     brokers_registered(k.host, k.port)
-    click.echo(f"Kafka {version} up at {k.bootstrap} (pid {node.proc.pid}, log {node.log_file})")
+    click.echo(f"Kafka {version} up at {k.bootstrap} (pid {node.proc.pid}, log {node.log_file}"
+               + (f", data {data_dir}" if data_dir is not None else "") + ")")
     # cluster mode: the broker keeps advertising its own address, and the proxy rewrites it in every response,
     # so clients of the suggested listener stay on the proxy and everything they do is recorded
     click.echo(f"try: kafkatap proxy --cluster {k.bootstrap} --listen 127.0.0.1:{_suggested_listen(node.node_id)} --record rec/")
+
+
+def _cluster_id_of(data_dir: Path) -> str | None:
+    """The cluster id a broker's data dir was formatted with (its meta.properties), or None if it was not."""
+    try:
+        lines = (data_dir / "meta.properties").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        key, sep, value = line.partition("=")
+        if sep and key.strip() == "cluster.id":
+            return value.strip() or None
+    return None
 
 
 def _suggested_listen(node_id: int, first: int = 19092) -> int:
@@ -320,7 +362,8 @@ def kafka_status() -> None:
         except (OSError, ValueError) as exc:
             serving = f"no ({exc})"
     click.echo(f"Kafka {state['version']} at {state['bootstrap']}: pid {state['pid']} {'running' if alive else 'NOT running'}, "
-               f"serving: {serving}\n  started {state['started']}, props {state['props'] or '{}'}\n  log {state['log']}")
+               f"serving: {serving}\n  started {state['started']}, props {state['props'] or '{}'}\n  log {state['log']}"
+               + (f"\n  data {state['data_dir']} (kept by `kafka down`)" if state.get("data_dir") else ""))
     sys.exit(0 if alive else 1)
 
 
@@ -328,6 +371,8 @@ def kafka_status() -> None:
 @click.option("--keep-data", is_flag=True, help="Keep the work dir (data and server.log).")
 def kafka_down(keep_data: bool) -> None:
     """Stop the local broker (SIGTERM, then SIGKILL after 20 s) and remove its work dir.
+
+    A --data-dir given to `kafka up` is never removed: the next `kafka up --data-dir DIR` starts from it.
 
     \b
     Examples:
@@ -351,5 +396,6 @@ def kafka_down(keep_data: bool) -> None:
     _state_path().unlink(missing_ok=True)
     if not keep_data:
         shutil.rmtree(state["workdir"], ignore_errors=True)
-    click.echo(f"stopped the local broker at {state['bootstrap']} (pid {pid})")
+    click.echo(f"stopped the local broker at {state['bootstrap']} (pid {pid})"
+               + (f"; its data stays in {state['data_dir']}" if state.get("data_dir") else ""))
 

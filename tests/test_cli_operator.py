@@ -578,3 +578,46 @@ def _interactive_top_switches_view(status: int) -> None:
             proc.kill()
             proc.wait()
         os.close(master)
+
+
+# ---------------------------------------------------------------- logging options: before or after the command
+def test_logging_options_after_the_command_take_effect_and_the_later_wins() -> None:
+    """`kafkatap proxy … --log-format json` was "No such option" (exit 2); given on both sides, the later one wins."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        port = held.getsockname()[1]
+        res = run("--log-format", "console", "proxy", "--listen", f"127.0.0.1:{port}", "--upstream", "127.0.0.1:9092",
+                  "--workers", "1", "--log-format", "json", "--log-level", "warning")
+    assert res.returncode == 2, res.stderr
+    said = [json.loads(ln) for ln in res.stderr.splitlines() if "cannot listen" in ln]  # JSON, not the console's
+    assert said and said[0]["level"] == "error", res.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["--log-level", "error", "iptables", "--mode", "local", "--port", "9092", "--log-level", "debug", "--log-format", "json"],
+    ["--log-level", "error", "scenario", "--log-level", "debug", "--log-format", "json", "list"],  # a group's own
+    ["--log-level", "error", "scenario", "list", "--log-level", "debug", "--log-format", "json"],  # a sub-command's
+])
+def test_logging_options_after_the_command_are_the_groups(args: list[str], capsys: pytest.CaptureFixture) -> None:
+    """The proxy and the scenarios read the level from the group's parameters (and whether the user gave it)."""
+    from click.core import ParameterSource
+
+    from recording.logs import configure_logging, current_logging
+
+    before = current_logging() or ("auto", "info")
+    try:
+        with cli.make_context("kafkatap", args) as ctx:
+            cli.invoke(ctx)
+            assert current_logging() == ("json", "debug")
+    finally:
+        configure_logging(*before)  # type: ignore[arg-type]
+    assert (ctx.params["log_format"], ctx.params["log_level"]) == ("json", "debug")
+    assert ctx.get_parameter_source("log_level") is ParameterSource.COMMANDLINE
+
+
+def test_every_command_lists_the_logging_options_in_its_help() -> None:
+    for cmd, ctx in _commands(cli, click.Context(cli, info_name="kafkatap")):
+        text = cmd.get_help(ctx)
+        assert "--log-format [auto|console|json]" in text and "--log-level [debug|info|warning|error]" in text, \
+            ctx.command_path

@@ -188,9 +188,24 @@ def test_cli_rejects_bad_recording(tmp_path) -> None:
 
 
 def test_spark_start_prints_nothing_of_its_own() -> None:
-    """Spark's console noise ("Setting default log level …") is configured away; only the JVM's own module notice remains."""
+    """Spark's console noise ("Setting default log level …") is configured away, and the JVM's notice of the incubator
+    module Spark's launcher always adds ("WARNING: Using incubator modules: jdk.incubator.vector") is dropped, so
+    `analyze -q` prints nothing at all."""
     code = "from analytics.session import get_spark; print(get_spark().range(3).count())"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
     assert p.returncode == 0 and p.stdout.strip() == "3", p.stderr[-2000:]
-    noise = [line for line in p.stderr.splitlines() if line.strip() and "incubator modules" not in line]
-    assert noise == [], noise
+    assert p.stderr == ""
+
+
+def test_a_jvm_that_cannot_start_is_heard_before_kafkatap_speaks(tmp_path) -> None:
+    """The JVM's stderr goes through kafkatap's relay: when the JVM fails, its own words still come first, in full."""
+    write_rows(tmp_path / "rec", "requests", [req("c1", 1, t_s=1)])
+    agent = tmp_path / "no-such-agent.jar"  # the JVM says so on stderr, then exits
+    p = subprocess.run([sys.executable, "-m", "kafkatap.cli", "analyze", str(tmp_path / "rec"), "--out", str(tmp_path / "out"),
+                        "-q", "--conf", f"spark.driver.extraJavaOptions=-javaagent:{agent}"],
+                       capture_output=True, text=True, timeout=180)
+    assert p.returncode == 1, p.stderr[-2000:]
+    lines = p.stderr.splitlines()
+    ours = [i for i, line in enumerate(lines) if line.startswith("Error: Spark's JVM did not start (its own message is above)")]
+    jvm = [i for i, line in enumerate(lines) if str(agent) in line]
+    assert ours and jvm and jvm[-1] < ours[0], p.stderr

@@ -3,6 +3,7 @@
 A re-run into the same OUT used to leave the previous run's files beside the new report (a
 comparison's tables, connection pages of a run that had requests); Ctrl-C printed ~90 lines of Py4J
 traces and exited 1 with a half-written OUT; a TLS recording read as "0 requests" with nothing saying why.
+A Ctrl-C before Spark ran (the arguments checked, the JVM starting) printed click's "Aborted!" and exited 1.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -100,3 +103,53 @@ def test_ctrl_c_exits_130_in_one_line_and_leaves_no_report(tmp_path: Path) -> No
     assert p.stdout.read() == ""
     assert not (tmp_path / "new").exists()
     assert all(_pidfd_wait(int(pid), 30) for pid in jvms), "Spark's JVM outlived the analysis"
+
+
+def test_ctrl_c_before_spark_starts_is_the_same_one_line(tmp_path: Path) -> None:
+    """SIGINT while the arguments are checked: `--master spark://…` is probed with a TCP connect first, so the
+    moment the test's fake master accepts, the command is in its checks, before any JVM (and OUT) exists."""
+    generate(tmp_path / "rec", 3000)
+    out = tmp_path / "new" / "out"
+    with socket.socket() as master:
+        master.bind(("127.0.0.1", 0))
+        master.listen(1)
+        port = master.getsockname()[1]
+        p = subprocess.Popen([sys.executable, "-m", "kafkatap.cli", "analyze", str(tmp_path / "rec"), "--out", str(out),
+                              "--master", f"spark://127.0.0.1:{port}"],
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            master.settimeout(60)
+            probe, _ = master.accept()  # the command's reachability probe: it is past parsing, in its checks
+            probe.close()
+            p.send_signal(signal.SIGINT)
+            stdout, stderr = p.communicate(timeout=60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+    assert (p.returncode, stderr.splitlines(), stdout) == (130, ["kafkatap analyze: interrupted"], ""), stderr
+    assert not (tmp_path / "new").exists()
+
+
+def test_spark_starts_without_pysparks_sigint_handler() -> None:
+    """pyspark's SparkContext installs its own SIGINT handler when constructed on the main thread (Ctrl-C then
+    becomes Py4J traces and exit 1); get_spark constructs it elsewhere, so the caller's handler is the only one."""
+    code = textwrap.dedent("""
+        import signal
+        from analytics.interrupt import interrupts_handled
+        from analytics.session import get_spark
+        installed = []
+        real = signal.signal
+        def spy(signum, handler):
+            if signum == signal.SIGINT:
+                installed.append(getattr(handler, "__qualname__", repr(handler)))
+            return real(signum, handler)
+        signal.signal = spy
+        def ours(signum, frame):
+            pass
+        with interrupts_handled(ours):
+            get_spark().range(1).count()
+            print(installed, signal.getsignal(signal.SIGINT) is ours)
+    """)
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip() == "['ours'] True", p.stdout

@@ -11,8 +11,8 @@ from analytics.synthetic import generate, write_rows
 from kafkatap.cli import cli
 from recording.reader import file_version
 from recording.rollups import coverage_all
-from recording.schema import FORMAT_KEY, FORMAT_VERSION
-from tests.analytics.analytics_rows import req
+from recording.schema import DERIVED_DATASETS, FORMAT_KEY, FORMAT_VERSION
+from tests.analytics.analytics_rows import conn, req
 
 
 def test_backfill_writes_merges_and_checks(tmp_path: Path) -> None:
@@ -42,6 +42,27 @@ def test_backfill_writes_merges_and_checks(tmp_path: Path) -> None:
 def test_a_directory_without_requests_is_a_clear_error(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["rollups", str(tmp_path)])
     assert result.exit_code != 0 and "holds no requests files" in result.output
+
+
+def test_a_recording_of_tls_pass_through_only_has_nothing_to_roll_up(tmp_path: Path) -> None:
+    """Every connection opaque (TLS relayed as it is): connections/ and tcp/, no requests/ at all, as a proxy writes it.
+
+    It used to be refused like an empty directory ("holds no requests files (record one …)", exit 1), though it is
+    a recording and lacks no rollup.
+    """
+    root = tmp_path / "rec"
+    tls = "request stream opaque at offset 0: tls: TLS ClientHello/handshake (0x16 0x03 0x01): the connection is encrypted"
+    rows = [conn(f"t{i}", i, i + 30, client_ids=[], requests=0, responses=0, tls=True, opaque=True, opaque_reason=tls)
+            for i in range(3)]
+    rows.append({**rows[0], "final": False, "closed_ns": None, "end_reason": "open"})  # a snapshot of t0: counted once
+    write_rows(root, "connections", rows)
+    for args in (["--check"], []):
+        result = CliRunner().invoke(cli, ["rollups", str(root), *args])
+        assert result.exit_code == 0, result.output
+        assert result.output == (f"{root}: no requests files, so no rollups to write: 3 connection(s) recorded, "
+                                 "3 of them opaque (3 TLS passed through), and no Kafka request\n")
+    assert sorted(p.name for p in root.iterdir()) == ["connections"]  # nothing written
+    assert not any((root / ds).exists() for ds in DERIVED_DATASETS)
 
 
 def test_rollups_of_another_format_are_not_used_and_are_rewritten(tmp_path: Path) -> None:

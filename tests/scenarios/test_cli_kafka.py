@@ -42,3 +42,59 @@ def test_up_status_down(tmp_path, monkeypatch) -> None:
     # in-process the JVM is our child: reap the zombie (a real `kafka up` process has exited long before)
     with contextlib.suppress(ChildProcessError):
         os.waitpid(state["pid"], 0)
+
+
+def test_data_dir_outlives_down_and_the_next_up_starts_from_it(tmp_path, monkeypatch) -> None:
+    """`kafka up --data-dir DIR`: the broker's log.dirs in DIR, left by `down`, and the next `up` serves its topics
+    (formatted once: the second start keeps the cluster id DIR was formatted with, on a new port)."""
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    from harness.kafka import partition_states
+
+    monkeypatch.setattr(scli, "_state_path", lambda: tmp_path / "state.json")
+    monkeypatch.setattr(scli, "_workdir", lambda: tmp_path / "broker")
+    data = tmp_path / "my" / "kafka-data"
+    runner = CliRunner()
+    no_auto = ["--prop", "auto.create.topics.enable=false"]  # a topic the broker re-created would prove nothing
+    pids = []
+    for first in (True, False):
+        res = runner.invoke(cli, ["kafka", "up", "--data-dir", str(data), *no_auto])
+        try:
+            assert res.exit_code == 0, res.output
+            assert f"data {data}" in res.output
+            state = json.loads((tmp_path / "state.json").read_text())
+            pids.append(state["pid"])
+            assert f"log.dirs={data}\n" in (tmp_path / "broker" / "node-1" / "server.properties").read_text()
+            if first:
+                admin = KafkaAdminClient(bootstrap_servers=state["bootstrap"], client_id="kafkatap-test")
+                try:
+                    admin.create_topics([NewTopic("kept", 3, 1)])
+                finally:
+                    admin.close()
+            else:  # the topic of the first broker, all three partitions led by node 1
+                host, _, port = state["bootstrap"].rpartition(":")
+                assert partition_states(host, int(port), "kept") == (0, [(1, 1)] * 3)
+                status = runner.invoke(cli, ["kafka", "status"])
+                assert f"data {data} (kept by `kafka down`)" in status.output, status.output
+        finally:
+            res = runner.invoke(cli, ["kafka", "down"])
+        assert res.exit_code == 0 and f"its data stays in {data}" in res.output, res.output
+        assert not (tmp_path / "broker").exists()
+        assert (data / "meta.properties").exists() and {"kept-0", "kept-1", "kept-2"} <= {p.name for p in data.iterdir()}
+    for pid in pids:  # in-process the JVMs are our children: reap them
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--data-dir", "{work}/data"], "overlaps the broker's work dir"),
+    (["--data-dir", "{tmp}"], "overlaps the broker's work dir"),  # the work dir inside it would be emptied too
+    (["--data-dir", "{tmp}/d", "--prop", "log.dirs=/x"], "--data-dir sets the broker's log.dirs"),
+])
+def test_data_dir_refusals_come_before_any_broker(tmp_path, monkeypatch, args: list[str], said: str) -> None:
+    monkeypatch.setattr(scli, "_state_path", lambda: tmp_path / "state.json")
+    monkeypatch.setattr(scli, "_workdir", lambda: tmp_path / "broker")
+    args = [a.format(work=tmp_path / "broker", tmp=tmp_path) for a in args]
+    res = CliRunner().invoke(cli, ["kafka", "up", *args])
+    assert res.exit_code == 2 and said in res.output, res.output
+    assert not (tmp_path / "state.json").exists()
