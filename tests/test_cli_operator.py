@@ -621,3 +621,11 @@ def test_every_command_lists_the_logging_options_in_its_help() -> None:
         text = cmd.get_help(ctx)
         assert "--log-format [auto|console|json]" in text and "--log-level [debug|info|warning|error]" in text, \
             ctx.command_path
+
+
+def test_python_dash_m_kafkatap_is_the_cli() -> None:
+    """`python -m kafkatap` runs the same CLI as the script (an environment without the script on PATH)."""
+    res = subprocess.run([sys.executable, "-m", "kafkatap", "--version"], capture_output=True, text=True, timeout=60,
+                         cwd=ROOT)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("kafkatap, version ")
