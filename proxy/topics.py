@@ -36,10 +36,11 @@ response keeps its cluster id, and each connection reports the first one it
 sees (`proxy.observer`, `TopicResolver.learn_cluster`). That works wherever
 responses are decoded (explicit, transparent, cluster mode, TLS terminated),
 SASL listeners included, where the proxy's own query is refused before
-authentication. Each query's answer names the cluster as well; a relayed
+authentication. Each query's answer names the cluster as well, and a relayed
 Metadata / DescribeCluster answer that carried none (Metadata v0/v1, an answer
-a Kafka fault made in the broker's place) asks its broker once more while the
-id is unknown (`TopicResolver.want_cluster`, at most `CLUSTER_ID_TRIES` times).
+a Kafka fault made in the broker's place) makes the proxy ask that broker
+while its id is unknown (`TopicResolver.want_cluster`, the fallback, at most
+`CLUSTER_ID_TRIES` times).
 """
 
 from __future__ import annotations

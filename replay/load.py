@@ -24,7 +24,6 @@ import pyarrow.compute as pc
 
 from protocol.apis import API_NAMES, DESCRIBE_CLUSTER, GROUP_APIS, METADATA, SASL_AUTHENTICATE, SASL_HANDSHAKE
 from protocol.frames import RequestFrame, parse_request
-
 from recording.reader import RecordingFormatError, read_recording, recording_files
 from recording.timestamps import to_epoch_ns
 from replay.topics import request_topics
