@@ -141,7 +141,7 @@ class Connection:
         self.observer: Observer | None = (
             Observer(ctx.stream_factory(), self.facts, self.requests.stamps, self.responses.stamps, ctx.emit,
                      self.log, capture=s.capture, log_requests=s.log_requests, on_quiet=self._quiet,
-                     scheduler=ObserveScheduler.for_loop(ctx.loop))
+                     scheduler=ObserveScheduler.for_loop(ctx.loop), on_cluster=self._cluster_seen)
             if s.observe else None)
         faults = ctx.hub.faults  # the faults in force when the connection was accepted
         self._faults: Faults | None = faults if faults.active else None
@@ -573,6 +573,10 @@ class Connection:
             return  # the observer calls again when it caught up
         if self._drain_waiter is not None and not self._drain_waiter.done():
             self._drain_waiter.set_result(None)
+
+    def _cluster_seen(self, cluster_id: str) -> None:
+        """The first cluster id a response on this connection carried: the server records its broker's (proxy.topics)."""
+        self.ctx.hub.cluster_seen(self.facts.broker_addr, cluster_id)
 
     def _finish(self) -> None:
         if self._finished:

@@ -76,6 +76,8 @@ class ConnectionHub(Protocol):
 
     def closed(self, conn: Any, end_reason: str) -> None: ...
 
+    def cluster_seen(self, broker: str | None, cluster_id: str) -> None: ...
+
 
 @dataclass(frozen=True, slots=True)
 class ConnectionContext:

@@ -50,7 +50,7 @@ from collections.abc import Callable
 from time import perf_counter_ns
 from typing import Any, Protocol
 
-from protocol.apis import PRODUCE
+from protocol.apis import CLUSTER_ID_APIS, PRODUCE
 from protocol.events import Direction, RequestDropped, RequestSeen, ResponseSeen, StreamClosed, StreamOpaque
 from proxy import rows
 from proxy.capture import FrameCapture
@@ -174,7 +174,9 @@ class Observer:
 
     def __init__(self, stream: Any, facts: ConnectionFacts, requests_sent: SendStamps, responses_sent: SendStamps,
                  emit: RowEmitter, log: Log, *, capture: str = "none", log_requests: bool = False,
-                 on_quiet: Callable[[], None] = lambda: None, scheduler: ObserveScheduler | None = None) -> None:
+                 on_quiet: Callable[[], None] = lambda: None, scheduler: ObserveScheduler | None = None,
+                 on_cluster: Callable[[str], None] | None = None) -> None:
+        """`on_cluster(cluster_id)`: called once, with the first cluster id a relayed response carries."""
         self.stream = stream
         self.facts = facts
         self._req_stamps = requests_sent
@@ -183,6 +185,7 @@ class Observer:
         self._log = log
         self._log_requests = log_requests
         self._on_quiet = on_quiet
+        self._on_cluster = on_cluster  # None once told: the broker's cluster does not change under a connection
         # request → when its last byte reached the kernel (filled by the stamps)
         self._sent_at: dict[int, int] = {}
         self._cap_req: FrameCapture | None = FrameCapture() if capture in ("requests", "all") else None
@@ -511,6 +514,8 @@ class Observer:
             return
         f.responses += 1
         f.inflight -= 1
+        if self._on_cluster is not None and req.api_key in CLUSTER_ID_APIS:  # Produce, Fetch …: one set lookup
+            self._cluster_id(ev)
         sent = self._sent_at.pop(id(req), None)
         if sent is None:
             # the drain notice has not arrived yet, but the broker had the whole request: bound it
@@ -521,6 +526,19 @@ class Observer:
             self._request_done(req, ev, sent, delivered, "answered")
         if f.inflight == 0:
             self._on_quiet()
+
+    def _cluster_id(self, ev: ResponseSeen) -> None:
+        """Report the cluster id a Metadata / DescribeCluster answer carries (the summary kept it), once.
+
+        Before the request's row is built, so the row's way out (`proxy.topics`) finds the
+        broker's id known and asks the broker nothing.
+        """
+        s = ev.summary
+        cluster = s.extra.get("cluster_id") if s is not None and s.extra else None
+        tell = self._on_cluster
+        if cluster and tell is not None:
+            self._on_cluster = None
+            tell(cluster)
 
     def _on_opaque(self, ev: StreamOpaque) -> None:
         f = self.facts

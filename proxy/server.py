@@ -427,12 +427,22 @@ class ProxyServer:
         self._emit.topic({"proxy_id": self.proxy_id, "topic_id": topic_id, "name": name,
                           "first_seen_ns": self.clock(), "broker_addr": source, "cluster_id": cluster})
 
+    def cluster_seen(self, broker: str | None, cluster_id: str) -> None:
+        """A connection relayed a Metadata / DescribeCluster answer with its broker's cluster id (once per connection).
+
+        Learned from the clients' own answers, so SASL listeners (where the resolver's query is
+        refused before authentication) and `--no-resolve-topics` name their cluster too; recorded
+        the first time a broker's id is seen (`_cluster_learned`), a dict lookup afterwards.
+        """
+        if broker and self.resolver is not None:
+            self.resolver.learn_cluster(broker, cluster_id)
+
     def _cluster_learned(self, broker: str, cluster_id: str) -> None:
         """A broker's cluster id, first learned: a `topics/` row of its own (no topic id, no name).
 
         Why a row without a pair: replay's same-cluster guard needs the recording to name its cluster,
-        and the answer that gave the id may bring no new pair (names already learned from relayed
-        responses in cluster mode, a topic not created yet). Analytics reads only rows with a pair.
+        and the answer that gave the id may bring no new pair (no topic named yet, names already
+        known, or only a relayed answer, which brings no pair). Analytics reads only rows with a pair.
         """
         self._emit.topic({"proxy_id": self.proxy_id, "topic_id": None, "name": None,
                           "first_seen_ns": self.clock(), "broker_addr": broker, "cluster_id": cluster_id})

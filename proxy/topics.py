@@ -27,14 +27,20 @@ Every pair learned is also recorded (`topics/` dataset, one row per pair the
 first time it is seen), so analytics can name ids that rows recorded before
 the name was known.
 
-The cluster id. Each query's answer names the broker's cluster, recorded with
-the pairs it brings and, the first time a broker's id is learned, in a row of
-its own (no topic id, no name): `kafkatap replay` refuses a target of the
-recorded cluster, so a recording must name its cluster even when no new pair
-came with the answer (pairs already learned from relayed responses in cluster
-mode, a topic not created yet). A relayed Metadata or DescribeCluster answer
-(the ones that carry the id) asks its broker once when its id is still unknown
-(`TopicResolver.want_cluster`); that answer is not decoded on the relay path.
+The cluster id. `kafkatap replay` refuses a target of the recorded cluster,
+so a recording must name its cluster: the first time a broker's id is learned
+it is recorded in a row of its own (no topic id, no name), and the pairs
+recorded afterwards carry it too. It is learned from the clients' own
+answers: the hot-path summary of a relayed Metadata (v2+) or DescribeCluster
+response keeps its cluster id, and each connection reports the first one it
+sees (`proxy.observer`, `TopicResolver.learn_cluster`). That works wherever
+responses are decoded (explicit, transparent, cluster mode, TLS terminated),
+SASL listeners included, where the proxy's own query is refused before
+authentication. Each query's answer names the cluster as well, and a relayed
+Metadata / DescribeCluster answer that carried none (Metadata v0/v1, an answer
+a Kafka fault made in the broker's place) makes the proxy ask that broker
+while its id is unknown (`TopicResolver.want_cluster`, the fallback, at most
+`CLUSTER_ID_TRIES` times).
 """
 
 from __future__ import annotations
@@ -48,7 +54,7 @@ from typing import Any
 
 import structlog
 
-from protocol.apis import CREATE_TOPICS, METADATA
+from protocol.apis import CLUSTER_ID_APIS, CREATE_TOPICS, METADATA
 from protocol.deep import decode_response, encode_request
 from proxy.sink_steps import pass_through
 
@@ -56,11 +62,8 @@ log = structlog.get_logger("kafkatap.proxy")
 
 Row = dict[str, Any]
 DESCRIBE_TOPIC_PARTITIONS = 75  # no constant in protocol.apis (not ours to edit)
-DESCRIBE_CLUSTER = 60
 # Requests that name topics the client is about to use by id.
 NAMING_APIS = frozenset({METADATA, CREATE_TOPICS, DESCRIBE_TOPIC_PARTITIONS})
-# Requests whose answer carries the cluster id (Metadata v2+, DescribeCluster): the broker's id is then learned
-CLUSTER_ID_APIS = frozenset({METADATA, DESCRIBE_CLUSTER})
 CLUSTER_ID_TRIES = 3  # queries per broker for its cluster id: one that never answers (SASL first) is not asked for ever
 METADATA_VERSION = 12  # topic ids from v10; v12 is served by every broker since 3.1 (3.7 and 4.x included)
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -156,7 +159,7 @@ class TopicResolver:
         """`on_cluster(broker, cluster_id)`: called when a broker's cluster id is first learned (or changes)."""
         self.loop = loop
         self.map = topic_map
-        self.cluster_ids: dict[str, str] = {}  # broker "host:port" → cluster id its Metadata answer gave
+        self.cluster_ids: dict[str, str] = {}  # broker "host:port" → cluster id (a relayed answer or our query)
         self.on_cluster = on_cluster
         self._cluster_tries: dict[str, int] = {}  # broker → queries asked for its cluster id (want_cluster)
         self.enabled = enabled
@@ -181,13 +184,28 @@ class TopicResolver:
             return
         self._tasks[broker_addr] = self.loop.create_task(self._run(broker_addr))
 
-    def want_cluster(self, broker_addr: str | None) -> None:
-        """Learn the cluster id of a broker that just answered a client's Metadata / DescribeCluster.
+    def learn_cluster(self, broker: str, cluster_id: str) -> bool:
+        """Remember a broker's cluster id; True (and `on_cluster` called) when it is new or changed.
 
-        Why ask: the relayed answer carries the id, but the plain relay never
-        decodes it; one query of our own (which names the broker's topics too)
-        does, and only while the broker's id is unknown. A query already running
-        brings it; a broker that never answers is asked `CLUSTER_ID_TRIES` times.
+        Called by the server for the first id each connection relays, and by our own query.
+        Works with the queries off (`enabled=False`): learning costs the broker nothing.
+        """
+        if not broker or not cluster_id or self.cluster_ids.get(broker) == cluster_id:
+            return False
+        self.cluster_ids[broker] = cluster_id  # replay's same-cluster guard reads it
+        if self.on_cluster is not None:
+            self.on_cluster(broker, cluster_id)
+        return True
+
+    def want_cluster(self, broker_addr: str | None) -> None:
+        """The fallback: ask a broker for its cluster id when a client's Metadata / DescribeCluster answer gave none.
+
+        Called for every such row, after the relayed answer had its chance (`learn_cluster`
+        ran before the row was built), so this is a dict lookup whenever the answer carried
+        the id. It asks when the answer had none to carry (Metadata v0/v1, an error the
+        proxy answered in the broker's place): one query of our own (which names the
+        broker's topics too), only while the id is unknown. A query already running brings
+        it; a broker that never answers (SASL first) is asked `CLUSTER_ID_TRIES` times.
         """
         if not broker_addr or broker_addr in self.cluster_ids or broker_addr in self._tasks:
             return
@@ -238,10 +256,8 @@ class TopicResolver:
             rest = await asyncio.wait_for(reader.readexactly(size), self.timeout_s)
             answer = decode_response(size.to_bytes(4, "big") + rest, METADATA, METADATA_VERSION)["body"]
             cluster = answer.get("cluster_id")
-            if cluster and self.cluster_ids.get(broker) != cluster:  # replay's same-cluster guard reads it
-                self.cluster_ids[broker] = cluster
-                if self.on_cluster is not None:
-                    self.on_cluster(broker, cluster)
+            if cluster:
+                self.learn_cluster(broker, cluster)
             for t in answer.get("topics") or ():
                 if t.get("name") and t.get("topic_id"):
                     self.map.learn(str(t["topic_id"]), t["name"], broker)
@@ -288,8 +304,8 @@ class TopicNamingSink:
     A `request` row's `topics` gets every known id replaced by its name
     (`topic_ids` keeps the ids as sent); error entries and a connection's
     `last_request_topics` are named the same way. A Metadata / DescribeCluster
-    row from a broker whose cluster id is unknown starts a query too. Runs on
-    the event loop.
+    row from a broker whose cluster id is still unknown (its answer carried
+    none) starts a query too. Runs on the event loop.
     """
 
     def __init__(self, sink: Any, topic_map: TopicMap, resolver: TopicResolver | None) -> None:

@@ -208,8 +208,8 @@ TOPIC_COLUMNS: list[Column] = [
     Column("topic_id", pa.string(), "", "topic id (uuid)"),
     Column("name", pa.string(), "", "topic name the broker gave for that id"),
     Column("first_seen_ns", TIMESTAMP, "timestamp", "when this proxy first learned the pair"),
-    Column("broker_addr", pa.string(), "host:port", "broker whose Metadata answer named it"),
-    Column("cluster_id", pa.string(), "", "cluster id in that Metadata answer: `kafkatap replay` refuses a target of the same cluster"),
+    Column("broker_addr", pa.string(), "host:port", "broker whose Metadata answer named it (a row without a pair: whose cluster id was learned)"),
+    Column("cluster_id", pa.string(), "", "that broker's cluster id, from a Metadata / DescribeCluster answer a client got through the proxy or the proxy's own: `kafkatap replay` refuses a target of the same cluster"),
 ]
 
 # Derived, not observed (DERIVED_DATASETS): written beside each final requests file (recording.rollups), read by

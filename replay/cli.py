@@ -63,8 +63,9 @@ def target_cluster_id(target: str, timeout: float = 5.0) -> str | None:
 
 
 NO_CLUSTER_ID = ("the recording names no cluster id, so the target may belong to the recorded cluster (its proxy "
-                 "learned none: --no-resolve-topics, a broker that wants SASL first, no Metadata seen, or an older "
-                 "kafkatap)")
+                 "learned none: no Metadata answer it decoded carried one and its own query got none, e.g. TLS "
+                 "relayed undecoded, --no-decode, clients that never asked for metadata; or an older kafkatap on a "
+                 "SASL listener or with --no-resolve-topics)")
 NOT_CHECKED = "  cluster      not checked (--yes-same-cluster)"
 
 

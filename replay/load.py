@@ -22,10 +22,8 @@ from typing import Any
 
 import pyarrow.compute as pc
 
-from protocol.apis import API_NAMES, GROUP_APIS, METADATA, SASL_AUTHENTICATE, SASL_HANDSHAKE
+from protocol.apis import API_NAMES, DESCRIBE_CLUSTER, GROUP_APIS, METADATA, SASL_AUTHENTICATE, SASL_HANDSHAKE
 from protocol.frames import RequestFrame, parse_request
-
-DESCRIBE_CLUSTER = 60  # no constant in protocol.apis (not ours to edit); its response carries cluster_id
 from recording.reader import RecordingFormatError, read_recording, recording_files
 from recording.timestamps import to_epoch_ns
 from replay.topics import request_topics

@@ -2,7 +2,8 @@
 
 `kafka_broker` is the default-version broker every integration test shares;
 `kafka_any_version` is parametrized over both pinned versions for the tests
-that must prove both work. A broker's log is printed when its session fails.
+that must prove both work; `rec_broker` has a SASL_PLAINTEXT listener too. A
+broker's log is printed when its session fails.
 """
 
 from __future__ import annotations
@@ -51,6 +52,51 @@ def kafka_any_version(request: pytest.FixtureRequest) -> LocalKafka:
     return request.getfixturevalue(name)
 
 
+SASL_USER = "alice"
+SASL_PASSWORD = "alice-PW-9f3c7e-never-record-me"
+
+
+class RecBroker:
+    """One broker with a PLAINTEXT and a SASL_PLAINTEXT (PLAIN) listener, each advertising a proxy port.
+
+    The proxy forwards bytes unchanged (no Metadata rewriting), so the broker
+    advertises the proxy's listener ports; readiness is probed on the plain port.
+    """
+
+    def __init__(self, kafka: LocalKafka, proxy_port: int, sasl_port: int, sasl_proxy_port: int) -> None:
+        self.kafka = kafka
+        self.route = f"127.0.0.1:{proxy_port}=127.0.0.1:{kafka.port}"
+        self.sasl_upstream = f"127.0.0.1:{sasl_port}"
+        self.sasl_route = f"127.0.0.1:{sasl_proxy_port}={self.sasl_upstream}"
+        self.proxy_port = proxy_port
+        self.sasl_proxy_port = sasl_proxy_port
+        self.sasl_user = SASL_USER
+        self.sasl_password = SASL_PASSWORD
+
+
+@pytest.fixture(scope="session")
+def rec_broker() -> Iterator[RecBroker]:
+    """The broker with a SASL listener: the recorder's end-to-end tests, and replay's guard on SASL recordings."""
+    from harness.kafka import free_port
+
+    proxy_port, sasl_port, sasl_proxy_port = free_port(), free_port(), free_port()
+    jaas = ('org.apache.kafka.common.security.plain.PlainLoginModule required username="admin" '
+            f'password="admin-secret" user_admin="admin-secret" user_{SASL_USER}="{SASL_PASSWORD}";')
+    kafka = LocalKafka(broker_props={
+        "listeners": (f"PLAINTEXT://127.0.0.1:{{port}},SASL_PLAINTEXT://127.0.0.1:{sasl_port},"
+                      "CONTROLLER://127.0.0.1:{controller_port}"),
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{proxy_port},SASL_PLAINTEXT://127.0.0.1:{sasl_proxy_port}",
+        "sasl.enabled.mechanisms": "PLAIN",
+        "listener.name.sasl_plaintext.plain.sasl.jaas.config": jaas,
+    })
+    kafka.start()
+    try:
+        yield RecBroker(kafka, proxy_port, sasl_port, sasl_proxy_port)
+    finally:
+        kafka.stop()
+        kafka.cleanup()
+
+
 @pytest.fixture
 def topic_name(request: pytest.FixtureRequest) -> str:
     """A topic name unique to this test (auto-created on first produce, or create it)."""
@@ -61,8 +107,8 @@ def topic_name(request: pytest.FixtureRequest) -> str:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark tests that use a broker fixture with `kafka` so `-m 'not kafka'` deselects them.
 
-    The package conftests' own broker fixtures (proxy: a broker advertising the
-    proxy; recorder: one with a SASL listener) are listed here too.
+    The proxy package conftest's own broker fixture (a broker advertising the
+    proxy) is listed here too.
     """
     for item in items:
         if BROKER_FIXTURES & set(getattr(item, "fixturenames", ())):

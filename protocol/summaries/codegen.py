@@ -14,6 +14,8 @@ strings) and only extracts:
 * topic names (entityType topicName) or topic ids, partition counts;
 * the identifying fields listed in `TOP_FIXED` / `TOP_STRINGS` (acks, timeouts,
   fetch limits, group/member/generation, software name/version, mechanism …);
+* the cluster id of Metadata and DescribeCluster responses (`extra["cluster_id"]`:
+  the proxy names the recording's cluster with it);
 * Produce record-batch headers (`protocol.records`) and Fetch per-partition
   facts (`PartitionFetched`).
 
@@ -32,7 +34,7 @@ import re
 from struct import Struct
 from typing import Any, Callable
 
-from protocol.apis import APIS, FETCH, FIND_COORDINATOR, LEAVE_GROUP, PRODUCE
+from protocol.apis import APIS, CLUSTER_ID_APIS, FETCH, FIND_COORDINATOR, LEAVE_GROUP, PRODUCE
 from protocol.apis import in_versions as _in
 from protocol.errors import UnknownApi
 from protocol.events import Summary
@@ -500,6 +502,9 @@ class _Emitter:
             return [f"S.group_id = {s}; r0 = {s}"] if k == 0 else [f"r{k} = {s}"]
         if ent == "transactionalId":
             return [f"S.transactional_id = {s}; r0 = {s}"] if k == 0 else [f"r{k} = {s}"]
+        if k == 0 and name == "ClusterId" and not self.request and self.api in CLUSTER_ID_APIS:
+            # one short string on two rarely sent responses; nothing else has a place for it (no column)
+            return [f"if {s}: S.extra['cluster_id'] = {s}"]
         if k == 0 and name in TOP_STRINGS:
             acts = [f"S.{TOP_STRINGS[name]} = {s}"]
             if name == "Key":

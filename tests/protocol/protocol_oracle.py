@@ -25,10 +25,12 @@ def _walk(obj: Any, out: dict[str, Any], depth: int, key: str = "") -> None:
 
 
 def expected(body: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {"errors": Counter(), "throttle": None}
+    # a top-level cluster id is only ever on Metadata (v2+) and DescribeCluster responses
+    out: dict[str, Any] = {"errors": Counter(), "throttle": None, "cluster_id": body.get("cluster_id") or None}
     _walk(body, out, 0)
     return out
 
 
 def actual(summary: Any) -> dict[str, Any]:
-    return {"errors": Counter(e.code for e in summary.errors), "throttle": summary.throttle_ms}
+    return {"errors": Counter(e.code for e in summary.errors), "throttle": summary.throttle_ms,
+            "cluster_id": summary.extra.get("cluster_id")}

@@ -356,3 +356,23 @@ def test_frames_end_leaves_garbage_and_opaque_streams_whole():
     st.receive_request_data(b"\x16\x03\x01\x00\x10" + b"x" * 20, 0)  # TLS: opaque from here on
     assert st.is_opaque(Direction.REQUEST)
     assert st.frames_end(True, request(18, 0, {}, 1) * 5, 0, 1) == len(request(18, 0, {}, 1)) * 5
+
+
+@pytest.mark.parametrize("chunk", [None, 1, 0])
+def test_cluster_id_of_metadata_and_describe_cluster_answers_is_summarized(chunk: int | None) -> None:
+    """The proxy names the recording's cluster from the answers it relays: Metadata v2+ and DescribeCluster
+    carry the id (Metadata v0/v1 and a null id do not); whole frames, one byte at a time and random chunks."""
+    from protocol.deep import encode_request, encode_response
+
+    md = {"brokers": [], "controller_id": 1, "topics": []}  # v1: no throttle time, no cluster id yet
+    dc = {"throttle_time_ms": 0, "error_code": 0, "error_message": None, "endpoint_type": 1, "cluster_id": "dc-id",
+          "controller_id": 1, "brokers": [], "cluster_authorized_operations": -2147483648}
+    dc_req = {"include_cluster_authorized_operations": False, "endpoint_type": 1}
+    md8 = {**md, "throttle_time_ms": 0}
+    answers = [(3, 1, {"topics": None}, md), (3, 2, {"topics": None}, {**md, "cluster_id": "v2-id"}),
+               (3, 8, META_REQ, {**md8, "cluster_id": "v8-id"}), (3, 12, META_REQ, {**md8, "cluster_id": "v12-id"}),
+               (3, 12, META_REQ, {**md8, "cluster_id": None}), (60, 1, dc_req, dc)]
+    reqs = b"".join(encode_request(key, v, cid, "c", body) for cid, (key, v, body, _) in enumerate(answers, 1))
+    resps = b"".join(encode_response(key, v, cid, body) for cid, (key, v, _, body) in enumerate(answers, 1))
+    got = [ev.summary.extra.get("cluster_id") for ev in feed(reqs, resps, chunk=chunk) if isinstance(ev, ResponseSeen)]
+    assert got == [None, "v2-id", "v8-id", "v12-id", None, "dc-id"]

@@ -157,6 +157,25 @@ def test_transparent_gateway_prerouting(gateway_topology, sink, lib):
 
 
 @pytest.mark.kafka
+def test_transparent_mode_names_the_cluster_from_the_relayed_answers(gateway_topology, sink):
+    """Transparent mode decodes the clients' Metadata answers like every mode: with the proxy's own queries off
+    (--no-resolve-topics) the recording still names the cluster of the original destination."""
+    from proxy.netfilter import RulePlan, build, build_removal, run
+
+    topo, client, gw, server, kafka = gateway_topology
+    plan = RulePlan("gateway", 15092, [("10.77.22.2", kafka.port)], ipv6=False)
+    run(build(plan), netns=gw.name)
+    try:
+        with RunningProxy([":15092"], sink=sink, thread_context=gw.entered, resolve_topics=False) as p:
+            assert _run_client(client, "kafka-python", kafka.bootstrap, f"tr-cid-{os.getpid()}") == 20
+            queries = p.call(lambda: p.server.resolver.queries)
+    finally:
+        run(build_removal(plan), netns=gw.name)
+    own = [(t["broker_addr"], t["cluster_id"]) for t in sink.topics if t["topic_id"] is None]
+    assert own == [(f"10.77.22.2:{kafka.port}", kafka.cluster_id)] and queries == 0
+
+
+@pytest.mark.kafka
 def test_transparent_local_output_does_not_loop(gateway_topology, sink):
     """Proxy on the client host itself: OUTPUT REDIRECT, upstream sockets skip it by SO_MARK."""
     from proxy.netfilter import RulePlan, build, build_removal, run

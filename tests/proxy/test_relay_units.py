@@ -177,6 +177,30 @@ def test_observer_pairs_and_stamps_the_six_times(step):
     assert [f["data"] for f in out.frames] == [q, a]
 
 
+def test_observer_reports_the_first_cluster_id_a_response_carries_before_its_row():
+    """Metadata v0/v1 carries no cluster id; the first answer that does (here v12) is reported once, before the
+    request's row leaves (so the row's way out finds the broker's id known and asks the broker nothing)."""
+    from protocol.deep import encode_request, encode_response
+
+    facts = ConnectionFacts(proxy_id="p", conn_id="c1", listener="127.0.0.1:1", mode="explicit", opened_ns=0)
+    req, resp, out, told = SendStamps(), SendStamps(), _Rows(), []
+    obs = Observer(KafkaStream(), facts, req, resp, out, lambda *a, **k: None,
+                   on_cluster=lambda cluster: told.append((cluster, len(out.requests))))
+    md = {"brokers": [], "controller_id": 1, "topics": []}
+    md12 = {**md, "throttle_time_ms": 0, "cluster_id": "the-cluster"}
+    ask12 = {"topics": None, "allow_auto_topic_creation": False, "include_topic_authorized_operations": False}
+    dc = {"throttle_time_ms": 0, "error_code": 0, "error_message": None, "endpoint_type": 1, "cluster_id": "another",
+          "controller_id": 1, "brokers": [], "cluster_authorized_operations": -2147483648}
+    for corr, (key, version, ask, answer) in enumerate([
+            (3, 1, {"topics": None}, md), (3, 12, ask12, md12), (3, 12, ask12, md12),
+            (60, 1, {"include_cluster_authorized_operations": False, "endpoint_type": 1}, dc)], 1):
+        _relay(obs, req, True, encode_request(key, version, corr, "unit", ask), read_ns=corr * 10, written_ns=corr * 10)
+        _relay(obs, resp, False, encode_response(key, version, corr, answer), read_ns=corr * 10 + 5,
+               written_ns=corr * 10 + 5)
+    assert len(out.requests) == 4
+    assert told == [("the-cluster", 1)]  # once per connection, while the v1 answer's row was the only one out
+
+
 def test_observer_waits_for_the_drain_when_the_broker_socket_is_full():
     obs, req, resp, out, _ = _observer()
     q, a = _api_versions(corr=5)

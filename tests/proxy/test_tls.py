@@ -170,6 +170,10 @@ def test_sasl_ssl_scram_recorded_and_the_password_is_nowhere(tls_kafka, topic_na
     for dataset in ("requests", "connections", "frames"):
         table = ds.dataset(rec / dataset, format="parquet", partitioning="hive").to_table()
         assert PASSWORD not in str(table.to_pylist()), dataset
+    # the proxy's own Metadata query is refused before SASL: the clients' relayed answers named the cluster
+    topics = ds.dataset(rec / "topics", format="parquet", partitioning="hive").to_table().to_pylist()
+    own = [r for r in topics if r["topic_id"] is None]
+    assert own and {r["cluster_id"] for r in own} == {t.kafka.cluster_id}, topics
 
 
 def test_client_certificates_required_when_asked(tls_kafka, sink, topic_name) -> None:

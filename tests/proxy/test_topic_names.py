@@ -85,7 +85,8 @@ def test_naming_sink_asks_for_the_cluster_id_of_brokers_that_answer_metadata() -
 
 def test_a_relayed_metadata_answer_records_its_broker_cluster_id(proxied_kafka, sink):
     """A client asking for brokers only names no topic, yet the recording must name the cluster it saw:
-    the broker's id is learned once and recorded in a `topics/` row of its own (no topic id, no name)."""
+    the broker's id is learned once and recorded in a `topics/` row of its own (no topic id, no name).
+    The relayed answers carry it, so the proxy asks the broker nothing (SASL listeners refuse its query)."""
     with RunningProxy([proxied_kafka.route], sink=sink) as p:
         host, port = p.bootstrap.rsplit(":", 1)
         for _ in range(3):
@@ -97,7 +98,27 @@ def test_a_relayed_metadata_answer_records_its_broker_cluster_id(proxied_kafka, 
         queries = p.call(lambda: p.server.resolver.queries)
     own = [(t["broker_addr"], t["cluster_id"], t["name"]) for t in sink.topics if t["topic_id"] is None]
     assert own == [(proxied_kafka.upstream, proxied_kafka.kafka.cluster_id, None)]
-    assert queries == 1  # asked once: the later Metadata rows found the id known (or the query running)
+    assert queries == 0  # the first relayed answer named the cluster: no query of our own
+
+
+def test_an_answer_without_a_cluster_id_still_asks_the_broker_once(proxied_kafka, sink):
+    """The fallback: a Metadata answer that carries no cluster id (here one the proxy made itself, a Kafka fault
+    answering in the broker's place) leaves the broker's id unknown, so the proxy asks the broker, once."""
+    from proxy.kafka_faults import FaultRules, KafkaFaultLayer
+
+    layer = KafkaFaultLayer(FaultRules.from_specs(["error=Metadata:UNKNOWN_SERVER_ERROR"]))
+    with RunningProxy([proxied_kafka.route], sink=sink, interceptors=[layer]) as p:
+        host, port = p.bootstrap.rsplit(":", 1)
+        for _ in range(2):
+            with WireClient(host, int(port)) as c:
+                c.call(METADATA, 12, {"topics": [], "allow_auto_topic_creation": False,
+                                      "include_topic_authorized_operations": False})
+        sink.wait_for(lambda s: any(t["topic_id"] is None for t in s.topics))
+        sink.wait_for(lambda s: len([r for r in s.requests if r["api_key"] == METADATA]) == 2)
+        queries = p.call(lambda: p.server.resolver.queries)
+    assert all(r["edit"] for r in sink.requests if r["api_key"] == METADATA)  # neither answer came from the broker
+    own = [(t["broker_addr"], t["cluster_id"]) for t in sink.topics if t["topic_id"] is None]
+    assert own == [(proxied_kafka.upstream, proxied_kafka.kafka.cluster_id)] and queries == 1
 
 
 def _create_directly(kafka, topic: str) -> None:

@@ -256,6 +256,31 @@ def test_a_dead_worker_is_logged_and_restarted(start_proxy, proxied_kafka, tmp_p
     assert p.terminate() == 0
 
 
+def test_workers_name_the_cluster_of_a_sasl_listener(rec_broker, topic_name, tmp_path):
+    """The proxy's own Metadata query is refused on a SASL listener; the clients' relayed answers still name the
+    cluster, in the partition of each worker that relayed one (`kafkatap replay` reads them all)."""
+    record = tmp_path / "rec"
+    p = ProxyProcess(["--route", rec_broker.sasl_route, "--workers", "2", "--proxy-id", PROXY_ID,
+                      "--record", str(record), "--capture", "requests"])
+    try:
+        p.wait_event("workers running")
+        prod = KafkaProducer(bootstrap_servers=f"127.0.0.1:{rec_broker.sasl_proxy_port}", acks=1, linger_ms=0,
+                             security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
+                             sasl_plain_username=rec_broker.sasl_user, sasl_plain_password=rec_broker.sasl_password)
+        try:
+            for n in range(20):
+                prod.send(topic_name, b"%d" % n).get(timeout=30)
+        finally:
+            prod.close(timeout=10)
+        assert p.terminate() == 0
+    finally:
+        p.kill()
+    own = [r for r in read_recording(record, "topics").to_pylist() if r["topic_id"] is None]
+    assert {(r["broker_addr"], r["cluster_id"]) for r in own} == {(rec_broker.sasl_upstream, rec_broker.kafka.cluster_id)}
+    workers = [r["proxy"] for r in own]
+    assert len(workers) == len(set(workers)) and set(workers) <= {worker_proxy_id(PROXY_ID, 1), worker_proxy_id(PROXY_ID, 2)}
+
+
 def test_a_worker_that_cannot_start_stops_the_proxy(proxied_kafka, tmp_path):
     a_file = tmp_path / "file"
     a_file.write_text("")  # the workers' recorders cannot create a directory below it

@@ -3,26 +3,32 @@
 Found by an audit: a recording made through a cluster-mode proxy named no cluster id (the topic
 names came from the relayed Metadata responses, so the proxy never asked the broker itself), and
 the guard then compared addresses only: a replay against a second listener of the recorded cluster
-wrote its Produce requests into that cluster. Now the proxy learns the cluster id of every broker
-whose Metadata passes through it, and a recording that names none is refused unless the operator
+wrote its Produce requests into that cluster. Now the proxy learns the cluster id from the Metadata
+and DescribeCluster answers it relays (its own query is only the fallback), so a recording made on a
+SASL listener, where that query is refused before authentication, or with --no-resolve-topics names
+its cluster too; a recording that names none (no answer carried one) is refused unless the operator
 passes --yes-same-cluster.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
 from harness.kafka import LocalKafka, free_port, port_is_free
+from harness.wire import WireClient
+from protocol.apis import API_VERSIONS, PRODUCE
 from proxy.cluster import ClusterConfig, ClusterMode
 from proxy.running import RunningProxy
 from proxy.sinks import build_sinks
 from recording.reader import read_recording
-from replay.cli import replay
+from replay.cli import replay, target_cluster_id
 from replay.load import load_recording
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -73,19 +79,45 @@ def record_through_cluster_proxy(kafka: LocalKafka, out: Path, topic: str, *, re
     return out
 
 
+def record_without_metadata(kafka: LocalKafka, out: Path, topic: str) -> Path:
+    """A client that never asks for metadata (it knows its broker and its topic): no answer carries a cluster id.
+
+    ApiVersions, then Produce v9 (the topic by name) through an explicit-mode proxy, topic resolution on:
+    nothing names a topic the proxy would have to look up, so it asks the broker nothing either.
+    """
+    from kafka.record.memory_records import MemoryRecordsBuilder
+
+    kafka.create_topic(topic, 1)
+    sink = build_sinks(out, "origin", capture="requests", flush_interval_s=0.2, compact_interval_s=0).sink
+    with RunningProxy(upstream=f"127.0.0.1:{kafka.port}", sink=sink, capture="requests", proxy_id="origin") as p:
+        host, port = p.bootstrap.rsplit(":", 1)
+        with WireClient(host, int(port), client_id="cid-no-metadata") as c:
+            c.call(API_VERSIONS, 3, {"client_software_name": "wire", "client_software_version": "1"})
+            for i in range(10):
+                batch = MemoryRecordsBuilder(2, 0, batch_size=1 << 20)
+                batch.append(1_700_000_000_000 + i, key=None, value=b"v%d" % i)
+                batch.close()
+                body = c.call(PRODUCE, 9, {"transactional_id": None, "acks": 1, "timeout_ms": 10000, "topic_data": [
+                    {"name": topic, "partition_data": [{"index": 0, "records": bytes(batch.buffer())}]}]})
+                assert body["responses"][0]["partition_responses"][0]["error_code"] == 0, body
+    return out
+
+
 @dataclass
 class Recorded:
     kafka: LocalKafka
     named: Path  # recorded through a cluster-mode proxy, as in the audit
-    unnamed: Path  # the same traffic with --no-resolve-topics: the proxy learns no cluster id
+    unresolved: Path  # the same traffic with --no-resolve-topics: only the relayed answers can name the cluster
+    unnamed: Path  # a client that never asks for metadata: no answer carries a cluster id
 
 
 @pytest.fixture(scope="module")
 def recorded(kafka_broker: LocalKafka, tmp_path_factory: pytest.TempPathFactory) -> Recorded:
     root = tmp_path_factory.mktemp("cluster-id")
     named = record_through_cluster_proxy(kafka_broker, root / "named", "cid-named")
-    unnamed = record_through_cluster_proxy(kafka_broker, root / "unnamed", "cid-unnamed", resolve_topics=False)
-    return Recorded(kafka_broker, named, unnamed)
+    unresolved = record_through_cluster_proxy(kafka_broker, root / "unresolved", "cid-unresolved", resolve_topics=False)
+    unnamed = record_without_metadata(kafka_broker, root / "unnamed", "cid-unnamed")
+    return Recorded(kafka_broker, named, unresolved, unnamed)
 
 
 @pytest.fixture
@@ -101,6 +133,14 @@ def test_a_cluster_mode_recording_names_the_cluster_id(recorded: Recorded):
     assert load_recording(recorded.named).cluster_ids == {recorded.kafka.cluster_id}
 
 
+def test_without_topic_resolution_the_relayed_answers_name_the_cluster(recorded: Recorded):
+    """--no-resolve-topics: the proxy asks the broker nothing, yet the clients' Metadata answers carried the id."""
+    rows = read_recording(recorded.unresolved, "topics").to_pylist()
+    assert [(r["broker_addr"], r["cluster_id"]) for r in rows if r["topic_id"] is None] == \
+        [(f"127.0.0.1:{recorded.kafka.port}", recorded.kafka.cluster_id)], rows
+    assert load_recording(recorded.unresolved).cluster_ids == {recorded.kafka.cluster_id}
+
+
 def test_replay_to_another_listener_of_the_recorded_cluster_is_refused(recorded: Recorded, second_listener: str):
     res = CliRunner().invoke(replay, [str(recorded.named), "--target", second_listener, "--speed", "max", "--yes"])
     assert res.exit_code == 2, res.output
@@ -109,6 +149,7 @@ def test_replay_to_another_listener_of_the_recorded_cluster_is_refused(recorded:
 
 
 def test_a_recording_without_a_cluster_id_needs_the_flag(recorded: Recorded, second_listener: str):
+    assert not (recorded.unnamed / "topics").exists()  # no answer carried an id, and the proxy asked for none
     assert load_recording(recorded.unnamed).cluster_ids == set()
     args = [str(recorded.unnamed), "--target", second_listener, "--speed", "max", "--yes"]
     res = CliRunner().invoke(replay, args)
@@ -118,3 +159,72 @@ def test_a_recording_without_a_cluster_id_needs_the_flag(recorded: Recorded, sec
     res = CliRunner().invoke(replay, [*args, "--yes-same-cluster"])
     assert res.exit_code == 0, res.output
     assert "replayed" in res.output and "cluster      not checked (--yes-same-cluster)" in res.output
+
+
+# -- a SASL listener: the proxy's own query is refused before authentication ------------------------------
+
+@dataclass
+class SaslRecorded:
+    broker: Any  # tests/conftest.py's RecBroker
+    path: Path
+    cluster_id: str  # the broker's own answer on its PLAINTEXT listener
+
+
+@pytest.fixture(scope="module")
+def sasl_recorded(rec_broker: Any, tmp_path_factory: pytest.TempPathFactory) -> SaslRecorded:
+    """kafka-python produces through an explicit-mode proxy in front of the broker's SASL_PLAINTEXT (PLAIN) listener."""
+    from kafka import KafkaProducer
+
+    out = tmp_path_factory.mktemp("cluster-id-sasl") / "rec"
+    topic = "cid-sasl"  # created by the producer's first Metadata request (the broker advertises the proxy only)
+    sink = build_sinks(out, "sasl-origin", capture="requests", flush_interval_s=0.2, compact_interval_s=0).sink
+    with RunningProxy([rec_broker.sasl_route], sink=sink, capture="requests", proxy_id="sasl-origin") as p:
+        prod = KafkaProducer(bootstrap_servers=p.bootstrap, linger_ms=0, client_id="cid-sasl-producer",
+                             security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
+                             sasl_plain_username=rec_broker.sasl_user, sasl_plain_password=rec_broker.sasl_password)
+        for i in range(RECORDS):
+            prod.send(topic, value=b"v%d" % i)
+        prod.flush(20)
+        prod.close(5)
+    cluster = target_cluster_id(f"127.0.0.1:{rec_broker.kafka.port}")
+    assert cluster is not None
+    return SaslRecorded(rec_broker, out, cluster)
+
+
+def _sasl_args(s: SaslRecorded, target: str) -> list[str]:
+    return [str(s.path), "--target", target, "--speed", "max", "--sasl-plain",
+            f"{s.broker.sasl_user}:{s.broker.sasl_password}"]
+
+
+def test_a_sasl_listener_recording_names_the_brokers_cluster_id(sasl_recorded: SaslRecorded):
+    s = sasl_recorded
+    assert target_cluster_id(s.broker.sasl_upstream) is None  # the listener the proxy fronts answers nothing before SASL
+    assert s.cluster_id == s.broker.kafka.cluster_id
+    rows = read_recording(s.path, "topics").to_pylist()
+    assert [(r["broker_addr"], r["cluster_id"]) for r in rows if r["topic_id"] is None] == \
+        [(s.broker.sasl_upstream, s.cluster_id)], rows
+    assert load_recording(s.path, sasl_credentials=True).cluster_ids == {s.cluster_id}
+
+
+def test_a_sasl_recording_is_refused_on_another_listener_of_its_cluster(sasl_recorded: SaslRecorded):
+    """The broker's PLAINTEXT listener is not the recorded address: only the cluster id tells it is the origin."""
+    s = sasl_recorded
+    res = CliRunner().invoke(replay, [*_sasl_args(s, f"127.0.0.1:{s.broker.kafka.port}"), "--yes"])
+    assert res.exit_code == 2, res.output
+    assert f"it belongs to the recorded cluster {s.cluster_id}" in res.output
+    assert "replayed" not in res.output
+
+
+def test_a_sasl_recording_replays_into_another_cluster_and_with_the_flag(sasl_recorded: SaslRecorded,
+                                                                          kafka_broker: LocalKafka):
+    """Another cluster passes the guard; so does the recorded one with --yes-same-cluster. Both targets are PLAINTEXT
+    listeners (replay prepares a target without authenticating): their brokers answer the SASL steps with an error."""
+    s = sasl_recorded
+    res = CliRunner().invoke(replay, [*_sasl_args(s, f"127.0.0.1:{kafka_broker.port}"), "--yes"])
+    assert res.exit_code == 0, res.output
+    assert f"cluster      target {kafka_broker.cluster_id}, recorded {s.cluster_id}" in res.output
+    assert re.search(r"replayed \d+ connections: \d+ requests sent, \d+ answered, 0 without response \(acks=0\), 0 failed",
+                     res.output), res.output
+    res = CliRunner().invoke(replay, [*_sasl_args(s, f"127.0.0.1:{s.broker.kafka.port}"), "--yes-same-cluster", "--yes"])
+    assert res.exit_code == 0, res.output
+    assert "replayed " in res.output and "cluster      not checked (--yes-same-cluster)" in res.output
