@@ -12,6 +12,19 @@ from analytics.transforms.overview import opaque
 RESET_REASONS = ("client_rst", "broker_rst")
 
 
+# the proxy names its connections `<run>-<n>` (recording.schema: conn_id), the run new at each start of a proxy or worker
+RUN_OF_CONN_ID = r"^([0-9a-f]{6})-[0-9]+$"
+
+
+def proxy_run() -> Column:
+    """Which run of which proxy recorded a connection: `proxy_id/run`.
+
+    The run is the conn_id's prefix; a conn_id not in the proxy's form (another
+    tool's recording) gives only `proxy_id/`, one run per proxy.
+    """
+    return F.concat_ws("/", F.col("proxy_id"), F.regexp_extract(F.col("conn_id"), RUN_OF_CONN_ID, 1))
+
+
 def connections_over_time(conns: DataFrame, traffic: DataFrame, bucket_s: int, views: DataFrame) -> DataFrame:
     """Per broker and bucket: opens, ends, concurrency, request rate and latency.
 
@@ -22,6 +35,16 @@ def connections_over_time(conns: DataFrame, traffic: DataFrame, bucket_s: int, v
     `traffic` is `rollups.traffic_over_time` with the same bucket (summed over
     clients here); latency comes from the cube's broker x time view (`views`:
     cube or percentile views).
+
+    `recording_starts` counts the proxy runs (`proxy_run`) whose recording began
+    in the bucket and that opened connections to this broker in it. A run sees
+    only what opens after it starts, so the connections a second proxy, a
+    restarted proxy or a restarted worker takes over arrive as opens in its
+    first bucket, however long the clients have been connected (a restart's
+    bucket also still counts the previous run's connections, which end in it).
+    The `connection_surge` rule does not compare concurrency across such a
+    bucket. It is one more column of the opens' aggregation (with each run's
+    first bucket, a few rows, broadcast to it), not a pass of its own.
     """
     traffic = traffic.groupBy("broker_addr", "b").agg(
         *[F.sum(c).alias(c) for c in ("requests", "request_bytes", "sized_requests")])
@@ -29,8 +52,12 @@ def connections_over_time(conns: DataFrame, traffic: DataFrame, bucket_s: int, v
         "broker_addr",
         time_bucket_index("opened_ns", bucket_s).alias("open_b"),
         F.when(F.col("closed_ns").isNotNull(), time_bucket_index("closed_ns", bucket_s)).alias("close_b"),
+        proxy_run().alias("run"),
     )
-    opens = c.groupBy("broker_addr", F.col("open_b").alias("b")).agg(F.count(F.lit(1)).alias("opens"))
+    run_start = c.groupBy("run").agg(F.min("open_b").alias("run_start_b"))
+    opens = c.join(F.broadcast(run_start), "run").groupBy("broker_addr", F.col("open_b").alias("b")).agg(
+        F.count(F.lit(1)).alias("opens"),
+        F.countDistinct(F.when(F.col("open_b") == F.col("run_start_b"), F.col("run"))).alias("recording_starts"))
     ends = c.where(F.col("close_b").isNotNull()).groupBy("broker_addr", F.col("close_b").alias("b")).agg(F.count(F.lit(1)).alias("ends"))
     q = view(views, "broker_time").select(
         F.col("k1").alias("broker_addr"), (F.col("k2").try_cast("long") / bucket_s).cast("long").alias("b"),
@@ -43,13 +70,13 @@ def connections_over_time(conns: DataFrame, traffic: DataFrame, bucket_s: int, v
     ).groupBy("broker_addr").agg(F.min("open_b").alias("lo"), F.max("close_b").alias("hi"))
     grid = bounds.select("broker_addr", F.explode(F.sequence("lo", "hi")).alias("b"))
     g = grid.join(opens, ["broker_addr", "b"], "left").join(ends, ["broker_addr", "b"], "left").join(lat, ["broker_addr", "b"], "left")
-    g = g.fillna(0, ["opens", "ends", "requests"])
+    g = g.fillna(0, ["opens", "recording_starts", "ends", "requests"])
     w = Window.partitionBy("broker_addr").orderBy("b").rowsBetween(Window.unboundedPreceding, Window.currentRow)
     # a connection that ends in bucket b was still open during part of b: subtract ends of earlier buckets
     return g.select(
         "broker_addr",
         F.timestamp_seconds(F.col("b") * bucket_s).alias("bucket"),
-        "opens", "ends",
+        "opens", "recording_starts", "ends",
         (F.sum("opens").over(w) - F.sum("ends").over(w) + F.col("ends")).alias("concurrent"),
         "requests",
         F.round(F.col("requests") / bucket_s, 2).alias("requests_per_s"),
