@@ -131,14 +131,35 @@ def resets(conns: DataFrame, limit: int = 5000) -> DataFrame:
     ).orderBy("closed_ns").limit(limit)
 
 
+STARTUP_S = 5  # a client's first moments: the connections it opens to get going, never reconnects
+
+
 def reconnects_by_client(conns: DataFrame, bucket_s: int = 60) -> DataFrame:
-    """Per client (client_id + host): connections opened, rate, resets and the worst minute."""
+    """Per client (client_id + host): connections opened, reconnects and their rate, resets and the worst minute.
+
+    A reconnect is a connection the client opened to a broker after one of its earlier connections to
+    that broker had ended, more than STARTUP_S after its first connection in the recording. Why not
+    every connection after the first: a client starting up opens several within a second or two (a
+    bootstrap connection, one per broker it needs, one to its group or transaction coordinator), none
+    of them replacing a lost one, and (connections - 1) over the few seconds it has been seen (a
+    minute at least) read as a storm of reconnects. Those open side by side, so none follows an ended
+    connection to its broker, except where a client closes its bootstrap connection and opens the
+    same broker's own right after (kafka-python does): STARTUP_S covers that. A storm is the other
+    shape: one connection to a broker after another, each ending (reset after idle, closed by the
+    broker, a producer made per send) before the next opens. The rate is reconnects per minute of
+    the client's span in the recording.
+    """
     c = with_client(conns)
+    first_open = F.min("opened_ns").over(Window.partitionBy("client_id", "client_host"))
+    first_end_to_broker = F.min("closed_ns").over(Window.partitionBy("client_id", "client_host", "broker_addr"))
+    # the earliest end to the broker is before this open: some earlier connection had ended (its own end is later)
+    reconnect = (F.col("opened_ns") > first_end_to_broker) & (F.col("opened_ns") > first_open + STARTUP_S * 1_000_000_000)
     per_min = c.groupBy("client_id", "client_host", time_bucket_index("opened_ns", bucket_s).alias("m")).agg(
         F.count(F.lit(1)).alias("n")
     ).groupBy("client_id", "client_host").agg(F.max("n").alias("max_opens_per_interval"))
-    agg = c.groupBy("client_id", "client_host").agg(
+    agg = c.withColumn("reconnect", F.coalesce(reconnect, F.lit(False))).groupBy("client_id", "client_host").agg(
         F.count(F.lit(1)).alias("connections"),
+        F.sum(F.col("reconnect").cast("int")).alias("reconnects"),
         F.min("opened_ns").alias("first_ns"),
         F.max(F.coalesce("closed_ns", "snapshot_ns", "opened_ns")).alias("last_ns"),
         F.sum(F.when(F.col("end_reason").isin(*RESET_REASONS), 1).otherwise(0)).alias("resets"),
@@ -150,8 +171,8 @@ def reconnects_by_client(conns: DataFrame, bucket_s: int = 60) -> DataFrame:
     )
     minutes = F.greatest((F.col("last_ns") - F.col("first_ns")) / 6e10, F.lit(1.0))
     return agg.join(per_min, ["client_id", "client_host"]).select(
-        "client_id", "client_host", "connections",
-        F.round((F.col("connections") - 1) / minutes, 3).alias("reconnects_per_min"),
+        "client_id", "client_host", "connections", "reconnects",
+        F.round(F.col("reconnects") / minutes, 3).alias("reconnects_per_min"),
         "max_opens_per_interval", "resets", "resets_not_by_broker", "closed_by_broker",
         "median_idle_before_end_ms", "median_lifetime_s", "brokers",
     ).orderBy(F.desc("reconnects_per_min"), F.desc("connections"))

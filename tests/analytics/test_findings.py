@@ -74,13 +74,23 @@ def test_idle_resets_not_from_broker() -> None:
 
 
 def test_reconnect_storm() -> None:
-    row = {"client_id": "billing", "client_host": "10.9.0.5", "connections": 30, "reconnects_per_min": 2.5, "max_opens_per_interval": 4,
-           "resets": 29, "resets_not_by_broker": 29, "closed_by_broker": 0, "median_lifetime_s": 20.0}
+    row = {"client_id": "billing", "client_host": "10.9.0.5", "connections": 30, "reconnects": 29, "reconnects_per_min": 2.5,
+           "max_opens_per_interval": 4, "resets": 29, "resets_not_by_broker": 29, "closed_by_broker": 0, "median_lifetime_s": 20.0}
     pos = reconnect_storm({"reconnects_by_client": [row]})
     assert len(pos) == 1 and pos[0].severity == "critical" and "billing" in pos[0].title
-    steady = dict(row, connections=3, reconnects_per_min=0.01, median_lifetime_s=7000.0)
+    assert pos[0].evidence["reconnects"] == 29 and "29 of them replacing an ended one to the same broker" in pos[0].summary
+    steady = dict(row, connections=3, reconnects=2, reconnects_per_min=0.01, median_lifetime_s=7000.0)
     long_lived = dict(row, median_lifetime_s=5000.0)
     assert reconnect_storm({"reconnects_by_client": [steady, long_lived]}) == []
+
+
+def test_reconnect_storm_is_not_a_clients_start() -> None:
+    """Five connections within a client's first seconds (bootstrap, three brokers, the coordinator), still open: no reconnect."""
+    start = {"client_id": "orders-app", "client_host": "10.1.0.7", "connections": 5, "reconnects": 0, "reconnects_per_min": 0.0,
+             "max_opens_per_interval": 5, "resets": 0, "resets_not_by_broker": 0, "closed_by_broker": 0, "median_lifetime_s": 120.0}
+    assert reconnect_storm({"reconnects_by_client": [start]}) == []
+    # a broker restart replaces at most its node, bootstrap and coordinator connections: not a storm either
+    assert reconnect_storm({"reconnects_by_client": [dict(start, reconnects=3, reconnects_per_min=1.5)]}) == []
 
 
 def test_client_inventory() -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import functions as F
 
+from analytics.findings.resets import reconnect_storm
 from analytics.findings.surge import connection_surge
 from analytics.job import summary
 from analytics.result import AnalysisResult
@@ -262,6 +263,24 @@ def test_a_gap_in_the_recording_is_no_connection_surge(make_df) -> None:
     assert [x["requests"] for x in rows] == [1, 1, 0, 0, 0, 1, 1, 1, 1] and not any(x["recording_starts"] for x in rows[1:])
 
 
+def test_reconnects_are_replaced_connections_not_a_clients_start(make_df) -> None:
+    """A client starting up: kafka-python's bootstrap connection, closed before it opens the broker's own, one per broker and
+    the coordinator's, all within a second and still open 150 s later. Beside it, incident 2's client: a connection reset
+    after idle and reopened, again and again."""
+    later = {"snapshot_ns": T0 + 150 * S, "duration_us": 149_000_000}
+    cs = [conn("s-boot", 0, 0.1, client="orders-app")]
+    cs += [conn(f"s-{b}", 0.2, None, client="orders-app", broker=f"10.0.0.{b}:9092", **later) for b in (1, 2, 3)]
+    cs += [conn("s-coord", 1.0, None, client="orders-app", broker="10.0.0.2:9092", **later)]
+    cs += [conn(f"r{i}", i * 100, i * 100 + 90, client="billing", end_reason="client_rst", end_by="client", idle_ms=60_000,
+                client_addr=f"10.9.0.5:{3000 + i}") for i in range(6)]
+    rc = by(connections.reconnects_by_client(make_df("connections", cs)).collect(), "client_id")
+    storms = reconnect_storm({"reconnects_by_client": list(rc.values())})
+    assert len(storms) == 1 and storms[0].evidence["clients"] == 1, [f.summary for f in storms]
+    assert "billing" in storms[0].title and "orders-app" not in storms[0].summary and storms[0].evidence["reconnects"] == 5
+    assert (rc["orders-app"]["connections"], rc["orders-app"]["reconnects"], rc["orders-app"]["reconnects_per_min"]) == (5, 0, 0)
+    assert rc["billing"]["reconnects"] == 5
+
+
 def test_connection_ends_resets_reconnects(make_df) -> None:
     cs = [conn(f"r{i}", i * 100, i * 100 + 90, client="billing", end_reason="client_rst", end_by="client", idle_ms=60_000,
                client_addr=f"10.9.0.5:{3000 + i}") for i in range(6)]
@@ -272,7 +291,8 @@ def test_connection_ends_resets_reconnects(make_df) -> None:
     assert ends[("client_rst", "client")]["connections"] == 6 and ends[("client_rst", "client")]["median_idle_ms"] == 60_000
     assert len(connections.resets(c).collect()) == 6
     rc = by(connections.reconnects_by_client(c).collect(), "client_id")["billing"]
-    assert rc["connections"] == 6 and rc["resets_not_by_broker"] == 6 and rc["reconnects_per_min"] == pytest.approx(5 / (590 / 60), rel=0.01)
+    assert rc["connections"] == 6 and rc["reconnects"] == 5 and rc["resets_not_by_broker"] == 6
+    assert rc["reconnects_per_min"] == pytest.approx(5 / (590 / 60), rel=0.01)
     bc = connections.broker_closes(c).collect()
     assert [(x.conn_id, x.last_request_acks, x.last_request_bytes) for x in bc] == [("b1", 0, 3_000_000)]
     r = prepare_requests(make_df("requests", [req("b1", 1, lat_us=None, status="no_response", acks=0)]))
