@@ -448,6 +448,7 @@ class ProxyServer:
                           "first_seen_ns": self.clock(), "broker_addr": broker, "cluster_id": cluster_id})
 
     def next_conn_id(self) -> str:
+        """`<run>-<n>` (recording.schema): analytics reads the run back to know where a recording restarted."""
         return f"{self._run}-{next(self._ids)}"
 
     def is_own_listener(self, dst: tuple[str, int]) -> bool:

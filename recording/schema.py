@@ -135,7 +135,8 @@ REQUEST_COLUMNS: list[Column] = [
 
 CONNECTION_COLUMNS: list[Column] = [
     Column("proxy_id", pa.string(), "", "id of the proxy instance"),
-    Column("conn_id", pa.string(), "", "connection id, unique per proxy run"),
+    Column("conn_id", pa.string(), "", "connection id, unique per proxy run: `<run>-<n>`, the run's 6 hex digits (new at "
+                                       "every start of a proxy or worker) and a counter"),
     Column("final", pa.bool_(), "", "true for the row written at the end, false for periodic snapshots"),
     Column("snapshot_ns", TIMESTAMP, "timestamp", "when this row was taken"),
     Column("listener", pa.string(), "host:port", "proxy listener that accepted the connection"),

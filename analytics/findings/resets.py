@@ -45,20 +45,26 @@ def idle_resets_not_from_broker(t: Tables) -> list[Finding]:
     )]
 
 
-MIN_CONNECTIONS = 5
+MIN_RECONNECTS = 4
 MAX_MEDIAN_LIFETIME_S = 600.0
 MIN_RATE_PER_MIN = 0.1
 
 
 @rule("reconnect_storm")
 def reconnect_storm(t: Tables) -> list[Finding]:
-    """Clients that keep opening short-lived connections (every send pays a handshake): one finding, worst client first."""
+    """Clients that keep opening short-lived connections (every send pays a handshake): one finding, worst client first.
+
+    Counted in reconnects (`reconnects_by_client`: a connection to a broker after an earlier one to it had
+    ended, past the client's first seconds), not connections: a client that starts up opens one per broker
+    plus its bootstrap and coordinator ones within seconds, and over a span that short any count of
+    connections is a high rate. MIN_RECONNECTS is more than one broker's restart makes a client replace
+    (its connection to that broker, and the bootstrap and coordinator ones where they went there too)."""
     storm = []
     for r in t.get("reconnects_by_client", []):
-        n = r.get("connections") or 0
+        n = r.get("reconnects") or 0
         life = r.get("median_lifetime_s")
         rate = r.get("reconnects_per_min") or 0
-        if n >= MIN_CONNECTIONS and life is not None and life <= MAX_MEDIAN_LIFETIME_S and rate >= MIN_RATE_PER_MIN:
+        if n >= MIN_RECONNECTS and life is not None and life <= MAX_MEDIAN_LIFETIME_S and rate >= MIN_RATE_PER_MIN:
             storm.append(r)
     if not storm:
         return []
@@ -66,6 +72,7 @@ def reconnect_storm(t: Tables) -> list[Finding]:
     worst = storm[0]
     sev = "critical" if (worst.get("reconnects_per_min") or 0) >= 1 else "warning"
     total = sum(r["connections"] for r in storm)
+    again = sum(r["reconnects"] for r in storm)
     resets = sum(r.get("resets_not_by_broker") or 0 for r in storm)
     broker = sum(r.get("closed_by_broker") or 0 for r in storm)
     ends = []
@@ -78,12 +85,15 @@ def reconnect_storm(t: Tables) -> list[Finding]:
         id="reconnect_storm", incident=2, severity=sev,
         title=f"{len(storm)} client(s) reconnect constantly: {worst['client_id']} {worst['reconnects_per_min']:.2f}×/min, "
               f"median connection life {human_s(worst.get('median_lifetime_s'))}",
-        summary=(f"{len(storm)} client(s) opened {total} short-lived connections: {names}"
+        summary=(f"{len(storm)} client(s) opened {total} short-lived connections, "
+                 f"{again} of them replacing an ended one to the same broker: {names}"
                  + (f"{'…' if len(storm) > 5 else ''}. Ends: {', '.join(ends)}" if ends else "") + ". Every reconnect pays a TCP "
                  "handshake, ApiVersions and Metadata before the next send."),
-        evidence={"clients": len(storm), "connections": total, "resets_not_by_broker": resets, "closed_by_broker": broker},
-        examples=[{k: r.get(k) for k in ("client_id", "client_host", "connections", "reconnects_per_min", "max_opens_per_interval",
-                                         "resets", "resets_not_by_broker", "closed_by_broker", "median_idle_before_end_ms", "median_lifetime_s")}
+        evidence={"clients": len(storm), "connections": total, "reconnects": again, "resets_not_by_broker": resets,
+                  "closed_by_broker": broker},
+        examples=[{k: r.get(k) for k in ("client_id", "client_host", "connections", "reconnects", "reconnects_per_min",
+                                         "max_opens_per_interval", "resets", "resets_not_by_broker", "closed_by_broker",
+                                         "median_idle_before_end_ms", "median_lifetime_s")}
                   for r in storm[:10]],
         tables=["reconnects_by_client", "resets"], score=score(sev, total),
     )]

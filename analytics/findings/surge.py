@@ -18,25 +18,70 @@ def _med(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
+def recorded(r: dict) -> bool:
+    """Whether the recording shows this broker's bucket at all: a request or a connection end in it.
+
+    Concurrency is carried through a bucket with neither, so the table cannot tell a quiet broker
+    from one nobody was recording (a proxy down, a writer dropping its rows): the ends that happened
+    meanwhile are missing, and what opened meanwhile appears when the recording resumes. An open is no
+    evidence either way: a connection the recording sees again after a gap carries its real open time.
+    """
+    return (r.get("requests") or 0) > 0 or (r.get("ends") or 0) > 0
+
+
+def stretches(rows: list[dict]) -> list[list[dict]]:
+    """One broker's buckets (in time order) cut where the recording's coverage changes.
+
+    A stretch ends before a bucket the recording does not show (`recorded`), and a new one begins at a
+    bucket where a proxy run began recording connections to this broker (`recording_starts`: a second
+    proxy or worker, a restart): its first opens are the run starting to see connections, not new ones.
+    """
+    out: list[list[dict]] = []
+    cur: list[dict] = []
+    for r in rows:
+        if cur and (not recorded(r) or (r.get("recording_starts") or 0) > 0):
+            out.append(cur)
+            cur = []
+        if recorded(r):
+            cur.append(r)
+    return [*out, cur] if cur else out
+
+
+def first_jump(conc: list[int]) -> int | None:
+    """The first index whose concurrency is >= 2x (and +20) the median of everything before it."""
+    for i in range(MIN_BASELINE_BUCKETS, len(conc)):
+        base = statistics.median(conc[:i])
+        if conc[i] >= max(base * JUMP_FACTOR, base + MIN_JUMP):
+            return i
+    return None
+
+
 @rule("connection_surge")
 def connection_surge(t: Tables) -> list[Finding]:
     """Per broker: the first bucket where concurrency jumps to >= 2x (and +20) its earlier median,
-    then whether p99 latency rose with it while bytes per request stayed flat (queueing)."""
+    then whether p99 latency rose with it while bytes per request stayed flat (queueing).
+
+    The baseline and the jump come from one stretch of continuous recording (`stretches`): never across
+    a bucket the recording does not show, nor across a proxy run's start. Both raise the concurrency
+    column without a single new connection on the wire: a second proxy or a restarted one records the
+    connections it takes over as opens at its start, a restart's bucket still counts the connections
+    the last run ended in it, and after a gap the connections whose ends were not recorded stay counted
+    while the clients' new ones add to them. What this gives up: a surge in the bucket where a proxy
+    starts recording, or in the MIN_BASELINE_BUCKETS buckets after it or after a gap, is not reported,
+    since the recording cannot tell it from the recording starting."""
     bucket_s = (t.get("_meta") or [{}])[0].get("bucket_s") or 60
     series: dict[str, list[dict]] = defaultdict(list)
     for r in t.get("connections_over_time", []):
         series[r["broker_addr"]].append(r)
     out = []
-    for broker, rows in series.items():
-        rows.sort(key=lambda r: r["bucket"])
-        conc = [r.get("concurrent") or 0 for r in rows]
-        start = None
-        for i in range(MIN_BASELINE_BUCKETS, len(rows)):
-            base = statistics.median(conc[:i])
-            if conc[i] >= max(base * JUMP_FACTOR, base + MIN_JUMP):
-                start = i
+    for broker, all_rows in series.items():
+        all_rows.sort(key=lambda r: r["bucket"])
+        for rows in stretches(all_rows):
+            conc = [r.get("concurrent") or 0 for r in rows]
+            start = first_jump(conc)
+            if start is not None:
                 break
-        if start is None:
+        else:
             continue
         base_c = statistics.median(conc[:start])
         thresh = (base_c + conc[start]) / 2
@@ -61,7 +106,8 @@ def connection_surge(t: Tables) -> list[Finding]:
                      "queued.max.requests and which clients opened the new connections (client inventory)."),
             evidence={"broker": broker, "baseline_connections": base_c, "peak_connections": peak, "surge_start": ts(rows[start]["bucket"]),
                       "baseline_p99_us": b_p99, "surge_p99_us": s_p99, "baseline_bytes_per_request": b_bpr,
-                      "surge_bytes_per_request": s_bpr, "opens_in_first_buckets": opens, "bucket_s": bucket_s},
+                      "surge_bytes_per_request": s_bpr, "opens_in_first_buckets": opens, "bucket_s": bucket_s,
+                      "baseline_from": ts(rows[0]["bucket"])},
             examples=[{"bucket": ts(r["bucket"]), "concurrent": r.get("concurrent"), "opens": r.get("opens"), "p99_us": r.get("p99_us")}
                       for r in rows[max(0, start - 2):start + 3]],
             tables=["connections_over_time"], score=score(sev, peak - base_c),

@@ -12,6 +12,19 @@ from analytics.transforms.overview import opaque
 RESET_REASONS = ("client_rst", "broker_rst")
 
 
+# the proxy names its connections `<run>-<n>` (recording.schema: conn_id), the run new at each start of a proxy or worker
+RUN_OF_CONN_ID = r"^([0-9a-f]{6})-[0-9]+$"
+
+
+def proxy_run() -> Column:
+    """Which run of which proxy recorded a connection: `proxy_id/run`.
+
+    The run is the conn_id's prefix; a conn_id not in the proxy's form (another
+    tool's recording) gives only `proxy_id/`, one run per proxy.
+    """
+    return F.concat_ws("/", F.col("proxy_id"), F.regexp_extract(F.col("conn_id"), RUN_OF_CONN_ID, 1))
+
+
 def connections_over_time(conns: DataFrame, traffic: DataFrame, bucket_s: int, views: DataFrame,
                           since_ns: int | None = None, until_ns: int | None = None) -> DataFrame:
     """Per broker and bucket: opens, ends, concurrency, request rate and latency.
@@ -30,6 +43,16 @@ def connections_over_time(conns: DataFrame, traffic: DataFrame, bucket_s: int, v
     `opens`; one closed after the window is still open at its last bucket, not one
     of its `ends`. Without that, one connection opened a week before a one-hour
     window drew a week of buckets.
+
+    `recording_starts` counts the proxy runs (`proxy_run`) whose recording began
+    in the bucket and that opened connections to this broker in it. A run sees
+    only what opens after it starts, so the connections a second proxy, a
+    restarted proxy or a restarted worker takes over arrive as opens in its
+    first bucket, however long the clients have been connected (a restart's
+    bucket also still counts the previous run's connections, which end in it).
+    The `connection_surge` rule does not compare concurrency across such a
+    bucket. It is one more column of the opens' aggregation (with each run's
+    first bucket, a few rows, broadcast to it), not a pass of its own.
     """
     traffic = traffic.groupBy("broker_addr", "b").agg(
         *[F.sum(c).alias(c) for c in ("requests", "request_bytes", "sized_requests")])
@@ -46,13 +69,18 @@ def connections_over_time(conns: DataFrame, traffic: DataFrame, bucket_s: int, v
         "broker_addr",
         # the bucket from which it counts as open: its own, or the window's first for one opened before it
         (open_b if first_b is None else F.greatest(open_b, F.lit(first_b))).alias("open_b"),
+        open_b.alias("seen_b"),  # its own open bucket, also before the window: where its proxy run is first seen
         (F.lit(True) if since_ns is None else F.col("opened_ns") >= since_ns).alias("opened_inside"),
         F.when(ends_inside, close_b).alias("close_b"),
         # the last bucket it is known to be open in: its close, the window's last (closed after it), or its open
         F.when(ends_inside, close_b).when(closed, F.lit(last_b)).alias("last_b"),
+        proxy_run().alias("run"),
     )
-    opens = c.groupBy("broker_addr", F.col("open_b").alias("b")).agg(
-        F.count(F.lit(1)).alias("starts"), F.count(F.when(F.col("opened_inside"), 1)).alias("opens"))
+    run_start = c.groupBy("run").agg(F.min("seen_b").alias("run_start_b"))
+    opens = c.join(F.broadcast(run_start), "run").groupBy("broker_addr", F.col("open_b").alias("b")).agg(
+        F.count(F.lit(1)).alias("starts"), F.count(F.when(F.col("opened_inside"), 1)).alias("opens"),
+        F.countDistinct(F.when(F.col("opened_inside") & (F.col("seen_b") == F.col("run_start_b")), F.col("run")))
+        .alias("recording_starts"))
     ends = c.where(F.col("close_b").isNotNull()).groupBy("broker_addr", F.col("close_b").alias("b")).agg(F.count(F.lit(1)).alias("ends"))
     q = view(views, "broker_time").select(
         F.col("k1").alias("broker_addr"), (F.col("k2").try_cast("long") / bucket_s).cast("long").alias("b"),
@@ -65,13 +93,13 @@ def connections_over_time(conns: DataFrame, traffic: DataFrame, bucket_s: int, v
     ).groupBy("broker_addr").agg(F.min("open_b").alias("lo"), F.max("close_b").alias("hi"))
     grid = bounds.select("broker_addr", F.explode(F.sequence("lo", "hi")).alias("b"))
     g = grid.join(opens, ["broker_addr", "b"], "left").join(ends, ["broker_addr", "b"], "left").join(lat, ["broker_addr", "b"], "left")
-    g = g.fillna(0, ["starts", "opens", "ends", "requests"])
+    g = g.fillna(0, ["starts", "opens", "recording_starts", "ends", "requests"])
     w = Window.partitionBy("broker_addr").orderBy("b").rowsBetween(Window.unboundedPreceding, Window.currentRow)
     # a connection that ends in bucket b was still open during part of b: subtract ends of earlier buckets
     return g.select(
         "broker_addr",
         F.timestamp_seconds(F.col("b") * bucket_s).alias("bucket"),
-        "opens", "ends",
+        "opens", "recording_starts", "ends",
         (F.sum("starts").over(w) - F.sum("ends").over(w) + F.col("ends")).alias("concurrent"),
         "requests",
         F.round(F.col("requests") / bucket_s, 2).alias("requests_per_s"),
@@ -126,14 +154,35 @@ def resets(conns: DataFrame, limit: int = 5000) -> DataFrame:
     ).orderBy("closed_ns").limit(limit)
 
 
+STARTUP_S = 5  # a client's first moments: the connections it opens to get going, never reconnects
+
+
 def reconnects_by_client(conns: DataFrame, bucket_s: int = 60) -> DataFrame:
-    """Per client (client_id + host): connections opened, rate, resets and the worst minute."""
+    """Per client (client_id + host): connections opened, reconnects and their rate, resets and the worst minute.
+
+    A reconnect is a connection the client opened to a broker after one of its earlier connections to
+    that broker had ended, more than STARTUP_S after its first connection in the recording. Why not
+    every connection after the first: a client starting up opens several within a second or two (a
+    bootstrap connection, one per broker it needs, one to its group or transaction coordinator), none
+    of them replacing a lost one, and (connections - 1) over the few seconds it has been seen (a
+    minute at least) read as a storm of reconnects. Those open side by side, so none follows an ended
+    connection to its broker, except where a client closes its bootstrap connection and opens the
+    same broker's own right after (kafka-python does): STARTUP_S covers that. A storm is the other
+    shape: one connection to a broker after another, each ending (reset after idle, closed by the
+    broker, a producer made per send) before the next opens. The rate is reconnects per minute of
+    the client's span in the recording.
+    """
     c = with_client(conns)
+    first_open = F.min("opened_ns").over(Window.partitionBy("client_id", "client_host"))
+    first_end_to_broker = F.min("closed_ns").over(Window.partitionBy("client_id", "client_host", "broker_addr"))
+    # the earliest end to the broker is before this open: some earlier connection had ended (its own end is later)
+    reconnect = (F.col("opened_ns") > first_end_to_broker) & (F.col("opened_ns") > first_open + STARTUP_S * 1_000_000_000)
     per_min = c.groupBy("client_id", "client_host", time_bucket_index("opened_ns", bucket_s).alias("m")).agg(
         F.count(F.lit(1)).alias("n")
     ).groupBy("client_id", "client_host").agg(F.max("n").alias("max_opens_per_interval"))
-    agg = c.groupBy("client_id", "client_host").agg(
+    agg = c.withColumn("reconnect", F.coalesce(reconnect, F.lit(False))).groupBy("client_id", "client_host").agg(
         F.count(F.lit(1)).alias("connections"),
+        F.sum(F.col("reconnect").cast("int")).alias("reconnects"),
         F.min("opened_ns").alias("first_ns"),
         F.max(F.coalesce("closed_ns", "snapshot_ns", "opened_ns")).alias("last_ns"),
         F.sum(F.when(F.col("end_reason").isin(*RESET_REASONS), 1).otherwise(0)).alias("resets"),
@@ -145,8 +194,8 @@ def reconnects_by_client(conns: DataFrame, bucket_s: int = 60) -> DataFrame:
     )
     minutes = F.greatest((F.col("last_ns") - F.col("first_ns")) / 6e10, F.lit(1.0))
     return agg.join(per_min, ["client_id", "client_host"]).select(
-        "client_id", "client_host", "connections",
-        F.round((F.col("connections") - 1) / minutes, 3).alias("reconnects_per_min"),
+        "client_id", "client_host", "connections", "reconnects",
+        F.round(F.col("reconnects") / minutes, 3).alias("reconnects_per_min"),
         "max_opens_per_interval", "resets", "resets_not_by_broker", "closed_by_broker",
         "median_idle_before_end_ms", "median_lifetime_s", "brokers",
     ).orderBy(F.desc("reconnects_per_min"), F.desc("connections"))

@@ -11,7 +11,7 @@ import datetime as dt
 import pytest
 
 from analytics.findings import RULES, run_rules
-from analytics.findings.base import Finding, rank
+from analytics.findings.base import Finding, rank, ts
 from analytics.findings.compare import compare_added_latency, compare_ends_differ, compare_errors_differ, compare_few_matched
 from analytics.findings.general import error_hotspot, throttled_clients
 from analytics.findings.inventory import client_inventory
@@ -74,13 +74,23 @@ def test_idle_resets_not_from_broker() -> None:
 
 
 def test_reconnect_storm() -> None:
-    row = {"client_id": "billing", "client_host": "10.9.0.5", "connections": 30, "reconnects_per_min": 2.5, "max_opens_per_interval": 4,
-           "resets": 29, "resets_not_by_broker": 29, "closed_by_broker": 0, "median_lifetime_s": 20.0}
+    row = {"client_id": "billing", "client_host": "10.9.0.5", "connections": 30, "reconnects": 29, "reconnects_per_min": 2.5,
+           "max_opens_per_interval": 4, "resets": 29, "resets_not_by_broker": 29, "closed_by_broker": 0, "median_lifetime_s": 20.0}
     pos = reconnect_storm({"reconnects_by_client": [row]})
     assert len(pos) == 1 and pos[0].severity == "critical" and "billing" in pos[0].title
-    steady = dict(row, connections=3, reconnects_per_min=0.01, median_lifetime_s=7000.0)
+    assert pos[0].evidence["reconnects"] == 29 and "29 of them replacing an ended one to the same broker" in pos[0].summary
+    steady = dict(row, connections=3, reconnects=2, reconnects_per_min=0.01, median_lifetime_s=7000.0)
     long_lived = dict(row, median_lifetime_s=5000.0)
     assert reconnect_storm({"reconnects_by_client": [steady, long_lived]}) == []
+
+
+def test_reconnect_storm_is_not_a_clients_start() -> None:
+    """Five connections within a client's first seconds (bootstrap, three brokers, the coordinator), still open: no reconnect."""
+    start = {"client_id": "orders-app", "client_host": "10.1.0.7", "connections": 5, "reconnects": 0, "reconnects_per_min": 0.0,
+             "max_opens_per_interval": 5, "resets": 0, "resets_not_by_broker": 0, "closed_by_broker": 0, "median_lifetime_s": 120.0}
+    assert reconnect_storm({"reconnects_by_client": [start]}) == []
+    # a broker restart replaces at most its node, bootstrap and coordinator connections: not a storm either
+    assert reconnect_storm({"reconnects_by_client": [dict(start, reconnects=3, reconnects_per_min=1.5)]}) == []
 
 
 def test_client_inventory() -> None:
@@ -94,9 +104,13 @@ def test_client_inventory() -> None:
     assert client_inventory({"client_inventory": []}) == []
 
 
-def series(conc: list[int], p99: list[int], broker: str = "10.0.0.3:9092") -> list[dict]:
-    return [{"broker_addr": broker, "bucket": T + dt.timedelta(minutes=i), "concurrent": c, "opens": 1, "p99_us": p, "bytes_per_request": 500.0}
-            for i, (c, p) in enumerate(zip(conc, p99))]
+def series(conc: list[int], p99: list[int], broker: str = "10.0.0.3:9092", at: dict[int, dict] | None = None) -> list[dict]:
+    """`connections_over_time` rows, one a minute, every bucket with requests; `at={i: {column: value}}` changes bucket i."""
+    rows = [{"broker_addr": broker, "bucket": T + dt.timedelta(minutes=i), "concurrent": c, "opens": 1, "recording_starts": 0, "ends": 0,
+             "requests": 600, "p99_us": p, "bytes_per_request": 500.0} for i, (c, p) in enumerate(zip(conc, p99))]
+    for i, change in (at or {}).items():
+        rows[i].update(change)
+    return rows
 
 
 def test_connection_surge() -> None:
@@ -110,6 +124,30 @@ def test_connection_surge() -> None:
     # a surge with no latency effect is reported, but only as a warning
     calm = connection_surge({"connections_over_time": series([50, 50, 50, 50, 400, 400], [2000] * 6)})
     assert calm[0].severity == "warning"
+
+
+def test_connection_surge_not_across_a_recording_start() -> None:
+    """A second proxy starting to record (or a restarted one) adds its connections as opens in its first bucket."""
+    second = series([50, 50, 50, 50, 110, 110, 110], [2000] * 4 + [3500] * 3, at={4: {"opens": 60, "recording_starts": 1}})
+    assert connection_surge({"connections_over_time": second}) == []
+    # a restart: the bucket counts the last run's connections, which end in it, and the new run's, which open in it
+    restart = series([50, 50, 50, 50, 100, 50, 50, 50], [2000] * 8, at={4: {"opens": 50, "ends": 50, "recording_starts": 1}})
+    assert connection_surge({"connections_over_time": restart}) == []
+    # a surge after the start is still one, against the baseline recorded since
+    later = series([50, 50, 50, 50, 110, 110, 110, 110, 400, 400], [2000] * 8 + [9000] * 2, at={4: {"opens": 60, "recording_starts": 1}})
+    (f,) = connection_surge({"_meta": [{"bucket_s": 60}], "connections_over_time": later})
+    assert f.evidence["baseline_connections"] == 110 and f.evidence["peak_connections"] == 400 and f.severity == "critical"
+    assert f.evidence["baseline_from"] == ts(T + dt.timedelta(minutes=4)) and f.evidence["surge_start"] == ts(T + dt.timedelta(minutes=8))
+
+
+def test_connection_surge_not_across_a_gap_in_the_recording() -> None:
+    """Nothing recorded for three buckets (the proxy down, or its writer dropping rows); then the connections whose ends were
+    lost stay counted while the clients' new ones add to them."""
+    quiet = {"requests": 0, "ends": 0, "opens": 0}
+    gap = series([50, 50, 50, 50, 50, 50, 50, 110, 110, 110], [2000] * 10, at={4: quiet, 5: quiet, 6: quiet, 7: {"opens": 60}})
+    assert connection_surge({"connections_over_time": gap}) == []
+    # the same jump with the broker recorded throughout is a surge
+    assert len(connection_surge({"connections_over_time": series([50] * 7 + [110] * 3, [2000] * 10)})) == 1
 
 
 def test_window_scaling_off() -> None:

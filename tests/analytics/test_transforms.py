@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import functions as F
 
+from analytics.findings.resets import reconnect_storm
+from analytics.findings.surge import connection_surge
 from analytics.job import summary
 from analytics.result import AnalysisResult
 from analytics.transforms import clients, compare, connections, drilldown, errors, latency, overview, produce_fetch, tcp
@@ -246,6 +248,76 @@ def test_connections_over_time_covers_only_the_window(make_df) -> None:
     assert [x["ends"] for x in rows] == [0, 0, 0, 1, 0, 1, 0, 0, 0, 0]
     assert (rows[2]["requests"], rows[2]["p99_us"]) == (1, 2000)
 
+
+def over_time(make_df, cs: list[dict], rs: list[dict]) -> list[dict]:
+    """`connections_over_time` (60 s buckets) of these connection and request rows."""
+    r = prepare_requests(make_df("requests", rs))
+    return [x.asDict() for x in connections.connections_over_time(make_df("connections", cs), traffic_over_time(r, 60), 60,
+                                                                  latency_cube(r, 60)).collect()]
+
+
+def test_proxy_run_is_the_run_a_proxy_names_its_connections_by(make_df) -> None:
+    from proxy.server import ProxyServer
+
+    one, two = (ProxyServer(["127.0.0.1:0=127.0.0.1:9"], tcp_info=False) for _ in range(2))
+    ids = [one.next_conn_id(), one.next_conn_id(), two.next_conn_id(), "c1"]
+    runs = [x.run for x in make_df("connections", [conn(i, 0, 1) for i in ids]).select(connections.proxy_run().alias("run")).collect()]
+    assert runs[0] == runs[1] == f"p1/{ids[0].split('-')[0]}" and runs[2] == f"p1/{ids[2].split('-')[0]}" != runs[0]
+    assert runs[3] == "p1/"  # not the proxy's form: one run per proxy id
+
+
+def test_a_proxy_starting_to_record_is_no_connection_surge(make_df) -> None:
+    """Two proxies record into one directory, the second from 240 s: the connections it takes over open in its first bucket.
+    Its conn_ids are not the proxy's `<run>-<n>`, so the proxy id alone is its run."""
+    cs = [conn(f"a1b2c3-{i}", i / 10, None) for i in range(30)] + [conn(f"p2-{i}", 240 + i / 10, None, proxy_id="p2") for i in range(40)]
+    rs = [req("a1b2c3-0", k, t_s=k * 60 + 5) for k in range(8)] + [req("p2-0", k, t_s=k * 60 + 5, proxy_id="p2") for k in range(4, 8)]
+    rows = over_time(make_df, cs, rs)
+    assert [x["concurrent"] for x in rows] == [30, 30, 30, 30, 70, 70, 70, 70]
+    assert connection_surge({"connections_over_time": rows}) == []
+    assert [x["recording_starts"] for x in rows] == [1, 0, 0, 0, 1, 0, 0, 0]
+
+
+def test_a_proxy_restart_is_no_connection_surge(make_df) -> None:
+    """One proxy id, two runs: the restart's bucket counts the first run's connections (ended in it) and the second's."""
+    cs = [conn(f"a1b2c3-{i}", i / 10, 250, end_reason="proxy_shutdown", end_by="proxy") for i in range(30)]
+    cs += [conn(f"0a0b0c-{i}", 255 + i / 10, None) for i in range(30)]
+    rs = [req("a1b2c3-0", k, t_s=k * 60 + 5) for k in range(5)] + [req("0a0b0c-0", k, t_s=k * 60 + 5) for k in range(5, 8)]
+    rows = over_time(make_df, cs, rs)
+    assert [x["concurrent"] for x in rows] == [30, 30, 30, 30, 60, 30, 30, 30]
+    assert connection_surge({"connections_over_time": rows}) == []
+    assert [x["recording_starts"] for x in rows] == [1, 0, 0, 0, 1, 0, 0, 0]
+
+
+def test_a_gap_in_the_recording_is_no_connection_surge(make_df) -> None:
+    """The writer recorded nothing from 120 s to 300 s: the connections that ended meanwhile keep their last snapshot
+    (open, as far as the recording knows) and the clients' new ones add to them when the recording resumes."""
+    cs = [conn(f"a1b2c3-{i}", i / 10, None, snapshot_ns=T0 + 110 * S) for i in range(30)]
+    cs += [conn(f"a1b2c3-{100 + i}", 300 + i / 10, None) for i in range(30)]
+    rs = [req("a1b2c3-0", k, t_s=k * 60 + 5) for k in range(2)] + [req("a1b2c3-100", k, t_s=k * 60 + 5) for k in range(5, 9)]
+    rows = over_time(make_df, cs, rs)
+    assert [x["concurrent"] for x in rows] == [30, 30, 30, 30, 30, 60, 60, 60, 60]
+    assert connection_surge({"connections_over_time": rows}) == []
+    assert [x["requests"] for x in rows] == [1, 1, 0, 0, 0, 1, 1, 1, 1] and not any(x["recording_starts"] for x in rows[1:])
+
+
+def test_reconnects_are_replaced_connections_not_a_clients_start(make_df) -> None:
+    """A client starting up: kafka-python's bootstrap connection, closed before it opens the broker's own, one per broker and
+    the coordinator's, all within a second and still open 150 s later. Beside it, incident 2's client: a connection reset
+    after idle and reopened, again and again."""
+    later = {"snapshot_ns": T0 + 150 * S, "duration_us": 149_000_000}
+    cs = [conn("s-boot", 0, 0.1, client="orders-app")]
+    cs += [conn(f"s-{b}", 0.2, None, client="orders-app", broker=f"10.0.0.{b}:9092", **later) for b in (1, 2, 3)]
+    cs += [conn("s-coord", 1.0, None, client="orders-app", broker="10.0.0.2:9092", **later)]
+    cs += [conn(f"r{i}", i * 100, i * 100 + 90, client="billing", end_reason="client_rst", end_by="client", idle_ms=60_000,
+                client_addr=f"10.9.0.5:{3000 + i}") for i in range(6)]
+    rc = by(connections.reconnects_by_client(make_df("connections", cs)).collect(), "client_id")
+    storms = reconnect_storm({"reconnects_by_client": list(rc.values())})
+    assert len(storms) == 1 and storms[0].evidence["clients"] == 1, [f.summary for f in storms]
+    assert "billing" in storms[0].title and "orders-app" not in storms[0].summary and storms[0].evidence["reconnects"] == 5
+    assert (rc["orders-app"]["connections"], rc["orders-app"]["reconnects"], rc["orders-app"]["reconnects_per_min"]) == (5, 0, 0)
+    assert rc["billing"]["reconnects"] == 5
+
+
 def test_connection_ends_resets_reconnects(make_df) -> None:
     cs = [conn(f"r{i}", i * 100, i * 100 + 90, client="billing", end_reason="client_rst", end_by="client", idle_ms=60_000,
                client_addr=f"10.9.0.5:{3000 + i}") for i in range(6)]
@@ -256,7 +328,8 @@ def test_connection_ends_resets_reconnects(make_df) -> None:
     assert ends[("client_rst", "client")]["connections"] == 6 and ends[("client_rst", "client")]["median_idle_ms"] == 60_000
     assert len(connections.resets(c).collect()) == 6
     rc = by(connections.reconnects_by_client(c).collect(), "client_id")["billing"]
-    assert rc["connections"] == 6 and rc["resets_not_by_broker"] == 6 and rc["reconnects_per_min"] == pytest.approx(5 / (590 / 60), rel=0.01)
+    assert rc["connections"] == 6 and rc["reconnects"] == 5 and rc["resets_not_by_broker"] == 6
+    assert rc["reconnects_per_min"] == pytest.approx(5 / (590 / 60), rel=0.01)
     bc = connections.broker_closes(c).collect()
     assert [(x.conn_id, x.last_request_acks, x.last_request_bytes) for x in bc] == [("b1", 0, 3_000_000)]
     r = prepare_requests(make_df("requests", [req("b1", 1, lat_us=None, status="no_response", acks=0)]))
