@@ -18,6 +18,12 @@ Two flavours share the framing: `WireClient` (blocking socket; harness and
 scenario set-up, also in a thread inside a namespace) and `AsyncWireClient`
 (asyncio streams; replay set-up and the surge driver). Both are for requests
 the broker answers (not Produce with acks=0) and send one at a time.
+
+Both can authenticate with SASL/PLAIN before their first request
+(`authenticate_plain`): replay's guard and set-up must reach a target that
+takes nothing but SASL. The two requests and the reading of their answers are
+`protocol.sasl`'s; a refusal is `SaslAuthenticationFailed`, carrying the
+broker's error and never the credentials.
 """
 
 from __future__ import annotations
@@ -28,10 +34,12 @@ from dataclasses import dataclass
 from struct import Struct
 from typing import Any
 
+from protocol import sasl
+from protocol.apis import SASL_AUTHENTICATE, SASL_HANDSHAKE
 from protocol.deep import decode_response, encode_request
 from protocol.frames import response_correlation_id
 
-__all__ = ["Exchange", "WireError", "WireClient", "AsyncWireClient", "MAX_RESPONSE_BYTES"]
+__all__ = ["Exchange", "WireError", "SaslAuthenticationFailed", "WireClient", "AsyncWireClient", "MAX_RESPONSE_BYTES"]
 
 MAX_RESPONSE_BYTES = 256 << 20  # a size prefix beyond this is not a response we asked for
 _SIZE = Struct(">i")
@@ -42,6 +50,14 @@ class WireError(ConnectionError):
 
     A ConnectionError, so that callers already handling a dropped connection
     handle this too: in both cases the connection is of no further use.
+    """
+
+
+class SaslAuthenticationFailed(WireError):
+    """The broker refused our SASL/PLAIN authentication; the message is its error, never the credentials.
+
+    A WireError: the broker closes the connection after a refusal, so a caller
+    that only knows dropped connections still stops using it.
     """
 
 
@@ -86,6 +102,24 @@ class _Framing:
             raise WireError(f"response carries correlation id {got}, expected {cid}")
         return Exchange(api_key, version, request, response)
 
+    @staticmethod
+    def _handshake_answered(body: dict[str, Any]) -> bool:
+        """True: authenticate next. False: a listener without SASL (PLAINTEXT, SSL) already let us in."""
+        if body.get("error_code") == sasl.ILLEGAL_SASL_STATE:
+            return False
+        why = sasl.refusal(body)
+        if why is not None:
+            raise SaslAuthenticationFailed(f"SaslHandshake answered {why}")
+        return True
+
+    @staticmethod
+    def _authenticate_answered(body: dict[str, Any], password: str) -> None:
+        why = sasl.refusal(body)
+        if why is not None:
+            if password:  # the broker's text, never ours; masked all the same should a broker echo its input
+                why = why.replace(password, "***")
+            raise SaslAuthenticationFailed(f"SaslAuthenticate answered {why}")
+
 
 class WireClient(_Framing):
     """Blocking client: `with WireClient(host, port) as c: c.call(METADATA, 1, {"topics": None})`.
@@ -117,6 +151,19 @@ class WireClient(_Framing):
     def call(self, api_key: int, version: int, body: dict[str, Any]) -> dict[str, Any]:
         """Send one request; its response body as a dict."""
         return self.exchange(api_key, version, body).body
+
+    def authenticate_plain(self, username: str, password: str) -> bool:
+        """SASL/PLAIN, as the first requests of the connection: SaslHandshake v1, then SaslAuthenticate.
+
+        True once authenticated; False when the listener takes no SASL (it answers
+        the handshake ILLEGAL_SASL_STATE and serves the connection as it is).
+        `SaslAuthenticationFailed` when the broker refuses the mechanism or the credentials.
+        """
+        if not self._handshake_answered(self.call(SASL_HANDSHAKE, sasl.HANDSHAKE_VERSION, sasl.handshake_body())):
+            return False
+        body = self.call(SASL_AUTHENTICATE, sasl.AUTHENTICATE_VERSION, sasl.authenticate_body(username, password))
+        self._authenticate_answered(body, password)
+        return True
 
     def read_frame(self) -> bytes:
         """One size-prefixed frame, prefix included."""
@@ -166,6 +213,14 @@ class AsyncWireClient(_Framing):
     async def call(self, api_key: int, version: int, body: dict[str, Any]) -> dict[str, Any]:
         """Send one request; its response body as a dict."""
         return (await self.exchange(api_key, version, body)).body
+
+    async def authenticate_plain(self, username: str, password: str) -> bool:
+        """SASL/PLAIN before any other request; as `WireClient.authenticate_plain`."""
+        if not self._handshake_answered(await self.call(SASL_HANDSHAKE, sasl.HANDSHAKE_VERSION, sasl.handshake_body())):
+            return False
+        body = await self.call(SASL_AUTHENTICATE, sasl.AUTHENTICATE_VERSION, sasl.authenticate_body(username, password))
+        self._authenticate_answered(body, password)
+        return True
 
     async def read_frame(self) -> bytes:
         """One size-prefixed frame, prefix included (asyncio.IncompleteReadError when the broker closes)."""

@@ -8,7 +8,8 @@ walk.py        the generic rewrite: topic names/ids, member ids, generations, pr
 rewrite.py     rewrite_request: the generic walk + per-API parts (Produce batches, fetch sessions,
                joins, group metadata, SASL)
 learn.py       learn_from_response: the target's answers → state
-target.py      get the target ready (topics, leaders, coordinators, producer ids) over harness.wire
+target.py      get the target ready (topics, leaders, coordinators, producer ids) over harness.wire,
+               SASL/PLAIN first with --sasl-plain; one line for a target that refuses or hangs up
 schedule.py    options, totals and the schedule every connection follows (recorded clock or --speed max)
 connection.py  one recorded connection replayed on one TCP connection
 engine.py      runs the connections on the schedule, progress, optional recording proxy

@@ -3,11 +3,17 @@
 Why the safety rails: a replay writes to a real broker. It refuses the
 recording's own cluster unless told otherwise (`--yes-same-cluster`): the
 recorded broker's address, and any other broker or listener whose cluster id
-(asked with one Metadata request) is one the recording saw. A recording that
-names no cluster id is refused as well, and so is a target whose cluster id
-cannot be read (unreachable, or SASL first): nothing then tells a second
-listener of the recorded cluster from another cluster. It shows one screen of what it is
-about to do, and only proceeds on a "yes" at a terminal or `--yes` in scripts.
+(asked with one Metadata request, after SASL/PLAIN with `--sasl-plain`) is one
+the recording saw. A recording that names no cluster id is refused as well, and
+so is a target whose cluster id cannot be read (unreachable, SASL without
+`--sasl-plain`, TLS): nothing then tells a second listener of the recorded
+cluster from another cluster. It shows one screen of what it is about to do,
+and only proceeds on a "yes" at a terminal or `--yes` in scripts.
+
+Exit codes: 2 for what is refused before anything is sent (usage, the guard, no
+confirmation), 3 for a target that cannot be used (unreachable, credentials
+refused, a listener that hangs up on replay's own requests), 1 for a "no" at
+the prompt (and failed requests with KAFKATAP_REPLAY_STRICT).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from recording.timespec import TIME, TIME_HELP, TimeSpec, cli_window
 from replay.load import Filters, Recording, ReplayLoadError, load_recording, parse_api
 from replay.topics import parse_topic_map
 
-__all__ = ["replay", "format_plan", "same_address", "target_cluster_id"]
+__all__ = ["replay", "format_plan", "same_address", "target_cluster_id", "read_cluster_id"]
 
 
 def _addrs(hostport: str) -> set[tuple[str, int]]:
@@ -43,23 +49,47 @@ def same_address(a: str, b: str) -> bool:
     return bool(_addrs(a) & _addrs(b))
 
 
-def target_cluster_id(target: str, timeout: float = 5.0) -> str | None:
-    """The target's cluster id from one Metadata v12 request (no topics), or None when it cannot be asked.
+def read_cluster_id(target: str, timeout: float = 5.0,
+                    sasl_plain: tuple[str, str] | None = None) -> tuple[str | None, str]:
+    """(the target's cluster id from one Metadata v12 request (no topics), "") or (None, why it could not be read).
 
-    None covers an unreachable target and one that answers nothing before authentication (SASL):
-    the replay then says that only the address was checked.
+    With `sasl_plain` (user, password) the connection authenticates first: a SASL
+    listener answers nothing before. Credentials it refuses raise
+    `replay.target.TargetError` (the replay cannot go on whatever the guard
+    decides); a refused connect, a hang-up or an answer that is not Kafka is the
+    reason, worded as the set-up words the same failure (`replay.target.wire_failure`).
     """
-    from harness.wire import WireClient
+    from harness.wire import SaslAuthenticationFailed, WireClient
     from protocol.apis import METADATA
+    from protocol.errors import ProtocolError
+    from replay.target import SASL_STEP, TargetError, hostport, sasl_refused, wire_failure
 
-    host, _, port = target.strip().rpartition(":")
+    host, port = hostport(target)
     try:
-        with WireClient(host.strip("[]"), int(port), client_id="kafkatap-replay-guard", timeout=timeout) as c:
-            body = c.call(METADATA, 12, {"topics": [], "allow_auto_topic_creation": False,
-                                         "include_topic_authorized_operations": False})
-    except (OSError, ValueError, EOFError):  # unreachable, closed on us, or not Kafka
-        return None
-    return body.get("cluster_id") or None
+        client = WireClient(host, port, client_id="kafkatap-replay-guard", timeout=timeout)
+    except OSError as exc:
+        return None, f"cannot connect to it: {exc.strerror or exc}"
+    step, answered = (SASL_STEP if sasl_plain else "Metadata"), False
+    with client:
+        try:
+            if sasl_plain is not None:
+                client.authenticate_plain(*sasl_plain)
+                answered = True
+            step = "Metadata"
+            body = client.call(METADATA, 12, {"topics": [], "allow_auto_topic_creation": False,
+                                              "include_topic_authorized_operations": False})
+        except SaslAuthenticationFailed as exc:
+            raise TargetError(sasl_refused(target, exc)) from None
+        except (OSError, EOFError, ValueError, ProtocolError) as exc:  # closed on us, no answer, or not Kafka
+            return None, wire_failure(target, step, exc, sasl=sasl_plain is not None, answered=answered,
+                                      timeout=timeout)
+    cluster = body.get("cluster_id")
+    return (cluster, "") if cluster else (None, "its Metadata answer carries none")
+
+
+def target_cluster_id(target: str, timeout: float = 5.0, sasl_plain: tuple[str, str] | None = None) -> str | None:
+    """The target's cluster id, or None when it cannot be read (`read_cluster_id` says why)."""
+    return read_cluster_id(target, timeout, sasl_plain)[0]
 
 
 NO_CLUSTER_ID = ("the recording names no cluster id, so the target may belong to the recorded cluster (its proxy "
@@ -69,21 +99,22 @@ NO_CLUSTER_ID = ("the recording names no cluster id, so the target may belong to
 NOT_CHECKED = "  cluster      not checked (--yes-same-cluster)"
 
 
-def _same_cluster_refusal(rec: Recording, target: str) -> tuple[str | None, str | None]:
+def _same_cluster_refusal(rec: Recording, target: str,
+                          sasl_plain: tuple[str, str] | None) -> tuple[str | None, str | None]:
     """(why the target may be the recording's own cluster, or None; a note for the plan about what was checked).
 
     A recording without a cluster id is refused: comparing addresses alone let a replay through to
-    another listener of the recorded cluster, which it then wrote to.
+    another listener of the recorded cluster, which it then wrote to. Raises `replay.target.TargetError`
+    when the target refuses the credentials.
     """
     origin = [b for b in rec.broker_addrs if same_address(b, target)]
     if origin:
         return f"it is the recording's own broker ({origin[0]})", None
     if not rec.cluster_ids:
         return NO_CLUSTER_ID, None
-    cluster = target_cluster_id(target)
-    if cluster is None:  # unreachable, or a listener that wants SASL before Metadata: it may be the origin
-        return ("its cluster id could not be read (unreachable, or it wants SASL or TLS before a Metadata request), "
-                "so nothing shows it is not the recorded cluster"), None
+    cluster, why = read_cluster_id(target, sasl_plain=sasl_plain)
+    if cluster is None:  # unreachable, SASL without credentials, TLS: it may be the origin
+        return f"its cluster id could not be read ({why}), so nothing shows it is not the recorded cluster", None
     if cluster in rec.cluster_ids:
         return f"it belongs to the recorded cluster {cluster} (another broker or listener of the origin)", None
     return None, f"  cluster      target {cluster}, recorded {', '.join(sorted(rec.cluster_ids))}"
@@ -151,8 +182,10 @@ def _check_target(ctx: click.Context, param: click.Parameter, value: str) -> str
               help="track: use the target's fetch session ids; full: send every fetch sessionless.")
 @click.option("--no-create-topics", is_flag=True, help="Do not create the recording's topics on the target.")
 @click.option("--sasl-plain", "sasl_plain", default=None, metavar="USER:PASSWORD", envvar="KAFKATAP_REPLAY_SASL_PLAIN",
-              help="Credentials for the target (SASL/PLAIN) to replay sessions that authenticated; "
-                   "recordings never hold credentials. Also read from KAFKATAP_REPLAY_SASL_PLAIN.")
+              help="Credentials for the target (SASL/PLAIN): replay's own connections (the same-cluster check, "
+                   "the set-up) authenticate with them first, and so does every replayed session that "
+                   "authenticated (recordings never hold credentials). A listener without SASL is used as it "
+                   "is. Also read from KAFKATAP_REPLAY_SASL_PLAIN, which keeps the password off the command line.")
 @click.option("--yes-same-cluster", "--allow-origin", "same_cluster", is_flag=True,
               help="Allow a target in the recording's own cluster (its broker, or another broker or listener with "
                    "the same cluster id), or one the recording cannot tell from it (it names no cluster id, or the "
@@ -179,6 +212,8 @@ def replay(recording: Path, target: str, speed: str, clients: tuple[str, ...], t
       kafkatap replay rec/ --target staging:9092 --speed 2.0 --record replay-out/ --yes
       kafkatap analyze --compare rec/ replay-out/ --out cmp/      # how the replay differed
       kafkatap replay rec/ --target staging:9092 --client 'billing-*' --topic-map orders=orders-replay --yes
+      export KAFKATAP_REPLAY_SASL_PLAIN=alice:secret              # a SASL/PLAIN listener: the password off argv
+      kafkatap replay rec/ --target staging:9094 --yes
     """
     from replay.engine import ReplayOptions, run_replay
 
@@ -209,9 +244,19 @@ def replay(recording: Path, target: str, speed: str, clients: tuple[str, ...], t
     except ValueError as exc:  # RecordingFormatError in requests/ or connections/
         raise click.UsageError(str(exc)) from None
     if not rec.connections:
-        click.echo("kafkatap replay: nothing to replay (the filters kept no request)", err=True)
+        if rec.skipped.get("sasl_needs_credentials"):
+            click.echo("kafkatap replay: nothing to replay without credentials (every recorded connection "
+                       "authenticated with SASL): pass --sasl-plain USER:PASSWORD", err=True)
+        else:
+            click.echo("kafkatap replay: nothing to replay (the filters kept no request)", err=True)
         sys.exit(2)
-    refusal, note = (None, NOT_CHECKED) if same_cluster else _same_cluster_refusal(rec, target)
+    from replay.target import TargetError
+
+    try:
+        refusal, note = (None, NOT_CHECKED) if same_cluster else _same_cluster_refusal(rec, target, creds)
+    except TargetError as exc:
+        click.echo(f"kafkatap replay: {exc}", err=True)
+        sys.exit(3)
     if refusal:
         click.echo(f"kafkatap replay: refusing to replay against {target}: {refusal}; pass --yes-same-cluster "
                    "to replay there anyway", err=True)
@@ -232,6 +277,9 @@ def replay(recording: Path, target: str, speed: str, clients: tuple[str, ...], t
                          pending_timeout=pending_timeout, progress=sys.stderr)
     try:
         result = run_replay(rec, opts)
+    except TargetError as exc:
+        click.echo(f"kafkatap replay: {exc}", err=True)
+        sys.exit(3)
     except OSError as exc:
         click.echo(f"kafkatap replay: cannot reach the target {target}: {exc}", err=True)
         sys.exit(3)

@@ -103,7 +103,7 @@ class Replayer(ReplaySchedule):
 async def replay_async(recording: Recording, options: ReplayOptions) -> ReplayResult:
     replayer = Replayer(recording, options)
     created = await prepare_target(options.target, recording, replayer.state, options.create_topics,
-                                   options.connect_timeout)
+                                   options.connect_timeout, sasl_plain=options.sasl_plain)
     replayer.result.topics_created = created
     if options.record_dir is None:
         host, port = hostport(options.target)

@@ -44,6 +44,7 @@ from protocol.batch_edit import records_producer_ids, rewrite_records_producer
 from protocol.consumer_protocol import rename_consumer_assignment, rename_consumer_subscription
 from protocol.deep import encode_request
 from protocol.frames import RequestFrame, expects_response
+from protocol.sasl import authenticate_body
 from replay.messages import decode_request_body, reencode_request
 from replay.state import CannotReplay, ConnState, NeedState, Outcome, Pending, ReplayState, Send, Skip
 from replay.walk import Walk
@@ -219,6 +220,5 @@ def rewrite_request(frame: RequestFrame, state: ReplayState, conn: ConnState) ->
 
 def sasl_plain_authenticate(version: int, username: str, password: str, client_id: str | None,
                             correlation_id: int) -> bytes:
-    """A SaslAuthenticate request frame carrying a PLAIN token (RFC 4616: authzid NUL user NUL pass)."""
-    token = b"\x00" + username.encode() + b"\x00" + password.encode()
-    return encode_request(SASL_AUTHENTICATE, version, correlation_id, client_id, {"auth_bytes": token})
+    """A SaslAuthenticate request frame carrying a PLAIN token (`protocol.sasl`, as replay's own connections send it)."""
+    return encode_request(SASL_AUTHENTICATE, version, correlation_id, client_id, authenticate_body(username, password))

@@ -10,7 +10,12 @@ bounded and, when it runs out, noted (the replay goes ahead).
 
 The requests are our own, sent over one `harness.wire.AsyncWireClient`
 connection; Metadata and CreateTopics answers also feed `learn_from_response`
-(the target's topic ids).
+(the target's topic ids). With `--sasl-plain` that connection authenticates
+first: a SASL-only listener closes a connection whose first request is not
+SASL. Whatever stops the set-up — a refused authentication, a listener that
+hangs up on the first request (SASL or TLS), an answer that is not Kafka — is
+one `TargetError` line naming the target and what to do, worded as the
+same-cluster guard words the same failure of its own query (`wire_failure`).
 """
 
 from __future__ import annotations
@@ -18,14 +23,15 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from harness.wire import AsyncWireClient
+from harness.wire import AsyncWireClient, SaslAuthenticationFailed, WireError
 from protocol.apis import CREATE_TOPICS, FIND_COORDINATOR, INIT_PRODUCER_ID, LIST_OFFSETS, METADATA
+from protocol.errors import ProtocolError
 from protocol.frames import parse_request
 from replay.learn import learn_from_response
 from replay.load import Recording
 from replay.state import ConnState, ReplayState
 
-__all__ = ["prepare_target", "hostport"]
+__all__ = ["prepare_target", "hostport", "TargetError", "wire_failure", "sasl_refused"]
 
 _READ_TIMEOUT_S = 30.0  # per answer; CreateTopics itself is bounded by the prepare timeout
 _ALL_TOPICS = {"topics": None, "allow_auto_topic_creation": False, "include_topic_authorized_operations": False}
@@ -37,6 +43,40 @@ def hostport(text: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
+class TargetError(Exception):
+    """The target cannot be used as it is: one line saying why and what to do (never the credentials)."""
+
+
+SASL_STEP = "SASL authentication"
+NOT_PLAINTEXT = "a SASL or TLS listener? pass --sasl-plain USER:PASSWORD, or point --target at a PLAINTEXT listener"
+NOT_TLS = "a TLS listener? point --target at a SASL_PLAINTEXT or PLAINTEXT listener"
+
+
+def sasl_refused(target: str, exc: SaslAuthenticationFailed) -> str:
+    """The line for credentials (or a mechanism) the target refused: its error, never the password."""
+    return f"the target {target} refused SASL/PLAIN authentication: {exc}"
+
+
+def wire_failure(target: str, step: str, exc: BaseException, *, sasl: bool, answered: bool,
+                 timeout: float | None) -> str:
+    """One line for replay's own connection to the target failing at `step` (an API name or `SASL_STEP`).
+
+    The guard's query and the set-up are the first to meet a listener that wants something
+    else than what they send: a SASL listener hangs up on a first request that is not SASL,
+    a TLS listener on anything that is not a TLS handshake (or answers with a TLS alert, which
+    is no Kafka frame). So while nothing has been `answered` on the connection, the line says
+    what the listener probably is and the option that fixes it (`--sasl-plain` when it was
+    not given). `sasl`: the connection was to authenticate first.
+    """
+    hint = "" if answered else f": {NOT_TLS}" if sasl else f": {NOT_PLAINTEXT}"
+    if isinstance(exc, TimeoutError):  # asyncio.TimeoutError and socket.timeout are TimeoutError
+        return f"the target {target} did not answer {step} within {timeout:g} s"
+    if isinstance(exc, (WireError, ProtocolError, ValueError)):
+        return f"the target {target} answered {step} with something that is not a Kafka response ({exc}){hint}"
+    what = "during" if step == SASL_STEP else "before answering"
+    return f"the target {target} closed the connection {what} {step}{hint}"
+
+
 async def _learning(cli: AsyncWireClient, state: ReplayState, conn: ConnState, api_key: int, version: int,
                     body: dict[str, Any]) -> dict[str, Any]:
     """One request whose answer also teaches the replay state (topic ids); the answer's body."""
@@ -46,20 +86,30 @@ async def _learning(cli: AsyncWireClient, state: ReplayState, conn: ConnState, a
 
 
 async def prepare_target(target: str, recording: Recording, state: ReplayState, create: bool,
-                         timeout: float = 30.0) -> list[str]:
+                         timeout: float = 30.0, sasl_plain: tuple[str, str] | None = None) -> list[str]:
     """Learn the target's topic ids and create the recording's topics that it lacks.
 
     Partition counts come from the recording (highest partition index seen + 1,
     or the recorded Metadata when responses were captured); a topic that
-    exists with fewer partitions is left alone and noted.
+    exists with fewer partitions is left alone and noted. With `sasl_plain`
+    (user, password) the connection authenticates first. `TargetError` when
+    the target refuses the credentials, hangs up or does not answer; an
+    unreachable target stays the connect's OSError.
     """
     host, port = hostport(target)
     cli = await AsyncWireClient.connect(host, port, client_id="kafkatap-replay-setup", timeout=_READ_TIMEOUT_S,
                                         connect_timeout=timeout)
     created: list[str] = []
     conn = ConnState()
+    step, answered = (SASL_STEP if sasl_plain else "Metadata"), False
     try:
+        if sasl_plain is not None:
+            if not await cli.authenticate_plain(*sasl_plain):
+                state.note("target_listener_without_sasl")  # e.g. a PLAINTEXT listener: it serves us as we are
+            answered = True
+        step = "Metadata"
         md = await _learning(cli, state, conn, METADATA, 12, _ALL_TOPICS)
+        step, answered = "the set-up's requests", True
         existing = {t["name"]: len(t["partitions"] or ()) for t in md["topics"] or () if t["error_code"] == 0}
         wanted = {state.map_topic(t) or t: n for t, n in recording.topics.items()}
         for name, n in wanted.items():
@@ -94,6 +144,12 @@ async def prepare_target(target: str, recording: Recording, state: ReplayState, 
         await _await_coordinators(cli, recording.groups, state, timeout)
         if any(r.frame.api_key == INIT_PRODUCER_ID for c in recording.connections for r in c.requests):
             await _await_producer_ids(cli, state, timeout)
+    except SaslAuthenticationFailed as exc:
+        raise TargetError(sasl_refused(target, exc)) from None
+    except (EOFError, ConnectionError, ProtocolError, asyncio.TimeoutError) as exc:
+        # EOFError: asyncio.IncompleteReadError, the broker hung up; ConnectionError: also WireError
+        raise TargetError(wire_failure(target, step, exc, sasl=sasl_plain is not None, answered=answered,
+                                       timeout=_READ_TIMEOUT_S)) from None
     finally:
         cli.close()
     return created

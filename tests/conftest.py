@@ -2,7 +2,8 @@
 
 `kafka_broker` is the default-version broker every integration test shares;
 `kafka_any_version` is parametrized over both pinned versions for the tests
-that must prove both work; `rec_broker` has a SASL_PLAINTEXT listener too. A
+that must prove both work; `rec_broker` has a SASL_PLAINTEXT listener too, and
+`sasl_broker` is a second cluster with one (per module that asks for it). A
 broker's log is printed when its session fails.
 """
 
@@ -19,7 +20,7 @@ from harness.kafka import LocalKafka
 from harness.jars import DEFAULT_VERSION, INCIDENT_VERSION
 
 _counter = itertools.count()
-BROKER_FIXTURES = {"kafka_broker", "kafka_broker_37", "kafka_any_version", "proxied_kafka", "rec_broker"}
+BROKER_FIXTURES = {"kafka_broker", "kafka_broker_37", "kafka_any_version", "proxied_kafka", "rec_broker", "sasl_broker"}
 
 
 def _broker(request: pytest.FixtureRequest, version: str) -> Iterator[LocalKafka]:
@@ -74,24 +75,57 @@ class RecBroker:
         self.sasl_password = SASL_PASSWORD
 
 
+def _sasl_plain_props(sasl_port: int, advertised: str) -> dict[str, str]:
+    """A PLAINTEXT listener (readiness probes, the controller's peers) beside a SASL_PLAINTEXT (PLAIN) one."""
+    jaas = ('org.apache.kafka.common.security.plain.PlainLoginModule required username="admin" '
+            f'password="admin-secret" user_admin="admin-secret" user_{SASL_USER}="{SASL_PASSWORD}";')
+    return {
+        "listeners": (f"PLAINTEXT://127.0.0.1:{{port}},SASL_PLAINTEXT://127.0.0.1:{sasl_port},"
+                      "CONTROLLER://127.0.0.1:{controller_port}"),
+        "advertised.listeners": advertised,
+        "sasl.enabled.mechanisms": "PLAIN",
+        "listener.name.sasl_plaintext.plain.sasl.jaas.config": jaas,
+    }
+
+
 @pytest.fixture(scope="session")
 def rec_broker() -> Iterator[RecBroker]:
     """The broker with a SASL listener: the recorder's end-to-end tests, and replay's guard on SASL recordings."""
     from harness.kafka import free_port
 
     proxy_port, sasl_port, sasl_proxy_port = free_port(), free_port(), free_port()
-    jaas = ('org.apache.kafka.common.security.plain.PlainLoginModule required username="admin" '
-            f'password="admin-secret" user_admin="admin-secret" user_{SASL_USER}="{SASL_PASSWORD}";')
-    kafka = LocalKafka(broker_props={
-        "listeners": (f"PLAINTEXT://127.0.0.1:{{port}},SASL_PLAINTEXT://127.0.0.1:{sasl_port},"
-                      "CONTROLLER://127.0.0.1:{controller_port}"),
-        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{proxy_port},SASL_PLAINTEXT://127.0.0.1:{sasl_proxy_port}",
-        "sasl.enabled.mechanisms": "PLAIN",
-        "listener.name.sasl_plaintext.plain.sasl.jaas.config": jaas,
-    })
+    kafka = LocalKafka(broker_props=_sasl_plain_props(
+        sasl_port, f"PLAINTEXT://127.0.0.1:{proxy_port},SASL_PLAINTEXT://127.0.0.1:{sasl_proxy_port}"))
     kafka.start()
     try:
         yield RecBroker(kafka, proxy_port, sasl_port, sasl_proxy_port)
+    finally:
+        kafka.stop()
+        kafka.cleanup()
+
+
+class SaslBroker:
+    """A broker (a cluster of its own) whose SASL_PLAINTEXT (PLAIN) listener advertises itself: clients connect direct."""
+
+    def __init__(self, kafka: LocalKafka, sasl_port: int) -> None:
+        self.kafka = kafka
+        self.sasl_addr = f"127.0.0.1:{sasl_port}"
+        self.sasl_user = SASL_USER
+        self.sasl_password = SASL_PASSWORD
+
+
+@pytest.fixture(scope="module")
+def sasl_broker() -> Iterator[SaslBroker]:
+    """Another cluster with a SASL listener: where replay's tests replay a SASL recording (module scope: one
+    broker start for the module that needs it, stopped when it is done)."""
+    from harness.kafka import free_port
+
+    sasl_port = free_port()
+    kafka = LocalKafka(broker_props=_sasl_plain_props(
+        sasl_port, f"PLAINTEXT://127.0.0.1:{{port}},SASL_PLAINTEXT://127.0.0.1:{sasl_port}"))
+    kafka.start()
+    try:
+        yield SaslBroker(kafka, sasl_port)
     finally:
         kafka.stop()
         kafka.cleanup()

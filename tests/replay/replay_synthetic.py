@@ -104,7 +104,7 @@ def write_recording(root: Path, conns: list[SynthConn], *, frames: bool = True, 
 
 
 class FakeBroker:
-    """Answers every request after `delay` s with a bare response (Metadata v12 properly, for setup).
+    """Answers every request after `delay` s with a bare response (Metadata v12 and SASL properly, for setup).
 
     Records per connection when each request arrived and the most requests in
     flight at once, which is what the timing tests check.
@@ -138,6 +138,11 @@ class FakeBroker:
             await asyncio.sleep(self.delay)
             if key == 3:
                 data = response(3, ver, cid, throttle_time_ms=0, brokers=[], cluster_id="fake", controller_id=1, topics=[])
+            elif key == 17:  # SaslHandshake: PLAIN is enabled
+                data = response(17, ver, cid, error_code=0, mechanisms=["PLAIN"])
+            elif key == 36:  # SaslAuthenticate: any credentials will do
+                data = response(36, ver, cid, error_code=0, error_message=None, auth_bytes=b"",
+                                **({"session_lifetime_ms": 0} if ver >= 1 else {}))
             else:
                 data = (4).to_bytes(4, "big") + cid.to_bytes(4, "big", signed=True)
             inflight -= 1

@@ -8,6 +8,10 @@ and DescribeCluster answers it relays (its own query is only the fallback), so a
 SASL listener, where that query is refused before authentication, or with --no-resolve-topics names
 its cluster too; a recording that names none (no answer carried one) is refused unless the operator
 passes --yes-same-cluster.
+
+A SASL target: with --sasl-plain, replay's own two connections (the guard's query and the set-up)
+authenticate before their first request. They did not, so a SASL-only listener hung up on them: the
+guard said the cluster id "could not be read" and the set-up ended in click's bare "Aborted!".
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from proxy.cluster import ClusterConfig, ClusterMode
 from proxy.running import RunningProxy
 from proxy.sinks import build_sinks
 from recording.reader import read_recording
-from replay.cli import replay, target_cluster_id
+from replay.cli import read_cluster_id, replay, target_cluster_id
 from replay.load import load_recording
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -218,13 +222,120 @@ def test_a_sasl_recording_is_refused_on_another_listener_of_its_cluster(sasl_rec
 def test_a_sasl_recording_replays_into_another_cluster_and_with_the_flag(sasl_recorded: SaslRecorded,
                                                                           kafka_broker: LocalKafka):
     """Another cluster passes the guard; so does the recorded one with --yes-same-cluster. Both targets are PLAINTEXT
-    listeners (replay prepares a target without authenticating): their brokers answer the SASL steps with an error."""
+    listeners: replay's own connections find no SASL there (the handshake is answered ILLEGAL_SASL_STATE) and go on
+    as they are, and the brokers answer the replayed sessions' SASL steps with an error."""
     s = sasl_recorded
     res = CliRunner().invoke(replay, [*_sasl_args(s, f"127.0.0.1:{kafka_broker.port}"), "--yes"])
     assert res.exit_code == 0, res.output
     assert f"cluster      target {kafka_broker.cluster_id}, recorded {s.cluster_id}" in res.output
     assert re.search(r"replayed \d+ connections: \d+ requests sent, \d+ answered, 0 without response \(acks=0\), 0 failed",
                      res.output), res.output
+    assert re.search(r"note +1  target_listener_without_sasl", res.output), res.output
     res = CliRunner().invoke(replay, [*_sasl_args(s, f"127.0.0.1:{s.broker.kafka.port}"), "--yes-same-cluster", "--yes"])
     assert res.exit_code == 0, res.output
     assert "replayed " in res.output and "cluster      not checked (--yes-same-cluster)" in res.output
+
+
+# -- a SASL target: replay's own connections authenticate with --sasl-plain -------------------------------
+
+def _no_password(s: SaslRecorded, *outputs: str) -> None:
+    for out in outputs:
+        assert s.broker.sasl_password not in out
+        assert "wrong-PW-5d1e" not in out
+
+
+@pytest.fixture
+def sasl_second_listener(rec_broker: Any) -> Iterator[str]:
+    """Another SASL listener of the recorded cluster: an unrecorded proxy in front of the broker's SASL listener."""
+    with RunningProxy(upstream=rec_broker.sasl_upstream) as p:
+        yield p.bootstrap
+
+
+def test_the_guard_reads_a_sasl_listeners_cluster_id_with_the_credentials(sasl_recorded: SaslRecorded,
+                                                                         sasl_second_listener: str, capfd):
+    """A replay into another SASL listener of the recorded cluster is refused as that cluster's, not as unreadable."""
+    s = sasl_recorded
+    res = CliRunner().invoke(replay, [*_sasl_args(s, sasl_second_listener), "--yes"])
+    assert res.exit_code == 2, res.output
+    assert f"refusing to replay against {sasl_second_listener}: it belongs to the recorded cluster {s.cluster_id}" \
+        in res.output
+    assert "could not be read" not in res.output and "replayed" not in res.output
+    _no_password(s, res.output, *capfd.readouterr())
+    assert read_cluster_id(sasl_second_listener, sasl_plain=(s.broker.sasl_user, s.broker.sasl_password)) == \
+        (s.cluster_id, "")
+    cluster, why = read_cluster_id(sasl_second_listener)  # without credentials: the SASL listener hangs up
+    assert cluster is None
+    assert why == (f"the target {sasl_second_listener} closed the connection before answering Metadata: a SASL or TLS "
+                   "listener? pass --sasl-plain USER:PASSWORD, or point --target at a PLAINTEXT listener")
+
+
+def test_a_sasl_recording_replays_into_another_clusters_sasl_listener(sasl_recorded: SaslRecorded, sasl_broker: Any,
+                                                                      capfd):
+    """The whole way through SASL: guard, set-up and replayed sessions authenticate; the target gets every record."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    s, target = sasl_recorded, sasl_broker.sasl_addr
+    res = CliRunner().invoke(replay, [*_sasl_args(s, target), "--yes"])
+    assert res.exit_code == 0, res.output
+    assert f"cluster      target {sasl_broker.kafka.cluster_id}, recorded {s.cluster_id}" in res.output
+    m = re.search(r"replayed \d+ connections: (\d+) requests sent, (\d+) answered, 0 without response \(acks=0\), "
+                  r"0 failed, 0 skipped", res.output)
+    assert m and int(m[1]) == int(m[2]) > 0, res.output  # every request sent and answered
+    assert re.search(r"note +\d+  sasl_authenticated_with_given_credentials", res.output), res.output
+    assert "sasl_authenticate_error" not in res.output and "target_listener_without_sasl" not in res.output
+    assert "topics created on the target: cid-sasl" in res.output
+    cons = KafkaConsumer(bootstrap_servers=target, client_id="cid-sasl-check", consumer_timeout_ms=5000,
+                         security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
+                         sasl_plain_username=sasl_broker.sasl_user, sasl_plain_password=sasl_broker.sasl_password)
+    tp = TopicPartition("cid-sasl", 0)
+    cons.assign([tp])
+    cons.seek_to_beginning(tp)
+    got = sorted(r.value for r in cons)
+    cons.close()
+    assert got == sorted(b"v%d" % i for i in range(RECORDS))
+    _no_password(s, res.output, *capfd.readouterr())
+
+
+def test_a_wrong_password_is_one_clear_line(sasl_recorded: SaslRecorded, sasl_broker: Any, capfd):
+    """Refused by the guard's connection, or (guard skipped) by the set-up's: the same line, exit 3, no password."""
+    s, target = sasl_recorded, sasl_broker.sasl_addr
+    args = [str(s.path), "--target", target, "--speed", "max", "--sasl-plain", f"{s.broker.sasl_user}:wrong-PW-5d1e",
+            "--yes"]
+    line = (f"kafkatap replay: the target {target} refused SASL/PLAIN authentication: SaslAuthenticate answered "
+            "SASL_AUTHENTICATION_FAILED (Authentication failed: Invalid username or password)")
+    for extra in ([], ["--yes-same-cluster"]):
+        res = CliRunner().invoke(replay, [*args, *extra])
+        assert res.exit_code == 3, res.output
+        assert res.output.strip().splitlines()[-1] == line, res.output
+        assert "replayed" not in res.output and "Aborted" not in res.output
+        assert ("Replay plan" in res.output) == bool(extra)  # the guard stops before the plan, the set-up after
+    _no_password(s, res.output, *capfd.readouterr())
+
+
+def test_without_credentials_a_sasl_only_target_is_one_clear_line(recorded: Recorded, sasl_broker: Any, capfd):
+    """No --sasl-plain: the guard's refusal and (guard skipped) the set-up's error say what the listener wants.
+
+    The set-up's Metadata request met the SASL listener's hang-up as an uncaught asyncio.IncompleteReadError,
+    which click turned into "Aborted!".
+    """
+    target = sasl_broker.sasl_addr
+    why = (f"the target {target} closed the connection before answering Metadata: a SASL or TLS listener? pass "
+           "--sasl-plain USER:PASSWORD, or point --target at a PLAINTEXT listener")
+    args = [str(recorded.named), "--target", target, "--speed", "max", "--yes"]
+    res = CliRunner().invoke(replay, args)
+    assert res.exit_code == 2, res.output
+    assert res.output.strip() == (f"kafkatap replay: refusing to replay against {target}: its cluster id could not be "
+                                  f"read ({why}), so nothing shows it is not the recorded cluster; pass "
+                                  "--yes-same-cluster to replay there anyway"), res.output
+    res = CliRunner().invoke(replay, [*args, "--yes-same-cluster"])
+    assert res.exit_code == 3, res.output
+    assert res.output.strip().splitlines()[-1] == f"kafkatap replay: {why}", res.output
+    assert "Aborted" not in res.output and "replayed" not in res.output
+
+
+def test_a_sasl_recording_without_credentials_says_to_pass_them(sasl_recorded: SaslRecorded):
+    """Every recorded connection authenticated: without --sasl-plain there is nothing to replay, and the line says why."""
+    res = CliRunner().invoke(replay, [str(sasl_recorded.path), "--target", "127.0.0.1:9", "--speed", "max", "--yes"])
+    assert res.exit_code == 2, res.output
+    assert res.output.strip() == ("kafkatap replay: nothing to replay without credentials (every recorded connection "
+                                  "authenticated with SASL): pass --sasl-plain USER:PASSWORD"), res.output

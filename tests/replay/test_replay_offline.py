@@ -145,7 +145,9 @@ def test_max_speed_keeps_the_recorded_pipelining_depth(tmp_path: Path):
 
 
 def test_sasl_session_replayed_with_the_users_plain_credentials(tmp_path: Path):
-    """Recordings never hold SaslAuthenticate; with --sasl-plain the engine authenticates after the handshake."""
+    """Recordings never hold SaslAuthenticate; with --sasl-plain the engine authenticates after the handshake,
+    and replay's own set-up connection authenticates before its first request (a SASL-only listener hangs up on
+    a Metadata request that comes first)."""
     sasl = SynthConn("c9", 0.0, [api_versions(1), SynthRequest(0.01, request(17, 1, 2, mechanism="SCRAM-SHA-512"), 17, 1, 2),
                                  metadata(4, 0.05)])
     write_recording(tmp_path, [sasl], sasl_conns=("c9",))
@@ -154,6 +156,10 @@ def test_sasl_session_replayed_with_the_users_plain_credentials(tmp_path: Path):
     from protocol.frames import parse_request
     from replay.messages import decode_request_body
 
+    setup = [parse_request(f) for f in broker.frames[1]]
+    assert [(f.api_key, f.api_version) for f in setup] == [(17, 1), (36, 2), (3, 12)]
+    assert decode_request_body(setup[0]).mechanism == "PLAIN"
+    assert decode_request_body(setup[1]).auth_bytes == b"\x00alice\x00pw"
     frames = [parse_request(f) for f in broker.frames[2]]
     assert [f.api_key for f in frames] == [18, 17, 36, 3]
     assert decode_request_body(frames[1]).mechanism == "PLAIN"
