@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from protocol.sasl import MECHANISM as SASL_MECHANISM
 from replay.load import Recording
 from replay.state import ReplayState
 
@@ -104,7 +105,7 @@ class ReplaySchedule:
         self.opt = options
         self.state = ReplayState(topic_map=dict(options.topic_map), fetch_mode=options.fetch_mode,
                                  recorded_topic_ids=dict(recording.recorded_topic_ids),
-                                 sasl_mechanism="PLAIN" if options.sasl_plain else None)
+                                 sasl_mechanism=SASL_MECHANISM if options.sasl_plain else None)
         self.result = ReplayResult(connections=len(recording.connections))
         self.result.skipped.update(recording.skipped)
         self._changed = asyncio.Condition()
