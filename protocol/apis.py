@@ -67,9 +67,12 @@ OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR = 8, 9, 10
 JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 11, 12, 13, 14
 SASL_HANDSHAKE, API_VERSIONS, CREATE_TOPICS, DELETE_TOPICS = 17, 18, 19, 20
 INIT_PRODUCER_ID, SASL_AUTHENTICATE = 22, 36
-DESCRIBE_CLUSTER = 60
+DESCRIBE_CLUSTER, DESCRIBE_TOPIC_PARTITIONS = 60, 75
 # Responses that carry the broker's cluster id (Metadata v2+, DescribeCluster).
 CLUSTER_ID_APIS = frozenset({METADATA, DESCRIBE_CLUSTER})
+# Responses that pair each topic's name with its id (Metadata v10+, CreateTopics v7+, DescribeTopicPartitions):
+# what names the ids modern clients send (proxy.topics). Their requests name the topics a client is about to use.
+TOPIC_PAIR_APIS = frozenset({METADATA, CREATE_TOPICS, DESCRIBE_TOPIC_PARTITIONS})
 # APIs that name a consumer group (classic protocol) in their request.
 GROUP_APIS = frozenset({OFFSET_COMMIT, OFFSET_FETCH, JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP})
 

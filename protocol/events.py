@@ -96,7 +96,9 @@ class Summary:
     brokers: list[str] = field(default_factory=list)  # "id@host:port" (Metadata response)
     producer_id: int | None = None  # InitProducerId response
     producer_epoch: int | None = None
-    # anything API-specific that has no column of its own (small values only)
+    # anything API-specific that has no column of its own: small values, and on the answers that pair topic names
+    # with ids (Metadata v10+, CreateTopics v7+, DescribeTopicPartitions) "topic_pairs", one (16-byte id, name)
+    # per topic, which the proxy takes out (`proxy.observer`) before the row is built
     extra: dict[str, object] = field(default_factory=dict)
 
 

@@ -194,8 +194,9 @@ Examples:
               help="Install the Kafka fault layer on every connection even with no Kafka --fault, so that "
                    "`kafkatap fault add` (through --status-addr, loopback peers only) reaches live connections.")
 @click.option("--no-decode", is_flag=True, help="Relay and count bytes only; no frame parsing (no request rows).")
-@click.option("--no-resolve-topics", is_flag=True, help="Never ask brokers for topic names (rows keep topic ids; "
-              "analytics names what the recording's topics/ learned).")
+@click.option("--no-resolve-topics", is_flag=True, help="Never ask brokers for topic names on a connection of the "
+              "proxy's own: rows name only the topic ids the clients' relayed Metadata answers named and keep the "
+              "others (analytics names what the recording's topics/ learned).")
 @click.option("--workers", type=click.IntRange(min=1), default=None, metavar="N",
               help="Proxy processes accepting on the same addresses (SO_REUSEPORT), each recording under "
                    "<proxy-id>-w<i>; --status-addr shows them merged as one proxy. A worker that dies is "

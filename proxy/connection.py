@@ -141,7 +141,8 @@ class Connection:
         self.observer: Observer | None = (
             Observer(ctx.stream_factory(), self.facts, self.requests.stamps, self.responses.stamps, ctx.emit,
                      self.log, capture=s.capture, log_requests=s.log_requests, on_quiet=self._quiet,
-                     scheduler=ObserveScheduler.for_loop(ctx.loop), on_cluster=self._cluster_seen)
+                     scheduler=ObserveScheduler.for_loop(ctx.loop), on_cluster=self._cluster_seen,
+                     on_topics=self._topics_seen)
             if s.observe else None)
         faults = ctx.hub.faults  # the faults in force when the connection was accepted
         self._faults: Faults | None = faults if faults.active else None
@@ -577,6 +578,14 @@ class Connection:
     def _cluster_seen(self, cluster_id: str) -> None:
         """The first cluster id a response on this connection carried: the server records its broker's (proxy.topics)."""
         self.ctx.hub.cluster_seen(self.facts.broker_addr, cluster_id)
+
+    def _topics_seen(self, pairs: list[tuple[bytes, str]]) -> None:
+        """(topic id, name) pairs a response on this connection carried: the proxy-wide map learns them (proxy.topics).
+
+        No query of our own needed, so SASL listeners (which refuse that query before
+        authentication) get names too; new pairs are recorded in `topics/` with this broker.
+        """
+        self.ctx.topics.learn_sent(pairs, self.facts.broker_addr)
 
     def _finish(self) -> None:
         if self._finished:

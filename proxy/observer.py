@@ -50,7 +50,7 @@ from collections.abc import Callable
 from time import perf_counter_ns
 from typing import Any, Protocol
 
-from protocol.apis import CLUSTER_ID_APIS, PRODUCE
+from protocol.apis import CLUSTER_ID_APIS, PRODUCE, TOPIC_PAIR_APIS
 from protocol.events import Direction, RequestDropped, RequestSeen, ResponseSeen, StreamClosed, StreamOpaque
 from proxy import rows
 from proxy.capture import FrameCapture
@@ -60,6 +60,8 @@ from proxy.timing import SendStamps
 
 Log = Callable[..., None]  # log(level, event, **fields), bound to the connection
 MAX_CLIENT_IDS = 16  # distinct client_id values kept per connection
+# Answers the proxy learns from (cluster id, topic id ↔ name pairs) before their row is built
+LEARNED_FROM = CLUSTER_ID_APIS | TOPIC_PAIR_APIS
 
 
 # What one loop turn may spend decoding, and how much of a queued chunk one slice decodes. Another
@@ -175,8 +177,10 @@ class Observer:
     def __init__(self, stream: Any, facts: ConnectionFacts, requests_sent: SendStamps, responses_sent: SendStamps,
                  emit: RowEmitter, log: Log, *, capture: str = "none", log_requests: bool = False,
                  on_quiet: Callable[[], None] = lambda: None, scheduler: ObserveScheduler | None = None,
-                 on_cluster: Callable[[str], None] | None = None) -> None:
-        """`on_cluster(cluster_id)`: called once, with the first cluster id a relayed response carries."""
+                 on_cluster: Callable[[str], None] | None = None,
+                 on_topics: Callable[[list[tuple[bytes, str]]], None] | None = None) -> None:
+        """`on_cluster(cluster_id)`: called once, with the first cluster id a relayed response carries.
+        `on_topics(pairs)`: called with the (16-byte topic id, name) pairs of each response that carries some."""
         self.stream = stream
         self.facts = facts
         self._req_stamps = requests_sent
@@ -186,6 +190,7 @@ class Observer:
         self._log_requests = log_requests
         self._on_quiet = on_quiet
         self._on_cluster = on_cluster  # None once told: the broker's cluster does not change under a connection
+        self._on_topics = on_topics
         # request → when its last byte reached the kernel (filled by the stamps)
         self._sent_at: dict[int, int] = {}
         self._cap_req: FrameCapture | None = FrameCapture() if capture in ("requests", "all") else None
@@ -514,8 +519,8 @@ class Observer:
             return
         f.responses += 1
         f.inflight -= 1
-        if self._on_cluster is not None and req.api_key in CLUSTER_ID_APIS:  # Produce, Fetch …: one set lookup
-            self._cluster_id(ev)
+        if req.api_key in LEARNED_FROM:  # Produce, Fetch …: one set lookup
+            self._learn(ev)
         sent = self._sent_at.pop(id(req), None)
         if sent is None:
             # the drain notice has not arrived yet, but the broker had the whole request: bound it
@@ -527,18 +532,31 @@ class Observer:
         if f.inflight == 0:
             self._on_quiet()
 
-    def _cluster_id(self, ev: ResponseSeen) -> None:
-        """Report the cluster id a Metadata / DescribeCluster answer carries (the summary kept it), once.
+    def _learn(self, ev: ResponseSeen) -> None:
+        """Report what a Metadata / DescribeCluster / CreateTopics / DescribeTopicPartitions answer carries.
 
-        Before the request's row is built, so the row's way out (`proxy.topics`) finds the
-        broker's id known and asks the broker nothing.
+        The cluster id (the summary kept it) once per connection, then the answer's topic id ↔
+        name pairs, each time. Before the request's row is built, so the row's way out
+        (`proxy.topics`) finds the broker's id and the topics' names known and asks the broker
+        nothing, and the rows after it (this connection's and the others') name those ids. The
+        cluster id first: the `topics/` rows of pairs learned here carry it. The pairs are taken
+        out of the summary (one tuple per topic of the answer: not kept until the row is built).
         """
         s = ev.summary
-        cluster = s.extra.get("cluster_id") if s is not None and s.extra else None
+        extra = s.extra if s is not None else None
+        if not extra:
+            return
         tell = self._on_cluster
-        if cluster and tell is not None:
-            self._on_cluster = None
-            tell(cluster)
+        if tell is not None:
+            cluster = extra.get("cluster_id")
+            if cluster:
+                self._on_cluster = None
+                tell(cluster)
+        learn = self._on_topics
+        if learn is not None:
+            pairs = extra.pop("topic_pairs", None)
+            if pairs:
+                learn(pairs)
 
     def _on_opaque(self, ev: StreamOpaque) -> None:
         f = self.facts

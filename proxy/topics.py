@@ -5,23 +5,36 @@ APIs (Produce v13, Fetch v13+, OffsetCommit/OffsetFetch v10, ShareFetch …), so
 a row that only kept what the request said would record uuids, and "who writes
 to topic X" would miss every modern client.
 
-How names are learned. The hot-path summaries (`protocol.events.Summary`)
-carry a response's topic *names* but not the id each name belongs to, and
-deep-decoding relayed Metadata responses would mean buffering whole response
-streams (a Fetch response shares the connection). So the proxy asks the broker
-itself: one Metadata v12 request for all topics (topics: null), on its own
-short-lived connection, whenever
+How names are learned. From the clients' own answers first: the hot-path
+summary of a relayed Metadata (v10+), CreateTopics (v7+) or
+DescribeTopicPartitions response keeps each topic's id (its 16 bytes) with its
+name (`Summary.extra["topic_pairs"]`, one short tuple per topic on responses
+that are rarely sent), and the observer hands them to the map before that
+request's row is built (`TopicMap.learn_sent`). So the rows that follow, on
+every connection of this proxy, name those ids; and it asks the broker nothing,
+which is what works on SASL listeners (the broker refuses the proxy's own
+query before authentication) and wherever the proxy cannot originate a
+connection, in every mode that decodes responses (explicit, transparent,
+cluster, TLS terminated). Nothing is kept per connection: the pairs live in the
+summary until the observer takes them, and the map is bounded (`limit`).
+
+The fallback is the proxy asking the broker itself: one Metadata v12 request
+for all topics (topics: null), on its own short-lived connection, whenever
 
 * a relayed Metadata / CreateTopics / DescribeTopicPartitions request names a
-  topic the map does not know yet (the client is about to use its id), or
+  topic the map still does not know once its answer is in (an answer of a
+  version without ids, a topic not created yet), or
 * a row carries a topic id the map cannot name (a client that started before
-  the proxy and never asks for metadata again).
+  the proxy and never asks for metadata again, an answer another worker of
+  `--workers N` relayed: each worker process has its own map).
 
 Queries are rate-limited per broker (at most one in flight, then one more at
 `min_interval_s` at the earliest), so an id that no broker knows (a deleted
 topic) costs one small request per interval, not one per row. `--no-resolve-
-topics` turns the queries off; rows then keep the ids in `topics` and analytics
-resolves whatever the recording's `topics/` dataset names (late resolution).
+topics` turns the queries off, not the learning from relayed answers (which
+costs the broker nothing): rows then name the ids those answers named, keep
+the others in `topics`, and analytics resolves whatever the recording's
+`topics/` dataset names (late resolution).
 
 Every pair learned is also recorded (`topics/` dataset, one row per pair the
 first time it is seen), so analytics can name ids that rows recorded before
@@ -48,22 +61,22 @@ from __future__ import annotations
 import asyncio
 import re
 import socket
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import structlog
 
-from protocol.apis import CLUSTER_ID_APIS, CREATE_TOPICS, METADATA
+from protocol.apis import CLUSTER_ID_APIS, METADATA, TOPIC_PAIR_APIS
 from protocol.deep import decode_response, encode_request
 from proxy.sink_steps import pass_through
 
 log = structlog.get_logger("kafkatap.proxy")
 
 Row = dict[str, Any]
-DESCRIBE_TOPIC_PARTITIONS = 75  # no constant in protocol.apis (not ours to edit)
-# Requests that name topics the client is about to use by id.
-NAMING_APIS = frozenset({METADATA, CREATE_TOPICS, DESCRIBE_TOPIC_PARTITIONS})
+# Requests that name topics the client is about to use by id (their answers pair names with ids, from some version).
+NAMING_APIS = TOPIC_PAIR_APIS
 CLUSTER_ID_TRIES = 3  # queries per broker for its cluster id: one that never answers (SASL first) is not asked for ever
 METADATA_VERSION = 12  # topic ids from v10; v12 is served by every broker since 3.1 (3.7 and 4.x included)
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -101,6 +114,7 @@ class TopicMap:
         self._names: OrderedDict[str, str] = OrderedDict()  # id -> name
         self._ids: dict[str, str] = {}  # name -> id
         self._on_learned = on_learned
+        self._spelled: dict[bytes, str] = {}  # 16-byte id -> its uuid string: a memo for `learn_sent`, at most `limit`
 
     def __len__(self) -> int:
         return len(self._names)
@@ -122,6 +136,30 @@ class TopicMap:
         if self._on_learned is not None:
             self._on_learned(topic_id, name, source)
         return True
+
+    def learn_sent(self, pairs: Iterable[tuple[bytes, str]], source: str | None = None) -> int:
+        """Learn the pairs a relayed answer carried, ids as sent (16 bytes); how many were new.
+
+        Why the bytes: the summary of a Metadata answer for thousands of topics
+        would otherwise spell every id as a uuid string, on every answer, though
+        nearly all of them are known. Each id is spelled once here (`_spelled`,
+        a memo of a pure function: emptied when it reaches `limit`, never stale)
+        and then learned as any pair is, so the map's bound and order hold.
+        """
+        spelled, names = self._spelled, self._names
+        new = 0
+        for raw, name in pairs:
+            topic_id = spelled.get(raw)
+            if topic_id is None:
+                if len(spelled) >= self.limit:
+                    spelled.clear()
+                topic_id = spelled[raw] = str(uuid.UUID(bytes=raw))
+            elif names.get(topic_id) == name:  # known (nearly every pair of every answer): `learn`'s first case, inline
+                names.move_to_end(topic_id)
+                continue
+            if self.learn(topic_id, name, source):
+                new += 1
+        return new
 
     def name(self, topic_id: str) -> str | None:
         return self._names.get(topic_id)
@@ -268,7 +306,8 @@ class TopicResolver:
             self.failures += 1
             if broker not in self._failed_logged:
                 self._failed_logged.add(broker)
-                log.warning("topic names: Metadata query to the broker failed; rows keep topic ids",
+                log.warning("topic names: the proxy's own Metadata query to the broker failed; rows keep the topic "
+                            "ids no relayed Metadata answer named",
                             broker=broker, error=f"{type(exc).__name__}: {exc}")
         finally:
             if writer is not None:

@@ -16,6 +16,9 @@ strings) and only extracts:
   fetch limits, group/member/generation, software name/version, mechanism …);
 * the cluster id of Metadata and DescribeCluster responses (`extra["cluster_id"]`:
   the proxy names the recording's cluster with it);
+* the (topic id, name) pairs of Metadata v10+, CreateTopics v7+ and
+  DescribeTopicPartitions responses (`extra["topic_pairs"]`, the id as its 16
+  bytes: the proxy names the ids modern clients send with them, `proxy.topics`);
 * Produce record-batch headers (`protocol.records`) and Fetch per-partition
   facts (`PartitionFetched`).
 
@@ -34,7 +37,7 @@ import re
 from struct import Struct
 from typing import Any, Callable
 
-from protocol.apis import APIS, CLUSTER_ID_APIS, FETCH, FIND_COORDINATOR, LEAVE_GROUP, PRODUCE
+from protocol.apis import APIS, CLUSTER_ID_APIS, FETCH, FIND_COORDINATOR, LEAVE_GROUP, PRODUCE, TOPIC_PAIR_APIS
 from protocol.apis import in_versions as _in
 from protocol.errors import UnknownApi
 from protocol.events import Summary
@@ -93,6 +96,7 @@ class _Emitter:
         self.lines: list[str] = []
         self.globs: dict[str, Any] = {}
         self.n = 0
+        self.pairs = False  # set by `struct`: the walker collects (topic id, name) pairs (`build` adds the list)
 
     # -- low-level emitters -------------------------------------------------
     def var(self, prefix: str) -> str:
@@ -210,8 +214,12 @@ class _Emitter:
         has_name = any(f.get("entityType") == "topicName" and f["type"] == "string" for f in fs)
         fetch_part = self.api == FETCH and not self.request and "HighWatermark" in names and "Records" in names
         hostport = "Host" in names and "Port" in names or (k == 0 and self.api == FIND_COORDINATOR and "Host" in names)
+        # a topic named with its id, in the answers that say which id a name has (one per topic: cheap)
+        pairs = (k > 0 and has_name and not self.request and self.api in TOPIC_PAIR_APIS
+                 and any(f["type"] == "uuid" and f["name"] == "TopicId" for f in fs))
+        self.pairs = self.pairs or pairs
         ctx: dict[str, Any] = {"k": k, "parent": parent, "has_name": has_name, "fetch_part": fetch_part,
-                               "hostport": hostport}
+                               "hostport": hostport, "pairs": pairs}
         cv = dict(pcv) if pcv else {"t": "t0", "pt": "pt0", "r": "r0"}
         err_tags = frozenset(
             int(f["tag"]) for f in fields
@@ -268,6 +276,10 @@ class _Emitter:
             self.emit(ind, f"if pe{k}: _flush(S, pe{k}, {T}, {PT}, {R})")
         if fetch_part:
             self.emit(ind, f"S.fetched.append(_PF({T} or '', {PT} if {PT} is not None else -1, ec{k}, hw{k}, rb{k}))")
+        if pairs:  # the name and the id are both read now, in whichever order the schema has them
+            # the id as sent (16 bytes): formatting it as a uuid string is left to whoever learns the pair
+            # (`proxy.topics.TopicMap.learn_sent` formats each id once, not once per answer)
+            self.emit(ind, f"if uid{k} != _Z16 and {T}: tpairs.append((uid{k}, {T}))")
         if hostport:
             if parent == "Brokers":
                 self.emit(ind, f"S.brokers.append(f'{{nid{k}}}@{{host{k}}}:{{port{k}}}')")
@@ -457,6 +469,8 @@ class _Emitter:
                 acts.append(f"nid{k} = {var}")
         if typ == "uuid" and name == "TopicId" and k > 0 and not ctx["has_name"] and ctx["parent"] not in IGNORED_STRUCTS:
             acts.append(f"if {var} != _Z16: t{k} = _uuid({var}); tp[t{k}] = None")
+        if typ == "uuid" and name == "TopicId" and ctx.get("pairs"):
+            acts.append(f"uid{k} = {var}")
         return acts
 
     def fixed_group(self, group: list[dict[str, Any]], ctx: dict[str, Any], ind: int) -> None:
@@ -647,7 +661,11 @@ class _Emitter:
             cap = "" if self.opt else f" and lim - p <= {COPY_SMALL_BODY}"
             self.emit(1, f"if type(d) is not bytes{cap}: d = bytes(d[p:lim]); base = p; lim -= p; p = 0")
         self.emit(1, "t0 = None; pt0 = None; r0 = None; pe0 = None; tp = {}; npart = 0")
+        init = len(self.lines) - 1
         self.struct(schema["fields"], 0, 1, "")
+        if self.pairs:
+            self.lines[init] += "; tpairs = []"
+            self.emit(1, "if tpairs: S.extra['topic_pairs'] = tpairs")
         self.emit(1, "if tp: S.topics = list(tp)")
         self.emit(1, "if npart: S.partitions += npart")
         self.emit(1, "return p + base" if rebase else "return p")

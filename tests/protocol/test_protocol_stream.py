@@ -376,3 +376,53 @@ def test_cluster_id_of_metadata_and_describe_cluster_answers_is_summarized(chunk
     resps = b"".join(encode_response(key, v, cid, body) for cid, (key, v, _, body) in enumerate(answers, 1))
     got = [ev.summary.extra.get("cluster_id") for ev in feed(reqs, resps, chunk=chunk) if isinstance(ev, ResponseSeen)]
     assert got == [None, "v2-id", "v8-id", "v12-id", None, "dc-id"]
+
+
+@pytest.mark.parametrize("chunk", [None, 1, 0])
+def test_topic_id_name_pairs_of_metadata_create_topics_and_describe_topic_partitions_answers(chunk: int | None) -> None:
+    """The proxy names the topic ids modern clients send from the answers it relays: Metadata v10+ (every version
+    with ids, a null name from v12), CreateTopics v7+ and DescribeTopicPartitions pair each topic's name with its
+    id, kept as the id's 16 bytes; the older versions, a topic without an id (the null id) or without a name pair
+    nothing. Whole frames, one byte at a time and random chunks."""
+    import uuid
+
+    from protocol.deep import encode_request, encode_response
+
+    def tid(name: str) -> str:
+        return str(uuid.uuid5(uuid.NAMESPACE_DNS, name))
+
+    zero = "00000000-0000-0000-0000-000000000000"
+
+    def md_topic(name: str | None, topic_id: str, error: int = 0) -> dict:
+        return {"error_code": error, "name": name, "topic_id": topic_id, "is_internal": False, "partitions": [
+            {"error_code": 0, "partition_index": 0, "leader_id": 1, "leader_epoch": 0, "replica_nodes": [1],
+             "isr_nodes": [1], "offline_replicas": []}], "topic_authorized_operations": -2147483648}
+
+    def md(version: int, *topics: dict) -> tuple:
+        ask = {"topics": None, "allow_auto_topic_creation": False, "include_topic_authorized_operations": False}
+        body = {"throttle_time_ms": 0, "brokers": [], "cluster_id": "c", "controller_id": 1, "topics": list(topics)}
+        return 3, version, ask, body
+
+    def ct_topic(name: str, topic_id: str) -> dict:
+        return {"name": name, "topic_id": topic_id, "error_code": 0, "error_message": None, "num_partitions": 1,
+                "replication_factor": 1, "configs": []}
+
+    ct_ask = {"topics": [], "timeout_ms": 1000, "validate_only": False}
+    dtp_ask = {"topics": [{"name": "a"}], "response_partition_limit": 10, "cursor": None}
+    answers = [
+        md(9, {k: v for k, v in md_topic("old", tid("old")).items() if k != "topic_id"}),  # v9: no ids yet
+        md(10, md_topic("m10", tid("m10")), md_topic("missing", zero, error=3)),
+        md(11, md_topic("m11", tid("m11"))),
+        md(12, md_topic("m12", tid("m12")), md_topic(None, tid("by-id-only"))),
+        md(13, md_topic("m13a", tid("m13a")), md_topic("m13b", tid("m13b"))),
+        (19, 6, ct_ask, {"throttle_time_ms": 0, "topics": [  # CreateTopics v6: no ids yet
+            {k: v for k, v in ct_topic("c6", tid("c6")).items() if k != "topic_id"}]}),
+        (19, 7, ct_ask, {"throttle_time_ms": 0, "topics": [ct_topic("c7", tid("c7"))]}),
+        (75, 0, dtp_ask, {"throttle_time_ms": 0, "topics": [md_topic("d0", tid("d0"))], "next_cursor": None}),
+    ]
+    reqs = b"".join(encode_request(key, v, cid, "c", ask) for cid, (key, v, ask, _) in enumerate(answers, 1))
+    resps = b"".join(encode_response(key, v, cid, body) for cid, (key, v, _, body) in enumerate(answers, 1))
+    got = [[(str(uuid.UUID(bytes=raw)), name) for raw, name in ev.summary.extra.get("topic_pairs", ())]
+           for ev in feed(reqs, resps, chunk=chunk) if isinstance(ev, ResponseSeen)]
+    assert got == [[], [(tid("m10"), "m10")], [(tid("m11"), "m11")], [(tid("m12"), "m12")],
+                   [(tid("m13a"), "m13a"), (tid("m13b"), "m13b")], [], [(tid("c7"), "c7")], [(tid("d0"), "d0")]]

@@ -201,6 +201,44 @@ def test_observer_reports_the_first_cluster_id_a_response_carries_before_its_row
     assert told == [("the-cluster", 1)]  # once per connection, while the v1 answer's row was the only one out
 
 
+def test_observer_reports_each_answers_topic_pairs_after_the_cluster_id_and_before_its_row():
+    """Every Metadata (v10+) / CreateTopics (v7+) answer's topic id ↔ name pairs are reported, each time (a map that
+    forgot a pair learns it again), after the connection's cluster id (the `topics/` rows of those pairs carry it)
+    and before the request's row leaves (the rows after it name those ids). Metadata v9 carries no ids: nothing."""
+    import uuid
+
+    from protocol.deep import encode_request, encode_response
+
+    facts = ConnectionFacts(proxy_id="p", conn_id="c1", listener="127.0.0.1:1", mode="explicit", opened_ns=0)
+    req, resp, out, told = SendStamps(), SendStamps(), _Rows(), []
+    obs = Observer(KafkaStream(), facts, req, resp, out, lambda *a, **k: None,
+                   on_cluster=lambda cluster: told.append(("cluster", cluster, len(out.requests))),
+                   on_topics=lambda pairs: told.append(
+                       ("topics", [(str(uuid.UUID(bytes=raw)), name) for raw, name in pairs], len(out.requests))))
+    orders, new = str(uuid.uuid4()), str(uuid.uuid4())
+
+    def md(version: int) -> dict[str, Any]:
+        topic = {"error_code": 0, "name": "orders", "topic_id": orders, "is_internal": False, "partitions": [],
+                 "topic_authorized_operations": -2147483648}
+        if version < 10:
+            del topic["topic_id"]
+        return {"throttle_time_ms": 0, "brokers": [], "cluster_id": "the-cluster", "controller_id": 1,
+                "topics": [topic]}
+
+    ask = {"topics": None, "allow_auto_topic_creation": False, "include_topic_authorized_operations": False}
+    created = {"throttle_time_ms": 0, "topics": [{"name": "new", "topic_id": new, "error_code": 0, "error_message": None,
+                                                   "num_partitions": 1, "replication_factor": 1, "configs": []}]}
+    for corr, (key, version, q, answer) in enumerate([
+            (3, 9, ask, md(9)), (3, 12, ask, md(12)), (3, 12, ask, md(12)),
+            (19, 7, {"topics": [], "timeout_ms": 1000, "validate_only": False}, created)], 1):
+        _relay(obs, req, True, encode_request(key, version, corr, "unit", q), read_ns=corr * 10, written_ns=corr * 10)
+        _relay(obs, resp, False, encode_response(key, version, corr, answer), read_ns=corr * 10 + 5,
+               written_ns=corr * 10 + 5)
+    assert len(out.requests) == 4
+    assert told == [("cluster", "the-cluster", 0), ("topics", [(orders, "orders")], 1),
+                    ("topics", [(orders, "orders")], 2), ("topics", [(new, "new")], 3)]
+
+
 def test_observer_waits_for_the_drain_when_the_broker_socket_is_full():
     obs, req, resp, out, _ = _observer()
     q, a = _api_versions(corr=5)

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import uuid
+from pathlib import Path
+
+import pytest
+
+from harness.java_clients import JavaClients, JavaTool
 from harness.wire import WireClient
 from protocol.apis import CREATE_TOPICS, FETCH, METADATA
 from proxy.rows import REQUEST_KEYS
@@ -53,6 +59,21 @@ def test_map_is_bounded_and_reports_each_new_pair_once() -> None:
     assert len(m) == 2 and m.name("00000000-0000-0000-0000-000000000001") is None and not m.knows_name("a")
     assert [x[1] for x in learned] == ["a", "b", "c"]
     assert not m.learn("00000000-0000-0000-0000-000000000000", "zero")  # the null id names nothing
+
+
+def test_map_learns_the_pairs_a_relayed_answer_carried_ids_as_sent() -> None:
+    """Relayed answers give ids as their 16 bytes: each is spelled as a uuid once (a memo as bounded as the map),
+    and learned as any pair is: new ones reported once with the broker that answered, known ones refreshed."""
+    learned: list[tuple] = []
+    m = TopicMap(limit=2, on_learned=lambda *a: learned.append(a))
+    a, b, c = (uuid.UUID(int=n) for n in (1, 2, 3))
+    assert m.learn_sent([(a.bytes, "a"), (b.bytes, "b")], "b:1") == 2
+    assert m.learn_sent([(a.bytes, "a"), (b.bytes, "b")], "b:1") == 0  # known: nothing recorded again
+    assert m.name(str(a)) == "a" and m.knows_name("b")
+    assert m.learn_sent([(c.bytes, "c")], "b:2") == 1  # the map keeps 2: the least recently learned goes
+    assert m.name(str(a)) is None and len(m._spelled) <= m.limit
+    assert m.learn_sent([(a.bytes, "a")], "b:2") == 1  # forgotten, then learned again from the next answer
+    assert learned == [(str(a), "a", "b:1"), (str(b), "b", "b:1"), (str(c), "c", "b:2"), (str(a), "a", "b:2")]
 
 
 def test_naming_sink_names_known_ids_and_asks_for_unknown_ones() -> None:
@@ -140,15 +161,18 @@ def _topic_id(kafka, topic: str) -> str:
     return str(topics[0]["topic_id"])
 
 
-def _fetch_by_id(bootstrap: str, topic_id: str) -> None:
-    host, port = bootstrap.rsplit(":", 1)
-    body = {"max_wait_ms": 10, "min_bytes": 1, "max_bytes": 1 << 20, "isolation_level": 0, "session_id": 0,
+def _fetch_body(topic_id: str) -> dict:
+    return {"max_wait_ms": 10, "min_bytes": 1, "max_bytes": 1 << 20, "isolation_level": 0, "session_id": 0,
             "session_epoch": -1, "forgotten_topics_data": [], "rack_id": "",
             "topics": [{"topic_id": topic_id, "partitions": [
                 {"partition": 0, "current_leader_epoch": -1, "fetch_offset": 0, "last_fetched_epoch": -1,
                  "log_start_offset": -1, "partition_max_bytes": 1 << 20}]}]}
+
+
+def _fetch_by_id(bootstrap: str, topic_id: str) -> None:
+    host, port = bootstrap.rsplit(":", 1)
     with WireClient(host, int(port)) as c:
-        c.call(FETCH, 15, body)
+        c.call(FETCH, 15, _fetch_body(topic_id))
 
 
 def test_id_used_before_any_metadata_passed_through_the_proxy(proxied_kafka, topic_name, sink):
@@ -169,19 +193,67 @@ def test_id_used_before_any_metadata_passed_through_the_proxy(proxied_kafka, top
     assert pair["name"] == topic_name and pair["broker_addr"] == proxied_kafka.upstream and pair["first_seen_ns"] > 0
 
 
-def test_name_learned_before_the_id_is_used(proxied_kafka, topic_name, sink):
-    """The usual order: Metadata naming the topic passes first, the Fetch by id afterwards is recorded by name."""
+@pytest.mark.parametrize("resolve", [True, False], ids=["resolve", "no-resolve-topics"])
+def test_name_learned_before_the_id_is_used(proxied_kafka, topic_name, sink, resolve):
+    """The usual order: Metadata naming the topic passes first, the Fetch by id afterwards is recorded by name.
+
+    The relayed answer itself pairs the name with the id, so the proxy asks the broker nothing, and learns it with
+    `--no-resolve-topics` too (which turns the proxy's own queries off, not what the clients' answers say)."""
     tid = _topic_id(proxied_kafka, topic_name)
-    with RunningProxy([proxied_kafka.route], sink=sink) as p:
+    with RunningProxy([proxied_kafka.route], sink=sink, resolve_topics=resolve) as p:
         host, port = p.bootstrap.rsplit(":", 1)
         with WireClient(host, int(port)) as c:
             c.call(METADATA, 12, {"topics": [{"name": topic_name, "topic_id": ZERO}],
                                   "allow_auto_topic_creation": False, "include_topic_authorized_operations": False})
-        sink.wait_for(lambda s: tid in s.topic_names())
-        _fetch_by_id(p.bootstrap, tid)
-        sink.wait_for(lambda s: any(r["api_key"] == FETCH for r in s.requests))
-    fetch = next(r for r in sink.requests if r["api_key"] == FETCH)
-    assert fetch["topics"] == [topic_name] and fetch["topic_ids"] == [tid]
+            c.call(FETCH, 15, _fetch_body(tid))  # the same connection, right after the answer
+        _fetch_by_id(p.bootstrap, tid)  # another connection
+        sink.wait_for(lambda s: len([r for r in s.requests if r["api_key"] == FETCH]) == 2)
+        queries = p.call(lambda: p.server.resolver.queries + p.server.resolver.failures)
+    assert queries == 0
+    for fetch in (r for r in sink.requests if r["api_key"] == FETCH):
+        assert fetch["topics"] == [topic_name] and fetch["topic_ids"] == [tid]
+    assert [(t["name"], t["broker_addr"], t["cluster_id"]) for t in sink.topics if t["topic_id"] == tid] == \
+        [(topic_name, proxied_kafka.upstream, proxied_kafka.kafka.cluster_id)]
+
+
+def _sasl_config(path: Path, rec_broker) -> Path:
+    """The Java clients' SASL settings, as a file: a JAAS line does not survive the tools' key=value flags."""
+    path.write_text("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=PLAIN\n"
+                    "sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required "
+                    f'username="{rec_broker.sasl_user}" password="{rec_broker.sasl_password}";\n')
+    return path
+
+
+def _with_config(tool: JavaTool, config: Path) -> JavaTool:
+    return JavaTool([*tool.argv, "--command-config", str(config)], tool.timeout_s)
+
+
+def test_sasl_listener_rows_name_the_topics_modern_java_clients_send_by_id(rec_broker, topic_name, sink, tmp_path):
+    """A SASL listener refuses the proxy's own Metadata query before authentication, so names must come from the
+    answers the clients get: Kafka's own 4.x tools create the topic (CreateTopics v7+ pairs its name with its id),
+    produce (Produce v13: the topic by id) and consume (Fetch v13+: by id) through the proxy, and every row names
+    the topic as it is recorded, with no query of the proxy's own."""
+    config = _sasl_config(tmp_path / "client.properties", rec_broker)
+    with RunningProxy([rec_broker.sasl_route], sink=sink) as p:
+        j = JavaClients(p.bootstrap)
+        for tool in (j.topics("--create", "--topic", topic_name, "--partitions", "2", "--replication-factor", "1"),
+                     j.producer_perf(topic_name, 50, props={"client.id": "sasl-prod", "acks": "all"}),
+                     j.console_consumer(topic_name, group=f"g-{topic_name}", max_messages=50,
+                                        props={"client.id": "sasl-cons"})):
+            j.run(_with_config(tool, config)).check()
+    by_id = [r for r in sink.requests if r["topic_ids"]]
+    produce = [r for r in by_id if r["api_name"] == "Produce"]
+    fetch = [r for r in by_id if r["api_name"] == "Fetch"]
+    print("requests naming topics by id:", sorted({(r["api_name"], r["api_version"]) for r in by_id}))
+    assert produce and all(r["api_version"] >= 13 for r in produce), {r["api_version"] for r in produce}
+    assert fetch and all(r["api_version"] >= 13 for r in fetch)
+    assert {t for r in by_id for t in r["topics"]} == {topic_name}, [(r["api_name"], r["topics"]) for r in by_id]
+    tid = produce[0]["topic_ids"][0]
+    assert [(t["name"], t["broker_addr"], t["cluster_id"]) for t in sink.topics if t["topic_id"] == tid] == \
+        [(topic_name, rec_broker.sasl_upstream, rec_broker.kafka.cluster_id)]
+    resolver = p.server.resolver  # stopped: its last queries (shutdown asks for ids still unnamed) are counted
+    assert (resolver.queries, resolver.failures) == (0, 0)  # not asked (so not refused): the answers named everything
+    assert rec_broker.sasl_password not in str(sink.requests + sink.topics + sink.connections)
 
 
 def test_no_resolve_topics_keeps_ids_and_asks_nothing(proxied_kafka, topic_name, sink):
