@@ -42,8 +42,9 @@ DATASETS_READ = ("requests", "connections", "tcp")  # what analytics.load reads 
 @click.option("--compare", nargs=2, default=None, metavar="A B",
               help="Compare two recordings of the same traffic (either side of a middlebox, or a recording and its replay). "
                    "With DIRs as well, the report covers the DIRs and adds the comparison of A with B. A +SECONDS "
-                   "--since/--until counts from each side's own first request. When under half of either side's "
-                   "requests match, a warning says so, with when each side's requests ran and the likely causes.")
+                   "--since/--until counts from each side's own first request; a side the window or filters leave empty "
+                   "is named, with when its requests ran. When under half of either side's requests match, a warning "
+                   "says so, with when each side's requests ran and the likely causes.")
 @click.option("--match", "compare_mode", type=click.Choice(["auto", "wire", "sequence"]), default="auto", show_default=True,
               help="How --compare pairs requests: wire = client_id+correlation_id+api and time proximity; sequence = order within "
                    "each connection (replays); auto = wire when the recordings overlap in time.")

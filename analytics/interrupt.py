@@ -6,8 +6,10 @@ in the middle of whatever Py4J call the signal interrupted, and its cancelAllJob
 thread's pinned Py4J connection: "RuntimeError: reentrant call inside <_io.BufferedReader>", then a
 Py4JNetworkError from every thread still collecting a table. `kafkatap analyze` brings its own handler
 (analytics.cli.Interrupted), and `analytics.session.get_spark` constructs the SparkContext on a thread
-of its own, so pyspark never installs one. No pyspark import here: the CLI installs the handler before
-Spark is imported.
+of its own, so pyspark never installs one. A KeyboardInterrupt raised in the main thread's Py4J call is
+no way out either: Py4J then interrupts the JVM thread serving that call, and the Spark jobs of the
+analysis's other threads can wait forever (scenarios.runner: `kafkatap demo` and `scenario run` end at
+once, as `analyze` does). No pyspark import here: the CLI installs the handler before Spark is imported.
 """
 
 from __future__ import annotations
@@ -23,17 +25,20 @@ Handler = Callable[[int, FrameType | None], Any]
 
 
 @contextmanager
-def interrupts_handled(handler: Handler) -> Iterator[None]:
-    """`handler` takes SIGINT for the block, also after a SparkContext starts inside it; the previous one after.
+def interrupts_handled(handler: Handler, signals: tuple[int, ...] = (signal.SIGINT,)) -> Iterator[None]:
+    """`handler` takes SIGINT (or each of `signals`) for the block, also after a SparkContext starts inside it;
+    the previous handlers after.
 
     Only the main thread can set a signal handler: elsewhere (a scenario's worker thread) nothing changes.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.getsignal(signal.SIGINT)
-    signal.signal(signal.SIGINT, handler)
+    previous = {sig: signal.getsignal(sig) for sig in signals}
+    for sig in signals:
+        signal.signal(sig, handler)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
+        for sig, old in previous.items():
+            signal.signal(sig, old if old is not None else signal.SIG_DFL)

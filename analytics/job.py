@@ -35,7 +35,7 @@ from analytics.session import (
 from analytics.transforms import brokers, bypass, clients, compare, connections, drilldown, errors, faults, latency, overview, produce_fetch, rollups, tcp
 from analytics.transforms.common import prepare_requests, union_all
 from analytics.transforms.cube import cube_from_cells, latency_cube, percentile_views, tail_floor
-from analytics.unmatched import is_narrowed, nothing_matched
+from analytics.unmatched import empty_compare_sides, is_narrowed, nothing_matched
 from recording.request_terms import ROLLUP_BUCKET_S
 from recording.rollups import TIME_KEYED, RecordingCoverage, coverage_all, stored_span_ns
 from recording.schema import DERIVED_DATASETS
@@ -633,6 +633,11 @@ def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.
             plan.update(cplan)
         prog.step("tables", f"{len(plan)} tables, {parallel} Spark jobs at a time")
         arrow.update(collect_all(plan, prog, parallel))
+        if compare and unmatched is None:  # a side the window or filters left empty: say which, and what it holds
+            kept = [sum(arrow["compare_summary"].column(f"requests_{s}").to_pylist()) for s in "ab"]
+            unmatched = empty_compare_sides(spark, [str(c) for c in compare], sides or (filters, filters), kept)
+            if unmatched:
+                prog.info(unmatched)
         drill = referenced_connections(arrow)
         if drill:
             prog.info(f"drill-down for {len(drill)} referenced connection(s)")

@@ -54,3 +54,16 @@ def commonest(req: DataFrame, kinds: Sequence[str], n: int = HINTS) -> dict[str,
         if len(out[r["kind"]]) < n:
             out[r["kind"]].append((r["value"], r["count"]))
     return out
+
+
+def empty_compare_sides(spark: SparkSession, compare: Sequence[str], sides: Sequence[L.Filters],
+                        counts: Sequence[int]) -> str | None:
+    """`nothing_matched`'s line for each side of a comparison whose filters kept none of its requests, or None.
+
+    `counts` are the requests each side kept (compare_summary's). A `--since/--until` that misses one
+    recording (a +SECONDS past its end, the other side's hours) otherwise left a comparison of nothing:
+    "0 requests" and no finding when both sides were empty, or "Few requests matched … 0% of B's 0".
+    """
+    lines = [f"--compare {label} ({side}): {nothing_matched(spark, [side], filters)}"
+             for label, side, filters, n in zip("AB", compare, sides, counts) if not n and is_narrowed(filters)]
+    return "; ".join(lines) or None

@@ -241,10 +241,11 @@ def kafka() -> None:
 @click.option("--port", type=click.IntRange(1, 65535), default=None, help="Listener port on 127.0.0.1 (default: a free one).")
 @click.option("--prop", "props", multiple=True, metavar="KEY=VALUE", help="server.properties override (repeatable).")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
-              help="Keep the broker's data (its log.dirs: topics, records, offsets, the cluster's metadata) in DIR, "
-                   "created if missing. `kafka down` leaves DIR alone, and a later `kafka up --data-dir DIR` starts "
-                   "from it (same --kafka-version or newer). Default: a fresh directory in the cache's work dir, "
-                   "removed by `kafka down`.")
+              help="Keep the broker's data (its log.dirs: topics, records, offsets, the cluster's metadata) in DIR: "
+                   "a new or empty directory (created if missing), or one an earlier `kafka up --data-dir` used; "
+                   "`kafka down` leaves DIR alone, and a later `kafka up --data-dir DIR` starts from it (same "
+                   "--kafka-version or newer: an older one is refused). Default: a fresh directory in the cache's "
+                   "work dir, removed by `kafka down`.")
 def kafka_up(kafka_version: str, old_version: str | None, port: int | None, props: tuple[str, ...],
              data_dir: Path | None) -> None:
     """Start a detached broker; its state is kept in the cache dir for `status` and `down`.
@@ -285,6 +286,9 @@ def kafka_up(kafka_version: str, old_version: str | None, port: int | None, prop
         if data_dir == work or work in data_dir.parents or data_dir in work.parents:  # `kafka up` empties the work dir
             raise click.BadParameter(f"{data_dir} overlaps the broker's work dir {work}, which each `kafka up` starts "
                                      "afresh; choose a directory apart from it", param_hint="--data-dir")
+        problem = _data_dir_problem(data_dir, version)
+        if problem:
+            raise click.BadParameter(problem, param_hint="--data-dir")
         try:
             data_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -301,6 +305,8 @@ def kafka_up(kafka_version: str, old_version: str | None, port: int | None, prop
         raise click.ClickException(str(exc)) from None
     node = k.nodes[0]
     assert node.proc is not None
+    if data_dir is not None:
+        _served_by(data_dir, version)
     _state_path().write_text(json.dumps({
         "pid": node.proc.pid, "bootstrap": k.bootstrap, "version": version, "workdir": str(workdir),
         "data_dir": str(data_dir) if data_dir is not None else None,
@@ -312,6 +318,54 @@ def kafka_up(kafka_version: str, old_version: str | None, port: int | None, prop
     # cluster mode: the broker keeps advertising its own address, and the proxy rewrites it in every response,
     # so clients of the suggested listener stay on the proxy and everything they do is recorded
     click.echo(f"try: kafkatap proxy --cluster {k.bootstrap} --listen 127.0.0.1:{_suggested_listen(node.node_id)} --record rec/")
+
+
+# In a --data-dir, beside the broker's own files: the newest Kafka version that served it. Kafka reads
+# only directories of its log.dirs as partitions, so a file is left alone.
+SERVED_BY = ".kafkatap-kafka-version"
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split(".") if p.isdigit())
+
+
+def _data_dir_problem(data_dir: Path, version: str) -> str | None:
+    """Why `kafka up --data-dir DIR` must not start a broker on DIR, or None.
+
+    Both are checked before the broker formats or opens anything: a directory of other files (a
+    typo, a home directory) would be formatted as a log dir, Kafka's files written among the
+    user's, and then the broker would exit on the first subdirectory that is no partition; and a
+    directory a newer Kafka served holds metadata an older one cannot read (its start-up ends in
+    a stack trace, e.g. "No MetadataVersion with metadata version 30").
+    """
+    try:
+        entries = [e.name for e in data_dir.iterdir()]
+    except FileNotFoundError:
+        return None  # created below
+    except OSError as exc:
+        return f"cannot read {data_dir}: {exc.strerror or exc}"
+    if entries and "meta.properties" not in entries:
+        return (f"{data_dir} holds other files and no broker data (no meta.properties); the broker would write its "
+                "own among them. Give a new or empty directory, or one an earlier `kafka up --data-dir` used")
+    served = _served_by_version(data_dir)
+    if served and _version_key(version) < _version_key(served):
+        return (f"{data_dir} was served by Kafka {served}, whose metadata Kafka {version} cannot read; "
+                f"use --kafka-version {served}, or another --data-dir")
+    return None
+
+
+def _served_by_version(data_dir: Path) -> str | None:
+    try:
+        return (data_dir / SERVED_BY).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _served_by(data_dir: Path, version: str) -> None:
+    """Note in DIR that Kafka `version` served it (kept if a newer one already did): `_data_dir_problem` reads it."""
+    served = _served_by_version(data_dir)
+    if served is None or _version_key(served) < _version_key(version):
+        (data_dir / SERVED_BY).write_text(version + "\n")
 
 
 def _cluster_id_of(data_dir: Path) -> str | None:

@@ -55,7 +55,7 @@ def reconnect_storm(t: Tables) -> list[Finding]:
     """Clients that keep opening short-lived connections (every send pays a handshake): one finding, worst client first.
 
     Counted in reconnects (`reconnects_by_client`: a connection to a broker after an earlier one to it had
-    ended, past the client's first seconds), not connections: a client that starts up opens one per broker
+    ended, past the client's first seconds, and not by the proxy's own shutdown), not connections: a client that starts up opens one per broker
     plus its bootstrap and coordinator ones within seconds, and over a span that short any count of
     connections is a high rate. MIN_RECONNECTS is more than one broker's restart makes a client replace
     (its connection to that broker, and the bootstrap and coordinator ones where they went there too)."""

@@ -171,10 +171,16 @@ def reconnects_by_client(conns: DataFrame, bucket_s: int = 60) -> DataFrame:
     shape: one connection to a broker after another, each ending (reset after idle, closed by the
     broker, a producer made per send) before the next opens. The rate is reconnects per minute of
     the client's span in the recording.
+
+    An end the proxy made itself (`proxy_shutdown`: a proxy or worker stopping, as for a restart) is
+    not one a reconnect follows: when a restarted proxy records again, every client opens anew each
+    connection the last run closed, one per broker and coordinator, four or more for a client of a
+    three-broker cluster, and that is the recording's doing, not the client's.
     """
     c = with_client(conns)
     first_open = F.min("opened_ns").over(Window.partitionBy("client_id", "client_host"))
-    first_end_to_broker = F.min("closed_ns").over(Window.partitionBy("client_id", "client_host", "broker_addr"))
+    ended = F.when(F.col("end_reason") != "proxy_shutdown", F.col("closed_ns"))  # not the proxy stopping (docstring)
+    first_end_to_broker = F.min(ended).over(Window.partitionBy("client_id", "client_host", "broker_addr"))
     # the earliest end to the broker is before this open: some earlier connection had ended (its own end is later)
     reconnect = (F.col("opened_ns") > first_end_to_broker) & (F.col("opened_ns") > first_open + STARTUP_S * 1_000_000_000)
     per_min = c.groupBy("client_id", "client_host", time_bucket_index("opened_ns", bucket_s).alias("m")).agg(

@@ -175,6 +175,32 @@ def test_cli_compare_warns_when_few_requests_match(spark, tmp_path) -> None:
     doc = json.loads((tmp_path / "narrow" / "findings.json").read_text())
     assert doc["overview"]["span_s"] == 10.0 and doc["overview"]["requests"] == 10  # A's side, within the window
 
+def test_cli_compare_says_which_side_the_window_left_empty(spark, tmp_path) -> None:
+    """--compare with a --since/--until that misses a side: a line names that side and what its recording holds.
+
+    Before, a window that missed both gave "0 requests" and no finding at all, and one that missed B only
+    "0% of B's 0" and nothing about where B's requests are."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    write_rows(a, "requests", [req("a1", i, "Produce", t_s=i, lat_us=3000) for i in range(30)])
+    write_rows(b, "requests", [req("b1", i, "Produce", t_s=i + 0.0005, lat_us=1000) for i in range(20, 30)])
+    write_rows(a, "connections", [conn("a1", 0, 40)])
+    write_rows(b, "connections", [conn("b1", 19, 40)])
+    b_holds = (f"--compare B ({b}): nothing matched the filters (since 2026-11-20 09:00:00 UTC; until 2026-11-20 09:00:10 "
+               "UTC): the recording's 10 requests run from 2026-11-20 09:00:20 UTC to 2026-11-20 09:00:29 UTC")
+    out = CliRunner().invoke(analyze, ["--compare", str(a), str(b), "--out", str(tmp_path / "b-missed"), "--quiet",
+                                       "--since", "2026-11-20T09:00:00", "--until", "2026-11-20T09:00:10"])
+    assert out.exit_code == 0, out.output
+    assert b_holds in out.output and "--compare A" not in out.output, out.output
+    doc = json.loads((tmp_path / "b-missed" / "findings.json").read_text())
+    assert doc["nothing_matched"] == b_holds
+    out = CliRunner().invoke(analyze, ["--compare", str(a), str(b), "--out", str(tmp_path / "both-missed"), "--quiet",
+                                       "--since", "2026-11-21T09:00:00"])
+    assert out.exit_code == 0, out.output
+    assert (f"--compare A ({a}): nothing matched the filters (since 2026-11-21 09:00:00 UTC): the recording's 30 requests "
+            "run from 2026-11-20 09:00:00 UTC to 2026-11-20 09:00:29 UTC; --compare B") in out.output, out.output
+    assert "No findings: --compare A" in (tmp_path / "both-missed" / "report.html").read_text()
+
+
 def test_cli_says_what_compare_takes() -> None:
     got = CliRunner().invoke(analyze, ["--compare", "rec-a", "--out", "cmp"])  # B forgotten: --out became B
     assert got.exit_code == 2 and "--compare takes two recordings A B, got 'rec-a --out'" in got.output

@@ -153,3 +153,56 @@ def test_spark_starts_without_pysparks_sigint_handler() -> None:
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.strip() == "['ours'] True", p.stdout
+
+
+
+def test_ctrl_c_in_a_scenarios_analysis_ends_it_in_one_line(tmp_path: Path) -> None:
+    """`kafkatap demo` / `scenario run`: a Ctrl-C while the runner analyzes ends the process at once, in one line.
+
+    Before, Python's KeyboardInterrupt was raised inside the main thread's Py4J call; Py4J then interrupted
+    the JVM thread serving it, the passes of the job's other threads waited forever for a query stage, and the
+    job's thread pool waited for them: the process never ended. The signal is sent the moment the main thread
+    is inside a pass's Py4J call (as a Ctrl-C lands, most of an analysis is spent there)."""
+    generate(tmp_path / "rec", 200_000, rollups=False)  # no rollups, past the small-input settings: Spark's full plan
+    out = tmp_path / "out"
+    code = textwrap.dedent(f"""
+        import os, signal, sys, threading, time
+        from pathlib import Path
+        from types import SimpleNamespace
+        from scenarios.runner import _analyze
+
+        def interrupt_inside_a_pass():
+            main = threading.main_thread().ident
+            while True:
+                frame, names = sys._current_frames().get(main), set()
+                while frame is not None:
+                    names.add(frame.f_code.co_name)
+                    frame = frame.f_back
+                if {{"readinto", "localCheckpoint"}} <= names:  # waiting for the JVM's answer to a pass
+                    from pyspark import SparkContext
+                    Path({str(tmp_path / "jvm.pid")!r}).write_text(str(SparkContext._gateway.proc.pid))
+                    os.kill(os.getpid(), signal.SIGINT)
+                    return
+                time.sleep(0.001)
+
+        threading.Thread(target=interrupt_inside_a_pass, daemon=True).start()
+        scenario = SimpleNamespace(name="probe", analysis={{}}, compare=None, expect=[])
+        result = SimpleNamespace(out=Path({str(out)!r}), timings={{}}, clients=[], problems=[])
+        try:
+            _analyze(scenario, result, {{"p": Path({str(tmp_path / "rec")!r})}}, lambda text: None)
+        except KeyboardInterrupt:
+            print("KeyboardInterrupt", flush=True)
+            sys.exit(130)
+        print("finished", flush=True)
+    """)
+    p = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = p.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        pytest.fail("still running 120 s after its Ctrl-C")
+    assert (p.returncode, stdout) == (130, ""), stderr[-3000:]
+    assert stderr.splitlines()[-1] == "probe: interrupted during the analysis; everything it started was stopped", stderr
+    assert not (out / "report" / "report.html").exists() and not (out / "report" / "findings.json").exists()
+    assert _pidfd_wait(int((tmp_path / "jvm.pid").read_text()), 30), "Spark's JVM outlived the analysis"

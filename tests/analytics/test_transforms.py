@@ -318,6 +318,28 @@ def test_reconnects_are_replaced_connections_not_a_clients_start(make_df) -> Non
     assert rc["billing"]["reconnects"] == 5
 
 
+
+def test_a_proxy_restart_is_no_reconnect_storm(make_df) -> None:
+    """A consumer of a three-broker cluster (a connection per broker and one to its coordinator) recorded over three
+    runs of a proxy, restarted every 200 s: each stop closes the four (proxy_shutdown) and the client opens them again
+    on the next run. Those are the recording's restarts, not reconnects of the client's; the storm beside it still is."""
+    cs = []
+    for run in range(3):
+        t0, t1 = run * 201, run * 201 + 200
+        last = run == 2
+        kw = {"end_reason": "proxy_shutdown", "end_by": "proxy"} if not last else {}
+        cs += [conn(f"run{run}-b{b}", t0 + 0.2, None if last else t1, client="ledger-java", broker=f"10.0.0.{b}:9092",
+                    **kw, **({"snapshot_ns": T0 + 600 * S} if last else {})) for b in (1, 2, 3)]
+        cs += [conn(f"run{run}-coord", t0 + 1.0, None if last else t1, client="ledger-java", broker="10.0.0.2:9092",
+                    **kw, **({"snapshot_ns": T0 + 600 * S} if last else {}))]
+    cs += [conn(f"r{i}", i * 100, i * 100 + 90, client="billing", end_reason="client_rst", end_by="client", idle_ms=60_000,
+                client_addr=f"10.9.0.5:{3000 + i}") for i in range(6)]
+    rc = by(connections.reconnects_by_client(make_df("connections", cs)).collect(), "client_id")
+    assert (rc["ledger-java"]["connections"], rc["ledger-java"]["reconnects"]) == (12, 0)
+    storms = reconnect_storm({"reconnects_by_client": list(rc.values())})
+    assert len(storms) == 1 and "billing" in storms[0].title and "ledger-java" not in storms[0].summary, storms[0].summary
+
+
 def test_connection_ends_resets_reconnects(make_df) -> None:
     cs = [conn(f"r{i}", i * 100, i * 100 + 90, client="billing", end_reason="client_rst", end_by="client", idle_ms=60_000,
                client_addr=f"10.9.0.5:{3000 + i}") for i in range(6)]

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 import scenarios.cli as scli
 from kafkatap.cli import cli
+from harness.jars import DEFAULT_VERSION, INCIDENT_VERSION
 from harness.kafka import brokers_registered
 
 pytestmark = pytest.mark.kafka
@@ -84,6 +85,14 @@ def test_data_dir_outlives_down_and_the_next_up_starts_from_it(tmp_path, monkeyp
     for pid in pids:  # in-process the JVMs are our children: reap them
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, 0)
+    # an older Kafka cannot read the metadata a newer one wrote (its start-up was a stack trace): refused up front,
+    # from the version DIR notes it was served by
+    res = runner.invoke(cli, ["kafka", "up", "--data-dir", str(data), "--kafka-version", INCIDENT_VERSION])
+    assert res.exit_code == 2, res.output
+    assert (f"{data} was served by Kafka {DEFAULT_VERSION}, whose metadata Kafka {INCIDENT_VERSION} cannot read; "
+            f"use --kafka-version {DEFAULT_VERSION}, or another --data-dir") in " ".join(res.output.split())
+    assert not (tmp_path / "state.json").exists()
+    assert (data / ".kafkatap-kafka-version").read_text() == f"{DEFAULT_VERSION}\n"
 
 
 @pytest.mark.parametrize("args, said", [
@@ -98,3 +107,21 @@ def test_data_dir_refusals_come_before_any_broker(tmp_path, monkeypatch, args: l
     res = CliRunner().invoke(cli, ["kafka", "up", *args])
     assert res.exit_code == 2 and said in res.output, res.output
     assert not (tmp_path / "state.json").exists()
+
+
+def test_data_dir_of_other_files_is_refused_and_left_as_it_was(tmp_path, monkeypatch) -> None:
+    """A DIR that holds something else (a typo, a home directory, a mount point's lost+found): no broker formats it.
+
+    Before, the broker wrote meta.properties, checkpoints and its metadata log among the files, then exited on the
+    first subdirectory that is no partition, with a Java stack trace."""
+    monkeypatch.setattr(scli, "_state_path", lambda: tmp_path / "state.json")
+    monkeypatch.setattr(scli, "_workdir", lambda: tmp_path / "broker")
+    mine = tmp_path / "mine"
+    (mine / "photos").mkdir(parents=True)
+    (mine / "notes.txt").write_text("mine\n")
+    res = CliRunner().invoke(cli, ["kafka", "up", "--data-dir", str(mine)])
+    assert res.exit_code == 2, res.output
+    assert (f"{mine} holds other files and no broker data (no meta.properties); the broker would write its own among "
+            "them. Give a new or empty directory, or one an earlier `kafka up --data-dir` used") in " ".join(res.output.split())
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt", "photos"]
+    assert not (tmp_path / "state.json").exists() and not (tmp_path / "broker").exists()
