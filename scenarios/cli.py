@@ -310,7 +310,7 @@ def kafka_up(kafka_version: str, old_version: str | None, port: int | None, prop
     _state_path().write_text(json.dumps({
         "pid": node.proc.pid, "bootstrap": k.bootstrap, "version": version, "workdir": str(workdir),
         "data_dir": str(data_dir) if data_dir is not None else None,
-        "log": str(node.log_file), "props": overrides, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "log": str(node.log_file), "props": shown_props(overrides), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }, indent=2))
     brokers_registered(k.host, k.port)
     click.echo(f"Kafka {version} up at {k.bootstrap} (pid {node.proc.pid}, log {node.log_file}"
@@ -391,6 +391,19 @@ def _suggested_listen(node_id: int, first: int = 19092) -> int:
         if port_is_free("127.0.0.1", port) and port_is_free("127.0.0.1", broker_port):
             return port
     return first
+
+
+SECRET_PROP_WORDS = ("password", "jaas", "secret", "credential")  # names of Kafka properties that hold secrets
+
+
+def shown_props(props: dict[str, str]) -> dict[str, str]:
+    """`--prop` overrides as `kafka status` shows them and the state file keeps them: secrets masked.
+
+    Why: the state file and `kafka status` exist only to say what was started; a SASL listener's
+    JAAS line or a key store password given with --prop has no business in either (only the
+    broker's own server.properties must hold it).
+    """
+    return {k: "***" if any(w in k.lower() for w in SECRET_PROP_WORDS) else v for k, v in props.items()}
 
 
 @kafka.command("status")

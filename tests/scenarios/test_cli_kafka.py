@@ -24,15 +24,19 @@ def test_up_status_down(tmp_path, monkeypatch) -> None:
     res = runner.invoke(cli, ["kafka", "status"])
     assert res.exit_code == 1 and "no local broker" in res.output
 
-    res = runner.invoke(cli, ["kafka", "up", "--prop", "message.max.bytes=12345"])
+    res = runner.invoke(cli, ["kafka", "up", "--prop", "message.max.bytes=12345", "--prop", "ssl.keystore.password=hunter2-x"])
     try:
         assert res.exit_code == 0, res.output
         state = json.loads((tmp_path / "state.json").read_text())
-        assert "message.max.bytes=12345" in (tmp_path / "broker" / "node-1" / "server.properties").read_text()
+        server_properties = (tmp_path / "broker" / "node-1" / "server.properties").read_text()
+        assert "message.max.bytes=12345" in server_properties and "hunter2-x" in server_properties  # the broker's own
+        assert "hunter2-x" not in (tmp_path / "state.json").read_text()  # a secret --prop: masked everywhere else
+        assert state["props"] == {"message.max.bytes": "12345", "ssl.keystore.password": "***"}
         host, _, port = state["bootstrap"].rpartition(":")
         assert brokers_registered(host, int(port)) == 1
         res = runner.invoke(cli, ["kafka", "status"])
         assert res.exit_code == 0 and "running" in res.output and "yes" in res.output, res.output
+        assert "hunter2-x" not in res.output and "ssl.keystore.password" in res.output
         res = runner.invoke(cli, ["kafka", "up"])
         assert res.exit_code != 0 and "already running" in res.output
     finally:
