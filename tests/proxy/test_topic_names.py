@@ -104,19 +104,25 @@ def test_naming_sink_asks_for_the_cluster_id_of_brokers_that_answer_metadata() -
     assert wants.clusters == ["b:2", "b:3"] and wants.brokers == [] and len(rows.requests) == 3
 
 
+def _ask_for_brokers_only(p: RunningProxy, sink, times: int) -> int:
+    """`times` clients each send one Metadata for no topic through `p`; once all are recorded (and the cluster's
+    own `topics/` row), how many Metadata queries the proxy sent the broker itself."""
+    host, port = p.bootstrap.rsplit(":", 1)
+    for _ in range(times):
+        with WireClient(host, int(port)) as c:
+            c.call(METADATA, 12, {"topics": [], "allow_auto_topic_creation": False,
+                                  "include_topic_authorized_operations": False})
+    sink.wait_for(lambda s: any(t["topic_id"] is None for t in s.topics))
+    sink.wait_for(lambda s: len([r for r in s.requests if r["api_key"] == METADATA]) == times)
+    return p.call(lambda: p.server.resolver.queries)
+
+
 def test_a_relayed_metadata_answer_records_its_broker_cluster_id(proxied_kafka, sink):
     """A client asking for brokers only names no topic, yet the recording must name the cluster it saw:
     the broker's id is learned once and recorded in a `topics/` row of its own (no topic id, no name).
     The relayed answers carry it, so the proxy asks the broker nothing (SASL listeners refuse its query)."""
     with RunningProxy([proxied_kafka.route], sink=sink) as p:
-        host, port = p.bootstrap.rsplit(":", 1)
-        for _ in range(3):
-            with WireClient(host, int(port)) as c:
-                c.call(METADATA, 12, {"topics": [], "allow_auto_topic_creation": False,
-                                      "include_topic_authorized_operations": False})
-        sink.wait_for(lambda s: any(t["topic_id"] is None for t in s.topics))
-        sink.wait_for(lambda s: len([r for r in s.requests if r["api_key"] == METADATA]) == 3)
-        queries = p.call(lambda: p.server.resolver.queries)
+        queries = _ask_for_brokers_only(p, sink, 3)
     own = [(t["broker_addr"], t["cluster_id"], t["name"]) for t in sink.topics if t["topic_id"] is None]
     assert own == [(proxied_kafka.upstream, proxied_kafka.kafka.cluster_id, None)]
     assert queries == 0  # the first relayed answer named the cluster: no query of our own
@@ -129,14 +135,7 @@ def test_an_answer_without_a_cluster_id_still_asks_the_broker_once(proxied_kafka
 
     layer = KafkaFaultLayer(FaultRules.from_specs(["error=Metadata:UNKNOWN_SERVER_ERROR"]))
     with RunningProxy([proxied_kafka.route], sink=sink, interceptors=[layer]) as p:
-        host, port = p.bootstrap.rsplit(":", 1)
-        for _ in range(2):
-            with WireClient(host, int(port)) as c:
-                c.call(METADATA, 12, {"topics": [], "allow_auto_topic_creation": False,
-                                      "include_topic_authorized_operations": False})
-        sink.wait_for(lambda s: any(t["topic_id"] is None for t in s.topics))
-        sink.wait_for(lambda s: len([r for r in s.requests if r["api_key"] == METADATA]) == 2)
-        queries = p.call(lambda: p.server.resolver.queries)
+        queries = _ask_for_brokers_only(p, sink, 2)
     assert all(r["edit"] for r in sink.requests if r["api_key"] == METADATA)  # neither answer came from the broker
     own = [(t["broker_addr"], t["cluster_id"]) for t in sink.topics if t["topic_id"] is None]
     assert own == [(proxied_kafka.upstream, proxied_kafka.kafka.cluster_id)] and queries == 1
