@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import os
 import sys
 
 import click
@@ -124,8 +125,33 @@ def cli(log_format: str, log_level: str) -> None:
     configure_logging(log_format, log_level)  # type: ignore[arg-type]
 
 
+def standard_streams() -> None:
+    """Give file descriptors 0, 1 and 2 to /dev/null where the caller closed them (`kafkatap proxy 2>&-`).
+
+    Why: with fd 2 closed, Python starts with `sys.stderr = None` and every command died in its logging
+    set-up. Worse, the next descriptor the proxy opened (a client's socket) would have become fd 2, which
+    its writer process and Spark's JVM inherit as their stderr: their log lines would have gone into a
+    Kafka connection. What a daemon does at start, done before anything opens a file.
+    """
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)  # the lowest free descriptor: `fd` itself unless a lower one is closed too
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+    if sys.stdin is None:
+        sys.stdin = open(0, closefd=False)  # noqa: SIM115 — the process's own stream, never closed
+    if sys.stdout is None:
+        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+    if sys.stderr is None:
+        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+
+
 def main() -> None:
     """Console-script entry point."""
+    standard_streams()
     cli(prog_name="kafkatap")
 
 

@@ -629,3 +629,28 @@ def test_python_dash_m_kafkatap_is_the_cli() -> None:
                          cwd=ROOT)
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith("kafkatap, version ")
+
+
+@pytest.mark.parametrize("closed", [(2,), (1, 2), (0, 1, 2)])
+def test_closed_standard_streams_are_dev_null(closed: tuple[int, ...], tmp_path: Path) -> None:
+    """`kafkatap … 2>&-` died in its logging set-up (sys.stderr None), and a socket opened next would have been
+    fd 2, the writer process's and the JVM's stderr. Closed standard descriptors become /dev/null at start: the
+    command runs as it would have, and a file the command opens does not land on 0, 1 or 2."""
+    probe = (
+        "import os, sys\n"
+        "from kafkatap.cli import standard_streams\n"
+        "standard_streams()\n"
+        "fd = os.open(os.devnull, os.O_RDONLY)\n"
+        f"open({str(tmp_path / 'fd')!r}, 'w').write(str(fd) + ' ' + str(sys.stderr is not None))\n"
+    )
+
+    def close_them() -> None:
+        for fd in closed:
+            os.close(fd)
+
+    res = subprocess.run(KAFKATAP + ["prune", "--help"], cwd=ROOT, preexec_fn=close_them, timeout=60,  # noqa: PLW1509
+                         stdout=None if 1 in closed else subprocess.PIPE)
+    assert res.returncode == 0
+    res = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, preexec_fn=close_them, timeout=60)  # noqa: PLW1509
+    assert res.returncode == 0
+    assert (tmp_path / "fd").read_text() == "3 True"
