@@ -182,6 +182,20 @@ class TopicMap:
         return out, missing
 
 
+def query_failure_hint(exc: BaseException) -> str | None:
+    """What a failed own query most likely means, for the one warning per broker (None: the error says it).
+
+    Why: a listener that wants SASL (or TLS) before anything else answers the proxy's plain Metadata
+    request by hanging up, and "IncompleteReadError: 0 bytes read on a total of 4 expected bytes" says
+    nothing to an operator about SASL.
+    """
+    if isinstance(exc, (asyncio.IncompleteReadError, ConnectionResetError, BrokenPipeError)):
+        return ("the broker closed the connection before answering: a listener that wants SASL (or TLS) first? "
+                "The proxy does not authenticate its own queries; the clients' relayed Metadata answers still "
+                "name their topics")
+    return None
+
+
 class TopicResolver:
     """Asks a broker for its id ↔ name pairs (Metadata v12, all topics) on the proxy's own connection.
 
@@ -308,7 +322,7 @@ class TopicResolver:
                 self._failed_logged.add(broker)
                 log.warning("topic names: the proxy's own Metadata query to the broker failed; rows keep the topic "
                             "ids no relayed Metadata answer named",
-                            broker=broker, error=f"{type(exc).__name__}: {exc}")
+                            broker=broker, error=f"{type(exc).__name__}: {exc}", hint=query_failure_hint(exc))
         finally:
             if writer is not None:
                 writer.close()

@@ -283,6 +283,34 @@ def test_resolver_failure_costs_nothing() -> None:
     assert asyncio.run(main()) == (1, 0)
 
 
+def test_a_listener_that_hangs_up_on_the_query_is_named_as_wanting_sasl_first() -> None:
+    """A SASL (or TLS) listener answers the proxy's plain Metadata query by closing the connection. The one
+    warning per broker said "IncompleteReadError: 0 bytes read…"; it now says what that likely means."""
+    import asyncio
+
+    from structlog.testing import capture_logs
+
+    from proxy.topics import TopicResolver
+
+    async def main() -> list[dict]:
+        async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.read(1)  # the request has arrived
+            writer.close()
+
+        server = await asyncio.start_server(hang_up, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        r = TopicResolver(asyncio.get_running_loop(), TopicMap(1), timeout_s=5.0)
+        with capture_logs() as logs:
+            r.want(f"127.0.0.1:{port}")
+            await r.idle()
+        server.close()
+        return logs
+
+    warnings = [e for e in asyncio.run(main()) if e["log_level"] == "warning"]
+    assert len(warnings) == 1 and "IncompleteReadError" in warnings[0]["error"]
+    assert "wants SASL (or TLS) first" in warnings[0]["hint"]
+
+
 def test_cli_has_the_off_switch() -> None:
     import subprocess
     import sys
