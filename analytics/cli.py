@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import sys
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from recording.cli_errors import OneLineError
 
-from analytics.interrupt import interrupts_handled
+from analytics.interrupt import ExitAtOnce, interrupts_handled
 from analytics.outdir import clear_artifacts, inside
 from recording.datasets import DATASETS  # not recording.schema: no pyarrow before the SIGINT handler is in place
 from recording.timespec import TIME, TIME_HELP, TimeSpec, cli_window
@@ -289,7 +286,7 @@ def _first_missing(out: str) -> Path | None:
     return missing
 
 
-class Interrupted:
+class Interrupted(ExitAtOnce):
     """The SIGINT handler of an analysis: one line, exit 130, and no half-written report left in OUT.
 
     In place from the command's first line: a Ctrl-C while the arguments are checked (a Spark master
@@ -297,16 +294,16 @@ class Interrupted:
     during the passes, instead of click's "Aborted!" and exit 1. Until `cleans` names OUT it leaves
     OUT alone (this run has written nothing there; an earlier run's report stays).
 
-    It ends the process at once (os._exit) instead of raising KeyboardInterrupt. pyspark's own handler
+    It ends the process at once (`ExitAtOnce`) instead of raising KeyboardInterrupt. pyspark's own handler
     (which SparkContext would install; analytics.session starts it where it cannot) calls cancelAllJobs through
     Py4J from inside the very Py4J read the signal interrupted: "RuntimeError: reentrant call inside
     <_io.BufferedReader>", then a Py4JNetworkError from every thread still collecting a table, ~90
-    lines for one Ctrl-C. Exiting closes the JVM's stdin, on which Spark's gateway ends the JVM and
-    with it every running job. The files of this run in OUT are removed first (run_analysis removed the
+    lines for one Ctrl-C. The files of this run in OUT are removed first (run_analysis removed the
     earlier run's when it started), then OUT itself if the run created it and it is empty.
     """
 
     def __init__(self) -> None:
+        super().__init__("kafkatap analyze: interrupted")
         self.out: str | None = None
         self.created: Path | None = None
 
@@ -314,15 +311,9 @@ class Interrupted:
         """From now on an interrupt clears this run's files from `out` (None: touches nothing)."""
         self.out, self.created = out, created
 
-    def __call__(self, signum: int, frame: FrameType | None) -> None:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
+    def clean_up(self) -> None:
         if self.out is not None:
-            try:
-                _abandon(self.out, self.created)
-            except OSError:
-                pass  # nothing more to do about it on the way out
-        os.write(2, b"kafkatap analyze: interrupted\n")  # not print: the interrupted thread may hold stderr's buffer
-        os._exit(130)
+            _abandon(self.out, self.created)
 
 
 def _abandon(out: str, created: Path | None) -> None:

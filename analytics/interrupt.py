@@ -14,6 +14,8 @@ once, as `analyze` does). No pyspark import here: the CLI installs the handler b
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -42,3 +44,30 @@ def interrupts_handled(handler: Handler, signals: tuple[int, ...] = (signal.SIGI
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old if old is not None else signal.SIG_DFL)
+
+
+class ExitAtOnce:
+    """A signal handler that ends the analysis's process at once: clean up, one line on stderr, exit 130.
+
+    Why not KeyboardInterrupt (see the module docstring): raised in the main thread's Py4J call, it
+    leaves the other threads' Spark jobs waiting for ever. Ending the process closes the JVM's stdin,
+    on which Spark's gateway ends the JVM and every running job. The handled `signals` are ignored
+    first, so that a second Ctrl-C cannot cut the clean-up short; the line goes out with one
+    os.write, not print, since the interrupted thread may hold stderr's buffer. Subclasses say what
+    `clean_up` removes (an OSError there is let go: nothing more can be done on the way out).
+    """
+
+    def __init__(self, line: str, signals: tuple[int, ...] = (signal.SIGINT,)) -> None:
+        self.line = line
+        self.signals = signals
+
+    def clean_up(self) -> None:
+        """What the interrupted run leaves behind is removed here (nothing, by default)."""
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        for sig in self.signals:
+            signal.signal(sig, signal.SIG_IGN)
+        with contextlib.suppress(OSError):
+            self.clean_up()
+        os.write(2, self.line.encode() + b"\n")
+        os._exit(130)

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from analytics.interrupt import ExitAtOnce, interrupts_handled  # no Spark: signal handling only
+from analytics.outdir import clear_artifacts
 from harness.jars import DEFAULT_VERSION
 from harness.kafka import LocalKafka, free_port
 from harness.wire import WireClient
@@ -436,7 +438,7 @@ def _cleanup_problems(scenario: Scenario, iptables_before: str) -> list[str]:
     return problems
 
 
-class _AnalysisInterrupted:
+class _AnalysisInterrupted(ExitAtOnce):
     """Ctrl-C or SIGTERM while a scenario's recording is analyzed: one line, exit 130 at once, no half-written report.
 
     Not KeyboardInterrupt, which the rest of a run ends on: raised in the main thread's Py4J call, it
@@ -444,29 +446,21 @@ class _AnalysisInterrupted:
     threads then waited forever (AdaptiveSparkPlanExec waiting for a query stage), with the job's thread
     pool waiting for them: the process never ended. (pyspark's own handler, which used to break that
     wait with a storm of Py4J errors, is no longer installed: analytics.session.) Everything the run
-    started is stopped before its analysis, so there is nothing left to clean up but the report's files;
-    ending the process also ends Spark's JVM (its stdin closes), as `kafkatap analyze`'s handler does.
+    started is stopped before its analysis, so there is nothing left to clean up but the report's files.
     """
 
     def __init__(self, name: str, report_dir: Path) -> None:
-        self.name, self.report_dir = name, report_dir
+        super().__init__(f"{name}: interrupted during the analysis; everything it started was stopped",
+                         (signal.SIGINT, signal.SIGTERM))
+        self.report_dir = report_dir
 
-    def __call__(self, signum: int, frame: Any) -> None:
-        from analytics.outdir import clear_artifacts
-
-        for sig in (signal.SIGINT, signal.SIGTERM):  # a second one must not cut the clean-up short
-            signal.signal(sig, signal.SIG_IGN)
-        with contextlib.suppress(OSError):
-            clear_artifacts(self.report_dir)
-        # not print: the interrupted thread may hold stderr's buffer
-        os.write(2, f"{self.name}: interrupted during the analysis; everything it started was stopped\n".encode())
-        os._exit(130)
+    def clean_up(self) -> None:
+        clear_artifacts(self.report_dir)
 
 
 def _analyze(scenario: Scenario, result: RunResult, rec_dirs: dict[str, Path], say: Progress) -> None:
     import importlib.util
 
-    from analytics.interrupt import interrupts_handled
     from analytics.job import run_analysis, summary
 
     report_dir = result.out / "report"
@@ -480,7 +474,8 @@ def _analyze(scenario: Scenario, result: RunResult, rec_dirs: dict[str, Path], s
     has_html = importlib.util.find_spec("analytics.report.html") is not None
     say(f"analyzing {', '.join(str(d) for d in dirs)} with Spark{'' if has_html else ' (HTML report renderer not installed yet)'}")
     t0 = time.monotonic()
-    with interrupts_handled(_AnalysisInterrupted(scenario.name, report_dir), (signal.SIGINT, signal.SIGTERM)):
+    interrupted = _AnalysisInterrupted(scenario.name, report_dir)
+    with interrupts_handled(interrupted, interrupted.signals):
         res = run_analysis(dirs, report_dir, report=has_html, **opts)
     result.timings["analysis_s"] = round(time.monotonic() - t0, 1)
     result.report_dir = report_dir
