@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,7 +50,11 @@ DATASETS_READ = ("requests", "connections", "tcp")  # what analytics.load reads 
 @click.option("--bucket", "bucket_s", type=click.IntRange(min=1), default=None, metavar="SECONDS",
               help="Time bucket in seconds for the over-time views (default: ~120 points over the span, that of "
                    "the --since/--until window when given).")
-@click.option("--conf", "conf", multiple=True, metavar="KEY=VALUE", help="Extra Spark configuration, e.g. --conf spark.driver.memory=6g; repeatable.")
+@click.option("--conf", "conf", multiple=True, metavar="KEY=VALUE",
+              help="Extra Spark configuration, e.g. --conf spark.driver.memory=6g; repeatable. A value replaces kafkatap's, "
+                   "except spark.driver.extraJavaOptions: those JVM options go after kafkatap's own (its quiet Spark "
+                   "logging, JIT flags), so a -Dname=… given there still wins; a -XX:+Use…GC there replaces "
+                   "kafkatap's collector.")
 @click.option("--no-csv", is_flag=True, help="Write tables as Parquet only.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines on stderr: only errors are printed there.")
 @click.option("--ignore-rollups", is_flag=True,
@@ -70,6 +75,8 @@ def analyze(dirs: tuple[str, ...], out: str | None, master: str | None, since: T
       connections/ID.html  a page per connection the tables point at
 
     An earlier analysis's files in OUT are replaced (other files there are left alone); OUT may not lie inside a DIR.
+    Ctrl-C or SIGTERM ends an analysis at once with one line, exit status 130 or 143 (128 + the signal), and
+    removes what it had written to OUT (OUT too, if it made it).
 
     \b
     Examples:
@@ -79,8 +86,8 @@ def analyze(dirs: tuple[str, ...], out: str | None, master: str | None, since: T
       kafkatap analyze --compare rec/ replay-rec/ --out cmp/                      # how a replay differed
       kafkatap analyze rec/ --out report/ --master spark://spark-master:7077
     """
-    interrupted = Interrupted()  # Ctrl-C from the first line on: one line, exit 130 (and no report half-written)
-    click.get_current_context().with_resource(interrupts_handled(interrupted))  # until the command ends
+    interrupted = Interrupted()  # Ctrl-C or SIGTERM from the first line on: one line, exit 130/143 (no report half-written)
+    click.get_current_context().with_resource(interrupts_handled(interrupted, interrupted.signals))  # until the command ends
     if compare and any(c.startswith("-") for c in compare):  # nargs=2 took the next option as B
         raise click.UsageError(f"--compare takes two recordings A B, got {' '.join(compare)!r}")
     if out is None:  # checked here, after --compare, so that `--compare A --out O` gets the message above
@@ -287,12 +294,15 @@ def _first_missing(out: str) -> Path | None:
 
 
 class Interrupted(ExitAtOnce):
-    """The SIGINT handler of an analysis: one line, exit 130, and no half-written report left in OUT.
+    """The SIGINT and SIGTERM handler of an analysis: one line, exit 130 or 143, and no half-written report left in OUT.
 
     In place from the command's first line: a Ctrl-C while the arguments are checked (a Spark master
     probed for up to 3 s, the recording's footers read) or the JVM starts gets the same line as one
     during the passes, instead of click's "Aborted!" and exit 1. Until `cleans` names OUT it leaves
-    OUT alone (this run has written nothing there; an earlier run's report stays).
+    OUT alone (this run has written nothing there; an earlier run's report stays). SIGTERM (`kill`, a
+    supervisor stopping a job, a CI timeout) is handled the same way: Python's default action for it
+    ends the process on the spot, with OUT as the run left it. The line is the same for both; the
+    exit status tells them apart (analytics.interrupt.exit_status).
 
     It ends the process at once (`ExitAtOnce`) instead of raising KeyboardInterrupt. pyspark's own handler
     (which SparkContext would install; analytics.session starts it where it cannot) calls cancelAllJobs through
@@ -303,7 +313,7 @@ class Interrupted(ExitAtOnce):
     """
 
     def __init__(self) -> None:
-        super().__init__("kafkatap analyze: interrupted")
+        super().__init__("kafkatap analyze: interrupted", (signal.SIGINT, signal.SIGTERM))
         self.out: str | None = None
         self.created: Path | None = None
 

@@ -1,4 +1,4 @@
-"""Who handles Ctrl-C (SIGINT) while an analysis runs: the caller's handler, also while and after Spark starts.
+"""Who handles Ctrl-C (SIGINT) and SIGTERM while an analysis runs: the caller's handler, also while and after Spark starts.
 
 pyspark's SparkContext installs a SIGINT handler of its own when it is constructed on the main thread
 (pyspark/core/context.py: cancelAllJobs, then KeyboardInterrupt). That handler runs on the main thread
@@ -9,7 +9,9 @@ Py4JNetworkError from every thread still collecting a table. `kafkatap analyze` 
 of its own, so pyspark never installs one. A KeyboardInterrupt raised in the main thread's Py4J call is
 no way out either: Py4J then interrupts the JVM thread serving that call, and the Spark jobs of the
 analysis's other threads can wait forever (scenarios.runner: `kafkatap demo` and `scenario run` end at
-once, as `analyze` does). No pyspark import here: the CLI installs the handler before Spark is imported.
+once, as `analyze` does). SIGTERM (`kill`, a supervisor, a CI timeout) gets the same handler: Python's default
+action ends the process on the spot, leaving a half-written report. No pyspark import here: the CLI installs
+the handler before Spark is imported.
 """
 
 from __future__ import annotations
@@ -46,15 +48,25 @@ def interrupts_handled(handler: Handler, signals: tuple[int, ...] = (signal.SIGI
             signal.signal(sig, old if old is not None else signal.SIG_DFL)
 
 
+def exit_status(signum: int) -> int:
+    """The status of a process that a signal ended, as the shell reports it: 128 + the signal's number.
+
+    130 for Ctrl-C, 143 for SIGTERM: a script or supervisor tells a `kill` from a Ctrl-C by it,
+    as it does for any program that the signal's default action ends.
+    """
+    return 128 + signum
+
+
 class ExitAtOnce:
-    """A signal handler that ends the analysis's process at once: clean up, one line on stderr, exit 130.
+    """A signal handler that ends the analysis's process at once: clean up, one line on stderr, exit 128 + signum.
 
     Why not KeyboardInterrupt (see the module docstring): raised in the main thread's Py4J call, it
     leaves the other threads' Spark jobs waiting for ever. Ending the process closes the JVM's stdin,
     on which Spark's gateway ends the JVM and every running job. The handled `signals` are ignored
     first, so that a second Ctrl-C cannot cut the clean-up short; the line goes out with one
     os.write, not print, since the interrupted thread may hold stderr's buffer. Subclasses say what
-    `clean_up` removes (an OSError there is let go: nothing more can be done on the way out).
+    `clean_up` removes (an OSError there is let go: nothing more can be done on the way out). The
+    status is `exit_status(signum)`, what a shell reports when the signal's default action ends a process.
     """
 
     def __init__(self, line: str, signals: tuple[int, ...] = (signal.SIGINT,)) -> None:
@@ -70,4 +82,4 @@ class ExitAtOnce:
         with contextlib.suppress(OSError):
             self.clean_up()
         os.write(2, self.line.encode() + b"\n")
-        os._exit(130)
+        os._exit(exit_status(signum))

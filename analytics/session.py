@@ -15,13 +15,18 @@ Two things of Spark's start are kafkatap's own (`_start_context`):
 * The SparkContext is constructed on a thread of its own. pyspark installs its SIGINT handler
   from SparkContext's constructor when that runs on the main thread (pyspark/core/context.py),
   and that handler turns a Ctrl-C into ~90 lines of Py4J errors (analytics.interrupt). Off the
-  main thread it installs none, so the caller's handler (`analyze`'s one line and exit 130)
-  stays in place through the whole start.
+  main thread it installs none, so the caller's handler (`analyze`'s one line and exit 130, or
+  143 for SIGTERM) stays in place through the whole start.
+
+A caller's `spark.driver.extraJavaOptions` (`analyze --conf`) is appended to kafkatap's own JVM
+options rather than put in their place (`session_settings`): in their place it dropped the log4j
+configuration that keeps Spark's console quiet, the JIT flags and the class archive.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
 from pathlib import Path
@@ -90,6 +95,14 @@ DEFAULTS: dict[str, str] = {
     "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J} -Dderby.system.home=/tmp",  # + driver_jvm()
 }
 
+# The settings whose value is a list of JVM options: a caller's goes after kafkatap's (`joined_java_options`).
+# kafkatap sets no executor options (a cluster's executors keep their own), so a caller's
+# spark.executor.extraJavaOptions is passed as given.
+JAVA_OPTIONS_KEYS = ("spark.driver.extraJavaOptions",)
+# A collector choice: the JVM refuses two ("Multiple garbage collectors selected"), unlike -D and -XX:Name=… of
+# which it takes the last.
+COLLECTOR = re.compile(r"-XX:\+Use(?:Serial|Parallel|ParallelOld|G1|Z|Shenandoah|Epsilon|ConcMarkSweep)GC\b")
+
 # Lines the driver JVM prints at start that say nothing to act on (the module notice above); matched at a line's start.
 JVM_NOTICES: tuple[bytes, ...] = (b"WARNING: Using incubator modules: ",)
 RELAY_DRAIN_S = 5.0  # how long a failed start waits for the JVM's last lines, so they come before kafkatap's own
@@ -148,6 +161,39 @@ def driver_jvm(input_rows: int | None) -> str:
     return DRIVER_JVM_LARGE if input_rows is not None and input_rows > C1_ONLY_MAX_ROWS else DRIVER_JVM
 
 
+def joined_java_options(ours: str, theirs: str) -> str:
+    """kafkatap's JVM options `ours`, then a caller's `theirs`; kafkatap's collector left out when `theirs` names one.
+
+    A caller's options used to replace kafkatap's, as a caller's value does for any other key, and with them
+    the log4j configuration: Spark's default profile then wrote its start-up lines to the terminal. Appended,
+    they still override any one of kafkatap's: the JVM takes the last -Dname=… and -XX:Name=… it is given.
+    A second garbage collector is the exception (the JVM refuses to start), so the caller's choice alone is kept.
+    """
+    if COLLECTOR.search(theirs):
+        ours = " ".join(option for option in ours.split() if not COLLECTOR.fullmatch(option))
+    return f"{ours} {theirs}".strip()
+
+
+def session_settings(master: str, conf: dict[str, str] | None, input_rows: int | None) -> dict[str, str]:
+    """Every setting a new session on `master` starts with: kafkatap's, then the caller's `conf` over them.
+
+    A caller's value replaces kafkatap's, except for JVM options (JAVA_OPTIONS_KEYS), which are
+    appended to kafkatap's (`joined_java_options`). The class archive's options go in unless the
+    caller maps or writes an archive of their own. A None value (cluster_defaults) leaves the key to Spark.
+    """
+    ours: dict[str, str | None] = {**DEFAULTS, **cluster_defaults(master)}
+    theirs = dict(conf or {})
+    driver = "spark.driver.extraJavaOptions"
+    archive = "" if re.search(r"SharedArchiveFile|ArchiveClassesAtExit", theirs.get(driver, "")) else java_options()
+    ours[driver] = f"{DEFAULTS[driver]} {driver_jvm(input_rows)} {archive}".strip()
+    settings = {**ours, **theirs}
+    for key in JAVA_OPTIONS_KEYS:
+        mine = ours.get(key)
+        if key in theirs and mine:
+            settings[key] = joined_java_options(mine, theirs[key])
+    return {key: value for key, value in settings.items() if value is not None}
+
+
 def running_session() -> SparkSession | None:
     """The process's session if one is up (its JVM alive), else None."""
     if _SESSION is not None and _SESSION.sparkContext._jsc is not None:  # type: ignore[attr-defined]
@@ -171,14 +217,7 @@ def get_spark(master: str | None = None, conf: dict[str, str] | None = None, app
             return running
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         master = default_master(master)
-        defaults = dict(DEFAULTS)
-        defaults["spark.driver.extraJavaOptions"] += " " + driver_jvm(input_rows)
-        settings = {**defaults, **cluster_defaults(master), **(conf or {})}
-        for key in [k for k, v in settings.items() if v is None]:  # None: leave it to Spark
-            del settings[key]
-        options = settings.get("spark.driver.extraJavaOptions", "")
-        if "SharedArchiveFile" not in options and "ArchiveClassesAtExit" not in options:  # unless the caller chose an archive
-            settings["spark.driver.extraJavaOptions"] = f"{options} {java_options()}".strip()
+        settings = session_settings(master, conf, input_rows)
         _start_context(master, app_name, settings)
         builder = SparkSession.builder.appName(app_name).master(master)
         for key, value in settings.items():

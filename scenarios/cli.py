@@ -60,6 +60,17 @@ def _run(scenario: Any, out: Path, kafka_version: str, analyze: bool = True) -> 
         return run_scenario(scenario, out, kafka_version=kafka_version, analyze=analyze)
 
 
+def _interrupted_status(exc: KeyboardInterrupt) -> int:
+    """The exit status of a run a signal ended: 128 + its number (130 Ctrl-C, 143 SIGTERM), as a shell reports it.
+
+    The same status the analysis's own handler exits with (analytics.interrupt.ExitAtOnce), whichever
+    step of the run the signal came in. Python's KeyboardInterrupt for a Ctrl-C names no signal: SIGINT.
+    """
+    from analytics.interrupt import exit_status
+
+    return exit_status(getattr(exc, "signum", signal.SIGINT))
+
+
 # ------------------------------------------------------------------ scenario
 @click.group()
 def scenario() -> None:
@@ -107,7 +118,8 @@ def list_cmd() -> None:
 def run_cmd(name: str, kafka_version: str, out: Path, no_analyze: bool) -> None:
     """Run scenario NAME (see `scenario list`), `all`, or a module file defining SCENARIO.
 
-    Exits 1 when an expected finding is missing from the report.
+    Exits 1 when an expected finding is missing from the report; 130 after a Ctrl-C and 143 after a
+    SIGTERM (everything the run started is stopped first).
 
     \b
     Examples:
@@ -132,9 +144,9 @@ def run_cmd(name: str, kafka_version: str, out: Path, no_analyze: bool) -> None:
         target = out / sc.name if name == "all" else out
         try:
             res = _run(sc, target, kafka_version, analyze=not no_analyze)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             click.echo(f"{sc.name}: interrupted; everything it started was stopped", err=True)
-            sys.exit(130)
+            sys.exit(_interrupted_status(exc))
         except Exception as exc:  # noqa: BLE001 — one broken scenario must not hide the others' results
             click.echo(f"{sc.name}: ERROR {type(exc).__name__}: {exc}", err=True)
             rows.append((sc.name, "ERROR", None))
@@ -174,9 +186,9 @@ def demo(out: Path, kafka_version: str) -> None:
     _quiet_logs()
     try:
         res = _run(SCENARIO, out, kafka_version)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         click.echo("demo interrupted; everything it started was stopped", err=True)
-        sys.exit(130)
+        sys.exit(_interrupted_status(exc))
     except KafkaHarnessError as exc:  # no java, Maven Central unreachable, broker exited: say why in one line
         raise click.ClickException(str(exc)) from None
     _print_result(res)

@@ -43,11 +43,24 @@ from scenarios.spec import Proxy, Report, Scenario
 
 OWNED_SUBDIRS = ("broker", "recordings", "report", "clients")
 
-__all__ = ["run_scenario", "RunResult", "ScenarioFailed", "host_iptables_snapshot"]
+__all__ = ["run_scenario", "RunResult", "ScenarioFailed", "SignalInterrupt", "host_iptables_snapshot"]
 
 
 class ScenarioFailed(RuntimeError):
     """The scenario could not run (set-up or traffic failed); distinct from a missing finding."""
+
+
+class SignalInterrupt(KeyboardInterrupt):
+    """The KeyboardInterrupt a run ends on when a signal (SIGTERM, or a Ctrl-C held until a block was done) stopped it.
+
+    A KeyboardInterrupt, so that every teardown that handles Ctrl-C handles it too; `signum` says
+    which signal it was, so that the command exits with the status the shell expects for it
+    (analytics.interrupt.exit_status: 143 for SIGTERM), as the analysis's own handler does.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"signal {signum}")
+        self.signum = signum
 
 
 @dataclass
@@ -154,7 +167,7 @@ def _netns_proxy_class() -> type:
 
 @contextlib.contextmanager
 def _signals_deferred() -> Iterator[None]:
-    """Hold Ctrl-C/SIGTERM until the block is done, then raise KeyboardInterrupt.
+    """Hold Ctrl-C/SIGTERM until the block is done, then raise KeyboardInterrupt (SignalInterrupt: which one came).
 
     A signal mask would not do: the kernel then hands the signal to another
     thread (a proxy's loop), and Python still raises in the main thread —
@@ -173,7 +186,7 @@ def _signals_deferred() -> Iterator[None]:
         for sig, handler in old.items():
             signal.signal(sig, handler)
     if got:
-        raise KeyboardInterrupt(f"signal {got[0]}")
+        raise SignalInterrupt(got[0])
 
 
 class _Clients:
@@ -439,7 +452,7 @@ def _cleanup_problems(scenario: Scenario, iptables_before: str) -> list[str]:
 
 
 class _AnalysisInterrupted(ExitAtOnce):
-    """Ctrl-C or SIGTERM while a scenario's recording is analyzed: one line, exit 130 at once, no half-written report.
+    """Ctrl-C or SIGTERM while a scenario's recording is analyzed: one line, exit 130 or 143 at once, no half-written report.
 
     Not KeyboardInterrupt, which the rest of a run ends on: raised in the main thread's Py4J call, it
     makes Py4J interrupt the JVM thread that serves the call, and the Spark jobs of the analysis's other
@@ -447,6 +460,8 @@ class _AnalysisInterrupted(ExitAtOnce):
     pool waiting for them: the process never ended. (pyspark's own handler, which used to break that
     wait with a storm of Py4J errors, is no longer installed: analytics.session.) Everything the run
     started is stopped before its analysis, so there is nothing left to clean up but the report's files.
+    The exit status is the shell's for the signal (ExitAtOnce), the same a SIGTERM earlier in the run
+    ends with (SignalInterrupt, in scenarios.cli).
     """
 
     def __init__(self, name: str, report_dir: Path) -> None:
@@ -491,13 +506,13 @@ def _analyze(scenario: Scenario, result: RunResult, rec_dirs: dict[str, Path], s
 
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """Turn SIGTERM into KeyboardInterrupt so `kill` cleans up like Ctrl-C does."""
+    """Turn SIGTERM into KeyboardInterrupt (SignalInterrupt) so `kill` cleans up like Ctrl-C does."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
+        raise SignalInterrupt(signum)
 
     old = signal.signal(signal.SIGTERM, handler)
     try:

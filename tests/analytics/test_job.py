@@ -223,6 +223,24 @@ def test_spark_start_prints_nothing_of_its_own() -> None:
     assert p.stderr == ""
 
 
+def test_a_callers_driver_java_options_keep_kafkataps_and_spark_quiet(tmp_path) -> None:
+    """`--conf spark.driver.extraJavaOptions=…` goes after kafkatap's own JVM options instead of in their place.
+
+    In their place it dropped the log4j configuration: Spark's default profile then logged to `analyze -q`'s
+    empty stderr ("Using Spark's default log4j profile", "Setting default log level to "WARN"", WARN lines of
+    Utils and NativeCodeLoader at every start, and any warning after). The JVM's -XX:+PrintCommandLineFlags
+    (on stdout) shows kafkatap's JIT flags and the caller's option in the same JVM.
+    """
+    write_rows(tmp_path / "rec", "requests", [req("c1", 1, t_s=1)])
+    p = subprocess.run([sys.executable, "-m", "kafkatap.cli", "analyze", str(tmp_path / "rec"), "--out", str(tmp_path / "out"),
+                        "-q", "--conf", "spark.driver.extraJavaOptions=-Dfoo=bar -XX:+PrintCommandLineFlags"],
+                       capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stderr == ""
+    flags = [line for line in p.stdout.splitlines() if "-XX:+PrintCommandLineFlags" in line]
+    assert flags and "-XX:TieredStopAtLevel=1" in flags[0], p.stdout
+
+
 def test_a_jvm_that_cannot_start_is_heard_before_kafkatap_speaks(tmp_path) -> None:
     """The JVM's stderr goes through kafkatap's relay: when the JVM fails, its own words still come first, in full."""
     write_rows(tmp_path / "rec", "requests", [req("c1", 1, t_s=1)])

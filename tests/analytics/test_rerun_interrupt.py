@@ -4,6 +4,7 @@ A re-run into the same OUT used to leave the previous run's files beside the new
 comparison's tables, connection pages of a run that had requests); Ctrl-C printed ~90 lines of Py4J
 traces and exited 1 with a half-written OUT; a TLS recording read as "0 requests" with nothing saying why.
 A Ctrl-C before Spark ran (the arguments checked, the JVM starting) printed click's "Aborted!" and exited 1.
+SIGTERM (`kill`, a supervisor, a CI timeout) ended the process on the spot: no line, and OUT left behind.
 """
 
 from __future__ import annotations
@@ -77,11 +78,12 @@ def _pidfd_wait(pid: int, timeout_s: float) -> bool:
         os.close(fd)
 
 
-def test_ctrl_c_exits_130_in_one_line_and_leaves_no_report(tmp_path: Path) -> None:
-    """SIGINT once Spark runs the first pass (pyspark has installed its own handler by then)."""
-    generate(tmp_path / "rec", 3000)
-    out = tmp_path / "new" / "out"  # both made by the run: both go again
-    p = subprocess.Popen([sys.executable, "-m", "kafkatap.cli", "analyze", str(tmp_path / "rec"), "--out", str(out)],
+def _signal_during_the_first_pass(rec: Path, out: Path, signum: int) -> tuple[int, str, str, list[str]]:
+    """`kafkatap analyze REC --out OUT`, sent `signum` once Spark runs the first pass.
+
+    Returns the exit status, stderr after the signal, stdout and the pids of Spark's JVM.
+    """
+    p = subprocess.Popen([sys.executable, "-m", "kafkatap.cli", "analyze", str(rec), "--out", str(out)],
                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         seen = []
@@ -93,15 +95,47 @@ def test_ctrl_c_exits_130_in_one_line_and_leaves_no_report(tmp_path: Path) -> No
             pytest.fail(f"no progress line before the end: {''.join(seen)}")
         jvms = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()
         assert jvms, "Spark's JVM is not running yet"
-        p.send_signal(signal.SIGINT)
+        p.send_signal(signum)
         rest = p.stderr.read()
-        assert p.wait(timeout=60) == 130, rest
+        status = p.wait(timeout=60)
     finally:
         if p.poll() is None:
             p.kill()
-    assert rest.strip().splitlines() == ["kafkatap analyze: interrupted"], rest
-    assert p.stdout.read() == ""
+    return status, rest, p.stdout.read(), jvms
+
+
+def test_ctrl_c_exits_130_in_one_line_and_leaves_no_report(tmp_path: Path) -> None:
+    """SIGINT once Spark runs the first pass (pyspark has installed its own handler by then)."""
+    generate(tmp_path / "rec", 3000)
+    out = tmp_path / "new" / "out"  # both made by the run: both go again
+    status, rest, stdout, jvms = _signal_during_the_first_pass(tmp_path / "rec", out, signal.SIGINT)
+    assert (status, rest.strip().splitlines(), stdout) == (130, ["kafkatap analyze: interrupted"], ""), rest
     assert not (tmp_path / "new").exists()
+    assert all(_pidfd_wait(int(pid), 30) for pid in jvms), "Spark's JVM outlived the analysis"
+
+
+@pytest.mark.parametrize("existed", [False, True], ids=["new-out", "existing-out"])
+def test_sigterm_is_handled_like_ctrl_c_and_exits_143(tmp_path: Path, existed: bool) -> None:
+    """SIGTERM once Spark runs the first pass: the same line and clean-up as Ctrl-C, exit 128 + 15 (the shell's convention).
+
+    Before, Python's default action ended the process on the spot: exit -15, no line, and OUT (which
+    the run had created) left behind. An OUT that existed before keeps its user's files (this run
+    removed only an earlier report's, as every run does); a new one goes with the parents it made.
+    """
+    generate(tmp_path / "rec", 3000)
+    out = tmp_path / "new" / "out"
+    mine = [out / "notes.txt", out / "tables" / "my-query.sql"]  # the user's own, beside an earlier report
+    if existed:
+        for path in [*mine, out / "report.html", out / "tables" / "overview.parquet"]:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("earlier")
+    status, rest, stdout, jvms = _signal_during_the_first_pass(tmp_path / "rec", out, signal.SIGTERM)
+    assert (status, rest.strip().splitlines(), stdout) == (143, ["kafkatap analyze: interrupted"], ""), rest
+    if existed:
+        left = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+        assert left == ["notes.txt", "tables/my-query.sql"] and all(p.read_text() == "earlier" for p in mine)
+    else:
+        assert not (tmp_path / "new").exists()
     assert all(_pidfd_wait(int(pid), 30) for pid in jvms), "Spark's JVM outlived the analysis"
 
 

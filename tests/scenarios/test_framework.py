@@ -7,6 +7,8 @@ before the minutes-long end-to-end runs in test_scenarios.py.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 
@@ -150,3 +152,37 @@ def test_a_run_never_changes_the_catalog_specs(monkeypatch, tmp_path):
             pass
     assert seen == [["4.3.1", "4.3.1"], ["3.7.2", "3.7.2"]]
     assert [dataclasses.asdict(c) for c in scenario.clients] == before
+
+
+@pytest.mark.parametrize("command", [["demo"], ["scenario", "run", "batch-too-large"]], ids=["demo", "scenario-run"])
+@pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
+def test_an_interrupted_run_exits_128_plus_the_signal(monkeypatch, tmp_path, command, signum, status) -> None:
+    """Ctrl-C and SIGTERM end a run with the shell's status for the signal, as the analysis's own handler does
+    (analytics.interrupt.ExitAtOnce): a SIGTERM outside the analysis used to exit 130, inside it 143.
+    No broker: the run is replaced by one that gets the signal the moment it starts."""
+    from kafkatap.cli import cli
+
+    def signalled(*args, **kwargs):
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt  # what Python's own SIGINT handler raises
+        os.kill(os.getpid(), signum)  # sigterm_as_interrupt turns it into an exception here
+        pytest.fail("SIGTERM did not interrupt the run")
+
+    monkeypatch.setattr("scenarios.runner.run_scenario", signalled)
+    res = CliRunner().invoke(cli, [*command, "--out", str(tmp_path / "out")])
+    assert res.exit_code == status, res.output
+    assert "interrupted; everything it started was stopped" in res.output
+
+
+def test_a_signal_held_during_a_block_is_raised_with_its_number() -> None:
+    """What `_signals_deferred` raises after its block says which signal came, for the exit status above."""
+    from scenarios.runner import SignalInterrupt, _signals_deferred
+
+    try:  # not pytest.raises(SignalInterrupt): a plain KeyboardInterrupt would end the whole test session
+        with _signals_deferred():
+            os.kill(os.getpid(), signal.SIGTERM)
+    except KeyboardInterrupt as exc:
+        raised = exc
+    else:
+        pytest.fail("the held SIGTERM was not raised after the block")
+    assert isinstance(raised, SignalInterrupt) and raised.signum == signal.SIGTERM, repr(raised)
