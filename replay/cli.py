@@ -183,9 +183,10 @@ def _check_target(ctx: click.Context, param: click.Parameter, value: str) -> str
 @click.option("--no-create-topics", is_flag=True, help="Do not create the recording's topics on the target.")
 @click.option("--sasl-plain", "sasl_plain", default=None, metavar="USER:PASSWORD", envvar="KAFKATAP_REPLAY_SASL_PLAIN",
               help="Credentials for the target (SASL/PLAIN): replay's own connections (the same-cluster check, "
-                   "the set-up) authenticate with them first, and so does every replayed session that "
-                   "authenticated (recordings never hold credentials). A listener without SASL is used as it "
-                   "is. Also read from KAFKATAP_REPLAY_SASL_PLAIN, which keeps the password off the command line.")
+                   "the set-up) authenticate with them first, and so does every replayed session (recordings "
+                   "never hold credentials): after its recorded SaslHandshake, or before its first request when "
+                   "it recorded none. A listener without SASL is used as it is. Also read from "
+                   "KAFKATAP_REPLAY_SASL_PLAIN, which keeps the password off the command line.")
 @click.option("--yes-same-cluster", "--allow-origin", "same_cluster", is_flag=True,
               help="Allow a target in the recording's own cluster (its broker, or another broker or listener with "
                    "the same cluster id), or one the recording cannot tell from it (it names no cluster id, or the "

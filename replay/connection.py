@@ -5,9 +5,11 @@ offsets scaled by the speed, or the global order at --speed max) and keeps the
 totals; this module is what happens on one TCP connection — the rewrite of
 each request (`replay.rewrite`), renumbered correlation ids, the recorded
 pipelining (a request waits for exactly the responses its client had), what
-the target's answers teach (`replay.learn`), and the two extra requests of
-our own a connection may need (a JoinGroup member-id round, SASL PLAIN).
-Every request ends counted in the result: sent, answered, failed or skipped.
+the target's answers teach (`replay.learn`), and the extra requests of our
+own a connection may need (a JoinGroup member-id round, SASL/PLAIN after a
+recorded SaslHandshake or, for a session that recorded none, before its first
+request). Every request ends counted in the result: sent, answered, failed or
+skipped; our own requests are not counted, what came of them is a note.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ import time
 from typing import Any
 
 from harness.wire import AsyncWireClient
-from protocol.apis import SASL_HANDSHAKE
-from protocol.frames import expects_response, parse_request, response_correlation_id, set_correlation_id
+from protocol.apis import API_VERSIONS, SASL_HANDSHAKE
+from protocol.errors import error_name
+from protocol.frames import RequestFrame, expects_response, parse_request, response_correlation_id, set_correlation_id
+from protocol.sasl import AUTHENTICATE_VERSION
 from replay.learn import learn_from_response
-from replay.load import RecordedConnection
+from replay.load import RecordedConnection, RecordedRequest
 from replay.messages import decode_response
-from replay.rewrite import rewrite_request, sasl_plain_authenticate
+from replay.rewrite import rewrite_request, sasl_plain_authenticate, sasl_plain_handshake
 from replay.schedule import ReplaySchedule
 from replay.state import ConnState, Pending, Send, Skip
 
@@ -93,6 +97,8 @@ async def replay_connection(rp: ReplaySchedule, rc: RecordedConnection, host: st
     next_cid = 0
     last_sent_at = asyncio.get_running_loop().time()
     try:
+        if authenticates_first(reqs, rp.opt.sasl_plain is not None, rp.state.target_takes_sasl):
+            next_cid = await _sasl_first(rp, rc, writer, inflight, waiters, closed)
         for pos, r in enumerate(reqs):
             if rp.opt.speed:
                 scheduled = rp.at(r.ts_ns)
@@ -139,6 +145,12 @@ async def replay_connection(rp: ReplaySchedule, rc: RecordedConnection, host: st
             sent = parse_request(data)
             if outcome.expects_response:
                 inflight[next_cid] = (pos, sent)
+            # the handshake's answer decides whether the credentials go out; waited for from before it is sent, so
+            # it cannot arrive unseen (a closed connection's read loop has answered its waiters, and will not this one)
+            handshake: asyncio.Future | None = None
+            if (sent.api_key == SASL_HANDSHAKE and rp.opt.sasl_plain is not None and outcome.expects_response
+                    and not closed.is_set()):
+                handshake = waiters[next_cid] = asyncio.get_running_loop().create_future()
             if scheduled is not None and asyncio.get_running_loop().time() - scheduled > 0.05:
                 res.late += 1
             for what in outcome.rewrites:
@@ -148,6 +160,7 @@ async def replay_connection(rp: ReplaySchedule, rc: RecordedConnection, host: st
                 await writer.drain()
             except (ConnectionError, OSError):
                 inflight.pop(next_cid, None)
+                waiters.pop(next_cid, None)
                 res.failed += 1
                 res.failures["not sent: target closed the connection"] += 1
                 await rp.settle(done, pos, r.index)
@@ -163,9 +176,9 @@ async def replay_connection(rp: ReplaySchedule, rc: RecordedConnection, host: st
                 done[pos] = True
             rp.dispatch(r.index)
             await rp.notify()
-            if sent.api_key == SASL_HANDSHAKE and rp.opt.sasl_plain is not None:
-                await _sasl_authenticate(rp, rc, writer, inflight, waiters, pos, next_cid, closed)
-                next_cid += 1
+            if handshake is not None:
+                answer = await _answer(rp, handshake, next_cid, waiters)
+                next_cid = await _sasl_authenticate(rp, rc, sent, answer, writer, inflight, waiters, closed)
         # wait for outstanding responses, then close when the recorded client closed
         await rp.wait_for(lambda: not inflight or closed.is_set(), rp.opt.response_timeout)
         if rp.opt.speed and rc.closed_ns and rc.end_by == "client":
@@ -233,37 +246,114 @@ async def _negotiate_member(rp: ReplaySchedule, r: Any, outcome: Send, cs: ConnS
     return Skip(getattr(again, "reason", "member_id_unmapped"))
 
 
-async def _sasl_authenticate(rp: ReplaySchedule, rc: RecordedConnection, writer: asyncio.StreamWriter,
-                             inflight: dict[int, tuple[int, Any]], waiters: dict[int, asyncio.Future],
-                             pos: int, handshake_cid: int, closed: asyncio.Event) -> None:
-    """After a replayed SaslHandshake, authenticate with the user's PLAIN credentials."""
-    assert rp.opt.sasl_plain is not None
-    fut = asyncio.get_running_loop().create_future()
-    waiters[handshake_cid] = fut
+def authenticates_first(reqs: list[RecordedRequest], credentials: bool, target_takes_sasl: bool) -> bool:
+    """Must this replayed session authenticate with the --sasl-plain credentials before its first request?
+
+    Why: a SASL listener serves nothing but ApiVersions and the SASL requests before a
+    connection has authenticated, and closes it at the first other request. A session that
+    replays a SaslHandshake of its own authenticates after it (`_sasl_authenticate`); one whose
+    recording has none before its first such request — recorded on a listener without SASL, or
+    its handshake left out by --api, --since or --until — was closed at once, and the replay
+    ended with only "target closed the connection" counts. So when the set-up found that the
+    target authenticates (`ReplayState.target_takes_sasl`; a PLAINTEXT target gets no extra
+    requests), such a session authenticates first. A v0 handshake does not count: it is
+    skipped (`sasl_handshake_v0_unsupported`).
+    """
+    if not (credentials and target_takes_sasl):
+        return False
+    for r in reqs:
+        if r.frame.api_key == SASL_HANDSHAKE and r.frame.api_version >= 1:
+            return False
+        if r.frame.api_key != API_VERSIONS:
+            return True
+    return False  # only ApiVersions: served before authentication
+
+
+async def _answer(rp: ReplaySchedule, fut: asyncio.Future, cid: int,
+                  waiters: dict[int, asyncio.Future]) -> bytes | None:
+    """The answer `fut` waits for (registered before its request went out); None on close or after the timeout."""
     try:
-        if handshake_cid in inflight:
-            await asyncio.wait_for(fut, rp.opt.response_timeout)
+        return await asyncio.wait_for(fut, rp.opt.response_timeout)
     except asyncio.TimeoutError:
-        rp.state.note("sasl_handshake_unanswered")
-        return
-    cid = handshake_cid + 1
-    frame = sasl_plain_authenticate(rc.sasl_version if rc.sasl_version is not None else 1,
-                                    rp.opt.sasl_plain[0], rp.opt.sasl_plain[1], rc.client_id, cid)
-    fut2 = asyncio.get_running_loop().create_future()
-    waiters[cid] = fut2
-    inflight[cid] = (None, parse_request(frame))  # our own request: not one of the recorded ones
+        waiters.pop(cid, None)
+        return None
+
+
+async def _own_request(rp: ReplaySchedule, frame: bytes, writer: asyncio.StreamWriter,
+                       inflight: dict[int, tuple[int | None, Any]], waiters: dict[int, asyncio.Future],
+                       closed: asyncio.Event) -> bytes | None:
+    """Send a request of our own (not a recorded one, so never counted) and wait for its answer; None without one."""
+    if closed.is_set():  # the read loop has answered its waiters already: nobody would answer this one
+        return None
+    sent = parse_request(frame)
+    cid = sent.correlation_id
+    fut = waiters[cid] = asyncio.get_running_loop().create_future()
+    inflight[cid] = (None, sent)
     try:
         writer.write(frame)
         await writer.drain()
-        got = await asyncio.wait_for(fut2, rp.opt.response_timeout)
-    except (asyncio.TimeoutError, ConnectionError, OSError):
-        got = None
+    except (ConnectionError, OSError):
+        inflight.pop(cid, None)
+        waiters.pop(cid, None)
+        return None
+    got = await _answer(rp, fut, cid, waiters)
     if got is None:
-        rp.state.note("sasl_authenticate_failed")
-        return
-    sent = parse_request(frame)
+        inflight.pop(cid, None)  # not one to wait for when the connection winds down
+    return got
+
+
+def sasl_refusal(step: str, sent: RequestFrame, answer: bytes) -> str | None:
+    """The note for a SASL step (`handshake`, `authenticate`) the target refused; None when it succeeded.
+
+    `sasl_<step>_error:<NAME>`, NAME being Kafka's own (`protocol.errors.error_name`, as broker
+    logs and the set-up's refusal line spell it): a bare code left the operator to look it up,
+    and the summary's hint (`replay.schedule.note_hint`) goes by the name. The answer is the
+    broker's; the request's token is never part of a note.
+    """
     try:
-        err = decode_response(sent, got).error_code if len(got) > 8 else 0
-    except Exception:  # noqa: BLE001
-        err = 0
-    rp.state.note("sasl_authenticated_with_given_credentials" if err == 0 else f"sasl_authenticate_error_{err}")
+        code = decode_response(sent, answer).error_code
+    except Exception:  # noqa: BLE001 — an answer that cannot be read is no authentication either
+        return f"sasl_{step}_answer_undecodable"
+    return None if code == 0 else f"sasl_{step}_error:{error_name(code)}"
+
+
+async def _sasl_first(rp: ReplaySchedule, rc: RecordedConnection, writer: asyncio.StreamWriter,
+                      inflight: dict[int, tuple[int | None, Any]], waiters: dict[int, asyncio.Future],
+                      closed: asyncio.Event) -> int:
+    """Authenticate before the first recorded request (see `authenticates_first`); the last correlation id used."""
+    rp.state.note("sasl_added_where_recording_had_none")
+    frame = sasl_plain_handshake(rc.client_id, 1)
+    answer = await _own_request(rp, frame, writer, inflight, waiters, closed)
+    return await _sasl_authenticate(rp, rc, parse_request(frame), answer, writer, inflight, waiters, closed)
+
+
+async def _sasl_authenticate(rp: ReplaySchedule, rc: RecordedConnection, handshake: RequestFrame,
+                             answer: bytes | None, writer: asyncio.StreamWriter,
+                             inflight: dict[int, tuple[int | None, Any]], waiters: dict[int, asyncio.Future],
+                             closed: asyncio.Event) -> int:
+    """After a SaslHandshake (replayed, or our own) answered `answer`, authenticate with the user's PLAIN credentials.
+
+    The credentials go out only after a handshake the target accepted: one that refused PLAIN
+    (UNSUPPORTED_SASL_MECHANISM) or takes no SASL at all (ILLEGAL_SASL_STATE: a PLAINTEXT
+    listener answers every SASL request so) gets no password. Every outcome is a note. Returns
+    the last correlation id used on the connection.
+    """
+    assert rp.opt.sasl_plain is not None
+    cid = handshake.correlation_id
+    if answer is None:
+        rp.state.note("sasl_handshake_unanswered")
+        return cid
+    refused = sasl_refusal("handshake", handshake, answer)
+    if refused is not None:
+        rp.state.note(refused)
+        return cid
+    user, password = rp.opt.sasl_plain
+    version = rc.sasl_version if rc.sasl_version is not None else AUTHENTICATE_VERSION
+    frame = sasl_plain_authenticate(version, user, password, rc.client_id, cid + 1)
+    got = await _own_request(rp, frame, writer, inflight, waiters, closed)
+    if got is None:
+        rp.state.note("sasl_authenticate_unanswered")
+    else:
+        refused = sasl_refusal("authenticate", parse_request(frame), got)
+        rp.state.note(refused or "sasl_authenticated_with_given_credentials")
+    return cid + 1

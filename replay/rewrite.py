@@ -44,12 +44,12 @@ from protocol.batch_edit import records_producer_ids, rewrite_records_producer
 from protocol.consumer_protocol import rename_consumer_assignment, rename_consumer_subscription
 from protocol.deep import encode_request
 from protocol.frames import RequestFrame, expects_response
-from protocol.sasl import authenticate_body
+from protocol.sasl import HANDSHAKE_VERSION, authenticate_body, handshake_body
 from replay.messages import decode_request_body, reencode_request
 from replay.state import CannotReplay, ConnState, NeedState, Outcome, Pending, ReplayState, Send, Skip
 from replay.walk import Walk
 
-__all__ = ["rewrite_request", "sasl_plain_authenticate"]
+__all__ = ["rewrite_request", "sasl_plain_handshake", "sasl_plain_authenticate"]
 
 
 def _rewrite_produce(w: Walk, msg: Any) -> None:
@@ -216,6 +216,11 @@ def rewrite_request(frame: RequestFrame, state: ReplayState, conn: ConnState) ->
     if not w.changed:
         return Send(frame.data, exp)
     return Send(reencode_request(frame, msg), exp, tuple(w.changed))
+
+
+def sasl_plain_handshake(client_id: str | None, correlation_id: int) -> bytes:
+    """A SaslHandshake request frame asking for PLAIN, for a replayed session that recorded none (`protocol.sasl`)."""
+    return encode_request(SASL_HANDSHAKE, HANDSHAKE_VERSION, correlation_id, client_id, handshake_body())
 
 
 def sasl_plain_authenticate(version: int, username: str, password: str, client_id: str | None,

@@ -21,6 +21,9 @@ from protocol.sasl import MECHANISM as SASL_MECHANISM
 from replay.load import Recording
 from replay.state import ReplayState
 
+__all__ = ["ReplayOptions", "ReplayResult", "ReplaySchedule", "note_hint"]
+
+
 @dataclass
 class ReplayOptions:
     target: str
@@ -36,6 +39,38 @@ class ReplayOptions:
     connect_timeout: float = 10.0
     progress: TextIO | None = None
     flush_interval_s: float = 0.5
+
+
+# What a note means for the operator and what to do about it, shown after the note in the summary. Why: the
+# notes are counters named for code, and an audit saw a replay end on `sasl_authenticate_error_34` with
+# nothing else to go by. A refused SASL step is `sasl_<step>_error:<Kafka's error name>`
+# (`replay.connection.sasl_refusal`); its hint goes by that name.
+SASL_ERROR_HINTS: dict[str, str] = {
+    "SASL_AUTHENTICATION_FAILED": "the target refused the --sasl-plain credentials: wrong user or password for its "
+                                  "SASL listener (it closes those sessions)",
+    "UNSUPPORTED_SASL_MECHANISM": "the target's listener does not enable PLAIN (sasl.enabled.mechanisms): enable it "
+                                  "there or point --target at a listener that does (replay speaks SASL/PLAIN only)",
+    "ILLEGAL_SASL_STATE": "the target's listener takes no SASL (PLAINTEXT or SSL) and serves these sessions "
+                          "unauthenticated; point --target at its SASL listener to replay them with SASL",
+}
+SASL_ERROR_HINT = ("the target refused SASL/PLAIN on these sessions: they are not authenticated (a SASL listener "
+                   "closes them at their next request)")
+NOTE_HINTS: dict[str, str] = {
+    "sasl_added_where_recording_had_none": "sessions recorded without SASL (or whose SaslHandshake a filter left out) "
+                                           "authenticate with --sasl-plain before their first request, as the "
+                                           "target's SASL listener requires",
+    "sasl_handshake_unanswered": "the target closed the connection or did not answer the SaslHandshake in time",
+    "sasl_authenticate_unanswered": "the target closed the connection or did not answer SaslAuthenticate in time",
+    "target_listener_without_sasl": "the target's listener takes no SASL: --sasl-plain was not needed",
+}
+
+
+def note_hint(what: str) -> str | None:
+    """What the note `what` means and what to do, for the summary; None for a note that says it itself."""
+    step, sep, name = what.partition("_error:")
+    if sep and step in ("sasl_handshake", "sasl_authenticate"):
+        return SASL_ERROR_HINTS.get(name, SASL_ERROR_HINT)
+    return NOTE_HINTS.get(what)
 
 
 @dataclass
@@ -84,7 +119,8 @@ class ReplayResult:
         for what, n in sorted(self.rewrites.items()):
             lines.append(f"  rewritten {n:>5}  {what}")
         for what, n in sorted(self.notes.items()):
-            lines.append(f"  note    {n:>5}  {what}")
+            hint = note_hint(what)
+            lines.append(f"  note    {n:>5}  {what}" + (f" — {hint}" if hint else ""))
         if self.record_dir:
             lines.append(f"  replay recorded in {self.record_dir}")
         return "\n".join(lines)

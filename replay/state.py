@@ -39,6 +39,9 @@ class ReplayState:
     generations: dict[str, int] = field(default_factory=dict)  # group → target generation
     group_protocols: dict[str, str | None] = field(default_factory=dict)  # group → protocol_type of its joins
     sasl_mechanism: str | None = None  # set when the user gave credentials (PLAIN)
+    # the set-up authenticated with those credentials: the target's listener takes SASL, and closes a replayed
+    # session that does not authenticate (`replay.connection` authenticates the ones whose recording has no handshake)
+    target_takes_sasl: bool = False
     notes: dict[str, int] = field(default_factory=dict)  # counted facts that are not skips
 
     def note(self, what: str, n: int = 1) -> None:

@@ -12,10 +12,13 @@ The requests are our own, sent over one `harness.wire.AsyncWireClient`
 connection; Metadata and CreateTopics answers also feed `learn_from_response`
 (the target's topic ids). With `--sasl-plain` that connection authenticates
 first: a SASL-only listener closes a connection whose first request is not
-SASL. Whatever stops the set-up — a refused authentication, a listener that
-hangs up on the first request (SASL or TLS), an answer that is not Kafka — is
-one `TargetError` line naming the target and what to do, worded as the
-same-cluster guard words the same failure of its own query (`wire_failure`).
+SASL. Whether the listener took SASL (`ReplayState.target_takes_sasl`) tells
+the replayed sessions whether they must authenticate as well. Whatever stops
+the set-up — a refused authentication, a listener that hangs up on the first
+request (SASL or TLS), an answer that is not Kafka — is one `TargetError` line
+naming the target and what to do, worded as the same-cluster guard words the
+same failure of its own query (`wire_failure`). So a target that wants SASL
+when no credentials were given stops the replay here, before any session.
 """
 
 from __future__ import annotations
@@ -104,7 +107,8 @@ async def prepare_target(target: str, recording: Recording, state: ReplayState, 
     step, answered = (SASL_STEP if sasl_plain else "Metadata"), False
     try:
         if sasl_plain is not None:
-            if not await cli.authenticate_plain(*sasl_plain):
+            state.target_takes_sasl = await cli.authenticate_plain(*sasl_plain)
+            if not state.target_takes_sasl:
                 state.note("target_listener_without_sasl")  # e.g. a PLAINTEXT listener: it serves us as we are
             answered = True
         step = "Metadata"

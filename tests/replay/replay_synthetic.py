@@ -107,11 +107,15 @@ class FakeBroker:
     """Answers every request after `delay` s with a bare response (Metadata v12 and SASL properly, for setup).
 
     Records per connection when each request arrived and the most requests in
-    flight at once, which is what the timing tests check.
+    flight at once, which is what the timing tests check. `session_sasl_error`
+    (api key, error code): the SASL step it refuses on every connection after
+    the first (the set-up's, which it lets in), as a listener whose answer
+    changed between the set-up and the sessions would.
     """
 
-    def __init__(self, delay: float = 0.0) -> None:
+    def __init__(self, delay: float = 0.0, session_sasl_error: tuple[int, int] | None = None) -> None:
         self.delay = delay
+        self.session_sasl_error = session_sasl_error
         self.arrivals: dict[int, list[tuple[float, int, int]]] = {}  # conn → (loop time, api key, cid)
         self.max_inflight: dict[int, int] = {}
         self.frames: dict[int, list[bytes]] = {}  # conn → whole request frames as received
@@ -136,12 +140,15 @@ class FakeBroker:
         async def answer(key: int, ver: int, cid: int) -> None:
             nonlocal inflight
             await asyncio.sleep(self.delay)
+            refused = self.session_sasl_error
+            error = refused[1] if refused is not None and refused[0] == key and conn > 1 else 0
             if key == 3:
                 data = response(3, ver, cid, throttle_time_ms=0, brokers=[], cluster_id="fake", controller_id=1, topics=[])
             elif key == 17:  # SaslHandshake: PLAIN is enabled
-                data = response(17, ver, cid, error_code=0, mechanisms=["PLAIN"])
+                data = response(17, ver, cid, error_code=error, mechanisms=["SCRAM-SHA-512"] if error else ["PLAIN"])
             elif key == 36:  # SaslAuthenticate: any credentials will do
-                data = response(36, ver, cid, error_code=0, error_message=None, auth_bytes=b"",
+                data = response(36, ver, cid, error_code=error, auth_bytes=b"",
+                                error_message="Authentication failed" if error else None,
                                 **({"session_lifetime_ms": 0} if ver >= 1 else {}))
             else:
                 data = (4).to_bytes(4, "big") + cid.to_bytes(4, "big", signed=True)

@@ -223,7 +223,9 @@ def test_a_sasl_recording_replays_into_another_cluster_and_with_the_flag(sasl_re
                                                                           kafka_broker: LocalKafka):
     """Another cluster passes the guard; so does the recorded one with --yes-same-cluster. Both targets are PLAINTEXT
     listeners: replay's own connections find no SASL there (the handshake is answered ILLEGAL_SASL_STATE) and go on
-    as they are, and the brokers answer the replayed sessions' SASL steps with an error."""
+    as they are, and the brokers answer the replayed sessions' SaslHandshake with that error too. The note said
+    `sasl_authenticate_error_34` (the password had gone out after the refused handshake); it names the error now,
+    the summary says what it means, and no SaslAuthenticate follows a refused handshake."""
     s = sasl_recorded
     res = CliRunner().invoke(replay, [*_sasl_args(s, f"127.0.0.1:{kafka_broker.port}"), "--yes"])
     assert res.exit_code == 0, res.output
@@ -231,6 +233,10 @@ def test_a_sasl_recording_replays_into_another_cluster_and_with_the_flag(sasl_re
     assert re.search(r"replayed \d+ connections: \d+ requests sent, \d+ answered, 0 without response \(acks=0\), 0 failed",
                      res.output), res.output
     assert re.search(r"note +1  target_listener_without_sasl", res.output), res.output
+    assert re.search(r"note +\d+  sasl_handshake_error:ILLEGAL_SASL_STATE — the target's listener takes no SASL "
+                     r"\(PLAINTEXT or SSL\) and serves these sessions unauthenticated; point --target at its SASL "
+                     r"listener to replay them with SASL\n", res.output), res.output
+    assert "sasl_authenticate" not in res.output  # no credentials after a refused handshake
     res = CliRunner().invoke(replay, [*_sasl_args(s, f"127.0.0.1:{s.broker.kafka.port}"), "--yes-same-cluster", "--yes"])
     assert res.exit_code == 0, res.output
     assert "replayed " in res.output and "cluster      not checked (--yes-same-cluster)" in res.output
@@ -294,6 +300,54 @@ def test_a_sasl_recording_replays_into_another_clusters_sasl_listener(sasl_recor
     cons.close()
     assert got == sorted(b"v%d" % i for i in range(RECORDS))
     _no_password(s, res.output, *capfd.readouterr())
+
+
+def test_a_recording_without_sasl_replays_into_a_sasl_listener(recorded: Recorded, sasl_broker: Any, tmp_path: Path,
+                                                               capfd):
+    """A recording made on a PLAINTEXT listener, replayed into a SASL-only one with --sasl-plain.
+
+    Found by an audit: the set-up authenticated, but only sessions whose recording had a SaslHandshake did, so the
+    target closed every replayed session at its first request after ApiVersions, and the replay ended (exit 0)
+    with "failed … target closed the connection" counts and no word of SASL. Each session now authenticates
+    first; kafka-python reads every recorded record back from the target, and the replay's own recording (which
+    now has a SaslAuthenticate on every session) holds no password. (Without --sasl-plain the set-up stops
+    at the SASL listener with the line naming the option:
+    test_without_credentials_a_sasl_only_target_is_one_clear_line.)
+    """
+    from kafka import KafkaConsumer, TopicPartition
+
+    target = sasl_broker.sasl_addr
+    out = tmp_path / "replayed"
+    res = CliRunner().invoke(replay, [str(recorded.named), "--target", target, "--speed", "max", "--yes",
+                                      "--record", str(out),
+                                      "--sasl-plain", f"{sasl_broker.sasl_user}:{sasl_broker.sasl_password}"])
+    assert res.exit_code == 0, res.output
+    m = re.search(r"replayed (\d+) connections: (\d+) requests sent, (\d+) answered, 0 without response \(acks=0\), "
+                  r"0 failed, 0 skipped", res.output)
+    assert m and int(m[2]) == int(m[3]) > 0, res.output  # every request sent and answered
+    assert "the target closed" not in res.output
+    # every session that asks more than ApiVersions (served before authentication) authenticated first
+    sessions = sum(1 for c in load_recording(recorded.named).connections
+                   if any(r.frame.api_key != API_VERSIONS for r in c.requests))
+    assert sessions > 0
+    assert re.search(rf"note +{sessions}  sasl_added_where_recording_had_none — ", res.output), res.output
+    assert re.search(rf"note +{sessions}  sasl_authenticated_with_given_credentials\n", res.output), res.output
+    assert "topics created on the target: cid-named" in res.output
+    cons = KafkaConsumer(bootstrap_servers=target, client_id="cid-plain-check", consumer_timeout_ms=5000,
+                         security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
+                         sasl_plain_username=sasl_broker.sasl_user, sasl_plain_password=sasl_broker.sasl_password)
+    tp = TopicPartition("cid-named", 0)
+    cons.assign([tp])
+    cons.seek_to_beginning(tp)
+    got = [r.value for r in cons]
+    cons.close()
+    assert got == [b"v%d" % i for i in range(RECORDS)]
+    assert sasl_broker.sasl_password not in res.output and sasl_broker.sasl_password not in "".join(capfd.readouterr())
+    requests = read_recording(out, "requests").to_pylist()
+    assert sum(1 for r in requests if r["api_name"] == "SaslAuthenticate") == sessions
+    for dataset in ("requests", "frames", "connections", "topics"):
+        if (out / dataset).exists():
+            assert sasl_broker.sasl_password not in repr(read_recording(out, dataset).to_pylist()), dataset
 
 
 def test_a_wrong_password_is_one_clear_line(sasl_recorded: SaslRecorded, sasl_broker: Any, capfd):

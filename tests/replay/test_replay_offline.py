@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from replay_frames import request
 from replay_synthetic import FakeBroker, SynthConn, SynthRequest, api_versions, metadata, write_recording
 from replay.cli import format_plan, replay
+from replay.connection import authenticates_first
 from replay.engine import ReplayOptions, replay_async
 from recording.timespec import parse_time
 from replay.load import Filters, ReplayLoadError, load_recording, parse_api
@@ -98,9 +99,9 @@ def test_cli_rails_yes_required_and_origin_refused(tmp_path: Path):
     assert res.exit_code == 2 and "--speed" in res.output
 
 
-def _run(rec, speed, delay=0.0, **kw):
+def _run(rec, speed, delay=0.0, session_sasl_error=None, **kw):
     async def go():
-        broker = FakeBroker(delay)
+        broker = FakeBroker(delay, session_sasl_error)
         target = await broker.start()
         try:
             result = await replay_async(rec, ReplayOptions(target=target, speed=speed, create_topics=False, **kw))
@@ -166,6 +167,68 @@ def test_sasl_session_replayed_with_the_users_plain_credentials(tmp_path: Path):
     assert decode_request_body(frames[2]).auth_bytes == b"\x00alice\x00pw" and frames[2].api_version == 2
     assert [f.correlation_id for f in frames] == [1, 2, 3, 4]  # fresh ids, the injected request included
     assert result.sent == 3 and result.answered == 3 and result.notes["sasl_authenticated_with_given_credentials"] == 1
+
+
+def _session_frames(broker: FakeBroker) -> dict[str, list[tuple[int, int]]]:
+    """(api key, correlation id) of each request on every replayed connection (all but the first: the set-up's)."""
+    from protocol.frames import parse_request
+
+    out: dict[str, list[tuple[int, int]]] = {}
+    for conn, frames in broker.frames.items():
+        if conn > 1:
+            parsed = [parse_request(f) for f in frames]
+            out[parsed[0].client_id] = [(f.api_key, f.correlation_id) for f in parsed]
+    return out
+
+
+def test_sessions_without_a_recorded_handshake_authenticate_first_on_a_sasl_target(tmp_path: Path):
+    """A SASL listener closes a connection at its first request other than ApiVersions or SASL. Replayed sessions that
+    recorded no SaslHandshake (a recording made without SASL, or one a filter cut the handshake from) were sent as they
+    were and closed: with --sasl-plain and a target whose set-up authenticated, they authenticate first."""
+    plain = SynthConn("c1", 0.0, [api_versions(1, "plain"), metadata(2, 0.1, "plain")], client_id="plain")
+    versions_only = SynthConn("c2", 0.1, [api_versions(1, "versions")], client_id="versions")
+    handshake = SynthRequest(0.01, request(17, 1, 2, "cut", mechanism="PLAIN"), 17, 1, 2)
+    cut = SynthConn("c9", 0.2, [api_versions(1, "cut"), handshake, metadata(3, 0.05, "cut")], client_id="cut")
+    write_recording(tmp_path, [plain, versions_only, cut], sasl_conns=("c9",))
+    rec = load_recording(tmp_path, Filters(apis=(18, 3)), sasl_credentials=True)  # --api ApiVersions --api Metadata
+    broker, result = _run(rec, None, sasl_plain=("alice", "pw"))
+    assert _session_frames(broker) == {
+        "plain": [(17, 1), (36, 2), (18, 3), (3, 4)],  # our SaslHandshake and SaslAuthenticate, then the recorded ones
+        "versions": [(18, 1)],  # ApiVersions alone is served before authentication: nothing added
+        "cut": [(17, 1), (36, 2), (18, 3), (3, 4)],
+    }
+    assert result.sent == 5 and result.answered == 5 and not result.failed
+    assert result.notes["sasl_added_where_recording_had_none"] == 2
+    assert result.notes["sasl_authenticated_with_given_credentials"] == 2
+    assert "authenticate with --sasl-plain before their first request" in result.summary()
+    # without credentials, or on a listener that took none at the set-up (PLAINTEXT), nothing is added
+    (c1,) = [c for c in rec.connections if c.conn_id == "c1"]
+    assert authenticates_first(c1.requests, credentials=True, target_takes_sasl=True)
+    assert not authenticates_first(c1.requests, credentials=False, target_takes_sasl=True)
+    assert not authenticates_first(c1.requests, credentials=True, target_takes_sasl=False)
+
+
+@pytest.mark.parametrize("step, code, note, hint", [
+    (36, 58, "sasl_authenticate_error:SASL_AUTHENTICATION_FAILED", "refused the --sasl-plain credentials: wrong user "
+                                                                    "or password"),
+    (17, 33, "sasl_handshake_error:UNSUPPORTED_SASL_MECHANISM", "does not enable PLAIN (sasl.enabled.mechanisms)"),
+])
+def test_a_refused_sasl_step_is_named_and_says_what_to_do(tmp_path: Path, step: int, code: int, note: str, hint: str):
+    """The note was `sasl_authenticate_error_<code>`: the operator got a bare number. It names Kafka's error now, and
+    the summary says what it means; a refused handshake gets no password, and no output holds one."""
+    sasl = SynthConn("c9", 0.0, [api_versions(1), SynthRequest(0.01, request(17, 1, 2, mechanism="PLAIN"), 17, 1, 2),
+                                 metadata(3, 0.05)])
+    plain = SynthConn("c1", 0.1, [api_versions(1, "plain"), metadata(2, 0.1, "plain")], client_id="plain")
+    write_recording(tmp_path, [sasl, plain], sasl_conns=("c9",))
+    broker, result = _run(load_recording(tmp_path, sasl_credentials=True), None, session_sasl_error=(step, code),
+                          sasl_plain=("alice", "pw-5e3a"))
+    assert result.notes[note] == 2  # the recorded handshake's session and the one that authenticates first
+    assert "sasl_authenticated_with_given_credentials" not in result.notes
+    line = next(ln for ln in result.summary().splitlines() if note in ln)
+    assert line.startswith(f"  note        2  {note} — ") and hint in line, line
+    sent = {k for frames in _session_frames(broker).values() for k, _cid in frames}
+    assert (36 in sent) == (step == 36)  # after a refused handshake the credentials stay home
+    assert "pw-5e3a" not in result.summary() and "pw-5e3a" not in repr(result)
 
 
 def test_recorded_metadata_responses_map_topic_ids_exactly(tmp_path: Path):
