@@ -28,7 +28,7 @@ from typing import Any
 
 from harness.wire import AsyncWireClient, SaslAuthenticationFailed, WireError
 from protocol.apis import CREATE_TOPICS, FIND_COORDINATOR, INIT_PRODUCER_ID, LIST_OFFSETS, METADATA
-from protocol.errors import ProtocolError
+from protocol.errors import ProtocolError, error_name
 from protocol.frames import parse_request
 from replay.learn import learn_from_response
 from replay.load import Recording
@@ -129,7 +129,7 @@ async def prepare_target(target: str, recording: Recording, state: ReplayState, 
                 if t["error_code"] == 0:
                     created.append(t["name"])
                 else:
-                    state.note(f"create_topic_failed:{t['name']}:{t['error_code']}")
+                    state.note(f"create_topic_failed:{t['name']}:{error_name(t['error_code'])}")  # e.g. TOPIC_AUTHORIZATION_FAILED
             # ready = the target reports every partition of every created topic with a leader
             # (and its topic id): the origin's topics were ready when the session was recorded
             for _ in range(80):

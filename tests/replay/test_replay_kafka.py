@@ -198,3 +198,12 @@ def test_max_speed_with_topic_map(brokers: Brokers, session: RecordedSession, tm
     fetches = [r for r in req if r["api_name"] == "Fetch" and r["client_id"] == "ck-consumer"]
     assert fetches and all(r["answered"] and not r["error_count"] for r in fetches)
     assert not any(session.topic in (r["topics"] or []) for r in req if r["api_name"] in ("Produce", "Metadata"))
+
+
+def test_a_topic_the_target_refuses_to_create_is_noted_by_kafkas_error_name(brokers: Brokers, session: RecordedSession,
+                                                                           tmp_path: Path):
+    """The note was `create_topic_failed:<topic>:17`: a bare code an operator had to look up. It names the error."""
+    refused = "no/such/topic"  # '/' is not legal in a Kafka topic name: the target refuses to create it
+    res = CliRunner().invoke(replay, [str(session.path), "--target", brokers.b.bootstrap, "--speed", "max",
+                                      "--topic-map", f"{session.topic}={refused}", "--yes"])
+    assert f"create_topic_failed:{refused}:INVALID_TOPIC_EXCEPTION" in res.output, res.output
