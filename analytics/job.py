@@ -101,8 +101,10 @@ def table_plan(i: Inputs, bucket_s: int, window: tuple[int | None, int | None] =
                ) -> dict[str, Callable[[], DataFrame | pa.Table]]:
     """Every report table, in report order, as a thunk so the job can time and run them concurrently.
 
-    `window` is --since/--until in epoch ns: the connection series covers only its buckets (the
-    requests are filtered already; a connection is kept for the whole of its life if it overlaps it).
+    `window` is --since/--until in epoch ns: the requests are filtered already, and a connection is
+    kept for the whole of its life if it overlaps the window, so the connection series, ends, lifetimes
+    and reconnects take the window to read it as a recording of its own (transforms.connections:
+    `as_at_window_end`, connections already open at its start count as open, not as opens).
     """
     return {
         "client_inventory": lambda: clients.client_inventory(i.rollup, i.topics, i.conns),
@@ -121,10 +123,10 @@ def table_plan(i: Inputs, bucket_s: int, window: tuple[int | None, int | None] =
         "errors_over_time": lambda: errors.errors_over_time(i.err, bucket_s),
         "throttling": lambda: errors.throttling(i.rollup),
         "connections_over_time": lambda: connections.connections_over_time(i.conns, i.traffic, bucket_s, i.views, *window),
-        "connection_lifetimes": lambda: connections.connection_lifetimes(i.conns),
-        "connection_ends": lambda: connections.connection_ends(i.conns),
+        "connection_lifetimes": lambda: connections.connection_lifetimes(i.conns, *window),
+        "connection_ends": lambda: connections.connection_ends(i.conns, *window),
         "resets": lambda: connections.resets(i.conns),
-        "reconnects_by_client": lambda: connections.reconnects_by_client(i.conns),
+        "reconnects_by_client": lambda: connections.reconnects_by_client(i.conns, since_ns=window[0], until_ns=window[1]),
         "broker_closes": lambda: connections.broker_closes(i.conns),
         "unanswered_at_close": lambda: connections.unanswered_at_close(i.conns, i.rollup),
         "tcp_health": lambda: tcp.tcp_health(i.sides),
@@ -669,7 +671,8 @@ def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.
             "findings": [f.to_json() for f in findings],
         }, indent=2, default=str))
         report_path = out / "report.html"
-        result = AnalysisResult(out, findings, ov, tables, bucket_s, report_path, findings_path, prog.timings, mode_used, unmatched)
+        result = AnalysisResult(out, findings, ov, tables, bucket_s, report_path, findings_path, prog.timings, mode_used, unmatched,
+                                (filters.since_ns, filters.until_ns))
         if report:
             report_path.write_text(render(result, filters.describe()), encoding="utf-8")
             for rel, page in connection_pages(result).items():

@@ -29,6 +29,12 @@ class AnalysisResult:
     timings: dict[str, float] = field(default_factory=dict)
     compare_mode: str | None = None
     nothing_matched: str | None = None  # the filters kept nothing: a line saying so, with what the recording holds
+    window: tuple[int | None, int | None] = (None, None)  # --since/--until in epoch ns (the report says what it did to each table)
+
+    @property
+    def windowed(self) -> bool:
+        """Whether --since or --until narrowed the analysis."""
+        return any(b is not None for b in self.window)
 
     def finding_ids(self) -> set[str]:
         return {f.id for f in self.findings}

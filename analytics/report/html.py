@@ -425,6 +425,24 @@ SECTIONS: list[tuple[str, str, str, list[tuple[str, str, Chart | None]]]] = [
         ("compare_ends", "How matched connections ended", None),
     ]),
 ]
+# What a connection table counts under --since/--until, said under its heading when the analysis had a window. The
+# window is read as a recording of its own (analytics.transforms.connections: as_at_window_end): it begins with the
+# connections open at its start already open and ends with those open at its end still open. An operator reading a
+# one-hour window of a week's recording asks about that hour, and these tables would otherwise cover whole lives.
+WINDOW_NOTES: dict[str, str] = {
+    "connections_over_time": "Window (--since/--until): its buckets only. A connection already open at its start is "
+                             "concurrent from the first bucket, not one of its opens; one still open at its end is not an end.",
+    "connection_ends": "Window (--since/--until): the connections that ended inside it, by how they ended; those still open "
+                       "at its end (also the ones that ended after it) are the row open by none, with their age then as "
+                       "lifetime. Ends before the window are not counted.",
+    "connection_lifetimes": "Window (--since/--until): the connections that ended inside it, by their whole lifetime (from "
+                            "their open, however long before the window); those still open at its end by their age then, "
+                            "counted in still open.",
+    "reconnects_by_client": "Window (--since/--until): connections and reconnects opened inside it (a reconnect follows an "
+                            "end of the client's earlier connection to that broker, inside the window too), resets and "
+                            "broker closes that happened inside it, the rate per minute of the client's time inside it; "
+                            "median lifetime as in Lifetimes.",
+}
 # tables shown through a summary instead of their raw rows (the raw ones are in tables/)
 SUMMARIES: dict[str, Callable[[Rows, int], Rows]] = {"throughput_over_time": throughput_summary}
 # the columns that matter on screen for tables wider than MAX_COLUMNS (the file has them all)
@@ -504,6 +522,8 @@ def render(result: AnalysisResult, filters: str = "none") -> str:
         for name, heading, chart in present:
             rows = t[name]
             parts.append(f'<h3 id="t-{escape(name)}">{escape(heading)}</h3>')
+            if result.windowed and name in WINDOW_NOTES:
+                parts.append(f'<p class="note window">{escape(WINDOW_NOTES[name])}</p>')
             if chart and rows:
                 try:
                     parts.append(chart(rows, result.bucket_s))

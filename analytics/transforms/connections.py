@@ -7,9 +7,69 @@ from pyspark.sql import functions as F
 
 from analytics.transforms.common import ns_to_ts, time_bucket_index, with_client
 from analytics.transforms.cube import view
-from analytics.transforms.overview import opaque
+from analytics.transforms.overview import clamp, opaque
 
 RESET_REASONS = ("client_rst", "broker_rst")
+
+
+# --since/--until: the connection tables read the window as a recording of its own, one that begins at `since_ns` with
+# the connections open then already open, and ends at `until_ns` with the connections open then still open. The
+# helpers below are that one notion; each takes the bounds as epoch ns, None for an open side.
+
+def seen_in_window(conns: DataFrame, since_ns: int | None, until_ns: int | None) -> DataFrame:
+    """The connections open at some time inside the window: not ended before it, not opened after it.
+
+    This is what the loader keeps for the window (analytics.load.apply_filters); the transforms that
+    take the window apply it again so that they hold alone too (a caller that did not filter).
+    """
+    if since_ns is not None:
+        conns = conns.where(F.col("closed_ns").isNull() | (F.col("closed_ns") >= since_ns))
+    if until_ns is not None:
+        conns = conns.where(F.col("opened_ns") <= until_ns)
+    return conns
+
+
+def opened_inside(since_ns: int | None) -> Column:
+    """Opened inside the window (of the connections it sees): one opened before it was already open at its start."""
+    return F.lit(True) if since_ns is None else F.col("opened_ns") >= since_ns
+
+
+def ended_inside(until_ns: int | None) -> Column:
+    """Ended inside the window (of the connections it sees): one that ended after it was still open at its end."""
+    closed = F.col("closed_ns").isNotNull()
+    return closed if until_ns is None else closed & (F.col("closed_ns") <= until_ns)
+
+
+def as_at_window_end(conns: DataFrame, since_ns: int | None, until_ns: int | None) -> DataFrame:
+    """The connections the window sees, each as it stood at the window's end.
+
+    One that ended after `until_ns` reads as the snapshot the proxy would have written of it then (an
+    open connection's row, proxy.rows.connection_row): no `closed_ns`, `end_reason` "open", `end_by`
+    "none", no end detail, idle time or inferred cause, and its age at the window's end as `duration_us`
+    (a never-closed connection's last snapshot is cut back there too). Why: a one-hour window of a
+    week-long recording is about that hour, and at its end those connections had not ended; their
+    whole lives made `connection_ends` count ends that came days later, `connection_lifetimes` bin
+    lifetimes no one in the hour could know, and `reconnects_by_client` count resets after the window.
+    Only the end and the time columns change: the byte, request and TCP counts stay the whole life's
+    (the recording holds no snapshot at the window's end). Without `until_ns`, the rows as they are.
+    """
+    conns = seen_in_window(conns, since_ns, until_ns)
+    if until_ns is None:
+        return conns
+    inside = ended_inside(until_ns)
+    later = F.col("closed_ns").isNotNull() & ~inside
+    age_us = F.floor((F.lit(until_ns) - F.col("opened_ns")) / 1000).cast("long")
+    return conns.withColumns({
+        "final": F.col("final") & ~later,
+        # cut back to the window's end; null stays null (Spark's least skips nulls)
+        "snapshot_ns": F.when(inside | F.col("snapshot_ns").isNull(), F.col("snapshot_ns"))
+                        .otherwise(F.least("snapshot_ns", F.lit(until_ns))),
+        "closed_ns": F.when(~later, F.col("closed_ns")),
+        "duration_us": F.when(inside | F.col("duration_us").isNull(), F.col("duration_us")).otherwise(F.least("duration_us", age_us)),
+        "end_reason": F.when(later, F.lit("open")).otherwise(F.col("end_reason")),
+        "end_by": F.when(later, F.lit("none")).otherwise(F.col("end_by")),
+        **{c: F.when(~later, F.col(c)) for c in ("end_detail", "idle_before_end_ms", "inferred_cause")},
+    })
 
 
 # the proxy names its connections `<run>-<n>` (recording.schema: conn_id), the run new at each start of a proxy or worker
@@ -60,17 +120,14 @@ def connections_over_time(conns: DataFrame, traffic: DataFrame, bucket_s: int, v
     last_b = None if until_ns is None else until_ns // (bucket_s * 1_000_000_000)
     open_b, close_b = time_bucket_index("opened_ns", bucket_s), time_bucket_index("closed_ns", bucket_s)
     closed = F.col("closed_ns").isNotNull()
-    if since_ns is not None:  # what the loader keeps for the window (analytics.load.apply_filters), so this holds alone too
-        conns = conns.where(~closed | (F.col("closed_ns") >= since_ns))
-    if until_ns is not None:
-        conns = conns.where(F.col("opened_ns") <= until_ns)
-    ends_inside = closed if until_ns is None else closed & (F.col("closed_ns") <= until_ns)
+    conns = seen_in_window(conns, since_ns, until_ns)
+    ends_inside = ended_inside(until_ns)
     c = conns.select(
         "broker_addr",
         # the bucket from which it counts as open: its own, or the window's first for one opened before it
         (open_b if first_b is None else F.greatest(open_b, F.lit(first_b))).alias("open_b"),
         open_b.alias("seen_b"),  # its own open bucket, also before the window: where its proxy run is first seen
-        (F.lit(True) if since_ns is None else F.col("opened_ns") >= since_ns).alias("opened_inside"),
+        opened_inside(since_ns).alias("opened_inside"),
         F.when(ends_inside, close_b).alias("close_b"),
         # the last bucket it is known to be open in: its close, the window's last (closed after it), or its open
         F.when(ends_inside, close_b).when(closed, F.lit(last_b)).alias("last_b"),
@@ -113,8 +170,16 @@ LIFETIME_BINS = [(0, 1, "< 1 s"), (1, 10, "1–10 s"), (10, 60, "10–60 s"), (6
                  (600, 3600, "10–60 min"), (3600, 86400, "1–24 h"), (86400, None, "> 1 day")]
 
 
-def connection_lifetimes(conns: DataFrame) -> DataFrame:
-    """How long connections live, binned; churn shows up as a fat left side."""
+def connection_lifetimes(conns: DataFrame, since_ns: int | None = None, until_ns: int | None = None) -> DataFrame:
+    """How long connections live, binned; churn shows up as a fat left side.
+
+    A connection still open (at the recording's end: its last snapshot) is binned by its age so far and
+    counted in `still_open`. Under a `since_ns`/`until_ns` window the connections are those the window
+    sees, as at its end (`as_at_window_end`): one that ended inside it by its lifetime, from its open
+    however long before the window (a lifetime is known at the end); one still open at the window's end
+    by its age then, in `still_open`, however long it lived on; one that ended before it not at all.
+    """
+    conns = as_at_window_end(conns, since_ns, until_ns)
     secs = F.col("duration_us") / 1e6
     label = None
     order = None
@@ -130,9 +195,15 @@ def connection_lifetimes(conns: DataFrame) -> DataFrame:
     ).orderBy("bin")
 
 
-def connection_ends(conns: DataFrame) -> DataFrame:
-    """Ends by how (end_reason), who (end_by) and why (inferred_cause), with idle time and an example."""
-    c = with_client(conns)
+def connection_ends(conns: DataFrame, since_ns: int | None = None, until_ns: int | None = None) -> DataFrame:
+    """Ends by how (end_reason), who (end_by) and why (inferred_cause), with idle time and an example.
+
+    Connections without an end yet are the row `open` by `none`. Under a `since_ns`/`until_ns` window:
+    the connections that ended inside it, by their end, and those still open at its end (`as_at_window_end`:
+    also the ones that ended after it) as `open`, their lifetime their age then; an end before the
+    window is not its business. Without that, a one-hour window of a week counted ends days after it.
+    """
+    c = with_client(as_at_window_end(conns, since_ns, until_ns))
     return c.groupBy("end_reason", "end_by", F.coalesce("inferred_cause", F.lit("")).alias("inferred_cause")).agg(
         F.count(F.lit(1)).alias("connections"),
         F.countDistinct("client_id").alias("clients"),
@@ -157,7 +228,8 @@ def resets(conns: DataFrame, limit: int = 5000) -> DataFrame:
 STARTUP_S = 5  # a client's first moments: the connections it opens to get going, never reconnects
 
 
-def reconnects_by_client(conns: DataFrame, bucket_s: int = 60) -> DataFrame:
+def reconnects_by_client(conns: DataFrame, bucket_s: int = 60, since_ns: int | None = None,
+                         until_ns: int | None = None) -> DataFrame:
     """Per client (client_id + host): connections opened, reconnects and their rate, resets and the worst minute.
 
     A reconnect is a connection the client opened to a broker after one of its earlier connections to
@@ -176,18 +248,35 @@ def reconnects_by_client(conns: DataFrame, bucket_s: int = 60) -> DataFrame:
     not one a reconnect follows: when a restarted proxy records again, every client opens anew each
     connection the last run closed, one per broker and coordinator, four or more for a client of a
     three-broker cluster, and that is the recording's doing, not the client's.
+
+    Under a `since_ns`/`until_ns` window every column counts what happened inside it, the window read as
+    a recording of its own (`as_at_window_end`): `connections`, `reconnects` and `max_opens_per_interval`
+    count the connections opened inside it; `resets`, `closed_by_broker` and the idle time the ends
+    inside it (one that ended after the window was open at its end); the rate is per minute of the
+    client's time inside the window; the median lifetime is `connection_lifetimes`' (as at its end). As
+    in a recording that began at the window's start, the end a reconnect follows must be inside the
+    window too (an end before it is not among the connections the window sees: at most one reconnect
+    per client and broker goes uncounted, at the window's start), and STARTUP_S counts from the
+    client's first connection the window sees. Without the window, one connection open all week made
+    a storm inside a one-hour window a rate per minute of the week, and the reconnect_storm finding missed it.
     """
-    c = with_client(conns)
+    c = with_client(as_at_window_end(conns, since_ns, until_ns))
     first_open = F.min("opened_ns").over(Window.partitionBy("client_id", "client_host"))
     ended = F.when(F.col("end_reason") != "proxy_shutdown", F.col("closed_ns"))  # not the proxy stopping (docstring)
     first_end_to_broker = F.min(ended).over(Window.partitionBy("client_id", "client_host", "broker_addr"))
     # the earliest end to the broker is before this open: some earlier connection had ended (its own end is later)
+    # (under a window it follows an end the window sees, so it opened inside the window: no condition of its own)
     reconnect = (F.col("opened_ns") > first_end_to_broker) & (F.col("opened_ns") > first_open + STARTUP_S * 1_000_000_000)
+
+    def opens() -> Column:
+        """Connections opened (inside the window): a filter inside the aggregations, no pass of its own."""
+        return F.count(F.lit(1)) if since_ns is None else F.count(F.when(opened_inside(since_ns), 1))
+
     per_min = c.groupBy("client_id", "client_host", time_bucket_index("opened_ns", bucket_s).alias("m")).agg(
-        F.count(F.lit(1)).alias("n")
+        opens().alias("n")
     ).groupBy("client_id", "client_host").agg(F.max("n").alias("max_opens_per_interval"))
     agg = c.withColumn("reconnect", F.coalesce(reconnect, F.lit(False))).groupBy("client_id", "client_host").agg(
-        F.count(F.lit(1)).alias("connections"),
+        opens().alias("connections"),
         F.sum(F.col("reconnect").cast("int")).alias("reconnects"),
         F.min("opened_ns").alias("first_ns"),
         F.max(F.coalesce("closed_ns", "snapshot_ns", "opened_ns")).alias("last_ns"),
@@ -198,7 +287,9 @@ def reconnects_by_client(conns: DataFrame, bucket_s: int = 60) -> DataFrame:
         F.round(F.percentile_approx("duration_us", 0.5, 2000) / 1e6, 3).alias("median_lifetime_s"),
         F.array_sort(F.collect_set("broker_addr")).alias("brokers"),
     )
-    minutes = F.greatest((F.col("last_ns") - F.col("first_ns")) / 6e10, F.lit(1.0))
+    # the client's span, inside the window (overview.clamp, as the report's span)
+    minutes = F.greatest((clamp(F.col("last_ns"), since_ns, until_ns) - clamp(F.col("first_ns"), since_ns, until_ns)) / 6e10,
+                         F.lit(1.0))
     return agg.join(per_min, ["client_id", "client_host"]).select(
         "client_id", "client_host", "connections", "reconnects",
         F.round(F.col("reconnects") / minutes, 3).alias("reconnects_per_min"),

@@ -201,6 +201,38 @@ def test_cli_compare_says_which_side_the_window_left_empty(spark, tmp_path) -> N
     assert "No findings: --compare A" in (tmp_path / "both-missed" / "report.html").read_text()
 
 
+def test_a_window_narrows_the_connection_ends_lifetimes_and_reconnects(spark, tmp_path) -> None:
+    """--since/--until an hour into a week in which a client reconnects every 100 s all through the hour (resets after
+    idle) beside a connection of its open all week: the hour's reconnects per minute make the reconnect_storm finding
+    (over the week's minutes they were ~0.004/min: no finding); ends and lifetimes are the hour's; the report says how
+    each table reads the window."""
+    rec, day, since_s = tmp_path / "rec", 86_400, 3 * 86_400
+    storm = [conn(f"r{i}", since_s - 250 + 100 * i, since_s - 160 + 100 * i, client="billing", end_reason="client_rst",
+                  idle_ms=60_000, client_addr=f"10.9.0.5:{3000 + i}") for i in range(43)]  # r2 … r38 meet the hour
+    write_rows(rec, "connections", [conn("billing-long", 0, 7 * day, client="billing", broker="10.0.0.2:9092",
+                                         client_addr="10.9.0.5:2999"), conn("week", 0, 7 * day), *storm])
+    write_rows(rec, "requests", [req("week", 1, t_s=since_s + 600), req("r10", 1, t_s=since_s + 760, client="billing")])
+    since, until = T0 + since_s * S, T0 + (since_s + 3600) * S
+    res = run_analysis([rec], tmp_path / "out", spark=spark, progress=False, since=since, until=until)
+    rc = {r["client_id"]: r for r in res.tables["reconnects_by_client"]}["billing"]
+    # opened in the hour: r3 … r38, each after the one before it ended; reset in it: r2 … r37 (r38 ends after it)
+    assert (rc["connections"], rc["reconnects"], rc["resets"], rc["reconnects_per_min"]) == (36, 36, 36, 0.6)
+    storm_found = res.by_id("reconnect_storm")
+    assert len(storm_found) == 1 and "billing" in storm_found[0].title and storm_found[0].evidence["reconnects"] == 36
+    ends = {(r["end_reason"], r["end_by"]): r["connections"] for r in res.tables["connection_ends"]}
+    assert ends == {("client_rst", "client"): 36, ("open", "none"): 3}  # open at the hour's end: r38 and the two week-long ones
+    life = {r["lifetime"]: (r["connections"], r["reset"], r["still_open"]) for r in res.tables["connection_lifetimes"]}
+    assert life == {"10–60 s": (1, 0, 1), "1–10 min": (36, 36, 0), "> 1 day": (2, 0, 2)}  # r38 50 s old at the hour's end
+    html = res.report_path.read_text()
+    notes = re.findall(r'<h3 id="t-(\w+)">[^<]*</h3><p class="note window">', html)
+    assert set(notes) == {"connections_over_time", "connection_ends", "connection_lifetimes", "reconnects_by_client"}, notes
+
+
+def test_no_window_no_window_notes(result: AnalysisResult) -> None:
+    """Without --since/--until the report says nothing about a window (what it shows is the whole recording's)."""
+    assert 'class="note window"' not in result.report_path.read_text() and not result.windowed
+
+
 def test_cli_says_what_compare_takes() -> None:
     got = CliRunner().invoke(analyze, ["--compare", "rec-a", "--out", "cmp"])  # B forgotten: --out became B
     assert got.exit_code == 2 and "--compare takes two recordings A B, got 'rec-a --out'" in got.output

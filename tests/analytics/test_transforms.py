@@ -360,6 +360,63 @@ def test_connection_ends_resets_reconnects(make_df) -> None:
     assert life["1–10 min"]["connections"] == 6 and life["1–10 s"]["connections"] == 1
 
 
+def _cut_by_a_window() -> list[dict]:
+    """Connections of app-1 around the window [1000 s, 2000 s]: ended before it, across its start, inside it, across its
+    end, open all along (ended days later), never closed (last snapshot after it) and opened after it."""
+    return [conn("week", 0, 10_000), conn("gone", 0, 500, end_reason="broker_fin", end_by="broker"),
+            conn("edge", 900, 1100, end_reason="client_rst", idle_ms=60_000, inferred_cause="reset after 60 s idle"),
+            conn("inside", 1200, 1205, end_reason="broker_fin", end_by="broker"),
+            conn("late", 1900, 2500, end_reason="client_rst", idle_ms=30_000),
+            conn("never", 1500, None, idle_ms=None, snapshot_ns=T0 + 3000 * S, duration_us=1_500_000_000), conn("after", 2100, 2200)]
+
+
+def test_connection_ends_and_lifetimes_under_a_window_are_the_windows(make_df) -> None:
+    """--since/--until: ends inside the window by how they ended; the rest it sees as it stood at its end (open, aged
+    until then); lifetimes likewise. Without a window both tables are the whole lives', as before."""
+    since, until = T0 + 1000 * S, T0 + 2000 * S
+    c = make_df("connections", _cut_by_a_window())
+    ends = {(x["end_reason"], x["end_by"]): x for x in (r.asDict() for r in connections.connection_ends(c, since, until).collect())}
+    assert {k: v["connections"] for k, v in ends.items()} == {("open", "none"): 3, ("client_rst", "client"): 1,
+                                                             ("broker_fin", "broker"): 1}
+    rst, still = ends[("client_rst", "client")], ends[("open", "none")]
+    assert (rst["example_conn_id"], rst["median_idle_ms"], rst["inferred_cause"]) == ("edge", 60_000, "reset after 60 s idle")
+    assert (still["median_lifetime_s"], still["max_idle_ms"], still["example_conn_id"]) == (500.0, None, None)  # ages 2000, 100, 500
+    life = by(connections.connection_lifetimes(c, since, until).collect(), "lifetime")
+    assert {k: (v["connections"], v["reset"], v["still_open"]) for k, v in life.items()} == {
+        "1–10 s": (1, 0, 0), "1–10 min": (3, 1, 2), "10–60 min": (1, 0, 1)}  # edge; late and never; week aged 2000 s
+    whole = {(x.end_reason, x.end_by, x.inferred_cause): x.connections for x in connections.connection_ends(c).collect()}
+    assert whole == {("client_fin", "client", ""): 2, ("broker_fin", "broker", ""): 2, ("client_rst", "client", ""): 1,
+                     ("client_rst", "client", "reset after 60 s idle"): 1, ("open", "none", ""): 1}
+    life = by(connections.connection_lifetimes(c).collect(), "lifetime")
+    assert {k: (v["connections"], v["reset"], v["still_open"]) for k, v in life.items()} == {
+        "1–10 s": (1, 0, 0), "1–10 min": (3, 1, 0), "10–60 min": (2, 1, 1), "1–24 h": (1, 0, 0)}
+    since_only = {(x.end_reason, x.end_by, x.inferred_cause): x.connections for x in connections.connection_ends(c, since, None).collect()}
+    assert since_only == {**whole, ("broker_fin", "broker", ""): 1}  # no end of the window: only the end before it ("gone") goes
+
+
+def test_reconnects_under_a_window_are_the_windows(make_df) -> None:
+    """Incident 2's client reconnecting every 100 s, beside a connection of its open all week: a one-hour-like window counts
+    the reconnects, resets and time inside it, so the storm's rate is its own, not one diluted over the week. Across the
+    window's start the first reopen follows an end before it (not one the window sees): not counted, as documented."""
+    since, until = T0 + 1000 * S, T0 + 2000 * S
+    cs = [conn(f"r{i}", i * 100, i * 100 + 90, client="billing", end_reason="client_rst", end_by="client", idle_ms=60_000,
+               client_addr=f"10.9.0.5:{3000 + i}") for i in range(30)]
+    cs += [conn("long", 0, 7 * 86_400, client="billing", broker="10.0.0.2:9092", client_addr="10.9.0.5:2999")]
+    cs += [conn(f"pool{i}", 500 + i, 5000, client="billing", broker="10.0.0.3:9092", client_addr=f"10.9.0.5:{2990 + i}")
+           for i in range(3)]  # opened in r5's minute before the window, open all through it: none of its opens
+    c = make_df("connections", cs)
+    rc = by(connections.reconnects_by_client(c, since_ns=since, until_ns=until).collect(), "client_id")["billing"]
+    # opened inside: r10 (at the start) … r20 (at the end); reconnects r11 … r20; resets r10 … r19 (r20 ends after it)
+    assert (rc["connections"], rc["reconnects"], rc["resets"], rc["resets_not_by_broker"]) == (11, 10, 10, 10)
+    assert rc["reconnects_per_min"] == pytest.approx(10 / (1000 / 60), abs=0.001)  # over the 1000 s of the window
+    assert (rc["median_lifetime_s"], rc["median_idle_before_end_ms"], rc["max_opens_per_interval"]) == (90.0, 60_000, 1)
+    storms = reconnect_storm({"reconnects_by_client": [rc]})
+    assert len(storms) == 1 and storms[0].evidence["reconnects"] == 10, [f.summary for f in storms]
+    whole = by(connections.reconnects_by_client(c).collect(), "client_id")["billing"]  # no window: the whole week's, as before
+    assert (whole["connections"], whole["reconnects"], whole["resets"], whole["max_opens_per_interval"]) == (34, 29, 30, 4)
+    assert whole["reconnects_per_min"] == pytest.approx(29 / (7 * 1440), abs=0.001)
+
+
 def test_tcp_window_ceiling(make_df, spark) -> None:
     cs = [conn("slow", 0, 100, tcp_client_open=tcp_info(False, 180_000, timestamps=False), tcp_broker_open=tcp_info(True, 300),
                tcp_client_close=tcp_info(False, 180_000, retrans=4), bytes_from_broker=30_000_000),
