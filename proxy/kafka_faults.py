@@ -318,6 +318,9 @@ class FaultRules:
         self._next_id = 1
         self.rules: tuple[FaultRule, ...] = ()
         self.by_api: dict[int, tuple[FaultRule, ...]] = {}
+        # Once on, the layer stays on: connections accepted while it was on carry an interceptor, and a proxy
+        # started with a Kafka --fault takes `fault add` — also after its last rule was cleared.
+        self._installed = control
         for f in faults or ():
             self.add(f, quiet=True)  # the proxy logs its start-up rules in one line
 
@@ -327,14 +330,19 @@ class FaultRules:
 
     @property
     def installed(self) -> bool:
-        """Does the proxy need the layer on its connections (a rule at start, or runtime control)?"""
-        return self.control or bool(self.rules)
+        """Does the proxy need the layer on its connections (runtime control, or a rule ever added)?
+
+        Not "is there a rule now": clearing the last rule must not take the layer off new
+        connections, or a later `fault add` would reach only the ones accepted before the clear.
+        """
+        return self._installed
 
     def add(self, fault: KafkaFault | str, quiet: bool = False) -> FaultRule:
         if isinstance(fault, str):
             fault = parse_kafka_fault(fault)
         rule = FaultRule(self._next_id, fault, self.clock(), time.time())
         self._next_id += 1
+        self._installed = True
         self._publish(self.rules + (rule,))
         if not quiet:
             log.warning("kafka fault added", id=rule.id, spec=fault.text)

@@ -276,6 +276,35 @@ def test_a_proxy_without_the_layer_refuses_fault_add(proxied_kafka) -> None:
         assert proc.wait(30) == 0
 
 
+def test_a_proxy_started_with_a_kafka_fault_keeps_its_layer_after_the_last_clear(proxied_kafka) -> None:
+    """`--fault error=…` without --fault-control takes `fault add`; clearing its last rule must not take that back.
+
+    It did: the layer counted as installed only while a rule existed, so after `fault clear` the
+    proxy answered `fault add` with "restart it … with a Kafka --fault" (it had one), `fault list`
+    said it had no layer, and connections accepted from then on got none.
+    """
+    from harness.kafka import free_port
+
+    status = free_port()
+    meta = {"topics": [], "allow_auto_topic_creation": False, "include_topic_authorized_operations": False}
+    proc = _cli_proxy(proxied_kafka, status, "--fault", "drop=Metadata,client-id=nobody")
+    try:
+        assert _fault_cli("clear", "--addr", str(status)).stdout.strip() == "cleared 1 fault(s)"
+        assert _fault_cli("list", "--addr", str(status)).stdout.strip() == "no faults"
+        with WireClient("127.0.0.1", proxied_kafka.proxy_port, client_id="late") as c:  # accepted after the clear
+            c.call(METADATA, 12, meta)
+            added = _fault_cli("add", "--addr", str(status), "drop=Metadata,client-id=late")
+            assert added.returncode == 0, added.stderr
+            assert added.stdout.strip() == "added fault #2: drop=Metadata,client-id=late"
+            with pytest.raises((OSError, EOFError, ConnectionError)):
+                c.call(METADATA, 12, meta)
+        listed = json.loads(_fault_cli("list", "--addr", str(status), "--json").stdout)
+        assert listed["installed"] and [(r["id"], r["injected"]) for r in listed["faults"]] == [(2, 1)]
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0
+
+
 def test_java_kip848_consumer_recovers_from_not_coordinator_on_its_heartbeat(proxied_kafka, topic_name, sink) -> None:
     """The newest group protocol (KIP-848 ConsumerGroupHeartbeat), answered in the broker's place from the specs.
 
