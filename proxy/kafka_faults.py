@@ -16,8 +16,10 @@ The grammar (`--fault`, repeatable, and `kafkatap fault add`), one rule per spec
              in-place (error, default) | rewrite (error)
 
 API is a Kafka API name (Produce, Fetch, Heartbeat, OffsetCommit …; any case) or key; ERROR an
-error name from Kafka's `Errors` (NOT_LEADER_OR_FOLLOWER …) or code. REGEX must match the whole
-topic name / client id (no commas: options are comma-separated). `once` fires on the first
+error name from Kafka's `Errors` (NOT_LEADER_OR_FOLLOWER …) or code (an int16, as on the wire).
+REGEX must match the whole topic name / client id (no commas: options are comma-separated).
+`topic=`/`partition=` are refused on an API whose requests name no topic/partition (Heartbeat,
+FindCoordinator; Metadata has no partition): such a rule would never fire. `once` fires on the first
 matching request only, `nth=N` on every Nth (N, 2N, …; with `once`: only the Nth), `rate=P` on a
 random share P (seeded by --fault-seed); `after=`/`for=` open and close a time window counted
 from when the rule was added (DURATION: 500ms, 5s, 2m; a bare number is seconds). Counts are per
@@ -68,6 +70,7 @@ from protocol.error_responses import (
     error_code_by_name,
     error_response,
     request_entries,
+    request_names,
     set_errors,
     set_throttle,
 )
@@ -270,6 +273,11 @@ def parse_kafka_fault(spec: str) -> KafkaFault:
             kw["rewrite"] = True
     if "in-place" in seen and "rewrite" in seen:
         raise FaultSpecError(f"bad fault spec {spec!r}: in-place and rewrite exclude each other")
+    names_topic, names_partition = request_names(api)
+    for key, can in (("topic", names_topic), ("partition", names_partition)):
+        if key in seen and not can:  # a filter on a field the requests never carry would never match
+            raise FaultSpecError(f"bad fault spec {spec!r}: {api_name(api)} requests name no {key} (in any "
+                                 f"version), so {key}= would never match")
     return KafkaFault(**kw)
 
 
