@@ -269,6 +269,8 @@ def parse_kafka_fault(spec: str) -> KafkaFault:
             kw["after_s"] = parse_duration(value, "after", spec)
         elif key == "for":
             kw["for_s"] = parse_duration(value, "for", spec)
+            if not kw["for_s"]:  # an empty window: the rule would never fire
+                raise FaultSpecError(f"bad fault spec {spec!r}: for must be above 0 (for={value} would never fire)")
         elif key == "rewrite":
             kw["rewrite"] = True
     if "in-place" in seen and "rewrite" in seen:

@@ -162,6 +162,7 @@ def test_grammar_parses_every_option() -> None:
     ("error=Fetch:NOT_LEADER_OR_FOLLOWER,rewrite,in-place", "exclude each other"),
     # accepted before, then never injected: a code no int16 field can carry (skipped on every match, or
     # counted injected while the rewrite failed), a filter on a field the API's requests never carry
+    ("drop=Fetch,for=0s", "for must be above 0 (for=0s would never fire)"),
     ("error=Produce:99999", "error code 99999 is out of range (Kafka error codes are int16: -32768 to 32767)"),
     ("error=Produce:-32769,rewrite", "error code -32769 is out of range"),
     ("error=Heartbeat:NOT_COORDINATOR,topic=orders", "Heartbeat requests name no topic (in any version), so "
