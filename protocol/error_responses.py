@@ -29,16 +29,17 @@ Which fields name a topic comes from the specs (`entityType: topicName`, and
 from __future__ import annotations
 
 import difflib
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol.apis import API_NAMES, API_VERSIONS, FETCH
+from protocol.apis import API_NAMES, API_VERSIONS, APIS, FETCH
 from protocol.codec import plan, snake, spec_fields
 from protocol.errors import ERROR_NAMES
 
 __all__ = ["Where", "Entry", "error_response", "set_errors", "set_throttle", "request_entries",
-           "error_code_by_name", "api_key_by_name", "ERROR_CODES"]
+           "error_code_by_name", "api_key_by_name", "request_names", "ERROR_CODES"]
 
 # (topic name or None, topic id or None, partition or None) -> should this entry fail?
 Where = Callable[[str | None, str | None, int | None], bool]
@@ -64,7 +65,10 @@ def error_code_by_name(name: str) -> int:
     """`NOT_LEADER_OR_FOLLOWER` (any case) or a number → the error code; ValueError names the problem."""
     text = name.strip()
     if text.lstrip("-").isdigit():
-        return int(text)
+        code = int(text)
+        if not -(2**15) <= code < 2**15:  # error_code is an int16: a larger code could never be written
+            raise ValueError(f"error code {code} is out of range (Kafka error codes are int16: -32768 to 32767)")
+        return code
     code = ERROR_CODES.get(text.upper())
     if code is None:
         raise ValueError(f"unknown Kafka error {text!r}{_suggest(text, list(ERROR_CODES))}")
@@ -136,6 +140,37 @@ def _context(d: dict[str, Any], shape: _Shape, ctx: Entry | None) -> Entry | Non
             if isinstance(v, int) and not isinstance(v, bool):
                 return Entry(ctx.topic, ctx.topic_id, v)
     return ctx
+
+
+@functools.cache
+def request_names(api_key: int) -> tuple[bool, bool]:
+    """(can a request name a topic, can it name a partition) at some version the specs describe.
+
+    Why: a fault's `topic=`/`partition=` filter matches only what `request_entries` finds; on an
+    API whose requests never name one (Heartbeat, FindCoordinator; Metadata has no partitions)
+    the filter would silently never match, so the grammar refuses it instead. Walks the same
+    fields `request_entries` reads: topic fields (`entityType: topicName` strings, `TopicId`),
+    and inside a topic an int32 partition field or a list of int32 partitions.
+    """
+    info = APIS.get(api_key)
+    if info is None or not info.has_schema:
+        return False, False
+    topic = partition = False
+
+    def walk(st: Any, shape: _Shape, in_topic: bool) -> None:
+        nonlocal topic, partition
+        here = in_topic or any(k in st.by_key for k in shape.topic_keys)
+        topic = topic or here
+        for k, f in st.by_key.items():
+            if here and f.inner == "int32" and (f.kind == "value" and k in _PARTITION_KEYS
+                                                or f.kind == "array" and "partition" in k):
+                partition = True
+            elif f.struct is not None and k in shape.children:
+                walk(f.struct, shape.children[k], here)
+
+    for version in range(info.min_version, info.max_version + 1):
+        walk(plan(api_key, True, version), _shape(api_key, True, version), False)
+    return topic, partition
 
 
 def request_entries(api_key: int, version: int, request: dict[str, Any]) -> list[Entry]:

@@ -722,9 +722,15 @@ class FrameEditor:
         side.timer = None
         q, side.queue = side.queue, None
         side.queued = 0
-        now = self.clock()
-        if q:
-            self._write(side, [data for data, _ in q], now)
+        # Each piece goes to the observer with the time it was read, not now: the held time is the proxy's
+        # (req_sent / resp_sent, stamped at the write), so a `delay=` shows as proxy_resp_delay_us and a
+        # throttle's pause as proxy_req_delay_us, never as broker latency — as a TCP `latency=` fault does.
+        while q:
+            read_ns = q[0][1]
+            pieces: list[bytes | memoryview] = []
+            while q and q[0][1] == read_ns:
+                pieces.append(q.popleft()[0])
+            self._write(side, pieces, read_ns)
         if side.holding:
             side.holding = False
             self.out.hold(side.request, False)

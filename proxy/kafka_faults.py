@@ -16,8 +16,10 @@ The grammar (`--fault`, repeatable, and `kafkatap fault add`), one rule per spec
              in-place (error, default) | rewrite (error)
 
 API is a Kafka API name (Produce, Fetch, Heartbeat, OffsetCommit …; any case) or key; ERROR an
-error name from Kafka's `Errors` (NOT_LEADER_OR_FOLLOWER …) or code. REGEX must match the whole
-topic name / client id (no commas: options are comma-separated). `once` fires on the first
+error name from Kafka's `Errors` (NOT_LEADER_OR_FOLLOWER …) or code (an int16, as on the wire).
+REGEX must match the whole topic name / client id (no commas: options are comma-separated).
+`topic=`/`partition=` are refused on an API whose requests name no topic/partition (Heartbeat,
+FindCoordinator; Metadata has no partition): such a rule would never fire. `once` fires on the first
 matching request only, `nth=N` on every Nth (N, 2N, …; with `once`: only the Nth), `rate=P` on a
 random share P (seeded by --fault-seed); `after=`/`for=` open and close a time window counted
 from when the rule was added (DURATION: 500ms, 5s, 2m; a bare number is seconds). Counts are per
@@ -68,6 +70,7 @@ from protocol.error_responses import (
     error_code_by_name,
     error_response,
     request_entries,
+    request_names,
     set_errors,
     set_throttle,
 )
@@ -266,10 +269,17 @@ def parse_kafka_fault(spec: str) -> KafkaFault:
             kw["after_s"] = parse_duration(value, "after", spec)
         elif key == "for":
             kw["for_s"] = parse_duration(value, "for", spec)
+            if not kw["for_s"]:  # an empty window: the rule would never fire
+                raise FaultSpecError(f"bad fault spec {spec!r}: for must be above 0 (for={value} would never fire)")
         elif key == "rewrite":
             kw["rewrite"] = True
     if "in-place" in seen and "rewrite" in seen:
         raise FaultSpecError(f"bad fault spec {spec!r}: in-place and rewrite exclude each other")
+    names_topic, names_partition = request_names(api)
+    for key, can in (("topic", names_topic), ("partition", names_partition)):
+        if key in seen and not can:  # a filter on a field the requests never carry would never match
+            raise FaultSpecError(f"bad fault spec {spec!r}: {api_name(api)} requests name no {key} (in any "
+                                 f"version), so {key}= would never match")
     return KafkaFault(**kw)
 
 
@@ -318,6 +328,9 @@ class FaultRules:
         self._next_id = 1
         self.rules: tuple[FaultRule, ...] = ()
         self.by_api: dict[int, tuple[FaultRule, ...]] = {}
+        # Once on, the layer stays on: connections accepted while it was on carry an interceptor, and a proxy
+        # started with a Kafka --fault takes `fault add` — also after its last rule was cleared.
+        self._installed = control
         for f in faults or ():
             self.add(f, quiet=True)  # the proxy logs its start-up rules in one line
 
@@ -327,14 +340,19 @@ class FaultRules:
 
     @property
     def installed(self) -> bool:
-        """Does the proxy need the layer on its connections (a rule at start, or runtime control)?"""
-        return self.control or bool(self.rules)
+        """Does the proxy need the layer on its connections (runtime control, or a rule ever added)?
+
+        Not "is there a rule now": clearing the last rule must not take the layer off new
+        connections, or a later `fault add` would reach only the ones accepted before the clear.
+        """
+        return self._installed
 
     def add(self, fault: KafkaFault | str, quiet: bool = False) -> FaultRule:
         if isinstance(fault, str):
             fault = parse_kafka_fault(fault)
         rule = FaultRule(self._next_id, fault, self.clock(), time.time())
         self._next_id += 1
+        self._installed = True
         self._publish(self.rules + (rule,))
         if not quiet:
             log.warning("kafka fault added", id=rule.id, spec=fault.text)

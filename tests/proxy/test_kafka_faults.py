@@ -200,6 +200,47 @@ def test_delay_throttle_and_drop_as_the_wire_sees_them(proxied_kafka, sink) -> N
     assert [r.injected for r in rules.rules] == [1, 1, 1]
 
 
+def test_delay_and_throttle_pause_are_recorded_as_the_proxys_time_not_the_brokers(proxied_kafka, topic_name,
+                                                                                  sink) -> None:
+    """The time a Kafka fault holds a frame is proxy time (resp_sent / req_sent), as with a TCP latency= fault.
+
+    It was recorded as broker latency: the held frames reached the observer stamped with their
+    release time, so resp_first ("first byte read from the broker") moved 300 ms later and the
+    report blamed the broker for the injected delay.
+    """
+    from kafka import KafkaProducer
+
+    p, rules, _ = _proxy(proxied_kafka, sink, "delay=Produce:300,client-id=held",
+                         "throttle=Metadata:400,client-id=thr")
+    with p:
+        proxied_kafka.kafka.create_topic(topic_name, partitions=1)
+        prod = KafkaProducer(bootstrap_servers=p.bootstrap, client_id="held", linger_ms=0, acks=1)
+        for i in range(3):
+            prod.send(topic_name, f"v{i}".encode()).get(timeout=30)
+        prod.close()
+        host, port = p.bootstrap.rsplit(":", 1)
+        meta = {"topics": [], "allow_auto_topic_creation": False, "include_topic_authorized_operations": False}
+        with WireClient(host, int(port), client_id="thr") as c:
+            c.call(METADATA, 12, meta)  # throttled: the broker-like pause holds the next request
+            c.call(API_VERSIONS, 3, {"client_software_name": "t", "client_software_version": "1"})
+        sink.wait_for(lambda s: sum(1 for r in s.requests if (r.get("edit") or "").startswith("fault#1")) == 3
+                      and any((r.get("edit") or "").startswith("fault pause") for r in s.requests))
+
+    def us(row: dict, a: str, b: str) -> float:
+        return (row[a] - row[b]) / 1000
+
+    held = [r for r in sink.requests if (r.get("edit") or "").startswith("fault#1")]
+    for r in held:
+        assert us(r, "resp_sent_ns", "resp_last_ns") >= 300_000  # the delay: the proxy's, on the response
+        assert us(r, "resp_first_ns", "req_sent_ns") < 250_000  # the broker answered a local Produce at once
+        assert us(r, "resp_sent_ns", "req_first_ns") >= 300_000  # what the client waited, all of it
+    paused = next(r for r in sink.requests if (r.get("edit") or "").startswith("fault pause"))
+    assert paused["client_id"] == "thr" and paused["api_key"] == API_VERSIONS
+    assert us(paused, "req_sent_ns", "req_last_ns") >= 300_000  # held on its way to the broker (400 ms less the RTT)
+    assert us(paused, "resp_first_ns", "req_sent_ns") < 250_000
+    assert [r.injected for r in rules.rules] == [3, 1]
+
+
 # --------------------------------------------------------------------------- runtime control, the real CLI
 
 
@@ -271,6 +312,35 @@ def test_a_proxy_without_the_layer_refuses_fault_add(proxied_kafka) -> None:
         assert "no Kafka fault layer" in _fault_cli("list", "--addr", str(status)).stdout
         with urllib.request.urlopen(f"http://127.0.0.1:{status}/faults", timeout=5) as r:
             assert json.loads(r.read()) == {"installed": False, "faults": []}
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0
+
+
+def test_a_proxy_started_with_a_kafka_fault_keeps_its_layer_after_the_last_clear(proxied_kafka) -> None:
+    """`--fault error=…` without --fault-control takes `fault add`; clearing its last rule must not take that back.
+
+    It did: the layer counted as installed only while a rule existed, so after `fault clear` the
+    proxy answered `fault add` with "restart it … with a Kafka --fault" (it had one), `fault list`
+    said it had no layer, and connections accepted from then on got none.
+    """
+    from harness.kafka import free_port
+
+    status = free_port()
+    meta = {"topics": [], "allow_auto_topic_creation": False, "include_topic_authorized_operations": False}
+    proc = _cli_proxy(proxied_kafka, status, "--fault", "drop=Metadata,client-id=nobody")
+    try:
+        assert _fault_cli("clear", "--addr", str(status)).stdout.strip() == "cleared 1 fault(s)"
+        assert _fault_cli("list", "--addr", str(status)).stdout.strip() == "no faults"
+        with WireClient("127.0.0.1", proxied_kafka.proxy_port, client_id="late") as c:  # accepted after the clear
+            c.call(METADATA, 12, meta)
+            added = _fault_cli("add", "--addr", str(status), "drop=Metadata,client-id=late")
+            assert added.returncode == 0, added.stderr
+            assert added.stdout.strip() == "added fault #2: drop=Metadata,client-id=late"
+            with pytest.raises((OSError, EOFError, ConnectionError)):
+                c.call(METADATA, 12, meta)
+        listed = json.loads(_fault_cli("list", "--addr", str(status), "--json").stdout)
+        assert listed["installed"] and [(r["id"], r["injected"]) for r in listed["faults"]] == [(2, 1)]
     finally:
         proc.terminate()
         assert proc.wait(30) == 0

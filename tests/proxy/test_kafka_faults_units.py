@@ -135,6 +135,10 @@ def test_grammar_parses_every_option() -> None:
     assert parse_kafka_fault("throttle=1:300").api_key == FETCH
     assert parse_kafka_fault("drop=OffsetCommit").kind == "drop"
     assert parse_kafka_fault("error=Heartbeat:16").error_code == NOT_COORDINATOR
+    assert parse_kafka_fault("error=Produce:-32768").error_code == -32768  # any int16 code, known or not
+    for spec in ("error=Metadata:UNKNOWN_TOPIC_OR_PARTITION,topic=x", "error=OffsetFetch:NOT_COORDINATOR,partition=1",
+                 "error=ConsumerGroupHeartbeat:NOT_COORDINATOR,topic=t", "error=DeleteTopics:NOT_CONTROLLER,topic=t"):
+        assert parse_kafka_fault(spec).filters_entries  # filters on fields these requests do carry
     assert split_specs(["latency=both:5", "error=Fetch:NOT_LEADER_OR_FOLLOWER", "refuse"]) == (
         ["latency=both:5", "refuse"], ["error=Fetch:NOT_LEADER_OR_FOLLOWER"])
 
@@ -156,6 +160,16 @@ def test_grammar_parses_every_option() -> None:
     ("error=Fetch:NOT_LEADER_OR_FOLLOWER,foo=1", "unknown option 'foo'"),
     ("error=Fetch:NOT_LEADER_OR_FOLLOWER,once,once", "option once given twice"),
     ("error=Fetch:NOT_LEADER_OR_FOLLOWER,rewrite,in-place", "exclude each other"),
+    # accepted before, then never injected: a code no int16 field can carry (skipped on every match, or
+    # counted injected while the rewrite failed), a filter on a field the API's requests never carry
+    ("drop=Fetch,for=0s", "for must be above 0 (for=0s would never fire)"),
+    ("error=Produce:99999", "error code 99999 is out of range (Kafka error codes are int16: -32768 to 32767)"),
+    ("error=Produce:-32769,rewrite", "error code -32769 is out of range"),
+    ("error=Heartbeat:NOT_COORDINATOR,topic=orders", "Heartbeat requests name no topic (in any version), so "
+                                                     "topic= would never match"),
+    ("delay=FindCoordinator:100,partition=0", "FindCoordinator requests name no partition"),
+    ("drop=Metadata,partition=0", "Metadata requests name no partition (in any version), so partition= would "
+                                  "never match"),
 ])
 def test_grammar_errors_are_one_clear_line(spec: str, says: str) -> None:
     with pytest.raises(FaultSpecError) as exc:
@@ -173,6 +187,11 @@ def test_grammar_errors_are_one_clear_line(spec: str, says: str) -> None:
                                             "API 'Prodce'; did you mean Produce?"),
     ("error=Produce:NOT_LEADER", "bad fault spec 'error=Produce:NOT_LEADER': unknown Kafka error 'NOT_LEADER'; "
                                  "did you mean NOT_LEADER_OR_FOLLOWER?"),
+    ("error=Produce:99999", "bad fault spec 'error=Produce:99999': error code 99999 is out of range (Kafka error "
+                            "codes are int16: -32768 to 32767)"),
+    ("error=Heartbeat:NOT_COORDINATOR,topic=orders", "bad fault spec 'error=Heartbeat:NOT_COORDINATOR,topic=orders': "
+                                                     "Heartbeat requests name no topic (in any version), so topic= "
+                                                     "would never match"),
 ])
 def test_cli_rejects_bad_fault_specs_with_exit_2_and_one_line(spec: str, says: str) -> None:
     """Issue 18: these were accepted (or rejected without saying why); the CLI must refuse them in one line."""
