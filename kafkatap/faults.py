@@ -96,10 +96,20 @@ def list_(addr: str, as_json: bool) -> None:
     if not rules:
         click.echo("no faults")
         return
-    click.echo(f"{'id':>4}  {'active':6}  {'matched':>7}  {'injected':>8}  {'skipped':>7}  spec")
+    click.echo(f"{'id':>4}  {'state':16}  {'matched':>7}  {'injected':>8}  {'skipped':>7}  spec")
     for r in rules:
-        click.echo(f"{r['id']:>4}  {'yes' if r['active'] else 'no':6}  {r['matched']:>7}  {r['injected']:>8}  "
+        click.echo(f"{r['id']:>4}  {state_text(r):16}  {r['matched']:>7}  {r['injected']:>8}  "
                    f"{r['skipped']:>7}  {r['spec']}")
+
+
+def state_text(rule: dict[str, Any]) -> str:
+    """A rule's state for `fault list`: `waiting (12.0 s)` until its after=, `active (3.5 s left)` in a for= window,
+    `ended` after it, `used` for a once that fired. A proxy older than the state field gives active/inactive."""
+    state = rule.get("state") or ("active" if rule.get("active") else "inactive")
+    change_in = rule.get("state_changes_in_s")
+    if change_in is None:
+        return state
+    return f"waiting ({change_in:.1f} s)" if state == "waiting" else f"{state} ({change_in:.1f} s left)"
 
 
 @fault.command("clear")

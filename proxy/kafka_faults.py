@@ -304,11 +304,31 @@ class FaultRule:
     def exhausted(self) -> bool:
         return self.fault.once and self.injected > 0
 
+    def state(self, now: float) -> tuple[str, float | None]:
+        """Where the rule is in its life, and the seconds until that changes (None: it will not by itself).
+
+        `waiting` (its after= not reached), `active`, `ended` (its for= passed) or `used` (once, injected).
+        Why not only active yes/no: a rule waiting on after= and one whose window is over both read "no",
+        and an operator who just added `after=30s` took the first for a rule that did not take.
+        """
+        f = self.fault
+        start = self.added_mono + f.after_s
+        if self.exhausted:
+            return "used", None
+        if now < start:
+            return "waiting", start - now
+        if f.for_s is not None:
+            left = start + f.for_s - now
+            return ("active", left) if left > 0 else ("ended", None)
+        return "active", None
+
     def as_json(self, now: float) -> dict[str, Any]:
         f = self.fault
+        state, change_in = self.state(now)
         return {"id": self.id, "spec": f.text, "api": api_name(f.api_key), "kind": f.kind,
                 "added": round(self.added_epoch, 3), "matched": self.matched, "injected": self.injected,
-                "skipped": self.skipped, "active": self.in_window(now) and not self.exhausted}
+                "skipped": self.skipped, "active": state == "active", "state": state,
+                "state_changes_in_s": None if change_in is None else round(change_in, 1)}
 
 
 class FaultRules:

@@ -281,9 +281,10 @@ def test_fault_add_list_clear_reach_a_live_connection(proxied_kafka) -> None:
             listed = json.loads(_fault_cli("list", "--addr", str(status), "--json").stdout)
             assert listed["installed"] and listed["faults"][0] | {"added": 0} == {
                 "id": 1, "spec": "error=Heartbeat:NOT_COORDINATOR,nth=2", "api": "Heartbeat", "kind": "error",
-                "added": 0, "matched": 4, "injected": 2, "skipped": 0, "active": True}
+                "added": 0, "matched": 4, "injected": 2, "skipped": 0, "active": True, "state": "active",
+                "state_changes_in_s": None}
             table = _fault_cli("list", "--addr", str(status)).stdout.splitlines()
-            assert table[1].split() == ["1", "yes", "4", "2", "0", "error=Heartbeat:NOT_COORDINATOR,nth=2"]
+            assert table[1].split() == ["1", "active", "4", "2", "0", "error=Heartbeat:NOT_COORDINATOR,nth=2"]
             bad = _fault_cli("add", "--addr", str(status), "error=Heartbeat:NOT_COORDNATOR")
             assert bad.returncode == 1 and bad.stderr.strip().splitlines() == [
                 "Error: proxy answered 400: bad fault spec 'error=Heartbeat:NOT_COORDNATOR': unknown Kafka error "

@@ -265,7 +265,27 @@ def test_in_place_error_once_answers_the_request_with_its_correlation_id() -> No
     assert ic.on_request(*_produce(42)) is None  # once
     assert rules.as_json()[0] | {"added": 0} == {"id": 1, "spec": "error=Produce:NOT_LEADER_OR_FOLLOWER,topic=orders,once",
                                                  "api": "Produce", "kind": "error", "added": 0, "matched": 1,
-                                                 "injected": 1, "skipped": 0, "active": False}
+                                                 "injected": 1, "skipped": 0, "active": False, "state": "used",
+                                                 "state_changes_in_s": None}
+
+
+def test_a_rules_state_says_waiting_active_ended_or_used_and_when_that_changes() -> None:
+    """`fault list` said active "no" both for a rule waiting on its after= and for one whose for= was over:
+    an operator who had just added `after=30s` read it as a rule that did not take."""
+    from kafkatap.faults import state_text
+
+    clock = Clock()
+    rules, ic = _interceptor("error=Heartbeat:NOT_COORDINATOR,after=2s,for=3s", clock=clock)
+    seen = []
+    for t in (0.5, 3.0, 6.0):
+        clock.t = 100 + t
+        doc = rules.as_json()[0]
+        seen.append((doc["state"], doc["state_changes_in_s"], doc["active"], state_text(doc)))
+    assert seen == [("waiting", 1.5, False, "waiting (1.5 s)"), ("active", 2.0, True, "active (2.0 s left)"),
+                    ("ended", None, False, "ended")]
+    rules, ic = _interceptor("error=Heartbeat:NOT_COORDINATOR")
+    assert (rules.as_json()[0]["state"], state_text(rules.as_json()[0])) == ("active", "active")
+    assert state_text({"active": False}) == "inactive"  # a proxy from before the state field
 
 
 def test_matchers_topic_partition_client_and_acks0() -> None:
