@@ -14,7 +14,9 @@ the broker's own story behind.
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -42,7 +44,7 @@ from protocol.errors import ProtocolError
 
 log = structlog.get_logger("kafkatap.kafka")
 
-__all__ = ["LocalKafka", "KafkaHarnessError", "free_port", "DEFAULT_VERSION"]
+__all__ = ["LocalKafka", "KafkaHarnessError", "free_port", "DEFAULT_VERSION", "broker_failure"]
 
 _BASE_PROPS = {
     "process.roles": "broker,controller",
@@ -64,12 +66,73 @@ def java_error(output: str) -> str:
     """The line of a Java tool's output that says what went wrong: its exception's message, not a stack frame.
 
     `--prop message.max.bytes=abc` made StorageTool end with a trace whose last line is `at kafka.tools…`;
-    the cause is the `…ConfigException: Invalid value abc …` line above it.
+    the cause is the `…ConfigException: Invalid value abc …` line above it. Of a chain of causes the one
+    that says most is kept (`_most_telling`): a broker that could not bind a listener says
+    "RuntimeException: Received a fatal error while waiting for all of the SocketServer Acceptors to be
+    started", and only its third cause names the port.
     """
     lines = [ln.strip() for ln in output.strip().splitlines() if ln.strip()]
     messages = [ln for ln in lines if not ln.startswith(("at ", "..."))]
     causes = [ln for ln in messages if "Exception" in ln or "Error" in ln]
-    return (causes or messages or lines or ["(no output)"])[-1 if not causes else 0]
+    if not causes:
+        return (messages or lines or ["(no output)"])[-1]
+    chain = [causes[0].removeprefix("Caused by: ")]
+    chain += [ln.removeprefix("Caused by: ") for ln in causes[1:] if ln.startswith("Caused by: ")]
+    return _most_telling(chain)
+
+
+def _most_telling(chain: list[str]) -> str:
+    """Of `Exception: message` lines, outermost first: the deepest cause with a message, or the exception
+    above it when that one repeats its message and adds to it (`BindException: Address already in use`
+    under `KafkaException: Socket server failed to bind to 127.0.0.1:9092: Address already in use.`)."""
+    def told(line: str) -> str:
+        return line.partition(": ")[2]
+
+    with_text = [ln for ln in chain if told(ln)]
+    if not with_text:
+        return chain[0]
+    best = with_text[-1]
+    for above in reversed(with_text[:-1]):
+        if told(best) in told(above) and told(above) != best:  # not a wrapper whose message is the cause's line
+            best = above
+        else:
+            break
+    return best
+
+
+_LOG_RECORD = re.compile(r"^\[\d{4}-\d\d-\d\d [\d:,.]+\] (TRACE|DEBUG|INFO|WARN|ERROR|FATAL) ")
+# Kafka.main's words when the broker's start-up threw, 3.x and 4.x alike; the exception follows
+_FATAL_AT_START = "Exiting Kafka due to fatal exception"
+# KafkaRaftServer.startup()'s last line, 3.x and 4.x alike: logged only once every part of the start-up
+# returned, nothing of it left to fail. (BrokerServer's "Transition from STARTING to STARTED" is no such
+# sign: it is logged on the way to a shutdown too.)
+STARTED_LINE = b"Kafka Server started"
+
+
+def broker_failure(log_text: str, stdout_text: str = "") -> str:
+    """Why a broker exited, in one line from its own log: the exception its start-up ended with, else the
+    first error it logged, else what the JVM printed (a heap it could not reserve), else that it said nothing.
+
+    Why not the log's last lines: a broker that fails logs its whole shutdown after the cause (hundreds
+    of lines of threads stopping); the user needs the one line naming a port, a setting or a directory.
+    """
+    records: list[tuple[str, list[str]]] = []
+    for line in log_text.splitlines():
+        head = _LOG_RECORD.match(line)
+        if head:
+            records.append((head.group(1), [line[head.end():]]))
+        elif records:
+            records[-1][1].append(line)
+    fatal = [r for r in records if r[1][0].startswith(_FATAL_AT_START)]
+    chosen = fatal[-1] if fatal else next((r for r in records if r[0] in ("ERROR", "FATAL")), None)
+    if chosen is not None:
+        first, trace = chosen[1][0], chosen[1][1:]
+        if any(ln.strip() for ln in trace):
+            return java_error("\n".join(trace))
+        return re.sub(r" \([\w.$]+\)$", "", first)  # the message without its logger's name
+    if stdout_text.strip():
+        return java_error(stdout_text)
+    return "its log names no error"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -137,6 +200,13 @@ class Node:
     dir: Path
     proc: subprocess.Popen | None = None
     extra_listeners: dict[str, int] = field(default_factory=dict)
+    log_offset: int = 0  # sizes of server.log and stdout.log when `proc` was launched: what follows is this run's
+    stdout_offset: int = 0
+
+    @property
+    def config_file(self) -> Path:
+        """Its server.properties: named on the JVM's command line, so it also tells this broker's process."""
+        return self.dir / "server.properties"
 
     @property
     def log_file(self) -> Path:
@@ -215,7 +285,7 @@ class LocalKafka:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     def start(self) -> "LocalKafka":
-        """Format storage, start every node, wait until each answers Metadata listing all brokers."""
+        """Format storage, start every node, wait until each serves (`_wait_ready`): started, answering, alive."""
         require_tool("java", "default-jre-headless")
         lib = ensure_jars(self.version)
         t0 = time.monotonic()
@@ -362,40 +432,112 @@ class LocalKafka:
         return cmd
 
     def _launch(self, lib: Path, node: Node) -> None:
+        node.log_offset = _size(node.log_file)  # a restart appends to the same two files
+        node.stdout_offset = _size(node.dir / "stdout.log")
         stdout = open(node.dir / "stdout.log", "ab")
         node.proc = subprocess.Popen(
-            self._java(lib, node) + ["kafka.Kafka", str(node.dir / "server.properties")],
+            self._java(lib, node) + ["kafka.Kafka", str(node.config_file)],
             stdout=stdout, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         )
         stdout.close()
 
     def _wait_ready(self) -> None:
+        """Return once every node serves: its own log says its start-up completed, its port then answers
+        Metadata listing every broker, and its process is still alive after both.
+
+        Why not an answer on the port alone: a broker answers on its listener before its start-up is over
+        (a second listener is bound after the first; failing to bind it makes the broker exit tens of
+        milliseconds later), and what answers may be another broker that took the port after we found it
+        free (ours binds it at the very end of its start-up, and exits on "Address already in use"). Both
+        made `kafka up` print "Kafka up at …" for a process that had exited. The line is logged by the
+        JVM we launched, into its own work dir, only once nothing of its start-up is left to fail, and
+        within milliseconds of its listener opening: a start that succeeds waits no longer than before.
+        """
         deadline = time.monotonic() + self.start_timeout
         want = len(self.nodes)
-        pending = list(self.nodes)
-        last_err = ""
-        while pending:
-            node = pending[0]
+        for node in self.nodes:
+            started = _LogWatch(node.log_file, node.log_offset, STARTED_LINE)
+            last_err = "its log does not say it started"
+            while True:
+                if node.proc is None or node.proc.poll() is not None:
+                    raise self._exited(node, "during start-up")
+                if started.seen():
+                    try:
+                        if self.netns:
+                            n = _probe_in_netns(self.netns, self.host, node.port)
+                        else:
+                            n = brokers_registered(self.host, node.port)
+                        if n >= want:
+                            break
+                        last_err = f"{n}/{want} brokers registered"
+                    except (OSError, ProtocolError) as exc:  # not serving, or an answer that is not Metadata
+                        last_err = str(exc)
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise KafkaHarnessError(
+                        f"broker not ready after {self.start_timeout:.0f}s ({last_err}):\n{self.log_tail(15)}")
+                # polling the log and the port of an external JVM; its exit ends the wait at once
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    node.proc.wait(_READY_POLL_S)
+        for node in self.nodes:  # a node may have exited while the others were awaited
             if node.proc is None or node.proc.poll() is not None:
-                code = node.proc.returncode if node.proc else "never started"
-                self.stop()
-                raise KafkaHarnessError(f"broker node {node.node_id} exited ({code}) during start-up:\n{self.log_tail(15)}")
+                raise self._exited(node, "right after it started")
+
+    def _exited(self, node: Node, when: str) -> KafkaHarnessError:
+        """The error for a node whose process exited: why, from its own log, and where that log is; all stopped."""
+        code = node.proc.returncode if node.proc else None
+        if code is None:
+            how = "never started"
+        elif code < 0:
+            how = signal.Signals(-code).name
+        else:
+            how = str(code)
+        cause = broker_failure(_read_from(node.log_file, node.log_offset),
+                               _read_from(node.dir / "stdout.log", node.stdout_offset))
+        self.stop()
+        return KafkaHarnessError(f"broker node {node.node_id} exited ({how}) {when}: {cause} (log: {node.log_file})")
+
+
+_READY_POLL_S = 0.05  # a look at the log (new bytes only) and the process; the port is asked once the log says so
+
+
+class _LogWatch:
+    """Whether a line was appended to a log since an offset, reading only what was appended since the last look."""
+
+    def __init__(self, path: Path, offset: int, needle: bytes) -> None:
+        self.path, self.offset, self.needle = path, offset, needle
+        self._carry = b""  # the end of the last read: a needle split across two reads is still found
+        self._seen = False
+
+    def seen(self) -> bool:
+        if not self._seen:
             try:
-                if self.netns:
-                    n = _probe_in_netns(self.netns, self.host, node.port)
-                else:
-                    n = brokers_registered(self.host, node.port)
-                if n >= want:
-                    pending.pop(0)
-                    continue
-                last_err = f"{n}/{want} brokers registered"
-            except (OSError, ProtocolError) as exc:  # not serving yet, or an answer that is not Metadata
-                last_err = str(exc)
-            if time.monotonic() > deadline:
-                self.stop()
-                raise KafkaHarnessError(
-                    f"broker not ready after {self.start_timeout:.0f}s ({last_err}):\n{self.log_tail(15)}")
-            time.sleep(0.2)  # polling an external JVM: there is no event to await
+                with open(self.path, "rb") as f:
+                    f.seek(self.offset)
+                    chunk = f.read()
+            except FileNotFoundError:
+                return False
+            self.offset += len(chunk)
+            data = self._carry + chunk
+            self._seen = self.needle in data
+            self._carry = data[-len(self.needle):]
+        return self._seen
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _read_from(path: Path, offset: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _probe_in_netns(netns: str, host: str, port: int) -> int:

@@ -220,17 +220,23 @@ def _read_state() -> dict[str, Any] | None:
         return None
 
 
-def _alive(pid: int) -> bool:
+def _alive(pid: int, config: str | None = None) -> bool:
+    """Whether `pid` is still the broker `kafka up` started: a live process whose command line names its
+    server.properties (`config`; states written before it was kept: any `kafka.Kafka`).
+
+    Why the file: once the broker died its pid may be reused, by another broker's JVM too; `status` then
+    said "running" and `down` signalled that process's group.
+    """
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    # a zombie or a reused pid is not our broker
+    # a zombie (empty command line) or a reused pid is not our broker
     with contextlib.suppress(OSError):
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-        return b"kafka.Kafka" in cmd
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        return b"kafka.Kafka" in args and (config is None or config.encode() in args)
     return False
 
 
@@ -272,14 +278,14 @@ def kafka_up(kafka_version: str, old_version: str | None, port: int | None, prop
       kafkatap kafka up --prop message.max.bytes=100000 --prop auto.create.topics.enable=false
       kafkatap kafka up --data-dir ~/kafka-data          # then: kafka down; kafka up --data-dir ~/kafka-data
     """
-    from harness.kafka import KafkaHarnessError, LocalKafka, brokers_registered
+    from harness.kafka import KafkaHarnessError, LocalKafka
 
     if old_version is not None:
         click.echo("kafkatap kafka up: --version is deprecated; use --kafka-version (as every other command)", err=True)
     version = old_version or kafka_version
 
     state = _read_state()
-    if state and _alive(state["pid"]):
+    if state and _alive(state["pid"], state.get("config")):
         raise click.ClickException(f"a local broker is already running at {state['bootstrap']} (pid {state['pid']}); "
                                    "`kafkatap kafka down` first")
     overrides = {}
@@ -312,8 +318,9 @@ def kafka_up(kafka_version: str, old_version: str | None, port: int | None, prop
     if formatted:  # a data dir from an earlier `kafka up`: its storage stays formatted as it is (a new id is refused)
         k.cluster_id = formatted
     try:
-        k.start()
-    except KafkaHarnessError as exc:
+        k.start()  # returns once the broker serves: its start-up completed, its port answers for it, it is alive
+    except KafkaHarnessError as exc:  # one line: why (from the broker's own log) and where that log is
+        _state_path().unlink(missing_ok=True)  # a state left by an earlier broker names a dead one and a removed dir
         raise click.ClickException(str(exc)) from None
     node = k.nodes[0]
     assert node.proc is not None
@@ -323,8 +330,8 @@ def kafka_up(kafka_version: str, old_version: str | None, port: int | None, prop
         "pid": node.proc.pid, "bootstrap": k.bootstrap, "version": version, "workdir": str(workdir),
         "data_dir": str(data_dir) if data_dir is not None else None,
         "log": str(node.log_file), "props": shown_props(overrides), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "config": str(node.config_file),  # on the broker's command line: how `status` and `down` tell its pid
     }, indent=2))
-    brokers_registered(k.host, k.port)
     click.echo(f"Kafka {version} up at {k.bootstrap} (pid {node.proc.pid}, log {node.log_file}"
                + (f", data {data_dir}" if data_dir is not None else "") + ")")
     # cluster mode: the broker keeps advertising its own address, and the proxy rewrites it in every response,
@@ -432,7 +439,7 @@ def kafka_status() -> None:
     if not state:
         click.echo("no local broker (start one with `kafkatap kafka up`)")
         sys.exit(1)
-    alive = _alive(state["pid"])
+    alive = _alive(state["pid"], state.get("config"))
     serving = "no"
     if alive:
         host, _, port = state["bootstrap"].rpartition(":")
@@ -462,14 +469,14 @@ def kafka_down(keep_data: bool) -> None:
     if not state:
         click.echo("no local broker")
         return
-    pid = state["pid"]
-    if _alive(pid):
+    pid, config = state["pid"], state.get("config")
+    if _alive(pid, config):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)  # started in its own session: pid == process group
         deadline = time.monotonic() + 20
-        while _alive(pid) and time.monotonic() < deadline:
+        while _alive(pid, config) and time.monotonic() < deadline:
             time.sleep(0.2)  # waiting on a process we did not spawn: no handle to wait on
-        if _alive(pid):
+        if _alive(pid, config):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
     _state_path().unlink(missing_ok=True)
