@@ -102,9 +102,11 @@ def table_plan(i: Inputs, bucket_s: int, window: tuple[int | None, int | None] =
     """Every report table, in report order, as a thunk so the job can time and run them concurrently.
 
     `window` is --since/--until in epoch ns: the requests are filtered already, and a connection is
-    kept for the whole of its life if it overlaps the window, so the connection series, ends, lifetimes
-    and reconnects take the window to read it as a recording of its own (transforms.connections:
-    `as_at_window_end`, connections already open at its start count as open, not as opens).
+    kept for the whole of its life if it overlaps the window, so every table of connections (series, ends,
+    lifetimes, resets, reconnects, broker closes, unanswered at close) takes the window to read it as a
+    recording of its own (transforms.window: `as_at_window_end`, connections already open at its start
+    count as open, not as opens, and those open at its end as open, not as ends). The client inventory
+    counts the connections that carried the client's requests, which are the window's already.
     """
     return {
         "client_inventory": lambda: clients.client_inventory(i.rollup, i.topics, i.conns),
@@ -125,10 +127,10 @@ def table_plan(i: Inputs, bucket_s: int, window: tuple[int | None, int | None] =
         "connections_over_time": lambda: connections.connections_over_time(i.conns, i.traffic, bucket_s, i.views, *window),
         "connection_lifetimes": lambda: connections.connection_lifetimes(i.conns, *window),
         "connection_ends": lambda: connections.connection_ends(i.conns, *window),
-        "resets": lambda: connections.resets(i.conns),
+        "resets": lambda: connections.resets(i.conns, since_ns=window[0], until_ns=window[1]),
         "reconnects_by_client": lambda: connections.reconnects_by_client(i.conns, since_ns=window[0], until_ns=window[1]),
-        "broker_closes": lambda: connections.broker_closes(i.conns),
-        "unanswered_at_close": lambda: connections.unanswered_at_close(i.conns, i.rollup),
+        "broker_closes": lambda: connections.broker_closes(i.conns, since_ns=window[0], until_ns=window[1]),
+        "unanswered_at_close": lambda: connections.unanswered_at_close(i.conns, i.rollup, since_ns=window[0], until_ns=window[1]),
         "tcp_health": lambda: tcp.tcp_health(i.sides),
         "tcp_rtt_by_peer": lambda: tcp.tcp_rtt_by_peer(i.sides),
         "window_ceiling": lambda: tcp.window_ceiling(i.sides, i.rollup),
@@ -628,7 +630,7 @@ def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.
         inputs = Inputs(rollup, topics, traffic, views, notable, conns, tcp_sides, full, reactions, cube, slowest)
         plan = table_plan(inputs, bucket_s, (filters.since_ns, filters.until_ns))
         if ov.get("opaque_connections"):  # TLS pass-through and other undecoded connections: only a recording with some pays
-            plan["opaque_connections"] = lambda: connections.opaque_connections(conns)
+            plan["opaque_connections"] = lambda: connections.opaque_connections(conns, filters.since_ns, filters.until_ns)
         if compare:
             mode_used, cplan = compare_plan(spark, str(compare[0]), str(compare[1]), sides or (filters, filters),
                                              compare_mode, tolerance_s, prog)

@@ -425,11 +425,22 @@ SECTIONS: list[tuple[str, str, str, list[tuple[str, str, Chart | None]]]] = [
         ("compare_ends", "How matched connections ended", None),
     ]),
 ]
-# What a connection table counts under --since/--until, said under its heading when the analysis had a window. The
-# window is read as a recording of its own (analytics.transforms.connections: as_at_window_end): it begins with the
+# What a table of connections counts under --since/--until, said under its heading when the analysis had a window. The
+# window is read as a recording of its own (analytics.transforms.window: as_at_window_end): it begins with the
 # connections open at its start already open and ends with those open at its end still open. An operator reading a
-# one-hour window of a week's recording asks about that hour, and these tables would otherwise cover whole lives.
+# one-hour window of a week's recording asks about that hour, and these tables would otherwise cover whole lives. Tables
+# of ends count the ends inside it; counts of connections that stand for "how many were there" count every connection
+# open at some time inside it. "overview" is said under the tiles.
 WINDOW_NOTES: dict[str, str] = {
+    "overview": "Window (--since/--until): the span is where the data meets it; requests are those sent inside it, "
+                "connections every one open at some time inside it (also the ones already open at its start or still "
+                "open at its end).",
+    "client_inventory": "Window (--since/--until): the requests each client sent inside it, at rates over its time "
+                        "active there; connections are those that carried its requests inside it (one open all week "
+                        "counts if it sent one in the window).",
+    "opaque_connections": "Window (--since/--until): every undecoded connection open at some time inside it (also one "
+                          "already open at its start or still open at its end: its traffic in the window is missing too), "
+                          "last seen as at its end; bytes and requests decoded are the whole connection's.",
     "connections_over_time": "Window (--since/--until): its buckets only. A connection already open at its start is "
                              "concurrent from the first bucket, not one of its opens; one still open at its end is not an end.",
     "connection_ends": "Window (--since/--until): the connections that ended inside it, by how they ended; those still open "
@@ -438,10 +449,17 @@ WINDOW_NOTES: dict[str, str] = {
     "connection_lifetimes": "Window (--since/--until): the connections that ended inside it, by their whole lifetime (from "
                             "their open, however long before the window); those still open at its end by their age then, "
                             "counted in still open.",
+    "resets": "Window (--since/--until): the resets inside it. A connection reset after its end was still open then (the "
+              "open row of How connections ended); one reset before it is not listed.",
     "reconnects_by_client": "Window (--since/--until): connections and reconnects opened inside it (a reconnect follows an "
                             "end of the client's earlier connection to that broker, inside the window too), resets and "
                             "broker closes that happened inside it, the rate per minute of the client's time inside it; "
                             "median lifetime as in Lifetimes.",
+    "broker_closes": "Window (--since/--until): the connections the broker closed inside it; a close after its end is not "
+                     "listed (the connection was still open then).",
+    "unanswered_at_close": "Window (--since/--until): the connections that ended inside it with requests in flight (or "
+                           "right after an acks=0 Produce the broker answered by closing), and those open at its end by "
+                           "their last snapshot inside it; unanswered APIs are of the requests sent inside it.",
 }
 # tables shown through a summary instead of their raw rows (the raw ones are in tables/)
 SUMMARIES: dict[str, Callable[[Rows, int], Rows]] = {"throughput_over_time": throughput_summary}
@@ -543,11 +561,12 @@ def render(result: AnalysisResult, filters: str = "none") -> str:
                                           "requests", "end_reason", "end_by", "inferred_cause"))
                     + "</section>")
     generated = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    window_note = f'<p class="note window" id="window-overview">{escape(WINDOW_NOTES["overview"])}</p>' if result.windowed else ""
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 <title>kafkatap report — {escape(start)} to {escape(end)}</title><style>{CSS}</style></head>
 <body><header><h1>kafkatap report</h1><div class="sub">{escape(start)} → {escape(end)} · filters: {escape(filters)} · generated {generated}</div></header>
-<nav>{''.join(nav)}</nav><main>{_tiles(ov, result.bucket_s)}{''.join(body)}</main></body></html>
+<nav>{''.join(nav)}</nav><main>{_tiles(ov, result.bucket_s)}{window_note}{''.join(body)}</main></body></html>
 """
 
 

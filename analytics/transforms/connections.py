@@ -8,69 +8,10 @@ from pyspark.sql import functions as F
 from analytics.transforms.common import ns_to_ts, time_bucket_index, with_client
 from analytics.transforms.cube import view
 from analytics.transforms.overview import clamp, opaque
+# --since/--until: the one notion of the window (read as a recording of its own), shared with the loader and the overview
+from analytics.transforms.window import as_at_window_end, ended_inside, opened_inside, seen_in_window
 
 RESET_REASONS = ("client_rst", "broker_rst")
-
-
-# --since/--until: the connection tables read the window as a recording of its own, one that begins at `since_ns` with
-# the connections open then already open, and ends at `until_ns` with the connections open then still open. The
-# helpers below are that one notion; each takes the bounds as epoch ns, None for an open side.
-
-def seen_in_window(conns: DataFrame, since_ns: int | None, until_ns: int | None) -> DataFrame:
-    """The connections open at some time inside the window: not ended before it, not opened after it.
-
-    This is what the loader keeps for the window (analytics.load.apply_filters); the transforms that
-    take the window apply it again so that they hold alone too (a caller that did not filter).
-    """
-    if since_ns is not None:
-        conns = conns.where(F.col("closed_ns").isNull() | (F.col("closed_ns") >= since_ns))
-    if until_ns is not None:
-        conns = conns.where(F.col("opened_ns") <= until_ns)
-    return conns
-
-
-def opened_inside(since_ns: int | None) -> Column:
-    """Opened inside the window (of the connections it sees): one opened before it was already open at its start."""
-    return F.lit(True) if since_ns is None else F.col("opened_ns") >= since_ns
-
-
-def ended_inside(until_ns: int | None) -> Column:
-    """Ended inside the window (of the connections it sees): one that ended after it was still open at its end."""
-    closed = F.col("closed_ns").isNotNull()
-    return closed if until_ns is None else closed & (F.col("closed_ns") <= until_ns)
-
-
-def as_at_window_end(conns: DataFrame, since_ns: int | None, until_ns: int | None) -> DataFrame:
-    """The connections the window sees, each as it stood at the window's end.
-
-    One that ended after `until_ns` reads as the snapshot the proxy would have written of it then (an
-    open connection's row, proxy.rows.connection_row): no `closed_ns`, `end_reason` "open", `end_by`
-    "none", no end detail, idle time or inferred cause, and its age at the window's end as `duration_us`
-    (a never-closed connection's last snapshot is cut back there too). Why: a one-hour window of a
-    week-long recording is about that hour, and at its end those connections had not ended; their
-    whole lives made `connection_ends` count ends that came days later, `connection_lifetimes` bin
-    lifetimes no one in the hour could know, and `reconnects_by_client` count resets after the window.
-    Only the end and the time columns change: the byte, request and TCP counts stay the whole life's
-    (the recording holds no snapshot at the window's end). Without `until_ns`, the rows as they are.
-    """
-    conns = seen_in_window(conns, since_ns, until_ns)
-    if until_ns is None:
-        return conns
-    inside = ended_inside(until_ns)
-    later = F.col("closed_ns").isNotNull() & ~inside
-    age_us = F.floor((F.lit(until_ns) - F.col("opened_ns")) / 1000).cast("long")
-    return conns.withColumns({
-        "final": F.col("final") & ~later,
-        # cut back to the window's end; null stays null (Spark's least skips nulls)
-        "snapshot_ns": F.when(inside | F.col("snapshot_ns").isNull(), F.col("snapshot_ns"))
-                        .otherwise(F.least("snapshot_ns", F.lit(until_ns))),
-        "closed_ns": F.when(~later, F.col("closed_ns")),
-        "duration_us": F.when(inside | F.col("duration_us").isNull(), F.col("duration_us")).otherwise(F.least("duration_us", age_us)),
-        "end_reason": F.when(later, F.lit("open")).otherwise(F.col("end_reason")),
-        "end_by": F.when(later, F.lit("none")).otherwise(F.col("end_by")),
-        **{c: F.when(~later, F.col(c)) for c in ("end_detail", "idle_before_end_ms", "inferred_cause")},
-    })
-
 
 # the proxy names its connections `<run>-<n>` (recording.schema: conn_id), the run new at each start of a proxy or worker
 RUN_OF_CONN_ID = r"^([0-9a-f]{6})-[0-9]+$"
@@ -215,9 +156,15 @@ def connection_ends(conns: DataFrame, since_ns: int | None = None, until_ns: int
     ).orderBy(F.desc("connections"))
 
 
-def resets(conns: DataFrame, limit: int = 5000) -> DataFrame:
-    """Every connection ended by a reset, with who sent it and how long it had been idle."""
-    c = with_client(conns).where(F.col("end_reason").isin(*RESET_REASONS))
+def resets(conns: DataFrame, limit: int = 5000, since_ns: int | None = None, until_ns: int | None = None) -> DataFrame:
+    """Every connection ended by a reset, with who sent it and how long it had been idle.
+
+    Under a `since_ns`/`until_ns` window: the resets inside it (`as_at_window_end`: a connection reset after
+    the window was open at its end, one reset before it is not among those it sees). Why: the list is when
+    and after what idle time connections were cut, and `idle_resets_not_from_broker` counts its rows; a
+    one-hour window of a week otherwise counted resets from days after the hour.
+    """
+    c = with_client(as_at_window_end(conns, since_ns, until_ns)).where(F.col("end_reason").isin(*RESET_REASONS))
     return c.select(
         "conn_id", "proxy_id", "client_id", "client_addr", "broker_addr", "end_reason", "end_by",
         "idle_before_end_ms", F.round(F.col("duration_us") / 1e6, 3).alias("lifetime_s"),
@@ -298,9 +245,15 @@ def reconnects_by_client(conns: DataFrame, bucket_s: int = 60, since_ns: int | N
     ).orderBy(F.desc("reconnects_per_min"), F.desc("connections"))
 
 
-def broker_closes(conns: DataFrame, limit: int = 5000) -> DataFrame:
-    """Connections the broker ended, with the last request before the end (incident 1's evidence)."""
-    c = with_client(conns).where((F.col("end_by") == "broker") | F.col("end_reason").isin("broker_fin", "broker_rst"))
+def broker_closes(conns: DataFrame, limit: int = 5000, since_ns: int | None = None, until_ns: int | None = None) -> DataFrame:
+    """Connections the broker ended, with the last request before the end (incident 1's evidence).
+
+    Under a `since_ns`/`until_ns` window: the broker's closes inside it (`as_at_window_end`), as
+    `connection_ends` counts them; a close after the window is no evidence about it (and
+    `broker_closed_after_acks0_produce` reads these rows).
+    """
+    c = with_client(as_at_window_end(conns, since_ns, until_ns)).where(
+        (F.col("end_by") == "broker") | F.col("end_reason").isin("broker_fin", "broker_rst"))
     return c.select(
         "conn_id", "proxy_id", "client_id", "client_addr", "broker_addr", "end_reason", "end_by", "last_api",
         "last_request_bytes", "last_request_acks", "last_request_topics", "unanswered", "inferred_cause",
@@ -308,9 +261,17 @@ def broker_closes(conns: DataFrame, limit: int = 5000) -> DataFrame:
     ).orderBy("closed_ns").limit(limit)
 
 
-def unanswered_at_close(conns: DataFrame, rollup: DataFrame, limit: int = 5000) -> DataFrame:
-    """Connections that ended with requests in flight (or right after an acks=0 Produce)."""
-    c = with_client(conns).where((F.col("unanswered") > 0) | ((F.col("last_request_acks") == 0) & (F.col("end_by") == "broker")))
+def unanswered_at_close(conns: DataFrame, rollup: DataFrame, limit: int = 5000, since_ns: int | None = None,
+                        until_ns: int | None = None) -> DataFrame:
+    """Connections that ended with requests in flight (or right after an acks=0 Produce).
+
+    A connection still open is listed by its last snapshot's requests in flight. Under a `since_ns`/`until_ns`
+    window: the connections that ended inside it so, and those open at its end whose last snapshot is inside it
+    (`as_at_window_end`: an end after the window, or a snapshot after it, tells nothing of what was in flight
+    at its end). `unanswered_apis` are the window's own unanswered requests (the rollup is of its requests).
+    """
+    c = with_client(as_at_window_end(conns, since_ns, until_ns)).where(
+        (F.col("unanswered") > 0) | ((F.col("last_request_acks") == 0) & (F.col("end_by") == "broker")))
     pending = rollup.where(F.col("status") == "unanswered").groupBy("proxy_id", "conn_id").agg(
         F.sum("requests").alias("unanswered_rows"), F.array_sort(F.collect_set("api_name")).alias("unanswered_apis")
     )
@@ -324,7 +285,7 @@ def unanswered_at_close(conns: DataFrame, rollup: DataFrame, limit: int = 5000) 
 OPAQUE_KIND = r"stream opaque at offset \d+: (\w+):"
 
 
-def opaque_connections(conns: DataFrame) -> DataFrame:
+def opaque_connections(conns: DataFrame, since_ns: int | None = None, until_ns: int | None = None) -> DataFrame:
     """Connections relayed without decoding, by why (`kind`): TLS pass-through, HTTP, a frame that is not Kafka ….
 
     Their requests (all of them, or those after the byte where decoding stopped) are not in the recording,
@@ -332,6 +293,11 @@ def opaque_connections(conns: DataFrame) -> DataFrame:
     them. `kind` is `tls` wherever TLS was seen, else the kind in the proxy's `opaque_reason`
     (`observation_backlog` and `decoder_error` for the reasons that carry none). The job builds this table
     only when the overview counts opaque connections.
+
+    Under a `since_ns`/`until_ns` window: every connection the window sees, however long before it opened and
+    whenever it ended, since each relayed undecoded traffic during it (the overview's `connections` and
+    `opaque_connections`, the finding's "n of N", count the same); `last_seen` is as at the window's end
+    (`as_at_window_end`). The byte and request counts are the whole life's: the recording has no finer ones.
     """
     reason = F.col("opaque_reason")
     kind = (F.when(F.coalesce(F.col("tls"), F.lit(False)), F.lit("tls"))
@@ -339,7 +305,7 @@ def opaque_connections(conns: DataFrame) -> DataFrame:
             .when(reason.startswith("observation fell"), F.lit("observation_backlog"))
             .when(reason.startswith("decoder error"), F.lit("decoder_error"))
             .otherwise(F.lit("other")))
-    c = with_client(conns.where(opaque())).withColumn("kind", kind)
+    c = with_client(as_at_window_end(conns, since_ns, until_ns).where(opaque())).withColumn("kind", kind)
 
     def few(col: str) -> Column:
         return F.slice(F.sort_array(F.collect_set(col)), 1, 20)

@@ -6,6 +6,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from analytics.transforms.common import ns_to_ts
+from analytics.transforms.window import as_at_window_end
 from recording.layout import WORKER_SUFFIX_RE
 
 
@@ -31,6 +32,12 @@ def overview(rollup: DataFrame, conns: DataFrame, since_ns: int | None = None, u
     (--since/--until): the connections kept are those open at some time inside it, so a connection
     opened a week before `since_ns` would otherwise stretch a one-hour window's span (and the time
     bucket the job chooses from it) to a week.
+
+    Under the window the connections are read as at its end (`transforms.window.as_at_window_end`, the
+    connection tables' notion): `connections` (and `opaque_connections`, `tls_connections`) counts every
+    connection the window sees, the one already open at its start and the one still open at its end, as
+    `request_connections` counts those that sent requests inside it (the summary compares the two);
+    `connections_ended` counts the ends inside it, not ones days after it.
 
     A request counts once, by its worst error (`protocol.error_kinds`): `error_rate` is the share
     whose answer carried a real error, `retriable_rate` the share that only carried errors Kafka's
@@ -63,7 +70,7 @@ def overview(rollup: DataFrame, conns: DataFrame, since_ns: int | None = None, u
         status("no_response").alias("acks0_produces"),
         F.coalesce(F.sum("faults_injected"), F.lit(0)).alias("faults_injected"),
     )
-    c = conns.agg(
+    c = as_at_window_end(conns, since_ns, until_ns).agg(
         F.count(F.lit(1)).alias("connections"),
         F.sum(F.when(F.col("end_by").isin("client", "broker", "proxy"), 1).otherwise(0)).alias("connections_ended"),
         F.min("opened_ns").alias("first_open_ns"),

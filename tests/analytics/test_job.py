@@ -225,7 +225,51 @@ def test_a_window_narrows_the_connection_ends_lifetimes_and_reconnects(spark, tm
     assert life == {"10–60 s": (1, 0, 1), "1–10 min": (36, 36, 0), "> 1 day": (2, 0, 2)}  # r38 50 s old at the hour's end
     html = res.report_path.read_text()
     notes = re.findall(r'<h3 id="t-(\w+)">[^<]*</h3><p class="note window">', html)
-    assert set(notes) == {"connections_over_time", "connection_ends", "connection_lifetimes", "reconnects_by_client"}, notes
+    assert set(notes) == {"connections_over_time", "connection_ends", "connection_lifetimes", "reconnects_by_client", "resets",
+                          "broker_closes", "unanswered_at_close", "client_inventory"}, notes  # every table of connections here
+
+
+def test_a_window_narrows_the_connection_lists_overview_and_their_findings(spark, tmp_path) -> None:
+    """--since/--until an hour into a week: resets, broker closes and unanswered-at-close list the ends inside the hour, so
+    idle_resets_not_from_broker and broker_closed_after_acks0_produce judge the hour (resets and closes days after it made
+    them bigger, the resets' critical); the overview and opaque_connections count every connection open in the hour, the
+    overview's connections_ended the ends inside it; the client inventory the connections that carried requests in it."""
+    rec, day, since_s = tmp_path / "rec", 86_400, 3 * 86_400
+    tls = "request stream opaque at offset 0: tls: TLS ClientHello/handshake (0x16 0x03 0x01): the connection is encrypted"
+    idle = {"end_reason": "client_rst", "idle_ms": 300_000}
+    big = {"client": "bulk", "end_reason": "broker_fin", "end_by": "broker", "idle_ms": 1, "last_api": "Produce",
+           "last_request_acks": 0, "last_request_bytes": 3_000_000, "last_request_topics": ["audit"]}
+    write_rows(rec, "connections", [
+        conn("week", 0, 7 * day), conn("tls-week", 0, 7 * day, client_ids=[], requests=0, tls=True, opaque=True, opaque_reason=tls),
+        conn("idle-before", 2 * day, since_s - 600, **idle),  # reset before the hour: not seen
+        *[conn(f"idle-in-{i}", since_s - 3000, since_s + 600 * i, **idle) for i in (1, 2)],  # reset inside it
+        *[conn(f"idle-after-{i}", since_s + 100 * i, since_s + day + i, **idle) for i in (1, 2, 3)],  # reset a day after it
+        conn("big-in", since_s + 1000, since_s + 1001, **big), conn("big-after", since_s + 3000, since_s + 5000, **big),
+        conn("stuck-after", since_s + 200, 6 * day, unanswered=3),  # requests in flight at its end, days after the hour
+    ])
+    write_rows(rec, "requests", [req("week", 1, t_s=since_s + 600), req("week", 2, t_s=since_s + 900),
+                                 req("idle-after-1", 1, t_s=since_s + 700), req("idle-in-1", 1, t_s=since_s - 100),
+                                 req("big-in", 1, t_s=since_s + 1000, client="bulk", lat_us=None, status="no_response", acks=0)])
+    since, until = T0 + since_s * S, T0 + (since_s + 3600) * S
+    res = run_analysis([rec], tmp_path / "out", spark=spark, progress=False, since=since, until=until)
+    assert [r["conn_id"] for r in res.tables["resets"]] == ["idle-in-1", "idle-in-2"]
+    (idle_found,) = res.by_id("idle_resets_not_from_broker")
+    assert (idle_found.evidence["resets"], idle_found.severity) == (2, "warning"), idle_found.title  # 5 with the later ones
+    assert [r["conn_id"] for r in res.tables["broker_closes"]] == ["big-in"]
+    (acks0,) = res.by_id("broker_closed_after_acks0_produce")
+    assert "closed 1 connection(s) of bulk" in acks0.title, acks0.title
+    assert [r["conn_id"] for r in res.tables["unanswered_at_close"]] == ["big-in"]  # not stuck-after
+    ov = res.overview  # seen in the hour: all but idle-before; ended inside it: idle-in-1, idle-in-2, big-in
+    assert (ov["connections"], ov["connections_ended"], ov["opaque_connections"]) == (10, 3, 1)
+    (op,) = res.tables["opaque_connections"]
+    assert (op["kind"], op["connections"], op["example_conn_id"]) == ("tls", 1, "tls-week")
+    assert op["last_seen"].timestamp() == (T0 + (since_s + 3600) * S) / S  # as at the hour's end, not its close days later
+    inv = {r["client_id"]: r["connections"] for r in res.tables["client_inventory"]}
+    assert inv == {"app-1": 2, "bulk": 1}  # week and idle-after-1 sent requests in the hour (idle-in-1's was before it)
+    html = res.report_path.read_text()
+    notes = re.findall(r'<h3 id="t-(\w+)">[^<]*</h3><p class="note window">', html)
+    assert {"resets", "broker_closes", "unanswered_at_close", "client_inventory", "opaque_connections"} <= set(notes), notes
+    assert '<p class="note window" id="window-overview">' in html
 
 
 def test_no_window_no_window_notes(result: AnalysisResult) -> None:

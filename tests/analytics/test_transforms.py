@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import functions as F
 
-from analytics.findings.resets import reconnect_storm
+from analytics.findings.resets import idle_resets_not_from_broker, reconnect_storm
 from analytics.findings.surge import connection_surge
 from analytics.job import summary
 from analytics.result import AnalysisResult
@@ -415,6 +415,50 @@ def test_reconnects_under_a_window_are_the_windows(make_df) -> None:
     whole = by(connections.reconnects_by_client(c).collect(), "client_id")["billing"]  # no window: the whole week's, as before
     assert (whole["connections"], whole["reconnects"], whole["resets"], whole["max_opens_per_interval"]) == (34, 29, 30, 4)
     assert whole["reconnects_per_min"] == pytest.approx(29 / (7 * 1440), abs=0.001)
+
+
+def test_connection_lists_and_overview_under_a_window_are_the_windows(make_df) -> None:
+    """--since/--until: resets, broker closes and unanswered-at-close list the ends inside the window (one after it was
+    open at its end, one before it is not seen), so idle_resets_not_from_broker counts the window's resets only; the
+    overview counts every connection the window sees and the ends inside it; opaque connections are every one it sees,
+    last seen as at its end. Without a window every table is the whole lives', as before."""
+    since, until = T0 + 1000 * S, T0 + 2000 * S
+    tls = "request stream opaque at offset 0: tls: TLS ClientHello/handshake (0x16 0x03 0x01): the connection is encrypted"
+    unanswered = {"gone": 1, "inside": 2, "late": 4, "never": 3}  # at their end; "never"'s in flight at its last snapshot
+    cs = [{**x, "unanswered": unanswered.get(x["conn_id"], 0)} for x in _cut_by_a_window()]
+    cs[0].update(tls=True, opaque=True, opaque_reason=tls)  # "week": TLS pass-through, open all through the window
+    cs += [conn("stopped", 1500, None, idle_ms=None, snapshot_ns=T0 + 1800 * S, unanswered=5)]  # last snapshot inside it
+    c = make_df("connections", cs)
+    r = prepare_requests(make_df("requests", [req("inside", 1, t_s=1201)]))
+
+    def ids(df) -> list[str]:
+        return [x.conn_id for x in df.collect()]
+
+    windowed = [x.asDict() for x in connections.resets(c, since_ns=since, until_ns=until).collect()]
+    assert [x["conn_id"] for x in windowed] == ["edge"]  # "late" is reset after the window
+    assert ids(connections.broker_closes(c, since_ns=since, until_ns=until)) == ["inside"]  # "gone" closed before it
+    # "late" ended and "never" was snapshot after it: what they had in flight at its end is not known
+    assert ids(connections.unanswered_at_close(c, request_rollup(r), since_ns=since, until_ns=until)) == ["stopped", "inside"]
+    found = idle_resets_not_from_broker({"resets": windowed})
+    assert len(found) == 1 and found[0].evidence["resets"] == 1 and found[0].severity == "warning"
+    assert [e["conn_id"] for e in found[0].examples] == ["edge"]
+    o = overview.overview(request_rollup(r), c, since, until).collect()[0]
+    # seen: week, edge, inside, late, never, stopped; ended inside: edge, inside
+    assert (o["connections"], o["connections_ended"], o["opaque_connections"], o["tls_connections"]) == (6, 2, 1, 1)
+    op = connections.opaque_connections(c, since, until).collect()
+    assert [(x.kind, x.connections, x.example_conn_id) for x in op] == [("tls", 1, "week")]
+    assert (op[0]["last_seen"] - op[0]["first_opened"]).total_seconds() == 2000  # opened at 0, as at the window's end
+
+    # no window: the whole lives' (every row as recorded)
+    assert ids(connections.resets(c)) == ["edge", "late"]
+    assert ids(connections.broker_closes(c)) == ["gone", "inside"]
+    assert ids(connections.unanswered_at_close(c, request_rollup(r))) == ["stopped", "late", "never", "inside", "gone"]
+    whole = idle_resets_not_from_broker({"resets": [x.asDict() for x in connections.resets(c).collect()]})
+    assert whole[0].evidence["resets"] == 2
+    o = overview.overview(request_rollup(r), c).collect()[0]
+    assert (o["connections"], o["connections_ended"], o["opaque_connections"]) == (8, 6, 1)
+    whole_op = connections.opaque_connections(c).collect()[0]
+    assert (whole_op["last_seen"] - whole_op["first_opened"]).total_seconds() == 10_000  # its close, long after the window
 
 
 def test_tcp_window_ceiling(make_df, spark) -> None:
