@@ -355,7 +355,7 @@ def throughput_summary(rows: Rows, bucket_s: int) -> Rows:
 
 SECTIONS: list[tuple[str, str, str, list[tuple[str, str, Chart | None]]]] = [
     ("clients", "Clients", f"Who talks to the brokers, in which role, how much — busiest (most requests) first (incident 3: {incident_ref(3)}).", [
-        ("client_inventory", "Client inventory", _c_bars("client_id+role", {"requests": "requests"}, axis="requests over the whole recording")),
+        ("client_inventory", "Client inventory", _c_bars("client_id+role", {"requests": "requests"}, axis="requests in the analyzed span (the window, if given)")),
         ("topic_view", "Topics: who writes and who reads", _c_bars("topic", {"bytes_produced": "produced", "bytes_fetched": "fetched"}, "B", sort="bytes_produced", axis="record bytes")),
         ("group_protocols", "Groups and their protocol (classic / consumer / share / streams)", None),
         ("brokers", "Brokers: node id and address (from the Metadata answers relayed)", None),
