@@ -3,134 +3,240 @@
 Why here: a fault is only worth injecting for the reaction it provokes, and
 the reactions are already in the recording — the requests the same client
 sent after the faulted one. The proxy notes every injection in the request
-row's `edit` column as `fault#ID KIND[=DETAIL] [MODE]` (`proxy.kafka_faults`);
-each such row opens a window that lasts until the same client's next
-injected fault on the same API (at most `WINDOW_S`), and the requests of that
-client inside the window are counted (faults on different APIs of one client
-may overlap, and then share what the client did, e.g. one FindCoordinator):
+row's `edit` column as `fault#ID KIND[=DETAIL] [MODE]` (`proxy.kafka_faults`;
+several rules on one request are joined with `; `, and each is one injection
+here). A response edit that failed is noted with ` (not applied)` at its end:
+the error / throttle it carried never reached the client (a delay in it did),
+so those rows are kept with `applied` false, in no episode and counted apart.
 
-* recovered: the first request of the same API that was answered without an
-  error; time to recover = its first byte − the faulted request's first byte;
-* retries: requests of the same API before and including the recovering one;
+Episodes: a fault that lasts (`for=10s`, `nth=`, a client retrying into it)
+is many injections, and what an operator asks is how the client came through
+the outage, not whether each retry succeeded. Per client × API × fault (kind
+and detail), injections with no successful request of that API between them
+(answered, no error, no applied fault) and less than `WINDOW_S` apart are one
+episode; it ends at the first such success after its last injection — the
+client recovered, `time_to_recover_ms` after each injection (after the first:
+the outage the client saw; after the last: how fast it came back once the
+fault stopped) — or, with none within `WINDOW_S` after the last injection,
+not recovered (`window_cut_short`: the client's last recorded request came
+sooner than `WINDOW_S` after it, so the recording, or the client, stopped
+first).
+
+Each injection's window runs from it to the episode's next injection or its
+recovery (inclusive; at most `WINDOW_S`), so the windows of an episode tile it
+and their counts add up to the episode's (faults on different APIs of one
+client may overlap, and then share what the client did, e.g. one
+FindCoordinator):
+
+* retries: requests of the same API in the window (the faulted retries and
+  the recovering one included);
 * metadata refreshes (Metadata), coordinator lookups (FindCoordinator),
   rebalance requests (JoinGroup and SyncGroup of the classic protocol),
   reconnects (new connections of the client whose first request falls in the
   window);
-* duplicates: records of a Produce the broker wrote before its answer was
-  rewritten (`rewrite` mode) when the client sent the same API again and is not
-  idempotent (no producer id in its batches) — the broker stored them twice.
+* answered / latency_ms: whether the injected request itself got an answer
+  (a delayed one the client gave up on did not: its connection closed first)
+  and how long the client waited for it;
+* resends: Produce requests in the window with the faulted one's topics,
+  record count and record bytes — the same batch sent again (kafkatap keeps
+  no batch bytes: a new batch of exactly the same size cannot be told apart);
+* duplicates: the records of an applied `rewrite` Produce error (the broker
+  wrote them, the client heard an error) that a non-idempotent client (no
+  producer id in its batches) resent — the broker stored them twice.
 
 Pure DataFrame → DataFrame; the job collects the two small results.
 """
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 WINDOW_S = 120  # a reaction later than this is not attributed to the fault
-NOTE = r"fault#(\d+) (\w+)(?:=(\S+))?(?: (in-place|rewrite))?"
+WINDOW_NS = WINDOW_S * 1_000_000_000
+NOTE = r"^fault#(\d+) (\w+)(?:=(\S+))?(?: (in-place|rewrite))?"
+NOT_APPLIED = " (not applied)"  # proxy.kafka_faults: the note of a response edit that failed
+UNAPPLIED_KINDS = ("error", "throttle")  # what such a failed response edit did not do (a delay still held it)
 
 # The two tables' columns (Spark DDL), for a recording without injected faults: Spark needs ~1 s only to
-# analyse the reactions' plan (a window, five joins), and a zero limit still runs a job, so those empty
+# analyse the reactions' plan (windows, joins), and a zero limit still runs a job, so those empty
 # tables are made from these. tests/analytics/test_fault_reactions.py keeps them equal to the plans'.
 REACTIONS_COLUMNS = (
     "at timestamp, client_id string, library string, library_version string, rule int, kind string, detail string, "
-    "mode string, api_name string, topics array<string>, recovered boolean, time_to_recover_ms double, "
-    "retries bigint, metadata_refreshes bigint, coordinator_lookups bigint, rebalance_requests bigint, "
-    "reconnects bigint, requests_in_window bigint, duplicate_records bigint, conn_id string, correlation_id int, "
-    "edit string")
+    "mode string, api_name string, topics array<string>, applied boolean, episode int, episode_index int, "
+    "episode_faults bigint, answered boolean, latency_ms double, recovered boolean, time_to_recover_ms double, "
+    "window_cut_short boolean, retries bigint, metadata_refreshes bigint, coordinator_lookups bigint, "
+    "rebalance_requests bigint, reconnects bigint, requests_in_window bigint, resends bigint, "
+    "duplicate_records bigint, conn_id string, correlation_id int, edit string")
 BY_LIBRARY_COLUMNS = (
     "library string, client_id string, kind string, detail string, api_name string, faults bigint, recovered bigint, "
     "recover_p50_ms double, recover_max_ms double, retries bigint, metadata_refreshes bigint, "
     "coordinator_lookups bigint, rebalance_requests bigint, reconnects bigint, duplicate_records bigint, "
-    "requests_per_fault double")
+    "requests_per_fault double, not_applied bigint, episodes bigint, episodes_recovered bigint, "
+    "episodes_cut_short bigint, after_last_p50_ms double, after_last_max_ms double, answered bigint, "
+    "wait_p50_ms double, wait_max_ms double")
+
+
+def _note_applied(note: Column, edit: Column) -> Column:
+    """Is this `fault#…` note (one part of `edit`) an injection that reached the client?"""
+    failed = edit.endswith(NOT_APPLIED) & F.regexp_extract(note, NOTE, 2).isin(*UNAPPLIED_KINDS)
+    return note.startswith("fault#") & ~failed
+
+
+def fault_applied(edit: Column) -> Column:
+    """Does the request's `edit` carry at least one applied fault (false for null)?"""
+    return F.coalesce(F.exists(F.split(edit, "; "), lambda p: _note_applied(p, edit)), F.lit(False))
 
 
 def injected_faults(req: DataFrame) -> DataFrame:
-    """One row per injected fault (a request whose `edit` carries `fault#ID …`), with its reaction window."""
+    """One row per `fault#ID …` note (applied or not), as in the `edit` column, with the faulted request's facts."""
     f = req.where(F.col("edit").isNotNull() & F.col("edit").contains("fault#")).select(
-        "conn_id", "client_id", "client_software_name", "api_name", "ts_ns", "topics", "records", "producer_id",
+        "conn_id", "client_id", "client_software_name", "api_name", "ts_ns", "topics", "records", "record_bytes",
+        "producer_id", "answered", "latency_us", "edit",
         F.col("correlation_id").alias("fault_correlation_id"),
-        F.regexp_extract("edit", NOTE, 1).cast("int").alias("rule"),
-        F.regexp_extract("edit", NOTE, 2).alias("kind"),
-        F.regexp_extract("edit", NOTE, 3).alias("detail"),
-        F.regexp_extract("edit", NOTE, 4).alias("mode"),
-        "edit",
-    )
-    w = Window.partitionBy("client_id", "api_name").orderBy("ts_ns")
-    nxt = F.lead("ts_ns").over(w)
-    cap = F.col("ts_ns") + F.lit(WINDOW_S * 1_000_000_000)
-    return f.withColumn("window_end_ns", F.when(nxt.isNull() | (nxt > cap), cap).otherwise(nxt))
+        F.explode(F.split("edit", "; ")).alias("note"),
+    ).where(F.col("note").startswith("fault#"))
+    return f.select(
+        "*",
+        F.regexp_extract("note", NOTE, 1).cast("int").alias("rule"),
+        F.regexp_extract("note", NOTE, 2).alias("kind"),
+        F.regexp_extract("note", NOTE, 3).alias("detail"),
+        F.regexp_extract("note", NOTE, 4).alias("mode"),
+        _note_applied(F.col("note"), F.col("edit")).alias("applied"),
+    ).drop("note")
+
+
+def _episodes(faults: DataFrame, ok: DataFrame) -> DataFrame:
+    """The applied injections with their episode, place in it, window end and the episode's recovery."""
+    part = ["client_id", "api_name", "kind", "detail"]
+    inj = faults.where("applied")
+    succ = ok.join(F.broadcast(inj.select(*part).distinct()), ["client_id", "api_name"]).select(
+        *part, "ts_ns", F.lit(1).alias("is_ok"))
+    events = inj.withColumn("is_ok", F.lit(0)).unionByName(succ, allowMissingColumns=True)
+    w = Window.partitionBy(*part).orderBy("ts_ns", "is_ok")
+    prev_ts, prev_ok = F.lag("ts_ns").over(w), F.lag("is_ok").over(w)
+    next_ts, next_ok = F.lead("ts_ns").over(w), F.lead("is_ok").over(w)
+    near = next_ts.isNotNull() & (next_ts - F.col("ts_ns") <= WINDOW_NS)
+    e = events.select(
+        "*",
+        (prev_ts.isNull() | (prev_ok == 1) | (F.col("ts_ns") - prev_ts > WINDOW_NS)).cast("int").alias("starts"),
+        F.when(near, next_ts).otherwise(F.col("ts_ns") + WINDOW_NS).alias("window_end_ns"),
+        F.when(near & (next_ok == 1), next_ts).alias("recovers_ns"),  # only an episode's last injection has one
+    ).where(F.col("is_ok") == 0)
+    w_inj = Window.partitionBy(*part).orderBy("ts_ns").rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    e = e.withColumn("episode", F.sum("starts").over(w_inj).cast("int"))
+    w_ep = Window.partitionBy(*part, "episode")
+    return e.select(
+        "*",
+        F.row_number().over(w_ep.orderBy("ts_ns", "rule")).alias("episode_index"),
+        F.count(F.lit(1)).over(w_ep).alias("episode_faults"),
+        F.max("recovers_ns").over(w_ep).alias("recovered_ns"),
+        F.max("ts_ns").over(w_ep).alias("episode_last_ns"),
+    ).drop("is_ok", "starts", "recovers_ns")
 
 
 def fault_reactions(req: DataFrame) -> DataFrame:
-    """One row per injected fault: what the client did in its window (see the module docstring)."""
-    faults = injected_faults(req).withColumnRenamed("conn_id", "fault_conn_id").withColumnRenamed(
-        "api_name", "fault_api").withColumnRenamed("ts_ns", "fault_ns")
+    """One row per injected fault: its episode and what the client did in its window (see the module docstring)."""
+    all_faults = injected_faults(req)
     # only the clients that met a fault: a recording without faults costs one filtered scan, no shuffle of it all
-    req = req.join(F.broadcast(faults.select("client_id").distinct()), "client_id", "left_semi")
-    software = req.where(F.col("client_software_name").isNotNull()).groupBy("client_id").agg(
-        F.max("client_software_name").alias("library"), F.max("client_software_version").alias("library_version"))
+    req = req.join(F.broadcast(all_faults.select("client_id").distinct()), "client_id", "left_semi")
+    ok = req.where(F.col("answered") & (F.coalesce("error_count", F.lit(0)) == 0) & ~fault_applied(F.col("edit"))) \
+        .select("client_id", "api_name", "ts_ns")
+    clients = req.groupBy("client_id").agg(
+        F.max("client_software_name").alias("library"), F.max("client_software_version").alias("library_version"),
+        F.max("ts_ns").alias("client_last_ns"))
+    faults = _episodes(all_faults, ok).withColumnRenamed("conn_id", "fault_conn_id").withColumnRenamed(
+        "api_name", "fault_api").withColumnRenamed("ts_ns", "fault_ns").withColumnRenamed("topics", "fault_topics")
     after = req.select(F.col("client_id").alias("r_client"), F.col("conn_id").alias("r_conn"),
-                       F.col("api_name").alias("r_api"), F.col("ts_ns").alias("r_ns"),
-                       F.col("answered").alias("r_answered"), F.col("error_count").alias("r_errors"),
-                       F.col("edit").alias("r_edit"))
+                       F.col("api_name").alias("r_api"), F.col("ts_ns").alias("r_ns"), F.col("topics").alias("r_topics"),
+                       F.col("records").alias("r_records"), F.col("record_bytes").alias("r_record_bytes"))
     conn_start = req.groupBy(F.col("conn_id").alias("s_conn")).agg(F.min("ts_ns").alias("s_ns"))
     j = F.broadcast(faults).join(
         after, (F.col("r_client") == F.col("client_id")) & (F.col("r_ns") > F.col("fault_ns"))
-        & (F.col("r_ns") < F.col("window_end_ns")))
-    ok = (F.col("r_api") == F.col("fault_api")) & F.col("r_answered") & (F.coalesce("r_errors", F.lit(0)) == 0) & (
-        F.col("r_edit").isNull() | ~F.col("r_edit").contains("fault#"))
-    keys = ["fault_conn_id", "fault_correlation_id", "fault_ns"]
-    recovered = j.where(ok).groupBy(*keys).agg(F.min("r_ns").alias("recovered_ns"))
-    j = j.join(recovered, keys, "left").join(conn_start, F.col("r_conn") == F.col("s_conn"), "left")
-    until = F.coalesce(F.col("recovered_ns"), F.col("window_end_ns"))
-    inside = F.col("r_ns") <= until
+        & (F.col("r_ns") <= F.col("window_end_ns"))).join(conn_start, F.col("r_conn") == F.col("s_conn"), "left")
+    keys = ["fault_conn_id", "fault_correlation_id", "fault_ns", "rule"]
 
     def count(cond):  # noqa: ANN001, ANN202 — a Column
-        return F.sum(F.when(inside & cond, 1).otherwise(0))
+        return F.sum(F.when(cond, 1).otherwise(0))
 
+    same_api = F.col("r_api") == F.col("fault_api")
+    same_batch = same_api & (F.col("fault_api") == "Produce") & F.col("r_topics").eqNullSafe(F.col("fault_topics")) \
+        & F.col("r_records").eqNullSafe(F.col("records")) & F.col("r_record_bytes").eqNullSafe(F.col("record_bytes"))
     agg = j.groupBy(*keys).agg(
-        count(F.col("r_api") == F.col("fault_api")).alias("retries"),
+        count(same_api).alias("retries"),
         count(F.col("r_api") == "Metadata").alias("metadata_refreshes"),
         count(F.col("r_api") == "FindCoordinator").alias("coordinator_lookups"),
         count(F.col("r_api").isin("JoinGroup", "SyncGroup")).alias("rebalance_requests"),
-        F.countDistinct(F.when(inside & (F.col("s_ns") > F.col("fault_ns")) & (F.col("r_conn") != F.col("fault_conn_id")),
-                               F.col("r_conn"))).alias("reconnects"),
+        F.countDistinct(F.when((F.col("s_ns") > F.col("fault_ns")) & (F.col("s_ns") <= F.col("window_end_ns"))
+                               & (F.col("r_conn") != F.col("fault_conn_id")), F.col("r_conn"))).alias("reconnects"),
         F.count(F.lit(1)).alias("requests_in_window"),
+        count(same_batch).alias("resends"),
     )
-    out = faults.join(agg, keys, "left").join(recovered, keys, "left").join(software, "client_id", "left")
+    episodes = faults.join(agg, keys, "left").drop("window_end_ns")
+    unapplied = all_faults.where(~F.col("applied")).withColumnRenamed("conn_id", "fault_conn_id").withColumnRenamed(
+        "api_name", "fault_api").withColumnRenamed("ts_ns", "fault_ns").withColumnRenamed("topics", "fault_topics")
+    out = episodes.unionByName(unapplied, allowMissingColumns=True).join(clients, "client_id", "left")
     zero = F.lit(0)
+    applied = F.col("applied")
     duplicates = F.when(
-        (F.col("fault_api") == "Produce") & (F.col("mode") == "rewrite") & (F.coalesce("retries", zero) > 0)
+        applied & (F.col("fault_api") == "Produce") & (F.col("mode") == "rewrite") & (F.coalesce("resends", zero) > 0)
         & (F.col("producer_id").isNull() | (F.col("producer_id") < 0)), F.coalesce(F.col("records"), zero)).otherwise(zero)
+    when_applied = lambda c: F.when(applied, F.coalesce(F.col(c), zero))  # noqa: E731 — null for a note not applied
     return out.select(
         (F.col("fault_ns") / 1e9).cast("timestamp").alias("at"),
         "client_id",
         F.coalesce(F.col("library"), F.col("client_software_name"), F.lit("(unknown)")).alias("library"),
-        "library_version", "rule", "kind", "detail", "mode", F.col("fault_api").alias("api_name"), "topics",
-        F.col("recovered_ns").isNotNull().alias("recovered"),
+        "library_version", "rule", "kind", "detail", "mode", F.col("fault_api").alias("api_name"),
+        F.col("fault_topics").alias("topics"), "applied", "episode", "episode_index", "episode_faults",
+        "answered", F.round(F.col("latency_us") / 1e3, 1).alias("latency_ms"),
+        F.when(applied, F.col("recovered_ns").isNotNull()).alias("recovered"),
         F.round((F.col("recovered_ns") - F.col("fault_ns")) / 1e6, 1).alias("time_to_recover_ms"),
-        *[F.coalesce(F.col(c), zero).alias(c) for c in ("retries", "metadata_refreshes", "coordinator_lookups",
-                                                          "rebalance_requests", "reconnects", "requests_in_window")],
+        F.when(applied & F.col("recovered_ns").isNull(),
+               F.col("client_last_ns") < F.col("episode_last_ns") + F.lit(WINDOW_NS)).alias("window_cut_short"),
+        *[when_applied(c).cast("long").alias(c) for c in ("retries", "metadata_refreshes", "coordinator_lookups",
+                                                          "rebalance_requests", "reconnects", "requests_in_window",
+                                                          "resends")],
         duplicates.cast("long").alias("duplicate_records"),
         F.col("fault_conn_id").alias("conn_id"), F.col("fault_correlation_id").alias("correlation_id"), "edit",
-    ).orderBy("at", "client_id")
+    ).orderBy("at", "client_id", "rule")
 
 
 def fault_reactions_by_library(reactions: DataFrame) -> DataFrame:
-    """Per client library × client × fault (kind, detail, API): how each reacted — the comparison table."""
+    """Per client library × client × fault (kind, detail, API): how each came through — the comparison table.
+
+    faults / recovered: applied injections, and those whose episode recovered; episodes / episodes_recovered /
+    episodes_cut_short (not recovered, the recording ended within WINDOW_S); recover_*: from an episode's first
+    injection to its recovery (the outage), after_last_*: from its last injection; answered / wait_*: the injected
+    requests that were answered and how long the client waited (a delay's hold); not_applied: noted, never applied.
+    """
+    applied = F.col("applied")
+    first = applied & (F.col("episode_index") == 1)
+    last = applied & (F.col("episode_index") == F.col("episode_faults"))
+
+    def n(cond: Column) -> Column:
+        return F.sum(F.when(cond, 1).otherwise(0)).cast("long")
+
+    faults = n(applied)
     return reactions.groupBy("library", "client_id", "kind", "detail", "api_name").agg(
-        F.count(F.lit(1)).alias("faults"),
-        F.sum(F.col("recovered").cast("int")).alias("recovered"),
-        F.round(F.percentile_approx("time_to_recover_ms", 0.5), 1).alias("recover_p50_ms"),
-        F.max("time_to_recover_ms").alias("recover_max_ms"),
+        faults.alias("faults"),
+        n(applied & F.col("recovered")).alias("recovered"),
+        F.round(F.percentile_approx(F.when(first, F.col("time_to_recover_ms")), 0.5), 1).alias("recover_p50_ms"),
+        F.max(F.when(first, F.col("time_to_recover_ms"))).alias("recover_max_ms"),
         F.sum("retries").alias("retries"),
         F.sum("metadata_refreshes").alias("metadata_refreshes"),
         F.sum("coordinator_lookups").alias("coordinator_lookups"),
         F.sum("rebalance_requests").alias("rebalance_requests"),
         F.sum("reconnects").alias("reconnects"),
         F.sum("duplicate_records").alias("duplicate_records"),
-        F.round(F.sum("requests_in_window") / F.count(F.lit(1)), 1).alias("requests_per_fault"),
+        F.round(F.when(faults > 0, F.sum("requests_in_window") / faults), 1).alias("requests_per_fault"),
+        n(~applied).alias("not_applied"),
+        n(first).alias("episodes"),
+        n(first & F.col("recovered")).alias("episodes_recovered"),
+        n(first & F.coalesce(F.col("window_cut_short"), F.lit(False))).alias("episodes_cut_short"),
+        F.round(F.percentile_approx(F.when(last, F.col("time_to_recover_ms")), 0.5), 1).alias("after_last_p50_ms"),
+        F.max(F.when(last, F.col("time_to_recover_ms"))).alias("after_last_max_ms"),
+        n(applied & F.col("answered")).alias("answered"),
+        F.round(F.percentile_approx(F.when(applied & F.col("answered"), F.col("latency_ms")), 0.5), 1)
+        .alias("wait_p50_ms"),
+        F.max(F.when(applied & F.col("answered"), F.col("latency_ms"))).alias("wait_max_ms"),
     ).orderBy("kind", "detail", "api_name", "library", "client_id")

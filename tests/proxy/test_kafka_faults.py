@@ -373,3 +373,106 @@ def test_java_kip848_consumer_recovers_from_not_coordinator_on_its_heartbeat(pro
     assert len(hit) == 1 and hit[0]["client_id"] == "java-848" and _codes(hit[0]) == {16}
     assert FIND_COORDINATOR in [r["api_key"] for r in _after(sink.requests, hit[0])]
     assert rules.rules[0].injected == 1
+
+
+# --------------------------------------------------------------------------- the analysis of a fault that lasts
+
+
+def _findings_of(rows: list[dict]) -> list:
+    """The fault tables and findings `kafkatap analyze` makes of these request rows (Spark local mode)."""
+    from analytics.findings import run_rules
+    from analytics.session import get_spark
+    from analytics.spark_schema import loaded_schema
+    from analytics.transforms.common import prepare_requests
+    from analytics.transforms.faults import fault_reactions, fault_reactions_by_library
+    from recording import schema as rec
+
+    spark = get_spark("local[2]", {"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2",
+                                   "spark.driver.memory": "1g"}, app_name="kafkatap-tests")
+    names = [c.name for c in rec.COLUMNS["requests"]]
+    df = spark.createDataFrame([tuple(r.get(n) for n in names) for r in rows],
+                               loaded_schema("requests", with_partitions=False))
+    r = prepare_requests(df)
+    tables = {"fault_reactions": fault_reactions(r).toArrow().to_pylist(),
+              "fault_reactions_by_library": fault_reactions_by_library(fault_reactions(r)).toArrow().to_pylist()}
+    return run_rules(tables)
+
+
+def test_a_for_burst_that_clients_ride_out_is_reported_recovered(proxied_kafka, topic_name, sink) -> None:
+    """`for=` NOT_LEADER on Produce: every retry meets the fault again until the window closes, then succeeds.
+
+    The analysis said "N not recovered" (each faulted retry counted as a fault never recovered from)
+    for a burst every client rode out with no record lost; it must say one episode, recovered.
+    """
+    from confluent_kafka import Producer
+    from kafka import KafkaProducer
+
+    p, rules, _ = _proxy(proxied_kafka, sink, control=True)
+    with p:
+        proxied_kafka.kafka.create_topic(topic_name, partitions=1)
+        kp = KafkaProducer(bootstrap_servers=p.bootstrap, client_id="burst-kp", acks=1, linger_ms=0, retries=1000,
+                           retry_backoff_ms=100)
+        rd = Producer({"bootstrap.servers": p.bootstrap, "client.id": "burst-rd", "linger.ms": 0,
+                       "retry.backoff.ms": 100})
+        kp.send(topic_name, b"kp-0").get(timeout=30)  # connected and warm before the fault
+        rd.produce(topic_name, b"rd-0")
+        assert rd.flush(30) == 0
+        rules.add(f"error=Produce:NOT_LEADER_OR_FOLLOWER,topic={topic_name},client-id=burst-.*,for=2s")
+        kp_sent = kp.send(topic_name, b"kp-1")
+        rd.produce(topic_name, b"rd-1")
+        kp_sent.get(timeout=60)  # rides the burst out: retries until the window closes, then succeeds
+        assert rd.flush(60) == 0
+        kp.close()
+        del rd  # librdkafka's producer has no close: it ends with its last reference
+
+        def recovered(s, client: str) -> bool:
+            rows = [r for r in s.requests if r["client_id"] == client and r["api_key"] == PRODUCE]
+            hit = [r["req_first_ns"] for r in rows if (r.get("edit") or "").startswith("fault#1")]
+            return len(hit) >= 2 and any(r["req_first_ns"] > max(hit) and not r.get("edit") and r["answered"]
+                                         and not r["error_count"] for r in rows)
+
+        sink.wait_for(lambda s: recovered(s, "burst-kp") and recovered(s, "burst-rd"))
+        rows = [r for r in sink.requests if r["client_id"] in ("burst-kp", "burst-rd")]
+        got = _consume_all(p.bootstrap, topic_name, 4)
+    assert sorted(got) == [b"kp-0", b"kp-1", b"rd-0", b"rd-1"]  # in place: nothing lost, nothing twice
+    injected = [r for r in rows if (r.get("edit") or "").startswith("fault#1")]
+    assert len(injected) == rules.rules[0].injected >= 4  # a burst: both clients met the fault more than once
+
+    f = next(f for f in _findings_of(rows)
+             if f.id == "kafka_fault_reactions" and f.evidence["detail"] == "NOT_LEADER_OR_FOLLOWER")
+    assert f.severity == "info", f.title
+    assert f.title == f"Injected NOT_LEADER_OR_FOLLOWER on Produce ×{len(injected)} in 2 episodes: all recovered"
+    libs = f.evidence["libraries"]
+    assert sorted(libs) == ["confluent-kafka-python", "kafka-python"]  # librdkafka names its wrapper
+    for name, v in libs.items():
+        assert (v["episodes"], v["episodes_recovered"], v["faults"], v["recovered"]) == (1, 1, v["faults"], v["faults"])
+        assert v["recover_p50_ms"] >= v["after_last_p50_ms"]  # the outage includes the time back after the last
+        assert f"{name}: 1/1 episode recovered" in f.summary
+    assert "fault_retry_duplicates" not in [x.id for x in _findings_of(rows)]
+
+
+def test_a_rewritten_produce_the_client_gave_up_on_is_no_duplicate(proxied_kafka, topic_name, sink) -> None:
+    """`fault_retry_duplicates` counted any later Produce as a retry: a producer that gives up (retries=0) and
+    sends its next batch stored nothing twice, and the finding said it had."""
+    from kafka import KafkaProducer
+    from kafka.errors import KafkaError
+
+    p, rules, _ = _proxy(proxied_kafka, sink, "error=Produce:NOT_LEADER_OR_FOLLOWER,rewrite,client-id=kp-giveup,once")
+    with p:
+        proxied_kafka.kafka.create_topic(topic_name, partitions=1)
+        prod = KafkaProducer(bootstrap_servers=p.bootstrap, client_id="kp-giveup", acks=1, enable_idempotence=False,
+                             linger_ms=0, retries=0)
+        with pytest.raises(KafkaError):
+            prod.send(topic_name, b"a").get(timeout=30)  # written by the broker, the client heard NOT_LEADER
+        prod.send(topic_name, b"next").get(timeout=30)  # a new batch, not a resend
+        prod.close()
+        sink.wait_for(lambda s: sum(1 for r in s.requests if r["client_id"] == "kp-giveup" and r["api_key"] == PRODUCE
+                                    and r["answered"]) >= 2)
+        rows = [r for r in sink.requests if r["client_id"] == "kp-giveup"]
+        got = _consume_all(p.bootstrap, topic_name, 2)
+    assert sorted(got) == [b"a", b"next"]  # each stored once
+    assert rules.rules[0].injected == 1
+    findings = _findings_of(rows)
+    assert "fault_retry_duplicates" not in [f.id for f in findings]
+    f = next(f for f in findings if f.id == "kafka_fault_reactions")
+    assert f.evidence["episodes"] == 1 and f.evidence["not_recovered"] == 0  # the next batch went through
