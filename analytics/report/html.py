@@ -386,10 +386,11 @@ SECTIONS: list[tuple[str, str, str, list[tuple[str, str, Chart | None]]]] = [
         ("errors_over_time", "Errors over time", _c_errors_over_time),
         ("throttling", "Throttling (quota)", None),
     ]),
-    ("faults", "Injected faults and how clients reacted", "Kafka faults kafkatap injected (the requests' `edit` column) and what each "
-                                                          "client did until its next successful request of the same API: time to recover, "
-                                                          "retries, metadata refreshes, coordinator lookups, rebalances, reconnects, duplicates — "
-                                                          "per client library.", [
+    ("faults", "Injected faults and how clients reacted", "Kafka faults kafkatap injected (the requests' `edit` column), grouped into "
+                                                          "episodes (a client's injections on one API with no success between them), and what "
+                                                          "each client did through each: time to recover after the first and the last "
+                                                          "injection, retries, metadata refreshes, coordinator lookups, rebalances, reconnects, "
+                                                          "duplicates — per client library.", [
         ("fault_reactions_by_library", "By client library (the comparison)", None),
         ("fault_reactions", "Every injected fault", None),
     ]),
