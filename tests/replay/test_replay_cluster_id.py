@@ -278,8 +278,6 @@ def test_the_guard_reads_a_sasl_listeners_cluster_id_with_the_credentials(sasl_r
 def test_a_sasl_recording_replays_into_another_clusters_sasl_listener(sasl_recorded: SaslRecorded, sasl_broker: Any,
                                                                       capfd):
     """The whole way through SASL: guard, set-up and replayed sessions authenticate; the target gets every record."""
-    from kafka import KafkaConsumer, TopicPartition
-
     s, target = sasl_recorded, sasl_broker.sasl_addr
     res = CliRunner().invoke(replay, [*_sasl_args(s, target), "--yes"])
     assert res.exit_code == 0, res.output
@@ -290,16 +288,23 @@ def test_a_sasl_recording_replays_into_another_clusters_sasl_listener(sasl_recor
     assert re.search(r"note +\d+  sasl_authenticated_with_given_credentials", res.output), res.output
     assert "sasl_authenticate_error" not in res.output and "target_listener_without_sasl" not in res.output
     assert "topics created on the target: cid-sasl" in res.output
-    cons = KafkaConsumer(bootstrap_servers=target, client_id="cid-sasl-check", consumer_timeout_ms=5000,
+    assert sorted(_read_back_over_sasl(sasl_broker, "cid-sasl")) == sorted(b"v%d" % i for i in range(RECORDS))
+    _no_password(s, res.output, *capfd.readouterr())
+
+
+def _read_back_over_sasl(sasl_broker: Any, topic: str) -> list[bytes]:
+    """Every record of `topic`'s partition 0 on the SASL cluster, in order, read with kafka-python over SASL/PLAIN."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    cons = KafkaConsumer(bootstrap_servers=sasl_broker.sasl_addr, client_id=f"{topic}-check", consumer_timeout_ms=5000,
                          security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
                          sasl_plain_username=sasl_broker.sasl_user, sasl_plain_password=sasl_broker.sasl_password)
-    tp = TopicPartition("cid-sasl", 0)
+    tp = TopicPartition(topic, 0)
     cons.assign([tp])
     cons.seek_to_beginning(tp)
-    got = sorted(r.value for r in cons)
+    got = [r.value for r in cons]
     cons.close()
-    assert got == sorted(b"v%d" % i for i in range(RECORDS))
-    _no_password(s, res.output, *capfd.readouterr())
+    return got
 
 
 def test_a_recording_without_sasl_replays_into_a_sasl_listener(recorded: Recorded, sasl_broker: Any, tmp_path: Path,
@@ -314,8 +319,6 @@ def test_a_recording_without_sasl_replays_into_a_sasl_listener(recorded: Recorde
     at the SASL listener with the line naming the option:
     test_without_credentials_a_sasl_only_target_is_one_clear_line.)
     """
-    from kafka import KafkaConsumer, TopicPartition
-
     target = sasl_broker.sasl_addr
     out = tmp_path / "replayed"
     res = CliRunner().invoke(replay, [str(recorded.named), "--target", target, "--speed", "max", "--yes",
@@ -333,15 +336,7 @@ def test_a_recording_without_sasl_replays_into_a_sasl_listener(recorded: Recorde
     assert re.search(rf"note +{sessions}  sasl_added_where_recording_had_none — ", res.output), res.output
     assert re.search(rf"note +{sessions}  sasl_authenticated_with_given_credentials\n", res.output), res.output
     assert "topics created on the target: cid-named" in res.output
-    cons = KafkaConsumer(bootstrap_servers=target, client_id="cid-plain-check", consumer_timeout_ms=5000,
-                         security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
-                         sasl_plain_username=sasl_broker.sasl_user, sasl_plain_password=sasl_broker.sasl_password)
-    tp = TopicPartition("cid-named", 0)
-    cons.assign([tp])
-    cons.seek_to_beginning(tp)
-    got = [r.value for r in cons]
-    cons.close()
-    assert got == [b"v%d" % i for i in range(RECORDS)]
+    assert _read_back_over_sasl(sasl_broker, "cid-named") == [b"v%d" % i for i in range(RECORDS)]
     assert sasl_broker.sasl_password not in res.output and sasl_broker.sasl_password not in "".join(capfd.readouterr())
     requests = read_recording(out, "requests").to_pylist()
     assert sum(1 for r in requests if r["api_name"] == "SaslAuthenticate") == sessions
