@@ -77,6 +77,15 @@ BY_LIBRARY_COLUMNS = (
     "wait_p50_ms double, wait_max_ms double")
 
 
+# The faulted request's columns under the names they have beside the requests that followed it (the join's other side)
+FAULT_SIDE = {"conn_id": "fault_conn_id", "api_name": "fault_api", "ts_ns": "fault_ns", "topics": "fault_topics"}
+
+
+def _count_where(cond: Column) -> Column:
+    """How many rows of the group meet `cond` (a long; 0, not null, for none)."""
+    return F.sum(F.when(cond, 1).otherwise(0)).cast("long")
+
+
 def _note_applied(note: Column, edit: Column) -> Column:
     """Is this `fault#…` note (one part of `edit`) an injection that reached the client?"""
     failed = edit.endswith(NOT_APPLIED) & F.regexp_extract(note, NOTE, 2).isin(*UNAPPLIED_KINDS)
@@ -145,8 +154,7 @@ def fault_reactions(req: DataFrame) -> DataFrame:
     clients = req.groupBy("client_id").agg(
         F.max("client_software_name").alias("library"), F.max("client_software_version").alias("library_version"),
         F.max("ts_ns").alias("client_last_ns"))
-    faults = _episodes(all_faults, ok).withColumnRenamed("conn_id", "fault_conn_id").withColumnRenamed(
-        "api_name", "fault_api").withColumnRenamed("ts_ns", "fault_ns").withColumnRenamed("topics", "fault_topics")
+    faults = _episodes(all_faults, ok).withColumnsRenamed(FAULT_SIDE)
     after = req.select(F.col("client_id").alias("r_client"), F.col("conn_id").alias("r_conn"),
                        F.col("api_name").alias("r_api"), F.col("ts_ns").alias("r_ns"), F.col("topics").alias("r_topics"),
                        F.col("records").alias("r_records"), F.col("record_bytes").alias("r_record_bytes"))
@@ -155,26 +163,21 @@ def fault_reactions(req: DataFrame) -> DataFrame:
         after, (F.col("r_client") == F.col("client_id")) & (F.col("r_ns") > F.col("fault_ns"))
         & (F.col("r_ns") <= F.col("window_end_ns"))).join(conn_start, F.col("r_conn") == F.col("s_conn"), "left")
     keys = ["fault_conn_id", "fault_correlation_id", "fault_ns", "rule"]
-
-    def count(cond):  # noqa: ANN001, ANN202 — a Column
-        return F.sum(F.when(cond, 1).otherwise(0))
-
     same_api = F.col("r_api") == F.col("fault_api")
     same_batch = same_api & (F.col("fault_api") == "Produce") & F.col("r_topics").eqNullSafe(F.col("fault_topics")) \
         & F.col("r_records").eqNullSafe(F.col("records")) & F.col("r_record_bytes").eqNullSafe(F.col("record_bytes"))
     agg = j.groupBy(*keys).agg(
-        count(same_api).alias("retries"),
-        count(F.col("r_api") == "Metadata").alias("metadata_refreshes"),
-        count(F.col("r_api") == "FindCoordinator").alias("coordinator_lookups"),
-        count(F.col("r_api").isin("JoinGroup", "SyncGroup")).alias("rebalance_requests"),
+        _count_where(same_api).alias("retries"),
+        _count_where(F.col("r_api") == "Metadata").alias("metadata_refreshes"),
+        _count_where(F.col("r_api") == "FindCoordinator").alias("coordinator_lookups"),
+        _count_where(F.col("r_api").isin("JoinGroup", "SyncGroup")).alias("rebalance_requests"),
         F.countDistinct(F.when((F.col("s_ns") > F.col("fault_ns")) & (F.col("s_ns") <= F.col("window_end_ns"))
                                & (F.col("r_conn") != F.col("fault_conn_id")), F.col("r_conn"))).alias("reconnects"),
         F.count(F.lit(1)).alias("requests_in_window"),
-        count(same_batch).alias("resends"),
+        _count_where(same_batch).alias("resends"),
     )
     episodes = faults.join(agg, keys, "left").drop("window_end_ns")
-    unapplied = all_faults.where(~F.col("applied")).withColumnRenamed("conn_id", "fault_conn_id").withColumnRenamed(
-        "api_name", "fault_api").withColumnRenamed("ts_ns", "fault_ns").withColumnRenamed("topics", "fault_topics")
+    unapplied = all_faults.where(~F.col("applied")).withColumnsRenamed(FAULT_SIDE)
     out = episodes.unionByName(unapplied, allowMissingColumns=True).join(clients, "client_id", "left")
     zero = F.lit(0)
     applied = F.col("applied")
@@ -212,14 +215,10 @@ def fault_reactions_by_library(reactions: DataFrame) -> DataFrame:
     applied = F.col("applied")
     first = applied & (F.col("episode_index") == 1)
     last = applied & (F.col("episode_index") == F.col("episode_faults"))
-
-    def n(cond: Column) -> Column:
-        return F.sum(F.when(cond, 1).otherwise(0)).cast("long")
-
-    faults = n(applied)
+    faults = _count_where(applied)
     return reactions.groupBy("library", "client_id", "kind", "detail", "api_name").agg(
         faults.alias("faults"),
-        n(applied & F.col("recovered")).alias("recovered"),
+        _count_where(applied & F.col("recovered")).alias("recovered"),
         F.round(F.percentile_approx(F.when(first, F.col("time_to_recover_ms")), 0.5), 1).alias("recover_p50_ms"),
         F.max(F.when(first, F.col("time_to_recover_ms"))).alias("recover_max_ms"),
         F.sum("retries").alias("retries"),
@@ -229,13 +228,13 @@ def fault_reactions_by_library(reactions: DataFrame) -> DataFrame:
         F.sum("reconnects").alias("reconnects"),
         F.sum("duplicate_records").alias("duplicate_records"),
         F.round(F.when(faults > 0, F.sum("requests_in_window") / faults), 1).alias("requests_per_fault"),
-        n(~applied).alias("not_applied"),
-        n(first).alias("episodes"),
-        n(first & F.col("recovered")).alias("episodes_recovered"),
-        n(first & F.coalesce(F.col("window_cut_short"), F.lit(False))).alias("episodes_cut_short"),
+        _count_where(~applied).alias("not_applied"),
+        _count_where(first).alias("episodes"),
+        _count_where(first & F.col("recovered")).alias("episodes_recovered"),
+        _count_where(first & F.coalesce(F.col("window_cut_short"), F.lit(False))).alias("episodes_cut_short"),
         F.round(F.percentile_approx(F.when(last, F.col("time_to_recover_ms")), 0.5), 1).alias("after_last_p50_ms"),
         F.max(F.when(last, F.col("time_to_recover_ms"))).alias("after_last_max_ms"),
-        n(applied & F.col("answered")).alias("answered"),
+        _count_where(applied & F.col("answered")).alias("answered"),
         F.round(F.percentile_approx(F.when(applied & F.col("answered"), F.col("latency_ms")), 0.5), 1)
         .alias("wait_p50_ms"),
         F.max(F.when(applied & F.col("answered"), F.col("latency_ms"))).alias("wait_max_ms"),
