@@ -13,6 +13,7 @@ import struct
 
 from protocol.apis import METADATA
 from protocol.deep import encode_response
+from protocol.summaries.varint import uv
 
 TOPIC_OPS = 0x0BADF00D  # a topic_authorized_operations value that marks where the topic entry ends
 BROKER_TAGS = {7: b"new-broker-field", 300: b"\x00\x01"}  # 300: a two-byte tag number
@@ -21,24 +22,13 @@ TOP_TAGS = {0: b"", 42: b"x"}
 
 
 def uvarint(n: int) -> bytes:
-    """An unsigned varint as Kafka writes it (7 bits a byte, low bits first)."""
+    """An unsigned varint as Kafka writes it (7 bits a byte, low bits first); not the codec's, which is tested."""
     out = bytearray()
     while n >= 0x80:
         out.append((n & 0x7F) | 0x80)
         n >>= 7
     out.append(n)
     return bytes(out)
-
-
-def _read_uvarint(data: bytes, p: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        b = data[p]
-        p += 1
-        value |= (b & 0x7F) << shift
-        if b < 0x80:
-            return value, p
-        shift += 7
 
 
 def section_after(frame: bytes, marker: bytes) -> int:
@@ -54,11 +44,11 @@ def with_unknown_tags(frame: bytes, at: int, extra: dict[int, bytes]) -> bytes:
     and the size prefix is fixed. The section must not sit inside another
     tagged field (whose size would then be wrong).
     """
-    count, p = _read_uvarint(frame, at)
+    count, p = uv(frame, at, len(frame))
     fields = []
     for _ in range(count):
-        tag, p = _read_uvarint(frame, p)
-        size, p = _read_uvarint(frame, p)
+        tag, p = uv(frame, p, len(frame))
+        size, p = uv(frame, p, len(frame))
         fields.append((tag, frame[p:p + size]))
         p += size
     assert not set(extra) & {tag for tag, _ in fields}
