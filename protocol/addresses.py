@@ -18,8 +18,12 @@ Sans-I/O: the caller hands in a whole response frame and a `mapper` that says,
 for each address found, what the client should see instead; it gets back the
 new frame (or None when nothing changed) and the addresses it saw. Only the
 address fields change: the body is decoded with `exact=True` and encoded again,
-and a frame the codec would not reproduce byte for byte (trailing bytes, a tag
-no spec knows) is never rewritten (`NotExact`).
+and a frame the codec would not reproduce byte for byte (trailing bytes, a
+varint longer than it needs, tags out of order) is never rewritten (`NotExact`).
+A tagged field no spec knows — a broker newer than the committed specs — is
+kept as it came (`protocol.codec.UNKNOWN_TAGS`), so such a frame is rewritten
+like any other: cluster mode keeps working against tomorrow's brokers instead
+of leaking their addresses.
 """
 
 from __future__ import annotations

@@ -18,6 +18,14 @@ or wrote it (kafka-python). `exact=True` keeps bytes/records as `bytes`;
 otherwise they are shown as text. Encoding takes that form back, with the
 spec's defaults for regular fields left out; a tagged field is written when
 it is given and not `None`.
+
+Tags no spec knows: a broker newer than the committed specs may add a tagged
+field to any flexible struct. The exact form keeps each such field's raw value
+under `UNKNOWN_TAGS` (`{tag: value bytes}`, only in a struct that has any), and
+encoding writes them back among the known tags in ascending tag order, so the
+proxy's rewrites (cluster-mode addresses, fault error codes) change only what
+they set instead of dropping what the newer broker said. The display form
+skips them (raw bytes have no meaning to show).
 """
 
 from __future__ import annotations
@@ -39,6 +47,9 @@ _FIXED: dict[str, Struct] = {
 _I16, _I32 = _FIXED["int16"], _FIXED["int32"]
 _ZERO_UUID = "00000000-0000-0000-0000-000000000000"
 _CAMEL = re.compile(r"(?<!^)(?=[A-Z])")
+# The exact form's key for a struct's tagged fields that no spec knows (see the module docstring). A spec
+# field's key never starts with "_" (`snake` of a CamelCase name), so it cannot collide with one.
+UNKNOWN_TAGS = "_unknown_tags"
 
 
 def snake(name: str) -> str:
@@ -339,12 +350,17 @@ class _Struct:
             out[key], p = rd(d, p, exact)
         if self.flexible:
             count, p = _read_uvarint(d, p)
+            unknown: dict[int, bytes] | None = None  # made on the first unknown tag: most structs have none
             for _ in range(count):
                 tag, p = _read_uvarint(d, p)
                 size, p = _read_uvarint(d, p)
                 f = self.tagged.get(tag)
                 if f is None:
-                    _take(d, p, size)  # a tag this spec does not know: skipped
+                    raw = _take(d, p, size)  # a tag this spec does not know: kept as is in the exact form
+                    if exact:
+                        if unknown is None:
+                            unknown = {}
+                        unknown[tag] = raw
                     p += size
                     continue
                 end = p + size
@@ -357,26 +373,54 @@ class _Struct:
                         out[f.key] = None  # absent (see the module docstring)
                 # keep the spec's field order (regular and tagged interleaved as declared)
                 out = {k: out[k] for k in self.by_key}
+            if unknown:
+                out[UNKNOWN_TAGS] = unknown
         return out, p
 
     def write(self, out: bytearray, values: Any, suffix: str = "") -> None:
         if not isinstance(values, dict):
             raise EncodeError(f"{self.where}{suffix}: a struct must be a dict, got {type(values).__name__}")
         for k in values:
-            if k not in self.by_key:
+            if k not in self.by_key and k != UNKNOWN_TAGS:
                 raise EncodeError(f"{self.where}{suffix}.{k}: no such field in v{self.version}")
         for f in self.regular:
             f.write(out, values[f.key] if f.key in values else f.default())
+        unknown = values.get(UNKNOWN_TAGS)
         if not self.flexible:
+            if unknown:
+                raise EncodeError(f"{self.where}{suffix}: v{self.version} is not flexible, it has no tagged fields")
             return
-        present = [(tag, f, values[f.key]) for tag, f in self.tagged.items() if values.get(f.key) is not None]
-        out += _uvarint(len(present))
-        for tag, f, value in present:
-            data = bytearray()
-            f.write(data, value)
+        fields: list[tuple[int, bytes | bytearray]] = []
+        for tag, f in self.tagged.items():
+            value = values.get(f.key)
+            if value is not None:
+                data = bytearray()
+                f.write(data, value)
+                fields.append((tag, data))
+        if unknown:
+            fields += self._unknown_tags(unknown, suffix)
+            fields.sort(key=lambda field: field[0])  # Kafka writes (and expects) tags in ascending order
+        out += _uvarint(len(fields))
+        for tag, data in fields:
             out += _uvarint(tag)
             out += _uvarint(len(data))
             out += data
+
+    def _unknown_tags(self, unknown: Any, suffix: str) -> list[tuple[int, bytes]]:
+        """The `UNKNOWN_TAGS` of a struct as (tag, raw value), refused when they could not have been read."""
+        where = f"{self.where}{suffix}.{UNKNOWN_TAGS}"
+        if not isinstance(unknown, dict):
+            raise EncodeError(f"{where}: a dict of tag -> bytes expected, got {type(unknown).__name__}")
+        out = []
+        for tag, raw in unknown.items():
+            if not isinstance(tag, int) or isinstance(tag, bool) or tag < 0:
+                raise EncodeError(f"{where}: {tag!r} is not a tag number")
+            if tag in self.tagged:  # it would be written twice: the known field is set by its name
+                raise EncodeError(f"{where}: tag {tag} is the field {self.tagged[tag].key} in v{self.version}")
+            if not isinstance(raw, (bytes, bytearray, memoryview)):
+                raise EncodeError(f"{where}[{tag}]: bytes expected, got {type(raw).__name__}")
+            out.append((tag, bytes(raw)))
+        return out
 
 
 _PLANS: dict[tuple[int, bool, int], _Struct] = {}

@@ -293,7 +293,7 @@ class FaultRule:
     added_epoch: float
     matched: int = 0  # requests that met the filters inside the time window
     injected: int = 0
-    skipped: int = 0  # matched but could not be injected (undecodable, no response expected)
+    skipped: int = 0  # matched but not injected (undecodable request or response, no response expected)
 
     def in_window(self, now: float) -> bool:
         f = self.fault
@@ -438,7 +438,7 @@ class KafkaFaultInterceptor:
         self.names = names  # topic id -> name (the proxy's TopicMap), for topic= on requests naming ids
         self.pending: OrderedDict[int, _Pending] = OrderedDict()
         self.muted_until = 0.0
-        self._warned = False
+        self._warned: set[str] = set()  # the sides ("request", "response") a failure was logged for
 
     # ------------------------------------------------------------------ requests
     def wants_request(self, head: RequestHead) -> bool:
@@ -544,7 +544,13 @@ class KafkaFaultInterceptor:
         try:
             return self._on_response(head, frame, pend)
         except Exception as exc:  # noqa: BLE001
-            self._warn("response", exc)
+            # the broker's answer goes on as it came: its error / throttle rules were counted as injected when
+            # the request went out, and did not happen (a delay still holds the answer, so it stays counted)
+            failed = [rule for rule, _ in pend.errors] + ([pend.throttle] if pend.throttle is not None else [])
+            for rule in failed:
+                rule.injected -= 1
+                rule.skipped += 1
+            self._warn("response", exc, failed)
             return Edit(delay_s=pend.delay_s, note="; ".join(pend.notes) + " (not applied)")
 
     def _on_response(self, head: RequestHead, frame: bytes, pend: _Pending) -> Edit:
@@ -572,10 +578,15 @@ class KafkaFaultInterceptor:
     def closed(self) -> None:
         self.pending.clear()
 
-    def _warn(self, where: str, exc: BaseException) -> None:
-        if not self._warned:
-            self._warned = True
-            log.warning("kafka fault not applied", conn_id=self.conn.conn_id, on=where, error=repr(exc))
+    def _warn(self, where: str, exc: BaseException, rules: list[FaultRule] | None = None) -> None:
+        """Log the first failure on each side of this connection (request, response) with its reason.
+
+        Per side: a request that could not be decoded says nothing about why a response edit failed.
+        """
+        if where not in self._warned:
+            self._warned.add(where)
+            log.warning("kafka fault not applied", conn_id=self.conn.conn_id, on=where, error=repr(exc),
+                        rules=[r.id for r in rules] if rules else None)
 
 
 class KafkaFaultLayer:

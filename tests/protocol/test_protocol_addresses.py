@@ -14,8 +14,10 @@ import pytest
 
 from protocol import addresses as A
 from protocol.apis import APIS
+from protocol.codec import UNKNOWN_TAGS
 from protocol.deep import decode_response, encode_response
 from protocol.errors import ProtocolError
+from protocol_tags import BROKER_TAGS, TOP_TAGS, TOPIC_TAGS, metadata_frame, section_after, with_unknown_tags
 
 PRODUCE, FETCH, METADATA, FIND_COORDINATOR, DESCRIBE_CLUSTER, SHARE_FETCH, SHARE_ACK = 0, 1, 3, 10, 60, 78, 79
 
@@ -89,6 +91,16 @@ def _positions(frame: bytes, needle: bytes) -> set[int]:
     return out
 
 
+def _assert_only_the_brokers_addresses_differ(frame: bytes, rewritten: bytes | None) -> None:
+    """Same length, and every changed byte is in a host `10.0.0.1` or a port 9093-9095 of the original."""
+    assert rewritten is not None and len(rewritten) == len(frame)
+    allowed = _positions(frame, b"10.0.0.1")
+    for port in (9093, 9094, 9095):
+        allowed |= _positions(frame, struct.pack(">i", port))
+    diff = {i for i, (a, b) in enumerate(zip(frame, rewritten)) if a != b}
+    assert diff and diff <= allowed
+
+
 @pytest.mark.parametrize("version", [0, 1, 9, 12, 13])
 def test_metadata_rewrite_changes_exactly_the_address_bytes(version: int) -> None:
     frame = encode_response(METADATA, version, 42, _clean(_metadata_body(version), version))
@@ -102,12 +114,7 @@ def test_metadata_rewrite_changes_exactly_the_address_bytes(version: int) -> Non
 
     out = A.rewrite_response(frame, METADATA, version, mapper)
     assert out.changed == 3 and seen_nodes == [1, 2, 3]
-    assert out.frame is not None and len(out.frame) == len(frame)
-    allowed = _positions(frame, b"10.0.0.1")
-    for port in (9093, 9094, 9095):
-        allowed |= _positions(frame, struct.pack(">i", port))
-    diff = {i for i, (a, b) in enumerate(zip(frame, out.frame)) if a != b}
-    assert diff and diff <= allowed
+    _assert_only_the_brokers_addresses_differ(frame, out.frame)
     got = decode_response(out.frame, METADATA, version, exact=True)["body"]
     assert [(b["host"], b["port"]) for b in got["brokers"]] == [("10.9.9.9", p) for p in (19002, 19003, 19004)]
     assert got["topics"] == decode_response(frame, METADATA, version, exact=True)["body"]["topics"]
@@ -189,6 +196,34 @@ def test_a_port_that_does_not_fit_or_a_frame_that_is_not_exact_is_never_rewritte
         A.rewrite_response(trailing, METADATA, 9, lambda a: ("h", 1))
     with pytest.raises(ProtocolError):
         A.rewrite_response(frame[:40], METADATA, 9, lambda a: ("h", 1))
+
+
+@pytest.mark.parametrize("version", [10, 13])
+def test_a_newer_brokers_unknown_tags_are_kept_and_its_addresses_still_rewritten(version: int) -> None:
+    """Unknown tags in a broker entry, a topic and the body: the addresses change, nothing else does."""
+    frame = metadata_frame(version)
+    out = A.rewrite_response(frame, METADATA, version, lambda a: ("10.9.9.9", 19000 + a.node_id))
+    assert out.changed == 3
+    _assert_only_the_brokers_addresses_differ(frame, out.frame)
+    got = decode_response(out.frame, METADATA, version, exact=True)["body"]
+    assert [(b["host"], b["port"]) for b in got["brokers"]] == [("10.9.9.9", 19000 + i) for i in (1, 2, 3)]
+    assert (got[UNKNOWN_TAGS], got["topics"][0][UNKNOWN_TAGS], got["brokers"][1][UNKNOWN_TAGS]) == (
+        TOP_TAGS, TOPIC_TAGS, BROKER_TAGS)
+
+
+def test_produce_node_endpoints_next_to_an_unknown_top_level_tag() -> None:
+    """KIP-951 endpoints (tag 0) with a newer tag after them, and one in the partition entry: rewritten."""
+    frame = encode_response(PRODUCE, 10, 3, {
+        "responses": [{"name": "t", "partition_responses": [{"index": 0, "error_code": 6, "base_offset": -1,
+                                                             "error_message": "moved",
+                                                             "current_leader": {"leader_id": 3, "leader_epoch": 1}}]}],
+        "throttle_time_ms": 4321, "node_endpoints": [{"node_id": 3, "host": "b3", "port": 9092, "rack": None}]})
+    frame = with_unknown_tags(frame, section_after(frame, struct.pack(">i", 4321)), {5: b"later"})
+    frame = with_unknown_tags(frame, section_after(frame, b"\x06moved"), {3: b"\x01\x02"})
+    out = A.rewrite_response(frame, PRODUCE, 10, lambda a: ("p3", 19004))
+    assert out.changed == 1 and out.frame is not None and len(out.frame) == len(frame)
+    diff = {i for i, (a, b) in enumerate(zip(frame, out.frame)) if a != b}
+    assert diff and diff <= _positions(frame, b"b3") | _positions(frame, struct.pack(">i", 9092))
 
 
 @pytest.mark.parametrize("with_endpoints", [True, False])

@@ -9,6 +9,7 @@ request's topics/partitions. The interceptor is driven with real frames
 
 from __future__ import annotations
 
+import struct
 import subprocess
 import sys
 
@@ -23,6 +24,7 @@ from proxy.kafka_faults import FaultRules, KafkaFaultLayer, parse_kafka_fault, s
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1] / "protocol"))
 from protocol_spec_random import random_body  # noqa: E402
+from protocol_tags import section_after, with_unknown_tags  # noqa: E402
 
 KAFKATAP = [sys.executable, "-m", "kafkatap.cli"]
 NOT_LEADER, NOT_COORDINATOR = 6, 16
@@ -340,6 +342,39 @@ def test_rewrite_delay_and_throttle_edit_the_real_response() -> None:
     assert pause.delay_s == pytest.approx(0.3) and pause.note == "fault pause=300ms"
     clock.t += 1
     assert ic.on_request(head2, frame2) is None and not ic.wants_request(head2)
+
+
+def test_a_rewritten_response_keeps_the_tags_no_spec_knows() -> None:
+    """A newer broker's tagged fields (in a partition entry and the body) pass; only the error code changes."""
+    _, ic = _interceptor("error=Produce:NOT_LEADER_OR_FOLLOWER,rewrite")
+    head, frame = _produce(9)
+    assert ic.on_request(head, frame) is None
+    real = deep.encode_response(PRODUCE, 9, 9, {"responses": [{"name": "orders", "partition_responses": [
+        {"index": 0, "error_code": 0, "base_offset": 10, "error_message": "fine"}]}], "throttle_time_ms": 0})
+    real = with_unknown_tags(real, section_after(real, b"\x05fine"), {2: b"entry", 300: b""})
+    real = with_unknown_tags(real, len(real) - 1, {1: b"body"})  # the body's own section ends the frame
+    ok, failed = struct.pack(">ihq", 0, 0, 10), struct.pack(">ihq", 0, NOT_LEADER, 10)  # index, error, offset
+    assert real.count(ok) == 1
+    assert ic.on_response(head, real).frame == real.replace(ok, failed)
+
+
+def test_a_response_that_cannot_be_edited_counts_as_not_injected_and_is_logged_once() -> None:
+    from structlog.testing import capture_logs
+
+    rules, ic = _interceptor("error=Produce:NOT_LEADER_OR_FOLLOWER,rewrite", "delay=Produce:250",
+                             "throttle=Produce:400")
+    with capture_logs() as logs:
+        for cid in (1, 2):
+            head, frame = _produce(cid)
+            assert ic.on_request(head, frame) is None
+            # header (correlation id, no tags), then one topic whose 4-byte name is cut off
+            edit = ic.on_response(head, struct.pack(">ii", 7, cid) + b"\x00\x02\x05")
+            assert edit.frame is None and edit.delay_s == pytest.approx(0.25)  # the delay still held it
+            assert edit.note.endswith(" (not applied)")
+    assert [(r.matched, r.injected, r.skipped) for r in rules.rules] == [(2, 0, 2), (2, 2, 0), (2, 0, 2)]
+    warned = [e for e in logs if e["event"] == "kafka fault not applied"]
+    assert len(warned) == 1 and warned[0]["on"] == "response" and warned[0]["rules"] == [1, 3]
+    assert "DecodeError" in warned[0]["error"]
 
 
 def test_drop_closes_and_bad_frames_never_raise() -> None:
