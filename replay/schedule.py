@@ -62,6 +62,8 @@ NOTE_HINTS: dict[str, str] = {
     "sasl_handshake_unanswered": "the target closed the connection or did not answer the SaslHandshake in time",
     "sasl_authenticate_unanswered": "the target closed the connection or did not answer SaslAuthenticate in time",
     "target_listener_without_sasl": "the target's listener takes no SASL: --sasl-plain was not needed",
+    "sasl_reauthenticated": "sessions renewed their SASL authentication before the session lifetime the target "
+                            "sets (connections.max.reauth.ms) ran out, as Kafka's clients do (KIP-368)",
 }
 
 

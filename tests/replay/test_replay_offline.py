@@ -99,9 +99,9 @@ def test_cli_rails_yes_required_and_origin_refused(tmp_path: Path):
     assert res.exit_code == 2 and "--speed" in res.output
 
 
-def _run(rec, speed, delay=0.0, session_sasl_error=None, **kw):
+def _run(rec, speed, delay=0.0, session_sasl_error=None, lifetime_ms=0, **kw):
     async def go():
-        broker = FakeBroker(delay, session_sasl_error)
+        broker = FakeBroker(delay, session_sasl_error, lifetime_ms)
         target = await broker.start()
         try:
             result = await replay_async(rec, ReplayOptions(target=target, speed=speed, create_topics=False, **kw))
@@ -280,3 +280,29 @@ def test_tls_connections_are_counted_not_silently_dropped(tmp_path: Path):
     rec = load_recording(tmp_path)
     assert rec.skipped["connection_tls_or_opaque"] == 1 and rec.requests == 5
     assert "connection_tls_or_opaque" in format_plan(rec, "t:1", None, {}, None, "full")
+
+
+@pytest.mark.parametrize("speed", [1.0, None], ids=["speed-1", "speed-max"])
+def test_a_session_renews_its_sasl_authentication_before_the_lifetime_runs_out(tmp_path: Path, speed: float | None):
+    """KIP-368: the SaslAuthenticate answer sets a session lifetime, and a session that outlives it without a new
+    SaslHandshake + SaslAuthenticate is closed by the target. Replay authenticated once. Now it renews between
+    replayed requests, with no request of its own in flight, on the recorded clock and at --speed max alike
+    (there the answers' delay makes the session outlive the lifetime)."""
+    from protocol.frames import parse_request
+    from replay.messages import decode_request_body
+
+    reqs = [api_versions(1)] + [metadata(i + 2, 0.15 * (i + 1)) for i in range(8)]  # 1.2 s, sequential
+    write_recording(tmp_path, [SynthConn("c1", 0.0, reqs)])
+    broker, result = _run(load_recording(tmp_path), speed, delay=0.0 if speed else 0.12, lifetime_ms=400,
+                          sasl_plain=("alice", "pw"))
+    assert (result.sent, result.answered, result.failed) == (9, 9, 0)
+    frames = [parse_request(f) for f in broker.frames[2]]
+    keys = [f.api_key for f in frames]
+    renewals = result.notes.get("sasl_reauthenticated", 0)
+    assert renewals >= 2 and keys.count(17) == 1 + renewals, keys
+    assert [f.correlation_id for f in frames] == list(range(1, len(frames) + 1))  # fresh ids, ours included
+    for i, f in enumerate(frames):
+        if f.api_key == 17:
+            assert keys[i + 1] == 36 and decode_request_body(frames[i + 1]).auth_bytes == b"\x00alice\x00pw"
+            assert broker.inflight_at_arrival[2][i] == 0  # nothing of the session in flight when it renews
+    assert [k for k in keys if k not in (17, 36)] == [18] + [3] * 8  # the recorded requests, in order
