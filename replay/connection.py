@@ -11,6 +11,10 @@ recorded SaslHandshake or, for a session that recorded none, before its first
 request, and again before the session lifetime the target set runs out,
 `replay.reauth`). Every request ends counted in the result: sent, answered,
 failed or skipped; our own requests are not counted, what came of them is a note.
+
+At --speed N a session's clock starts once its connection is ready: the
+connect and the SASL round trips replay adds before the first request are not
+in the recording, and counting them would make its first requests "late".
 """
 
 from __future__ import annotations
@@ -128,9 +132,11 @@ async def replay_connection(rp: ReplaySchedule, rc: RecordedConnection, host: st
             rp.state.note("sasl_added_where_recording_had_none")
             next_cid = await _sasl_own(rp, rc, cs, 1, writer, inflight, waiters, closed,
                                        "sasl_authenticated_with_given_credentials")
+        # the session's clock starts now that its connection is ready (see the module docstring)
+        setup_s = loop.time() - rp.at(rc.opened_ns) if rp.opt.speed else 0.0
         last_sent_at = loop.time()
         for pos, r in enumerate(reqs):
-            scheduled = rp.at(r.ts_ns) if rp.opt.speed else None
+            scheduled = rp.at(r.ts_ns) + setup_s if rp.opt.speed else None
             await until_scheduled(r, scheduled)
             deps = r.deps
             ok = await rp.wait_for(lambda deps=deps: all(done[j] for j in deps) or closed.is_set(),
@@ -214,7 +220,7 @@ async def replay_connection(rp: ReplaySchedule, rc: RecordedConnection, host: st
             # the recorded close time, but never sooner after our last request than the client waited
             # (a broker that hangs up after an acks=0 produce must get the same chance to do so)
             gap = max(0, rc.closed_ns - reqs[-1].ts_ns) / 1e9 / rp.opt.speed
-            close_at = max(rp.at(rc.closed_ns), last_sent_at + gap)
+            close_at = max(rp.at(rc.closed_ns) + setup_s, last_sent_at + gap)
             try:
                 await asyncio.wait_for(closed.wait(), max(0.0, close_at - loop.time()))
             except asyncio.TimeoutError:

@@ -306,3 +306,16 @@ def test_a_session_renews_its_sasl_authentication_before_the_lifetime_runs_out(t
             assert keys[i + 1] == 36 and decode_request_body(frames[i + 1]).auth_bytes == b"\x00alice\x00pw"
             assert broker.inflight_at_arrival[2][i] == 0  # nothing of the session in flight when it renews
     assert [k for k in keys if k not in (17, 36)] == [18] + [3] * 8  # the recorded requests, in order
+
+
+def test_at_speed_n_the_set_up_round_trips_do_not_make_the_first_request_late(tmp_path: Path):
+    """A session's clock starts once its connection is ready. It started at the recorded open, so at a high speed
+    the connect and the SASL round trips replay adds (not in the recording) made the first requests "late"."""
+    reqs = [api_versions(1), metadata(2, 2.0), metadata(3, 4.0)]
+    write_recording(tmp_path, [SynthConn("c1", 0.0, reqs)])
+    delay = 0.1  # per answer: the SaslHandshake and SaslAuthenticate before the first request cost 0.2 s
+    broker, result = _run(load_recording(tmp_path), 10.0, delay=delay, sasl_plain=("alice", "pw"))
+    assert (result.sent, result.answered, result.failed) == (3, 3, 0)
+    assert result.late == 0 and "late" not in result.summary(), result.summary()
+    arrivals = [t for t, key, _cid in broker.arrivals[2] if key not in (17, 36)]
+    assert [round(b - a, 1) for a, b in zip(arrivals, arrivals[1:])] == [0.2, 0.2]  # the recorded rhythm, 10×
