@@ -1,10 +1,15 @@
-"""Replayed SASL sessions re-authenticate before the target's session lifetime runs out (KIP-368).
+"""Replaying into a SASL listener whose sessions expire (KIP-368), and recording that replay.
 
 Production SASL listeners often set `connections.max.reauth.ms`: the broker tells each client its session
 lifetime in the SaslAuthenticate answer and closes a connection that sends a request after it without
 having re-authenticated. Replay authenticated once, so a replayed session longer than the lifetime was cut
 by the target — a failure replay itself caused, which reads like the client behaviour being reproduced.
-The target here limits sessions to a few seconds (`sasl_reauth_broker`); the recorded sessions span more than twice that.
+The target here limits sessions to a few seconds (`sasl_reauth_broker`); the recorded sessions span more
+than twice that.
+
+With --record, replay's own proxy in front of a SASL target warned that its own topic-name query had failed:
+that fallback query cannot authenticate, so on a SASL target replay leaves it off and the names come from
+the target's relayed answers, as they would anyway.
 """
 
 from __future__ import annotations
@@ -14,7 +19,10 @@ from typing import Any
 
 import pytest
 
+from click.testing import CliRunner
+
 from recording.reader import read_recording
+from replay.cli import replay
 from replay.engine import ReplayOptions, run_replay
 from replay.load import load_recording
 from replay_frames import request
@@ -57,3 +65,24 @@ def test_a_replay_longer_than_the_session_lifetime_reauthenticates(sasl_reauth_b
     assert authenticates == len(rec.connections) + result.notes["sasl_reauthenticated"]
     for dataset in ("requests", "frames", "connections"):
         assert b.sasl_password not in repr(read_recording(out, dataset).to_pylist()), dataset
+
+
+def test_recording_a_replay_into_a_sasl_listener_does_not_warn_of_the_proxys_own_query(sasl_reauth_broker: Any,
+                                                                                       tmp_path: Path, capfd):
+    """A Metadata request for a topic the target lacks (--no-create-topics): its answer names no id for it, which
+    made replay's recording proxy ask the target itself, and the SASL listener hung up on that query: "topic
+    names: the proxy's own Metadata query to the broker failed" in the middle of the replay's output."""
+    b = sasl_reauth_broker
+    asker = SynthConn("c1", 0.0, [api_versions(1, "asker"), metadata(2, 0.05, "asker", topics=["not-on-target"])],
+                      client_id="asker")
+    write_recording(tmp_path / "rec", [asker])
+    out = tmp_path / "replayed"
+    res = CliRunner().invoke(replay, [str(tmp_path / "rec"), "--target", b.sasl_addr, "--speed", "max", "--yes",
+                                      "--no-create-topics", "--record", str(out), "--yes-same-cluster",
+                                      "--sasl-plain", f"{b.sasl_user}:{b.sasl_password}"])
+    assert res.exit_code == 0, res.output
+    assert "2 requests sent, 2 answered" in res.output, res.output
+    logged = res.output + "".join(capfd.readouterr())
+    assert "own Metadata query to the broker failed" not in logged, logged
+    assert logged.count("topic names come from the target's answers only") == 1, logged
+    assert load_recording(out).cluster_ids == {b.kafka.cluster_id}  # the relayed answer named the cluster
