@@ -33,7 +33,7 @@ from replay.load import RecordedConnection, RecordedRequest
 from replay.messages import decode_response
 from replay.reauth import renewal_time, session_lifetime_ms
 from replay.rewrite import rewrite_request, sasl_plain_authenticate, sasl_plain_handshake
-from replay.schedule import ReplaySchedule
+from replay.schedule import LATE_AFTER_S, ReplaySchedule
 from replay.state import ConnState, Pending, Send, Skip
 
 
@@ -185,7 +185,7 @@ async def replay_connection(rp: ReplaySchedule, rc: RecordedConnection, host: st
             if (sent.api_key == SASL_HANDSHAKE and rp.opt.sasl_plain is not None and outcome.expects_response
                     and not closed.is_set()):
                 handshake = waiters[next_cid] = asyncio.get_running_loop().create_future()
-            if scheduled is not None and loop.time() - scheduled > 0.05:
+            if scheduled is not None and loop.time() - scheduled > LATE_AFTER_S:
                 res.late += 1
             for what in outcome.rewrites:
                 res.rewrites[what] += 1
