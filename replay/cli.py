@@ -185,7 +185,8 @@ def _check_target(ctx: click.Context, param: click.Parameter, value: str) -> str
               help="Credentials for the target (SASL/PLAIN): replay's own connections (the same-cluster check, "
                    "the set-up) authenticate with them first, and so does every replayed session (recordings "
                    "never hold credentials): after its recorded SaslHandshake, or before its first request when "
-                   "it recorded none. A listener without SASL is used as it is. Also read from "
+                   "it recorded none, and again before a session lifetime the target sets "
+                   "(connections.max.reauth.ms) runs out. A listener without SASL is used as it is. Also read from "
                    "KAFKATAP_REPLAY_SASL_PLAIN, which keeps the password off the command line.")
 @click.option("--yes-same-cluster", "--allow-origin", "same_cluster", is_flag=True,
               help="Allow a target in the recording's own cluster (its broker, or another broker or listener with "

@@ -8,8 +8,13 @@ pipelining (a request waits for exactly the responses its client had), what
 the target's answers teach (`replay.learn`), and the extra requests of our
 own a connection may need (a JoinGroup member-id round, SASL/PLAIN after a
 recorded SaslHandshake or, for a session that recorded none, before its first
-request). Every request ends counted in the result: sent, answered, failed or
-skipped; our own requests are not counted, what came of them is a note.
+request, and again before the session lifetime the target set runs out,
+`replay.reauth`). Every request ends counted in the result: sent, answered,
+failed or skipped; our own requests are not counted, what came of them is a note.
+
+At --speed N a session's clock starts once its connection is ready: the
+connect and the SASL round trips replay adds before the first request are not
+in the recording, and counting them would make its first requests "late".
 """
 
 from __future__ import annotations
@@ -26,8 +31,9 @@ from protocol.sasl import AUTHENTICATE_VERSION
 from replay.learn import learn_from_response
 from replay.load import RecordedConnection, RecordedRequest
 from replay.messages import decode_response
+from replay.reauth import renewal_time, session_lifetime_ms
 from replay.rewrite import rewrite_request, sasl_plain_authenticate, sasl_plain_handshake
-from replay.schedule import ReplaySchedule
+from replay.schedule import LATE_AFTER_S, ReplaySchedule
 from replay.state import ConnState, Pending, Send, Skip
 
 
@@ -95,22 +101,50 @@ async def replay_connection(rp: ReplaySchedule, rc: RecordedConnection, host: st
 
     reader_task = asyncio.create_task(read_loop())
     next_cid = 0
-    last_sent_at = asyncio.get_running_loop().time()
+    loop = asyncio.get_running_loop()
+
+    async def reauthenticate() -> None:
+        """Renew the SASL session (`replay.reauth`), once the answers in flight are in (bounded by the timeout)."""
+        nonlocal next_cid
+        await rp.wait_for(lambda: not inflight or closed.is_set(), rp.opt.response_timeout)
+        if closed.is_set():
+            cs.reauth_at = None  # nothing left to renew
+            return
+        next_cid = await _sasl_own(rp, rc, cs, next_cid + 1, writer, inflight, waiters, closed,
+                                   "sasl_reauthenticated")
+
+    async def until_scheduled(r: RecordedRequest, scheduled: float | None) -> None:
+        """Wait for r's turn (its time at --speed N, the global order at max), renewing the session when due."""
+        while True:
+            due = cs.reauth_at
+            if scheduled is not None:
+                if due is None or due >= scheduled:
+                    await rp.sleep_until(scheduled)
+                    return
+                await rp.sleep_until(due)
+            elif await rp.wait_for(lambda: rp.dispatch_ptr >= r.index,
+                                   None if due is None else max(0.0, due - loop.time())):
+                return
+            await reauthenticate()
+
     try:
         if authenticates_first(reqs, rp.opt.sasl_plain is not None, rp.state.target_takes_sasl):
-            next_cid = await _sasl_first(rp, rc, writer, inflight, waiters, closed)
+            rp.state.note("sasl_added_where_recording_had_none")
+            next_cid = await _sasl_own(rp, rc, cs, 1, writer, inflight, waiters, closed,
+                                       "sasl_authenticated_with_given_credentials")
+        # the session's clock starts now that its connection is ready (see the module docstring)
+        setup_s = loop.time() - rp.at(rc.opened_ns) if rp.opt.speed else 0.0
+        last_sent_at = loop.time()
         for pos, r in enumerate(reqs):
-            if rp.opt.speed:
-                scheduled = rp.at(r.ts_ns)
-                await rp.sleep_until(scheduled)
-            else:
-                scheduled = None
-                await rp.wait_for(lambda r=r: rp.dispatch_ptr >= r.index, None)
+            scheduled = rp.at(r.ts_ns) + setup_s if rp.opt.speed else None
+            await until_scheduled(r, scheduled)
             deps = r.deps
             ok = await rp.wait_for(lambda deps=deps: all(done[j] for j in deps) or closed.is_set(),
                                rp.opt.response_timeout)
             if not ok:
                 rp.state.note("sent_before_recorded_response_arrived")
+            if cs.reauth_at is not None and loop.time() >= cs.reauth_at and not closed.is_set():
+                await reauthenticate()  # came due while the request waited for its dependencies
             if closed.is_set():
                 res.failed += 1
                 res.failures["not sent: target closed the connection"] += 1
@@ -151,7 +185,7 @@ async def replay_connection(rp: ReplaySchedule, rc: RecordedConnection, host: st
             if (sent.api_key == SASL_HANDSHAKE and rp.opt.sasl_plain is not None and outcome.expects_response
                     and not closed.is_set()):
                 handshake = waiters[next_cid] = asyncio.get_running_loop().create_future()
-            if scheduled is not None and asyncio.get_running_loop().time() - scheduled > 0.05:
+            if scheduled is not None and loop.time() - scheduled > LATE_AFTER_S:
                 res.late += 1
             for what in outcome.rewrites:
                 res.rewrites[what] += 1
@@ -166,7 +200,7 @@ async def replay_connection(rp: ReplaySchedule, rc: RecordedConnection, host: st
                 await rp.settle(done, pos, r.index)
                 continue
             now = time.time_ns()
-            last_sent_at = asyncio.get_running_loop().time()
+            last_sent_at = loop.time()
             res.sent += 1
             if res.first_sent_ns is None:
                 res.first_sent_ns = now
@@ -178,16 +212,17 @@ async def replay_connection(rp: ReplaySchedule, rc: RecordedConnection, host: st
             await rp.notify()
             if handshake is not None:
                 answer = await _answer(rp, handshake, next_cid, waiters)
-                next_cid = await _sasl_authenticate(rp, rc, sent, answer, writer, inflight, waiters, closed)
+                next_cid = await _sasl_authenticate(rp, rc, cs, sent, answer, writer, inflight, waiters, closed,
+                                                    "sasl_authenticated_with_given_credentials")
         # wait for outstanding responses, then close when the recorded client closed
         await rp.wait_for(lambda: not inflight or closed.is_set(), rp.opt.response_timeout)
         if rp.opt.speed and rc.closed_ns and rc.end_by == "client":
             # the recorded close time, but never sooner after our last request than the client waited
             # (a broker that hangs up after an acks=0 produce must get the same chance to do so)
             gap = max(0, rc.closed_ns - reqs[-1].ts_ns) / 1e9 / rp.opt.speed
-            close_at = max(rp.at(rc.closed_ns), last_sent_at + gap)
+            close_at = max(rp.at(rc.closed_ns) + setup_s, last_sent_at + gap)
             try:
-                await asyncio.wait_for(closed.wait(), max(0.0, close_at - asyncio.get_running_loop().time()))
+                await asyncio.wait_for(closed.wait(), max(0.0, close_at - loop.time()))
             except asyncio.TimeoutError:
                 pass
         elif not rp.opt.speed and rc.closed_ns and not expects_response(reqs[-1].frame):
@@ -317,28 +352,36 @@ def sasl_refusal(step: str, sent: RequestFrame, answer: bytes) -> str | None:
     return None if code == 0 else f"sasl_{step}_error:{error_name(code)}"
 
 
-async def _sasl_first(rp: ReplaySchedule, rc: RecordedConnection, writer: asyncio.StreamWriter,
-                      inflight: dict[int, tuple[int | None, Any]], waiters: dict[int, asyncio.Future],
-                      closed: asyncio.Event) -> int:
-    """Authenticate before the first recorded request (see `authenticates_first`); the last correlation id used."""
-    rp.state.note("sasl_added_where_recording_had_none")
-    frame = sasl_plain_handshake(rc.client_id, 1)
+async def _sasl_own(rp: ReplaySchedule, rc: RecordedConnection, cs: ConnState, cid: int,
+                    writer: asyncio.StreamWriter, inflight: dict[int, tuple[int | None, Any]],
+                    waiters: dict[int, asyncio.Future], closed: asyncio.Event, success_note: str) -> int:
+    """A SaslHandshake of our own (correlation id `cid`), then SaslAuthenticate; the last correlation id used.
+
+    Before the first recorded request (see `authenticates_first`), and to renew a session whose
+    lifetime runs out (`replay.reauth`): Kafka re-authenticates with the same two requests on the
+    same connection.
+    """
+    frame = sasl_plain_handshake(rc.client_id, cid)
     answer = await _own_request(rp, frame, writer, inflight, waiters, closed)
-    return await _sasl_authenticate(rp, rc, parse_request(frame), answer, writer, inflight, waiters, closed)
+    return await _sasl_authenticate(rp, rc, cs, parse_request(frame), answer, writer, inflight, waiters, closed,
+                                    success_note)
 
 
-async def _sasl_authenticate(rp: ReplaySchedule, rc: RecordedConnection, handshake: RequestFrame,
+async def _sasl_authenticate(rp: ReplaySchedule, rc: RecordedConnection, cs: ConnState, handshake: RequestFrame,
                              answer: bytes | None, writer: asyncio.StreamWriter,
                              inflight: dict[int, tuple[int | None, Any]], waiters: dict[int, asyncio.Future],
-                             closed: asyncio.Event) -> int:
+                             closed: asyncio.Event, success_note: str) -> int:
     """After a SaslHandshake (replayed, or our own) answered `answer`, authenticate with the user's PLAIN credentials.
 
     The credentials go out only after a handshake the target accepted: one that refused PLAIN
     (UNSUPPORTED_SASL_MECHANISM) or takes no SASL at all (ILLEGAL_SASL_STATE: a PLAINTEXT
-    listener answers every SASL request so) gets no password. Every outcome is a note. Returns
+    listener answers every SASL request so) gets no password. Every outcome is a note
+    (`success_note` for an accepted one). An accepted one sets when the session must be renewed
+    (`cs.reauth_at`, from the lifetime the target answered); any other outcome clears it. Returns
     the last correlation id used on the connection.
     """
     assert rp.opt.sasl_plain is not None
+    cs.reauth_at = None
     cid = handshake.correlation_id
     if answer is None:
         rp.state.note("sasl_handshake_unanswered")
@@ -353,7 +396,10 @@ async def _sasl_authenticate(rp: ReplaySchedule, rc: RecordedConnection, handsha
     got = await _own_request(rp, frame, writer, inflight, waiters, closed)
     if got is None:
         rp.state.note("sasl_authenticate_unanswered")
-    else:
-        refused = sasl_refusal("authenticate", parse_request(frame), got)
-        rp.state.note(refused or "sasl_authenticated_with_given_credentials")
+        return cid + 1
+    sent = parse_request(frame)
+    refused = sasl_refusal("authenticate", sent, got)
+    rp.state.note(refused or success_note)
+    if refused is None:
+        cs.reauth_at = renewal_time(asyncio.get_running_loop().time(), session_lifetime_ms(sent, got))
     return cid + 1

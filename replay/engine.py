@@ -18,7 +18,9 @@ Why this shape:
 * **Recording the replay.** With `record_dir`, the engine runs a normal
   kafkatap proxy on its own loop in front of the target and connects through
   it, so the output is an ordinary recording that `kafkatap analyze
-  --compare` reads like any other.
+  --compare` reads like any other. On a SASL target that proxy's own
+  topic-name query is off (it cannot authenticate); the target's relayed
+  answers name the topics.
 * **Nothing is silent.** Every request ends as sent (answered / failed /
   unanswered-by-design for acks=0) or skipped with a reason; the totals are
   the result.
@@ -113,8 +115,14 @@ async def replay_async(recording: Recording, options: ReplayOptions) -> ReplayRe
 
     sinks = build_sinks(options.record_dir, options.proxy_id, capture="requests",
                         flush_interval_s=options.flush_interval_s, compact_interval_s=0)
+    # The proxy names topics from the target's relayed answers first; its own Metadata query is a fallback that
+    # cannot authenticate, so a SASL listener hangs up on it and the proxy warned mid-replay that it had failed.
+    resolve_topics = not replayer.state.target_takes_sasl
+    if not resolve_topics:
+        log.info("replay recording: topic names come from the target's answers only (the recording proxy's own "
+                 "Metadata query cannot authenticate to a SASL listener)", target=options.target)
     server = ProxyServer([f"127.0.0.1:0={options.target}"], sink=sinks.sink, proxy_id=options.proxy_id,
-                         capture="requests", tcp_info_interval=None)
+                         capture="requests", tcp_info_interval=None, resolve_topics=resolve_topics)
     try:
         await server.start()
         host, port = server.listen_addr

@@ -21,7 +21,9 @@ from protocol.sasl import MECHANISM as SASL_MECHANISM
 from replay.load import Recording
 from replay.state import ReplayState
 
-__all__ = ["ReplayOptions", "ReplayResult", "ReplaySchedule", "note_hint"]
+__all__ = ["ReplayOptions", "ReplayResult", "ReplaySchedule", "note_hint", "LATE_AFTER_S"]
+
+LATE_AFTER_S = 0.05  # a request sent this much after its time at --speed N is counted late (`ReplayResult.late`)
 
 
 @dataclass
@@ -62,6 +64,8 @@ NOTE_HINTS: dict[str, str] = {
     "sasl_handshake_unanswered": "the target closed the connection or did not answer the SaslHandshake in time",
     "sasl_authenticate_unanswered": "the target closed the connection or did not answer SaslAuthenticate in time",
     "target_listener_without_sasl": "the target's listener takes no SASL: --sasl-plain was not needed",
+    "sasl_reauthenticated": "sessions renewed their SASL authentication before the session lifetime the target "
+                            "sets (connections.max.reauth.ms) ran out, as Kafka's clients do (KIP-368)",
 }
 
 
@@ -84,7 +88,7 @@ class ReplayResult:
     no_response: int = 0  # acks=0 produce: nothing to wait for
     skipped: Counter = field(default_factory=Counter)
     failures: Counter = field(default_factory=Counter)
-    late: int = 0  # requests sent > 50 ms after their scheduled time (waiting for responses)
+    late: int = 0  # requests sent > LATE_AFTER_S after their scheduled time (waiting for responses)
     closed_by_target: list[str] = field(default_factory=list)  # recorded conn ids whose replay the target closed
     topics_created: list[str] = field(default_factory=list)
     notes: dict[str, int] = field(default_factory=dict)
@@ -113,7 +117,8 @@ class ReplayResult:
         if self.closed_by_target:
             lines.append(f"  the target closed {len(self.closed_by_target)} connection(s): {', '.join(self.closed_by_target[:8])}")
         if self.late:
-            lines.append(f"  {self.late} request(s) went out > 50 ms late, waiting for the target's responses")
+            lines.append(f"  {self.late} request(s) went out > {LATE_AFTER_S * 1000:.0f} ms late, waiting for the "
+                         "target's responses")
         if self.topics_created:
             lines.append(f"  topics created on the target: {', '.join(self.topics_created)}")
         for what, n in sorted(self.rewrites.items()):

@@ -21,6 +21,8 @@ class ConnState:
     fetch_sessions: dict[int, int] = field(default_factory=dict)  # recorded session id → target's
     new_fetch_session: int | None = None  # target session created by this connection's last epoch-0 fetch
     pending_member: dict[str, str] = field(default_factory=dict)  # group → member id the target just gave
+    # loop time to re-authenticate at (`replay.reauth`): the target's SASL session lifetime runs out soon after
+    reauth_at: float | None = None
 
 
 @dataclass

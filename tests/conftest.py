@@ -3,7 +3,8 @@
 `kafka_broker` is the default-version broker every integration test shares;
 `kafka_any_version` is parametrized over both pinned versions for the tests
 that must prove both work; `rec_broker` has a SASL_PLAINTEXT listener too, and
-`sasl_broker` is a second cluster with one (per module that asks for it). A
+`sasl_broker` is a second cluster with one (per module that asks for it), and
+`sasl_reauth_broker` one whose SASL sessions expire after seconds. A
 broker's log is printed when its session fails.
 """
 
@@ -20,7 +21,8 @@ from harness.kafka import LocalKafka
 from harness.jars import DEFAULT_VERSION, INCIDENT_VERSION
 
 _counter = itertools.count()
-BROKER_FIXTURES = {"kafka_broker", "kafka_broker_37", "kafka_any_version", "proxied_kafka", "rec_broker", "sasl_broker"}
+BROKER_FIXTURES = {"kafka_broker", "kafka_broker_37", "kafka_any_version", "proxied_kafka", "rec_broker", "sasl_broker",
+                   "sasl_reauth_broker"}
 
 
 def _broker(request: pytest.FixtureRequest, version: str) -> Iterator[LocalKafka]:
@@ -107,28 +109,42 @@ def rec_broker() -> Iterator[RecBroker]:
 class SaslBroker:
     """A broker (a cluster of its own) whose SASL_PLAINTEXT (PLAIN) listener advertises itself: clients connect direct."""
 
-    def __init__(self, kafka: LocalKafka, sasl_port: int) -> None:
+    def __init__(self, kafka: LocalKafka, sasl_port: int, reauth_ms: int | None = None) -> None:
         self.kafka = kafka
         self.sasl_addr = f"127.0.0.1:{sasl_port}"
         self.sasl_user = SASL_USER
         self.sasl_password = SASL_PASSWORD
+        self.reauth_ms = reauth_ms  # connections.max.reauth.ms of the SASL listener (None: Kafka's default, no limit)
+
+
+def _sasl_cluster(reauth_ms: int | None = None) -> Iterator[SaslBroker]:
+    from harness.kafka import free_port
+
+    sasl_port = free_port()
+    props = _sasl_plain_props(sasl_port, f"PLAINTEXT://127.0.0.1:{{port}},SASL_PLAINTEXT://127.0.0.1:{sasl_port}")
+    if reauth_ms is not None:
+        props["connections.max.reauth.ms"] = str(reauth_ms)
+    kafka = LocalKafka(broker_props=props)
+    kafka.start()
+    try:
+        yield SaslBroker(kafka, sasl_port, reauth_ms)
+    finally:
+        kafka.stop()
+        kafka.cleanup()
 
 
 @pytest.fixture(scope="module")
 def sasl_broker() -> Iterator[SaslBroker]:
     """Another cluster with a SASL listener: where replay's tests replay a SASL recording (module scope: one
     broker start for the module that needs it, stopped when it is done)."""
-    from harness.kafka import free_port
+    yield from _sasl_cluster()
 
-    sasl_port = free_port()
-    kafka = LocalKafka(broker_props=_sasl_plain_props(
-        sasl_port, f"PLAINTEXT://127.0.0.1:{{port}},SASL_PLAINTEXT://127.0.0.1:{sasl_port}"))
-    kafka.start()
-    try:
-        yield SaslBroker(kafka, sasl_port)
-    finally:
-        kafka.stop()
-        kafka.cleanup()
+
+@pytest.fixture(scope="module")
+def sasl_reauth_broker() -> Iterator[SaslBroker]:
+    """A cluster whose SASL listener limits a session to 3 s (connections.max.reauth.ms, KIP-368): it closes a
+    connection that sends a request after that without having re-authenticated."""
+    yield from _sasl_cluster(reauth_ms=3000)
 
 
 @pytest.fixture

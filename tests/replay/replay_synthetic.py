@@ -110,14 +110,18 @@ class FakeBroker:
     flight at once, which is what the timing tests check. `session_sasl_error`
     (api key, error code): the SASL step it refuses on every connection after
     the first (the set-up's, which it lets in), as a listener whose answer
-    changed between the set-up and the sessions would.
+    changed between the set-up and the sessions would. `session_lifetime_ms`:
+    the session lifetime its SaslAuthenticate answers set (it expires nothing).
     """
 
-    def __init__(self, delay: float = 0.0, session_sasl_error: tuple[int, int] | None = None) -> None:
+    def __init__(self, delay: float = 0.0, session_sasl_error: tuple[int, int] | None = None,
+                 session_lifetime_ms: int = 0) -> None:
         self.delay = delay
         self.session_sasl_error = session_sasl_error
+        self.session_lifetime_ms = session_lifetime_ms  # SaslAuthenticate v1+ answers it (KIP-368); 0: none
         self.arrivals: dict[int, list[tuple[float, int, int]]] = {}  # conn → (loop time, api key, cid)
         self.max_inflight: dict[int, int] = {}
+        self.inflight_at_arrival: dict[int, list[int]] = {}  # conn → requests unanswered when each one arrived
         self.frames: dict[int, list[bytes]] = {}  # conn → whole request frames as received
         self.server: asyncio.base_events.Server | None = None
         self._n = 0
@@ -149,7 +153,7 @@ class FakeBroker:
             elif key == 36:  # SaslAuthenticate: any credentials will do
                 data = response(36, ver, cid, error_code=error, auth_bytes=b"",
                                 error_message="Authentication failed" if error else None,
-                                **({"session_lifetime_ms": 0} if ver >= 1 else {}))
+                                **({"session_lifetime_ms": self.session_lifetime_ms} if ver >= 1 else {}))
             else:
                 data = (4).to_bytes(4, "big") + cid.to_bytes(4, "big", signed=True)
             inflight -= 1
@@ -162,6 +166,7 @@ class FakeBroker:
                 key, ver, cid = int.from_bytes(body[0:2], "big"), int.from_bytes(body[2:4], "big"), int.from_bytes(body[4:8], "big")
                 self.arrivals.setdefault(conn, []).append((loop.time(), key, cid))
                 self.frames.setdefault(conn, []).append(head + body)
+                self.inflight_at_arrival.setdefault(conn, []).append(inflight)
                 inflight += 1
                 self.max_inflight[conn] = max(self.max_inflight.get(conn, 0), inflight)
                 asyncio.ensure_future(answer(key, ver, cid))
