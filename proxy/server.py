@@ -120,6 +120,7 @@ class ProxyServer:
         upstream_tls: Any = None,
         fronted_by: Sequence[tuple[str, int]] = (),
         balancer: Any = None,
+        bypass_check: bool = True,
     ) -> None:
         self.routes = [r if isinstance(r, Route) else Route.parse(r) for r in routes]
         if not self.routes:
@@ -142,6 +143,9 @@ class ProxyServer:
         # (add_interceptor) applies to the connections accepted after it
         self.interceptors: list[Callable[[Any], Any]] = list(interceptors)
         self.fronted_by = list(fronted_by)  # addresses that lead here through a middlebox: not a bypass
+        # False where no client follows the addresses brokers advertise (replay's recording proxy sends every
+        # session to this listener), so an advertised address is no bypass and must not be reported as one
+        self.bypass_check = bypass_check
         # cluster mode (proxy.cluster.ClusterMode): per-broker listeners and address rewriting
         self.cluster = cluster
         self.tls_server = tls_server  # ssl.SSLContext: every listener terminates the clients' TLS (proxy.tls)
@@ -233,12 +237,13 @@ class ProxyServer:
                      upstream=f"{up[0]}:{up[1]}" if up else "original destination (transparent)")
 
     def _bypass_step(self) -> Any:
-        """Explicit and cluster mode: rows go through the bypass check (proxy.bypass); transparent mode needs none.
+        """Explicit and cluster mode: rows go through the bypass check (proxy.bypass); transparent mode needs none,
+        nor a proxy told its clients never follow advertised addresses (`bypass_check=False`).
 
         In cluster mode the rows hold the addresses as rewritten, so only a broker that got no
         listener shows up, and the brokers' own addresses are the ones the registry has learned.
         """
-        if any(r.upstream is None for r in self.routes):
+        if not self.bypass_check or any(r.upstream is None for r in self.routes):
             return self._emit
         fixed = [r.upstream for r in self.routes if r.upstream]
         cluster = self.cluster

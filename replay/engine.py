@@ -122,7 +122,8 @@ async def replay_async(recording: Recording, options: ReplayOptions) -> ReplayRe
         log.info("replay recording: topic names come from the target's answers only (the recording proxy's own "
                  "Metadata query cannot authenticate to a SASL listener)", target=options.target)
     server = ProxyServer([f"127.0.0.1:0={options.target}"], sink=sinks.sink, proxy_id=options.proxy_id,
-                         capture="requests", tcp_info_interval=None, resolve_topics=resolve_topics)
+                         capture="requests", tcp_info_interval=None, resolve_topics=resolve_topics,
+                         bypass_check=False)  # every session is sent here, whatever the target advertises
     try:
         await server.start()
         host, port = server.listen_addr

@@ -114,6 +114,9 @@ def test_replay_on_b_produces_joins_and_is_recorded(brokers: Brokers, session: R
             if r["final"] and r["last_request_acks"] == 0 and (r["last_request_bytes"] or 0) > OVERSIZE_BYTES]
     assert len(orig) == 1 and orig[0]["end_by"] == "client"
     assert "the target closed 1 connection(s)" in replayed.stdout
+    # every replayed session goes through replay's own proxy, whatever B advertises: no bypass is reported
+    assert "around the proxy" not in replayed.stdout, replayed.stdout
+    assert not [r for r in req if r["bypass"]]
 
 
 @pytest.mark.spark
