@@ -125,16 +125,18 @@ def broker_failure(log_text: str, stdout_text: str = "") -> str:
 def stalled_start(log_text: str, stdout_text: str = "") -> str | None:
     """Why a start-up that neither completed nor exited hung: the error it logged, else the warning it kept
     repeating (a controller quorum it cannot reach: "Connection to node 2 … could not be established" twice
-    a second), else None (a start that was merely slow)."""
+    a second), else None (a start that was merely slow).
+
+    Of repeated warnings the one logged last is kept, not the most frequent: a node warns about reaching its
+    own controller too until that listener is up, a few times, and then stops; what it waits on goes on.
+    """
     cause = named_cause(log_text, stdout_text)
     if cause:
         return cause
-    warnings = Counter(r.message for r in log_records(log_text) if r.level == "WARN")
-    if warnings:
-        message, times = warnings.most_common(1)[0]
-        if times >= _REPEATED_WARNING:
-            return f"it kept warning ({times} times): {message}"
-    return None
+    warnings = [r.message for r in log_records(log_text) if r.level == "WARN"]
+    times = Counter(warnings)
+    ongoing = next((m for m in reversed(warnings) if times[m] >= _REPEATED_WARNING), None)
+    return f"it kept warning ({times[ongoing]} times): {ongoing}" if ongoing else None
 
 
 def log_excerpt(log_text: str, lines: int = 5) -> str:
