@@ -16,7 +16,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
-import re
 import shutil
 import signal
 import socket
@@ -30,6 +29,7 @@ from typing import Mapping
 
 import structlog
 
+from harness.broker_log import STARTED_LINE, broker_failure, java_error, log_excerpt, remedy, stalled_start
 from harness.jars import (
     DEFAULT_VERSION,
     KafkaHarnessError,
@@ -38,13 +38,14 @@ from harness.jars import (
     release,
     require_tool,
 )
+from harness.ports import listener_ports, port_holder, port_in_use, port_is_free
 from harness.wire import WireClient
 from protocol.apis import METADATA
 from protocol.errors import ProtocolError
 
 log = structlog.get_logger("kafkatap.kafka")
 
-__all__ = ["LocalKafka", "KafkaHarnessError", "free_port", "DEFAULT_VERSION", "broker_failure"]
+__all__ = ["LocalKafka", "KafkaHarnessError", "free_port", "port_is_free", "DEFAULT_VERSION", "broker_failure"]
 
 _BASE_PROPS = {
     "process.roles": "broker,controller",
@@ -62,79 +63,6 @@ _BASE_PROPS = {
 _HANDED_OUT: set[int] = set()
 
 
-def java_error(output: str) -> str:
-    """The line of a Java tool's output that says what went wrong: its exception's message, not a stack frame.
-
-    `--prop message.max.bytes=abc` made StorageTool end with a trace whose last line is `at kafka.tools…`;
-    the cause is the `…ConfigException: Invalid value abc …` line above it. Of a chain of causes the one
-    that says most is kept (`_most_telling`): a broker that could not bind a listener says
-    "RuntimeException: Received a fatal error while waiting for all of the SocketServer Acceptors to be
-    started", and only its third cause names the port.
-    """
-    lines = [ln.strip() for ln in output.strip().splitlines() if ln.strip()]
-    messages = [ln for ln in lines if not ln.startswith(("at ", "..."))]
-    causes = [ln for ln in messages if "Exception" in ln or "Error" in ln]
-    if not causes:
-        return (messages or lines or ["(no output)"])[-1]
-    chain = [causes[0].removeprefix("Caused by: ")]
-    chain += [ln.removeprefix("Caused by: ") for ln in causes[1:] if ln.startswith("Caused by: ")]
-    return _most_telling(chain)
-
-
-def _most_telling(chain: list[str]) -> str:
-    """Of `Exception: message` lines, outermost first: the deepest cause with a message, or the exception
-    above it when that one repeats its message and adds to it (`BindException: Address already in use`
-    under `KafkaException: Socket server failed to bind to 127.0.0.1:9092: Address already in use.`)."""
-    def told(line: str) -> str:
-        return line.partition(": ")[2]
-
-    with_text = [ln for ln in chain if told(ln)]
-    if not with_text:
-        return chain[0]
-    best = with_text[-1]
-    for above in reversed(with_text[:-1]):
-        if told(best) in told(above) and told(above) != best:  # not a wrapper whose message is the cause's line
-            best = above
-        else:
-            break
-    return best
-
-
-_LOG_RECORD = re.compile(r"^\[\d{4}-\d\d-\d\d [\d:,.]+\] (TRACE|DEBUG|INFO|WARN|ERROR|FATAL) ")
-# Kafka.main's words when the broker's start-up threw, 3.x and 4.x alike; the exception follows
-_FATAL_AT_START = "Exiting Kafka due to fatal exception"
-# KafkaRaftServer.startup()'s last line, 3.x and 4.x alike: logged only once every part of the start-up
-# returned, nothing of it left to fail. (BrokerServer's "Transition from STARTING to STARTED" is no such
-# sign: it is logged on the way to a shutdown too.)
-STARTED_LINE = b"Kafka Server started"
-
-
-def broker_failure(log_text: str, stdout_text: str = "") -> str:
-    """Why a broker exited, in one line from its own log: the exception its start-up ended with, else the
-    first error it logged, else what the JVM printed (a heap it could not reserve), else that it said nothing.
-
-    Why not the log's last lines: a broker that fails logs its whole shutdown after the cause (hundreds
-    of lines of threads stopping); the user needs the one line naming a port, a setting or a directory.
-    """
-    records: list[tuple[str, list[str]]] = []
-    for line in log_text.splitlines():
-        head = _LOG_RECORD.match(line)
-        if head:
-            records.append((head.group(1), [line[head.end():]]))
-        elif records:
-            records[-1][1].append(line)
-    fatal = [r for r in records if r[1][0].startswith(_FATAL_AT_START)]
-    chosen = fatal[-1] if fatal else next((r for r in records if r[0] in ("ERROR", "FATAL")), None)
-    if chosen is not None:
-        first, trace = chosen[1][0], chosen[1][1:]
-        if any(ln.strip() for ln in trace):
-            return java_error("\n".join(trace))
-        return re.sub(r" \([\w.$]+\)$", "", first)  # the message without its logger's name
-    if stdout_text.strip():
-        return java_error(stdout_text)
-    return "its log names no error"
-
-
 def free_port(host: str = "127.0.0.1") -> int:
     """A port the kernel just handed out and released, never one this process was given before.
 
@@ -150,16 +78,6 @@ def free_port(host: str = "127.0.0.1") -> int:
             _HANDED_OUT.add(port)
             return port
     raise OSError("no fresh free port after 1000 draws")
-
-
-def port_is_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 def _kafka_uuid() -> str:
@@ -287,12 +205,11 @@ class LocalKafka:
     def start(self) -> "LocalKafka":
         """Format storage, start every node, wait until each serves (`_wait_ready`): started, answering, alive."""
         require_tool("java", "default-jre-headless")
+        if self.netns is None:  # a namespace's ports are its own: the broker's exit there names the port
+            self._refuse_taken_ports()
         lib = ensure_jars(self.version)
         t0 = time.monotonic()
         for node in self.nodes:
-            if self.netns is None and not port_is_free(self.host, node.port):
-                self.cleanup()
-                raise KafkaHarnessError(f"port {self.host}:{node.port} is taken; pick another with --port")
             node.dir.mkdir(parents=True, exist_ok=True)
             props = self._node_properties(node)
             (node.dir / "server.properties").write_text("".join(f"{k}={v}\n" for k, v in props.items()))
@@ -304,7 +221,8 @@ class LocalKafka:
                 capture_output=True, text=True,
             )
             if fmt.returncode != 0:
-                raise KafkaHarnessError(f"formatting storage failed: {java_error(fmt.stderr or fmt.stdout)}")
+                cause = java_error(fmt.stderr or fmt.stdout)
+                raise KafkaHarnessError(f"formatting storage failed: {_with_remedy(cause)}")
         for node in self.nodes:
             self._launch(lib, node)
         self._wait_ready()
@@ -387,6 +305,26 @@ class LocalKafka:
         return "\n".join(out)
 
     # -- internals --------------------------------------------------------------
+    def _refuse_taken_ports(self) -> None:
+        """Refuse to start while a port any node will bind is held by another socket, naming each and its holder.
+
+        Why every listener and not just the main port: the broker binds the controller's port, the main one and
+        any extra (SASL, TLS) listener late in its start-up and exits on the first one taken, with a stack trace
+        seconds later; from here the user learns which port, which process holds it, and that no JVM was started.
+        """
+        taken = []
+        for node in self.nodes:
+            of_node = f" of node {node.node_id}" if len(self.nodes) > 1 else ""
+            for name, host, port in listener_ports(self._node_properties(node)["listeners"]):
+                if port_in_use(host, port):
+                    todo = ("pick another with --port" if port == node.port
+                            else "stop it, or move that listener (--prop listeners=…)")
+                    taken.append(f"the {name} listener{of_node}'s port {host}:{port} is taken by "
+                                 f"{port_holder(port)}; {todo}")
+        if taken:
+            self.cleanup()
+            raise KafkaHarnessError("; and ".join(taken) + " (no broker was started)")
+
     def _node_properties(self, node: Node) -> dict[str, str]:
         voters = ",".join(f"{n.node_id}@{self.host}:{n.controller_port}" for n in self.nodes)
         rf = str(min(3, len(self.nodes)))
@@ -473,9 +411,7 @@ class LocalKafka:
                     except (OSError, ProtocolError) as exc:  # not serving, or an answer that is not Metadata
                         last_err = str(exc)
                 if time.monotonic() > deadline:
-                    self.stop()
-                    raise KafkaHarnessError(
-                        f"broker not ready after {self.start_timeout:.0f}s ({last_err}):\n{self.log_tail(15)}")
+                    raise self._not_ready(node, last_err)
                 # polling the log and the port of an external JVM; its exit ends the wait at once
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     node.proc.wait(_READY_POLL_S)
@@ -492,10 +428,39 @@ class LocalKafka:
             how = signal.Signals(-code).name
         else:
             how = str(code)
-        cause = broker_failure(_read_from(node.log_file, node.log_offset),
-                               _read_from(node.dir / "stdout.log", node.stdout_offset))
+        cause = broker_failure(*self._this_runs_output(node))
         self.stop()
-        return KafkaHarnessError(f"broker node {node.node_id} exited ({how}) {when}: {cause} (log: {node.log_file})")
+        return KafkaHarnessError(f"broker node {node.node_id} exited ({how}) {when}: {_with_remedy(cause)} "
+                                 f"(log: {node.log_file})")
+
+    def _not_ready(self, node: Node, last_err: str) -> KafkaHarnessError:
+        """The error for a node still starting at the deadline; all stopped.
+
+        Its log is read before it is stopped: what follows is the shutdown we asked for, and its last lines
+        (what this said before) were only that. A cause is named when the log has one (an error, or a
+        warning it kept repeating, such as a controller it cannot reach); else the start was merely slow,
+        and the log's last lines are shown as such, labelled, with what to do about a slow start.
+        """
+        log_text, stdout_text = self._this_runs_output(node)
+        self.stop()
+        head = f"broker node {node.node_id} not ready after {self.start_timeout:g} s ({last_err})"
+        cause = stalled_start(log_text, stdout_text)
+        if cause:
+            return KafkaHarnessError(f"{head}: {_with_remedy(cause)} (log: {node.log_file})")
+        return KafkaHarnessError(
+            f"{head}, and its log names no error: a slow or busy machine needs a longer start timeout "
+            f"(--start-timeout) (log: {node.log_file})\nits log's last lines before it was stopped:\n"
+            f"{log_excerpt(log_text)}")
+
+    def _this_runs_output(self, node: Node) -> tuple[str, str]:
+        """What the node's JVM of this launch wrote to server.log and to stdout.log (a restart appends to both)."""
+        return (_read_from(node.log_file, node.log_offset),
+                _read_from(node.dir / "stdout.log", node.stdout_offset))
+
+
+def _with_remedy(cause: str) -> str:
+    todo = remedy(cause)
+    return f"{cause}; {todo}" if todo else cause
 
 
 _READY_POLL_S = 0.05  # a look at the log (new bytes only) and the process; the port is asked once the log says so

@@ -244,6 +244,9 @@ def _alive(pid: int, config: str | None = None) -> bool:
 def kafka() -> None:
     """A local Apache Kafka broker (KRaft, Maven-fetched jars) that outlives the command.
 
+    Its state (pid, address, log path) is kept in $KAFKATAP_CACHE/local-kafka.json and its work dir (config,
+    server.log, data) in $KAFKATAP_CACHE/local-broker/ ($KAFKATAP_CACHE defaults to .kafka/ in the checkout).
+
     \b
     Examples:
       kafkatap kafka up --port 9092 --prop message.max.bytes=100000
@@ -264,12 +267,25 @@ def kafka() -> None:
                    "`kafka down` leaves DIR alone, and a later `kafka up --data-dir DIR` starts from it (same "
                    "--kafka-version or newer: an older one is refused). Default: a fresh directory in the cache's "
                    "work dir, removed by `kafka down`.")
+@click.option("--start-timeout", type=click.FloatRange(min=1), default=90, show_default=True, metavar="SECONDS",
+              help="How long the broker may take to start serving before it is stopped and the start reported failed.")
 def kafka_up(kafka_version: str, old_version: str | None, port: int | None, props: tuple[str, ...],
-             data_dir: Path | None) -> None:
-    """Start a detached broker; its state is kept in the cache dir for `status` and `down`.
+             data_dir: Path | None, start_timeout: float) -> None:
+    """Start a detached broker and return once it serves; its state is kept for `status` and `down`
+    in $KAFKATAP_CACHE/local-kafka.json (default cache: .kafka/ in the checkout).
 
     Without --data-dir every `kafka up` starts an empty broker; with it, topics and their records
-    outlive `kafka down` (the broker keeps the cluster id it was first formatted with).
+    outlive `kafka down` (the broker keeps the cluster id it was first formatted with). Every port the
+    broker will bind (its listener, its controller's, any added with --prop listeners=…) must be free:
+    a taken one is refused before any JVM starts, naming the process that holds it.
+
+    \b
+    Exit status:
+      0  the broker serves (its address, pid and log path are printed)
+      1  it did not start: one line names the cause from its log (a port, a
+         setting, a directory, a Java too old), what to do, and the log's path
+         ($KAFKATAP_CACHE/local-broker/node-1/server.log); or one already runs
+      2  a bad option (--prop, --data-dir), refused before anything started
 
     \b
     Examples:
@@ -313,7 +329,7 @@ def kafka_up(kafka_version: str, old_version: str | None, port: int | None, prop
             raise click.BadParameter(f"cannot create {data_dir}: {exc.strerror or exc}", param_hint="--data-dir") from None
         broker_props["log.dirs"] = str(data_dir)
     shutil.rmtree(workdir, ignore_errors=True)
-    k = LocalKafka(version=version, broker_props=broker_props, port=port, workdir=workdir)
+    k = LocalKafka(version=version, broker_props=broker_props, port=port, workdir=workdir, start_timeout=start_timeout)
     formatted = _cluster_id_of(data_dir) if data_dir is not None else None
     if formatted:  # a data dir from an earlier `kafka up`: its storage stays formatted as it is (a new id is refused)
         k.cluster_id = formatted
@@ -427,7 +443,17 @@ def shown_props(props: dict[str, str]) -> dict[str, str]:
 
 @kafka.command("status")
 def kafka_status() -> None:
-    """Show the local broker (exit 1 when none is running).
+    """Show the local broker `kafka up` started ($KAFKATAP_CACHE/local-kafka.json): address, pid, whether it
+    serves, its props and log path.
+
+    A broker that stopped since (killed, crashed, halted on a failed disk) is shown with when it stopped,
+    as far as its log tells, and why: the signal or error its log names, or that its log just ends
+    (SIGKILL, e.g. the kernel's OOM killer).
+
+    \b
+    Exit status:
+      0  the broker is running
+      1  it is not: never started, or stopped (with when and why)
 
     \b
     Example:
@@ -448,17 +474,47 @@ def kafka_status() -> None:
         except (OSError, ValueError) as exc:
             serving = f"no ({exc})"
     click.echo(f"Kafka {state['version']} at {state['bootstrap']}: pid {state['pid']} {'running' if alive else 'NOT running'}, "
-               f"serving: {serving}\n  started {state['started']}, props {state['props'] or '{}'}\n  log {state['log']}"
-               + (f"\n  data {state['data_dir']} (kept by `kafka down`)" if state.get("data_dir") else ""))
+               f"serving: {serving}" + ("" if alive else f"\n  {_stopped(Path(state['log']))}")
+               + f"\n  started {state['started']}, props {state['props'] or '{}'}\n  log {state['log']}"
+               + (f"\n  data {state['data_dir']} (kept by `kafka down`)" if state.get("data_dir") else "")
+               + ("" if alive else "\n  `kafkatap kafka down` clears this state; `kafkatap kafka up` starts a new broker"))
     sys.exit(0 if alive else 1)
+
+
+def _stopped(log_file: Path) -> str:
+    """When and why the broker stopped, from its server.log (and the JVM's stdout.log beside it)."""
+    from harness.broker_log import broker_stop
+
+    try:
+        log_text = log_file.read_text(errors="replace")
+    except OSError:
+        return f"stopped; its log {log_file} is gone, so why is unknown"
+    try:
+        stdout_text = (log_file.parent / "stdout.log").read_text(errors="replace")
+    except OSError:
+        stdout_text = ""
+    stop = broker_stop(log_text, stdout_text)
+    if stop.time is None:
+        return f"stopped: {stop.cause}"
+    return f"stopped {'at' if stop.exact else 'after'} {_utc(stop.time)}: {stop.cause}"
+
+
+def _utc(broker_time: str) -> str:
+    """A time as the broker logged it (local time, to the second) in the form `started` has (UTC)."""
+    from datetime import datetime, timezone
+
+    local = datetime.strptime(broker_time, "%Y-%m-%d %H:%M:%S")
+    return local.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @kafka.command("down")
 @click.option("--keep-data", is_flag=True, help="Keep the work dir (data and server.log).")
 def kafka_down(keep_data: bool) -> None:
-    """Stop the local broker (SIGTERM, then SIGKILL after 20 s) and remove its work dir.
+    """Stop the local broker (SIGTERM, then SIGKILL after 20 s) and remove its state
+    ($KAFKATAP_CACHE/local-kafka.json) and work dir ($KAFKATAP_CACHE/local-broker/).
 
     A --data-dir given to `kafka up` is never removed: the next `kafka up --data-dir DIR` starts from it.
+    With no broker to stop it says so and does nothing. Exit status 0 in either case.
 
     \b
     Examples:
@@ -467,10 +523,11 @@ def kafka_down(keep_data: bool) -> None:
     """
     state = _read_state()
     if not state:
-        click.echo("no local broker")
+        click.echo("no local broker is running: nothing to stop")
         return
     pid, config = state["pid"], state.get("config")
-    if _alive(pid, config):
+    was_running = _alive(pid, config)
+    if was_running:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)  # started in its own session: pid == process group
         deadline = time.monotonic() + 20
@@ -482,6 +539,7 @@ def kafka_down(keep_data: bool) -> None:
     _state_path().unlink(missing_ok=True)
     if not keep_data:
         shutil.rmtree(state["workdir"], ignore_errors=True)
-    click.echo(f"stopped the local broker at {state['bootstrap']} (pid {pid})"
+    click.echo((f"stopped the local broker at {state['bootstrap']} (pid {pid})" if was_running else
+                f"the local broker at {state['bootstrap']} (pid {pid}) had already stopped; removed its state")
                + (f"; its data stays in {state['data_dir']}" if state.get("data_dir") else ""))
 

@@ -92,6 +92,28 @@ def test_port_taken_is_a_one_line_error() -> None:
             LocalKafka(port=port).start()
 
 
+@pytest.mark.parametrize("listener", ["CONTROLLER", "SASL_PLAINTEXT"])
+def test_every_listener_port_is_checked_before_the_start(tmp_path, listener: str) -> None:
+    """The controller's port (drawn free when the broker is made, bound seconds later) and an extra listener's: a
+    taken one is named, with the process holding it (this one), and nothing is formatted or launched."""
+    import os
+    import socket
+
+    from harness.kafka import free_port
+
+    sasl_port = free_port()
+    kafka = LocalKafka(workdir=tmp_path, broker_props={"listeners": (
+        "PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}," f"SASL_PLAINTEXT://127.0.0.1:{sasl_port}")})
+    port = kafka.nodes[0].controller_port if listener == "CONTROLLER" else sasl_port
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        with pytest.raises(KafkaHarnessError) as err:
+            kafka.start()
+    assert str(err.value).startswith(f"the {listener} listener's port 127.0.0.1:{port} is taken by pid {os.getpid()} ")
+    assert not kafka.nodes[0].dir.exists() and kafka.nodes[0].proc is None
+
+
 def test_broker_that_exits_reports_its_log(tmp_path) -> None:
     bad = LocalKafka(broker_props={"num.network.threads": "not-a-number"}, workdir=tmp_path, start_timeout=60)
     with pytest.raises(KafkaHarnessError) as err:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -200,41 +201,60 @@ def test_up_names_the_cause_of_a_broker_that_exits_after_its_listener_answered(t
     to bind the second listener and exits. `up` said "Kafka up at …" about half of the time (when its probe landed
     in that window), and otherwise printed the last 15 lines of the broker's shutdown, none of which said why.
 
-    With or without that race: exit 1 with one message naming the cause from the broker's own log, and the log's path;
-    and no state left, not even the one of an earlier broker that had died (its work dir is gone with this `up`)."""
+    With or without that race: exit 1 with one message naming the cause from the broker's own log, the log's path and
+    what to do; and no state left, not even the one of an earlier broker that had died (its work dir is gone with this
+    `up`). The port is taken after `up`'s own check of every listener's port (which refuses a port taken before),
+    as by a process that binds it in between."""
     import socket
     import subprocess
+
+    from harness.kafka import LocalKafka, free_port
 
     monkeypatch.setattr(scli, "_state_path", lambda: tmp_path / "state.json")
     monkeypatch.setattr(scli, "_workdir", lambda: tmp_path / "broker")
     dead = subprocess.Popen(["true"])
     dead.wait()
     _write_state(tmp_path, dead.pid)  # an earlier broker's, which died
-    try:
-        with socket.socket() as taken:
-            taken.bind(("127.0.0.1", 0))
+    port = free_port()
+    launch = LocalKafka._launch
+    with socket.socket() as taken:
+        def take_the_port_then_launch(self: LocalKafka, lib, node) -> None:
+            taken.bind(("127.0.0.1", port))
             taken.listen()
-            port = taken.getsockname()[1]
+            launch(self, lib, node)
+
+        monkeypatch.setattr(LocalKafka, "_launch", take_the_port_then_launch)
+        try:
             res = CliRunner().invoke(cli, [
                 "kafka", "up",
                 "--prop", f"listeners=PLAINTEXT://127.0.0.1:{{port}},CONTROLLER://127.0.0.1:{{controller_port}},"
                           f"EXTERNAL://127.0.0.1:{port}",
                 "--prop", "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,EXTERNAL:PLAINTEXT"])
-        assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
-        error = _logged_error(res.output)
-        assert f"Socket server failed to bind to 127.0.0.1:{port}: Address already in use" in error, res.output
-        assert str(tmp_path / "broker" / "node-1" / "server.log") in error
-        assert not (tmp_path / "state.json").exists()
-        status = CliRunner().invoke(cli, ["kafka", "status"])
-        assert status.exit_code == 1 and "no local broker" in status.output, status.output
-    finally:
-        _down_if_up_said_up(tmp_path)
+            assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
+            error = _logged_error(res.output)
+            assert f"Socket server failed to bind to 127.0.0.1:{port}: Address already in use" in error, res.output
+            assert "stop what holds that port, or pick other ports" in error
+            assert str(tmp_path / "broker" / "node-1" / "server.log") in error
+            assert not (tmp_path / "state.json").exists()
+            status = CliRunner().invoke(cli, ["kafka", "status"])
+            assert status.exit_code == 1 and "no local broker" in status.output, status.output
+        finally:
+            _down_if_up_said_up(tmp_path)
 
 
-def test_status_says_not_running_once_the_broker_died(tmp_path, monkeypatch) -> None:
-    """A broker that dies after `up` (here SIGKILL, as the OOM killer does): `status` says NOT running and exits 1,
-    and `down` still removes its state."""
+@pytest.mark.parametrize("sig, stop", [
+    ("SIGKILL", "stopped after {t}: its log ends without a shutdown: killed by SIGKILL (the kernel's OOM killer, "
+                "`kill -9`) or the machine stopped"),
+    ("SIGTERM", "stopped at {t}: stopped by SIGTERM (someone or something ran `kill`; `kafka down` would have "
+                "cleared the state)"),
+])
+def test_status_names_when_and_why_the_broker_died(tmp_path, monkeypatch, sig: str, stop: str) -> None:
+    """A broker that dies after `up` (SIGKILL, as the OOM killer does; SIGTERM from someone's `kill`): `status` says
+    NOT running and exits 1, and (it said only that) when it stopped and why, from its log, and where that log is;
+    `down` then says it had already stopped and removes its state."""
+    import re
     import signal
+    from datetime import datetime, timezone
 
     monkeypatch.setattr(scli, "_state_path", lambda: tmp_path / "state.json")
     monkeypatch.setattr(scli, "_workdir", lambda: tmp_path / "broker")
@@ -243,13 +263,20 @@ def test_status_says_not_running_once_the_broker_died(tmp_path, monkeypatch) -> 
     try:
         assert res.exit_code == 0, res.output
         pid = json.loads((tmp_path / "state.json").read_text())["pid"]
-        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, signal.Signals[sig])
         os.waitpid(pid, 0)  # in-process the JVM is our child: its exit is the event to await (init reaps it otherwise)
         res = runner.invoke(cli, ["kafka", "status"])
         assert res.exit_code == 1 and f"pid {pid} NOT running" in res.output and "serving: no" in res.output, res.output
+        when = re.search(r"stopped (?:at|after) (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)", res.output)
+        assert when, res.output
+        assert stop.format(t=when[1]) in res.output, res.output
+        stopped = datetime.strptime(when[1], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+        assert abs((datetime.now(timezone.utc) - stopped).total_seconds()) < 120  # UTC, as `started` is
+        assert f"log {tmp_path / 'broker' / 'node-1' / 'server.log'}" in res.output
     finally:
         res = runner.invoke(cli, ["kafka", "down"])
     assert res.exit_code == 0 and not (tmp_path / "state.json").exists(), res.output
+    assert f"(pid {pid}) had already stopped; removed its state" in res.output
 
 
 def test_status_and_down_do_not_take_another_kafka_process_for_the_broker(tmp_path, monkeypatch) -> None:
@@ -272,3 +299,109 @@ def test_status_and_down_do_not_take_another_kafka_process_for_the_broker(tmp_pa
     finally:
         other.kill()
         other.wait()
+
+
+@pytest.mark.parametrize("listener", ["CONTROLLER", "SASL_PLAINTEXT"])
+def test_up_refuses_any_taken_listener_port_before_starting_java(tmp_path, monkeypatch, listener: str) -> None:
+    """Only the main port was checked before the start: a taken controller port or extra (SASL) listener port made
+    the broker exit seconds later, on whichever it bound first. Now `up` refuses at once, before formatting storage
+    or starting a JVM, naming the listener, the port and the process that holds it (this test's own)."""
+    import socket
+
+    monkeypatch.setattr(scli, "_state_path", lambda: tmp_path / "state.json")
+    monkeypatch.setattr(scli, "_workdir", lambda: tmp_path / "broker")
+    listeners = {"PLAINTEXT": "127.0.0.1:{port}", "CONTROLLER": "127.0.0.1:{controller_port}"}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        listeners[listener] = f"127.0.0.1:{port}"
+        res = CliRunner().invoke(cli, ["kafka", "up", "--prop",
+                                       "listeners=" + ",".join(f"{k}://{v}" for k, v in listeners.items())])
+    assert res.exit_code == 1, res.output
+    error = _logged_error(res.output)
+    assert (f"the {listener} listener's port 127.0.0.1:{port} is taken by pid {os.getpid()} (") in error, error
+    assert "stop it, or move that listener (--prop listeners=…) (no broker was started)" in error, error
+    assert not (tmp_path / "broker" / "node-1").exists()  # no storage formatted, no JVM started
+    assert not (tmp_path / "state.json").exists()
+
+
+def test_up_that_times_out_says_so_in_one_line_with_a_labelled_excerpt(tmp_path, monkeypatch) -> None:
+    """A start still under way at the deadline, its log naming no error (here: a 1 s timeout, a JVM that takes
+    seconds): `up` ended with 15 raw lines of the shutdown it had itself caused. Now: one line saying what
+    happened, what to do and where the log is, then at most five of the log's last lines before the stop, labelled."""
+    monkeypatch.setattr(scli, "_state_path", lambda: tmp_path / "state.json")
+    monkeypatch.setattr(scli, "_workdir", lambda: tmp_path / "broker")
+    try:
+        res = CliRunner().invoke(cli, ["kafka", "up", "--start-timeout", "1"])
+        assert res.exit_code == 1, res.output
+        log = tmp_path / "broker" / "node-1" / "server.log"
+        assert _logged_error(res.output) == (
+            "Error: broker node 1 not ready after 1 s (its log does not say it started), and its log names no error: "
+            f"a slow or busy machine needs a longer start timeout (--start-timeout) (log: {log})"), res.output
+        excerpt = res.output.split("its log's last lines before it was stopped:\n", 1)[1].splitlines()
+        assert 1 <= len(excerpt) <= 5 and all(ln.startswith("  | ") for ln in excerpt), res.output
+        assert not any("Terminating process due to signal" in ln for ln in excerpt), res.output  # not our own stop
+        assert not (tmp_path / "state.json").exists()
+    finally:
+        _down_if_up_said_up(tmp_path)
+
+
+class _DeadlineOnceLogged:
+    """A stand-in for harness.kafka's `time` whose clock jumps past any deadline once `log` holds `needle` `times`
+    times: the start times out when the hang has shown itself, however long a loaded machine takes to get there."""
+
+    def __init__(self, log, needle: str, times: int) -> None:
+        self.log, self.needle, self.times = log, needle, times
+
+    def monotonic(self) -> float:
+        logged = self.log.read_text(errors="replace").count(self.needle) if self.log.exists() else 0
+        return time.monotonic() + (1e6 if logged >= self.times else 0)
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+
+def test_up_that_hangs_on_an_unreachable_controller_names_it(tmp_path, monkeypatch) -> None:
+    """A start that hangs for a reason its log tells only in warnings (a quorum of two voters, the second nowhere):
+    the one line names the warning it kept repeating and what to check, instead of the log's last lines."""
+    import harness.kafka
+    from harness.kafka import free_port
+
+    monkeypatch.setattr(scli, "_state_path", lambda: tmp_path / "state.json")
+    monkeypatch.setattr(scli, "_workdir", lambda: tmp_path / "broker")
+    nowhere = free_port()
+    unreachable = f"Connection to node 2 (/127.0.0.1:{nowhere}) could not be established"
+    log = tmp_path / "broker" / "node-1" / "server.log"
+    # six: by then its own controller listener is long up, and only the unreachable voter is still warned about
+    monkeypatch.setattr(harness.kafka, "time", _DeadlineOnceLogged(log, unreachable, 6))
+    try:
+        res = CliRunner().invoke(cli, [
+            "kafka", "up", "--start-timeout", "600",
+            "--prop", f"controller.quorum.voters=1@127.0.0.1:{{controller_port}},2@127.0.0.1:{nowhere}"])
+        assert res.exit_code == 1, res.output
+        error = _logged_error(res.output)
+        assert error.startswith("Error: broker node 1 not ready after 600 s (its log does not say it started): "
+                                "it kept warning ("), error
+        assert unreachable in error and "the broker cannot reach its controller quorum" in error, error
+        assert error.endswith(f"(log: {log})"), error
+        assert len(res.output.strip().splitlines()) == 1, res.output
+    finally:
+        _down_if_up_said_up(tmp_path)
+
+
+def test_down_without_a_broker_is_a_no_op_that_says_so(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(scli, "_state_path", lambda: tmp_path / "state.json")
+    res = CliRunner().invoke(cli, ["kafka", "down"])
+    assert res.exit_code == 0 and res.output == "no local broker is running: nothing to stop\n", res.output
+
+
+@pytest.mark.parametrize("command, says", [
+    ("up", ["local-kafka.json", "node-1/server.log", "Exit status", "refused before any JVM starts"]),
+    ("status", ["local-kafka.json", "Exit status", "when it stopped"]),
+    ("down", ["local-kafka.json", "local-broker/", "Exit status 0"]),
+])
+def test_help_says_where_state_and_logs_live_and_the_exit_statuses(command: str, says: list[str]) -> None:
+    res = CliRunner().invoke(cli, ["kafka", command, "--help"])
+    text = "".join(res.output.split())  # click wraps at hyphens too ("local-\nbroker/")
+    assert res.exit_code == 0 and all("".join(s.split()) in text for s in says), res.output
