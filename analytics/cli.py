@@ -32,7 +32,7 @@ DATASETS_READ = ("requests", "connections", "tcp")  # what analytics.load reads 
               help="Spark master: local[2] (default; env KAFKATAP_SPARK_MASTER), local[*], spark://host:7077, yarn, k8s://…")
 @click.option("--since", type=TIME, default=None, metavar="TIME",
               help=f"Only traffic at or after TIME: {TIME_HELP}. The report's span, time bucket and connection tables "
-                   "(series, ends, lifetimes, resets, reconnects, broker closes) cover the window, read as a recording of its own (what is open at "
+                   "(series, ends, lifetimes, resets, reconnects, broker closes), TCP tables and --compare's ends cover the window, read as a recording of its own (what is open at "
                    "its start or end counts as open, not as an open or an end: README, 'Narrowing an analysis to a window').")
 @click.option("--until", type=TIME, default=None, metavar="TIME", help="Only traffic at or before TIME (same forms as --since).")
 @click.option("--broker", "brokers", multiple=True, metavar="ADDR", help="Only this broker (host or host:port); repeatable.")

@@ -106,7 +106,8 @@ def table_plan(i: Inputs, bucket_s: int, window: tuple[int | None, int | None] =
     lifetimes, resets, reconnects, broker closes, unanswered at close) takes the window to read it as a
     recording of its own (transforms.window: `as_at_window_end`, connections already open at its start
     count as open, not as opens, and those open at its end as open, not as ends). The client inventory
-    counts the connections that carried the client's requests, which are the window's already.
+    counts the connections that carried the client's requests, which are the window's already. The TCP
+    tables read `i.sides`, which `tcp.tcp_sides` built from the samples inside the window.
     """
     return {
         "client_inventory": lambda: clients.client_inventory(i.rollup, i.topics, i.conns),
@@ -213,7 +214,8 @@ def compare_plan(spark: SparkSession, a_dir: str, b_dir: str, sides: tuple[L.Fil
         "compare_by_api": lambda: compare.compare_by_api(m),
         "compare_by_connection": lambda: compare.compare_by_connection(m),
         "compare_errors": lambda: compare.compare_errors(m),
-        "compare_ends": lambda: compare.compare_ends(m, ra.connections, rb.connections),
+        "compare_ends": lambda: compare.compare_ends(m, ra.connections, rb.connections, (sides[0].since_ns, sides[0].until_ns),
+                                                     (sides[1].since_ns, sides[1].until_ns)),
     }
 
 
@@ -586,7 +588,7 @@ def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.
             f_notable = pool.submit(lambda: pin(from_stored(  # few rows: errors, answers naming brokers
                 "notable_requests", lambda df: rollups.notable_from_stored(df, rec.topic_names),
                 lambda: rollups.notable_requests(full))))
-            f_sides = pool.submit(lambda: pin(tcp.tcp_sides(f_conns.result(), rec.tcp)))
+            f_sides = pool.submit(lambda: pin(tcp.tcp_sides(f_conns.result(), rec.tcp, filters.since_ns, filters.until_ns)))
             rollup = pin(from_stored("request_sums", rollups.request_rollup_from_sums, lambda: rollups.request_rollup(full)))
             conns = f_conns.result()
             ov_t = collect(overview.overview(rollup, conns, filters.since_ns, filters.until_ns))  # span: data ∩ window

@@ -29,7 +29,7 @@ from pyspark.sql import types as T
 from analytics.spark_schema import conform, spark_schema, spark_type, timestamps_as_epoch_ns
 from analytics.transforms.common import host, union_all
 from analytics.transforms.topics import name_connection_topics, name_topic_ids, topic_pairs
-from analytics.transforms.window import seen_in_window
+from analytics.transforms.window import seen_in_window, taken_inside
 from recording import schema as rec
 from recording.migrations import MIGRATIONS, RecordingFormatError
 from recording.reader import LiveFiles, dataset_version, live_files, recording_start
@@ -170,19 +170,16 @@ def apply_filters(r: Recording, f: Filters) -> Recording:
     """Narrow all datasets consistently: requests by their own fields, connections and
     TCP samples to the connections that survive.
 
-    The time window keeps the requests sent inside it, the TCP samples taken inside it and the connections
-    open at some time inside it (`transforms.window.seen_in_window`, the one spelling of that rule: the
-    connection tables read the window through the same module).
+    The time window keeps the requests sent inside it, the TCP samples taken inside it (`transforms.window.
+    taken_inside`) and the connections open at some time inside it (`seen_in_window`): the one spelling of
+    each rule, which the connection and TCP tables read the window through too.
     """
     req, conns, tcp = r.requests, r.connections, r.tcp
     # the connections open at some time inside the window: the rule the transforms apply too (transforms.window)
     conns = seen_in_window(conns, f.since_ns, f.until_ns)
-    if f.since_ns is not None:
-        req = req.where(F.col("req_first_ns") >= f.since_ns)
-        tcp = tcp.where(F.col("ts_ns") >= f.since_ns)
-    if f.until_ns is not None:
-        req = req.where(F.col("req_first_ns") <= f.until_ns)
-        tcp = tcp.where(F.col("ts_ns") <= f.until_ns)
+    if f.since_ns is not None or f.until_ns is not None:
+        req = req.where(taken_inside("req_first_ns", f.since_ns, f.until_ns))
+        tcp = tcp.where(taken_inside("ts_ns", f.since_ns, f.until_ns))
     if f.brokers:
         req = req.where(_match_any(F.col("broker_addr"), f.brokers))
         conns = conns.where(_match_any(F.col("broker_addr"), f.brokers))

@@ -20,7 +20,10 @@ Two things of Spark's start are kafkatap's own (`_start_context`):
 
 A caller's `spark.driver.extraJavaOptions` (`analyze --conf`) is appended to kafkatap's own JVM
 options rather than put in their place (`session_settings`): in their place it dropped the log4j
-configuration that keeps Spark's console quiet, the JIT flags and the class archive.
+configuration that keeps Spark's console quiet, the JIT flags and the class archive. Without one, the
+value in the cluster's `spark-defaults.conf` (`spark_defaults`) comes first and kafkatap's after it: a
+value set from Python reaches Spark's launcher as a `--conf`, which replaces the file's, so an operator's
+cluster-wide driver options were silently dropped.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import os
 import re
 import sys
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -95,7 +99,8 @@ DEFAULTS: dict[str, str] = {
     "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J} -Dderby.system.home=/tmp",  # + driver_jvm()
 }
 
-# The settings whose value is a list of JVM options: a caller's goes after kafkatap's (`joined_java_options`).
+# The settings whose value is a list of JVM options: a caller's goes after kafkatap's, spark-defaults.conf's before
+# (`joined_java_options`).
 # kafkatap sets no executor options (a cluster's executors keep their own), so a caller's
 # spark.executor.extraJavaOptions is passed as given.
 JAVA_OPTIONS_KEYS = ("spark.driver.extraJavaOptions",)
@@ -161,25 +166,82 @@ def driver_jvm(input_rows: int | None) -> str:
     return DRIVER_JVM_LARGE if input_rows is not None and input_rows > C1_ONLY_MAX_ROWS else DRIVER_JVM
 
 
-def joined_java_options(ours: str, theirs: str) -> str:
-    """kafkatap's JVM options `ours`, then a caller's `theirs`; kafkatap's collector left out when `theirs` names one.
+def joined_java_options(first: str, last: str) -> str:
+    """JVM options `first`, then `last`; `first`'s collector left out when `last` names one.
 
-    A caller's options used to replace kafkatap's, as a caller's value does for any other key, and with them
-    the log4j configuration: Spark's default profile then wrote its start-up lines to the terminal. Appended,
-    they still override any one of kafkatap's: the JVM takes the last -Dname=… and -XX:Name=… it is given.
-    A second garbage collector is the exception (the JVM refuses to start), so the caller's choice alone is kept.
+    `first` is kafkatap's and `last` a caller's (--conf), or `first` spark-defaults.conf's and `last`
+    kafkatap's. A caller's options used to replace kafkatap's, as a caller's value does for any other key, and
+    with them the log4j configuration: Spark's default profile then wrote its start-up lines to the terminal.
+    Appended, the later still override any one of the earlier: the JVM takes the last -Dname=… and -XX:Name=…
+    it is given. A second garbage collector is the exception (the JVM refuses to start), so the later choice
+    alone is kept.
     """
-    if COLLECTOR.search(theirs):
-        ours = " ".join(option for option in ours.split() if not COLLECTOR.fullmatch(option))
-    return f"{ours} {theirs}".strip()
+    if COLLECTOR.search(last):
+        first = " ".join(option for option in first.split() if not COLLECTOR.fullmatch(option))
+    return f"{first} {last}".strip()
 
 
-def session_settings(master: str, conf: dict[str, str] | None, input_rows: int | None) -> dict[str, str]:
+def parse_spark_defaults(text: str) -> dict[str, str]:
+    """The properties of a `spark-defaults.conf` text, as Spark reads the file (java.util.Properties, values trimmed).
+
+    A line is a key, then whitespace, `=` or `:` (with whitespace around it), then the value; blank lines
+    and lines starting with `#` or `!` are comments; a line ending in an odd number of backslashes goes on
+    in the next line. A later line of a key wins. Backslash escapes inside keys and values are kept as
+    written (the JVM options this is read for carry none).
+    """
+    props: dict[str, str] = {}
+    logical = ""
+    for raw in text.splitlines():
+        line = raw.lstrip()  # a continued line too: the JVM drops its leading whitespace
+        if not logical and (not line or line[0] in "#!"):
+            continue
+        trailing = len(line) - len(line.rstrip("\\"))
+        if trailing % 2:
+            logical += line[:-1]
+            continue
+        logical += line
+        match = re.match(r"([^\s=:]+)\s*[=:]?\s*(.*)", logical)
+        logical = ""
+        if match:
+            props[match.group(1)] = match.group(2).strip()
+    return props
+
+
+def spark_defaults_file(environ: Mapping[str, str] = os.environ) -> Path:
+    """Where Spark's launcher reads `spark-defaults.conf`: $SPARK_CONF_DIR, else $SPARK_HOME/conf (pyspark's own
+    Spark home when unset, as `pyspark.java_gateway` finds it)."""
+    if environ.get("SPARK_CONF_DIR"):
+        return Path(environ["SPARK_CONF_DIR"]) / "spark-defaults.conf"
+    if environ.get("SPARK_HOME"):
+        return Path(environ["SPARK_HOME"]) / "conf" / "spark-defaults.conf"
+    from pyspark.find_spark_home import _find_spark_home
+
+    return Path(_find_spark_home()) / "conf" / "spark-defaults.conf"
+
+
+def spark_defaults(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The properties of the `spark-defaults.conf` Spark's launcher will read ({} when there is none or it is unreadable).
+
+    The analysis's one read of the file; `session_settings` gets its result, so it stays a function of its inputs.
+    """
+    try:
+        return parse_spark_defaults(spark_defaults_file(environ).read_text(encoding="utf-8", errors="replace"))
+    except OSError:
+        return {}
+
+
+def session_settings(master: str, conf: dict[str, str] | None, input_rows: int | None,
+                     defaults: Mapping[str, str] | None = None) -> dict[str, str]:
     """Every setting a new session on `master` starts with: kafkatap's, then the caller's `conf` over them.
 
     A caller's value replaces kafkatap's, except for JVM options (JAVA_OPTIONS_KEYS), which are
     appended to kafkatap's (`joined_java_options`). The class archive's options go in unless the
     caller maps or writes an archive of their own. A None value (cluster_defaults) leaves the key to Spark.
+
+    `defaults` is what `spark-defaults.conf` holds (`spark_defaults`). Every key set here replaces the
+    file's value for it (Spark's launcher takes these as --conf), which is meant for kafkatap's other
+    settings but would drop an operator's JVM options: without a caller's value, the file's goes first and
+    kafkatap's after it (Spark's own order: the file, then what the application sets, then --conf).
     """
     ours: dict[str, str | None] = {**DEFAULTS, **cluster_defaults(master)}
     theirs = dict(conf or {})
@@ -188,9 +250,11 @@ def session_settings(master: str, conf: dict[str, str] | None, input_rows: int |
     ours[driver] = f"{DEFAULTS[driver]} {driver_jvm(input_rows)} {archive}".strip()
     settings = {**ours, **theirs}
     for key in JAVA_OPTIONS_KEYS:
-        mine = ours.get(key)
+        mine, file_value = ours.get(key), (defaults or {}).get(key)
         if key in theirs and mine:
             settings[key] = joined_java_options(mine, theirs[key])
+        elif file_value and mine:
+            settings[key] = joined_java_options(file_value, mine)
     return {key: value for key, value in settings.items() if value is not None}
 
 
@@ -217,7 +281,7 @@ def get_spark(master: str | None = None, conf: dict[str, str] | None = None, app
             return running
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         master = default_master(master)
-        settings = session_settings(master, conf, input_rows)
+        settings = session_settings(master, conf, input_rows, spark_defaults())
         _start_context(master, app_name, settings)
         builder = SparkSession.builder.appName(app_name).master(master)
         for key, value in settings.items():

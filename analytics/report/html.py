@@ -426,6 +426,11 @@ SECTIONS: list[tuple[str, str, str, list[tuple[str, str, Chart | None]]]] = [
         ("compare_ends", "How matched connections ended", None),
     ]),
 ]
+# What the TCP tables count under --since/--until: the samples taken inside the window (analytics.transforms.tcp.tcp_sides)
+TCP_WINDOW_NOTE = ("Window (--since/--until): every socket of a connection open at some time inside it; RTT from the "
+                   "TCP_INFO samples taken inside it (the open's only if it opened inside it, the close's only if it "
+                   "ended inside it), retransmits the counter's rise inside it (from its first sample there for a "
+                   "connection already open at its start); options as negotiated at the open.")
 # What a table of connections counts under --since/--until, said under its heading when the analysis had a window. The
 # window is read as a recording of its own (analytics.transforms.window: as_at_window_end): it begins with the
 # connections open at its start already open and ends with those open at its end still open. An operator reading a
@@ -461,6 +466,16 @@ WINDOW_NOTES: dict[str, str] = {
     "unanswered_at_close": "Window (--since/--until): the connections that ended inside it with requests in flight (or "
                            "right after an acks=0 Produce the broker answered by closing), and those open at its end by "
                            "their last snapshot inside it; unanswered APIs are of the requests sent inside it.",
+    "tcp_health": TCP_WINDOW_NOTE,
+    "tcp_rtt_by_peer": TCP_WINDOW_NOTE,
+    "window_ceiling": TCP_WINDOW_NOTE + " Average: a connection's bytes over its lifetime when all of it lies inside "
+                      "the window, else the bytes its socket's samples inside it saw acknowledged over its time inside it; "
+                      "peak: responses to requests sent inside it.",
+    "compare_ends": "Window (--since/--until): each side as at the end of its own window, so the ends compared are those "
+                    "inside it; a connection that ended after it is open by none there.",
+    # the drill-down: the section listing the pages, and each page (connection_page)
+    "connection_facts": "Window (--since/--until): each connection's whole life (its open and end, however far outside the "
+                        "window, and its counts); its requests and TCP_INFO samples on its page are those inside the window.",
 }
 # tables shown through a summary instead of their raw rows (the raw ones are in tables/)
 SUMMARIES: dict[str, Callable[[Rows, int], Rows]] = {"throughput_over_time": throughput_summary}
@@ -512,6 +527,11 @@ def drilled(result: AnalysisResult) -> frozenset[str]:
     return frozenset(str(r["conn_id"]) for r in result.tables.get("connection_facts", []) if r.get("conn_id"))
 
 
+def _window_note(windowed: bool, name: str) -> str:
+    """What table `name` counts under --since/--until, when the analysis had a window and the table a note ("" else)."""
+    return f'<p class="note window">{escape(WINDOW_NOTES[name])}</p>' if windowed and name in WINDOW_NOTES else ""
+
+
 def _page(title: str, sub: str, body: str) -> str:
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
@@ -541,8 +561,7 @@ def render(result: AnalysisResult, filters: str = "none") -> str:
         for name, heading, chart in present:
             rows = t[name]
             parts.append(f'<h3 id="t-{escape(name)}">{escape(heading)}</h3>')
-            if result.windowed and name in WINDOW_NOTES:
-                parts.append(f'<p class="note window">{escape(WINDOW_NOTES[name])}</p>')
+            parts.append(_window_note(result.windowed, name))
             if chart and rows:
                 try:
                     parts.append(chart(rows, result.bucket_s))
@@ -557,6 +576,7 @@ def render(result: AnalysisResult, filters: str = "none") -> str:
         body.append('<section id="drilldown"><h2>Connection pages</h2><p class="intro">Every connection the tables above point at has a '
                     "page of its own: its requests in order, its TCP_INFO samples and how it ended.</p>"
                     f'<h3 id="t-connection_facts">Connections with a page</h3>'
+                    + _window_note(result.windowed, "connection_facts")
                     + table_html("connection_facts", t.get("connection_facts", []), limit=len(links), links=links,
                                  columns=("conn_id", "client_id", "client_addr", "broker_addr", "opened_at", "closed_at",
                                           "requests", "end_reason", "end_by", "inferred_cause"))
@@ -575,9 +595,14 @@ def _rows_of(rows: Rows, conn_id: str) -> Rows:
     return [r for r in rows if r.get("conn_id") == conn_id]
 
 
-def connection_page(conn_id: str, facts: Rows, requests: Rows, tcp: Rows) -> str:
-    """One connection's story: who and where, its requests in order, its TCP_INFO samples, how it ended."""
-    parts = []
+def connection_page(conn_id: str, facts: Rows, requests: Rows, tcp: Rows, windowed: bool = False) -> str:
+    """One connection's story: who and where, its requests in order, its TCP_INFO samples, how it ended.
+
+    `windowed`: the analysis had --since/--until. The page then says that how it ended is the whole life's
+    (the loader keeps the connection's row, whose end may lie after the window) while its requests and
+    samples are the window's (the loader kept only those): without it the two read as one span.
+    """
+    parts = [_window_note(windowed, "connection_facts")]
     for f in facts:
         ended = (f"ended {escape(str(f.get('end_reason') or 'open'))} by {escape(str(f.get('end_by') or '?'))}"
                  + (f" after {human_duration((f.get('idle_before_end_ms') or 0) / 1000)} idle" if f.get("idle_before_end_ms") is not None else ""))
@@ -616,5 +641,5 @@ def connection_pages(result: AnalysisResult) -> dict[str, str]:
     """{path relative to OUT: html} for every drilled-down connection (bounded by the job's cap)."""
     t = result.tables
     return {conn_page(c): connection_page(c, _rows_of(t.get("connection_facts", []), c), _rows_of(t.get("connection_requests", []), c),
-                                          _rows_of(t.get("connection_tcp", []), c))
+                                          _rows_of(t.get("connection_tcp", []), c), result.windowed)
             for c in sorted(drilled(result))}

@@ -18,6 +18,7 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from analytics.transforms.common import api_label, first_client_id, ns_to_ts, percentiles_by
+from analytics.transforms.window import Bounds, as_at_window_end
 
 
 SIDE_COLS = ("correlation_id", "conn_id", "proxy_id", "ts_ns", "latency_us", "status", "error_names", "long_poll")
@@ -103,8 +104,16 @@ def compare_errors(m: DataFrame, limit: int = 5000) -> DataFrame:
              ).orderBy(F.desc("requests")).limit(limit)
 
 
-def compare_ends(m: DataFrame, conns_a: DataFrame, conns_b: DataFrame, limit: int = 5000) -> DataFrame:
-    """Connection pairs (majority of matched requests) and how each ended; `same` is false when they differ."""
+def compare_ends(m: DataFrame, conns_a: DataFrame, conns_b: DataFrame, window_a: Bounds = (None, None),
+                 window_b: Bounds = (None, None), limit: int = 5000) -> DataFrame:
+    """Connection pairs (majority of matched requests) and how each ended; `same` is false when they differ.
+
+    Each side is read as at the end of its own --since/--until window (`window_a`, `window_b`;
+    `transforms.window.as_at_window_end`, the rule of `connection_ends`): an end after its window is no end
+    there (open by none, no inferred cause or in-flight count), so the ends compared are those inside the
+    windows, not ones days after the hour compared.
+    """
+    conns_a, conns_b = as_at_window_end(conns_a, *window_a), as_at_window_end(conns_b, *window_b)
     pairs = m.groupBy("proxy_id_a", "conn_id_a", "proxy_id_b", "conn_id_b").agg(F.count(F.lit(1)).alias("matched"))
     w = Window.partitionBy("proxy_id_a", "conn_id_a").orderBy(F.desc("matched"))
     pairs = pairs.withColumn("_r", F.row_number().over(w)).where("_r = 1").drop("_r")

@@ -2,49 +2,82 @@
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from analytics.transforms.common import first_client_id
+from analytics.transforms.window import as_at_window_end, opened_inside, state_after, taken_inside
 from recording.request_terms import UNSCALED_WINDOW
 
 
-
-def tcp_sides(conns: DataFrame, tcp: DataFrame) -> DataFrame:
+def tcp_sides(conns: DataFrame, tcp: DataFrame, since_ns: int | None = None, until_ns: int | None = None) -> DataFrame:
     """One row per connection and proxy socket (client side, broker side).
 
     Options come from TCP_INFO at open (they are fixed by the handshake); RTT
     and retransmits from the worst sample (close or periodic). The bytes the
     proxy *sent* on a socket are what that socket's window limited: broker
     bytes on the client socket, client bytes on the broker socket.
+
+    Under a `since_ns`/`until_ns` window (--since/--until) the samples are those taken inside it, read as
+    a recording of its own (`transforms.window`): the open's sample counts only for a connection opened
+    inside it and the close's only for one that ended inside it (`as_at_window_end`), so an RTT or
+    retransmits of days before or after an hour's window are not that hour's. `retrans_total` is the
+    counter's rise inside the window (from the first sample inside it for a connection already open at its
+    start; the kernel's counter covers the socket's whole life). `bytes_sent` and `duration_s` are the
+    connection's own when its whole recorded life lies inside the window; for one across an edge, the bytes
+    its socket's samples inside the window saw acknowledged (`bytes_acked`'s rise) over its time inside it.
+    Options hold for the whole life, so they are every seen connection's.
     """
+    tcp = tcp.where(taken_inside("ts_ns", since_ns, until_ns))
+    whole_life_inside = opened_inside(since_ns) & ~state_after(until_ns)  # before as_at_window_end rewrites the end
+    conns = as_at_window_end(conns.withColumn("_whole", whole_life_inside), since_ns, until_ns)
     base = conns.select(
         "proxy_id", "conn_id", first_client_id().alias("client_id"), "client_addr", "broker_addr", "duration_us",
-        "bytes_from_client", "bytes_from_broker",
+        "bytes_from_client", "bytes_from_broker", "_whole", opened_inside(since_ns).alias("_opened_in"),
+        (F.col("duration_us") - _us_before(since_ns)).alias("_inside_us"),
         F.explode(F.array(
             F.struct(F.lit("client").alias("side"), F.col("tcp_client_open").alias("o"), F.col("tcp_client_close").alias("c")),
             F.struct(F.lit("broker").alias("side"), F.col("tcp_broker_open").alias("o"), F.col("tcp_broker_close").alias("c")),
         )).alias("s"),
     )
     samples = tcp.groupBy("proxy_id", "conn_id", "side").agg(
-        F.min_by(F.struct("wscale_ok", "timestamps_ok", "sack_ok", "snd_wscale"), "ts_ns").alias("first"),
+        F.min_by(F.struct("wscale_ok", "timestamps_ok", "sack_ok", "snd_wscale", "retrans_total", "bytes_acked"), "ts_ns").alias("first"),
         F.max("rtt_us").alias("s_rtt"),
         F.max("retrans_total").alias("s_retrans"),
+        F.max("bytes_acked").alias("s_acked"),
     )
     j = base.select("*", F.col("s.side").alias("side")).join(samples, ["proxy_id", "conn_id", "side"], "left")
-    rtt = F.greatest(F.col("s.o.rtt_us"), F.col("s.c.rtt_us"), F.col("s_rtt"))
+    at_open = F.col("_opened_in")  # the open's sample is inside the window (always, without since_ns)
+    rtt = F.greatest(F.when(at_open, F.col("s.o.rtt_us")), F.col("s.c.rtt_us"), F.col("s_rtt"))
+    retrans = F.greatest(F.col("s.c.retrans_total"), F.col("s_retrans"), F.when(at_open, F.col("s.o.retrans_total")))
     sent = F.when(F.col("side") == "client", F.col("bytes_from_broker")).otherwise(F.col("bytes_from_client"))
+    duration_us = F.col("duration_us")
+    if since_ns is not None or until_ns is not None:
+        # the counters at the window's start: the first sample inside it (or the close, when it is the only one)
+        start = F.when(~at_open, F.coalesce(F.col("first.retrans_total"), F.col("s.c.retrans_total"))).otherwise(0)
+        retrans = retrans - start
+        acked = F.greatest(F.col("s.c.bytes_acked"), F.col("s_acked"))
+        acked_start = F.when(~at_open, F.coalesce(F.col("first.bytes_acked"), F.col("s.c.bytes_acked"))).otherwise(0)
+        sent = F.when(F.col("_whole"), sent).otherwise(acked - acked_start)
+        duration_us = F.when(F.col("_whole"), duration_us).otherwise(F.col("_inside_us"))
     out = j.select(
         "proxy_id", "conn_id", "side", "client_id", "client_addr", "broker_addr",
         F.coalesce(F.col("s.o.wscale_ok"), F.col("first.wscale_ok")).alias("wscale_ok"),
         F.coalesce(F.col("s.o.timestamps_ok"), F.col("first.timestamps_ok")).alias("timestamps_ok"),
         F.coalesce(F.col("s.o.sack_ok"), F.col("first.sack_ok")).alias("sack_ok"),
         rtt.alias("rtt_us"),
-        F.greatest(F.col("s.c.retrans_total"), F.col("s_retrans"), F.col("s.o.retrans_total")).alias("retrans_total"),
+        retrans.alias("retrans_total"),
         sent.alias("bytes_sent"),
-        F.round(F.col("duration_us") / 1e6, 3).alias("duration_s"),
+        F.round(duration_us / 1e6, 3).alias("duration_s"),
     )
     return out.where(F.col("wscale_ok").isNotNull() | F.col("rtt_us").isNotNull())
+
+
+def _us_before(since_ns: int | None) -> Column:
+    """µs of a connection's life before the window's start (0 for one opened inside it)."""
+    if since_ns is None:
+        return F.lit(0)
+    return F.greatest(F.lit(0), F.floor((F.lit(since_ns) - F.col("opened_ns")) / 1000)).cast("long")
 
 
 def tcp_health(sides: DataFrame) -> DataFrame:

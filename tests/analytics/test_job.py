@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from analytics.cli import analyze
 from analytics.job import choose_bucket, row_counts, run_analysis
 from analytics.result import AnalysisResult
-from analytics.synthetic import generate, write_rows
+from analytics.synthetic import generate, tcp_info, write_rows
 from analytics.report.html import human_duration
 from analytics_rows import INCIDENT_RULES, S, T0, conn, req
 
@@ -226,7 +226,8 @@ def test_a_window_narrows_the_connection_ends_lifetimes_and_reconnects(spark, tm
     html = res.report_path.read_text()
     notes = re.findall(r'<h3 id="t-(\w+)">[^<]*</h3><p class="note window">', html)
     assert set(notes) == {"connections_over_time", "connection_ends", "connection_lifetimes", "reconnects_by_client", "resets",
-                          "broker_closes", "unanswered_at_close", "client_inventory"}, notes  # every table of connections here
+                          "broker_closes", "unanswered_at_close", "client_inventory", "tcp_health", "tcp_rtt_by_peer",
+                          "window_ceiling", "connection_facts"}, notes  # every table of connections or their sockets here
 
 
 def test_a_window_narrows_the_connection_lists_overview_and_their_findings(spark, tmp_path) -> None:
@@ -270,6 +271,61 @@ def test_a_window_narrows_the_connection_lists_overview_and_their_findings(spark
     notes = re.findall(r'<h3 id="t-(\w+)">[^<]*</h3><p class="note window">', html)
     assert {"resets", "broker_closes", "unanswered_at_close", "client_inventory", "opaque_connections"} <= set(notes), notes
     assert '<p class="note window" id="window-overview">' in html
+
+
+def _client_sample(conn_id: str, t_s: float, phase: str, **info) -> dict:
+    """One TCP_INFO sample of the proxy's client socket."""
+    return {"proxy_id": "p1", "conn_id": conn_id, "side": "client", "phase": phase, "ts_ns": T0 + int(t_s * S), **tcp_info(**info)}
+
+
+def test_a_window_narrows_the_tcp_tables_and_the_pages_say_what_they_show(spark, tmp_path) -> None:
+    """--since/--until an hour into a week: a socket without window scaling, open all week, had a 900 ms RTT and dozens of
+    retransmits on other days and a 2 ms RTT with 2 retransmits in the hour. The TCP tables say the hour's; its page says
+    that how it ended is its whole life's while its requests and samples are the hour's."""
+    rec, day, since_s = tmp_path / "rec", 86_400, 3 * 86_400
+    slow = {"wscale": False, "timestamps": False}
+    write_rows(rec, "connections", [conn("slow", 0, 7 * day, tcp_client_open=tcp_info(**slow, rtt_us=900_000),
+                                         tcp_client_close=tcp_info(**slow, rtt_us=900_000, retrans=95, bytes_acked=10**9))])
+    write_rows(rec, "tcp", [
+        _client_sample("slow", 0, "open", **slow, rtt_us=900_000), _client_sample("slow", day, "periodic", **slow, rtt_us=800_000, retrans=50),
+        *[_client_sample("slow", since_s + 600 * i, "periodic", **slow, rtt_us=2000, retrans=50 + i // 3, bytes_acked=10**6 * (1 + i))
+          for i in range(7)],  # every 10 min of the hour: 2 retransmits, 6 MB acknowledged
+        _client_sample("slow", 5 * day, "periodic", **slow, rtt_us=900_000, retrans=90),
+        _client_sample("slow", 7 * day, "close", **slow, rtt_us=900_000, retrans=95, bytes_acked=10**9)])
+    write_rows(rec, "requests", [req("slow", 1, "Fetch", t_s=since_s + 600)])
+    since, until = T0 + since_s * S, T0 + (since_s + 3600) * S
+    res = run_analysis([rec], tmp_path / "out", spark=spark, progress=False, since=since, until=until)
+    health = {r["side"]: r for r in res.tables["tcp_health"]}["client"]
+    assert (health["rtt_max_us"], health["retransmits"], health["without_window_scaling"]) == (2000, 2, 1)
+    (wc,) = res.tables["window_ceiling"]
+    assert (wc["rtt_ms"], wc["retrans_total"], wc["duration_s"], wc["bytes_sent"]) == (2.0, 2, 3600.0, 6 * 10**6)
+    assert [r["rtt_max_us"] for r in res.tables["tcp_rtt_by_peer"] if r["side"] == "client"] == [2000]
+    (found,) = res.by_id("window_scaling_off")
+    assert "RTT 2.0 ms" in found.summary, found.summary  # the hour's, not the 900 ms of other days
+    html = res.report_path.read_text()
+    notes = re.findall(r'<h3 id="t-(\w+)">[^<]*</h3><p class="note window">', html)
+    assert {"tcp_health", "tcp_rtt_by_peer", "window_ceiling", "connection_facts"} <= set(notes), notes
+    page = (res.out / "connections" / "slow.html").read_text()
+    assert "each connection&#x27;s whole life" in page and "those inside the window" in page
+
+
+def test_a_window_narrows_compare_ends(spark, tmp_path) -> None:
+    """--compare with --since/--until an hour into a week: A's and B's connections that ended differently days after the
+    hour are both open at its end, so compare_ends_differ names only the pair that ended differently inside it."""
+    a, b, day, since_s = tmp_path / "a", tmp_path / "b", 86_400, 3 * 86_400
+    for side, rec, end_reason, end_by in (("a", a, "client_rst", "client"), ("b", b, "broker_fin", "broker")):
+        write_rows(rec, "requests", [req(f"{side}-in", 1, t_s=since_s + 600 + 0.001 * (side == "b")),
+                                     req(f"{side}-after", 1, t_s=since_s + 700 + 0.001 * (side == "b"))])
+        write_rows(rec, "connections", [conn(f"{side}-in", since_s - 100, since_s + 900, end_reason=end_reason, end_by=end_by),
+                                        conn(f"{side}-after", 0, 5 * day, end_reason=end_reason, end_by=end_by)])
+    since, until = T0 + since_s * S, T0 + (since_s + 3600) * S
+    res = run_analysis([], tmp_path / "out", spark=spark, progress=False, compare=(a, b), since=since, until=until)
+    ends = {r["conn_id_a"]: (r["end_reason_a"], r["end_reason_b"], r["same"]) for r in res.tables["compare_ends"]}
+    assert ends == {"a-in": ("client_rst", "broker_fin", False), "a-after": ("open", "open", True)}
+    (differ,) = res.by_id("compare_ends_differ")
+    assert differ.evidence["connections"] == 1, differ.title
+    notes = re.findall(r'<h3 id="t-(\w+)">[^<]*</h3><p class="note window">', res.report_path.read_text())
+    assert "compare_ends" in notes, notes
 
 
 def test_no_window_no_window_notes(result: AnalysisResult) -> None:

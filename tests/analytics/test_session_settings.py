@@ -61,3 +61,43 @@ def test_executor_options_are_the_callers_alone() -> None:
     got = session.session_settings("spark://h:7077", {"spark.executor.extraJavaOptions": "-Dx=1"}, None)
     assert got["spark.executor.extraJavaOptions"] == "-Dx=1"
     assert "spark.driver.host" not in got  # a cluster's None-valued defaults are still left to Spark
+
+
+SPARK_DEFAULTS = """\
+# the cluster's driver options, for every application
+spark.master                    spark://spark-master:7077
+spark.driver.extraJavaOptions   -Dcluster.zone=eu-1 -XX:+UseG1GC \\
+                                -Djava.security.krb5.conf=/etc/krb5.conf
+! another comment
+spark.executor.memory=8g
+spark.eventLog.dir : hdfs:///spark-logs
+"""
+
+
+def test_spark_defaults_are_read_the_way_spark_reads_them(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """$SPARK_CONF_DIR/spark-defaults.conf, else $SPARK_HOME/conf/: whitespace, `=` or `:` between key and value,
+    `#`/`!` comments, a trailing backslash continues the line; no file, no defaults."""
+    (tmp_path / "spark-defaults.conf").write_text(SPARK_DEFAULTS)
+    got = session.spark_defaults({"SPARK_CONF_DIR": str(tmp_path), "SPARK_HOME": "/nowhere"})
+    assert got == {"spark.master": "spark://spark-master:7077", "spark.executor.memory": "8g",
+                   "spark.eventLog.dir": "hdfs:///spark-logs",
+                   DRIVER: "-Dcluster.zone=eu-1 -XX:+UseG1GC -Djava.security.krb5.conf=/etc/krb5.conf"}
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "spark-defaults.conf").write_text("spark.driver.extraJavaOptions -Dfrom=home\n")
+    assert session.spark_defaults({"SPARK_HOME": str(tmp_path)}) == {DRIVER: "-Dfrom=home"}
+    assert session.spark_defaults({"SPARK_CONF_DIR": str(tmp_path / "empty")}) == {}
+
+
+def test_the_clusters_default_java_options_come_before_kafkataps(tmp_path) -> None:
+    """A value set from Python replaces spark-defaults.conf's (the launcher takes it as --conf), so the operator's
+    driver options used to be dropped; they now go first and kafkatap's after them (kafkatap's collector is the one
+    kept: the JVM refuses two). A caller's --conf value still replaces the file's, as in Spark."""
+    (tmp_path / "spark-defaults.conf").write_text(SPARK_DEFAULTS)
+    defaults = session.spark_defaults({"SPARK_CONF_DIR": str(tmp_path)})
+    ours = f"{session.DEFAULTS[DRIVER]} {session.DRIVER_JVM} {ARCHIVE}"
+    got = session.session_settings("spark://h:7077", None, None, defaults)
+    assert got[DRIVER] == f"-Dcluster.zone=eu-1 -Djava.security.krb5.conf=/etc/krb5.conf {ours}"
+    assert "spark.executor.memory" not in got  # the file's other keys are Spark's to read, as they were
+    conf = session.session_settings("spark://h:7077", {DRIVER: "-Dfoo=bar"}, None, defaults)[DRIVER]
+    assert conf == f"{ours} -Dfoo=bar"
+    assert session.session_settings("local[2]", None, None, {})[DRIVER] == ours

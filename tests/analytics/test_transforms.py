@@ -481,6 +481,51 @@ def test_tcp_window_ceiling(make_df, spark) -> None:
     assert {x.peer for x in tcp.tcp_rtt_by_peer(sides).collect()} == {"10.1.0.5", "10.0.0.1:9092"}
 
 
+def _sample(conn_id: str, t_s: float, phase: str, **info) -> dict:
+    """One client-socket TCP_INFO sample of the `tcp` dataset."""
+    return {"proxy_id": "p1", "conn_id": conn_id, "side": "client", "phase": phase, "ts_ns": T0 + int(t_s * S), **tcp_info(**info)}
+
+
+def test_tcp_sides_under_a_window_are_the_windows(make_df) -> None:
+    """--since/--until [1000 s, 2000 s]: RTT, retransmits and bytes come from the TCP samples inside the window (the
+    open's only for a connection opened inside it, the close's only for one that ended inside it); retransmits and bytes
+    are the counters' rise inside it. Without a window each socket is its whole life's, as before."""
+    since, until = T0 + 1000 * S, T0 + 2000 * S
+    slow = {"wscale": False, "timestamps": False}
+    cs = [conn("across-start", 0, 1500, tcp_client_open=tcp_info(**slow, rtt_us=900_000),  # a bad start, days before the hour
+               tcp_client_close=tcp_info(**slow, rtt_us=500, retrans=12, bytes_acked=9000), bytes_from_broker=9000),
+          conn("inside", 1200, 1300, tcp_client_open=tcp_info(rtt_us=200), tcp_client_close=tcp_info(rtt_us=250, retrans=3),
+               bytes_from_broker=4000),
+          conn("across-end", 1800, 5000, tcp_client_open=tcp_info(rtt_us=300),
+               tcp_client_close=tcp_info(rtt_us=700_000, retrans=40, bytes_acked=90_000), bytes_from_broker=90_000),
+          conn("after", 2100, 2200, tcp_client_open=tcp_info(rtt_us=999_000, retrans=7))]
+    t = [_sample("across-start", 0, "open", **slow, rtt_us=900_000),
+         _sample("across-start", 500, "periodic", **slow, rtt_us=800_000, retrans=10, bytes_acked=5000),
+         _sample("across-start", 1100, "periodic", **slow, rtt_us=400, retrans=10, bytes_acked=6000),
+         _sample("across-start", 1500, "close", **slow, rtt_us=500, retrans=12, bytes_acked=9000),
+         _sample("inside", 1200, "open", rtt_us=200), _sample("inside", 1300, "close", rtt_us=250, retrans=3),
+         _sample("across-end", 1800, "open", rtt_us=300), _sample("across-end", 1900, "periodic", rtt_us=350, retrans=1, bytes_acked=2000),
+         _sample("across-end", 3000, "periodic", rtt_us=600_000, retrans=30, bytes_acked=50_000),
+         _sample("across-end", 5000, "close", rtt_us=700_000, retrans=40, bytes_acked=90_000)]
+    c, samples = make_df("connections", cs), make_df("tcp", t)
+
+    def per_conn(sides) -> dict:
+        return {x.conn_id: (x.rtt_us, x.retrans_total, x.bytes_sent, x.duration_s) for x in sides.collect()}
+
+    windowed = tcp.tcp_sides(c, samples, since, until)
+    assert per_conn(windowed) == {"across-start": (500, 2, 3000, 500.0), "inside": (250, 3, 4000, 100.0),
+                                  "across-end": (350, 1, 2000, 200.0)}
+    health = by(tcp.tcp_health(windowed).collect(), "side")["client"]
+    assert (health["connections"], health["rtt_max_us"], health["retransmits"], health["without_window_scaling"]) == (3, 500, 6, 1)
+    r = prepare_requests(make_df("requests", [req("across-start", 1, "Fetch", t_s=1400)]))
+    (wc,) = [x.asDict() for x in tcp.window_ceiling(windowed, request_rollup(r)).collect()]
+    assert (wc["conn_id"], wc["rtt_ms"], wc["avg_bytes_per_s"], wc["retrans_total"]) == ("across-start", 0.5, 6.0, 2)
+    assert max(x.rtt_p99_us for x in tcp.tcp_rtt_by_peer(windowed).collect()) == 500
+    # no window: the whole lives' (every sample, the open's and the close's)
+    assert per_conn(tcp.tcp_sides(c, samples)) == {"across-start": (900_000, 12, 9000, 1500.0), "inside": (250, 3, 4000, 100.0),
+                                                   "across-end": (700_000, 40, 90_000, 3200.0), "after": (999_000, 7, 1000, 100.0)}
+
+
 def test_produce_fetch_detail(make_df) -> None:
     r = prepare_requests(make_df("requests", [
         req("c1", 1, "Produce", t_s=0, acks=0, lat_us=None, status="no_response", compression="lz4", topics=["a"]),
@@ -529,6 +574,28 @@ def test_compare_sequence_matching_for_replays(make_df) -> None:
     ends = compare.compare_ends(m, ca, cb).collect()
     assert ends[0]["same"] is False and ends[0]["end_reason_b"] == "broker_fin"
     assert {x.api_name: x.matched for x in compare.compare_summary(pa_, pb, m, "sequence").collect()} == {"Produce": 3}
+
+
+def test_compare_ends_under_a_window_are_the_windows(make_df) -> None:
+    """--compare with --since/--until [1000 s, 2000 s]: the ends compared are those inside each side's window. Two
+    connections that differ only by how they ended days after it are both open at its end (the same); two that ended
+    differently inside it differ. Without a window both pairs differ, as before."""
+    window = (T0 + 1000 * S, T0 + 2000 * S)
+    a = prepare_requests(make_df("requests", [req("a1", 1, t_s=1100), req("a2", 1, t_s=1200)]))
+    b = prepare_requests(make_df("requests", [req("b1", 1, t_s=1100.001), req("b2", 1, t_s=1200.001)]))
+    m = compare.match_requests(a, b, "wire")
+    ca = make_df("connections", [conn("a1", 900, 1500, end_reason="client_rst", inferred_cause="reset after idle"),
+                                 conn("a2", 900, 90_000, end_reason="client_rst", inferred_cause="reset after idle")])
+    cb = make_df("connections", [conn("b1", 900, 1500, end_reason="broker_fin", end_by="broker"),
+                                 conn("b2", 900, 90_000, end_reason="broker_fin", end_by="broker")])
+
+    def ends(*windows) -> dict:
+        return {x.conn_id_a: (x.end_reason_a, x.end_reason_b, x.inferred_cause_a, x.same)
+                for x in compare.compare_ends(m, ca, cb, *windows).collect()}
+
+    assert ends(window, window) == {"a1": ("client_rst", "broker_fin", "reset after idle", False), "a2": ("open", "open", None, True)}
+    assert ends() == {"a1": ("client_rst", "broker_fin", "reset after idle", False),
+                      "a2": ("client_rst", "broker_fin", "reset after idle", False)}
 
 
 def test_compare_keeps_long_polls_apart(make_df) -> None:
