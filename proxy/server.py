@@ -217,7 +217,7 @@ class ProxyServer:
         connections never get a final row, from one still running, nor an idle worker's first connection
         from a start. Two rows per run, never per request (analytics.transforms.runs reads them).
         """
-        self._emit.run({"proxy_id": self.proxy_id, "run": self._run, "event": event, "ts_ns": self.clock(),
+        self._emit.run_event({"proxy_id": self.proxy_id, "run": self._run, "event": event, "ts_ns": self.clock(),
                         "pid": os.getpid(), "version": __version__})
 
     def _listen(self, route: Route) -> None:

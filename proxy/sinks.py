@@ -58,7 +58,7 @@ class RecordSink(Protocol):
     def topic(self, row: Row) -> None:
         """One topic id ↔ name pair learned (`proxy.topics`); optional: sinks without it are skipped."""
 
-    def run(self, row: Row) -> None:
+    def run_event(self, row: Row) -> None:
         """This proxy run's start or clean stop (`runs/`); optional: sinks without it are skipped."""
 
     def close(self) -> None:
@@ -83,7 +83,7 @@ class NullSink:
     def topic(self, row: Row) -> None:
         pass
 
-    def run(self, row: Row) -> None:
+    def run_event(self, row: Row) -> None:
         pass
 
     def close(self) -> None:
@@ -116,8 +116,8 @@ class FanOut:
     def topic(self, row: Row) -> None:
         self._optional("topic", row)
 
-    def run(self, row: Row) -> None:
-        self._optional("run", row)
+    def run_event(self, row: Row) -> None:
+        self._optional("run_event", row)
 
     def _optional(self, method: str, row: Row) -> None:
         """Rows only the recorder takes (topics/, runs/): live stats and log sinks have nothing to do with them."""
@@ -175,8 +175,8 @@ class GuardedSink:
     def topic(self, row: Row) -> None:
         self._optional("topic", "topics", row)
 
-    def run(self, row: Row) -> None:
-        self._optional("run", "runs", row)
+    def run_event(self, row: Row) -> None:
+        self._optional("run_event", "runs", row)
 
     def _optional(self, method: str, dataset: str, row: Row) -> None:
         t = getattr(self.sink, method, None)

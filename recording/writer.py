@@ -431,7 +431,7 @@ class ParquetRecorder:
         """One topic id ↔ name pair the proxy learned (`topics/`)."""
         self._offer(self._streams["topics"], row)
 
-    def run(self, row: Row) -> None:
+    def run_event(self, row: Row) -> None:
         """A proxy run's start or clean stop (`runs/`): two rows per run, written by the server that owns the run."""
         self._offer(self._streams["runs"], row)
 
