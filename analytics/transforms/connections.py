@@ -250,7 +250,7 @@ def reconnects_by_client(conns: DataFrame, bucket_s: int = 60, since_ns: int | N
         F.round(F.col("reconnects") / minutes, 3).alias("reconnects_per_min"),
         "max_opens_per_interval", "resets", "resets_not_by_broker", "closed_by_broker",
         "median_idle_before_end_ms", "median_lifetime_s", "brokers",
-    ).orderBy(F.desc("reconnects_per_min"), F.desc("connections"))
+    ).orderBy(F.desc("reconnects_per_min"), F.desc("connections"), "client_id", "client_host")  # ties: one order every run
 
 
 def broker_closes(conns: DataFrame, limit: int = 5000, since_ns: int | None = None, until_ns: int | None = None) -> DataFrame:
