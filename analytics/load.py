@@ -1,10 +1,10 @@
 """Read one or more recordings into Spark DataFrames, checked, filtered and de-duplicated.
 
-A recording directory holds `requests/`, `connections/`, `tcp/`, `topics/` (and optional
+A recording directory holds `requests/`, `connections/`, `tcp/`, `topics/`, `runs/` (and optional
 `frames/`), each Hive-partitioned by proxy/date/hour. Every transform works on
 the `Recording` returned here, so the format-version check, the time and
-broker/client/topic filters and the connection-snapshot de-duplication happen
-exactly once. This module is the analytics' I/O boundary; the transforms only
+broker/client/topic filters, the connection-snapshot de-duplication and the ends of
+connections whose proxy run is over (`transforms.runs`) happen exactly once. This module is the analytics' I/O boundary; the transforms only
 see DataFrames.
 
 Which files are read, and whether their version can be read, is decided by
@@ -28,6 +28,7 @@ from pyspark.sql import types as T
 
 from analytics.spark_schema import conform, spark_schema, spark_type, timestamps_as_epoch_ns
 from analytics.transforms.common import host, union_all
+from analytics.transforms.runs import settle_unrecorded_ends
 from analytics.transforms.topics import name_connection_topics, name_topic_ids, topic_pairs
 from analytics.transforms.window import seen_in_window, taken_inside
 from recording import schema as rec
@@ -69,7 +70,7 @@ class Recording:
     """The three datasets of one or more recordings, ready for the transforms."""
 
     requests: DataFrame
-    connections: DataFrame  # one row per connection (final row, else the latest snapshot)
+    connections: DataFrame  # one row per connection (final row, else the latest snapshot; ends a run over lost: settled)
     tcp: DataFrame
     dirs: tuple[str, ...] = ()
     versions: dict[str, int] = field(default_factory=dict)
@@ -224,7 +225,7 @@ def load(spark: SparkSession, dirs: Sequence[str], filters: Filters | None = Non
     if not dirs:
         raise ValueError("no recording directory given")
     filters = filters or Filters()
-    frames: dict[str, list[DataFrame]] = {d: [] for d in DATASETS_READ}
+    frames: dict[str, list[DataFrame]] = {d: [] for d in (*DATASETS_READ, "runs")}
     versions: dict[str, int] = {}
     pairs: dict[str, str] = {}
     for directory in dirs:
@@ -232,6 +233,8 @@ def load(spark: SparkSession, dirs: Sequence[str], filters: Filters | None = Non
         learned, _, has_pairs = read_dataset(spark, directory, "topics")
         if has_pairs:
             pairs.update({r["topic_id"]: r["name"] for r in topic_pairs(learned).collect()})
+        # every run's start and clean stop, at any time (no time filter): a run that began before --since still began
+        frames["runs"].append(read_dataset(spark, directory, "runs")[0])
         found = False
         for ds in DATASETS_READ:
             pf = _partition_filter(filters, upper=(ds == "requests"))
@@ -247,7 +250,8 @@ def load(spark: SparkSession, dirs: Sequence[str], filters: Filters | None = Non
 
     recording = Recording(
         requests=name_topic_ids(union_all(frames["requests"]), pairs),
-        connections=name_connection_topics(dedupe_connections(union_all(frames["connections"])), pairs),
+        connections=name_connection_topics(settle_unrecorded_ends(dedupe_connections(union_all(frames["connections"])),
+                                                                  union_all(frames["runs"])), pairs),
         tcp=union_all(frames["tcp"]),
         dirs=tuple(dirs),
         versions=versions,

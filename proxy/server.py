@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import random
 import signal
 import socket
@@ -32,6 +33,7 @@ from typing import Any
 
 import structlog
 
+from kafkatap import __version__
 from protocol.stream import KafkaStream
 from proxy import original_dst as _odst
 from proxy.address import parse_hostport  # re-exported: the one HOST:PORT parser (range-checked)
@@ -209,7 +211,18 @@ class ProxyServer:
         if self.tcp_info_interval:
             self._periodic = self.loop.call_later(self.tcp_info_interval, self._tick)
         self._clock_timer = self.loop.call_later(CLOCK_CHECK_S, self._clock_tick)
+        self._record_run("start")
         return self
+
+    def _record_run(self, event: str) -> None:
+        """This run's start (listening) or clean stop (every connection's end handed over): a `runs/` row.
+
+        Why: a recording otherwise cannot tell a proxy that died (SIGKILL, OOM, host down), whose open
+        connections never get a final row, from one still running, nor an idle worker's first connection
+        from a start. Two rows per run, never per request (analytics.transforms.runs reads them).
+        """
+        self._emit.run_event({"proxy_id": self.proxy_id, "run": self._run, "event": event, "ts_ns": self.clock(),
+                        "pid": os.getpid(), "version": __version__})
 
     def _listen(self, route: Route) -> None:
         """Bind the route's listener(s) and start accepting (proxy.listener: EMFILE is seen, logged, counted).
@@ -350,6 +363,7 @@ class ProxyServer:
                 c.force_close()
         if self.resolver is not None:  # after the last row, before the sink closes: names for the last ids
             await self.resolver.finish()
+        self._record_run("stop")
         try:
             # the Parquet writer's close joins its thread after a final flush: keep the loop free meanwhile
             await self.loop.run_in_executor(None, self.sink.close)

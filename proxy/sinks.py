@@ -58,6 +58,9 @@ class RecordSink(Protocol):
     def topic(self, row: Row) -> None:
         """One topic id ↔ name pair learned (`proxy.topics`); optional: sinks without it are skipped."""
 
+    def run_event(self, row: Row) -> None:
+        """This proxy run's start or clean stop (`runs/`); optional: sinks without it are skipped."""
+
     def close(self) -> None:
         """Flush everything; called once, by the owner, after the last row."""
 
@@ -78,6 +81,9 @@ class NullSink:
         pass
 
     def topic(self, row: Row) -> None:
+        pass
+
+    def run_event(self, row: Row) -> None:
         pass
 
     def close(self) -> None:
@@ -108,8 +114,15 @@ class FanOut:
             s.frame(row)
 
     def topic(self, row: Row) -> None:
+        self._optional("topic", row)
+
+    def run_event(self, row: Row) -> None:
+        self._optional("run_event", row)
+
+    def _optional(self, method: str, row: Row) -> None:
+        """Rows only the recorder takes (topics/, runs/): live stats and log sinks have nothing to do with them."""
         for s in self.sinks:
-            t = getattr(s, "topic", None)  # live stats and log sinks have nothing to do with it
+            t = getattr(s, method, None)
             if t is not None:
                 t(row)
 
@@ -160,13 +173,19 @@ class GuardedSink:
             self._failed("frames", exc)
 
     def topic(self, row: Row) -> None:
-        t = getattr(self.sink, "topic", None)
+        self._optional("topic", "topics", row)
+
+    def run_event(self, row: Row) -> None:
+        self._optional("run_event", "runs", row)
+
+    def _optional(self, method: str, dataset: str, row: Row) -> None:
+        t = getattr(self.sink, method, None)
         if t is None:
             return
         try:
             t(row)
         except Exception as exc:  # noqa: BLE001
-            self._failed("topics", exc)
+            self._failed(dataset, exc)
 
 
 @dataclass

@@ -148,6 +148,14 @@ COLUMN_NAMES: dict[str, tuple[str, ...]] = {
         "broker_addr",
         "cluster_id",
     ),
+    "runs": (
+        "proxy_id",
+        "run",
+        "event",
+        "ts_ns",
+        "pid",
+        "version",
+    ),
     "latency_cells": (
         "dim",
         "k1",

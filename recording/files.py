@@ -38,6 +38,7 @@ SORT_KEYS = {
     "tcp": ["conn_id", "side", "ts_ns"],
     "frames": ["conn_id", "ts_ns"],
     "topics": ["topic_id", "first_seen_ns"],
+    "runs": ["ts_ns"],
     "latency_cells": ["dim", "metric", "k1", "k2", "bin"],
     "request_sums": ["conn_id", "api_name"],
     "topic_sums": ["topic", "client_id", "b"],

@@ -36,7 +36,8 @@ __all__ = ["TIME_COLUMN", "HOUR_NS", "new_run_id", "flush_name", "merged_name", 
 # The column whose hour decides a row's partition. Following the rows' own time
 # (not the clock at flush) means a Spark job pruning by date/hour never misses
 # rows written just after the hour turned.
-TIME_COLUMN = {"requests": "req_first_ns", "connections": "snapshot_ns", "tcp": "ts_ns", "frames": "ts_ns", "topics": "first_seen_ns"}
+TIME_COLUMN = {"requests": "req_first_ns", "connections": "snapshot_ns", "tcp": "ts_ns", "frames": "ts_ns", "topics": "first_seen_ns",
+               "runs": "ts_ns"}
 HOUR_NS = 3600 * 1_000_000_000
 
 _DATE_DIR = re.compile(r"^date=(\d{4})-(\d{2})-(\d{2})$")

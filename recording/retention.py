@@ -39,7 +39,7 @@ from recording.layout import HOUR_NS, hour_of_dirs, safe_segment
 __all__ = ["KEPT", "PRUNED", "MIN_RETAIN_S", "Pruned", "hour_dirs", "expired", "prune", "parse_duration",
            "DURATION", "describe"]
 
-KEPT = ("topics",)  # datasets retention never touches (see the module docstring)
+KEPT = ("topics", "runs")  # datasets retention never touches (see the module docstring)
 PRUNED = tuple(d for d in DATASETS if d not in KEPT)
 MIN_RETAIN_S = 3600.0  # the current and the previous hour are always kept: late rows and merges still go there
 

@@ -213,6 +213,18 @@ TOPIC_COLUMNS: list[Column] = [
     Column("cluster_id", pa.string(), "", "that broker's cluster id, from a Metadata / DescribeCluster answer a client got through the proxy or the proxy's own: `kafkatap replay` refuses a target of the same cluster"),
 ]
 
+# Two rows per run of a proxy process (a `--workers` worker is a process of its own): analytics needs them to tell
+# a proxy that died (SIGKILL, OOM, host down) from one still running, and a worker's first connections from a start.
+RUN_COLUMNS: list[Column] = [
+    Column("proxy_id", pa.string(), "", "id of the proxy instance (a worker's own: `<id>-w1`, …)"),
+    Column("run", pa.string(), "", "the run's 6 hex digits, the prefix of every conn_id it gives (`<run>-<n>`)"),
+    Column("event", pa.string(), "", "start (the run listens and records) | stop (it stopped cleanly: every "
+                                     "connection's end handed to the recorder)"),
+    Column("ts_ns", TIMESTAMP, "timestamp", "when"),
+    Column("pid", pa.int32(), "", "process id of the run"),
+    Column("version", pa.string(), "", "kafkatap version of the run"),
+]
+
 # Derived, not observed (DERIVED_DATASETS): written beside each final requests file (recording.rollups), read by
 # analytics in its place when every requests file has them. Deleting them loses nothing: analytics reads the requests.
 LATENCY_CELL_COLUMNS: list[Column] = [
@@ -305,6 +317,7 @@ COLUMNS: dict[str, list[Column]] = {
     "tcp": TCP_COLUMNS,
     "frames": FRAME_COLUMNS,
     "topics": TOPIC_COLUMNS,
+    "runs": RUN_COLUMNS,
     "latency_cells": LATENCY_CELL_COLUMNS,
     "request_sums": REQUEST_SUM_COLUMNS,
     "topic_sums": TOPIC_SUM_COLUMNS,

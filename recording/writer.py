@@ -431,6 +431,10 @@ class ParquetRecorder:
         """One topic id ↔ name pair the proxy learned (`topics/`)."""
         self._offer(self._streams["topics"], row)
 
+    def run_event(self, row: Row) -> None:
+        """A proxy run's start or clean stop (`runs/`): two rows per run, written by the server that owns the run."""
+        self._offer(self._streams["runs"], row)
+
     def _offer_packed(self, s: _Stream, row: Row) -> None:
         """writer="process": queue a row (same caps as `_offer`, packed chunks counted by their real size)
         and pickle every PACK_ROWS rows into one chunk for the shipping thread.

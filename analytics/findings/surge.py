@@ -19,14 +19,18 @@ def _med(xs: list[float]) -> float | None:
 
 
 def recorded(r: dict) -> bool:
-    """Whether the recording shows this broker's bucket at all: a request or a connection end in it.
+    """Whether the recording shows this broker's bucket at all: a request or a connection end in it, or a
+    proxy run known to be recording through it (`runs_recording`: between its start row and its clean stop
+    or last sign of life, `analytics.transforms.runs`).
 
-    Concurrency is carried through a bucket with neither, so the table cannot tell a quiet broker
+    Concurrency is carried through a bucket with none of these, so the table cannot tell a quiet broker
     from one nobody was recording (a proxy down, a writer dropping its rows): the ends that happened
     meanwhile are missing, and what opened meanwhile appears when the recording resumes. An open is no
     evidence either way: a connection the recording sees again after a gap carries its real open time.
+    Inside a run the bucket is quiet, not a gap: a run that died has its open connections ended at its
+    last sign of life, so no missing end keeps them counted (a recording without `runs/` has no such rows).
     """
-    return (r.get("requests") or 0) > 0 or (r.get("ends") or 0) > 0
+    return any((r.get(k) or 0) > 0 for k in ("requests", "ends", "runs_recording"))
 
 
 def stretches(rows: list[dict]) -> list[list[dict]]:
@@ -34,7 +38,8 @@ def stretches(rows: list[dict]) -> list[list[dict]]:
 
     A stretch ends before a bucket the recording does not show (`recorded`), and a new one begins at a
     bucket where a proxy run began recording connections to this broker (`recording_starts`: a second
-    proxy or worker, a restart): its first opens are the run starting to see connections, not new ones.
+    proxy or worker, a restart; a run with a start row begins there, not where an idle worker first
+    records): its first opens are the run starting to see connections, not new ones.
     """
     out: list[list[dict]] = []
     cur: list[dict] = []
@@ -68,7 +73,8 @@ def connection_surge(t: Tables) -> list[Finding]:
     the last run ended in it, and after a gap the connections whose ends were not recorded stay counted
     while the clients' new ones add to them. What this gives up: a surge in the bucket where a proxy
     starts recording, or in the MIN_BASELINE_BUCKETS buckets after it or after a gap, is not reported,
-    since the recording cannot tell it from the recording starting."""
+    since the recording cannot tell it from the recording starting. With the proxy's `runs/` rows, a
+    worker's first connections and quiet buckets inside a run are neither."""
     bucket_s = (t.get("_meta") or [{}])[0].get("bucket_s") or 60
     series: dict[str, list[dict]] = defaultdict(list)
     for r in t.get("connections_over_time", []):

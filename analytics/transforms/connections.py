@@ -8,22 +8,14 @@ from pyspark.sql import functions as F
 from analytics.transforms.common import ns_to_ts, time_bucket_index, with_client
 from analytics.transforms.cube import view
 from analytics.transforms.overview import clamp, opaque
+# proxy runs (their start rows, and the ends a run over never recorded): settled by the loader, read here
+from analytics.transforms.runs import END_NOT_RECORDED, RUN_LAST, RUN_OF_CONN_ID, RUN_STARTED, proxy_run  # noqa: F401
 # --since/--until: the one notion of the window (read as a recording of its own), shared with the loader and the overview
 from analytics.transforms.window import as_at_window_end, ended_inside, opened_inside, seen_in_window
 
 RESET_REASONS = ("client_rst", "broker_rst")
-
-# the proxy names its connections `<run>-<n>` (recording.schema: conn_id), the run new at each start of a proxy or worker
-RUN_OF_CONN_ID = r"^([0-9a-f]{6})-[0-9]+$"
-
-
-def proxy_run() -> Column:
-    """Which run of which proxy recorded a connection: `proxy_id/run`.
-
-    The run is the conn_id's prefix; a conn_id not in the proxy's form (another
-    tool's recording) gives only `proxy_id/`, one run per proxy.
-    """
-    return F.concat_ws("/", F.col("proxy_id"), F.regexp_extract(F.col("conn_id"), RUN_OF_CONN_ID, 1))
+# ends the proxy's own run made or lost (a stop, a restart, a crash): no client reconnects after them
+PROXY_RUN_ENDS = ("proxy_shutdown", END_NOT_RECORDED)
 
 
 def connections_over_time(conns: DataFrame, traffic: DataFrame, bucket_s: int, views: DataFrame,
@@ -52,8 +44,16 @@ def connections_over_time(conns: DataFrame, traffic: DataFrame, bucket_s: int, v
     first bucket, however long the clients have been connected (a restart's
     bucket also still counts the previous run's connections, which end in it).
     The `connection_surge` rule does not compare concurrency across such a
-    bucket. It is one more column of the opens' aggregation (with each run's
-    first bucket, a few rows, broadcast to it), not a pass of its own.
+    bucket. A run begins at its start row (`runs/`, RUN_STARTED on the loaded
+    connections), else at its first connection: a worker idle since the proxy
+    started is no start where it first records. It is one more column of the
+    opens' aggregation (with each run's first bucket, a few rows, broadcast to
+    it), not a pass of its own.
+
+    `runs_recording` counts the runs with a start row known to be recording in
+    the bucket (from the start to the clean stop or last sign of life, RUN_LAST):
+    a bucket without requests or ends inside a run is quiet, not a gap in the
+    recording (a run that died has its open connections ended by the loader).
     """
     traffic = traffic.groupBy("broker_addr", "b").agg(
         *[F.sum(c).alias(c) for c in ("requests", "request_bytes", "sized_requests")])
@@ -73,8 +73,12 @@ def connections_over_time(conns: DataFrame, traffic: DataFrame, bucket_s: int, v
         # the last bucket it is known to be open in: its close, the window's last (closed after it), or its open
         F.when(ends_inside, close_b).when(closed, F.lit(last_b)).alias("last_b"),
         proxy_run().alias("run"),
+        *[time_bucket_index(F.col(col) if col in conns.columns else F.lit(None), bucket_s).alias(alias)
+          for col, alias in ((RUN_STARTED, "marked_b"), (RUN_LAST, "lived_b"))],
     )
-    run_start = c.groupBy("run").agg(F.min("seen_b").alias("run_start_b"))
+    runs = c.groupBy("run").agg(F.coalesce(F.min("marked_b"), F.min("seen_b")).alias("run_start_b"),
+                                F.min("marked_b").alias("marked_b"), F.max("lived_b").alias("lived_b"))
+    run_start = runs.select("run", "run_start_b")
     opens = c.join(F.broadcast(run_start), "run").groupBy("broker_addr", F.col("open_b").alias("b")).agg(
         F.count(F.lit(1)).alias("starts"), F.count(F.when(F.col("opened_inside"), 1)).alias("opens"),
         F.countDistinct(F.when(F.col("opened_inside") & (F.col("seen_b") == F.col("run_start_b")), F.col("run")))
@@ -90,14 +94,18 @@ def connections_over_time(conns: DataFrame, traffic: DataFrame, bucket_s: int, v
         traffic.select("broker_addr", F.col("b").alias("open_b"), F.col("b").alias("close_b"))
     ).groupBy("broker_addr").agg(F.min("open_b").alias("lo"), F.max("close_b").alias("hi"))
     grid = bounds.select("broker_addr", F.explode(F.sequence("lo", "hi")).alias("b"))
+    lives = F.broadcast(runs.where(F.col("marked_b").isNotNull()).select("run", "marked_b", "lived_b"))
+    recording = grid.join(lives, (grid.b >= lives.marked_b) & (grid.b <= lives.lived_b)).groupBy("broker_addr", "b").agg(
+        F.countDistinct("run").alias("runs_recording"))
     g = grid.join(opens, ["broker_addr", "b"], "left").join(ends, ["broker_addr", "b"], "left").join(lat, ["broker_addr", "b"], "left")
-    g = g.fillna(0, ["starts", "opens", "recording_starts", "ends", "requests"])
+    g = g.join(recording, ["broker_addr", "b"], "left").fillna(0, ["starts", "opens", "recording_starts", "ends", "requests",
+                                                                   "runs_recording"])
     w = Window.partitionBy("broker_addr").orderBy("b").rowsBetween(Window.unboundedPreceding, Window.currentRow)
     # a connection that ends in bucket b was still open during part of b: subtract ends of earlier buckets
     return g.select(
         "broker_addr",
         F.timestamp_seconds(F.col("b") * bucket_s).alias("bucket"),
-        "opens", "recording_starts", "ends",
+        "opens", "recording_starts", "runs_recording", "ends",
         (F.sum("starts").over(w) - F.sum("ends").over(w) + F.col("ends")).alias("concurrent"),
         "requests",
         F.round(F.col("requests") / bucket_s, 2).alias("requests_per_s"),
@@ -191,8 +199,8 @@ def reconnects_by_client(conns: DataFrame, bucket_s: int = 60, since_ns: int | N
     broker, a producer made per send) before the next opens. The rate is reconnects per minute of
     the client's span in the recording.
 
-    An end the proxy made itself (`proxy_shutdown`: a proxy or worker stopping, as for a restart) is
-    not one a reconnect follows: when a restarted proxy records again, every client opens anew each
+    An end the proxy made itself (`proxy_shutdown`: a proxy or worker stopping, as for a restart; or
+    `end_not_recorded`: one killed, whose restart the clients followed) is not one a reconnect follows: when a restarted proxy records again, every client opens anew each
     connection the last run closed, one per broker and coordinator, four or more for a client of a
     three-broker cluster, and that is the recording's doing, not the client's.
 
@@ -209,7 +217,7 @@ def reconnects_by_client(conns: DataFrame, bucket_s: int = 60, since_ns: int | N
     """
     c = with_client(as_at_window_end(conns, since_ns, until_ns))
     first_open = F.min("opened_ns").over(Window.partitionBy("client_id", "client_host"))
-    ended = F.when(F.col("end_reason") != "proxy_shutdown", F.col("closed_ns"))  # not the proxy stopping (docstring)
+    ended = F.when(~F.col("end_reason").isin(*PROXY_RUN_ENDS), F.col("closed_ns"))  # not the proxy stopping (docstring)
     first_end_to_broker = F.min(ended).over(Window.partitionBy("client_id", "client_host", "broker_addr"))
     # the earliest end to the broker is before this open: some earlier connection had ended (its own end is later)
     # (under a window it follows an end the window sees, so it opened inside the window: no condition of its own)
@@ -242,7 +250,7 @@ def reconnects_by_client(conns: DataFrame, bucket_s: int = 60, since_ns: int | N
         F.round(F.col("reconnects") / minutes, 3).alias("reconnects_per_min"),
         "max_opens_per_interval", "resets", "resets_not_by_broker", "closed_by_broker",
         "median_idle_before_end_ms", "median_lifetime_s", "brokers",
-    ).orderBy(F.desc("reconnects_per_min"), F.desc("connections"))
+    ).orderBy(F.desc("reconnects_per_min"), F.desc("connections"), "client_id", "client_host")  # ties: one order every run
 
 
 def broker_closes(conns: DataFrame, limit: int = 5000, since_ns: int | None = None, until_ns: int | None = None) -> DataFrame:

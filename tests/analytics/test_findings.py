@@ -150,6 +150,15 @@ def test_connection_surge_not_across_a_gap_in_the_recording() -> None:
     assert len(connection_surge({"connections_over_time": series([50] * 7 + [110] * 3, [2000] * 10)})) == 1
 
 
+def test_connection_surge_across_quiet_buckets_inside_a_run() -> None:
+    """The same three buckets without a request or an end, but a proxy run known to be recording through them
+    (`runs_recording`): quiet, not a gap, so the jump after them has its baseline."""
+    quiet = {"requests": 0, "ends": 0, "opens": 0, "runs_recording": 1}
+    rows = series([50, 50, 50, 50, 50, 50, 50, 110, 110, 110], [2000] * 10, at={4: quiet, 5: quiet, 6: quiet, 7: {"opens": 60}})
+    (f,) = connection_surge({"connections_over_time": rows})
+    assert f.evidence["baseline_connections"] == 50 and f.evidence["baseline_from"] == ts(T)
+
+
 def test_window_scaling_off() -> None:
     rows = [{"conn_id": "c7", "side": "client", "client_id": "connect-hk", "broker_addr": "10.0.0.1:9092", "rtt_ms": 180.0,
              "ceiling_bytes_per_s": 364083.0, "avg_bytes_per_s": 300000.0, "peak_bytes_per_s": 350000.0, "utilisation": 0.96,

@@ -1,0 +1,108 @@
+"""Proxy runs (`runs/`): ends a run over never recorded, run starts and quiet buckets, on small explicit DataFrames."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from analytics.findings.surge import connection_surge
+from analytics.transforms import connections
+from analytics.transforms.cube import latency_cube
+from analytics.transforms.common import prepare_requests
+from analytics.transforms.rollups import traffic_over_time
+from analytics.transforms.runs import END_NOT_RECORDED, NOT_RECORDED_CAUSE, settle_unrecorded_ends
+from analytics_rows import S, T0, conn, req
+
+pytestmark = pytest.mark.spark
+
+
+def mark(run: str, event: str, t_s: float, proxy_id: str = "p1") -> dict[str, Any]:
+    """One `runs/` row as the proxy writes it."""
+    return {"proxy_id": proxy_id, "run": run, "event": event, "ts_ns": T0 + int(t_s * S), "pid": 4242, "version": "test"}
+
+
+def settled(make_df, cs: list[dict], marks: list[dict]) -> dict[str, dict]:
+    rows = settle_unrecorded_ends(make_df("connections", cs), make_df("runs", marks)).collect()
+    return {r.conn_id: r.asDict() for r in rows}
+
+
+def over_time(make_df, cs: list[dict], rs: list[dict], marks: list[dict]) -> list[dict]:
+    """`connections_over_time` (60 s buckets) of these rows, the connections settled as `analytics.load` does."""
+    r = prepare_requests(make_df("requests", rs))
+    c = settle_unrecorded_ends(make_df("connections", cs), make_df("runs", marks))
+    return [x.asDict() for x in connections.connections_over_time(c, traffic_over_time(r, 60), 60, latency_cube(r, 60)).collect()]
+
+
+def test_a_killed_runs_open_connections_end_unrecorded_once_a_later_run_started(make_df) -> None:
+    """Run a1b2c3 was SIGKILLed (no stop row) with three connections open, last snapshotted at 100 s; the proxy was
+    restarted at 300 s (run 0a0b0c). Another proxy (p2) still runs, and p3 recorded before `runs/` existed."""
+    cs = [conn(f"a1b2c3-{i}", 10, None, snapshot_ns=T0 + (90 + i * 5) * S) for i in range(3)]
+    cs += [conn("a1b2c3-9", 10, 50), conn("0a0b0c-1", 301, None, snapshot_ns=T0 + 400 * S)]
+    cs += [conn("c0c0c0-1", 10, None, proxy_id="p2", snapshot_ns=T0 + 100 * S)]
+    cs += [conn("d0d0d0-1", 10, None, proxy_id="p3"), conn("e0e0e0-1", 300, None, proxy_id="p3")]
+    marks = [mark("a1b2c3", "start", 0), mark("0a0b0c", "start", 300), mark("c0c0c0", "start", 0, "p2")]
+    got = settled(make_df, cs, marks)
+    for i in range(3):
+        c = got[f"a1b2c3-{i}"]
+        assert (c["end_reason"], c["end_by"], c["inferred_cause"]) == (END_NOT_RECORDED, "unknown", NOT_RECORDED_CAUSE)
+        assert c["closed_ns"] == T0 + 100 * S and c["duration_us"] == 90 * 1_000_000  # the run's last sign of life
+        assert "killed" in c["end_detail"] and c["final"] is False
+    assert got["a1b2c3-9"]["end_reason"] == "client_fin" and got["a1b2c3-9"]["closed_ns"] == T0 + 50 * S
+    # the run still going, a proxy with no later run, and a recording without start rows: open as they were
+    for still in ("0a0b0c-1", "c0c0c0-1", "d0d0d0-1", "e0e0e0-1"):
+        assert (got[still]["end_reason"], got[still]["closed_ns"]) == ("open", None), still
+    ends = {(r.end_reason, r.end_by): r.connections for r in connections.connection_ends(
+        settle_unrecorded_ends(make_df("connections", cs), make_df("runs", marks))).collect()}
+    assert ends[(END_NOT_RECORDED, "unknown")] == 3 and ends[("open", "none")] == 4
+
+
+def test_a_cleanly_stopped_run_ends_what_it_did_not_record_at_its_stop(make_df) -> None:
+    cs = [conn("a1b2c3-1", 10, None, snapshot_ns=T0 + 150 * S), conn("a1b2c3-2", 10, 190, end_reason="proxy_shutdown")]
+    got = settled(make_df, cs, [mark("a1b2c3", "start", 0), mark("a1b2c3", "stop", 200)])
+    assert (got["a1b2c3-1"]["end_reason"], got["a1b2c3-1"]["closed_ns"]) == (END_NOT_RECORDED, T0 + 200 * S)
+    assert "stopped cleanly" in got["a1b2c3-1"]["end_detail"]
+    assert got["a1b2c3-2"]["end_reason"] == "proxy_shutdown"
+
+
+def test_a_killed_run_stops_counting_in_the_concurrency(make_df) -> None:
+    """Without the later run's start row the killed run's 20 connections stayed open in every bucket after it."""
+    cs = [conn(f"a1b2c3-{i}", i, None, snapshot_ns=T0 + 110 * S) for i in range(20)]
+    cs += [conn(f"0a0b0c-{i}", 245 + i, None, snapshot_ns=T0 + 470 * S) for i in range(5)]
+    rs = [req("a1b2c3-0", k, t_s=k * 60 + 5) for k in range(2)] + [req("0a0b0c-0", k, t_s=k * 60 + 5) for k in range(4, 8)]
+    rows = over_time(make_df, cs, rs, [mark("a1b2c3", "start", 0), mark("0a0b0c", "start", 240)])
+    assert [x["concurrent"] for x in rows] == [20, 20, 0, 0, 5, 5, 5, 5]
+    assert rows[1]["ends"] == 20
+
+
+def _steady_and_idle_worker() -> tuple[list[dict], list[dict]]:
+    """Worker w1 carries 50 long-lived connections and requests every minute; worker w2, started with it at 0 s,
+    serves nothing until 100 clients connect to it at 420 s, while latency climbs."""
+    cs = [conn(f"a1b2c3-{i}", i / 10, None, proxy_id="p1-w1", snapshot_ns=T0 + 590 * S) for i in range(50)]
+    cs += [conn(f"b1b2b3-{i}", 420 + i / 10, None, proxy_id="p1-w2", snapshot_ns=T0 + 590 * S) for i in range(100)]
+    rs = [req("a1b2c3-0", k, t_s=k * 60 + 5, proxy_id="p1-w1", lat_us=2000 if k < 7 else 9000) for k in range(10)]
+    return cs, rs
+
+
+def test_a_surge_where_an_idle_worker_first_records_is_reported(make_df) -> None:
+    cs, rs = _steady_and_idle_worker()
+    rows = over_time(make_df, cs, rs, [mark("a1b2c3", "start", 0, "p1-w1"), mark("b1b2b3", "start", 0, "p1-w2")])
+    assert [x["recording_starts"] for x in rows] == [1] + [0] * 9  # both runs began at 0 s; w2 took nothing over
+    (f,) = connection_surge({"connections_over_time": rows})
+    assert (f.evidence["baseline_connections"], f.evidence["peak_connections"]) == (50, 150) and f.severity == "critical"
+    # a recording without start rows still reads w2's first connections as its start: no surge, as before
+    assert connection_surge({"connections_over_time": over_time(make_df, cs, rs, [])}) == []
+
+
+def test_quiet_buckets_inside_a_run_keep_the_baseline(make_df) -> None:
+    """No request and no end from 120 s to 419 s while the run records (its connections' snapshots go on)."""
+    cs, _ = _steady_and_idle_worker()
+    cs = [c | {"proxy_id": "p1"} for c in cs if c["conn_id"].startswith("a1b2c3")]
+    cs += [conn(f"a1b2c3-{100 + i}", 420 + i / 10, None, snapshot_ns=T0 + 590 * S) for i in range(100)]
+    rs = [req("a1b2c3-0", k, t_s=k * 60 + 5, lat_us=2000 if k < 7 else 9000) for k in (0, 1, 7, 8, 9)]
+    rows = over_time(make_df, cs, rs, [mark("a1b2c3", "start", 0)])
+    assert [x["requests"] for x in rows] == [1, 1, 0, 0, 0, 0, 0, 1, 1, 1]
+    assert all(x["runs_recording"] == 1 for x in rows)
+    (f,) = connection_surge({"connections_over_time": rows})
+    assert (f.evidence["baseline_connections"], f.evidence["peak_connections"]) == (50, 150)
+    assert connection_surge({"connections_over_time": over_time(make_df, cs, rs, [])}) == []  # without runs/: a gap

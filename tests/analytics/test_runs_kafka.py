@@ -1,0 +1,117 @@
+"""A real `kafkatap proxy` SIGKILLed with kafka-python connections open, restarted into the same recording:
+the analysis ends the killed run's connections as `end_not_recorded` instead of counting them open for ever."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from kafka import KafkaProducer
+
+from analytics import load as L
+from analytics.transforms import connections
+from analytics.transforms.runs import END_NOT_RECORDED, RUN_OF_CONN_ID
+from recording.reader import read_recording
+
+pytestmark = pytest.mark.spark
+
+PROXY_ID = "runs-test"
+
+
+class Proxy:
+    """`kafkatap proxy --workers 1` recording into `record`, its JSON log in a file the test reads."""
+
+    def __init__(self, route: str, record: Path, log: Path) -> None:
+        self.log = log
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kafkatap.cli", "--log-format", "json", "proxy", "--route", route, "--workers", "1",
+             "--proxy-id", PROXY_ID, "--record", str(record), "--tcp-info-interval", "0.5"],
+            stdout=subprocess.DEVNULL, stderr=log.open("w"))
+        wait_until(lambda: any(ln.get("event") == "listening" for ln in self.lines()), "the proxy listening", self)
+
+    def lines(self) -> list[dict]:
+        out = []
+        for raw in self.log.read_text().splitlines():
+            try:
+                out.append(json.loads(raw))
+            except ValueError:
+                pass
+        return out
+
+
+def wait_until(pred: Callable[[], object], what: str, proxy: Proxy, timeout: float = 90.0) -> None:
+    """A subprocess has no event to await but what it writes: poll it, failing early if the proxy exits."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert proxy.proc.poll() is None, f"the proxy exited ({proxy.proc.returncode}): {proxy.log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"{what}: not within {timeout:g} s; log: {proxy.log.read_text()[-3000:]}"
+        time.sleep(0.1)
+
+
+def _snapshotted(record: Path) -> set[str]:
+    """conn_ids with periodic (non-final) connection rows on disk and no final one: open, as far as the files say."""
+    if not (record / "connections").exists():
+        return set()
+    rows = read_recording(record, "connections").select(["conn_id", "final"]).to_pylist()
+    return {r["conn_id"] for r in rows} - {r["conn_id"] for r in rows if r["final"]}
+
+
+@pytest.fixture
+def producers(rec_broker) -> Iterator[Callable[[], KafkaProducer]]:  # noqa: ANN001
+    made: list[KafkaProducer] = []
+
+    def make() -> KafkaProducer:
+        p = KafkaProducer(bootstrap_servers=f"127.0.0.1:{rec_broker.proxy_port}", acks=1, linger_ms=0,
+                          client_id=f"runs-{len(made)}", reconnect_backoff_max_ms=500)
+        made.append(p)
+        return p
+
+    yield make
+    for p in made:
+        p.close(timeout=5)
+
+
+def test_a_sigkilled_proxys_connections_end_unrecorded_after_its_restart(rec_broker, producers, topic_name, spark,
+                                                                          tmp_path):
+    record = tmp_path / "rec"
+    first = Proxy(rec_broker.route, record, tmp_path / "first.log")
+    clients = [producers() for _ in range(3)]
+    for p in clients:
+        p.send(topic_name, b"before the kill").get(timeout=60)
+    wait_until(lambda: len(_snapshotted(record)) >= 3, "open connections snapshotted", first)
+    first.proc.send_signal(signal.SIGKILL)
+    first.proc.wait(30)
+
+    second = Proxy(rec_broker.route, record, tmp_path / "second.log")
+    for p in clients:  # the clients reconnect to the restarted proxy
+        p.send(topic_name, b"after the restart").get(timeout=60)
+    for p in clients:
+        p.close(timeout=10)
+    second.proc.send_signal(signal.SIGTERM)
+    assert second.proc.wait(60) == 0, second.log.read_text()[-3000:]
+
+    runs = sorted(read_recording(record, "runs").to_pylist(), key=lambda r: r["ts_ns"])
+    assert [r["event"] for r in runs] == ["start", "start", "stop"], runs  # the killed run never wrote its stop
+    killed, restarted = runs[0]["run"], runs[1]["run"]
+    assert runs[2]["run"] == restarted and {r["proxy_id"] for r in runs} == {PROXY_ID}
+
+    conns = {r["conn_id"]: r for r in L.load(spark, [str(record)]).connections.collect()}
+    lost = {c for c in _snapshotted(record) if c.startswith(killed + "-")}
+    assert len(lost) >= 3 and all(c in conns for c in lost)
+    for conn_id in lost:
+        c = conns[conn_id]
+        assert (c["end_reason"], c["end_by"], c["final"]) == (END_NOT_RECORDED, "unknown", False), c
+        assert c["closed_ns"] is not None and c["closed_ns"] >= c["opened_ns"]
+    # every connection of the restarted run ended cleanly; none is left open
+    assert any(c.startswith(restarted + "-") for c in conns) and not [c for c in conns.values() if c["end_reason"] == "open"]
+    assert all(re.match(RUN_OF_CONN_ID, c) for c in conns)
+    ends = {r["end_reason"]: r["connections"] for r in connections.connection_ends(
+        L.load(spark, [str(record)]).connections).collect()}
+    assert ends.get(END_NOT_RECORDED) == len(lost) and "open" not in ends, ends
