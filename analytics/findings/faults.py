@@ -27,8 +27,9 @@ from typing import Any
 from analytics.findings.base import Finding, Tables, rule, score
 from analytics.transforms.faults import WINDOW_S
 
-_SUMS = ("faults", "recovered", "not_applied", "over_broker_error", "episodes", "episodes_recovered", "episodes_cut_short", "answered",
-         "retries", "metadata_refreshes", "coordinator_lookups", "rebalance_requests", "reconnects", "duplicate_records")
+_SUMS = ("faults", "recovered", "not_applied", "over_broker_error", "episodes", "episodes_recovered",
+         "episodes_cut_short", "answered", "retries", "metadata_refreshes", "coordinator_lookups", "rebalance_requests",
+         "reconnects", "duplicate_records")
 _MAXES = ("recover_max_ms", "after_last_max_ms", "wait_max_ms")
 _MEDIANS = ("recover_p50_ms", "after_last_p50_ms", "wait_p50_ms")
 

@@ -9,9 +9,10 @@ joined with `; `, and each is one injection here). `on=`: the topics a
 `topic=`/`partition=` rule matched; `broker-error=`: the broker's own errors
 a `rewrite` overwrote (kept as `broker_error`). A delay, throttle or rewrite
 noted beside an in-place answer or a drop on the same request (recordings made
-before the proxy left those out) never applied and is no injection here. A response edit that failed is noted with ` (not applied)` at its end:
-the error / throttle it carried never reached the client (a delay in it did),
-so those rows are kept with `applied` false, in no episode and counted apart.
+before the proxy left those out) never applied and is no injection here. A
+response edit that failed is noted with ` (not applied)` at its end: the error
+/ throttle it carried never reached the client (a delay in it did), so those
+rows are kept with `applied` false, in no episode and counted apart.
 
 Episodes: a fault that lasts (`for=10s`, `nth=`, a client retrying into it)
 is many injections, and what an operator asks is how the client came through
@@ -75,18 +76,18 @@ UNAPPLIED_KINDS = ("error", "throttle")  # what such a failed response edit did 
 # tables are made from these. tests/analytics/test_fault_reactions.py keeps them equal to the plans'.
 REACTIONS_COLUMNS = (
     "at timestamp, client_id string, library string, library_version string, rule int, kind string, detail string, "
-    "mode string, api_name string, topics array<string>, broker_error string, applied boolean, episode int, episode_index int, "
-    "episode_faults bigint, answered boolean, latency_ms double, recovered boolean, time_to_recover_ms double, "
-    "window_cut_short boolean, retries bigint, metadata_refreshes bigint, coordinator_lookups bigint, "
-    "rebalance_requests bigint, reconnects bigint, requests_in_window bigint, resends bigint, "
-    "duplicate_records bigint, conn_id string, correlation_id int, edit string")
+    "mode string, api_name string, topics array<string>, broker_error string, applied boolean, episode int, "
+    "episode_index int, episode_faults bigint, answered boolean, latency_ms double, recovered boolean, "
+    "time_to_recover_ms double, window_cut_short boolean, retries bigint, metadata_refreshes bigint, "
+    "coordinator_lookups bigint, rebalance_requests bigint, reconnects bigint, requests_in_window bigint, "
+    "resends bigint, duplicate_records bigint, conn_id string, correlation_id int, edit string")
 BY_LIBRARY_COLUMNS = (
-    "library string, client_id string, kind string, detail string, api_name string, faults bigint, recovered bigint, "
-    "recover_p50_ms double, recover_max_ms double, retries bigint, metadata_refreshes bigint, "
+    "library string, client_id string, kind string, detail string, api_name string, faults bigint, "
+    "recovered bigint, recover_p50_ms double, recover_max_ms double, retries bigint, metadata_refreshes bigint, "
     "coordinator_lookups bigint, rebalance_requests bigint, reconnects bigint, duplicate_records bigint, "
-    "requests_per_fault double, not_applied bigint, over_broker_error bigint, episodes bigint, episodes_recovered bigint, "
-    "episodes_cut_short bigint, after_last_p50_ms double, after_last_max_ms double, answered bigint, "
-    "wait_p50_ms double, wait_max_ms double")
+    "requests_per_fault double, not_applied bigint, over_broker_error bigint, episodes bigint, "
+    "episodes_recovered bigint, episodes_cut_short bigint, after_last_p50_ms double, after_last_max_ms double, "
+    "answered bigint, wait_p50_ms double, wait_max_ms double")
 
 
 # The faulted request's columns under the names they have beside the requests that followed it (the join's other side)
