@@ -210,13 +210,16 @@ def _is_error_field(key: str) -> bool:
 
 
 def set_errors(api_key: int, version: int, response: dict[str, Any], code: int, where: Where | None = None,
-               entries_only: bool = False) -> int:
+               entries_only: bool = False, replaced: list[int] | None = None) -> int:
     """Set `code` into the error fields of a decoded response, in place; returns how many were set.
 
     where None: every error field (with entries_only, only those inside a
     topic/partition entry). With `where`: only the error fields of the entries
     it accepts (never the request-level ones, which a broker uses for whole-
-    request failures).
+    request failures). `replaced`, when given, collects the non-zero codes
+    overwritten: the broker had refused those places itself, which a fault's
+    record must say (a refused Produce wrote nothing, so its retry duplicates
+    nothing).
     """
     shape = _shape(api_key, False, version)
     count = 0
@@ -229,6 +232,8 @@ def set_errors(api_key: int, version: int, response: dict[str, Any], code: int, 
                                                                                   here.partition)))
         for k, v in d.items():
             if hit and _is_error_field(k) and isinstance(v, int):
+                if v and replaced is not None:
+                    replaced.append(v)
                 d[k] = code
                 count += 1
             elif isinstance(v, list):

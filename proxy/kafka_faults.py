@@ -48,7 +48,13 @@ layer is installed on every connection when the proxy starts with a Kafka fault 
 `--fault-control`; rules added later through the status address then apply to live
 connections at their next request. A proxy started with neither has no layer at all (the
 relay is unchanged, zero cost) and refuses `fault add`. Every injected fault is recorded in the
-request row's `edit` column as `fault#ID KIND[=DETAIL] [MODE]`.
+request row's `edit` column as `fault#ID KIND[=DETAIL] [MODE] [on=TOPIC,...] [broker-error=ERROR,...]`:
+`on=` names the topics a `topic=`/`partition=` rule matched in the request (the analysis ends the
+client's outage only at a success on one of them), `broker-error=` the errors the broker had itself
+answered in the places a `rewrite` overwrote (it refused them: a Produce wrote nothing there). The note
+lists only what reached the client: a delay, throttle or rewrite noted before an in-place answer or a
+drop on the same request never applied (the request never reached the broker), so it is left out and
+counted as skipped, not injected.
 """
 
 from __future__ import annotations
@@ -66,6 +72,7 @@ import structlog
 from protocol import deep
 from protocol.apis import api_name
 from protocol.error_responses import (
+    Entry,
     api_key_by_name,
     error_code_by_name,
     error_response,
@@ -293,7 +300,8 @@ class FaultRule:
     added_epoch: float
     matched: int = 0  # requests that met the filters inside the time window
     injected: int = 0
-    skipped: int = 0  # matched but not injected (undecodable request or response, no response expected)
+    skipped: int = 0  # matched but not injected (undecodable request or response, no response expected, or moot:
+    # the request was answered in place or dropped)
 
     def in_window(self, now: float) -> bool:
         f = self.fault
@@ -421,10 +429,18 @@ class _Pending:
     """What to do to the response of one request."""
 
     notes: list[str] = field(default_factory=list)
-    errors: list[tuple[FaultRule, Callable[[str | None, str | None, int | None], bool] | None]] = field(
+    rules: list[FaultRule] = field(default_factory=list)  # the rules noted, in the order of `notes`
+    # each rewrite rule, its entry filter and the index of its note (the broker's own errors are added to it)
+    errors: list[tuple[FaultRule, Callable[[str | None, str | None, int | None], bool] | None, int]] = field(
         default_factory=list)
     delay_s: float = 0.0
     throttle: FaultRule | None = None
+
+    def moot(self) -> None:
+        """The request was answered in place or dropped: the response edits noted so far never happen."""
+        for rule in self.rules:
+            rule.injected -= 1
+            rule.skipped += 1
 
 
 class KafkaFaultInterceptor:
@@ -471,6 +487,7 @@ class KafkaFaultInterceptor:
             if f.kind != "drop" and not head.expects_response:
                 continue  # acks=0 Produce: nothing to answer, delay or throttle
             where = None
+            scope = ""
             if f.filters_entries or (f.kind == "error" and not f.rewrite):
                 if body is None:
                     try:
@@ -483,14 +500,17 @@ class KafkaFaultInterceptor:
                         continue
                 if f.filters_entries:
                     where = self._where(f)
-                    if not any(where(e.topic, e.topic_id, e.partition) for e in entries or ()):
+                    hit = [e for e in entries or () if where(e.topic, e.topic_id, e.partition)]
+                    if not hit:
                         continue
+                    scope = self._scope(hit)
             if not self.rules.fires(rule):
                 continue
-            note = f"fault#{rule.id} {f.describe()}"
+            note = f"fault#{rule.id} {f.describe()}{scope}"
             if f.kind == "drop":
                 rule.injected += 1
-                return Edit(close=True, delay_s=mute, note="; ".join([*pend.notes, note]))
+                pend.moot()
+                return Edit(close=True, delay_s=mute, note=note)
             if f.kind == "error" and not f.rewrite:
                 assert body is not None
                 try:
@@ -503,11 +523,13 @@ class KafkaFaultInterceptor:
                     continue
                 rule.injected += 1
                 # an in-place answer is the broker's word: response-side rules do not apply to it
-                return Edit(answer=frame_out, delay_s=mute, note="; ".join([*pend.notes, note]))
+                pend.moot()
+                return Edit(answer=frame_out, delay_s=mute, note=note)
             rule.injected += 1
             pend.notes.append(note)
+            pend.rules.append(rule)
             if f.kind == "error":
-                pend.errors.append((rule, where))
+                pend.errors.append((rule, where, len(pend.notes) - 1))
             elif f.kind == "delay":
                 pend.delay_s += (f.ms + (self.rules.rng.uniform(0, f.jitter_ms) if f.jitter_ms else 0.0)) / 1000.0
             elif f.kind == "throttle":
@@ -519,6 +541,12 @@ class KafkaFaultInterceptor:
         if mute:
             return Edit(delay_s=mute, note=f"fault pause={mute * 1000:.0f}ms")
         return None
+
+    def _scope(self, hit: list[Entry]) -> str:
+        """` on=a,b`: the topics of the entries a rule matched, by name where known (else by id)."""
+        named = (e.topic or (self.names(e.topic_id) if self.names and e.topic_id else None) or e.topic_id for e in hit)
+        names = sorted({n for n in named if n})
+        return f" on={','.join(names)}" if names else ""
 
     def _where(self, f: KafkaFault) -> Callable[[str | None, str | None, int | None], bool]:
         names = self.names
@@ -546,7 +574,7 @@ class KafkaFaultInterceptor:
         except Exception as exc:  # noqa: BLE001
             # the broker's answer goes on as it came: its error / throttle rules were counted as injected when
             # the request went out, and did not happen (a delay still holds the answer, so it stays counted)
-            failed = [rule for rule, _ in pend.errors] + ([pend.throttle] if pend.throttle is not None else [])
+            failed = [rule for rule, *_ in pend.errors] + ([pend.throttle] if pend.throttle is not None else [])
             for rule in failed:
                 rule.injected -= 1
                 rule.skipped += 1
@@ -561,9 +589,15 @@ class KafkaFaultInterceptor:
             decoded = deep.decode_response(frame, head.api_key, head.api_version, exact=True)
             body = decoded["body"]
             changed = False
-            for rule, where in pend.errors:
-                n = set_errors(head.api_key, head.api_version, body, rule.fault.error_code, where)
+            ours: set[int] = set()  # codes set by an earlier rule here: not the broker's
+            for rule, where, at in pend.errors:
+                replaced: list[int] = []
+                n = set_errors(head.api_key, head.api_version, body, rule.fault.error_code, where, replaced=replaced)
                 changed = changed or n > 0
+                refused = [c for c in replaced if c not in ours]
+                ours.add(rule.fault.error_code)
+                if refused:
+                    notes[at] += " broker-error=" + ",".join(dict.fromkeys(error_name(c) for c in refused))
             if pend.throttle is not None:
                 ms = pend.throttle.fault.ms
                 if set_throttle(body, int(ms)):

@@ -14,7 +14,9 @@ its last (how fast once the fault stopped). Each kind is worded by what it
 does: an error is recovered from; a dropped connection is answered again; a
 delay or throttle holds a request, so what counts is whether the client
 waited for the answer or gave up (its connection closed first). Notes the
-proxy marked "(not applied)" are counted apart, never as injections.
+proxy marked "(not applied)" are counted apart, never as injections; a
+rewrite over an answer the broker had refused itself is named, for what the
+client did next was the broker's refusal's as much as the fault's.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from typing import Any
 from analytics.findings.base import Finding, Tables, rule, score
 from analytics.transforms.faults import WINDOW_S
 
-_SUMS = ("faults", "recovered", "not_applied", "episodes", "episodes_recovered", "episodes_cut_short", "answered",
-         "retries", "metadata_refreshes", "coordinator_lookups", "rebalance_requests", "reconnects", "duplicate_records")
+_SUMS = ("faults", "recovered", "not_applied", "over_broker_error", "episodes", "episodes_recovered",
+         "episodes_cut_short", "answered", "retries", "metadata_refreshes", "coordinator_lookups", "rebalance_requests",
+         "reconnects", "duplicate_records")
 _MAXES = ("recover_max_ms", "after_last_max_ms", "wait_max_ms")
 _MEDIANS = ("recover_p50_ms", "after_last_p50_ms", "wait_p50_ms")
 
@@ -115,6 +118,7 @@ def kafka_fault_reactions(t: Tables) -> list[Finding]:
         stuck = sum(v["episodes"] - v["episodes_recovered"] for v in libs.values())
         not_applied = sum(v["not_applied"] for v in libs.values())
         gave_up = sum(v["faults"] - v["answered"] for v in libs.values())
+        over_refusal = sum(v["over_broker_error"] for v in libs.values())
         if kind == "error":
             what = f"{detail or kind} on {api}"
             per = {n: f"{_came_back(v, api, 'recovered', 'first injection', 'last')}; {_costs(v, api)}"
@@ -158,9 +162,13 @@ def kafka_fault_reactions(t: Tables) -> list[Finding]:
             summary=(f"kafkatap injected {kind} ({what}) {faults} time(s) in {_n(episodes, 'episode')}. {per_lib}. "
                      f"{meaning}"
                      + (f" {not_applied} injection(s) were noted '(not applied)' by the proxy (the response edit "
-                        "failed: the client got the broker's own answer) and are not counted." if not_applied else "")),
+                        "failed: the client got the broker's own answer) and are not counted." if not_applied else "")
+                     + (f" {over_refusal} injection(s) rewrote an answer in which the broker had already refused "
+                        "the request itself (broker_error): the client's retries there follow the broker's refusal "
+                        "as much as the fault, and a resend duplicated nothing." if over_refusal else "")),
             evidence={"kind": kind, "detail": detail, "api": api, "faults": faults, "episodes": episodes,
-                      "not_recovered": stuck, "not_applied": not_applied, "libraries": libs},
+                      "not_recovered": stuck, "not_applied": not_applied, "over_broker_error": over_refusal,
+                      "libraries": libs},
             examples=[{k: r.get(k) for k in ("library", "client_id", "faults", "episodes", "episodes_recovered",
                                               "recover_p50_ms", "after_last_p50_ms", "answered", "wait_p50_ms",
                                               "retries", "metadata_refreshes", "coordinator_lookups", "reconnects",

@@ -489,8 +489,8 @@ COLUMNS_SHOWN: dict[str, tuple[str, ...]] = {
                          "latency_us", "broker_latency_us", "errors"),
     "fault_reactions_by_library": ("library", "client_id", "detail", "api_name", "faults", "recovered", "recover_p50_ms",
                                    "retries", "metadata_refreshes", "coordinator_lookups", "reconnects"),
-    "fault_reactions": ("at", "client_id", "library", "detail", "mode", "api_name", "time_to_recover_ms", "retries",
-                        "coordinator_lookups", "duplicate_records", "conn_id"),
+    "fault_reactions": ("at", "client_id", "library", "detail", "mode", "broker_error", "api_name", "time_to_recover_ms",
+                        "retries", "coordinator_lookups", "duplicate_records", "conn_id"),
 }
 
 

@@ -3,18 +3,27 @@
 Why here: a fault is only worth injecting for the reaction it provokes, and
 the reactions are already in the recording — the requests the same client
 sent after the faulted one. The proxy notes every injection in the request
-row's `edit` column as `fault#ID KIND[=DETAIL] [MODE]` (`proxy.kafka_faults`;
-several rules on one request are joined with `; `, and each is one injection
-here). A response edit that failed is noted with ` (not applied)` at its end:
-the error / throttle it carried never reached the client (a delay in it did),
-so those rows are kept with `applied` false, in no episode and counted apart.
+row's `edit` column as `fault#ID KIND[=DETAIL] [MODE] [on=TOPICS]
+[broker-error=ERRORS]` (`proxy.kafka_faults`; several rules on one request are
+joined with `; `, and each is one injection here). `on=`: the topics a
+`topic=`/`partition=` rule matched; `broker-error=`: the broker's own errors
+a `rewrite` overwrote (kept as `broker_error`). A delay, throttle or rewrite
+noted beside an in-place answer or a drop on the same request (recordings made
+before the proxy left those out) never applied and is no injection here. A
+response edit that failed is noted with ` (not applied)` at its end: the error
+/ throttle it carried never reached the client (a delay in it did), so those
+rows are kept with `applied` false, in no episode and counted apart.
 
 Episodes: a fault that lasts (`for=10s`, `nth=`, a client retrying into it)
 is many injections, and what an operator asks is how the client came through
 the outage, not whether each retry succeeded. Per client × API × fault (kind
 and detail), injections with no successful request of that API between them
 (answered, no error, no applied fault) and less than `WINDOW_S` apart are one
-episode; it ends at the first such success after its last injection — the
+episode; it ends at the first such success after its last injection (for a
+rule that matched topics, `on=`, a success on one of them: a client whose
+other topics go through is still in the outage; the request rows name no
+partitions, so a `partition=` rule's episode ends at a success on its topic)
+— the
 client recovered, `time_to_recover_ms` after each injection (after the first:
 the outage the client saw; after the last: how fast it came back once the
 fault stopped) — or, with none within `WINDOW_S` after the last injection,
@@ -42,7 +51,9 @@ FindCoordinator):
   no batch bytes: a new batch of exactly the same size cannot be told apart);
 * duplicates: the records of an applied `rewrite` Produce error (the broker
   wrote them, the client heard an error) that a non-idempotent client (no
-  producer id in its batches) resent — the broker stored them twice.
+  producer id in its batches) resent — the broker stored them twice. Not when
+  the broker had refused the request itself (`broker_error`): it wrote nothing
+  there, and the resend is its refusal's as much as the fault's.
 
 Pure DataFrame → DataFrame; the job collects the two small results.
 """
@@ -54,7 +65,9 @@ from pyspark.sql import functions as F
 
 WINDOW_S = 120  # a reaction later than this is not attributed to the fault
 WINDOW_NS = WINDOW_S * 1_000_000_000
-NOTE = r"^fault#(\d+) (\w+)(?:=(\S+))?(?: (in-place|rewrite))?"
+NOTE = r"^fault#(\d+) (\w+)(?:=(\S+))?(?: (in-place|rewrite))?(?: on=(\S+))?(?: broker-error=(\S+))?"
+# a note the proxy answered or dropped the request with: the response edits noted beside it never applied
+ANSWERED_BY_PROXY = r"fault#\d+ (drop|error=\S+ in-place)"
 NOT_APPLIED = " (not applied)"  # proxy.kafka_faults: the note of a response edit that failed
 UNAPPLIED_KINDS = ("error", "throttle")  # what such a failed response edit did not do (a delay still held it)
 
@@ -63,18 +76,18 @@ UNAPPLIED_KINDS = ("error", "throttle")  # what such a failed response edit did 
 # tables are made from these. tests/analytics/test_fault_reactions.py keeps them equal to the plans'.
 REACTIONS_COLUMNS = (
     "at timestamp, client_id string, library string, library_version string, rule int, kind string, detail string, "
-    "mode string, api_name string, topics array<string>, applied boolean, episode int, episode_index int, "
-    "episode_faults bigint, answered boolean, latency_ms double, recovered boolean, time_to_recover_ms double, "
-    "window_cut_short boolean, retries bigint, metadata_refreshes bigint, coordinator_lookups bigint, "
-    "rebalance_requests bigint, reconnects bigint, requests_in_window bigint, resends bigint, "
-    "duplicate_records bigint, conn_id string, correlation_id int, edit string")
+    "mode string, api_name string, topics array<string>, broker_error string, applied boolean, episode int, "
+    "episode_index int, episode_faults bigint, answered boolean, latency_ms double, recovered boolean, "
+    "time_to_recover_ms double, window_cut_short boolean, retries bigint, metadata_refreshes bigint, "
+    "coordinator_lookups bigint, rebalance_requests bigint, reconnects bigint, requests_in_window bigint, "
+    "resends bigint, duplicate_records bigint, conn_id string, correlation_id int, edit string")
 BY_LIBRARY_COLUMNS = (
-    "library string, client_id string, kind string, detail string, api_name string, faults bigint, recovered bigint, "
-    "recover_p50_ms double, recover_max_ms double, retries bigint, metadata_refreshes bigint, "
+    "library string, client_id string, kind string, detail string, api_name string, faults bigint, "
+    "recovered bigint, recover_p50_ms double, recover_max_ms double, retries bigint, metadata_refreshes bigint, "
     "coordinator_lookups bigint, rebalance_requests bigint, reconnects bigint, duplicate_records bigint, "
-    "requests_per_fault double, not_applied bigint, episodes bigint, episodes_recovered bigint, "
-    "episodes_cut_short bigint, after_last_p50_ms double, after_last_max_ms double, answered bigint, "
-    "wait_p50_ms double, wait_max_ms double")
+    "requests_per_fault double, not_applied bigint, over_broker_error bigint, episodes bigint, "
+    "episodes_recovered bigint, episodes_cut_short bigint, after_last_p50_ms double, after_last_max_ms double, "
+    "answered bigint, wait_p50_ms double, wait_max_ms double")
 
 
 # The faulted request's columns under the names they have beside the requests that followed it (the join's other side)
@@ -97,30 +110,53 @@ def fault_applied(edit: Column) -> Column:
     return F.coalesce(F.exists(F.split(edit, "; "), lambda p: _note_applied(p, edit)), F.lit(False))
 
 
+def _moot(note: Column, edit: Column) -> Column:
+    """A response edit noted beside the proxy's own answer or drop (older recordings): it never happened."""
+    return edit.rlike(ANSWERED_BY_PROXY) & ~note.rlike("^" + ANSWERED_BY_PROXY)
+
+
+def _part(note: Column, group: int) -> Column:
+    """Group `group` of NOTE in `note`; null when the note has none."""
+    got = F.regexp_extract(note, NOTE, group)
+    return F.when(got != "", got)
+
+
 def injected_faults(req: DataFrame) -> DataFrame:
-    """One row per `fault#ID …` note (applied or not), as in the `edit` column, with the faulted request's facts."""
+    """One row per `fault#ID …` note (applied or not), as in the `edit` column, with the faulted request's facts.
+
+    scope: the topics a `topic=`/`partition=` rule matched (null: the rule took the whole request).
+    """
     f = req.where(F.col("edit").isNotNull() & F.col("edit").contains("fault#")).select(
         "conn_id", "client_id", "client_software_name", "api_name", "ts_ns", "topics", "records", "record_bytes",
         "producer_id", "answered", "latency_us", "edit",
         F.col("correlation_id").alias("fault_correlation_id"),
         F.explode(F.split("edit", "; ")).alias("note"),
-    ).where(F.col("note").startswith("fault#"))
+    ).where(F.col("note").startswith("fault#") & ~_moot(F.col("note"), F.col("edit")))
     return f.select(
         "*",
         F.regexp_extract("note", NOTE, 1).cast("int").alias("rule"),
         F.regexp_extract("note", NOTE, 2).alias("kind"),
         F.regexp_extract("note", NOTE, 3).alias("detail"),
         F.regexp_extract("note", NOTE, 4).alias("mode"),
+        F.split(_part(F.col("note"), 5), ",").alias("scope"),
+        _part(F.col("note"), 6).alias("broker_error"),
         _note_applied(F.col("note"), F.col("edit")).alias("applied"),
     ).drop("note")
 
 
 def _episodes(faults: DataFrame, ok: DataFrame) -> DataFrame:
-    """The applied injections with their episode, place in it, window end and the episode's recovery."""
+    """The applied injections with their episode, place in it, window end and the episode's recovery.
+
+    A success ends an episode only if it touched a topic the fault's injections were on (their `scope`s
+    together), unless one of them took a whole request (no scope: any success of the API counts).
+    """
     part = ["client_id", "api_name", "kind", "detail"]
     inj = faults.where("applied")
-    succ = ok.join(F.broadcast(inj.select(*part).distinct()), ["client_id", "api_name"]).select(
-        *part, "ts_ns", F.lit(1).alias("is_ok"))
+    scopes = inj.groupBy(*part).agg(F.max(F.col("scope").isNull()).alias("whole"),
+                                    F.array_distinct(F.flatten(F.collect_list("scope"))).alias("scope_topics"))
+    succ = ok.join(F.broadcast(scopes), ["client_id", "api_name"]) \
+        .where(F.col("whole") | F.arrays_overlap("topics", "scope_topics")) \
+        .select(*part, "ts_ns", F.lit(1).alias("is_ok"))
     events = inj.withColumn("is_ok", F.lit(0)).unionByName(succ, allowMissingColumns=True)
     w = Window.partitionBy(*part).orderBy("ts_ns", "is_ok")
     prev_ts, prev_ok = F.lag("ts_ns").over(w), F.lag("is_ok").over(w)
@@ -150,7 +186,7 @@ def fault_reactions(req: DataFrame) -> DataFrame:
     # only the clients that met a fault: a recording without faults costs one filtered scan, no shuffle of it all
     req = req.join(F.broadcast(all_faults.select("client_id").distinct()), "client_id", "left_semi")
     ok = req.where(F.col("answered") & (F.coalesce("error_count", F.lit(0)) == 0) & ~fault_applied(F.col("edit"))) \
-        .select("client_id", "api_name", "ts_ns")
+        .select("client_id", "api_name", "ts_ns", "topics")
     clients = req.groupBy("client_id").agg(
         F.max("client_software_name").alias("library"), F.max("client_software_version").alias("library_version"),
         F.max("ts_ns").alias("client_last_ns"))
@@ -182,15 +218,16 @@ def fault_reactions(req: DataFrame) -> DataFrame:
     zero = F.lit(0)
     applied = F.col("applied")
     duplicates = F.when(
-        applied & (F.col("fault_api") == "Produce") & (F.col("mode") == "rewrite") & (F.coalesce("resends", zero) > 0)
-        & (F.col("producer_id").isNull() | (F.col("producer_id") < 0)), F.coalesce(F.col("records"), zero)).otherwise(zero)
+        applied & (F.col("fault_api") == "Produce") & (F.col("mode") == "rewrite") & F.col("broker_error").isNull()
+        & (F.coalesce("resends", zero) > 0) & (F.col("producer_id").isNull() | (F.col("producer_id") < 0)),
+        F.coalesce(F.col("records"), zero)).otherwise(zero)
     when_applied = lambda c: F.when(applied, F.coalesce(F.col(c), zero))  # noqa: E731 — null for a note not applied
     return out.select(
         (F.col("fault_ns") / 1e9).cast("timestamp").alias("at"),
         "client_id",
         F.coalesce(F.col("library"), F.col("client_software_name"), F.lit("(unknown)")).alias("library"),
         "library_version", "rule", "kind", "detail", "mode", F.col("fault_api").alias("api_name"),
-        F.col("fault_topics").alias("topics"), "applied", "episode", "episode_index", "episode_faults",
+        F.col("fault_topics").alias("topics"), "broker_error", "applied", "episode", "episode_index", "episode_faults",
         "answered", F.round(F.col("latency_us") / 1e3, 1).alias("latency_ms"),
         F.when(applied, F.col("recovered_ns").isNotNull()).alias("recovered"),
         F.round((F.col("recovered_ns") - F.col("fault_ns")) / 1e6, 1).alias("time_to_recover_ms"),
@@ -210,7 +247,8 @@ def fault_reactions_by_library(reactions: DataFrame) -> DataFrame:
     faults / recovered: applied injections, and those whose episode recovered; episodes / episodes_recovered /
     episodes_cut_short (not recovered, the recording ended within WINDOW_S); recover_*: from an episode's first
     injection to its recovery (the outage), after_last_*: from its last injection; answered / wait_*: the injected
-    requests that were answered and how long the client waited (a delay's hold); not_applied: noted, never applied.
+    requests that were answered and how long the client waited (a delay's hold); not_applied: noted, never applied;
+    over_broker_error: applied rewrites of an answer the broker had refused itself.
     """
     applied = F.col("applied")
     first = applied & (F.col("episode_index") == 1)
@@ -229,6 +267,7 @@ def fault_reactions_by_library(reactions: DataFrame) -> DataFrame:
         F.sum("duplicate_records").alias("duplicate_records"),
         F.round(F.when(faults > 0, F.sum("requests_in_window") / faults), 1).alias("requests_per_fault"),
         _count_where(~applied).alias("not_applied"),
+        _count_where(applied & F.col("broker_error").isNotNull()).alias("over_broker_error"),
         _count_where(first).alias("episodes"),
         _count_where(first & F.col("recovered")).alias("episodes_recovered"),
         _count_where(first & F.coalesce(F.col("window_cut_short"), F.lit(False))).alias("episodes_cut_short"),

@@ -192,3 +192,66 @@ def test_delay_and_drop_are_worded_by_what_they_do(make_df) -> None:
     assert f.title == "Injected connection closed on Produce ×1 in 1 episode: all answered again"
     assert "kafka-python: 1/1 episode answered again 400 ms after the first drop, 400 ms after the last" in f.summary
     assert "recovered" not in f.title + f.summary
+
+
+def test_a_topic_rules_episode_ends_only_at_a_success_on_its_topics(make_df) -> None:
+    """error=Produce:…,topic=orders: a producer whose `audit` batches went through while `orders` kept failing was
+    reported recovered at its first `audit` success; only a success on `orders` ends the episode."""
+    nl = "fault#1 error=NOT_LEADER_OR_FOLLOWER in-place on=orders"
+    rows = [req("k1", 1, "ApiVersions", t_s=0, client="kp", client_software_name="kafka-python"),
+            req("k1", 2, "Produce", t_s=1.0, client="kp", errors=NL, error_count=1, edit=nl),
+            req("k1", 3, "Produce", t_s=1.2, client="kp", topics=["audit"]),  # another topic: still in the outage
+            req("k1", 4, "Produce", t_s=2.0, client="kp", errors=NL, error_count=1, edit=nl),
+            req("k1", 5, "Produce", t_s=2.5, client="kp", topics=["audit"]),
+            req("k1", 6, "Produce", t_s=3.0, client="kp", topics=["audit", "orders"]),  # the fault is over
+            # a rule on the whole request (no on=): any success of the API still ends it
+            req("r1", 1, "ApiVersions", t_s=0, client="rd", client_software_name="librdkafka"),
+            req("r1", 2, "Produce", t_s=1.0, client="rd", errors=NL, error_count=1,
+                edit="fault#2 error=NOT_LEADER_OR_FOLLOWER in-place"),
+            req("r1", 3, "Produce", t_s=1.4, client="rd", topics=["audit"])]
+    reactions, by_lib, findings = _tables(make_df, rows)
+    kp = [x for x in reactions if x["client_id"] == "kp"]
+    assert [(x["episode"], x["episode_index"], x["episode_faults"], x["recovered"]) for x in kp] == [
+        (1, 1, 2, True), (1, 2, 2, True)]
+    assert (kp[0]["time_to_recover_ms"], kp[1]["time_to_recover_ms"]) == (2000.0, 1000.0)
+    assert sum(x["retries"] for x in kp) == 4  # the audit batches are Produce requests in the outage too
+    rd = next(x for x in reactions if x["client_id"] == "rd")
+    assert (rd["recovered"], rd["time_to_recover_ms"]) == (True, 400.0)
+    row = next(x for x in by_lib if x["client_id"] == "kp")
+    assert (row["faults"], row["episodes"], row["recover_max_ms"], row["after_last_max_ms"]) == (2, 1, 2000.0, 1000.0)
+
+
+def test_a_response_edit_beside_an_in_place_answer_is_no_injection(make_df) -> None:
+    """A recording from before the proxy left them out: `fault#1 delay=200ms; fault#2 error=… in-place` — the
+    request never reached the broker, nothing held it; the client met the error, not a delay."""
+    rows = [req("k1", 1, "ApiVersions", t_s=0, client="kp", client_software_name="kafka-python"),
+            req("k1", 2, "Produce", t_s=1.0, client="kp", errors=NL, error_count=1, lat_us=900,
+                edit="fault#1 delay=200ms; fault#3 throttle=100ms; fault#2 error=NOT_LEADER_OR_FOLLOWER in-place"),
+            req("k1", 3, "Heartbeat", t_s=1.5, client="kp", lat_us=None, edit="fault#4 delay=200ms; fault#5 drop"),
+            req("k1", 4, "Produce", t_s=2.0, client="kp")]
+    reactions, by_lib, findings = _tables(make_df, rows)
+    assert sorted((x["rule"], x["kind"], x["applied"]) for x in reactions) == [(2, "error", True), (5, "drop", True)]
+    assert {x["kind"] for x in by_lib} == {"error", "drop"}
+    assert not [f for f in findings if f.id == "kafka_fault_reactions" and f.evidence["kind"] in ("delay", "throttle")]
+
+
+def test_a_rewrite_over_the_brokers_own_refusal_is_no_duplicate(make_df) -> None:
+    """The broker had answered NOT_ENOUGH_REPLICAS (it wrote nothing) and the rewrite kept only the injected error:
+    the resend was counted as 7 records stored twice. The broker's refusal is named instead."""
+    rows = [req("d1", 1, "ApiVersions", t_s=0, client="dup", client_software_name="librdkafka"),
+            req("d1", 2, "Produce", t_s=1.0, client="dup", errors=NL, error_count=1, records=7, producer_id=-1,
+                edit="fault#1 error=NOT_LEADER_OR_FOLLOWER rewrite broker-error=NOT_ENOUGH_REPLICAS"),
+            req("d1", 3, "Produce", t_s=1.2, client="dup", records=7, producer_id=-1),  # the same batch again
+            req("d1", 4, "Produce", t_s=5.0, client="dup", errors=NL, error_count=1, records=4, producer_id=-1,
+                edit="fault#1 error=NOT_LEADER_OR_FOLLOWER rewrite"),  # written by the broker: a real duplicate
+            req("d1", 5, "Produce", t_s=5.2, client="dup", records=4, producer_id=-1)]
+    reactions, by_lib, findings = _tables(make_df, rows)
+    first, second = reactions
+    assert (first["broker_error"], first["resends"], first["duplicate_records"]) == ("NOT_ENOUGH_REPLICAS", 1, 0)
+    assert (second["broker_error"], second["duplicate_records"]) == (None, 4)
+    assert (by_lib[0]["over_broker_error"], by_lib[0]["duplicate_records"]) == (1, 4)
+    assert next(f for f in findings if f.id == "fault_retry_duplicates").evidence["duplicate_records"] == 4
+    f = _finding(findings, "NOT_LEADER_OR_FOLLOWER")
+    assert f.evidence["over_broker_error"] == 1
+    assert ("1 injection(s) rewrote an answer in which the broker had already refused the request itself "
+            "(broker_error)") in f.summary

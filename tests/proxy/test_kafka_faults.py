@@ -89,7 +89,8 @@ def test_in_place_not_leader_kafka_python_refreshes_metadata_retries_no_duplicat
         sink.wait_for(lambda s: any((r.get("edit") or "").startswith("fault#1") for r in s.requests))
     assert sorted(got) == [f"m{i}".encode() for i in range(6)]  # in place: the broker never saw it, no duplicate
     assert rules.rules[0].injected == 1
-    faulted = [r for r in sink.requests if (r.get("edit") or "") == "fault#1 error=NOT_LEADER_OR_FOLLOWER in-place"]
+    note = f"fault#1 error=NOT_LEADER_OR_FOLLOWER in-place on={topic_name}"  # on=: the topic the rule matched
+    faulted = [r for r in sink.requests if (r.get("edit") or "") == note]
     assert len(faulted) == 1 and faulted[0]["api_key"] == PRODUCE and faulted[0]["answered"]
     assert _codes(faulted[0]) == {6}  # the row shows what the client received
     nxt = [r["api_key"] for r in _after(sink.requests, faulted[0])]
@@ -476,3 +477,32 @@ def test_a_rewritten_produce_the_client_gave_up_on_is_no_duplicate(proxied_kafka
     assert "fault_retry_duplicates" not in [f.id for f in findings]
     f = next(f for f in findings if f.id == "kafka_fault_reactions")
     assert f.evidence["episodes"] == 1 and f.evidence["not_recovered"] == 0  # the next batch went through
+
+
+def test_a_rewrite_over_the_brokers_own_refusal_is_recorded_and_its_resend_is_no_duplicate(proxied_kafka, topic_name,
+                                                                                          sink) -> None:
+    """max.message.bytes=200: the broker refuses a larger batch (MESSAGE_TOO_LARGE) and writes nothing. The rewrite
+    kept only the injected error, and the client's resend of the batch was reported as records stored twice."""
+    from kafka import KafkaProducer
+    from kafka.errors import KafkaError
+
+    p, rules, _ = _proxy(proxied_kafka, sink,
+                         f"error=Produce:NOT_LEADER_OR_FOLLOWER,rewrite,topic={topic_name},client-id=kp-refused,once")
+    with p:
+        proxied_kafka.kafka.create_topic(topic_name, partitions=1, config={"max.message.bytes": "200"})
+        prod = KafkaProducer(bootstrap_servers=p.bootstrap, client_id="kp-refused", acks=1, enable_idempotence=False,
+                             linger_ms=0, retries=1, retry_backoff_ms=50)
+        with pytest.raises(KafkaError):
+            prod.send(topic_name, b"x" * 1000).get(timeout=30)  # NOT_LEADER (injected), resent, refused by the broker
+        prod.close()
+        sink.wait_for(lambda s: sum(1 for r in s.requests if r["client_id"] == "kp-refused" and r["api_key"] == PRODUCE
+                                    and r["answered"]) >= 2)
+        rows = [r for r in sink.requests if r["client_id"] == "kp-refused"]
+    hit = [r for r in rows if (r.get("edit") or "").startswith("fault#1")]
+    assert [r["edit"] for r in hit] == [
+        f"fault#1 error=NOT_LEADER_OR_FOLLOWER rewrite on={topic_name} broker-error=MESSAGE_TOO_LARGE"]
+    assert _codes(hit[0]) == {6}  # the client heard the injected error only
+    findings = _findings_of(rows)
+    assert "fault_retry_duplicates" not in [f.id for f in findings]  # the broker wrote nothing: the resend is no copy
+    f = next(f for f in findings if f.id == "kafka_fault_reactions")
+    assert f.evidence["over_broker_error"] == 1

@@ -227,9 +227,10 @@ def _conn() -> ConnInfo:
     return ConnInfo("c1", ("127.0.0.1", 5000), "127.0.0.1:9092", ("127.0.0.1", 9093))
 
 
-def _produce(cid: int, topic: str = "orders", acks: int = 1, partitions=(0,), client: str = "app-1"):
+def _produce(cid: int, topic: str = "orders", acks: int = 1, partitions=(0,), client: str = "app-1", others=()):
     body = {"transactional_id": None, "acks": acks, "timeout_ms": 1000,
-            "topic_data": [{"name": topic, "partition_data": [{"index": p, "records": None} for p in partitions]}]}
+            "topic_data": [{"name": t, "partition_data": [{"index": p, "records": None} for p in partitions]}
+                           for t in (topic, *others)]}
     frame = deep.encode_request(PRODUCE, 9, cid, client, body)
     return RequestHead(PRODUCE, 9, cid, client, len(frame) - 4, acks, acks != 0), frame
 
@@ -260,7 +261,7 @@ def test_in_place_error_once_answers_the_request_with_its_correlation_id() -> No
     head, frame = _produce(41)
     assert ic.wants_request(head)
     edit = ic.on_request(head, frame)
-    assert edit.answer is not None and edit.note == "fault#1 error=NOT_LEADER_OR_FOLLOWER in-place"
+    assert edit.answer is not None and edit.note == "fault#1 error=NOT_LEADER_OR_FOLLOWER in-place on=orders"
     resp = deep.decode_response(edit.answer, PRODUCE, 9)
     assert resp["correlation_id"] == 41
     assert resp["body"]["responses"][0]["partition_responses"][0]["error_code"] == NOT_LEADER
@@ -333,7 +334,8 @@ def test_rewrite_delay_and_throttle_edit_the_real_response() -> None:
     assert [p["error_code"] for p in body["responses"][0]["partition_responses"]] == [0, NOT_LEADER]
     assert body["responses"][0]["partition_responses"][1]["base_offset"] == 20  # the broker's own answer otherwise
     assert body["throttle_time_ms"] == 400 and edit.delay_s == pytest.approx(0.25)
-    assert edit.note == "fault#1 error=NOT_LEADER_OR_FOLLOWER rewrite; fault#2 delay=250ms; fault#3 throttle=400ms"
+    assert edit.note == ("fault#1 error=NOT_LEADER_OR_FOLLOWER rewrite on=orders; fault#2 delay=250ms; "
+                         "fault#3 throttle=400ms")
     # the channel is muted like a throttling broker's: the next request waits out the rest of the 400 ms
     clock.t += 0.1
     head2, frame2 = _heartbeat(10)
@@ -375,6 +377,53 @@ def test_a_response_that_cannot_be_edited_counts_as_not_injected_and_is_logged_o
     warned = [e for e in logs if e["event"] == "kafka fault not applied"]
     assert len(warned) == 1 and warned[0]["on"] == "response" and warned[0]["rules"] == [1, 3]
     assert "DecodeError" in warned[0]["error"]
+
+
+def test_a_topic_or_partition_rule_notes_the_topics_it_matched() -> None:
+    """The analysis ended a `topic=` fault's outage at the client's next success on any topic: the note must
+    say which topics the rule hit, so that only a success on one of them ends it."""
+    _, ic = _interceptor("error=Produce:NOT_LEADER_OR_FOLLOWER,topic=ord.*")
+    edit = ic.on_request(*_produce(1, others=("audit", "ordinals")))
+    assert edit.note == "fault#1 error=NOT_LEADER_OR_FOLLOWER in-place on=orders,ordinals"
+    _, ic = _interceptor("delay=Produce:10,partition=1")
+    head, frame = _produce(2, partitions=(0, 1), others=("audit",))
+    assert ic.on_request(head, frame) is None
+    assert ic.pending[2].notes == ["fault#1 delay=10ms on=audit,orders"]
+    _, ic = _interceptor("error=Produce:NOT_LEADER_OR_FOLLOWER")  # no filter: the whole request, no on=
+    assert ic.on_request(*_produce(3, others=("audit",))).note == "fault#1 error=NOT_LEADER_OR_FOLLOWER in-place"
+
+
+def test_an_in_place_answer_or_a_drop_leaves_out_the_response_edits_it_made_moot() -> None:
+    """A delay noted before an in-place error on the same request was recorded as injected, though the request
+    never reached the broker and the answer was not held: the note must say only what the client got."""
+    rules, ic = _interceptor("delay=Produce:200", "throttle=Produce:300", "error=Produce:NOT_LEADER_OR_FOLLOWER")
+    head, frame = _produce(5)
+    edit = ic.on_request(head, frame)
+    assert edit.answer is not None and edit.delay_s == 0
+    assert edit.note == "fault#3 error=NOT_LEADER_OR_FOLLOWER in-place"
+    assert not ic.wants_response(head)
+    assert [(r.injected, r.skipped) for r in rules.rules] == [(0, 1), (0, 1), (1, 0)]
+    rules, ic = _interceptor("delay=Heartbeat:200", "drop=Heartbeat")
+    edit = ic.on_request(*_heartbeat(6))
+    assert edit.close and edit.note == "fault#2 drop"
+    assert [(r.injected, r.skipped) for r in rules.rules] == [(0, 1), (1, 0)]
+
+
+def test_a_rewrite_over_the_brokers_own_refusal_names_the_brokers_error() -> None:
+    """A rewrite keeps only the injected error in the response: the note must keep the broker's own (it had
+    refused those records, so a resend duplicates nothing and the retry is the broker's doing as much)."""
+    _, ic = _interceptor("error=Produce:NOT_LEADER_OR_FOLLOWER,rewrite", "error=Produce:19,rewrite,partition=1")
+    head, frame = _produce(7, partitions=(0, 1))
+    assert ic.on_request(head, frame) is None
+    real = deep.encode_response(PRODUCE, 9, 7, {"responses": [{"name": "orders", "partition_responses": [
+        {"index": 0, "error_code": 0, "base_offset": 10}, {"index": 1, "error_code": 7, "base_offset": -1}]}],
+        "throttle_time_ms": 0})
+    edit = ic.on_response(head, real)
+    body = deep.decode_response(edit.frame, PRODUCE, 9)["body"]
+    assert [p["error_code"] for p in body["responses"][0]["partition_responses"]] == [NOT_LEADER, 19]
+    # rule 2 overwrote rule 1's NOT_LEADER on partition 1: that one is kafkatap's, not the broker's
+    assert edit.note == ("fault#1 error=NOT_LEADER_OR_FOLLOWER rewrite broker-error=REQUEST_TIMED_OUT; "
+                         "fault#2 error=NOT_ENOUGH_REPLICAS rewrite on=orders")
 
 
 def test_drop_closes_and_bad_frames_never_raise() -> None:
