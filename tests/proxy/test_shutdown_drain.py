@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import signal
 import socket
+import ssl
 import struct
 import subprocess
 import time
@@ -24,6 +25,7 @@ import pytest
 
 from cluster_helpers import CliProxy, free_port_run
 from harness.kafka import LocalKafka, free_port
+from harness.tls import Pki
 from protocol.deep import encode_request
 from proxy_upstreams import SilentServer, rst_close
 
@@ -123,6 +125,28 @@ def test_client_that_leaves_during_the_drain_ends_its_connection_then(tmp_path: 
         ended_promptly(row, closed_at)
     assert final_row(tmp_path, opaque)["opaque_reason"] is not None
     assert final_row(tmp_path, decoded)["unanswered"] == 1
+
+
+def test_tls_client_that_leaves_during_the_drain_ends_its_connection_then(tmp_path: Path):
+    """The same on a TLS-terminating listener: the watch is on the TCP socket under the TLS layer."""
+    pki = Pki.create(tmp_path / "pki")
+    cert = pki.issue("proxy")
+    tls = ssl.create_default_context(cafile=str(pki.ca))
+    port = free_port()
+    with SilentServer() as upstream, proxy(tmp_path, "--listen", f"127.0.0.1:{port}", "--upstream",
+                                           f"127.0.0.1:{upstream.port}", "--tls-cert", str(cert.cert),
+                                           "--tls-key", str(cert.key)) as p:
+        client = connect(port)
+        wrapped = tls.wrap_socket(client, server_hostname="127.0.0.1")
+        wrapped.sendall(API_VERSIONS)
+        upstream.wait_received(len(API_VERSIONS))
+        begin_drain(p)
+        closed_at = close(wrapped, "fin")
+        exit_promptly(p)
+    row = final_row(tmp_path, client)
+    assert row["end_by"] == "client" and row["end_reason"] in ("client_fin", "client_rst"), row
+    assert row["unanswered"] == 1 and "during the proxy's shutdown drain" in row["end_detail"], row
+    ended_promptly(row, closed_at)
 
 
 def test_broker_that_closes_during_the_drain_ends_it_as_the_brokers(tmp_path: Path):
