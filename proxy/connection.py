@@ -87,6 +87,12 @@ from proxy.observer import ObserveScheduler, Observer
 
 log = structlog.get_logger("kafkatap.proxy")
 
+
+def _joined(detail: str | None, note: str) -> str:
+    """An end's detail with one more clause."""
+    return note if not detail else f"{detail}; {note}"
+
+
 class PeerProtocol(asyncio.Protocol):
     """The asyncio face of one peer: every callback goes to the connection with the peer's flows."""
 
@@ -742,8 +748,3 @@ class _EditorPort:
 
     def unedited_oversize(self, size: int) -> None:
         self.conn.facts.edit_oversize += 1
-
-
-def _joined(detail: str | None, note: str) -> str:
-    """An end's detail with one more clause."""
-    return note if not detail else f"{detail}; {note}"
