@@ -38,7 +38,12 @@ Design (why it looks like this):
   made an idle-timeout finding out of a saturated link.
 * **Stopping**: `stop_reading` (graceful shutdown) pauses reading from the
   client, so no new request is forwarded that could not be answered before
-  the close; answers to what was forwarded still drain.
+  the close; answers to what was forwarded still drain. A paused transport
+  reports no close, so the client's socket is watched for FIN/RST
+  (proxy.close_watch): a client that leaves during the drain ends its
+  connection then, as its own end; what it sent after the drain began is
+  read only to reach that end, never forwarded. A broker that closes has
+  nothing left to answer: the drain stops waiting for it.
 * **Ends.** The first end event decides `end_reason`/`end_by`: FIN one way is
   propagated with `write_eof` and the other way keeps flowing; a reset is
   propagated as a reset (SO_LINGER 0 + abort). TCP_INFO is sampled at the end
@@ -60,6 +65,7 @@ from typing import Any
 import structlog
 
 from proxy import rows
+from proxy.close_watch import CloseWatch
 from proxy.context import Addr, ConnectionContext, format_addr
 from proxy.facts import ConnectionFacts, End
 from proxy.faults import DelayedWriter, Faults
@@ -80,6 +86,12 @@ from proxy.intercept import ConnInfo, FrameEditor, chain
 from proxy.observer import ObserveScheduler, Observer
 
 log = structlog.get_logger("kafkatap.proxy")
+
+
+def _joined(detail: str | None, note: str) -> str:
+    """An end's detail with one more clause."""
+    return note if not detail else f"{detail}; {note}"
+
 
 class PeerProtocol(asyncio.Protocol):
     """The asyncio face of one peer: every callback goes to the connection with the peer's flows."""
@@ -137,6 +149,7 @@ class Connection:
         self._connect_task: asyncio.Task | None = None
         self._finished = False
         self._drain_waiter: asyncio.Future | None = None
+        self._stopping = False  # the proxy's shutdown drain began (stop_reading)
         s = ctx.settings
         self.observer: Observer | None = (
             Observer(ctx.stream_factory(), self.facts, self.requests.stamps, self.responses.stamps, ctx.emit,
@@ -361,6 +374,9 @@ class Connection:
     # ------------------------------------------------------------------ the hot path
     def received(self, flow: Flow, data: bytes) -> None:
         """A chunk read from `flow.src`: forward it (or hold it until the upstream exists)."""
+        if flow.discarded is not None:  # read after the drain began, only to reach the client's FIN/RST
+            flow.discarded += len(data)
+            return
         now = self.now()
         self.last_activity = now
         flow.counts.bytes += len(data)
@@ -475,21 +491,49 @@ class Connection:
         f = self.facts
         if f.end is None:
             now = self.now()
+            if self._stopping and by != "proxy":  # the peer's own end, not the proxy's: say when it came
+                detail = _joined(detail, self._drain_note())
             f.end = End(reason, by, detail, self.idle_ns(now) // 1_000_000, now)
             if self.ctx.settings.tcp_info:
                 f.tcp_client_close = self.client.tcp_info()
                 f.tcp_broker_close = self.broker.tcp_info()
 
     def shutdown(self) -> None:
-        """The proxy is stopping: record that as the end (unless one came first) and close both sides (FIN)."""
-        n = self.facts.inflight
+        """The proxy is stopping: record that as the end (unless one came first) and close both sides (FIN).
+
+        A connection one peer already half-closed keeps that peer's end; its detail then says the
+        proxy's shutdown closed what was left, so a duration that ends at the shutdown is explained.
+        """
+        f = self.facts
+        n = f.inflight
+        if f.end is not None and f.end.by != "proxy" and self.client.open and self.broker.open:  # half-open
+            other = "client" if f.end.by == "broker" else "broker"
+            f.end.detail = _joined(f.end.detail, f"{other} side still open: closed by the proxy's shutdown")
         self._set_end("proxy_shutdown", "proxy",
                       "proxy shut down" + ("" if n <= 0 else f" with {n} request(s) in flight"))
         self.close()
 
-    def stop_reading(self) -> None:
-        """The proxy is stopping: read no new requests (they could not be answered), let answers drain."""
+    def stop_reading(self, watch: CloseWatch | None = None) -> None:
+        """The proxy is stopping: read no new requests (they could not be answered), let answers drain.
+
+        `watch` reports the client's FIN/RST, which the paused transport would not (proxy.close_watch).
+        """
+        self._stopping = True
         self.client.hold(HOLD_STOPPING)
+        if watch is not None and self.client.open and not self.client.eof:
+            watch.add(self.client.sock, self._client_left_draining)
+
+    def _client_left_draining(self) -> None:
+        """The client sent FIN or RST during the drain: read on to it, forwarding nothing, so its end is recorded now."""
+        if not self.client.open or self.client.eof:
+            return
+        self.requests.discarded = 0
+        self.client.release(HOLD_STOPPING)
+
+    def _drain_note(self) -> str:
+        unsent = self.requests.discarded
+        return "during the proxy's shutdown drain" + (
+            f"; {unsent} byte(s) the client sent after it began were not forwarded" if unsent else "")
 
     def idle_timeout(self, idle_s: float) -> None:
         """The proxy's own idle timeout fired: close both sides (FIN)."""
@@ -530,7 +574,10 @@ class Connection:
         self._set_end(f"{peer.role}_fin", peer.role, None)
         if self.editor is not None:  # an unfinished frame it holds goes on before the FIN
             self.editor.source_ended(inbound.request)
-        if inbound.dst.eof:
+        if peer is self.broker:
+            self._quiet()  # no answer comes after the broker's FIN: a shutdown drain need not wait for one
+        if inbound.dst.eof or (self._stopping and peer is self.client):
+            # during the drain a client's FIN is its close (Kafka clients never half-close): end now
             self.close()
         elif inbound.early is None:
             inbound.half_close()
@@ -562,7 +609,8 @@ class Connection:
         # parsed: wait for the connect so they are forwarded and answered too.
         # Bytes forwarded but not yet observed may hold requests: wait for the decoder too.
         obs = self.observer
-        if (obs is None or (self.facts.inflight <= 0 and not obs.behind)) and not self.requests.early:
+        nothing_to_answer = obs is None or (self.facts.inflight <= 0 and not obs.behind) or self.broker.eof
+        if (nothing_to_answer and not self.requests.early) or self._finished:
             fut.set_result(None)
         else:
             self._drain_waiter = fut

@@ -118,7 +118,7 @@ class Flow:
     """Bytes read from `src` and written to `dst`: one direction of a connection."""
 
     __slots__ = ("request", "label", "src", "dst", "counts", "stamps", "delayed", "close_after", "forwarded", "early",
-                 "early_bytes", "gate")
+                 "early_bytes", "gate", "discarded")
 
     def __init__(self, request: bool, src: Peer, dst: Peer, counts: FlowCounts) -> None:
         self.request = request  # True: client → broker (requests); False: broker → client (responses)
@@ -135,6 +135,8 @@ class Flow:
         self.early_bytes = 0
         # a frame editor holding this flow's output: gate(fn) defers fn until it is out (True) or not (False)
         self.gate: Callable[[Callable[[], None]], bool] | None = None
+        # bytes read and dropped, not forwarded: only once a client left during the shutdown drain (None: forwarding)
+        self.discarded: int | None = None
 
     def write(self, data: bytes) -> None:
         """Hand bytes to the destination transport if it is still open (the fault queue's writer)."""

@@ -38,6 +38,7 @@ from protocol.stream import KafkaStream
 from proxy import original_dst as _odst
 from proxy.address import parse_hostport  # re-exported: the one HOST:PORT parser (range-checked)
 from proxy.bypass import BypassCheck, BypassSink
+from proxy.close_watch import CloseWatch
 from proxy.connection import Connection
 from proxy.context import Addr, ConnectionContext, RelaySettings, format_addr
 from proxy.faults import NO_FAULTS, Faults
@@ -343,13 +344,17 @@ class ProxyServer:
         conns = list(self.conns)
         if conns:
             log.info("shutting down", open_connections=len(conns), wait_s=timeout)
+            watch = CloseWatch(self.loop)  # a client that leaves meanwhile is seen leaving (proxy.close_watch)
             for c in conns:  # a request read now could not be answered before the close: leave it unread
-                c.stop_reading()
+                c.stop_reading(watch)
             assert self._hurry is not None
             quiet = asyncio.gather(*(c.wait_quiet() for c in conns))
             hurry = asyncio.ensure_future(self._hurry.wait())  # a second signal: close now
-            await asyncio.wait([quiet, hurry], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-            hurry.cancel()
+            try:
+                await asyncio.wait([quiet, hurry], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                hurry.cancel()
+                watch.close()
             for c in list(self.conns):
                 c.shutdown()
             # transports report connection_lost on the next loop iterations; then force what is left

@@ -162,7 +162,7 @@ CONNECTION_COLUMNS: list[Column] = [
     Column("opaque_reason", pa.string(), "", "why, with the stream offset"),
     Column("end_reason", pa.string(), "", "client_fin | broker_fin | client_rst | broker_rst | upstream_connect_failed | proxy_shutdown | idle_timeout | protocol_error | fault | open"),
     Column("end_by", pa.string(), "", "client | broker | proxy | none (still open)"),
-    Column("end_detail", pa.string(), "", "errno text or fault description"),
+    Column("end_detail", pa.string(), "", "errno text or fault description; whether the end came during the proxy's shutdown drain, or the shutdown closed a half-open rest"),
     Column("idle_before_end_ms", pa.int64(), "ms", "time since the last byte either way when the connection ended"),
     Column("unanswered", pa.int32(), "", "requests without a response at the end"),
     Column("last_api", pa.string(), "", "API of the last request before the end"),

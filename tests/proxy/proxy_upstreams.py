@@ -95,3 +95,65 @@ def rst_close(s: socket.socket) -> None:
 
     s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     s.close()
+
+
+class SilentServer:
+    """Accepts any number of connections, reads them, never answers; closes one when its peer sends FIN, as Kafka does.
+
+    An upstream that leaves every request unanswered: a request in flight for as long as a test wants.
+    `received` counts the bytes read (a request reached it); `close_all()` closes (FIN) every open
+    connection: the broker's own end.
+    """
+
+    def __init__(self) -> None:
+        self.lsock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.lsock.getsockname()[1]
+        self.received = 0
+        self._open: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._got = threading.Condition(self._lock)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                s, _ = self.lsock.accept()
+            except OSError:  # closed
+                return
+            with self._lock:
+                self._open.append(s)
+            threading.Thread(target=self._read, args=(s,), daemon=True).start()
+
+    def _read(self, s: socket.socket) -> None:
+        while True:
+            try:
+                data = s.recv(65536)
+            except OSError:
+                data = b""
+            with self._got:
+                if not data:
+                    if s in self._open:
+                        self._open.remove(s)
+                        s.close()
+                    return
+                self.received += len(data)
+                self._got.notify_all()
+
+    def wait_received(self, nbytes: int, timeout: float = 10.0) -> None:
+        """Return once `nbytes` in all reached it (the proxy forwarded them)."""
+        with self._got:
+            assert self._got.wait_for(lambda: self.received >= nbytes, timeout), self.received
+
+    def close_all(self) -> None:
+        with self._lock:
+            for s in self._open:
+                s.shutdown(socket.SHUT_RDWR)  # FIN now; the reader thread closes the socket on the EOF that follows
+
+    def __enter__(self) -> "SilentServer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.lsock.close()
+        with self._lock:
+            for s in self._open:
+                s.close()
