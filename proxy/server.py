@@ -42,6 +42,7 @@ from proxy.connection import Connection
 from proxy.context import Addr, ConnectionContext, RelaySettings, format_addr
 from proxy.faults import NO_FAULTS, Faults
 from proxy.listener import Acceptor, bind_listener
+from proxy.log_limits import ConnectFailureLog
 from proxy.sinks import GuardedSink, NullSink, RecordSink, default_proxy_id
 from proxy.topics import TopicMap, TopicNamingSink, TopicResolver
 
@@ -166,6 +167,7 @@ class ProxyServer:
         self.resolve_topics = resolve_topics
         self.resolver: TopicResolver | None = None
         self._ctx: ConnectionContext | None = None
+        self.connect_failures: ConnectFailureLog | None = None  # set by start(): it needs the loop
         self._acceptors: dict[str, Acceptor] = {}  # listener name ("HOST:PORT") → its acceptor
         self.accept_failures: dict[str, int] = {}  # reason → count, for /metrics (proxy.listener)
         self._listen_addrs: list[tuple[str, int]] = []
@@ -193,6 +195,7 @@ class ProxyServer:
         self.loop = asyncio.get_running_loop()
         self._stopped = asyncio.Event()
         self._hurry = asyncio.Event()
+        self.connect_failures = ConnectFailureLog(self.loop)
         self.resolver = TopicResolver(self.loop, self.topics, enabled=self.resolve_topics,
                                       so_mark=self.settings.so_mark, on_cluster=self._cluster_learned)
         self.resolver.tls = self.upstream_tls
@@ -361,6 +364,8 @@ class ProxyServer:
                     pass
             for c in list(self.conns):
                 c.force_close()
+        if self.connect_failures is not None:  # failures not yet in a line are said before "stopped"
+            self.connect_failures.close()
         if self.resolver is not None:  # after the last row, before the sink closes: names for the last ids
             await self.resolver.finish()
         self._record_run("stop")
@@ -483,8 +488,14 @@ class ProxyServer:
         self.conns.add(conn)
         self.stats["accepted"] += 1  # every client connection, so accepted = closed (+ open) in the `stopped` line
 
+    def connect_failed(self, conn: Connection, detail: str) -> None:
+        assert self.connect_failures is not None
+        self.connect_failures.failed(conn.facts.broker_addr, detail, conn.log)
+
     def opened(self, conn: Connection) -> None:
-        pass  # the broker side is up too (the Hub protocol's hook; the counts need nothing more)
+        """The broker side is up too: an upstream that was failing is said to be back."""
+        assert self.connect_failures is not None
+        self.connect_failures.reached(conn.facts.broker_addr)
 
     def closed(self, conn: Connection, end_reason: str) -> None:
         self.conns.discard(conn)
