@@ -218,10 +218,9 @@ class LiveStats:
         self.bytes_in: dict[str, int] = {}  # api → request bytes
         self.bytes_out: dict[str, int] = {}  # api → response bytes
         self.conn_ends: dict[tuple[str, str], int] = {}  # (reason, by)
-        # The server's request accounting (its own dicts, read at scrape time; `kafkatap proxy` wires them):
-        # requests_seen == request_rows + sum(requests_dropped), over closed connections
-        self.requests_dropped: dict[str, int] = {}
-        self.relay_accounting: dict[str, int] = {}
+        # The server's request accounting, read at scrape time (`kafkatap proxy` wires ProxyServer.accounting_now):
+        # (requests_seen, request_rows, skipped_bytes) and requests dropped by reason, open connections included
+        self.relay_accounting: Callable[[], tuple[dict[str, int], dict[str, int]]] = lambda: ({}, {})
         self.opaque_total = 0
         self.edit_stopped_total = 0  # connections whose frame editor gave up (proxy.intercept)
         self.edit_oversize_total = 0  # frames wanted for editing but over its bound, forwarded unedited
@@ -407,15 +406,15 @@ class LiveStats:
                [("", {}, self.connections_total)])
         family("kafkatap_connection_ends_total", "counter", "Connection ends by reason and by whom.",
                (("", {"reason": r, "by": b}, n) for (r, b), n in _sorted(self.conn_ends)))
-        acc = self.relay_accounting
-        family("kafkatap_requests_seen_total", "counter", "Requests the decoder saw on closed connections.",
+        acc, dropped = self.relay_accounting()
+        family("kafkatap_requests_seen_total", "counter", "Requests the decoder saw (open connections included).",
                [("", {}, acc.get("requests_seen", 0))])
-        family("kafkatap_request_rows_total", "counter", "Request rows the relay produced for closed connections.",
+        family("kafkatap_request_rows_total", "counter", "Request rows the relay produced (open connections included).",
                [("", {}, acc.get("request_rows", 0))])
         family("kafkatap_requests_dropped_total", "counter",
                "Requests seen but given no row, by reason (in_flight_cap, correlation_id_reused, decoder_failed, "
-               "observation_backlog): seen = rows + these.",
-               (("", {"reason": r}, n) for r, n in _sorted(self.requests_dropped)))
+               "observation_backlog): seen = rows + these + requests still waiting for their answer.",
+               (("", {"reason": r}, n) for r, n in _sorted(dropped)))
         family("kafkatap_observation_skipped_bytes_total", "counter",
                "Bytes relayed but not decoded because a connection's observation backlog exceeded its bound.",
                [("", {}, acc.get("skipped_bytes", 0))])

@@ -513,6 +513,24 @@ class ProxyServer:
         if end_reason == "upstream_connect_failed":
             self.stats["connect_failed"] += 1
 
+    def accounting_now(self) -> tuple[dict[str, int], dict[str, int]]:
+        """`accounting` and `requests_dropped` with the open connections' counts so far: what /metrics shows.
+
+        Why: counted only at a connection's end, kafkatap_requests_seen_total lagged by every long-lived
+        connection's requests and jumped when one closed. Summed at scrape time (one pass over the open
+        connections), so the per-request path keeps its one integer add; `closed` moves a connection's
+        counts into `accounting` in the same step that removes it from `conns`, so the sum never goes back.
+        """
+        a, dropped = dict(self.accounting), dict(self.requests_dropped)
+        for c in self.conns:
+            f = c.facts
+            a["requests_seen"] += f.requests
+            a["request_rows"] += f.rows
+            a["skipped_bytes"] += f.skipped_bytes
+            for reason, n in f.dropped.items():
+                dropped[reason] = dropped.get(reason, 0) + n
+        return a, dropped
+
     def check_clock(self) -> int:
         """Re-derive the epoch offset when the wall clock moved away from `clock()`; return the step (ns, 0: none).
 
