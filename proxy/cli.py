@@ -440,8 +440,7 @@ async def _serve(routes: list[Route], faults, rec: dict, *, ready_fd: int | None
         sinks.status.fault_control = FaultControl(fault_rules)
     if sinks.stats is not None:
         sinks.stats.accept_failures = server.accept_failures  # /metrics reads the server's counts at scrape time
-        sinks.stats.requests_dropped = server.requests_dropped
-        sinks.stats.relay_accounting = server.accounting
+        sinks.stats.relay_accounting = server.accounting_now
         if server.cluster is not None:
             sinks.stats.cluster_stats = server.cluster.stats
         if server.balancer is not None:

@@ -344,7 +344,7 @@ class Connection:
 
     def _connect_failed(self, detail: str) -> None:
         self._set_end("upstream_connect_failed", "proxy", detail)
-        self.log("warning", "upstream connect failed", detail=detail)
+        self.ctx.hub.connect_failed(self, detail)  # logged by the hub, rate-limited per upstream (proxy.log_limits)
         self.client.reset()
 
     def _arm_faults(self) -> None:
@@ -678,7 +678,8 @@ class Connection:
         row = rows.connection_row(f, True, now)
         ctx.emit.connection(row)
         ctx.hub.closed(self, end.reason)
-        self.log("info", "connection closed", end_reason=row["end_reason"], end_by=row["end_by"],
+        # a connect failure's line is the hub's (a summary per upstream): one per connection floods an outage
+        self.log("debug" if end.reason == "upstream_connect_failed" else "info", "connection closed", end_reason=row["end_reason"], end_by=row["end_by"],
                  detail=row["end_detail"], idle_before_end_ms=row["idle_before_end_ms"],
                  duration_ms=row["duration_us"] // 1000, bytes_from_client=row["bytes_from_client"],
                  bytes_from_broker=row["bytes_from_broker"], requests=row["requests"],

@@ -28,7 +28,7 @@ import click
 
 from protocol.error_kinds import ERROR, RETRIABLE
 from proxy.bypass import top_line as bypass_top_line
-from proxy.metrics import ROLE_NAMES
+from proxy.metrics import MAX_TOPICS_MORE, ROLE_NAMES
 from proxy.status import parse_addr
 
 CLEAR = "\x1b[H\x1b[2J"
@@ -193,7 +193,7 @@ def by_client(conns: list[dict[str, Any]], rates: dict[str, float]) -> list[dict
                                "brokers": set(), "conns": 0, "open_conns": 0, "requests": 0, "errors": 0, "retriable": 0,
                                "rate": None,
                                "bytes_from_client": 0, "bytes_from_broker": 0, "last_seen_s_ago": float("inf"),
-                               "topics": set(), "open": False, "end_reason": None}
+                               "topics": set(), "topics_more": 0, "open": False, "end_reason": None}
         g["conns"] += 1
         g["open_conns"] += 1 if c["open"] else 0
         g["open"] = g["open"] or c["open"]
@@ -209,9 +209,30 @@ def by_client(conns: list[dict[str, Any]], rates: dict[str, float]) -> list[dict
         g["bytes_from_broker"] += c["bytes_from_broker"]
         g["last_seen_s_ago"] = min(g["last_seen_s_ago"], c["last_seen_s_ago"])
         g["topics"].update(c.get("topics") or ())
+        # what its connections did not list (they may overlap): at least the most any one of them left out
+        g["topics_more"] = max(g["topics_more"], c.get("topics_more") or 0)
         if not c["open"] and c.get("end_reason"):
             g["end_reason"] = c["end_reason"]
     return list(groups.values())
+
+
+# C0 controls, DEL and C1 controls (0x9b is a CSI on its own) → "\\n", "\\x1b", …: what clients send
+# (client_id, software, topics) must neither move the cursor nor split a row across lines
+_CONTROL_ESCAPES = {i: repr(chr(i))[1:-1] for i in (*range(0x20), *range(0x7F, 0xA0))}
+
+
+def printable(text: str) -> str:
+    """`text` with its control characters written as Python escapes, for a terminal (top's every text cell)."""
+    return text.translate(_CONTROL_ESCAPES)
+
+
+def topics_text(topics: list[str], more: int) -> str:
+    """The TOPICS cell: "+86 more: a,b,…" when /clients listed only some (the count first: the cell is cut
+    at the screen's edge). At MAX_TOPICS_MORE the count stopped: "+1024+ more"."""
+    listed = ",".join(topics) or "-"
+    if not more:
+        return listed
+    return f"+{more}{'+' if more >= MAX_TOPICS_MORE else ''} more: {listed}"
 
 
 def _fit(cells: list[list[str]], columns: list[tuple[str, int]]) -> list[int]:
@@ -255,7 +276,7 @@ def render(clients: dict[str, Any], metrics: dict, prev: tuple[float, dict[str, 
     conns = list(clients["clients"])
     view = "connections" if per_connection else f"clients ({len(conns)} connections)"
     lines = [
-        b(f"kafkatap top — proxy {clients.get('proxy_id') or '?'}")
+        b(f"kafkatap top — proxy {printable(clients.get('proxy_id') or '?')}")
         + f"  open connections {clients.get('open_connections', 0)}{worker_spread_text(metrics)}  requests {reqs:,.0f}{rate}"
         + f"  errors {errs:,.0f}  retriable {retriable:,.0f}",
         f"latency p50 ≤{_fmt_s(p50)} p99 ≤{_fmt_s(p99)}   recording: dropped {drops:,.0f} queued {queue:,.0f}"
@@ -265,7 +286,7 @@ def render(clients: dict[str, Any], metrics: dict, prev: tuple[float, dict[str, 
     warning = bypass_top_line(metrics.get("kafkatap_bypass_advertised_total", []), width,
                               cluster="kafkatap_cluster_brokers" in metrics)
     if warning:  # clients told to reach brokers directly: the one thing top must not let go unnoticed
-        lines.insert(2, b(warning))
+        lines.insert(2, b(printable(warning)))
     if per_connection:
         columns = CONN_COLUMNS
         key = {"requests": lambda c: -c["requests"], "rate": lambda c: -per_conn_rate.get(c["conn_id"], 0),
@@ -275,7 +296,7 @@ def render(clients: dict[str, Any], metrics: dict, prev: tuple[float, dict[str, 
             c.get("client_id") or "-", c["role"], _software(c), c.get("client_addr") or "-", c.get("broker_addr") or "-",
             f"{c['requests']:,}", _fmt_rate(per_conn_rate[c["conn_id"]]) if c["conn_id"] in per_conn_rate else "-",
             f"{c.get('errors') or 0:,}", f"{c.get('retriable') or 0:,}", _human_bytes(c["bytes_from_client"]), _human_bytes(c["bytes_from_broker"]),
-            f"{c['last_seen_s_ago']:.0f}s", ",".join(c["topics"]) or "-"]) for c in conns]
+            f"{c['last_seen_s_ago']:.0f}s", topics_text(c["topics"], c.get("topics_more") or 0)]) for c in conns]
     else:
         columns = CLIENT_COLUMNS
         groups = by_client(conns, per_conn_rate)
@@ -287,8 +308,9 @@ def render(clients: dict[str, Any], metrics: dict, prev: tuple[float, dict[str, 
             f"{g['open_conns']}/{g['conns']}" if g["open_conns"] != g["conns"] else str(g["conns"]),
             str(len(g["brokers"])), f"{g['requests']:,}", "-" if g["rate"] is None else _fmt_rate(g["rate"]),
             f"{g['errors']:,}", f"{g['retriable']:,}", _human_bytes(g["bytes_from_client"]), _human_bytes(g["bytes_from_broker"]),
-            f"{g['last_seen_s_ago']:.0f}s", ",".join(sorted(g["topics"])) or "-"]) for g in groups]
-    shown = rows[: max(1, height - len(lines) - 1)]
+            f"{g['last_seen_s_ago']:.0f}s", topics_text(sorted(g["topics"]), g["topics_more"])]) for g in groups]
+    shown = [(is_open, end_reason and printable(end_reason), [printable(cell) for cell in cells])
+             for is_open, end_reason, cells in rows[: max(1, height - len(lines) - 1)]]
     widths = _fit([cells for _, _, cells in shown], columns)
     lines.append(b(_line([name for name, _ in columns], widths, width)))
     for is_open, end_reason, cells in shown:

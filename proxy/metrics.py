@@ -18,7 +18,8 @@ label sets and each latency histogram family `MAX_HISTOGRAMS` (64); what
 arrives after that is folded into one label set whose values are "other".
 `/metrics` therefore stays under ~5,000 lines whatever the traffic, and
 `/clients` keeps `MAX_TOPICS_PER_CLIENT` topics and 8 client ids per
-connection, closed connections for `CLOSED_RETENTION_S`.
+connection (and counts up to `MAX_TOPICS_MORE` more topics: `topics_more`),
+closed connections for `CLOSED_RETENTION_S`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable
+from itertools import islice
 from typing import Any
 
 from protocol.error_kinds import ERROR, PROTOCOL_STEP, RETRIABLE, error_kind, response_kind
@@ -57,6 +59,8 @@ MAX_LABEL_SETS = 256  # label sets per counter family; later ones are folded int
 MAX_HISTOGRAMS = 64  # label sets per histogram family (each renders ~22 lines)
 OTHER = "other"
 MAX_TOPICS_PER_CLIENT = 64  # /clients shows at most this many topics per connection (memory bound)
+# distinct topics counted past those (as hashes, ~45 KiB per connection at most): /clients' topics_more
+MAX_TOPICS_MORE = 1_024
 CLOSED_RETENTION_S = 300.0  # closed connections stay visible in /clients this long
 
 
@@ -110,7 +114,7 @@ class _Client:
     """Live facts about one client connection."""
 
     __slots__ = ("conn_id", "client_id", "software", "software_version", "client_addr", "broker_addr", "roles",
-                 "topics", "requests", "errors", "retriable", "bytes_in", "bytes_out", "first_seen_ns", "last_seen_ns",
+                 "topics", "more_topics", "requests", "errors", "retriable", "bytes_in", "bytes_out", "first_seen_ns", "last_seen_ns",
                  "open", "closed_mono", "end_reason", "opaque", "client_ids", "edit_stopped", "edit_oversize")
 
     def __init__(self, conn_id: str, now_ns: int) -> None:
@@ -123,6 +127,7 @@ class _Client:
         self.broker_addr: str | None = None
         self.roles = 0
         self.topics: set[str] = set()
+        self.more_topics: set[int] | None = None  # hashes of the distinct topics past MAX_TOPICS_PER_CLIENT
         self.requests = 0
         self.errors = 0  # requests answered with an error (protocol.error_kinds), as top's header counts them
         self.retriable = 0  # requests whose errors were all retriable
@@ -137,6 +142,31 @@ class _Client:
         self.edit_stopped = False
         self.edit_oversize = 0  # the latest row's count (rows are snapshots: the total adds the growth)
 
+    def add_topics(self, topics: Iterable[str]) -> None:
+        """Name the first MAX_TOPICS_PER_CLIENT distinct topics, count the others.
+
+        Why counted: a consumer of 150 topics showed 64 with nothing saying the list was cut.
+        Set operations in C: a connection's every request names its topics again.
+        """
+        if self.more_topics is not None and len(self.more_topics) >= MAX_TOPICS_MORE:
+            return  # both full: nothing more to learn
+        new = set(topics).difference(self.topics)
+        if not new:
+            return
+        room = MAX_TOPICS_PER_CLIENT - len(self.topics)
+        if room >= len(new):
+            self.topics |= new
+            return
+        if room > 0:
+            named = sorted(new)[:room]
+            self.topics.update(named)
+            new.difference_update(named)
+        more = self.more_topics
+        if more is None:
+            more = self.more_topics = set()
+        if len(more) < MAX_TOPICS_MORE:
+            more.update(islice(map(hash, new), MAX_TOPICS_MORE - len(more)))
+
     def as_json(self, now_ns: int) -> dict[str, Any]:
         roles = role_names(self.roles)
         return {
@@ -150,6 +180,7 @@ class _Client:
             "client_addr": self.client_addr,
             "broker_addr": self.broker_addr,
             "topics": sorted(self.topics),
+            "topics_more": len(self.more_topics or ()),  # distinct topics not listed (at least, past MAX_TOPICS_MORE)
             "requests": self.requests,
             "errors": self.errors,
             "retriable": self.retriable,
@@ -187,10 +218,9 @@ class LiveStats:
         self.bytes_in: dict[str, int] = {}  # api → request bytes
         self.bytes_out: dict[str, int] = {}  # api → response bytes
         self.conn_ends: dict[tuple[str, str], int] = {}  # (reason, by)
-        # The server's request accounting (its own dicts, read at scrape time; `kafkatap proxy` wires them):
-        # requests_seen == request_rows + sum(requests_dropped), over closed connections
-        self.requests_dropped: dict[str, int] = {}
-        self.relay_accounting: dict[str, int] = {}
+        # The server's request accounting, read at scrape time (`kafkatap proxy` wires ProxyServer.accounting_now):
+        # (requests_seen, request_rows, skipped_bytes) and requests dropped by reason, open connections included
+        self.relay_accounting: Callable[[], tuple[dict[str, int], dict[str, int]]] = lambda: ({}, {})
         self.opaque_total = 0
         self.edit_stopped_total = 0  # connections whose frame editor gave up (proxy.intercept)
         self.edit_oversize_total = 0  # frames wanted for editing but over its bound, forwarded unedited
@@ -273,8 +303,8 @@ class LiveStats:
                 c.client_ids.add(cid)
         c.roles |= API_ROLE.get(row.get("api_key", -1), 0)
         topics = row.get("topics")
-        if topics and len(c.topics) < MAX_TOPICS_PER_CLIENT:
-            c.topics.update(topics[:MAX_TOPICS_PER_CLIENT])
+        if topics:
+            c.add_topics(topics)
         sw = row.get("client_software_name")
         if sw:
             c.software = sw
@@ -376,15 +406,15 @@ class LiveStats:
                [("", {}, self.connections_total)])
         family("kafkatap_connection_ends_total", "counter", "Connection ends by reason and by whom.",
                (("", {"reason": r, "by": b}, n) for (r, b), n in _sorted(self.conn_ends)))
-        acc = self.relay_accounting
-        family("kafkatap_requests_seen_total", "counter", "Requests the decoder saw on closed connections.",
+        acc, dropped = self.relay_accounting()
+        family("kafkatap_requests_seen_total", "counter", "Requests the decoder saw (open connections included).",
                [("", {}, acc.get("requests_seen", 0))])
-        family("kafkatap_request_rows_total", "counter", "Request rows the relay produced for closed connections.",
+        family("kafkatap_request_rows_total", "counter", "Request rows the relay produced (open connections included).",
                [("", {}, acc.get("request_rows", 0))])
         family("kafkatap_requests_dropped_total", "counter",
                "Requests seen but given no row, by reason (in_flight_cap, correlation_id_reused, decoder_failed, "
-               "observation_backlog): seen = rows + these.",
-               (("", {"reason": r}, n) for r, n in _sorted(self.requests_dropped)))
+               "observation_backlog): seen = rows + these + requests still waiting for their answer.",
+               (("", {"reason": r}, n) for r, n in _sorted(dropped)))
         family("kafkatap_observation_skipped_bytes_total", "counter",
                "Bytes relayed but not decoded because a connection's observation backlog exceeded its bound.",
                [("", {}, acc.get("skipped_bytes", 0))])

@@ -43,6 +43,7 @@ from proxy.connection import Connection
 from proxy.context import Addr, ConnectionContext, RelaySettings, format_addr
 from proxy.faults import NO_FAULTS, Faults
 from proxy.listener import Acceptor, bind_listener
+from proxy.log_limits import ConnectFailureLog
 from proxy.sinks import GuardedSink, NullSink, RecordSink, default_proxy_id
 from proxy.topics import TopicMap, TopicNamingSink, TopicResolver
 
@@ -167,6 +168,7 @@ class ProxyServer:
         self.resolve_topics = resolve_topics
         self.resolver: TopicResolver | None = None
         self._ctx: ConnectionContext | None = None
+        self.connect_failures: ConnectFailureLog | None = None  # set by start(): it needs the loop
         self._acceptors: dict[str, Acceptor] = {}  # listener name ("HOST:PORT") → its acceptor
         self.accept_failures: dict[str, int] = {}  # reason → count, for /metrics (proxy.listener)
         self._listen_addrs: list[tuple[str, int]] = []
@@ -194,6 +196,7 @@ class ProxyServer:
         self.loop = asyncio.get_running_loop()
         self._stopped = asyncio.Event()
         self._hurry = asyncio.Event()
+        self.connect_failures = ConnectFailureLog(self.loop)
         self.resolver = TopicResolver(self.loop, self.topics, enabled=self.resolve_topics,
                                       so_mark=self.settings.so_mark, on_cluster=self._cluster_learned)
         self.resolver.tls = self.upstream_tls
@@ -366,6 +369,8 @@ class ProxyServer:
                     pass
             for c in list(self.conns):
                 c.force_close()
+        if self.connect_failures is not None:  # failures not yet in a line are said before "stopped"
+            self.connect_failures.close()
         if self.resolver is not None:  # after the last row, before the sink closes: names for the last ids
             await self.resolver.finish()
         self._record_run("stop")
@@ -488,8 +493,14 @@ class ProxyServer:
         self.conns.add(conn)
         self.stats["accepted"] += 1  # every client connection, so accepted = closed (+ open) in the `stopped` line
 
+    def connect_failed(self, conn: Connection, detail: str) -> None:
+        assert self.connect_failures is not None
+        self.connect_failures.failed(conn.facts.broker_addr, detail, conn.log)
+
     def opened(self, conn: Connection) -> None:
-        pass  # the broker side is up too (the Hub protocol's hook; the counts need nothing more)
+        """The broker side is up too: an upstream that was failing is said to be back."""
+        assert self.connect_failures is not None
+        self.connect_failures.reached(conn.facts.broker_addr)
 
     def closed(self, conn: Connection, end_reason: str) -> None:
         self.conns.discard(conn)
@@ -506,6 +517,24 @@ class ProxyServer:
             self.requests_dropped[reason] = self.requests_dropped.get(reason, 0) + n
         if end_reason == "upstream_connect_failed":
             self.stats["connect_failed"] += 1
+
+    def accounting_now(self) -> tuple[dict[str, int], dict[str, int]]:
+        """`accounting` and `requests_dropped` with the open connections' counts so far: what /metrics shows.
+
+        Why: counted only at a connection's end, kafkatap_requests_seen_total lagged by every long-lived
+        connection's requests and jumped when one closed. Summed at scrape time (one pass over the open
+        connections), so the per-request path keeps its one integer add; `closed` moves a connection's
+        counts into `accounting` in the same step that removes it from `conns`, so the sum never goes back.
+        """
+        a, dropped = dict(self.accounting), dict(self.requests_dropped)
+        for c in self.conns:
+            f = c.facts
+            a["requests_seen"] += f.requests
+            a["request_rows"] += f.rows
+            a["skipped_bytes"] += f.skipped_bytes
+            for reason, n in f.dropped.items():
+                dropped[reason] = dropped.get(reason, 0) + n
+        return a, dropped
 
     def check_clock(self) -> int:
         """Re-derive the epoch offset when the wall clock moved away from `clock()`; return the step (ns, 0: none).

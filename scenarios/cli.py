@@ -21,6 +21,7 @@ from typing import Any
 import click
 
 from harness.jars import DEFAULT_VERSION, RELEASES, KafkaHarnessError, cache_root
+from scenarios.proxy_hint import advertised_client_address, proxy_suggestion, read_properties
 
 SPARK_AND_BROKER_S = 75  # broker start + Spark analysis on a 2-core machine, for `scenario list`
 
@@ -350,9 +351,10 @@ def kafka_up(kafka_version: str, old_version: str | None, port: int | None, prop
     }, indent=2))
     click.echo(f"Kafka {version} up at {k.bootstrap} (pid {node.proc.pid}, log {node.log_file}"
                + (f", data {data_dir}" if data_dir is not None else "") + ")")
-    # cluster mode: the broker keeps advertising its own address, and the proxy rewrites it in every response,
-    # so clients of the suggested listener stay on the proxy and everything they do is recorded
-    click.echo(f"try: kafkatap proxy --cluster {k.bootstrap} --listen 127.0.0.1:{_suggested_listen(node.node_id)} --record rec/")
+    # the mode that fits what the broker advertises (scenarios.proxy_hint): cluster mode for its own address,
+    # explicit mode at the address an --prop advertised.listeners=… gave it
+    advertised = advertised_client_address(read_properties(node.config_file.read_text()), node.port)
+    click.echo(f"try: {proxy_suggestion(k.bootstrap, advertised, _suggested_listen(node.node_id))}")
 
 
 # In a --data-dir, beside the broker's own files: the newest Kafka version that served it. Kafka reads

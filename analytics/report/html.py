@@ -358,7 +358,7 @@ SECTIONS: list[tuple[str, str, str, list[tuple[str, str, Chart | None]]]] = [
         ("client_inventory", "Client inventory", _c_bars("client_id+role", {"requests": "requests"}, axis="requests in the analyzed span (the window, if given)")),
         ("topic_view", "Topics: who writes and who reads", _c_bars("topic", {"bytes_produced": "produced", "bytes_fetched": "fetched"}, "B", sort="bytes_produced", axis="record bytes")),
         ("group_protocols", "Groups and their protocol (classic / consumer / share / streams)", None),
-        ("brokers", "Brokers: node id and address (from the Metadata answers relayed)", None),
+        ("brokers", "Brokers: node id, address and the proxy listeners they were reached through (from the Metadata answers relayed)", None),
     ]),
     ("throughput", "Throughput over time", "Bytes per second each way (client → broker, broker → client) and records produced per second, "
                                            "per topic and per client; the busiest are drawn, the rest summed as “(others)”.", [

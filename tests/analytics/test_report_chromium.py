@@ -127,7 +127,7 @@ def _section(html: str, sid: str) -> str:
     return html[start:html.index("</section>", start)]
 
 
-def test_new_views_have_data(real_report: AnalysisResult) -> None:
+def test_new_views_have_data(real_report: AnalysisResult, proxied_broker: _Broker) -> None:
     t = real_report.tables
     html = real_report.report_path.read_text(encoding="utf-8")
     # throughput per topic and per client, both directions
@@ -162,6 +162,10 @@ def test_new_views_have_data(real_report: AnalysisResult) -> None:
     nodes = {(r["address"], r["node_id"]) for r in t["brokers"]}
     upstreams = {r["broker_addr"] for r in t["connection_facts"] if r.get("broker_addr")}
     assert upstreams and all((a, 1) in nodes for a in upstreams), (nodes, upstreams)
+    # the table lists brokers only, as the overview counts them: the advertised proxy listener is beside its broker
+    assert {a for a, _ in nodes} == upstreams and len(upstreams) == real_report.tables["overview"][0]["brokers"], nodes
+    listen = proxied_broker.route.partition("=")[0]
+    assert all(r["listeners"] == [listen] for r in t["brokers"]), (t["brokers"], listen)
     assert f"{sorted(upstreams)[0]} (node 1)" in _section(html, "latency")
 
 

@@ -654,10 +654,13 @@ def test_broker_ids_come_from_the_relayed_metadata_answers(make_df) -> None:
     got = [(r["address"], r["node_id"], r["answers"])
            for r in broker_ids(prepare_requests(make_df("requests", rows))).collect()]
     assert got == [("127.0.0.1:9093", 1, 2), ("127.0.0.1:9094", 2, 1)]
-    # explicit mode: the broker advertises the proxy listener; connections accepted there reach 10.0.0.2:9092
-    conns = make_df("connections", [{"conn_id": "c1", "listener": "127.0.0.1:9094", "broker_addr": "10.0.0.2:9092"}])
-    got = {(r["address"], r["node_id"]) for r in broker_ids(prepare_requests(make_df("requests", rows)), conns).collect()}
-    assert got == {("127.0.0.1:9093", 1), ("127.0.0.1:9094", 2), ("10.0.0.2:9092", 2)}
+    # explicit mode: the broker advertises the proxy listener; connections accepted there reach 10.0.0.2:9092.
+    # The listener is no broker: the broker behind it takes its row, the listener is named beside it
+    conns = make_df("connections", [{"conn_id": "c1", "listener": "127.0.0.1:9094", "broker_addr": "10.0.0.2:9092"},
+                                    {"conn_id": "c2", "listener": "127.0.0.1:19092", "broker_addr": "10.0.0.2:9092"}])
+    got = {(r["address"], r["node_id"], tuple(r["listeners"] or ()), r["answers"])
+           for r in broker_ids(prepare_requests(make_df("requests", rows)), conns).collect()}
+    assert got == {("127.0.0.1:9093", 1, (), 2), ("10.0.0.2:9092", 2, ("127.0.0.1:19092", "127.0.0.1:9094"), 1)}
 
 
 def test_latency_cube_equals_one_grouping_per_view(make_df) -> None:
