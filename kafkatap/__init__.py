@@ -6,9 +6,6 @@ command-line entry point (process-wide logging is `recording.logs`: every proces
 recording's writer process included, sets it up the same way).
 """
 
-from importlib.metadata import PackageNotFoundError, version
+from recording.software_version import KAFKATAP_VERSION as __version__
 
-try:
-    __version__ = version("kafkatap")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0.0.0+source"
+__all__ = ["__version__"]

@@ -33,7 +33,6 @@ from typing import Any
 
 import structlog
 
-from kafkatap import __version__
 from protocol.stream import KafkaStream
 from proxy import original_dst as _odst
 from proxy.address import parse_hostport  # re-exported: the one HOST:PORT parser (range-checked)
@@ -46,6 +45,7 @@ from proxy.listener import Acceptor, bind_listener
 from proxy.log_limits import ConnectFailureLog
 from proxy.sinks import GuardedSink, NullSink, RecordSink, default_proxy_id
 from proxy.topics import TopicMap, TopicNamingSink, TopicResolver
+from recording.software_version import KAFKATAP_VERSION
 
 log = structlog.get_logger("kafkatap.proxy")
 
@@ -226,7 +226,7 @@ class ProxyServer:
         from a start. Two rows per run, never per request (analytics.transforms.runs reads them).
         """
         self._emit.run_event({"proxy_id": self.proxy_id, "run": self._run, "event": event, "ts_ns": self.clock(),
-                        "pid": os.getpid(), "version": __version__})
+                        "pid": os.getpid(), "version": KAFKATAP_VERSION})
 
     def _listen(self, route: Route) -> None:
         """Bind the route's listener(s) and start accepting (proxy.listener: EMFILE is seen, logged, counted).
