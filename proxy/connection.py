@@ -265,7 +265,19 @@ class Connection:
             self._quiet()
         self.client.release(HOLD_EARLY)
         if self.client.eof:
+            self._source_done(flow)
             flow.half_close()
+
+    def _source_done(self, inbound: Flow) -> None:
+        """`inbound`'s source sent FIN and every byte it read before is forwarded: an unfinished frame the editor
+        holds goes on before the FIN.
+
+        Not before the early bytes are fed: the editor then stops framing that direction, and a request read
+        before the upstream connect completed went out unregistered; its response, answering nothing the
+        editor knew, stopped the editing of a client that did nothing wrong (it sent a request, then FIN).
+        """
+        if self.editor is not None:
+            self.editor.source_ended(inbound.request)
 
     async def _open_upstream(self, host: str, port: int) -> asyncio.Transport | None:
         """Connect to the broker (SO_MARK, TCP_NODELAY, timeout); None when the client left meanwhile."""
@@ -528,11 +540,12 @@ class Connection:
         """`peer` sent FIN: propagate it to the other side (half-close) unless both are done."""
         peer.eof = True
         self._set_end(f"{peer.role}_fin", peer.role, None)
-        if self.editor is not None:  # an unfinished frame it holds goes on before the FIN
-            self.editor.source_ended(inbound.request)
+        if inbound.early is not None:
+            return True  # the upstream connect is pending: the FIN goes on after the bytes read before it (_connect)
+        self._source_done(inbound)
         if inbound.dst.eof:
             self.close()
-        elif inbound.early is None:
+        else:
             inbound.half_close()
         return True  # keep the transport: the other side may still answer (half-close)
 
@@ -548,8 +561,7 @@ class Connection:
                 other.reset()  # the other side sees what this one did
         else:
             self._set_end(f"{peer.role}_fin", peer.role, None)
-            if self.editor is not None:
-                self.editor.source_ended(toward.request)
+            self._source_done(toward)
             if other.open:
                 toward.close_dst()
         if not other.open:
