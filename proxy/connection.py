@@ -710,5 +710,11 @@ class _EditorPort:
     def stopped(self, reason: str) -> None:
         self.conn.facts.edit_stopped = reason
 
+    def stop_closing(self, reason: str) -> None:
+        conn = self.conn
+        conn._set_end("edit_stopped", "proxy", f"editing stopped ({reason}); relaying as is could send the client "
+                                               "a broker's own address")
+        conn.ctx.loop.call_soon(conn.close)
+
     def unedited_oversize(self, size: int) -> None:
         self.conn.facts.edit_oversize += 1
