@@ -15,6 +15,10 @@ many workers see the address (`first_in_proxy`).
 Cluster mode rewrites every broker address, so there a bypass means that a
 broker got no listener (its port was taken, or out of range): its address
 went to the clients as it was. The same check counts it, with cluster-mode advice.
+Or that a response went out unrewritten although its brokers have listeners:
+the connection's editing had stopped (cluster mode closes such a connection,
+so this would be a defect), or that response's rewrite failed. The log line
+then names that cause (`cause`), not a missing listener.
 
 What counts as the proxy's: an address whose port is one of the listeners'
 and that is not itself one of the routes' upstream brokers. Host names are not
@@ -62,7 +66,8 @@ def first_in_proxy(key: str) -> bool:
     return True
 
 
-def _split(addr: str) -> tuple[str, int] | None:
+def split_addr(addr: str) -> tuple[str, int] | None:
+    """"host:port" (or "[v6]:port") → (host, port); None when it is not one."""
     host, sep, port = addr.rpartition(":")
     if not sep or not port.isdigit():
         return None
@@ -93,7 +98,7 @@ class BypassCheck:
         out: list[str] = []
         for text in advertised:
             text = text.rpartition("@")[2]  # brokers come as "node_id@host:port"
-            addr = _split(text)
+            addr = split_addr(text)
             if addr is None or text in out or addr in self._fronted_by:
                 continue
             if addr[1] not in ports or addr in upstreams:
@@ -115,11 +120,19 @@ class BypassSink:
         "'cannot listen for a broker' error), so their addresses go to clients unchanged and their traffic "
         "is not recorded. Free that port, or restart with --broker-port NODE_ID=PORT on a free one")
 
-    def __init__(self, inner: Any, check: BypassCheck, listeners: Callable[[], list[str]], cluster: bool = False) -> None:
+    UNREWRITTEN_ADVICE = (
+        "clients are being sent around the proxy: these brokers have listeners, but a response naming them went "
+        "to the client unrewritten: {cause}. Their traffic is not recorded")
+
+    def __init__(self, inner: Any, check: BypassCheck, listeners: Callable[[], list[str]], cluster: bool = False,
+                 cause: Callable[[Row, list[str]], str | None] | None = None) -> None:
+        """`cause(row, addresses)`: why cluster mode left these addresses unrewritten when their brokers have
+        listeners (editing stopped on the row's connection, a failed rewrite); None: they have none."""
         self.inner = inner
         self.check = check
         self._listeners = listeners
         self._advice = self.CLUSTER_ADVICE if cluster else self.EXPLICIT_ADVICE
+        self._cause = cause
         self.warned: set[str] = set()
         self.responses = 0  # responses that advertised at least one address around the proxy
         pass_through(self, inner, ("connection", "tcp", "frame", "topic"))  # not through `__getattr__` per row
@@ -136,8 +149,10 @@ class BypassSink:
                     self.warned.update(new)
                     new = [a for a in new if first_in_proxy("bypass " + a)]  # one line per address for all workers
                     if new:
-                        log.warning(self._advice, addresses=new, api=row.get("api_name"), client=row.get("client_addr"),
-                                    proxy_listeners=self._listeners())
+                        cause = self._cause(row, new) if self._cause is not None else None
+                        advice = self._advice if cause is None else self.UNREWRITTEN_ADVICE.format(cause=cause)
+                        log.warning(advice, addresses=new, api=row.get("api_name"), client=row.get("client_addr"),
+                                    conn_id=row.get("conn_id"), proxy_listeners=self._listeners())
         self.inner.request(row)
 
     def __getattr__(self, name: str) -> Any:  # connection, tcp, frame, topic, close …: unchanged

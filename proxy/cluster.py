@@ -134,6 +134,14 @@ class BrokerRegistry:
             self.by_upstream[addr] = node_id
         return route
 
+    def all_listened(self, addrs: list[Addr | None]) -> bool:
+        """Every one of these broker addresses is a known broker's with a proxy listener (None: unreadable)."""
+        for addr in addrs:
+            node = self.by_upstream.get(addr) if addr is not None else None
+            if node is None or self.nodes[node].listen_port is None:
+                return False
+        return True
+
     def upstream(self, node_id: int) -> Addr:
         return self.nodes[node_id].upstream
 
@@ -157,6 +165,7 @@ class AddressRewriter:
 
     __slots__ = ("registry", "conn_id")
     edits_requests = False  # requests are forwarded as read: only responses carry addresses
+    must_edit = True  # a response relayed unedited may send the client to a broker directly: close instead
 
     def __init__(self, registry: BrokerRegistry, conn_id: str) -> None:
         self.registry = registry

@@ -278,7 +278,19 @@ class Connection:
             self._quiet()
         self.client.release(HOLD_EARLY)
         if self.client.eof:
+            self._source_done(flow)
             flow.half_close()
+
+    def _source_done(self, inbound: Flow) -> None:
+        """`inbound`'s source sent FIN and every byte it read before is forwarded: an unfinished frame the editor
+        holds goes on before the FIN.
+
+        Not before the early bytes are fed: the editor then stops framing that direction, and a request read
+        before the upstream connect completed went out unregistered; its response, answering nothing the
+        editor knew, stopped the editing of a client that did nothing wrong (it sent a request, then FIN).
+        """
+        if self.editor is not None:
+            self.editor.source_ended(inbound.request)
 
     async def _open_upstream(self, host: str, port: int) -> asyncio.Transport | None:
         """Connect to the broker (SO_MARK, TCP_NODELAY, timeout); None when the client left meanwhile."""
@@ -572,14 +584,15 @@ class Connection:
         """`peer` sent FIN: propagate it to the other side (half-close) unless both are done."""
         peer.eof = True
         self._set_end(f"{peer.role}_fin", peer.role, None)
-        if self.editor is not None:  # an unfinished frame it holds goes on before the FIN
-            self.editor.source_ended(inbound.request)
+        if inbound.early is not None:
+            return True  # the upstream connect is pending: the FIN goes on after the bytes read before it (_connect)
+        self._source_done(inbound)  # an unfinished frame the editor holds goes on before the FIN
         if peer is self.broker:
             self._quiet()  # no answer comes after the broker's FIN: a shutdown drain need not wait for one
         if inbound.dst.eof or (self._stopping and peer is self.client):
             # during the drain a client's FIN is its close (Kafka clients never half-close): end now
             self.close()
-        elif inbound.early is None:
+        else:
             inbound.half_close()
         return True  # keep the transport: the other side may still answer (half-close)
 
@@ -595,8 +608,7 @@ class Connection:
                 other.reset()  # the other side sees what this one did
         else:
             self._set_end(f"{peer.role}_fin", peer.role, None)
-            if self.editor is not None:
-                self.editor.source_ended(toward.request)
+            self._source_done(toward)
             if other.open:
                 toward.close_dst()
         if not other.open:
@@ -746,6 +758,12 @@ class _EditorPort:
 
     def stopped(self, reason: str) -> None:
         self.conn.facts.edit_stopped = reason
+
+    def stop_closing(self, reason: str) -> None:
+        conn = self.conn
+        conn._set_end("edit_stopped", "proxy", f"editing stopped ({reason}); relaying as is could send the client "
+                                               "a broker's own address")
+        conn.ctx.loop.call_soon(conn.close)
 
     def unedited_oversize(self, size: int) -> None:
         self.conn.facts.edit_oversize += 1

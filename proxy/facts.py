@@ -84,7 +84,7 @@ class ConnectionFacts:
     # what a frame editor (proxy.intercept: cluster rewriting, Kafka faults) did, by correlation id, until the
     # request's row takes it; bounded like the in-flight map (the editor notes only requests it saw)
     edits: dict[int, str] = field(default_factory=dict)
-    edit_stopped: str | None = None  # why the editor gave up and relayed the rest as it was (TLS, garbage, …)
+    edit_stopped: str | None = None  # why the editor gave up (TLS, garbage, …): relayed as is, or closed (cluster)
     edit_oversize: int = 0  # frames an interceptor wanted but too large to edit: forwarded unedited
     end: End | None = None
     inferred: str | None = None

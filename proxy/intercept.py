@@ -34,6 +34,14 @@ connection did not ask for, the raw token exchange after a SaslHandshake v0)
 turns the editor into pass-through for the rest of the connection, logged once
 with the reason. The editor holds at most one frame per direction being edited
 plus the queues of delayed output.
+
+Unless relaying as is would be unsafe: an interceptor that says so
+(`must_edit = True`: cluster mode, whose responses carry the brokers' own
+addresses) has the connection closed instead (`EditorOutput.stop_closing`):
+what the editor holds and everything read after is dropped, so no response
+the editor could not rewrite reaches the client, which reconnects to a fresh
+editor. Kafka faults alone keep relaying as is: an unedited frame of theirs is
+a fault not injected, never a client sent around the proxy.
 """
 
 from __future__ import annotations
@@ -111,6 +119,8 @@ class Interceptor(Protocol):
     # Optional: `edits_requests = False` (a class attribute): wants_request is always False. The editor then
     # forwards every request chunk the moment it is read and frames it afterwards (to pair the responses),
     # so the requests' own framing is off their latency path (cluster mode's address rewriting).
+    # Optional: `must_edit = True` (a class attribute): a frame it wants must never go on unedited, so when
+    # the editor stops framing it closes the connection rather than relay as is (cluster mode's addresses).
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +166,10 @@ class _Chain:
     @property
     def edits_requests(self) -> bool:
         return any(getattr(p, "edits_requests", True) for p in self.parts)
+
+    @property
+    def must_edit(self) -> bool:
+        return any(getattr(p, "must_edit", False) for p in self.parts)
 
     def wants_response(self, head: RequestHead) -> bool:
         return any(p.wants_response(head) for p in self.parts)
@@ -227,11 +241,14 @@ class EditorOutput(Protocol):
     def stopped(self, reason: str) -> None:
         """Editing gave up for the rest of the connection (recorded on the connection row, counted)."""
 
+    def stop_closing(self, reason: str) -> None:
+        """Editing gave up where relaying as is is unsafe (`must_edit`): end the connection (both sides)."""
+
     def unedited_oversize(self, size: int) -> None:
         """A wanted frame over MAX_EDIT_FRAME went through unedited (recorded, counted)."""
 
 
-_HEAD, _STREAM, _WHOLE, _PASS = 0, 1, 2, 3
+_HEAD, _STREAM, _WHOLE, _PASS, _DROP = 0, 1, 2, 3, 4  # _DROP: editing stopped on a must_edit connection
 
 
 class EditMemory:
@@ -336,6 +353,7 @@ class FrameEditor:
         self.req = _Side(True)
         self.resp = _Side(False)
         self.req.forwarded = not getattr(interceptor, "edits_requests", True)
+        self.must_edit = bool(getattr(interceptor, "must_edit", False))  # giving up closes instead of relaying
         self.pending: dict[int, RequestHead] = {}  # correlation id -> request awaiting its response
         self.order: deque[int] = deque()  # correlation ids in the order their responses must go out
         self.ready: dict[int, tuple[bytes, float]] = {}  # answers made here (frame, delay), waiting for their turn
@@ -354,6 +372,8 @@ class FrameEditor:
         small requests must not become 100 system calls.
         """
         side = self.req if request else self.resp
+        if side.mode == _DROP:
+            return  # editing stopped where relaying as is is unsafe: the connection is being closed
         if side.forwarded:
             # requests nobody edits go on as read; framing them afterwards only pairs the responses
             self.out.send(True, data, now_ns)
@@ -410,6 +430,8 @@ class FrameEditor:
             mode = side.mode
             if mode == _PASS:
                 self._emit(side, data if i == 0 else memoryview(data)[i:], now_ns)
+                return
+            if mode == _DROP:
                 return
             if mode == _STREAM:
                 k = min(side.remaining, n - i)
@@ -759,8 +781,11 @@ class FrameEditor:
         self.req.verbatim = self.resp.verbatim = False
         self.passing = True
         self.pass_reason = reason
-        self.out.log("warning", "editing stopped, relaying as is", reason=reason)
         self.out.stopped(reason)
+        if self.must_edit:
+            self._drop_and_close(reason)
+            return
+        self.out.log("warning", "editing stopped, relaying as is", reason=reason)
         now = self.clock()
         lost = 0
         if self.ready:  # answers made here: they can still go out if no broker response is half sent
@@ -776,6 +801,27 @@ class FrameEditor:
             self._hand_on_held(side, now)
         self.order.clear()
         self.pending.clear()
+
+    def _drop_and_close(self, reason: str) -> None:
+        """Stop framing on a `must_edit` connection: nothing more goes on (what either side holds of an unfinished
+        frame, what it reads from now on, answers made here), then the connection is closed.
+
+        Relaying as is would hand the client every later response unrewritten: a broker's own address, and
+        the client's traffic around the proxy, unrecorded. Frames handed on before the stop are whole and were
+        edited, so they still go out before the close; a request chunk already written when its framing failed
+        (cluster mode writes requests as read) is answered into the void. The client reconnects to a fresh editor.
+        """
+        self.out.log("warning", "editing stopped, connection closed: relaying as is could send the client a "
+                     "broker's own address", reason=reason)
+        for side in (self.req, self.resp):
+            side.pieces = []
+            side.buf.clear()
+            side.mode = _DROP
+            self._give_back(side)
+        self.ready.clear()
+        self.order.clear()
+        self.pending.clear()
+        self._close(reason, unsafe=True)
 
     def _hand_on_held(self, side: _Side, now_ns: int) -> None:
         """Stop framing `side`: what it holds of an unfinished frame (a wanted frame's reads, or a head) goes on
@@ -796,6 +842,8 @@ class FrameEditor:
         the stream it exists to leave alone (a broker's last, cut-off response would never reach the client).
         """
         side = self.req if request else self.resp
+        if side.mode == _DROP:
+            return  # closing: what it holds is not handed on
         now = self.clock()
         self._hand_on_held(side, now)  # nothing more comes from this source
         if side.out:
@@ -804,13 +852,18 @@ class FrameEditor:
     def _interceptor_failed(self, exc: BaseException) -> None:
         self.out.log("error", "interceptor failed, frame forwarded unedited", error=repr(exc))
 
-    def _close(self, detail: str) -> None:
+    def _close(self, detail: str, unsafe: bool = False) -> None:
+        """End the connection once what was handed on is out: an interceptor asked (a fault), or (`unsafe`)
+        editing stopped where relaying as is is not allowed."""
         for side in (self.req, self.resp):  # what was handed on before the close goes out first
             if side.out:
                 self._flush_out(side, self.clock())
         if not self._closing:
             self._closing = True
-            self.out.close(detail)
+            if unsafe:
+                self.out.stop_closing(detail)
+            else:
+                self.out.close(detail)
 
     def closed(self) -> None:
         """The connection ended: cancel timers, give back held memory, release the interceptor's state."""

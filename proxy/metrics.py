@@ -422,8 +422,9 @@ class LiveStats:
                "Connections whose stream stopped being parsed (TLS, garbage, unknown framing).",
                [("", {}, self.opaque_total)])
         family("kafkatap_edit_stopped_connections_total", "counter",
-               "Connections where the proxy was asked to edit (cluster rewriting, Kafka faults) but gave up and "
-               "relayed the rest unchanged (TLS, not Kafka framing, a stray response): the reason is on the "
+               "Connections where the proxy was asked to edit (cluster rewriting, Kafka faults) but gave up (TLS, "
+               "not Kafka framing, a stray response, a reused correlation id): Kafka faults relay the rest "
+               "unchanged, cluster mode closes the connection (end_reason edit_stopped). The reason is on the "
                "connection row (edit_stopped) and in one log line.",
                [("", {}, self.edit_stopped_total)])
         family("kafkatap_edit_oversize_frames_total", "counter",

@@ -36,7 +36,7 @@ import structlog
 from protocol.stream import KafkaStream
 from proxy import original_dst as _odst
 from proxy.address import parse_hostport  # re-exported: the one HOST:PORT parser (range-checked)
-from proxy.bypass import BypassCheck, BypassSink
+from proxy.bypass import BypassCheck, BypassSink, split_addr
 from proxy.close_watch import CloseWatch
 from proxy.connection import Connection
 from proxy.context import Addr, ConnectionContext, RelaySettings, format_addr
@@ -267,8 +267,21 @@ class ProxyServer:
         upstreams = fixed if cluster is None else (lambda: [*fixed, *cluster.registry.by_upstream])
         check = BypassCheck(lambda: self._listen_addrs, upstreams, self.fronted_by)
         self.bypass = BypassSink(self._emit, check, lambda: [format_addr(a) for a in self._listen_addrs],
-                                 cluster=cluster is not None)
+                                 cluster=cluster is not None,
+                                 cause=None if cluster is None else self._unrewritten_cause)
         return self.bypass
+
+    def _unrewritten_cause(self, row: dict[str, Any], addresses: list[str]) -> str | None:
+        """Cluster mode: why `addresses` (brokers' own, on `row`) reached a client although they have listeners;
+        None when one has none (the 'cannot listen for a broker' cause). Asked only for a line to log."""
+        assert self.cluster is not None
+        if not self.cluster.registry.all_listened([split_addr(a) for a in addresses]):
+            return None
+        conn = next((c for c in self.conns if c.conn_id == row.get("conn_id")), None)
+        stopped = conn.facts.edit_stopped if conn is not None else None
+        if stopped:
+            return f"editing had stopped on that connection ({stopped})"
+        return "its rewrite failed (see the 'response forwarded without address rewriting' error)"
 
     def add_listener(self, listen: Addr, upstream: Callable[[], Addr], label: str = "") -> Addr:
         """Bind one more listener now, whose upstream is asked at each accept (cluster mode: one per broker).

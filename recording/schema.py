@@ -160,7 +160,7 @@ CONNECTION_COLUMNS: list[Column] = [
     Column("tls", pa.bool_(), "", "a TLS ClientHello was seen (the stream is opaque)"),
     Column("opaque", pa.bool_(), "", "some direction stopped being parsed"),
     Column("opaque_reason", pa.string(), "", "why, with the stream offset"),
-    Column("end_reason", pa.string(), "", "client_fin | broker_fin | client_rst | broker_rst | upstream_connect_failed | proxy_shutdown | idle_timeout | protocol_error | fault | open"),
+    Column("end_reason", pa.string(), "", "client_fin | broker_fin | client_rst | broker_rst | upstream_connect_failed | proxy_shutdown | idle_timeout | protocol_error | fault | edit_stopped | open"),
     Column("end_by", pa.string(), "", "client | broker | proxy | none (still open)"),
     Column("end_detail", pa.string(), "", "errno text or fault description; whether the end came during the proxy's shutdown drain, or the shutdown closed a half-open rest"),
     Column("idle_before_end_ms", pa.int64(), "ms", "time since the last byte either way when the connection ended"),
@@ -171,8 +171,9 @@ CONNECTION_COLUMNS: list[Column] = [
     Column("last_request_topics", pa.list_(pa.string()), "", "topics of the last request"),
     Column("inferred_cause", pa.string(), "", "plain-language cause when the evidence supports one"),
     Column("edit_stopped", pa.string(), "",
-           "why the proxy stopped editing this connection (cluster rewriting, Kafka faults) and relayed the rest "
-           "unchanged: TLS or not Kafka framing, a stray response, an oversize request head; null: it did not"),
+           "why the proxy stopped editing this connection (cluster rewriting, Kafka faults): TLS or not Kafka "
+           "framing, a stray response, a reused correlation id, an oversize request head. Kafka faults relay the "
+           "rest unchanged; cluster mode closes the connection (end_reason edit_stopped); null: it did not"),
     Column("edit_oversize_frames", pa.int32(), "",
            "frames the proxy was asked to edit but that exceeded the edit bound (64 MiB): forwarded unedited"),
     Column("tcp_client_open", TCP_STRUCT, "", "TCP_INFO of the client socket at accept"),

@@ -149,17 +149,19 @@ def test_metadata_through_the_proxy_differs_from_the_broker_only_in_the_ports(cl
             assert diff and diff <= allowed, (version, sorted(diff - allowed))
 
 
-def test_tls_hello_in_cluster_mode_is_relayed_unchanged_and_the_give_up_recorded(cluster, sink) -> None:
-    """TLS where Kafka framing should be, on an editing connection: the bytes reach the broker as they were (it closes on them),
-    and the connection row says why editing stopped, once."""
+def test_tls_hello_in_cluster_mode_closes_the_connection_and_the_give_up_is_recorded(cluster, sink) -> None:
+    """TLS where Kafka framing should be, on an editing connection: the proxy could not rewrite the addresses
+    inside, so it closes the connection rather than relay it (the chunk already written reaches the broker as it
+    was), and the connection row says why editing stopped."""
     hello = bytes.fromhex("160301020001") + bytes(range(256)) * 2  # a ClientHello's first bytes: size 0x16030102
     with cluster_proxy(cluster, sink) as p:
         with socket.create_connection(p.listen_addr, timeout=30) as s:
             s.sendall(hello)
-            while s.recv(65536):  # the broker drops a request of 369 MB: EOF, not a hang
+            while s.recv(65536):  # the proxy closes: EOF, not a hang
                 pass
         end = sink.wait_for(lambda k: [c for c in k.connections if c["final"]], timeout=30)[0]
     assert end["edit_stopped"] and "TLS ClientHello" in end["edit_stopped"], end["edit_stopped"]
+    assert end["end_reason"] == "edit_stopped" and end["end_by"] == "proxy", end
     assert end["bytes_from_client"] == len(hello) and end["edit_oversize_frames"] is None
     assert end["mode"] == "cluster"
 
