@@ -13,13 +13,14 @@ from typing import Any
 import pytest
 
 from analytics.findings import run_rules
-from analytics.job import summary
+from analytics.job import run_analysis, summary
 from analytics.report.html import render
 from analytics.result import AnalysisResult
+from analytics.synthetic import write_rows
 from analytics.transforms import connections
 from analytics.transforms.runs import settle_unrecorded_ends
 from analytics.transforms.stretches import NO_CLEAN_STOP, NO_RUN_ROWS, proxy_runs, recording_stretches
-from analytics_rows import S, T0, conn
+from analytics_rows import S, T0, conn, req
 
 pytestmark = pytest.mark.spark
 
@@ -91,3 +92,18 @@ def test_the_notice_leads_the_findings_summary_and_report(make_df) -> None:
     assert 'id="stretches-notice"' in render(result)
     assert not [f for f in run_rules({"recording_stretches": tables["recording_stretches"][:1]})
                 if f.id == "separate_stretches"]
+
+
+def test_an_analysis_of_a_reused_directory(spark, tmp_path: Path) -> None:
+    """The two sessions written as a recording and analyzed as an operator would: runs, stretches, notice, rate."""
+    cs, marks = two_sessions()
+    rec = tmp_path / "rec"
+    write_rows(rec, "connections", cs)
+    write_rows(rec, "runs", marks)
+    write_rows(rec, "requests", [req("a1a1a1-3", 1, t_s=19), req("b2b2b2-3", 1, t_s=LATER_S + 19)])
+    res = run_analysis([rec], tmp_path / "out", spark=spark, progress=False)
+    assert [(r["run"], r["stopped"] == NO_CLEAN_STOP) for r in res.tables["proxy_runs"]] == [("a1a1a1", False), ("b2b2b2", True)]
+    assert [r["gap_before_s"] for r in res.tables["recording_stretches"]] == [None, LATER_S - 200.0]
+    assert len(res.by_id("separate_stretches")) == 1
+    assert res.tables["reconnects_by_client"][0]["reconnects_per_min"] > 5
+    assert "separate stretches" in summary(res) and 'id="stretches-notice"' in res.report_path.read_text()
