@@ -25,6 +25,7 @@ from pyspark.sql import functions as F
 
 from analytics import load as L
 from analytics.findings import run_rules
+from analytics.findings.stretches import stretches_notice
 from analytics.outdir import clear_artifacts
 from analytics.progress import Progress
 from analytics.report.html import connection_pages, render
@@ -32,7 +33,7 @@ from analytics.result import AnalysisResult
 from analytics.session import (
     C1_ONLY_MAX_ROWS, SMALL_INPUT_ROWS, default_master, get_spark, is_local, running_session, small_input_settings,
 )
-from analytics.transforms import brokers, bypass, clients, compare, connections, drilldown, errors, faults, latency, overview, produce_fetch, rollups, tcp
+from analytics.transforms import brokers, bypass, clients, compare, connections, drilldown, errors, faults, latency, overview, produce_fetch, rollups, stretches, tcp
 from analytics.transforms.common import prepare_requests, union_all
 from analytics.transforms.cube import cube_from_cells, latency_cube, percentile_views, tail_floor
 from analytics.unmatched import empty_compare_sides, is_narrowed, nothing_matched
@@ -84,6 +85,7 @@ class Inputs:
     reactions: DataFrame | None = None  # faults.fault_reactions, pinned; None when no fault was injected
     cube: DataFrame | None = None  # the pinned latency cube: its tail bounds the slowest-requests scan
     slowest: DataFrame | None = None  # every file's slowest requests, as the writer kept them (recording.rollups); None: scan
+    runs: DataFrame | None = None  # the runs/ rows (start, clean stop): the Proxy runs table; None: no such table
 
     def slowest_floor(self) -> int | None:
         """A latency at most the SLOWEST-th highest (cube.tail_floor), or None without a cube or enough requests."""
@@ -132,6 +134,8 @@ def table_plan(i: Inputs, bucket_s: int, window: tuple[int | None, int | None] =
         "reconnects_by_client": lambda: connections.reconnects_by_client(i.conns, since_ns=window[0], until_ns=window[1]),
         "broker_closes": lambda: connections.broker_closes(i.conns, since_ns=window[0], until_ns=window[1]),
         "unanswered_at_close": lambda: connections.unanswered_at_close(i.conns, i.rollup, since_ns=window[0], until_ns=window[1]),
+        "recording_stretches": lambda: stretches.recording_stretches(i.conns, bucket_s, *window),
+        **({} if i.runs is None else {"proxy_runs": lambda: stretches.proxy_runs(i.runs, i.conns)}),
         "tcp_health": lambda: tcp.tcp_health(i.sides),
         "tcp_rtt_by_peer": lambda: tcp.tcp_rtt_by_peer(i.sides),
         "window_ceiling": lambda: tcp.window_ceiling(i.sides, i.rollup),
@@ -629,7 +633,7 @@ def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.
             prog.step("fault reactions", f"{ov['faults_injected']:,} injected Kafka fault(s) and what each client did next")
             reactions = pin(faults.fault_reactions(full))
         slowest = from_stored("slowest_requests", lambda df: rollups.slowest_candidates(df, rec.topic_names), lambda: None)
-        inputs = Inputs(rollup, topics, traffic, views, notable, conns, tcp_sides, full, reactions, cube, slowest)
+        inputs = Inputs(rollup, topics, traffic, views, notable, conns, tcp_sides, full, reactions, cube, slowest, rec.runs)
         plan = table_plan(inputs, bucket_s, (filters.since_ns, filters.until_ns))
         if ov.get("opaque_connections"):  # TLS pass-through and other undecoded connections: only a recording with some pays
             plan["opaque_connections"] = lambda: connections.opaque_connections(conns, filters.since_ns, filters.until_ns)
@@ -700,6 +704,9 @@ def summary(result: AnalysisResult) -> str:
     ]
     if result.nothing_matched:
         lines.append(result.nothing_matched)
+    notice = stretches_notice(result.tables)
+    if notice:
+        lines.append(f"Note: {notice}.")
     lines.append(f"{len(result.findings)} finding(s):")
     for f in result.findings[:15]:
         lines.append(f"  [{f.severity.upper():8}] {f.title}")

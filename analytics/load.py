@@ -75,6 +75,7 @@ class Recording:
     dirs: tuple[str, ...] = ()
     versions: dict[str, int] = field(default_factory=dict)
     topic_names: dict[str, str] = field(default_factory=dict)  # topic id -> name, from topics/ (late resolution)
+    runs: DataFrame | None = None  # runs/: every proxy run's start and clean stop (no time filter)
 
 
 def fmt_ns(ns: int) -> str:
@@ -196,7 +197,7 @@ def apply_filters(r: Recording, f: Filters) -> Recording:
         conns = conns.join(touched, ["proxy_id", "conn_id"], "left_semi")
     if f.brokers or f.clients or f.topics:
         tcp = tcp.join(conns.select("proxy_id", "conn_id"), ["proxy_id", "conn_id"], "left_semi")
-    return Recording(req, conns, tcp, r.dirs, r.versions, r.topic_names)
+    return Recording(req, conns, tcp, r.dirs, r.versions, r.topic_names, r.runs)
 
 
 def read_rollups(spark: SparkSession, dirs: Sequence[str], covers: dict[str, RecordingCoverage]) -> dict[str, DataFrame]:
@@ -248,13 +249,15 @@ def load(spark: SparkSession, dirs: Sequence[str], filters: Filters | None = Non
                 "(record one with `kafkatap proxy … --record DIR`)"
             )
 
+    runs = union_all(frames["runs"])
     recording = Recording(
         requests=name_topic_ids(union_all(frames["requests"]), pairs),
         connections=name_connection_topics(settle_unrecorded_ends(dedupe_connections(union_all(frames["connections"])),
-                                                                  union_all(frames["runs"])), pairs),
+                                                                  runs), pairs),
         tcp=union_all(frames["tcp"]),
         dirs=tuple(dirs),
         versions=versions,
         topic_names=pairs,
+        runs=runs,
     )
     return apply_filters(recording, filters)

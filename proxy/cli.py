@@ -41,6 +41,7 @@ from proxy.status import parse_addr as parse_status_addr
 from proxy.upstream_probe import probe_in_background
 from proxy.workers import (WorkerPool, Worker, default_workers, die_with_parent, report_ready, reserve_ports,
                            route_arg)
+from recording.existing import existing_recording, reuse_message
 from recording.retention import DURATION
 from recording.writer import CAPTURE_CHOICES
 
@@ -277,6 +278,8 @@ def proxy(ctx: click.Context, listens: tuple[str, ...], upstreams: tuple[str, ..
         probe_in_background(routes, connect_timeout)
     if ready_fd is None and workers == 1 and ctx.get_parameter_source("balance") is ParameterSource.COMMANDLINE:
         raise click.UsageError("--balance shares connections between workers: it needs --workers 2 or more")
+    if ready_fd is None and rec.get("record"):  # the user's command, once (not each worker): before any row is added
+        _warn_if_reused(Path(str(rec["record"])))
     if ready_fd is None and workers > 1:
         sys.exit(_run_workers(ctx, workers, routes, mark, shutdown_timeout, rec, balance == "connections"))
     if parent is not None:
@@ -294,6 +297,22 @@ def proxy(ctx: click.Context, listens: tuple[str, ...], upstreams: tuple[str, ..
                          tls_server=tls.server, upstream_tls=tls.upstream,
                          balancer=Balancer(BalanceSpec.parse(balance_spec)) if balance_spec else None))
     sys.exit(code)
+
+
+def _warn_if_reused(root: Path) -> None:
+    """Say it when --record DIR already holds a recording: the new rows join it, and `analyze` mixes the runs.
+
+    A warning, not a prompt or an error: the proxy often runs as a service, and adding to a recording
+    is sometimes meant (a restart). A directory that cannot be read says nothing here: the recorder
+    reports what is wrong with it.
+    """
+    try:
+        held = existing_recording(root)
+    except OSError:
+        return
+    if held is not None:
+        log.warning(reuse_message(root, held), earlier_runs=held.runs, earlier_proxy_ids=list(held.proxy_ids),
+                    earlier_first_ns=held.first_ns, earlier_last_ns=held.last_ns)
 
 
 def _routes(listens: tuple[str, ...], upstreams: tuple[str, ...], specs: tuple[str, ...], transparent: bool) -> list[Route]:

@@ -16,6 +16,7 @@ from analytics.findings import inventory as _inventory  # noqa: F401
 from analytics.findings import opaque as _opaque  # noqa: F401  (TLS pass-through and other undecoded connections)
 from analytics.findings import oversize_produce as _oversize  # noqa: F401
 from analytics.findings import resets as _resets  # noqa: F401
+from analytics.findings import stretches as _stretches  # noqa: F401  (a directory reused across sessions)
 from analytics.findings import surge as _surge  # noqa: F401
 from analytics.findings import tcp_window as _tcp  # noqa: F401
 

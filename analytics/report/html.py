@@ -10,6 +10,7 @@ from html import escape
 from typing import Any
 
 from analytics.findings import INCIDENTS_DOC, Finding, incident_ref
+from analytics.findings.stretches import stretches_notice
 from analytics.report.svg import all_zero, bar_chart, fmt_num, line_chart, time_bars
 from analytics.result import AnalysisResult
 from protocol.error_kinds import PROTOCOL_STEP
@@ -418,6 +419,12 @@ SECTIONS: list[tuple[str, str, str, list[tuple[str, str, Chart | None]]]] = [
         ("produce_compression", "Compression", _c_bars("compression", {"requests": "requests"}, axis="Produce requests")),
         ("fetch_by_consumer", "Fetch by consumer and topic", _c_bars("client_id+topic", {"bytes_per_s": "bytes/s"}, "B/s", sort="bytes_per_s", axis="bytes per second, broker → client")),
     ]),
+    ("runs", "Proxy runs and stretches of recording", "Each proxy process's run (from its runs/ start row to its clean "
+     "stop or last sign of life) and the stretches of time they recorded, with the gaps between: a directory reused "
+     "across sessions holds several, and rates over the whole span mix them (use --since/--until).", [
+        ("recording_stretches", "Stretches of recording", None),
+        ("proxy_runs", "Proxy runs", None),
+    ]),
     ("compare", "Comparison A vs B", "Requests matched between two recordings; differences are A − B.", [
         ("compare_summary", "Matching", None),
         ("compare_by_api", "Latency difference by API", _c_bars("api_name", {"diff_p50_us": "A−B p50", "diff_p99_us": "A−B p99"}, "µs", axis="latency difference")),
@@ -481,6 +488,10 @@ WINDOW_NOTES: dict[str, str] = {
 SUMMARIES: dict[str, Callable[[Rows, int], Rows]] = {"throughput_over_time": throughput_summary}
 # the columns that matter on screen for tables wider than MAX_COLUMNS (the file has them all)
 COLUMNS_SHOWN: dict[str, tuple[str, ...]] = {
+    "recording_stretches": ("stretch", "start", "end", "duration_s", "gap_before_s", "proxy_runs", "connections_opened",
+                            "clients"),
+    "proxy_runs": ("proxy_id", "run", "started", "stopped", "pid", "version", "recorded_from", "recorded_to",
+                   "connections", "gap_before_s"),
     "client_inventory": ("client_id", "client_host", "role", "software_name", "software_version", "requests", "requests_per_s",
                          "records_produced_per_s", "bytes_per_s", "connections", "topics_produced", "topics_consumed"),
     "errors_by_name": ("error_name", "kind", "api_name", "topic", "group_or_resource", "client_id", "count", "connections",
@@ -583,6 +594,8 @@ def render(result: AnalysisResult, filters: str = "none") -> str:
                     + "</section>")
     generated = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     window_note = f'<p class="note window" id="window-overview">{escape(WINDOW_NOTES["overview"])}</p>' if result.windowed else ""
+    notice = stretches_notice(t)  # above everything: every number below spans the gaps
+    window_note += f'<p class="note notice" id="stretches-notice">{escape(notice)}</p>' if notice else ""
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 <title>kafkatap report — {escape(start)} to {escape(end)}</title><style>{CSS}</style></head>

@@ -7,9 +7,10 @@ from pyspark.sql import functions as F
 
 from analytics.transforms.common import ns_to_ts, time_bucket_index, with_client
 from analytics.transforms.cube import view
-from analytics.transforms.overview import clamp, opaque
+from analytics.transforms.overview import opaque
 # proxy runs (their start rows, and the ends a run over never recorded): settled by the loader, read here
 from analytics.transforms.runs import END_NOT_RECORDED, RUN_LAST, RUN_OF_CONN_ID, RUN_STARTED, proxy_run  # noqa: F401
+from analytics.transforms.stretches import recorded_time  # a client's rate over the time runs recorded
 # --since/--until: the one notion of the window (read as a recording of its own), shared with the loader and the overview
 from analytics.transforms.window import as_at_window_end, ended_inside, opened_inside, seen_in_window
 
@@ -197,7 +198,8 @@ def reconnects_by_client(conns: DataFrame, bucket_s: int = 60, since_ns: int | N
     same broker's own right after (kafka-python does): STARTUP_S covers that. A storm is the other
     shape: one connection to a broker after another, each ending (reset after idle, closed by the
     broker, a producer made per send) before the next opens. The rate is reconnects per minute of
-    the client's span in the recording.
+    the client's span in the recording, less the time no proxy run was recording (`stretches.recorded_time`:
+    a directory reused across sessions hours apart made a storm of 21 s a rate per minute of hours).
 
     An end the proxy made itself (`proxy_shutdown`: a proxy or worker stopping, as for a restart; or
     `end_not_recorded`: one killed, whose restart the clients followed) is not one a reconnect follows: when a restarted proxy records again, every client opens anew each
@@ -242,9 +244,9 @@ def reconnects_by_client(conns: DataFrame, bucket_s: int = 60, since_ns: int | N
         F.round(F.percentile_approx("duration_us", 0.5, 2000) / 1e6, 3).alias("median_lifetime_s"),
         F.array_sort(F.collect_set("broker_addr")).alias("brokers"),
     )
-    # the client's span, inside the window (overview.clamp, as the report's span)
-    minutes = F.greatest((clamp(F.col("last_ns"), since_ns, until_ns) - clamp(F.col("first_ns"), since_ns, until_ns)) / 6e10,
-                         F.lit(1.0))
+    # the part of the client's span (inside the window) some proxy run recorded: not the hours between two runs
+    agg = recorded_time(agg, ["client_id", "client_host"], c, since_ns, until_ns)
+    minutes = F.greatest(F.col("recorded_ns") / 6e10, F.lit(1.0))
     return agg.join(per_min, ["client_id", "client_host"]).select(
         "client_id", "client_host", "connections", "reconnects",
         F.round(F.col("reconnects") / minutes, 3).alias("reconnects_per_min"),

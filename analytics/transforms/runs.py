@@ -50,6 +50,15 @@ def proxy_run() -> Column:
     return F.concat_ws("/", F.col("proxy_id"), F.regexp_extract(F.col("conn_id"), RUN_OF_CONN_ID, 1))
 
 
+def run_marks(runs: DataFrame) -> DataFrame:
+    """Per run of the `runs/` rows (`run`: proxy_id/run): its start row's time (`started_ns`), its clean stop's
+    (`stopped_ns`), and the process's `pid` and kafkatap `version`."""
+    return runs.groupBy("proxy_id", F.concat_ws("/", "proxy_id", "run").alias("run")).agg(
+        F.min(F.when(F.col("event") == "start", F.col("ts_ns"))).alias("started_ns"),
+        F.min(F.when(F.col("event") == "stop", F.col("ts_ns"))).alias("stopped_ns"),
+        F.max("pid").alias("pid"), F.max("version").alias("version"))
+
+
 def run_bounds(runs: DataFrame, conns: DataFrame) -> DataFrame:
     """Per run (`run`: proxy_id/run) of the markers or the connections: its start row's time
     (`started_ns`), its clean stop's (`stopped_ns`), the start of the next run of its proxy id that
@@ -58,9 +67,7 @@ def run_bounds(runs: DataFrame, conns: DataFrame) -> DataFrame:
     A run without a start row (recorded before `runs/` existed) is placed by its first connection, so
     a later run's start row still proves it over; nothing else about it changes.
     """
-    marks = runs.groupBy("proxy_id", F.concat_ws("/", "proxy_id", "run").alias("run")).agg(
-        F.min(F.when(F.col("event") == "start", F.col("ts_ns"))).alias("started_ns"),
-        F.min(F.when(F.col("event") == "stop", F.col("ts_ns"))).alias("stopped_ns"))
+    marks = run_marks(runs)
     seen = conns.groupBy("proxy_id", proxy_run().alias("run")).agg(
         F.min("opened_ns").alias("first_open_ns"),
         F.max(F.greatest("opened_ns", "snapshot_ns", "closed_ns")).alias("last_seen_ns"))

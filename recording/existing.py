@@ -1,0 +1,118 @@
+"""What a recording directory already holds, told from file and directory names alone.
+
+Why: `kafkatap proxy --record DIR` adds its rows to whatever DIR holds, and `kafkatap analyze DIR`
+reads everything there as one recording. A directory reused across sessions (a test, a service
+restarted days later, another broker) silently mixed the runs: rates were averaged over a span with
+hours of nothing in it. The proxy says at start what is there, so the operator can choose a fresh
+directory or separate the runs with `analyze --since/--until`.
+
+Why names only: the proxy process never imports pyarrow (~75 MB of resident memory, per worker;
+`recording.datasets`), and a week of recording must not delay the start. Every file's rows lie inside
+its `date=/hour=` partition, were written after its writer run began (the run id starts with that UTC
+time, `layout.new_run_id`) and before the file's mtime. So the earliest and latest hour partitions of
+each proxy and dataset bound the data to within a minute or so, for a few `stat` calls.
+"""
+
+from __future__ import annotations
+
+import calendar
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from recording.datasets import RECORDED
+from recording.layout import HOUR_NS, file_range, hour_of_dirs, is_hidden
+
+__all__ = ["ExistingRecording", "existing_recording", "reuse_message"]
+
+_NS = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class ExistingRecording:
+    """The bounds of what a recording directory holds: writer runs, proxy ids and the data's time span (epoch ns)."""
+
+    runs: int  # writer runs: one per proxy process (`--workers N` starts N), a writer replaced mid-run counts again
+    proxy_ids: tuple[str, ...]
+    first_ns: int
+    last_ns: int
+
+
+def _run_start_ns(run: str) -> int | None:
+    """The UTC time a writer run id begins with (`20261128T110700Z-ab12`), None for another form."""
+    try:
+        return calendar.timegm(time.strptime(run.split("-", 1)[0], "%Y%m%dT%H%M%SZ")) * _NS
+    except ValueError:
+        return None
+
+
+def _hour_dirs(proxy_dir: Path) -> dict[int, Path]:
+    """The `date=/hour=` directories under one `proxy=` directory, by hour index."""
+    out = {}
+    for date_dir in _subdirs(proxy_dir):
+        for hour_dir in _subdirs(date_dir):
+            hour = hour_of_dirs(date_dir.name, hour_dir.name)
+            if hour is not None:
+                out[hour] = hour_dir
+    return out
+
+
+def _subdirs(path: Path) -> list[Path]:
+    with os.scandir(path) as it:
+        return [Path(e.path) for e in it if e.is_dir() and not is_hidden(e.name)]
+
+
+def _data_files(hour_dir: Path) -> dict[str, tuple[str, int, int] | None]:
+    """The finished Parquet files of one hour directory, with their (run, first, last) where the name has them."""
+    with os.scandir(hour_dir) as it:
+        names = [e.name for e in it if e.is_file() and e.name.endswith(".parquet") and not is_hidden(e.name)]
+    return {n: file_range(n) for n in names}
+
+
+def existing_recording(root: Path) -> ExistingRecording | None:
+    """What `root` holds of a recording (its recorded datasets), or None when it holds none.
+
+    `first_ns` is no earlier than the data (the later of the file's hour and its run's start),
+    `last_ns` no later (the earlier of the newest file's mtime and the end of its hour: a copied
+    recording's files all have the copy's mtime).
+    """
+    runs: set[tuple[str, str]] = set()
+    firsts: list[int] = []
+    lasts: list[int] = []
+    for dataset in RECORDED:
+        top = root / dataset
+        if not top.is_dir():
+            continue
+        for proxy_dir in _subdirs(top):
+            hours = _hour_dirs(proxy_dir)
+            if not hours:
+                continue
+            files = {h: _data_files(d) for h, d in hours.items()}
+            for names in files.values():
+                runs.update((proxy_dir.name, r[0]) for r in names.values() if r is not None)
+            held = [h for h in hours if files[h]]
+            if not held:
+                continue
+            first, last = min(held), max(held)
+            starts = [s for r in files[first].values() if r is not None and (s := _run_start_ns(r[0])) is not None]
+            firsts.append(max(first * HOUR_NS, min(starts, default=0)))
+            mtimes = [(hours[last] / n).stat().st_mtime_ns for n in files[last]]
+            lasts.append(min(max(mtimes), (last + 1) * HOUR_NS))
+    if not firsts:
+        return None
+    proxies = sorted({p.removeprefix("proxy=") for p, _ in runs})
+    return ExistingRecording(len(runs), tuple(proxies), min(firsts), max(lasts))
+
+
+def _utc(ns: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ns / _NS))
+
+
+def reuse_message(root: Path, held: ExistingRecording) -> str:
+    """The one line the proxy logs at start when `root` already holds a recording."""
+    runs = f"{held.runs} earlier run(s) of proxy processes" if held.runs else "rows of earlier proxy runs"
+    return (f"{root} already holds a recording ({runs} of proxy id(s) {', '.join(held.proxy_ids) or '?'}, data from "
+            f"{_utc(held.first_ns)} to {_utc(held.last_ns)}): this run's rows are added to it and `kafkatap analyze` "
+            "reads them all as one recording; record into a fresh directory, or separate the runs with "
+            "`kafkatap analyze --since/--until`")

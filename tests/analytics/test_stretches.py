@@ -1,0 +1,109 @@
+"""A recording directory reused across sessions: two proxy runs three hours apart, read as one recording.
+
+The audit's case: a storm of reconnects in a few minutes of an earlier session, and a second session
+hours later. The report lists the runs and the stretches, says that rates over the span mix them, and
+a client's reconnect rate counts only the time some run was recording.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from analytics.findings import run_rules
+from analytics.job import run_analysis, summary
+from analytics.report.html import render
+from analytics.result import AnalysisResult
+from analytics.synthetic import write_rows
+from analytics.transforms import connections
+from analytics.transforms.runs import settle_unrecorded_ends
+from analytics.transforms.stretches import NO_CLEAN_STOP, NO_RUN_ROWS, proxy_runs, recording_stretches
+from analytics_rows import S, T0, conn, req
+
+pytestmark = pytest.mark.spark
+
+LATER_S = 3 * 3600  # the second session starts three hours after the first
+
+
+def mark(run: str, event: str, t_s: float, pid: int) -> dict[str, Any]:
+    return {"proxy_id": "p1", "run": run, "event": event, "ts_ns": T0 + int(t_s * S), "pid": pid, "version": "9.9"}
+
+
+def two_sessions() -> tuple[list[dict], list[dict]]:
+    """Run a1a1a1 (0–200 s, clean stop): app-1 reconnects every 6 s for 3 minutes. Run b2b2b2 (from 3 h, no
+    stop row): app-1 reconnects every 6 s for a minute."""
+    cs = [conn(f"a1a1a1-{k}", 6 * k, 6 * k + 1, end_reason="broker_rst", end_by="broker") for k in range(30)]
+    cs += [conn(f"b2b2b2-{k}", LATER_S + 6 * k, LATER_S + 6 * k + 1, end_reason="broker_rst", end_by="broker")
+           for k in range(10)]
+    marks = [mark("a1a1a1", "start", 0, 100), mark("a1a1a1", "stop", 200, 100), mark("b2b2b2", "start", LATER_S, 200)]
+    return cs, marks
+
+
+def test_the_reconnect_rate_is_over_the_recorded_time_not_the_gap(make_df) -> None:
+    cs, marks = two_sessions()
+    conns = settle_unrecorded_ends(make_df("connections", cs), make_df("runs", marks))
+    row = connections.reconnects_by_client(conns).collect()[0].asDict()
+    recorded_min = (200 + (6 * 9 + 1)) / 60  # run a1a1a1 from its start to its stop, app-1's last minute in b2b2b2
+    assert row["reconnects"] >= 35
+    assert row["reconnects_per_min"] == pytest.approx(row["reconnects"] / recorded_min, rel=1e-3)
+    # over the span it was ~0.2/min: three hours of no proxy recording counted as the client being quiet
+    assert row["reconnects_per_min"] > 5
+
+
+def test_the_runs_and_stretches_tables(make_df) -> None:
+    cs, marks = two_sessions()
+    conns = settle_unrecorded_ends(make_df("connections", cs), make_df("runs", marks))
+    runs = [r.asDict() for r in proxy_runs(make_df("runs", marks), conns).collect()]
+    assert [(r["run"], r["pid"], r["version"], r["connections"]) for r in runs] == [
+        ("a1a1a1", 100, "9.9", 30), ("b2b2b2", 200, "9.9", 10)]
+    assert runs[0]["stopped"].endswith("09:03:20.000") and runs[1]["stopped"] == NO_CLEAN_STOP
+    assert runs[1]["gap_before_s"] == LATER_S - 200
+    stretches = [r.asDict() for r in recording_stretches(conns, 60).collect()]
+    assert [(r["stretch"], r["duration_s"], r["gap_before_s"], r["connections_opened"], r["clients"]) for r in stretches] == [
+        (1, 200.0, None, 30, 1), (2, 55.0, LATER_S - 200.0, 10, 1)]
+
+
+def test_a_recording_without_runs_rows_is_placed_by_its_connections(make_df) -> None:
+    cs, _ = two_sessions()
+    conns = make_df("connections", cs)
+    runs = [r.asDict() for r in proxy_runs(make_df("runs", []), conns).collect()]
+    assert [(r["run"], r["started"], r["stopped"]) for r in runs] == [("a1a1a1", None, NO_RUN_ROWS), ("b2b2b2", None, NO_RUN_ROWS)]
+    assert [r.duration_s for r in recording_stretches(conns, 60).collect()] == [175.0, 55.0]
+
+
+def test_a_restart_minutes_later_is_one_stretch(make_df) -> None:
+    """A gap under stretch_gap_s (5 min at least) is a restart, not another session: no notice."""
+    cs = [conn("a1a1a1-1", 0, 100), conn("b2b2b2-1", 160, 400)]
+    assert len(recording_stretches(make_df("connections", cs), 60).collect()) == 1
+
+
+def test_the_notice_leads_the_findings_summary_and_report(make_df) -> None:
+    cs, marks = two_sessions()
+    conns = settle_unrecorded_ends(make_df("connections", cs), make_df("runs", marks))
+    tables = {"recording_stretches": [r.asDict() for r in recording_stretches(conns, 60).collect()]}
+    found = [f for f in run_rules(tables) if f.id == "separate_stretches"]
+    assert len(found) == 1 and found[0].severity == "warning"
+    assert "2 separate stretches" in found[0].title and "--since/--until" in found[0].title
+    assert "2026-11-20 09:00:00 UTC" in found[0].title and "2026-11-20 12:00:00 UTC" in found[0].title
+    result = AnalysisResult(Path("out"), found, {}, tables, 60, Path("r.html"), Path("f.json"), {})
+    assert "Note: this recording holds 2 separate stretches" in summary(result)
+    assert 'id="stretches-notice"' in render(result)
+    assert not [f for f in run_rules({"recording_stretches": tables["recording_stretches"][:1]})
+                if f.id == "separate_stretches"]
+
+
+def test_an_analysis_of_a_reused_directory(spark, tmp_path: Path) -> None:
+    """The two sessions written as a recording and analyzed as an operator would: runs, stretches, notice, rate."""
+    cs, marks = two_sessions()
+    rec = tmp_path / "rec"
+    write_rows(rec, "connections", cs)
+    write_rows(rec, "runs", marks)
+    write_rows(rec, "requests", [req("a1a1a1-3", 1, t_s=19), req("b2b2b2-3", 1, t_s=LATER_S + 19)])
+    res = run_analysis([rec], tmp_path / "out", spark=spark, progress=False)
+    assert [(r["run"], r["stopped"] == NO_CLEAN_STOP) for r in res.tables["proxy_runs"]] == [("a1a1a1", False), ("b2b2b2", True)]
+    assert [r["gap_before_s"] for r in res.tables["recording_stretches"]] == [None, LATER_S - 200.0]
+    assert len(res.by_id("separate_stretches")) == 1
+    assert res.tables["reconnects_by_client"][0]["reconnects_per_min"] > 5
+    assert "separate stretches" in summary(res) and 'id="stretches-notice"' in res.report_path.read_text()
