@@ -11,8 +11,8 @@ def _went_away(r: dict) -> str:
     """What the broker did before the failures: closing its live connections is a process stopping (or crashing)."""
     n = r.get("broker_closes_before") or 0
     if n:
-        return (f"It had closed its {n} live connection(s) first, from {human_ts(r.get('first_close'))}: the broker "
-                "process stopped or crashed (a restart?), it did not drop off the network.")
+        return (f"It closed its {n} live connection(s) as it went away (the first at {human_ts(r.get('first_close'))}): "
+                "the broker process stopped or crashed (a restart?), it did not just drop off the network.")
     return ("It closed no live connection first: it was already down, or the network path to it or its host failed "
             "(connections the proxy held to it may have ended later, or never been open).")
 

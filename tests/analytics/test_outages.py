@@ -48,7 +48,7 @@ def test_an_outage_is_one_stretch_with_the_closes_before_it_and_the_return(make_
     assert o["back_at"] is not None and o["down_s"] == pytest.approx(UP_S + 0.5 - (DOWN_S - 0.05), abs=0.01)
     f = broker_unreachable({"broker_outages": rows})
     assert [x.severity for x in f] == ["critical"]
-    assert "880 connection attempt(s) refused" in f[0].title and "closed its 6 live connection(s) first" in f[0].summary
+    assert "880 connection attempt(s) refused" in f[0].title and "closed its 6 live connection(s) as it went away" in f[0].summary
     assert "accepted connections again" in f[0].summary
 
 
