@@ -33,7 +33,7 @@ from analytics.result import AnalysisResult
 from analytics.session import (
     C1_ONLY_MAX_ROWS, SMALL_INPUT_ROWS, default_master, get_spark, is_local, running_session, small_input_settings,
 )
-from analytics.transforms import brokers, bypass, clients, compare, connections, drilldown, errors, faults, latency, overview, produce_fetch, rollups, stretches, tcp
+from analytics.transforms import brokers, bypass, clients, compare, connections, drilldown, errors, faults, latency, outages, overview, produce_fetch, rollups, stretches, tcp
 from analytics.transforms.common import prepare_requests, union_all
 from analytics.transforms.cube import cube_from_cells, latency_cube, percentile_views, tail_floor
 from analytics.unmatched import empty_compare_sides, is_narrowed, nothing_matched
@@ -109,7 +109,8 @@ def table_plan(i: Inputs, bucket_s: int, window: tuple[int | None, int | None] =
     recording of its own (transforms.window: `as_at_window_end`, connections already open at its start
     count as open, not as opens, and those open at its end as open, not as ends). The client inventory
     counts the connections that carried the client's requests, which are the window's already. The TCP
-    tables read `i.sides`, which `tcp.tcp_sides` built from the samples inside the window.
+    tables read `i.sides`, which `tcp.tcp_sides` built from the samples inside the window. The broker's
+    closes as it went away (`outages.with_outage_causes`) carry that cause in `connection_ends` and `broker_closes`.
     """
     return {
         "client_inventory": lambda: clients.client_inventory(i.rollup, i.topics, i.conns),
@@ -129,10 +130,12 @@ def table_plan(i: Inputs, bucket_s: int, window: tuple[int | None, int | None] =
         "throttling": lambda: errors.throttling(i.rollup),
         "connections_over_time": lambda: connections.connections_over_time(i.conns, i.traffic, bucket_s, i.views, *window),
         "connection_lifetimes": lambda: connections.connection_lifetimes(i.conns, *window),
-        "connection_ends": lambda: connections.connection_ends(i.conns, *window),
+        "connection_ends": lambda: connections.connection_ends(outages.with_outage_causes(i.conns, *window), *window),
         "resets": lambda: connections.resets(i.conns, since_ns=window[0], until_ns=window[1]),
         "reconnects_by_client": lambda: connections.reconnects_by_client(i.conns, since_ns=window[0], until_ns=window[1]),
-        "broker_closes": lambda: connections.broker_closes(i.conns, since_ns=window[0], until_ns=window[1]),
+        "broker_closes": lambda: connections.broker_closes(outages.with_outage_causes(i.conns, *window), since_ns=window[0],
+                                                           until_ns=window[1]),
+        "broker_outages": lambda: outages.broker_outages(i.conns, *window),
         "unanswered_at_close": lambda: connections.unanswered_at_close(i.conns, i.rollup, since_ns=window[0], until_ns=window[1]),
         "recording_stretches": lambda: stretches.recording_stretches(i.conns, bucket_s, *window),
         **({} if i.runs is None else {"proxy_runs": lambda: stretches.proxy_runs(i.runs, i.conns)}),

@@ -14,6 +14,7 @@ from analytics.findings import faults as _faults  # noqa: F401  (issue 17: injec
 from analytics.findings import general as _general  # noqa: F401
 from analytics.findings import inventory as _inventory  # noqa: F401
 from analytics.findings import opaque as _opaque  # noqa: F401  (TLS pass-through and other undecoded connections)
+from analytics.findings import outages as _outages  # noqa: F401  (a broker refusing connections: down or restarting)
 from analytics.findings import oversize_produce as _oversize  # noqa: F401
 from analytics.findings import resets as _resets  # noqa: F401
 from analytics.findings import stretches as _stretches  # noqa: F401  (a directory reused across sessions)

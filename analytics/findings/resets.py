@@ -58,7 +58,9 @@ def reconnect_storm(t: Tables) -> list[Finding]:
     ended, past the client's first seconds, and not by the proxy's own shutdown), not connections: a client that starts up opens one per broker
     plus its bootstrap and coordinator ones within seconds, and over a span that short any count of
     connections is a high rate. MIN_RECONNECTS is more than one broker's restart makes a client replace
-    (its connection to that broker, and the bootstrap and coordinator ones where they went there too)."""
+    (its connection to that broker, and the bootstrap and coordinator ones where they went there too).
+    Connects the proxy could not make (a broker down) are no reconnects: `broker_unreachable` tells them.
+    The ends counted are the storm clients' own, not every close by the broker in the recording."""
     storm = []
     for r in t.get("reconnects_by_client", []):
         n = r.get("reconnects") or 0
@@ -87,7 +89,8 @@ def reconnect_storm(t: Tables) -> list[Finding]:
               f"median connection life {human_s(worst.get('median_lifetime_s'))}",
         summary=(f"{len(storm)} client(s) opened {total} short-lived connections, "
                  f"{again} of them replacing an ended one to the same broker: {names}"
-                 + (f"{'…' if len(storm) > 5 else ''}. Ends: {', '.join(ends)}" if ends else "") + ". Every reconnect pays a TCP "
+                 + (f"{'…' if len(storm) > 5 else ''}. Ends of these clients' connections: {', '.join(ends)}" if ends else "")
+                 + ". Every reconnect pays a TCP "
                  "handshake, ApiVersions and Metadata before the next send."),
         evidence={"clients": len(storm), "connections": total, "reconnects": again, "resets_not_by_broker": resets,
                   "closed_by_broker": broker},

@@ -405,6 +405,7 @@ SECTIONS: list[tuple[str, str, str, list[tuple[str, str, Chart | None]]]] = [
         ("resets", "Resets and the idle time before them", _c_resets),
         ("reconnects_by_client", "Reconnects per client", _c_bars("client_id", {"reconnects_per_min": "reconnects/min"}, sort="reconnects_per_min", axis="reconnects per minute")),
         ("broker_closes", "Connections closed by the broker (with the last request)", None),
+        ("broker_outages", "Brokers unreachable (connects refused or timing out at the proxy)", None),
         ("unanswered_at_close", "Requests unanswered at close", None),
     ]),
     ("tcp", "TCP health", f"From TCP_INFO on the proxy's two sockets (incident 5: {incident_ref(5)}). Without window scaling a socket moves at most 64 KiB per round trip.", [
@@ -470,6 +471,8 @@ WINDOW_NOTES: dict[str, str] = {
                             "median lifetime as in Lifetimes.",
     "broker_closes": "Window (--since/--until): the connections the broker closed inside it; a close after its end is not "
                      "listed (the connection was still open then).",
+    "broker_outages": "Window (--since/--until): the failed connects that ended inside it, and the broker's closes and "
+                      "its return that it sees.",
     "unanswered_at_close": "Window (--since/--until): the connections that ended inside it with requests in flight (or "
                            "right after an acks=0 Produce the broker answered by closing), and those open at its end by "
                            "their last snapshot inside it; unanswered APIs are of the requests sent inside it.",

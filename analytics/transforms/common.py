@@ -166,3 +166,9 @@ def first_client_id() -> Column:
 def with_client(conns: DataFrame) -> DataFrame:
     """Connections with the naming columns every table uses (client_id, client_host)."""
     return conns.withColumn("client_id", first_client_id()).withColumn("client_host", host(F.col("client_addr")))
+
+
+def broker_closed() -> Column:
+    """The broker ended the connection (its FIN or RST): one predicate for every table that counts such ends,
+    so `broker_closes`, `reconnects_by_client`'s `closed_by_broker` and `broker_outages` count the same."""
+    return (F.col("end_by") == "broker") | F.col("end_reason").isin("broker_fin", "broker_rst")

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from analytics.transforms.common import ns_to_ts, time_bucket_index, with_client
+from analytics.transforms.common import broker_closed, ns_to_ts, time_bucket_index, with_client
 from analytics.transforms.cube import view
+from analytics.transforms.outages import reached_broker
 from analytics.transforms.overview import opaque
 # proxy runs (their start rows, and the ends a run over never recorded): settled by the loader, read here
 from analytics.transforms.runs import END_NOT_RECORDED, RUN_LAST, RUN_OF_CONN_ID, RUN_STARTED, proxy_run  # noqa: F401
@@ -55,6 +56,10 @@ def connections_over_time(conns: DataFrame, traffic: DataFrame, bucket_s: int, v
     the bucket (from the start to the clean stop or last sign of life, RUN_LAST):
     a bucket without requests or ends inside a run is quiet, not a gap in the
     recording (a run that died has its open connections ended by the loader).
+
+    Only connections that reached the broker count (`outages.reached_broker`): while a broker is down its
+    clients' attempts end as failed connects at the proxy, hundreds a minute, and counted as opens and
+    concurrency they made an outage a surge on the broker that was not there (`broker_outages` has them).
     """
     traffic = traffic.groupBy("broker_addr", "b").agg(
         *[F.sum(c).alias(c) for c in ("requests", "request_bytes", "sized_requests")])
@@ -62,7 +67,7 @@ def connections_over_time(conns: DataFrame, traffic: DataFrame, bucket_s: int, v
     last_b = None if until_ns is None else until_ns // (bucket_s * 1_000_000_000)
     open_b, close_b = time_bucket_index("opened_ns", bucket_s), time_bucket_index("closed_ns", bucket_s)
     closed = F.col("closed_ns").isNotNull()
-    conns = seen_in_window(conns, since_ns, until_ns)
+    conns = seen_in_window(conns, since_ns, until_ns).where(reached_broker())  # a failed connect: no connection the broker held
     ends_inside = ended_inside(until_ns)
     c = conns.select(
         "broker_addr",
@@ -206,6 +211,12 @@ def reconnects_by_client(conns: DataFrame, bucket_s: int = 60, since_ns: int | N
     connection the last run closed, one per broker and coordinator, four or more for a client of a
     three-broker cluster, and that is the recording's doing, not the client's.
 
+    A failed upstream connect (`upstream_connect_failed`) is left out altogether: while a broker is down
+    every client retries every second or so, each attempt a connection of a millisecond that never reached
+    the broker, and counted here an outage read as a storm of reconnects (`broker_outages` and the
+    `broker_unreachable` finding tell it). `closed_by_broker` counts the broker's FINs and RSTs as
+    `broker_closes` lists them (`common.broker_closed`).
+
     Under a `since_ns`/`until_ns` window every column counts what happened inside it, the window read as
     a recording of its own (`as_at_window_end`): `connections`, `reconnects` and `max_opens_per_interval`
     count the connections opened inside it; `resets`, `closed_by_broker` and the idle time the ends
@@ -217,7 +228,7 @@ def reconnects_by_client(conns: DataFrame, bucket_s: int = 60, since_ns: int | N
     client's first connection the window sees. Without the window, one connection open all week made
     a storm inside a one-hour window a rate per minute of the week, and the reconnect_storm finding missed it.
     """
-    c = with_client(as_at_window_end(conns, since_ns, until_ns))
+    c = with_client(as_at_window_end(conns, since_ns, until_ns)).where(reached_broker())  # failed connects: docstring
     first_open = F.min("opened_ns").over(Window.partitionBy("client_id", "client_host"))
     ended = F.when(~F.col("end_reason").isin(*PROXY_RUN_ENDS), F.col("closed_ns"))  # not the proxy stopping (docstring)
     first_end_to_broker = F.min(ended).over(Window.partitionBy("client_id", "client_host", "broker_addr"))
@@ -239,7 +250,7 @@ def reconnects_by_client(conns: DataFrame, bucket_s: int = 60, since_ns: int | N
         F.max(F.coalesce("closed_ns", "snapshot_ns", "opened_ns")).alias("last_ns"),
         F.sum(F.when(F.col("end_reason").isin(*RESET_REASONS), 1).otherwise(0)).alias("resets"),
         F.sum(F.when(F.col("end_reason").isin(*RESET_REASONS) & (F.col("end_by") != "broker"), 1).otherwise(0)).alias("resets_not_by_broker"),
-        F.sum(F.when(F.col("end_by") == "broker", 1).otherwise(0)).alias("closed_by_broker"),
+        F.sum(broker_closed().cast("int")).alias("closed_by_broker"),
         F.percentile_approx("idle_before_end_ms", 0.5, 2000).alias("median_idle_before_end_ms"),
         F.round(F.percentile_approx("duration_us", 0.5, 2000) / 1e6, 3).alias("median_lifetime_s"),
         F.array_sort(F.collect_set("broker_addr")).alias("brokers"),
@@ -262,8 +273,7 @@ def broker_closes(conns: DataFrame, limit: int = 5000, since_ns: int | None = No
     `connection_ends` counts them; a close after the window is no evidence about it (and
     `broker_closed_after_acks0_produce` reads these rows).
     """
-    c = with_client(as_at_window_end(conns, since_ns, until_ns)).where(
-        (F.col("end_by") == "broker") | F.col("end_reason").isin("broker_fin", "broker_rst"))
+    c = with_client(as_at_window_end(conns, since_ns, until_ns)).where(broker_closed())
     return c.select(
         "conn_id", "proxy_id", "client_id", "client_addr", "broker_addr", "end_reason", "end_by", "last_api",
         "last_request_bytes", "last_request_acks", "last_request_topics", "unanswered", "inferred_cause",

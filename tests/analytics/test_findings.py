@@ -295,5 +295,6 @@ def test_every_rule_is_covered() -> None:
               "clients_bypass_proxy",  # tests/analytics/test_findings_bypass.py
               "opaque_connections",
               "separate_stretches",  # tests/analytics/test_stretches.py
+              "broker_unreachable",  # tests/analytics/test_outages.py
               "kafka_fault_reactions", "fault_retry_duplicates"}  # tests/analytics/test_fault_reactions.py
     assert set(RULES) - {"broken"} == tested

@@ -226,7 +226,7 @@ def test_a_window_narrows_the_connection_ends_lifetimes_and_reconnects(spark, tm
     html = res.report_path.read_text()
     notes = re.findall(r'<h3 id="t-(\w+)">[^<]*</h3><p class="note window">', html)
     assert set(notes) == {"connections_over_time", "connection_ends", "connection_lifetimes", "reconnects_by_client", "resets",
-                          "broker_closes", "unanswered_at_close", "client_inventory", "tcp_health", "tcp_rtt_by_peer",
+                          "broker_closes", "broker_outages", "unanswered_at_close", "client_inventory", "tcp_health", "tcp_rtt_by_peer",
                           "window_ceiling", "connection_facts"}, notes  # every table of connections or their sockets here
 
 
