@@ -239,6 +239,7 @@ COLUMN_NAMES: dict[str, tuple[str, ...]] = {
         "group_id",
         "errors",
         "error_count",
+        "edit",
         "bypass",
         "advertised",
         "topic_ids",

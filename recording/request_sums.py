@@ -26,7 +26,8 @@ import pyarrow.compute as pc
 
 from protocol.error_kinds import ERROR, PROTOCOL_STEP, RETRIABLE, response_kind
 from recording.schema import NOTABLE_REQUEST_COLUMNS, SLOWEST_REQUEST_COLUMNS
-from recording.request_terms import FETCH_APIS, UNSCALED_WINDOW, bucket_start, client_id, host, long_poll, when
+from recording.request_terms import (FETCH_APIS, UNSCALED_WINDOW, bucket_start, client_id, host, injected_error_names,
+                                     long_poll, when)
 
 __all__ = ["LARGE_RESPONSE_BYTES", "NOTABLE_COLUMNS", "SLOWEST_KEPT", "SLOWEST_COLUMNS", "SumSpec", "SUMS", "INPUT_COLUMNS",
            "request_sums", "topic_sums", "traffic_sums", "notable_rows", "slowest_rows", "slowest_of", "merge"]
@@ -95,7 +96,8 @@ def _kinds(t: pa.Table) -> pa.Array:
     """Each request's worst error kind (analytics.transforms.common.response_error_kind), null without errors.
 
     Python per row, but only for the rare rows with errors: a request whose `error_count` says errors
-    but whose list names none counts as an error, as in Spark.
+    but whose list names none counts as an error, as in Spark. Errors kafkatap injected are not the
+    broker's and are left out (analytics.transforms.injected: a request with only those has no kind).
     """
     has = pc.greater(pc.fill_null(t["error_count"], 0), 0)
     out: list[str | None] = [None] * t.num_rows
@@ -103,8 +105,14 @@ def _kinds(t: pa.Table) -> pa.Array:
         idx = pc.indices_nonzero(has).to_pylist()
         apis = t["api_name"].take(idx).to_pylist()
         errors = t["errors"].take(idx).to_pylist()
-        for i, api, errs in zip(idx, apis, errors):
-            out[i] = response_kind(api, [e["name"] for e in errs or []]) or ERROR
+        counts = t["error_count"].take(idx).to_pylist()
+        edits = t["edit"].take(idx).to_pylist()
+        for i, api, errs, count, edit in zip(idx, apis, errors, counts, edits):
+            injected = injected_error_names(edit)
+            names = [e["name"] for e in errs or []]
+            broker = [n for n in names if n not in injected]
+            if count - (len(names) - len(broker)) > 0:
+                out[i] = response_kind(api, broker) or ERROR
     return pa.array(out, pa.string())
 
 

@@ -299,7 +299,7 @@ TRAFFIC_SUM_COLUMNS: list[Column] = [
     Column("produced_records", pa.int64(), "records", "records produced"),
 ]
 _NOTABLE = ("proxy_id", "conn_id", "client_id", "api_name", "broker_addr", "req_first_ns", "request_bytes", "acks", "topics",
-            "group_id", "errors", "error_count", "bypass", "advertised", "topic_ids")
+            "group_id", "errors", "error_count", "edit", "bypass", "advertised", "topic_ids")
 NOTABLE_REQUEST_COLUMNS: list[Column] = [
     (Column("ts_ns", c.type, c.unit, c.doc) if c.name == "req_first_ns" else c)
     for c in sorted((c for c in REQUEST_COLUMNS if c.name in _NOTABLE), key=lambda c: _NOTABLE.index(c.name))

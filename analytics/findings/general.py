@@ -54,10 +54,15 @@ def error_hotspot(t: Tables) -> list[Finding]:
     Only when the connections saw STEPS_PER_CONNECTION or more each on average (members rejoining
     again and again: a rebalance storm) is it a warning. Retriable ones are named as such. A name
     counts per kind: REBALANCE_IN_PROGRESS on a Heartbeat is a step, on an OffsetCommit a lost commit.
+    Errors kafkatap injected (`injected`: a Kafka fault) are not the broker's: they count for no hot spot
+    (the faults rules tell how clients took them), and a hot spot names how many of its name were injected.
     """
     by_name: dict[tuple[str, str | None], list[dict]] = defaultdict(list)
+    injected: dict[tuple[str, str | None], int] = defaultdict(int)
     for r in t.get("errors_by_name", []):
-        if r.get("error_name") not in TOO_LARGE:
+        if r.get("injected"):
+            injected[(r["error_name"], r.get("kind"))] += r.get("count") or 0
+        elif r.get("error_name") not in TOO_LARGE:
             by_name[(r["error_name"], r.get("kind"))].append(r)
     total_req = ((t.get("overview") or [{}])[0]).get("requests") or 0
     out = []
@@ -75,11 +80,14 @@ def error_hotspot(t: Tables) -> list[Finding]:
         clients = sorted({r.get("client_id") for r in rs})
         label = {RETRIABLE: " (retriable)", PROTOCOL_STEP: " (protocol step)"}.get(kind or "", "")
         why = _kind_note(kind, per_conn, repeated, lasting if lasted else None, lasted)
+        if injected[(name, kind)]:
+            why += f" Not counted here: {injected[(name, kind)]:,} more injected by kafkatap (Kafka faults)."
         out.append(Finding(
             id="error_hotspot", severity=sev,
             title=f"{n:,} × {name}{label} on {', '.join(apis)} ({len(clients)} client(s))",
             summary=f"{name} appeared {n:,} times ({share:.3%} of requests), most on {rs[0].get('topic') or rs[0].get('group_or_resource') or '?'} from {rs[0].get('client_id')}.{why}",
-            evidence={"error": name, "kind": kind, "count": n, "share_of_requests": share, "apis": apis, "clients": clients[:20]},
+            evidence={"error": name, "kind": kind, "count": n, "share_of_requests": share, "apis": apis, "clients": clients[:20],
+                      "injected_not_counted": injected[(name, kind)]},
             examples=[{"conn_id": r.get("example_conn_id"), "first_seen": ts(r.get("first_seen")), "topic": r.get("topic"),
                        "client_id": r.get("client_id"), "count": r.get("count")} for r in rs[:5]],
             tables=["errors_by_name", "errors_over_time"], score=score(sev, n),

@@ -42,7 +42,8 @@ def broker_closed_after_acks0_produce(t: Tables) -> list[Finding]:
 @rule("produce_rejected_too_large")
 def produce_rejected_too_large(t: Tables) -> list[Finding]:
     """acks=1/all Produce answered with MESSAGE_TOO_LARGE / RECORD_LIST_TOO_LARGE: same cause, visible error."""
-    rows = [r for r in t.get("errors_by_name", []) if r.get("error_name") in TOO_LARGE and r.get("api_name") == "Produce"]
+    rows = [r for r in t.get("errors_by_name", [])  # an injected one (a Kafka fault) is no broker's rejection
+            if r.get("error_name") in TOO_LARGE and r.get("api_name") == "Produce" and not r.get("injected")]
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for r in rows:
         groups[(r.get("client_id") or "?", r.get("topic") or "?")].append(r)

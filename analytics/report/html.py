@@ -249,8 +249,9 @@ def _c_conns_over_time(rows: Rows, bucket_s: int) -> str:
 
 
 def _not_steps(rows: Rows) -> Rows:
-    """The rows of errors and retriable ones: protocol steps stay in the tables, out of the error charts."""
-    return [r for r in rows if r.get("kind") != PROTOCOL_STEP]
+    """The rows of the broker's errors and retriable ones: protocol steps and errors kafkatap injected (a Kafka fault:
+    the faults section tells them) stay in the tables, out of the error charts."""
+    return [r for r in rows if r.get("kind") != PROTOCOL_STEP and not r.get("injected")]
 
 
 def _without_steps(chart: Callable[[Rows, int], str]) -> Callable[[Rows, int], str]:
@@ -381,7 +382,8 @@ SECTIONS: list[tuple[str, str, str, list[tuple[str, str, Chart | None]]]] = [
     ]),
     ("errors", "Errors and throttling", "Every non-zero error code by name × API × topic (or group / resource) × client, with an example connection. "
      "Kind: error; retriable (Kafka's clients retry it: normal in bursts, a problem when it lasts); protocol_step (how the "
-     "protocol works, e.g. a first JoinGroup's MEMBER_ID_REQUIRED; not counted in the error rates).", [
+     "protocol works, e.g. a first JoinGroup's MEMBER_ID_REQUIRED; not counted in the error rates). Injected: kafkatap's own "
+     "(a Kafka fault), not the broker's: counted apart, in no error rate nor chart.", [
         ("errors_by_name", "Errors", _without_steps(_c_bars("error_name+api_name+client_id", {"count": "count"}, sort="count",
                                                             axis="occurrences"))),
         ("errors_over_time", "Errors over time", _c_errors_over_time),
@@ -497,8 +499,8 @@ COLUMNS_SHOWN: dict[str, tuple[str, ...]] = {
                    "connections", "gap_before_s"),
     "client_inventory": ("client_id", "client_host", "role", "software_name", "software_version", "requests", "requests_per_s",
                          "records_produced_per_s", "bytes_per_s", "connections", "topics_produced", "topics_consumed"),
-    "errors_by_name": ("error_name", "kind", "api_name", "topic", "group_or_resource", "client_id", "count", "connections",
-                       "first_seen", "example_conn_id"),
+    "errors_by_name": ("error_name", "kind", "api_name", "topic", "group_or_resource", "client_id", "count", "injected",
+                       "connections", "first_seen", "example_conn_id"),
     "slowest_requests": ("at", "conn_id", "correlation_id", "api_name", "api_version", "client_id", "broker_addr", "topics",
                          "latency_us", "broker_latency_us", "errors"),
     "fault_reactions_by_library": ("library", "client_id", "detail", "api_name", "faults", "recovered", "recover_p50_ms",

@@ -74,16 +74,17 @@ def error_kind(api: str, name: str) -> Column:
     return F.expr(error_kind_sql(api, name))
 
 
-def response_error_kind() -> Column:
+def response_error_kind(errors: str = "errors", error_count: str = "error_count") -> Column:
     """The worst kind among a request's `errors` (error > retriable > protocol_step), null without any.
 
     Evaluated only for the rare requests with errors (CASE stops at the first branch that holds). A
     request whose `error_count` says errors but whose list names none (a recording not made by this
-    proxy) counts as an error: only a named protocol step is excused.
+    proxy) counts as an error: only a named protocol step is excused. `errors` / `error_count` name
+    the columns to read (the request rollup passes the broker's own: analytics.transforms.injected).
     """
     def has(kind: str) -> str:
-        return f"exists(errors, err -> {error_kind_sql('api_name', 'err.name')} = {_sql_text(kind)})"
-    return F.expr(f"CASE WHEN coalesce(error_count, 0) = 0 THEN CAST(NULL AS STRING)"
+        return f"exists({errors}, err -> {error_kind_sql('api_name', 'err.name')} = {_sql_text(kind)})"
+    return F.expr(f"CASE WHEN coalesce({error_count}, 0) <= 0 THEN CAST(NULL AS STRING)"
                   f" WHEN {has(ERROR)} THEN {_sql_text(ERROR)} WHEN {has(RETRIABLE)} THEN {_sql_text(RETRIABLE)}"
                   f" WHEN {has(PROTOCOL_STEP)} THEN {_sql_text(PROTOCOL_STEP)} ELSE {_sql_text(ERROR)} END")
 

@@ -39,8 +39,8 @@ def overview(rollup: DataFrame, conns: DataFrame, since_ns: int | None = None, u
     `request_connections` counts those that sent requests inside it (the summary compares the two);
     `connections_ended` counts the ends inside it, not ones days after it.
 
-    A request counts once, by its worst error (`protocol.error_kinds`): `error_rate` is the share
-    whose answer carried a real error, `retriable_rate` the share that only carried errors Kafka's
+    A request counts once, by its worst error from the broker (`protocol.error_kinds`; errors kafkatap injected
+    are not the broker's: `analytics.transforms.injected`): `error_rate` is the share whose answer carried a real error, `retriable_rate` the share that only carried errors Kafka's
     clients retry, and `protocol_steps` counts answers like a first JoinGroup's MEMBER_ID_REQUIRED,
     which are how the protocol works and no error at all. `rollup` is the request rollup. Computed as two single-row aggregates
     cross-joined, so it is one cheap pass over each. `opaque_connections` (`tls_connections` of them TLS) were relayed

@@ -31,6 +31,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from analytics.transforms.common import FETCH_APIS, host, response_error_kind, time_bucket_index
+from analytics.transforms.injected import with_broker_errors
 from analytics.transforms.topics import name_topic, name_topic_ids
 from recording.request_sums import LARGE_RESPONSE_BYTES, NOTABLE_COLUMNS, SUMS, SumSpec
 from protocol.error_kinds import ERROR, PROTOCOL_STEP, RETRIABLE
@@ -45,7 +46,10 @@ def request_rollup(req: DataFrame) -> DataFrame:
     throttled = F.col("throttle_ms") > 0
     transfer_s = (F.col("resp_last_ns") - F.col("resp_first_ns")) / 1e9
     big = (F.col("response_bytes") >= LARGE_RESPONSE_BYTES) & (transfer_s > 0)
-    kind = response_error_kind()  # each request counts once, by its worst error (protocol.error_kinds)
+    # each request counts once, by its worst error (protocol.error_kinds) among the broker's: kafkatap's injected ones are
+    # not the broker's (analytics.transforms.injected)
+    req = with_broker_errors(req)
+    kind = response_error_kind("broker_errors", "broker_error_count")
     # grouped by the client's address, not its host: a connection has one address, so the rows are
     # the same, and the host's regular expression runs once per row of the result instead of per
     # request (bench/RESULTS.md, seventh session: the rollup step at 10 M requests)

@@ -90,6 +90,11 @@ SUM_ROWS = EDGE_ROWS + [
     req("c4", 3, "JoinGroup", t_s=12, errors=[_err("MEMBER_ID_REQUIRED")], error_count=1, group_id="g"),
     req("c4", 4, "Heartbeat", t_s=13, errors=[], error_count=1, throttle_ms=0),  # a count without names: an error
     req("c4", 5, "Heartbeat", t_s=14, errors=[_err(None)], error_count=1, throttle_ms=None),
+    # errors kafkatap injected are not the broker's: one that is all injected, one whose edit failed (the broker's)
+    req("c4", 6, "Produce", t_s=15, errors=[_err("NOT_LEADER_OR_FOLLOWER", "t")], error_count=1, topics=["t"],
+        edit="fault#2 delay=5ms; fault#3 error=NOT_LEADER_OR_FOLLOWER rewrite"),
+    req("c4", 7, "Produce", t_s=16, errors=[_err("NOT_LEADER_OR_FOLLOWER", "t")], error_count=1, topics=["t"],
+        edit="fault#3 error=NOT_LEADER_OR_FOLLOWER rewrite (not applied)"),
     req("c5", 1, "Metadata", t_s=20, advertised=["1@10.0.0.1:9092", "2@10.9.9.9:9092"], bypass=["10.9.9.9:9092"]),
     req("c5", 2, "Fetch", t_s=21, lat_us=90_000, response_bytes=1_000_000, record_bytes=999_000, records=None,
         resp_first_ns=T0 + 21 * S, resp_last_ns=T0 + 21 * S + 40_000_000, topics=None, client_addr="[::1]:5000"),
