@@ -14,8 +14,9 @@ in-place answer is all kafkatap's: each entry carries NAME. A rewrite sets NAME
 only in the entries it matched; an entry outside them keeps the broker's error
 and stays the broker's, unless it is the same NAME (the row cannot tell them
 apart). A rewrite of an entry the broker had already refused replaced the
-broker's error: the row records only NAME, so it counts as injected, and the
-broker's own error is not in the recording.
+broker's error: the row's `errors` hold only NAME, so it counts as injected;
+the broker's own refusal is named by the note's `broker-error=` part, which the
+fault analysis reads (analytics.transforms.faults), not these counts.
 
 `recording.request_terms.injected_error_names` is the pyarrow twin (the writer's
 stored request sums).

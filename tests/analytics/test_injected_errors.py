@@ -97,7 +97,10 @@ def test_the_writers_stored_sums_count_the_same_errors(make_df) -> None:
 EDITS = [None, "", "fault#1 error=NOT_LEADER_OR_FOLLOWER in-place", "fault#2 error=NOT_COORDINATOR rewrite",
          "fault#2 error=NOT_COORDINATOR rewrite (not applied)", "fault#3 delay=100ms", "fault#9 drop",
          "fault#3 delay=100ms; fault#4 error=UNKNOWN_CODE_999 in-place", "fault#1 throttle=50ms; fault#2 error=NONE_X rewrite",
-         "fault pause=20ms", "rewrote 3 broker addresses"]
+         "fault pause=20ms", "rewrote 3 broker addresses",
+         # the note's later parts (proxy.kafka_faults): the topics a filtered rule matched, the broker's own refusal
+         "fault#6 error=NOT_LEADER_OR_FOLLOWER in-place on=orders,payments",
+         "fault#7 error=NOT_ENOUGH_REPLICAS rewrite on=orders broker-error=MESSAGE_TOO_LARGE"]
 
 
 def test_both_engines_read_the_same_injected_names_from_edit(spark) -> None:
@@ -105,6 +108,7 @@ def test_both_engines_read_the_same_injected_names_from_edit(spark) -> None:
     got = {r["i"]: set(r["names"]) for r in df.select("i", spark_injected_names(df["edit"]).alias("names")).collect()}
     assert got == {i: set(injected_error_names(e)) for i, e in enumerate(EDITS)}
     assert got[2] == {NLOF} and got[4] == set() and got[7] == {"UNKNOWN_CODE_999"}
+    assert got[11] == {NLOF} and got[12] == {"NOT_ENOUGH_REPLICAS"}
 
 
 T = dt.datetime(2026, 11, 20, 9, 0)
