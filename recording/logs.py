@@ -25,6 +25,21 @@ LEVELS = ("debug", "info", "warning", "error")
 _configured: dict[str, str] = {}  # the format and level this process logs with ("auto" resolved)
 
 
+class _CurrentStderr:
+    """Whatever `sys.stderr` is when a line is written, not when logging was configured.
+
+    Why: a command run inside a harness that swaps stderr for a while (click's CliRunner, a test's
+    capture) configured logging against that stream, and every later line, from any code, went to
+    it after it was closed ("I/O operation on closed file") or was lost. One `write` per line still.
+    """
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def current_logging() -> tuple[str, str] | None:
     """(format, level) of this process's logging if `configure_logging` ran: a child process logs the same way."""
     return (_configured["format"], _configured["level"]) if _configured else None
@@ -56,8 +71,8 @@ def configure_logging(fmt: LogFormat = "auto", level: str = "info") -> None:
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.WriteLoggerFactory(file=_CurrentStderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=False,
     )
     # Libraries that use stdlib logging (kafka-python, py4j) stay quiet unless asked.
-    logging.basicConfig(level=max(numeric, logging.WARNING), stream=sys.stderr)
+    logging.basicConfig(level=max(numeric, logging.WARNING), stream=_CurrentStderr())  # type: ignore[arg-type]
