@@ -50,6 +50,11 @@ def proxy_run() -> Column:
     return F.concat_ws("/", F.col("proxy_id"), F.regexp_extract(F.col("conn_id"), RUN_OF_CONN_ID, 1))
 
 
+def last_sign_of_life() -> Column:
+    """A connection row's latest time: its open, snapshot or close (`greatest` skips the nulls)."""
+    return F.greatest("opened_ns", "snapshot_ns", "closed_ns")
+
+
 def run_marks(runs: DataFrame) -> DataFrame:
     """Per run of the `runs/` rows (`run`: proxy_id/run): its start row's time (`started_ns`), its clean stop's
     (`stopped_ns`), and the process's `pid` and kafkatap `version`."""
@@ -70,7 +75,7 @@ def run_bounds(runs: DataFrame, conns: DataFrame) -> DataFrame:
     marks = run_marks(runs)
     seen = conns.groupBy("proxy_id", proxy_run().alias("run")).agg(
         F.min("opened_ns").alias("first_open_ns"),
-        F.max(F.greatest("opened_ns", "snapshot_ns", "closed_ns")).alias("last_seen_ns"))
+        F.max(last_sign_of_life()).alias("last_seen_ns"))
     b = marks.join(seen, ["proxy_id", "run"], "full")
     later = Window.partitionBy("proxy_id").orderBy(F.coalesce("started_ns", "first_open_ns")).rowsBetween(
         1, Window.unboundedFollowing)

@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 
 from analytics.transforms.common import ns_to_ts, with_client
 from analytics.transforms.overview import clamp
-from analytics.transforms.runs import RUN_LAST, RUN_STARTED, proxy_run, run_marks
+from analytics.transforms.runs import RUN_LAST, RUN_STARTED, last_sign_of_life, proxy_run, run_marks
 
 GAP_BUCKETS = 10  # a gap of this many time buckets splits the recording into stretches …
 GAP_MIN_S = 300  # … but never one under 5 minutes (a restart, a slow worker replacement) …
@@ -46,7 +46,7 @@ def run_spans(conns: DataFrame) -> DataFrame:
     From its start row to its clean stop or last sign of life where the loader found them (RUN_STARTED,
     RUN_LAST), else from its first connection's open to its connections' last snapshot or end.
     """
-    last_seen = F.greatest("opened_ns", "snapshot_ns", "closed_ns")  # as `runs.run_bounds` (greatest skips nulls)
+    last_seen = last_sign_of_life()  # as `runs.run_bounds`
     return conns.groupBy(proxy_run().alias("run")).agg(
         F.coalesce(F.min(_column_or_null(conns, RUN_STARTED)), F.min("opened_ns")).alias("start_ns"),
         F.greatest(F.coalesce(F.max(_column_or_null(conns, RUN_LAST)), F.max(last_seen)), F.max(last_seen)).alias("end_ns"),
