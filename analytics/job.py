@@ -86,6 +86,7 @@ class Inputs:
     cube: DataFrame | None = None  # the pinned latency cube: its tail bounds the slowest-requests scan
     slowest: DataFrame | None = None  # every file's slowest requests, as the writer kept them (recording.rollups); None: scan
     runs: DataFrame | None = None  # the runs/ rows (start, clean stop): the Proxy runs table; None: no such table
+    outages: DataFrame | None = None  # outages.broker_outages, pinned; None when no connect found the broker unreachable
 
     def slowest_floor(self) -> int | None:
         """A latency at most the SLOWEST-th highest (cube.tail_floor), or None without a cube or enough requests."""
@@ -130,12 +131,12 @@ def table_plan(i: Inputs, bucket_s: int, window: tuple[int | None, int | None] =
         "throttling": lambda: errors.throttling(i.rollup),
         "connections_over_time": lambda: connections.connections_over_time(i.conns, i.traffic, bucket_s, i.views, *window),
         "connection_lifetimes": lambda: connections.connection_lifetimes(i.conns, *window),
-        "connection_ends": lambda: connections.connection_ends(outages.with_outage_causes(i.conns, *window), *window),
+        "connection_ends": lambda: connections.connection_ends(outages.with_outage_causes(i.conns, i.outages), *window),
         "resets": lambda: connections.resets(i.conns, since_ns=window[0], until_ns=window[1]),
         "reconnects_by_client": lambda: connections.reconnects_by_client(i.conns, since_ns=window[0], until_ns=window[1]),
-        "broker_closes": lambda: connections.broker_closes(outages.with_outage_causes(i.conns, *window), since_ns=window[0],
+        "broker_closes": lambda: connections.broker_closes(outages.with_outage_causes(i.conns, i.outages), since_ns=window[0],
                                                            until_ns=window[1]),
-        "broker_outages": lambda: outages.broker_outages(i.conns, *window),
+        "broker_outages": lambda: i.outages if i.outages is not None else empty_table(i.conns, outages.OUTAGE_COLUMNS),
         "unanswered_at_close": lambda: connections.unanswered_at_close(i.conns, i.rollup, since_ns=window[0], until_ns=window[1]),
         "recording_stretches": lambda: stretches.recording_stretches(i.conns, bucket_s, *window),
         **({} if i.runs is None else {"proxy_runs": lambda: stretches.proxy_runs(i.runs, i.conns)}),
@@ -636,7 +637,10 @@ def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.
             prog.step("fault reactions", f"{ov['faults_injected']:,} injected Kafka fault(s) and what each client did next")
             reactions = pin(faults.fault_reactions(full))
         slowest = from_stored("slowest_requests", lambda df: rollups.slowest_candidates(df, rec.topic_names), lambda: None)
-        inputs = Inputs(rollup, topics, traffic, views, notable, conns, tcp_sides, full, reactions, cube, slowest, rec.runs)
+        # the broker's outages (few rows) feed three tables: computed once, and only when some connect found it unreachable
+        broker_down = pin(outages.broker_outages(conns, filters.since_ns, filters.until_ns)) if ov.get("unreachable_connects") else None
+        inputs = Inputs(rollup, topics, traffic, views, notable, conns, tcp_sides, full, reactions, cube, slowest, rec.runs,
+                        broker_down)
         plan = table_plan(inputs, bucket_s, (filters.since_ns, filters.until_ns))
         if ov.get("opaque_connections"):  # TLS pass-through and other undecoded connections: only a recording with some pays
             plan["opaque_connections"] = lambda: connections.opaque_connections(conns, filters.since_ns, filters.until_ns)

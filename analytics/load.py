@@ -28,7 +28,7 @@ from pyspark.sql import types as T
 
 from analytics.spark_schema import conform, spark_schema, spark_type, timestamps_as_epoch_ns
 from analytics.transforms.common import host, union_all
-from analytics.transforms.runs import settle_unrecorded_ends
+from analytics.transforms.runs import RunMark, marks_of, settle_unrecorded_ends
 from analytics.transforms.topics import name_connection_topics, name_topic_ids, topic_pairs
 from analytics.transforms.window import seen_in_window, taken_inside
 from recording import schema as rec
@@ -229,13 +229,17 @@ def load(spark: SparkSession, dirs: Sequence[str], filters: Filters | None = Non
     frames: dict[str, list[DataFrame]] = {d: [] for d in (*DATASETS_READ, "runs")}
     versions: dict[str, int] = {}
     pairs: dict[str, str] = {}
+    marks: list[RunMark] = []  # a few rows per proxy process: settling the connections' ends looks them up on the driver
     for directory in dirs:
         # every pair the proxies learned, at any time (no time filter): ids are named late (transforms.topics)
         learned, _, has_pairs = read_dataset(spark, directory, "topics")
         if has_pairs:
             pairs.update({r["topic_id"]: r["name"] for r in topic_pairs(learned).collect()})
         # every run's start and clean stop, at any time (no time filter): a run that began before --since still began
-        frames["runs"].append(read_dataset(spark, directory, "runs")[0])
+        runs_df, _, has_runs = read_dataset(spark, directory, "runs")
+        frames["runs"].append(runs_df)
+        if has_runs:
+            marks += marks_of(r.asDict() for r in runs_df.select("proxy_id", "run", "event", "ts_ns").collect())
         found = False
         for ds in DATASETS_READ:
             pf = _partition_filter(filters, upper=(ds == "requests"))
@@ -253,7 +257,7 @@ def load(spark: SparkSession, dirs: Sequence[str], filters: Filters | None = Non
     recording = Recording(
         requests=name_topic_ids(union_all(frames["requests"]), pairs),
         connections=name_connection_topics(settle_unrecorded_ends(dedupe_connections(union_all(frames["connections"])),
-                                                                  runs), pairs),
+                                                                  marks), pairs),
         tcp=union_all(frames["tcp"]),
         dirs=tuple(dirs),
         versions=versions,

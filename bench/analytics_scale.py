@@ -17,6 +17,9 @@ shared 2-core machine the same code's time drifts by a third within an hour; alt
 pairs are what make a before/after figure mean something.
 
     .venv/bin/python bench/analytics_scale.py --sizes 2444 1000000 --before HEAD~3 --rounds 4
+
+`--recording DIR` analyzes a recording a real proxy made instead (synthetic ones have no `runs/`, no
+TLS or failed connects): `kafkatap demo --out out/demo` leaves one in out/demo/recordings/kafkatap.
 """
 
 from __future__ import annotations
@@ -149,14 +152,23 @@ def analyze_once(d: Path, out: Path, code: Path | str = ROOT) -> dict:
             "rollups": found.get("rollups", [])}  # the stored rollups it summed (an older checkout: none)
 
 
-def bench_size(n: int, work: Path, regenerate: bool, rounds: int = 1, before: str | None = None) -> dict:
+def recorded_requests(d: Path) -> int:
+    """The request rows of a recording, from its Parquet footers."""
+    import pyarrow.parquet as pq
+
+    return sum(pq.read_metadata(f).num_rows for f in (d / "requests").rglob("*.parquet"))
+
+
+def bench_size(n: int, work: Path, regenerate: bool, rounds: int = 1, before: str | None = None,
+               recording: Path | None = None) -> dict:
     """Generate (if needed) and analyze a recording of n requests: `rounds` runs of this checkout, each paired
-    with one of the `before` tree when given, then DuckDB's headline queries once."""
+    with one of the `before` tree when given, then DuckDB's headline queries once. With `recording`, that
+    recording (one a real proxy made, `kafkatap demo` for one) instead of a synthetic one."""
     from analytics.synthetic import generate
 
-    d = work / f"rec-{n}"
-    res: dict = {"requests": n}
-    if regenerate or not (d / "requests").exists():
+    d = recording or work / f"rec-{n}"
+    res: dict = {"requests": n, "recording": str(recording) if recording else "synthetic"}
+    if recording is None and (regenerate or not (d / "requests").exists()):
         shutil.rmtree(d, ignore_errors=True)
         t0 = time.monotonic()
         counts = generate(d, n)
@@ -263,6 +275,8 @@ def main() -> None:
     ap.add_argument("--write-results", action="store_true", help="update bench/RESULTS.md")
     ap.add_argument("--generate-only", action="store_true")
     ap.add_argument("--rounds", type=int, default=1, help="analyses of each size (with --before: pairs); Spark's figures are their medians")
+    ap.add_argument("--recording", type=Path, metavar="DIR",
+                    help="analyze this recording instead of synthetic ones (e.g. the demo's: out/demo/recordings/kafkatap)")
     ap.add_argument("--before", metavar="REV",
                     help="also analyze each size with git revision REV's code, alternating with this checkout's, to measure a change")
     a = ap.parse_args()
@@ -286,9 +300,9 @@ def main() -> None:
     before_root = extract_revision(ROOT, a.before) if a.before else None
     results = []
     try:
-        for n in a.sizes:
+        for n in ([recorded_requests(a.recording)] if a.recording else a.sizes):
             print(f"--- {n:,} requests", file=sys.stderr)
-            r = bench_size(n, a.workdir, a.regenerate, a.rounds, before_root)
+            r = bench_size(n, a.workdir, a.regenerate, a.rounds, before_root, a.recording)
             print(json.dumps(r), file=sys.stderr)
             results.append(r)
     finally:

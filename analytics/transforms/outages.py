@@ -59,7 +59,7 @@ def broker_outages(conns: DataFrame, since_ns: int | None = None, until_ns: int 
     closes and the return the window sees.
     """
     c = with_client(as_at_window_end(conns, since_ns, until_ns))
-    fails = c.where((F.col("end_reason") == CONNECT_FAILED) & F.col("end_detail").rlike(UNREACHABLE)).select(
+    fails = c.where(unreachable()).select(
         "broker_addr", "opened_ns", F.coalesce("closed_ns", "opened_ns").alias("failed_ns"), "client_host", "end_detail",
         F.regexp_extract("end_detail", UNREACHABLE, 1).alias("kind"))
     w = Window.partitionBy("broker_addr").orderBy("opened_ns", "failed_ns")
@@ -94,6 +94,14 @@ def broker_outages(conns: DataFrame, since_ns: int | None = None, until_ns: int 
     ).orderBy("first_ns", "broker_addr")
 
 
+# the table's columns (Spark DDL): a recording where no connect failed gets the empty table without a query
+# (tests/analytics/test_outages.py keeps it equal to the plan's, but for the arrays' element nullability)
+OUTAGE_COLUMNS = (
+    "broker_addr string, first_failure timestamp, last_failure timestamp, back_at timestamp, down_s double, "
+    "attempts bigint, clients bigint, broker_closes_before bigint, first_close timestamp, failure_kinds array<string>, "
+    "example_detail string, client_hosts array<string>, first_ns bigint, last_ns bigint")
+
+
 def outage_cause(kinds: Column, first_ns: Column, last_ns: Column) -> Column:
     """`broker went away: it refused new connections from 13:55:10 to 13:55:32 UTC` (the verb by the kinds seen)."""
     verb = F.when(F.array_join(kinds, ",") == "refused", F.lit("it refused new connections")).otherwise(
@@ -103,15 +111,24 @@ def outage_cause(kinds: Column, first_ns: Column, last_ns: Column) -> Column:
     return F.concat(F.lit("broker went away: "), verb, when)
 
 
-def with_outage_causes(conns: DataFrame, since_ns: int | None = None, until_ns: int | None = None) -> DataFrame:
+def unreachable() -> Column:
+    """A connect the broker never answered (`refused` / `unreachable` / `timeout`): what an outage is made of."""
+    return (F.col("end_reason") == CONNECT_FAILED) & F.coalesce(F.col("end_detail").rlike(UNREACHABLE), F.lit(False))
+
+
+def with_outage_causes(conns: DataFrame, outages: DataFrame | None = None) -> DataFrame:
     """The connections, those the broker closed as it went away with that as their `inferred_cause`.
 
-    A close lines up with an outage as `broker_outages` counts it (from CLOSED_BEFORE_S before the first
-    refused connect to the last). The proxy cannot know at the close that the broker is going away, so
-    the cause it recorded is empty; one it did record is kept. Outages are a few rows: broadcast, and a
-    close lines up with one at most (outages are more than OUTAGE_GAP_S apart).
+    `outages` is `broker_outages` of these connections (the job computes it once and pins it); None when
+    the connections hold no unreachable connect, and then nothing changes. A close lines up with an
+    outage as `broker_outages` counts it (from CLOSED_BEFORE_S before the first refused connect to the
+    last). The proxy cannot know at the close that the broker is going away, so the cause it recorded is
+    empty; one it did record is kept. Outages are a few rows: broadcast, and a close lines up with one at
+    most (outages are more than OUTAGE_GAP_S apart).
     """
-    spans = F.broadcast(broker_outages(conns, since_ns, until_ns).select(
+    if outages is None:
+        return conns
+    spans = F.broadcast(outages.select(
         F.col("broker_addr").alias("_broker"), F.col("first_ns").alias("_first"), F.col("last_ns").alias("_last"),
         outage_cause(F.col("failure_kinds"), F.col("first_ns"), F.col("last_ns")).alias("_cause")))
     lines_up = ((F.col("broker_addr") == F.col("_broker")) & broker_closed()

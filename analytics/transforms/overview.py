@@ -6,6 +6,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from analytics.transforms.common import ns_to_ts
+from analytics.transforms.outages import unreachable
 from analytics.transforms.window import as_at_window_end
 from recording.layout import WORKER_SUFFIX_RE
 
@@ -44,7 +45,9 @@ def overview(rollup: DataFrame, conns: DataFrame, since_ns: int | None = None, u
     clients retry, and `protocol_steps` counts answers like a first JoinGroup's MEMBER_ID_REQUIRED,
     which are how the protocol works and no error at all. `rollup` is the request rollup. Computed as two single-row aggregates
     cross-joined, so it is one cheap pass over each. `opaque_connections` (`tls_connections` of them TLS) were relayed
-    without decoding: they are why the job adds the `opaque_connections` table, and only when there are some.
+    without decoding: they are why the job adds the `opaque_connections` table, and only when there are some;
+    `unreachable_connects` (connects the broker refused or never answered, `outages.unreachable`) are why it
+    computes the broker outages.
     """
     def status(name: str) -> Column:
         return F.sum(F.when(F.col("status") == name, F.col("requests")).otherwise(0))
@@ -78,6 +81,8 @@ def overview(rollup: DataFrame, conns: DataFrame, since_ns: int | None = None, u
         # relayed without decoding, TLS pass-through among them: their requests are not in the recording
         F.coalesce(F.sum(F.when(F.col("tls"), 1).otherwise(0)), F.lit(0)).alias("tls_connections"),
         F.coalesce(F.sum(F.when(opaque(), 1).otherwise(0)), F.lit(0)).alias("opaque_connections"),
+        # connects the broker never answered: the job builds the outage tables only when there are some
+        F.coalesce(F.sum(F.when(unreachable(), 1).otherwise(0)), F.lit(0)).alias("unreachable_connects"),
     )
     out = r.crossJoin(c)
     start = clamp(F.least(F.col("first_ns"), F.col("first_open_ns")), since_ns, until_ns)
@@ -94,5 +99,5 @@ def overview(rollup: DataFrame, conns: DataFrame, since_ns: int | None = None, u
         "requests_retriable",
         F.round(F.col("requests_retriable") / F.greatest(F.col("requests"), F.lit(1)), 5).alias("retriable_rate"),
         "protocol_steps",
-        "unanswered", "acks0_produces", "faults_injected", "tls_connections", "opaque_connections",
+        "unanswered", "acks0_produces", "faults_injected", "tls_connections", "opaque_connections", "unreachable_connects",
     )

@@ -23,6 +23,10 @@ reads the rows and hands them in.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
@@ -64,26 +68,53 @@ def run_marks(runs: DataFrame) -> DataFrame:
         F.max("pid").alias("pid"), F.max("version").alias("version"))
 
 
-def run_bounds(runs: DataFrame, conns: DataFrame) -> DataFrame:
-    """Per run (`run`: proxy_id/run) of the markers or the connections: its start row's time
-    (`started_ns`), its clean stop's (`stopped_ns`), the start of the next run of its proxy id that
-    wrote a start row (`next_start_ns`) and its last sign of life among the connections (`last_seen_ns`).
+@dataclass(frozen=True)
+class RunMark:
+    """One run's `runs/` rows, on the driver: where it started recording and where it stopped cleanly (None: no such row)."""
 
-    A run without a start row (recorded before `runs/` existed) is placed by its first connection, so
-    a later run's start row still proves it over; nothing else about it changes.
-    """
-    marks = run_marks(runs)
-    seen = conns.groupBy("proxy_id", proxy_run().alias("run")).agg(
-        F.min("opened_ns").alias("first_open_ns"),
-        F.max(last_sign_of_life()).alias("last_seen_ns"))
-    b = marks.join(seen, ["proxy_id", "run"], "full")
-    later = Window.partitionBy("proxy_id").orderBy(F.coalesce("started_ns", "first_open_ns")).rowsBetween(
-        1, Window.unboundedFollowing)
-    return b.select("run", "started_ns", "stopped_ns", "last_seen_ns",
-                    F.min("started_ns").over(later).alias("next_start_ns"))
+    proxy_id: str
+    run: str  # the 6 hex digits of its conn_ids
+    started_ns: int | None
+    stopped_ns: int | None
+
+    @property
+    def key(self) -> str:
+        """`proxy_id/run`, as `proxy_run()` names a connection's run."""
+        return f"{self.proxy_id}/{self.run}"
 
 
-def settle_unrecorded_ends(conns: DataFrame, runs: DataFrame) -> DataFrame:
+def marks_of(rows: Iterable[Mapping[str, Any]]) -> list[RunMark]:
+    """The runs of `runs/` rows (proxy_id, run, event, ts_ns in epoch ns): the first start and first stop of each."""
+    first: dict[tuple[str, str], dict[str, int]] = {}
+    for r in rows:
+        if r["ts_ns"] is None or r["event"] not in ("start", "stop"):
+            continue
+        seen = first.setdefault((r["proxy_id"], r["run"]), {})
+        seen[r["event"]] = min(seen.get(r["event"], r["ts_ns"]), r["ts_ns"])
+    return [RunMark(p, run, e.get("start"), e.get("stop")) for (p, run), e in sorted(first.items())]
+
+
+def _literal_map(pairs: Mapping[str, Any]) -> Column:
+    """A small dict as one literal map column (null for an empty one: a lookup in it gives null)."""
+    if not pairs:
+        return F.lit(None).cast("map<string,bigint>")
+    return F.create_map(*[x for k, v in sorted(pairs.items()) for x in (F.lit(k), F.lit(v).cast("long"))])
+
+
+def _next_start_after(marks: Sequence[RunMark], proxy: Column, after: Column) -> Column:
+    """The first start row of `proxy` later than `after`: the run that proves an earlier one over."""
+    starts: dict[str, list[int]] = {}
+    for m in marks:
+        if m.started_ns is not None:
+            starts.setdefault(m.proxy_id, []).append(m.started_ns)
+    if not starts:
+        return F.lit(None).cast("long")
+    by_proxy = F.create_map(*[x for p, ts in sorted(starts.items())
+                              for x in (F.lit(p), F.array(*[F.lit(t).cast("long") for t in sorted(ts)]))])
+    return F.array_min(F.filter(F.element_at(by_proxy, proxy), lambda t: t > after))
+
+
+def settle_unrecorded_ends(conns: DataFrame, marks: Sequence[RunMark]) -> DataFrame:
     """The connections (one row each) with every one whose run is over but whose end is not recorded ended.
 
     Such a connection gets `end_reason` END_NOT_RECORDED, `end_by` "unknown", the plain cause
@@ -91,21 +122,35 @@ def settle_unrecorded_ends(conns: DataFrame, runs: DataFrame) -> DataFrame:
     run's clean stop or else its last sign of life (its duration to there); `final` stays false (no
     final row was written). Every connection also gets RUN_STARTED and RUN_LAST: from its run's start row
     to its clean stop or last sign of life, the run was recording (null for a run without a start row).
-    The runs are a few rows per proxy: broadcast, no shuffle of the connections beyond the one
-    aggregation that finds each run's last sign of life.
+
+    A run is proved over by its clean stop, or by a later start row of its proxy id (after its own start;
+    for a run without a start row, recorded before `runs/` existed, after the connection's open, and it
+    ends at the connection's own last sign of life). The runs are a few rows per process, `marks` on the
+    driver: every lookup is a literal map, so settling is a projection of the connections. Only when some
+    started run has no clean stop (killed, or still recording) does its last sign of life need one
+    aggregation over its connections, a window partitioned by run; without `runs/` rows nothing changes.
     """
-    bounds = run_bounds(runs, conns)
-    c = conns.withColumn("_run", proxy_run()).join(
-        F.broadcast(bounds.withColumnRenamed("run", "_run")), "_run", "left")
-    over = F.coalesce(F.col("stopped_ns"), F.col("next_start_ns")).isNotNull()
+    if not marks:  # a recording made before runs/ existed: no run is known to be over, and none has a start row
+        return conns.withColumns({RUN_STARTED: F.lit(None).cast("long"), RUN_LAST: F.lit(None).cast("long")})
+    run = proxy_run()
+    started = F.element_at(_literal_map({m.key: m.started_ns for m in marks if m.started_ns is not None}), run)
+    stopped = F.element_at(_literal_map({m.key: m.stopped_ns for m in marks if m.stopped_ns is not None}), run)
+    c = conns.withColumns({"_started": started, "_stopped": stopped})
+    c = c.withColumn("_next", _next_start_after(marks, F.col("proxy_id"), F.coalesce("_started", "opened_ns")))
+    if any(m.started_ns is not None and m.stopped_ns is None for m in marks):  # a killed or live run: its last sign of life
+        c = c.withColumn("_last", F.max(last_sign_of_life()).over(Window.partitionBy("proxy_id", run)))
+    else:  # every started run stopped cleanly: its stop is its last time
+        c = c.withColumn("_last", F.lit(None).cast("long"))
+    run_last = F.when(F.col("_started").isNotNull(), F.coalesce("_stopped", "_last"))
+    over = F.coalesce(F.col("_stopped"), F.col("_next")).isNotNull()
     settle = ~F.coalesce(F.col("final"), F.lit(False)) & F.col("closed_ns").isNull() & over
-    ended = F.coalesce("stopped_ns", "last_seen_ns")
+    ended = F.coalesce(run_last, "_stopped", last_sign_of_life())
 
     def unless_settled(value: Column, name: str) -> Column:
         return F.when(settle, value).otherwise(F.col(name))
 
-    detail = F.when(F.col("stopped_ns").isNotNull(), F.lit(_STOPPED)).otherwise(
-        F.concat(F.lit(_KILLED), F.date_format(ns_to_ts("next_start_ns"), "yyyy-MM-dd HH:mm:ss 'UTC'")))
+    detail = F.when(F.col("_stopped").isNotNull(), F.lit(_STOPPED)).otherwise(
+        F.concat(F.lit(_KILLED), F.date_format(ns_to_ts("_next"), "yyyy-MM-dd HH:mm:ss 'UTC'")))
     return c.withColumns({
         "closed_ns": unless_settled(ended, "closed_ns"),
         "duration_us": unless_settled(F.floor((ended - F.col("opened_ns")) / 1000).cast("long"), "duration_us"),
@@ -113,6 +158,6 @@ def settle_unrecorded_ends(conns: DataFrame, runs: DataFrame) -> DataFrame:
         "end_by": unless_settled(F.lit(ENDED_BY_UNKNOWN), "end_by"),
         "end_detail": unless_settled(detail, "end_detail"),
         "inferred_cause": unless_settled(F.lit(NOT_RECORDED_CAUSE), "inferred_cause"),
-        RUN_STARTED: F.col("started_ns"),
-        RUN_LAST: F.when(F.col("started_ns").isNotNull(), F.coalesce("stopped_ns", "last_seen_ns")),
-    }).drop("_run", "started_ns", "stopped_ns", "last_seen_ns", "next_start_ns")
+        RUN_STARTED: F.col("_started"),
+        RUN_LAST: run_last,
+    }).drop("_started", "_stopped", "_next", "_last")

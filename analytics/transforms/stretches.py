@@ -46,7 +46,7 @@ def run_spans(conns: DataFrame) -> DataFrame:
     From its start row to its clean stop or last sign of life where the loader found them (RUN_STARTED,
     RUN_LAST), else from its first connection's open to its connections' last snapshot or end.
     """
-    last_seen = last_sign_of_life()  # as `runs.run_bounds`
+    last_seen = last_sign_of_life()  # as `runs.settle_unrecorded_ends`
     return conns.groupBy(proxy_run().alias("run")).agg(
         F.coalesce(F.min(_column_or_null(conns, RUN_STARTED)), F.min("opened_ns")).alias("start_ns"),
         F.greatest(F.coalesce(F.max(_column_or_null(conns, RUN_LAST)), F.max(last_seen)), F.max(last_seen)).alias("end_ns"),

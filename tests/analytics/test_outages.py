@@ -8,10 +8,12 @@ import pytest
 from analytics.findings.outages import broker_unreachable
 from analytics.findings.resets import reconnect_storm
 from analytics.findings.surge import connection_surge
+from analytics.job import empty_table
 from analytics.transforms import connections, outages
 from analytics.transforms.common import prepare_requests
 from analytics.transforms.cube import latency_cube
-from analytics.transforms.rollups import traffic_over_time
+from analytics.transforms.overview import overview
+from analytics.transforms.rollups import request_rollup, traffic_over_time
 from analytics_rows import S, T0, conn, req
 
 pytestmark = pytest.mark.spark
@@ -66,7 +68,8 @@ def test_failed_connects_are_no_reconnects_nor_concurrency(make_df) -> None:
 
 def test_the_broker_closes_before_an_outage_get_its_cause(make_df) -> None:
     cs = make_df("connections", outage_rows() + [conn("a1b2c3-9", 5, 100, end_reason="broker_fin", end_by="broker")])
-    closes = {r.conn_id: r.inferred_cause for r in connections.broker_closes(outages.with_outage_causes(cs)).collect()}
+    closes = {r.conn_id: r.inferred_cause for r in connections.broker_closes(
+        outages.with_outage_causes(cs, outages.broker_outages(cs))).collect()}
     assert closes.pop("a1b2c3-9") is None  # a close long before the outage is not its doing
     assert set(closes.values()) == {"broker went away: it refused new connections from 2026-11-20 09:05:00 to 09:05:21 UTC"}
     assert len(closes) == 6
@@ -81,3 +84,18 @@ def test_connect_failures_apart_are_two_outages_and_other_failures_none(make_df)
     assert [(r["attempts"], r["broker_closes_before"], r["back_at"]) for r in rows] == [(3, 0, None), (2, 0, None)]
     f = broker_unreachable({"broker_outages": rows})
     assert len(f) == 2 and "closed no live connection first" in f[0].summary and "may still be down" in f[0].summary
+
+
+def test_without_unreachable_connects_the_job_makes_the_empty_table_and_changes_no_cause(make_df) -> None:
+    """The job skips the outage queries when the overview counts no unreachable connect: the table it makes then is
+    the plan's (but that its arrays' elements may be null), and no connection's cause changes."""
+    cs = make_df("connections", [conn("a1b2c3-1", 5, 100, end_reason="broker_fin", end_by="broker"), conn("a1b2c3-2", 6, 7)])
+    real = outages.broker_outages(cs).toArrow()
+    made = empty_table(cs, outages.OUTAGE_COLUMNS)
+    assert real.num_rows == made.num_rows == 0
+    assert [(f.name, str(f.type).replace(" not null", "")) for f in made.schema] == [
+        (f.name, str(f.type).replace(" not null", "")) for f in real.schema]
+    assert outages.with_outage_causes(cs, None) is cs
+    rollup = request_rollup(prepare_requests(make_df("requests", [req("a1b2c3-1", 1, broker=B)])))
+    assert overview(rollup, cs).collect()[0]["unreachable_connects"] == 0
+    assert overview(rollup, make_df("connections", outage_rows())).collect()[0]["unreachable_connects"] == 880

@@ -11,7 +11,7 @@ from analytics.transforms import connections
 from analytics.transforms.cube import latency_cube
 from analytics.transforms.common import prepare_requests
 from analytics.transforms.rollups import traffic_over_time
-from analytics.transforms.runs import END_NOT_RECORDED, NOT_RECORDED_CAUSE, settle_unrecorded_ends
+from analytics.transforms.runs import END_NOT_RECORDED, NOT_RECORDED_CAUSE, marks_of, settle_unrecorded_ends
 from analytics_rows import S, T0, conn, req
 
 pytestmark = pytest.mark.spark
@@ -23,14 +23,14 @@ def mark(run: str, event: str, t_s: float, proxy_id: str = "p1") -> dict[str, An
 
 
 def settled(make_df, cs: list[dict], marks: list[dict]) -> dict[str, dict]:
-    rows = settle_unrecorded_ends(make_df("connections", cs), make_df("runs", marks)).collect()
+    rows = settle_unrecorded_ends(make_df("connections", cs), marks_of(marks)).collect()
     return {r.conn_id: r.asDict() for r in rows}
 
 
 def over_time(make_df, cs: list[dict], rs: list[dict], marks: list[dict]) -> list[dict]:
     """`connections_over_time` (60 s buckets) of these rows, the connections settled as `analytics.load` does."""
     r = prepare_requests(make_df("requests", rs))
-    c = settle_unrecorded_ends(make_df("connections", cs), make_df("runs", marks))
+    c = settle_unrecorded_ends(make_df("connections", cs), marks_of(marks))
     return [x.asDict() for x in connections.connections_over_time(c, traffic_over_time(r, 60), 60, latency_cube(r, 60)).collect()]
 
 
@@ -53,7 +53,7 @@ def test_a_killed_runs_open_connections_end_unrecorded_once_a_later_run_started(
     for still in ("0a0b0c-1", "c0c0c0-1", "d0d0d0-1", "e0e0e0-1"):
         assert (got[still]["end_reason"], got[still]["closed_ns"]) == ("open", None), still
     ends = {(r.end_reason, r.end_by): r.connections for r in connections.connection_ends(
-        settle_unrecorded_ends(make_df("connections", cs), make_df("runs", marks))).collect()}
+        settle_unrecorded_ends(make_df("connections", cs), marks_of(marks))).collect()}
     assert ends[(END_NOT_RECORDED, "unknown")] == 3 and ends[("open", "none")] == 4
 
 
@@ -63,6 +63,28 @@ def test_a_cleanly_stopped_run_ends_what_it_did_not_record_at_its_stop(make_df) 
     assert (got["a1b2c3-1"]["end_reason"], got["a1b2c3-1"]["closed_ns"]) == (END_NOT_RECORDED, T0 + 200 * S)
     assert "stopped cleanly" in got["a1b2c3-1"]["end_detail"]
     assert got["a1b2c3-2"]["end_reason"] == "proxy_shutdown"
+
+
+def test_a_run_from_before_start_rows_ends_at_its_own_last_sign_once_its_proxy_restarts(make_df) -> None:
+    """p1 recorded with a kafkatap that wrote no `runs/` (run d0d0d0), then a current one started at 300 s into the same
+    directory. A connection of the old run is over once a start row follows its open, at its own last snapshot (the
+    old run's last sign of life would take an aggregation per run, for recordings no current proxy makes); one that
+    opened after that start ran beside the new run, so it proves nothing and stays open."""
+    cs = [conn("d0d0d0-1", 10, None, snapshot_ns=T0 + 80 * S), conn("d0d0d0-2", 20, None, snapshot_ns=T0 + 95 * S),
+          conn("d0d0d0-3", 400, None, snapshot_ns=T0 + 450 * S), conn("0a0b0c-1", 301, 320)]
+    got = settled(make_df, cs, [mark("0a0b0c", "start", 300), mark("0a0b0c", "stop", 500)])
+    assert [(got[c]["end_reason"], got[c]["closed_ns"]) for c in ("d0d0d0-1", "d0d0d0-2")] == [
+        (END_NOT_RECORDED, T0 + 80 * S), (END_NOT_RECORDED, T0 + 95 * S)]
+    assert "killed" in got["d0d0d0-1"]["end_detail"] and got["d0d0d0-1"]["run_started_ns"] is None
+    assert (got["d0d0d0-3"]["end_reason"], got["d0d0d0-3"]["closed_ns"]) == ("open", None)
+    assert (got["0a0b0c-1"]["run_started_ns"], got["0a0b0c-1"]["run_last_ns"]) == (T0 + 300 * S, T0 + 500 * S)
+
+
+def test_without_runs_rows_nothing_is_settled(make_df) -> None:
+    cs = [conn("a1b2c3-1", 10, None, snapshot_ns=T0 + 150 * S), conn("a1b2c3-2", 10, 190)]
+    got = settled(make_df, cs, [])
+    assert [(got[c]["end_reason"], got[c]["run_started_ns"], got[c]["run_last_ns"]) for c in ("a1b2c3-1", "a1b2c3-2")] == [
+        ("open", None, None), ("client_fin", None, None)]
 
 
 def test_a_killed_run_stops_counting_in_the_concurrency(make_df) -> None:

@@ -18,7 +18,7 @@ from analytics.report.html import render
 from analytics.result import AnalysisResult
 from analytics.synthetic import write_rows
 from analytics.transforms import connections
-from analytics.transforms.runs import settle_unrecorded_ends
+from analytics.transforms.runs import marks_of, settle_unrecorded_ends
 from analytics.transforms.stretches import NO_CLEAN_STOP, NO_RUN_ROWS, proxy_runs, recording_stretches
 from analytics_rows import S, T0, conn, req
 
@@ -43,7 +43,7 @@ def two_sessions() -> tuple[list[dict], list[dict]]:
 
 def test_the_reconnect_rate_is_over_the_recorded_time_not_the_gap(make_df) -> None:
     cs, marks = two_sessions()
-    conns = settle_unrecorded_ends(make_df("connections", cs), make_df("runs", marks))
+    conns = settle_unrecorded_ends(make_df("connections", cs), marks_of(marks))
     row = connections.reconnects_by_client(conns).collect()[0].asDict()
     recorded_min = (200 + (6 * 9 + 1)) / 60  # run a1a1a1 from its start to its stop, app-1's last minute in b2b2b2
     assert row["reconnects"] >= 35
@@ -54,7 +54,7 @@ def test_the_reconnect_rate_is_over_the_recorded_time_not_the_gap(make_df) -> No
 
 def test_the_runs_and_stretches_tables(make_df) -> None:
     cs, marks = two_sessions()
-    conns = settle_unrecorded_ends(make_df("connections", cs), make_df("runs", marks))
+    conns = settle_unrecorded_ends(make_df("connections", cs), marks_of(marks))
     runs = [r.asDict() for r in proxy_runs(make_df("runs", marks), conns).collect()]
     assert [(r["run"], r["pid"], r["version"], r["connections"]) for r in runs] == [
         ("a1a1a1", 100, "9.9", 30), ("b2b2b2", 200, "9.9", 10)]
@@ -81,7 +81,7 @@ def test_a_restart_minutes_later_is_one_stretch(make_df) -> None:
 
 def test_the_notice_leads_the_findings_summary_and_report(make_df) -> None:
     cs, marks = two_sessions()
-    conns = settle_unrecorded_ends(make_df("connections", cs), make_df("runs", marks))
+    conns = settle_unrecorded_ends(make_df("connections", cs), marks_of(marks))
     tables = {"recording_stretches": [r.asDict() for r in recording_stretches(conns, 60).collect()]}
     found = [f for f in run_rules(tables) if f.id == "separate_stretches"]
     assert len(found) == 1 and found[0].severity == "warning"
