@@ -87,6 +87,7 @@ class Inputs:
     slowest: DataFrame | None = None  # every file's slowest requests, as the writer kept them (recording.rollups); None: scan
     runs: DataFrame | None = None  # the runs/ rows (start, clean stop): the Proxy runs table; None: no such table
     outages: DataFrame | None = None  # outages.broker_outages, pinned; None when no connect found the broker unreachable
+    spans: list[stretches.RunSpan] | None = None  # every proxy run's recorded span (stretches.collect_spans), on the driver
 
     def slowest_floor(self) -> int | None:
         """A latency at most the SLOWEST-th highest (cube.tail_floor), or None without a cube or enough requests."""
@@ -133,13 +134,14 @@ def table_plan(i: Inputs, bucket_s: int, window: tuple[int | None, int | None] =
         "connection_lifetimes": lambda: connections.connection_lifetimes(i.conns, *window),
         "connection_ends": lambda: connections.connection_ends(outages.with_outage_causes(i.conns, i.outages), *window),
         "resets": lambda: connections.resets(i.conns, since_ns=window[0], until_ns=window[1]),
-        "reconnects_by_client": lambda: connections.reconnects_by_client(i.conns, since_ns=window[0], until_ns=window[1]),
+        "reconnects_by_client": lambda: connections.reconnects_by_client(i.conns, since_ns=window[0], until_ns=window[1],
+                                                                         spans=i.spans),
         "broker_closes": lambda: connections.broker_closes(outages.with_outage_causes(i.conns, i.outages), since_ns=window[0],
                                                            until_ns=window[1]),
         "broker_outages": lambda: i.outages if i.outages is not None else empty_table(i.conns, outages.OUTAGE_COLUMNS),
         "unanswered_at_close": lambda: connections.unanswered_at_close(i.conns, i.rollup, since_ns=window[0], until_ns=window[1]),
-        "recording_stretches": lambda: stretches.recording_stretches(i.conns, bucket_s, *window),
-        **({} if i.runs is None else {"proxy_runs": lambda: stretches.proxy_runs(i.runs, i.conns)}),
+        "recording_stretches": lambda: stretches.recording_stretches(i.conns, bucket_s, *window, spans=i.spans),
+        **({} if i.runs is None else {"proxy_runs": lambda: stretches.proxy_runs(i.runs, i.conns, i.spans)}),
         "tcp_health": lambda: tcp.tcp_health(i.sides),
         "tcp_rtt_by_peer": lambda: tcp.tcp_rtt_by_peer(i.sides),
         "window_ceiling": lambda: tcp.window_ceiling(i.sides, i.rollup),
@@ -640,7 +642,7 @@ def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.
         # the broker's outages (few rows) feed three tables: computed once, and only when some connect found it unreachable
         broker_down = pin(outages.broker_outages(conns, filters.since_ns, filters.until_ns)) if ov.get("unreachable_connects") else None
         inputs = Inputs(rollup, topics, traffic, views, notable, conns, tcp_sides, full, reactions, cube, slowest, rec.runs,
-                        broker_down)
+                        broker_down, stretches.collect_spans(conns))  # the runs' spans: one small job for three tables
         plan = table_plan(inputs, bucket_s, (filters.since_ns, filters.until_ns))
         if ov.get("opaque_connections"):  # TLS pass-through and other undecoded connections: only a recording with some pays
             plan["opaque_connections"] = lambda: connections.opaque_connections(conns, filters.since_ns, filters.until_ns)
@@ -659,7 +661,8 @@ def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.
         if drill:
             prog.info(f"drill-down for {len(drill)} referenced connection(s)")
             arrow.update(collect_all({
-                "connection_facts": lambda: drilldown.connection_facts(conns, drill),
+                # a connection the broker closed as it went away says so on its page too, as in connection_ends
+                "connection_facts": lambda: drilldown.connection_facts(outages.with_outage_causes(conns, broker_down), drill),
                 "connection_requests": lambda: drilldown.connection_requests(
                     drill_requests(rec, full, stored_sums, covers, drill, prog), drill),
                 "connection_tcp": lambda: drilldown.connection_tcp(rec.tcp, drill),
@@ -703,7 +706,9 @@ def summary(result: AnalysisResult) -> str:
     unrecorded = (ov.get("request_connections") or 0) - (ov.get("connections") or 0)
     conns = f"{ov.get('connections') or 0:,} connections" + (
         f" (+{unrecorded:,} with requests but no connection row yet: still open when the proxy last wrote)"
-        if unrecorded > 0 else "")
+        if unrecorded > 0 else "") + (
+        f" ({ov['unreachable_connects']:,} of them connects the broker refused or never answered: see Broker outages)"
+        if ov.get("unreachable_connects") else "")
     lines = [
         f"kafkatap analyze: {ov.get('requests') or 0:,} requests, {conns}, "
         f"{ov.get('client_ids') or 0} client ids, {ov.get('brokers') or 0} broker(s), span {ov.get('span_s') or 0:,.0f} s, "

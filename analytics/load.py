@@ -27,7 +27,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from analytics.spark_schema import conform, spark_schema, spark_type, timestamps_as_epoch_ns
-from analytics.transforms.common import host, union_all
+from analytics.transforms.common import host, literal_rows, union_all
 from analytics.transforms.runs import RunMark, marks_of, settle_unrecorded_ends
 from analytics.transforms.topics import name_connection_topics, name_topic_ids, topic_pairs
 from analytics.transforms.window import seen_in_window, taken_inside
@@ -93,7 +93,10 @@ def time_window(since: object, until: object, dirs: Iterable[object]) -> tuple[i
 
 
 def _empty(spark: SparkSession, dataset: str) -> DataFrame:
-    return timestamps_as_epoch_ns(spark.createDataFrame([], spark_schema(dataset)), dataset)
+    """A dataset without files: no rows, its columns (a literal relation: `createDataFrame` would make an RDD that
+    every query over it runs a job for)."""
+    columns = [(f.name, f.dataType.simpleString()) for f in spark_schema(dataset).fields]
+    return timestamps_as_epoch_ns(literal_rows(spark, columns, []), dataset)
 
 
 def _read_files(spark: SparkSession, listing: LiveFiles, dataset: str) -> tuple[DataFrame, int]:

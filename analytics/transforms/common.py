@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from protocol.error_kinds import ERROR, PROTOCOL_STEP, PROTOCOL_STEPS, RETRIABLE, RETRIABLE_ERRORS
@@ -25,6 +25,18 @@ GROUP_APIS = ("JoinGroup", "SyncGroup", "Heartbeat", "LeaveGroup")  # the classi
 KIP848_APIS = ("ConsumerGroupHeartbeat",)
 SHARE_APIS = ("ShareGroupHeartbeat", "ShareFetch", "ShareAcknowledge")
 STREAMS_APIS = ("StreamsGroupHeartbeat",)
+
+
+def literal_rows(spark: SparkSession, columns: Sequence[tuple[str, str]], rows: Sequence[Sequence[object]]) -> DataFrame:
+    """A few rows the driver holds (run spans, stretches) as a DataFrame of `columns` ((name, Spark type) pairs).
+
+    Why not `createDataFrame`: from Python rows it makes an RDD, and every query over it runs a job that
+    pickles them across (~0.5 s of a small analysis each). A literal array of structs, exploded on a
+    one-row range, is planned and evaluated in the driver's one task like any other expression.
+    """
+    element = "struct<" + ",".join(f"`{name}`:{kind}" for name, kind in columns) + ">"
+    values = F.array(*[F.struct(*[F.lit(v).cast(kind).alias(name) for (name, kind), v in zip(columns, row)]) for row in rows])
+    return spark.range(0, 1, 1, 1).select(F.inline(values.cast(f"array<{element}>")))
 
 
 def host(col: Column) -> Column:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
@@ -11,7 +13,7 @@ from analytics.transforms.outages import reached_broker
 from analytics.transforms.overview import opaque
 # proxy runs (their start rows, and the ends a run over never recorded): settled by the loader, read here
 from analytics.transforms.runs import END_NOT_RECORDED, RUN_LAST, RUN_OF_CONN_ID, RUN_STARTED, proxy_run  # noqa: F401
-from analytics.transforms.stretches import recorded_time  # a client's rate over the time runs recorded
+from analytics.transforms.stretches import RunSpan, recorded_time  # a client's rate over the time runs recorded
 # --since/--until: the one notion of the window (read as a recording of its own), shared with the loader and the overview
 from analytics.transforms.window import as_at_window_end, ended_inside, opened_inside, seen_in_window
 
@@ -132,7 +134,8 @@ def connection_lifetimes(conns: DataFrame, since_ns: int | None = None, until_ns
     counted in `still_open`. Under a `since_ns`/`until_ns` window the connections are those the window
     sees, as at its end (`as_at_window_end`): one that ended inside it by its lifetime, from its open
     however long before the window (a lifetime is known at the end); one still open at the window's end
-    by its age then, in `still_open`, however long it lived on; one that ended before it not at all.
+    by its age then, in `still_open`, however long it lived on; one that ended before it not at all. Only
+    connections that reached the broker count (`outages.reached_broker`), as in the concurrency and reconnects.
     """
     conns = as_at_window_end(conns, since_ns, until_ns)
     secs = F.col("duration_us") / 1e6
@@ -142,7 +145,10 @@ def connection_lifetimes(conns: DataFrame, since_ns: int | None = None, until_ns
         cond = (secs >= lo) & (secs < hi) if hi is not None else secs >= lo
         label = F.when(cond, F.lit(name)) if label is None else label.when(cond, F.lit(name))
         order = F.when(cond, F.lit(i)) if order is None else order.when(cond, F.lit(i))
-    c = conns.where(F.col("duration_us").isNotNull()).select(label.alias("lifetime"), order.alias("bin"), "end_reason")
+    # a failed upstream connect never was a connection to the broker: hundreds of millisecond "lifetimes" while it is
+    # down read as churn (`broker_outages` has them)
+    c = conns.where(F.col("duration_us").isNotNull() & reached_broker()).select(label.alias("lifetime"), order.alias("bin"),
+                                                                               "end_reason")
     return c.groupBy("bin", "lifetime").agg(
         F.count(F.lit(1)).alias("connections"),
         F.sum(F.when(F.col("end_reason").isin(*RESET_REASONS), 1).otherwise(0)).alias("reset"),
@@ -190,7 +196,7 @@ STARTUP_S = 5  # a client's first moments: the connections it opens to get going
 
 
 def reconnects_by_client(conns: DataFrame, bucket_s: int = 60, since_ns: int | None = None,
-                         until_ns: int | None = None) -> DataFrame:
+                         until_ns: int | None = None, spans: Sequence[RunSpan] | None = None) -> DataFrame:
     """Per client (client_id + host): connections opened, reconnects and their rate, resets and the worst minute.
 
     A reconnect is a connection the client opened to a broker after one of its earlier connections to
@@ -227,6 +233,7 @@ def reconnects_by_client(conns: DataFrame, bucket_s: int = 60, since_ns: int | N
     per client and broker goes uncounted, at the window's start), and STARTUP_S counts from the
     client's first connection the window sees. Without the window, one connection open all week made
     a storm inside a one-hour window a rate per minute of the week, and the reconnect_storm finding missed it.
+    `spans`: the proxy runs' spans (`stretches.collect_spans` of these connections) when the caller has them.
     """
     c = with_client(as_at_window_end(conns, since_ns, until_ns)).where(reached_broker())  # failed connects: docstring
     first_open = F.min("opened_ns").over(Window.partitionBy("client_id", "client_host"))
@@ -256,7 +263,7 @@ def reconnects_by_client(conns: DataFrame, bucket_s: int = 60, since_ns: int | N
         F.array_sort(F.collect_set("broker_addr")).alias("brokers"),
     )
     # the part of the client's span (inside the window) some proxy run recorded: not the hours between two runs
-    agg = recorded_time(agg, ["client_id", "client_host"], c, since_ns, until_ns)
+    agg = recorded_time(agg, ["client_id", "client_host"], conns, since_ns, until_ns, spans)
     minutes = F.greatest(F.col("recorded_ns") / 6e10, F.lit(1.0))
     return agg.join(per_min, ["client_id", "client_host"]).select(
         "client_id", "client_host", "connections", "reconnects",

@@ -15,10 +15,13 @@ more than one is a notice (`analytics.findings.stretches`). No I/O here.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from analytics.transforms.common import ns_to_ts, with_client
+from analytics.transforms.common import literal_rows, ns_to_ts, with_client
 from analytics.transforms.overview import clamp
 from analytics.transforms.runs import RUN_LAST, RUN_STARTED, last_sign_of_life, proxy_run, run_marks
 
@@ -40,94 +43,136 @@ def _column_or_null(df: DataFrame, name: str) -> Column:
     return F.col(name) if name in df.columns else F.lit(None).cast("long")
 
 
+@dataclass(frozen=True)
+class RunSpan:
+    """One proxy run and the time it recorded, on the driver (a few rows per proxy process)."""
+
+    proxy_id: str
+    run: str  # proxy_id/run
+    start_ns: int
+    end_ns: int
+    connections: int
+
+
+@dataclass(frozen=True)
+class Stretch:
+    start_ns: int
+    end_ns: int
+    runs: tuple[str, ...]
+
+
 def run_spans(conns: DataFrame) -> DataFrame:
-    """Per proxy run seen in the connections: `run` (proxy_id/run) and the span it recorded, `start_ns`..`end_ns`.
+    """Per proxy run seen in the connections: `run` (proxy_id/run), the span it recorded, `start_ns`..`end_ns`,
+    and its `connections`.
 
     From its start row to its clean stop or last sign of life where the loader found them (RUN_STARTED,
     RUN_LAST), else from its first connection's open to its connections' last snapshot or end.
     """
     last_seen = last_sign_of_life()  # as `runs.settle_unrecorded_ends`
-    return conns.groupBy(proxy_run().alias("run")).agg(
+    return conns.groupBy("proxy_id", proxy_run().alias("run")).agg(
         F.coalesce(F.min(_column_or_null(conns, RUN_STARTED)), F.min("opened_ns")).alias("start_ns"),
         F.greatest(F.coalesce(F.max(_column_or_null(conns, RUN_LAST)), F.max(last_seen)), F.max(last_seen)).alias("end_ns"),
+        F.count(F.lit(1)).alias("connections"),
     )
 
 
-def merge_spans(spans: DataFrame, gap_ns: int) -> DataFrame:
-    """Spans (`start_ns`, `end_ns`, `run`) merged where they overlap or are at most `gap_ns` apart: one row per
-    stretch, with its runs. Runs are a few rows: one ordered window over all of them."""
-    order = Window.orderBy("start_ns", "end_ns", "run")
-    reach = F.max("end_ns").over(order.rowsBetween(Window.unboundedPreceding, -1))
-    opens = F.when(reach.isNull() | (F.col("start_ns") - reach > gap_ns), 1).otherwise(0)
-    numbered = spans.withColumn("_opens", opens).withColumn(
-        "stretch", F.sum("_opens").over(order.rowsBetween(Window.unboundedPreceding, 0)))
-    return numbered.groupBy("stretch").agg(
-        F.min("start_ns").alias("start_ns"), F.max("end_ns").alias("end_ns"),
-        F.array_sort(F.collect_set("run")).alias("runs"))
+def collect_spans(conns: DataFrame) -> list[RunSpan]:
+    """`run_spans` on the driver, in order of start: one small job, which the job runs once for the three tables
+    that read them (`recording_stretches`, `proxy_runs`, the recorded time of `reconnects_by_client`)."""
+    return sorted((RunSpan(**r.asDict()) for r in run_spans(conns).collect()), key=lambda s: (s.start_ns, s.end_ns, s.run))
 
 
-def _windowed(spans: DataFrame, since_ns: int | None, until_ns: int | None) -> DataFrame:
+def windowed(spans: Sequence[RunSpan], since_ns: int | None, until_ns: int | None) -> list[RunSpan]:
     """Spans cut to the --since/--until window; those outside it dropped."""
-    cut = spans.withColumns({"start_ns": clamp(F.col("start_ns"), since_ns, until_ns),
-                             "end_ns": clamp(F.col("end_ns"), since_ns, until_ns)})
-    return cut.where(F.col("end_ns") > F.col("start_ns")) if since_ns is not None or until_ns is not None else cut
+    if since_ns is None and until_ns is None:
+        return list(spans)
+    lo, hi = (since_ns if since_ns is not None else -2**63), (until_ns if until_ns is not None else 2**63 - 1)
+    cut = [replace(s, start_ns=min(max(s.start_ns, lo), hi), end_ns=min(max(s.end_ns, lo), hi)) for s in spans]
+    return [s for s in cut if s.end_ns > s.start_ns]
+
+
+def merged(spans: Sequence[RunSpan], gap_ns: int) -> list[Stretch]:
+    """Spans merged where they overlap or are at most `gap_ns` apart: one Stretch each, in time order, with its runs."""
+    out: list[Stretch] = []
+    for s in sorted(spans, key=lambda s: (s.start_ns, s.end_ns, s.run)):
+        if out and s.start_ns - out[-1].end_ns <= gap_ns:
+            last = out[-1]
+            out[-1] = Stretch(last.start_ns, max(last.end_ns, s.end_ns), tuple(sorted({*last.runs, s.run})))
+        else:
+            out.append(Stretch(s.start_ns, s.end_ns, (s.run,)))
+    return out
+
+
+def _in_stretch(ns: Column, stretches: Sequence[Stretch]) -> Column:
+    """The 1-based number of the stretch holding `ns`, null outside every one (stretches never overlap)."""
+    out = F.lit(None).cast("int")
+    for i, st in reversed(list(enumerate(stretches, 1))):
+        out = F.when((ns >= F.lit(st.start_ns)) & (ns <= F.lit(st.end_ns)), F.lit(i)).otherwise(out)
+    return out
+
+
+STRETCH_ROWS = (("stretch", "int"), ("start_ns", "bigint"), ("end_ns", "bigint"), ("gap_before_ns", "bigint"), ("proxy_runs", "int"))
 
 
 def recording_stretches(conns: DataFrame, bucket_s: int, since_ns: int | None = None,
-                        until_ns: int | None = None) -> DataFrame:
+                        until_ns: int | None = None, spans: Sequence[RunSpan] | None = None) -> DataFrame:
     """The stretches of time the recording covers, in order: start, end, length, the gap before each, the runs
     recording in it, and the connections opened and clients seen in it (inside the --since/--until window).
 
-    Gaps of at most `stretch_gap_s(bucket_s)` are bridged (a restart is no new session).
+    Gaps of at most `stretch_gap_s(bucket_s)` are bridged (a restart is no new session). `spans` are
+    `collect_spans(conns)` when the caller has them: the runs are merged on the driver, and the connections
+    are counted per stretch in one aggregation.
     """
-    s = merge_spans(_windowed(run_spans(conns), since_ns, until_ns), stretch_gap_s(bucket_s) * _NS)
-    order = Window.orderBy("start_ns")
-    s = s.withColumn("stretch", F.row_number().over(order)).withColumn(
-        "gap_before_ns", F.col("start_ns") - F.lag("end_ns").over(order))
-    opened = with_client(conns).select("opened_ns", "client_id", "client_host")
-    seen = opened.join(F.broadcast(s.select("stretch", "start_ns", "end_ns")),
-                       (F.col("opened_ns") >= F.col("start_ns")) & (F.col("opened_ns") <= F.col("end_ns"))
-                       ).groupBy("stretch").agg(F.count(F.lit(1)).alias("connections_opened"),
-                                                F.countDistinct("client_id", "client_host").alias("clients"))
+    st = merged(windowed(collect_spans(conns) if spans is None else spans, since_ns, until_ns), stretch_gap_s(bucket_s) * _NS)
+    rows = [(i, x.start_ns, x.end_ns, x.start_ns - st[i - 2].end_ns if i > 1 else None, len(x.runs))
+            for i, x in enumerate(st, 1)]
+    s = literal_rows(conns.sparkSession, STRETCH_ROWS, rows)
+    seen = with_client(conns).select(_in_stretch(F.col("opened_ns"), st).alias("stretch"), "client_id", "client_host").where(
+        F.col("stretch").isNotNull()).groupBy("stretch").agg(F.count(F.lit(1)).alias("connections_opened"),
+                                                             F.countDistinct("client_id", "client_host").alias("clients"))
     return s.join(seen, "stretch", "left").select(
         "stretch", ns_to_ts("start_ns").alias("start"), ns_to_ts("end_ns").alias("end"),
         F.round((F.col("end_ns") - F.col("start_ns")) / 1e9, 3).alias("duration_s"),
         F.round(F.col("gap_before_ns") / 1e9, 3).alias("gap_before_s"),
-        F.size("runs").alias("proxy_runs"), F.coalesce("connections_opened", F.lit(0)).alias("connections_opened"),
+        "proxy_runs", F.coalesce("connections_opened", F.lit(0)).alias("connections_opened"),
         F.coalesce("clients", F.lit(0)).alias("clients"), "start_ns", "end_ns",
     ).orderBy("stretch")
 
 
 def recorded_time(spans_of: DataFrame, keys: list[str], conns: DataFrame, since_ns: int | None = None,
-                  until_ns: int | None = None) -> DataFrame:
+                  until_ns: int | None = None, spans: Sequence[RunSpan] | None = None) -> DataFrame:
     """`spans_of` (one row per `keys`, with `first_ns`, `last_ns`) with `recorded_ns`: how much of first..last some
     proxy run was recording.
 
     Why: a rate over first..last counted the hours between two sessions of a reused recording
     directory, when no proxy recorded anything, as time the client was quiet. Runs that touch or
     overlap are one span (no gap is bridged here: time no run recorded is never the client's).
-    Under the window, first..last and the runs are cut to it.
+    Under the window, first..last and the runs are cut to it. The runs (`spans`, else `collect_spans(conns)`)
+    are a few rows: a literal array each row folds over, no join.
     """
-    runs = merge_spans(_windowed(run_spans(conns), since_ns, until_ns), 0).select(
-        F.col("start_ns").alias("_run_start"), F.col("end_ns").alias("_run_end"))
+    runs = merged(windowed(collect_spans(conns) if spans is None else spans, since_ns, until_ns), 0)
+    if not runs:
+        return spans_of.withColumn("recorded_ns", F.lit(None).cast("long"))
     lo, hi = clamp(F.col("first_ns"), since_ns, until_ns), clamp(F.col("last_ns"), since_ns, until_ns)
-    overlap = F.greatest(F.least(hi, F.col("_run_end")) - F.greatest(lo, F.col("_run_start")), F.lit(0))
-    recorded = spans_of.select(*keys, "first_ns", "last_ns").crossJoin(F.broadcast(runs)).groupBy(*keys).agg(
-        F.sum(overlap).alias("recorded_ns"))
-    return spans_of.join(recorded, keys, "left")
+    literal = F.array(*[F.struct(F.lit(r.start_ns).cast("long").alias("s"), F.lit(r.end_ns).cast("long").alias("e"))
+                        for r in runs])
+    return spans_of.withColumn("recorded_ns", F.aggregate(
+        literal, F.lit(0).cast("long"), lambda acc, r: acc + F.greatest(F.least(hi, r["e"]) - F.greatest(lo, r["s"]), F.lit(0))))
 
 
-def proxy_runs(runs: DataFrame, conns: DataFrame) -> DataFrame:
+def proxy_runs(runs: DataFrame, conns: DataFrame, spans: Sequence[RunSpan] | None = None) -> DataFrame:
     """Every proxy run, in order of its start: proxy id, run, start, clean stop (or NO_CLEAN_STOP), pid, version,
     the span it recorded, its connections and the gap since the run before it (any proxy's) ended.
 
     From the `runs/` rows where there are some; a run recorded before `runs/` existed is listed by its
-    connections alone (no start row: `started` null, placed by its first connection).
+    connections alone (no start row: `started` null, placed by its first connection). `spans` as in
+    `recording_stretches`.
     """
     marks = run_marks(runs)
-    counted = conns.groupBy("proxy_id", proxy_run().alias("run")).agg(F.count(F.lit(1)).alias("connections"))
-    spans = run_spans(conns).join(counted, "run")
-    b = marks.join(spans, ["proxy_id", "run"], "full")
+    seen = run_spans(conns) if spans is None else literal_rows(
+        conns.sparkSession, (("proxy_id", "string"), ("run", "string"), ("start_ns", "bigint"), ("end_ns", "bigint"),
+                             ("connections", "bigint")), [(x.proxy_id, x.run, x.start_ns, x.end_ns, x.connections) for x in spans])
+    b = marks.join(seen, ["proxy_id", "run"], "full")
     start = F.coalesce("started_ns", "start_ns")
     end = F.coalesce("stopped_ns", "end_ns", "started_ns")
     order = Window.orderBy(start.asc_nulls_last(), "run")

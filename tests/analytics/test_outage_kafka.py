@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from kafka import KafkaProducer
 
-from analytics.job import run_analysis
+from analytics.job import run_analysis, summary
 from harness.kafka import LocalKafka, free_port
 from proxy.running import RunningProxy
 from recording.reader import read_recording
@@ -88,6 +88,11 @@ def test_a_broker_restart_is_one_outage_not_a_storm_nor_a_surge(outage_broker, s
     assert not res.by_id("reconnect_storm") and not res.by_id("connection_surge"), [f.title for f in res.findings]
     causes = {r["inferred_cause"] for r in res.tables["broker_closes"]}
     assert len(causes) == 1 and next(iter(causes)).startswith("broker went away: it refused new connections from "), causes
+    facts = {r["conn_id"]: r["inferred_cause"] for r in res.tables["connection_facts"]}  # the pages of referenced connections
+    shown = [facts[r["conn_id"]] for r in closed if r["conn_id"] in facts]
+    assert shown and shown == [next(iter(causes))] * len(shown), (shown, causes)
+    assert f"({len(refused):,} of them connects the broker refused or never answered" in summary(res)
+    assert 0 < sum(r["connections"] for r in res.tables["connection_lifetimes"]) <= res.overview["connections"] - len(refused)
     recon = res.tables["reconnects_by_client"]
     ids = {r["client_id"] for r in recon}
     assert "(none)" not in ids and {f"outage-{n}" for n in range(3)} <= ids, ids  # no failed connect is a client's

@@ -3,12 +3,15 @@ with that cause, and no reconnect storm or connection surge made of the connects
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from analytics.findings.outages import broker_unreachable
 from analytics.findings.resets import reconnect_storm
 from analytics.findings.surge import connection_surge
-from analytics.job import empty_table
+from analytics.job import empty_table, summary
+from analytics.result import AnalysisResult
 from analytics.transforms import connections, outages
 from analytics.transforms.common import prepare_requests
 from analytics.transforms.cube import latency_cube
@@ -63,6 +66,7 @@ def test_failed_connects_are_no_reconnects_nor_concurrency(make_df) -> None:
     r = prepare_requests(make_df("requests", [req("a1b2c3-0", k, t_s=k * 60 + 5, broker=B) for k in range(8)]))
     series = [x.asDict() for x in connections.connections_over_time(cs, traffic_over_time(r, 60), 60, latency_cube(r, 60)).collect()]
     assert max(x["concurrent"] for x in series) == 6 and sum(x["opens"] for x in series) == 10
+    assert sum(x.connections for x in connections.connection_lifetimes(cs).collect()) == 10  # no 880 "< 1 s" lifetimes
     assert connection_surge({"connections_over_time": series}) == []
 
 
@@ -99,3 +103,11 @@ def test_without_unreachable_connects_the_job_makes_the_empty_table_and_changes_
     rollup = request_rollup(prepare_requests(make_df("requests", [req("a1b2c3-1", 1, broker=B)])))
     assert overview(rollup, cs).collect()[0]["unreachable_connects"] == 0
     assert overview(rollup, make_df("connections", outage_rows())).collect()[0]["unreachable_connects"] == 880
+
+
+def test_the_summary_says_how_many_connects_never_reached_the_broker() -> None:
+    ov = {"connections": 890, "request_connections": 10, "unreachable_connects": 880}
+    line = summary(AnalysisResult(Path("out"), [], ov, {}, 60, Path("r.html"), Path("f.json"), {})).splitlines()[0]
+    assert "890 connections (880 of them connects the broker refused or never answered: see Broker outages)" in line
+    assert "refused" not in summary(AnalysisResult(Path("out"), [], {"connections": 10}, {}, 60, Path("r.html"),
+                                                   Path("f.json"), {})).splitlines()[0]

@@ -19,7 +19,9 @@ from analytics.result import AnalysisResult
 from analytics.synthetic import write_rows
 from analytics.transforms import connections
 from analytics.transforms.runs import marks_of, settle_unrecorded_ends
-from analytics.transforms.stretches import NO_CLEAN_STOP, NO_RUN_ROWS, proxy_runs, recording_stretches
+from analytics.transforms.common import literal_rows
+from analytics.transforms.stretches import (NO_CLEAN_STOP, NO_RUN_ROWS, RunSpan, collect_spans, merged, proxy_runs,
+                                            recording_stretches, windowed)
 from analytics_rows import S, T0, conn, req
 
 pytestmark = pytest.mark.spark
@@ -63,6 +65,11 @@ def test_the_runs_and_stretches_tables(make_df) -> None:
     stretches = [r.asDict() for r in recording_stretches(conns, 60).collect()]
     assert [(r["stretch"], r["duration_s"], r["gap_before_s"], r["connections_opened"], r["clients"]) for r in stretches] == [
         (1, 200.0, None, 30, 1), (2, 55.0, LATER_S - 200.0, 10, 1)]
+    # the job collects the spans once and hands them to the three tables: the same rows
+    spans = collect_spans(conns)
+    assert [r.asDict() for r in recording_stretches(conns, 60, spans=spans).collect()] == stretches
+    assert [r.asDict() for r in proxy_runs(make_df("runs", marks), conns, spans).collect()] == runs
+    assert (connections.reconnects_by_client(conns, spans=spans).collect() == connections.reconnects_by_client(conns).collect())
 
 
 def test_a_recording_without_runs_rows_is_placed_by_its_connections(make_df) -> None:
@@ -107,3 +114,27 @@ def test_an_analysis_of_a_reused_directory(spark, tmp_path: Path) -> None:
     assert len(res.by_id("separate_stretches")) == 1
     assert res.tables["reconnects_by_client"][0]["reconnects_per_min"] > 5
     assert "separate stretches" in summary(res) and 'id="stretches-notice"' in res.report_path.read_text()
+
+
+def span(run: str, start_s: float, end_s: float) -> RunSpan:
+    return RunSpan("p1", f"p1/{run}", T0 + int(start_s * S), T0 + int(end_s * S), 1)
+
+
+def test_spans_merge_across_gaps_up_to_the_bridge_and_are_cut_to_the_window() -> None:
+    spans = [span("c", 1000, 1100), span("a", 0, 100), span("b", 50, 200)]
+    assert [(x.start_ns, x.end_ns, x.runs) for x in merged(spans, 0)] == [
+        (T0, T0 + 200 * S, ("p1/a", "p1/b")), (T0 + 1000 * S, T0 + 1100 * S, ("p1/c",))]
+    assert len(merged(spans, 800 * S)) == 1 and len(merged(spans, 799 * S)) == 2  # a gap of exactly the bridge is bridged
+    cut = windowed(spans, T0 + 150 * S, T0 + 1050 * S)
+    assert sorted((x.run, x.start_ns - T0, x.end_ns - T0) for x in cut) == [
+        ("p1/b", 150 * S, 200 * S), ("p1/c", 1000 * S, 1050 * S)]  # run a ended before the window: dropped
+    assert windowed(spans, None, None) == spans
+
+
+def test_literal_rows_are_typed_rows_without_a_job_of_their_own(spark) -> None:
+    cols = (("n", "int"), ("at", "timestamp"), ("names", "array<string>"), ("x", "bigint"))
+    df = literal_rows(spark, cols, [(1, None, ["a"], 2**40), (2, None, [], None)])
+    assert [f.dataType.simpleString() for f in df.schema.fields] == ["int", "timestamp", "array<string>", "bigint"]
+    assert [tuple(r) for r in df.collect()] == [(1, None, ["a"], 2**40), (2, None, [], None)]
+    assert literal_rows(spark, cols, []).count() == 0
+    assert "LogicalRDD" not in df._jdf.queryExecution().optimizedPlan().toString()
