@@ -18,8 +18,9 @@ list (with `basePath`, so the Hive partition columns still come out).
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, SparkSession, Window
@@ -28,7 +29,7 @@ from pyspark.sql import types as T
 
 from analytics.spark_schema import conform, spark_schema, spark_type, timestamps_as_epoch_ns
 from analytics.transforms.common import host, literal_rows, union_all
-from analytics.transforms.runs import RunMark, marks_of, settle_unrecorded_ends
+from analytics.transforms.runs import RunMark, last_signs, marks_of, settle_unrecorded_ends, unstopped_runs
 from analytics.transforms.topics import name_connection_topics, name_topic_ids, topic_pairs
 from analytics.transforms.window import seen_in_window, taken_inside
 from recording import schema as rec
@@ -95,7 +96,7 @@ def time_window(since: object, until: object, dirs: Iterable[object]) -> tuple[i
 def _empty(spark: SparkSession, dataset: str) -> DataFrame:
     """A dataset without files: no rows, its columns (a literal relation: `createDataFrame` would make an RDD that
     every query over it runs a job for)."""
-    columns = [(f.name, f.dataType.simpleString()) for f in spark_schema(dataset).fields]
+    columns = [(f.name, f.dataType) for f in spark_schema(dataset).fields]
     return timestamps_as_epoch_ns(literal_rows(spark, columns, []), dataset)
 
 
@@ -155,6 +156,21 @@ def _partition_filter(filters: Filters, upper: bool) -> Column | None:
         c = key <= F.lit(_hour_key(filters.until_ns))
         cond = c if cond is None else cond & c
     return cond
+
+
+def one_row_per_connection(rows: DataFrame, run_rows: Iterable[Mapping[str, Any]]) -> DataFrame:
+    """The connection rows of a recording as the tables read them: one per connection (`dedupe_connections`), those
+    whose run is over but whose end was never written ended (`runs.settle_unrecorded_ends`), from the `runs/` rows
+    of every directory read (a run may start in one and stop in another)."""
+    marks = marks_of(run_rows)  # a few per proxy process: looked up on the driver
+    return settle_unrecorded_ends(dedupe_connections(rows), marks, run_last_seen(rows, marks))
+
+
+def run_last_seen(conns: DataFrame, marks: Sequence[RunMark]) -> dict[str, int]:
+    """The last sign of life of every run that started and did not stop cleanly (`runs.last_signs`), on the driver:
+    one small job over five columns of the connection rows, only when there is such a run (killed, or live)."""
+    unstopped = unstopped_runs(marks)
+    return {r["run"]: r["last_ns"] for r in last_signs(conns, unstopped).collect()} if unstopped else {}
 
 
 def dedupe_connections(conns: DataFrame) -> DataFrame:
@@ -232,7 +248,7 @@ def load(spark: SparkSession, dirs: Sequence[str], filters: Filters | None = Non
     frames: dict[str, list[DataFrame]] = {d: [] for d in (*DATASETS_READ, "runs")}
     versions: dict[str, int] = {}
     pairs: dict[str, str] = {}
-    marks: list[RunMark] = []  # a few rows per proxy process: settling the connections' ends looks them up on the driver
+    run_rows: list[dict] = []  # runs/: a few rows per proxy process, of every directory (a run may start in one, stop in another)
     for directory in dirs:
         # every pair the proxies learned, at any time (no time filter): ids are named late (transforms.topics)
         learned, _, has_pairs = read_dataset(spark, directory, "topics")
@@ -242,7 +258,7 @@ def load(spark: SparkSession, dirs: Sequence[str], filters: Filters | None = Non
         runs_df, _, has_runs = read_dataset(spark, directory, "runs")
         frames["runs"].append(runs_df)
         if has_runs:
-            marks += marks_of(r.asDict() for r in runs_df.select("proxy_id", "run", "event", "ts_ns").collect())
+            run_rows += [r.asDict() for r in runs_df.select("proxy_id", "run", "event", "ts_ns").collect()]
         found = False
         for ds in DATASETS_READ:
             pf = _partition_filter(filters, upper=(ds == "requests"))
@@ -259,8 +275,7 @@ def load(spark: SparkSession, dirs: Sequence[str], filters: Filters | None = Non
     runs = union_all(frames["runs"])
     recording = Recording(
         requests=name_topic_ids(union_all(frames["requests"]), pairs),
-        connections=name_connection_topics(settle_unrecorded_ends(dedupe_connections(union_all(frames["connections"])),
-                                                                  marks), pairs),
+        connections=name_connection_topics(one_row_per_connection(union_all(frames["connections"]), run_rows), pairs),
         tcp=union_all(frames["tcp"]),
         dirs=tuple(dirs),
         versions=versions,

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from protocol.error_kinds import ERROR, PROTOCOL_STEP, PROTOCOL_STEPS, RETRIABLE, RETRIABLE_ERRORS
 from recording.request_terms import FETCH_APIS, LONG_POLL_FRACTION, LONG_POLL_LABEL  # noqa: F401 — shared with the writer's rollups
@@ -27,16 +28,18 @@ SHARE_APIS = ("ShareGroupHeartbeat", "ShareFetch", "ShareAcknowledge")
 STREAMS_APIS = ("StreamsGroupHeartbeat",)
 
 
-def literal_rows(spark: SparkSession, columns: Sequence[tuple[str, str]], rows: Sequence[Sequence[object]]) -> DataFrame:
+def literal_rows(spark: SparkSession, columns: Sequence[tuple[str, str | T.DataType]],
+                 rows: Sequence[Sequence[object]]) -> DataFrame:
     """A few rows the driver holds (run spans, stretches) as a DataFrame of `columns` ((name, Spark type) pairs).
 
     Why not `createDataFrame`: from Python rows it makes an RDD, and every query over it runs a job that
     pickles them across (~0.5 s of a small analysis each). A literal array of structs, exploded on a
     one-row range, is planned and evaluated in the driver's one task like any other expression.
     """
-    element = "struct<" + ",".join(f"`{name}`:{kind}" for name, kind in columns) + ">"
-    values = F.array(*[F.struct(*[F.lit(v).cast(kind).alias(name) for (name, kind), v in zip(columns, row)]) for row in rows])
-    return spark.range(0, 1, 1, 1).select(F.inline(values.cast(f"array<{element}>")))
+    types = [(name, kind if isinstance(kind, T.DataType) else T.DataType.fromDDL(kind)) for name, kind in columns]
+    element = T.StructType([T.StructField(name, kind, True) for name, kind in types])
+    values = F.array(*[F.struct(*[F.lit(v).cast(kind).alias(name) for (name, kind), v in zip(types, row)]) for row in rows])
+    return spark.range(0, 1, 1, 1).select(F.inline(values.cast(T.ArrayType(element, True))))
 
 
 def host(col: Column) -> Column:

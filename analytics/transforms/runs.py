@@ -11,7 +11,9 @@ end was handed to the recorder. Two questions only these rows answer:
   writes no end for its open connections, and without this they stayed open in every table for
   ever. Such a connection is ended, `end_not_recorded` by `unknown`, at the run's last sign of
   life in the recording (the latest snapshot or end of any of its connections: the proxy snapshots
-  open connections every `--tcp-info-interval`), or at its clean stop.
+  open connections every `--tcp-info-interval`), or at its clean stop. (A run recorded before
+  `runs/` existed has no start row: a later start of its proxy id after a connection's open proves
+  that connection over, at its own last sign of life.)
 * Where did a run start recording? At its start row, not at its first connection: a worker that
   stays idle for an hour records its first connection an hour after the proxy started, and that
   connection is no run taking over connections (`connection_surge`).
@@ -27,7 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from analytics.transforms.common import ns_to_ts
@@ -87,8 +89,8 @@ def marks_of(rows: Iterable[Mapping[str, Any]]) -> list[RunMark]:
     """The runs of `runs/` rows (proxy_id, run, event, ts_ns in epoch ns): the first start and first stop of each."""
     first: dict[tuple[str, str], dict[str, int]] = {}
     for r in rows:
-        if r["ts_ns"] is None or r["event"] not in ("start", "stop"):
-            continue
+        if r["ts_ns"] is None or r["event"] not in ("start", "stop") or r["proxy_id"] is None or r["run"] is None:
+            continue  # not a row the proxy writes: nothing it could prove
         seen = first.setdefault((r["proxy_id"], r["run"]), {})
         seen[r["event"]] = min(seen.get(r["event"], r["ts_ns"]), r["ts_ns"])
     return [RunMark(p, run, e.get("start"), e.get("stop")) for (p, run), e in sorted(first.items())]
@@ -114,7 +116,23 @@ def _next_start_after(marks: Sequence[RunMark], proxy: Column, after: Column) ->
     return F.array_min(F.filter(F.element_at(by_proxy, proxy), lambda t: t > after))
 
 
-def settle_unrecorded_ends(conns: DataFrame, marks: Sequence[RunMark]) -> DataFrame:
+def unstopped_runs(marks: Sequence[RunMark]) -> list[str]:
+    """The runs (proxy_id/run) with a start row and no clean stop: killed, or still recording. Their last sign of
+    life is their end, and only the connections know it (`last_signs`)."""
+    return sorted({m.key for m in marks if m.started_ns is not None and m.stopped_ns is None})
+
+
+def last_signs(conns: DataFrame, runs: Sequence[str]) -> DataFrame:
+    """Per run of `runs` (`run`, proxy_id/run), its last sign of life among the connection rows (`last_ns`).
+
+    Any rows will do, snapshots included: a connection's latest row is its latest time, so the rows need not
+    be de-duplicated first, and the aggregation reads five columns.
+    """
+    run = proxy_run()
+    return conns.where(run.isin(list(runs))).groupBy(run.alias("run")).agg(F.max(last_sign_of_life()).alias("last_ns"))
+
+
+def settle_unrecorded_ends(conns: DataFrame, marks: Sequence[RunMark], last_seen: Mapping[str, int]) -> DataFrame:
     """The connections (one row each) with every one whose run is over but whose end is not recorded ended.
 
     Such a connection gets `end_reason` END_NOT_RECORDED, `end_by` "unknown", the plain cause
@@ -126,9 +144,9 @@ def settle_unrecorded_ends(conns: DataFrame, marks: Sequence[RunMark]) -> DataFr
     A run is proved over by its clean stop, or by a later start row of its proxy id (after its own start;
     for a run without a start row, recorded before `runs/` existed, after the connection's open, and it
     ends at the connection's own last sign of life). The runs are a few rows per process, `marks` on the
-    driver: every lookup is a literal map, so settling is a projection of the connections. Only when some
-    started run has no clean stop (killed, or still recording) does its last sign of life need one
-    aggregation over its connections, a window partitioned by run; without `runs/` rows nothing changes.
+    driver, and so is `last_seen`: the last sign of life of each of `unstopped_runs(marks)` (`last_signs`,
+    which the loader collects only when there are such runs). Every lookup is a literal map, so settling
+    is a projection of the connections; without `runs/` rows nothing changes.
     """
     if not marks:  # a recording made before runs/ existed: no run is known to be over, and none has a start row
         return conns.withColumns({RUN_STARTED: F.lit(None).cast("long"), RUN_LAST: F.lit(None).cast("long")})
@@ -137,10 +155,7 @@ def settle_unrecorded_ends(conns: DataFrame, marks: Sequence[RunMark]) -> DataFr
     stopped = F.element_at(_literal_map({m.key: m.stopped_ns for m in marks if m.stopped_ns is not None}), run)
     c = conns.withColumns({"_started": started, "_stopped": stopped})
     c = c.withColumn("_next", _next_start_after(marks, F.col("proxy_id"), F.coalesce("_started", "opened_ns")))
-    if any(m.started_ns is not None and m.stopped_ns is None for m in marks):  # a killed or live run: its last sign of life
-        c = c.withColumn("_last", F.max(last_sign_of_life()).over(Window.partitionBy("proxy_id", run)))
-    else:  # every started run stopped cleanly: its stop is its last time
-        c = c.withColumn("_last", F.lit(None).cast("long"))
+    c = c.withColumn("_last", F.element_at(_literal_map(last_seen), run))  # a killed or live run's last sign of life
     run_last = F.when(F.col("_started").isNotNull(), F.coalesce("_stopped", "_last"))
     over = F.coalesce(F.col("_stopped"), F.col("_next")).isNotNull()
     settle = ~F.coalesce(F.col("final"), F.lit(False)) & F.col("closed_ns").isNull() & over

@@ -148,7 +148,8 @@ def recorded_time(spans_of: DataFrame, keys: list[str], conns: DataFrame, since_
     directory, when no proxy recorded anything, as time the client was quiet. Runs that touch or
     overlap are one span (no gap is bridged here: time no run recorded is never the client's).
     Under the window, first..last and the runs are cut to it. The runs (`spans`, else `collect_spans(conns)`)
-    are a few rows: a literal array each row folds over, no join.
+    are a few rows: a literal array each row folds over, no join. They are spans of all the connections,
+    failed connects included: a run that only saw connects fail (a broker down) was recording all the same.
     """
     runs = merged(windowed(collect_spans(conns) if spans is None else spans, since_ns, until_ns), 0)
     if not runs:

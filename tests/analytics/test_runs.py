@@ -7,11 +7,12 @@ from typing import Any
 import pytest
 
 from analytics.findings.surge import connection_surge
+from analytics.load import one_row_per_connection
 from analytics.transforms import connections
 from analytics.transforms.cube import latency_cube
 from analytics.transforms.common import prepare_requests
 from analytics.transforms.rollups import traffic_over_time
-from analytics.transforms.runs import END_NOT_RECORDED, NOT_RECORDED_CAUSE, marks_of, settle_unrecorded_ends
+from analytics.transforms.runs import END_NOT_RECORDED, NOT_RECORDED_CAUSE, marks_of
 from analytics_rows import S, T0, conn, req
 
 pytestmark = pytest.mark.spark
@@ -23,14 +24,14 @@ def mark(run: str, event: str, t_s: float, proxy_id: str = "p1") -> dict[str, An
 
 
 def settled(make_df, cs: list[dict], marks: list[dict]) -> dict[str, dict]:
-    rows = settle_unrecorded_ends(make_df("connections", cs), marks_of(marks)).collect()
+    rows = one_row_per_connection(make_df("connections", cs), marks).collect()
     return {r.conn_id: r.asDict() for r in rows}
 
 
 def over_time(make_df, cs: list[dict], rs: list[dict], marks: list[dict]) -> list[dict]:
     """`connections_over_time` (60 s buckets) of these rows, the connections settled as `analytics.load` does."""
     r = prepare_requests(make_df("requests", rs))
-    c = settle_unrecorded_ends(make_df("connections", cs), marks_of(marks))
+    c = one_row_per_connection(make_df("connections", cs), marks)
     return [x.asDict() for x in connections.connections_over_time(c, traffic_over_time(r, 60), 60, latency_cube(r, 60)).collect()]
 
 
@@ -53,7 +54,7 @@ def test_a_killed_runs_open_connections_end_unrecorded_once_a_later_run_started(
     for still in ("0a0b0c-1", "c0c0c0-1", "d0d0d0-1", "e0e0e0-1"):
         assert (got[still]["end_reason"], got[still]["closed_ns"]) == ("open", None), still
     ends = {(r.end_reason, r.end_by): r.connections for r in connections.connection_ends(
-        settle_unrecorded_ends(make_df("connections", cs), marks_of(marks))).collect()}
+        one_row_per_connection(make_df("connections", cs), marks)).collect()}
     assert ends[(END_NOT_RECORDED, "unknown")] == 3 and ends[("open", "none")] == 4
 
 
@@ -78,6 +79,21 @@ def test_a_run_from_before_start_rows_ends_at_its_own_last_sign_once_its_proxy_r
     assert "killed" in got["d0d0d0-1"]["end_detail"] and got["d0d0d0-1"]["run_started_ns"] is None
     assert (got["d0d0d0-3"]["end_reason"], got["d0d0d0-3"]["closed_ns"]) == ("open", None)
     assert (got["0a0b0c-1"]["run_started_ns"], got["0a0b0c-1"]["run_last_ns"]) == (T0 + 300 * S, T0 + 500 * S)
+
+
+def test_a_run_with_only_its_stop_row_ends_what_it_did_not_record_at_its_stop(make_df) -> None:
+    """Its start row is in a file retention or a crash removed: the stop still proves it over, and it has no start."""
+    got = settled(make_df, [conn("a1b2c3-1", 10, None, snapshot_ns=T0 + 150 * S)], [mark("a1b2c3", "stop", 200)])
+    c = got["a1b2c3-1"]
+    assert (c["end_reason"], c["closed_ns"], c["run_started_ns"], c["run_last_ns"]) == (END_NOT_RECORDED, T0 + 200 * S, None, None)
+
+
+def test_a_runs_rows_from_several_directories_make_one_run() -> None:
+    """`kafkatap analyze A B` of one proxy's recording split in two: its start in one, its stop in the other."""
+    first, second = [mark("a1b2c3", "start", 0)], [mark("a1b2c3", "stop", 200), mark("a1b2c3", "start", 5)]
+    broken = {"proxy_id": None, "run": "ffffff", "event": "start", "ts_ns": T0, "pid": 1, "version": "x"}
+    (m,) = marks_of(first + second + [broken])
+    assert (m.key, m.started_ns, m.stopped_ns) == ("p1/a1b2c3", T0, T0 + 200 * S)
 
 
 def test_without_runs_rows_nothing_is_settled(make_df) -> None:

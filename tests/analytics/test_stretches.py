@@ -17,8 +17,8 @@ from analytics.job import run_analysis, summary
 from analytics.report.html import render
 from analytics.result import AnalysisResult
 from analytics.synthetic import write_rows
+from analytics.load import one_row_per_connection
 from analytics.transforms import connections
-from analytics.transforms.runs import marks_of, settle_unrecorded_ends
 from analytics.transforms.common import literal_rows
 from analytics.transforms.stretches import (NO_CLEAN_STOP, NO_RUN_ROWS, RunSpan, collect_spans, merged, proxy_runs,
                                             recording_stretches, windowed)
@@ -45,7 +45,7 @@ def two_sessions() -> tuple[list[dict], list[dict]]:
 
 def test_the_reconnect_rate_is_over_the_recorded_time_not_the_gap(make_df) -> None:
     cs, marks = two_sessions()
-    conns = settle_unrecorded_ends(make_df("connections", cs), marks_of(marks))
+    conns = one_row_per_connection(make_df("connections", cs), marks)
     row = connections.reconnects_by_client(conns).collect()[0].asDict()
     recorded_min = (200 + (6 * 9 + 1)) / 60  # run a1a1a1 from its start to its stop, app-1's last minute in b2b2b2
     assert row["reconnects"] >= 35
@@ -56,7 +56,7 @@ def test_the_reconnect_rate_is_over_the_recorded_time_not_the_gap(make_df) -> No
 
 def test_the_runs_and_stretches_tables(make_df) -> None:
     cs, marks = two_sessions()
-    conns = settle_unrecorded_ends(make_df("connections", cs), marks_of(marks))
+    conns = one_row_per_connection(make_df("connections", cs), marks)
     runs = [r.asDict() for r in proxy_runs(make_df("runs", marks), conns).collect()]
     assert [(r["run"], r["pid"], r["version"], r["connections"]) for r in runs] == [
         ("a1a1a1", 100, "9.9", 30), ("b2b2b2", 200, "9.9", 10)]
@@ -88,7 +88,7 @@ def test_a_restart_minutes_later_is_one_stretch(make_df) -> None:
 
 def test_the_notice_leads_the_findings_summary_and_report(make_df) -> None:
     cs, marks = two_sessions()
-    conns = settle_unrecorded_ends(make_df("connections", cs), marks_of(marks))
+    conns = one_row_per_connection(make_df("connections", cs), marks)
     tables = {"recording_stretches": [r.asDict() for r in recording_stretches(conns, 60).collect()]}
     found = [f for f in run_rules(tables) if f.id == "separate_stretches"]
     assert len(found) == 1 and found[0].severity == "warning"
@@ -129,6 +129,8 @@ def test_spans_merge_across_gaps_up_to_the_bridge_and_are_cut_to_the_window() ->
     assert sorted((x.run, x.start_ns - T0, x.end_ns - T0) for x in cut) == [
         ("p1/b", 150 * S, 200 * S), ("p1/c", 1000 * S, 1050 * S)]  # run a ended before the window: dropped
     assert windowed(spans, None, None) == spans
+    assert [(x.run, x.start_ns - T0) for x in windowed(spans, T0 + 150 * S, None)] == [("p1/c", 1000 * S), ("p1/b", 150 * S)]
+    assert [x.run for x in windowed(spans, None, T0 + 60 * S)] == ["p1/a", "p1/b"]
 
 
 def test_literal_rows_are_typed_rows_without_a_job_of_their_own(spark) -> None:
