@@ -248,7 +248,7 @@ def load(spark: SparkSession, dirs: Sequence[str], filters: Filters | None = Non
     frames: dict[str, list[DataFrame]] = {d: [] for d in (*DATASETS_READ, "runs")}
     versions: dict[str, int] = {}
     pairs: dict[str, str] = {}
-    run_rows: list[dict] = []  # runs/: a few rows per proxy process, of every directory (a run may start in one, stop in another)
+    any_runs = False
     for directory in dirs:
         # every pair the proxies learned, at any time (no time filter): ids are named late (transforms.topics)
         learned, _, has_pairs = read_dataset(spark, directory, "topics")
@@ -257,8 +257,7 @@ def load(spark: SparkSession, dirs: Sequence[str], filters: Filters | None = Non
         # every run's start and clean stop, at any time (no time filter): a run that began before --since still began
         runs_df, _, has_runs = read_dataset(spark, directory, "runs")
         frames["runs"].append(runs_df)
-        if has_runs:
-            run_rows += [r.asDict() for r in runs_df.select("proxy_id", "run", "event", "ts_ns").collect()]
+        any_runs = any_runs or has_runs
         found = False
         for ds in DATASETS_READ:
             pf = _partition_filter(filters, upper=(ds == "requests"))
@@ -273,6 +272,8 @@ def load(spark: SparkSession, dirs: Sequence[str], filters: Filters | None = Non
             )
 
     runs = union_all(frames["runs"])
+    # a few rows per proxy process, of every directory at once (a run may start in one and stop in another): one small job
+    run_rows = [r.asDict() for r in runs.select("proxy_id", "run", "event", "ts_ns").collect()] if any_runs else []
     recording = Recording(
         requests=name_topic_ids(union_all(frames["requests"]), pairs),
         connections=name_connection_topics(one_row_per_connection(union_all(frames["connections"]), run_rows), pairs),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -26,6 +26,14 @@ GROUP_APIS = ("JoinGroup", "SyncGroup", "Heartbeat", "LeaveGroup")  # the classi
 KIP848_APIS = ("ConsumerGroupHeartbeat",)
 SHARE_APIS = ("ShareGroupHeartbeat", "ShareFetch", "ShareAcknowledge")
 STREAMS_APIS = ("StreamsGroupHeartbeat",)
+
+
+def literal_map(pairs: Mapping[str, object], value_type: str) -> Column:
+    """A small driver-side dict (topic names, run times) as one literal map column of `value_type` values; null for
+    an empty one, so a lookup in it gives null either way."""
+    if not pairs:
+        return F.lit(None).cast(f"map<string,{value_type}>")
+    return F.create_map(*[x for k, v in sorted(pairs.items()) for x in (F.lit(k), F.lit(v).cast(value_type))])
 
 
 def literal_rows(spark: SparkSession, columns: Sequence[tuple[str, str | T.DataType]],

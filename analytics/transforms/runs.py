@@ -32,7 +32,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from analytics.transforms.common import ns_to_ts
+from analytics.transforms.common import literal_map, ns_to_ts
 
 # the proxy names its connections `<run>-<n>` (recording.schema: conn_id), the run new at each start of a proxy or worker
 RUN_OF_CONN_ID = r"^([0-9a-f]{6})-[0-9]+$"
@@ -96,13 +96,6 @@ def marks_of(rows: Iterable[Mapping[str, Any]]) -> list[RunMark]:
     return [RunMark(p, run, e.get("start"), e.get("stop")) for (p, run), e in sorted(first.items())]
 
 
-def _literal_map(pairs: Mapping[str, Any]) -> Column:
-    """A small dict as one literal map column (null for an empty one: a lookup in it gives null)."""
-    if not pairs:
-        return F.lit(None).cast("map<string,bigint>")
-    return F.create_map(*[x for k, v in sorted(pairs.items()) for x in (F.lit(k), F.lit(v).cast("long"))])
-
-
 def _next_start_after(marks: Sequence[RunMark], proxy: Column, after: Column) -> Column:
     """The first start row of `proxy` later than `after`: the run that proves an earlier one over."""
     starts: dict[str, list[int]] = {}
@@ -151,11 +144,11 @@ def settle_unrecorded_ends(conns: DataFrame, marks: Sequence[RunMark], last_seen
     if not marks:  # a recording made before runs/ existed: no run is known to be over, and none has a start row
         return conns.withColumns({RUN_STARTED: F.lit(None).cast("long"), RUN_LAST: F.lit(None).cast("long")})
     run = proxy_run()
-    started = F.element_at(_literal_map({m.key: m.started_ns for m in marks if m.started_ns is not None}), run)
-    stopped = F.element_at(_literal_map({m.key: m.stopped_ns for m in marks if m.stopped_ns is not None}), run)
+    started = F.element_at(literal_map({m.key: m.started_ns for m in marks if m.started_ns is not None}, "bigint"), run)
+    stopped = F.element_at(literal_map({m.key: m.stopped_ns for m in marks if m.stopped_ns is not None}, "bigint"), run)
     c = conns.withColumns({"_started": started, "_stopped": stopped})
     c = c.withColumn("_next", _next_start_after(marks, F.col("proxy_id"), F.coalesce("_started", "opened_ns")))
-    c = c.withColumn("_last", F.element_at(_literal_map(last_seen), run))  # a killed or live run's last sign of life
+    c = c.withColumn("_last", F.element_at(literal_map(last_seen, "bigint"), run))  # a killed or live run's last sign of life
     run_last = F.when(F.col("_started").isNotNull(), F.coalesce("_stopped", "_last"))
     over = F.coalesce(F.col("_stopped"), F.col("_next")).isNotNull()
     settle = ~F.coalesce(F.col("final"), F.lit(False)) & F.col("closed_ns").isNull() & over

@@ -111,6 +111,7 @@ def _in_stretch(ns: Column, stretches: Sequence[Stretch]) -> Column:
     return out
 
 
+SPAN_ROWS = (("proxy_id", "string"), ("run", "string"), ("start_ns", "bigint"), ("end_ns", "bigint"), ("connections", "bigint"))
 STRETCH_ROWS = (("stretch", "int"), ("start_ns", "bigint"), ("end_ns", "bigint"), ("gap_before_ns", "bigint"), ("proxy_runs", "int"))
 
 
@@ -170,9 +171,8 @@ def proxy_runs(runs: DataFrame, conns: DataFrame, spans: Sequence[RunSpan] | Non
     `recording_stretches`.
     """
     marks = run_marks(runs)
-    seen = run_spans(conns) if spans is None else literal_rows(
-        conns.sparkSession, (("proxy_id", "string"), ("run", "string"), ("start_ns", "bigint"), ("end_ns", "bigint"),
-                             ("connections", "bigint")), [(x.proxy_id, x.run, x.start_ns, x.end_ns, x.connections) for x in spans])
+    seen = literal_rows(conns.sparkSession, SPAN_ROWS, [(x.proxy_id, x.run, x.start_ns, x.end_ns, x.connections)
+                                                        for x in (collect_spans(conns) if spans is None else spans)])
     b = marks.join(seen, ["proxy_id", "run"], "full")
     start = F.coalesce("started_ns", "start_ns")
     end = F.coalesce("stopped_ns", "end_ns", "started_ns")

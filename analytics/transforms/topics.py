@@ -17,17 +17,14 @@ from collections.abc import Mapping
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
+from analytics.transforms.common import literal_map  # the id → name dict: hundreds of topics, not millions
+
 
 def topic_pairs(topics: DataFrame) -> DataFrame:
     """One (topic_id, name) per id: the name learned last wins (a topic id is never reused, a name may be)."""
     w = Window.partitionBy("topic_id").orderBy(F.col("first_seen_ns").desc_nulls_last())
     return (topics.where(F.col("topic_id").isNotNull() & F.col("name").isNotNull())
             .withColumn("_rn", F.row_number().over(w)).where("_rn = 1").select("topic_id", "name"))
-
-
-def _lookup(pairs: Mapping[str, str]) -> Column:
-    """The id → name dict as one literal map column (a recording names hundreds of topics, not millions)."""
-    return F.create_map(*[F.lit(x) for kv in sorted(pairs.items()) for x in kv])
 
 
 def _named(col: Column, lookup: Column) -> Column:
@@ -42,7 +39,7 @@ def name_topic_ids(requests: DataFrame, pairs: Mapping[str, str]) -> DataFrame:
     """
     if not pairs:
         return requests
-    lookup = _lookup(pairs)
+    lookup = literal_map(pairs, "string")
     has_ids = F.coalesce(F.size("topic_ids"), F.lit(0)) > 0
     errors = F.transform("errors", lambda e: e.withField("topic", F.coalesce(F.element_at(lookup, e["topic"]),
                                                                            e["topic"])))
@@ -52,11 +49,11 @@ def name_topic_ids(requests: DataFrame, pairs: Mapping[str, str]) -> DataFrame:
 
 def name_topic(col: Column, pairs: Mapping[str, str]) -> Column:
     """One topic column (a string, not a list) with a known id replaced by its name: the stored latency cells' topics."""
-    return F.coalesce(F.element_at(_lookup(pairs), col), col) if pairs else col
+    return F.coalesce(F.element_at(literal_map(pairs, "string"), col), col) if pairs else col
 
 
 def name_connection_topics(conns: DataFrame, pairs: Mapping[str, str]) -> DataFrame:
     """The connections' `last_request_topics`, named the same way."""
     if not pairs:
         return conns
-    return conns.withColumn("last_request_topics", _named(F.col("last_request_topics"), _lookup(pairs)))
+    return conns.withColumn("last_request_topics", _named(F.col("last_request_topics"), literal_map(pairs, "string")))
