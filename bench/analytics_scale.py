@@ -2,9 +2,11 @@
 
 For each size: write a synthetic recording through the recorder schema
 (analytics.synthetic), run `kafkatap analyze` as a subprocess while sampling
-the RSS of its whole process tree (Python driver + the Spark JVM), then run
-the headline queries with DuckDB on the same Parquet files (also in a sampled
-subprocess). Prints a table and, with --write-results, replaces the
+the RSS of its whole process tree (Python driver + the Spark JVM), then once
+more with Spark's event log on to say where its time went (bench/spark_timeline.py:
+start-up, planning between queries, queries running, writing; the counts of SQL
+executions, stages and tasks; `--no-timeline` skips it), then run the headline
+queries with DuckDB on the same Parquet files (also in a sampled subprocess). Prints a table and, with --write-results, replaces the
 "## analytics (bench/analytics_scale.py)" section of bench/RESULTS.md.
 
     .venv/bin/python bench/analytics_scale.py --sizes 1000000 10000000 --write-results
@@ -41,6 +43,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from proc_tree import TICK, snapshot, tree  # noqa: E402
 from revisions import extract_revision  # noqa: E402
+from spark_timeline import read as read_timeline  # noqa: E402
 
 SECTION = "## analytics (bench/analytics_scale.py)"
 SMALL_RECORDING = 100_000  # requests: a recording this small (the demo's is ~2,500) has the "small" target
@@ -140,16 +143,49 @@ def loadavg() -> str:
         return "?"
 
 
-def analyze_once(d: Path, out: Path, code: Path | str = ROOT) -> dict:
-    """One `kafkatap analyze D --out OUT --quiet` run from the code in `code` (its directory comes first on
+def analyze_once(d: Path, out: Path, code: Path | str = ROOT, extra: list[str] | None = None) -> dict:
+    """One `kafkatap analyze D --out OUT --quiet [EXTRA]` run from the code in `code` (its directory comes first on
     `python -m`'s path): wall and CPU seconds, peak RSS, the load average before and after."""
     shutil.rmtree(out, ignore_errors=True)
     load_before = loadavg()
-    wall, peak, _, _ = run_sampled([sys.executable, "-m", "kafkatap.cli", "analyze", str(d), "--out", str(out), "--quiet"], cwd=code)
+    cmd = [sys.executable, "-m", "kafkatap.cli", "analyze", str(d), "--out", str(out), "--quiet", *(extra or [])]
+    wall, peak, _, _ = run_sampled(cmd, cwd=code)
     found = json.loads((out / "findings.json").read_text())
     return {"wall_s": round(wall, 1), "cpu_s": LAST_CPU_S, "peak_mib": round(peak / 1024), "load_before": load_before,
             "load_after": loadavg(), "findings": len(found["findings"]),
             "rollups": found.get("rollups", [])}  # the stored rollups it summed (an older checkout: none)
+
+
+def profile_once(d: Path, work: Path, n: int) -> dict:
+    """One more analysis of this checkout with Spark's event log on, read by bench/spark_timeline.py: where the
+    wall time went (start-up, between queries, queries running, writing, JVM shutdown) and the counts of SQL
+    executions, jobs, stages and tasks. Kept out of the timed rounds: writing the log costs a little."""
+    logs = work / f"eventlog-{n}"
+    shutil.rmtree(logs, ignore_errors=True)
+    logs.mkdir(parents=True)
+    started_ms = int(time.time() * 1000)
+    run = analyze_once(d, work / f"out-{n}-profiled", ROOT, ["--conf", "spark.eventLog.enabled=true",
+                                                            "--conf", f"spark.eventLog.dir={logs.resolve().as_uri()}"])
+    timeline = read_timeline(logs, started_ms, int(time.time() * 1000))
+    return {"wall_s": run["wall_s"], **timeline.as_dict()}
+
+
+def timeline_markdown(results: list[dict]) -> list[str]:
+    """Where Spark's time went in each size's profiled run (`profile_once`)."""
+    lines = ["", "Where Spark's time went: one more analysis of this checkout per size with Spark's event log on "
+                 "(`--conf spark.eventLog.enabled=true`, read by `bench/spark_timeline.py`), not counted above. "
+                 "Start-up is Python's imports, the JVM's launch and its classes; between queries is the driver's "
+                 "Python and Spark's planning of the next query; queries running is any SQL execution in progress.", ""]
+    for r in results:
+        p = r.get("profile")
+        if not p:
+            continue
+        phases = ", ".join(f"{k} {v:.1f} s" for k, v in p["phases_s"].items())
+        lines.append(f"- {r['requests']:,} requests, {p['wall_s']} s in all: {phases}; {p['sql_executions']} SQL "
+                     f"executions, {p['jobs']} jobs, {p['stages']} stages, {p['tasks']} tasks, task time {p['task_s']} s "
+                     f"(CPU {p['task_cpu_s']} s, GC {p['task_gc_s']} s). Slowest executions: "
+                     + "; ".join(f"{e['what']} {e['s']} s ({e['jobs']} jobs, {e['tasks']} tasks)" for e in p["slowest"][:5]) + ".")
+    return lines
 
 
 def recorded_requests(d: Path) -> int:
@@ -160,10 +196,11 @@ def recorded_requests(d: Path) -> int:
 
 
 def bench_size(n: int, work: Path, regenerate: bool, rounds: int = 1, before: str | None = None,
-               recording: Path | None = None) -> dict:
+               recording: Path | None = None, profile: bool = True) -> dict:
     """Generate (if needed) and analyze a recording of n requests: `rounds` runs of this checkout, each paired
-    with one of the `before` tree when given, then DuckDB's headline queries once. With `recording`, that
-    recording (one a real proxy made, `kafkatap demo` for one) instead of a synthetic one."""
+    with one of the `before` tree when given, then (with `profile`) one run with Spark's event log, then DuckDB's
+    headline queries once. With `recording`, that recording (one a real proxy made, `kafkatap demo` for one)
+    instead of a synthetic one."""
     from analytics.synthetic import generate
 
     d = recording or work / f"rec-{n}"
@@ -193,6 +230,9 @@ def bench_size(n: int, work: Path, regenerate: bool, rounds: int = 1, before: st
                spark_cpu_s=round(statistics.median(r["cpu_s"] for r in runs), 1),
                spark_peak_mib=max(r["peak_mib"] for r in runs), load_before=runs[0]["load_before"],
                load_after=runs[-1]["load_after"], findings=runs[-1]["findings"], rollups=runs[-1]["rollups"])
+    if profile:
+        res["profile"] = profile_once(d, work, n)
+        print(f"  profiled: {res['profile']['wall_s']} s, {res['profile']['sql_executions']} SQL executions", file=sys.stderr)
     wall, peak, stdout, _ = run_sampled([sys.executable, "-c", duckdb_script(d)])
     res.update(duckdb_s=round(wall, 1), duckdb_cpu_s=LAST_CPU_S, duckdb_peak_mib=round(peak / 1024), duckdb_queries=json.loads(stdout.strip().splitlines()[-1]))
     return res
@@ -250,6 +290,7 @@ def markdown(results: list[dict], cmd: str, rev: str | None = None) -> str:
         a, b = results[0], results[-1]
         lines += ["", f"Growth {b['requests'] // a['requests']}× requests: Spark {b['spark_s'] / a['spark_s']:.2f}×, "
                       f"DuckDB {b['duckdb_s'] / max(a['duckdb_s'], 0.01):.2f}×."]
+    lines += timeline_markdown(results)
     lines += ["", "DuckDB per-query seconds: " + "; ".join(f"{r['requests']:,}: " + ", ".join(f"{k} {v}" for k, v in r["duckdb_queries"].items())
                                                      for r in results), ""]
     return "\n".join(lines)
@@ -277,6 +318,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1, help="analyses of each size (with --before: pairs); Spark's figures are their medians")
     ap.add_argument("--recording", type=Path, metavar="DIR",
                     help="analyze this recording instead of synthetic ones (e.g. the demo's: out/demo/recordings/kafkatap)")
+    ap.add_argument("--no-timeline", dest="timeline", action="store_false",
+                    help="skip the extra analysis per size with Spark's event log that says where its time went")
     ap.add_argument("--before", metavar="REV",
                     help="also analyze each size with git revision REV's code, alternating with this checkout's, to measure a change")
     a = ap.parse_args()
@@ -302,7 +345,7 @@ def main() -> None:
     try:
         for n in ([recorded_requests(a.recording)] if a.recording else a.sizes):
             print(f"--- {n:,} requests", file=sys.stderr)
-            r = bench_size(n, a.workdir, a.regenerate, a.rounds, before_root, a.recording)
+            r = bench_size(n, a.workdir, a.regenerate, a.rounds, before_root, a.recording, a.timeline)
             print(json.dumps(r), file=sys.stderr)
             results.append(r)
     finally:

@@ -195,11 +195,25 @@ def render(t: Timeline) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # `python bench/spark_timeline.py LOGDIR`: phases relative to the context start
-    import sys
+def main() -> None:
+    """`python bench/spark_timeline.py LOGDIR`: the phases of the log's application from its context start on (the
+    process's own start and exit are not in the log, so start-up and JVM shutdown are left out)."""
+    import argparse
 
-    d = Path(sys.argv[1])
-    tl = read(d, 0, 0)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("log_dir", type=Path, metavar="LOGDIR", help="the spark.eventLog.dir of one analysis")
+    ap.add_argument("--top", type=int, default=8, help="how many of the slowest SQL executions to list")
+    a = ap.parse_args()
+    if not a.log_dir.is_dir():
+        ap.error(f"{a.log_dir}: no such directory")
+    try:
+        tl = read(a.log_dir, 0, 0, a.top)
+    except ValueError as e:
+        ap.error(str(e))
     tl.phases.pop("start-up (python, JVM, classes)")
     tl.phases.pop("JVM shutdown")
     print(render(tl))
+
+
+if __name__ == "__main__":
+    main()

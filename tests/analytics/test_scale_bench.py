@@ -93,3 +93,32 @@ def test_before_and_after_pairs_are_listed_in_run_order_with_their_medians() -> 
     assert rows[0] == "| 2,444 | 1 | 16.0 s (25.0 s) | 13.0 s (21.0 s) | -3.0 s | 1.0→2.0+ |"  # before ran first
     assert rows[1].startswith("| 2,444 | 2 | 14.0 s") and "+1.5 s" in rows[1] and "1.0→3.0+" in rows[1]  # after ran first
     assert rows[-1] == "| 2,444 | median | 15.0 s | 13.0 s | -2.0 s | |"
+
+
+def test_the_bench_says_where_sparks_time_went(tmp_path: Path) -> None:
+    """Issue 16 asks the bench to print where Spark's time goes; for twenty sessions the README said it did while
+    bench/spark_timeline.py was only ever run by hand. One real analysis of a small recording, profiled."""
+    rec = tmp_path / "rec"
+    generate(rec, 300)
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "analytics_scale.py"), "--recording", str(rec),
+                        "--workdir", str(tmp_path / "work")], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("- ") and " requests, " in ln)
+    for phase in ("start-up (python, JVM, classes)", "SparkContext", "between queries (python, planning)",
+                  "queries running", "after last query (write, report)", "JVM shutdown"):
+        assert phase in line
+    executions = int(line.split(" SQL executions")[0].rsplit(" ", 1)[1])
+    assert executions >= 10  # the report is dozens of queries; a log that missed them would read 0
+    assert "Slowest executions: " in line and "jobs, " in line
+
+
+def test_the_timeline_lines_say_each_phase_and_count() -> None:
+    bench = _bench_module("analytics_scale")
+    profile = {"wall_s": 17.7, "phases_s": {"start-up (python, JVM, classes)": 3.1, "queries running": 12.6},
+               "sql_executions": 51, "jobs": 71, "stages": 139, "tasks": 151, "task_s": 6.2, "task_cpu_s": 3.1,
+               "task_gc_s": 1.3, "slowest": [{"id": 30, "s": 2.01, "jobs": 8, "tasks": 20, "what": "toArrow"}]}
+    lines = bench.timeline_markdown([{"requests": 1_459, "profile": profile}, {"requests": 9}])
+    assert lines[-1] == ("- 1,459 requests, 17.7 s in all: start-up (python, JVM, classes) 3.1 s, queries running "
+                         "12.6 s; 51 SQL executions, 71 jobs, 139 stages, 151 tasks, task time 6.2 s (CPU 3.1 s, "
+                         "GC 1.3 s). Slowest executions: toArrow 2.01 s (8 jobs, 20 tasks).")
+    assert "bench/spark_timeline.py" in lines[1]
