@@ -20,7 +20,7 @@ error name from Kafka's `Errors` (NOT_LEADER_OR_FOLLOWER …) or code (an int16,
 REGEX must match the whole topic name / client id (no commas: options are comma-separated).
 `topic=`/`partition=` are refused on an API whose requests name no topic/partition (Heartbeat,
 FindCoordinator; Metadata has no partition): such a rule would never fire. `once` fires on the first
-matching request only, `nth=N` on every Nth (N, 2N, …; with `once`: only the Nth), `rate=P` on a
+matching request only (one it could not apply to does not count), `nth=N` on every Nth (N, 2N, …; with `once`: only the Nth), `rate=P` on a
 random share P (seeded by --fault-seed); `after=`/`for=` open and close a time window counted
 from when the rule was added (DURATION: 500ms, 5s, 2m; a bare number is seconds). Counts are per
 rule across every connection of the proxy.
@@ -53,8 +53,9 @@ request row's `edit` column as `fault#ID KIND[=DETAIL] [MODE] [on=TOPIC,...] [br
 client's outage only at a success on one of them), `broker-error=` the errors the broker had itself
 answered in the places a `rewrite` overwrote (it refused them: a Produce wrote nothing there). The note
 lists only what reached the client: a delay, throttle or rewrite noted before an in-place answer or a
-drop on the same request never applied (the request never reached the broker), so it is left out and
-counted as skipped, not injected.
+drop on the same request never applied (the request never reached the broker), and a rewrite whose
+response held no entry it matched changed nothing; each is left out and counted as skipped, not injected.
+A `once` rule is used up by the first fault it injects: a match it could not apply leaves it armed.
 """
 
 from __future__ import annotations
@@ -590,10 +591,16 @@ class KafkaFaultInterceptor:
             body = decoded["body"]
             changed = False
             ours: set[int] = set()  # codes set by an earlier rule here: not the broker's
+            unset: list[int] = []  # the notes of rewrites that found no matching entry in the response
             for rule, where, at in pend.errors:
                 replaced: list[int] = []
                 n = set_errors(head.api_key, head.api_version, body, rule.fault.error_code, where, replaced=replaced)
-                changed = changed or n > 0
+                if not n:  # e.g. a Fetch answer without the partition asked for: the client got the broker's answer
+                    rule.injected -= 1
+                    rule.skipped += 1
+                    unset.append(at)
+                    continue
+                changed = True
                 refused = [c for c in replaced if c not in ours]
                 ours.add(rule.fault.error_code)
                 if refused:
@@ -607,6 +614,7 @@ class KafkaFaultInterceptor:
                     delay += ms / 1000.0  # pre-KIP-219: the broker held the response itself
             if changed:
                 out = deep.encode_response(head.api_key, head.api_version, head.correlation_id, body)
+            notes = [note for i, note in enumerate(notes) if i not in unset]
         return Edit(frame=out, delay_s=delay, note="; ".join(notes))
 
     def closed(self) -> None:

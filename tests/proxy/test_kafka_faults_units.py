@@ -379,6 +379,32 @@ def test_a_response_that_cannot_be_edited_counts_as_not_injected_and_is_logged_o
     assert "DecodeError" in warned[0]["error"]
 
 
+def test_a_rewrite_whose_response_lacks_its_entries_is_not_injected_and_a_once_rule_stays_armed() -> None:
+    """The request named partition 1; a response without it was forwarded as the broker sent it, yet was recorded
+    as carrying the fault, and used up a `once` rule that had injected nothing."""
+    rules, ic = _interceptor("error=Produce:NOT_LEADER_OR_FOLLOWER,rewrite,partition=1,once", "delay=Produce:50")
+    only_p0 = {"responses": [{"name": "orders", "partition_responses": [
+        {"index": 0, "error_code": 0, "base_offset": 10}]}], "throttle_time_ms": 0}
+    head, frame = _produce(11, partitions=(0, 1))
+    assert ic.on_request(head, frame) is None
+    edit = ic.on_response(head, deep.encode_response(PRODUCE, 9, 11, only_p0))
+    assert edit.frame is None and edit.delay_s == pytest.approx(0.05)  # the broker's bytes, still held by the delay
+    assert edit.note == "fault#2 delay=50ms"  # the rewrite is not claimed
+    assert [(r.matched, r.injected, r.skipped) for r in rules.rules] == [(1, 0, 1), (1, 1, 0)]
+    assert rules.rules[0].state(rules.clock())[0] == "active"  # not used up
+    head, frame = _produce(12, partitions=(0, 1))
+    assert ic.on_request(head, frame) is None
+    both = {"responses": [{"name": "orders", "partition_responses": [
+        {"index": 0, "error_code": 0, "base_offset": 11}, {"index": 1, "error_code": 0, "base_offset": 30}]}],
+        "throttle_time_ms": 0}
+    edit = ic.on_response(head, deep.encode_response(PRODUCE, 9, 12, both))
+    body = deep.decode_response(edit.frame, PRODUCE, 9)["body"]
+    assert [p["error_code"] for p in body["responses"][0]["partition_responses"]] == [0, NOT_LEADER]
+    assert edit.note.startswith("fault#1 error=NOT_LEADER_OR_FOLLOWER rewrite on=orders; fault#2 delay=50ms")
+    assert rules.rules[0].state(rules.clock())[0] == "used"
+    assert [(r.matched, r.injected, r.skipped) for r in rules.rules] == [(2, 1, 1), (2, 2, 0)]
+
+
 def test_a_topic_or_partition_rule_notes_the_topics_it_matched() -> None:
     """The analysis ended a `topic=` fault's outage at the client's next success on any topic: the note must
     say which topics the rule hit, so that only a success on one of them ends it."""
