@@ -262,6 +262,7 @@ def render(clients: dict[str, Any], metrics: dict, prev: tuple[float, dict[str, 
     retriable = _total(metrics, "kafkatap_failed_requests_total", kind=RETRIABLE)
     if not any("kind" in labels for labels, _ in metrics.get("kafkatap_failed_requests_total", [])):
         errs = _total(metrics, "kafkatap_failed_requests_total")  # a proxy from before error kinds: all it counted
+    injected = _total(metrics, "kafkatap_injected_requests_total")
     drops = _total(metrics, "kafkatap_recording_dropped_rows_total")
     queue = _total(metrics, "kafkatap_recording_queue_rows")
     rec_errors = recording_errors_text(metrics.get("kafkatap_recording_errors_total", []))
@@ -278,7 +279,7 @@ def render(clients: dict[str, Any], metrics: dict, prev: tuple[float, dict[str, 
     lines = [
         b(f"kafkatap top — proxy {printable(clients.get('proxy_id') or '?')}")
         + f"  open connections {clients.get('open_connections', 0)}{worker_spread_text(metrics)}  requests {reqs:,.0f}{rate}"
-        + f"  errors {errs:,.0f}  retriable {retriable:,.0f}",
+        + f"  errors {errs:,.0f}  retriable {retriable:,.0f}" + (f"  injected {injected:,.0f}" if injected else ""),
         f"latency p50 ≤{_fmt_s(p50)} p99 ≤{_fmt_s(p99)}   recording: dropped {drops:,.0f} queued {queue:,.0f}"
         f"{rec_errors}   showing {view}",
         "",
@@ -405,7 +406,9 @@ def top(addr: str, interval: float, once: bool, as_json: bool, per_connection: b
     broker summed); press c for one row per connection, q to quit. "errors" in the header (ERR per
     row) counts requests whose answer carried an error, "retriable" (RETRY) those whose errors
     were all ones Kafka's clients retry (a coordinator loading, a leader moving); protocol steps
-    such as a first JoinGroup's MEMBER_ID_REQUIRED are neither.
+    such as a first JoinGroup's MEMBER_ID_REQUIRED are neither. Errors kafkatap's own Kafka faults
+    (--fault error=…) put in answers are not the broker's: they count in "injected", shown once
+    there is one, and in neither of the two.
 
     \b
     Start the proxy with a status endpoint, then watch it:

@@ -31,6 +31,7 @@ from itertools import islice
 from typing import Any
 
 from protocol.error_kinds import ERROR, PROTOCOL_STEP, RETRIABLE, error_kind, response_kind
+from recording.fault_notes import injected_error_names
 
 Row = dict[str, Any]
 
@@ -114,7 +115,7 @@ class _Client:
     """Live facts about one client connection."""
 
     __slots__ = ("conn_id", "client_id", "software", "software_version", "client_addr", "broker_addr", "roles",
-                 "topics", "more_topics", "requests", "errors", "retriable", "bytes_in", "bytes_out", "first_seen_ns", "last_seen_ns",
+                 "topics", "more_topics", "requests", "errors", "retriable", "injected", "bytes_in", "bytes_out", "first_seen_ns", "last_seen_ns",
                  "open", "closed_mono", "end_reason", "opaque", "client_ids", "edit_stopped", "edit_oversize")
 
     def __init__(self, conn_id: str, now_ns: int) -> None:
@@ -131,6 +132,7 @@ class _Client:
         self.requests = 0
         self.errors = 0  # requests answered with an error (protocol.error_kinds), as top's header counts them
         self.retriable = 0  # requests whose errors were all retriable
+        self.injected = 0  # requests answered with an error kafkatap's own Kafka fault put there (not in the two above)
         self.bytes_in = 0  # client → broker (request frames)
         self.bytes_out = 0  # broker → client (response frames)
         self.first_seen_ns = now_ns
@@ -184,6 +186,7 @@ class _Client:
             "requests": self.requests,
             "errors": self.errors,
             "retriable": self.retriable,
+            "injected": self.injected,
             "bytes_from_client": self.bytes_in,
             "bytes_from_broker": self.bytes_out,
             "first_seen_ns": self.first_seen_ns,
@@ -209,7 +212,9 @@ class LiveStats:
         self.recorder_stats = recorder_stats
         self.started_ns = clock_ns()
         self.requests: dict[tuple[str, int], int] = {}
-        self.errors: dict[tuple[str, int, str], int] = {}  # (api, version, error name)
+        self.errors: dict[tuple[str, int, str], int] = {}  # (api, version, error name): the broker's
+        self.injected_errors: dict[tuple[str, int, str], int] = {}  # (api, version, error name): Kafka faults' error=
+        self.injected_requests: dict[tuple[str, int], int] = {}  # (api, version): answers carrying such an error
         # requests whose answer carried an error, by (api, version, worst kind): protocol steps are not counted
         self.failed_requests: dict[tuple[str, int, str], int] = {}
         self.unanswered: dict[tuple[str, str], int] = {}  # (api, status)
@@ -273,11 +278,21 @@ class LiveStats:
                 _histogram(self.broker_latency, lk).observe(blat)
         errs = row.get("errors")
         kind = None
+        injected = False
         if errs:
             names = [(e.get("name") if isinstance(e, dict) else None) or "UNKNOWN" for e in errs]
-            kind = response_kind(api, names)  # from every error, as the report does
-            if kind != PROTOCOL_STEP:  # a first JoinGroup's MEMBER_ID_REQUIRED is the protocol, not a failure
-                _bump(self.failed_requests, (api, ver, kind))
+            ours = injected_error_names(row.get("edit"))  # a Kafka fault's error= is kafkatap's, not the broker's
+            if ours:
+                injected = any(name in ours for name in names)
+                if injected:
+                    _bump(self.injected_requests, (api, ver))
+                for name in [n for n in names if n in ours][:16]:
+                    _bump(self.injected_errors, (api, ver, name))
+                names = [n for n in names if n not in ours]
+            if names:
+                kind = response_kind(api, names)  # from every broker error, as the report does
+                if kind != PROTOCOL_STEP:  # a first JoinGroup's MEMBER_ID_REQUIRED is the protocol, not a failure
+                    _bump(self.failed_requests, (api, ver, kind))
             for name in names[:16]:  # bounded: a response can carry an error per partition
                 _bump(self.errors, (api, ver, name))
         bypass = row.get("bypass")
@@ -296,6 +311,8 @@ class LiveStats:
             c.errors += 1
         elif kind == RETRIABLE:
             c.retriable += 1
+        if injected:
+            c.injected += 1
         cid = row.get("client_id")
         if cid is not None:
             c.client_id = cid
@@ -386,6 +403,14 @@ class LiveStats:
                "error was one Kafka's clients retry); answers with only protocol steps (a first JoinGroup's "
                "MEMBER_ID_REQUIRED …) are not counted.",
                (("", {"api": a, "version": v, "kind": k}, n) for (a, v, k), n in _sorted(self.failed_requests)))
+        family("kafkatap_injected_errors_total", "counter",
+               "Error codes kafkatap's own Kafka faults (error= rules) put in responses, by API, version and error "
+               "name; the two error families above count only the broker's.",
+               (("", {"api": a, "version": v, "error": e}, n) for (a, v, e), n in _sorted(self.injected_errors)))
+        family("kafkatap_injected_requests_total", "counter",
+               "Requests whose answer carried an error kafkatap's own Kafka fault put there, by API and version; "
+               "kafkatap_failed_requests_total counts a request only for the broker's own errors.",
+               (("", {"api": a, "version": v}, n) for (a, v), n in _sorted(self.injected_requests)))
         family("kafkatap_requests_unanswered_total", "counter",
                "Requests without a response: unanswered (connection ended first) or no_response (acks=0).",
                (("", {"api": a, "status": s}, n) for (a, s), n in _sorted(self.unanswered)))

@@ -26,8 +26,8 @@ import pyarrow.compute as pc
 
 from protocol.error_kinds import ERROR, PROTOCOL_STEP, RETRIABLE, response_kind
 from recording.schema import NOTABLE_REQUEST_COLUMNS, SLOWEST_REQUEST_COLUMNS
-from recording.request_terms import (FETCH_APIS, UNSCALED_WINDOW, bucket_start, client_id, host, injected_error_names,
-                                     long_poll, when)
+from recording.fault_notes import injected_error_names
+from recording.request_terms import FETCH_APIS, UNSCALED_WINDOW, bucket_start, client_id, host, long_poll, when
 
 __all__ = ["LARGE_RESPONSE_BYTES", "NOTABLE_COLUMNS", "SLOWEST_KEPT", "SLOWEST_COLUMNS", "SumSpec", "SUMS", "INPUT_COLUMNS",
            "request_sums", "topic_sums", "traffic_sums", "notable_rows", "slowest_rows", "slowest_of", "merge"]

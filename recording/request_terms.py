@@ -8,13 +8,11 @@ form; the Spark side imports the constants (recording never imports pyspark).
 
 from __future__ import annotations
 
-import re
-
 import pyarrow as pa
 import pyarrow.compute as pc
 
 __all__ = ["LONG_POLL_LABEL", "LONG_POLL_FRACTION", "FETCH_APIS", "UNSCALED_WINDOW", "ROLLUP_BUCKET_S", "HOST_RE",
-           "host", "client_id", "long_poll", "bucket_start", "when", "injected_error_names"]
+           "host", "client_id", "long_poll", "bucket_start", "when"]
 
 LONG_POLL_LABEL = "Fetch (long poll)"
 LONG_POLL_FRACTION = 0.8  # broker latency >= 80 % of max_wait with no data = the broker just waited
@@ -51,21 +49,3 @@ def bucket_start(t: pa.Table, bucket_s: int = ROLLUP_BUCKET_S) -> pa.Array:
 def when(cond: pa.Array, value: pa.Array) -> pa.Array:
     """`value` where `cond` is true, null where it is false or null (Spark's `when` without `otherwise`)."""
     return pc.if_else(pc.fill_null(cond, False), value, pa.nulls(len(value), value.type))
-
-
-# A Kafka fault's note in the request row's `edit` (proxy.kafka_faults: `fault#ID error=NAME MODE`, several joined
-# with "; ", ` (not applied)` at the end when the response edit failed). The Spark side reads it with
-# analytics.transforms.faults (NOTE, its applied test); tests/analytics/test_injected_errors.py keeps the two equal.
-_ERROR_NOTE = re.compile(r"fault#\d+ error=(\S+)")
-_NOT_APPLIED = " (not applied)"
-
-
-def injected_error_names(edit: str | None) -> frozenset[str]:
-    """The error names kafkatap's own `error=` faults put in this request's answer (none when the edit failed).
-
-    Why: the recorded `errors` are the answer the client got, so an injected error sits there beside the
-    broker's; the error counts must leave it out (analytics.transforms.injected is the Spark twin).
-    """
-    if not edit or "fault#" not in edit or edit.endswith(_NOT_APPLIED):
-        return frozenset()
-    return frozenset(m.group(1) for part in edit.split("; ") if (m := _ERROR_NOTE.match(part)))

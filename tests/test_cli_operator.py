@@ -501,6 +501,35 @@ def test_protocol_steps_are_not_failures_and_every_error_has_its_kind() -> None:
     assert "errors 3  retriable 0" in render({"clients": [], "open_connections": 0}, old, None, 1.0, 400, 50, False).splitlines()[0]
 
 
+def test_errors_a_kafka_fault_injected_are_counted_apart_from_the_brokers() -> None:
+    """During a fault drill 57 injected NOT_LEADER_OR_FOLLOWER read as a broker in trouble in `top` and /metrics,
+    though the report already told them apart. A rewrite keeps the broker's own errors in the other entries."""
+    from proxy.live import parse_metrics, render
+
+    stats = _stats()
+    row = _conn_row("c7", "drill", "kafka-python", "3.0.12", "10.0.0.1:9092", "10.0.0.9:5007")
+    for _ in range(3):  # answered in place: only kafkatap's error
+        stats.request({**row, "errors": [{"name": "NOT_LEADER_OR_FOLLOWER"}],
+                       "edit": "fault#1 error=NOT_LEADER_OR_FOLLOWER in-place"})
+    stats.request({**row, "errors": [{"name": "NOT_LEADER_OR_FOLLOWER"}, {"name": "TOPIC_AUTHORIZATION_FAILED"}],
+                   "edit": "fault#2 error=NOT_LEADER_OR_FOLLOWER rewrite on=orders"})  # one entry the broker refused
+    stats.request({**row, "errors": [{"name": "NOT_LEADER_OR_FOLLOWER"}],  # the edit failed: the broker's own answer
+                   "edit": "fault#2 error=NOT_LEADER_OR_FOLLOWER rewrite (not applied)"})
+    metrics = parse_metrics(stats.render_prometheus())
+    failed = {(lb["api"], lb["kind"]): v for lb, v in metrics["kafkatap_failed_requests_total"]}
+    assert failed == {("Produce", "retriable"): 2, ("Produce", "error"): 1}  # _stats' own one, the refusal, the failed edit
+    named = {lb["error"]: v for lb, v in metrics["kafkatap_request_errors_total"]}
+    assert named == {"NOT_LEADER_OR_FOLLOWER": 2, "TOPIC_AUTHORIZATION_FAILED": 1}
+    assert [(lb["error"], v) for lb, v in metrics["kafkatap_injected_errors_total"]] == [("NOT_LEADER_OR_FOLLOWER", 4)]
+    assert [v for _, v in metrics["kafkatap_injected_requests_total"]] == [4]
+    c7 = next(c for c in stats.clients_json()["clients"] if c["conn_id"] == "c7")
+    assert (c7["errors"], c7["retriable"], c7["injected"]) == (1, 1, 4)
+    screen = render(stats.clients_json(), metrics, None, 1.0, 400, 50, False).splitlines()
+    assert "errors 1  retriable 2  injected 4" in screen[0]
+    assert "injected" not in render(_stats().clients_json(), parse_metrics(_stats().render_prometheus()), None, 1.0,
+                                    400, 50, False).splitlines()[0]  # no fault, no word for it
+
+
 def test_top_rates_are_numbers_from_two_polls() -> None:
     """REQ/S is the difference of two polls over their interval: 4 more billing requests in 2 s is 2.0 per second."""
     from proxy.live import parse_metrics, render, snapshot_counts

@@ -18,8 +18,8 @@ broker's error: the row's `errors` hold only NAME, so it counts as injected;
 the broker's own refusal is named by the note's `broker-error=` part, which the
 fault analysis reads (analytics.transforms.faults), not these counts.
 
-`recording.request_terms.injected_error_names` is the pyarrow twin (the writer's
-stored request sums).
+`recording.fault_notes.injected_error_names` is the plain-Python twin (the writer's
+stored request sums, the proxy's live counters).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from analytics.transforms.injected import injected_error_names as spark_injected
 from analytics.transforms.rollups import request_rollup, topic_rollup
 from analytics_rows import conn, req
 from recording.request_sums import request_sums
-from recording.request_terms import injected_error_names
+from recording.fault_notes import injected_error_names
 from recording.schema import arrow_schema
 
 pytestmark = pytest.mark.spark
