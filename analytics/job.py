@@ -115,7 +115,7 @@ def table_plan(i: Inputs, bucket_s: int, window: tuple[int | None, int | None] =
     closes as it went away (`outages.with_outage_causes`) carry that cause in `connection_ends` and `broker_closes`.
     """
     return {
-        "client_inventory": lambda: clients.client_inventory(i.rollup, i.topics, i.conns),
+        "client_inventory": lambda: clients.client_inventory(i.rollup, i.topics, i.conns, i.spans),
         "topic_view": lambda: clients.topic_view(i.topics),
         "group_protocols": lambda: clients.group_protocols(i.rollup),
         "latency_by_api": lambda: latency.cube_latency_by_api(i.views),
@@ -148,8 +148,8 @@ def table_plan(i: Inputs, bucket_s: int, window: tuple[int | None, int | None] =
         "produce_acks": lambda: produce_fetch.produce_acks(i.rollup),
         "produce_batches": lambda: produce_fetch.produce_batches(i.topics, i.views),
         "produce_compression": lambda: produce_fetch.produce_compression(i.rollup),
-        "produce_rate_by_topic": lambda: produce_fetch.produce_rate_by_topic(i.topics),
-        "fetch_by_consumer": lambda: produce_fetch.fetch_by_consumer(i.topics),
+        "produce_rate_by_topic": lambda: produce_fetch.produce_rate_by_topic(i.topics, i.spans),
+        "fetch_by_consumer": lambda: produce_fetch.fetch_by_consumer(i.topics, i.spans),
         **({} if i.requests is None else {"bypass": lambda: bypass.bypassed_addresses(i.notable),
                                           "brokers": lambda: brokers.broker_ids(i.notable, i.conns)}),
         **({} if i.requests is None else {  # injected Kafka faults and the clients' reactions (issue 17)

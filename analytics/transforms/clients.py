@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from analytics.transforms.common import (
     ADMIN_APIS, FETCH_APIS, GROUP_APIS, KIP848_APIS, SHARE_APIS, STREAMS_APIS, ns_to_ts, with_client,
 )
+from analytics.transforms.stretches import RunSpan, rate_seconds
 
 
 def _has(api_names: tuple[str, ...] | str) -> F.Column:
@@ -15,7 +18,8 @@ def _has(api_names: tuple[str, ...] | str) -> F.Column:
     return F.max(F.col("api_name").isin(*names).cast("int")) == 1
 
 
-def client_inventory(rollup: DataFrame, topics: DataFrame, conns: DataFrame) -> DataFrame:
+def client_inventory(rollup: DataFrame, topics: DataFrame, conns: DataFrame,
+                     spans: Sequence[RunSpan] | None = None) -> DataFrame:
     """One row per (client_id, client host), busiest first, from the request and topic rollups.
 
     Role comes from what the client actually sent (Produce -> producer, Fetch ->
@@ -23,7 +27,8 @@ def client_inventory(rollup: DataFrame, topics: DataFrame, conns: DataFrame) -> 
     KIP-848 consumer, ShareGroupHeartbeat/ShareFetch -> share consumer,
     StreamsGroupHeartbeat -> streams member, admin APIs -> admin), so it works
     for every protocol version and for clients that never told us their software.
-    Rates are over the client's own active span.
+    Rates are over the client's own active span, less the time no proxy run was recording (`spans`: the
+    runs' spans, stretches.collect_spans; a directory reused across sessions hours apart).
 
     The software name and version (ApiVersions v3+) come from the connections,
     which keep what each client announced.
@@ -63,7 +68,7 @@ def client_inventory(rollup: DataFrame, topics: DataFrame, conns: DataFrame) -> 
         F.max("client_software_name").alias("software_name"), F.max("client_software_version").alias("software_version"))
     agg = agg.join(per_topic, keys, "left").join(software, keys, "left").withColumn("topics_produced", F.coalesce("topics_produced", empty)).withColumn(
         "topics_consumed", F.coalesce("topics_consumed", empty))
-    span_s = F.greatest((F.col("last_ns") - F.col("first_ns")) / 1e9, F.lit(1.0))
+    span_s = rate_seconds(F.col("first_ns"), F.col("last_ns"), spans)  # less the time no proxy run recorded
     roles = F.concat_ws(
         ", ",
         F.when(F.col("is_producer"), F.lit("producer")),

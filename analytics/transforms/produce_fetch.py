@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from analytics.transforms.cube import view
+from analytics.transforms.stretches import RunSpan, rate_seconds
 
 INCREMENTAL_FETCH = "(incremental fetch: topics unchanged)"
 ACKS_LABEL = {0: "acks=0 (no response)", 1: "acks=1 (leader)", -1: "acks=all"}
 
 
-def _span_s() -> F.Column:
-    return F.greatest((F.max("last_ns") - F.min("first_ns")) / 1e9, F.lit(1.0))
+def _span_s(spans: Sequence[RunSpan] | None) -> F.Column:
+    """An aggregation's seconds: its first..last, less the time no proxy run recorded (`stretches.rate_seconds`)."""
+    return rate_seconds(F.min("first_ns"), F.max("last_ns"), spans)
 
 
 def _produce(rollup: DataFrame) -> DataFrame:
@@ -57,27 +61,29 @@ def produce_compression(rollup: DataFrame) -> DataFrame:
     ).orderBy(F.desc("requests"))
 
 
-def produce_rate_by_topic(topics: DataFrame) -> DataFrame:
-    """Records and bytes per second per topic over the topic's produce span (from the topic rollup)."""
+def produce_rate_by_topic(topics: DataFrame, spans: Sequence[RunSpan] | None = None) -> DataFrame:
+    """Records and bytes per second per topic over the topic's produce span (from the topic rollup), less the time
+    no proxy run was recording (`spans`: the runs' spans, stretches.collect_spans)."""
     p = _produce(topics).where(F.col("topic").isNotNull())
     return p.groupBy("topic").agg(
         F.sum("records").alias("records"),
         F.sum("record_bytes").alias("bytes"),
         F.countDistinct("client_id").alias("producers"),
-        _span_s().alias("span_s"),
+        _span_s(spans).alias("span_s"),
     ).select("topic", "records", "bytes", "producers", F.round(F.col("records") / F.col("span_s"), 2).alias("records_per_s"),
              F.round(F.col("bytes") / F.col("span_s"), 1).alias("bytes_per_s")).orderBy(F.desc("records_per_s"), "topic")
 
 
-def fetch_by_consumer(topics: DataFrame) -> DataFrame:
-    """Per consumer and topic: fetches, bytes/s, empty-fetch ratio and long-poll ratio (from the topic rollup)."""
+def fetch_by_consumer(topics: DataFrame, spans: Sequence[RunSpan] | None = None) -> DataFrame:
+    """Per consumer and topic: fetches, bytes/s, empty-fetch ratio and long-poll ratio (from the topic rollup); the
+    rate is over the time some proxy run recorded (`spans`, as `produce_rate_by_topic`)."""
     # a multi-topic fetch's bytes are split evenly over its topics (responses are summarized per request)
     f = topics.where(F.col("api_name") == "Fetch")
     # a Fetch in an incremental session (KIP-227) names no topic when nothing changed: its own labelled row
     return f.groupBy("client_id", F.coalesce("topic", F.lit(INCREMENTAL_FETCH)).alias("topic")).agg(
         F.sum("requests").alias("fetches"),
         F.round(F.sum("fetch_bytes_split")).cast("long").alias("bytes"),
-        _span_s().alias("span_s"),
+        _span_s(spans).alias("span_s"),
         F.round(F.sum("empty") / F.sum("requests"), 4).alias("empty_ratio"),
         F.round(F.sum("long_polls") / F.sum("requests"), 4).alias("long_poll_ratio"),
     ).select("client_id", "topic", "fetches", "bytes", F.round(F.col("bytes") / F.col("span_s"), 1).alias("bytes_per_s"),

@@ -140,26 +140,50 @@ def recording_stretches(conns: DataFrame, bucket_s: int, since_ns: int | None = 
     ).orderBy("stretch")
 
 
+def recorded_ns(first: Column, last: Column, spans: Sequence[RunSpan], since_ns: int | None = None,
+                until_ns: int | None = None) -> Column:
+    """How much of `first`..`last` (cut to the window) some proxy run in `spans` was recording; null without spans.
+
+    Runs that touch or overlap are one span (no gap is bridged here: time no run recorded is never a client's).
+    The runs are a few rows: a literal array each row folds over, no join.
+    """
+    runs = merged(windowed(spans, since_ns, until_ns), 0)
+    if not runs:
+        return F.lit(None).cast("long")
+    lo, hi = clamp(first, since_ns, until_ns), clamp(last, since_ns, until_ns)
+    literal = F.array(*[F.struct(F.lit(r.start_ns).cast("long").alias("s"), F.lit(r.end_ns).cast("long").alias("e"))
+                        for r in runs])
+    return F.aggregate(literal, F.lit(0).cast("long"),
+                       lambda acc, r: acc + F.greatest(F.least(hi, r["e"]) - F.greatest(lo, r["s"]), F.lit(0)))
+
+
+def rate_seconds(first: Column, last: Column, spans: Sequence[RunSpan] | None) -> Column:
+    """The seconds a count over `first`..`last` is a rate of: the part some proxy run recorded, 1 s at least.
+
+    Why: a topic produced to in two sessions of a reused recording directory hours apart read as a trickle over
+    the hours between them. Without spans (a caller that has none), or where no run covers any of first..last
+    (requests after a killed run's last snapshot), it is first..last itself, as before the runs were known.
+    """
+    whole = last - first
+    if spans:
+        recorded = recorded_ns(first, last, spans)
+        whole = F.when(recorded > 0, recorded).otherwise(whole)
+    return F.greatest(whole / 1e9, F.lit(1.0))
+
+
 def recorded_time(spans_of: DataFrame, keys: list[str], conns: DataFrame, since_ns: int | None = None,
                   until_ns: int | None = None, spans: Sequence[RunSpan] | None = None) -> DataFrame:
     """`spans_of` (one row per `keys`, with `first_ns`, `last_ns`) with `recorded_ns`: how much of first..last some
-    proxy run was recording.
+    proxy run was recording (`recorded_ns`).
 
     Why: a rate over first..last counted the hours between two sessions of a reused recording
-    directory, when no proxy recorded anything, as time the client was quiet. Runs that touch or
-    overlap are one span (no gap is bridged here: time no run recorded is never the client's).
-    Under the window, first..last and the runs are cut to it. The runs (`spans`, else `collect_spans(conns)`)
-    are a few rows: a literal array each row folds over, no join. They are spans of all the connections,
-    failed connects included: a run that only saw connects fail (a broker down) was recording all the same.
+    directory, when no proxy recorded anything, as time the client was quiet. Under the window,
+    first..last and the runs are cut to it. The runs are `spans`, else `collect_spans(conns)`: spans of all
+    the connections, failed connects included: a run that only saw connects fail (a broker down) was
+    recording all the same.
     """
-    runs = merged(windowed(collect_spans(conns) if spans is None else spans, since_ns, until_ns), 0)
-    if not runs:
-        return spans_of.withColumn("recorded_ns", F.lit(None).cast("long"))
-    lo, hi = clamp(F.col("first_ns"), since_ns, until_ns), clamp(F.col("last_ns"), since_ns, until_ns)
-    literal = F.array(*[F.struct(F.lit(r.start_ns).cast("long").alias("s"), F.lit(r.end_ns).cast("long").alias("e"))
-                        for r in runs])
-    return spans_of.withColumn("recorded_ns", F.aggregate(
-        literal, F.lit(0).cast("long"), lambda acc, r: acc + F.greatest(F.least(hi, r["e"]) - F.greatest(lo, r["s"]), F.lit(0))))
+    runs = collect_spans(conns) if spans is None else spans
+    return spans_of.withColumn("recorded_ns", recorded_ns(F.col("first_ns"), F.col("last_ns"), runs, since_ns, until_ns))
 
 
 def proxy_runs(runs: DataFrame, conns: DataFrame, spans: Sequence[RunSpan] | None = None) -> DataFrame:

@@ -54,6 +54,34 @@ def test_the_reconnect_rate_is_over_the_recorded_time_not_the_gap(make_df) -> No
     assert row["reconnects_per_min"] > 5
 
 
+def test_the_inventory_and_topic_rates_are_over_the_recorded_time_not_the_gap(make_df) -> None:
+    """app-1 produced 10 records a second and fetched in both sessions; divided by the three hours between them
+    it read as a trickle. Over the time the runs recorded (200 s of a1a1a1, 55 s of b2b2b2 here) it is a rate."""
+    from analytics.transforms import clients, produce_fetch
+    from analytics.transforms.common import prepare_requests
+    from analytics.transforms.rollups import request_rollup, topic_rollup
+
+    cs, marks = two_sessions()
+    conns = one_row_per_connection(make_df("connections", cs), marks)
+    spans = collect_spans(conns)
+    times = [10 + k for k in range(0, 180)] + [LATER_S + k for k in range(0, 55)]  # one Produce and one Fetch each
+    rows = [req(f"a1a1a1-{int(t) // 6}" if t < LATER_S else f"b2b2b2-{int(t - LATER_S) // 6}", 2 * i, t_s=t)
+            for i, t in enumerate(times)]
+    rows += [req(r["conn_id"], r["correlation_id"] + 1, api="Fetch", t_s=(r["req_first_ns"] - T0) / S) for r in rows]
+    r = prepare_requests(make_df("requests", rows))
+    recorded_s = 190 + 54  # of app-1's 10 s..LATER_S+54 s: 10..200 s by run a1a1a1 (to its stop), 54 s by b2b2b2
+    span_s = LATER_S + 54 - 10
+    rate = produce_fetch.produce_rate_by_topic(topic_rollup(r), spans).collect()[0]
+    assert rate["records_per_s"] == pytest.approx(len(times) * 10 / recorded_s, rel=1e-2)
+    assert produce_fetch.produce_rate_by_topic(topic_rollup(r)).collect()[0]["records_per_s"] == pytest.approx(
+        len(times) * 10 / span_s, abs=0.005)  # a caller without spans: first..last, as before
+    fetch = produce_fetch.fetch_by_consumer(topic_rollup(r), spans).collect()[0]
+    assert fetch["bytes_per_s"] == pytest.approx(len(times) * 400 / recorded_s, rel=1e-2)
+    inv = clients.client_inventory(request_rollup(r), topic_rollup(r), conns, spans).collect()[0]
+    assert inv["requests_per_s"] == pytest.approx(2 * len(times) / recorded_s, rel=1e-2)
+    assert inv["records_produced_per_s"] == pytest.approx(len(times) * 10 / recorded_s, rel=1e-2)
+
+
 def test_the_runs_and_stretches_tables(make_df) -> None:
     cs, marks = two_sessions()
     conns = one_row_per_connection(make_df("connections", cs), marks)
