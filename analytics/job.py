@@ -642,7 +642,7 @@ def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.
         # the broker's outages (few rows) feed three tables: computed once, and only when some connect found it unreachable
         broker_down = pin(outages.broker_outages(conns, filters.since_ns, filters.until_ns)) if ov.get("unreachable_connects") else None
         inputs = Inputs(rollup, topics, traffic, views, notable, conns, tcp_sides, full, reactions, cube, slowest, rec.runs,
-                        broker_down, stretches.collect_spans(conns))  # the runs' spans: one small job for three tables
+                        broker_down, stretches.collect_spans(conns))  # the runs' spans: one small job for six tables
         plan = table_plan(inputs, bucket_s, (filters.since_ns, filters.until_ns))
         if ov.get("opaque_connections"):  # TLS pass-through and other undecoded connections: only a recording with some pays
             plan["opaque_connections"] = lambda: connections.opaque_connections(conns, filters.since_ns, filters.until_ns)

@@ -171,7 +171,9 @@ def profile_once(d: Path, work: Path, n: int) -> dict:
 
 
 def timeline_markdown(results: list[dict]) -> list[str]:
-    """Where Spark's time went in each size's profiled run (`profile_once`)."""
+    """Where Spark's time went in each size's profiled run (`profile_once`); nothing with --no-timeline."""
+    if not any(r.get("profile") for r in results):
+        return []
     lines = ["", "Where Spark's time went: one more analysis of this checkout per size with Spark's event log on "
                  "(`--conf spark.eventLog.enabled=true`, read by `bench/spark_timeline.py`), not counted above. "
                  "Start-up is Python's imports, the JVM's launch and its classes; between queries is the driver's "

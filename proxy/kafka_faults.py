@@ -20,7 +20,7 @@ error name from Kafka's `Errors` (NOT_LEADER_OR_FOLLOWER …) or code (an int16,
 REGEX must match the whole topic name / client id (no commas: options are comma-separated).
 `topic=`/`partition=` are refused on an API whose requests name no topic/partition (Heartbeat,
 FindCoordinator; Metadata has no partition): such a rule would never fire. `once` fires on the first
-matching request only (one it could not apply to does not count), `nth=N` on every Nth (N, 2N, …; with `once`: only the Nth), `rate=P` on a
+matching request only, `nth=N` on every Nth (N, 2N, …; with `once`: only the Nth), `rate=P` on a
 random share P (seeded by --fault-seed); `after=`/`for=` open and close a time window counted
 from when the rule was added (DURATION: 500ms, 5s, 2m; a bare number is seconds). Counts are per
 rule across every connection of the proxy.
@@ -55,7 +55,8 @@ answered in the places a `rewrite` overwrote (it refused them: a Produce wrote n
 lists only what reached the client: a delay, throttle or rewrite noted before an in-place answer or a
 drop on the same request never applied (the request never reached the broker), and a rewrite whose
 response held no entry it matched changed nothing; each is left out and counted as skipped, not injected.
-A `once` rule is used up by the first fault it injects: a match it could not apply leaves it armed.
+A `once` rule is used up by the first fault it injects: a match it could not apply leaves it armed for
+the next one (with `nth=N`, the first match after the Nth).
 """
 
 from __future__ import annotations
@@ -414,9 +415,10 @@ class FaultRules:
         f = rule.fault
         rule.matched += 1
         if f.nth is not None:
-            if rule.matched % f.nth:
-                return False
-            if f.once and rule.matched != f.nth:
+            if f.once:  # the Nth match, or the first after it if the Nth could not be applied (nothing injected yet)
+                if rule.matched < f.nth:
+                    return False
+            elif rule.matched % f.nth:
                 return False
         if f.once and rule.injected:
             return False
@@ -582,7 +584,7 @@ class KafkaFaultInterceptor:
             self._warn("response", exc, failed)
             return Edit(delay_s=pend.delay_s, note="; ".join(pend.notes) + " (not applied)")
 
-    def _on_response(self, head: RequestHead, frame: bytes, pend: _Pending) -> Edit:
+    def _on_response(self, head: RequestHead, frame: bytes, pend: _Pending) -> Edit | None:
         delay = pend.delay_s
         notes = list(pend.notes)
         out: bytes | None = None
@@ -615,6 +617,8 @@ class KafkaFaultInterceptor:
             if changed:
                 out = deep.encode_response(head.api_key, head.api_version, head.correlation_id, body)
             notes = [note for i, note in enumerate(notes) if i not in unset]
+        if out is None and not delay and not notes:
+            return None  # every rewrite found nothing to set: the broker's answer goes on as it came, unedited
         return Edit(frame=out, delay_s=delay, note="; ".join(notes))
 
     def closed(self) -> None:

@@ -148,11 +148,26 @@ def _latency_p(metrics: dict, q: float) -> float | None:
 
 # (header, the most characters a cell gets before it is cut with "…"; 0: the last column, cut at the screen edge)
 ROLE_ORDER = [name for _, name in ROLE_NAMES]
-# ERR / RETRY: requests answered with an error / with only retriable ones (protocol.error_kinds), as the header counts them
+# ERR / RETRY: requests answered with an error / with only retriable ones (protocol.error_kinds), as the header counts them;
+# INJ (only once there is one): answers carrying an error a Kafka fault injected, which ERR and RETRY leave out
 CONN_COLUMNS = [("CLIENT_ID", 24), ("ROLE", 28), ("SOFTWARE", 48), ("CLIENT", 28), ("BROKER", 28), ("REQS", 10),
                 ("REQ/S", 8), ("ERR", 7), ("RETRY", 7), ("IN", 8), ("OUT", 8), ("SEEN", 6), ("TOPICS", 0)]
 CLIENT_COLUMNS = [("CLIENT_ID", 24), ("ROLE", 28), ("SOFTWARE", 48), ("HOST", 28), ("CONNS", 7), ("BROKERS", 8),
                   ("REQS", 10), ("REQ/S", 8), ("ERR", 7), ("RETRY", 7), ("IN", 8), ("OUT", 8), ("SEEN", 6), ("TOPICS", 0)]
+
+
+def _with_injected(columns: list[tuple[str, int]], rows: list[tuple[bool, str | None, list[str], int]],
+                   show: bool) -> tuple[list[tuple[str, int]], list[tuple[bool, str | None, list[str]]]]:
+    """The table's rows (open, end reason, cells, injected count) with an INJ column after RETRY when `show`.
+
+    Shown once a Kafka fault injected an error: ERR and RETRY leave those out, and an operator running a fault
+    drill still needs to see which clients got them. Without faults the table stays as it was.
+    """
+    if not show:
+        return columns, [(is_open, end, cells) for is_open, end, cells, _ in rows]
+    at = [name for name, _ in columns].index("RETRY") + 1
+    return (columns[:at] + [("INJ", 7)] + columns[at:],
+            [(is_open, end, cells[:at] + [f"{n:,}"] + cells[at:]) for is_open, end, cells, n in rows])
 
 
 def _host(addr: str | None) -> str:
@@ -191,7 +206,7 @@ def by_client(conns: list[dict[str, Any]], rates: dict[str, float]) -> list[dict
         if g is None:
             g = groups[key] = {"client_id": key[0], "software_label": key[1], "host": key[2], "roles": [],
                                "brokers": set(), "conns": 0, "open_conns": 0, "requests": 0, "errors": 0, "retriable": 0,
-                               "rate": None,
+                               "injected": 0, "rate": None,
                                "bytes_from_client": 0, "bytes_from_broker": 0, "last_seen_s_ago": float("inf"),
                                "topics": set(), "topics_more": 0, "open": False, "end_reason": None}
         g["conns"] += 1
@@ -203,6 +218,7 @@ def by_client(conns: list[dict[str, Any]], rates: dict[str, float]) -> list[dict
         g["requests"] += c["requests"]
         g["errors"] += c.get("errors") or 0
         g["retriable"] += c.get("retriable") or 0  # absent from a proxy older than the error kinds
+        g["injected"] += c.get("injected") or 0  # absent from a proxy older than the live injected count
         if c["conn_id"] in rates:
             g["rate"] = (g["rate"] or 0.0) + rates[c["conn_id"]]
         g["bytes_from_client"] += c["bytes_from_client"]
@@ -297,7 +313,8 @@ def render(clients: dict[str, Any], metrics: dict, prev: tuple[float, dict[str, 
             c.get("client_id") or "-", c["role"], _software(c), c.get("client_addr") or "-", c.get("broker_addr") or "-",
             f"{c['requests']:,}", _fmt_rate(per_conn_rate[c["conn_id"]]) if c["conn_id"] in per_conn_rate else "-",
             f"{c.get('errors') or 0:,}", f"{c.get('retriable') or 0:,}", _human_bytes(c["bytes_from_client"]), _human_bytes(c["bytes_from_broker"]),
-            f"{c['last_seen_s_ago']:.0f}s", topics_text(c["topics"], c.get("topics_more") or 0)]) for c in conns]
+            f"{c['last_seen_s_ago']:.0f}s", topics_text(c["topics"], c.get("topics_more") or 0)], c.get("injected") or 0)
+            for c in conns]
     else:
         columns = CLIENT_COLUMNS
         groups = by_client(conns, per_conn_rate)
@@ -309,7 +326,8 @@ def render(clients: dict[str, Any], metrics: dict, prev: tuple[float, dict[str, 
             f"{g['open_conns']}/{g['conns']}" if g["open_conns"] != g["conns"] else str(g["conns"]),
             str(len(g["brokers"])), f"{g['requests']:,}", "-" if g["rate"] is None else _fmt_rate(g["rate"]),
             f"{g['errors']:,}", f"{g['retriable']:,}", _human_bytes(g["bytes_from_client"]), _human_bytes(g["bytes_from_broker"]),
-            f"{g['last_seen_s_ago']:.0f}s", topics_text(sorted(g["topics"]), g["topics_more"])]) for g in groups]
+            f"{g['last_seen_s_ago']:.0f}s", topics_text(sorted(g["topics"]), g["topics_more"])], g["injected"]) for g in groups]
+    columns, rows = _with_injected(columns, rows, bool(injected))
     shown = [(is_open, end_reason and printable(end_reason), [printable(cell) for cell in cells])
              for is_open, end_reason, cells in rows[: max(1, height - len(lines) - 1)]]
     widths = _fit([cells for _, _, cells in shown], columns)

@@ -17,5 +17,7 @@ proxy, analytics or replay; they import this.
     migrations.py   format versions: the one check and the one migration registry
     reader.py       the one reader: live files (pyarrow.fs), versions, Arrow tables
     timespec.py     the --since/--until syntax analyze and replay share
+    fault_notes.py  which errors in a row's answer a Kafka fault injected, read from its `edit` note (no pyarrow:
+                    the writer's sums, the proxy's live counters and the Spark twin's test read it alike)
     sample_rows.py  synthetic rows for tests and the recording benchmark
 """

@@ -526,8 +526,15 @@ def test_errors_a_kafka_fault_injected_are_counted_apart_from_the_brokers() -> N
     assert (c7["errors"], c7["retriable"], c7["injected"]) == (1, 1, 4)
     screen = render(stats.clients_json(), metrics, None, 1.0, 400, 50, False).splitlines()
     assert "errors 1  retriable 2  injected 4" in screen[0]
-    assert "injected" not in render(_stats().clients_json(), parse_metrics(_stats().render_prometheus()), None, 1.0,
-                                    400, 50, False).splitlines()[0]  # no fault, no word for it
+    header = next(ln for ln in screen if ln.startswith("CLIENT_ID")).split()
+    assert header[header.index("RETRY") + 1] == "INJ"
+    drill = next(ln for ln in screen if ln.startswith("drill ")).split()
+    # SOFTWARE is two cells ("kafka-python 3.0.12"): one more than the header's index
+    assert [drill[header.index(h) + 1] for h in ("ERR", "RETRY", "INJ")] == ["1", "1", "4"]
+    billing = next(ln for ln in screen if ln.startswith("billing ")).split()
+    assert billing[header.index("INJ") + 1] == "0"
+    plain = render(_stats().clients_json(), parse_metrics(_stats().render_prometheus()), None, 1.0, 400, 50, False)
+    assert "injected" not in plain.splitlines()[0] and " INJ " not in plain  # no fault, no word or column for it
 
 
 def test_top_rates_are_numbers_from_two_polls() -> None:

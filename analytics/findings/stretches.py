@@ -40,7 +40,7 @@ def separate_stretches(t: Tables) -> list[Finding]:
         summary=("The proxy runs in this recording fall into separate stretches of time (Proxy runs and Stretches of "
                  "recording tables): a directory reused across sessions (`proxy --record` adds to what it holds). "
                  "The overview's span and its rates run across the gaps; the per-client and per-topic rates (client "
-                 "inventory, reconnects, produce and fetch rates) count only the time some run recorded. Analyze one stretch with --since/--until its start and end, or record each "
+                 "inventory, reconnects, produce and fetch rates) leave the gaps out. Analyze one stretch with --since/--until its start and end, or record each "
                  "session into a directory of its own."),
         evidence={"stretches": len(rows), "longest_gap_s": max((r.get("gap_before_s") or 0) for r in rows[1:])},
         examples=[{k: r.get(k) for k in ("stretch", "start", "end", "duration_s", "gap_before_s", "proxy_runs",

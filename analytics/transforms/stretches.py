@@ -77,8 +77,9 @@ def run_spans(conns: DataFrame) -> DataFrame:
 
 
 def collect_spans(conns: DataFrame) -> list[RunSpan]:
-    """`run_spans` on the driver, in order of start: one small job, which the job runs once for the three tables
-    that read them (`recording_stretches`, `proxy_runs`, the recorded time of `reconnects_by_client`)."""
+    """`run_spans` on the driver, in order of start: one small job, which the job runs once for every table that
+    reads them (`recording_stretches`, `proxy_runs`, and the recorded time of `reconnects_by_client`,
+    `client_inventory`, `produce_rate_by_topic` and `fetch_by_consumer`)."""
     return sorted((RunSpan(**r.asDict()) for r in run_spans(conns).collect()), key=lambda s: (s.start_ns, s.end_ns, s.run))
 
 
@@ -145,29 +146,42 @@ def recorded_ns(first: Column, last: Column, spans: Sequence[RunSpan], since_ns:
     """How much of `first`..`last` (cut to the window) some proxy run in `spans` was recording; null without spans.
 
     Runs that touch or overlap are one span (no gap is bridged here: time no run recorded is never a client's).
-    The runs are a few rows: a literal array each row folds over, no join.
+    For connection rows, which lie inside their runs' spans by construction (`reconnects_by_client`).
     """
     runs = merged(windowed(spans, since_ns, until_ns), 0)
     if not runs:
         return F.lit(None).cast("long")
-    lo, hi = clamp(first, since_ns, until_ns), clamp(last, since_ns, until_ns)
-    literal = F.array(*[F.struct(F.lit(r.start_ns).cast("long").alias("s"), F.lit(r.end_ns).cast("long").alias("e"))
-                        for r in runs])
+    return _overlap_ns(clamp(first, since_ns, until_ns), clamp(last, since_ns, until_ns),
+                       [(r.start_ns, r.end_ns) for r in runs])
+
+
+def _overlap_ns(lo: Column, hi: Column, intervals: Sequence[tuple[int, int]]) -> Column:
+    """How much of lo..hi the (disjoint) `intervals` cover: a literal array each row folds over, no join."""
+    literal = F.array(*[F.struct(F.lit(s).cast("long").alias("s"), F.lit(e).cast("long").alias("e")) for s, e in intervals])
     return F.aggregate(literal, F.lit(0).cast("long"),
                        lambda acc, r: acc + F.greatest(F.least(hi, r["e"]) - F.greatest(lo, r["s"]), F.lit(0)))
 
 
+TAIL_S = 60  # after a run's last sign of life, time still counted as recorded by a rate of requests (rate_seconds)
+
+
 def rate_seconds(first: Column, last: Column, spans: Sequence[RunSpan] | None) -> Column:
-    """The seconds a count over `first`..`last` is a rate of: the part some proxy run recorded, 1 s at least.
+    """The seconds a count of requests over `first`..`last` is a rate of: less the gaps between the recording's
+    stretches that fall inside it, 1 s at least.
 
     Why: a topic produced to in two sessions of a reused recording directory hours apart read as a trickle over
-    the hours between them. Without spans (a caller that has none), or where no run covers any of first..last
-    (requests after a killed run's last snapshot), it is first..last itself, as before the runs were known.
+    the hours between them. Only gaps of GAP_MIN_S or more count (a restart is no gap), and each from TAIL_S
+    after the run before it: a run's span ends at its last sign of life in the connection rows (a snapshot every
+    --tcp-info-interval), and a killed run's requests go on a little after that. Time before the first run or
+    after the last is never subtracted, for the same reason. Without spans (a caller that has none) it is
+    first..last, as before the runs were known.
     """
     whole = last - first
-    if spans:
-        recorded = recorded_ns(first, last, spans)
-        whole = F.when(recorded > 0, recorded).otherwise(whole)
+    stretches = merged(spans or (), GAP_MIN_S * _NS)
+    gaps = [(a.end_ns + TAIL_S * _NS, b.start_ns) for a, b in zip(stretches, stretches[1:])
+            if b.start_ns > a.end_ns + TAIL_S * _NS]
+    if gaps:
+        whole = whole - _overlap_ns(first, last, gaps)
     return F.greatest(whole / 1e9, F.lit(1.0))
 
 

@@ -95,6 +95,8 @@ def test_before_and_after_pairs_are_listed_in_run_order_with_their_medians() -> 
     assert rows[-1] == "| 2,444 | median | 15.0 s | 13.0 s | -2.0 s | |"
 
 
+@pytest.mark.spark
+@pytest.mark.slow
 def test_the_bench_says_where_sparks_time_went(tmp_path: Path) -> None:
     """Issue 16 asks the bench to print where Spark's time goes; for twenty sessions the README said it did while
     bench/spark_timeline.py was only ever run by hand. One real analysis of a small recording, profiled."""
@@ -122,3 +124,4 @@ def test_the_timeline_lines_say_each_phase_and_count() -> None:
                          "12.6 s; 51 SQL executions, 71 jobs, 139 stages, 151 tasks, task time 6.2 s (CPU 3.1 s, "
                          "GC 1.3 s). Slowest executions: toArrow 2.01 s (8 jobs, 20 tasks).")
     assert "bench/spark_timeline.py" in lines[1]
+    assert bench.timeline_markdown([{"requests": 9}]) == []  # --no-timeline: no heading over nothing

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark.sql import functions as F
 
 from analytics.findings import run_rules
 from analytics.job import run_analysis, summary
@@ -20,8 +21,8 @@ from analytics.synthetic import write_rows
 from analytics.load import one_row_per_connection
 from analytics.transforms import connections
 from analytics.transforms.common import literal_rows
-from analytics.transforms.stretches import (NO_CLEAN_STOP, NO_RUN_ROWS, RunSpan, collect_spans, merged, proxy_runs,
-                                            recording_stretches, windowed)
+from analytics.transforms.stretches import (GAP_MIN_S, NO_CLEAN_STOP, NO_RUN_ROWS, TAIL_S, RunSpan, collect_spans, merged,
+                                            proxy_runs, rate_seconds, recording_stretches, windowed)
 from analytics_rows import S, T0, conn, req
 
 pytestmark = pytest.mark.spark
@@ -69,7 +70,8 @@ def test_the_inventory_and_topic_rates_are_over_the_recorded_time_not_the_gap(ma
             for i, t in enumerate(times)]
     rows += [req(r["conn_id"], r["correlation_id"] + 1, api="Fetch", t_s=(r["req_first_ns"] - T0) / S) for r in rows]
     r = prepare_requests(make_df("requests", rows))
-    recorded_s = 190 + 54  # of app-1's 10 s..LATER_S+54 s: 10..200 s by run a1a1a1 (to its stop), 54 s by b2b2b2
+    # app-1's 10 s..LATER_S+54 s less the gap between the runs, from a minute after a1a1a1's end (TAIL_S) to b2b2b2
+    recorded_s = 190 + TAIL_S + 54
     span_s = LATER_S + 54 - 10
     rate = produce_fetch.produce_rate_by_topic(topic_rollup(r), spans).collect()[0]
     assert rate["records_per_s"] == pytest.approx(len(times) * 10 / recorded_s, rel=1e-2)
@@ -80,6 +82,26 @@ def test_the_inventory_and_topic_rates_are_over_the_recorded_time_not_the_gap(ma
     inv = clients.client_inventory(request_rollup(r), topic_rollup(r), conns, spans).collect()[0]
     assert inv["requests_per_s"] == pytest.approx(2 * len(times) / recorded_s, rel=1e-2)
     assert inv["records_produced_per_s"] == pytest.approx(len(times) * 10 / recorded_s, rel=1e-2)
+
+
+def test_rate_seconds_subtract_only_the_gaps_between_stretches(spark) -> None:
+    """A killed run's span ends at its last snapshot, its requests a little later: time after a run's end (up to
+    TAIL_S, or after the last run) and before the first run is the client's own, and a restart is no gap."""
+    spans = [span("a", 0, 200), span("b", LATER_S, LATER_S + 55)]
+    cases = {  # first..last (s) -> seconds
+        (10, LATER_S + 54): 190 + TAIL_S + 54,  # across the sessions: the gap from a minute after run a's end out
+        (195, 230): 35,  # run a's tail, after its last sign of life: nothing subtracted
+        (LATER_S + 50, LATER_S + 70): 20,  # past the last run
+        (-30, 100): 130,  # before the first
+        (1000, 1000.5): 1,  # a moment inside the gap: 1 s at least
+    }
+    rows = [(T0 + int(a * S), T0 + int(b * S)) for a, b in cases]
+    df = spark.createDataFrame(rows, "first long, last long")
+    got = [r[0] for r in df.select(rate_seconds(F.col("first"), F.col("last"), spans)).collect()]
+    assert got == pytest.approx(list(cases.values()))
+    restart = [span("a", 0, 200), span("b", 200 + GAP_MIN_S - 1, 900)]  # back within 5 minutes: one stretch
+    assert df.select(rate_seconds(F.lit(T0), F.lit(T0 + 800 * S), restart)).first()[0] == pytest.approx(800)
+    assert df.select(rate_seconds(F.lit(T0), F.lit(T0 + 800 * S), None)).first()[0] == pytest.approx(800)
 
 
 def test_the_runs_and_stretches_tables(make_df) -> None:

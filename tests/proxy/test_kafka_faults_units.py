@@ -403,6 +403,21 @@ def test_a_rewrite_whose_response_lacks_its_entries_is_not_injected_and_a_once_r
     assert edit.note.startswith("fault#1 error=NOT_LEADER_OR_FOLLOWER rewrite on=orders; fault#2 delay=50ms")
     assert rules.rules[0].state(rules.clock())[0] == "used"
     assert [(r.matched, r.injected, r.skipped) for r in rules.rules] == [(2, 1, 1), (2, 2, 0)]
+    # alone, a rewrite that set nothing is no edit at all: the broker's frame goes on as it came
+    rules, ic = _interceptor("error=Produce:NOT_LEADER_OR_FOLLOWER,rewrite,partition=1,once,nth=2")
+    for cid in (21, 22, 23):
+        head, frame = _produce(cid, partitions=(0, 1))
+        assert ic.on_request(head, frame) is None
+        if cid == 21:  # the first match is not the 2nd: nothing pending
+            assert not ic.wants_response(head)
+            continue
+        assert ic.wants_response(head)
+        if cid == 22:  # the 2nd match, but its answer lacks partition 1
+            assert ic.on_response(head, deep.encode_response(PRODUCE, 9, cid, only_p0)) is None
+            continue
+        edit = ic.on_response(head, deep.encode_response(PRODUCE, 9, cid, both))  # the first match after the 2nd
+        assert edit.note == "fault#1 error=NOT_LEADER_OR_FOLLOWER rewrite on=orders"
+    assert [(r.matched, r.injected, r.skipped) for r in rules.rules] == [(3, 1, 1)]
 
 
 def test_a_topic_or_partition_rule_notes_the_topics_it_matched() -> None:
