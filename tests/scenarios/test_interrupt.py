@@ -29,13 +29,24 @@ def _procs_mentioning(text: str) -> list[int]:
     return found
 
 
+def _as_from_a_terminal() -> None:
+    """SIGINT and SIGQUIT at their defaults in the runner, as a shell at a terminal starts it.
+
+    A suite started in the background by a shell without job control (`cmd &` in a script) inherits both
+    ignored, and so does every child: Python then installs no KeyboardInterrupt handler, the Ctrl-C below
+    was ignored, and the scenario ran to its end and exited 0.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
 def test_sigint_mid_traffic_cleans_up(tmp_path) -> None:
     assert os.geteuid() == 0, "network namespaces need root"
     iptables_before = host_iptables_snapshot()
     out = tmp_path / "interrupted"
     proc = subprocess.Popen([sys.executable, "-m", "kafkatap.cli", "scenario", "run", "no-window-scaling",
                              "--out", str(out), "--no-analyze"], stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_as_from_a_terminal)
     assert proc.stderr is not None
     tag = None
     for line in proc.stderr:  # the progress lines are the event we wait for
