@@ -6,7 +6,8 @@ the RSS of its whole process tree (Python driver + the Spark JVM), then once
 more with Spark's event log on to say where its time went (bench/spark_timeline.py:
 start-up, planning between queries, queries running, writing; the counts of SQL
 executions, stages and tasks; `--no-timeline` skips it), then run the headline
-queries with DuckDB on the same Parquet files (also in a sampled subprocess). Prints a table and, with --write-results, replaces the
+queries with DuckDB on the same Parquet files (also in a sampled subprocess).
+Prints a table and, with --write-results, replaces the
 "## analytics (bench/analytics_scale.py)" section of bench/RESULTS.md.
 
     .venv/bin/python bench/analytics_scale.py --sizes 1000000 10000000 --write-results

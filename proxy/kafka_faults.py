@@ -310,6 +310,12 @@ class FaultRule:
         start = self.added_mono + f.after_s
         return now >= start and (f.for_s is None or now < start + f.for_s)
 
+    def not_applied(self) -> None:
+        """An injection counted when its request went out did not happen after all (moot, or its response edit
+        failed or found nothing to set): it counts as skipped, and a `once` rule is armed again."""
+        self.injected -= 1
+        self.skipped += 1
+
     @property
     def exhausted(self) -> bool:
         return self.fault.once and self.injected > 0
@@ -442,8 +448,7 @@ class _Pending:
     def moot(self) -> None:
         """The request was answered in place or dropped: the response edits noted so far never happen."""
         for rule in self.rules:
-            rule.injected -= 1
-            rule.skipped += 1
+            rule.not_applied()
 
 
 class KafkaFaultInterceptor:
@@ -579,8 +584,7 @@ class KafkaFaultInterceptor:
             # the request went out, and did not happen (a delay still holds the answer, so it stays counted)
             failed = [rule for rule, *_ in pend.errors] + ([pend.throttle] if pend.throttle is not None else [])
             for rule in failed:
-                rule.injected -= 1
-                rule.skipped += 1
+                rule.not_applied()
             self._warn("response", exc, failed)
             return Edit(delay_s=pend.delay_s, note="; ".join(pend.notes) + " (not applied)")
 
@@ -598,8 +602,7 @@ class KafkaFaultInterceptor:
                 replaced: list[int] = []
                 n = set_errors(head.api_key, head.api_version, body, rule.fault.error_code, where, replaced=replaced)
                 if not n:  # e.g. a Fetch answer without the partition asked for: the client got the broker's answer
-                    rule.injected -= 1
-                    rule.skipped += 1
+                    rule.not_applied()
                     unset.append(at)
                     continue
                 changed = True

@@ -278,17 +278,17 @@ class LiveStats:
                 _histogram(self.broker_latency, lk).observe(blat)
         errs = row.get("errors")
         kind = None
-        injected = False
+        mine: list[str] = []  # the error names a Kafka fault's error= put in the answer: kafkatap's, not the broker's
         if errs:
             names = [(e.get("name") if isinstance(e, dict) else None) or "UNKNOWN" for e in errs]
-            ours = injected_error_names(row.get("edit"))  # a Kafka fault's error= is kafkatap's, not the broker's
+            ours = injected_error_names(row.get("edit"))
             if ours:
-                injected = any(name in ours for name in names)
-                if injected:
-                    _bump(self.injected_requests, (api, ver))
-                for name in [n for n in names if n in ours][:16]:
-                    _bump(self.injected_errors, (api, ver, name))
+                mine = [n for n in names if n in ours]
                 names = [n for n in names if n not in ours]
+            if mine:
+                _bump(self.injected_requests, (api, ver))
+                for name in mine[:16]:
+                    _bump(self.injected_errors, (api, ver, name))
             if names:
                 kind = response_kind(api, names)  # from every broker error, as the report does
                 if kind != PROTOCOL_STEP:  # a first JoinGroup's MEMBER_ID_REQUIRED is the protocol, not a failure
@@ -311,7 +311,7 @@ class LiveStats:
             c.errors += 1
         elif kind == RETRIABLE:
             c.retriable += 1
-        if injected:
+        if mine:
             c.injected += 1
         cid = row.get("client_id")
         if cid is not None:
