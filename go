@@ -18,7 +18,7 @@ usage: ./go COMMAND [ARGS...]
 
   demo [ARGS]    install what is missing, then run 'kafkatap demo' (local Kafka + proxy + traffic + Spark report)
   test [ARGS]    install what is missing, then run the whole test suite (pytest ARGS pass through)
-  quick-test     the tests that need no broker, Spark or root (about half a minute)
+  quick-test     the tests that need no broker, Spark or root (2,700 tests, two to three minutes)
   bench NAME     run bench/NAME.py (proxy_overhead, relay_ab, hostile, recording_cost, workers, parse, analytics_scale)
   setup          only install (Debian packages, .venv, Kafka jars, Spark class archive)
   kafkatap ARGS  run the kafkatap CLI from the project venv

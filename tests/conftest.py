@@ -23,6 +23,7 @@ from harness.jars import DEFAULT_VERSION, INCIDENT_VERSION
 _counter = itertools.count()
 BROKER_FIXTURES = {"kafka_broker", "kafka_broker_37", "kafka_any_version", "proxied_kafka", "rec_broker", "sasl_broker",
                    "sasl_reauth_broker"}
+SPARK_FIXTURES = {"spark", "make_df"}  # tests/analytics/conftest.py: the shared local SparkSession
 
 
 def _broker(request: pytest.FixtureRequest, version: str) -> Iterator[LocalKafka]:
@@ -155,14 +156,18 @@ def topic_name(request: pytest.FixtureRequest) -> str:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark tests that use a broker fixture with `kafka` so `-m 'not kafka'` deselects them.
+    """Mark tests that use a broker fixture with `kafka`, and those that use the SparkSession with `spark`,
+    so `-m 'not kafka and not spark'` (`./go quick-test`) deselects them.
 
     The proxy package conftest's own broker fixture (a broker advertising the
     proxy) is listed here too.
     """
     for item in items:
-        if BROKER_FIXTURES & set(getattr(item, "fixturenames", ())):
+        used = set(getattr(item, "fixturenames", ()))
+        if BROKER_FIXTURES & used:
             item.add_marker(pytest.mark.kafka)
+        if SPARK_FIXTURES & used:
+            item.add_marker(pytest.mark.spark)
 
 
 @pytest.hookimpl(wrapper=True)

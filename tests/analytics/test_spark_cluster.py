@@ -34,6 +34,8 @@ from proxy.sinks import build_sinks
 SPARK_HOME = Path(pyspark.__file__).parent
 KAFKATAP = [sys.executable, "-m", "kafkatap.cli", "--log-format", "json"]
 
+pytestmark = [pytest.mark.spark, pytest.mark.kafka]  # a Spark cluster, and a broker its recording comes from
+
 
 class StandaloneCluster:
     """A Spark standalone master and `workers` workers on 127.0.0.1 (1 core, 1 GiB each)."""

@@ -26,7 +26,12 @@ def _check_accounting(sink) -> None:
     for c in finals:
         # every request frame seen on a connection has exactly one row
         assert per_conn.get(c["conn_id"], 0) == c["requests"] == c["frames_from_client"], c
-        assert c["unanswered"] == 0, c
+        # a client may close with requests in flight (librdkafka's consumer drops its long-poll Fetch on
+        # close): each is a row marked unanswered; no other end may leave one behind
+        abandoned = sum(r["status"] == "unanswered" for r in sink.requests if r["conn_id"] == c["conn_id"])
+        assert c["unanswered"] == abandoned, c
+        if c["end_by"] != "client":
+            assert c["unanswered"] == 0, c
     for r in sink.requests:
         if r["status"] == "answered":
             assert r["req_first_ns"] <= r["req_last_ns"] <= r["req_sent_ns"] <= r["resp_first_ns"], r

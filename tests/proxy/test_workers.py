@@ -332,6 +332,7 @@ while True:
 """
 
 
+@pytest.mark.netns
 def test_transparent_mode_workers_each_take_the_original_destination():
     """A gateway (`kafkatap iptables --mode gateway`) in front of a server: every worker answers redirected
     connections with their SO_ORIGINAL_DST, and sets the default SO_MARK on its upstream sockets.
