@@ -40,7 +40,7 @@ from harness.jars import (
 )
 from harness.ports import listener_ports, port_holder, port_in_use, port_is_free
 from harness.wire import WireClient
-from protocol.apis import METADATA
+from protocol.apis import LIST_OFFSETS, METADATA
 from protocol.errors import ProtocolError
 
 log = structlog.get_logger("kafkatap.kafka")
@@ -102,6 +102,21 @@ def partition_states(host: str, port: int, topic: str, timeout: float = 2.0) -> 
     if len(topics) != 1:
         return -1, []
     return topics[0]["error_code"], [(p["leader_id"], len(p["isr_nodes"])) for p in topics[0]["partitions"]]
+
+
+def partitions_led(host: str, port: int, topic: str, partitions: list[int], timeout: float = 2.0) -> bool:
+    """Does the broker at host:port lead every one of `partitions` of `topic` already (ListOffsets answers 0)?
+
+    Why Metadata is not enough: KRaft publishes a new topic's leader a moment before that broker's
+    replica manager has become leader, and a Produce in the gap is answered NOT_LEADER_OR_FOLLOWER.
+    ListOffsets(latest) has no side effect and answers 0 only once the partition is really led.
+    """
+    wanted = [{"name": topic, "partitions": [{"partition_index": i, "current_leader_epoch": -1, "timestamp": -1}
+                                             for i in partitions]}]
+    with WireClient(host, port, timeout=timeout) as client:
+        body = client.call(LIST_OFFSETS, 4, {"replica_id": -1, "isolation_level": 0, "topics": wanted})
+    answered = [p for t in body["topics"] or () for p in t["partitions"] or ()]
+    return len(answered) == len(partitions) and all(p["error_code"] == 0 for p in answered)
 
 
 def brokers_registered(host: str, port: int, timeout: float = 2.0) -> int:
@@ -272,8 +287,22 @@ class LocalKafka:
             admin.close()
         self.wait_for_topic(name, partitions, replication)
 
+    def _leaders_serve(self, name: str, seen: dict[int, object]) -> bool:
+        """Does each partition's leader (as the metadata in `seen` names it) really lead it already?"""
+        states = next(iter(seen.values()))
+        by_leader: dict[int, list[int]] = {}
+        for index, (leader, _isr) in enumerate(states[1]):  # type: ignore[index]
+            by_leader.setdefault(leader, []).append(index)
+        ports = {node.node_id: node.port for node in self.nodes}
+        try:
+            return all(leader in ports and partitions_led(self.host, ports[leader], name, indexes)
+                       for leader, indexes in by_leader.items())
+        except (OSError, ProtocolError):
+            return False
+
     def wait_for_topic(self, name: str, partitions: int, replication: int = 1, timeout: float = 30.0) -> None:
-        """Return once every node's metadata has a leader and a full ISR for each partition of `name`.
+        """Return once every node's metadata has a leader and a full ISR for each partition of `name`, and each
+        leader answers ListOffsets for it (`partitions_led`).
 
         A freshly created topic reaches the other brokers of a cluster a little
         later; a client that asks one of them first would see no partitions.
@@ -289,7 +318,8 @@ class LocalKafka:
                 except OSError as e:
                     seen[node.node_id] = repr(e)
             if all(isinstance(v, tuple) and v[0] == 0 and len(v[1]) == partitions
-                   and all(leader >= 0 and isr >= replication for leader, isr in v[1]) for v in seen.values()):
+                   and all(leader >= 0 and isr >= replication for leader, isr in v[1]) for v in seen.values()) \
+                    and self._leaders_serve(name, seen):
                 return
             if time.monotonic() > deadline:
                 raise KafkaHarnessError(f"topic {name!r} not ready on every broker after {timeout:g} s: {seen}")

@@ -70,8 +70,11 @@ def _workload(bootstrap: str) -> None:
     orders.close()
     audit.close()
     consumer = KafkaConsumer("orders", "audit", bootstrap_servers=bootstrap, group_id="billing", client_id="billing-reader",
-                             auto_offset_reset="earliest", consumer_timeout_ms=3000)
-    assert sum(1 for _ in consumer) >= i
+                             auto_offset_reset="earliest", consumer_timeout_ms=30_000)
+    # read all that was sent (the orders, and an audit record every third): a fresh broker's first group waits
+    # seconds for __consumer_offsets, so 3 s of quiet was no sign of the end
+    sent = i + len(range(0, i, 3))
+    assert sum(1 for _ in zip(range(sent), consumer)) >= i
     consumer.close()
     admin.close()
 

@@ -130,8 +130,9 @@ def recording(tmp_path_factory) -> Path:
                 lost.send("no-such-topic", b"x").get(timeout=3)
             lost.close()
             cons = KafkaConsumer("orders", bootstrap_servers=proxy.bootstrap, group_id="orders-readers",
-                                 auto_offset_reset="earliest", consumer_timeout_ms=3000, client_id="orders-reader")
-            got = sum(1 for _ in cons)
+                                 auto_offset_reset="earliest", consumer_timeout_ms=30_000, client_id="orders-reader")
+            # a fresh broker's first group waits seconds for __consumer_offsets: stop at 300, not at 3 s of quiet
+            got = sum(1 for _ in zip(range(300), cons))
             cons.close()
             assert got == 300
     finally:

@@ -127,7 +127,8 @@ def test_cluster_mode_cli_records_everything_and_never_warns(kafka_broker, topic
     assert not any("around the proxy" in str(e.get("event")) for e in lines)
     rows = _requests(rec)
     produced = [r for r in rows if r["api_name"] == "Produce" and topic_name in (r["topics"] or [])]
-    assert sum(r["records"] for r in produced) == 20
+    # the topic is auto-created: a batch racing its leader is refused and sent again, so count what was taken
+    assert sum(r["records"] for r in produced if r["status"] == "answered" and not r["error_count"]) == 20
     assert {r["edit"] for r in rows if r["api_name"] == "Metadata" and r["status"] == "answered"} == {
         "rewrite addresses 1"}
     assert not any(r["bypass"] for r in rows)

@@ -75,6 +75,12 @@ def _after(rows: list[dict], row: dict) -> list[dict]:
                   key=lambda r: r["req_first_ns"])
 
 
+def _looked_up_after(rows: list[dict], rule: int) -> bool:
+    """Has the client that fault #`rule` hit sent a FindCoordinator since?"""
+    hit = [r for r in rows if (r.get("edit") or "").startswith(f"fault#{rule} ")]
+    return bool(hit) and FIND_COORDINATOR in [r["api_key"] for r in _after(rows, hit[0])]
+
+
 def test_in_place_not_leader_kafka_python_refreshes_metadata_retries_no_duplicates(proxied_kafka, topic_name, sink) -> None:
     from kafka import KafkaProducer
 
@@ -147,6 +153,8 @@ def test_confluent_consumer_finds_a_new_coordinator_after_not_coordinator(proxie
                         commits += 1
                     except Exception:  # noqa: BLE001 — the injected NOT_COORDINATOR: the client must recover
                         pass
+            # the loop ends when the Heartbeat fault was answered; librdkafka's lookup follows on its own thread
+            sink.wait_for(lambda s: _looked_up_after(s.requests, 2))
         finally:
             c.close()
     assert got == 20 and [r.injected for r in rules.rules] == [1, 1]
