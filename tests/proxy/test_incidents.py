@@ -9,6 +9,7 @@ from __future__ import annotations
 import socket
 import struct
 import threading
+import time
 
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
@@ -156,8 +157,13 @@ def test_broker_killed_mid_request_and_restarted(proxied_kafka, topic_name, sink
 
         t = threading.Thread(target=consume, daemon=True)
         t.start()
-        # a Fetch long-poll is in flight once the first answered Fetch came back
+        # the consumer long-polls (fetch_max_wait_ms=2000) once two Fetches were answered; kill the broker while
+        # the proxy holds one of them unanswered (the consumer thread may not have sent the next one yet)
         sink.wait_for(lambda s: sum(r["api_name"] == "Fetch" for r in s.requests) >= 2)
+        deadline = time.monotonic() + 10
+        while not p.call(lambda: sum(c.inflight for c in p.server.conns)):  # proxy state: no event to await
+            assert time.monotonic() < deadline, "no request in flight through the proxy"
+            time.sleep(0.01)
         kafka.kill()
         sink.wait_for(lambda s: any(c["final"] and c["end_by"] == "broker" and c["unanswered"] for c in s.connections))
         kafka.restart()

@@ -96,7 +96,9 @@ def record_clients_session(origin: str, listen: str, out: Path, topic: str, *, c
                             linger_ms=0)
         big.send(oversize_topic, value=b"x" * OVERSIZE_BYTES, partition=0)
         big.flush(10)
-        time.sleep(0.3)
+        # not a synchronization: the idle time the replay reproduces before this client closes, within which the
+        # replay target (smaller message.max.bytes) must hang up on the batch; a replay stops waiting when it does
+        time.sleep(1.5)
         big.close(5)
 
         cp = Producer({"bootstrap.servers": boot, "enable.idempotence": True, "client.id": "ck-producer",
