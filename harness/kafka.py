@@ -104,6 +104,13 @@ def partition_states(host: str, port: int, topic: str, timeout: float = 2.0) -> 
     return topics[0]["error_code"], [(p["leader_id"], len(p["isr_nodes"])) for p in topics[0]["partitions"]]
 
 
+def partition_leaders(host: str, port: int, topic: str, timeout: float = 2.0) -> dict[int, int]:
+    """What one broker's Metadata v1 says of `topic`: {partition index: leader id} (the answer lists them in any order)."""
+    with WireClient(host, port, timeout=timeout) as client:
+        topics = client.call(METADATA, 1, {"topics": [{"name": topic}]})["topics"]
+    return {p["partition_index"]: p["leader_id"] for t in topics for p in t["partitions"]}
+
+
 def partitions_led(host: str, port: int, topic: str, partitions: list[int], timeout: float = 2.0) -> bool:
     """Does the broker at host:port lead every one of `partitions` of `topic` already (ListOffsets answers 0)?
 
@@ -287,14 +294,13 @@ class LocalKafka:
             admin.close()
         self.wait_for_topic(name, partitions, replication)
 
-    def _leaders_serve(self, name: str, seen: dict[int, object]) -> bool:
-        """Does each partition's leader (as the metadata in `seen` names it) really lead it already?"""
-        states = next(iter(seen.values()))
-        by_leader: dict[int, list[int]] = {}
-        for index, (leader, _isr) in enumerate(states[1]):  # type: ignore[index]
-            by_leader.setdefault(leader, []).append(index)
+    def _leaders_serve(self, name: str) -> bool:
+        """Does each partition's leader, as Metadata names it, really lead it already?"""
         ports = {node.node_id: node.port for node in self.nodes}
         try:
+            by_leader: dict[int, list[int]] = {}
+            for index, leader in partition_leaders(self.host, self.nodes[0].port, name).items():
+                by_leader.setdefault(leader, []).append(index)
             return all(leader in ports and partitions_led(self.host, ports[leader], name, indexes)
                        for leader, indexes in by_leader.items())
         except (OSError, ProtocolError):
@@ -319,7 +325,7 @@ class LocalKafka:
                     seen[node.node_id] = repr(e)
             if all(isinstance(v, tuple) and v[0] == 0 and len(v[1]) == partitions
                    and all(leader >= 0 and isr >= replication for leader, isr in v[1]) for v in seen.values()) \
-                    and self._leaders_serve(name, seen):
+                    and self._leaders_serve(name):
                 return
             if time.monotonic() > deadline:
                 raise KafkaHarnessError(f"topic {name!r} not ready on every broker after {timeout:g} s: {seen}")
