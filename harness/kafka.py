@@ -96,19 +96,14 @@ def _kafka_uuid() -> str:
 # --- probes: enough Kafka to know a broker is serving ---------------------------
 
 def partition_states(host: str, port: int, topic: str, timeout: float = 2.0) -> tuple[int, list[tuple[int, int]]]:
-    """What one broker's Metadata v1 says of `topic`: (topic error code, [(leader, ISR size) per partition])."""
+    """What one broker's Metadata v1 says of `topic`: (topic error code, [(leader, ISR size) per partition]),
+    partition 0 first (the answer lists them in any order: 3.7.2's 3-node cluster gave 2, 3, 1)."""
     with WireClient(host, port, timeout=timeout) as client:
         topics = client.call(METADATA, 1, {"topics": [{"name": topic}]})["topics"]
     if len(topics) != 1:
         return -1, []
-    return topics[0]["error_code"], [(p["leader_id"], len(p["isr_nodes"])) for p in topics[0]["partitions"]]
-
-
-def partition_leaders(host: str, port: int, topic: str, timeout: float = 2.0) -> dict[int, int]:
-    """What one broker's Metadata v1 says of `topic`: {partition index: leader id} (the answer lists them in any order)."""
-    with WireClient(host, port, timeout=timeout) as client:
-        topics = client.call(METADATA, 1, {"topics": [{"name": topic}]})["topics"]
-    return {p["partition_index"]: p["leader_id"] for t in topics for p in t["partitions"]}
+    parts = sorted(topics[0]["partitions"], key=lambda p: p["partition_index"])
+    return topics[0]["error_code"], [(p["leader_id"], len(p["isr_nodes"])) for p in parts]
 
 
 def partitions_led(host: str, port: int, topic: str, partitions: list[int], timeout: float = 2.0) -> bool:
@@ -294,13 +289,13 @@ class LocalKafka:
             admin.close()
         self.wait_for_topic(name, partitions, replication)
 
-    def _leaders_serve(self, name: str) -> bool:
-        """Does each partition's leader, as Metadata names it, really lead it already?"""
+    def _leaders_serve(self, name: str, states: list[tuple[int, int]]) -> bool:
+        """Does each partition's leader, as `partition_states` names it (index order), really lead it already?"""
         ports = {node.node_id: node.port for node in self.nodes}
+        by_leader: dict[int, list[int]] = {}
+        for index, (leader, _isr) in enumerate(states):
+            by_leader.setdefault(leader, []).append(index)
         try:
-            by_leader: dict[int, list[int]] = {}
-            for index, leader in partition_leaders(self.host, self.nodes[0].port, name).items():
-                by_leader.setdefault(leader, []).append(index)
             return all(leader in ports and partitions_led(self.host, ports[leader], name, indexes)
                        for leader, indexes in by_leader.items())
         except (OSError, ProtocolError):
@@ -325,7 +320,7 @@ class LocalKafka:
                     seen[node.node_id] = repr(e)
             if all(isinstance(v, tuple) and v[0] == 0 and len(v[1]) == partitions
                    and all(leader >= 0 and isr >= replication for leader, isr in v[1]) for v in seen.values()) \
-                    and self._leaders_serve(name):
+                    and self._leaders_serve(name, seen[self.nodes[0].node_id][1]):  # type: ignore[index]
                 return
             if time.monotonic() > deadline:
                 raise KafkaHarnessError(f"topic {name!r} not ready on every broker after {timeout:g} s: {seen}")

@@ -162,7 +162,7 @@ def test_confluent_consumer_finds_a_new_coordinator_after_not_coordinator(proxie
     for api, rule in ((OFFSET_COMMIT, 1), (HEARTBEAT, 2)):
         hit = [r for r in rows if (r.get("edit") or "").startswith(f"fault#{rule} ")]
         assert len(hit) == 1 and hit[0]["api_key"] == api and _codes(hit[0]) == {16}
-        assert FIND_COORDINATOR in [r["api_key"] for r in _after(rows, hit[0])], "no coordinator lookup after the fault"
+        assert _looked_up_after(rows, rule), "no coordinator lookup after the fault"
 
 
 def test_java_producer_recovers_from_not_leader(proxied_kafka, topic_name, sink) -> None:
