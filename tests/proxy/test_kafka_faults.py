@@ -240,13 +240,16 @@ def test_delay_and_throttle_pause_are_recorded_as_the_proxys_time_not_the_broker
 
     held = [r for r in sink.requests if (r.get("edit") or "").startswith("fault#1")]
     for r in held:
-        assert us(r, "resp_sent_ns", "resp_last_ns") >= 300_000  # the delay: the proxy's, on the response
-        assert us(r, "resp_first_ns", "req_sent_ns") < 250_000  # the broker answered a local Produce at once
+        hold = us(r, "resp_sent_ns", "resp_last_ns")
+        assert hold >= 300_000  # the delay: the proxy's, on the response
+        # the broker's part excludes the hold (a loaded machine may still make it slow, so no fixed bound)
+        assert us(r, "resp_first_ns", "req_sent_ns") < hold
         assert us(r, "resp_sent_ns", "req_first_ns") >= 300_000  # what the client waited, all of it
     paused = next(r for r in sink.requests if (r.get("edit") or "").startswith("fault pause"))
     assert paused["client_id"] == "thr" and paused["api_key"] == API_VERSIONS
-    assert us(paused, "req_sent_ns", "req_last_ns") >= 300_000  # held on its way to the broker (400 ms less the RTT)
-    assert us(paused, "resp_first_ns", "req_sent_ns") < 250_000
+    pause = us(paused, "req_sent_ns", "req_last_ns")
+    assert pause >= 300_000  # held on its way to the broker (400 ms less the RTT)
+    assert us(paused, "resp_first_ns", "req_sent_ns") < pause
     assert [r.injected for r in rules.rules] == [3, 1]
 
 
