@@ -10,8 +10,8 @@ import os
 import signal
 import ipaddress
 import socket
-
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -49,6 +49,7 @@ log = structlog.get_logger("kafkatap.proxy")
 
 WORKER_READY_FD = "--worker-ready-fd"  # hidden: the pipe a worker reports "listening" on (proxy.workers)
 WORKER_OF = "--worker-of"  # hidden: the parent's pid; the worker stops when it dies
+WORKER_LAUNCH = "--worker-launch"  # hidden: the parent's start, epoch ns; each worker records it (`launch` row, runs/)
 WORKER_BALANCE = "--worker-balance"  # hidden: proxy.balance.BalanceSpec, the worker's share of connection passing
 
 
@@ -209,6 +210,7 @@ Examples:
                    "keep few, long connections, so one worker may carry most of them for hours).")
 @click.option(WORKER_READY_FD, "worker_ready_fd", type=int, default=None, hidden=True)  # set by proxy.workers only
 @click.option(WORKER_OF, "worker_of", type=int, default=None, hidden=True)
+@click.option(WORKER_LAUNCH, "worker_launch", type=int, default=None, hidden=True)
 @click.option(WORKER_BALANCE, "worker_balance", default=None, hidden=True)
 @click.pass_context
 def proxy(ctx: click.Context, listens: tuple[str, ...], upstreams: tuple[str, ...], route_specs: tuple[str, ...],
@@ -267,7 +269,7 @@ def proxy(ctx: click.Context, listens: tuple[str, ...], upstreams: tuple[str, ..
     root = ctx.find_root().params
     log_requests = root.get("log_level") == "debug"
     workers = rec.pop("workers") or default_workers()
-    ready_fd, parent = rec.pop("worker_ready_fd"), rec.pop("worker_of")
+    ready_fd, parent, launched_ns = rec.pop("worker_ready_fd"), rec.pop("worker_of"), rec.pop("worker_launch")
     balance, balance_spec = rec.pop("balance"), rec.pop("worker_balance")
     if ready_fd is None and rec.get("status_addr"):  # before the recorder or any worker starts: one line, exit 2
         problem = bind_problem(*parse_status_addr(str(rec["status_addr"])))
@@ -295,7 +297,8 @@ def proxy(ctx: click.Context, listens: tuple[str, ...], upstreams: tuple[str, ..
                          fronted_by=[parse_hostport(a, allow_zero=False) for a in fronted_by],
                          cluster=cluster.mode(routes[0].listen) if cluster.cluster is not None else None,
                          tls_server=tls.server, upstream_tls=tls.upstream,
-                         balancer=Balancer(BalanceSpec.parse(balance_spec)) if balance_spec else None))
+                         balancer=Balancer(BalanceSpec.parse(balance_spec)) if balance_spec else None,
+                         launch=(launched_ns, parent) if launched_ns is not None and parent is not None else None))
     sys.exit(code)
 
 
@@ -356,7 +359,7 @@ def _run_workers(ctx: click.Context, workers: int, routes: list[Route], mark: in
     root = ctx.find_root().params
     # options the parent decides for each worker, given below instead of the user's
     replaced = {"listens", "upstreams", "route_specs", "transparent", "mark", "proxy_id", "status_addr", "workers",
-                "worker_ready_fd", "worker_of", "balance", "worker_balance"}
+                "worker_ready_fd", "worker_of", "worker_launch", "balance", "worker_balance"}
     common = [sys.executable, "-m", "kafkatap.cli", "--log-format", str(root.get("log_format") or "auto"),
               "--log-level", str(root.get("log_level") or "info"), "proxy", *_options_argv(ctx, replaced)]
     for route in resolved:
@@ -365,9 +368,11 @@ def _run_workers(ctx: click.Context, workers: int, routes: list[Route], mark: in
         common += ["--mark", hex(mark)]
 
     mail = WorkerMail(workers) if balanced else None
+    launched_ns = time.time_ns()  # before any worker starts: every worker's run starts after its launch
 
     def argv(w: Worker, ready_fd: int) -> list[str]:
-        own = ["--proxy-id", w.proxy_id, "--workers", "1", WORKER_READY_FD, str(ready_fd), WORKER_OF, str(os.getpid())]
+        own = ["--proxy-id", w.proxy_id, "--workers", "1", WORKER_READY_FD, str(ready_fd), WORKER_OF, str(os.getpid()),
+               WORKER_LAUNCH, str(launched_ns)]
         if mail is not None:
             own += [WORKER_BALANCE, mail.spec(w.index - 1).render()]
         return [*common, *own, *(["--status-addr", "127.0.0.1:0"] if status_addr else [])]

@@ -125,6 +125,7 @@ class ProxyServer:
         fronted_by: Sequence[tuple[str, int]] = (),
         balancer: Any = None,
         bypass_check: bool = True,
+        launch: tuple[int, int] | None = None,
     ) -> None:
         self.routes = [r if isinstance(r, Route) else Route.parse(r) for r in routes]
         if not self.routes:
@@ -155,6 +156,7 @@ class ProxyServer:
         self.tls_server = tls_server  # ssl.SSLContext: every listener terminates the clients' TLS (proxy.tls)
         self.upstream_tls = upstream_tls  # proxy.tls.UpstreamTls: brokers are reached over TLS
         self.balancer = balancer  # proxy.balance.Balancer: one of --workers N, passing connections to the least loaded
+        self.launch = launch  # a worker of --workers N: (its parent's start, epoch ns; the parent's pid), see _record_run
         self.bypass: BypassSink | None = None  # plain explicit mode: counts responses that send clients around us
         if cluster is not None:
             cluster.install(self)
@@ -224,9 +226,18 @@ class ProxyServer:
         Why: a recording otherwise cannot tell a proxy that died (SIGKILL, OOM, host down), whose open
         connections never get a final row, from one still running, nor an idle worker's first connection
         from a start. Two rows per run, never per request (analytics.transforms.runs reads them).
+
+        A worker of `--workers N` also writes, with its start, a `launch` row: its parent's start time and pid.
+        A later start of a worker's own id proves its earlier run over, but a proxy restarted with fewer workers
+        starts no worker of some earlier ids: only the launch says that every run of the earlier launch is over.
+        A worker its parent restarted writes the launch it belongs to, so it ends none of its siblings' runs.
         """
         self._emit.run_event({"proxy_id": self.proxy_id, "run": self._run, "event": event, "ts_ns": self.clock(),
-                        "pid": os.getpid(), "version": KAFKATAP_VERSION})
+                              "pid": os.getpid(), "version": KAFKATAP_VERSION})
+        if event == "start" and self.launch is not None:
+            launched_ns, parent = self.launch
+            self._emit.run_event({"proxy_id": self.proxy_id, "run": self._run, "event": "launch", "ts_ns": launched_ns,
+                                  "pid": parent, "version": KAFKATAP_VERSION})
 
     def _listen(self, route: Route) -> None:
         """Bind the route's listener(s) and start accepting (proxy.listener: EMFILE is seen, logged, counted).

@@ -144,6 +144,12 @@ def worker_proxy_id(proxy_id: str, worker: int) -> str:
 WORKER_SUFFIX_RE = r"-w[0-9]+$"
 
 
+def launching_proxy_id(worker_proxy: str) -> str | None:
+    """The proxy id `worker_proxy_id` made `worker_proxy` from (None when it is not of that form)."""
+    head = re.sub(WORKER_SUFFIX_RE, "", worker_proxy)
+    return head if head and head != worker_proxy else None
+
+
 def hour_partition(hour_index: int) -> tuple[str, int]:
     """The (date, hour) partition values of the hour `hour_index` (hours since the epoch, UTC)."""
     t = time.gmtime(hour_index * 3600)

@@ -220,7 +220,8 @@ RUN_COLUMNS: list[Column] = [
     Column("proxy_id", pa.string(), "", "id of the proxy instance (a worker's own: `<id>-w1`, …)"),
     Column("run", pa.string(), "", "the run's 6 hex digits, the prefix of every conn_id it gives (`<run>-<n>`)"),
     Column("event", pa.string(), "", "start (the run listens and records) | stop (it stopped cleanly: every "
-                                     "connection's end handed to the recorder)"),
+                                     "connection's end handed to the recorder) | launch (a `--workers` worker's, "
+                                     "written with its start: ts_ns and pid are its parent's)"),
     Column("ts_ns", TIMESTAMP, "timestamp", "when"),
     Column("pid", pa.int32(), "", "process id of the run"),
     Column("version", pa.string(), "", "kafkatap version of the run"),

@@ -7,7 +7,9 @@ end was handed to the recorder. Two questions only these rows answer:
 
 * Is a connection without a final row still open? Not when its run is over: the run stopped
   cleanly (its stop row), or a later run of the same proxy id started (a restart into the same
-  recording; a worker the parent restarted). A run killed (SIGKILL, OOM) or whose host went down
+  recording; a worker the parent restarted), or the proxy was launched again (`launch_times`): a
+  `--workers N` proxy killed whole and started again with fewer workers, or with none, starts no
+  run of some of its earlier workers' ids. A run killed (SIGKILL, OOM) or whose host went down
   writes no end for its open connections, and without this they stayed open in every table for
   ever. Such a connection is ended, `end_not_recorded` by `unknown`, at the run's last sign of
   life in the recording (the latest snapshot or end of any of its connections: the proxy snapshots
@@ -33,6 +35,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from analytics.transforms.common import literal_map, ns_to_ts
+from recording.layout import launching_proxy_id
 
 # the proxy names its connections `<run>-<n>` (recording.schema: conn_id), the run new at each start of a proxy or worker
 RUN_OF_CONN_ID = r"^([0-9a-f]{6})-[0-9]+$"
@@ -64,6 +67,7 @@ def last_sign_of_life() -> Column:
 def run_marks(runs: DataFrame) -> DataFrame:
     """Per run of the `runs/` rows (`run`: proxy_id/run): its start row's time (`started_ns`), its clean stop's
     (`stopped_ns`), and the process's `pid` and kafkatap `version`."""
+    runs = runs.where(F.col("event").isin("start", "stop"))  # a worker's `launch` row holds its parent's time and pid
     return runs.groupBy("proxy_id", F.concat_ws("/", "proxy_id", "run").alias("run")).agg(
         F.min(F.when(F.col("event") == "start", F.col("ts_ns"))).alias("started_ns"),
         F.min(F.when(F.col("event") == "stop", F.col("ts_ns"))).alias("stopped_ns"),
@@ -78,6 +82,7 @@ class RunMark:
     run: str  # the 6 hex digits of its conn_ids
     started_ns: int | None
     stopped_ns: int | None
+    launched_ns: int | None = None  # a `--workers` worker's run: when its parent (the launch) started
 
     @property
     def key(self) -> str:
@@ -86,22 +91,44 @@ class RunMark:
 
 
 def marks_of(rows: Iterable[Mapping[str, Any]]) -> list[RunMark]:
-    """The runs of `runs/` rows (proxy_id, run, event, ts_ns in epoch ns): the first start and first stop of each."""
+    """The runs of `runs/` rows (proxy_id, run, event, ts_ns in epoch ns): the first start, stop and launch of each."""
     first: dict[tuple[str, str], dict[str, int]] = {}
     for r in rows:
-        if r["ts_ns"] is None or r["event"] not in ("start", "stop") or r["proxy_id"] is None or r["run"] is None:
+        if r["ts_ns"] is None or r["event"] not in ("start", "stop", "launch") or r["proxy_id"] is None or r["run"] is None:
             continue  # not a row the proxy writes: nothing it could prove
         seen = first.setdefault((r["proxy_id"], r["run"]), {})
         seen[r["event"]] = min(seen.get(r["event"], r["ts_ns"]), r["ts_ns"])
-    return [RunMark(p, run, e.get("start"), e.get("stop")) for (p, run), e in sorted(first.items())]
+    return [RunMark(p, run, e.get("start"), e.get("stop"), e.get("launch")) for (p, run), e in sorted(first.items())]
+
+
+def launch_times(marks: Sequence[RunMark]) -> dict[str, set[int]]:
+    """Per proxy id of `marks`, the times a run of it, or a launch of the proxy it belongs to, started.
+
+    A worker of `kafkatap proxy --workers N` records under `<id>-w<i>` and writes its parent's start (a `launch`
+    row) with its own; a proxy without workers is a launch of its own id at each start. A launch of `<id>`,
+    either way, proves over every earlier run of `<id>` and of all its workers, also of workers the new launch
+    does not start. A proxy id counts as a worker's only if it wrote `launch` rows: a proxy named `edge-w2` by
+    its operator is nobody's worker.
+    """
+    parent = {m.proxy_id: launching_proxy_id(m.proxy_id) for m in marks if m.launched_ns is not None}
+    launches: dict[str, set[int]] = {}
+    for m in marks:
+        if m.launched_ns is not None:
+            launches.setdefault(parent[m.proxy_id] or m.proxy_id, set()).add(m.launched_ns)
+        elif m.started_ns is not None and m.proxy_id not in parent:
+            launches.setdefault(m.proxy_id, set()).add(m.started_ns)
+    starts: dict[str, set[int]] = {}
+    for m in marks:
+        own = {m.started_ns} if m.started_ns is not None else set()
+        family = parent.get(m.proxy_id) or m.proxy_id
+        starts.setdefault(m.proxy_id, set()).update(own, launches.get(family, ()))
+    return {p: ts for p, ts in starts.items() if ts}
 
 
 def _next_start_after(marks: Sequence[RunMark], proxy: Column, after: Column) -> Column:
-    """The first start row of `proxy` later than `after`: the run that proves an earlier one over."""
-    starts: dict[str, list[int]] = {}
-    for m in marks:
-        if m.started_ns is not None:
-            starts.setdefault(m.proxy_id, []).append(m.started_ns)
+    """The first start of a run of `proxy`, or launch of its proxy (`launch_times`), later than `after`: what proves
+    an earlier run over."""
+    starts = launch_times(marks)
     if not starts:
         return F.lit(None).cast("long")
     by_proxy = F.create_map(*[x for p, ts in sorted(starts.items())
@@ -134,7 +161,8 @@ def settle_unrecorded_ends(conns: DataFrame, marks: Sequence[RunMark], last_seen
     final row was written). Every connection also gets RUN_STARTED and RUN_LAST: from its run's start row
     to its clean stop or last sign of life, the run was recording (null for a run without a start row).
 
-    A run is proved over by its clean stop, or by a later start row of its proxy id (after its own start;
+    A run is proved over by its clean stop, or by a later start row of its proxy id or launch of the proxy it is a
+    worker of (`launch_times`; after its own start;
     for a run without a start row, recorded before `runs/` existed, after the connection's open, and it
     ends at the connection's own last sign of life). The runs are a few rows per process, `marks` on the
     driver, and so is `last_seen`: the last sign of life of each of `unstopped_runs(marks)` (`last_signs`,

@@ -8,12 +8,13 @@ import pytest
 
 from analytics.findings.surge import connection_surge
 from analytics.load import one_row_per_connection
-from analytics.transforms import connections
+from analytics.transforms import connections, stretches
 from analytics.transforms.cube import latency_cube
 from analytics.transforms.common import prepare_requests
 from analytics.transforms.rollups import traffic_over_time
 from analytics.transforms.runs import END_NOT_RECORDED, NOT_RECORDED_CAUSE, marks_of
 from analytics_rows import S, T0, conn, req
+from recording.layout import launching_proxy_id, worker_proxy_id
 
 pytestmark = pytest.mark.spark
 
@@ -94,6 +95,58 @@ def test_a_runs_rows_from_several_directories_make_one_run() -> None:
     broken = {"proxy_id": None, "run": "ffffff", "event": "start", "ts_ns": T0, "pid": 1, "version": "x"}
     (m,) = marks_of(first + second + [broken])
     assert (m.key, m.started_ns, m.stopped_ns) == ("p1/a1b2c3", T0, T0 + 200 * S)
+
+
+def launch(run: str, t_s: float, proxy_id: str, parent_pid: int = 7) -> dict[str, Any]:
+    """The `launch` row a `--workers` worker writes with its start: its parent's start time and pid."""
+    return mark(run, "launch", t_s, proxy_id) | {"pid": parent_pid}
+
+
+def test_a_workers_proxy_killed_whole_and_started_again_with_fewer_ends_every_old_worker_run(make_df) -> None:
+    """`--workers 2` of p1 launched at 0 s (p1-w1 run aaaaaa, p1-w2 run bbbbbb) was killed whole; at 300 s p1 started
+    again without workers (run cccccc). No run of p1-w2 ever starts again: only the launch proves its run over. A
+    proxy its operator named p1-w3, which writes no launch rows, is nobody's worker and stays as it is."""
+    cs = [conn("aaaaaa-1", 5, None, proxy_id="p1-w1", snapshot_ns=T0 + 100 * S),
+          conn("bbbbbb-1", 6, None, proxy_id="p1-w2", snapshot_ns=T0 + 110 * S),
+          conn("cccccc-1", 301, None, snapshot_ns=T0 + 400 * S),
+          conn("eeeeee-1", 7, None, proxy_id="p1-w3", snapshot_ns=T0 + 120 * S)]
+    marks = [launch("aaaaaa", 0, "p1-w1"), mark("aaaaaa", "start", 1, "p1-w1"),
+             launch("bbbbbb", 0, "p1-w2"), mark("bbbbbb", "start", 2, "p1-w2"),
+             mark("cccccc", "start", 300), mark("eeeeee", "start", 3, "p1-w3")]
+    got = settled(make_df, cs, marks)
+    for conn_id, last_s in (("aaaaaa-1", 100), ("bbbbbb-1", 110)):
+        c = got[conn_id]
+        assert (c["end_reason"], c["closed_ns"]) == (END_NOT_RECORDED, T0 + last_s * S), c
+        assert "killed" in c["end_detail"] and "09:05:00 UTC" in c["end_detail"]  # proved over by p1's start at 300 s
+    for still in ("cccccc-1", "eeeeee-1"):
+        assert (got[still]["end_reason"], got[still]["closed_ns"]) == ("open", None), still
+    # the other way round: workers launched after a proxy without them end its killed run
+    again = settled(make_df, [conn("cccccc-1", 301, None, snapshot_ns=T0 + 400 * S)],
+                    marks + [launch("ffffff", 500, "p1-w1"), mark("ffffff", "start", 501, "p1-w1")])
+    assert (again["cccccc-1"]["end_reason"], again["cccccc-1"]["closed_ns"]) == (END_NOT_RECORDED, T0 + 400 * S)
+    # the launch row's time and pid are the parent's: the run's own start and pid are what `proxy_runs` lists
+    runs = {r.run: r for r in stretches.proxy_runs(make_df("runs", marks), one_row_per_connection(
+        make_df("connections", cs), marks)).collect()}
+    assert (runs["bbbbbb"].pid, runs["bbbbbb"].start_ns) == (4242, T0 + 2 * S)
+
+
+def test_a_workers_proxy_id_leads_back_to_its_parents() -> None:
+    assert [launching_proxy_id(worker_proxy_id(p, i)) for p, i in (("edge", 1), ("edge-w2", 12), ("a-b", 3))] == [
+        "edge", "edge-w2", "a-b"]
+    assert [launching_proxy_id(x) for x in ("edge", "edge-w", "-w1", "edge-wx")] == [None] * 4
+
+
+def test_a_worker_its_parent_restarted_ends_only_its_own_earlier_run(make_df) -> None:
+    """p1-w1 died at ~100 s and its parent started it again at 150 s (run dddddd, the same launch at 0 s): its old
+    run is over, while its sibling p1-w2, which never stopped, keeps its connection open."""
+    cs = [conn("aaaaaa-1", 5, None, proxy_id="p1-w1", snapshot_ns=T0 + 100 * S),
+          conn("bbbbbb-1", 6, None, proxy_id="p1-w2", snapshot_ns=T0 + 200 * S)]
+    marks = [launch("aaaaaa", 0, "p1-w1"), mark("aaaaaa", "start", 1, "p1-w1"),
+             launch("bbbbbb", 0, "p1-w2"), mark("bbbbbb", "start", 2, "p1-w2"),
+             launch("dddddd", 0, "p1-w1"), mark("dddddd", "start", 150, "p1-w1")]
+    got = settled(make_df, cs, marks)
+    assert (got["aaaaaa-1"]["end_reason"], got["aaaaaa-1"]["closed_ns"]) == (END_NOT_RECORDED, T0 + 100 * S)
+    assert (got["bbbbbb-1"]["end_reason"], got["bbbbbb-1"]["closed_ns"]) == ("open", None)
 
 
 def test_without_runs_rows_nothing_is_settled(make_df) -> None:

@@ -4,6 +4,7 @@ the analysis ends the killed run's connections as `end_not_recorded` instead of 
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -26,15 +27,26 @@ PROXY_ID = "runs-test"
 
 
 class Proxy:
-    """`kafkatap proxy --workers 1` recording into `record`, its JSON log in a file the test reads."""
+    """`kafkatap proxy --workers N` (1: one process) recording into `record`, its JSON log in a file the test reads."""
 
-    def __init__(self, route: str, record: Path, log: Path) -> None:
+    def __init__(self, route: str, record: Path, log: Path, workers: int = 1) -> None:
         self.log = log
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kafkatap.cli", "--log-format", "json", "proxy", "--route", route, "--workers", "1",
-             "--proxy-id", PROXY_ID, "--record", str(record), "--tcp-info-interval", "0.5"],
+            [sys.executable, "-m", "kafkatap.cli", "--log-format", "json", "proxy", "--route", route, "--workers",
+             str(workers), "--proxy-id", PROXY_ID, "--record", str(record), "--tcp-info-interval", "0.5"],
             stdout=subprocess.DEVNULL, stderr=log.open("w"))
-        wait_until(lambda: any(ln.get("event") == "listening" for ln in self.lines()), "the proxy listening", self)
+        ready = "listening" if workers == 1 else "workers running"
+        wait_until(lambda: any(ln.get("event") == ready for ln in self.lines()), "the proxy listening", self)
+
+    def kill_whole(self) -> None:
+        """SIGKILL the proxy and every process it started at once, as an OOM killer or `docker kill` does: stopped
+        first, so that no worker sees its parent go (it would stop cleanly) and no parent restarts a worker."""
+        tree = [self.proc.pid, *descendants(self.proc.pid)]
+        for pid in tree:
+            os.kill(pid, signal.SIGSTOP)
+        for pid in reversed(tree):
+            os.kill(pid, signal.SIGKILL)
+        self.proc.wait(30)
 
     def lines(self) -> list[dict]:
         out = []
@@ -44,6 +56,23 @@ class Proxy:
             except ValueError:
                 pass
         return out
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`, parents before their children (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], list(children.get(pid, []))
+    while todo:
+        child = todo.pop(0)
+        out.append(child)
+        todo += children.get(child, [])
+    return out
 
 
 def wait_until(pred: Callable[[], object], what: str, proxy: Proxy, timeout: float = 90.0) -> None:
@@ -115,3 +144,43 @@ def test_a_sigkilled_proxys_connections_end_unrecorded_after_its_restart(rec_bro
     ends = {r["end_reason"]: r["connections"] for r in connections.connection_ends(
         L.load(spark, [str(record)]).connections).collect()}
     assert ends.get(END_NOT_RECORDED) == len(lost) and "open" not in ends, ends
+
+
+def test_a_workers_proxy_killed_whole_and_restarted_without_workers_ends_every_workers_connections(
+        rec_broker, producers, topic_name, spark, tmp_path):
+    """`--workers 2` killed whole, then started again as one process: no run of its workers' ids ever starts again,
+    and only the launch each worker recorded proves their runs over."""
+    record = tmp_path / "rec"
+    first = Proxy(rec_broker.route, record, tmp_path / "first.log", workers=2)
+    clients = [producers() for _ in range(4)]
+    for p in clients:
+        p.send(topic_name, b"before the kill").get(timeout=60)
+    wait_until(lambda: len(_snapshotted(record)) >= 4, "open connections snapshotted", first)
+    parent = first.proc.pid
+    first.kill_whole()
+
+    second = Proxy(rec_broker.route, record, tmp_path / "second.log")
+    for p in clients:
+        p.send(topic_name, b"after the restart").get(timeout=60)
+    for p in clients:
+        p.close(timeout=10)
+    second.proc.send_signal(signal.SIGTERM)
+    assert second.proc.wait(60) == 0, second.log.read_text()[-3000:]
+
+    runs = read_recording(record, "runs").to_pylist()
+    workers = {f"{PROXY_ID}-w1", f"{PROXY_ID}-w2"}
+    launches = [r for r in runs if r["event"] == "launch"]
+    assert {r["proxy_id"] for r in launches} == workers and {r["pid"] for r in launches} == {parent}, runs
+    starts = {r["proxy_id"]: r for r in runs if r["event"] == "start"}
+    assert all(r["ts_ns"] < starts[r["proxy_id"]]["ts_ns"] for r in launches)  # the parent started first
+    assert not [r for r in runs if r["event"] == "stop" and r["proxy_id"] in workers]  # killed: no clean stop
+
+    conns = {(r["proxy_id"], r["conn_id"]): r for r in L.load(spark, [str(record)]).connections.collect()}
+    open_before = _snapshotted(record)
+    lost = {k for k in conns if k[0] in workers and k[1] in open_before}
+    assert {w for w, _ in lost} == workers, lost  # connections left open on both workers
+    for key in lost:
+        c = conns[key]
+        assert (c["end_reason"], c["end_by"]) == (END_NOT_RECORDED, "unknown"), c
+        assert c["closed_ns"] is not None and c["closed_ns"] >= c["opened_ns"]
+    assert not [c for c in conns.values() if c["end_reason"] == "open"]
