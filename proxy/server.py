@@ -225,7 +225,7 @@ class ProxyServer:
 
         Why: a recording otherwise cannot tell a proxy that died (SIGKILL, OOM, host down), whose open
         connections never get a final row, from one still running, nor an idle worker's first connection
-        from a start. Two rows per run, never per request (analytics.transforms.runs reads them).
+        from a start. Two rows per run (a worker: three), never per request (analytics.transforms.runs reads them).
 
         A worker of `--workers N` also writes, with its start, a `launch` row: its parent's start time and pid.
         A later start of a worker's own id proves its earlier run over, but a proxy restarted with fewer workers

@@ -17,7 +17,7 @@ __all__ = ["FORMAT_VERSION", "FORMAT_KEY", "RECORDED", "DERIVED_DATASETS", "DATA
 
 FORMAT_VERSION = 3  # 3: the *_ns timestamp columns are timestamp[us, UTC] instead of int64 epoch ns (issue 18); 2: requests.topic_ids and the topics/ dataset (issue 14, topics.cluster_id: issue 19); acks int16, error_count int32 (issue 19)
 FORMAT_KEY = b"kafkatap.format_version"
-RECORDED = ("requests", "connections", "tcp", "frames", "topics", "runs")  # what the proxy observes, row by row (runs: its own starts and stops)
+RECORDED = ("requests", "connections", "tcp", "frames", "topics", "runs")  # what the proxy observes, row by row (runs: its own starts, stops and launches)
 DERIVED_DATASETS = ("latency_cells", "request_sums", "topic_sums", "traffic_sums", "notable_requests", "slowest_requests")  # computed from recorded files (recording.rollups): deleting them loses nothing
 DATASETS = RECORDED + DERIVED_DATASETS
 PARTITION_COLUMNS = ("proxy", "date", "hour")

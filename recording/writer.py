@@ -432,7 +432,8 @@ class ParquetRecorder:
         self._offer(self._streams["topics"], row)
 
     def run_event(self, row: Row) -> None:
-        """A proxy run's start or clean stop (`runs/`): two rows per run, written by the server that owns the run."""
+        """A proxy run's start, clean stop or launch (`runs/`): two or three rows per run, written by the server that owns
+        the run."""
         self._offer(self._streams["runs"], row)
 
     def _offer_packed(self, s: _Stream, row: Row) -> None:

@@ -42,7 +42,8 @@ RUN_OF_CONN_ID = r"^([0-9a-f]{6})-[0-9]+$"
 END_NOT_RECORDED = "end_not_recorded"  # end_reason of a connection whose run ended without recording its end
 ENDED_BY_UNKNOWN = "unknown"
 NOT_RECORDED_CAUSE = "proxy stopped without recording its end"
-_KILLED = "the proxy run ended without a clean stop (killed, crashed or its host went down); a later run started at "
+_KILLED = ("the proxy run ended without a clean stop (killed, crashed or its host went down); a later run of the proxy "
+           "started at ")
 _STOPPED = "the proxy run stopped cleanly but this connection's end row was not written (dropped by the recorder)"
 # columns `settle_unrecorded_ends` adds to every connection, null for a run without a start row: its run's start,
 # and the last time that run is known to have been recording (its clean stop, else its last sign of life)
@@ -174,8 +175,12 @@ def settle_unrecorded_ends(conns: DataFrame, marks: Sequence[RunMark], last_seen
     run = proxy_run()
     started = F.element_at(literal_map({m.key: m.started_ns for m in marks if m.started_ns is not None}, "bigint"), run)
     stopped = F.element_at(literal_map({m.key: m.stopped_ns for m in marks if m.stopped_ns is not None}, "bigint"), run)
+    launched = F.element_at(literal_map({m.key: m.launched_ns for m in marks if m.launched_ns is not None}, "bigint"), run)
     c = conns.withColumns({"_started": started, "_stopped": stopped})
-    c = c.withColumn("_next", _next_start_after(marks, F.col("proxy_id"), F.coalesce("_started", "opened_ns")))
+    # after the run's own launch too: a clock stepped back between a parent's start and its workers' (a boot's
+    # first NTP sync) would otherwise let a worker's own launch prove it over while it runs
+    after = F.greatest(F.coalesce("_started", "opened_ns"), launched)
+    c = c.withColumn("_next", _next_start_after(marks, F.col("proxy_id"), after))
     c = c.withColumn("_last", F.element_at(literal_map(last_seen, "bigint"), run))  # a killed or live run's last sign of life
     run_last = F.when(F.col("_started").isNotNull(), F.coalesce("_stopped", "_last"))
     over = F.coalesce(F.col("_stopped"), F.col("_next")).isNotNull()

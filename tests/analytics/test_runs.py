@@ -97,7 +97,7 @@ def test_a_runs_rows_from_several_directories_make_one_run() -> None:
     assert (m.key, m.started_ns, m.stopped_ns) == ("p1/a1b2c3", T0, T0 + 200 * S)
 
 
-def launch(run: str, t_s: float, proxy_id: str, parent_pid: int = 7) -> dict[str, Any]:
+def launch(run: str, t_s: float, proxy_id: str, parent_pid: int = 99_999) -> dict[str, Any]:
     """The `launch` row a `--workers` worker writes with its start: its parent's start time and pid."""
     return mark(run, "launch", t_s, proxy_id) | {"pid": parent_pid}
 
@@ -134,6 +134,19 @@ def test_a_workers_proxy_id_leads_back_to_its_parents() -> None:
     assert [launching_proxy_id(worker_proxy_id(p, i)) for p, i in (("edge", 1), ("edge-w2", 12), ("a-b", 3))] == [
         "edge", "edge-w2", "a-b"]
     assert [launching_proxy_id(x) for x in ("edge", "edge-w", "-w1", "edge-wx")] == [None] * 4
+
+
+def test_a_workers_own_launch_never_ends_it_even_after_a_clock_step_back(make_df) -> None:
+    """The parent read the clock at 10 s, then the clock stepped back and its workers started at 3 s and 4 s: the
+    launch is later than their starts, and still theirs. Only another launch (p1 again at 300 s) ends them."""
+    cs = [conn("aaaaaa-1", 5, None, proxy_id="p1-w1", snapshot_ns=T0 + 100 * S),
+          conn("bbbbbb-1", 6, None, proxy_id="p1-w2", snapshot_ns=T0 + 110 * S)]
+    marks = [launch("aaaaaa", 10, "p1-w1"), mark("aaaaaa", "start", 3, "p1-w1"),
+             launch("bbbbbb", 10, "p1-w2"), mark("bbbbbb", "start", 4, "p1-w2")]
+    got = settled(make_df, cs, marks)
+    assert [got[c]["end_reason"] for c in ("aaaaaa-1", "bbbbbb-1")] == ["open", "open"]
+    got = settled(make_df, cs, marks + [mark("cccccc", "start", 300)])
+    assert [got[c]["end_reason"] for c in ("aaaaaa-1", "bbbbbb-1")] == [END_NOT_RECORDED] * 2
 
 
 def test_a_worker_its_parent_restarted_ends_only_its_own_earlier_run(make_df) -> None:

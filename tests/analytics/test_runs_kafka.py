@@ -3,6 +3,7 @@ the analysis ends the killed run's connections as `end_not_recorded` instead of 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -42,10 +43,10 @@ class Proxy:
         """SIGKILL the proxy and every process it started at once, as an OOM killer or `docker kill` does: stopped
         first, so that no worker sees its parent go (it would stop cleanly) and no parent restarts a worker."""
         tree = [self.proc.pid, *descendants(self.proc.pid)]
-        for pid in tree:
-            os.kill(pid, signal.SIGSTOP)
-        for pid in reversed(tree):
-            os.kill(pid, signal.SIGKILL)
+        for signum in (signal.SIGSTOP, signal.SIGKILL):
+            for pid in tree if signum == signal.SIGSTOP else reversed(tree):
+                with contextlib.suppress(ProcessLookupError):  # a short-lived helper already gone
+                    os.kill(pid, signum)
         self.proc.wait(30)
 
     def lines(self) -> list[dict]:
@@ -86,10 +87,15 @@ def wait_until(pred: Callable[[], object], what: str, proxy: Proxy, timeout: flo
 
 def _snapshotted(record: Path) -> set[str]:
     """conn_ids with periodic (non-final) connection rows on disk and no final one: open, as far as the files say."""
+    return {conn_id for _, conn_id in _snapshotted_by_proxy(record)}
+
+
+def _snapshotted_by_proxy(record: Path) -> set[tuple[str, str]]:
+    """`_snapshotted`, as (proxy_id, conn_id): which worker's files say so."""
     if not (record / "connections").exists():
         return set()
-    rows = read_recording(record, "connections").select(["conn_id", "final"]).to_pylist()
-    return {r["conn_id"] for r in rows} - {r["conn_id"] for r in rows if r["final"]}
+    rows = read_recording(record, "connections").select(["proxy_id", "conn_id", "final"]).to_pylist()
+    return {(r["proxy_id"], r["conn_id"]) for r in rows} - {(r["proxy_id"], r["conn_id"]) for r in rows if r["final"]}
 
 
 @pytest.fixture
@@ -155,7 +161,8 @@ def test_a_workers_proxy_killed_whole_and_restarted_without_workers_ends_every_w
     clients = [producers() for _ in range(4)]
     for p in clients:
         p.send(topic_name, b"before the kill").get(timeout=60)
-    wait_until(lambda: len(_snapshotted(record)) >= 4, "open connections snapshotted", first)
+    workers = {f"{PROXY_ID}-w1", f"{PROXY_ID}-w2"}  # each flushes on its own timer: wait for both
+    wait_until(lambda: {p for p, _ in _snapshotted_by_proxy(record)} == workers, "open connections snapshotted", first)
     parent = first.proc.pid
     first.kill_whole()
 
@@ -168,7 +175,6 @@ def test_a_workers_proxy_killed_whole_and_restarted_without_workers_ends_every_w
     assert second.proc.wait(60) == 0, second.log.read_text()[-3000:]
 
     runs = read_recording(record, "runs").to_pylist()
-    workers = {f"{PROXY_ID}-w1", f"{PROXY_ID}-w2"}
     launches = [r for r in runs if r["event"] == "launch"]
     assert {r["proxy_id"] for r in launches} == workers and {r["pid"] for r in launches} == {parent}, runs
     starts = {r["proxy_id"]: r for r in runs if r["event"] == "start"}
@@ -176,11 +182,11 @@ def test_a_workers_proxy_killed_whole_and_restarted_without_workers_ends_every_w
     assert not [r for r in runs if r["event"] == "stop" and r["proxy_id"] in workers]  # killed: no clean stop
 
     conns = {(r["proxy_id"], r["conn_id"]): r for r in L.load(spark, [str(record)]).connections.collect()}
-    open_before = _snapshotted(record)
-    lost = {k for k in conns if k[0] in workers and k[1] in open_before}
+    lost = {k for k in _snapshotted_by_proxy(record) if k[0] in workers}
     assert {w for w, _ in lost} == workers, lost  # connections left open on both workers
     for key in lost:
         c = conns[key]
+        assert "later run of the proxy started at" in c["end_detail"], c
         assert (c["end_reason"], c["end_by"]) == (END_NOT_RECORDED, "unknown"), c
         assert c["closed_ns"] is not None and c["closed_ns"] >= c["opened_ns"]
     assert not [c for c in conns.values() if c["end_reason"] == "open"]
