@@ -22,6 +22,9 @@ from analytics.transforms import connections
 from analytics.transforms.runs import END_NOT_RECORDED, RUN_OF_CONN_ID
 from recording.reader import read_recording
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from proc_tree import snapshot, tree  # noqa: E402  (bench/'s one reader of /proc)
+
 pytestmark = pytest.mark.spark
 
 PROXY_ID = "runs-test"
@@ -42,9 +45,9 @@ class Proxy:
     def kill_whole(self) -> None:
         """SIGKILL the proxy and every process it started at once, as an OOM killer or `docker kill` does: stopped
         first, so that no worker sees its parent go (it would stop cleanly) and no parent restarts a worker."""
-        tree = [self.proc.pid, *descendants(self.proc.pid)]
+        pids = tree(self.proc.pid, snapshot())  # the proxy first, each process before its children
         for signum in (signal.SIGSTOP, signal.SIGKILL):
-            for pid in tree if signum == signal.SIGSTOP else reversed(tree):
+            for pid in pids if signum == signal.SIGSTOP else reversed(pids):
                 with contextlib.suppress(ProcessLookupError):  # a short-lived helper already gone
                     os.kill(pid, signum)
         self.proc.wait(30)
@@ -57,23 +60,6 @@ class Proxy:
             except ValueError:
                 pass
         return out
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid`, parents before their children (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # gone meanwhile
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    out, todo = [], list(children.get(pid, []))
-    while todo:
-        child = todo.pop(0)
-        out.append(child)
-        todo += children.get(child, [])
-    return out
 
 
 def wait_until(pred: Callable[[], object], what: str, proxy: Proxy, timeout: float = 90.0) -> None:
