@@ -63,11 +63,23 @@ API_NAMES: dict[int, str] = {
 # tables above). Defined once, here: a second copy elsewhere is a second place
 # for a typo that the broker would answer with a confusing error.
 PRODUCE, FETCH, LIST_OFFSETS, METADATA = 0, 1, 2, 3
-OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR = 8, 9, 10
+CONTROLLED_SHUTDOWN, OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR = 7, 8, 9, 10
 JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 11, 12, 13, 14
 SASL_HANDSHAKE, API_VERSIONS, CREATE_TOPICS, DELETE_TOPICS = 17, 18, 19, 20
 INIT_PRODUCER_ID, SASL_AUTHENTICATE = 22, 36
 DESCRIBE_CLUSTER, DESCRIBE_TOPIC_PARTITIONS = 60, 75
+# A broker answers an ApiVersions request whose version it does not support with UNSUPPORTED_VERSION in the
+# v0 layout, so that any client can read it (KIP-511); every other ApiVersions answer, errors included (an
+# INVALID_REQUEST for a bad client software name), is written at the request's own version, as Kafka's
+# RequestContext.apiVersion() does.
+UNSUPPORTED_VERSION_CODE = 35
+
+
+def api_versions_answer_version(request_version: int, error_code: object) -> int:
+    """The version an ApiVersions response's body is laid out in, given the request's version and its error code."""
+    return 0 if error_code == UNSUPPORTED_VERSION_CODE else request_version
+
+
 # Responses that carry the broker's cluster id (Metadata v2+, DescribeCluster).
 CLUSTER_ID_APIS = frozenset({METADATA, DESCRIBE_CLUSTER})
 # Responses that pair each topic's name with its id (Metadata v10+, CreateTopics v7+, DescribeTopicPartitions):

@@ -31,7 +31,7 @@ from struct import Struct
 from typing import Any
 
 from protocol import codec
-from protocol.apis import API_VERSIONS, APIS, SASL_AUTHENTICATE
+from protocol.apis import API_VERSIONS, APIS, SASL_AUTHENTICATE, api_versions_answer_version
 from protocol.errors import DecodeError, UnknownApi
 from protocol.frames import response_body, response_correlation_id
 from protocol.headers import (
@@ -79,9 +79,9 @@ def message_class(api_key: int, request: bool) -> Any:
     return cls
 
 
-def _api_versions_error_version(api_key: int, request: bool, version: int, error_code: object) -> int:
-    """An ApiVersions response carrying an error is always in the v0 layout (so any client can read it)."""
-    return 0 if api_key == API_VERSIONS and not request and error_code else version
+def _body_version(api_key: int, request: bool, version: int, error_code: object) -> int:
+    """The layout of a body: the request's version, except an ApiVersions UNSUPPORTED_VERSION answer (v0)."""
+    return api_versions_answer_version(version, error_code) if api_key == API_VERSIONS and not request else version
 
 
 def decode_body(api_key: int, version: int, request: bool, body: bytes | memoryview,
@@ -92,7 +92,7 @@ def decode_body(api_key: int, version: int, request: bool, body: bytes | memoryv
         raise UnknownApi(f"no schema for api {api_key} v{version}")
     data = bytes(body)
     if len(data) >= 2:
-        version = _api_versions_error_version(api_key, request, version, int.from_bytes(data[:2], "big", signed=True))
+        version = _body_version(api_key, request, version, int.from_bytes(data[:2], "big", signed=True))
     try:
         out = codec.decode(api_key, version, request, data, exact)
     except DecodeError as exc:
@@ -134,13 +134,13 @@ def encode_body(api_key: int, version: int, request: bool, body: dict[str, Any])
 
     Fields left out take the spec's default; a field the version does not have
     raises `EncodeError` (it would silently not be sent). An ApiVersions
-    response with a non-zero error code is written in the v0 layout, as
-    brokers do and as `decode_body` reads it.
+    response answering UNSUPPORTED_VERSION is written in the v0 layout, as
+    brokers do and as `decode_body` reads it; any other error at the given version.
     """
     info = APIS.get(api_key)
     if info is None or not info.decodable(version):
         raise UnknownApi(f"no schema for api {api_key} v{version}")
-    version = _api_versions_error_version(api_key, request, version, body.get("error_code"))
+    version = _body_version(api_key, request, version, body.get("error_code"))
     return codec.encode(api_key, version, request, body)
 
 

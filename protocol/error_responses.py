@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol.apis import API_NAMES, API_VERSIONS, APIS, FETCH
+from protocol.apis import API_NAMES, API_VERSIONS, APIS, FETCH, api_versions_answer_version
 from protocol.codec import plan, snake, spec_fields
 from protocol.errors import ERROR_NAMES
 
@@ -262,12 +262,13 @@ def error_response(api_key: int, version: int, request: dict[str, Any], code: in
                    entries_only: bool = False) -> dict[str, Any]:
     """A response body (dict form) answering `request` with `code`, valid for `version`.
 
-    An ApiVersions error is built in the v0 layout, as brokers send it (and as
-    `protocol.deep.encode_body` writes it). Raises UnknownApi when no spec
+    An ApiVersions UNSUPPORTED_VERSION answer is built in the v0 layout and any
+    other ApiVersions error at `version`, as brokers send them (and as
+    `protocol.deep.encode_body` writes them). Raises UnknownApi when no spec
     describes the version.
     """
-    if api_key == API_VERSIONS and code:
-        version = 0
+    if api_key == API_VERSIONS:
+        version = api_versions_answer_version(version, code)
     req_plan = plan(api_key, True, version) if api_key != API_VERSIONS else None
     body = _mirror(plan(api_key, False, version), request, req_plan, 0 if entries_only else code, throttle_ms)
     if entries_only:

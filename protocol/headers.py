@@ -1,4 +1,4 @@
-"""Request header v1/v2 and response header v0/v1, parsed from a memoryview.
+"""Request header v1/v2 (v0 for ControlledShutdown v0) and response header v0/v1, parsed from a memoryview.
 
 Why this shape: the header is the only part of every frame the hot path must
 read (api key, version, correlation id, client id) so it is one
@@ -21,7 +21,7 @@ from codecs import utf_8_decode as _u8
 from struct import Struct
 from typing import Any
 
-from protocol.apis import API_VERSIONS, APIS
+from protocol.apis import API_VERSIONS, APIS, CONTROLLED_SHUTDOWN
 from protocol.summaries.varint import Over, skip_tags
 
 _REQ = Struct(">hhih").unpack_from
@@ -30,7 +30,10 @@ _I32_PACK = Struct(">i").pack
 _I16_PACK = Struct(">h").pack
 _I32 = Struct(">i").unpack_from
 _I16 = Struct(">h").unpack_from
+_REQ_V0_KEY_VER = Struct(">hh").unpack_from
 REQUEST_HEADER_MIN = 10  # api_key, api_version, correlation_id, client_id length
+# ControlledShutdown v0 (ZooKeeper-era brokers to their controller) is the one request with header v0: no client_id.
+_CONTROLLED_SHUTDOWN_V0 = (CONTROLLED_SHUTDOWN, 0)
 RESPONSE_HEADER_MIN = 4
 
 
@@ -42,8 +45,12 @@ def parse_request_header(d: Any, p: int, lim: int) -> tuple[int, int, int, str |
     A client_id length below -1 raises `ValueError` (not Kafka).
     """
     if p + 10 > lim:
+        if p + 8 <= lim and _REQ_V0_KEY_VER(d, p) == _CONTROLLED_SHUTDOWN_V0:
+            return CONTROLLED_SHUTDOWN, 0, _I32(d, p + 4)[0], None, p + 8  # header v0, whole
         raise Over(p + 10)
     key, ver, cid, n = _REQ(d, p)
+    if ver == 0 and key == CONTROLLED_SHUTDOWN:
+        return key, ver, cid, None, p + 8  # request header v0: no client_id
     p += 10
     if n < 0:
         if n != -1:
@@ -76,13 +83,16 @@ def correlation_id(d: Any, p: int) -> int:
 
 
 def encode_request_header(api_key: int, api_version: int, correlation_id: int, client_id: str | None) -> bytes:
-    """Request header v1, or v2 (with an empty tagged-field section) when the version is flexible."""
+    """Request header v1, or v2 (with an empty tagged-field section) when the version is flexible; v0 for ControlledShutdown v0."""
     if client_id is None:
         cid = _I16_PACK(-1)
     else:
         raw = client_id.encode()
         cid = _I16_PACK(len(raw)) + raw
-    head = _REQ_HEAD(api_key, api_version, correlation_id) + cid
+    head = _REQ_HEAD(api_key, api_version, correlation_id)
+    if (api_key, api_version) == _CONTROLLED_SHUTDOWN_V0:
+        return head  # header v0
+    head += cid
     return head + b"\x00" if request_header_flexible(api_key, api_version) else head
 
 

@@ -60,7 +60,7 @@ from collections import OrderedDict, deque
 from struct import Struct
 from typing import Any, Iterator
 
-from protocol.apis import API_VERSIONS, APIS, PRODUCE, SASL_HANDSHAKE, api_name
+from protocol.apis import API_VERSIONS, APIS, PRODUCE, SASL_HANDSHAKE, api_name, api_versions_answer_version
 from protocol.errors import StreamClosedError
 from protocol.events import (
     Direction,
@@ -398,8 +398,7 @@ class KafkaStream:
             if key == API_VERSIONS:
                 if p + 2 > lim:
                     raise Over(p + 2)
-                if _I16(d, p)[0] != 0:
-                    ver = 0  # an error answer (e.g. UNSUPPORTED_VERSION) is always encoded as v0
+                ver = api_versions_answer_version(ver, _I16(d, p)[0])  # UNSUPPORTED_VERSION comes as v0
             head.key, head.ver, head.body_pos = key, ver, p
             head.summary = Summary()
         else:

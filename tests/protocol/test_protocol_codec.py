@@ -81,6 +81,24 @@ def test_api_versions_error_answer_is_written_as_v0() -> None:
     assert decode_response(resp, API_VERSIONS, 3, exact=True)["body"]["error_code"] == 35
 
 
+def test_api_versions_other_errors_keep_the_request_version() -> None:
+    """A broker writes only UNSUPPORTED_VERSION as v0; INVALID_REQUEST (a bad client software name) comes at v3."""
+    kafkas_own = bytes.fromhex("002a010000000000")  # Kafka 4.3.1's ApiVersionsResponseData v3: error 42, no keys
+    resp = struct.pack(">ii", 4 + len(kafkas_own), 9) + kafkas_own
+    body = decode_response(resp, API_VERSIONS, 3, exact=True)["body"]
+    assert body["error_code"] == 42 and body["api_keys"] == [] and body["throttle_time_ms"] == 0
+    assert encode_response(API_VERSIONS, 3, 9, body) == resp
+
+
+def test_controlled_shutdown_v0_has_request_header_v0() -> None:
+    """The one request whose header has no client_id; Kafka 3.7.2's own bytes for broker 1, correlation id 5."""
+    kafkas_own = struct.pack(">i", 12) + bytes.fromhex("000700000000000500000001")
+    assert decode_request(kafkas_own, exact=True) == {"api_key": 7, "api_version": 0, "correlation_id": 5,
+                                                      "client_id": None, "body": {"broker_id": 1}}
+    assert encode_request(7, 0, 5, None, {"broker_id": 1}) == kafkas_own
+    assert encode_request(7, 1, 5, None, {"broker_id": 1})[12:14] == b"\xff\xff"  # v1: header v1, a null client_id
+
+
 def test_the_hand_packed_requests_it_replaces_are_reproduced() -> None:
     """harness/kafka.py (Metadata v1), scenarios/runner.py (CreateTopics v2), the surge driver (ApiVersions v0, Metadata v1)."""
     def hand(key: int, ver: int, cid: int, client: bytes, body: bytes) -> bytes:

@@ -212,6 +212,29 @@ def test_apiversions_error_answer_is_v0() -> None:
     assert [(e.code, e.name) for e in resp.summary.errors] == [(35, "UNSUPPORTED_VERSION")]
 
 
+def test_apiversions_invalid_request_answer_is_read_at_the_request_version() -> None:
+    """Kafka answers a v3 request with a bad client software name with INVALID_REQUEST in the v3 layout."""
+    s = KafkaStream()
+    s.receive_request_data(request(18, 3, {"client_software_name": "bad name!", "client_software_version": "1"}, 7), 1)
+    kafkas_own = bytes.fromhex("002a010000000000")
+    s.receive_response_data(struct.pack(">ii", 4 + len(kafkas_own), 7) + kafkas_own, 2)
+    events = list(s.events())
+    assert not any(isinstance(e, StreamOpaque) for e in events)
+    resp = events[-1]
+    assert isinstance(resp, ResponseSeen) and resp.decode_note is None
+    assert [(e.code, e.name) for e in resp.summary.errors] == [(42, "INVALID_REQUEST")]
+
+
+@pytest.mark.parametrize("chunk", [None, 1])
+def test_controlled_shutdown_v0_request_is_decoded_whole_or_byte_by_byte(chunk: int | None) -> None:
+    """ControlledShutdown v0 has request header v0 (no client_id): read as v1, its body would overrun."""
+    kafkas_own = struct.pack(">i", 12) + bytes.fromhex("000700000000000500000001")
+    events = feed(kafkas_own, b"", chunk=chunk)
+    assert not any(isinstance(e, StreamOpaque) for e in events)
+    seen = [e for e in events if isinstance(e, RequestSeen)]
+    assert len(seen) == 1 and seen[0].decode_note is None and seen[0].correlation_id == 5
+
+
 def test_data_after_close_raises_documented_error() -> None:
     from protocol.errors import ProtocolError
 

@@ -55,7 +55,7 @@ def test_every_version_builds_an_error_response_that_decodes_back(api_key: int, 
         frame = deep.encode_response(api_key, version, 77, body)
         back = deep.decode_response(frame, api_key, version, exact=True)
         assert back["correlation_id"] == 77
-        layout = 0 if api_key == API_VERSIONS else version
+        layout = version  # an ApiVersions error other than UNSUPPORTED_VERSION keeps the request's layout too
         assert back["body"] == deep.decode_body(api_key, layout, False, deep.encode_body(api_key, layout, False, body),
                                                 exact=True)
         errs = _errors(back["body"])
@@ -68,6 +68,16 @@ def test_every_version_builds_an_error_response_that_decodes_back(api_key: int, 
         if asked and api_key in (PRODUCE, FETCH, OFFSET_COMMIT, OFFSET_FETCH):
             got = {(e.topic, e.topic_id, e.partition) for e in request_entries_of_response(api_key, version, back["body"])}
             assert asked <= got, (asked, got)
+
+
+def test_an_injected_api_versions_unsupported_version_answer_is_v0_as_brokers_write_it() -> None:
+    from protocol.apis import UNSUPPORTED_VERSION_CODE
+
+    req = random_body(API_VERSIONS, 3, True, 0)
+    body = error_response(API_VERSIONS, 3, req, UNSUPPORTED_VERSION_CODE)
+    assert set(body) == {"error_code", "api_keys"}  # v0's fields only
+    frame = deep.encode_response(API_VERSIONS, 3, 77, body)
+    assert deep.decode_response(frame, API_VERSIONS, 3, exact=True)["body"]["error_code"] == UNSUPPORTED_VERSION_CODE
 
 
 def request_entries_of_response(api_key: int, version: int, body: dict) -> list:
