@@ -173,7 +173,10 @@ class KafkaStream:
             need = 4 - len(side.prefix)
             if n - i < need:
                 return n
-            i += need + _I32(bytes(side.prefix) + bytes(data[i:i + need]), 0)[0]
+            size = _I32(bytes(side.prefix) + bytes(data[i:i + need]), 0)[0]
+            if size < 0:  # a size split across reads that cannot be a frame's: the decoder judges it
+                return n
+            i += need + size
             frames -= 1
         while frames > 0 and i + 4 <= n:
             size = _I32(data, i)[0]

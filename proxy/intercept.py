@@ -55,6 +55,7 @@ from struct import Struct
 from typing import Any, Protocol
 
 from protocol.apis import PRODUCE, SASL_HANDSHAKE, api_info
+from protocol.errors import ProtocolError
 from protocol.framing import DEFAULT_MAX_FRAME_BYTES, check_size
 from protocol.headers import parse_request_header, skip_request_header_tags
 from protocol.pieces import Pieces
@@ -64,6 +65,10 @@ __all__ = ["RequestHead", "Edit", "Interceptor", "ConnInfo", "InterceptorFactory
            "QUEUE_PAUSE", "EDIT_MEMORY_BYTES", "EditMemory", "chain"]
 
 MAX_EDIT_FRAME = 64 * 1024 * 1024  # a wanted frame larger than this is streamed unedited (and counted)
+# Requests a connection has sent and the editor pairs answers with (`pending`, `order`: ~170 B each). A Kafka
+# broker answers one request of a connection at a time and clients keep a handful in flight; past this many a
+# client is not one (a flood into a broker that does not answer), and editing stops (cluster mode: closed).
+MAX_AWAITING = 10_000
 MAX_HEAD = 64 * 1024 + 512  # bytes held to read a request head (client_id, header tags, transactional_id)
 HEAD_TAKE = 512  # bytes of a frame's start taken at once to read its head (most heads are under 100)
 QUEUE_PAUSE = 1024 * 1024  # delayed output past which the flow's source is paused
@@ -484,7 +489,7 @@ class FrameEditor:
                     return
                 side.want = need
                 return
-            except ValueError as exc:
+            except (ValueError, ProtocolError) as exc:  # e.g. a tag varint longer than five bytes
                 self._pass(f"unreadable request header: {exc}")
                 return
             self._request_started(side, head, now_ns)
@@ -529,6 +534,9 @@ class FrameEditor:
         if head.expects_response:
             if head.correlation_id in self.pending:
                 self._pass(f"correlation id {head.correlation_id} reused while its request is unanswered")
+                return
+            if len(self.order) >= MAX_AWAITING:
+                self._pass(f"more than {MAX_AWAITING} requests waiting for their answers")
                 return
             self.pending[head.correlation_id] = head
             self.order.append(head.correlation_id)

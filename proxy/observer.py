@@ -155,7 +155,11 @@ class ObserveScheduler:
         ready = self.ready
         while ready and not self.over():
             obs = ready.popleft()
-            if obs.step():
+            try:
+                more = obs.step()
+            except Exception as exc:  # noqa: BLE001 — one connection's bug must not stop every connection's turns
+                more = obs.step_failed(exc)
+            if more:
                 ready.append(obs)
             else:
                 obs.waiting = False
@@ -226,7 +230,7 @@ class Observer:
             return
         backlog = self._backlog
         st = self.stream
-        if not backlog and (st is None or st.frames_end(request, data, 0, SLICE_FRAMES_MAX) >= len(data)) \
+        if not backlog and (st is None or self._slice_end(request, data, 0, SLICE_FRAMES_MAX) >= len(data)) \
                 and sched.may_decode_now():  # the common case: a few frames, decoded now
             f = self.facts
             before = f.requests + f.from_broker.frames
@@ -294,7 +298,7 @@ class Observer:
         before = f.requests + f.from_broker.frames
         n = len(data)
         st = self.stream
-        end = n if st is None else st.frames_end(request, data, done, self._slice_frames())
+        end = n if st is None else self._slice_end(request, data, done, self._slice_frames())
         piece = data if done == 0 and end >= n else memoryview(data)[done:end]
         item[3] = end
         if end >= n:
@@ -308,6 +312,16 @@ class Observer:
                 self._on_quiet()
             return False
         return True
+
+    def _slice_end(self, request: bool, data: Any, start: int, frames: int) -> int:
+        """Where a slice of `frames` frames ends (`KafkaStream.frames_end`). It runs outside the decoder's
+        guard (`_observe`), in the connection's read callback, so a slicer that raised (a bug) would end the
+        connection: the connection goes opaque instead, and the whole chunk is one slice."""
+        try:
+            return self.stream.frames_end(request, data, start, frames)  # type: ignore[union-attr]
+        except Exception as exc:  # noqa: BLE001 — the decoder must never break the relay
+            self.decoder_failed(exc)
+            return len(data)
 
     def hurry(self) -> None:
         """Shutdown's last resort: end now. Queued bytes are counted as skipped, unanswered rows built at once."""
@@ -412,6 +426,20 @@ class Observer:
         closed, self._closed = self._closed, None
         if closed is not None:
             closed()
+
+    def step_failed(self, exc: BaseException) -> bool:
+        """A scheduler turn's step raised (a bug, never bad input): True while its queued chunks can still be stepped.
+
+        The first time, the connection goes opaque as for any decoder error, and its queued chunks are then only
+        settled (no decoding). A second failure is not the decoder's: the observer is left out of the turns, and
+        its rows are built when the proxy stops (`hurry`).
+        """
+        if self.stream is not None:
+            self.decoder_failed(exc)
+            return True
+        self._log("error", "observation failed; this connection's rows wait for the proxy's stop",
+                  error=f"{type(exc).__name__}: {exc}")
+        return False
 
     def decoder_failed(self, exc: BaseException) -> None:
         self.stream = None

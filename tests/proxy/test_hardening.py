@@ -358,6 +358,56 @@ def _per_turn(loop: asyncio.AbstractEventLoop, done_so_far: Callable[[], int], m
     return [b - a for a, b in zip([0, *totals], totals)]
 
 
+def test_an_observer_whose_step_raises_never_stops_the_other_connections_turns():
+    """A bug in one connection's queued observation once escaped the scheduler's turn, left it marked as
+    scheduled, and no connection of the process was decoded again. Now that connection goes opaque."""
+    loop = asyncio.new_event_loop()
+    try:
+        sched = ObserveScheduler(loop)
+        broken, breq, _, _ = _observer(scheduler=sched)
+        healthy, hreq, hresp, hout = _observer(scheduler=sched)
+        real_step = broken.step
+        raised: list[bool] = []
+
+        def step_once_raising() -> bool:
+            if not raised:
+                raised.append(True)
+                raise RuntimeError("a bug")
+            return real_step()
+
+        broken.step = step_once_raising  # type: ignore[method-assign]
+        sched.spend_all()  # both chunks queue for the next turns
+        q = _req(7)
+        breq.handed(len(q), 10)
+        broken.feed(True, q, 5)
+        hreq.handed(len(q), 10)
+        healthy.feed(True, q, 5)
+        a = _answer(7)
+        hresp.handed(len(a), 30)
+        healthy.feed(False, a, 20)
+        turns = iter(range(100))
+        _per_turn(loop, lambda: len(hout.requests), lambda: (broken.behind or healthy.behind or sched.scheduled)
+                  and next(turns, None) is not None)
+    finally:
+        loop.close()
+    assert raised and [r["status"] for r in hout.requests] == ["answered"]
+    assert broken.facts.opaque_kind == "decoder_error" and "a bug" in broken.facts.opaque_reason
+    assert not broken.behind and not sched.scheduled and not sched.ready
+
+
+def test_a_slicer_that_raises_makes_the_connection_opaque_not_its_read_callback_fail():
+    obs, req, _, _ = _observer(scheduler=ObserveScheduler(asyncio.new_event_loop()))
+
+    def broken_slicer(*args: Any) -> int:
+        raise IndexError("a bug")
+
+    obs.stream.frames_end = broken_slicer  # type: ignore[union-attr, method-assign]
+    q = _req(1)
+    req.handed(len(q), 10)
+    obs.feed(True, q, 5)  # would have raised into the connection's data_received
+    assert obs.stream is None and obs.facts.opaque_kind == "decoder_error"
+
+
 def test_closing_with_thousands_unanswered_builds_rows_a_budget_per_turn():
     """10,000 unanswered at the end once built every row in one callback (170-360 ms); now a budget per turn."""
     loop = asyncio.new_event_loop()

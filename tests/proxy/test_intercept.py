@@ -211,6 +211,32 @@ def test_garbage_turns_the_editor_into_pass_through_once() -> None:
     assert port.stops == [ed.pass_reason]  # counted once, with the logged reason
 
 
+def test_an_unreadable_header_tag_stops_editing_and_keeps_the_bytes() -> None:
+    """Produce v9's header tags holding a varint longer than five bytes: editing stops, nothing raises."""
+    good = produce(1, 1)
+    size = int.from_bytes(good[:4], "big")
+    head_end = 4 + 2 + 2 + 4 + 2 + 1  # size, key, version, correlation id, client id "c"
+    bad = (size + 7).to_bytes(4, "big") + good[4:head_end] + bytes.fromhex("01ffffffffffff00") + good[head_end + 1:]
+    for rng_seed in (None, 3):
+        ed, port = editor(Wants())
+        if rng_seed is None:
+            ed.feed(True, bad + good, 0)
+        else:
+            feed_split(ed, True, bad + good, random.Random(rng_seed))
+        assert port.out(True) == bad + good
+        assert ed.passing and "unreadable request header" in ed.pass_reason and port.stops == [ed.pass_reason]
+
+
+def test_too_many_requests_awaiting_answers_stop_editing() -> None:
+    from proxy.intercept import MAX_AWAITING
+
+    ed, port = editor(Wants(want=False))
+    flood = b"".join(request(METADATA, 1, cid, {"topics": None}) for cid in range(MAX_AWAITING + 1))
+    ed.feed(True, flood, 0)
+    assert port.out(True) == flood
+    assert ed.passing and str(MAX_AWAITING) in ed.pass_reason and not ed.pending and not ed.order
+
+
 def test_a_response_for_no_request_stops_editing_without_changing_bytes() -> None:
     ed, port = editor(Wants())
     ed.feed(True, produce(1, 1), 0)
