@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from recording.layout import TIME_COLUMN, is_hidden, live_names, partition_values
+from recording.layout import TIME_COLUMN, file_range, is_hidden, live_names, partition_values
 from recording.migrations import MIGRATIONS, Migration, RecordingFormatError, migrations_from, single_version, version_of
 from recording.schema import DATASETS, FORMAT_VERSION, arrow_schema
 
@@ -144,16 +144,41 @@ def unreadable_file(path: Path | str, detail: str | None = None) -> str:
             "(its rows are lost) and analyze with --ignore-rollups: the hour's stored rollups still count its rows")
 
 
+def version_sample(files: list[str], sample: int = 16) -> list[str]:
+    """The files whose footers tell a dataset's format versions: the earliest and latest few, and one of every run.
+
+    Reading every footer of a week of recordings would be slow (and on object
+    stores slower still). A writer run is one process of one kafkatap version,
+    and only its own writer names files after it (`part-<run>-…`, compaction
+    included), so one file per run sees every version there is: an upgrade at
+    the start or the end, and in the middle a second proxy of another version
+    recording into the same directory for a while, or an upgrade rolled back.
+    Spark reads a dataset with one schema, so a version it did not check would be
+    misread (timestamps as 1970) or blamed on a broken file. A file not named
+    as a writer names its files counts as a run of its own.
+    """
+    picked = files if len(files) <= sample else files[: sample // 2] + files[-(sample // 2):]
+    seen = {_run_of(rel) for rel in picked}
+    for rel in files:
+        run = _run_of(rel)
+        if run not in seen:
+            seen.add(run)
+            picked.append(rel)
+    return picked
+
+
+def _run_of(relative: str) -> str:
+    named = file_range(relative.rpartition("/")[2])
+    return named[0] if named is not None else relative
+
+
 def dataset_version(listing: LiveFiles, sample: int = 16) -> tuple[int, list[Migration]]:
     """The one format version of a dataset read as a whole (Spark), and the migrations it needs.
 
-    Reading every footer of a week of recordings would be slow (and on object
-    stores slower still); files are written in time order, so the earliest
-    and latest few are the ones a version change touches. Refuses mixed,
-    newer, foreign and unmigratable files (RecordingFormatError).
+    Checks the footers `version_sample` picks. Refuses mixed, newer, foreign and
+    unmigratable files (RecordingFormatError).
     """
-    files = listing.time_ordered()
-    picked = files if len(files) <= sample else files[: sample // 2] + files[-(sample // 2):]
+    picked = version_sample(listing.time_ordered(), sample)
     versions = {f"{listing.spelled_base}/{rel}": file_version(f"{listing.base}/{rel}", listing.filesystem)
                 for rel in picked}
     version = single_version(versions, listing.spelled_base)

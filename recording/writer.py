@@ -181,6 +181,20 @@ def row_data_bytes(s: "_Stream", rows: Iterable[Any]) -> int:
     return total
 
 
+def _take(q: deque[Row], k: int) -> list[Row]:
+    """Up to `k` rows from the front of a stream's queue. The loop thread (`_pack`) and the shipping thread
+    (`_ship_stream`) both take from it, only ever with popleft, so each row goes exactly one way; the
+    other may have emptied it since its length was read, and a row taken is never dropped for that."""
+    pop = q.popleft
+    rows: list[Row] = []
+    try:
+        for _ in range(k):
+            rows.append(pop())
+    except IndexError:
+        pass
+    return rows
+
+
 class RecordingError(RuntimeError):
     """The recording directory cannot be used (message says why and what to do)."""
 
@@ -471,14 +485,7 @@ class ParquetRecorder:
     def _pack(s: _Stream) -> None:
         """Pickle what `s.queue` holds into one chunk (loop thread). The shipping thread may take the queue's
         tail at a flush meanwhile: both only ever popleft, so each row goes exactly one way."""
-        q = s.queue
-        pop = q.popleft
-        rows: list[Row] = []
-        try:
-            for _ in range(len(q)):
-                rows.append(pop())
-        except IndexError:
-            pass
+        rows = _take(s.queue, len(s.queue))
         if not rows:
             return
         if s.data_at is not None:
@@ -687,15 +694,21 @@ class ParquetRecorder:
                 rows: list[Row] = []
                 size = 0
                 while n > 0 and len(rows) < CHUNK_ROWS and size < CHUNK_BYTES:
-                    r = pop()
+                    try:
+                        r = pop()
+                    except IndexError:  # the loop thread's _pack took the rest
+                        n = 0
+                        break
                     n -= 1
                     rows.append(r)
                     size += row_data_bytes(s, (r,))
                 s.deq_bytes += size
             else:
                 k = min(n, CHUNK_ROWS)
-                rows = [pop() for _ in range(k)]
-                n -= k
+                rows = _take(q, k)
+                n = n - k if len(rows) == k else 0
+            if not rows:
+                break
             s.shipped += len(rows)  # before sending: if the send fails they are counted as lost
             try:
                 child.send(("rows", s.name, rows))

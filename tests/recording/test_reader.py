@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from recording.migrations import Migration, RecordingFormatError, migrations_from, single_version
-from recording.reader import dataset_version, live_files, read_recording
+from recording.reader import dataset_version, live_files, read_recording, version_sample
 from recording.sample_rows import SessionMix
 from recording.schema import FORMAT_KEY, FORMAT_VERSION, arrow_schema
 
@@ -57,6 +57,21 @@ def test_arrow_reader_migrates_each_file_on_its_own_spark_sample_refuses_mixed(t
     assert read_recording(tmp_path).num_rows == 5
     with pytest.raises(RecordingFormatError, match=rf"mixes recording format versions \[0, {FORMAT_VERSION}\].*part-a.parquet: 0"):
         dataset_version(live_files(tmp_path, "requests"))
+
+
+def test_spark_sample_sees_a_version_that_only_the_middle_of_a_recording_holds(tmp_path: Path) -> None:
+    """A second proxy of an older kafkatap recorded one hour among 30 of another's: its run's one file is read."""
+    for hour in range(3):
+        for seq in range(1, 11):
+            _write(tmp_path, f"proxy=a/date=2026-01-01/hour={hour:02d}/part-20260101T000000Z-aaaa-{hour * 10 + seq:08d}.parquet")
+    older = "proxy=b/date=2026-01-01/hour=01/part-20260101T010000Z-bbbb-00000001.parquet"
+    _write(tmp_path, older, version=FORMAT_VERSION - 1)
+    listing = live_files(tmp_path, "requests")
+    assert older not in listing.time_ordered()[:8] + listing.time_ordered()[-8:]  # the old sample's blind spot
+    assert older in version_sample(listing.time_ordered())
+    assert len(version_sample(listing.time_ordered())) == 17  # 16 earliest and latest, one more run
+    with pytest.raises(RecordingFormatError, match=rf"mixes recording format versions .*part-20260101T010000Z-bbbb"):
+        dataset_version(listing)
 
 
 def test_version_rule_messages() -> None:
