@@ -429,3 +429,40 @@ def test_the_writer_process_gives_a_flushs_memory_back(tmp_path: Path) -> None:
     r.close()
     assert r.stats()["rows_written"]["requests"] == 180_001
     assert after - settled < 16 * 1024, (settled, after)
+
+
+def test_rows_the_loop_thread_packs_while_the_shipping_thread_takes_are_never_lost(tmp_path: Path) -> None:
+    """Both threads popleft the same queue: when the loop thread's packer takes rows between the shipping thread
+    reading the queue's length and taking them, the shipper once raised IndexError and lost the rows it held."""
+    from collections import deque
+
+    r = ParquetRecorder(tmp_path, "p1", fsync=False, writer="process")
+    s = r._streams["requests"]
+    rows = [dict(row) for row in SessionMix(seed=3).rows(40)]
+    for row in rows:
+        r.request(row)
+    packed_meanwhile: list = []
+
+    class PackedMeanwhile(deque):
+        def popleft(self):  # the first take lets the other thread take half of what is left
+            row = super().popleft()
+            if not packed_meanwhile:
+                for _ in range(len(self) // 2):
+                    packed_meanwhile.append(deque.popleft(self))
+            return row
+
+    s.queue = PackedMeanwhile(s.queue)
+    assert len(s.queue) == 40
+
+    class Child:
+        sent: list = []
+
+        def send(self, message: tuple) -> None:
+            self.sent.extend(message[2])
+
+        def send_raw(self, payload: bytes) -> None:
+            raise AssertionError("nothing was packed")
+
+    child = Child()
+    ParquetRecorder._ship_stream(child, s)
+    assert len(packed_meanwhile) == 19 and len(child.sent) == 21 == s.shipped and not s.queue
