@@ -43,6 +43,15 @@ def rollups(recording: Path, no_merge: bool, check: bool) -> None:
     Example:
       kafkatap rollups rec/            # then: kafkatap analyze rec/ --out report/
     """
+    from recording.migrations import RecordingFormatError
+
+    try:
+        _rollups(recording, no_merge, check)
+    except RecordingFormatError as exc:  # a file cut short by a crash, or not kafkatap's: said in one line, as analyze does
+        raise click.ClickException(str(exc)) from None
+
+
+def _rollups(recording: Path, no_merge: bool, check: bool) -> None:
     from recording.rollups import coverage_all, write_missing  # pyarrow: only for this command
 
     cover = coverage_all(recording)
@@ -80,10 +89,12 @@ def rollups(recording: Path, no_merge: bool, check: bool) -> None:
 
 def _connections_seen(recording: Path) -> tuple[int, int, int] | None:
     """(connections, opaque ones, TLS ones) in `recording`'s connections/, each counted once; None if it has none."""
+    import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from recording.reader import live_files
+    from recording.migrations import RecordingFormatError
+    from recording.reader import live_files, unreadable_file
 
     listing = live_files(recording, "connections")
     if listing is None or not listing.paths:
@@ -92,7 +103,10 @@ def _connections_seen(recording: Path) -> tuple[int, int, int] | None:
     opaque: set[tuple[str, str]] = set()
     tls: set[tuple[str, str]] = set()
     for path in listing.paths:  # a connection's snapshots and its final row: any of them may say it went opaque
-        t = pq.read_table(path, columns=["proxy_id", "conn_id", "tls", "opaque"], filesystem=listing.filesystem)
+        try:
+            t = pq.read_table(path, columns=["proxy_id", "conn_id", "tls", "opaque"], filesystem=listing.filesystem)
+        except (pa.ArrowInvalid, KeyError) as exc:  # no footer (a crash mid-write), not Parquet, not kafkatap's columns
+            raise RecordingFormatError(unreadable_file(path, str(exc))) from None
         ids = list(zip(t.column("proxy_id").to_pylist(), t.column("conn_id").to_pylist()))
         seen.update(ids)
         for flags, into in ((t.column("opaque"), opaque), (t.column("tls"), tls)):

@@ -224,7 +224,10 @@ def read_recording(root: Path | str, dataset: str = "requests", *, with_partitio
     for rel, path in zip(listing.relative, listing.paths):
         where = f"{listing.spelled_base}/{rel}"
         with listing.filesystem.open_input_file(path) as f:
-            pf = pq.ParquetFile(f)
+            try:
+                pf = pq.ParquetFile(f)
+            except pa.ArrowInvalid as exc:  # no footer: cut short by a crash, or not Parquet; pyarrow names no file
+                raise RecordingFormatError(unreadable_file(where, str(exc))) from None
             steps = migrations_from(version_of(pf.metadata.metadata, where), where)
             t = _conform(pf.read(), dataset, steps)
         if filter is not None:

@@ -140,6 +140,9 @@ def load_recording(path: Path | str, filters: Filters | None = None, *, sasl_cre
         frames_tbl = to_epoch_ns(read_recording(root, "frames", with_partitions=False), "frames") if has_frames else None
     except RecordingFormatError as exc:
         raise ReplayLoadError(str(exc)) from exc
+    if not has_frames and not recording_files(root, "requests") and not recording_files(root, "connections"):
+        raise ReplayLoadError(f"{root} holds no recording (no requests, connections or frames files): give the "
+                              "DIR a proxy recorded into with `--record DIR --capture requests`")
     if frames_tbl is None or frames_tbl.num_rows == 0 or pc.sum(pc.equal(frames_tbl["direction"], "request")).as_py() in (None, 0):
         raise ReplayLoadError(
             f"{root} has no raw request frames (recorded without --capture requests): record with "

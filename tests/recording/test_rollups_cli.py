@@ -81,3 +81,16 @@ def test_rollups_of_another_format_are_not_used_and_are_rewritten(tmp_path: Path
     assert done.exit_code == 0, done.output
     again = coverage_all(root)
     assert again.complete and all(file_version(p) == FORMAT_VERSION for p in (root / "topic_sums").rglob("*.parquet"))
+
+
+def test_a_file_cut_short_is_named_in_one_line_not_a_traceback(tmp_path: Path) -> None:
+    """`rollups` is for recordings left by a crash, which is when a file lacks its footer."""
+    for dataset in ("requests", "connections"):  # the second: a recording without requests files
+        root = tmp_path / dataset
+        cut = root / dataset / "proxy=x/date=2026-11-20/hour=09/part-20261120T090000Z-abcd-00000001.parquet"
+        cut.parent.mkdir(parents=True)
+        cut.write_bytes(b"PAR1\x00")
+        result = CliRunner().invoke(cli, ["rollups", str(root)])
+        assert result.exit_code == 1, result.output
+        assert "Traceback" not in result.output and f"Error: cannot read {cut}" in result.output, result.output
+        assert "cut short by a crash" in result.output

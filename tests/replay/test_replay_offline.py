@@ -37,6 +37,20 @@ def test_recording_without_raw_capture_is_one_clear_line(tmp_path: Path):
     assert len(lines) == 1 and "no raw request frames" in lines[0] and "--capture requests" in lines[0]
 
 
+def test_a_directory_that_is_no_recording_or_holds_a_cut_file_is_named_in_one_line(tmp_path: Path):
+    """Not a recording: said as analyze says it (it was "no raw request frames"). A cut file: named (pyarrow's
+    message named none)."""
+    (tmp_path / "notes.txt").write_text("not a recording")
+    res = CliRunner().invoke(replay, [str(tmp_path), "--target", "127.0.0.1:1", "--yes"])
+    assert res.exit_code == 2 and f"{tmp_path} holds no recording" in res.output
+    cut = tmp_path / "frames/proxy=x/date=2026-11-20/hour=09/part-20261120T090000Z-abcd-00000001.parquet"
+    cut.parent.mkdir(parents=True)
+    cut.write_bytes(b"PAR1x")
+    res = CliRunner().invoke(replay, [str(tmp_path), "--target", "127.0.0.1:1", "--yes"])
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert res.exit_code == 2 and len(lines) == 1 and f"cannot read {cut}" in lines[0] and "cut short" in lines[0]
+
+
 def test_filters_by_client_api_and_time(tmp_path: Path):
     t0 = write_recording(tmp_path, two_clients())
     rec = load_recording(tmp_path)
