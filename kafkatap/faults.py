@@ -75,7 +75,19 @@ def fault() -> None:
 @_ADDR
 @click.argument("spec")
 def add(addr: str, spec: str) -> None:
-    """Add one fault; prints its id (for `clear --id`)."""
+    """Add one Kafka fault, SPEC in --fault's grammar; prints its id (for `clear --id`).
+
+    
+    SPEC is one of error=API:ERROR, delay=API:MS[:JITTER_MS], throttle=API:MS or drop=API,
+    followed by options (topic=REGEX partition=N client-id=REGEX rate=P once nth=N after=DUR
+    for=DUR), comma-separated; `kafkatap proxy --help` explains each.
+
+    
+    Examples:
+      kafkatap fault add --addr 9464 'error=Produce:NOT_LEADER_OR_FOLLOWER,topic=orders,for=10s'
+      kafkatap fault add --addr 9464 'error=Heartbeat:NOT_COORDINATOR,once'
+      kafkatap fault add --addr 9464 'delay=Fetch:500:100,client-id=etl-.*,after=30s'
+    """
     rule = _call("POST", addr, "/faults?spec=" + quote(spec, safe=""))
     click.echo(f"added fault #{rule['id']}: {rule['spec']}")
 
@@ -84,7 +96,13 @@ def add(addr: str, spec: str) -> None:
 @_ADDR
 @click.option("--json", "as_json", is_flag=True, help="Print the proxy's JSON document.")
 def list_(addr: str, as_json: bool) -> None:
-    """List the faults with their counts (matched, injected, skipped) and whether they are active."""
+    """List the faults with their counts (matched, injected, skipped) and whether they are active.
+
+    
+    Examples:
+      kafkatap fault list --addr 9464
+      kafkatap fault list --addr 127.0.0.1:9464 --json
+    """
     doc = _call("GET", addr, "/faults")
     if as_json:
         click.echo(json.dumps(doc, indent=2))
@@ -116,6 +134,12 @@ def state_text(rule: dict[str, Any]) -> str:
 @_ADDR
 @click.option("--id", "rule_id", type=click.IntRange(min=1), default=None, help="Only this fault (default: all).")
 def clear(addr: str, rule_id: int | None) -> None:
-    """Remove one fault (--id) or all of them."""
+    """Remove one fault (--id) or all of them.
+
+    
+    Examples:
+      kafkatap fault clear --addr 9464 --id 2    # the id `fault add` printed
+      kafkatap fault clear --addr 9464           # every fault: the proxy relays as before
+    """
     doc = _call("DELETE", addr, "/faults" + (f"/{rule_id}" if rule_id else ""))
     click.echo(f"cleared {doc['cleared']} fault(s)")

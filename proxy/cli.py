@@ -38,7 +38,7 @@ from proxy.listener import raise_nofile_limit
 from proxy.server import DEFAULT_MARK, MarkUnavailable, ProxyServer, Route, parse_hostport, probe_mark
 from proxy.sinks import build_sinks, default_proxy_id
 from proxy.status import parse_addr as parse_status_addr
-from proxy.upstream_probe import probe_in_background
+from proxy.upstream_probe import listen_outcome, probe_in_background
 from proxy.workers import (WorkerPool, Worker, default_workers, die_with_parent, report_ready, reserve_ports,
                            route_arg)
 from recording.existing import existing_recording, reuse_message
@@ -96,9 +96,29 @@ def _check_addr(ctx: click.Context, param: click.Parameter, value: str | tuple[s
     return value
 
 
-def _int_auto_base(text: str | int) -> int:
-    """Accept 19284, 0x4b54 or 0o45524 (marks are usually written in hex)."""
-    return text if isinstance(text, int) else int(text, 0)
+class _MarkType(click.ParamType):
+    """A packet mark: 19284, 0x4b54 or 0o45524 (marks are usually written in hex), 1 to 0xffffffff.
+
+    Why the range: SO_MARK and iptables' `--mark` take an unsigned 32-bit value, and 0 is the
+    mark of every unmarked packet (a rule skipping mark 0 would skip everything)."""
+
+    name = "mark"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            mark = value
+        else:
+            try:
+                mark = int(str(value), 0)
+            except ValueError:
+                self.fail(f"{value!r} is not a number (decimal, or 0x hex)", param, ctx)
+        if not 1 <= mark <= 0xFFFFFFFF:
+            self.fail(f"{value} is outside 1..0xffffffff (a 32-bit packet mark; 0 is every unmarked packet's)",
+                      param, ctx)
+        return mark
+
+
+_MARK = _MarkType()
 
 
 @click.command(
@@ -182,7 +202,7 @@ Examples:
                    "Off by default: Kafka has its own connections.max.idle.ms.")
 @click.option("--shutdown-timeout", type=click.FloatRange(min=0), default=10.0, show_default=True,
               help="On SIGTERM/SIGINT: seconds to let in-flight requests finish before closing.")
-@click.option("--mark", type=_int_auto_base, default=None, metavar="INT",
+@click.option("--mark", type=_MARK, default=None, metavar="INT",
               help=f"SO_MARK for upstream sockets so an OUTPUT REDIRECT rule can skip them (default in transparent "
                    f"mode: {hex(DEFAULT_MARK)}; needs CAP_NET_ADMIN or CAP_NET_RAW: the proxy refuses to start "
                    f"without it).")
@@ -352,6 +372,7 @@ def _run_workers(ctx: click.Context, workers: int, routes: list[Route], mark: in
     try:
         resolved, held = reserve_ports(routes)
     except OSError as exc:
+        listen_outcome(False)
         log.error("cannot listen", error=str(exc))
         return 2
     proxy_id = str(rec.get("proxy_id") or default_proxy_id())
@@ -446,6 +467,7 @@ async def _serve(routes: list[Route], faults, rec: dict, *, ready_fd: int | None
                             float(rec["flush_interval"]), compact_interval_s=float(rec["compact_interval"]),
                             retain_s=rec.get("retain"))
     except Exception as exc:  # RecordingError, bad address …
+        listen_outcome(False)
         log.error("cannot set up recording", error=str(exc))
         return 2
     if ready_fd is not None and sinks.status is not None:  # a worker: the parent serves the status address
@@ -477,6 +499,7 @@ async def _serve(routes: list[Route], faults, rec: dict, *, ready_fd: int | None
         try:
             await sinks.serve()
         except OSError as exc:  # the --status-addr port is taken (or not ours to bind): one line, like --listen
+            listen_outcome(False)
             log.error("cannot serve the status endpoint", addr=rec.get("status_addr"), error=str(exc))
             await _close_unstarted(sinks)
             return 2
@@ -490,9 +513,11 @@ async def _serve(routes: list[Route], faults, rec: dict, *, ready_fd: int | None
         try:
             await server.start()
         except OSError as exc:
+            listen_outcome(False)
             log.error("cannot listen", error=str(exc))
             await server.stop()
             return 2
+        listen_outcome(True)
         if sinks.status is not None:
             sinks.status.serving = True
         stop = asyncio.Event()
@@ -524,7 +549,7 @@ async def _serve(routes: list[Route], faults, rec: dict, *, ready_fd: int | None
               help="Redirect connections to this port on any address (repeatable).")
 @click.option("--proxy-port", type=click.IntRange(1, 65535), default=15092, show_default=True,
               help="The transparent listener's port.")
-@click.option("--mark", type=_int_auto_base, default=DEFAULT_MARK, metavar="INT",
+@click.option("--mark", type=_MARK, default=DEFAULT_MARK, metavar="INT",
               help=f"local mode: packets with this mark (the proxy's upstream sockets) are not redirected; decimal "
                    f"or 0x hex.  [default: {hex(DEFAULT_MARK)}, the proxy's own default]")
 @click.option("--owner-uid", type=int, default=None,
@@ -562,6 +587,9 @@ def iptables(mode: str, brokers: tuple[str, ...], ports: tuple[int, ...], proxy_
     if interface is not None and mode != "gateway" and not do_remove:
         raise click.UsageError("--interface only applies with --mode gateway (local mode redirects this host's own "
                                "outgoing connections, which arrive on no interface)")
+    if owner_uid is not None and mode != "local" and not do_remove:
+        raise click.UsageError("--owner-uid only applies with --mode local (a gateway redirects other hosts' "
+                               "packets, which carry no local uid)")
     if do_remove:
         try:
             cmds = removal_found()

@@ -53,6 +53,9 @@ class RulePlan:
                              "own upstream connections would be redirected back to it (a loop)")
         if not self.targets:
             raise ValueError("give at least one --broker HOST:PORT or --port PORT")
+        if not self.ipv6 and all(host is not None and ":" in host for host, _ in self.targets):
+            raise ValueError("every --broker is an IPv6 address and --no-ipv6 writes no ip6tables rule: "
+                             "nothing would be redirected (drop --no-ipv6, or add an IPv4 --broker or a --port)")
 
 
 def _family_targets(plan: RulePlan, v6: bool) -> list[tuple[str | None, int]]:
@@ -126,7 +129,12 @@ def removal_found(netns: str | None = None, chain: str = CHAIN) -> list[list[str
         nat = [tool, "-w", "-t", "nat"]
         listing = _exec(nat + ["-S"], netns)
         if listing.returncode != 0:
-            continue
+            why = (listing.stderr or listing.stdout).strip().splitlines()
+            if tool == "iptables" or any("denied" in line or "must be root" in line for line in why):
+                # never "nothing installed" when the rules could not be read: they may well be there
+                raise RuntimeError(f"cannot read the nat table ({' '.join(nat + ['-S'])}): "
+                                   f"{why[-1] if why else f'exit {listing.returncode}'}; run as root")
+            continue  # no IPv6 nat table on this host (no module): nothing of ours can be in it
         has_chain = False
         for line in listing.stdout.splitlines():
             words = shlex.split(line)

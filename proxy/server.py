@@ -263,6 +263,24 @@ class ProxyServer:
             self._accept(sock, factory)
             log.info("listening", listener=listener,
                      upstream=f"{up[0]}:{up[1]}" if up else "original destination (transparent)")
+            if up is not None and self.bypass_check and sock is socks[0]:
+                log.info("clients bootstrap here", **self._bootstrap_hint(addr))
+
+    def _bootstrap_hint(self, addr: tuple[str, int]) -> dict[str, str]:
+        """What to give clients as bootstrap.servers, and what else makes their traffic pass here.
+
+        A new user sees a listen address and an upstream (and, in cluster mode, one listener per
+        broker): this says which one clients are given, under the name they must use (cluster
+        mode: --advertise-host; a wildcard listen address: this host's name)."""
+        if self.cluster is not None:
+            return {"bootstrap": format_addr((self.cluster.registry.advertise_host, addr[1])),
+                    "note": "give clients this as bootstrap.servers: every broker address the brokers answer with "
+                            "is rewritten to one of this proxy's broker listeners"}
+        host = socket.gethostname() if addr[0] in ("0.0.0.0", "::") else addr[0]
+        return {"bootstrap": format_addr((host, addr[1])),
+                "note": "give clients this as bootstrap.servers; the brokers must advertise this proxy's address "
+                        "(advertised.listeners), or clients reach them directly after bootstrap: --cluster "
+                        "rewrites the addresses instead"}
 
     def _bypass_step(self) -> Any:
         """Explicit and cluster mode: rows go through the bypass check (proxy.bypass); transparent mode needs none,

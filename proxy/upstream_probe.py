@@ -26,6 +26,36 @@ from proxy.server import Route
 log = structlog.get_logger("kafkatap.proxy")
 
 MAX_PROBE_S = 5.0
+# The probe's warning is about clients of a listener: it waits (at most this long) to learn whether this process
+# listens at all, and says nothing when it could not (the "cannot listen" line is then the one that matters, and
+# a warning after it about a listener that never existed sent operators the wrong way).
+OUTCOME_WAIT_S = 2.0
+
+
+class ListenOutcome:
+    """Whether the process that started a probe listens: told once by the command, waited for by the probe."""
+
+    def __init__(self) -> None:
+        self.known = threading.Event()
+        self.failed = False
+
+    def tell(self, listening: bool) -> None:
+        self.failed = not listening
+        self.known.set()
+
+    def listening(self, wait_s: float = OUTCOME_WAIT_S) -> bool:
+        """False once the command gave up; True when it listens or has not said within `wait_s`."""
+        self.known.wait(wait_s)
+        return not self.failed
+
+
+_started: ListenOutcome | None = None  # the outcome the probe this command started waits for
+
+
+def listen_outcome(listening: bool) -> None:
+    """This process listens (True) or gave up (False); nothing when no probe was started."""
+    if _started is not None:
+        _started.tell(listening)
 
 
 def connect_problem(host: str, port: int, timeout: float) -> str | None:
@@ -39,11 +69,14 @@ def connect_problem(host: str, port: int, timeout: float) -> str | None:
         return exc.strerror or str(exc)
 
 
-def probe_upstreams(routes: Sequence[Route], timeout: float) -> None:
-    """Probe every distinct upstream of `routes` once; one warning line for each that does not accept."""
+def probe_upstreams(routes: Sequence[Route], timeout: float, outcome: ListenOutcome | None = None) -> None:
+    """Probe every distinct upstream of `routes` once; one warning line for each that does not accept
+    (none when `outcome` says the process does not listen)."""
     targets = sorted({r.upstream for r in routes if r.upstream is not None})
-    for host, port in targets:
-        problem = connect_problem(host, port, min(timeout, MAX_PROBE_S))
+    problems = [(host, port, connect_problem(host, port, min(timeout, MAX_PROBE_S))) for host, port in targets]
+    if outcome is not None and not outcome.listening():
+        return
+    for host, port, problem in problems:
         if problem:
             log.warning("upstream does not accept connections: every client of its listener is disconnected until "
                         "it does; check --upstream (or start the broker)", upstream=format_addr((host, port)),
@@ -52,7 +85,9 @@ def probe_upstreams(routes: Sequence[Route], timeout: float) -> None:
 
 def probe_in_background(routes: Sequence[Route], timeout: float) -> threading.Thread:
     """`probe_upstreams` on a daemon thread (the caller goes on to listen at once)."""
-    thread = threading.Thread(target=probe_upstreams, args=(list(routes), timeout), name="kafkatap-upstream-probe",
-                              daemon=True)
+    global _started
+    _started = ListenOutcome()
+    thread = threading.Thread(target=probe_upstreams, args=(list(routes), timeout, _started),
+                              name="kafkatap-upstream-probe", daemon=True)
     thread.start()
     return thread

@@ -125,6 +125,33 @@ def test_probe_names_an_upstream_that_refuses_and_is_quiet_otherwise() -> None:
         (f"127.0.0.1:{bad}", ["127.0.0.1:39901", "127.0.0.1:39903"], "Connection refused")]  # one line per upstream
 
 
+def test_a_proxy_that_cannot_listen_ends_on_that_not_on_its_upstream() -> None:
+    """The upstream probe's warning (about the clients of a listener) once came after "cannot listen", last."""
+    with socket.socket() as held, socket.socket() as closed:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        closed.bind(("127.0.0.1", 0))
+        res = run("--log-format", "json", "proxy", "--listen", f"127.0.0.1:{held.getsockname()[1]}", "--upstream",
+                  f"127.0.0.1:{closed.getsockname()[1]}", "--workers", "1")
+    events = [json.loads(ln)["event"] for ln in res.stderr.splitlines() if ln.startswith("{")]
+    assert res.returncode == 2 and "cannot listen" in events, res.stderr
+    assert not any(e.startswith("upstream does not accept") for e in events), res.stderr
+
+
+def test_the_bootstrap_address_clients_are_given_is_said_at_start() -> None:
+    from proxy.server import ProxyServer, Route
+
+    async def hint() -> tuple[dict, dict]:
+        server = ProxyServer([Route(("127.0.0.1", 0), ("127.0.0.1", 9))])
+        return server._bootstrap_hint(("127.0.0.1", 19092)), server._bootstrap_hint(("0.0.0.0", 19092))
+
+    import asyncio
+
+    own, wildcard = asyncio.run(hint())
+    assert own["bootstrap"] == "127.0.0.1:19092" and "advertised.listeners" in own["note"] and "--cluster" in own["note"]
+    assert wildcard["bootstrap"] == f"{socket.gethostname()}:19092"  # what a client elsewhere can resolve
+
+
 def test_explicit_mode_says_at_start_when_its_upstream_refuses() -> None:
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
@@ -219,6 +246,42 @@ def test_iptables_dry_run_says_so_and_names_resolve_visibly() -> None:
     assert len(resolved) == 1 and "127.0.0.1" in resolved[0]
     assert "-d 127.0.0.1 --dport 9092 -j REDIRECT" in res.stdout  # the rule holds the address, not the name
     assert all(ln.startswith(("iptables ", "ip6tables ")) for ln in res.stdout.splitlines())  # stdout: commands only
+
+
+@pytest.mark.parametrize("mark", ["-5", "0", "0x100000000", "lots"])
+def test_a_mark_outside_32_bits_is_refused_by_both_commands(mark: str) -> None:
+    """SO_MARK and iptables take 1..0xffffffff: the proxy raised a TypeError, iptables wrote rules iptables refuses,
+    and mark 0 (every unmarked packet's) would have kept anything from being redirected."""
+    for res in (run("iptables", "--mode", "local", "--port", "9092", f"--mark={mark}"),
+                run("proxy", "--transparent", "--listen", "127.0.0.1:0", f"--mark={mark}", "--workers", "1")):
+        assert res.returncode == 2 and res.stdout == "", res.stderr
+        assert "Traceback" not in res.stderr and "--mark" in res.stderr
+        assert ("outside 1..0xffffffff" if mark != "lots" else "is not a number") in res.stderr
+
+
+def test_iptables_refuses_options_that_would_change_nothing() -> None:
+    res = run("iptables", "--broker", "[::1]:9092", "--no-ipv6")
+    assert res.returncode == 2 and res.stdout == "" and "nothing would be redirected" in error_line(res)
+    res = run("iptables", "--mode", "gateway", "--port", "9092", "--owner-uid", "1000")
+    assert res.returncode == 2 and "--owner-uid only applies with --mode local" in error_line(res)
+
+
+def test_iptables_remove_never_says_nothing_is_installed_when_it_could_not_read_the_rules(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+
+    from click.testing import CliRunner
+
+    import proxy.netfilter as netfilter
+    from proxy.cli import iptables
+
+    denied = "iptables v1.8.9 (nf_tables): Could not fetch rule set generation id: Permission denied (you must be root)"
+    monkeypatch.setattr(netfilter, "_exec", lambda argv, netns: subprocess.CompletedProcess(argv, 4, "", denied + "\n"))
+    monkeypatch.setattr(netfilter.shutil, "which", lambda tool: f"/usr/sbin/{tool}")
+    for args in (["--remove"], ["--remove", "--dry-run"]):
+        res = CliRunner().invoke(iptables, args)
+        assert res.exit_code == 1 and "nothing of kafkatap's installed" not in res.output
+        assert "cannot read the nat table" in res.output and "Permission denied" in res.output
 
 
 def test_iptables_mark_help_shows_a_real_default() -> None:
@@ -690,3 +753,26 @@ def test_closed_standard_streams_are_dev_null(closed: tuple[int, ...], tmp_path:
     res = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, preexec_fn=close_them, timeout=60)  # noqa: PLW1509
     assert res.returncode == 0
     assert (tmp_path / "fd").read_text() == "3 True"
+
+
+def test_every_command_s_help_shows_it_run() -> None:
+    """The README says every command's --help has examples: each leaf command's help holds a line running it."""
+    import click
+
+    from kafkatap.cli import cli
+
+    root = click.Context(cli)
+    missing = []
+
+    def walk(cmd: click.Command, path: list[str]) -> None:
+        if isinstance(cmd, click.Group):
+            for name in cmd.list_commands(root):
+                walk(cmd.get_command(root, name), [*path, name])  # type: ignore[arg-type]
+            return
+        text = cmd.get_help(click.Context(cmd, info_name=" ".join(path)))
+        run_line = " ".join(path)
+        if not any(line.strip() == run_line or line.strip().startswith(run_line + " ") for line in text.splitlines()):
+            missing.append(" ".join(path))
+
+    walk(cli, ["kafkatap"])
+    assert not missing, missing
