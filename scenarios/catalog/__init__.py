@@ -24,13 +24,21 @@ def all_scenarios() -> list[Scenario]:
 
 def get(name: str) -> Scenario:
     """A built-in scenario by name (batch-too-large) or a path to a module defining SCENARIO."""
-    if name.endswith(".py") and Path(name).exists():
+    known = ", ".join(m.replace("_", "-") for m in MODULES)
+    if name.endswith(".py"):
+        if not Path(name).is_file():
+            raise KeyError(f"{name}: no such file (a scenario of your own is a Python file defining SCENARIO; "
+                           f"the built-in ones: {known})")
         spec = importlib.util.spec_from_file_location(f"scenario_{Path(name).stem}", name)
         assert spec and spec.loader
         mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod.SCENARIO
+        spec.loader.exec_module(mod)  # the operator's own code: its errors are theirs to read, traceback and all
+        found = getattr(mod, "SCENARIO", None)
+        if not isinstance(found, Scenario):
+            raise KeyError(f"{name} defines no SCENARIO = Scenario(...) (scenarios.spec); copy a module of "
+                           "scenarios/catalog/ to start from")
+        return found
     mod_name = name.replace("-", "_")
     if mod_name not in MODULES:
-        raise KeyError(f"unknown scenario {name!r}; known: {', '.join(m.replace('_', '-') for m in MODULES)}")
+        raise KeyError(f"unknown scenario {name!r}; known: {known}")
     return importlib.import_module(f"scenarios.catalog.{mod_name}").SCENARIO

@@ -72,6 +72,19 @@ def test_unknown_scenario_is_a_usage_error() -> None:
     assert res.exit_code == 2 and "unknown scenario" in res.output
 
 
+def test_a_scenario_file_that_is_missing_or_defines_no_scenario_is_a_usage_error(tmp_path) -> None:
+    """The documented write-your-own path: a traceback (AttributeError) for a file without SCENARIO, and a missing
+    file was called an unknown scenario."""
+    from kafkatap.cli import cli
+
+    mine = tmp_path / "my_incident.py"
+    mine.write_text("X = 1\n")
+    for path, says in ((mine, "defines no SCENARIO"), (tmp_path / "missing.py", "no such file")):
+        res = CliRunner().invoke(cli, ["scenario", "run", str(path), "--out", str(tmp_path / "out")])
+        assert res.exit_code == 2 and says in res.output and not isinstance(res.exception, AttributeError), res.output
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("kind", ["kafka-python", "confluent", "kcat"])
 def test_drivers_produce_and_consume_on_a_real_broker(kafka_broker, topic_name, kind) -> None:
     create_topics("127.0.0.1", kafka_broker.port, {topic_name: 1})
