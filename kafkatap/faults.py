@@ -77,12 +77,12 @@ def fault() -> None:
 def add(addr: str, spec: str) -> None:
     """Add one Kafka fault, SPEC in --fault's grammar; prints its id (for `clear --id`).
 
-    
+    \b
     SPEC is one of error=API:ERROR, delay=API:MS[:JITTER_MS], throttle=API:MS or drop=API,
     followed by options (topic=REGEX partition=N client-id=REGEX rate=P once nth=N after=DUR
     for=DUR), comma-separated; `kafkatap proxy --help` explains each.
 
-    
+    \b
     Examples:
       kafkatap fault add --addr 9464 'error=Produce:NOT_LEADER_OR_FOLLOWER,topic=orders,for=10s'
       kafkatap fault add --addr 9464 'error=Heartbeat:NOT_COORDINATOR,once'
@@ -98,7 +98,7 @@ def add(addr: str, spec: str) -> None:
 def list_(addr: str, as_json: bool) -> None:
     """List the faults with their counts (matched, injected, skipped) and whether they are active.
 
-    
+    \b
     Examples:
       kafkatap fault list --addr 9464
       kafkatap fault list --addr 127.0.0.1:9464 --json
@@ -136,7 +136,7 @@ def state_text(rule: dict[str, Any]) -> str:
 def clear(addr: str, rule_id: int | None) -> None:
     """Remove one fault (--id) or all of them.
 
-    
+    \b
     Examples:
       kafkatap fault clear --addr 9464 --id 2    # the id `fault add` printed
       kafkatap fault clear --addr 9464           # every fault: the proxy relays as before

@@ -83,6 +83,7 @@ from proxy.flow import (
 )
 from proxy.inference import inferred_cause
 from proxy.intercept import ConnInfo, FrameEditor, chain
+from proxy.marks import set_mark
 from proxy.observer import ObserveScheduler, Observer
 
 log = structlog.get_logger("kafkatap.proxy")
@@ -332,7 +333,7 @@ class Connection:
                 sock.setblocking(False)
                 if ctx.settings.so_mark is not None:
                     try:
-                        sock.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_MARK", 36), ctx.settings.so_mark)
+                        set_mark(sock, ctx.settings.so_mark)
                     except OSError as exc:  # needs CAP_NET_ADMIN; only matters for an OUTPUT redirect rule
                         ctx.hub.mark_failed(exc)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -21,6 +21,7 @@ cannot set marks).
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import subprocess
@@ -115,12 +116,18 @@ def build_removal(plan: RulePlan) -> list[list[str]]:
     return cmds
 
 
+# What iptables and ip6tables (legacy and nft) say when the family has no nat table at all (legacy also says
+# "can't initialize" when it is not root: a permission error is never taken for a missing table).
+_NO_NAT_TABLE = ("Table does not exist", "can't initialize", "No such file or directory", "insmod")
+
+
 def removal_found(netns: str | None = None, chain: str = CHAIN) -> list[list[str]]:
     """The commands that remove what kafkatap installed, found in the live nat tables.
 
     Every rule in a built-in chain that jumps to `chain` (or carries our comment) is
     deleted, then `chain` is flushed and deleted; a family without iptables, without
-    the chain or without the nat table contributes nothing.
+    the chain or without the nat table contributes nothing. RuntimeError when a nat
+    table cannot be read for another reason (not root): its rules may be there.
     """
     cmds: list[list[str]] = []
     for tool in TOOLS:
@@ -129,12 +136,12 @@ def removal_found(netns: str | None = None, chain: str = CHAIN) -> list[list[str
         nat = [tool, "-w", "-t", "nat"]
         listing = _exec(nat + ["-S"], netns)
         if listing.returncode != 0:
-            why = (listing.stderr or listing.stdout).strip().splitlines()
-            if tool == "iptables" or any("denied" in line or "must be root" in line for line in why):
-                # never "nothing installed" when the rules could not be read: they may well be there
-                raise RuntimeError(f"cannot read the nat table ({' '.join(nat + ['-S'])}): "
-                                   f"{why[-1] if why else f'exit {listing.returncode}'}; run as root")
-            continue  # no IPv6 nat table on this host (no module): nothing of ours can be in it
+            said = " ".join((listing.stderr or listing.stdout).split()) or f"exit {listing.returncode}"
+            if "denied" not in said and "must be root" not in said and any(word in said for word in _NO_NAT_TABLE):
+                continue  # no nat table in this family (no kernel module): nothing of ours can be in it
+            # never "nothing installed" when the rules could not be read (not root, a broken iptables): they may be there
+            raise RuntimeError(f"cannot read the nat table ({' '.join(nat + ['-S'])}): {said}"
+                               + ("; run as root" if os.geteuid() != 0 else ""))
         has_chain = False
         for line in listing.stdout.splitlines():
             words = shlex.split(line)

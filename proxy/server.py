@@ -43,6 +43,7 @@ from proxy.context import Addr, ConnectionContext, RelaySettings, format_addr
 from proxy.faults import NO_FAULTS, Faults
 from proxy.listener import Acceptor, bind_listener
 from proxy.log_limits import ConnectFailureLog
+from proxy.marks import set_mark
 from proxy.sinks import GuardedSink, NullSink, RecordSink, default_proxy_id
 from proxy.topics import TopicMap, TopicNamingSink, TopicResolver
 from recording.software_version import KAFKATAP_VERSION
@@ -50,7 +51,6 @@ from recording.software_version import KAFKATAP_VERSION
 log = structlog.get_logger("kafkatap.proxy")
 
 DEFAULT_MARK = 0x4B54  # "KT": SO_MARK on upstream sockets so an OUTPUT REDIRECT rule can skip them
-SO_MARK = getattr(socket, "SO_MARK", 36)
 CLOCK_CHECK_S = 5.0  # how often the wall clock is compared with the proxy's clock
 CLOCK_STEP_NS = 100_000_000  # a difference this large is a step (suspend, NTP), not drift: re-derive the offset
 
@@ -69,7 +69,7 @@ def probe_mark(mark: int) -> None:
     """
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.setsockopt(socket.SOL_SOCKET, SO_MARK, mark)
+            set_mark(s, mark)
     except OSError as exc:
         raise MarkUnavailable(exc.errno, _mark_message(mark, exc)) from exc
 
@@ -272,6 +272,9 @@ class ProxyServer:
         A new user sees a listen address and an upstream (and, in cluster mode, one listener per
         broker): this says which one clients are given, under the name they must use (cluster
         mode: --advertise-host; a wildcard listen address: this host's name)."""
+        if self.fronted_by:  # a middlebox in front (--fronted-by): clients reach this listener through it
+            return {"bootstrap": ",".join(format_addr(a) for a in self.fronted_by),
+                    "note": "give clients the middlebox address (--fronted-by) as bootstrap.servers: it leads here"}
         if self.cluster is not None:
             return {"bootstrap": format_addr((self.cluster.registry.advertise_host, addr[1])),
                     "note": "give clients this as bootstrap.servers: every broker address the brokers answer with "

@@ -70,6 +70,7 @@ import structlog
 
 from protocol.apis import CLUSTER_ID_APIS, METADATA, TOPIC_PAIR_APIS
 from protocol.deep import decode_response, encode_request
+from proxy.marks import set_mark
 from proxy.sink_steps import pass_through
 
 log = structlog.get_logger("kafkatap.proxy")
@@ -295,7 +296,7 @@ class TopicResolver:
             sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
             sock.setblocking(False)
             if self.so_mark is not None:  # transparent mode: our own connection must not be redirected to us
-                sock.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_MARK", 36), self.so_mark)  # raises: no query
+                set_mark(sock, self.so_mark)  # raises: no query
             await asyncio.wait_for(self.loop.sock_connect(sock, (host, int(port))), self.timeout_s)
             tls = self.tls.connect_kwargs(host) if self.tls is not None else {}  # proxy.tls: TLS brokers
             reader, writer = await asyncio.open_connection(sock=sock, **tls)

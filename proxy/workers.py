@@ -62,6 +62,7 @@ from proxy.listener import bind_named
 from proxy.metrics import merge_clients, merge_prometheus, parse_exposition
 from proxy.server import Route
 from proxy.status import StatusServer, parse_addr
+from proxy.upstream_probe import listen_outcome
 from recording.layout import worker_proxy_id
 
 log = structlog.get_logger("kafkatap.proxy")
@@ -185,11 +186,13 @@ class WorkerPool:
                 try:
                     await status.start()
                 except OSError as exc:
+                    listen_outcome(False)
                     log.error("cannot serve the status endpoint", addr=self.status_addr, error=str(exc))
                     status = None
                     return 2
             self._once_dir = tempfile.mkdtemp(prefix="kafkatap-workers-once-")
             starts = await asyncio.gather(*(self._spawn(w) for w in self.workers))
+            listen_outcome(all(starts))  # the upstream probe's warning is for a proxy that listens
             if not all(starts):
                 await self._stop_all()
                 return 2

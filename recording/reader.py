@@ -23,7 +23,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -137,11 +137,22 @@ def file_version(path: Path | str, filesystem: pafs.FileSystem | None = None) ->
     return version_of(meta.metadata, str(path))
 
 
+def _open_parquet(f: Any, where: str) -> pq.ParquetFile:
+    """A recording file opened to read; RecordingFormatError naming it when it has no footer (pyarrow names none)."""
+    try:
+        return pq.ParquetFile(f)
+    except pa.ArrowInvalid as exc:  # cut short by a crash, or not Parquet
+        raise RecordingFormatError(unreadable_file(where, str(exc))) from None
+
+
 def unreadable_file(path: Path | str, detail: str | None = None) -> str:
     """What to say of a recording file that cannot be read (pyarrow's footer check or Spark's read), and what to do."""
     why = f" ({detail})" if detail else ""
     return (f"cannot read {path}{why}: a file cut short by a crash, or not Parquet; move it out of the recording "
             "(its rows are lost) and analyze with --ignore-rollups: the hour's stored rollups still count its rows")
+
+
+FOOTER_READERS = 8  # threads reading the footers of a sample larger than its earliest and latest files
 
 
 def version_sample(files: list[str], sample: int = 16) -> list[str]:
@@ -179,8 +190,18 @@ def dataset_version(listing: LiveFiles, sample: int = 16) -> tuple[int, list[Mig
     unmigratable files (RecordingFormatError).
     """
     picked = version_sample(listing.time_ordered(), sample)
-    versions = {f"{listing.spelled_base}/{rel}": file_version(f"{listing.base}/{rel}", listing.filesystem)
-                for rel in picked}
+
+    def read(rel: str) -> int:
+        return file_version(f"{listing.base}/{rel}", listing.filesystem)
+
+    if len(picked) <= sample:
+        found = [read(rel) for rel in picked]
+    else:  # a recording of many runs (workers, restarts): footers are small reads, mostly waiting (object stores)
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=FOOTER_READERS) as pool:
+            found = list(pool.map(read, picked))  # the first file that cannot be read raises, as one by one
+    versions = {f"{listing.spelled_base}/{rel}": v for rel, v in zip(picked, found)}
     version = single_version(versions, listing.spelled_base)
     return version, migrations_from(version, listing.spelled_base)
 
@@ -224,10 +245,7 @@ def read_recording(root: Path | str, dataset: str = "requests", *, with_partitio
     for rel, path in zip(listing.relative, listing.paths):
         where = f"{listing.spelled_base}/{rel}"
         with listing.filesystem.open_input_file(path) as f:
-            try:
-                pf = pq.ParquetFile(f)
-            except pa.ArrowInvalid as exc:  # no footer: cut short by a crash, or not Parquet; pyarrow names no file
-                raise RecordingFormatError(unreadable_file(where, str(exc))) from None
+            pf = _open_parquet(f, where)
             steps = migrations_from(version_of(pf.metadata.metadata, where), where)
             t = _conform(pf.read(), dataset, steps)
         if filter is not None:
@@ -313,7 +331,7 @@ def recording_start(roots: Iterable[Path | str]) -> int | None:
         first = min((k for k in keys.values() if k is not None), default=None)
         for rel in (rel for rel, k in keys.items() if k is None or k == first):
             with listing.filesystem.open_input_file(f"{listing.base}/{rel}") as f:
-                value = _column_min(pq.ParquetFile(f), column)
+                value = _column_min(_open_parquet(f, f"{listing.spelled_base}/{rel}"), column)
             if value is not None:
                 found.append(value)
     return min(found, default=None)

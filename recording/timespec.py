@@ -191,3 +191,5 @@ def cli_window(since: TimeSpec | None, until: TimeSpec | None,
         ctx = click.get_current_context(silent=True)
         param = next((p for p in ctx.command.params if p.name == option), None) if ctx else None
         raise click.BadParameter(str(exc), ctx=ctx, param=param, param_hint=None if param else f"'--{option}'") from None
+    except ValueError as exc:  # `start` could not read the recording (RecordingFormatError: a file cut short …)
+        raise click.ClickException(str(exc)) from None

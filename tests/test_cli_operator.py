@@ -151,6 +151,12 @@ def test_the_bootstrap_address_clients_are_given_is_said_at_start() -> None:
     assert own["bootstrap"] == "127.0.0.1:19092" and "advertised.listeners" in own["note"] and "--cluster" in own["note"]
     assert wildcard["bootstrap"] == f"{socket.gethostname()}:19092"  # what a client elsewhere can resolve
 
+    async def behind_a_middlebox() -> dict:
+        return ProxyServer([Route(("127.0.0.1", 0), ("127.0.0.1", 9))],
+                           fronted_by=[("lb.example.com", 9092)])._bootstrap_hint(("127.0.0.1", 19092))
+
+    assert asyncio.run(behind_a_middlebox())["bootstrap"] == "lb.example.com:9092"
+
 
 def test_explicit_mode_says_at_start_when_its_upstream_refuses() -> None:
     with socket.socket() as closed:
@@ -282,6 +288,15 @@ def test_iptables_remove_never_says_nothing_is_installed_when_it_could_not_read_
         res = CliRunner().invoke(iptables, args)
         assert res.exit_code == 1 and "nothing of kafkatap's installed" not in res.output
         assert "cannot read the nat table" in res.output and "Permission denied" in res.output
+    legacy_denied = "iptables v1.8.9 (legacy): can't initialize iptables table `nat': Permission denied (you must be root)"
+    monkeypatch.setattr(netfilter, "_exec", lambda argv, netns: subprocess.CompletedProcess(argv, 3, "", legacy_denied))
+    assert "cannot read the nat table" in CliRunner().invoke(iptables, ["--remove"]).output
+    # a host whose kernel has no nat table: nothing of kafkatap's can be installed there, as before
+    no_table = ("iptables v1.8.9 (legacy): can't initialize iptables table `nat': Table does not exist (do you need to "
+                "insmod?)\nPerhaps iptables or your kernel needs to be upgraded.")
+    monkeypatch.setattr(netfilter, "_exec", lambda argv, netns: subprocess.CompletedProcess(argv, 3, "", no_table))
+    res = CliRunner().invoke(iptables, ["--remove"])
+    assert res.exit_code == 0 and "nothing of kafkatap's installed" in res.output
 
 
 def test_iptables_mark_help_shows_a_real_default() -> None:

@@ -1,4 +1,4 @@
-"""Incident 3 (docs/incidents.md#incident-3): who is writing to me? A dozen clients; the inventory names them.
+"""Incident 3 (docs/incidents.md#incident-3): who is writing to me? Fourteen clients; the inventory names them.
 
 Producers and consumers with four client stacks (kafka-python,
 confluent-kafka/librdkafka, kcat, and Apache Kafka's own Java clients: a
@@ -51,7 +51,7 @@ def _java_group_role(by_id: dict[str, dict]) -> str:
 
 SCENARIO = Scenario(
     name="who-is-writing",
-    story="a dozen producers/consumers (kafka-python, confluent-kafka, kcat, Java incl. a KIP-848 consumer); "
+    story="14 producers/consumers (kafka-python, confluent-kafka, kcat, Java incl. a KIP-848 consumer); "
           "the inventory ranks them, busiest first, naming every topic",
     broker=Broker(topics={"orders": 3, "payments": 1, "clicks": 3, "audit": 1}),
     proxies=[Proxy("rec")],

@@ -119,3 +119,16 @@ def test_request_cause_acks1_too_large():
         "acks=1 Produce of 50123 bytes to t rejected: batch larger than message.max.bytes (MESSAGE_TOO_LARGE)")
     assert request_cause("Produce", -1, 10, ["t"], ["NOT_LEADER_OR_FOLLOWER"]) is None
     assert request_cause("Fetch", None, 10, ["t"], ["MESSAGE_TOO_LARGE"]) is None
+
+
+@pytest.mark.parametrize("mark", [1, 0x4B54, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF])
+def test_every_mark_the_cli_accepts_is_set_as_that_mark(mark: int) -> None:
+    """setsockopt takes a C int: 0x80000000 and above raised TypeError (a traceback at start) until passed as the int
+    with the same 32 bits."""
+    import socket
+
+    from proxy.marks import SO_MARK, set_mark
+
+    with socket.socket() as s:
+        set_mark(s, mark)
+        assert s.getsockopt(socket.SOL_SOCKET, SO_MARK) & 0xFFFFFFFF == mark

@@ -49,6 +49,12 @@ def test_a_directory_that_is_no_recording_or_holds_a_cut_file_is_named_in_one_li
     res = CliRunner().invoke(replay, [str(tmp_path), "--target", "127.0.0.1:1", "--yes"])
     lines = [ln for ln in res.output.splitlines() if ln.strip()]
     assert res.exit_code == 2 and len(lines) == 1 and f"cannot read {cut}" in lines[0] and "cut short" in lines[0]
+    early = tmp_path / "requests/proxy=x/date=2026-11-20/hour=09/part-20261120T090000Z-abcd-00000001.parquet"
+    early.parent.mkdir(parents=True)
+    early.write_bytes(b"PAR1x")  # --since +10 reads the recording's start from the earliest requests files
+    res = CliRunner().invoke(replay, [str(tmp_path), "--target", "127.0.0.1:1", "--yes", "--since", "+10"])
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert res.exit_code == 1 and len(lines) == 1 and f"cannot read {early}" in lines[0], res.output
 
 
 def test_filters_by_client_api_and_time(tmp_path: Path):
