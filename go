@@ -8,7 +8,7 @@ cd "$(dirname "$(readlink -f "$0")")"
 VENV=.venv
 PY=${PYTHON:-python3}
 # command -> Debian package providing it
-DEBIAN_TOOLS="java:default-jre-headless mvn:maven cc:gcc tshark:tshark kcat:kcat iptables:iptables ip:iproute2 haproxy:haproxy chromium:chromium conntrack:conntrack ps:procps"
+DEBIAN_TOOLS="java:default-jre-headless javac:default-jdk-headless mvn:maven cc:gcc tshark:tshark kcat:kcat iptables:iptables ip:iproute2 haproxy:haproxy chromium:chromium conntrack:conntrack ps:procps"
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 
