@@ -36,8 +36,8 @@ from typing import Any
 
 import structlog
 
-from protocol.addresses import SeenAddress, endpoints, no_addresses_in, rewrite_response
-from protocol.apis import METADATA
+from protocol.addresses import SeenAddress, cap_api_versions, endpoints, no_addresses_in, rewrite_response
+from protocol.apis import API_VERSIONS, METADATA, api_name
 from protocol.deep import decode_response, encode_request
 from protocol.errors import ProtocolError
 from proxy.context import format_addr
@@ -83,6 +83,7 @@ class ClusterStats:
     rewrite_failures: int = 0
     brokers_seen: int = 0
     brokers_unlistened: int = 0  # of brokers_seen: no listener (port taken, out of range), so clients go around
+    capped_version_answers: int = 0  # ApiVersions answers whose address-carrying APIs were capped (cap_api_versions)
     failures_by_api: dict[str, int] = field(default_factory=dict)
 
 
@@ -129,7 +130,8 @@ class BrokerRegistry:
             log.warning("broker moved: new connections to its listener go to the new address", node_id=node_id,
                         old=f"{route.upstream[0]}:{route.upstream[1]}", new=f"{host}:{port}",
                         listener_port=route.listen_port)
-            self.by_upstream.pop(route.upstream, None)
+            if self.by_upstream.get(route.upstream) == node_id:  # not when another broker has taken that address since
+                del self.by_upstream[route.upstream]
             route.upstream = addr
             self.by_upstream[addr] = node_id
         return route
@@ -178,7 +180,7 @@ class AddressRewriter:
         return None
 
     def wants_response(self, head: RequestHead) -> bool:
-        return bool(endpoints(head.api_key, False, head.api_version))
+        return head.api_key == API_VERSIONS or bool(endpoints(head.api_key, False, head.api_version))
 
     def leaves_unchanged(self, head: RequestHead, request: bool, data: Any) -> bool:
         """A Produce / Fetch response with no node endpoints (nearly all): forwarded without being joined."""
@@ -187,6 +189,8 @@ class AddressRewriter:
     def on_response(self, head: RequestHead, frame: bytes) -> Edit | None:
         reg = self.registry
         try:
+            if head.api_key == API_VERSIONS:
+                return self._capped(frame, head.api_version)
             out = rewrite_response(frame, head.api_key, head.api_version, reg.map)
         except ProtocolError as exc:
             st = reg.stats
@@ -207,6 +211,20 @@ class AddressRewriter:
         reg.stats.rewritten_responses += 1
         reg.stats.rewritten_addresses += out.changed
         return Edit(frame=out.frame, note=f"rewrite addresses {out.changed}")
+
+    def _capped(self, frame: bytes, api_version: int) -> Edit | None:
+        """The broker's ApiVersions answer, offering no address-carrying API above what the specs describe."""
+        out = cap_api_versions(frame, api_version)
+        if out is None:
+            return None
+        capped, lowered = out
+        st = self.registry.stats
+        st.capped_version_answers += 1
+        if st.capped_version_answers == 1:
+            log.warning("the brokers speak versions newer than kafkatap's specs for APIs that carry broker addresses: "
+                        "offering clients the newest versions whose addresses it can rewrite",
+                        conn_id=self.conn_id, apis=[api_name(k) for k in lowered])
+        return Edit(frame=capped, note=f"cap versions {','.join(api_name(k) for k in lowered)}")
 
     def closed(self) -> None:
         pass

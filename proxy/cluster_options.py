@@ -25,7 +25,9 @@ the --listen port + 1 + N (same host). Every broker address in every response (M
 FindCoordinator, DescribeCluster, the KIP-951 node endpoints of Produce/Fetch/ShareFetch …) is
 rewritten to --advertise-host and that port, so clients never leave the proxy. A broker seen
 later (scale-out, replacement) gets its listener before the response naming it is forwarded.
-Rewritten responses are marked in the recording (requests.edit = "rewrite addresses N")."""
+Rewritten responses are marked in the recording (requests.edit = "rewrite addresses N"). A broker
+newer than kafkatap's specs is offered to clients at the specs' newest versions of the APIs that
+carry addresses (its ApiVersions answer, edit = "cap versions …"), so no address goes unread."""
 
 
 def cluster_options(f: Callable) -> Callable:

@@ -478,6 +478,10 @@ class LiveStats:
             family("kafkatap_cluster_rewrite_failures_total", "counter",
                    "Cluster mode: responses that carry addresses but could not be rewritten (forwarded as they were).",
                    [("", {}, cs.rewrite_failures)])
+            family("kafkatap_cluster_capped_version_answers_total", "counter",
+                   "Cluster mode: ApiVersions answers in which APIs that carry broker addresses offered versions "
+                   "newer than kafkatap's specs, lowered to the newest whose addresses it rewrites.",
+                   [("", {}, cs.capped_version_answers)])
             family("kafkatap_cluster_brokers", "gauge", "Cluster mode: brokers known that have a listener of the proxy's.",
                    [("", {}, cs.brokers_seen - cs.brokers_unlistened)])
             family("kafkatap_cluster_brokers_unlistened", "gauge",

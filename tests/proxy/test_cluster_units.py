@@ -54,6 +54,46 @@ def test_registry_binds_a_new_broker_before_answering_and_follows_a_moved_one() 
     assert reg.map(_addr(-1, "", -1)) is None  # "no coordinator": left as the broker wrote it
 
 
+def test_two_brokers_that_swap_addresses_both_stay_known_by_address() -> None:
+    """Pod addresses reused: node 1 moves to node 2's old address, then node 2 moves to node 1's. The second move
+    once dropped node 1's new address from the by-address map (its old holder's entry was popped blindly)."""
+    reg = BrokerRegistry("proxy", ClusterConfig(("b", 1), ("proxy", 19092)).port_for)
+    a, b = ("10.0.0.1", 9092), ("10.0.0.2", 9092)
+    reg.learn(1, *a)
+    reg.learn(2, *b)
+    reg.learn(1, *b)
+    reg.learn(2, *a)
+    assert reg.by_upstream == {b: 1, a: 2} and reg.all_listened([a, b])
+
+
+def test_versions_newer_than_the_specs_are_not_offered_for_apis_that_carry_addresses() -> None:
+    """A broker newer than the committed specs offers Metadata v14: its addresses could not be found, so the response
+    would reach the client as the broker wrote it. The ApiVersions answer offers the specs' newest instead."""
+    from protocol.apis import API_VERSIONS, APIS, FIND_COORDINATOR, PRODUCE
+
+    newest = {k: APIS[k].max_version for k in (PRODUCE, METADATA, FIND_COORDINATOR, API_VERSIONS)}
+    keys = [{"api_key": k, "min_version": 0, "max_version": v + (1 if k in (METADATA, FIND_COORDINATOR) else 0)}
+            for k, v in newest.items()]
+    keys.append({"api_key": 32, "min_version": 0, "max_version": APIS[32].max_version + 5})  # DescribeConfigs: no address
+    answer = encode_response(API_VERSIONS, 3, 9, {"error_code": 0, "api_keys": keys, "throttle_time_ms": 0})
+    rw = AddressRewriter(BrokerRegistry("proxy", ClusterConfig(("b", 1), ("proxy", 19092)).port_for), "c-1")
+    head = RequestHead(API_VERSIONS, 3, 9, "x", 20, None, True)
+    assert rw.wants_response(head)
+    edit = rw.on_response(head, answer)
+    assert edit is not None and edit.note == "cap versions Metadata,FindCoordinator"
+    assert len(edit.frame) == len(answer) and edit.frame[:8] == answer[:8]  # same size, same header
+    offered = {e["api_key"]: e["max_version"] for e in decode_response(edit.frame, API_VERSIONS, 3)["body"]["api_keys"]}
+    assert offered == {**newest, 32: APIS[32].max_version + 5}
+    changed = [i for i, (x, y) in enumerate(zip(answer, edit.frame)) if x != y]
+    assert len(changed) == 2  # the low byte of two max_version fields, nothing else
+    assert rw.registry.stats.capped_version_answers == 1
+    same = encode_response(API_VERSIONS, 3, 10, {"error_code": 0, "throttle_time_ms": 0, "api_keys": [
+        {"api_key": k, "min_version": 0, "max_version": v} for k, v in newest.items()]})
+    assert rw.on_response(head, same) is None  # a broker of the specs' release: nothing to do
+    refused = encode_response(API_VERSIONS, 3, 11, {"error_code": 35, "api_keys": []})
+    assert rw.on_response(head, refused) is None  # UNSUPPORTED_VERSION (a v0 body): left as it is
+
+
 def test_a_broker_without_a_listener_is_left_alone_and_logged() -> None:
     reg = BrokerRegistry("proxy", ClusterConfig(("b", 1), ("proxy", 65000)).port_for, bind=lambda r: None)
     assert reg.map(_addr(7, "10.0.0.7", 9092)) is None
@@ -70,7 +110,7 @@ def test_rewriter_edits_wanted_responses_and_notes_it() -> None:
     rw = AddressRewriter(reg, "c-1")
     head = RequestHead(METADATA, 12, 1, "x", 20, None, True)
     assert rw.wants_response(head) and not rw.wants_request(head)
-    assert not rw.wants_response(RequestHead(18, 3, 2, "x", 20, None, True))  # ApiVersions: no addresses
+    assert not rw.wants_response(RequestHead(32, 4, 2, "x", 20, None, True))  # DescribeConfigs: no addresses
     edit = rw.on_response(head, _metadata())
     assert edit is not None and edit.note == "rewrite addresses 1"
     body = decode_response(edit.frame, METADATA, 12)["body"]
