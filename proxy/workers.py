@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import errno
 import json
 import os
 import shutil
@@ -58,7 +59,7 @@ import structlog
 from proxy.balance import WorkerMail
 from proxy.bypass import ONCE_DIR_ENV
 from proxy.context import format_addr
-from proxy.listener import bind_named
+from proxy.listener import bind_named, listening_on
 from proxy.metrics import merge_clients, merge_prometheus, parse_exposition
 from proxy.server import Route
 from proxy.status import StatusServer, parse_addr
@@ -91,13 +92,18 @@ def reserve_ports(routes: Sequence[Route]) -> tuple[list[Route], list[socket.soc
     """Bind every listen address with SO_REUSEPORT without listening: port 0 resolved, the port held.
 
     Returns the routes with real ports and the reserving sockets (keep them open while the
-    workers run). A port someone else holds fails here, at start-up, with EADDRINUSE.
+    workers run). A port someone else holds fails here, at start-up, with EADDRINUSE, also when
+    that someone listens with SO_REUSEPORT itself (another proxy's workers, which a bind would join).
     """
     resolved: list[Route] = []
     held: list[socket.socket] = []
     try:
         for route in routes:
             host, port = route.listen
+            taken = listening_on(host, port) if port else []
+            if taken:
+                raise OSError(errno.EADDRINUSE, f"already listened on ({', '.join(taken)}) by another process, whose "
+                              "new connections SO_REUSEPORT would share", format_addr((host, port)))
             sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
             held.append(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -132,3 +132,27 @@ def test_every_mark_the_cli_accepts_is_set_as_that_mark(mark: int) -> None:
     with socket.socket() as s:
         set_mark(s, mark)
         assert s.getsockopt(socket.SOL_SOCKET, SO_MARK) & 0xFFFFFFFF == mark
+
+
+def test_workers_never_join_another_process_listening_with_so_reuseport() -> None:
+    """`--workers N` binds with SO_REUSEPORT, which lets any socket of the same user that also set it share the
+    port's new connections: a second proxy started on a port the first one serves took half its clients."""
+    import errno
+    import socket
+
+    from proxy.server import Route
+    from proxy.workers import reserve_ports
+
+    with socket.socket() as other:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        for listen in ("127.0.0.1", "0.0.0.0"):
+            with pytest.raises(OSError) as refused:
+                reserve_ports([Route((listen, port), ("127.0.0.1", 9))])
+            assert refused.value.errno == errno.EADDRINUSE and "another process" in str(refused.value)
+    resolved, held = reserve_ports([Route(("127.0.0.1", port), ("127.0.0.1", 9))])  # once it is gone: free again
+    assert resolved[0].listen == ("127.0.0.1", port)
+    for sock in held:
+        sock.close()
