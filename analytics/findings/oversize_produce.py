@@ -8,13 +8,18 @@ from analytics.findings.base import Finding, Tables, human_bytes, rule, score, t
 
 CAUSE = "batch larger than message.max.bytes (RecordBatchTooLarge)"
 TOO_LARGE = ("MESSAGE_TOO_LARGE", "RECORD_LIST_TOO_LARGE")
+# "Right after": the close within this long of the connection's last byte, as the proxy's own inference of the
+# same cause requires (proxy/inference.py, RIGHT_AFTER_MS; a test holds the two equal). A broker that closes an
+# acks=0 producer's connection after minutes of quiet is its connections.max.idle.ms, not a rejected batch.
+RIGHT_AFTER_MS = 5000
 
 
 @rule("broker_closed_after_acks0_produce")
 def broker_closed_after_acks0_produce(t: Tables) -> list[Finding]:
     """Broker ended the connection and the last request was an acks=0 Produce: with no
     response to carry the error, closing is how the broker says RecordBatchTooLarge."""
-    rows = [r for r in t.get("broker_closes", []) if r.get("last_api") == "Produce" and r.get("last_request_acks") == 0]
+    rows = [r for r in t.get("broker_closes", []) if r.get("last_api") == "Produce" and r.get("last_request_acks") == 0
+            and (r.get("idle_before_end_ms") is None or r["idle_before_end_ms"] <= RIGHT_AFTER_MS)]
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for r in rows:
         topic = ", ".join(r.get("last_request_topics") or []) or "?"

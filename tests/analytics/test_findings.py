@@ -43,6 +43,20 @@ def test_broker_closed_after_acks0_produce() -> None:
     assert broker_closed_after_acks0_produce(neg) == []
 
 
+def test_an_acks0_producer_closed_after_minutes_of_quiet_is_no_rejected_batch() -> None:
+    """connections.max.idle.ms closes a quiet log shipper's connection too, its last request an acks=0 Produce: that
+    was once a critical incident-1 finding whose own summary quoted the idle cause."""
+    from analytics.findings import oversize_produce
+    from proxy.inference import RIGHT_AFTER_MS
+
+    assert oversize_produce.RIGHT_AFTER_MS == RIGHT_AFTER_MS  # the analysis and the proxy call the same close "right after"
+    idle = close("idle", idle_before_end_ms=600_000,
+                 inferred_cause="broker closed the connection after 600 s idle (connections.max.idle.ms)")
+    assert broker_closed_after_acks0_produce({"broker_closes": [idle]}) == []
+    soon = close("soon", idle_before_end_ms=RIGHT_AFTER_MS)
+    assert [f.evidence["connections"] for f in broker_closed_after_acks0_produce({"broker_closes": [idle, soon]})] == [1]
+
+
 def err(name: str, api: str = "Produce", n: int = 3, **kw) -> dict:
     row = {"error_name": name, "api_name": api, "topic": "big", "client_id": "producer-1", "count": n, "first_seen": T,
            "example_conn_id": "c9", "max_request_bytes": 1_500_000, "acks": [1]}

@@ -86,6 +86,30 @@ def test_cli_time_window_uses_the_shared_time_syntax(tmp_path: Path):
     assert "Replay plan" not in res.output  # refused while parsing, before anything is read
 
 
+def test_a_connection_opened_before_since_starts_the_replay_at_since_not_at_its_opening(tmp_path: Path):
+    """A long-lived connection opened an hour before the window once made the replay wait that hour first."""
+    c = SynthConn("c1", 0.0, [api_versions(1), metadata(2, 3600.0), metadata(3, 3600.3)])
+    t0 = write_recording(tmp_path, [c])
+    since = t0 + 3599 * 10**9
+    rec = load_recording(tmp_path, Filters(since_ns=since))
+    assert rec.requests == 2 and rec.start_ns == since
+    assert (rec.end_ns - rec.start_ns) / 1e9 < 2  # the plan's span: the window's, not an hour of nothing
+    assert abs(load_recording(tmp_path).start_ns - t0) < 1_000  # without --since, its recorded opening stands (µs)
+
+
+def test_requests_whose_frames_were_dropped_are_counted_as_skipped(tmp_path: Path):
+    """The writer drops frames it has no room for; on a connection with other frames their requests vanished."""
+    import pyarrow.parquet as pq
+
+    write_recording(tmp_path, [SynthConn("c1", 0.0, [api_versions(1), *[metadata(i + 2, 0.1 * (i + 1)) for i in range(5)]])])
+    (path,) = (tmp_path / "frames").rglob("*.parquet")
+    kept = pq.read_table(path)
+    pq.write_table(kept.slice(0, 3).replace_schema_metadata(kept.schema.metadata), path)  # 3 of 6 frames lost
+    rec = load_recording(tmp_path)
+    assert rec.requests == 3 and rec.skipped == {"frame_not_captured": 3}
+    assert "will skip    3 request(s): frame_not_captured" in format_plan(rec, "127.0.0.1:9", 1.0, {}, None, "track")
+
+
 def test_recorded_pipelining_becomes_dependencies(tmp_path: Path):
     c = SynthConn("c1", 0.0, [
         SynthRequest(0.000, request(18, 3, 1, client_software_name="s", client_software_version="1"), 18, 3, 1, 0.100),
@@ -95,7 +119,28 @@ def test_recorded_pipelining_becomes_dependencies(tmp_path: Path):
     ])
     write_recording(tmp_path, [c])
     (rc,) = load_recording(tmp_path).connections
-    assert [r.deps for r in rc.requests] == [[], [], [], [0, 1, 2]]
+    assert [r.deps for r in rc.requests] == [[], [], [], [2]]  # the latest answered stands for all before it
+
+
+def test_dependencies_of_a_long_connection_load_in_linear_time() -> None:
+    """Each request listed every earlier answered one: 8,000 requests took 23 s and 1.2 GB to load."""
+    import time
+
+    from protocol.frames import parse_request
+    from replay.load import RecordedConnection, RecordedRequest, _dependencies
+
+    n = 60_000
+    rc = RecordedConnection("c", None, None, None, 0, None, None, None, False, None, None)
+    frame = parse_request(request(18, 3, 1, client_software_name="s", client_software_version="1"))
+    # every 2 ms a request, answered 1 ms later; every 10th an acks=0 Produce-like one without an answer
+    rc.requests = [RecordedRequest(0, "c", i * 2_000_000, frame, None if i % 10 == 9 else i * 2_000_000 + 1_000_000)
+                   for i in range(n)]
+    started = time.perf_counter()
+    _dependencies(rc)
+    assert time.perf_counter() - started < 5  # was hours at this size
+    assert rc.requests[0].deps == [] and rc.requests[1].deps == [0]
+    assert rc.requests[10].deps == [8]  # 9 has no answer to wait for: the latest answered is 8
+    assert rc.requests[n - 1].deps == [n - 2]
 
 
 def test_sasl_connections_are_skipped_without_credentials(tmp_path: Path):
