@@ -43,7 +43,7 @@ from protocol.summaries.varint import Over, skip_tags
 from protocol.tag_scan import tag_scanner
 
 __all__ = ["Endpoint", "SeenAddress", "Rewritten", "NotExact", "endpoints", "address_apis", "find_addresses",
-           "no_addresses_in", "rewrite_response", "rewrite_body", "cap_api_versions"]
+           "no_addresses_in", "rewrite_response", "rewrite_body", "cap_api_versions", "VersionCap"]
 
 _SIZE = Struct(">i").pack
 _INT_TYPES = frozenset({"int8", "int16", "uint16", "int32", "int64"})
@@ -301,16 +301,27 @@ def rewrite_response(frame: bytes, api_key: int, api_version: int, mapper: Mappe
     return Rewritten(_SIZE(len(header) + len(new_body)) + header + new_body, len(edits), tuple(seen), decoded)
 
 
-def cap_api_versions(frame: bytes, api_version: int) -> tuple[bytes, list[int]] | None:
+@dataclass(frozen=True)
+class VersionCap:
+    """What `cap_api_versions` did to an ApiVersions answer."""
+
+    frame: bytes | None  # the answer with the lowered versions; None when none was lowered
+    lowered: tuple[int, ...]  # api keys whose max_version was lowered to the specs' newest
+    beyond: tuple[int, ...]  # api keys whose lowest version is already newer than the specs' newest: not fixable
+
+
+def cap_api_versions(frame: bytes, api_version: int) -> VersionCap | None:
     """An ApiVersions answer (whole frame) in which every API that can carry broker addresses offers no version
-    above the newest the specs describe; with the api keys it lowered. None when none was above (the usual case).
+    above the newest the specs describe. None for an error answer or one with nothing above.
 
     Why: the address fields of a version newer than the committed specs cannot be found, so its response
     would go to the client as the broker wrote it, real addresses and all (cluster mode's one promise is that
     none does). A client picks the highest version both sides offer, so offering at most the ones the specs
     describe keeps every address readable; the client is served as by a broker of the specs' release. Only
-    those `max_version` fields change (two bytes each, in place); an error answer is left as it is. Raises
-    `ProtocolError` like `rewrite_response` when the body cannot be decoded or would not re-encode exactly.
+    those `max_version` fields change (two bytes each, in place). An answer to an ApiVersions request newer
+    than the specs is read in the newest layout they describe (error code and api keys lead every version;
+    later versions add tagged fields, kept as they came). Raises `ProtocolError` like `rewrite_response` when
+    the body cannot be decoded or would not re-encode exactly.
     """
     try:
         body = response_body(frame, API_VERSIONS, api_version)
@@ -319,20 +330,25 @@ def cap_api_versions(frame: bytes, api_version: int) -> tuple[bytes, list[int]] 
     raw = bytes(body)
     if len(raw) < 2 or raw[:2] != b"\x00\x00":
         return None  # an error answer (UNSUPPORTED_VERSION comes as v0): no versions to offer
-    version = api_versions_answer_version(api_version, 0)
-    decoded = codec.decode(API_VERSIONS, version, False, raw, exact=True)
-    if codec.encode(API_VERSIONS, version, False, decoded) != raw:
-        raise NotExact(f"ApiVersions v{version}: the body does not re-encode byte for byte")
+    layout = min(api_versions_answer_version(api_version, 0), APIS[API_VERSIONS].max_version)
+    decoded = codec.decode(API_VERSIONS, layout, False, raw, exact=True)
+    if codec.encode(API_VERSIONS, layout, False, decoded) != raw:
+        raise NotExact(f"ApiVersions v{api_version}: the body does not re-encode byte for byte")
     carrying = address_apis()
-    lowered = []
+    lowered, beyond = [], []
     for entry in decoded.get("api_keys") or ():
         key = entry["api_key"]
-        known = APIS[key].max_version if key in carrying else None
-        if known is not None and entry["max_version"] > known >= entry["min_version"]:
-            entry["max_version"] = known
-            lowered.append(key)
-    if not lowered:
+        if key not in carrying or entry["max_version"] <= APIS[key].max_version:
+            continue
+        if entry["min_version"] > APIS[key].max_version:
+            beyond.append(key)
+            continue
+        entry["max_version"] = APIS[key].max_version
+        lowered.append(key)
+    if not lowered and not beyond:
         return None
-    new_body = codec.encode(API_VERSIONS, version, False, decoded)
-    head = bytes(frame[: len(frame) - len(raw)])
-    return head + new_body, lowered  # the same size: the size prefix stands
+    new_frame = None
+    if lowered:
+        new_body = codec.encode(API_VERSIONS, layout, False, decoded)
+        new_frame = bytes(frame[: len(frame) - len(raw)]) + new_body  # the same size: the size prefix stands
+    return VersionCap(new_frame, tuple(lowered), tuple(beyond))

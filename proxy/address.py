@@ -48,12 +48,15 @@ def bind_problem(host: str, port: int) -> str | None:
 
     Checked before anything starts (recorder, worker processes), so a taken port is one
     line and exit 2 rather than a half-started proxy; SO_REUSEADDR as the real listener
-    sets it, so only a live listener makes it fail, not a socket in TIME_WAIT.
+    sets it, so only a live listener makes it fail, not a socket in TIME_WAIT. Without
+    SO_REUSEPORT, so a listener that set it fails it too (`proxy.workers.reserve_ports`).
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
         with socket.socket(family, socket.SOCK_STREAM) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:  # as the real listener: an IPv4 one on the port is no conflict
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             s.bind((host, port))
     except OSError as exc:  # socket.gaierror included: a host name that does not resolve
         return (exc.strerror or str(exc)).lower()

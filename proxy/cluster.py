@@ -84,6 +84,7 @@ class ClusterStats:
     brokers_seen: int = 0
     brokers_unlistened: int = 0  # of brokers_seen: no listener (port taken, out of range), so clients go around
     capped_version_answers: int = 0  # ApiVersions answers whose address-carrying APIs were capped (cap_api_versions)
+    uncappable_logged: bool = False  # an API whose lowest version is past the specs was said once (cap_api_versions)
     failures_by_api: dict[str, int] = field(default_factory=dict)
 
 
@@ -214,17 +215,23 @@ class AddressRewriter:
 
     def _capped(self, frame: bytes, api_version: int) -> Edit | None:
         """The broker's ApiVersions answer, offering no address-carrying API above what the specs describe."""
-        out = cap_api_versions(frame, api_version)
-        if out is None:
+        cap = cap_api_versions(frame, api_version)
+        if cap is None:
             return None
-        capped, lowered = out
         st = self.registry.stats
+        if cap.beyond and not st.uncappable_logged:
+            st.uncappable_logged = True
+            log.error("the brokers speak only versions newer than kafkatap's specs of APIs that carry broker "
+                      "addresses: their responses cannot be rewritten (counted as rewrite failures); upgrade kafkatap",
+                      conn_id=self.conn_id, apis=[api_name(k) for k in cap.beyond])
+        if cap.frame is None:
+            return None
         st.capped_version_answers += 1
         if st.capped_version_answers == 1:
             log.warning("the brokers speak versions newer than kafkatap's specs for APIs that carry broker addresses: "
                         "offering clients the newest versions whose addresses it can rewrite",
-                        conn_id=self.conn_id, apis=[api_name(k) for k in lowered])
-        return Edit(frame=capped, note=f"cap versions {','.join(api_name(k) for k in lowered)}")
+                        conn_id=self.conn_id, apis=[api_name(k) for k in cap.lowered])
+        return Edit(frame=cap.frame, note=f"cap versions {','.join(api_name(k) for k in cap.lowered)}")
 
     def closed(self) -> None:
         pass

@@ -77,42 +77,6 @@ def bind_named(sock: socket.socket, host: str, port: int) -> None:
         raise OSError(exc.errno, exc.strerror, format_addr((host, port))) from None
 
 
-def listening_on(host: str, port: int, tables: tuple[str, ...] = ("/proc/net/tcp", "/proc/net/tcp6")) -> list[str]:
-    """Addresses of this network namespace's sockets listening on `port` that a listener on (host, port) would join.
-
-    Why: SO_REUSEPORT (`--workers N`) lets every socket of the same user bind an address that others
-    listen on and share its new connections, so a second proxy started on the same port by mistake
-    would silently take half of the first one's clients. A bind cannot tell a sibling from a stranger;
-    before the workers exist, any listener there is a stranger. Linux only (the tables are absent elsewhere).
-    """
-    found = []
-    for table in tables:
-        try:
-            with open(table) as f:
-                next(f, None)
-                lines = f.readlines()
-        except OSError:
-            continue
-        for line in lines:
-            cols = line.split()
-            if len(cols) < 4 or cols[3] != "0A":  # 0A: TCP_LISTEN
-                continue
-            addr_hex, _, port_hex = cols[1].partition(":")
-            if int(port_hex, 16) != port:
-                continue
-            addr = _proc_address(addr_hex)
-            if host in ("0.0.0.0", "::", "") or addr in (host, "0.0.0.0", "::"):
-                found.append(format_addr((addr, port)))
-    return found
-
-
-def _proc_address(text: str) -> str:
-    """An address as /proc/net/tcp{,6} prints it (32-bit words in host byte order) as text."""
-    raw = bytes.fromhex(text)
-    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
-    return socket.inet_ntop(socket.AF_INET if len(raw) == 4 else socket.AF_INET6, words)
-
-
 def bind_listener(host: str, port: int, backlog: int, reuse_port: bool = False) -> socket.socket:
     """A non-blocking listening TCP socket: SO_REUSEADDR, and IPV6_V6ONLY like asyncio's create_server.
 

@@ -56,10 +56,11 @@ from typing import Any
 
 import structlog
 
+from proxy.address import bind_problem
 from proxy.balance import WorkerMail
 from proxy.bypass import ONCE_DIR_ENV
 from proxy.context import format_addr
-from proxy.listener import bind_named, listening_on
+from proxy.listener import bind_named
 from proxy.metrics import merge_clients, merge_prometheus, parse_exposition
 from proxy.server import Route
 from proxy.status import StatusServer, parse_addr
@@ -93,17 +94,18 @@ def reserve_ports(routes: Sequence[Route]) -> tuple[list[Route], list[socket.soc
 
     Returns the routes with real ports and the reserving sockets (keep them open while the
     workers run). A port someone else holds fails here, at start-up, with EADDRINUSE, also when
-    that someone listens with SO_REUSEPORT itself (another proxy's workers, which a bind would join).
+    that someone listens with SO_REUSEPORT itself (another proxy's workers, which a bind would join):
+    a bind without SO_REUSEPORT asks the kernel first (`proxy.address.bind_problem`).
     """
     resolved: list[Route] = []
     held: list[socket.socket] = []
     try:
         for route in routes:
             host, port = route.listen
-            taken = listening_on(host, port) if port else []
-            if taken:
-                raise OSError(errno.EADDRINUSE, f"already listened on ({', '.join(taken)}) by another process, whose "
-                              "new connections SO_REUSEPORT would share", format_addr((host, port)))
+            problem = bind_problem(host, port) if port else None
+            if problem is not None:  # e.g. another process's listener: the SO_REUSEPORT bind below would join it
+                raise OSError(errno.EADDRINUSE, f"{problem} (a listener there would share its new connections with "
+                              "this proxy's workers)", format_addr((host, port)))
             sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
             held.append(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -79,6 +79,14 @@ class Filters:
     since_ns: int | None = None
     until_ns: int | None = None
 
+    def keeps(self, api_key: int, ts_ns: int | None) -> bool:
+        """A request of a kept connection is replayed: its API and time are inside the filters."""
+        if self.apis and api_key not in self.apis:
+            return False
+        if ts_ns is None:
+            return True
+        return (self.since_ns is None or ts_ns >= self.since_ns) and (self.until_ns is None or ts_ns <= self.until_ns)
+
 
 @dataclass
 class Recording:
@@ -194,13 +202,14 @@ def load_recording(path: Path | str, filters: Filters | None = None, *, sasl_cre
     for _conn, n in uncaptured.items():
         skipped["connection_not_captured"] += n
     # Requests of a captured connection whose frame is missing: the writer drops frames it has no room for
-    # (counted in its footers) and never keeps SaslAuthenticate's. They are not replayed; said, not silently gone.
+    # (counted in its footers) and never keeps SaslAuthenticate's. They are not replayed; said, not silently gone
+    # (for the connections and the window the filters keep).
     seen = {(f["conn_id"], f["correlation_id"], f["api_key"]) for f in frames if f["direction"] == "request"}
-    skipped["frame_not_captured"] += sum(
-        1 for r in requests if r["conn_id"] in framed and r["api_key"] != SASL_AUTHENTICATE
-        and (r["conn_id"], r["correlation_id"], r["api_key"]) not in seen)
-    if not skipped["frame_not_captured"]:
-        del skipped["frame_not_captured"]
+    frameless: dict[str, list[dict[str, Any]]] = {}
+    for r in requests:
+        if r["conn_id"] in framed and r["api_key"] != SASL_AUTHENTICATE and (
+                r["conn_id"], r["correlation_id"], r["api_key"]) not in seen:
+            frameless.setdefault(r["conn_id"], []).append(r)
     for conn_id, row in conns.items():
         # TLS / non-Kafka streams have no request rows at all: count the connection itself
         if conn_id not in framed and conn_id not in uncaptured and (row.get("tls") or row.get("opaque")):
@@ -235,14 +244,10 @@ def load_recording(path: Path | str, filters: Filters | None = None, *, sasl_cre
         if rc.sasl and not sasl_credentials:
             skipped["sasl_needs_credentials"] += len(items)
             continue
+        skipped["frame_not_captured"] += sum(1 for r in frameless.get(conn_id, ())
+                                             if filters.keeps(r["api_key"], r["req_first_ns"]))
         for (f, fr), rt in zip(items, per_frame):
-            if filters.apis and fr.api_key not in filters.apis:
-                dropped += 1
-                continue
-            if filters.since_ns is not None and f["ts_ns"] < filters.since_ns:
-                dropped += 1
-                continue
-            if filters.until_ns is not None and f["ts_ns"] > filters.until_ns:
+            if not filters.keeps(fr.api_key, f["ts_ns"]):
                 dropped += 1
                 continue
             resp = resp_at.get((conn_id, fr.correlation_id, fr.api_key))
@@ -257,6 +262,8 @@ def load_recording(path: Path | str, filters: Filters | None = None, *, sasl_cre
         _dependencies(rc)
         connections.append(rc)
 
+    if not skipped["frame_not_captured"]:
+        del skipped["frame_not_captured"]
     # Global order (the max-speed gate) and topic facts.
     order = sorted((r for c in connections for r in c.requests), key=lambda r: (r.ts_ns, r.conn_id))
     for i, r in enumerate(order):

@@ -8,9 +8,11 @@ from analytics.findings.base import Finding, Tables, human_bytes, rule, score, t
 
 CAUSE = "batch larger than message.max.bytes (RecordBatchTooLarge)"
 TOO_LARGE = ("MESSAGE_TOO_LARGE", "RECORD_LIST_TOO_LARGE")
-# "Right after": the close within this long of the connection's last byte, as the proxy's own inference of the
-# same cause requires (proxy/inference.py, RIGHT_AFTER_MS; a test holds the two equal). A broker that closes an
-# acks=0 producer's connection after minutes of quiet is its connections.max.idle.ms, not a rejected batch.
+# "Right after": the close within this long of the connection's last byte. The proxy's own inference of the same
+# cause asks the same of the time since the last request (proxy/inference.py, RIGHT_AFTER_MS; a test holds the two
+# equal), which rows do not keep; the last byte either way is never earlier than that, so this fires wherever the
+# inference does. A broker that closes an acks=0 producer's connection after minutes of quiet is its
+# connections.max.idle.ms, not a rejected batch.
 RIGHT_AFTER_MS = 5000
 
 

@@ -94,6 +94,40 @@ def test_versions_newer_than_the_specs_are_not_offered_for_apis_that_carry_addre
     assert rw.on_response(head, refused) is None  # UNSUPPORTED_VERSION (a v0 body): left as it is
 
 
+def test_an_api_versions_request_newer_than_the_specs_still_gets_its_answer_capped() -> None:
+    """A client and broker of a release past the specs speak ApiVersions v5+: its answer could not be read, so it
+    went out uncapped (counted as a rewrite failure) and the next Metadata carried the brokers' own addresses."""
+    from protocol.apis import API_VERSIONS, APIS
+    from protocol.codec import UNKNOWN_TAGS
+
+    newest = APIS[API_VERSIONS].max_version
+    body = {"error_code": 0, "throttle_time_ms": 0, UNKNOWN_TAGS: {9: b"\x01\x02"},  # a field added after the specs
+            "api_keys": [{"api_key": METADATA, "min_version": 0, "max_version": APIS[METADATA].max_version + 1}]}
+    answer = encode_response(API_VERSIONS, newest, 12, body)  # the layout of the specs' newest, as a v5 body is
+    reg = BrokerRegistry("proxy", ClusterConfig(("b", 1), ("proxy", 19092)).port_for)
+    rw = AddressRewriter(reg, "c-1")
+    edit = rw.on_response(RequestHead(API_VERSIONS, newest + 1, 12, "x", 20, None, True), answer)
+    assert edit is not None and edit.note == "cap versions Metadata" and len(edit.frame) == len(answer)
+    assert edit.frame.endswith(b"\x01\x09\x02\x01\x02")  # the unknown tag kept as it came
+    assert reg.stats.rewrite_failures == 0 and reg.stats.capped_version_answers == 1
+
+
+def test_an_api_only_newer_versions_of_which_the_broker_speaks_is_said_once() -> None:
+    from structlog.testing import capture_logs
+
+    from protocol.apis import API_VERSIONS, APIS
+
+    too_new = APIS[METADATA].max_version + 1
+    answer = encode_response(API_VERSIONS, 3, 13, {"error_code": 0, "throttle_time_ms": 0, "api_keys": [
+        {"api_key": METADATA, "min_version": too_new, "max_version": too_new + 2}]})
+    rw = AddressRewriter(BrokerRegistry("proxy", ClusterConfig(("b", 1), ("proxy", 19092)).port_for), "c-1")
+    head = RequestHead(API_VERSIONS, 3, 13, "x", 20, None, True)
+    with capture_logs() as logs:
+        assert rw.on_response(head, answer) is None and rw.on_response(head, answer) is None  # nothing to lower
+    said = [e for e in logs if "upgrade kafkatap" in e["event"]]
+    assert len(said) == 1 and said[0]["apis"] == ["Metadata"]
+
+
 def test_a_broker_without_a_listener_is_left_alone_and_logged() -> None:
     reg = BrokerRegistry("proxy", ClusterConfig(("b", 1), ("proxy", 65000)).port_for, bind=lambda r: None)
     assert reg.map(_addr(7, "10.0.0.7", 9092)) is None

@@ -148,10 +148,17 @@ def test_workers_never_join_another_process_listening_with_so_reuseport() -> Non
         other.bind(("127.0.0.1", 0))
         other.listen()
         port = other.getsockname()[1]
-        for listen in ("127.0.0.1", "0.0.0.0"):
+        for listen in ("127.0.0.1", "0.0.0.0", "localhost"):  # a name too: the kernel resolves it as the bind will
             with pytest.raises(OSError) as refused:
                 reserve_ports([Route((listen, port), ("127.0.0.1", 9))])
-            assert refused.value.errno == errno.EADDRINUSE and "another process" in str(refused.value)
+            assert refused.value.errno == errno.EADDRINUSE and "in use" in str(refused.value)
+    with socket.socket(socket.AF_INET6) as v6_only:  # another family's listener on the port shares nothing
+        v6_only.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        v6_only.bind(("::1", port))
+        v6_only.listen()
+        resolved, held = reserve_ports([Route(("0.0.0.0", port), ("127.0.0.1", 9))])
+        for sock in held:
+            sock.close()
     resolved, held = reserve_ports([Route(("127.0.0.1", port), ("127.0.0.1", 9))])  # once it is gone: free again
     assert resolved[0].listen == ("127.0.0.1", port)
     for sock in held:

@@ -108,6 +108,9 @@ def test_requests_whose_frames_were_dropped_are_counted_as_skipped(tmp_path: Pat
     rec = load_recording(tmp_path)
     assert rec.requests == 3 and rec.skipped == {"frame_not_captured": 3}
     assert "will skip    3 request(s): frame_not_captured" in format_plan(rec, "127.0.0.1:9", 1.0, {}, None, "track")
+    # only what the filters would have replayed: another client's, or outside --api, is not "skipped"
+    assert load_recording(tmp_path, Filters(clients=("someone-else",))).skipped == {}
+    assert load_recording(tmp_path, Filters(apis=(18,))).skipped == {}  # the lost frames were Metadata requests
 
 
 def test_recorded_pipelining_becomes_dependencies(tmp_path: Path):
