@@ -35,7 +35,7 @@ from struct import error as struct_error
 from typing import Any
 
 from protocol import codec
-from protocol.apis import API_VERSIONS, APIS, api_versions_answer_version, in_versions
+from protocol.apis import API_VERSIONS, APIS, in_versions
 from protocol.errors import ProtocolError
 from protocol.frames import RESPONSE_CORRELATION_AT, response_body
 from protocol.headers import response_header_flexible
@@ -330,7 +330,7 @@ def cap_api_versions(frame: bytes, api_version: int) -> VersionCap | None:
     raw = bytes(body)
     if len(raw) < 2 or raw[:2] != b"\x00\x00":
         return None  # an error answer (UNSUPPORTED_VERSION comes as v0): no versions to offer
-    layout = min(api_versions_answer_version(api_version, 0), APIS[API_VERSIONS].max_version)
+    layout = min(api_version, APIS[API_VERSIONS].max_version)  # no error here: the request's version's layout
     decoded = codec.decode(API_VERSIONS, layout, False, raw, exact=True)
     if codec.encode(API_VERSIONS, layout, False, decoded) != raw:
         raise NotExact(f"ApiVersions v{api_version}: the body does not re-encode byte for byte")
