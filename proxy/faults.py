@@ -83,7 +83,9 @@ class DelayedWriter:
 
     Order is preserved: a chunk is never due before the one queued ahead of it,
     so jitter stretches the stream but never reorders it. The bandwidth cap is
-    a virtual clock: each chunk occupies len/bps seconds of the link.
+    a virtual clock: each chunk occupies len/bps seconds of the link, and its
+    latency starts when the link has carried it (as on a real link, where a
+    capped transfer still pays the round trip).
     `on_written(nbytes)` is called after each chunk is handed to the transport
     (the relay stamps request/response "sent" times from it); `on_backlog(paused)`
     tells the relay to pause/resume reading the source when more than `limit`
@@ -122,14 +124,14 @@ class DelayedWriter:
     def send(self, data: bytes) -> None:
         now = self._loop.time()
         s = self._spec
-        due = now + s.latency_ms / 1000.0
+        delay = s.latency_ms / 1000.0
         if s.jitter_ms:
-            due += self._rng.uniform(0, s.jitter_ms) / 1000.0
-        if s.bandwidth_bps:
-            start = max(now, self._link_free)
-            self._link_free = start + len(data) / s.bandwidth_bps
-            due = max(due, self._link_free)
-        due = max(due, self._last_due)
+            delay += self._rng.uniform(0, s.jitter_ms) / 1000.0
+        sent = now
+        if s.bandwidth_bps:  # a chunk leaves when the link has carried it, then travels: a WAN link's two costs add up
+            sent = max(now, self._link_free) + len(data) / s.bandwidth_bps
+            self._link_free = sent
+        due = max(sent + delay, self._last_due)
         self._last_due = due
         self._queue.append((due, data))
         self._queued += len(data)
@@ -173,7 +175,7 @@ class DelayedWriter:
 
 FAULT_SPEC_HELP = """\
 latency=DIR:MS[:JITTER_MS]  added delay per chunk (jitter uniform 0..J, order kept)
-bandwidth=DIR:BYTES_PER_S   cap the throughput one way
+bandwidth=DIR:BYTES_PER_S   cap the throughput one way (a latency on it starts once a chunk is through)
 close-after=DIR:BYTES       forward BYTES that way, then close both sides (FIN)
 idle-reset=SECONDS          RST both sides after SECONDS without a byte (a firewall)
 refuse                      accept new clients and reset them at once

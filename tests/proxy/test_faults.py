@@ -63,3 +63,34 @@ def test_refuse_new_connections_then_accept_again(sink):
         sink.wait_final(2)
     assert sink.finals()[0]["end_reason"] == "fault"
     assert sink.finals()[0]["end_detail"].startswith("refusing")
+
+
+class _Clock:
+    """The two loop methods DelayedWriter uses, on a clock the test moves."""
+
+    def __init__(self) -> None:
+        self.t = 1.0
+
+    def time(self) -> float:
+        return self.t
+
+    def call_at(self, when: float, fn) -> object:  # noqa: ANN001 — the timer is not run: the test reads the queue
+        return object()
+
+
+def test_a_capped_link_still_pays_its_latency() -> None:
+    """latency= with bandwidth= lost the latency once the cap was the bottleneck: `due` was max(now + latency,
+    link free), where a real link delivers a chunk its latency after it has carried it."""
+    import random
+
+    from proxy.faults import DelayedWriter
+
+    clock = _Clock()
+    w = DelayedWriter(clock, DirectionFaults(latency_ms=100, bandwidth_bps=100_000), lambda b: None,  # type: ignore[arg-type]
+                      lambda n: None, lambda p: None, random.Random(1))
+    w.send(b"x" * 100_000)  # 1 s on the link, then 100 ms of travel
+    w.send(b"y" * 10)
+    assert [round(due, 4) for due, _ in w._queue] == [2.1, 2.1001]
+    clock.t = 10.0  # an idle link: a small chunk costs its latency (and its 0.1 ms on the link)
+    w.send(b"z" * 10)
+    assert round(w._queue[-1][0], 4) == 10.1001
