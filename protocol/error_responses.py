@@ -38,7 +38,7 @@ from protocol.apis import API_NAMES, API_VERSIONS, APIS, FETCH, api_versions_ans
 from protocol.codec import plan, snake, spec_fields
 from protocol.errors import ERROR_NAMES
 
-__all__ = ["Where", "Entry", "error_response", "set_errors", "set_throttle", "request_entries",
+__all__ = ["Where", "Entry", "error_response", "carries_error", "set_errors", "set_throttle", "request_entries",
            "error_code_by_name", "api_key_by_name", "request_names", "ERROR_CODES"]
 
 # (topic name or None, topic id or None, partition or None) -> should this entry fail?
@@ -247,6 +247,20 @@ def set_errors(api_key: int, version: int, response: dict[str, Any], code: int, 
 
     walk(response, shape, None)
     return count
+
+
+def carries_error(response: Any, code: int) -> bool:
+    """Whether some error field of a response (dict form, any depth) holds `code`.
+
+    An answer built for a request can have nowhere to put it: a Metadata answer
+    to "all topics" has no topic entries and no request-level error field, so it
+    reads as an empty cluster, not as the error. Such an answer is no injection.
+    """
+    if isinstance(response, dict):
+        return any((_is_error_field(k) and v == code) or carries_error(v, code) for k, v in response.items())
+    if isinstance(response, list):
+        return any(carries_error(v, code) for v in response)
+    return False
 
 
 def set_throttle(response: dict[str, Any], throttle_ms: int) -> bool:

@@ -76,6 +76,7 @@ from protocol.apis import api_name
 from protocol.error_responses import (
     Entry,
     api_key_by_name,
+    carries_error,
     error_code_by_name,
     error_response,
     request_entries,
@@ -528,6 +529,14 @@ class KafkaFaultInterceptor:
                 except ProtocolError as exc:
                     rule.skipped += 1
                     self._warn("request", exc)
+                    continue
+                if not carries_error(answer, f.error_code):
+                    # e.g. Metadata for all topics: no field would carry the error, and the client would read an
+                    # empty cluster as a success. The request goes to the broker; the rule counts it as skipped.
+                    rule.skipped += 1
+                    self._warn("request", ProtocolError(
+                        f"{api_name(head.api_key)} v{head.api_version}: this request's answer has no field for "
+                        f"the error (name topics or partitions in the request to answer it in place)"), [rule])
                     continue
                 rule.injected += 1
                 # an in-place answer is the broker's word: response-side rules do not apply to it

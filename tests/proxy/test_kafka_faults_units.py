@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from protocol import codec, deep
-from protocol.apis import APIS, API_VERSIONS, FETCH, HEARTBEAT, OFFSET_COMMIT, OFFSET_FETCH, PRODUCE
+from protocol.apis import APIS, API_VERSIONS, FETCH, HEARTBEAT, METADATA, OFFSET_COMMIT, OFFSET_FETCH, PRODUCE
 from protocol.error_responses import error_response, request_entries, set_errors
 from protocol.frames import response_body
 from proxy.faults import FaultSpecError, parse_fault_specs
@@ -281,6 +281,30 @@ def test_in_place_error_once_answers_the_request_with_its_correlation_id() -> No
                                                  "api": "Produce", "kind": "error", "added": 0, "matched": 1,
                                                  "injected": 1, "skipped": 0, "active": False, "state": "used",
                                                  "state_changes_in_s": None}
+
+
+def _metadata(cid: int, topics: list[str] | None):
+    body = {"topics": None if topics is None else [{"topic_id": "00000000-0000-0000-0000-000000000000", "name": t} for t in topics],
+            "allow_auto_topic_creation": False, "include_topic_authorized_operations": False}
+    frame = deep.encode_request(METADATA, 12, cid, "app-1", body)
+    return RequestHead(METADATA, 12, cid, "app-1", len(frame) - 4, None, True), frame
+
+
+def test_an_in_place_answer_with_no_field_for_the_error_is_not_injected_but_forwarded() -> None:
+    """Metadata for all topics (or none) has no field that could carry an error: the answer read as an empty
+    cluster, a success, while the rule counted it as injected and the row said `error=… in-place`."""
+    rules, ic = _interceptor("error=Metadata:UNKNOWN_TOPIC_OR_PARTITION")
+    for cid, topics in ((1, None), (2, [])):
+        head, frame = _metadata(cid, topics)
+        assert ic.wants_request(head)
+        assert ic.on_request(head, frame) is None  # forwarded to the broker as it came
+    assert (rules.as_json()[0]["injected"], rules.as_json()[0]["skipped"]) == (0, 2)
+    head, frame = _metadata(3, ["orders"])  # a request naming a topic is still answered in place, with the error
+    edit = ic.on_request(head, frame)
+    assert edit is not None and edit.answer is not None
+    resp = deep.decode_response(edit.answer, METADATA, 12)["body"]
+    assert [t["error_code"] for t in resp["topics"]] == [3]
+    assert (rules.as_json()[0]["injected"], rules.as_json()[0]["skipped"]) == (1, 2)
 
 
 def test_a_rules_state_says_waiting_active_ended_or_used_and_when_that_changes() -> None:
