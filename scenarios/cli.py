@@ -43,10 +43,9 @@ def _version_option(f: Any) -> Any:
 
 def _print_result(res: Any) -> None:
     click.echo(res.summary or f"{res.name}: not analyzed")
-    for r in res.clients:
-        if "failed" in r:
-            click.echo(f"client {r['name']} failed: {r['failed']}")
-    if res.ok:
+    if res.ok and res.report_dir is None:
+        click.echo(f"{res.name}: OK — traffic only, not analyzed ({res.timings.get('setup_and_traffic_s', '?')} s)")
+    elif res.ok:
         click.echo(f"{res.name}: OK — every expected finding is in the report ({res.timings.get('total_s', '?')} s)")
     else:
         click.echo(f"{res.name}: FAILED")

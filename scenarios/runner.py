@@ -401,6 +401,8 @@ def run_scenario(
         result.timings["setup_and_traffic_s"] = round(say.elapsed, 1)
         result.problems.extend(_cleanup_problems(scenario, iptables_before))
     say(f"stopped everything ({say.elapsed:.1f}s so far)")
+    # a client that failed fails the run, analyzed or not (`--no-analyze` printed OK over a failed client)
+    result.problems.extend(f"client {r['name']} failed: {r['failed']}" for r in result.clients if "failed" in r)
     if not analyze:
         return result
     _analyze(scenario, result, rec_dirs, say)
@@ -499,9 +501,6 @@ def _analyze(scenario: Scenario, result: RunResult, rec_dirs: dict[str, Path], s
     result.findings = report.findings
     for exp in scenario.expect:
         result.problems.extend(exp.problems(report))
-    for r in result.clients:
-        if "failed" in r:
-            result.problems.append(f"client {r['name']} failed: {r['failed']}")
 
 
 @contextlib.contextmanager
