@@ -18,6 +18,7 @@ the prompt (and failed requests with KAFKATAP_REPLAY_STRICT).
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import sys
@@ -221,7 +222,7 @@ def replay(recording: Path, target: str, speed: str, clients: tuple[str, ...], t
 
     try:
         spd: float | None = None if speed.strip().lower() == "max" else float(speed)
-        if spd is not None and spd <= 0:
+        if spd is not None and not 0 < spd < math.inf:  # nan and inf pass `<= 0` and break the schedule
             raise ValueError
     except ValueError:
         raise click.UsageError(f"--speed must be a positive number or 'max', not {speed!r}") from None

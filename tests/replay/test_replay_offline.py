@@ -164,8 +164,9 @@ def test_cli_rails_yes_required_and_origin_refused(tmp_path: Path):
     assert "Replay plan" in res.output and "connections  2" in res.output and "requests     5" in res.output
     res = CliRunner().invoke(replay, [str(tmp_path), "--target", "10.0.0.1:9092", "--yes"])
     assert res.exit_code == 2 and "recording's own broker" in res.output and "--yes-same-cluster" in res.output
-    res = CliRunner().invoke(replay, [str(tmp_path), "--target", "127.0.0.1:9", "--speed", "fast", "--yes"])
-    assert res.exit_code == 2 and "--speed" in res.output
+    for bad in ("fast", "nan", "inf", "-1"):
+        res = CliRunner().invoke(replay, [str(tmp_path), "--target", "127.0.0.1:9", "--speed", bad, "--yes"])
+        assert res.exit_code == 2 and f"--speed must be a positive number or 'max', not {bad!r}" in res.output
 
 
 def _run(rec, speed, delay=0.0, session_sasl_error=None, lifetime_ms=0, **kw):
