@@ -13,6 +13,7 @@ for scripts and tests.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import select
@@ -35,7 +36,12 @@ CLEAR = "\x1b[H\x1b[2J"
 BOLD, DIM, RESET = "\x1b[1m", "\x1b[2m", "\x1b[0m"
 
 
-def fetch(addr: str, path: str, timeout: float = 3.0) -> bytes:
+# longer than a `--workers` parent waits for a stuck worker (proxy.workers.SCRAPE_TIMEOUT_S) before it answers with
+# the others: at 3 s both, `top` gave up first and said "no proxy" exactly when a worker was in trouble
+FETCH_TIMEOUT_S = 10.0
+
+
+def fetch(addr: str, path: str, timeout: float = FETCH_TIMEOUT_S) -> bytes:
     host, port = parse_addr(addr)
     host = f"[{host}]" if ":" in host else host
     with urllib.request.urlopen(f"http://{host}:{port}{path}", timeout=timeout) as resp:
@@ -52,7 +58,7 @@ def unreachable(addr: str, exc: BaseException) -> str:
     if isinstance(exc, urllib.error.HTTPError):
         return (f"{addr} answered HTTP {exc.code} ({str(exc.reason).lower()}): not a kafkatap status endpoint. "
                 f"Is the proxy running with --status-addr {addr}?")
-    if isinstance(exc, ValueError):  # answered 200, but not our JSON / metrics
+    if isinstance(exc, (ValueError, http.client.HTTPException)):  # answered, but not our JSON / metrics / HTTP
         return (f"{addr} answered, but not as a kafkatap status endpoint (its answer is not kafkatap's JSON). "
                 f"Is the proxy running with --status-addr {addr}?")
     reason: object = getattr(exc, "reason", exc)
@@ -376,7 +382,16 @@ def _check_addr(ctx: click.Context, param: click.Parameter, value: str) -> str:
 
 
 def _poll(addr: str) -> tuple[dict[str, Any], dict]:
-    return json.loads(fetch(addr, "/clients")), parse_metrics(fetch(addr, "/metrics").decode())
+    """Both documents of a status endpoint; ValueError when they are not kafkatap's (the view reads them blind)."""
+    clients = json.loads(fetch(addr, "/clients"))
+    if not (isinstance(clients, dict) and isinstance(clients.get("clients"), list)
+            and all(isinstance(c, dict) and "conn_id" in c and "requests" in c for c in clients["clients"])):
+        raise ValueError("/clients is not kafkatap's JSON")
+    return clients, parse_metrics(fetch(addr, "/metrics").decode(errors="replace"))
+
+
+# what polling a status address can raise: nothing there, something else there (not HTTP, not our JSON)
+POLL_ERRORS = (urllib.error.URLError, OSError, ValueError, http.client.HTTPException)
 
 
 @contextlib.contextmanager
@@ -449,7 +464,7 @@ def top(addr: str, interval: float, once: bool, as_json: bool, per_connection: b
             prev = (time.monotonic(), snapshot_counts(clients, metrics))
             time.sleep(interval)  # a rate is a difference: the second poll is what REQ/S is measured against
             clients, metrics = _poll(addr)
-        except (urllib.error.URLError, OSError, ValueError) as exc:
+        except POLL_ERRORS as exc:
             raise click.ClickException(unreachable(addr, exc)) from None
         click.echo(render(clients, metrics, prev, time.monotonic(), 400, 10_000, False, sort, per_connection))
         return
@@ -458,7 +473,7 @@ def top(addr: str, interval: float, once: bool, as_json: bool, per_connection: b
             while True:
                 try:
                     clients, metrics = _poll(addr)
-                except (urllib.error.URLError, OSError, ValueError) as exc:
+                except POLL_ERRORS as exc:
                     sys.stdout.write(f"{clear}waiting: {unreachable(addr, exc)}\n")
                     sys.stdout.flush()
                     key = wait(interval)

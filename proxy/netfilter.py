@@ -172,16 +172,22 @@ def apply(cmds: list[list[str]], netns: str | None = None) -> None:
         try:
             run([c], netns)
         except (RuntimeError, FileNotFoundError) as exc:
-            undo = [_undo(d) for d in reversed(done)]
+            undo = [u for u in (_undo(d) for d in reversed(done)) if u is not None]
             problems = [r.stderr.strip() for r in run(undo, netns, check=False) if r.returncode != 0]
-            note = "; rolled back what was installed" if not problems else f"; rollback incomplete: {problems}"
+            if len(undo) < len(done):  # removal commands (`--remove`): what they removed is not put back
+                note = f"; the {len(done)} command(s) before it ran and stay done" if done else ""
+            else:
+                note = "; rolled back what was installed" if not problems else f"; rollback incomplete: {problems}"
             raise type(exc)(f"{exc}{note}") from exc
         done.append(c)
 
 
-def _undo(cmd: list[str]) -> list[str]:
-    """The command that reverts one install command (-N → -X, -A/-I → -D with the same rule)."""
-    verb = next(i for i, w in enumerate(cmd) if w in ("-N", "-A", "-I"))
+def _undo(cmd: list[str]) -> list[str] | None:
+    """The command that reverts one install command (-N → -X, -A/-I → -D with the same rule); None for a removal
+    (-D, -F, -X), which `--remove` runs through here too and which has nothing sensible to put back."""
+    verb = next((i for i, w in enumerate(cmd) if w in ("-N", "-A", "-I")), None)
+    if verb is None:
+        return None
     return cmd[:verb] + ["-X" if cmd[verb] == "-N" else "-D"] + cmd[verb + 1:]
 
 

@@ -299,6 +299,35 @@ def test_iptables_remove_never_says_nothing_is_installed_when_it_could_not_read_
     assert res.exit_code == 0 and "nothing of kafkatap's installed" in res.output
 
 
+def test_iptables_remove_that_fails_half_way_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--remove runs its -D/-F/-X commands all or nothing like --apply; a failure after the first one tried to
+    "roll back" a removal and died on StopIteration (a traceback, rules half removed, no word of it)."""
+    import subprocess
+
+    from click.testing import CliRunner
+
+    import proxy.netfilter as netfilter
+    from proxy.cli import iptables
+
+    listing = "-P PREROUTING ACCEPT\n-N KAFKATAP\n-A OUTPUT -p tcp -j KAFKATAP\n-A KAFKATAP -p tcp -j REDIRECT --to-ports 9\n"
+    calls: list[list[str]] = []
+
+    def fake(argv: list[str], netns: str | None) -> subprocess.CompletedProcess:
+        calls.append(argv)
+        if "-S" in argv:
+            return subprocess.CompletedProcess(argv, 0, listing if argv[0] == "iptables" else "", "")
+        if "-F" in argv:  # the second removal command
+            return subprocess.CompletedProcess(argv, 1, "", "iptables: Resource busy.")
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(netfilter, "_exec", fake)
+    monkeypatch.setattr(netfilter.shutil, "which", lambda tool: f"/usr/sbin/{tool}")
+    res = CliRunner().invoke(iptables, ["--remove"])
+    assert res.exit_code == 1 and not isinstance(res.exception, StopIteration), res.output
+    assert "Resource busy" in res.output and "the 1 command(s) before it ran and stay done" in res.output
+    assert not any("-A" in c or "-N" in c for c in calls)  # nothing removed was put back
+
+
 def test_iptables_mark_help_shows_a_real_default() -> None:
     text = " ".join(run("iptables", "--help").stdout.split())
     assert "_INT_AUTO_BASE" not in text and "--mark INT" in text and "[default: 0x4b54" in text
@@ -494,6 +523,47 @@ def test_top_against_something_else_says_so(status: int, body: bytes, says: str)
     assert res.returncode == 1 and res.stderr.strip().splitlines() == [line]
     if status == 200:  # (an HTTP error is the proxy's own refusal for `fault`: "proxy answered 404: …")
         assert fault.returncode == 1 and fault.stderr.strip().splitlines() == [line]
+
+
+def test_top_against_a_json_service_or_a_non_http_one_says_so() -> None:
+    """A 200 of other JSON raised KeyError, and a service that does not speak HTTP (an SSH banner) raised
+    http.client.BadStatusLine: tracebacks, where `top` means to say "not a kafkatap status endpoint"."""
+    import http.server
+    import socketserver
+    import threading
+
+    class Json(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            body = b'{"status": "ok"}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    class Banner(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            self.request.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
+
+    for server in (http.server.ThreadingHTTPServer(("127.0.0.1", 0), Json),
+                   socketserver.ThreadingTCPServer(("127.0.0.1", 0), Banner)):
+        with server:
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+            port = server.server_address[1]
+            res = run("top", "--addr", str(port), "--once", "--interval", "0.2")
+            server.shutdown()
+        assert res.returncode == 1 and res.stderr.strip().splitlines() == [
+            f"Error: {port} answered, but not as a kafkatap status endpoint (its answer is not kafkatap's JSON). "
+            f"Is the proxy running with --status-addr {port}?"], res.stderr
+
+
+def test_top_waits_longer_than_a_workers_parent_waits_for_a_stuck_worker() -> None:
+    from proxy.live import FETCH_TIMEOUT_S
+    from proxy.workers import SCRAPE_TIMEOUT_S
+
+    assert FETCH_TIMEOUT_S >= SCRAPE_TIMEOUT_S + 2  # the parent answers with the others after SCRAPE_TIMEOUT_S
 
 
 # ---------------------------------------------------------------- top: per client, nothing cut silently
