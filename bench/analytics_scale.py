@@ -61,7 +61,7 @@ LAST_CPU_S = 0.0
 DUCKDB_QUERIES = {
     "overview": """select count(*), min(req_first_ns), max(req_first_ns), count(distinct client_id), count(distinct broker_addr),
                    sum(request_bytes), sum(response_bytes), avg((error_count > 0)::int) from read_parquet('{d}/requests/**/*.parquet', hive_partitioning=true)""",
-    "latency_by_api": """select case when api_name='Fetch' and coalesce(record_bytes,0)=0 and broker_latency_us >= max_wait_ms*800 then 'Fetch (long poll)' else api_name end a,
+    "latency_by_api": """select case when api_name in ('Fetch', 'ShareFetch') and coalesce(record_bytes,0)=0 and broker_latency_us >= max_wait_ms*800 then api_name || ' (long poll)' else api_name end a,
                    count(*), quantile_cont(latency_us, [0.5,0.9,0.99,0.999]), max(latency_us)
                    from read_parquet('{d}/requests/**/*.parquet', hive_partitioning=true) where latency_us is not null group by a""",
     "latency_by_client": """select client_id, count(*), quantile_cont(latency_us, [0.5,0.99]) from read_parquet('{d}/requests/**/*.parquet', hive_partitioning=true)

@@ -67,7 +67,7 @@ CONTROLLED_SHUTDOWN, OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR = 7, 8, 9, 10
 JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 11, 12, 13, 14
 SASL_HANDSHAKE, API_VERSIONS, CREATE_TOPICS, DELETE_TOPICS = 17, 18, 19, 20
 INIT_PRODUCER_ID, SASL_AUTHENTICATE = 22, 36
-DESCRIBE_CLUSTER, DESCRIBE_TOPIC_PARTITIONS = 60, 75
+DESCRIBE_CLUSTER, DESCRIBE_TOPIC_PARTITIONS, SHARE_FETCH = 60, 75, 78
 # A broker answers an ApiVersions request whose version it does not support with UNSUPPORTED_VERSION in the
 # v0 layout, so that any client can read it (KIP-511); every other ApiVersions answer, errors included (an
 # INVALID_REQUEST for a bad client software name), is written at the request's own version, as Kafka's

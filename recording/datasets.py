@@ -12,11 +12,18 @@ from __future__ import annotations
 
 from recording.column_names import COLUMN_NAMES, TCP_FIELD_NAMES
 
-__all__ = ["FORMAT_VERSION", "FORMAT_KEY", "RECORDED", "DERIVED_DATASETS", "DATASETS", "PARTITION_COLUMNS",
-           "DERIVED_COLUMNS", "COLUMN_NAMES", "TCP_FIELD_NAMES", "row_names"]
+__all__ = ["FORMAT_VERSION", "FORMAT_KEY", "ROLLUP_VERSION", "ROLLUP_KEY", "FIRST_ROLLUP_VERSION", "RECORDED",
+           "DERIVED_DATASETS", "DATASETS", "PARTITION_COLUMNS", "DERIVED_COLUMNS", "COLUMN_NAMES", "TCP_FIELD_NAMES",
+           "row_names"]
 
 FORMAT_VERSION = 3  # 3: the *_ns timestamp columns are timestamp[us, UTC] instead of int64 epoch ns (issue 18); 2: requests.topic_ids and the topics/ dataset (issue 14, topics.cluster_id: issue 19); acks int16, error_count int32 (issue 19)
 FORMAT_KEY = b"kafkatap.format_version"
+# What derived data means, versioned apart from the format (recording.rollups): a rollup is what a kafkatap computed
+# from the requests under its rules (what a long poll is …), so rollups of older rules are stale and recomputed
+# from the requests, which stay readable as they are. A derived file without the key is FIRST_ROLLUP_VERSION.
+ROLLUP_VERSION = 2  # 2: a ShareFetch that only waited is a long poll ("ShareFetch (long poll)"), as a Fetch is
+ROLLUP_KEY = b"kafkatap.rollup_version"
+FIRST_ROLLUP_VERSION = 1
 RECORDED = ("requests", "connections", "tcp", "frames", "topics", "runs")  # what the proxy observes, row by row (runs: its own starts, stops and launches)
 DERIVED_DATASETS = ("latency_cells", "request_sums", "topic_sums", "traffic_sums", "notable_requests", "slowest_requests")  # computed from recorded files (recording.rollups): deleting them loses nothing
 DATASETS = RECORDED + DERIVED_DATASETS

@@ -30,9 +30,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from recording.request_sums import SumSpec, merge
-from recording.request_terms import LONG_POLL_FRACTION, LONG_POLL_LABEL, ROLLUP_BUCKET_S, bucket_start, client_id, long_poll, when
+from recording.request_terms import (LONG_POLL_FRACTION, LONG_POLL_LABELS, ROLLUP_BUCKET_S, api_label, bucket_start, client_id,
+                                     long_poll, when)
 
-__all__ = ["BIN_BASE", "TIME_BIN_BASE", "ROLLUP_BUCKET_S", "LONG_POLL_LABEL", "LONG_POLL_FRACTION", "View",
+__all__ = ["BIN_BASE", "TIME_BIN_BASE", "ROLLUP_BUCKET_S", "LONG_POLL_LABELS", "LONG_POLL_FRACTION", "View",
            "REQUEST_VIEWS", "TOPIC_VIEWS", "TIME_KEYS", "CELL_KEYS", "INPUT_COLUMNS", "log_bin", "latency_cells",
            "merge_cells"]
 
@@ -98,7 +99,7 @@ def _view_values(t: pa.Table, bucket_s: int) -> pa.Table:
     delay = pc.add(pc.fill_null(t["proxy_req_delay_us"].cast(pa.int64()), 0),
                    pc.fill_null(t["proxy_resp_delay_us"].cast(pa.int64()), 0))
     return pa.table({
-        "api_label": pc.if_else(pc.fill_null(lp, False), LONG_POLL_LABEL, api),
+        "api_label": api_label(api, lp),
         "api_name": api,
         "api_version": t["api_version"],
         "broker_addr": t["broker_addr"],

@@ -38,8 +38,8 @@ if TYPE_CHECKING:  # imported where a dataset is opened: the recording writer pr
     import pyarrow.dataset as pads
 
 __all__ = ["RecordingFormatError", "Migration", "MIGRATIONS", "PARTITION_SCHEMA", "LiveFiles", "live_files",
-           "recording_files", "file_version", "dataset_version", "read_recording", "open_recording",
-           "recording_start"]
+           "recording_files", "footer_metadata", "file_version", "sampled_footers", "dataset_version", "read_recording",
+           "open_recording", "recording_start"]
 
 PARTITION_SCHEMA = pa.schema([("proxy", pa.string()), ("date", pa.string()), ("hour", pa.int32())])
 
@@ -128,13 +128,18 @@ def recording_files(root: Path | str, dataset: str) -> list[Path]:
     return [Path(p) for p in listing.paths]
 
 
-def file_version(path: Path | str, filesystem: pafs.FileSystem | None = None) -> int:
-    """The kafkatap format version stored in a file's footer (RecordingFormatError if absent or unreadable)."""
+def footer_metadata(path: Path | str, filesystem: pafs.FileSystem | None = None) -> dict[bytes, bytes]:
+    """A file's footer key-value metadata (RecordingFormatError if it has no footer)."""
     try:
         meta = pq.read_metadata(str(path), filesystem=filesystem)
     except pa.ArrowInvalid as exc:  # no footer: a file cut short (a crash mid-write, a full disk) or not Parquet
         raise RecordingFormatError(unreadable_file(path, str(exc))) from None
-    return version_of(meta.metadata, str(path))
+    return dict(meta.metadata or {})
+
+
+def file_version(path: Path | str, filesystem: pafs.FileSystem | None = None) -> int:
+    """The kafkatap format version stored in a file's footer (RecordingFormatError if absent or unreadable)."""
+    return version_of(footer_metadata(path, filesystem), str(path))
 
 
 def _open_parquet(f: Any, where: str) -> pq.ParquetFile:
@@ -183,16 +188,15 @@ def _run_of(relative: str) -> str:
     return named[0] if named is not None else relative
 
 
-def dataset_version(listing: LiveFiles, sample: int = 16) -> tuple[int, list[Migration]]:
-    """The one format version of a dataset read as a whole (Spark), and the migrations it needs.
+def sampled_footers(listing: LiveFiles, sample: int = 16) -> dict[str, dict[bytes, bytes]]:
+    """The footer metadata of the files `version_sample` picks, by relative name (RecordingFormatError: one has none).
 
-    Checks the footers `version_sample` picks. Refuses mixed, newer, foreign and
-    unmigratable files (RecordingFormatError).
+    Read once for every key a caller checks (the format version, and for derived data its rollup version).
     """
     picked = version_sample(listing.time_ordered(), sample)
 
-    def read(rel: str) -> int:
-        return file_version(f"{listing.base}/{rel}", listing.filesystem)
+    def read(rel: str) -> dict[bytes, bytes]:
+        return footer_metadata(f"{listing.base}/{rel}", listing.filesystem)
 
     if len(picked) <= sample:
         found = [read(rel) for rel in picked]
@@ -201,7 +205,18 @@ def dataset_version(listing: LiveFiles, sample: int = 16) -> tuple[int, list[Mig
 
         with ThreadPoolExecutor(max_workers=FOOTER_READERS) as pool:
             found = list(pool.map(read, picked))  # the first file that cannot be read raises, as one by one
-    versions = {f"{listing.spelled_base}/{rel}": v for rel, v in zip(picked, found)}
+    return dict(zip(picked, found))
+
+
+def dataset_version(listing: LiveFiles, sample: int = 16,
+                    footers: dict[str, dict[bytes, bytes]] | None = None) -> tuple[int, list[Migration]]:
+    """The one format version of a dataset read as a whole (Spark), and the migrations it needs.
+
+    Checks the footers `version_sample` picks (`footers`: those already read by `sampled_footers`). Refuses
+    mixed, newer, foreign and unmigratable files (RecordingFormatError).
+    """
+    footers = sampled_footers(listing, sample) if footers is None else footers
+    versions = {f"{listing.spelled_base}/{rel}": version_of(md, f"{listing.base}/{rel}") for rel, md in footers.items()}
     version = single_version(versions, listing.spelled_base)
     return version, migrations_from(version, listing.spelled_base)
 

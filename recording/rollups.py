@@ -19,12 +19,16 @@ or by a merged rollup of its run whose range spans its own (`coverage`); an anal
 derived dataset when every live requests file is covered there, and ignores files whose
 requests file is gone. A merged rollup stands for its whole range, so data is deleted by whole
 partition directories of every dataset (an hour), not a requests file at a time.
+
+Each derived file's footer carries the rollup version (`kafkatap.rollup_version`, ROLLUP_VERSION) beside the
+format version: the rules it was computed under (what a long poll is …). A dataset whose files are of another
+format or rollup version is stale: not read, and recomputed from the requests by `write_missing`.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,11 +39,11 @@ from recording import latency_cells as cells_mod
 from recording import request_sums as sums_mod
 from recording.files import META_PROXY, META_RUN, META_SEQ, ParquetOptions, file_metadata, write_atomic
 from recording.layout import file_range, live_names, merged_name
-from recording.reader import LiveFiles, RecordingFormatError, dataset_version, file_version, live_files
-from recording.schema import DERIVED_DATASETS, FORMAT_VERSION, arrow_schema
+from recording.reader import LiveFiles, RecordingFormatError, dataset_version, file_version, live_files, sampled_footers
+from recording.schema import DERIVED_DATASETS, FIRST_ROLLUP_VERSION, FORMAT_VERSION, ROLLUP_KEY, ROLLUP_VERSION, arrow_schema
 
-__all__ = ["CELLS", "META_SOURCE_ROWS", "BATCH_ROWS", "derived_path", "write_rollups", "merge_hour", "Backfill",
-           "write_missing", "Coverage", "RecordingCoverage", "coverage_all", "TIME_KEYED", "stored_span_ns"]
+__all__ = ["CELLS", "META_SOURCE_ROWS", "BATCH_ROWS", "rollup_version", "derived_path", "write_rollups", "merge_hour",
+           "Backfill", "write_missing", "Coverage", "RecordingCoverage", "coverage_all", "TIME_KEYED", "stored_span_ns"]
 
 CELLS = "latency_cells"
 # stored per ROLLUP_BUCKET_S: an analysis whose time bucket is not a multiple of it computes these from the requests
@@ -74,6 +78,18 @@ DERIVED: dict[str, _Derived] = {
 assert set(DERIVED) == set(DERIVED_DATASETS)
 
 
+def rollup_version(metadata: Mapping[bytes, bytes] | None) -> int:
+    """The rollup version in a derived file's footer: FIRST_ROLLUP_VERSION without the key (written before it
+    existed), 0 when unreadable (stale either way: derived data is recomputed, never guessed at)."""
+    raw = (metadata or {}).get(ROLLUP_KEY)
+    if raw is None:
+        return FIRST_ROLLUP_VERSION
+    try:
+        return int(raw)
+    except ValueError:
+        return 0
+
+
 def derived_path(requests_file: Path, dataset: str) -> Path:
     """Where `dataset`'s rollup of a requests file goes: the same partition and name under `dataset/`."""
     parts = requests_file.parts
@@ -95,10 +111,12 @@ def _finish(name: str, held: list[pa.Table]) -> pa.Table:
 
 
 def _write(name: str, table: pa.Table, out: Path, *, proxy_id: str, run: str, seq: str, source_rows: int,
-           fsync: bool) -> None:
+           fsync: bool, version: int = ROLLUP_VERSION) -> None:
+    """Write one derived file; `version`: the rollup version of the rules its rows were computed under."""
     schema = arrow_schema(name)
     footer = file_metadata(schema, proxy_id=proxy_id, run=run, seq=seq, rows=table.num_rows, dropped=0, dropped_total=0)
     footer[META_SOURCE_ROWS] = str(source_rows).encode()
+    footer[ROLLUP_KEY] = str(version).encode()
     write_atomic([table], out, footer, ParquetOptions(name, fsync=fsync))
 
 
@@ -184,14 +202,17 @@ def merge_hour(requests_dir: Path, run: str, fsync: bool = True) -> int:
         held: list[pa.Table] = []
         source_rows = 0
         proxy_id = ""
+        versions: list[int] = []
         for n in inputs:
             pf = pq.ParquetFile(directory / n)
             md = pf.schema_arrow.metadata or {}
             proxy_id = proxy_id or md.get(META_PROXY, b"").decode()
             source_rows += int(md.get(META_SOURCE_ROWS, b"0") or 0)
+            versions.append(rollup_version(md))
             held = _fold(DERIVED[name], held, pf.read().replace_schema_metadata(None))
+        # merging computes nothing anew: the merged file is as old as its oldest input (stale stays stale)
         _write(name, _finish(name, held), directory / merged_name(run, first, last), proxy_id=proxy_id, run=run,
-               seq=f"{first}-{last}", source_rows=source_rows, fsync=fsync)
+               seq=f"{first}-{last}", source_rows=source_rows, fsync=fsync, version=min(versions))
         for n in inputs:
             (directory / n).unlink(missing_ok=True)
         merged += 1
@@ -221,7 +242,7 @@ def write_missing(root: Path | str, fsync: bool = True, merge: bool = True,
         raise ValueError(f"{root}: not a local path")
     listing = cover.requests
     for name, c in cover.by_dataset.items():
-        if c.stale is not None:  # another format's rollups: derived data, recomputed below (deleting loses nothing)
+        if c.stale is not None:  # another format's or rollup version's: derived data, recomputed below (deleting loses nothing)
             for path in (Path(root) / name).rglob("*.parquet"):  # superseded ones too: they would surface
                 path.unlink(missing_ok=True)
     uncovered = cover.uncovered
@@ -253,7 +274,7 @@ class Coverage:
     requests: int  # live requests files
     uncovered: tuple[str, ...]  # those with no rollup there (relative names)
     files: tuple[str, ...]  # the derived files standing for the others, spelled for Spark, each once
-    stale: str | None = None  # why the dataset's files cannot be read as they are (another format version): none count
+    stale: str | None = None  # why the dataset's files cannot be read as they are (another format or rollup version): none count
 
     @property
     def complete(self) -> bool:
@@ -286,14 +307,20 @@ def _coverage(requests: LiveFiles, derived: LiveFiles) -> Coverage:
 
 
 def _stale(derived: LiveFiles) -> str | None:
-    """Why a derived dataset's files are not in the current format (sampled as the reader samples), or None."""
+    """Why a derived dataset's files are not in the current format or rollup version (sampled as the reader samples:
+    one file per run, and a run is one kafkatap), or None."""
     if not derived.relative:
         return None
     try:
-        version, _ = dataset_version(derived)
+        footers = sampled_footers(derived)
+        version, _ = dataset_version(derived, footers=footers)
     except RecordingFormatError as exc:
         return str(exc)
-    return None if version == FORMAT_VERSION else f"{derived.spelled_base}: format version {version}, not {FORMAT_VERSION}"
+    if version != FORMAT_VERSION:
+        return f"{derived.spelled_base}: format version {version}, not {FORMAT_VERSION}"
+    other = sorted({rollup_version(md) for md in footers.values()} - {ROLLUP_VERSION})
+    return (f"{derived.spelled_base}: rollup version {other[0]}, not {ROLLUP_VERSION} (computed under other rules)"
+            if other else None)
 
 
 @dataclass(frozen=True)

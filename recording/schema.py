@@ -25,10 +25,13 @@ import pyarrow as pa
 from recording.datasets import (  # noqa: F401
     DATASETS,
     DERIVED_DATASETS,
+    FIRST_ROLLUP_VERSION,
     FORMAT_KEY,
     FORMAT_VERSION,
     PARTITION_COLUMNS,
     RECORDED,
+    ROLLUP_KEY,
+    ROLLUP_VERSION,
 )
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")  # what every Parquet reader (Spark included) reads as a timestamp
@@ -104,11 +107,11 @@ REQUEST_COLUMNS: list[Column] = [
     Column("partitions", pa.int32(), "", "topic-partitions touched"),
     Column("batches", pa.int32(), "", "record batches in a Produce request"),
     Column("records", pa.int64(), "records", "records produced (batch headers) or 0"),
-    Column("record_bytes", pa.int64(), "bytes", "record-batch bytes produced, or fetched for Fetch responses"),
+    Column("record_bytes", pa.int64(), "bytes", "record-batch bytes produced, or fetched for Fetch and ShareFetch responses"),
     Column("compression", pa.string(), "", "compression codec(s) of produced batches, comma separated"),
     Column("producer_id", pa.int64(), "", "producer id (batch header or InitProducerId response)"),
     Column("producer_epoch", pa.int16(), "", "producer epoch"),
-    Column("max_wait_ms", pa.int32(), "ms", "Fetch max_wait"),
+    Column("max_wait_ms", pa.int32(), "ms", "Fetch / ShareFetch max_wait"),
     Column("min_bytes", pa.int32(), "bytes", "Fetch min_bytes"),
     Column("max_bytes", pa.int32(), "bytes", "Fetch max_bytes"),
     Column("isolation_level", pa.int8(), "", "Fetch/ListOffsets isolation level (0 read_uncommitted, 1 read_committed)"),
@@ -261,8 +264,8 @@ REQUEST_SUM_COLUMNS: list[Column] = [
     Column("requests_with_errors", pa.int64(), "", "requests whose worst error is a real error (protocol.error_kinds)"),
     Column("requests_retriable", pa.int64(), "", "requests whose worst error is retriable"),
     Column("protocol_steps", pa.int64(), "", "requests answered with a protocol step only"),
-    Column("long_polls", pa.int64(), "", "Fetch requests that only waited (no data, broker latency >= 80 % of max_wait)"),
-    Column("max_wait_ms", pa.int32(), "ms", "largest Fetch max_wait"),
+    Column("long_polls", pa.int64(), "", "Fetch and ShareFetch requests that only waited (no data, broker latency >= 80 % of max_wait)"),
+    Column("max_wait_ms", pa.int32(), "ms", "largest Fetch / ShareFetch max_wait"),
     Column("throttled_requests", pa.int64(), "", "answers with throttle_time_ms > 0"),
     Column("throttle_ms", pa.int64(), "ms", "throttle time, " + _SUM_NOTE),
     Column("max_throttle_ms", pa.int32(), "ms", "longest throttle"),
@@ -287,7 +290,7 @@ TOPIC_SUM_COLUMNS: list[Column] = [
     Column("split_records", pa.float64(), "records", "records split evenly over each request's topics"),
     Column("max_request_bytes", pa.int32(), "bytes", "largest request"),
     Column("empty", pa.int64(), "", "requests without record bytes"),
-    Column("long_polls", pa.int64(), "", "Fetch requests that only waited"),
+    Column("long_polls", pa.int64(), "", "Fetch and ShareFetch requests that only waited"),
 ]
 TRAFFIC_SUM_COLUMNS: list[Column] = [
     Column("broker_addr", pa.string(), "host:port", "broker address"),

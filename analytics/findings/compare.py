@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from analytics.findings.base import Finding, Tables, human_ts, rule, score
-from analytics.transforms.common import LONG_POLL_LABEL
+from analytics.transforms.common import LONG_POLL_LABELS
 
 MIN_ADDED_US = 1000
 # under this share of either side's requests matched, most of that side's traffic is not in the comparison
@@ -25,7 +25,7 @@ UNMATCHED_CAUSES = {
 def compare_added_latency(t: Tables) -> list[Finding]:
     # long polls are the broker waiting for data, not the path between A and B (compare.compare_by_api)
     rows = [r for r in t.get("compare_by_api", []) if (r.get("matched") or 0) > 0 and r.get("diff_p50_us") is not None
-            and r.get("api_name") != LONG_POLL_LABEL]
+            and r.get("api_name") not in LONG_POLL_LABELS]
     if not rows:
         return []
     worst = max(rows, key=lambda r: abs(r.get("diff_p99_us") or 0))

@@ -9,7 +9,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from protocol.error_kinds import ERROR, PROTOCOL_STEP, PROTOCOL_STEPS, RETRIABLE, RETRIABLE_ERRORS
-from recording.request_terms import FETCH_APIS, LONG_POLL_FRACTION, LONG_POLL_LABEL  # noqa: F401 — shared with the writer's rollups
+from recording.request_terms import FETCH_APIS, LONG_POLL_FRACTION, LONG_POLL_LABELS, LONG_POLL_SUFFIX  # noqa: F401 — shared with the writer's rollups
 
 QUANTILES = (0.5, 0.9, 0.99, 0.999)
 QNAMES = ("p50", "p90", "p99", "p999")
@@ -56,9 +56,9 @@ def host(col: Column) -> Column:
 
 
 def is_long_poll() -> Column:
-    """A Fetch whose broker latency ≈ max_wait and that returned no data: time spent waiting, not working."""
+    """A Fetch or ShareFetch whose broker latency ≈ max_wait and that returned no data: time spent waiting, not working."""
     return (
-        (F.col("api_name") == "Fetch")
+        F.col("api_name").isin(*FETCH_APIS)
         & F.col("max_wait_ms").isNotNull()
         & (F.col("max_wait_ms") > 0)
         & (F.coalesce(F.col("record_bytes"), F.lit(0)) == 0)
@@ -67,8 +67,9 @@ def is_long_poll() -> Column:
 
 
 def api_label(long_poll: Column) -> Column:
-    """`api_name`, except "Fetch (long poll)" where `long_poll`: a long poll's latency is waiting, never mixed with real Fetch."""
-    return F.when(long_poll, F.lit(LONG_POLL_LABEL)).otherwise(F.col("api_name"))
+    """`api_name`, except "<api_name> (long poll)" where `long_poll` ("Fetch (long poll)", "ShareFetch (long poll)"):
+    a long poll's latency is waiting, never mixed with real reads."""
+    return F.when(long_poll, F.concat(F.col("api_name"), F.lit(LONG_POLL_SUFFIX))).otherwise(F.col("api_name"))
 
 
 def _sql_text(value: str) -> str:

@@ -69,9 +69,9 @@ def _diff(m: DataFrame) -> DataFrame:
 def compare_by_api(m: DataFrame) -> DataFrame:
     """Per API: p50/p99 on each side and of the per-request difference (A - B).
 
-    A Fetch that was a long poll on either side is its own row ("Fetch (long poll)"): its latency
-    is the broker waiting for data, so A − B says when data arrived (a replay answered at once
-    what the original waited 500 ms for), not what lies between A and B.
+    A Fetch or ShareFetch that was a long poll on either side is its own row ("Fetch (long poll)",
+    "ShareFetch (long poll)"): its latency is the broker waiting for data, so A − B says when data
+    arrived (a replay answered at once what the original waited 500 ms for), not what lies between A and B.
     """
     long_poll = F.coalesce(F.col("long_poll_a"), F.lit(False)) | F.coalesce(F.col("long_poll_b"), F.lit(False))
     d = _diff(m).withColumn("api_name", api_label(long_poll))

@@ -2,9 +2,10 @@
 
 Every view reads the latency cube (`analytics/transforms/cube.py`), which one
 pass over the requests builds; nothing here scans the raw requests again.
-Long-poll Fetches are labelled "Fetch (long poll)" by `prepare_requests` and
-kept out of the broker/topic/client views: a consumer waiting 500 ms for data
-that is not there is not a slow broker. Proxy-added delay has its own table.
+Long-poll Fetches are labelled "Fetch (long poll)" (ShareFetches "ShareFetch
+(long poll)") by `prepare_requests` and kept out of the broker/topic/client
+views: a consumer waiting 500 ms for data that is not there is not a slow
+broker. Proxy-added delay has its own table.
 """
 
 from __future__ import annotations
@@ -12,16 +13,17 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from analytics.transforms.common import FETCH_APIS
 from analytics.transforms.cube import view
 
 
 def long_polls_by_client(rollup: DataFrame, views: DataFrame) -> DataFrame:
-    """Per consumer: how many of its Fetches were long polls and how long they waited.
+    """Per consumer: how many of its Fetches (and ShareFetches) were long polls and how long they waited.
 
     `rollup` is the request rollup; the median wait comes from the cube's
-    long-poll view (`views`: the cube or its percentile views).
+    long-poll view (`views`: the cube or its percentile views), which holds both APIs' waits.
     """
-    f = rollup.where(F.col("api_name") == "Fetch").groupBy("client_id").agg(
+    f = rollup.where(F.col("api_name").isin(*FETCH_APIS)).groupBy("client_id").agg(
         F.sum("requests").alias("fetches"),
         F.sum("long_polls").alias("long_polls"),
         F.max("max_wait_ms").alias("max_wait_ms"),

@@ -19,8 +19,8 @@ strings) and only extracts:
 * the (topic id, name) pairs of Metadata v10+, CreateTopics v7+ and
   DescribeTopicPartitions responses (`extra["topic_pairs"]`, the id as its 16
   bytes: the proxy names the ids modern clients send with them, `proxy.topics`);
-* Produce record-batch headers (`protocol.records`) and Fetch per-partition
-  facts (`PartitionFetched`).
+* Produce record-batch headers (`protocol.records`) and Fetch / ShareFetch
+  per-partition facts (`PartitionFetched`).
 
 Each schema is compiled in two variants from the same emitter so they cannot
 disagree: *plain* (whole frame in memory, no per-field bounds checks) and
@@ -37,7 +37,7 @@ import re
 from struct import Struct
 from typing import Any, Callable
 
-from protocol.apis import APIS, CLUSTER_ID_APIS, FETCH, FIND_COORDINATOR, LEAVE_GROUP, PRODUCE, TOPIC_PAIR_APIS
+from protocol.apis import APIS, CLUSTER_ID_APIS, FETCH, FIND_COORDINATOR, LEAVE_GROUP, PRODUCE, SHARE_FETCH, TOPIC_PAIR_APIS
 from protocol.apis import in_versions as _in
 from protocol.errors import UnknownApi
 from protocol.events import Summary
@@ -59,6 +59,10 @@ TOP_FIXED: dict[str, str] = {
     "ProducerEpoch": "producer_epoch",
 }
 FETCH_ONLY_FIXED = {"SessionId": "fetch_session_id", "SessionEpoch": "fetch_session_epoch"}
+# Responses whose partitions carry the records read (`PartitionFetched`, hence the row's record_bytes): Fetch, and
+# ShareFetch (KIP-932 share groups; its partitions have no high watermark, -1). Without them an empty answer and a
+# full one look alike, and a share consumer's every wait would pass for data.
+FETCHED_APIS = frozenset({FETCH, SHARE_FETCH})
 TOP_STRINGS: dict[str, str] = {
     "MemberId": "member_id", "ClientSoftwareName": "client_software_name",
     "ClientSoftwareVersion": "client_software_version", "Mechanism": "sasl_mechanism",
@@ -212,7 +216,7 @@ class _Emitter:
         fs = self.fields_for(fields)
         names = {f["name"] for f in fs}
         has_name = any(f.get("entityType") == "topicName" and f["type"] == "string" for f in fs)
-        fetch_part = self.api == FETCH and not self.request and "HighWatermark" in names and "Records" in names
+        fetch_part = self.api in FETCHED_APIS and not self.request and "Records" in names
         hostport = "Host" in names and "Port" in names or (k == 0 and self.api == FIND_COORDINATOR and "Host" in names)
         # a topic named with its id, in the answers that say which id a name has (one per topic: cheap)
         pairs = (k > 0 and has_name and not self.request and self.api in TOPIC_PAIR_APIS
@@ -299,7 +303,7 @@ class _Emitter:
         ctx: dict[str, Any] = {"k": k, "parent": parent, "has_name": False, "fetch_part": False,
                                "hostport": False, "cv": {}}
         names = {f["name"] for f in fs}
-        if self.api == FETCH or ("Host" in names and "Port" in names) or any(
+        if self.api in FETCHED_APIS or ("Host" in names and "Port" in names) or any(
                 "tag" in f and f["type"] == "int16" and f["name"].endswith("ErrorCode") for f in fields):
             return None
         lead: list[dict[str, Any]] = []

@@ -234,6 +234,15 @@ def test_compare_rules() -> None:
 
 
 
+def test_compare_leaves_out_share_fetch_long_polls_too() -> None:
+    """A share consumer's ShareFetch that waited for records is the broker's wait, not the path between A and B."""
+    waits = [{"api_name": "ShareFetch (long poll)", "matched": 100, "diff_p50_us": 497_000, "diff_p99_us": 500_000}]
+    assert compare_added_latency({"compare_by_api": waits}) == []
+    reads = [{"api_name": "ShareFetch", "matched": 100, "a_p50_us": 3000, "b_p50_us": 1000, "diff_p50_us": 2000,
+              "diff_p99_us": 2500}]
+    assert "ShareFetch p50" in compare_added_latency({"compare_by_api": waits + reads})[0].title
+
+
 def matching(api: str, a: int, b: int, matched: int, mode: str = "wire", **times) -> dict:
     return {"api_name": api, "requests_a": a, "requests_b": b, "matched": matched, "mode": mode, **times}
 

@@ -78,6 +78,61 @@ def test_cells_equal_the_spark_cube_cell_for_cell(spark, tmp_path) -> None:
         assert _stored(spark, root) == _spark_cube(spark, root), root
 
 
+WAIT = {"max_wait_ms": 500, "topics": ["t"]}
+SHARE_ROWS = [
+    req("c1", 1, "Fetch", lat_us=500_300, broker_latency_us=500_100, record_bytes=0, **WAIT),  # a long poll
+    req("s1", 2, "ShareFetch", t_s=1, lat_us=500_400, broker_latency_us=500_200, record_bytes=0, client="sh", **WAIT),  # one too
+    req("s1", 3, "ShareFetch", t_s=2, lat_us=450_000, broker_latency_us=449_000, record_bytes=700, client="sh", **WAIT),  # read late
+    req("s1", 4, "ShareFetch", t_s=3, lat_us=3000, broker_latency_us=2900, record_bytes=0, client="sh", **WAIT),  # empty at once
+]
+
+
+def _view_counts(cells: set[tuple], dim: str, metric: str) -> dict[str, int]:
+    """Values per first key of one latency view (cells as `_set` gives them, counts summed over the bins)."""
+    out: dict[str, int] = {}
+    for c in cells:
+        if c[0] == dim and c[3] == metric:
+            out[c[1]] = out.get(c[1], 0) + c[5]
+    return out
+
+
+def test_share_fetch_long_polls_are_labelled_and_left_out_alike_in_both_engines(spark, tmp_path) -> None:
+    """A ShareFetch that only waited is a long poll in the writer's rollups and in Spark, under its own label, and
+    out of real latency, the request sums' counts and the slowest requests: both engines, the same rows."""
+    root = tmp_path / "rec"
+    write_rows(root, "requests", SHARE_ROWS)
+    cube = _spark_cube(spark, root)
+    assert _stored(spark, root) == cube
+    assert _view_counts(cube, "api", "broker_latency") == {"Fetch (long poll)": 1, "ShareFetch (long poll)": 1, "ShareFetch": 2}
+    assert _view_counts(cube, "client", "latency") == {"sh": 2}
+    full = prepare_requests(L.load(spark, [str(root)]).requests)
+    stored = _read_stored(spark, root)
+    raw, summed = rollups.request_rollup(full), rollups.request_rollup_from_sums(stored["request_sums"])
+    assert _rows_of(summed) == _rows_of(raw)
+    assert {r["api_name"]: r["long_polls"] for r in raw.collect()} == {"Fetch": 1, "ShareFetch": 1}
+    slowest = drilldown.slowest_requests(rollups.slowest_candidates(stored["slowest_requests"], {}), 7)
+    assert _rows_of(slowest) == _rows_of(drilldown.slowest_requests(full, 7))
+    assert sorted(r["correlation_id"] for r in slowest.collect()) == [3, 4]
+
+
+def test_rollups_of_an_older_rollup_version_are_not_read_by_the_analysis(spark, tmp_path) -> None:
+    """Stored rollups without a rollup version (an older kafkatap's, which counted no ShareFetch as a long poll) are
+    left for the requests: the analysis equals one that ignores rollups."""
+    root = tmp_path / "rec"
+    write_rows(root, "requests", SHARE_ROWS)
+    for path in (root / "request_sums").rglob("*.parquet"):  # what an older kafkatap stored: no ShareFetch long poll
+        table = pq.read_table(path)
+        old = {k: v for k, v in table.schema.metadata.items() if k != b"kafkatap.rollup_version"}
+        sums = table.set_column(table.schema.get_field_index("long_polls"), "long_polls",
+                                pa.array([int(a == "Fetch") for a in table["api_name"].to_pylist()], pa.int64()))
+        pq.write_table(sums.replace_schema_metadata(old), path)
+    result = _analysis(spark, root, tmp_path / "out")
+    assert "request_sums" not in result.tables["_meta"][0]["rollups"].split(",")
+    assert {r["client_id"]: r["long_polls"] for r in result.tables["long_polls_by_client"]} == {"app-1": 1, "sh": 1}
+    _same_tables(result, run_analysis([str(root)], tmp_path / "raw", spark=spark, progress=False, report=False, csv=False,
+                                      bucket_s=60, ignore_rollups=True))
+
+
 def _err(name: str | None, topic: str | None = None) -> dict:
     return {"code": 6, "name": name, "topic": topic, "partition": 0, "resource": None}
 

@@ -12,7 +12,7 @@ from analytics.findings.surge import connection_surge
 from analytics.job import summary
 from analytics.result import AnalysisResult
 from analytics.transforms import clients, compare, connections, drilldown, errors, latency, overview, produce_fetch, tcp
-from analytics.transforms.common import LONG_POLL_LABEL, percentiles_by, prepare_requests
+from analytics.transforms.common import percentiles_by, prepare_requests
 from analytics.transforms.cube import REQUEST_VIEWS, TOPIC_VIEWS, _bin, latency_cube, tail_floor, view_values
 from analytics.transforms.rollups import request_rollup, topic_rollup, traffic_over_time
 from analytics.synthetic import tcp_info
@@ -32,7 +32,30 @@ def test_long_poll_is_separated(make_df) -> None:
         req("c1", 3, "Fetch", lat_us=600_000, broker_latency_us=599_000, max_wait_ms=500, record_bytes=50_000),  # slow, with data
     ]))
     labels = [x.api_label for x in r.orderBy("correlation_id").collect()]
-    assert labels == [LONG_POLL_LABEL, "Fetch", "Fetch"]
+    assert labels == ["Fetch (long poll)", "Fetch", "Fetch"]
+
+
+def test_share_fetch_long_polls_have_their_own_label_and_stay_out_of_real_latency(make_df) -> None:
+    """KIP-932: a share consumer's ShareFetch that only waited is a long poll, never a Fetch's nor real latency."""
+    wait = {"max_wait_ms": 500, "broker_latency_us": 500_100, "lat_us": 500_300, "record_bytes": 0}
+    r = prepare_requests(make_df("requests", [
+        req("s1", 1, "ShareFetch", client="sh", **wait),
+        req("s1", 2, "ShareFetch", client="sh", lat_us=3000, max_wait_ms=500, record_bytes=700),
+        req("c1", 3, "Fetch", client="c", **wait),
+    ]))
+    assert [x.api_label for x in r.orderBy("correlation_id").collect()] == ["ShareFetch (long poll)", "ShareFetch",
+                                                                           "Fetch (long poll)"]
+    cube = latency_cube(r, 60)
+    assert set(by(latency.cube_latency_by_api(cube).collect(), "api_label")) == {
+        "ShareFetch (long poll)", "ShareFetch", "Fetch (long poll)"}
+    assert {k: v["count"] for k, v in by(latency.cube_latency_by_client(cube).collect(), "client_id").items()} == {"sh": 1}
+    lp = by(latency.long_polls_by_client(request_rollup(r), cube).collect(), "client_id")
+    assert {k: (v["fetches"], v["long_polls"]) for k, v in lp.items()} == {"sh": (2, 1), "c": (1, 1)}
+    a = make_df("requests", [req("a1", 5, "ShareFetch", client="sh", **wait), req("a1", 6, "ShareFetch", client="sh", lat_us=2000)])
+    b = make_df("requests", [req("r1", 100 + i, "ShareFetch", client="sh", t_s=5000 + i, lat_us=1500) for i in range(2)])
+    m = compare.match_requests(prepare_requests(a), prepare_requests(b), "sequence")
+    api = by(compare.compare_by_api(m).collect(), "api_name")
+    assert {k: v["matched"] for k, v in api.items()} == {"ShareFetch (long poll)": 1, "ShareFetch": 1}
 
 
 def test_latency_cube_percentiles_match_exact_within_bin(make_df) -> None:
@@ -56,7 +79,7 @@ def test_latency_views_exclude_long_polls_but_api_view_keeps_them(make_df) -> No
         req("c1", 2, "Produce", lat_us=2000, client="p", topics=["t"]),
     ]))
     cube = latency_cube(r, 60)
-    assert set(by(latency.cube_latency_by_api(cube).collect(), "api_label")) == {LONG_POLL_LABEL, "Produce"}
+    assert set(by(latency.cube_latency_by_api(cube).collect(), "api_label")) == {"Fetch (long poll)", "Produce"}
     assert by(latency.cube_latency_by_broker(cube).collect(), "broker_addr")["10.0.0.1:9092"]["max_us"] == 2000
     assert set(by(latency.cube_latency_by_client(cube).collect(), "client_id")) == {"p"}
     topic = latency.cube_latency_by_topic(cube).collect()

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 from click.testing import CliRunner
 
-from analytics.synthetic import generate, write_rows
+from analytics.synthetic import RUN, generate, write_rows
 from kafkatap.cli import cli
 from recording.reader import file_version
-from recording.rollups import coverage_all
-from recording.schema import DERIVED_DATASETS, FORMAT_KEY, FORMAT_VERSION
+from recording.rollups import coverage_all, merge_hour, rollup_version
+from recording.schema import DERIVED_DATASETS, FORMAT_KEY, FORMAT_VERSION, ROLLUP_KEY, ROLLUP_VERSION
 from tests.analytics.analytics_rows import conn, req
 
 
@@ -81,6 +82,56 @@ def test_rollups_of_another_format_are_not_used_and_are_rewritten(tmp_path: Path
     assert done.exit_code == 0, done.output
     again = coverage_all(root)
     assert again.complete and all(file_version(p) == FORMAT_VERSION for p in (root / "topic_sums").rglob("*.parquet"))
+
+
+def _as_an_older_kafkatap_left_them(root: Path, datasets: tuple[str, ...] = DERIVED_DATASETS) -> dict[Path, pa.Table]:
+    """Strip the rollup version from every derived file (written before the key existed: version 1) and empty it
+    (rows computed under older rules: not these); returns what each file held."""
+    fresh = {}
+    for ds in datasets:
+        for path in (root / ds).rglob("*.parquet"):
+            table = pq.read_table(path)
+            fresh[path] = table.replace_schema_metadata(None)
+            old = {k: v for k, v in table.schema.metadata.items() if k != ROLLUP_KEY}
+            pq.write_table(table.slice(0, 0).replace_schema_metadata(old), path)
+    assert fresh
+    return fresh
+
+
+def test_rollups_of_an_older_rollup_version_are_recomputed_not_read(tmp_path: Path) -> None:
+    """Rollups computed under older rules (no kafkatap.rollup_version) are stale as another format's are: none is read,
+    `kafkatap rollups` deletes and recomputes them from the requests, which stay readable as they are."""
+    root = tmp_path / "rec"
+    generate(root, 2000)
+    assert coverage_all(root).complete
+    fresh = _as_an_older_kafkatap_left_them(root)
+    cover = coverage_all(root)
+    assert not cover.complete
+    for ds, c in cover.by_dataset.items():
+        assert c.files == () and f"rollup version 1, not {ROLLUP_VERSION}" in (c.stale or ""), ds
+    assert all(file_version(p) == FORMAT_VERSION for p in (root / "requests").rglob("*.parquet"))
+    done = CliRunner().invoke(cli, ["rollups", str(root)])
+    assert done.exit_code == 0, done.output
+    assert coverage_all(root).complete
+    for path, table in fresh.items():  # recomputed: the rows of the current rules, the current version
+        assert rollup_version(pq.read_metadata(path).metadata) == ROLLUP_VERSION
+        assert pq.read_table(path).replace_schema_metadata(None).equals(table), path
+
+
+def test_merging_rollups_of_an_older_version_keeps_them_stale(tmp_path: Path) -> None:
+    """A merge computes nothing anew: an hour merged from older rollups is as old as they are, so still not read."""
+    root = tmp_path / "rec"
+    for i in range(2):
+        write_rows(root, "requests", [req(f"c{i}", 1, t_s=10 + i)])
+    _as_an_older_kafkatap_left_them(root, ("latency_cells",))
+    (directory,) = {p.parent for p in (root / "requests").rglob("*.parquet")}
+    assert merge_hour(directory, RUN, fsync=False) == len(DERIVED_DATASETS)
+    (merged,) = (root / "latency_cells").rglob("*.parquet")
+    assert rollup_version(pq.read_metadata(merged).metadata) == 1
+    (current,) = (root / "request_sums").rglob("*.parquet")
+    assert rollup_version(pq.read_metadata(current).metadata) == ROLLUP_VERSION
+    cover = coverage_all(root)
+    assert cover.by_dataset["latency_cells"].stale and cover.by_dataset["request_sums"].complete
 
 
 def test_a_file_cut_short_is_named_in_one_line_not_a_traceback(tmp_path: Path) -> None:
