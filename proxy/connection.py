@@ -83,6 +83,7 @@ from proxy.flow import (
 )
 from proxy.inference import inferred_cause
 from proxy.intercept import ConnInfo, FrameEditor, chain
+from proxy.loop_guard import LOOP_DETAIL
 from proxy.marks import set_mark
 from proxy.observer import ObserveScheduler, Observer
 
@@ -162,6 +163,7 @@ class Connection:
         self._faults: Faults | None = faults if faults.active else None
         self._idle_handle: asyncio.TimerHandle | None = None
         self.editor: FrameEditor | None = None  # only when an interceptor asked to edit this connection
+        self._upstream_local: tuple[str, int] | None = None  # transparent: the upstream socket's address (loop guard)
 
     # ------------------------------------------------------------------ public face
     @property
@@ -211,6 +213,13 @@ class Connection:
             self.client.reset()
             return
         if self.upstream is None:
+            origin = ctx.loop_guard.owner_of(transport.get_extra_info("peername"))
+            if origin is not None:  # this client is our own connection to a broker, redirected back (proxy.loop_guard)
+                detail = LOOP_DETAIL.format(broker=origin.facts.broker_addr)
+                f.original_dst = f.broker_addr = origin.facts.broker_addr  # where it was headed, as the kernel says
+                origin.redirect_looped(detail)
+                self._connect_failed(detail)
+                return
             try:
                 dst = ctx.original_dst(sock or transport.get_extra_info("socket"))
             except OSError as exc:
@@ -337,7 +346,11 @@ class Connection:
                     except OSError as exc:  # needs CAP_NET_ADMIN; only matters for an OUTPUT redirect rule
                         ctx.hub.mark_failed(exc)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                await asyncio.wait_for(loop.sock_connect(sock, sockaddr), max(0.0, deadline - loop.time()))
+                left = max(0.0, deadline - loop.time())
+                if self.facts.mode == "transparent":  # its own address known before the SYN can come back
+                    self._upstream_local = await asyncio.wait_for(ctx.loop_guard.connect(loop, sock, sockaddr, self), left)
+                else:
+                    await asyncio.wait_for(loop.sock_connect(sock, sockaddr), left)
                 return sock
             except (OSError, asyncio.TimeoutError) as exc:
                 sock.close()
@@ -354,6 +367,11 @@ class Connection:
         if self.facts.end is not None and self.facts.end.reason == "client_rst":
             reset_socket(sock)
         sock.close()
+
+    def redirect_looped(self, detail: str) -> None:
+        """Our upstream connection came back to our own listener (`proxy.loop_guard`): end with why, not as a reset."""
+        if self.facts.end is None:
+            self._connect_failed(detail)
 
     def _connect_failed(self, detail: str) -> None:
         self._set_end("upstream_connect_failed", "proxy", detail)
@@ -653,6 +671,7 @@ class Connection:
             return
         self._finished = True
         self._quiet()
+        self.ctx.loop_guard.forget(self._upstream_local)
         f = self.facts
         now = self.now()
         f.closed_ns = now

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from proxy.faults import Faults
+from proxy.loop_guard import RedirectLoopGuard
 from proxy.topics import TopicMap
 
 Addr = tuple[str, int]
@@ -101,3 +102,5 @@ class ConnectionContext:
     upstream_tls: Any = None
     # cluster mode (proxy.cluster): connections are recorded with mode "cluster"
     cluster_mode: bool = False
+    # transparent mode: the upstream sockets' local addresses, so a redirected one is known when it comes back
+    loop_guard: RedirectLoopGuard = field(default_factory=RedirectLoopGuard)

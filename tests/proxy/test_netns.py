@@ -318,3 +318,43 @@ def test_failed_apply_rolls_back_and_leaves_foreign_rules_alone():
         assert out.returncode == 1
         assert "ip6tables" in out.stderr and "rolled back" in out.stderr, out.stderr
         assert _nat_rules(host) == before  # no IPv4 jump or chain left, the IPv6 chain untouched
+
+
+LOOP_CLIENT = textwrap.dedent("""
+    import socket, sys
+    s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)
+    s.sendall(b"ping")
+    try:
+        print(repr(s.recv(10)))
+    except ConnectionResetError:
+        print("reset")
+""")
+
+
+def test_transparent_redirect_loop_is_refused_at_once(sink):
+    """Rules applied with another --mark than the proxy's: the proxy's connection to the broker is redirected back
+    to it, with the broker as its original destination. It opened the next hop, and that one the next: one client
+    made thousands of connections a second, headed for EMFILE. Now the first hop back is refused, and both
+    connections end with the reason (proxy.loop_guard)."""
+    from proxy.netfilter import RulePlan, build, run
+    from proxy.server import DEFAULT_MARK
+
+    with netns.Topology() as topo:
+        client, server = topo.host("lc"), topo.host("ls")
+        topo.link(client, "10.77.41.1/24", server, "10.77.41.2/24")
+        echo = server.popen([sys.executable, "-c", ECHO_SERVER, "10.77.41.2", "7000"], stdout=subprocess.PIPE, text=True)
+        assert echo.stdout.readline().strip() == "ready"
+        run(build(RulePlan("local", 15092, [(None, 7000)], mark=0x1, ipv6=False)), netns=client.name)
+        assert DEFAULT_MARK != 0x1
+        with RunningProxy([":15092"], sink=sink, so_mark=DEFAULT_MARK, thread_context=client.entered) as p:
+            out = client.run([sys.executable, "-c", LOOP_CLIENT, "10.77.41.2", "7000"])
+            sink.wait_final(2)
+            accepted = p.server.stats["accepted"]
+        echo.kill()
+        echo.wait()
+    assert out.stdout.strip() in ("reset", "b''")  # the client learns at once; it never reached the echo server
+    finals = sink.finals()
+    assert accepted == 2 and len(finals) == 2, [(c["client_addr"], c["end_detail"]) for c in finals[:5]]
+    assert all(c["end_reason"] == "upstream_connect_failed" and c["end_detail"].startswith("redirect loop")
+               for c in finals), finals
+    assert {c["broker_addr"] for c in finals} == {"10.77.41.2:7000"}

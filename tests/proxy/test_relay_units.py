@@ -307,21 +307,27 @@ def test_connection_row_is_built_from_plain_facts():
     assert snap["end_reason"] == "open" and snap["inferred_cause"] is None and snap["duration_us"] == 1_000
 
 
-def test_upstream_connect_tries_each_address_and_bounds_the_lookup() -> None:
+@pytest.mark.parametrize("mode", ["explicit", "transparent"])
+def test_upstream_connect_tries_each_address_and_bounds_the_lookup(mode: str) -> None:
     """A name with several addresses is tried address by address (only the first was); a resolver that does
-    not answer is bounded by --connect-timeout (the lookup ran outside it)."""
+    not answer is bounded by --connect-timeout (the lookup ran outside it). Transparent connections connect
+    through the redirect-loop guard (`proxy.loop_guard`), which keeps only the socket that connected."""
     import socket
     import time
     from types import SimpleNamespace
 
     from proxy.connection import Connection
+    from proxy.loop_guard import RedirectLoopGuard
 
     with socket.create_server(("127.0.0.1", 0)) as up:
         port = up.getsockname()[1]
         loop = asyncio.new_event_loop()
+        guard = RedirectLoopGuard()
         try:
             conn = object.__new__(Connection)
-            conn.ctx = SimpleNamespace(loop=loop, settings=SimpleNamespace(connect_timeout=1.0, so_mark=None), hub=None)
+            conn.ctx = SimpleNamespace(loop=loop, settings=SimpleNamespace(connect_timeout=1.0, so_mark=None), hub=None,
+                                       loop_guard=guard)
+            conn.facts = SimpleNamespace(mode=mode)
 
             async def two_addresses(host, port_, **kw):  # nobody listens on 127.0.0.2
                 return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (a, port_)) for a in ("127.0.0.2", "127.0.0.1")]
@@ -329,6 +335,11 @@ def test_upstream_connect_tries_each_address_and_bounds_the_lookup() -> None:
             loop.getaddrinfo = two_addresses  # type: ignore[method-assign]
             sock = loop.run_until_complete(conn._connected_socket("broker.example", port))
             assert sock.getpeername() == ("127.0.0.1", port)
+            if mode == "transparent":  # the refused 127.0.0.2 attempt is forgotten, the connected socket is known
+                assert len(guard) == 1 and guard.owner_of(sock.getsockname()) is conn
+                assert conn._upstream_local == sock.getsockname()
+            else:
+                assert len(guard) == 0
             sock.close()
 
             async def never(host, port_, **kw):
