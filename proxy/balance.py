@@ -29,8 +29,8 @@ table, so in-flight counts stay right across restarts.
 Passing a socket keeps every byte: nothing was read from it, and the receiving worker
 does the TLS handshake, reads SO_ORIGINAL_DST (transparent mode) and connects
 upstream itself. What a receiver cannot place is given back: in cluster mode a worker
-may not yet have discovered the broker whose listener took the connection; the sender
-has, and serves it.
+may not yet have discovered the broker whose listener took the connection (until the
+news of it reaches it, `proxy.broker_news`); the sender has, and serves it.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from dataclasses import dataclass
 import structlog
 
 from proxy.listener import refuse
+from proxy.mailboxes import Mailboxes, open_mail
 
 log = structlog.get_logger("kafkatap.proxy")
 
@@ -137,7 +138,7 @@ class BalanceSpec:
 
 
 class WorkerMail:
-    """The parent's side: the table and one socket pair per worker, created before any worker starts.
+    """The parent's side: the table and one socket pair per worker (`proxy.mailboxes`), made before any worker starts.
 
     The parent keeps every end open for the proxy's life, so a restarted worker finds its
     mailbox (and whatever was queued in it while it was down) where it was.
@@ -145,14 +146,11 @@ class WorkerMail:
 
     def __init__(self, count: int) -> None:
         self.table = LoadTable.create(count)
-        self.pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM) for _ in range(count)]
-        for inbox, mailbox in self.pairs:
-            inbox.setblocking(False)
-            mailbox.setblocking(False)
+        self.boxes = Mailboxes(count)
 
     def spec(self, index: int) -> BalanceSpec:
-        return BalanceSpec(index, self.table.fd, self.pairs[index][1].fileno(),
-                           tuple(inbox.fileno() for inbox, _ in self.pairs))
+        mail = self.boxes.spec(index)
+        return BalanceSpec(index, self.table.fd, mail.mailbox_fd, mail.inbox_fds)
 
     def fds(self, index: int) -> tuple[int, ...]:
         """The descriptors worker `index` inherits: the table, its mailbox, everyone's inbox."""
@@ -164,9 +162,7 @@ class WorkerMail:
         self.table.set_open(index, DOWN)
 
     def close(self) -> None:
-        for a, b in self.pairs:
-            a.close()
-            b.close()
+        self.boxes.close()
         self.table.close()
 
 
@@ -180,10 +176,7 @@ class Balancer:
     def __init__(self, spec: BalanceSpec) -> None:
         self.me = spec.index
         self.table = LoadTable(spec.table_fd, len(spec.inbox_fds))
-        self.mailbox = socket.socket(fileno=spec.mailbox_fd)
-        self.inboxes = [socket.socket(fileno=fd) for fd in spec.inbox_fds]
-        for s in (self.mailbox, *self.inboxes):
-            s.setblocking(False)
+        self.mailbox, self.inboxes = open_mail(spec.mailbox_fd, spec.inbox_fds)
         self.serving = 0  # connections this worker serves or is setting up (TLS handshake, transport set-up)
         self.passed = 0  # connections this worker gave to another
         self.taken = 0  # connections this worker took from another

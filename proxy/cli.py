@@ -30,10 +30,13 @@ from proxy.context import format_addr
 from proxy.faults import FAULT_SPEC_HELP, FaultSpecError, parse_fault_specs
 from proxy.memory_tuning import settle_memory
 from proxy.kafka_faults import KAFKA_FAULT_HELP, FaultRules, KafkaFaultLayer, split_specs
-from proxy.cluster_options import CLUSTER_HELP, cluster_options, cluster_setup
+from proxy.cluster import ClusterMode
+from proxy.cluster_options import CLUSTER_HELP, ClusterSetup, cluster_options, cluster_setup
 from proxy.tls import TLS_HELP, TlsConfigError, tls_options, tls_setup
 from proxy.address import bind_problem
 from proxy.balance import Balancer, BalanceSpec, WorkerMail
+from proxy.broker_news import BrokerNews
+from proxy.mailboxes import Mailboxes, MailSpec
 from proxy.listener import raise_nofile_limit
 from proxy.server import DEFAULT_MARK, MarkUnavailable, ProxyServer, Route, parse_hostport, probe_mark
 from proxy.sinks import build_sinks, default_proxy_id
@@ -51,6 +54,7 @@ WORKER_READY_FD = "--worker-ready-fd"  # hidden: the pipe a worker reports "list
 WORKER_OF = "--worker-of"  # hidden: the parent's pid; the worker stops when it dies
 WORKER_LAUNCH = "--worker-launch"  # hidden: the parent's start, epoch ns; each worker records it (`launch` row, runs/)
 WORKER_BALANCE = "--worker-balance"  # hidden: proxy.balance.BalanceSpec, the worker's share of connection passing
+WORKER_BROKERS = "--worker-brokers"  # hidden: proxy.mailboxes.MailSpec, the worker's share of the broker news
 
 
 def recording_options(f: Callable) -> Callable:
@@ -232,6 +236,7 @@ Examples:
 @click.option(WORKER_OF, "worker_of", type=int, default=None, hidden=True)
 @click.option(WORKER_LAUNCH, "worker_launch", type=int, default=None, hidden=True)
 @click.option(WORKER_BALANCE, "worker_balance", default=None, hidden=True)
+@click.option(WORKER_BROKERS, "worker_brokers", default=None, hidden=True)
 @click.pass_context
 def proxy(ctx: click.Context, listens: tuple[str, ...], upstreams: tuple[str, ...], route_specs: tuple[str, ...],
           transparent: bool, connect_timeout: float, tcp_info_interval: float, no_tcp_info: bool,
@@ -290,7 +295,7 @@ def proxy(ctx: click.Context, listens: tuple[str, ...], upstreams: tuple[str, ..
     log_requests = root.get("log_level") == "debug"
     workers = rec.pop("workers") or default_workers()
     ready_fd, parent, launched_ns = rec.pop("worker_ready_fd"), rec.pop("worker_of"), rec.pop("worker_launch")
-    balance, balance_spec = rec.pop("balance"), rec.pop("worker_balance")
+    balance, balance_spec, news_spec = rec.pop("balance"), rec.pop("worker_balance"), rec.pop("worker_brokers")
     if ready_fd is None and rec.get("status_addr"):  # before the recorder or any worker starts: one line, exit 2
         problem = bind_problem(*parse_status_addr(str(rec["status_addr"])))
         if problem:
@@ -303,7 +308,8 @@ def proxy(ctx: click.Context, listens: tuple[str, ...], upstreams: tuple[str, ..
     if ready_fd is None and rec.get("record"):  # the user's command, once (not each worker): before any row is added
         _warn_if_reused(Path(str(rec["record"])))
     if ready_fd is None and workers > 1:
-        sys.exit(_run_workers(ctx, workers, routes, mark, shutdown_timeout, rec, balance == "connections"))
+        sys.exit(_run_workers(ctx, workers, routes, mark, shutdown_timeout, rec, balance == "connections",
+                              cluster.cluster is not None))
     if parent is not None:
         structlog.contextvars.bind_contextvars(worker=rec.get("proxy_id"))  # every line says which worker
         die_with_parent(parent)
@@ -315,11 +321,18 @@ def proxy(ctx: click.Context, listens: tuple[str, ...], upstreams: tuple[str, ..
                          observe=not no_decode, log_requests=log_requests,
                          resolve_topics=not no_resolve_topics,
                          fronted_by=[parse_hostport(a, allow_zero=False) for a in fronted_by],
-                         cluster=cluster.mode(routes[0].listen) if cluster.cluster is not None else None,
+                         cluster=_cluster_mode(cluster, routes[0].listen, news_spec),
                          tls_server=tls.server, upstream_tls=tls.upstream,
                          balancer=Balancer(BalanceSpec.parse(balance_spec)) if balance_spec else None,
                          launch=(launched_ns, parent) if launched_ns is not None and parent is not None else None))
     sys.exit(code)
+
+
+def _cluster_mode(cluster: ClusterSetup, listen: tuple[str, int], news_spec: str | None) -> ClusterMode | None:
+    """Cluster mode on this process's listen address (None: not cluster mode); a worker's with its broker news."""
+    if cluster.cluster is None:
+        return None
+    return cluster.mode(listen, news=BrokerNews(MailSpec.parse(news_spec)) if news_spec else None)
 
 
 def _warn_if_reused(root: Path) -> None:
@@ -362,7 +375,7 @@ async def _close_unstarted(sinks) -> None:  # noqa: ANN001 — proxy.sinks.Proxy
 
 
 def _run_workers(ctx: click.Context, workers: int, routes: list[Route], mark: int | None, shutdown_timeout: float,
-                 rec: dict, balanced: bool) -> int:
+                 rec: dict, balanced: bool, cluster_mode: bool) -> int:
     """`--workers N` (N > 1): this process only supervises; each worker is this command again (`proxy.workers`).
 
     A worker's command line is this one's options as parsed (so every option, present and
@@ -380,7 +393,7 @@ def _run_workers(ctx: click.Context, workers: int, routes: list[Route], mark: in
     root = ctx.find_root().params
     # options the parent decides for each worker, given below instead of the user's
     replaced = {"listens", "upstreams", "route_specs", "transparent", "mark", "proxy_id", "status_addr", "workers",
-                "worker_ready_fd", "worker_of", "worker_launch", "balance", "worker_balance"}
+                "worker_ready_fd", "worker_of", "worker_launch", "balance", "worker_balance", "worker_brokers"}
     common = [sys.executable, "-m", "kafkatap.cli", "--log-format", str(root.get("log_format") or "auto"),
               "--log-level", str(root.get("log_level") or "info"), "proxy", *_options_argv(ctx, replaced)]
     for route in resolved:
@@ -389,6 +402,7 @@ def _run_workers(ctx: click.Context, workers: int, routes: list[Route], mark: in
         common += ["--mark", hex(mark)]
 
     mail = WorkerMail(workers) if balanced else None
+    news = Mailboxes(workers) if cluster_mode else None  # proxy.broker_news: every worker learns what one learns
     launched_ns = time.time_ns()  # before any worker starts: every worker's run starts after its launch
 
     def argv(w: Worker, ready_fd: int) -> list[str]:
@@ -396,13 +410,15 @@ def _run_workers(ctx: click.Context, workers: int, routes: list[Route], mark: in
                WORKER_LAUNCH, str(launched_ns)]
         if mail is not None:
             own += [WORKER_BALANCE, mail.spec(w.index - 1).render()]
+        if news is not None:
+            own += [WORKER_BROKERS, news.spec(w.index - 1).render()]
         return [*common, *own, *(["--status-addr", "127.0.0.1:0"] if status_addr else [])]
 
     log.info("starting workers", workers=workers, proxy_id=proxy_id,
              listen=[format_addr(r.listen) for r in resolved], balance="connections" if balanced else "kernel",
              **_retention_fields(rec))
     pool = WorkerPool(workers, proxy_id, argv, status_addr=str(status_addr) if status_addr else None,
-                      shutdown_timeout=shutdown_timeout, mail=mail)
+                      shutdown_timeout=shutdown_timeout, mail=mail, news=news)
     try:
         return uvloop.run(pool.run())
     finally:
@@ -410,6 +426,8 @@ def _run_workers(ctx: click.Context, workers: int, routes: list[Route], mark: in
             sock.close()
         if mail is not None:
             mail.close()
+        if news is not None:
+            news.close()
 
 
 def _options_argv(ctx: click.Context, skip: set[str]) -> list[str]:
@@ -491,6 +509,8 @@ async def _serve(routes: list[Route], faults, rec: dict, *, ready_fd: int | None
             sinks.stats.cluster_stats = server.cluster.stats
         if server.balancer is not None:
             sinks.stats.balance_stats = server.balancer.stats
+        if server.cluster is not None and server.cluster.news is not None:
+            sinks.stats.broker_news_stats = server.cluster.news.stats
     if sinks.recorder is not None:
         sinks.recorder.requests_dropped = server.requests_dropped  # into every requests file's footer
     if sinks.status is not None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +41,7 @@ from protocol.addresses import SeenAddress, cap_api_versions, endpoints, no_addr
 from protocol.apis import API_VERSIONS, METADATA, api_name
 from protocol.deep import decode_response, encode_request
 from protocol.errors import ProtocolError
+from proxy.broker_news import BrokerNews
 from proxy.context import format_addr
 from proxy.intercept import ConnInfo, Edit, RequestHead
 
@@ -72,6 +74,7 @@ class BrokerRoute:
     upstream: Addr
     listen_port: int | None  # None: no listener could be bound (its address is then left as it was)
     problem: str | None = None  # why it has no listener (for the start-up error and the logs)
+    learned_at: int = 0  # BrokerRegistry.clock() when `upstream` was learned (here or by a sibling worker)
 
 
 @dataclass(slots=True)
@@ -92,49 +95,87 @@ class BrokerRegistry:
     """node id → upstream address and proxy port; the mapper `protocol.addresses` calls.
 
     Pure bookkeeping on the event loop thread; binding a listener is the
-    `bind(route)` callback's job (it returns the bound port or None).
+    `bind(route)` callback's job (it returns the bound port or None), telling the
+    other `--workers` processes what was learned is `on_learned`'s (`proxy.broker_news`).
     """
 
     def __init__(self, advertise_host: str, port_for: Callable[[int], int],
-                 bind: Callable[[BrokerRoute], int | None] = lambda r: r.listen_port) -> None:
+                 bind: Callable[[BrokerRoute], int | None] = lambda r: r.listen_port,
+                 clock: Callable[[], int] = time.monotonic_ns) -> None:
         self.advertise_host = advertise_host
         self.port_for = port_for
         self.bind = bind
+        # when a learning was made: CLOCK_MONOTONIC is one clock for every process of the host (Linux), so the
+        # workers' learnings compare (a wall clock could step back between two of them)
+        self.clock = clock
+        # a broker learned here that is new or moved: (node id, host, port, learned at); ClusterMode tells the siblings
+        self.on_learned: Callable[[int, str, int, int], None] | None = None
         self.nodes: dict[int, BrokerRoute] = {}
         self.by_upstream: dict[Addr, int] = {}
         self.stats = ClusterStats()
         self.on_topics: Callable[[Any], None] | None = None  # Metadata topics seen while rewriting (ClusterMode)
 
     def learn(self, node_id: int, host: str, port: int) -> BrokerRoute:
-        """Record (or update) where node `node_id` is; bind its listener the first time."""
-        addr = (host, port)
+        """Record (or update) where node `node_id` is, learned here; bind its listener the first time.
+
+        A new or moved broker is also handed to `on_learned` (`--workers N`: the other workers are told).
+        """
+        route, changed = self._set(node_id, (host, port), self.clock(), None)
+        if changed and self.on_learned is not None:
+            self.on_learned(node_id, host, port, route.learned_at)
+        return route
+
+    def learn_from_sibling(self, node_id: int, host: str, port: int, at: int) -> bool:
+        """Another worker learned where node `node_id` is at `at` (its `clock()`); True when this changed the map.
+
+        The later learning wins: one older than what this worker set for the node (a sibling's message
+        that waited in the mailbox while this worker relayed a newer answer) is ignored. Never handed
+        to `on_learned`: what a sibling said is not told on again, so nothing goes round in circles.
+        """
+        route = self.nodes.get(node_id)
+        if route is not None and route.upstream == (host, port):
+            route.learned_at = max(route.learned_at, at)
+            return False
+        if route is not None and at <= route.learned_at:
+            return False
+        self._set(node_id, (host, port), at, "another worker")
+        return True
+
+    def _set(self, node_id: int, addr: Addr, at: int, via: str | None) -> tuple[BrokerRoute, bool]:
+        """(the route, whether it is new or moved); binds a new broker's listener. `via`: who learned it (the log)."""
         route = self.nodes.get(node_id)
         if route is None:
-            try:
-                want = self.port_for(node_id)
-            except ValueError as exc:
-                log.error("broker has no proxy listener: its clients would bypass the proxy", node_id=node_id,
-                          broker=f"{host}:{port}", error=str(exc))
-                want, problem = None, str(exc)
-            else:
-                problem = None
-            route = BrokerRoute(node_id, addr, want, problem)
-            self.nodes[node_id] = route
-            self.by_upstream[addr] = node_id
-            self.stats.brokers_seen += 1
-            if want is not None:
-                route.listen_port = self.bind(route)
-            if route.listen_port is None:
-                self.stats.brokers_unlistened += 1
-            return route
-        if route.upstream != addr:
-            log.warning("broker moved: new connections to its listener go to the new address", node_id=node_id,
-                        old=f"{route.upstream[0]}:{route.upstream[1]}", new=f"{host}:{port}",
-                        listener_port=route.listen_port)
-            if self.by_upstream.get(route.upstream) == node_id:  # not when another broker has taken that address since
-                del self.by_upstream[route.upstream]
-            route.upstream = addr
-            self.by_upstream[addr] = node_id
+            return self._add(node_id, addr, at), True
+        if route.upstream == addr:
+            return route, False
+        log.warning("broker moved: new connections to its listener go to the new address", node_id=node_id,
+                    old=f"{route.upstream[0]}:{route.upstream[1]}", new=f"{addr[0]}:{addr[1]}",
+                    listener_port=route.listen_port, **({"learned_by": via} if via else {}))
+        if self.by_upstream.get(route.upstream) == node_id:  # not when another broker has taken that address since
+            del self.by_upstream[route.upstream]
+        route.upstream = addr
+        route.learned_at = at
+        self.by_upstream[addr] = node_id
+        return route, True
+
+    def _add(self, node_id: int, addr: Addr, at: int) -> BrokerRoute:
+        """A broker not seen before: its route, with its listener bound (or the reason it has none)."""
+        try:
+            want = self.port_for(node_id)
+        except ValueError as exc:
+            log.error("broker has no proxy listener: its clients would bypass the proxy", node_id=node_id,
+                      broker=f"{addr[0]}:{addr[1]}", error=str(exc))
+            want, problem = None, str(exc)
+        else:
+            problem = None
+        route = BrokerRoute(node_id, addr, want, problem, at)
+        self.nodes[node_id] = route
+        self.by_upstream[addr] = node_id
+        self.stats.brokers_seen += 1
+        if want is not None:
+            route.listen_port = self.bind(route)
+        if route.listen_port is None:
+            self.stats.brokers_unlistened += 1
         return route
 
     def all_listened(self, addrs: list[Addr | None]) -> bool:
@@ -282,11 +323,14 @@ class ClusterMode:
     The server calls `install` before it listens and `start` after.
     """
 
-    def __init__(self, config: ClusterConfig, discovery_timeout: float = 5.0) -> None:
+    def __init__(self, config: ClusterConfig, discovery_timeout: float = 5.0, news: BrokerNews | None = None) -> None:
         self.config = config
         self.upstream_tls: Any = None  # proxy.tls.UpstreamTls: the server's, so discovery speaks TLS as relays do
         self.discovery_timeout = discovery_timeout
         self.registry = BrokerRegistry(config.advertised(), config.port_for, self._bind)
+        self.news = news  # one of --workers N: what this worker learns about the brokers, its siblings learn
+        if news is not None:
+            self.registry.on_learned = news.announce
         self._server: Any = None
 
     @property
@@ -327,12 +371,24 @@ class ClusterMode:
         return addr[1]
 
     async def start(self) -> None:
-        """Discover the brokers through the bootstrap address and bind their listeners.
+        """Discover the brokers through the bootstrap address and bind their listeners; then hear the siblings.
 
         A discovery failure is not fatal: the first relayed Metadata response registers them as well.
         A discovered broker that gets no listener is (raises `BrokerListenerError`): its clients would
         go around the proxy, which is what cluster mode is for preventing, so the proxy does not start.
+        The siblings' news is read after discovery, so a learning that waited in the mailbox since before
+        it (a restarted worker's) is older than what discovery found, and does not undo it.
         """
+        await self._discover_brokers()
+        if self.news is not None:
+            self.news.start(asyncio.get_running_loop(), self.registry.learn_from_sibling)
+
+    def stop(self) -> None:
+        """The server stops: no more sibling news (what they send meanwhile waits in the mailbox)."""
+        if self.news is not None:
+            self.news.stop()
+
+    async def _discover_brokers(self) -> None:
         try:
             brokers = await asyncio.wait_for(self.discover(), self.discovery_timeout)
         except Exception as exc:  # noqa: BLE001 — OSError, TLS, EOF (a SASL listener hangs up), bad answer …

@@ -239,6 +239,8 @@ class LiveStats:
         self.cluster_stats: Any = None
         # a --workers worker's connection passing (proxy.balance.Balancer.stats), read at scrape time
         self.balance_stats: Callable[[], dict[str, int]] | None = None
+        # a cluster-mode --workers worker's broker news (proxy.broker_news.BrokerNews.stats), read at scrape time
+        self.broker_news_stats: Callable[[], dict[str, int]] | None = None
         self.open_count = 0
         self.tcp_samples = 0
         self.frames = 0
@@ -470,6 +472,12 @@ class LiveStats:
                    "(taken), gave back because it had no listener for them yet (returned), or lost because it was "
                    "out of descriptors (lost).",
                    (("", {"how": k}, n) for k, n in self.balance_stats().items()))
+        if self.broker_news_stats is not None:
+            family("kafkatap_cluster_broker_news_total", "counter",
+                   "Cluster mode, --workers N: new or moved brokers a worker learned and told the others (sent), "
+                   "learnings of another worker that changed a worker's map (applied), and learnings not delivered "
+                   "or not readable (lost: that worker follows when a response through it names the broker).",
+                   (("", {"how": k}, n) for k, n in self.broker_news_stats().items()))
         cs = self.cluster_stats
         if cs is not None:
             family("kafkatap_cluster_rewritten_responses_total", "counter",

@@ -383,6 +383,8 @@ class ProxyServer:
         timeout = self.shutdown_timeout if timeout is None else timeout
         if self.balancer is not None:
             self.balancer.stop()
+        if self.cluster is not None:
+            self.cluster.stop()
         for acceptor in self._acceptors.values():
             acceptor.close()
         if self._periodic is not None:

@@ -18,7 +18,8 @@ What the parent does, and only that:
   sockets), so a restarted worker always gets the same port back and nobody else
   can take it meanwhile;
 - creates the workers' shared load table and mailboxes (`proxy.balance.WorkerMail`)
-  and keeps them for the proxy's life, so a restarted worker finds them again;
+  and, in cluster mode, the mailboxes of their broker news (`proxy.broker_news`), and
+  keeps them for the proxy's life, so a restarted worker finds them again;
 - starts the workers and waits for each to report, on a pipe, that it listens
   (and where its private status endpoint is); a worker that fails to start stops
   the whole proxy with exit code 2, like a single proxy that cannot listen;
@@ -61,6 +62,7 @@ from proxy.balance import WorkerMail
 from proxy.bypass import ONCE_DIR_ENV
 from proxy.context import format_addr
 from proxy.listener import bind_named
+from proxy.mailboxes import Mailboxes
 from proxy.metrics import merge_clients, merge_prometheus, parse_exposition
 from proxy.server import Route
 from proxy.status import StatusServer, parse_addr
@@ -167,8 +169,10 @@ class WorkerPool:
     """
 
     def __init__(self, count: int, proxy_id: str, argv: Callable[[Worker, int], list[str]], *,
-                 status_addr: str | None = None, shutdown_timeout: float = 10.0, mail: WorkerMail | None = None) -> None:
+                 status_addr: str | None = None, shutdown_timeout: float = 10.0, mail: WorkerMail | None = None,
+                 news: Mailboxes | None = None) -> None:
         self.mail = mail  # proxy.balance: the workers pass connections to the least loaded one (None: kernel only)
+        self.news = news  # proxy.broker_news: cluster mode's workers tell each other of new and moved brokers
         self.workers = [Worker(i, worker_proxy_id(proxy_id, i)) for i in range(1, count + 1)]
         self.proxy_id = proxy_id
         self.argv = argv
@@ -225,7 +229,7 @@ class WorkerPool:
         w.started.append(time.monotonic())
         try:
             env = {**os.environ, ONCE_DIR_ENV: self._once_dir} if self._once_dir else None
-            shared = self.mail.fds(w.index - 1) if self.mail is not None else ()
+            shared = tuple(fd for boxes in (self.mail, self.news) if boxes is not None for fd in boxes.fds(w.index - 1))
             # a session (and process group) of its own: a terminal's Ctrl-C reaches this parent only, which stops
             # the workers (a worker still starting once took it for itself, and the proxy exited 2 as if it could
             # not start)
