@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
+from collections import deque
 from collections.abc import Callable, Iterable
 from itertools import islice
 from typing import Any
@@ -233,6 +234,7 @@ class LiveStats:
         # reason → count of connections never accepted (EMFILE, fd reserve); the server's dict (proxy.listener)
         self.accept_failures: dict[str, int] = {}
         self.clients: dict[str, _Client] = {}
+        self._closed: deque[tuple[float, str]] = deque()  # (closed at, conn_id), oldest first: what prune forgets
         # advertised address → responses that sent clients there, around the proxy (proxy.bypass; explicit mode)
         self.bypass: dict[str, int] = {}
         # cluster mode's counters (proxy.cluster.ClusterStats), read at scrape time; `kafkatap proxy` wires them
@@ -356,6 +358,9 @@ class LiveStats:
             reason = row.get("end_reason") or "unknown"
             c.end_reason = reason
             _bump(self.conn_ends, (reason, row.get("end_by") or "unknown"))
+            self._closed.append((c.closed_mono, c.conn_id))
+            self.prune()  # here, not only when /clients is asked: Prometheus alone never asks, and ~1.4 KB a
+            # connection (health checks included) stayed for the proxy's life
 
     def tcp(self, row: Row) -> None:
         self.tcp_samples += 1
@@ -371,10 +376,14 @@ class LiveStats:
 
     # -- scrape time -----------------------------------------------------------------
     def prune(self) -> None:
-        """Forget connections closed more than CLOSED_RETENTION_S ago (bounds memory)."""
+        """Forget connections closed more than CLOSED_RETENTION_S ago (bounds memory); amortized O(1) a close."""
         cutoff = time.monotonic() - CLOSED_RETENTION_S
-        for cid in [k for k, c in self.clients.items() if not c.open and c.closed_mono < cutoff]:
-            del self.clients[cid]
+        closed = self._closed
+        while closed and closed[0][0] < cutoff:
+            _, cid = closed.popleft()
+            c = self.clients.get(cid)
+            if c is not None and not c.open:
+                del self.clients[cid]
 
     def clients_json(self) -> dict[str, Any]:
         self.prune()
@@ -543,6 +552,11 @@ def _num(v: float) -> str:
     if isinstance(v, float) and v.is_integer() and abs(v) < 1e15:
         return str(int(v))
     return repr(v) if isinstance(v, float) else str(v)
+
+
+def sample_line(name: str, labels: dict[str, Any], value: float) -> str:
+    """One exposition sample, labels escaped and the value exact (`{v:g}` kept six digits: 1.23457e+06)."""
+    return f"{name}{_labels(labels)} {_num(value)}"
 
 
 # -- several worker processes, one status address (proxy.workers) ----------------------------------

@@ -63,7 +63,7 @@ from proxy.bypass import ONCE_DIR_ENV
 from proxy.context import format_addr
 from proxy.listener import bind_named
 from proxy.mailboxes import Mailboxes
-from proxy.metrics import merge_clients, merge_prometheus, parse_exposition
+from proxy.metrics import merge_clients, merge_prometheus, parse_exposition, sample_line
 from proxy.server import Route
 from proxy.status import StatusServer, parse_addr
 from proxy.upstream_probe import listen_outcome
@@ -352,25 +352,43 @@ def _read_all(fd: int) -> bytes:
 class WorkerStats:
     """The parent's status source: every running worker's `/metrics` and `/clients`, merged.
 
-    A worker that does not answer (restarting, or stuck) is left out of that scrape and
-    counted in `kafkatap_workers_unreachable`; the scrape itself never fails for it. A
-    restarted worker counts from zero again, so a merged counter can go down after a
-    restart: Prometheus' rate() reads that as a counter reset, which is what it is.
+    A worker that does not answer (busy, stopped, or restarting) is counted in
+    `kafkatap_workers_unreachable`; the scrape itself never fails for it. Its last
+    `/metrics` answer stands in for it while its process is the same one: left out,
+    every merged counter would drop by that worker's whole count and come back at the
+    next scrape, which Prometheus' rate() reads as two resets (a spike the size of its
+    history). A restarted worker (another pid) counts from zero again, so a merged
+    counter can go down after a restart: rate() reads that as the reset it is.
     """
 
     def __init__(self, pool: WorkerPool) -> None:
         self.pool = pool
         self.proxy_id = pool.proxy_id
+        self._last_metrics: dict[str, tuple[int | None, bytes]] = {}  # worker → (its pid, its last /metrics)
 
-    async def _gather(self, path: str) -> tuple[list[tuple[str, bytes]], int]:
+    async def _gather(self, path: str) -> tuple[list[tuple[Worker, bytes]], int]:
         targets = [w for w in self.pool.workers if w.ready and w.status]
         answers = await asyncio.gather(*(_http_get(w.status, path) for w in targets),  # type: ignore[arg-type]
                                        return_exceptions=True)
-        got = [(w.proxy_id, a) for w, a in zip(targets, answers) if isinstance(a, bytes)]
+        got = [(w, a) for w, a in zip(targets, answers) if isinstance(a, bytes)]
         return got, len(self.pool.workers) - len(got)
 
+    def _with_last(self, got: list[tuple[Worker, bytes]]) -> list[tuple[str, bytes]]:
+        """This scrape's answers, and for a worker that gave none its last one if its process is the same."""
+        pid = lambda w: w.process.pid if w.process is not None else None  # noqa: E731
+        answered = {w.proxy_id for w, _ in got}
+        for w, body in got:
+            self._last_metrics[w.proxy_id] = (pid(w), body)
+        out = [(w.proxy_id, body) for w, body in got]
+        for w in self.pool.workers:
+            last = self._last_metrics.get(w.proxy_id)
+            if w.proxy_id not in answered and last is not None and last[0] is not None and last[0] == pid(w):
+                out.append((w.proxy_id, last[1]))
+        return out
+
     async def render_prometheus(self) -> str:
-        got, missing = await self._gather("/metrics")
+        answers, missing = await self._gather("/metrics")
+        got = self._with_last(answers)
         merged = merge_prometheus((body.decode() for _, body in got), self.proxy_id)
         running = sum(1 for w in self.pool.workers if w.ready)
         own = [
@@ -382,10 +400,10 @@ class WorkerStats:
         ]
         lines = [merged.rstrip("\n")]
         for name, kind, help_, value in own:
-            lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f'{name}{{proxy="{self.proxy_id}"}} {value}']
+            lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", sample_line(name, {"proxy": self.proxy_id}, value)]
         for name, kind, help_, per_worker in per_worker_families(got):
             lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}"]
-            lines += [f'{name}{{proxy="{self.proxy_id}",worker="{w}"}} {v:g}' for w, v in per_worker]
+            lines += [sample_line(name, {"proxy": self.proxy_id, "worker": w}, v) for w, v in per_worker]
         return "\n".join(lines) + "\n"
 
     async def clients_json(self) -> dict[str, Any]:

@@ -1,0 +1,33 @@
+"""The live stats forget closed connections as they close, whoever scrapes (no network)."""
+
+from __future__ import annotations
+
+import pytest
+
+import proxy.metrics as metrics
+from proxy.metrics import CLOSED_RETENTION_S, LiveStats
+
+
+def _conn(stats: LiveStats, cid: str, final: bool) -> None:
+    stats.connection({"conn_id": cid, "client_addr": "127.0.0.1:5000", "broker_addr": "127.0.0.1:9092",
+                      "final": final, "end_reason": "client_fin" if final else None, "end_by": "client"})
+
+
+def test_closed_connections_are_forgotten_with_only_metrics_scraped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """prune() ran only for /clients: a proxy scraped by Prometheus alone kept every closed connection for its
+    life (100,000 health checks: ~138 MiB)."""
+    now = [1000.0]
+    monkeypatch.setattr(metrics.time, "monotonic", lambda: now[0])
+    stats = LiveStats("p")
+    for i in range(500):
+        _conn(stats, f"c{i}", False)
+        _conn(stats, f"c{i}", True)
+    _conn(stats, "open-one", False)
+    stats.render_prometheus()
+    assert len(stats.clients) == 501  # closed ones stay visible for CLOSED_RETENTION_S
+    now[0] += CLOSED_RETENTION_S + 1
+    _conn(stats, "late", False)
+    _conn(stats, "late", True)  # any close prunes what is past retention
+    stats.render_prometheus()
+    assert set(stats.clients) == {"open-one", "late"}
+    assert stats.clients_json()["open_connections"] == 1

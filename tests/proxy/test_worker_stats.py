@@ -1,0 +1,73 @@
+"""The `--workers` parent's merged /metrics when a worker does not answer, without processes (a fake pool)."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+import proxy.workers as workers
+from proxy.live import parse_metrics
+from proxy.workers import Worker, WorkerStats
+
+
+def _metrics(proxy_id: str, requests: int, open_conns: int) -> bytes:
+    return (f'# HELP kafkatap_requests_total Requests.\n# TYPE kafkatap_requests_total counter\n'
+            f'kafkatap_requests_total{{proxy="{proxy_id}",api="Produce",version="9"}} {requests}\n'
+            f'# HELP kafkatap_open_connections Open.\n# TYPE kafkatap_open_connections gauge\n'
+            f'kafkatap_open_connections{{proxy="{proxy_id}"}} {open_conns}\n').encode()
+
+
+class _Pool:
+    def __init__(self, proxy_id: str) -> None:
+        self.proxy_id = proxy_id
+        self.restarts = 0
+        self.workers = [Worker(i, f"{proxy_id}-w{i}", SimpleNamespace(pid=100 + i), f"127.0.0.1:{9000 + i}", True)
+                        for i in (1, 2)]
+
+
+def _scrape(stats: WorkerStats, answers: dict[str, bytes | None], monkeypatch: pytest.MonkeyPatch) -> dict:
+    async def get(addr: str, path: str) -> bytes:
+        body = answers[addr]
+        if body is None:
+            raise asyncio.TimeoutError
+        return body
+
+    monkeypatch.setattr(workers, "_http_get", get)
+    return parse_metrics(asyncio.run(stats.render_prometheus()))
+
+
+def _total(m: dict, name: str) -> float:
+    return sum(v for _, v in m.get(name, []))
+
+
+def test_a_worker_that_misses_a_scrape_keeps_its_counts_until_its_process_changes(monkeypatch) -> None:
+    """Left out, its whole count dropped from every merged counter and came back at the next scrape: Prometheus
+    reads that as two counter resets (a rate() spike the size of the worker's history)."""
+    pool = _Pool("p")
+    stats = WorkerStats(pool)  # type: ignore[arg-type]
+    both = {"127.0.0.1:9001": _metrics("p-w1", 5, 1), "127.0.0.1:9002": _metrics("p-w2", 7, 2)}
+    m = _scrape(stats, both, monkeypatch)
+    assert _total(m, "kafkatap_requests_total") == 12 and _total(m, "kafkatap_workers_unreachable") == 0
+    m = _scrape(stats, {**both, "127.0.0.1:9002": None}, monkeypatch)  # worker 2 busy: its last answer stands
+    assert _total(m, "kafkatap_requests_total") == 12 and _total(m, "kafkatap_workers_unreachable") == 1
+    assert _total(m, "kafkatap_open_connections") == 3
+    pool.workers[1].process = SimpleNamespace(pid=999)  # restarted: a new process counts from zero, a real reset
+    m = _scrape(stats, {**both, "127.0.0.1:9002": None}, monkeypatch)
+    assert _total(m, "kafkatap_requests_total") == 5 and _total(m, "kafkatap_workers_unreachable") == 1
+
+
+def test_the_parents_own_lines_are_exact_and_escaped(monkeypatch) -> None:
+    """`{v:g}` printed 1234567 as 1.23457e+06; a proxy id with a quote broke the whole exposition."""
+    pool = _Pool('a"b')
+    text_answers = {"127.0.0.1:9001": _metrics('a\\"b-w1', 1_234_567, 1), "127.0.0.1:9002": _metrics('a\\"b-w2', 1, 0)}
+
+    async def get(addr: str, path: str) -> bytes:
+        return text_answers[addr]
+
+    monkeypatch.setattr(workers, "_http_get", get)
+    text = asyncio.run(WorkerStats(pool).render_prometheus())  # type: ignore[arg-type]
+    assert 'kafkatap_worker_requests_total{proxy="a\\"b",worker="a\\"b-w1"} 1234567' in text
+    assert 'kafkatap_workers{proxy="a\\"b"} 2' in text
+    assert "e+06" not in text
