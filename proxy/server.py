@@ -243,12 +243,15 @@ class ProxyServer:
         """Bind the route's listener(s) and start accepting (proxy.listener: EMFILE is seen, logged, counted).
 
         A transparent route on 0.0.0.0 also listens on [::] at the same port: `kafkatap iptables`
-        redirects IPv6 too, and an IPv6 client must not meet ECONNREFUSED.
+        redirects IPv6 too, and an IPv6 client must not meet ECONNREFUSED. Not when a route of its own
+        already listens there (`--listen 0.0.0.0:P --listen [::]:P`): one process failed on "address in
+        use", and `--workers` bound [::]:P twice in each worker.
         """
         host, port = route.listen
         up = route.upstream
         socks = [bind_listener(host, port, self.backlog, self.reuse_port)]
-        if up is None and host == "0.0.0.0" and socket.has_ipv6:
+        own_v6 = port != 0 and any(r.upstream is None and r.listen == ("::", port) for r in self.routes)
+        if up is None and host == "0.0.0.0" and socket.has_ipv6 and not own_v6:
             try:
                 socks.append(bind_listener("::", socks[0].getsockname()[1], self.backlog, self.reuse_port))
             except OSError as exc:  # a host without IPv6: the IPv4 listener still serves

@@ -352,3 +352,24 @@ def test_upstream_connect_tries_each_address_and_bounds_the_lookup(mode: str) ->
             assert time.monotonic() - t0 < 5
         finally:
             loop.close()
+
+
+def test_transparent_listeners_on_both_wildcards_are_bound_once(sink) -> None:
+    """`--listen 0.0.0.0:P --listen [::]:P` in transparent mode: the 0.0.0.0 route added its own [::]:P listener
+    as well, and the proxy failed on "address in use" (with --workers, each worker bound [::]:P twice)."""
+    import socket
+
+    from harness.kafka import free_port
+    from proxy.running import RunningProxy
+
+    port = free_port("0.0.0.0")
+    with RunningProxy([f"0.0.0.0:{port}", f"[::]:{port}"], sink=sink) as p:
+        bound = sorted(p.server._listen_addrs)
+        for host in ("127.0.0.1", "::1"):  # both families accepted (and reset: nothing redirected them)
+            try:
+                socket.create_connection((host, port), timeout=5).close()
+            except ConnectionResetError:
+                pass
+        finals = sink.wait_final(2)
+    assert bound == [("0.0.0.0", port), ("::", port)]
+    assert sorted(f["listener"] for f in finals) == [f"0.0.0.0:{port}", f"[::]:{port}"]
