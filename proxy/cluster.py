@@ -146,7 +146,8 @@ class BrokerRegistry:
         route = self.nodes.get(node_id)
         if route is None:
             return self._add(node_id, addr, at), True
-        if route.upstream == addr:
+        if route.upstream == addr:  # seen there again, now: a sibling's older news of another address must not win
+            route.learned_at = max(route.learned_at, at)
             return route, False
         log.warning("broker moved: new connections to its listener go to the new address", node_id=node_id,
                     old=f"{route.upstream[0]}:{route.upstream[1]}", new=f"{addr[0]}:{addr[1]}",

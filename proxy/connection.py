@@ -163,7 +163,7 @@ class Connection:
         self._faults: Faults | None = faults if faults.active else None
         self._idle_handle: asyncio.TimerHandle | None = None
         self.editor: FrameEditor | None = None  # only when an interceptor asked to edit this connection
-        self._upstream_local: tuple[str, int] | None = None  # transparent: the upstream socket's address (loop guard)
+        self._upstream_key: Any = None  # transparent: the upstream socket's (local, broker) addresses (proxy.loop_guard)
 
     # ------------------------------------------------------------------ public face
     @property
@@ -213,19 +213,19 @@ class Connection:
             self.client.reset()
             return
         if self.upstream is None:
-            origin = ctx.loop_guard.owner_of(transport.get_extra_info("peername"))
-            if origin is not None:  # this client is our own connection to a broker, redirected back (proxy.loop_guard)
-                detail = LOOP_DETAIL.format(broker=origin.facts.broker_addr)
-                f.original_dst = f.broker_addr = origin.facts.broker_addr  # where it was headed, as the kernel says
-                origin.redirect_looped(detail)
-                self._connect_failed(detail)
-                return
             try:
                 dst = ctx.original_dst(sock or transport.get_extra_info("socket"))
             except OSError as exc:
                 self._connect_failed(f"no original destination (not redirected?): {exc.strerror or exc}")
                 return
             f.original_dst = format_addr(dst)
+            origin = ctx.loop_guard.owner_of(transport.get_extra_info("peername"), dst)
+            if origin is not None:  # this client is our own connection to a broker, redirected back (proxy.loop_guard)
+                detail = LOOP_DETAIL.format(broker=origin.facts.broker_addr)
+                f.broker_addr = f.original_dst
+                origin.redirect_looped(detail)
+                self._connect_failed(detail)
+                return
             if ctx.hub.is_own_listener(dst):
                 self._connect_failed(f"original destination {f.original_dst} is this proxy's listener (redirect loop)")
                 return
@@ -348,7 +348,7 @@ class Connection:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 left = max(0.0, deadline - loop.time())
                 if self.facts.mode == "transparent":  # its own address known before the SYN can come back
-                    self._upstream_local = await asyncio.wait_for(ctx.loop_guard.connect(loop, sock, sockaddr, self), left)
+                    self._upstream_key = await asyncio.wait_for(ctx.loop_guard.connect(loop, sock, sockaddr, self), left)
                 else:
                     await asyncio.wait_for(loop.sock_connect(sock, sockaddr), left)
                 return sock
@@ -363,7 +363,12 @@ class Connection:
         raise error
 
     def _close_unused(self, sock: socket.socket) -> None:
-        """Close an upstream socket the client no longer needs: RST when the client reset, like the client did."""
+        """Close an upstream socket the client no longer needs: RST when the client reset, like the client did.
+
+        Its loop-guard entry goes with it: the connection may have finished before the connect returned (3.11's
+        wait_for returns a result that came in as the task was cancelled), so `_finish` could not drop it.
+        """
+        self.ctx.loop_guard.forget(self._upstream_key, self)
         if self.facts.end is not None and self.facts.end.reason == "client_rst":
             reset_socket(sock)
         sock.close()
@@ -671,7 +676,7 @@ class Connection:
             return
         self._finished = True
         self._quiet()
-        self.ctx.loop_guard.forget(self._upstream_local)
+        self.ctx.loop_guard.forget(self._upstream_key, self)
         f = self.facts
         now = self.now()
         f.closed_ns = now

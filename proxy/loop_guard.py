@@ -9,11 +9,12 @@ to the proxy. Its original destination is still the broker, so the
 next one: thousands of connections a second until the process runs out of
 file descriptors.
 
-The guard knows the local address of every upstream socket of a transparent
-connection from the moment its SYN leaves (the connect is started here, so the
-address is known before the handshake can complete and the listener accept
-it), and the connection accepted from such an address is refused with the
-reason, as is the one whose upstream it was. One process sees only its own
+The guard knows every upstream socket of a transparent connection, by its
+local address and its broker, from the moment its SYN leaves (the connect is
+started here, so the socket is known before the handshake can complete and
+the listener accept it), and a connection accepted from such an address with
+that broker as its original destination is refused with the reason, as is the
+one whose upstream it was. One process sees only its own
 sockets: with `--workers N` a loop that crosses workers is caught at the first
 hop that stays in one worker (each hop does with probability 1/N).
 """
@@ -32,38 +33,49 @@ LOOP_DETAIL = ("redirect loop: the client is this proxy's own connection to {bro
                "the proxy's marked packets through has another --mark than the proxy's, or none)")
 
 
-def _key(addr: Any) -> Addr:
+def _addr(addr: Any) -> Addr:
     """(host, port) as a listener reports a peer: IPv4-mapped IPv6 read as the IPv4 address."""
     host = addr[0]
     return (host[7:] if host.startswith("::ffff:") else host, addr[1])
 
 
+Key = tuple[Addr, Addr]  # (the upstream socket's local address, the broker it connects to): unique on the host
+
+
 class RedirectLoopGuard:
-    """The local addresses of this process's transparent upstream sockets, and whose each is."""
+    """The transparent upstream sockets of this process, by (local address, broker address), and whose each is.
+
+    Keyed by both ends: Linux lets sockets to different destinations share a local (ip, port), so a local
+    client of another broker can come from the very address an upstream socket of ours uses. Only a client
+    whose original destination is that socket's broker as well is that socket.
+    """
 
     __slots__ = ("_owners",)
 
     def __init__(self) -> None:
-        self._owners: dict[Addr, Any] = {}
+        self._owners: dict[Key, Any] = {}
 
     def __len__(self) -> int:
         return len(self._owners)
 
-    def owner_of(self, peer: Any) -> Any | None:
-        """The connection whose upstream socket `peer` (an accepted client's address) is, or None."""
-        return self._owners.get(_key(peer)) if peer else None
+    def owner_of(self, peer: Any, original_dst: Any) -> Any | None:
+        """The connection whose upstream socket an accepted client is (its address, where it was headed), or None."""
+        if not peer or not original_dst:
+            return None
+        return self._owners.get((_addr(peer), _addr(original_dst)))
 
-    def forget(self, local: Addr | None) -> None:
-        if local is not None:
-            self._owners.pop(local, None)
+    def forget(self, key: Key | None, owner: Any) -> None:
+        """Drop `owner`'s entry (never another connection's that took the same key since)."""
+        if key is not None and self._owners.get(key) is owner:
+            del self._owners[key]
 
-    async def connect(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, addr: Any, owner: Any) -> Addr:
-        """Connect non-blocking `sock` to `addr`, its local address registered for `owner` before the SYN can be
-        answered; returns that address (the caller forgets it when the socket goes). Raises OSError as
-        `loop.sock_connect` does, with the address forgotten."""
+    async def connect(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, addr: Any, owner: Any) -> Key:
+        """Connect non-blocking `sock` to `addr`, registered for `owner` before the SYN can be answered; returns
+        the key (the caller forgets it when the socket goes). Raises OSError as `loop.sock_connect` does, with
+        the entry forgotten."""
         err = sock.connect_ex(addr)
-        local = _key(sock.getsockname())
-        self._owners[local] = owner
+        key = (_addr(sock.getsockname()), _addr(addr))
+        self._owners[key] = owner
         try:
             if err == errno.EINPROGRESS:
                 done = loop.create_future()
@@ -76,6 +88,6 @@ class RedirectLoopGuard:
             if err:
                 raise OSError(err, os.strerror(err))
         except BaseException:
-            self.forget(local)
+            self.forget(key, owner)
             raise
-        return local
+        return key

@@ -74,6 +74,17 @@ def test_the_later_learning_wins_whichever_worker_made_it() -> None:
     assert reg.stats.brokers_seen == 1
 
 
+def test_an_address_seen_again_here_is_newer_than_a_siblings_older_news() -> None:
+    """This worker relays node 1 at X again after a sibling saw it at Y: the sibling's news, read later from the
+    mailbox, is older than this worker's own latest sight and must not move the node back."""
+    times = iter((1001, 1007))
+    reg, _ = _registry(lambda: next(times))
+    reg.learn(1, "10.0.0.1", 9092)  # at 1001
+    reg.learn(1, "10.0.0.1", 9092)  # at 1007: the same address, seen again
+    assert not reg.learn_from_sibling(1, "10.0.0.9", 9092, 1005)  # said by a sibling at 1005, read only now
+    assert reg.upstream(1) == ("10.0.0.1", 9092)
+
+
 def test_messages_decode_only_as_lists_of_learnings() -> None:
     assert decode(encode([(1, "h", 9092, 5)])) == [(1, "h", 9092, 5)]
     for bad in (b"", b"\xff", b"{}", b'[[1, "h", 9092]]', b'[[1, 2, 3, 4]]', b'[["1", "h", 1, 2]]',
