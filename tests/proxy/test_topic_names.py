@@ -104,13 +104,14 @@ def test_naming_sink_asks_for_the_cluster_id_of_brokers_that_answer_metadata() -
     assert wants.clusters == ["b:2", "b:3"] and wants.brokers == [] and len(rows.requests) == 3
 
 
-def _ask_for_brokers_only(p: RunningProxy, sink, times: int) -> int:
-    """`times` clients each send one Metadata for no topic through `p`; once all are recorded (and the cluster's
-    own `topics/` row), how many Metadata queries the proxy sent the broker itself."""
+def _ask_for_brokers_only(p: RunningProxy, sink, times: int, topic: str | None = None) -> int:
+    """`times` clients each send one Metadata for no topic (or for `topic`) through `p`; once all are recorded (and
+    the cluster's own `topics/` row), how many Metadata queries the proxy sent the broker itself."""
     host, port = p.bootstrap.rsplit(":", 1)
+    topics = [] if topic is None else [{"name": topic, "topic_id": ZERO}]
     for _ in range(times):
         with WireClient(host, int(port)) as c:
-            c.call(METADATA, 12, {"topics": [], "allow_auto_topic_creation": False,
+            c.call(METADATA, 12, {"topics": topics, "allow_auto_topic_creation": False,
                                   "include_topic_authorized_operations": False})
     sink.wait_for(lambda s: any(t["topic_id"] is None for t in s.topics))
     sink.wait_for(lambda s: len([r for r in s.requests if r["api_key"] == METADATA]) == times)
@@ -130,12 +131,13 @@ def test_a_relayed_metadata_answer_records_its_broker_cluster_id(proxied_kafka, 
 
 def test_an_answer_without_a_cluster_id_still_asks_the_broker_once(proxied_kafka, sink):
     """The fallback: a Metadata answer that carries no cluster id (here one the proxy made itself, a Kafka fault
-    answering in the broker's place) leaves the broker's id unknown, so the proxy asks the broker, once."""
+    answering in the broker's place) leaves the broker's id unknown, so the proxy asks the broker, once. (The
+    request names a topic: an answer for no topic would have no field for the error, and goes to the broker.)"""
     from proxy.kafka_faults import FaultRules, KafkaFaultLayer
 
     layer = KafkaFaultLayer(FaultRules.from_specs(["error=Metadata:UNKNOWN_SERVER_ERROR"]))
     with RunningProxy([proxied_kafka.route], sink=sink, interceptors=[layer]) as p:
-        queries = _ask_for_brokers_only(p, sink, 2)
+        queries = _ask_for_brokers_only(p, sink, 2, topic="no-such-topic")
     assert all(r["edit"] for r in sink.requests if r["api_key"] == METADATA)  # neither answer came from the broker
     own = [(t["broker_addr"], t["cluster_id"]) for t in sink.topics if t["topic_id"] is None]
     assert own == [(proxied_kafka.upstream, proxied_kafka.kafka.cluster_id)] and queries == 1
