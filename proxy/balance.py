@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import structlog
 
 from proxy.listener import refuse
-from proxy.mailboxes import Mailboxes, open_mail
+from proxy.mailboxes import Mailboxes, WorkerMailbox
 
 log = structlog.get_logger("kafkatap.proxy")
 
@@ -166,7 +166,7 @@ class WorkerMail:
         self.table.close()
 
 
-class Balancer:
+class Balancer(WorkerMailbox):
     """A worker's side: decide at each accept whether another worker should serve the connection.
 
     `adopt(listener, sock)` is the server's: serve `sock` as if accepted on its listener
@@ -176,20 +176,19 @@ class Balancer:
     def __init__(self, spec: BalanceSpec) -> None:
         self.me = spec.index
         self.table = LoadTable(spec.table_fd, len(spec.inbox_fds))
-        self.mailbox, self.inboxes = open_mail(spec.mailbox_fd, spec.inbox_fds)
+        super().__init__(spec.mailbox_fd, spec.inbox_fds)
         self.serving = 0  # connections this worker serves or is setting up (TLS handshake, transport set-up)
         self.passed = 0  # connections this worker gave to another
         self.taken = 0  # connections this worker took from another
         self.returned = 0  # connections given back because this worker has no listener for them yet
         self.lost = 0  # messages whose socket did not arrive (this process was out of descriptors)
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._adopt: Callable[[str, socket.socket], bool] | None = None
 
     def start(self, loop: asyncio.AbstractEventLoop, adopt: Callable[[str, socket.socket], bool]) -> None:
         """Take part: publish this worker's load and take connections from the others."""
         self._loop, self._adopt = loop, adopt
         self._publish()
-        loop.add_reader(self.mailbox.fileno(), self._drain)
+        self._listen(loop, self._drain)
 
     def stop(self) -> None:
         """Stopping: nobody passes this worker connections any more; what is queued for it stays queued.
@@ -198,15 +197,12 @@ class Balancer:
         connections go with it either way) or after it died, when its restart takes them.
         """
         self.table.set_open(self.me, DOWN)
-        if self._loop is not None:
-            self._loop.remove_reader(self.mailbox.fileno())
-            self._loop = None
+        self._unlisten()
 
     def close(self) -> None:
         """Stop, and close the descriptors this worker was given (a worker's own exit does this too)."""
         self.stop()
-        for s in (self.mailbox, *self.inboxes):
-            s.close()
+        self._close_mail()
         self.table.close()
 
     # ------------------------------------------------------------------ counts

@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 import structlog
 
-from proxy.mailboxes import MailSpec, open_mail
+from proxy.mailboxes import MailSpec, WorkerMailbox
 
 log = structlog.get_logger("kafkatap.proxy")
 
@@ -56,7 +56,7 @@ def decode(data: bytes) -> list[Learning]:
     return out
 
 
-class BrokerNews:
+class BrokerNews(WorkerMailbox):
     """A worker's side: tell the siblings what this worker learned, apply what they learned.
 
     `announce` may be called before `start` (discovery at start-up): what it is given waits and
@@ -66,32 +66,27 @@ class BrokerNews:
 
     def __init__(self, spec: MailSpec) -> None:
         self.me = spec.index
-        self.mailbox, self.inboxes = open_mail(spec.mailbox_fd, spec.inbox_fds)
+        super().__init__(spec.mailbox_fd, spec.inbox_fds)
         self.sent = 0  # learnings announced (each to every sibling)
         self.applied = 0  # siblings' learnings that changed this worker's map
         self.lost = 0  # learnings a sibling could not be sent, and unreadable messages
         self._pending: list[Learning] = []
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._apply: Callable[[int, str, int, int], bool] | None = None
         self._flush_due = False
         self._said: set[str] = set()  # failures logged once each
 
     def start(self, loop: asyncio.AbstractEventLoop, apply: Callable[[int, str, int, int], bool]) -> None:
-        self._loop, self._apply = loop, apply
-        loop.add_reader(self.mailbox.fileno(), self._drain)
+        self._apply = apply
+        self._listen(loop, self._drain)
         if self._pending:
             self._schedule()
 
     def stop(self) -> None:
         """No more reading; what siblings send meanwhile waits in the mailbox (a restarted worker reads it)."""
-        if self._loop is not None:
-            self._loop.remove_reader(self.mailbox.fileno())
-            self._loop = None
+        self._unlisten()
 
     def close(self) -> None:
-        self.stop()
-        for s in (self.mailbox, *self.inboxes):
-            s.close()
+        self._close_mail()
 
     # ------------------------------------------------------------------ sending
     def announce(self, node_id: int, host: str, port: int, at: int) -> None:

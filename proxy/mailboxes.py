@@ -13,7 +13,9 @@ Used by connection passing (`proxy.balance`) and by the workers' broker news
 
 from __future__ import annotations
 
+import asyncio
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -65,3 +67,27 @@ def open_mail(mailbox_fd: int, inbox_fds: tuple[int, ...]) -> tuple[socket.socke
     for s in (mailbox, *inboxes):
         s.setblocking(False)
     return mailbox, inboxes
+
+
+class WorkerMailbox:
+    """A worker's end of one set of mailboxes, read on its event loop: the part `proxy.balance.Balancer` and
+    `proxy.broker_news.BrokerNews` share (open the inherited descriptors, read while listening, close)."""
+
+    def __init__(self, mailbox_fd: int, inbox_fds: tuple[int, ...]) -> None:
+        self.mailbox, self.inboxes = open_mail(mailbox_fd, inbox_fds)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _listen(self, loop: asyncio.AbstractEventLoop, on_readable: Callable[[], None]) -> None:
+        self._loop = loop
+        loop.add_reader(self.mailbox.fileno(), on_readable)
+
+    def _unlisten(self) -> None:
+        """No more reading; what is sent meanwhile waits in the mailbox (a restarted worker reads it)."""
+        if self._loop is not None:
+            self._loop.remove_reader(self.mailbox.fileno())
+            self._loop = None
+
+    def _close_mail(self) -> None:
+        self._unlisten()
+        for s in (self.mailbox, *self.inboxes):
+            s.close()
