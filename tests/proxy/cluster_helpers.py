@@ -20,6 +20,18 @@ from proxy.cluster import ClusterConfig, ClusterMode
 from proxy.running import RunningProxy
 
 
+def three_nodes(**kw: Any) -> Iterator[LocalKafka]:
+    """Three combined broker+controller nodes, default advertised.listeners (their own addresses), for a
+    module-scoped fixture to `yield from`."""
+    kafka = LocalKafka(nodes=3, heap="512m", **kw)
+    kafka.start()
+    try:
+        yield kafka
+    finally:
+        kafka.stop()
+        kafka.cleanup()
+
+
 def free_port_run(n: int, host: str = "127.0.0.1") -> int:
     """A port p such that p .. p+n-1 are all free (listen port, then one per broker above it)."""
     for _ in range(200):

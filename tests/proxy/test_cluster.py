@@ -19,11 +19,10 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
-from cluster_helpers import PROXY, cluster_proxy, free_port_run, kcat_brokers, proxy_ports
+from cluster_helpers import PROXY, cluster_proxy, free_port_run, kcat_brokers, proxy_ports, three_nodes
 from harness.java_clients import JavaClients
 from harness.kafka import LocalKafka, partition_states
 from harness.wire import WireClient
@@ -32,20 +31,9 @@ from protocol.apis import METADATA
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 
-def _three_nodes(**kw: Any) -> Iterator[LocalKafka]:
-    """Three combined broker+controller nodes, default advertised.listeners (their own addresses)."""
-    kafka = LocalKafka(nodes=3, heap="512m", **kw)
-    kafka.start()
-    try:
-        yield kafka
-    finally:
-        kafka.stop()
-        kafka.cleanup()
-
-
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalKafka]:
-    yield from _three_nodes()
+    yield from three_nodes()
 
 
 def _records_produced(sink, topic: str) -> int:
@@ -297,7 +285,7 @@ def test_broker_killed_and_restarted_leadership_moves_traffic_keeps_flowing(clus
 def cluster_37() -> Iterator[LocalKafka]:
     from harness.jars import INCIDENT_VERSION
 
-    yield from _three_nodes(version=INCIDENT_VERSION)
+    yield from three_nodes(version=INCIDENT_VERSION)
 
 
 def test_cluster_37(cluster_37, sink) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from cluster_helpers import CliProxy, free_port_run
+from cluster_helpers import CliProxy, free_port_run, three_nodes
 from harness.kafka import LocalKafka, free_port
 from harness.wire import WireClient
 from protocol.apis import API_VERSIONS, METADATA
@@ -34,13 +34,7 @@ BROKERS_ONLY = {"topics": [], "allow_auto_topic_creation": False}
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalKafka]:
     """Three nodes of their own: one of them is moved to another port."""
-    kafka = LocalKafka(nodes=3, heap="512m")
-    kafka.start()
-    try:
-        yield kafka
-    finally:
-        kafka.stop()
-        kafka.cleanup()
+    yield from three_nodes()
 
 
 def _brokers(host: str, port: int) -> set[tuple[int, int]]:
