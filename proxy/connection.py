@@ -22,7 +22,9 @@ Design (why it looks like this):
                     pipelines 10,000 unanswered requests gets there;
     + ≤ 16 MiB      forwarded chunks waiting to be observed, only while
                     decoding is behind (proxy.observer; past it the
-                    connection goes opaque, the relay never waits).
+                    connection goes opaque, the relay never waits);
+                    small reads wait ≤ 10 ms for their batch this way,
+                    ≤ 64 of ≤ 16 KiB per process.
   Cluster mode (and Kafka faults) collect the frames they may edit whole: all
   connections of a process together hold ≤ 256 MiB of them, then the next
   such frame's source waits (proxy.intercept.EditMemory).

@@ -32,6 +32,11 @@ exceeds `MAX_BACKLOG_BYTES` (16 MiB) stops being observed (kind
 `observation_backlog`, the bytes counted as skipped, its requests in flight
 counted as dropped) — the relay is never slowed to decode.
 
+Small reads linger (`LINGER_S`): a chunk of at most `LINGER_CHUNK_MAX` bytes is queued as if
+behind, and the loop's scheduler decodes every such chunk in one batch a few ms later, through the
+same turns; a lone small frame decoded cold costs several times what it costs in a batch (the
+constants below say how much). Shutdown's last resort (`hurry`) decodes what is still queued.
+
 Closing a connection with up to `max_in_flight` (10,000) unanswered requests
 builds their rows the same way, a turn's budget at a time, and the
 connection row follows the last of them.
@@ -95,25 +100,74 @@ UNANSWERED_STEP = 16  # rows of requests left unanswered at close built per step
 # one socket per loop iteration, so the bound must hold a few such bursts of cheap (large) frames.
 MAX_BACKLOG_BYTES = 16 << 20
 
+# Lingering (issue 16, the added p50). A small chunk is not decoded in the read callback that forwarded it: it
+# waits, queued like a backlog, for a batch, decoded in one turn LINGER_S later (or at once when LINGER_BATCH
+# chunks wait). Why: decoding one small frame on its own is cold work. At a few hundred requests a second, a
+# ~200-byte Produce request took ~44 µs to observe and its response ~50 µs, where the same decode takes ~8 µs
+# in a loop; and that decode evicted the relay's own code and data from the caches, so the next forward ran
+# cold too. Deferring each chunk alone by 3 ms changed nothing; decoding them ~8 at a time cut the observe cost
+# to ~9-13 µs a frame and the added p50 of a sparse acks=1 Produce from ~+60 µs over the bare relay to ~+20
+# (bench/RESULTS.md, thirty-second session). Rows, live stats and log lines come up to LINGER_S later; their
+# timestamps are the reads' and flushes' own (the flush marks of `proxy.timing`), so no figure changes. Large
+# chunks (mostly record bytes skipped by length) gain nothing from a batch and are decoded at once as before.
+# A loop busy enough to queue LINGER_BATCH chunks in LINGER_S decodes them at once: a batch is there already.
+LINGER_S = 0.010
+LINGER_CHUNK_MAX = 16 << 10  # chunks up to this size may linger
+LINGER_BATCH = 64  # lingering chunks (all connections of the loop) that make the batch's turn run at once
+HURRY_NS = 200_000_000  # shutdown's last resort decodes what is queued for at most this long, then skips the rest
+
 
 class ObserveScheduler:
     """One per event loop: the decode budget of the current turn and the observers waiting for theirs."""
 
     _per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ObserveScheduler] = weakref.WeakKeyDictionary()
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, linger_s: float = 0.0) -> None:
+        """`linger_s` 0: every chunk is decoded as soon as the budget allows (unit tests of the budget); the
+        proxy's scheduler (`for_loop`) lets small chunks linger LINGER_S for a batch."""
         self.loop = loop
         self.used = 0  # units spent in this turn
         self.until = 0  # perf_counter_ns() at which this turn's decoding time is spent
         self.ready: deque[Observer] = deque()
-        self.scheduled = False
+        self.scheduled = False  # a turn is due at the loop's next iteration (call_soon)
+        self.linger_s = linger_s
+        self.lingering = 0  # small chunks queued for the batch since the last turn
+        self._linger_timer: asyncio.TimerHandle | None = None
 
     @classmethod
     def for_loop(cls, loop: asyncio.AbstractEventLoop) -> ObserveScheduler:
         s = cls._per_loop.get(loop)
         if s is None:
-            s = cls._per_loop[loop] = cls(loop)
+            s = cls._per_loop[loop] = cls(loop, LINGER_S)
         return s
+
+    def lingers(self, nbytes: int) -> bool:
+        """A chunk of `nbytes` waits for the batch instead of being decoded in its read callback."""
+        return self.linger_s > 0 and nbytes <= LINGER_CHUNK_MAX
+
+    def linger(self, obs: Observer) -> None:
+        """`obs` queued a small chunk: decode it with the batch, in a turn LINGER_S from the first one (or now,
+        when a turn is due anyway or the batch is full)."""
+        self.lingering += 1
+        if not obs.waiting:
+            obs.waiting = True
+            self.ready.append(obs)
+        if self.scheduled:
+            return
+        if self.lingering >= LINGER_BATCH:
+            self._soon()
+        elif self._linger_timer is None:
+            self._linger_timer = self.loop.call_later(self.linger_s, self._linger_due)
+
+    def _linger_due(self) -> None:
+        self._linger_timer = None
+        if not self.scheduled:
+            self.scheduled = True
+            self._turn()
+
+    def _soon(self) -> None:
+        self.scheduled = True
+        self.loop.call_soon(self._turn)
 
     def spend_all(self) -> None:
         """Use up this turn's budget (tests: what a busy turn looks like)."""
@@ -140,16 +194,19 @@ class ObserveScheduler:
         return True
 
     def wait(self, obs: Observer) -> None:
-        """`obs` has queued work: give it slices round-robin from the next turn on (once, however often asked)."""
-        if obs.waiting:
-            return
-        obs.waiting = True
-        self.ready.append(obs)
+        """`obs` has queued work: give it slices round-robin from the next turn on (queued once, however often
+        asked; a lingering batch it is part of is then decoded from the next turn too)."""
+        if not obs.waiting:
+            obs.waiting = True
+            self.ready.append(obs)
         if not self.scheduled:
-            self.scheduled = True
-            self.loop.call_soon(self._turn)
+            self._soon()
 
     def _turn(self) -> None:
+        self.lingering = 0  # this turn serves every queued chunk, the lingering ones too
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+            self._linger_timer = None
         self.used = 0
         self.until = perf_counter_ns() + min(TURN_NS * max(1, len(self.ready)), TURN_MAX_NS)
         ready = self.ready
@@ -230,8 +287,15 @@ class Observer:
             return
         backlog = self._backlog
         st = self.stream
+        if st is not None and sched.lingers(len(data)):  # a small chunk: decoded with the batch (LINGER_S)
+            self._queue(request, data, now_ns)
+            if self._backlog_bytes > MAX_BACKLOG_BYTES:
+                self._fall_behind()
+            else:
+                sched.linger(self)
+            return
         if not backlog and (st is None or self._slice_end(request, data, 0, SLICE_FRAMES_MAX) >= len(data)) \
-                and sched.may_decode_now():  # the common case: a few frames, decoded now
+                and sched.may_decode_now():  # a large chunk, or no lingering: decoded now if the turn allows
             f = self.facts
             before = f.requests + f.from_broker.frames
             self._observe(request, data, now_ns)
@@ -241,11 +305,7 @@ class Observer:
             self.settle(request)
             return
         n = len(data)
-        backlog.append([request, data, now_ns, 0])
-        self._backlog_bytes += n
-        if len(backlog) == 1:  # falling behind from here: flush marks keep the "sent" times of each flush
-            self._req_stamps.mark()
-            self._resp_stamps.mark()
+        self._queue(request, data, now_ns)
         deadline = perf_counter_ns() + (n >> CREDIT_SHIFT)  # what this read earned, then the turns' share
         while perf_counter_ns() < deadline and self.step():
             pass
@@ -255,6 +315,15 @@ class Observer:
             self._fall_behind()
         else:
             sched.wait(self)
+
+    def _queue(self, request: bool, data: Any, now_ns: int) -> None:
+        """Queue a forwarded chunk for a later turn."""
+        backlog = self._backlog
+        backlog.append([request, data, now_ns, 0])
+        self._backlog_bytes += len(data)
+        if len(backlog) == 1:  # behind from here: flush marks keep the "sent" times of each flush
+            self._req_stamps.mark()
+            self._resp_stamps.mark()
 
     def _slice_frames(self) -> int:
         """Whole frames per slice: 4 while few connections wait for decoding, up to 16 when many do."""
@@ -323,8 +392,17 @@ class Observer:
             self.decoder_failed(exc)
             return len(data)
 
-    def hurry(self) -> None:
-        """Shutdown's last resort: end now. Queued bytes are counted as skipped, unanswered rows built at once."""
+    def hurry(self, budget_ns: int = HURRY_NS) -> None:
+        """Shutdown's last resort: end now. What is queued is decoded for up to `budget_ns` (usually a lingering
+        batch of small chunks: a few µs), the rest counted as skipped; unanswered rows are built at once."""
+        deadline = perf_counter_ns() + budget_ns
+        while self._backlog and perf_counter_ns() < deadline:  # the connection's end too, when queued
+            try:
+                more = self.step()
+            except Exception as exc:  # noqa: BLE001 — as in a turn: opaque first, then left to the skip below
+                more = self.step_failed(exc)
+            if not more:
+                break
         if self._backlog:
             self._fall_behind()
         if self._unanswered:

@@ -30,7 +30,7 @@ from proxy.facts import ConnectionFacts
 from proxy.faults import NO_FAULTS, DirectionFaults, Faults
 from proxy.flow import HOLD_PEER_BUFFER
 from proxy.metrics import MAX_HISTOGRAMS, MAX_LABEL_SETS, LiveStats
-from proxy.observer import TURN_BUDGET, ObserveScheduler, Observer
+from proxy.observer import LINGER_BATCH, LINGER_CHUNK_MAX, TURN_BUDGET, ObserveScheduler, Observer
 from proxy.running import RunningProxy
 from proxy.timing import SendStamps
 from proxy_upstreams import EchoServer, OneShotServer, recv_all
@@ -103,21 +103,87 @@ def test_observation_behind_the_relay_keeps_the_flush_times():
         sched = obs._sched
         assert sched is not None
         sched.spend_all()  # this turn's budget is spent: the next chunks wait for a turn
-        q, a = _req(41), _answer(41)
-        req.handed(len(q), 1_500)
-        obs.feed(True, q, 1_000)
-        req.handed(100, 2_500)  # more bytes flushed later, before the queued chunk is decoded
-        resp.handed(len(a), 9_700)
-        obs.feed(False, a, 9_000)
+        _feed_one_exchange_flushing_more_before_decoding(obs, req, resp)
         assert out.requests == [] and obs.behind
         loop.call_soon(loop.stop)
         loop.run_forever()
         loop.run_until_complete(asyncio.sleep(0))
     finally:
         loop.close()
+    _assert_the_row_has_its_own_times(out)
+    assert not obs.behind
+
+
+def _feed_one_exchange_flushing_more_before_decoding(obs: Observer, req: SendStamps, resp: SendStamps) -> None:
+    """A request read at 1,000 and flushed at 1,500, more bytes flushed at 2,500, its answer read at 9,000 and
+    flushed at 9,700: all before the observer decodes any of it."""
+    q, a = _req(41), _answer(41)
+    req.handed(len(q), 1_500)
+    obs.feed(True, q, 1_000)
+    req.handed(100, 2_500)
+    resp.handed(len(a), 9_700)
+    obs.feed(False, a, 9_000)
+
+
+def _assert_the_row_has_its_own_times(out: _Rows) -> None:
     (row,) = out.requests
     assert (row["req_first_ns"], row["req_sent_ns"], row["resp_first_ns"], row["resp_sent_ns"]) == (1_000, 1_500, 9_000, 9_700)
-    assert not obs.behind
+
+
+
+def test_small_chunks_linger_for_one_batch_and_keep_their_own_times():
+    """The proxy's scheduler decodes small chunks in a batch LINGER_S later, not in the read callback (a lone small
+    frame decoded cold cost ~45 µs, in a batch ~10): nothing is decoded until the batch's turn, and the row's times
+    are still the reads' and flushes' own."""
+    loop = asyncio.new_event_loop()
+    caught_up = loop.create_future()
+    try:
+        sched = ObserveScheduler(loop, linger_s=0.001)
+        obs, req, resp, out = _observer(scheduler=sched, on_quiet=lambda: caught_up.done() or caught_up.set_result(True))
+        _feed_one_exchange_flushing_more_before_decoding(obs, req, resp)
+        assert obs.facts.requests == 0 and out.requests == [] and obs.behind
+        assert not sched.scheduled and sched.lingering == 2  # no turn at the next iteration: the batch's timer
+        loop.run_until_complete(asyncio.wait_for(caught_up, 5))  # the batch's turn: decoded, answered, quiet
+    finally:
+        loop.close()
+    _assert_the_row_has_its_own_times(out)
+    assert not obs.behind and sched.lingering == 0
+
+
+def test_a_full_batch_of_lingering_chunks_is_decoded_at_the_next_turn():
+    """A loop busy enough to queue LINGER_BATCH small chunks has its batch: it is decoded at once, not LINGER_S later."""
+    loop = asyncio.new_event_loop()
+    try:
+        sched = ObserveScheduler(loop, linger_s=3600.0)  # the timer never fires in this test
+        observers = [_observer(scheduler=sched) for _ in range(2)]
+        for i in range(LINGER_BATCH):
+            obs, req, _, _ = observers[i % 2]
+            q = _req(i)
+            req.handed(len(q), 10)
+            obs.feed(True, q, 5)
+            assert sched.scheduled == (i == LINGER_BATCH - 1)
+        turns = iter(range(1_000))  # the batch's turns, each its decode budget: at the next iterations, no timer
+        _per_turn(loop, lambda: 0, lambda: any(o.behind for o, *_ in observers) and next(turns, None) is not None)
+    finally:
+        loop.close()
+    assert [o.facts.requests for o, *_ in observers] == [LINGER_BATCH // 2] * 2
+    assert not any(o.behind for o, *_ in observers) and sched.lingering == 0 and sched._linger_timer is None
+
+
+def test_a_large_chunk_does_not_linger():
+    """Large chunks (mostly record bytes skipped by length) gain nothing from a batch: decoding starts in the read
+    callback, as without lingering."""
+    loop = asyncio.new_event_loop()
+    try:
+        sched = ObserveScheduler(loop, linger_s=3600.0)
+        obs, req, _, _ = _observer(scheduler=sched)
+        data = b"".join(_req(cid) for cid in range(LINGER_CHUNK_MAX // len(_req(0)) + 1))
+        assert len(data) > LINGER_CHUNK_MAX
+        req.handed(len(data), 10)
+        obs.feed(True, data, 5)
+        assert obs.facts.requests > 0 and sched.lingering == 0 and sched._linger_timer is None
+    finally:
+        loop.close()
 
 
 # ---------------------------------------------------------------- 3. labels a client chooses are bounded
@@ -137,12 +203,14 @@ def test_live_stats_fold_label_sets_past_the_cap_into_other():
 
 
 # ---------------------------------------------------------------- 4. every request: a row or a counted drop
-def _observer(stream: Any = None, scheduler: ObserveScheduler | None = None, quiet: list | None = None
-              ) -> tuple[Observer, SendStamps, SendStamps, _Rows]:
+def _observer(stream: Any = None, scheduler: ObserveScheduler | None = None, quiet: list | None = None,
+              on_quiet: Callable[[], Any] | None = None) -> tuple[Observer, SendStamps, SendStamps, _Rows]:
     facts = ConnectionFacts(proxy_id="p", conn_id="c1", listener="l", mode="explicit", opened_ns=0)
     req, resp, out = SendStamps(), SendStamps(), _Rows()
+    if on_quiet is None:
+        on_quiet = (lambda: quiet.append(1)) if quiet is not None else (lambda: None)
     obs = Observer(stream or KafkaStream(), facts, req, resp, out, lambda *a, **k: None, scheduler=scheduler,
-                   on_quiet=(lambda: quiet.append(1)) if quiet is not None else (lambda: None))
+                   on_quiet=on_quiet)
     return obs, req, resp, out
 
 
@@ -483,8 +551,8 @@ def test_requests_files_carry_the_relays_drop_reasons(tmp_path):
     assert pq.read_table(f).column("acks").to_pylist() == [300]  # int16: the row was not rejected
 
 
-def test_a_forced_close_finishes_observation_at_once():
-    """Shutdown's last resort closes the sink next: rows still queued for later turns are built now."""
+def _forced_close_of_a_backlog(budget_ns: int) -> tuple[Observer, Any, list[bool], int, bytes]:
+    """2,000 requests queued behind a spent budget, the connection closed, then shutdown's `hurry(budget_ns)`."""
     loop = asyncio.new_event_loop()
     ended: list[bool] = []
     try:
@@ -497,9 +565,25 @@ def test_a_forced_close_finishes_observation_at_once():
         assert decoded < 100
         obs.close(99, lambda: ended.append(True))
         assert obs.behind and not ended
-        obs.hurry()
+        obs.hurry(budget_ns)
     finally:
         loop.close()
+    return obs, out, ended, decoded, data
+
+
+def test_a_forced_close_decodes_what_is_queued():
+    """Shutdown's last resort closes the sink next: what is still queued (a lingering batch, a backlog) is decoded
+    now, within its time bound, and every request gets its row before the connection's."""
+    obs, out, ended, _, _ = _forced_close_of_a_backlog(budget_ns=10**10)
+    f = obs.facts
+    assert ended == [True] and not obs.behind
+    assert f.requests == 2_000 and len(out.requests) == 2_000 and not f.dropped
+    assert f.skipped_bytes == 0 and f.opaque_kind is None
+
+
+def test_a_forced_close_past_its_time_bound_skips_the_rest():
+    """With no time left, the queued bytes are counted as skipped, and the connection says why."""
+    obs, out, ended, decoded, data = _forced_close_of_a_backlog(budget_ns=0)
     f = obs.facts
     assert ended == [True] and not obs.behind
     # nothing lost without a count: what was decoded is counted as dropped (its connection gave up observing),
