@@ -20,6 +20,7 @@ import random
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from time import monotonic
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +102,12 @@ class DelayedWriter:
         on_backlog: Callable[[bool], None],
         rng: random.Random,
         limit: int = 1 << 20,
+        clock: Callable[[], float] = monotonic,
     ) -> None:
+        """`clock`: seconds on the precise monotonic clock the relay's stamps use. Not the loop's: uvloop counts
+        timers in whole milliseconds from the loop iteration's start, so a chunk due by the loop's clock could go
+        out ~1 ms before its latency had passed; a timer that fires early is armed again for the rest."""
+        self._clock = clock
         self._loop = loop
         self._spec = spec
         self._write = write
@@ -122,7 +128,7 @@ class DelayedWriter:
         return self._queued
 
     def send(self, data: bytes) -> None:
-        now = self._loop.time()
+        now = self._clock()
         s = self._spec
         delay = s.latency_ms / 1000.0
         if s.jitter_ms:
@@ -136,7 +142,7 @@ class DelayedWriter:
         self._queue.append((due, data))
         self._queued += len(data)
         if self._timer is None:
-            self._timer = self._loop.call_at(self._queue[0][0], self._release)
+            self._arm(now)
         if not self._backlogged and self._queued > self._limit:
             self._backlogged = True
             self._on_backlog(True)
@@ -148,16 +154,19 @@ class DelayedWriter:
         else:
             self._eof_pending = fn
 
+    def _arm(self, now: float, at_least: float = 0.0) -> None:
+        self._timer = self._loop.call_later(max(self._queue[0][0] - now, at_least), self._release)
+
     def _release(self) -> None:
         self._timer = None
-        now = self._loop.time()
+        now = self._clock()
         while self._queue and self._queue[0][0] <= now:
             _, data = self._queue.popleft()
             self._queued -= len(data)
             self._write(data)
             self._on_written(len(data))
         if self._queue:
-            self._timer = self._loop.call_at(self._queue[0][0], self._release)
+            self._arm(now, at_least=0.001)  # an early timer waits one more millisecond at least, never less than due
         elif self._eof_pending is not None:
             fn, self._eof_pending = self._eof_pending, None
             fn()

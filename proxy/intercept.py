@@ -52,6 +52,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from struct import Struct
+from time import monotonic
 from typing import Any, Protocol
 
 from protocol.apis import PRODUCE, SASL_HANDSHAKE, api_info
@@ -736,20 +737,32 @@ class FrameEditor:
         side.out.append(data)
 
     def _delay(self, side: _Side, seconds: float) -> None:
-        """Hold this flow's output (the frame about to be emitted and all after it) for `seconds`."""
-        until = self.loop.time() + seconds
+        """Hold this flow's output (the frame about to be emitted and all after it) for `seconds`.
+
+        The deadline is on the precise monotonic clock (the one row times come from), not the loop's: uvloop
+        counts timers in whole milliseconds from when the loop iteration began, so a 300 ms hold measured from
+        the read could end ~1 ms early. A timer that fires before the deadline is armed again for the rest.
+        """
+        until = monotonic() + seconds
         if side.queue is None:
             if side.out:  # what came before the delayed frame goes now
                 self._flush_out(side, self.clock())
             side.queue = deque()
         if until > side.hold_until:
             side.hold_until = until
-            if side.timer is not None:
-                side.timer.cancel()
-            side.timer = self.loop.call_at(until, self._release, side)
+            self._arm(side, seconds)
+
+    def _arm(self, side: _Side, seconds: float) -> None:
+        if side.timer is not None:
+            side.timer.cancel()
+        side.timer = self.loop.call_later(seconds, self._release, side)
 
     def _release(self, side: _Side) -> None:
         side.timer = None
+        left = side.hold_until - monotonic()
+        if left > 0:  # the loop's millisecond timer was early: at least one more millisecond, never less than asked
+            self._arm(side, max(left, 0.001))
+            return
         q, side.queue = side.queue, None
         side.queued = 0
         # Each piece goes to the observer with the time it was read, not now: the held time is the proxy's

@@ -66,7 +66,7 @@ def test_refuse_new_connections_then_accept_again(sink):
 
 
 class _Clock:
-    """The two loop methods DelayedWriter uses, on a clock the test moves."""
+    """DelayedWriter's clock and the loop method it uses, on a time the test moves."""
 
     def __init__(self) -> None:
         self.t = 1.0
@@ -74,7 +74,7 @@ class _Clock:
     def time(self) -> float:
         return self.t
 
-    def call_at(self, when: float, fn) -> object:  # noqa: ANN001 — the timer is not run: the test reads the queue
+    def call_later(self, delay: float, fn) -> object:  # noqa: ANN001 — the timer is not run: the test reads the queue
         return object()
 
 
@@ -87,10 +87,40 @@ def test_a_capped_link_still_pays_its_latency() -> None:
 
     clock = _Clock()
     w = DelayedWriter(clock, DirectionFaults(latency_ms=100, bandwidth_bps=100_000), lambda b: None,  # type: ignore[arg-type]
-                      lambda n: None, lambda p: None, random.Random(1))
+                      lambda n: None, lambda p: None, random.Random(1), clock=clock.time)
     w.send(b"x" * 100_000)  # 1 s on the link, then 100 ms of travel
     w.send(b"y" * 10)
     assert [round(due, 4) for due, _ in w._queue] == [2.1, 2.1001]
     clock.t = 10.0  # an idle link: a small chunk costs its latency (and its 0.1 ms on the link)
     w.send(b"z" * 10)
     assert round(w._queue[-1][0], 4) == 10.1001
+
+
+def test_a_latency_never_ends_early_on_uvloops_millisecond_timers() -> None:
+    """uvloop counts a timer in whole milliseconds from the start of the loop iteration: a chunk due by the loop's
+    clock could go out ~1 ms before its latency had passed. Measured on the precise clock, from each send."""
+    import asyncio
+    import random
+    import time
+
+    import uvloop
+
+    from proxy.faults import DelayedWriter
+
+    loop = uvloop.new_event_loop()
+    held: list[float] = []
+    try:
+        for i in range(30):
+            out = loop.create_future()
+            w = DelayedWriter(loop, DirectionFaults(latency_ms=7), lambda b, f=out: f.set_result(time.monotonic()),
+                              lambda n: None, lambda p: None, random.Random(i))
+            started = loop.create_future()
+            loop.call_later(0.0005 * (i % 3), started.set_result, None)
+            loop.run_until_complete(started)
+            time.sleep(0.0003 * (i % 4))  # work done earlier in the same callback: the loop's clock lags behind
+            t0 = time.monotonic()
+            w.send(b"x")
+            held.append(loop.run_until_complete(asyncio.wait_for(out, 5)) - t0)
+    finally:
+        loop.close()
+    assert min(held) >= 0.007, sorted(held)[:3]

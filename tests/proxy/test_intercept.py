@@ -201,6 +201,36 @@ def test_delay_holds_the_flow_and_what_follows() -> None:
         loop.close()
 
 
+
+def test_a_delay_never_ends_early_on_uvloops_millisecond_timers() -> None:
+    """uvloop counts a timer in whole milliseconds from the start of the loop iteration, so a hold armed on the
+    loop's clock could end up to ~1 ms before the time asked for, measured from the read (a 300 ms `delay=`
+    recorded 299.8 ms). Each of these holds is measured on the precise clock, from the frame's arrival."""
+    import time
+
+    import uvloop
+
+    loop = uvloop.new_event_loop()
+    held: list[float] = []
+    try:
+        for cid in range(1, 31):
+            ed, port = editor(Wants(on_response=lambda h, f: Edit(delay_s=0.007)), loop)
+            ed.feed(True, produce(cid, 1), 0)
+            # the read happens some way into a loop iteration, as a proxied one does
+            started = loop.create_future()
+            loop.call_later(0.0005 * (cid % 3), started.set_result, None)
+            loop.run_until_complete(started)
+            time.sleep(0.0003 * (cid % 4))  # work done earlier in the same callback: the loop's clock lags behind
+            t0 = time.monotonic()
+            ed.feed(False, response(PRODUCE, 9, cid), 0)
+            port.waiter = loop.create_future()
+            loop.run_until_complete(asyncio.wait_for(port.waiter, 5))
+            held.append(time.monotonic() - t0)
+    finally:
+        loop.close()
+    assert min(held) >= 0.007, sorted(held)[:3]
+
+
 def test_garbage_turns_the_editor_into_pass_through_once() -> None:
     ed, port = editor(Wants())
     tls = bytes.fromhex("160301020001") + bytes(range(256)) * 3
