@@ -23,8 +23,8 @@ Design (why it looks like this):
     + ≤ 16 MiB      forwarded chunks waiting to be observed, only while
                     decoding is behind (proxy.observer; past it the
                     connection goes opaque, the relay never waits);
-                    small reads wait ≤ 10 ms for their batch this way,
-                    ≤ 64 of ≤ 16 KiB per process.
+                    small reads (≤ 16 KiB) also wait here for their
+                    batch, about 10 ms, under the same bound.
   Cluster mode (and Kafka faults) collect the frames they may edit whole: all
   connections of a process together hold ≤ 256 MiB of them, then the next
   such frame's source waits (proxy.intercept.EditMemory).
@@ -578,13 +578,14 @@ class Connection:
         self._set_end("idle_timeout", "proxy", f"no bytes either way for {idle_s:g} s")
         self.close()
 
-    def force_close(self) -> None:
-        """Last resort at shutdown: reset both sides and record the connection now."""
+    def force_close(self, hurry_until_ns: int | None = None) -> None:
+        """Last resort at shutdown: reset both sides and record the connection now. What its observer has queued is
+        decoded until `hurry_until_ns` (one deadline for all the connections a stop forces: `Observer.hurry`)."""
         self.abort()
         self.client.closed = self.broker.closed = True
         self._finish()
         if self.observer is not None:  # the sink closes next: no row may wait for a later turn
-            self.observer.hurry()
+            self.observer.hurry(hurry_until_ns)
 
     def _cancel_connect(self) -> None:
         if self._connect_task is not None and not self._connect_task.done():
@@ -655,9 +656,14 @@ class Connection:
         return fut
 
     def _quiet(self) -> None:
-        """Wake a graceful shutdown waiting for this connection to have nothing in flight."""
-        if self.observer is not None and self.observer.behind and not self._finished:
-            return  # the observer calls again when it caught up
+        """Wake a graceful shutdown waiting for this connection: it ended, or what was forwarded is observed and
+        nothing is in flight or nothing more can be answered (the broker sent its FIN)."""
+        if not self._finished:
+            obs = self.observer
+            if obs is not None and obs.behind:
+                return  # the observer calls again when it caught up
+            if self.facts.inflight > 0 and not self.broker.eof:
+                return
         if self._drain_waiter is not None and not self._drain_waiter.done():
             self._drain_waiter.set_result(None)
 

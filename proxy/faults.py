@@ -160,13 +160,15 @@ class DelayedWriter:
     def _release(self) -> None:
         self._timer = None
         now = self._clock()
+        released = 0
         while self._queue and self._queue[0][0] <= now:
             _, data = self._queue.popleft()
             self._queued -= len(data)
             self._write(data)
             self._on_written(len(data))
-        if self._queue:
-            self._arm(now, at_least=0.001)  # an early timer waits one more millisecond at least, never less than due
+            released += 1
+        if self._queue:  # a timer that fired early (nothing was due) waits a millisecond at least: never a busy loop
+            self._arm(now, at_least=0.0 if released else 0.001)
         elif self._eof_pending is not None:
             fn, self._eof_pending = self._eof_pending, None
             fn()

@@ -114,7 +114,12 @@ MAX_BACKLOG_BYTES = 16 << 20
 LINGER_S = 0.010
 LINGER_CHUNK_MAX = 16 << 10  # chunks up to this size may linger
 LINGER_BATCH = 64  # lingering chunks (all connections of the loop) that make the batch's turn run at once
-HURRY_NS = 200_000_000  # shutdown's last resort decodes what is queued for at most this long, then skips the rest
+HURRY_NS = 200_000_000  # shutdown's last resort decodes what every connection has queued for this long in all, then skips
+
+
+def hurry_deadline() -> int:
+    """The time (perf_counter_ns) until which a forced stop decodes queued chunks: HURRY_NS from now."""
+    return perf_counter_ns() + HURRY_NS
 
 
 class ObserveScheduler:
@@ -287,7 +292,7 @@ class Observer:
             return
         backlog = self._backlog
         st = self.stream
-        if st is not None and sched.lingers(len(data)):  # a small chunk: decoded with the batch (LINGER_S)
+        if st is not None and self.facts.opaque_kind is None and sched.lingers(len(data)):  # small: with the batch
             self._queue(request, data, now_ns)
             if self._backlog_bytes > MAX_BACKLOG_BYTES:
                 self._fall_behind()
@@ -377,8 +382,7 @@ class Observer:
         self._spent(f.requests + f.from_broker.frames - before)
         if not self._backlog:
             self._end_marks()
-            if f.inflight <= 0:
-                self._on_quiet()
+            self._on_quiet()  # caught up: whoever waits decides from here (nothing in flight, or the broker's FIN)
             return False
         return True
 
@@ -392,10 +396,11 @@ class Observer:
             self.decoder_failed(exc)
             return len(data)
 
-    def hurry(self, budget_ns: int = HURRY_NS) -> None:
-        """Shutdown's last resort: end now. What is queued is decoded for up to `budget_ns` (usually a lingering
-        batch of small chunks: a few µs), the rest counted as skipped; unanswered rows are built at once."""
-        deadline = perf_counter_ns() + budget_ns
+    def hurry(self, until_ns: int | None = None) -> None:
+        """Shutdown's last resort: end now. What is queued is decoded until `until_ns` (perf_counter_ns; one
+        deadline for every connection the stop forces: `hurry_deadline`), the rest counted as skipped; unanswered
+        rows are built at once. Usually what is queued is a lingering batch of small chunks: a few µs."""
+        deadline = hurry_deadline() if until_ns is None else until_ns
         while self._backlog and perf_counter_ns() < deadline:  # the connection's end too, when queued
             try:
                 more = self.step()

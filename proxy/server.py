@@ -44,6 +44,7 @@ from proxy.faults import NO_FAULTS, Faults
 from proxy.listener import Acceptor, bind_listener
 from proxy.log_limits import ConnectFailureLog
 from proxy.marks import set_mark
+from proxy.observer import hurry_deadline
 from proxy.sinks import GuardedSink, NullSink, RecordSink, default_proxy_id
 from proxy.topics import TopicMap, TopicNamingSink, TopicResolver
 from recording.software_version import KAFKATAP_VERSION
@@ -417,8 +418,9 @@ class ProxyServer:
                     await asyncio.wait_for(self._all_closed.wait(), 2.0)
                 except asyncio.TimeoutError:
                     pass
+            until = hurry_deadline()  # what the forced connections have queued is decoded until then, all together
             for c in list(self.conns):
-                c.force_close()
+                c.force_close(until)
         if self.connect_failures is not None:  # failures not yet in a line are said before "stopped"
             self.connect_failures.close()
         if self.resolver is not None:  # after the last row, before the sink closes: names for the last ids

@@ -144,9 +144,12 @@ class SilentServer:
         with self._got:
             assert self._got.wait_for(lambda: self.received >= nbytes, timeout), self.received
 
-    def close_all(self) -> None:
+    def close_all(self, last: bytes = b"") -> None:
+        """FIN every open connection, after sending each of them `last` (e.g. the start of an answer)."""
         with self._lock:
             for s in self._open:
+                if last:
+                    s.sendall(last)
                 s.shutdown(socket.SHUT_RDWR)  # FIN now; the reader thread closes the socket on the EOF that follows
 
     def __enter__(self) -> "SilentServer":

@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from time import perf_counter_ns
 from typing import Any
 
 import pyarrow as pa
@@ -552,7 +553,8 @@ def test_requests_files_carry_the_relays_drop_reasons(tmp_path):
 
 
 def _forced_close_of_a_backlog(budget_ns: int) -> tuple[Observer, Any, list[bool], int, bytes]:
-    """2,000 requests queued behind a spent budget, the connection closed, then shutdown's `hurry(budget_ns)`."""
+    """2,000 requests queued behind a spent budget, the connection closed, then shutdown's `hurry` with `budget_ns`
+    left until its deadline."""
     loop = asyncio.new_event_loop()
     ended: list[bool] = []
     try:
@@ -565,15 +567,43 @@ def _forced_close_of_a_backlog(budget_ns: int) -> tuple[Observer, Any, list[bool
         assert decoded < 100
         obs.close(99, lambda: ended.append(True))
         assert obs.behind and not ended
-        obs.hurry(budget_ns)
+        obs.hurry(perf_counter_ns() + budget_ns)
     finally:
         loop.close()
     return obs, out, ended, decoded, data
 
 
+def test_a_forced_close_decodes_a_lingering_batch_of_every_connection():
+    """Shutdown's last resort closes the sink next: the small reads still waiting for their batch are decoded now,
+    on every connection the stop forces (one deadline for all), and each request's row comes before its
+    connection's."""
+    loop = asyncio.new_event_loop()
+    ended: list[str] = []
+    try:
+        sched = ObserveScheduler(loop, linger_s=3600.0)  # the batch's timer never fires in this test
+        conns = [_observer(scheduler=sched) for _ in range(3)]
+        for i, (obs, req, resp, out) in enumerate(conns):
+            q, a = _req(i), _answer(i)
+            req.handed(len(q), 10)
+            obs.feed(True, q, 5)
+            resp.handed(len(a), 30)
+            obs.feed(False, a, 20)
+            obs.feed(True, _req(100 + i), 40)  # left unanswered at the close
+            obs.close(99, lambda i=i: ended.append(f"conn {i}"))
+            assert obs.behind and obs.facts.requests == 0
+        until = perf_counter_ns() + 10**10
+        for obs, *_ in conns:
+            obs.hurry(until)
+    finally:
+        loop.close()
+    assert ended == ["conn 0", "conn 1", "conn 2"]
+    for obs, _, _, out in conns:
+        assert not obs.behind and obs.facts.opaque_kind is None and obs.facts.skipped_bytes == 0
+        assert [r["status"] for r in out.requests] == ["answered", "unanswered"]
+
+
 def test_a_forced_close_decodes_what_is_queued():
-    """Shutdown's last resort closes the sink next: what is still queued (a lingering batch, a backlog) is decoded
-    now, within its time bound, and every request gets its row before the connection's."""
+    """A backlog too (here behind a spent budget) is decoded, within the deadline, every request's row first."""
     obs, out, ended, _, _ = _forced_close_of_a_backlog(budget_ns=10**10)
     f = obs.facts
     assert ended == [True] and not obs.behind
