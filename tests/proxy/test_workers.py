@@ -132,6 +132,27 @@ def _rows_by_worker(record: Path) -> Counter:
     return Counter(table.column("proxy").to_pylist())
 
 
+def _produced(metrics: dict[str, list[tuple[dict[str, str], float]]]) -> float:
+    """Produce requests the merged /metrics counts."""
+    return sum(v for labels, v in metrics.get("kafkatap_requests_total", []) if labels["api"] == "Produce")
+
+
+def _open(metrics: dict[str, list[tuple[dict[str, str], float]]]) -> float:
+    """Client connections the merged /metrics counts as open."""
+    return sum(v for _, v in metrics.get("kafkatap_open_connections", []))
+
+
+def _scrape_until(status: str, done: Callable[[dict[str, list[tuple[dict[str, str], float]]]], bool],
+                  timeout: float = 60.0) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """The merged /metrics, scraped until `done(metrics)` holds (an awaited condition), or the last one at the timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        metrics = parse_metrics(_get(status, "/metrics").decode())
+        if done(metrics) or time.monotonic() > deadline:
+            return metrics
+        time.sleep(0.05)
+
+
 def test_connections_spread_over_workers_and_status_is_merged(start_proxy, proxied_kafka, topic_name, tmp_path):
     status = f"127.0.0.1:{free_port()}"
     record = tmp_path / "rec"
@@ -141,6 +162,9 @@ def test_connections_spread_over_workers_and_status_is_merged(start_proxy, proxi
     assert len({ev["pid"] for ev in listening}) == 2
 
     _produce(proxied_kafka.listen, topic_name, producers=8, messages=20)
+    # Every answer reached its producer and every producer closed; a connection is counted closed after its last
+    # row, so with none open every request is decoded (decoding may wait for its batch: proxy.observer, lingering).
+    metrics = _scrape_until(status, lambda m: _produced(m) >= 8 * 20 and _open(m) == 0)
 
     clients = json.loads(_get(status, "/clients"))
     assert clients["proxy_id"] == PROXY_ID and clients["workers"] == 2 and clients["workers_unreachable"] == 0
@@ -148,10 +172,9 @@ def test_connections_spread_over_workers_and_status_is_merged(start_proxy, proxi
     assert len(clients["clients"]) >= 16, per_worker  # 8 producers x (bootstrap + broker connection)
     assert len(per_worker) == 2 and min(per_worker.values()) >= 1, per_worker  # the kernel spread them
 
-    metrics = parse_metrics(_get(status, "/metrics").decode())
     assert {labels["proxy"] for samples in metrics.values() for labels, _ in samples} == {PROXY_ID}
     assert metrics["kafkatap_workers"][0][1] == 2 and metrics["kafkatap_workers_running"][0][1] == 2
-    produce = sum(v for labels, v in metrics["kafkatap_requests_total"] if labels["api"] == "Produce")
+    produce = _produced(metrics)
     assert produce >= 8 * 20
     # the merged histogram counts every answered Produce once, whichever worker relayed it
     hist = [name for name in metrics if name.startswith("kafkatap_request_latency") and name.endswith("_count")]
@@ -208,13 +231,7 @@ def test_sigterm_under_load_stops_every_worker_without_losing_rows(start_proxy, 
     threads = [threading.Thread(target=load, args=(i,), daemon=True) for i in range(6)]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + 60
-    while True:  # an awaited condition: the merged /metrics shows the load on both workers' rows
-        metrics = parse_metrics(_get(status, "/metrics").decode())
-        produced = sum(v for labels, v in metrics.get("kafkatap_requests_total", []) if labels["api"] == "Produce")
-        if produced >= 500 or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
+    produced = _produced(_scrape_until(status, lambda m: _produced(m) >= 500))  # the load, on both workers' rows
     assert produced >= 500 and not errors, errors
 
     code = p.terminate()  # while the producers keep sending
