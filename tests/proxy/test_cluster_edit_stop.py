@@ -85,6 +85,8 @@ def test_a_reused_correlation_id_closes_the_connection_before_any_broker_address
         with WireClient(*p.listen_addr) as fresh:
             brokers = fresh.call(METADATA, 12, METADATA_BODY)["brokers"]
         assert {b["port"] for b in brokers} <= proxy_ports(p)
+        # the bypass check sees an answer when its row is built (after its decoding batch: proxy.observer)
+        sink.wait_for(lambda k: any(r["api_key"] == METADATA and r["status"] == "answered" for r in k.requests))
         bypassed = p.server.bypass.responses
     assert end["end_reason"] == "edit_stopped" and end["end_by"] == "proxy", end
     assert "correlation id 7 reused" in end["edit_stopped"] and "correlation id 7 reused" in end["end_detail"]

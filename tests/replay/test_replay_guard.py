@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from click.testing import CliRunner
 from replay_frames import cls, request, response
@@ -148,6 +149,13 @@ def test_cluster_id_from_recorded_metadata_and_describe_cluster_responses(tmp_pa
     assert load_recording(tmp_path).cluster_ids == {"md-cluster", "dc-cluster"}
 
 
+async def _queried(server: Any) -> None:
+    """Every connection's relayed bytes are decoded (rows built), then the proxy's own queries are done."""
+    while any(c.observer is not None and c.observer.behind for c in server.conns):
+        await asyncio.sleep(0.001)
+    await server.resolver.idle()
+
+
 def test_the_proxy_records_the_cluster_id_and_replay_refuses_that_cluster(tmp_path: Path):
     """End to end without Kafka: a client's Metadata for an unknown topic makes the proxy ask the broker, whose
     answer's cluster id is recorded with the pair; a replay against another "listener" of that cluster is refused."""
@@ -161,8 +169,9 @@ def test_the_proxy_records_the_cluster_id_and_replay_refuses_that_cluster(tmp_pa
                               include_topic_authorized_operations=False,
                               topics=[T.MetadataRequestTopic(version=12, name="orders", topic_id=None)]))
             assert _recv(c, struct.unpack(">i", _recv(c, 4))[0])  # the answer came back through the proxy
-            # the proxy's own Metadata query for the new name: wait for it on the proxy's loop, never on a sleep
-            asyncio.run_coroutine_threadsafe(p.server.resolver.idle(), p.server.loop).result(20)
+            # the proxy's own Metadata query for the new name: wait for it on the proxy's loop, never on a sleep. It
+            # starts when the answer's row is built, once its decoding batch ran (proxy.observer, lingering).
+            asyncio.run_coroutine_threadsafe(_queried(p.server), p.server.loop).result(20)
     topics = read_recording(rec, "topics").to_pylist()
     # the pair, and the broker's cluster id in a row of its own (recorded even when no new pair comes with it)
     assert sorted((t["name"] or "", t["cluster_id"]) for t in topics) == [("", "origin-cluster"),
