@@ -101,16 +101,17 @@ UNANSWERED_STEP = 16  # rows of requests left unanswered at close built per step
 MAX_BACKLOG_BYTES = 16 << 20
 
 # Lingering (issue 16, the added p50). A small chunk is not decoded in the read callback that forwarded it: it
-# waits, queued like a backlog, for a batch, decoded in one turn LINGER_S later (or at once when LINGER_BATCH
-# chunks wait). Why: decoding one small frame on its own is cold work. At a few hundred requests a second, a
-# ~200-byte Produce request took ~44 µs to observe and its response ~50 µs, where the same decode takes ~8 µs
-# in a loop; and that decode evicted the relay's own code and data from the caches, so the next forward ran
-# cold too. Deferring each chunk alone by 3 ms changed nothing; decoding them ~8 at a time cut the observe cost
-# to ~9-13 µs a frame and the added p50 of a sparse acks=1 Produce from ~+60 µs over the bare relay to ~+20
-# (bench/RESULTS.md, thirty-second session). Rows, live stats and log lines come up to LINGER_S later; their
-# timestamps are the reads' and flushes' own (the flush marks of `proxy.timing`), so no figure changes. Large
-# chunks (mostly record bytes skipped by length) gain nothing from a batch and are decoded at once as before.
-# A loop busy enough to queue LINGER_BATCH chunks in LINGER_S decodes them at once: a batch is there already.
+# waits, queued like a backlog, for a batch that the scheduler decodes from a turn LINGER_S later (from the next
+# turn when LINGER_BATCH chunks wait), a turn's budget at a time. Why: decoding one small frame on its own is cold
+# work. At the latency probe's sparse rate a ~200-byte Produce request took ~44 µs to observe and its answer
+# ~50 µs (scratch timing around `feed`), where the same decode takes ~8 µs in a loop (bench/parse.py), and that
+# work evicted the relay's own code and data from the caches, so the next forward ran cold too. Deferring each
+# chunk alone by 3 ms changed nothing; decoding them ~8 at a time cut the observe cost to ~9-13 µs a frame, and
+# the p50 that decoding and recording add over the bare relay from ~55-60 µs to ~15 (bench/latency_split.py,
+# bench/RESULTS.md, thirty-second session; the sixteenth session's throwaway version flushed each batch in one
+# callback). Rows, live stats and log lines come about LINGER_S later; their timestamps are the reads' and flushes'
+# own (the flush marks of `proxy.timing`). Large chunks (mostly record bytes skipped by length) gain nothing from
+# a batch and are decoded at once as before, and so is everything of a connection gone opaque.
 LINGER_S = 0.010
 LINGER_CHUNK_MAX = 16 << 10  # chunks up to this size may linger
 LINGER_BATCH = 64  # lingering chunks (all connections of the loop) that make the batch's turn run at once
