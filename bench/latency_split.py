@@ -1,6 +1,6 @@
 """What the p50 and p99 that kafkatap adds to a small acks=1 Produce are made of: relaying, decoding, recording.
 
-    .venv/bin/python bench/latency_split.py [--rounds 5] [--probe 2000] [--against DIR]
+    .venv/bin/python bench/latency_split.py [--rounds 5] [--probe 2000]
 
 `bench/proxy_overhead.py` measures kafkatap against direct and HAProxy, with a relay-only proxy beside
 them. This bench takes the kafkatap side apart, in one run: `kafkatap proxy --workers 1` as
@@ -9,11 +9,10 @@ them. This bench takes the kafkatap side apart, in one run: `kafkatap proxy --wo
 * decode  — every frame decoded, rows built and counted (`/metrics`), nothing recorded;
 * record  — decoded and recorded (`--record DIR`), as `proxy_overhead.py` runs it;
 
-and, with `--against DIR`, `decode` and `record` once more from the checkout in DIR (its code first on
-PYTHONPATH, run by this virtualenv): a change's before and after side by side, on one broker, in one
-run. One broker (LocalKafka 4.3.1) has a listener per path, each advertised as its proxy's port. The
-probe is `proxy_overhead.py`'s: one captured Produce frame sent and answered sequentially on a raw
-socket, rotating over the paths request by request, so machine noise hits every path alike.
+side by side, in one run. One broker (LocalKafka 4.3.1) has a listener per path, each advertised as its
+proxy's port. The probe is `proxy_overhead.py`'s: one captured Produce frame sent and answered
+sequentially on a raw socket, rotating over the paths request by request, so machine noise hits every
+path alike. (A change's before and after, two checkouts side by side: `bench/relay_ab.py`.)
 
 `--quick` runs one short round (to check the bench works, not to measure).
 """
@@ -36,14 +35,6 @@ from harness.kafka import LocalKafka, free_port  # noqa: E402
 VARIANTS: dict[str, list[str]] = {"relay": ["--no-decode"], "decode": [], "record": ["--record", "{rec}"]}
 
 
-def paths(against: Path | None) -> dict[str, tuple[list[str], Path | None]]:
-    """Path name → (`kafkatap proxy` flags, the checkout whose code it runs; None: this one)."""
-    out: dict[str, tuple[list[str], Path | None]] = {name: (flags, None) for name, flags in VARIANTS.items()}
-    if against is not None:
-        out.update({f"{name} ({against.name})": (VARIANTS[name], against) for name in ("decode", "record")})
-    return out
-
-
 def broker_props(ports: dict[str, tuple[int, int]]) -> dict[str, object]:
     """One listener per path (broker port), each advertised as that path's proxy port."""
     names = {path: f"P{i}" for i, path in enumerate(ports)}
@@ -62,17 +53,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--probe", type=int, default=2000, help="requests per path per round")
-    ap.add_argument("--against", type=Path, help="another checkout of kafkatap: its decode and record paths too")
     ap.add_argument("--quick", action="store_true", help="one short round: checks the bench runs, measures nothing")
     args = ap.parse_args()
     if args.quick:
         args.rounds, args.probe = 1, 100
-    if args.against is not None and not (args.against / "proxy" / "observer.py").is_file():
-        ap.error(f"--against {args.against}: not a kafkatap checkout (no proxy/observer.py there)")
     os.environ.setdefault("KAFKATAP_LOG_FORMAT", "json")
     tmp = Path(tempfile.mkdtemp(prefix="kt-split-"))
-    plan = paths(args.against)
-    ports = {p: (free_port(), free_port()) for p in [*plan, "capture"]}  # (broker listener, proxy port)
+    ports = {p: (free_port(), free_port()) for p in [*VARIANTS, "capture"]}  # (broker listener, proxy port)
     kafka = LocalKafka(broker_props=broker_props(ports), heap="1g")
     kafka.start()
     procs: list[subprocess.Popen] = []
@@ -80,16 +67,15 @@ def main() -> None:
         kafka.create_topic("bench", partitions=1)
         b, x = ports["capture"]
         frame = capture_produce_frame(f"127.0.0.1:{x}", f"127.0.0.1:{b}", "bench")
-        for i, (name, (flags, checkout)) in enumerate(plan.items()):
-            env = dict(os.environ, **({"PYTHONPATH": str(checkout)} if checkout else {}))
+        for i, (name, flags) in enumerate(VARIANTS.items()):
             b, x = ports[name]
             procs.append(subprocess.Popen(
                 [str(KAFKATAP), "--log-level", "warning", "proxy", "--workers", "1", "--route",
                  f"127.0.0.1:{x}=127.0.0.1:{b}", *(f.replace("{rec}", str(tmp / f"rec-{i}")) for f in flags)],
-                stdout=subprocess.DEVNULL, stderr=open(tmp / f"proxy-{i}.log", "w"), env=env))
-        for name in plan:
+                stdout=subprocess.DEVNULL, stderr=open(tmp / f"proxy-{i}.log", "w")))
+        for name in VARIANTS:
             wait_port(ports[name][1])
-        probed = {"direct": kafka.port, **{name: ports[name][1] for name in plan}}
+        probed = {"direct": kafka.port, **{name: ports[name][1] for name in VARIANTS}}
         lat: dict[str, list[int]] = {p: [] for p in probed}
         probe_interleaved(probed, frame, 300)  # warm-up: JIT, page cache, connections
         for r in range(args.rounds):
@@ -98,7 +84,7 @@ def main() -> None:
             print(f"round {r} p50 " + " ".join(f"{p}={pct(lat[p], .5):.0f}us" for p in probed), flush=True)
         d50, d99 = pct(lat["direct"], .5), pct(lat["direct"], .99)
         print(f"\n| path | p50 µs | added | p99 µs | added |\n|---|---:|---:|---:|---:|\n| direct | {d50:.0f} | | {d99:.0f} | |")
-        for p in plan:
+        for p in VARIANTS:
             p50, p99 = pct(lat[p], .5), pct(lat[p], .99)
             print(f"| {p} | {p50:.0f} | +{p50 - d50:.0f} | {p99:.0f} | +{p99 - d99:.0f} |")
         print(f"\n{args.rounds} rounds x {args.probe} requests per path; load {os.getloadavg()[0]:.1f}")

@@ -76,26 +76,12 @@ def test_the_overhead_bench_runs_pinned() -> None:
 
 @pytest.mark.kafka
 @pytest.mark.slow
-def test_the_latency_split_bench_runs_against_another_checkout(tmp_path: Path) -> None:
-    """bench/latency_split.py puts each kafkatap path (relay, decode, record) beside direct in one run, and with
-    `--against` the same paths from another checkout. Here that checkout is this one, copied: `--quick` checks the
-    bench works and prints every path, not its figures."""
-    root = BENCH_DIR.parent
-    other = tmp_path / "other"
-    subprocess.run(["git", "-C", str(root), "worktree", "add", "--detach", "-f", str(other), "HEAD"], check=True,
-                   capture_output=True)
-    try:
-        r = subprocess.run([sys.executable, str(BENCH_DIR / "latency_split.py"), "--quick", "--against", str(other)],
-                           capture_output=True, text=True, timeout=600)
-    finally:
-        subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", str(other)], capture_output=True)
+def test_the_latency_split_bench_runs() -> None:
+    """bench/latency_split.py puts each kafkatap path (relay, decode, record) beside direct in one run: `--quick`
+    checks the bench works and prints every path, not its figures."""
+    r = subprocess.run([sys.executable, str(BENCH_DIR / "latency_split.py"), "--quick"],
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = dict(re.findall(r"^\| ([^|]+?) \| (\d+) \|", r.stdout, re.M))
-    assert set(rows) == {"direct", "relay", "decode", "record", "decode (other)", "record (other)"}, r.stdout
+    assert set(rows) == {"direct", "relay", "decode", "record"}, r.stdout
     assert all(int(v) > 0 for v in rows.values())
-
-
-def test_the_latency_split_bench_refuses_what_is_not_a_checkout(tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, str(BENCH_DIR / "latency_split.py"), "--against", str(tmp_path)],
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "not a kafkatap checkout" in r.stderr, r.stderr
