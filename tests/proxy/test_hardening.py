@@ -171,6 +171,30 @@ def test_a_full_batch_of_lingering_chunks_is_decoded_at_the_next_turn():
     assert not any(o.behind for o, *_ in observers) and sched.lingering == 0 and sched._linger_timer is None
 
 
+def test_a_busy_loop_decodes_small_chunks_at_once_again():
+    """Past LINGER_BATCH small chunks within LINGER_S the loop has its batches without waiting: queueing each chunk
+    only added work at saturation, so small chunks are decoded in their read callback again, for BUSY_NS."""
+    loop = asyncio.new_event_loop()
+    try:
+        sched = ObserveScheduler(loop, linger_s=3600.0)  # one rate window for the whole test
+        obs, req, _, _ = _observer(scheduler=sched)
+        for i in range(LINGER_BATCH):
+            q = _req(i)
+            req.handed(len(q), 10)
+            obs.feed(True, q, 5)
+        assert obs.facts.requests == 0 and sched.busy_until == 0  # all lingering: a full batch, not yet busy
+        turns = iter(range(1_000))
+        _per_turn(loop, lambda: 0, lambda: obs.behind and next(turns, None) is not None)
+        assert obs.facts.requests == LINGER_BATCH
+        q = _req(LINGER_BATCH)
+        req.handed(len(q), 10)
+        obs.feed(True, q, 5)
+        assert obs.facts.requests == LINGER_BATCH + 1 and not obs.behind  # decoded in its read callback
+        assert sched.busy_until > perf_counter_ns()
+    finally:
+        loop.close()
+
+
 def test_a_large_chunk_does_not_linger():
     """Large chunks (mostly record bytes skipped by length) gain nothing from a batch: decoding starts in the read
     callback, as without lingering."""
