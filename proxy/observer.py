@@ -107,7 +107,7 @@ MAX_BACKLOG_BYTES = 16 << 20
 # ~50 µs (scratch timing around `feed`), where the same decode takes ~8 µs in a loop (bench/parse.py), and that
 # work evicted the relay's own code and data from the caches, so the next forward ran cold too. Deferring each
 # chunk alone by 3 ms changed nothing; decoding them ~8 at a time cut the observe cost to ~9-13 µs a frame, and
-# the p50 that decoding and recording add over the bare relay from ~55-60 µs to ~15 (bench/latency_split.py,
+# the p50 that decoding and recording add over the bare relay from ~55-60 µs to ~20 (bench/latency_split.py,
 # bench/RESULTS.md, thirty-second session; the sixteenth session's throwaway version flushed each batch in one
 # callback). Rows, live stats and log lines come about LINGER_S later; their timestamps are the reads' and flushes'
 # own (the flush marks of `proxy.timing`). Large chunks (mostly record bytes skipped by length) gain nothing from
