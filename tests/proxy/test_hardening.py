@@ -183,14 +183,14 @@ def test_a_busy_loop_decodes_small_chunks_at_once_again():
             req.handed(len(q), 10)
             obs.feed(True, q, 5)
         assert obs.facts.requests == 0 and sched.busy_until == 0  # all lingering: a full batch, not yet busy
-        turns = iter(range(1_000))
-        _per_turn(loop, lambda: 0, lambda: obs.behind and next(turns, None) is not None)
-        assert obs.facts.requests == LINGER_BATCH
+        turns = iter(range(1_000))  # until no turn is due: a turn that overran its time schedules one more
+        _per_turn(loop, lambda: 0, lambda: (obs.behind or sched.scheduled) and next(turns, None) is not None)
+        assert obs.facts.requests == LINGER_BATCH and not sched.scheduled
         q = _req(LINGER_BATCH)
         req.handed(len(q), 10)
         obs.feed(True, q, 5)
+        assert sched.busy_until > perf_counter_ns() and sched.lingering == 0 and sched._linger_timer is None
         assert obs.facts.requests == LINGER_BATCH + 1 and not obs.behind  # decoded in its read callback
-        assert sched.busy_until > perf_counter_ns()
     finally:
         loop.close()
 
@@ -202,7 +202,8 @@ def test_a_large_chunk_does_not_linger():
     try:
         sched = ObserveScheduler(loop, linger_s=3600.0)
         obs, req, _, _ = _observer(scheduler=sched)
-        data = b"".join(_req(cid) for cid in range(LINGER_CHUNK_MAX // len(_req(0)) + 1))
+        body = struct.pack(">hhih", 18, 0, 1, LINGER_CHUNK_MAX) + b"c" * LINGER_CHUNK_MAX  # one frame: a long client id
+        data = struct.pack(">i", len(body)) + body
         assert len(data) > LINGER_CHUNK_MAX
         req.handed(len(data), 10)
         obs.feed(True, data, 5)
