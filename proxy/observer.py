@@ -240,11 +240,7 @@ class ObserveScheduler:
         ready = self.ready
         while ready and not self.over():
             obs = ready.popleft()
-            try:
-                more = obs.step()
-            except Exception as exc:  # noqa: BLE001 — one connection's bug must not stop every connection's turns
-                more = obs.step_failed(exc)
-            if more:
+            if obs.guarded_step():
                 ready.append(obs)
             else:
                 obs.waiting = False
@@ -425,11 +421,7 @@ class Observer:
         rows are built at once. Usually what is queued is a lingering batch of small chunks: a few µs."""
         deadline = hurry_deadline() if until_ns is None else until_ns
         while self._backlog and perf_counter_ns() < deadline:  # the connection's end too, when queued
-            try:
-                more = self.step()
-            except Exception as exc:  # noqa: BLE001 — as in a turn: opaque first, then left to the skip below
-                more = self.step_failed(exc)
-            if not more:
+            if not self.guarded_step():
                 break
         if self._backlog:
             self._fall_behind()
@@ -532,6 +524,14 @@ class Observer:
         closed, self._closed = self._closed, None
         if closed is not None:
             closed()
+
+    def guarded_step(self) -> bool:
+        """`step`, where a step that raises (a bug, never bad input) goes to `step_failed`: one connection's bug must
+        stop neither every connection's turns nor the shutdown's last decoding."""
+        try:
+            return self.step()
+        except Exception as exc:  # noqa: BLE001
+            return self.step_failed(exc)
 
     def step_failed(self, exc: BaseException) -> bool:
         """A scheduler turn's step raised (a bug, never bad input): True while its queued chunks can still be stepped.
