@@ -63,6 +63,13 @@ LOG4J = Path(__file__).with_name("log4j2.properties")
 # needs more room than C1's 48 MB default cache: full, the JVM stops compiling and can fail
 # ("Out of space in CodeCache"), which a 1 M-request analysis did at 0.3. Hence the bigger cache.
 DRIVER_JVM = "-XX:TieredStopAtLevel=1 -XX:CompileThresholdScaling=0.3 -XX:ReservedCodeCacheSize=240m -XX:+UseParallelGC"
+# On a host of two cores or fewer, C1 gets one compiler thread instead of the JVM's ergonomic two: the second
+# took a core from the tasks and the Python driver (C1 alone used ~5 of a small analysis's ~22 s of CPU). Measured
+# on a 2-core host: a 2.4k-request analysis took 13.9 s against 14.6 s (medians of four alternating pairs) and
+# 12.2-13.3 s against 13.2-14.1 s (interleaved runs); a 1 M-request one was unchanged (bench/RESULTS.md,
+# thirty-third session). Larger hosts keep the JVM's count: not measured there.
+ONE_COMPILER = "-XX:CICompilerCount=1"
+ONE_COMPILER_MAX_CORES = 2
 # Past a few million rows the same trade goes the other way: the tasks run long enough for C2's code
 # to pay back its compiling. 10 M requests took 128 s with C1 alone and 77.5 s with the full tiered
 # JIT (the latency cube 61 -> 22 s). At 1 M the two were first within the runs' noise; with today's
@@ -161,9 +168,21 @@ def default_master(master: str | None = None) -> str:
     return master or os.environ.get("KAFKATAP_SPARK_MASTER", "local[2]")
 
 
-def driver_jvm(input_rows: int | None) -> str:
-    """The driver JVM's JIT flags for an analysis of `input_rows` rows (None: unknown, the small-run choice)."""
-    return DRIVER_JVM_LARGE if input_rows is not None and input_rows > C1_ONLY_MAX_ROWS else DRIVER_JVM
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which containers and taskset narrow)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def driver_jvm(input_rows: int | None, cores: int | None = None) -> str:
+    """The driver JVM's JIT flags for an analysis of `input_rows` rows (None: unknown, the small-run choice) on a
+    host of `cores` cores (None: this one's)."""
+    if input_rows is not None and input_rows > C1_ONLY_MAX_ROWS:
+        return DRIVER_JVM_LARGE
+    few = (usable_cores() if cores is None else cores) <= ONE_COMPILER_MAX_CORES
+    return f"{DRIVER_JVM} {ONE_COMPILER}" if few else DRIVER_JVM
 
 
 def joined_java_options(first: str, last: str) -> str:

@@ -24,13 +24,13 @@ def archive(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_kafkataps_own_options_without_a_callers() -> None:
     got = session.session_settings("local[2]", None, None)
-    assert got[DRIVER] == f"{session.DEFAULTS[DRIVER]} {session.DRIVER_JVM} {ARCHIVE}"
+    assert got[DRIVER] == f"{session.DEFAULTS[DRIVER]} {session.driver_jvm(None)} {ARCHIVE}"
     assert "-Dlog4j2.configurationFile=file:" in got[DRIVER]
 
 
 def test_a_callers_java_options_come_after_kafkataps_own() -> None:
     got = session.session_settings("local[2]", {DRIVER: "-Dfoo=bar", "spark.driver.memory": "6g"}, None)
-    assert got[DRIVER] == f"{session.DEFAULTS[DRIVER]} {session.DRIVER_JVM} {ARCHIVE} -Dfoo=bar"
+    assert got[DRIVER] == f"{session.DEFAULTS[DRIVER]} {session.driver_jvm(None)} {ARCHIVE} -Dfoo=bar"
     assert got["spark.driver.memory"] == "6g"  # any other key still replaces kafkatap's value
 
 
@@ -94,7 +94,7 @@ def test_the_clusters_default_java_options_come_before_kafkataps(tmp_path) -> No
     kept: the JVM refuses two). A caller's --conf value still replaces the file's, as in Spark."""
     (tmp_path / "spark-defaults.conf").write_text(SPARK_DEFAULTS)
     defaults = session.spark_defaults({"SPARK_CONF_DIR": str(tmp_path)})
-    ours = f"{session.DEFAULTS[DRIVER]} {session.DRIVER_JVM} {ARCHIVE}"
+    ours = f"{session.DEFAULTS[DRIVER]} {session.driver_jvm(None)} {ARCHIVE}"
     got = session.session_settings("spark://h:7077", None, None, defaults)
     assert got[DRIVER] == f"-Dcluster.zone=eu-1 -Djava.security.krb5.conf=/etc/krb5.conf {ours}"
     assert "spark.executor.memory" not in got  # the file's other keys are Spark's to read, as they were

@@ -74,17 +74,26 @@ def test_small_settings_change_no_output_and_do_not_leak(spark, tmp_path: Path) 
 
 def test_driver_jvm_runs_the_cheap_jit(spark) -> None:
     args = list(spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())  # type: ignore[union-attr]
-    for flag in session.DRIVER_JVM.split():
+    for flag in session.driver_jvm(None).split():
         assert flag in args
 
 
 def test_driver_jit_follows_the_input_size() -> None:
     """C1 alone for small and unknown inputs; the full tiered JIT past C1_ONLY_MAX_ROWS, where C2 pays back."""
-    assert session.driver_jvm(None) == session.DRIVER_JVM
-    assert session.driver_jvm(2_444) == session.DRIVER_JVM
-    assert session.driver_jvm(session.C1_ONLY_MAX_ROWS) == session.DRIVER_JVM
+    for rows in (None, 2_444, session.C1_ONLY_MAX_ROWS):
+        assert session.driver_jvm(rows, cores=8) == session.DRIVER_JVM
     big = session.driver_jvm(session.C1_ONLY_MAX_ROWS + 1)
     assert "TieredStopAtLevel" not in big and "-XX:+UseParallelGC" in big
+
+
+def test_a_small_host_compiles_with_one_c1_thread() -> None:
+    """Two cores or fewer: one C1 compiler thread (the second took a core from the queries); more cores, the JVM's count.
+    Never with the full tiered JIT of a big input, whose C1 and C2 need a thread each."""
+    for cores in (1, 2):
+        assert session.driver_jvm(2_444, cores=cores) == f"{session.DRIVER_JVM} -XX:CICompilerCount=1"
+    assert "CICompilerCount" not in session.driver_jvm(2_444, cores=3)
+    assert "CICompilerCount" not in session.driver_jvm(session.C1_ONLY_MAX_ROWS + 1, cores=2)
+    assert session.driver_jvm(None) == session.driver_jvm(None, cores=session.usable_cores())
 
 
 def test_a_big_input_starts_the_driver_with_the_full_jit() -> None:
