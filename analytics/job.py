@@ -31,7 +31,7 @@ from analytics.progress import Progress
 from analytics.report.html import connection_pages, render
 from analytics.result import AnalysisResult
 from analytics.session import (
-    C1_ONLY_MAX_ROWS, SMALL_INPUT_ROWS, default_master, get_spark, is_local, running_session, small_input_settings,
+    C1_ONLY_MAX_ROWS, MID_INPUT_ROWS, SMALL_INPUT_ROWS, default_master, get_spark, is_local, running_session, small_input_settings,
 )
 from analytics.transforms import brokers, bypass, clients, compare, connections, drilldown, errors, faults, latency, outages, overview, produce_fetch, rollups, stretches, tcp
 from analytics.transforms.common import prepare_requests, union_all
@@ -529,7 +529,7 @@ def run_analysis(
     # the passes read the stored rollups instead of the requests unless something rules them out (then count the requests)
     narrowed = since is not None or until is not None or bool(brokers or clients or topics) or compare is not None
     covers = stored_rollups(dirs, not (ignore_rollups or narrowed))
-    rows = (input_rows([*dirs, *(compare or ())], max(C1_ONLY_MAX_ROWS, OVERLAP_MAX_ROWS), covers, bucket_s)
+    rows = (input_rows([*dirs, *(compare or ())], max(C1_ONLY_MAX_ROWS, OVERLAP_MAX_ROWS, MID_INPUT_ROWS), covers, bucket_s)
             if is_local(spark_master) else None)
     spark = spark or get_spark(master, spark_conf, input_rows=rows)
     filters = L.Filters(*L.time_window(since, until, (list(dirs) or [compare[0]]) if compare else dirs),

@@ -1,4 +1,5 @@
-"""Size-chosen Spark settings: a small local analysis runs interpreted on one shuffle partition, with the same results.
+"""Size-chosen Spark settings: a small local analysis runs interpreted on one shuffle partition, a mid-sized one
+compiled on one shuffle partition without adaptive re-planning, with the same results.
 
 Why: for a demo-sized recording every query's cost is fixed overhead (code generation,
 adaptive re-planning, shuffles), so `run_analysis` switches those off when the Parquet
@@ -28,7 +29,10 @@ pytestmark = pytest.mark.spark
 def test_settings_only_for_small_local_inputs() -> None:
     small = session.SMALL_INPUT_ROWS
     assert session.small_input_settings("local[2]", small) == session.SMALL_INPUT
-    assert session.small_input_settings("local[2]", small + 1) == {}
+    assert session.small_input_settings("local[2]", small + 1) == session.MID_INPUT  # compiled, but no AQE
+    assert session.small_input_settings("local[2]", session.MID_INPUT_ROWS) == session.MID_INPUT
+    assert session.small_input_settings("local[2]", session.MID_INPUT_ROWS + 1) == {}
+    assert set(session.MID_INPUT.items()) < set(session.SMALL_INPUT.items())  # the small tier only adds to it
     assert session.small_input_settings("local[2]", None) == {}  # unknown size (e.g. s3a://): assume big
     assert session.small_input_settings("spark://127.0.0.1:7077", 10) == {}  # a cluster keeps Spark's own
 
@@ -70,6 +74,25 @@ def test_small_settings_change_no_output_and_do_not_leak(spark, tmp_path: Path) 
         if name != "_meta":
             assert small.tables[name] == big.tables[name], name
     assert [f.to_json() for f in small.findings] == [f.to_json() for f in big.findings]
+
+
+def test_mid_sized_settings_change_no_output(spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mid tier (MID_INPUT) answers as Spark's own settings do; a small recording stands in for a mid-sized one."""
+    generate(tmp_path / "rec", 1500)
+    monkeypatch.setattr(session, "SMALL_INPUT_ROWS", 0)
+    applied: list[dict[str, str]] = []
+    real = session.small_input_settings
+    monkeypatch.setattr("analytics.job.small_input_settings", lambda m, n: applied.append(real(m, n)) or applied[-1])
+    mid = run_analysis([tmp_path / "rec"], tmp_path / "mid", spark=spark, progress=False, report=False)
+    assert applied == [session.MID_INPUT]
+    usual = {k: spark.conf.get(k) for k in session.MID_INPUT}
+    assert usual["spark.sql.adaptive.enabled"] == "true"  # else the comparison below compares nothing
+    big = run_analysis([tmp_path / "rec"], tmp_path / "usual", spark=spark, progress=False, report=False, spark_conf=usual)
+    assert mid.tables.keys() == big.tables.keys()
+    for name in mid.tables:
+        if name != "_meta":
+            assert mid.tables[name] == big.tables[name], name
+    assert [f.to_json() for f in mid.findings] == [f.to_json() for f in big.findings]
 
 
 def test_driver_jvm_runs_the_cheap_jit(spark) -> None:
