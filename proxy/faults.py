@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from time import monotonic
 
+from proxy.precise_timer import PreciseTimer
+
 
 @dataclass(frozen=True, slots=True)
 class DirectionFaults:
@@ -104,9 +106,8 @@ class DelayedWriter:
         limit: int = 1 << 20,
         clock: Callable[[], float] = monotonic,
     ) -> None:
-        """`clock`: seconds on the precise monotonic clock the relay's stamps use. Not the loop's: uvloop counts
-        timers in whole milliseconds from the loop iteration's start, so a chunk due by the loop's clock could go
-        out ~1 ms before its latency had passed; a timer that fires early is armed again for the rest."""
+        """`clock`: seconds on the precise monotonic clock the relay's stamps use, not the loop's
+        (`proxy.precise_timer` says why): a chunk never goes out before its latency has passed."""
         self._clock = clock
         self._loop = loop
         self._spec = spec
@@ -119,7 +120,7 @@ class DelayedWriter:
         self._queued = 0
         self._last_due = 0.0
         self._link_free = 0.0
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: PreciseTimer | None = None
         self._backlogged = False
         self._eof_pending: Callable[[], None] | None = None
 
@@ -142,7 +143,7 @@ class DelayedWriter:
         self._queue.append((due, data))
         self._queued += len(data)
         if self._timer is None:
-            self._arm(now)
+            self._arm()
         if not self._backlogged and self._queued > self._limit:
             self._backlogged = True
             self._on_backlog(True)
@@ -154,21 +155,19 @@ class DelayedWriter:
         else:
             self._eof_pending = fn
 
-    def _arm(self, now: float, at_least: float = 0.0) -> None:
-        self._timer = self._loop.call_later(max(self._queue[0][0] - now, at_least), self._release)
+    def _arm(self) -> None:
+        self._timer = PreciseTimer(self._loop, self._queue[0][0], self._release, self._clock)
 
     def _release(self) -> None:
         self._timer = None
         now = self._clock()
-        released = 0
         while self._queue and self._queue[0][0] <= now:
             _, data = self._queue.popleft()
             self._queued -= len(data)
             self._write(data)
             self._on_written(len(data))
-            released += 1
-        if self._queue:  # a timer that fired early (nothing was due) waits a millisecond at least: never a busy loop
-            self._arm(now, at_least=0.0 if released else 0.001)
+        if self._queue:
+            self._arm()
         elif self._eof_pending is not None:
             fn, self._eof_pending = self._eof_pending, None
             fn()

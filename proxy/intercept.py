@@ -61,6 +61,7 @@ from protocol.framing import DEFAULT_MAX_FRAME_BYTES, check_size
 from protocol.headers import parse_request_header, skip_request_header_tags
 from protocol.pieces import Pieces
 from protocol.summaries.varint import Over, uv
+from proxy.precise_timer import PreciseTimer
 
 __all__ = ["RequestHead", "Edit", "Interceptor", "ConnInfo", "InterceptorFactory", "FrameEditor", "MAX_EDIT_FRAME",
            "QUEUE_PAUSE", "EDIT_MEMORY_BYTES", "EditMemory", "chain"]
@@ -333,7 +334,7 @@ class _Side:
         self.queued = 0
         self.hold_until = 0.0
         self.holding = False
-        self.timer: asyncio.TimerHandle | None = None
+        self.timer: PreciseTimer | None = None
         self.after: list[Callable[[], None]] = []  # run once the held output is out (a FIN to propagate)
         self.out: list[bytes | memoryview] = []  # output of the current `feed`, written as one chunk at its end
         self.fresh = True  # no frame yet: the first size prefix is also checked for TLS / HTTP
@@ -739,9 +740,8 @@ class FrameEditor:
     def _delay(self, side: _Side, seconds: float) -> None:
         """Hold this flow's output (the frame about to be emitted and all after it) for `seconds`.
 
-        The deadline is on the precise monotonic clock (the one row times come from), not the loop's: uvloop
-        counts timers in whole milliseconds from when the loop iteration began, so a 300 ms hold measured from
-        the read could end ~1 ms early. A timer that fires before the deadline is armed again for the rest.
+        The deadline is on the precise monotonic clock (the one row times come from), not the loop's
+        (`proxy.precise_timer` says why): a hold never ends early.
         """
         until = monotonic() + seconds
         if side.queue is None:
@@ -750,19 +750,12 @@ class FrameEditor:
             side.queue = deque()
         if until > side.hold_until:
             side.hold_until = until
-            self._arm(side, seconds)
-
-    def _arm(self, side: _Side, seconds: float) -> None:
-        if side.timer is not None:
-            side.timer.cancel()
-        side.timer = self.loop.call_later(seconds, self._release, side)
+            if side.timer is not None:
+                side.timer.cancel()
+            side.timer = PreciseTimer(self.loop, until, lambda: self._release(side))
 
     def _release(self, side: _Side) -> None:
         side.timer = None
-        left = side.hold_until - monotonic()
-        if left > 0:  # the loop's millisecond timer was early: at least one more millisecond, never less than asked
-            self._arm(side, max(left, 0.001))
-            return
         q, side.queue = side.queue, None
         side.queued = 0
         # Each piece goes to the observer with the time it was read, not now: the held time is the proxy's
