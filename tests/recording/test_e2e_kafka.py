@@ -173,8 +173,9 @@ def test_sasl_plain_password_never_recorded_or_logged(rec_broker, topic_name, tm
             cp.produce(topic_name, f"ck-{i}".encode())
         assert cp.flush(15) == 0
         del cp
-        clients_json = json.dumps(stats.clients_json())
-        metrics_text = stats.render_prometheus()
+        # read on the proxy's loop, which is the thread that updates LiveStats
+        clients_json = json.dumps(p.call(stats.clients_json))
+        metrics_text = p.call(stats.render_prometheus)
     assert len(got) == 20
     req = read_recording(root, "requests")
     names = Counter(req["api_name"].to_pylist())
@@ -190,3 +191,4 @@ def test_sasl_plain_password_never_recorded_or_logged(rec_broker, topic_name, tm
     out, err = capfd.readouterr()
     assert SASL_PASSWORD not in out and SASL_PASSWORD not in err
     assert SASL_PASSWORD not in clients_json and SASL_PASSWORD not in metrics_text
+    assert topic_name in clients_json and 'api="SaslAuthenticate"' in metrics_text  # the views did see the exchange
