@@ -4,7 +4,8 @@ Why: explicit mode with a mistyped or unreachable `--upstream` used to start, lo
 nothing more until a client came; then each client connection ended with its own
 `upstream connect failed` line. An operator who starts the proxy and walks away should learn it
 from the start-up lines. The probe opens a connection and closes it without sending a byte (a
-broker logs nothing for that; a load balancer's health check does the same). It runs on a thread
+broker logs nothing for that; a load balancer's health check does the same). The upstreams are probed
+at the same time, each warned about as soon as its probe has ended. It runs on threads
 of its own: it never delays listening, and a slow one never holds up the event loop. It only warns:
 the broker may simply not be up yet, and clients are served as soon as it is.
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 
 import structlog
 
@@ -26,6 +28,7 @@ from proxy.server import Route
 log = structlog.get_logger("kafkatap.proxy")
 
 MAX_PROBE_S = 5.0
+MAX_PARALLEL_PROBES = 16  # threads probing at once (a listener per broker of a big cluster: a few dozen upstreams)
 # The probe's warning is about clients of a listener: it waits (at most this long) to learn whether this process
 # listens at all, and says nothing when it could not (the "cannot listen" line is then the one that matters, and
 # a warning after it about a listener that never existed sent operators the wrong way).
@@ -70,14 +73,25 @@ def connect_problem(host: str, port: int, timeout: float) -> str | None:
 
 
 def probe_upstreams(routes: Sequence[Route], timeout: float, outcome: ListenOutcome | None = None) -> None:
-    """Probe every distinct upstream of `routes` once; one warning line for each that does not accept
-    (none when `outcome` says the process does not listen)."""
+    """Probe every distinct upstream of `routes` once, all at the same time; one warning line for each that does
+    not accept, as soon as its probe has ended (none when `outcome` says the process does not listen).
+
+    At the same time because one upstream that drops packets takes the whole MAX_PROBE_S to say so: probed one
+    after the other, the warning about a refusing upstream listed after it came seconds late.
+    """
     targets = sorted({r.upstream for r in routes if r.upstream is not None})
-    problems = [(host, port, connect_problem(host, port, min(timeout, MAX_PROBE_S))) for host, port in targets]
-    if outcome is not None and not outcome.listening():
+    if not targets:
         return
-    for host, port, problem in problems:
-        if problem:
+    wait = min(timeout, MAX_PROBE_S)
+    with ThreadPoolExecutor(max_workers=min(len(targets), MAX_PARALLEL_PROBES), thread_name_prefix="kafkatap-upstream-probe") as pool:
+        probes = {pool.submit(connect_problem, host, port, wait): (host, port) for host, port in targets}
+        for done in as_completed(probes):
+            problem = done.result()
+            if not problem:
+                continue
+            if outcome is not None and not outcome.listening():
+                return  # the other probes end within their timeout; nobody reads their answers
+            host, port = probes[done]
             log.warning("upstream does not accept connections: every client of its listener is disconnected until "
                         "it does; check --upstream (or start the broker)", upstream=format_addr((host, port)),
                         listeners=[format_addr(r.listen) for r in routes if r.upstream == (host, port)], error=problem)

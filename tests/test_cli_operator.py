@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -123,6 +124,31 @@ def test_probe_names_an_upstream_that_refuses_and_is_quiet_otherwise() -> None:
             probe_upstreams(routes, 2.0)
     assert [(e["upstream"], e["listeners"], e["error"]) for e in logs] == [
         (f"127.0.0.1:{bad}", ["127.0.0.1:39901", "127.0.0.1:39903"], "Connection refused")]  # one line per upstream
+
+
+def test_a_refusing_upstream_is_said_without_waiting_for_a_silent_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Probed one after the other, an upstream that drops SYNs (listed first) held back the warning about a refusing
+    one for the whole probe timeout; probed at the same time, each is said when its own probe ends."""
+    from proxy import upstream_probe
+    from proxy.server import Route
+
+    said: list[tuple[str, str, float]] = []
+    monkeypatch.setattr(upstream_probe.log, "warning",
+                        lambda event, **kw: said.append((kw["upstream"], kw["error"], time.monotonic())))
+    with socket.socket() as silent, socket.socket() as filler, socket.socket() as closed:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(0)  # a full accept queue: Linux drops further SYNs, so a connect gets no answer
+        filler.connect(silent.getsockname())
+        closed.bind(("127.0.0.2", 0))  # bound, not listening: refused
+        routes = [Route(("127.0.0.1", 39911), silent.getsockname()), Route(("127.0.0.1", 39912), closed.getsockname())]
+        assert sorted(r.upstream for r in routes)[0] == silent.getsockname()  # the silent one is probed first in order
+        start = time.monotonic()
+        upstream_probe.probe_upstreams(routes, 3.0)
+        names = [upstream_probe.format_addr(r.upstream) for r in routes]  # type: ignore[arg-type]
+    by_addr = {addr: (error, at - start) for addr, error, at in said}
+    silent_, refused = by_addr[names[0]], by_addr[names[1]]
+    assert refused[0] == "Connection refused" and silent_[0] == "no answer within 3 s"
+    assert refused[1] < 1.5 <= silent_[1]  # said at once, not after the silent one's 3 s
 
 
 def test_a_proxy_that_cannot_listen_ends_on_that_not_on_its_upstream() -> None:
