@@ -55,6 +55,7 @@ WORKER_OF = "--worker-of"  # hidden: the parent's pid; the worker stops when it 
 WORKER_LAUNCH = "--worker-launch"  # hidden: the parent's start, epoch ns; each worker records it (`launch` row, runs/)
 WORKER_BALANCE = "--worker-balance"  # hidden: proxy.balance.BalanceSpec, the worker's share of connection passing
 WORKER_BROKERS = "--worker-brokers"  # hidden: proxy.mailboxes.MailSpec, the worker's share of the broker news
+WORKER_FIRST = "--worker-first"  # hidden: worker 1, which says once what every worker would say alike (bootstrap hint)
 
 
 def recording_options(f: Callable) -> Callable:
@@ -237,6 +238,7 @@ Examples:
 @click.option(WORKER_LAUNCH, "worker_launch", type=int, default=None, hidden=True)
 @click.option(WORKER_BALANCE, "worker_balance", default=None, hidden=True)
 @click.option(WORKER_BROKERS, "worker_brokers", default=None, hidden=True)
+@click.option(WORKER_FIRST, "worker_first", is_flag=True, default=False, hidden=True)
 @click.pass_context
 def proxy(ctx: click.Context, listens: tuple[str, ...], upstreams: tuple[str, ...], route_specs: tuple[str, ...],
           transparent: bool, connect_timeout: float, tcp_info_interval: float, no_tcp_info: bool,
@@ -296,6 +298,7 @@ def proxy(ctx: click.Context, listens: tuple[str, ...], upstreams: tuple[str, ..
     workers = rec.pop("workers") or default_workers()
     ready_fd, parent, launched_ns = rec.pop("worker_ready_fd"), rec.pop("worker_of"), rec.pop("worker_launch")
     balance, balance_spec, news_spec = rec.pop("balance"), rec.pop("worker_balance"), rec.pop("worker_brokers")
+    worker_first = rec.pop("worker_first")
     if ready_fd is None and rec.get("status_addr"):  # before the recorder or any worker starts: one line, exit 2
         problem = bind_problem(*parse_status_addr(str(rec["status_addr"])))
         if problem:
@@ -324,7 +327,8 @@ def proxy(ctx: click.Context, listens: tuple[str, ...], upstreams: tuple[str, ..
                          cluster=_cluster_mode(cluster, routes[0].listen, news_spec),
                          tls_server=tls.server, upstream_tls=tls.upstream,
                          balancer=Balancer(BalanceSpec.parse(balance_spec)) if balance_spec else None,
-                         launch=(launched_ns, parent) if launched_ns is not None and parent is not None else None))
+                         launch=(launched_ns, parent) if launched_ns is not None and parent is not None else None,
+                         bootstrap_hint=ready_fd is None or worker_first))  # N workers: one line per listener, not N
     sys.exit(code)
 
 
@@ -393,7 +397,8 @@ def _run_workers(ctx: click.Context, workers: int, routes: list[Route], mark: in
     root = ctx.find_root().params
     # options the parent decides for each worker, given below instead of the user's
     replaced = {"listens", "upstreams", "route_specs", "transparent", "mark", "proxy_id", "status_addr", "workers",
-                "worker_ready_fd", "worker_of", "worker_launch", "balance", "worker_balance", "worker_brokers"}
+                "worker_ready_fd", "worker_of", "worker_launch", "balance", "worker_balance", "worker_brokers",
+                "worker_first"}
     common = [sys.executable, "-m", "kafkatap.cli", "--log-format", str(root.get("log_format") or "auto"),
               "--log-level", str(root.get("log_level") or "info"), "proxy", *_options_argv(ctx, replaced)]
     for route in resolved:
@@ -412,6 +417,8 @@ def _run_workers(ctx: click.Context, workers: int, routes: list[Route], mark: in
             own += [WORKER_BALANCE, mail.spec(w.index - 1).render()]
         if news is not None:
             own += [WORKER_BROKERS, news.spec(w.index - 1).render()]
+        if w.index == 1:
+            own.append(WORKER_FIRST)
         return [*common, *own, *(["--status-addr", "127.0.0.1:0"] if status_addr else [])]
 
     log.info("starting workers", workers=workers, proxy_id=proxy_id,

@@ -127,6 +127,7 @@ class ProxyServer:
         balancer: Any = None,
         bypass_check: bool = True,
         launch: tuple[int, int] | None = None,
+        bootstrap_hint: bool = True,
     ) -> None:
         self.routes = [r if isinstance(r, Route) else Route.parse(r) for r in routes]
         if not self.routes:
@@ -152,6 +153,7 @@ class ProxyServer:
         # False where no client follows the addresses brokers advertise (replay's recording proxy sends every
         # session to this listener), so an advertised address is no bypass and must not be reported as one
         self.bypass_check = bypass_check
+        self.bootstrap_hint = bootstrap_hint  # log "clients bootstrap here" per listener (of N workers, only the first)
         # cluster mode (proxy.cluster.ClusterMode): per-broker listeners and address rewriting
         self.cluster = cluster
         self.tls_server = tls_server  # ssl.SSLContext: every listener terminates the clients' TLS (proxy.tls)
@@ -267,7 +269,7 @@ class ProxyServer:
             self._accept(sock, factory)
             log.info("listening", listener=listener,
                      upstream=f"{up[0]}:{up[1]}" if up else "original destination (transparent)")
-            if up is not None and self.bypass_check and sock is socks[0]:
+            if up is not None and self.bypass_check and self.bootstrap_hint and sock is socks[0]:
                 log.info("clients bootstrap here", **self._bootstrap_hint(addr))
 
     def _bootstrap_hint(self, addr: tuple[str, int]) -> dict[str, str]:

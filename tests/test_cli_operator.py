@@ -207,6 +207,33 @@ def test_explicit_mode_says_at_start_when_its_upstream_refuses() -> None:
     assert len(warned) == 1 and warned[0]["upstream"] == f"127.0.0.1:{bad}" and "--upstream" in warned[0]["event"]
 
 
+def test_workers_say_the_bootstrap_hint_once_per_listener() -> None:
+    """Each of N workers listens on the same addresses; the hint for clients was said N times per listener."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        up = f"127.0.0.1:{closed.getsockname()[1]}"
+        proc = subprocess.Popen([*KAFKATAP, "--log-format", "json", "proxy", "--workers", "2", "--listen", "127.0.0.1:0",
+                                 "--upstream", up, "--listen", "127.0.0.1:0", "--upstream", up],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        guard = threading.Timer(30, proc.terminate)  # a missing line ends the read (EOF) instead of hanging
+        guard.start()
+        try:
+            seen: list[dict] = []
+            for line in proc.stderr:  # type: ignore[union-attr]  # the workers say it before they report ready
+                seen.append(json.loads(line))
+                if seen[-1].get("event") == "workers running":
+                    break
+        finally:
+            guard.cancel()
+            proc.terminate()
+            proc.wait(30)
+    events = [str(e.get("event")) for e in seen]
+    assert "workers running" in events and events.count("listening") == 4  # two listeners in each of two workers
+    hints = [e for e in seen if e.get("event") == "clients bootstrap here"]
+    assert len(hints) == 2 and len({h["bootstrap"] for h in hints}) == 2 and {h["worker"] for h in hints} == {
+        next(e["worker"] for e in seen if e.get("event") == "listening" and e["worker"].endswith("-w1"))}
+
+
 @pytest.mark.parametrize("workers", ["1", "2"])  # one process, and the parent that serves its workers' status merged
 def test_busy_status_port_is_one_line_and_exit_2(tmp_path: Path, workers: str) -> None:
     with socket.socket() as taken:
