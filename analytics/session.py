@@ -114,6 +114,9 @@ JAVA_OPTIONS_KEYS = ("spark.driver.extraJavaOptions",)
 # A collector choice: the JVM refuses two ("Multiple garbage collectors selected"), unlike -D and -XX:Name=… of
 # which it takes the last.
 COLLECTOR = re.compile(r"-XX:\+Use(?:Serial|Parallel|ParallelOld|G1|Z|Shenandoah|Epsilon|ConcMarkSweep)GC\b")
+# Options that choose the JIT's tiers, and the compiler thread count that must fit them (joined_java_options).
+JIT_CHOICE = re.compile(r"-XX:(?:TieredStopAtLevel=|[+-]TieredCompilation\b|CICompilerCount=)")
+COMPILER_COUNT = re.compile(r"-XX:CICompilerCount=\d+")
 
 # Lines the driver JVM prints at start that say nothing to act on (the module notice above); matched at a line's start.
 JVM_NOTICES: tuple[bytes, ...] = (b"WARNING: Using incubator modules: ",)
@@ -182,7 +185,8 @@ def default_master(master: str | None = None) -> str:
 
 
 def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity, which containers and taskset narrow)."""
+    """The cores this process may run on: its CPU affinity (taskset, a container's cpuset). A CPU quota without a
+    cpuset (`docker --cpus`) is not seen here: such a container keeps the JVM's compiler count."""
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -199,17 +203,22 @@ def driver_jvm(input_rows: int | None, cores: int | None = None) -> str:
 
 
 def joined_java_options(first: str, last: str) -> str:
-    """JVM options `first`, then `last`; `first`'s collector left out when `last` names one.
+    """JVM options `first`, then `last`; `first`'s collector left out when `last` names one, and `first`'s compiler
+    thread count when `last` chooses the JIT.
 
     `first` is kafkatap's and `last` a caller's (--conf), or `first` spark-defaults.conf's and `last`
     kafkatap's. A caller's options used to replace kafkatap's, as a caller's value does for any other key, and
     with them the log4j configuration: Spark's default profile then wrote its start-up lines to the terminal.
     Appended, the later still override any one of the earlier: the JVM takes the last -Dname=… and -XX:Name=…
     it is given. A second garbage collector is the exception (the JVM refuses to start), so the later choice
-    alone is kept.
+    alone is kept. So is a JIT choice: kafkatap's one compiler thread (ONE_COMPILER) is C1's alone, and a
+    caller's -XX:TieredStopAtLevel=4 after it brings C2 back, which needs a thread of its own ("CICompilerCount (1)
+    must be at least 2"): the compiler count is left to the JVM then.
     """
     if COLLECTOR.search(last):
         first = " ".join(option for option in first.split() if not COLLECTOR.fullmatch(option))
+    if JIT_CHOICE.search(last):
+        first = " ".join(option for option in first.split() if not COMPILER_COUNT.fullmatch(option))
     return f"{first} {last}".strip()
 
 

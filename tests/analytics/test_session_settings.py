@@ -1,4 +1,4 @@
-"""The settings a new Spark session starts with (`analytics.session.session_settings`): no JVM needed.
+"""The settings a new Spark session starts with (`analytics.session.session_settings`): no Spark needed.
 
 A caller's `--conf spark.driver.extraJavaOptions=…` used to replace the JVM options kafkatap sets there:
 the log4j configuration that keeps Spark's own log lines off the terminal, the JIT flags and the class
@@ -7,6 +7,8 @@ now appended.
 """
 
 from __future__ import annotations
+
+import subprocess
 
 import pytest
 
@@ -39,6 +41,19 @@ def test_a_caller_can_still_override_one_of_kafkataps_properties() -> None:
     mine = "-Dlog4j2.configurationFile=file:/etc/my-log4j2.properties -XX:TieredStopAtLevel=4"
     options = session.session_settings("local[2]", {DRIVER: mine}, None)[DRIVER]
     assert options.endswith(mine) and options.index("-Dlog4j2.configurationFile=file:/etc") > options.index(str(session.LOG4J))
+
+
+def test_a_callers_jit_choice_starts_a_jvm_on_a_small_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On two cores kafkatap gives C1 one compiler thread; a caller's TieredStopAtLevel=4 brings C2 back, and the JVM
+    refused to start with both ("CICompilerCount (1) must be at least 2"). The count is then left to the JVM."""
+    monkeypatch.setattr(session, "usable_cores", lambda: 2)
+    assert "-XX:CICompilerCount=1" in session.session_settings("local[2]", None, None)[DRIVER]
+    for theirs in ("-XX:TieredStopAtLevel=4", "-XX:-TieredCompilation", "-XX:CICompilerCount=3"):
+        options = session.session_settings("local[2]", {DRIVER: theirs}, None)[DRIVER]
+        assert "-XX:CICompilerCount=1" not in options and options.endswith(theirs)
+        jvm = [o for o in options.split() if o.startswith("-XX:") and "SharedArchive" not in o]  # the JIT's and GC's
+        started = subprocess.run(["java", *jvm, "-version"], capture_output=True, text=True, timeout=60)
+        assert started.returncode == 0, (theirs, started.stderr)
 
 
 def test_a_callers_collector_replaces_kafkataps() -> None:
