@@ -484,6 +484,15 @@ def _retention_fields(rec: dict) -> dict[str, object]:
 async def _serve(routes: list[Route], faults, rec: dict, *, ready_fd: int | None = None,
                  fault_rules: FaultRules | None = None, **kw: object) -> int:
     raise_nofile_limit()  # two descriptors per connection: the soft default of 1024 is far too low
+    stop = asyncio.Event()
+    # A worker stops on its parent's SIGTERM (it runs in a process group of its own, which a terminal's
+    # Ctrl-C does not reach): a second SIGTERM is the parent passing on a second Ctrl-C (close at once).
+    stop_signals = (signal.SIGTERM,) if ready_fd is not None else (signal.SIGTERM, signal.SIGINT)
+    # Before the recorder starts or anything listens: a signal that came between "listening" and these handlers
+    # killed the process (the default action), with no stop row and no flush. One during start-up now stops it
+    # as soon as it is up.
+    for sig in stop_signals:
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     # One id for the recording's proxy= partition, its proxy_id column and the metrics.
     proxy_id = rec.get("proxy_id") or default_proxy_id()
     capture = str(rec["capture"])
@@ -547,12 +556,6 @@ async def _serve(routes: list[Route], faults, rec: dict, *, ready_fd: int | None
         listen_outcome(True)
         if sinks.status is not None:
             sinks.status.serving = True
-        stop = asyncio.Event()
-        # A worker stops on its parent's SIGTERM (it runs in a process group of its own, which a terminal's
-        # Ctrl-C does not reach): a second SIGTERM is the parent passing on a second Ctrl-C (close at once).
-        stop_signals = (signal.SIGTERM,) if ready_fd is not None else (signal.SIGTERM, signal.SIGINT)
-        for sig in stop_signals:  # before a worker reports ready: its parent may stop it at once
-            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
         if ready_fd is not None:  # a worker of `--workers N`: tell the parent it listens, and where its status is
             report_ready(ready_fd, sinks.status.address if sinks.status is not None else None, server.listen_addrs)
         settle_memory()

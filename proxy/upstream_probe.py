@@ -15,10 +15,10 @@ and says so when that fails. Transparent mode has no fixed upstream.
 
 from __future__ import annotations
 
+import queue
 import socket
 import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
 
 import structlog
 
@@ -83,22 +83,36 @@ def probe_upstreams(routes: Sequence[Route], timeout: float, outcome: ListenOutc
     if not targets:
         return
     wait = min(timeout, MAX_PROBE_S)
-    with ThreadPoolExecutor(max_workers=min(len(targets), MAX_PARALLEL_PROBES), thread_name_prefix="kafkatap-upstream-probe") as pool:
-        probes = {pool.submit(connect_problem, host, port, wait): (host, port) for host, port in targets}
-        for done in as_completed(probes):
-            problem = done.result()
-            if not problem:
-                continue
+    answers: queue.SimpleQueue[tuple[str, int, str | None]] = queue.SimpleQueue()
+    pending = list(targets)
+
+    def probe() -> None:
+        while pending:
+            try:
+                host, port = pending.pop()
+            except IndexError:  # another thread took the last one
+                return
+            try:
+                answers.put((host, port, connect_problem(host, port, wait)))
+            except Exception as exc:  # noqa: BLE001 — every target gets an answer, or the warnings after it would wait forever
+                answers.put((host, port, str(exc) or type(exc).__name__))
+
+    for n in range(min(len(targets), MAX_PARALLEL_PROBES)):
+        # daemon threads, as the caller's: a proxy that stops while a probe waits for a silent upstream exits at once
+        threading.Thread(target=probe, name=f"kafkatap-upstream-probe-{n}", daemon=True).start()
+    for _ in targets:
+        host, port, problem = answers.get()
+        if problem:
             if outcome is not None and not outcome.listening():
-                return  # the other probes end within their timeout; nobody reads their answers
-            host, port = probes[done]
+                return
             log.warning("upstream does not accept connections: every client of its listener is disconnected until "
                         "it does; check --upstream (or start the broker)", upstream=format_addr((host, port)),
                         listeners=[format_addr(r.listen) for r in routes if r.upstream == (host, port)], error=problem)
 
 
 def probe_in_background(routes: Sequence[Route], timeout: float) -> threading.Thread:
-    """`probe_upstreams` on a daemon thread (the caller goes on to listen at once)."""
+    """`probe_upstreams` on a daemon thread, which starts daemon threads for the probes themselves (the caller goes
+    on to listen at once, and a proxy that stops does not wait for a probe)."""
     global _started
     _started = ListenOutcome()
     thread = threading.Thread(target=probe_upstreams, args=(list(routes), timeout, _started),

@@ -151,6 +151,31 @@ def test_a_refusing_upstream_is_said_without_waiting_for_a_silent_one(monkeypatc
     assert refused[1] < 1.5 <= silent_[1]  # said at once, not after the silent one's 3 s
 
 
+def test_a_probe_waiting_for_a_silent_upstream_does_not_hold_up_the_proxys_exit() -> None:
+    """SIGTERM right after start, while the probe's connect waits (up to 5 s) for an upstream that drops SYNs:
+    the proxy exits at once (the probes run on daemon threads; pool threads were joined at exit, ~4.5 s), and
+    cleanly: a SIGTERM between "listening" and the stop handlers killed it with the default action (-15, three runs
+    of five here), so the handlers are now installed before start-up."""
+    with socket.socket() as silent, socket.socket() as filler:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(0)  # a full accept queue: further SYNs are dropped
+        filler.connect(silent.getsockname())
+        proc = subprocess.Popen([*KAFKATAP, "--log-format", "json", "proxy", "--workers", "1", "--listen", "127.0.0.1:0",
+                                 "--upstream", f"127.0.0.1:{silent.getsockname()[1]}"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            for line in proc.stderr:  # type: ignore[union-attr]
+                if json.loads(line).get("event") == "listening":
+                    break
+            stopped = time.monotonic()
+            proc.terminate()
+            proc.wait(30)
+            took = time.monotonic() - stopped
+        finally:
+            proc.kill()
+    assert proc.returncode == 0 and took < 2.5, (proc.returncode, took)
+
+
 def test_a_proxy_that_cannot_listen_ends_on_that_not_on_its_upstream() -> None:
     """The upstream probe's warning (about the clients of a listener) once came after "cannot listen", last."""
     with socket.socket() as held, socket.socket() as closed:
