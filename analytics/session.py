@@ -137,12 +137,13 @@ SMALL_INPUT: dict[str, str] = {
 }
 
 # Past SMALL_INPUT_ROWS compiled code pays back, but adaptive re-planning and several shuffle partitions still do
-# not, up to MID_INPUT_ROWS: a 1 M-request recording (426k rows read, its stored rollups) spends its time in ~50
-# queries over pinned frames of a few thousand to 184k rows, where AQE turns each shuffle into a job of its own and
-# re-plans. AQE off on one shuffle partition took it from 22.5 to 20.9 s (medians of three interleaved runs; the
-# passes still overlap three at a time, which keeps both cores busy). Beyond 2 M rows read (10 M requests) the
-# shuffles carry real data and keep Spark's own settings.
-MID_INPUT_ROWS = 2_000_000
+# not: a recording with stored rollups is read as a few hundred thousand rows however many requests it holds
+# (426k rows at 1 M requests, 482k at 3 M, 531k at 10 M in the bench's recordings), and its ~50 queries run over
+# pinned frames of a few thousand to ~200k rows, where AQE turns each shuffle into a job of its own and re-plans.
+# AQE off on one shuffle partition (the passes still overlap three at a time, which keeps both cores busy): 1 M
+# requests 23.4 -> 21.9 s, 3 M 24.0 -> 23.4 s, 10 M 28.5 -> 26.5 s (medians of alternating pairs, bench/RESULTS.md,
+# thirty-third session). Up to MID_INPUT_ROWS, about twice the largest input measured; past it, Spark's own.
+MID_INPUT_ROWS = 1_000_000
 MID_INPUT: dict[str, str] = {
     "spark.sql.adaptive.enabled": "false",
     "spark.sql.shuffle.partitions": "1",
