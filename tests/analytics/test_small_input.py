@@ -19,6 +19,7 @@ import pytest
 
 from analytics import session
 from analytics.job import input_rows, run_analysis, stored_rollups
+from analytics.result import AnalysisResult
 from analytics.synthetic import generate
 from recording.rollups import TIME_KEYED
 from recording.schema import DERIVED_DATASETS
@@ -69,11 +70,16 @@ def test_small_settings_change_no_output_and_do_not_leak(spark, tmp_path: Path) 
     assert {k: spark.conf.get(k, None) for k in session.SMALL_INPUT} == before  # put back after the analysis
     usual = {k: v for k, v in before.items() if v is not None}  # the caller's conf wins over the size rule
     big = run_analysis([tmp_path / "rec"], tmp_path / "usual", spark=spark, progress=False, report=False, spark_conf=usual)
-    assert small.tables.keys() == big.tables.keys()
-    for name in small.tables:
+    _same_results(small, big)
+
+
+def _same_results(a: AnalysisResult, b: AnalysisResult) -> None:
+    """The same tables (but the analysis's own `_meta`) and the same findings."""
+    assert a.tables.keys() == b.tables.keys()
+    for name in a.tables:
         if name != "_meta":
-            assert small.tables[name] == big.tables[name], name
-    assert [f.to_json() for f in small.findings] == [f.to_json() for f in big.findings]
+            assert a.tables[name] == b.tables[name], name
+    assert [f.to_json() for f in a.findings] == [f.to_json() for f in b.findings]
 
 
 def test_mid_sized_settings_change_no_output(spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -87,12 +93,8 @@ def test_mid_sized_settings_change_no_output(spark, tmp_path: Path, monkeypatch:
     assert applied == [session.MID_INPUT]
     usual = {k: spark.conf.get(k) for k in session.MID_INPUT}
     assert usual["spark.sql.adaptive.enabled"] == "true"  # else the comparison below compares nothing
-    big = run_analysis([tmp_path / "rec"], tmp_path / "usual", spark=spark, progress=False, report=False, spark_conf=usual)
-    assert mid.tables.keys() == big.tables.keys()
-    for name in mid.tables:
-        if name != "_meta":
-            assert mid.tables[name] == big.tables[name], name
-    assert [f.to_json() for f in mid.findings] == [f.to_json() for f in big.findings]
+    _same_results(mid, run_analysis([tmp_path / "rec"], tmp_path / "usual", spark=spark, progress=False, report=False,
+                                    spark_conf=usual))
 
 
 def test_driver_jvm_runs_the_cheap_jit(spark) -> None:
