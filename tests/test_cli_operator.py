@@ -155,7 +155,7 @@ def test_a_probe_waiting_for_a_silent_upstream_does_not_hold_up_the_proxys_exit(
     """SIGTERM right after start, while the probe's connect waits (up to 5 s) for an upstream that drops SYNs:
     the proxy exits at once (the probes run on daemon threads; pool threads were joined at exit, ~4.5 s), and
     cleanly: a SIGTERM between "listening" and the stop handlers killed it with the default action (-15, three runs
-    of five here), so the handlers are now installed before start-up."""
+    of six here), so the handlers are now installed before start-up."""
     with socket.socket() as silent, socket.socket() as filler:
         silent.bind(("127.0.0.1", 0))
         silent.listen(0)  # a full accept queue: further SYNs are dropped
