@@ -305,7 +305,7 @@ def unanswered_at_close(conns: DataFrame, rollup: DataFrame, limit: int = 5000, 
     return c.join(pending, ["proxy_id", "conn_id"], "left").select(
         "conn_id", "client_id", "broker_addr", "end_reason", "end_by", "unanswered", "unanswered_apis", "last_api",
         "last_request_bytes", "last_request_acks", "last_request_topics", "inferred_cause", ns_to_ts("closed_ns").alias("closed_at"),
-    ).orderBy(F.desc("unanswered")).limit(limit)
+    ).orderBy(F.desc("unanswered"), "closed_at", "conn_id").limit(limit)  # a total order: ties kept their plan's order
 
 
 # the proxy's reason for a stream it stopped parsing: "<direction> stream opaque at offset N: KIND: …" (proxy.observer)
