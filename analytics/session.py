@@ -40,6 +40,7 @@ from pyspark.sql import SparkSession
 
 from analytics.class_archive import java_options
 from analytics.jvm_lookups import remember_jvm_lookups
+from recording.cores import usable_cores  # a container with a CPU quota but no cpuset keeps the JVM's compiler count
 
 if TYPE_CHECKING:
     from py4j.java_gateway import JavaGateway
@@ -183,15 +184,6 @@ def small_input_settings(master: str, input_rows: int | None) -> dict[str, str]:
 def default_master(master: str | None = None) -> str:
     """The master a new session gets: the one asked for, else $KAFKATAP_SPARK_MASTER, else local[2]."""
     return master or os.environ.get("KAFKATAP_SPARK_MASTER", "local[2]")
-
-
-def usable_cores() -> int:
-    """The cores this process may run on: its CPU affinity (taskset, a container's cpuset). A CPU quota without a
-    cpuset (`docker --cpus`) is not seen here: such a container keeps the JVM's compiler count."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def driver_jvm(input_rows: int | None, cores: int | None = None) -> str:

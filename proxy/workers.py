@@ -67,6 +67,7 @@ from proxy.metrics import merge_clients, merge_prometheus, parse_exposition, sam
 from proxy.server import Route
 from proxy.status import StatusServer, parse_addr
 from proxy.upstream_probe import listen_outcome
+from recording.cores import usable_cores
 from recording.layout import worker_proxy_id
 
 log = structlog.get_logger("kafkatap.proxy")
@@ -81,14 +82,8 @@ _PR_SET_PDEATHSIG = 1
 
 
 def default_workers() -> int:
-    """The cores this process may run on (its CPU affinity), at least 1."""
-    count = getattr(os, "process_cpu_count", None)  # Python 3.13+
-    if count is not None:
-        return count() or 1
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+    """`--workers` when not given: the cores this process may run on (recording.cores), at least 1."""
+    return usable_cores()
 
 
 def reserve_ports(routes: Sequence[Route]) -> tuple[list[Route], list[socket.socket]]:

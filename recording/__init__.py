@@ -14,6 +14,7 @@ proxy, analytics or replay; they import this.
     writer.py       ParquetRecorder: rows off the event loop into flush files
     compaction.py   flush files merged into one file per segment
     thread_names.py kernel-visible names for the recorder's threads
+    cores.py        the cores this process may run on (the proxy's default --workers, the analysis's JIT)
     migrations.py   format versions: the one check and the one migration registry
     reader.py       the one reader: live files (pyarrow.fs), versions, Arrow tables
     timespec.py     the --since/--until syntax analyze and replay share
