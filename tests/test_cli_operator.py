@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import click
@@ -209,25 +209,39 @@ def test_the_bootstrap_address_clients_are_given_is_said_at_start() -> None:
     assert asyncio.run(behind_a_middlebox())["bootstrap"] == "lb.example.com:9092"
 
 
+def _proxy_events_until(args: list[str], done: Callable[[list[dict]], bool]) -> list[dict]:
+    """Run `kafkatap --log-format json proxy ARGS`, read its log events until `done(events so far)`, then stop it.
+
+    Each stderr line is one event. A line that never comes ends the read at 30 s (the process is terminated: EOF)
+    instead of hanging; the caller's assertions then say what was missing.
+    """
+    proc = subprocess.Popen([*KAFKATAP, "--log-format", "json", "proxy", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    guard = threading.Timer(30, proc.terminate)
+    guard.start()
+    seen: list[dict] = []
+    try:
+        for line in proc.stderr:  # type: ignore[union-attr]
+            seen.append(json.loads(line))
+            if done(seen):
+                break
+    finally:
+        guard.cancel()
+        proc.terminate()
+        proc.wait(30)
+    return seen
+
+
 def test_explicit_mode_says_at_start_when_its_upstream_refuses() -> None:
+    def both_came(seen: list[dict]) -> bool:
+        events = [str(e.get("event")) for e in seen]
+        return "workers running" in events and any(e.startswith("upstream does not accept") for e in events)
+
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         bad = closed.getsockname()[1]
-        proc = subprocess.Popen([*KAFKATAP, "--log-format", "json", "proxy", "--workers", "2", "--listen", "127.0.0.1:0",
-                                 "--upstream", f"127.0.0.1:{bad}"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        guard = threading.Timer(30, proc.terminate)  # a missing line ends the read (EOF) instead of hanging
-        guard.start()
-        try:
-            seen: list[dict] = []
-            for line in proc.stderr:  # type: ignore[union-attr]  # each line is an event: read until both came
-                seen.append(json.loads(line))
-                events = [str(e.get("event")) for e in seen]
-                if "workers running" in events and any(e.startswith("upstream does not accept") for e in events):
-                    break
-        finally:
-            guard.cancel()
-            proc.terminate()
-            proc.wait(30)
+        seen = _proxy_events_until(["--workers", "2", "--listen", "127.0.0.1:0", "--upstream", f"127.0.0.1:{bad}"],
+                                   both_came)
     warned = [e for e in seen if str(e.get("event")).startswith("upstream does not accept")]
     assert len(warned) == 1 and warned[0]["upstream"] == f"127.0.0.1:{bad}" and "--upstream" in warned[0]["event"]
 
@@ -237,21 +251,9 @@ def test_workers_say_the_bootstrap_hint_once_per_listener() -> None:
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         up = f"127.0.0.1:{closed.getsockname()[1]}"
-        proc = subprocess.Popen([*KAFKATAP, "--log-format", "json", "proxy", "--workers", "2", "--listen", "127.0.0.1:0",
-                                 "--upstream", up, "--listen", "127.0.0.1:0", "--upstream", up],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        guard = threading.Timer(30, proc.terminate)  # a missing line ends the read (EOF) instead of hanging
-        guard.start()
-        try:
-            seen: list[dict] = []
-            for line in proc.stderr:  # type: ignore[union-attr]  # the workers say it before they report ready
-                seen.append(json.loads(line))
-                if seen[-1].get("event") == "workers running":
-                    break
-        finally:
-            guard.cancel()
-            proc.terminate()
-            proc.wait(30)
+        # the workers say it before they report ready, so it has come by "workers running"
+        seen = _proxy_events_until(["--workers", "2", "--listen", "127.0.0.1:0", "--upstream", up, "--listen", "127.0.0.1:0",
+                                    "--upstream", up], lambda seen: seen[-1].get("event") == "workers running")
     events = [str(e.get("event")) for e in seen]
     assert "workers running" in events and events.count("listening") == 4  # two listeners in each of two workers
     hints = [e for e in seen if e.get("event") == "clients bootstrap here"]
