@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import sys
@@ -9,11 +10,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
+from click.core import ParameterSource
 
 from recording.cli_errors import OneLineError
 
 from analytics.interrupt import ExitAtOnce, interrupts_handled
-from analytics.outdir import clear_artifacts, inside
+from analytics.outdir import clear_artifacts
+from recording.existing import inside
 from recording.datasets import DATASETS  # not recording.schema: no pyarrow before the SIGINT handler is in place
 from recording.timespec import TIME, TIME_HELP, TimeSpec, cli_window
 
@@ -47,7 +50,8 @@ DATASETS_READ = ("requests", "connections", "tcp")  # what analytics.load reads 
 @click.option("--match", "compare_mode", type=click.Choice(["auto", "wire", "sequence"]), default="auto", show_default=True,
               help="How --compare pairs requests: wire = client_id+correlation_id+api and time proximity; sequence = order within "
                    "each connection (replays); auto = wire when the recordings overlap in time.")
-@click.option("--tolerance", "tolerance_s", type=float, default=10.0, show_default=True, help="Max time difference (s) for wire matching.")
+@click.option("--tolerance", "tolerance_s", type=click.FloatRange(min=0), default=10.0, show_default=True,
+              help="Max time difference (s) for wire matching.")
 @click.option("--bucket", "bucket_s", type=click.IntRange(min=1), default=None, metavar="SECONDS",
               help="Time bucket in seconds for the over-time views (default: ~120 points over the span, that of "
                    "the --since/--until window when given).")
@@ -95,6 +99,8 @@ def analyze(dirs: tuple[str, ...], out: str | None, master: str | None, since: T
         raise click.UsageError("Missing option '--out' / '-o' (the directory the report is written to).")
     if not dirs and not compare:
         raise click.UsageError("give at least one recording DIR (or --compare A B)")
+    if not compare:
+        _compare_only(click.get_current_context(), ("compare_mode", "--match"), ("tolerance_s", "--tolerance"))
     spark_conf = {}
     for item in conf:
         if "=" not in item:
@@ -139,6 +145,7 @@ def _run(dirs: tuple[str, ...], out: str, created: Path | None, quiet: bool, **k
     from recording.reader import recording_start, unreadable_file
 
     cli_window(kw["since"], kw["until"], lambda: recording_start([*dirs, *(kw["compare"] or ())]))  # a bad or empty window is said now
+    _make_out(out, created)  # the last check before the JVM: an OUT that cannot be made is said now, in a line
     from analytics.job import run_analysis  # starts nothing yet; get_spark (the JVM) runs inside
     from analytics.load import RecordingFormatError
     from pyspark.errors import PySparkRuntimeError
@@ -286,10 +293,43 @@ def input_problem(directory: str) -> str | None:
             "(record one with `kafkatap proxy … --record DIR`)")
 
 
+def _compare_only(ctx: click.Context, *params: tuple[str, str]) -> None:
+    """Refuse an option that only --compare reads, when the user gave it (its default is no mistake).
+
+    Without --compare nothing pairs requests: a --match or --tolerance given was silently ignored,
+    and the user could believe the report used it.
+    """
+    given = [opt for name, opt in params if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None)]
+    if given:
+        says = "it says" if len(given) == 1 else "they say"
+        raise OneLineError(f"{' and '.join(given)} only appl{'ies' if len(given) == 1 else 'y'} with --compare A B "
+                           f"({says} how its two recordings' requests are paired)")
+
+
+def _make_out(out: str, created: Path | None) -> None:
+    """Create OUT (run_analysis would, after the JVM's start) and say in one line, exit 2, why it cannot be made.
+
+    Before, `--out /proc/x`, an OUT under a regular file or under a directory without write permission
+    ended, after Spark's start, in a traceback (FileNotFoundError, NotADirectoryError, PermissionError).
+    Directories this made before failing (a deeper parent that could not be made) are removed again.
+    """
+    try:
+        Path(out).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        made = Path(out).absolute()
+        while not os.path.exists(made):  # not Path.exists: it raises for a name too long
+            made = made.parent
+        culprit = made if not made.is_dir() else exc.filename  # NotADirectoryError names OUT, not the file above it
+        if created is not None and (made == created or created in made.parents):
+            _drop_if_empty(str(made), created)
+        where = "" if culprit is None or Path(culprit).absolute() == Path(out).absolute() else f"{culprit}: "
+        raise OneLineError(f"--out {out} cannot be created ({where}{exc.strerror or exc})") from None
+
+
 def _first_missing(out: str) -> Path | None:
     """The outermost directory of OUT that does not exist yet (what the analysis will create), or None."""
     path, missing = Path(out).absolute(), None
-    while not path.exists():
+    while not os.path.exists(path):  # False, not an OSError, for a name too long: _make_out says that one
         missing, path = path, path.parent
     return missing
 

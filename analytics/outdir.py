@@ -39,15 +39,3 @@ def clear_artifacts(out: str | Path) -> list[Path]:
         if sub and d.is_dir() and not d.is_symlink() and not any(d.iterdir()):
             d.rmdir()
     return removed
-
-
-def inside(out: str, directory: str) -> bool:
-    """Whether OUT is `directory` or lies under it (local paths; a remote DIR is never OUT's parent).
-
-    The report's connection pages go to OUT/connections/: inside a recording they would land in the
-    recording's own connections/ dataset, among the files the next analysis reads.
-    """
-    if "://" in directory:
-        return False
-    d, o = Path(directory).resolve(), Path(out).resolve()
-    return o == d or d in o.parents

@@ -12,16 +12,19 @@ proxy in it (recording.retention).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import click
 
 from recording.layout import safe_segment
-from recording.retention import DURATION, PRUNED, describe, proxies_in, prune as prune_hours
+from recording.retention import DURATION, KEPT_NAMES, PRUNED, describe, proxies_in, prune as prune_hours
 
 __all__ = ["rollups", "prune"]
 
 _SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+F = TypeVar("F", bound=Callable[..., None])
 
 
 @click.command("rollups", context_settings=_SETTINGS)
@@ -114,6 +117,15 @@ def _connections_seen(recording: Path) -> tuple[int, int, int] | None:
     return len(seen), len(opaque), len(tls)
 
 
+def _kept_named(command: F) -> F:
+    """Fills `{kept}` in the command's help with the datasets retention keeps (recording.retention.KEPT).
+
+    The help named topics/ alone after runs/ had joined it: read from KEPT, it cannot drift again.
+    """
+    command.__doc__ = (command.__doc__ or "").replace("{kept}", KEPT_NAMES)
+    return command
+
+
 @click.command("prune", context_settings=_SETTINGS)
 @click.argument("recording", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--older-than", "older_than", type=DURATION, required=True, metavar="DURATION",
@@ -121,13 +133,14 @@ def _connections_seen(recording: Path) -> tuple[int, int, int] | None:
 @click.option("--proxy-id", "proxy_id", default=None,
               help="Only this proxy's hours (a worker of --workers N records as <id>-w<N>). Default: every proxy's.")
 @click.option("--dry-run", is_flag=True, help="Only say what would be deleted.")
+@_kept_named
 def prune(recording: Path, older_than: float, proxy_id: str | None, dry_run: bool) -> None:
-    """Delete the hours of RECORDING older than --older-than, every dataset but topics/.
+    """Delete the hours of RECORDING older than --older-than, every dataset but {kept}.
 
-    \b
     Hours go whole: an analysis of what is left sees a recording that starts later, each
-    requests file still with its rollups. topics/ (the topic names learned, a few KiB) is
-    kept. A proxy started with --retain does this itself once a minute; run this for
+    requests file still with its rollups. {kept} are kept (a few KiB however long a proxy
+    runs: the topic names learned, each proxy run's start and stop, which later hours are
+    read with). A proxy started with --retain does this itself once a minute; run this for
     recordings made without it. Safe beside a running proxy: the last two hours are never
     old enough. An analysis running over RECORDING meanwhile may fail on a deleted file.
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from recording.datasets import RECORDED
 from recording.layout import HOUR_NS, file_range, hour_of_dirs, is_hidden
 
-__all__ = ["ExistingRecording", "existing_recording", "reuse_message"]
+__all__ = ["ExistingRecording", "existing_recording", "held_recording", "inside", "reuse_message"]
 
 _NS = 1_000_000_000
 
@@ -109,10 +109,34 @@ def _utc(ns: int) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ns / _NS))
 
 
+def held_recording(root: Path) -> ExistingRecording | None:
+    """`existing_recording` for a warning at start: None also when `root` cannot be read (the recorder, once it
+    starts, reports what is wrong with the directory; a warning must not say it first, or instead)."""
+    try:
+        return existing_recording(root)
+    except OSError:
+        return None
+
+
 def reuse_message(root: Path, held: ExistingRecording) -> str:
-    """The one line the proxy logs at start when `root` already holds a recording."""
+    """The one line `kafkatap proxy --record` and `kafkatap replay --record` say at start when `root` already holds a
+    recording."""
     runs = f"{held.runs} earlier run(s) of proxy processes" if held.runs else "rows of earlier proxy runs"
     return (f"{root} already holds a recording ({runs} of proxy id(s) {', '.join(held.proxy_ids) or '?'}, data from "
             f"{_utc(held.first_ns)} to {_utc(held.last_ns)}): this run's rows are added to it and `kafkatap analyze` "
             "reads them all as one recording; record into a fresh directory, or separate the runs with "
             "`kafkatap analyze --since/--until`")
+
+
+def inside(out: str, directory: str) -> bool:
+    """Whether OUT is `directory` or lies under it (local paths, resolved: `..` and symlinks too; a remote DIR is
+    never OUT's parent).
+
+    A command that writes beside recordings must not write into one: `analyze --out` inside a DIR put the
+    report's connection pages among the files of the recording's own connections/ dataset, which the next
+    analysis read; `replay --record` at the replayed recording added the replay to it.
+    """
+    if "://" in directory:
+        return False
+    d, o = Path(directory).resolve(), Path(out).resolve()
+    return o == d or d in o.parents

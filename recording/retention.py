@@ -13,9 +13,10 @@ for one hour keeps what remains consistent: each requests file left still has
 its rollups, and an analysis sees a recording that starts later. An hour goes
 only once all of it is older than the cutoff.
 
-`topics/` is never pruned: each of its rows is a topic name learned once
-(the first time the proxy saw the topic's id), which later requests of any
-hour are named by, and it stays a few KiB however long the proxy runs.
+`topics/` and `runs/` are never pruned (KEPT): each row of `topics/` is a topic name learned once
+(the first time the proxy saw the topic's id), which later requests of any hour are named by, and each
+row of `runs/` a proxy run's start or clean stop, which an analysis of later hours still reads (the proxy
+runs, and whether a run's open connections ended with it); both stay a few KiB however long the proxy runs.
 
 This module only lists and deletes; the recorder decides when
 (`ParquetRecorder`, once a minute on its writer), the CLI says what it did.
@@ -36,10 +37,11 @@ import click
 from recording.datasets import DATASETS
 from recording.layout import HOUR_NS, hour_of_dirs, safe_segment
 
-__all__ = ["KEPT", "PRUNED", "MIN_RETAIN_S", "Pruned", "hour_dirs", "expired", "prune", "parse_duration",
+__all__ = ["KEPT", "KEPT_NAMES", "PRUNED", "MIN_RETAIN_S", "Pruned", "hour_dirs", "expired", "prune", "parse_duration",
            "DURATION", "describe"]
 
 KEPT = ("topics", "runs")  # datasets retention never touches (see the module docstring)
+KEPT_NAMES = " and ".join(f"{name}/" for name in KEPT)  # as the help texts name them ("topics/ and runs/")
 PRUNED = tuple(d for d in DATASETS if d not in KEPT)
 MIN_RETAIN_S = 3600.0  # the current and the previous hour are always kept: late rows and merges still go there
 

@@ -179,3 +179,55 @@ def test_filters_that_match_nothing_say_so_with_what_there_is(spark, tmp_path) -
     assert doc["nothing_matched"] == line
     res = CliRunner().invoke(analyze, [str(tmp_path / "rec"), "--out", str(tmp_path / "out"), "--quiet", "--topic", "orders"])
     assert res.exit_code == 0 and "nothing matched" not in res.output, res.output
+
+
+def test_a_negative_tolerance_is_refused(tmp_path, fake_job) -> None:
+    """`--tolerance -5` ran, and a finding then advised raising a tolerance below zero."""
+    _recording(tmp_path / "a")
+    _recording(tmp_path / "b")
+    res = _invoke("--compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "out"),
+                  "--match", "wire", "--tolerance", "-5")
+    assert res.exit_code == 2 and not fake_job[0], res.output
+    assert "Error: Invalid value for '--tolerance': -5.0 is not in the range x>=0." in res.output
+    res = _invoke("--compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "out"), "--tolerance", "0")
+    assert res.exit_code == 0 and fake_job[0][0]["tolerance_s"] == 0, res.output
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--match", "wire"], "--match only applies"),
+    (["--tolerance", "10"], "--tolerance only applies"),  # the default's value, given: refused all the same
+    (["--tolerance", "3", "--match", "sequence"], "--match and --tolerance only apply"),
+])
+def test_compare_options_without_compare_are_refused(tmp_path, fake_job, args, named) -> None:
+    """Without --compare they were silently ignored; only options the user gave are refused, not their defaults."""
+    _recording(tmp_path / "rec")
+    res = _invoke(str(tmp_path / "rec"), "--out", str(tmp_path / "out"), *args)
+    assert res.exit_code == 2 and not fake_job[0] and not (tmp_path / "out").exists(), res.output
+    assert res.output.strip().splitlines() == [f"Error: {named} with --compare A B ("
+                                               + ("it says" if "and" not in named else "they say")
+                                               + " how its two recordings' requests are paired)"]
+    res = _invoke(str(tmp_path / "rec"), "--out", str(tmp_path / "out"))
+    assert res.exit_code == 0 and fake_job[0][0]["tolerance_s"] == 10.0, res.output
+
+
+def _long_name(tmp_path) -> str:
+    return str(tmp_path / "new" / ("x" * 300))  # `new` is made, then its child's name is too long (ENAMETOOLONG)
+
+
+@pytest.mark.parametrize("where, reason", [
+    (lambda tmp_path: str(tmp_path / "afile" / "sub"), "{tmp_path}/afile: Not a directory"),
+    (lambda tmp_path: str(tmp_path / "afile" / "sub" / "deeper"), "{tmp_path}/afile: Not a directory"),
+    (lambda tmp_path: "/proc/kafkatap-test-out", "No such file or directory"),
+    (_long_name, "File name too long"),
+], ids=["under-a-file", "deeper-under-a-file", "in-proc", "name-too-long"])
+def test_an_out_that_cannot_be_made_is_said_in_one_line_before_spark(tmp_path, fake_job, where, reason) -> None:
+    """It was a Python traceback (FileNotFoundError, NotADirectoryError …), exit 1, after the JVM had started;
+    now one line naming OUT and the OS's reason, exit 2, with nothing left of the directories made on the way."""
+    _recording(tmp_path / "rec")
+    (tmp_path / "afile").write_text("a file, not a directory")
+    out = where(tmp_path)
+    res = _invoke(str(tmp_path / "rec"), "--out", out)
+    assert res.exit_code == 2 and not fake_job[0], res.output
+    assert res.output.strip().splitlines() == [f"Error: --out {out} cannot be created ({reason.format(tmp_path=tmp_path)})"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "rec"]  # `new` went again
+    assert (tmp_path / "afile").read_text() == "a file, not a directory"

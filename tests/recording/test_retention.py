@@ -1,4 +1,4 @@
-"""Retention (recording/retention.py): whole hours older than a cutoff go, every dataset but topics/.
+"""Retention (recording/retention.py): whole hours older than a cutoff go, every dataset but topics/ and runs/.
 
 Checked on recordings written through the recorder's own schema (requests with their
 rollups, topics), by the functions, by `kafkatap prune`, by a recorder on its writer
@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from analytics.synthetic import write_rows
 from kafkatap.cli import cli
 from recording.layout import HOUR_NS
-from recording.retention import DURATION, MIN_RETAIN_S, expired, parse_duration, prune
+from recording.retention import DURATION, KEPT, MIN_RETAIN_S, expired, parse_duration, prune
 from recording.rollups import coverage_all
 from tests.analytics.analytics_rows import T0, req
 
@@ -104,6 +104,17 @@ def test_prune_command_dry_run_then_delete(tmp_path: Path):
     assert bad.exit_code == 2 and "less than an hour" in bad.output
     elsewhere = runner.invoke(cli, ["prune", str(tmp_path), "--older-than", "1h"])  # the parent of a recording
     assert elsewhere.exit_code == 1 and "holds none of a recording's datasets" in elsewhere.output
+
+
+def test_prune_help_names_every_dataset_it_keeps() -> None:
+    """It said `every dataset but topics/`, and prune keeps runs/ as well (KEPT): an operator reading it would
+    expect the runs/ hours gone. The help is filled from KEPT."""
+    assert set(KEPT) == {"topics", "runs"}  # what the README's 'Keeping a window' says prune keeps
+    out = CliRunner().invoke(cli, ["prune", "--help"], terminal_width=400)
+    assert out.exit_code == 0, out.output
+    text = " ".join(out.output.split())
+    assert "every dataset but topics/ and runs/." in text and "topics/ and runs/ are kept" in text
+    assert "{kept}" not in text
 
 
 def test_prune_names_the_proxies_when_the_one_asked_for_has_no_hours(tmp_path: Path):
