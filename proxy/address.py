@@ -13,6 +13,7 @@ Forms: `PORT`, `:PORT`, `HOST:PORT`, `[V6]:PORT` (and a bare `V6:PORT` such as
 from __future__ import annotations
 
 import socket
+from collections.abc import Sequence
 
 MAX_PORT = 65535
 
@@ -43,8 +44,9 @@ def parse_hostport(text: str, default_host: str = "0.0.0.0", *, allow_zero: bool
     return (host or default_host), number
 
 
-def bind_problem(host: str, port: int) -> str | None:
-    """Why `host:port` cannot be listened on right now (e.g. "address already in use"), or None.
+def bind_error(host: str, port: int) -> OSError | None:
+    """The error a listener on `host:port` would meet right now (EADDRINUSE, EADDRNOTAVAIL, a name that does not
+    resolve…), or None.
 
     Checked before anything starts (recorder, worker processes), so a taken port is one
     line and exit 2 rather than a half-started proxy; SO_REUSEADDR as the real listener
@@ -59,5 +61,44 @@ def bind_problem(host: str, port: int) -> str | None:
                 s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             s.bind((host, port))
     except OSError as exc:  # socket.gaierror included: a host name that does not resolve
-        return (exc.strerror or str(exc)).lower()
+        return exc
     return None
+
+
+def bind_problem(host: str, port: int) -> str | None:
+    """Why `host:port` cannot be listened on right now (e.g. "address already in use"), in a few words, or None."""
+    exc = bind_error(host, port)
+    return None if exc is None else (exc.strerror or str(exc)).lower()
+
+
+WILDCARDS = ("0.0.0.0", "::", "")
+
+
+def is_local_address(host: str) -> bool:
+    """Whether `host` (an IP address) is one of this host's own: a socket can bind it. Nothing is sent."""
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind((host, 0))
+        return True
+    except OSError:
+        return False
+
+
+def listens_at(listens: Sequence[tuple[str, int]], dst: tuple[str, int]) -> bool:
+    """Whether a connection to `dst` (an IP address and port) reaches one of the bound `listens`: the same address,
+    or a wildcard listener on the port and an address of this host."""
+    for host, port in listens:
+        if port == dst[1] and (host == dst[0] or (host in WILDCARDS and is_local_address(dst[0]))):
+            return True
+    return False
+
+
+def connect_addresses(addr: tuple[str, int]) -> list[tuple[str, int]]:
+    """The (IP, port) pairs a connect to `addr` would try, as the proxy's connect resolves it; [] for a name that does
+    not resolve (the upstream probe says what is wrong with it). IPv4-mapped IPv6 addresses are read as IPv4."""
+    try:
+        infos = socket.getaddrinfo(addr[0], addr[1], type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return []
+    hosts = (str(info[4][0]) for info in infos)
+    return [(h[7:] if h.startswith("::ffff:") else h, addr[1]) for h in hosts]

@@ -33,7 +33,7 @@ from proxy.kafka_faults import KAFKA_FAULT_HELP, FaultRules, KafkaFaultLayer, sp
 from proxy.cluster import ClusterMode
 from proxy.cluster_options import CLUSTER_HELP, ClusterSetup, cluster_options, cluster_setup
 from proxy.tls import TLS_HELP, TlsConfigError, tls_options, tls_setup
-from proxy.address import bind_problem
+from proxy.address import bind_problem, connect_addresses, listens_at
 from proxy.balance import Balancer, BalanceSpec, WorkerMail
 from proxy.broker_news import BrokerNews
 from proxy.mailboxes import Mailboxes, MailSpec
@@ -44,8 +44,8 @@ from proxy.status import parse_addr as parse_status_addr
 from proxy.upstream_probe import listen_outcome, probe_in_background
 from proxy.workers import (WorkerPool, Worker, default_workers, die_with_parent, report_ready, reserve_ports,
                            route_arg)
-from recording.existing import existing_recording, reuse_message
-from recording.retention import DURATION
+from recording.existing import held_recording, reuse_message
+from recording.retention import DURATION, KEPT, KEPT_NAMES
 from recording.writer import CAPTURE_CHOICES
 
 log = structlog.get_logger("kafkatap.proxy")
@@ -77,8 +77,8 @@ def recording_options(f: Callable) -> Callable:
                      help="Seconds after which one-per-flush files are merged into one file (0: never)."),
         click.option("--retain", "retain", type=DURATION, default=None, metavar="DURATION",
                      help="Keep a rolling window of the recording: once a minute, delete this proxy's hours "
-                          "that ended longer ago than this (e.g. 36h, 7d, 2w; at least 1h). topics/ is kept. "
-                          "Default: keep everything."),
+                          "that ended longer ago than this (e.g. 36h, 7d, 2w; at least 1h). "
+                          f"{KEPT_NAMES} {'are' if len(KEPT) > 1 else 'is'} kept. Default: keep everything."),
         click.option("--proxy-id", "proxy_id", default=None,
                      help="Name of this proxy in recordings and metrics (default: short hostname)."),
         click.option("--status-addr", "status_addr", default=None, metavar="[HOST:]PORT", callback=_check_addr,
@@ -269,12 +269,16 @@ def proxy(ctx: click.Context, listens: tuple[str, ...], upstreams: tuple[str, ..
             raise OneLineError("Kafka faults run in one proxy process (their once/nth counts and runtime control "
                                "are per process): drop --workers or give --workers 1")
         rec["workers"] = 1
+    if rec.get("worker_ready_fd") is None:  # the user's command line (a worker's transparent route is LISTEN alone)
+        _check_user_routes(route_specs, cluster_given=bool(rec.get("cluster")))
     try:
         cluster = cluster_setup(rec)
         if cluster.cluster is not None:  # the bootstrap listener is the one route; brokers' listeners come later
             route_specs = tuple(cluster.routes(listens, upstreams, route_specs, transparent))
             listens = upstreams = ()
         routes = _routes(listens, upstreams, route_specs, transparent)
+        if rec.get("worker_ready_fd") is None:  # the user's command: once, not in each worker
+            _refuse_self_upstreams(routes, "--cluster" if cluster.cluster is not None else "--upstream")
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     try:
@@ -346,13 +350,57 @@ def _warn_if_reused(root: Path) -> None:
     is sometimes meant (a restart). A directory that cannot be read says nothing here: the recorder
     reports what is wrong with it.
     """
-    try:
-        held = existing_recording(root)
-    except OSError:
-        return
+    held = held_recording(root)
     if held is not None:
         log.warning(reuse_message(root, held), earlier_runs=held.runs, earlier_proxy_ids=list(held.proxy_ids),
                     earlier_first_ns=held.first_ns, earlier_last_ns=held.last_ns)
+
+
+def _check_user_routes(specs: tuple[str, ...], cluster_given: bool) -> None:
+    """Refuse a --route the user wrote that is not LISTEN=UPSTREAM, or any --route with --cluster.
+
+    `Route.parse` also takes a bare LISTEN (transparent), the form the workers of a --transparent proxy
+    are given; typed by a user it ran transparent mode by accident, without --transparent's SO_MARK check,
+    and reset every client ("no original destination"). With --cluster a --route's upstream was ignored.
+    """
+    if cluster_given and specs:
+        raise click.UsageError("--route does not apply with --cluster: give the address clients bootstrap from as "
+                               "--listen HOST:PORT (the brokers come from the cluster)")
+    for spec in specs:
+        if "=" not in spec:
+            raise click.BadParameter(f"{spec!r} has no upstream: expected LISTEN=UPSTREAM, e.g. "
+                                     "0.0.0.0:19092=broker1:9092 (for transparent mode: --transparent --listen "
+                                     "HOST:PORT)", param_hint="'--route'")
+        try:
+            Route.parse(spec)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="'--route'") from None
+
+
+def _refuse_self_upstreams(routes: list[Route], option: str) -> None:
+    """ValueError when following upstreams from listener to listener of this proxy comes back to where it began: every
+    connection would open the next through the proxy itself, thousands a second (the start-up probe alone set it
+    off). A chain that ends at a broker is no loop. `proxy.loop_guard` catches the loops this cannot see (a name of
+    this host that resolves elsewhere here, a broker advertising the proxy's address)."""
+    reaches = {r.upstream: connect_addresses(r.upstream) for r in routes if r.upstream is not None}
+
+    def next_hop(route: Route) -> Route | None:
+        """The route whose listener this route's upstream connects to, if any (port 0: the kernel's, unnamed)."""
+        if route.upstream is None:
+            return None
+        return next((r for r in routes if r.listen[1] and any(listens_at([r.listen], a) for a in reaches[route.upstream])),
+                    None)
+
+    for start in routes:
+        seen: list[Route] = []
+        hop: Route | None = start
+        while hop is not None and hop not in seen:
+            seen.append(hop)
+            hop = next_hop(hop)
+        if hop is start and start.upstream is not None:
+            via = "" if len(seen) == 1 else " through " + ", ".join(str(format_addr(r.listen)) for r in seen[1:])
+            raise ValueError(f"{option} {format_addr(start.upstream)} leads back to this proxy's own listener "
+                             f"{format_addr(start.listen)}{via}: it would connect to itself; give the broker's address")
 
 
 def _routes(listens: tuple[str, ...], upstreams: tuple[str, ...], specs: tuple[str, ...], transparent: bool) -> list[Route]:
@@ -609,7 +657,7 @@ def iptables(mode: str, brokers: tuple[str, ...], ports: tuple[int, ...], proxy_
       kafkatap iptables --remove --dry-run    # what --remove would delete
       kafkatap iptables --remove
     """
-    from proxy.netfilter import RulePlan, apply, build, removal_found, render
+    from proxy.netfilter import RulePlan, apply, build, left_out_note, removal_found, render
 
     chosen = [name for name, on in (("--apply", do_apply), ("--remove", do_remove), ("--dry-run", dry_run)) if on]
     if do_apply and len(chosen) > 1:  # --remove --dry-run is a preview of the removal
@@ -642,6 +690,9 @@ def iptables(mode: str, brokers: tuple[str, ...], ports: tuple[int, ...], proxy_
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     cmds = build(plan)
+    note = left_out_note(plan)
+    if note:  # before the dry run's last line: the brokers these rules do not cover
+        click.echo(note, err=True)
     if not do_apply:
         click.echo("dry run: nothing was changed; these are the commands --apply would run (as root)", err=True)
         click.echo(render(cmds))

@@ -85,7 +85,7 @@ from proxy.flow import (
 )
 from proxy.inference import inferred_cause
 from proxy.intercept import ConnInfo, FrameEditor, chain
-from proxy.loop_guard import LOOP_DETAIL
+from proxy.loop_guard import LOOP_DETAIL, SELF_LOOP_DETAIL
 from proxy.marks import set_mark
 from proxy.observer import ObserveScheduler, Observer
 
@@ -165,7 +165,7 @@ class Connection:
         self._faults: Faults | None = faults if faults.active else None
         self._idle_handle: asyncio.TimerHandle | None = None
         self.editor: FrameEditor | None = None  # only when an interceptor asked to edit this connection
-        self._upstream_key: Any = None  # transparent: the upstream socket's (local, broker) addresses (proxy.loop_guard)
+        self._upstream_key: Any = None  # the upstream socket's (local, broker) addresses (proxy.loop_guard)
 
     # ------------------------------------------------------------------ public face
     @property
@@ -233,6 +233,13 @@ class Connection:
                 return
             self.upstream = dst
             f.broker_addr = f.original_dst
+        else:
+            origin = ctx.loop_guard.owner_of(transport.get_extra_info("peername"), transport.get_extra_info("sockname"))
+            if origin is not None:  # our own connection to the upstream: the upstream is this listener (proxy.loop_guard)
+                detail = SELF_LOOP_DETAIL.format(upstream=origin.facts.broker_addr)
+                origin.redirect_looped(detail)
+                self._connect_failed(detail)
+                return
         if ctx.interceptors:
             self._install_editor(transport)
         if ctx.settings.tcp_info:
@@ -349,10 +356,8 @@ class Connection:
                         ctx.hub.mark_failed(exc)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 left = max(0.0, deadline - loop.time())
-                if self.facts.mode == "transparent":  # its own address known before the SYN can come back
-                    self._upstream_key = await asyncio.wait_for(ctx.loop_guard.connect(loop, sock, sockaddr, self), left)
-                else:
-                    await asyncio.wait_for(loop.sock_connect(sock, sockaddr), left)
+                # its own address known before the SYN can come back: a connect that reaches this proxy is a loop
+                self._upstream_key = await asyncio.wait_for(ctx.loop_guard.connect(loop, sock, sockaddr, self), left)
                 return sock
             except (OSError, asyncio.TimeoutError) as exc:
                 sock.close()

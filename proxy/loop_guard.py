@@ -1,6 +1,6 @@
-"""Transparent mode: a client that is the proxy's own upstream connection is a redirect loop, refused at once.
+"""A client that is the proxy's own upstream connection is a loop, refused at once.
 
-In local transparent mode the OUTPUT rule must skip the proxy's own upstream
+Transparent mode: in local transparent mode the OUTPUT rule must skip the proxy's own upstream
 packets, which the proxy marks (SO_MARK, `--mark`) and the rule matches
 (`kafkatap iptables --mark`). With two different marks (or a hand-written rule
 without the exception) the proxy's connection to the broker is redirected back
@@ -9,14 +9,17 @@ to the proxy. Its original destination is still the broker, so the
 next one: thousands of connections a second until the process runs out of
 file descriptors.
 
-The guard knows every upstream socket of a transparent connection, by its
-local address and its broker, from the moment its SYN leaves (the connect is
-started here, so the socket is known before the handshake can complete and
-the listener accept it), and a connection accepted from such an address with
-that broker as its original destination is refused with the reason, as is the
-one whose upstream it was. One process sees only its own
-sockets: with `--workers N` a loop that crosses workers is caught at the first
-hop that stays in one worker (each hop does with probability 1/N).
+Explicit and cluster mode: an upstream that is the proxy's own listener (a `--upstream` equal to its `--listen`
+under another name, a broker advertising the proxy's bootstrap address) loops the same way; the start-up probe
+of the upstream alone set it off. The command refuses the plain case at start (`proxy.address.own_listener_upstream`);
+the guard catches the rest as it happens.
+
+The guard knows every upstream socket, by its local address and its broker, from the moment its SYN leaves
+(the connect is started here, so the socket is known before the handshake can complete and the listener
+accept it), and a connection accepted from such an address with that broker as its original destination
+(transparent) or its listener's address (explicit, cluster) is refused with the reason, as is the one whose
+upstream it was. One process sees only its own sockets: with `--workers N` a loop that crosses workers is
+caught at the first hop that stays in one worker (each hop does with probability 1/N).
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from typing import Any
 
 Addr = tuple[str, int]
 
+SELF_LOOP_DETAIL = ("loop: the upstream {upstream} is this proxy's own listener (check --upstream, or the address the "
+                    "broker advertises)")
 LOOP_DETAIL = ("redirect loop: the client is this proxy's own connection to {broker} (the iptables rule that lets "
                "the proxy's marked packets through has another --mark than the proxy's, or none)")
 
@@ -43,7 +48,7 @@ Key = tuple[Addr, Addr]  # (the upstream socket's local address, the broker it c
 
 
 class RedirectLoopGuard:
-    """The transparent upstream sockets of this process, by (local address, broker address), and whose each is.
+    """The upstream sockets of this process, by (local address, broker address), and whose each is.
 
     Keyed by both ends: Linux lets sockets to different destinations share a local (ip, port), so a local
     client of another broker can come from the very address an upstream socket of ours uses. Only a client

@@ -54,9 +54,30 @@ class RulePlan:
                              "own upstream connections would be redirected back to it (a loop)")
         if not self.targets:
             raise ValueError("give at least one --broker HOST:PORT or --port PORT")
-        if not self.ipv6 and all(host is not None and ":" in host for host, _ in self.targets):
+        if self.left_out and len(self.left_out) == len(self.targets):
             raise ValueError("every --broker is an IPv6 address and --no-ipv6 writes no ip6tables rule: "
                              "nothing would be redirected (drop --no-ipv6, or add an IPv4 --broker or a --port)")
+
+    @property
+    def left_out(self) -> list[tuple[str, int]]:
+        """The IPv6 broker addresses no rule redirects: --no-ipv6 writes no ip6tables rule (empty with it on)."""
+        if self.ipv6:
+            return []
+        return [(host, port) for host, port in self.targets if host is not None and ":" in host]
+
+
+def left_out_note(plan: RulePlan) -> str | None:
+    """The stderr note naming the IPv6 brokers --no-ipv6 leaves unredirected, or None when every broker has a rule.
+
+    Only some brokers IPv6 (or a name that resolved to both families): the rules for the others are
+    right, so they are printed or applied; but connections to these reach the broker past the proxy,
+    unrecorded, and nothing else would say so. (Every broker IPv6 is refused: RulePlan.)
+    """
+    if not plan.left_out:
+        return None
+    names = ", ".join(f"[{host}]:{port}" for host, port in plan.left_out)
+    return (f"--no-ipv6: no rule for the IPv6 broker address(es) {names}: connections to them bypass the proxy "
+            "(unrecorded); drop --no-ipv6 to redirect them too")
 
 
 def _family_targets(plan: RulePlan, v6: bool) -> list[tuple[str | None, int]]:

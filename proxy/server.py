@@ -35,7 +35,7 @@ import structlog
 
 from protocol.stream import KafkaStream
 from proxy import original_dst as _odst
-from proxy.address import parse_hostport  # re-exported: the one HOST:PORT parser (range-checked)
+from proxy.address import listens_at, parse_hostport  # parse_hostport re-exported: the one HOST:PORT parser (range-checked)
 from proxy.bypass import BypassCheck, BypassSink, split_addr
 from proxy.close_watch import CloseWatch
 from proxy.connection import Connection
@@ -536,12 +536,7 @@ class ProxyServer:
 
     def is_own_listener(self, dst: tuple[str, int]) -> bool:
         """True when a transparent connection's original destination is this proxy itself."""
-        for host, port in self._listen_addrs:
-            if port == dst[1] and (host in ("0.0.0.0", "::") or host == dst[0]):
-                if host in ("0.0.0.0", "::"):
-                    return _is_local_address(dst[0])
-                return True
-        return False
+        return listens_at(self._listen_addrs, dst)
 
     def accepted(self, conn: Connection) -> None:
         self.conns.add(conn)
@@ -640,12 +635,3 @@ def _offset_clock(offset: int) -> tuple[Callable[[], int], Callable[[int], None]
         offset = new
 
     return clock, set_offset
-
-
-def _is_local_address(host: str) -> bool:
-    try:
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.bind((host, 0))
-        return True
-    except OSError:
-        return False

@@ -57,7 +57,7 @@ from typing import Any
 
 import structlog
 
-from proxy.address import bind_problem
+from proxy.address import bind_error
 from proxy.balance import WorkerMail
 from proxy.bypass import ONCE_DIR_ENV
 from proxy.context import format_addr
@@ -92,17 +92,20 @@ def reserve_ports(routes: Sequence[Route]) -> tuple[list[Route], list[socket.soc
     Returns the routes with real ports and the reserving sockets (keep them open while the
     workers run). A port someone else holds fails here, at start-up, with EADDRINUSE, also when
     that someone listens with SO_REUSEPORT itself (another proxy's workers, which a bind would join):
-    a bind without SO_REUSEPORT asks the kernel first (`proxy.address.bind_problem`).
+    a bind without SO_REUSEPORT asks the kernel first (`proxy.address.bind_error`). Any other bind error is raised as
+    the kernel gave it (an address not on this host is no "address in use").
     """
     resolved: list[Route] = []
     held: list[socket.socket] = []
     try:
         for route in routes:
             host, port = route.listen
-            problem = bind_problem(host, port) if port else None
-            if problem is not None:  # e.g. another process's listener: the SO_REUSEPORT bind below would join it
-                raise OSError(errno.EADDRINUSE, f"{problem} (a listener there would share its new connections with "
-                              "this proxy's workers)", format_addr((host, port)))
+            err = bind_error(host, port) if port else None
+            if err is not None and err.errno == errno.EADDRINUSE:  # e.g. another process's listener: the SO_REUSEPORT
+                raise OSError(errno.EADDRINUSE, f"{err.strerror} (a listener there would share its new "  # bind joins it
+                              "connections with this proxy's workers)", format_addr((host, port)))
+            if err is not None:  # no such address here, a name that does not resolve…: said as the kernel says it
+                raise OSError(err.errno, err.strerror or str(err), format_addr((host, port)))
             sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
             held.append(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -51,7 +51,7 @@ def error_line(res: subprocess.CompletedProcess) -> str:
     (["proxy", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:70000"],
      "Error: Invalid value for '--upstream': port 70000 in '127.0.0.1:70000' is out of range (1-65535)"),
     (["proxy", "--route", "127.0.0.1:65536=127.0.0.1:9092"],
-     "Error: port 65536 in '127.0.0.1:65536' is out of range (0-65535)"),
+     "Error: Invalid value for '--route': port 65536 in '127.0.0.1:65536' is out of range (0-65535)"),
     (["top", "--addr", "123456", "--once"],
      "Error: Invalid value for '--addr': status address: port 123456 in '123456' is out of range (0-65535)"),
     (["iptables", "--broker", "10.0.0.5:99999"],
@@ -74,6 +74,28 @@ def test_out_of_range_ports_are_refused_not_wrapped(args: list[str], line: str) 
 ])
 def test_options_that_would_be_ignored_are_refused(extra: list[str], line: str) -> None:
     res = run("proxy", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:9092", *extra)
+    assert res.returncode == 2 and error_line(res) == line
+
+
+@pytest.mark.parametrize("args, line", [
+    # a bare LISTEN (the form a --transparent proxy gives its workers) ran transparent mode by accident
+    (["--route", "127.0.0.1:0"],
+     "Error: Invalid value for '--route': '127.0.0.1:0' has no upstream: expected LISTEN=UPSTREAM, e.g. "
+     "0.0.0.0:19092=broker1:9092 (for transparent mode: --transparent --listen HOST:PORT)"),
+    (["--cluster", "127.0.0.1:9", "--listen", "127.0.0.1:0", "--route", "127.0.0.1:0=127.0.0.1:9"],
+     "Error: --route does not apply with --cluster: give the address clients bootstrap from as --listen HOST:PORT "
+     "(the brokers come from the cluster)"),
+    # an upstream that is the proxy's own listener: it connected to itself without end (proxy.loop_guard)
+    (["--listen", "127.0.0.1:19800", "--upstream", "127.0.0.1:19800"],
+     "Error: --upstream 127.0.0.1:19800 leads back to this proxy's own listener 127.0.0.1:19800: it would connect to "
+     "itself; give the broker's address"),
+    (["--cluster", "127.0.0.1:19801", "--listen", "127.0.0.1:19801"],
+     "Error: --cluster 127.0.0.1:19801 leads back to this proxy's own listener 127.0.0.1:19801: it would connect to "
+     "itself; give the broker's address"),
+])
+def test_routes_that_cannot_work_are_refused_before_listening(args: list[str], line: str) -> None:
+    res = subprocess.run(KAFKATAP + ["proxy", "--workers", "1", *args], capture_output=True, text=True, timeout=30,
+                         cwd=ROOT)
     assert res.returncode == 2 and error_line(res) == line
 
 
@@ -406,6 +428,22 @@ def test_iptables_remove_that_fails_half_way_is_one_clear_line(monkeypatch: pyte
     assert res.exit_code == 1 and not isinstance(res.exception, StopIteration), res.output
     assert "Resource busy" in res.output and "the 1 command(s) before it ran and stay done" in res.output
     assert not any("-A" in c or "-N" in c for c in calls)  # nothing removed was put back
+
+
+def test_iptables_no_ipv6_names_the_ipv6_brokers_its_rules_leave_out() -> None:
+    """With some brokers IPv6 and --no-ipv6, the rules covered the IPv4 ones and said nothing of the others, whose
+    connections then bypass the proxy."""
+    res = run("iptables", "--mode", "gateway", "--broker", "127.0.0.1:9092", "--broker", "[::1]:9092", "--no-ipv6")
+    assert res.returncode == 0 and "ip6tables" not in res.stdout and "-d 127.0.0.1 --dport 9092" in res.stdout
+    notes = res.stderr.splitlines()
+    assert [n for n in notes if n.startswith("--no-ipv6: no rule for the IPv6 broker address(es) [::1]:9092:")], notes
+    assert notes[-1].startswith("dry run: nothing was changed")
+
+
+def test_retention_help_names_every_dataset_it_keeps() -> None:
+    """`proxy --help` said only topics/ was kept by --retain after runs/ had joined it (recording.retention.KEPT)."""
+    text = " ".join(run("proxy", "--help").stdout.split())
+    assert "topics/ and runs/ are kept." in text
 
 
 def test_iptables_mark_help_shows_a_real_default() -> None:

@@ -310,8 +310,8 @@ def test_connection_row_is_built_from_plain_facts():
 @pytest.mark.parametrize("mode", ["explicit", "transparent"])
 def test_upstream_connect_tries_each_address_and_bounds_the_lookup(mode: str) -> None:
     """A name with several addresses is tried address by address (only the first was); a resolver that does
-    not answer is bounded by --connect-timeout (the lookup ran outside it). Transparent connections connect
-    through the redirect-loop guard (`proxy.loop_guard`), which keeps only the socket that connected."""
+    not answer is bounded by --connect-timeout (the lookup ran outside it). Connections of every mode connect
+    through the loop guard (`proxy.loop_guard`), which keeps only the socket that connected."""
     import socket
     import time
     from types import SimpleNamespace
@@ -335,16 +335,15 @@ def test_upstream_connect_tries_each_address_and_bounds_the_lookup(mode: str) ->
             loop.getaddrinfo = two_addresses  # type: ignore[method-assign]
             sock = loop.run_until_complete(conn._connected_socket("broker.example", port))
             assert sock.getpeername() == ("127.0.0.1", port)
-            if mode == "transparent":  # the refused 127.0.0.2 attempt is forgotten, the connected socket is known
-                me, broker = sock.getsockname(), ("127.0.0.1", port)
-                assert len(guard) == 1 and guard.owner_of(me, broker) is conn and conn._upstream_key == (me, broker)
-                # a client from the same local address to another broker is not this socket (Linux shares source
-                # ports across destinations: 632 of 3,000 local clients were refused as loops when keyed by address)
-                assert guard.owner_of(me, ("127.0.0.1", port + 1)) is None
-                conn._close_unused(sock)  # dropped unused (the client left as the connect returned): entry gone
-                assert len(guard) == 0
-            else:
-                assert len(guard) == 0
+            # every mode connects through the guard (an explicit upstream can be the proxy's own listener too):
+            # the refused 127.0.0.2 attempt is forgotten, the connected socket is known
+            me, broker = sock.getsockname(), ("127.0.0.1", port)
+            assert len(guard) == 1 and guard.owner_of(me, broker) is conn and conn._upstream_key == (me, broker)
+            # a client from the same local address to another broker is not this socket (Linux shares source
+            # ports across destinations: 632 of 3,000 local clients were refused as loops when keyed by address)
+            assert guard.owner_of(me, ("127.0.0.1", port + 1)) is None
+            conn._close_unused(sock)  # dropped unused (the client left as the connect returned): entry gone
+            assert len(guard) == 0
             sock.close()
 
             async def never(host, port_, **kw):

@@ -95,6 +95,25 @@ def test_netfilter_local_plan_skips_mark_and_removal_mirrors():
     assert gw[-1] == "iptables -w -t nat -I PREROUTING -p tcp -i eth1 -m comment --comment kafkatap -j KAFKATAP"
 
 
+def test_netfilter_no_ipv6_names_the_ipv6_brokers_it_leaves_out():
+    """`--broker 127.0.0.1:9092 --broker [::1]:9092 --no-ipv6` wrote the IPv4 rule alone and said nothing: the IPv6
+    broker's connections bypassed the proxy unseen. The IPv4 rules are still right, so a note names what is left out."""
+    from proxy.netfilter import left_out_note
+
+    plan = RulePlan("gateway", 15092, [("127.0.0.1", 9092), ("::1", 9092), ("fd00::5", 9093), (None, 9094)], ipv6=False)
+    assert plan.left_out == [("::1", 9092), ("fd00::5", 9093)]  # a --port (any address) is no broker left out
+    assert left_out_note(plan) == ("--no-ipv6: no rule for the IPv6 broker address(es) [::1]:9092, [fd00::5]:9093: "
+                                   "connections to them bypass the proxy (unrecorded); drop --no-ipv6 to redirect them too")
+    text = [" ".join(c) for c in build(plan)]
+    assert "iptables -w -t nat -A KAFKATAP -p tcp -d 127.0.0.1 --dport 9092 -j REDIRECT --to-ports 15092" in text
+    assert not any(t.startswith("ip6tables") for t in text)
+    both = RulePlan("gateway", 15092, [("127.0.0.1", 9092), ("::1", 9092)])
+    assert both.left_out == [] and left_out_note(both) is None
+    assert left_out_note(RulePlan("gateway", 15092, [("127.0.0.1", 9092), (None, 9094)], ipv6=False)) is None
+    with pytest.raises(ValueError, match="every --broker is an IPv6 address"):
+        RulePlan("gateway", 15092, [("::1", 9092)], ipv6=False)
+
+
 def test_fault_specs():
     f = parse_fault_specs(["latency=to-broker:20:5", "bandwidth=both:1000000", "close-after=to-client:100",
                            "idle-reset=30", "refuse"])
@@ -163,3 +182,17 @@ def test_workers_never_join_another_process_listening_with_so_reuseport() -> Non
     assert resolved[0].listen == ("127.0.0.1", port)
     for sock in held:
         sock.close()
+
+
+def test_workers_say_a_listen_address_not_on_this_host_as_the_kernel_does() -> None:
+    """With `--workers N` (the default on a multi-core host) every bind failure used to be said as "address already
+    in use ... a listener there would share its new connections": an address not on this host too."""
+    import errno
+
+    from proxy.server import Route
+    from proxy.workers import reserve_ports
+
+    with pytest.raises(OSError) as refused:  # TEST-NET-1: on no interface here; the bind fails locally, nothing is sent
+        reserve_ports([Route(("192.0.2.1", 19202), ("127.0.0.1", 9))])
+    assert refused.value.errno == errno.EADDRNOTAVAIL
+    assert "assign requested address" in str(refused.value) and "share" not in str(refused.value)
