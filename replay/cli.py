@@ -5,10 +5,14 @@ recording's own cluster unless told otherwise (`--yes-same-cluster`): the
 recorded broker's address, and any other broker or listener whose cluster id
 (asked with one Metadata request, after SASL/PLAIN with `--sasl-plain`) is one
 the recording saw. A recording that names no cluster id is refused as well, and
-so is a target whose cluster id cannot be read (unreachable, SASL without
+so is a target that answers but whose cluster id cannot be read (SASL without
 `--sasl-plain`, TLS): nothing then tells a second listener of the recorded
-cluster from another cluster. It shows one screen of what it is about to do,
-and only proceeds on a "yes" at a terminal or `--yes` in scripts.
+cluster from another cluster. A target that cannot be reached at all is said as
+the set-up says it (exit 3): no override would help there. It shows one screen
+of what it is about to do, and only proceeds on a "yes" at a terminal or `--yes`
+in scripts. The replay's own recording (`--record`) must lie apart from the
+recording it replays, and one that already holds a recording is said, as the
+proxy says it.
 
 Exit codes: 2 for what is refused before anything is sent (usage, the guard, no
 confirmation), 3 for a target that cannot be used (unreachable, credentials
@@ -27,6 +31,8 @@ from pathlib import Path
 
 import click
 
+from recording.existing import held_recording, inside, reuse_message
+from recording.cli_errors import OneLineError
 from recording.reader import recording_start
 from recording.timespec import TIME, TIME_HELP, TimeSpec, cli_window
 from replay.load import Filters, Recording, ReplayLoadError, load_recording, parse_api
@@ -55,21 +61,21 @@ def read_cluster_id(target: str, timeout: float = 5.0,
     """(the target's cluster id from one Metadata v12 request (no topics), "") or (None, why it could not be read).
 
     With `sasl_plain` (user, password) the connection authenticates first: a SASL
-    listener answers nothing before. Credentials it refuses raise
-    `replay.target.TargetError` (the replay cannot go on whatever the guard
-    decides); a refused connect, a hang-up or an answer that is not Kafka is the
-    reason, worded as the set-up words the same failure (`replay.target.wire_failure`).
+    listener answers nothing before. Credentials it refuses, and a target no
+    connection can be made to, raise `replay.target.TargetError` (the replay cannot
+    go on whatever the guard decides); a hang-up or an answer that is not Kafka is
+    the reason, worded as the set-up words the same failure (`replay.target.wire_failure`).
     """
     from harness.wire import SaslAuthenticationFailed, WireClient
     from protocol.apis import METADATA
     from protocol.errors import ProtocolError
-    from replay.target import SASL_STEP, TargetError, hostport, sasl_refused, wire_failure
+    from replay.target import SASL_STEP, TargetError, hostport, sasl_refused, unreachable, wire_failure
 
     host, port = hostport(target)
     try:
         client = WireClient(host, port, client_id="kafkatap-replay-guard", timeout=timeout)
-    except OSError as exc:
-        return None, f"cannot connect to it: {exc.strerror or exc}"
+    except OSError as exc:  # refused, no route, no answer to the connect: nothing to replay to either
+        raise TargetError(unreachable(target, exc)) from None
     step, answered = (SASL_STEP if sasl_plain else "Metadata"), False
     with client:
         try:
@@ -89,7 +95,7 @@ def read_cluster_id(target: str, timeout: float = 5.0,
 
 
 def target_cluster_id(target: str, timeout: float = 5.0, sasl_plain: tuple[str, str] | None = None) -> str | None:
-    """The target's cluster id, or None when it cannot be read (`read_cluster_id` says why)."""
+    """The target's cluster id, or None when it cannot be read (`read_cluster_id` says why and what raises)."""
     return read_cluster_id(target, timeout, sasl_plain)[0]
 
 
@@ -106,7 +112,7 @@ def _same_cluster_refusal(rec: Recording, target: str,
 
     A recording without a cluster id is refused: comparing addresses alone let a replay through to
     another listener of the recorded cluster, which it then wrote to. Raises `replay.target.TargetError`
-    when the target refuses the credentials.
+    when the target refuses the credentials or cannot be reached at all.
     """
     origin = [b for b in rec.broker_addrs if same_address(b, target)]
     if origin:
@@ -114,7 +120,7 @@ def _same_cluster_refusal(rec: Recording, target: str,
     if not rec.cluster_ids:
         return NO_CLUSTER_ID, None
     cluster, why = read_cluster_id(target, sasl_plain=sasl_plain)
-    if cluster is None:  # unreachable, SASL without credentials, TLS: it may be the origin
+    if cluster is None:  # it answers, but not Metadata (SASL without credentials, TLS): it may be the origin
         return f"its cluster id could not be read ({why}), so nothing shows it is not the recorded cluster", None
     if cluster in rec.cluster_ids:
         return f"it belongs to the recorded cluster {cluster} (another broker or listener of the origin)", None
@@ -151,6 +157,40 @@ def format_plan(rec: Recording, target: str, speed: float | None, topic_map: dic
         lines.append(f"  will skip    {n} request(s): {reason}")
     lines.append(f"  recording    {record if record else 'off (add --record OUT to compare with analyze --compare)'}")
     return "\n".join(lines)
+
+
+def _record_problem(record: Path, recording: Path) -> str | None:
+    """Why --record cannot be where it points, or None: the replay's recording must lie apart from the replayed one.
+
+    The replay is recorded by a proxy's writer, which adds to whatever its directory holds: pointed at
+    the recording it replays, it added the replay to the original (analyze then read both as one: twice
+    the requests, "2 separate stretches"), and the original was no longer what had been recorded. Inside
+    it or around it, one recording is nested in the other: clearing or copying one takes the other along,
+    and `analyze --compare RECORDING THIS` no longer reads two directories. Paths are compared resolved,
+    as `analyze` compares an --out with its DIRs (`recording.existing.inside`).
+    """
+    out, rec = str(record), str(recording)
+    if inside(out, rec) and inside(rec, out):
+        spelled = "" if out == rec else f" ({recording})"
+        return (f"--record {record} is the recording being replayed{spelled}: the replay's rows would be added to it "
+                "and `kafkatap analyze` would read both as one recording; give --record a directory of its own")
+    how = "is inside" if inside(out, rec) else "contains" if inside(rec, out) else None
+    if how is None:
+        return None
+    return (f"--record {record} {how} the recording being replayed ({recording}): one recording would be nested in "
+            "the other; give --record a directory of its own, beside the recording")
+
+
+def _warn_if_reused(record: Path) -> None:
+    """Say it when --record already holds a recording (another one): the replay's rows join it, analyze mixes them.
+
+    What `kafkatap proxy --record` says at start, in replay's own voice (its lines are not log events).
+    A warning, not a refusal, as there: adding to a recording is sometimes meant. A directory that cannot
+    be read says nothing here: the recorder reports what is wrong with it.
+    """
+    held = held_recording(record)
+    if held is not None:
+        click.echo(f"kafkatap replay: warning: {reuse_message(record, held)}", err=True)
 
 
 def _check_target(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -237,6 +277,8 @@ def replay(recording: Path, target: str, speed: str, clients: tuple[str, ...], t
         if not sep:
             raise click.UsageError("--sasl-plain expects USER:PASSWORD")
         creds = (user, pw)
+    if record is not None and (problem := _record_problem(record, recording)):
+        raise OneLineError(problem)  # before anything is read or sent: exit 2
     since_ns, until_ns = cli_window(since, until, lambda: recording_start([recording]))
     try:
         rec = load_recording(recording, Filters(clients, topics, api_keys, since_ns, until_ns),
@@ -244,7 +286,7 @@ def replay(recording: Path, target: str, speed: str, clients: tuple[str, ...], t
     except ReplayLoadError as exc:
         click.echo(f"kafkatap replay: {exc}", err=True)
         sys.exit(2)
-    except ValueError as exc:  # RecordingFormatError in requests/ or connections/
+    except ValueError as exc:  # anything else the load refuses: a usage line, not a traceback
         raise click.UsageError(str(exc)) from None
     if not rec.connections:
         if rec.skipped.get("sasl_needs_credentials"):
@@ -253,7 +295,7 @@ def replay(recording: Path, target: str, speed: str, clients: tuple[str, ...], t
         else:
             click.echo("kafkatap replay: nothing to replay (the filters kept no request)", err=True)
         sys.exit(2)
-    from replay.target import TargetError
+    from replay.target import TargetError, unreachable
 
     try:
         refusal, note = (None, NOT_CHECKED) if same_cluster else _same_cluster_refusal(rec, target, creds)
@@ -267,6 +309,8 @@ def replay(recording: Path, target: str, speed: str, clients: tuple[str, ...], t
     click.echo(format_plan(rec, target, spd, tmap, record, fetch_mode), err=True)
     if note:
         click.echo(note, err=True)
+    if record is not None:
+        _warn_if_reused(record)
     interactive = sys.stdin.isatty() and sys.stderr.isatty()
     if not yes:
         if not interactive:
@@ -284,7 +328,7 @@ def replay(recording: Path, target: str, speed: str, clients: tuple[str, ...], t
         click.echo(f"kafkatap replay: {exc}", err=True)
         sys.exit(3)
     except OSError as exc:
-        click.echo(f"kafkatap replay: cannot reach the target {target}: {exc}", err=True)
+        click.echo(f"kafkatap replay: {unreachable(target, exc)}", err=True)
         sys.exit(3)
     click.echo(result.summary())
     if os.environ.get("KAFKATAP_REPLAY_STRICT") and result.failed:

@@ -20,11 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from protocol.apis import API_NAMES, DESCRIBE_CLUSTER, GROUP_APIS, METADATA, SASL_AUTHENTICATE, SASL_HANDSHAKE
 from protocol.frames import RequestFrame, parse_request
-from recording.reader import RecordingFormatError, read_recording, recording_files
+from recording.reader import RecordingFormatError, live_files, read_recording, recording_files
 from recording.timestamps import to_epoch_ns
 from replay.topics import request_topics
 
@@ -130,10 +132,46 @@ def parse_api(text: str) -> int:
     raise ValueError(f"unknown Kafka API {text!r}")
 
 
+def _table(root: Path, dataset: str) -> pa.Table | None:
+    """One dataset with its timestamps as int epoch ns, or None when it has no files.
+
+    A file that cannot be read is ReplayLoadError naming it (`_unreadable`); another format
+    problem (a version this kafkatap cannot read) keeps the reader's own line.
+    """
+    try:
+        if not recording_files(root, dataset):
+            return None
+        return to_epoch_ns(read_recording(root, dataset, with_partitions=False), dataset)
+    except RecordingFormatError as exc:
+        raise ReplayLoadError(_unreadable(root, dataset) or str(exc)) from exc
+    except (pa.ArrowException, OSError) as exc:  # a footer or page pyarrow cannot parse (named by none), no access
+        why = str(exc).strip()
+        raise ReplayLoadError(_unreadable(root, dataset) or f"cannot read {root}/{dataset}/ ({why})") from exc
+
+
+def _unreadable(root: Path, dataset: str) -> str | None:
+    """The line for the first file of `dataset` whose footer cannot be read, or None when every one can.
+
+    Looked for only once a read failed. The reader's line for such a file tells `analyze` users to
+    go on with --ignore-rollups, which means nothing to replay; the file to move aside is the point.
+    """
+    listing = live_files(root, dataset)
+    if listing is None:  # not a local path: replay reads only those
+        return None
+    for path, spelled in zip(listing.paths, listing.uris):
+        try:
+            pq.read_metadata(path, filesystem=listing.filesystem)
+        except PermissionError:
+            return None  # not the file's fault: pyarrow's own line names it
+        except (pa.ArrowInvalid, OSError) as exc:  # ArrowInvalid: cut short or not Parquet; OSError: a corrupt footer
+            return (f"cannot read {spelled} ({str(exc).strip()}): a file cut short by a crash, or not Parquet; "
+                    "move it out of the recording (its rows are lost) to replay the rest")
+    return None
+
+
 def _rows(root: Path, dataset: str) -> list[dict[str, Any]]:
-    if not recording_files(root, dataset):
-        return []
-    return to_epoch_ns(read_recording(root, dataset, with_partitions=False), dataset).to_pylist()
+    table = _table(root, dataset)
+    return [] if table is None else table.to_pylist()
 
 
 def load_recording(path: Path | str, filters: Filters | None = None, *, sasl_credentials: bool = False) -> Recording:
@@ -142,12 +180,9 @@ def load_recording(path: Path | str, filters: Filters | None = None, *, sasl_cre
     filters = filters or Filters()
     if not root.is_dir():
         raise ReplayLoadError(f"{root} is not a directory")
-    try:
-        has_frames = bool(recording_files(root, "frames"))
-        # timestamps as int epoch ns: the rhythm is computed with integer offsets (`replay.schedule`)
-        frames_tbl = to_epoch_ns(read_recording(root, "frames", with_partitions=False), "frames") if has_frames else None
-    except RecordingFormatError as exc:
-        raise ReplayLoadError(str(exc)) from exc
+    # timestamps as int epoch ns: the rhythm is computed with integer offsets (`replay.schedule`)
+    frames_tbl = _table(root, "frames")
+    has_frames = frames_tbl is not None
     if not has_frames and not recording_files(root, "requests") and not recording_files(root, "connections"):
         raise ReplayLoadError(f"{root} holds no recording (no requests, connections or frames files): give the "
                               "DIR a proxy recorded into with `--record DIR --capture requests`")

@@ -34,7 +34,7 @@ from replay.learn import learn_from_response
 from replay.load import Recording
 from replay.state import ConnState, ReplayState
 
-__all__ = ["prepare_target", "hostport", "TargetError", "wire_failure", "sasl_refused"]
+__all__ = ["prepare_target", "hostport", "TargetError", "wire_failure", "sasl_refused", "unreachable"]
 
 _READ_TIMEOUT_S = 30.0  # per answer; CreateTopics itself is bounded by the prepare timeout
 _ALL_TOPICS = {"topics": None, "allow_auto_topic_creation": False, "include_topic_authorized_operations": False}
@@ -58,6 +58,15 @@ NOT_TLS = "a TLS listener? point --target at a SASL_PLAINTEXT or PLAINTEXT liste
 def sasl_refused(target: str, exc: SaslAuthenticationFailed) -> str:
     """The line for credentials (or a mechanism) the target refused: its error, never the password."""
     return f"the target {target} refused SASL/PLAIN authentication: {exc}"
+
+
+def unreachable(target: str, exc: OSError) -> str:
+    """The line for a target no connection can be made to (refused, no route, the connect timed out, a bad name).
+
+    One wording for the same-cluster guard's connect and the set-up's: nothing there answers,
+    so no option of replay's helps, and suggesting one (`--yes-same-cluster`) only led to this line.
+    """
+    return f"cannot reach the target {target}: {str(exc) or type(exc).__name__}"  # asyncio's connect timeout: no text
 
 
 def wire_failure(target: str, step: str, exc: BaseException, *, sasl: bool, answered: bool,

@@ -1,4 +1,5 @@
-"""Synthetic recordings (pyarrow, the schema from recording/schema.py) and a fake broker for engine tests.
+"""Synthetic recordings (pyarrow, the schema from recording/schema.py), a fake broker for engine tests, and a
+listener that hangs up.
 
 Why: loading, filtering, timing and pipelining can be tested in a second,
 without a JVM; the real-broker tests cover the rewrites end to end.
@@ -7,6 +8,8 @@ without a JVM; the real-broker tests cover the rewrites end to end.
 from __future__ import annotations
 
 import asyncio
+import socket
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -101,6 +104,35 @@ def write_recording(root: Path, conns: list[SynthConn], *, frames: bool = True, 
     write_dataset(root, "requests", rq)
     write_dataset(root, "connections", cn)
     return t0
+
+
+class HangUp:
+    """A loopback listener that accepts each connection and closes it unanswered, counting them (`accepted`).
+
+    What a SASL or TLS listener does to a bare Kafka request: it answers the connect, never the request.
+    `with HangUp() as h:` listens at `h.target` (host:port) until the block ends.
+    """
+
+    def __init__(self) -> None:
+        self.accepted = 0
+        self._srv = socket.create_server(("127.0.0.1", 0))
+        self.target = f"127.0.0.1:{self._srv.getsockname()[1]}"
+
+    def __enter__(self) -> HangUp:
+        threading.Thread(target=self._accept, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._srv.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._srv.accept()
+            except OSError:  # closed by __exit__
+                return
+            self.accepted += 1
+            conn.close()
 
 
 class FakeBroker:

@@ -20,7 +20,7 @@ from typing import Any
 
 from click.testing import CliRunner
 from replay_frames import cls, request, response
-from replay_synthetic import SynthConn, api_versions, metadata, write_dataset, write_recording
+from replay_synthetic import HangUp, SynthConn, api_versions, metadata, write_dataset, write_recording
 
 from harness.kafka import free_port
 from proxy.running import RunningProxy
@@ -124,14 +124,32 @@ def test_without_a_recorded_cluster_id_the_replay_is_refused_unless_told(tmp_pat
 
 
 def test_a_target_whose_cluster_id_cannot_be_read_is_refused_unless_told(tmp_path: Path):
-    """A listener that wants SASL before Metadata (or that is down) may well be the recorded cluster's: the
+    """A listener that wants SASL before Metadata (it hangs up on one) may well be the recorded cluster's: the
     replay once went ahead with a note."""
     _synthetic(tmp_path, "origin-cluster")
-    target = f"127.0.0.1:{free_port()}"  # nobody listens: no cluster id can be read
+    with HangUp() as listener:  # it answers the connect, never Metadata: no cluster id can be read
+        target = listener.target
+        res = CliRunner().invoke(replay, [str(tmp_path), "--target", target, "--yes"])
+        assert res.exit_code == 2 and "its cluster id could not be read" in res.output, res.output
+        assert "closed the connection before answering Metadata" in res.output and "--yes-same-cluster" in res.output
+        res = CliRunner().invoke(replay, [str(tmp_path), "--target", target, "--yes-same-cluster"])
+        assert "refusing" not in res.output
+
+
+def test_a_target_that_cannot_be_reached_is_said_so_not_refused(tmp_path: Path):
+    """Nothing listens: the guard refused it as a cluster id that could not be read (exit 2) and offered
+    --yes-same-cluster, which only led to the set-up's "cannot reach the target" (exit 3). Now the guard says
+    that at once, in the set-up's words and with its exit code, and offers no override."""
+    _synthetic(tmp_path, "origin-cluster")
+    target = f"127.0.0.1:{free_port()}"  # loopback, nobody listens: the connect is refused
     res = CliRunner().invoke(replay, [str(tmp_path), "--target", target, "--yes"])
-    assert res.exit_code == 2 and "its cluster id could not be read" in res.output, res.output
-    res = CliRunner().invoke(replay, [str(tmp_path), "--target", target, "--yes-same-cluster"])
-    assert "refusing" not in res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert res.exit_code == 3 and len(lines) == 1, res.output
+    assert lines[0].startswith(f"kafkatap replay: cannot reach the target {target}: "), res.output
+    assert "--yes-same-cluster" not in res.output and "refusing" not in res.output and "Replay plan" not in res.output
+    # past the guard, the set-up's own connect says the same, with the same exit code
+    res = CliRunner().invoke(replay, [str(tmp_path), "--target", target, "--yes-same-cluster", "--yes"])
+    assert res.exit_code == 3 and f"kafkatap replay: cannot reach the target {target}: " in res.output, res.output
 
 
 def test_cluster_id_from_recorded_metadata_and_describe_cluster_responses(tmp_path: Path):

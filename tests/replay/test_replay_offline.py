@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from replay_frames import request
-from replay_synthetic import FakeBroker, SynthConn, SynthRequest, api_versions, metadata, write_recording
+from replay_synthetic import FakeBroker, HangUp, SynthConn, SynthRequest, api_versions, metadata, write_recording
 from replay.cli import format_plan, replay
 from replay.connection import authenticates_first
 from replay.engine import ReplayOptions, replay_async
@@ -55,6 +55,23 @@ def test_a_directory_that_is_no_recording_or_holds_a_cut_file_is_named_in_one_li
     res = CliRunner().invoke(replay, [str(tmp_path), "--target", "127.0.0.1:1", "--yes", "--since", "+10"])
     lines = [ln for ln in res.output.splitlines() if ln.strip()]
     assert res.exit_code == 1 and len(lines) == 1 and f"cannot read {early}" in lines[0], res.output
+
+
+@pytest.mark.parametrize("dataset,damage", [("requests", "cut"), ("connections", "cut"), ("frames", "footer")])
+def test_an_unreadable_file_is_named_with_what_replay_can_do(tmp_path: Path, dataset: str, damage: str):
+    """One damaged file in a recording that has request frames: requests/ and connections/ ones were a usage error
+    telling the user to "analyze with --ignore-rollups", frames/ ones told that too, and a footer pyarrow cannot
+    parse (its magic bytes intact) was a traceback. Now each is one line naming the file and what to do for replay."""
+    write_recording(tmp_path, two_clients())
+    (bad,) = (tmp_path / dataset).rglob("*.parquet")
+    data = bad.read_bytes()
+    bad.write_bytes(data[: len(data) // 2] if damage == "cut" else data[:4] + bytes(len(data) - 12) + data[-8:])
+    res = CliRunner().invoke(replay, [str(tmp_path), "--target", "127.0.0.1:1", "--yes", *NO_ID])
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert res.exit_code == 2 and len(lines) == 1, res.output
+    assert lines[0].startswith(f"kafkatap replay: cannot read {bad} (") and "cut short by a crash" in lines[0]
+    assert lines[0].endswith("move it out of the recording (its rows are lost) to replay the rest"), lines[0]
+    assert "--ignore-rollups" not in res.output and "no raw request frames" not in res.output
 
 
 def test_filters_by_client_api_and_time(tmp_path: Path):
@@ -167,6 +184,46 @@ def test_cli_rails_yes_required_and_origin_refused(tmp_path: Path):
     for bad in ("fast", "nan", "inf", "-1"):
         res = CliRunner().invoke(replay, [str(tmp_path), "--target", "127.0.0.1:9", "--speed", bad, "--yes"])
         assert res.exit_code == 2 and f"--speed must be a positive number or 'max', not {bad!r}" in res.output
+
+
+def test_record_into_the_replayed_recording_is_refused_before_anything_is_sent(tmp_path: Path):
+    """`replay R --record R` added the replay to the recording it replayed (analyze: twice the requests, "2 separate
+    stretches"). The recording however spelt (resolved, a symlink), a directory inside it and one around it are
+    refused in one line, exit 2, before the target is connected to; the recording is left as it was."""
+    rec = tmp_path / "rec"
+    write_recording(rec, two_clients())
+    (tmp_path / "link").symlink_to(rec)
+    files = sorted(tmp_path.rglob("*"))
+    same = f"is the recording being replayed ({rec})"  # spelt otherwise: the recording's own spelling is shown
+    cases = [(rec, "is the recording being replayed:"), (tmp_path / "rec" / ".." / "rec", same), (tmp_path / "link", same),
+             (rec / "replay", f"is inside the recording being replayed ({rec})"),
+             (tmp_path, f"contains the recording being replayed ({rec})")]
+    with HangUp() as listener:  # what the replay would connect to (and be hung up on) had it got that far
+        for record, says in cases:
+            res = CliRunner().invoke(replay, [str(rec), "--target", listener.target, "--record", str(record), "--yes",
+                                              *NO_ID])
+            lines = [ln for ln in res.output.splitlines() if ln.strip()]
+            assert res.exit_code == 2 and len(lines) == 1 and f"--record {record} {says}" in lines[0], res.output
+            assert "give --record a directory of its own" in lines[0]
+    assert listener.accepted == 0
+    assert sorted(tmp_path.rglob("*")) == files  # nothing written, not even rec/replay/
+
+
+def test_record_into_another_recording_is_said_as_the_proxy_says_it(tmp_path: Path):
+    """--record OUT that already holds a recording: the replay's rows join it, and analyze reads them all as one.
+    `kafkatap proxy --record` warns of that at start; replay said nothing. A fresh OUT says nothing."""
+    rec, other = tmp_path / "rec", tmp_path / "other"
+    write_recording(rec, two_clients())
+    write_recording(other, two_clients())
+    # no --yes, not on a terminal: it stops at the confirmation, after the plan, before anything is sent
+    res = CliRunner().invoke(replay, [str(rec), "--target", "127.0.0.1:9", "--record", str(other), *NO_ID])
+    assert res.exit_code == 2 and "pass --yes" in res.output
+    warned = [ln for ln in res.output.splitlines() if "already holds a recording" in ln]
+    assert len(warned) == 1 and warned[0].startswith(f"kafkatap replay: warning: {other} already holds a recording")
+    assert "--since/--until" in warned[0] and "fresh directory" in warned[0]
+    assert res.output.index("Replay plan") < res.output.index(warned[0]) < res.output.index("pass --yes")
+    res = CliRunner().invoke(replay, [str(rec), "--target", "127.0.0.1:9", "--record", str(tmp_path / "new"), *NO_ID])
+    assert res.exit_code == 2 and "pass --yes" in res.output and "already holds" not in res.output
 
 
 def _run(rec, speed, delay=0.0, session_sasl_error=None, lifetime_ms=0, **kw):
