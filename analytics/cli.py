@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import signal
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 
 MASTER = re.compile(r"local(\[([1-9]\d*|\*)(,\s*\d+)?\])?|local-cluster\[.+\]|yarn|(spark|k8s|mesos)://.+")  # Spark's own forms
 READ_ATTEMPTS = 3  # analyses of a recording whose files a running proxy replaced while it was being read
+MAX_TOLERANCE_S = 86_400.0  # a day: clocks further apart than that are no matching problem (inf overflowed after Spark's start)
 DATASETS_READ = ("requests", "connections", "tcp")  # what analytics.load reads (it imports Spark: not from there)
 
 
@@ -50,7 +52,8 @@ DATASETS_READ = ("requests", "connections", "tcp")  # what analytics.load reads 
 @click.option("--match", "compare_mode", type=click.Choice(["auto", "wire", "sequence"]), default="auto", show_default=True,
               help="How --compare pairs requests: wire = client_id+correlation_id+api and time proximity; sequence = order within "
                    "each connection (replays); auto = wire when the recordings overlap in time.")
-@click.option("--tolerance", "tolerance_s", type=click.FloatRange(min=0), default=10.0, show_default=True,
+@click.option("--tolerance", "tolerance_s", type=click.FloatRange(min=0, max=MAX_TOLERANCE_S), default=10.0,
+              show_default=True, callback=lambda ctx, param, value: _a_number(value, param),
               help="Max time difference (s) for wire matching.")
 @click.option("--bucket", "bucket_s", type=click.IntRange(min=1), default=None, metavar="SECONDS",
               help="Time bucket in seconds for the over-time views (default: ~120 points over the span, that of "
@@ -291,6 +294,13 @@ def input_problem(directory: str) -> str | None:
                 f"`kafkatap analyze {parent} …`")
     return (f"{directory} holds no recording: expected requests/, connections/ or tcp/ with Parquet files "
             "(record one with `kafkatap proxy … --record DIR`)")
+
+
+def _a_number(value: float, param: click.Parameter) -> float:
+    """`nan` passes click's range check (every comparison with it is false), then failed after Spark's start."""
+    if math.isnan(value):
+        raise click.BadParameter(f"{value} is not a number", param=param)
+    return value
 
 
 def _compare_only(ctx: click.Context, *params: tuple[str, str]) -> None:

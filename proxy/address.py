@@ -12,6 +12,7 @@ Forms: `PORT`, `:PORT`, `HOST:PORT`, `[V6]:PORT` (and a bare `V6:PORT` such as
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 from collections.abc import Sequence
 
@@ -72,33 +73,58 @@ def bind_problem(host: str, port: int) -> str | None:
 
 
 WILDCARDS = ("0.0.0.0", "::", "")
+# Where a connect to an unspecified address goes on Linux: the loopback of its family.
+UNSPECIFIED_REACHES = {"0.0.0.0": "127.0.0.1", "::": "::1"}
+
+
+def connected_host(host: str) -> str:
+    """The address a connect to IP `host` reaches, as the listener that accepts it sees it: an IPv4-mapped IPv6 address
+    is its IPv4 one, and an unspecified one (0.0.0.0, ::) the loopback."""
+    host = host[7:] if host.startswith("::ffff:") else host
+    return UNSPECIFIED_REACHES.get(host, host)
 
 
 def is_local_address(host: str) -> bool:
-    """Whether `host` (an IP address) is one of this host's own: a socket can bind it. Nothing is sent."""
+    """Whether IP `host` is one of this host's own addresses, asked of the routing table. Nothing is sent.
+
+    A UDP socket "connected" to the address takes that very address as its source only when it is local
+    (loopback addresses all are). Binding it instead said yes to any address on hosts with
+    net.ipv4.ip_nonlocal_bind set (keepalived and HAProxy hosts often do), and to multicast addresses.
+    """
     try:
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.bind((host, 0))
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if ip.is_loopback:
         return True
-    except OSError:
+    if ip.is_multicast or ip.is_unspecified:
+        return False
+    try:
+        with socket.socket(socket.AF_INET6 if ip.version == 6 else socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, 9))  # a route lookup only: UDP sends nothing until written to
+            return ipaddress.ip_address(s.getsockname()[0]) == ip
+    except (OSError, ValueError):
         return False
 
 
 def listens_at(listens: Sequence[tuple[str, int]], dst: tuple[str, int]) -> bool:
-    """Whether a connection to `dst` (an IP address and port) reaches one of the bound `listens`: the same address,
-    or a wildcard listener on the port and an address of this host."""
-    for host, port in listens:
-        if port == dst[1] and (host == dst[0] or (host in WILDCARDS and is_local_address(dst[0]))):
+    """Whether a connection to `dst` (an IP address and port) reaches one of the bound `listens`: the same address, or a
+    wildcard listener of its family (`::` listens IPv6 only: proxy.listener) on the port and an address of this host."""
+    host, port = connected_host(dst[0]), dst[1]
+    v6 = ":" in host
+    for l_host, l_port in listens:
+        if l_port != port:
+            continue
+        if l_host == host or (l_host in WILDCARDS and (":" in l_host) == v6 and is_local_address(host)):
             return True
     return False
 
 
-def connect_addresses(addr: tuple[str, int]) -> list[tuple[str, int]]:
-    """The (IP, port) pairs a connect to `addr` would try, as the proxy's connect resolves it; [] for a name that does
-    not resolve (the upstream probe says what is wrong with it). IPv4-mapped IPv6 addresses are read as IPv4."""
+def connect_address(addr: tuple[str, int]) -> tuple[str, int] | None:
+    """The (IP, port) a connect to `addr` tries first, as the proxy's connect resolves it (a first address that
+    answers is the one it keeps); None for a name that does not resolve (the upstream probe says what is wrong)."""
     try:
         infos = socket.getaddrinfo(addr[0], addr[1], type=socket.SOCK_STREAM)
     except (OSError, UnicodeError):
-        return []
-    hosts = (str(info[4][0]) for info in infos)
-    return [(h[7:] if h.startswith("::ffff:") else h, addr[1]) for h in hosts]
+        return None
+    return (str(infos[0][4][0]), addr[1]) if infos else None

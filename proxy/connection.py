@@ -197,7 +197,8 @@ class Connection:
     def _accepted(self, transport: asyncio.Transport) -> None:
         ctx, f = self.ctx, self.facts
         self.client.attach(transport)
-        f.client_addr = format_addr(transport.get_extra_info("peername"))
+        peer = transport.get_extra_info("peername")
+        f.client_addr = format_addr(peer)
         sock = self.client.sock
         if f.client_addr is None and sock is not None:  # reset before we looked
             try:
@@ -221,7 +222,7 @@ class Connection:
                 self._connect_failed(f"no original destination (not redirected?): {exc.strerror or exc}")
                 return
             f.original_dst = format_addr(dst)
-            origin = ctx.loop_guard.owner_of(transport.get_extra_info("peername"), dst)
+            origin = ctx.loop_guard.owner_of(peer, dst)
             if origin is not None:  # this client is our own connection to a broker, redirected back (proxy.loop_guard)
                 detail = LOOP_DETAIL.format(broker=origin.facts.broker_addr)
                 f.broker_addr = f.original_dst
@@ -234,7 +235,7 @@ class Connection:
             self.upstream = dst
             f.broker_addr = f.original_dst
         else:
-            origin = ctx.loop_guard.owner_of(transport.get_extra_info("peername"), transport.get_extra_info("sockname"))
+            origin = ctx.loop_guard.owner_of(peer, transport.get_extra_info("sockname"))
             if origin is not None:  # our own connection to the upstream: the upstream is this listener (proxy.loop_guard)
                 detail = SELF_LOOP_DETAIL.format(upstream=origin.facts.broker_addr)
                 origin.redirect_looped(detail)

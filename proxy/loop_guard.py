@@ -11,7 +11,7 @@ file descriptors.
 
 Explicit and cluster mode: an upstream that is the proxy's own listener (a `--upstream` equal to its `--listen`
 under another name, a broker advertising the proxy's bootstrap address) loops the same way; the start-up probe
-of the upstream alone set it off. The command refuses the plain case at start (`proxy.address.own_listener_upstream`);
+of the upstream alone set it off. The command refuses the plain case at start (`proxy.cli._refuse_self_upstreams`);
 the guard catches the rest as it happens.
 
 The guard knows every upstream socket, by its local address and its broker, from the moment its SYN leaves
@@ -30,6 +30,8 @@ import os
 import socket
 from typing import Any
 
+from proxy.address import connected_host
+
 Addr = tuple[str, int]
 
 SELF_LOOP_DETAIL = ("loop: the upstream {upstream} is this proxy's own listener (check --upstream, or the address the "
@@ -39,9 +41,9 @@ LOOP_DETAIL = ("redirect loop: the client is this proxy's own connection to {bro
 
 
 def _addr(addr: Any) -> Addr:
-    """(host, port) as a listener reports a peer: IPv4-mapped IPv6 read as the IPv4 address."""
-    host = addr[0]
-    return (host[7:] if host.startswith("::ffff:") else host, addr[1])
+    """(host, port) as the listener that accepts a connection to or from it reports it (`proxy.address.connected_host`:
+    IPv4-mapped IPv6 read as IPv4, and a connect to 0.0.0.0 or :: as one to the loopback, where Linux sends it)."""
+    return (connected_host(addr[0]), addr[1])
 
 
 Key = tuple[Addr, Addr]  # (the upstream socket's local address, the broker it connects to): unique on the host

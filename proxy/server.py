@@ -91,7 +91,9 @@ class Route:
     def parse(cls, text: str) -> Route:
         """"LISTEN=UPSTREAM" (explicit) or "LISTEN" (transparent)."""
         listen, sep, upstream = text.partition("=")
-        return cls(parse_hostport(listen), parse_hostport(upstream, allow_zero=False) if sep else None)
+        # an upstream without a host is this host's loopback, as --upstream's (a connect to 0.0.0.0 goes there anyway,
+        # but rows and logs then named the broker 0.0.0.0)
+        return cls(parse_hostport(listen), parse_hostport(upstream, "127.0.0.1", allow_zero=False) if sep else None)
 
 
 class ProxyServer:
@@ -268,7 +270,7 @@ class ProxyServer:
 
             self._accept(sock, factory)
             log.info("listening", listener=listener,
-                     upstream=f"{up[0]}:{up[1]}" if up else "original destination (transparent)")
+                     upstream=format_addr(up) if up else "original destination (transparent)")
             if up is not None and self.bypass_check and self.bootstrap_hint and sock is socks[0]:
                 log.info("clients bootstrap here", **self._bootstrap_hint(addr))
 

@@ -319,6 +319,11 @@ def replay(recording: Path, target: str, speed: str, clients: tuple[str, ...], t
         if not click.confirm("Send these requests to the target?", default=False, err=True):
             click.echo("aborted", err=True)
             sys.exit(1)
+    if record is not None:  # before the set-up creates topics on the target: the recorder's error came after it
+        try:
+            record.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # said as the target being unreachable, exit 3, before
+            raise OneLineError(f"--record {record} cannot be created ({exc.strerror or exc})") from None
     opts = ReplayOptions(target=target, speed=spd, record_dir=record, proxy_id=proxy_id, topic_map=tmap,
                          fetch_mode=fetch_mode, create_topics=not no_create_topics, sasl_plain=creds,
                          pending_timeout=pending_timeout, progress=sys.stderr)

@@ -181,14 +181,23 @@ def test_filters_that_match_nothing_say_so_with_what_there_is(spark, tmp_path) -
     assert res.exit_code == 0 and "nothing matched" not in res.output, res.output
 
 
-def test_a_negative_tolerance_is_refused(tmp_path, fake_job) -> None:
-    """`--tolerance -5` ran, and a finding then advised raising a tolerance below zero."""
+@pytest.mark.parametrize("value, says", [
+    ("-5", "-5.0 is not in the range 0<=x<=86400.0."),  # ran, and a finding then advised raising it below zero
+    ("inf", "inf is not in the range 0<=x<=86400.0."),  # OverflowError after Spark's start
+    ("nan", "nan is not a number"),  # passes a range check; "cannot convert float NaN to integer" after Spark's start
+])
+def test_a_tolerance_that_is_no_time_difference_is_refused(tmp_path, fake_job, value: str, says: str) -> None:
     _recording(tmp_path / "a")
     _recording(tmp_path / "b")
     res = _invoke("--compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "out"),
-                  "--match", "wire", "--tolerance", "-5")
+                  "--match", "wire", "--tolerance", value)
     assert res.exit_code == 2 and not fake_job[0], res.output
-    assert "Error: Invalid value for '--tolerance': -5.0 is not in the range x>=0." in res.output
+    assert f"Error: Invalid value for '--tolerance': {says}" in res.output
+
+
+def test_a_zero_tolerance_is_taken(tmp_path, fake_job) -> None:
+    _recording(tmp_path / "a")
+    _recording(tmp_path / "b")
     res = _invoke("--compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "out"), "--tolerance", "0")
     assert res.exit_code == 0 and fake_job[0][0]["tolerance_s"] == 0, res.output
 

@@ -209,6 +209,22 @@ def test_record_into_the_replayed_recording_is_refused_before_anything_is_sent(t
     assert sorted(tmp_path.rglob("*")) == files  # nothing written, not even rec/replay/
 
 
+def test_a_record_directory_that_cannot_be_made_is_said_before_the_set_up(tmp_path: Path):
+    """`--record /proc/x`: the recorder failed after the set-up had created topics on the target, and the error was
+    said as "cannot reach the target", exit 3. Now one line naming --record, exit 2, before any connection."""
+    rec = tmp_path / "rec"
+    write_recording(rec, two_clients())
+    (tmp_path / "afile").write_text("a file")
+    with HangUp() as listener:
+        for record, reason in (("/proc/kafkatap-replay-test", "No such file or directory"),
+                               (str(tmp_path / "afile" / "out"), "Not a directory")):
+            res = CliRunner().invoke(replay, [str(rec), "--target", listener.target, "--record", record, "--yes", *NO_ID])
+            lines = [ln for ln in res.output.splitlines() if ln.strip()]
+            assert res.exit_code == 2 and lines[-1] == f"Error: --record {record} cannot be created ({reason})", res.output
+            assert "cannot reach" not in res.output
+    assert listener.accepted == 0
+
+
 def test_record_into_another_recording_is_said_as_the_proxy_says_it(tmp_path: Path):
     """--record OUT that already holds a recording: the replay's rows join it, and analyze reads them all as one.
     `kafkatap proxy --record` warns of that at start; replay said nothing. A fresh OUT says nothing."""
