@@ -120,6 +120,25 @@ def listens_at(listens: Sequence[tuple[str, int]], dst: tuple[str, int]) -> bool
     return False
 
 
+def listen_address(listen: tuple[str, int]) -> tuple[str, int]:
+    """The address a listener on `listen` binds: a host name looked up as its bind looks it up (IPv4, since
+    `proxy.listener` picks the family by a ':' in the host); an address, a wildcard or a name that does not resolve
+    as given."""
+    host, port = listen
+    if host in WILDCARDS or ":" in host:
+        return listen
+    try:
+        ipaddress.ip_address(host)
+        return listen
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return listen
+    return (str(infos[0][4][0]), port) if infos else listen
+
+
 def connect_address(addr: tuple[str, int]) -> tuple[str, int] | None:
     """The (IP, port) a connect to `addr` tries first, as the proxy's connect resolves it (a first address that
     answers is the one it keeps); None for a name that does not resolve (the upstream probe says what is wrong)."""

@@ -33,7 +33,7 @@ from proxy.kafka_faults import KAFKA_FAULT_HELP, FaultRules, KafkaFaultLayer, sp
 from proxy.cluster import ClusterMode
 from proxy.cluster_options import CLUSTER_HELP, ClusterSetup, cluster_options, cluster_setup
 from proxy.tls import TLS_HELP, TlsConfigError, tls_options, tls_setup
-from proxy.address import bind_problem, connect_address, listens_at
+from proxy.address import bind_problem, connect_address, listen_address, listens_at
 from proxy.balance import Balancer, BalanceSpec, WorkerMail
 from proxy.broker_news import BrokerNews
 from proxy.mailboxes import Mailboxes, MailSpec
@@ -383,16 +383,20 @@ def _refuse_self_upstreams(routes: list[Route], option: str) -> None:
     off). A chain that ends at a broker is no loop. `proxy.loop_guard` catches the loops this cannot see (a name of
     this host that resolves elsewhere here, a broker advertising the proxy's address).
 
-    Only an upstream on a port the proxy listens on is looked up (a name's lookup can take seconds, and start-up
-    must not wait on one that cannot loop), and only its first address counts: the one the proxy's connect keeps
-    when it answers."""
-    ports = {r.listen[1] for r in routes if r.listen[1]}  # port 0: the kernel's choice, which no upstream names
-    reaches = {r.upstream: connect_address(r.upstream) for r in routes if r.upstream is not None and r.upstream[1] in ports}
+    Only names on a port that is both listened on and an upstream's are looked up (a lookup can take seconds, and
+    start-up must not wait on one that cannot loop); of an upstream only its first address counts, the one the
+    proxy's connect keeps when it answers, and of a listen name the one its bind takes."""
+    ports = {r.listen[1] for r in routes if r.listen[1]} & {r.upstream[1] for r in routes if r.upstream is not None}
+    reaches = {r.upstream: connect_address(r.upstream)
+               for r in routes if r.upstream is not None and r.upstream[1] in ports}
+    bound = {r.listen: listen_address(r.listen) for r in routes if r.listen[1] in ports}  # port 0: none names it
 
     def next_hop(route: Route) -> Route | None:
         """The route whose listener this route's upstream connects to first, if any."""
         first = reaches.get(route.upstream) if route.upstream is not None else None
-        return None if first is None else next((r for r in routes if r.listen[1] and listens_at([r.listen], first)), None)
+        if first is None:
+            return None
+        return next((r for r in routes if r.listen in bound and listens_at([bound[r.listen]], first)), None)
 
     for start in routes:
         seen: list[Route] = []

@@ -53,6 +53,7 @@ def R(listen: int, upstream: int | None, host: str = "127.0.0.1", upstream_host:
     ([R(19800, 19800, upstream_host="0.0.0.0")], "--upstream 0.0.0.0:19800 leads back"),  # Linux: to the loopback
     ([R(19800, 19800, "::1", "::")], "--upstream [::]:19800 leads back to this proxy's own listener [::1]:19800: "),
     ([R(19800, 19800, "0.0.0.0", "127.0.0.2")], "own listener 0.0.0.0:19800: "),  # every 127/8 address is this host's
+    ([R(19800, 19800, "localhost")], "own listener localhost:19800: "),  # a listen name: looked up as its bind does
 ])
 def test_a_loop_through_the_proxys_own_listeners_is_refused(routes: list[Route], says: str) -> None:
     with pytest.raises(ValueError, match="it would connect to itself") as refused:
