@@ -21,7 +21,7 @@ FORMAT_KEY = b"kafkatap.format_version"
 # What derived data means, versioned apart from the format (recording.rollups): a rollup is what a kafkatap computed
 # from the requests under its rules (what a long poll is …), so rollups of older rules are stale and recomputed
 # from the requests, which stay readable as they are. A derived file without the key is FIRST_ROLLUP_VERSION.
-ROLLUP_VERSION = 2  # 2: a ShareFetch that only waited is a long poll ("ShareFetch (long poll)"), as a Fetch is
+ROLLUP_VERSION = 3  # 3: a throttle a `throttle=` fault injected is no broker quota's (request_sums); 2: a ShareFetch that only waited is a long poll ("ShareFetch (long poll)"), as a Fetch is
 ROLLUP_KEY = b"kafkatap.rollup_version"
 FIRST_ROLLUP_VERSION = 1
 RECORDED = ("requests", "connections", "tcp", "frames", "topics", "runs")  # what the proxy observes, row by row (runs: its own starts, stops and launches)

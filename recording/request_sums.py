@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 
 from protocol.error_kinds import ERROR, PROTOCOL_STEP, RETRIABLE, response_kind
 from recording.schema import NOTABLE_REQUEST_COLUMNS, SLOWEST_REQUEST_COLUMNS
-from recording.fault_notes import injected_error_names
+from recording.fault_notes import INJECTED_THROTTLE, NOT_APPLIED, injected_error_names
 from recording.request_terms import FETCH_APIS, UNSCALED_WINDOW, bucket_start, client_id, host, long_poll, when
 
 __all__ = ["LARGE_RESPONSE_BYTES", "NOTABLE_COLUMNS", "SLOWEST_KEPT", "SLOWEST_COLUMNS", "SumSpec", "SUMS", "INPUT_COLUMNS",
@@ -126,12 +126,18 @@ def _aggregate(table: pa.Table, spec: SumSpec, measures: dict[str, tuple[str, st
     return pa.table(cols)
 
 
+def _injected_throttles(edit: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Per row, whether its throttle is one kafkatap's `throttle=` fault put there (recording.fault_notes.injected_throttle)."""
+    noted = pc.fill_null(pc.match_substring_regex(edit, INJECTED_THROTTLE), False)
+    return pc.and_(noted, pc.invert(pc.fill_null(pc.ends_with(edit, NOT_APPLIED), False)))
+
+
 def request_sums(t: pa.Table) -> pa.Table:
     """analytics.transforms.rollups.request_rollup's sums per connection, client and API (client_addr still the address)."""
     spec = SUMS["request_sums"]
     kind = _kinds(t)
     throttle = t["throttle_ms"]
-    throttled = pc.greater(throttle, 0)
+    throttled = pc.and_kleene(pc.greater(throttle, 0), pc.invert(_injected_throttles(t["edit"])))
     first_ns = t["req_first_ns"]
     transfer_s = pc.divide(pc.subtract(_ns(t["resp_last_ns"]), _ns(t["resp_first_ns"])).cast(pa.float64()), 1e9)
     big = pc.and_kleene(pc.greater_equal(t["response_bytes"], LARGE_RESPONSE_BYTES), pc.greater(transfer_s, 0))

@@ -63,12 +63,13 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
+from recording.fault_notes import NOT_APPLIED  # proxy.kafka_faults: the note of a response edit that failed
+
 WINDOW_S = 120  # a reaction later than this is not attributed to the fault
 WINDOW_NS = WINDOW_S * 1_000_000_000
 NOTE = r"^fault#(\d+) (\w+)(?:=(\S+))?(?: (in-place|rewrite))?(?: on=(\S+))?(?: broker-error=(\S+))?"
 # a note the proxy answered or dropped the request with: the response edits noted beside it never applied
 ANSWERED_BY_PROXY = r"fault#\d+ (drop|error=\S+ in-place)"
-NOT_APPLIED = " (not applied)"  # proxy.kafka_faults: the note of a response edit that failed
 UNAPPLIED_KINDS = ("error", "throttle")  # what such a failed response edit did not do (a delay still held it)
 
 # The two tables' columns (Spark DDL), for a recording without injected faults: Spark needs ~1 s only to

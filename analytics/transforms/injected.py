@@ -28,6 +28,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from analytics.transforms.faults import NOTE, _note_applied
+from recording.fault_notes import INJECTED_THROTTLE, NOT_APPLIED
 
 
 def injected_error_names(edit: Column) -> Column:
@@ -54,3 +55,9 @@ def with_broker_errors(req: DataFrame) -> DataFrame:
 def is_injected(error: Column, edit: Column) -> Column:
     """Is this element of a row's `errors` one kafkatap injected (false for a row without fault notes)?"""
     return F.coalesce(F.array_contains(injected_error_names(edit), error["name"]), F.lit(False))
+
+
+def injected_throttle(edit: Column) -> Column:
+    """Does the request's answer carry a throttle kafkatap's own `throttle=` fault put there (false for null)? The same
+    reading as the writer's (recording.fault_notes.injected_throttle)."""
+    return F.coalesce(edit.rlike(INJECTED_THROTTLE) & ~edit.endswith(NOT_APPLIED), F.lit(False))

@@ -31,7 +31,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from analytics.transforms.common import FETCH_APIS, host, response_error_kind, time_bucket_index
-from analytics.transforms.injected import with_broker_errors
+from analytics.transforms.injected import injected_throttle, with_broker_errors
 from analytics.transforms.topics import name_topic, name_topic_ids
 from recording.request_sums import LARGE_RESPONSE_BYTES, NOTABLE_COLUMNS, SUMS, SumSpec
 from protocol.error_kinds import ERROR, PROTOCOL_STEP, RETRIABLE
@@ -43,7 +43,7 @@ def _zero(name: str) -> Column:
 
 def request_rollup(req: DataFrame) -> DataFrame:
     """Additive measures of the prepared request view per connection, client and API."""
-    throttled = F.col("throttle_ms") > 0
+    throttled = (F.col("throttle_ms") > 0) & ~injected_throttle(F.col("edit"))  # a broker quota's, not a throttle= fault's
     transfer_s = (F.col("resp_last_ns") - F.col("resp_first_ns")) / 1e9
     big = (F.col("response_bytes") >= LARGE_RESPONSE_BYTES) & (transfer_s > 0)
     # each request counts once, by its worst error (protocol.error_kinds) among the broker's: kafkatap's injected ones are

@@ -111,6 +111,50 @@ def test_both_engines_read_the_same_injected_names_from_edit(spark) -> None:
     assert got[11] == {NLOF} and got[12] == {"NOT_ENOUGH_REPLICAS"}
 
 
+def _throttled_rows() -> list[dict]:
+    """A client kafkatap throttled with a `throttle=` fault, and one a broker quota throttled."""
+    return [
+        req("t", 1, "Produce", t_s=1, client="faulted", throttle_ms=700, edit="fault#4 throttle=700ms"),
+        req("t", 2, "Produce", t_s=2, client="faulted", throttle_ms=700, edit="fault#3 delay=100ms; fault#4 throttle=700ms"),
+        # the response edit failed: the 250 ms are the broker's own
+        req("t", 3, "Produce", t_s=3, client="faulted", throttle_ms=250, edit="fault#4 throttle=700ms (not applied)"),
+        req("q", 1, "Produce", t_s=1, client="quota", throttle_ms=120),
+        req("q", 2, "Produce", t_s=2, client="quota", throttle_ms=80, edit="fault#5 delay=5ms"),
+        req("q", 3, "Produce", t_s=3, client="quota"),
+    ]
+
+
+def test_injected_throttles_are_not_broker_quotas_in_either_engine(make_df) -> None:
+    """A `throttle=` fault's 700 ms were counted as the broker's quota throttling: the `throttling` table listed them and
+    the finding said "Brokers throttled 1 client(s) for 1.4 s in total" of a broker without quotas."""
+    rows = _throttled_rows()
+    spark = {x["client_id"]: x for x in request_rollup(prepare_requests(make_df("requests", rows))).collect()}
+    assert (spark["faulted"]["throttled_requests"], spark["faulted"]["throttle_ms"]) == (1, 250)
+    assert (spark["quota"]["throttled_requests"], spark["quota"]["throttle_ms"]) == (2, 200)
+    schema = arrow_schema("requests")
+    table = pa.Table.from_pylist([{k: v for k, v in row.items() if k in schema.names} for row in rows], schema=schema)
+    measures = ["throttled_requests", "throttle_ms", "max_throttle_ms"]  # (the rows' ns stand for µs here: no timestamps)
+    stored = {x["client_id"]: x for x in request_sums(table).select(["client_id", *measures]).to_pylist()}
+    for client, row in spark.items():
+        for m in measures:
+            assert stored[client][m] == row[m], (client, m)
+    assert {x["client_id"]: x["total_throttle_ms"] for x in errors.throttling(request_rollup(
+        prepare_requests(make_df("requests", rows)))).collect()} == {"faulted": 250, "quota": 200}
+
+
+def test_both_engines_read_the_same_injected_throttles_from_edit(spark) -> None:
+    from analytics.transforms.injected import injected_throttle as spark_injected_throttle
+    from recording.fault_notes import injected_throttle
+
+    edits = [*EDITS, "fault#1 throttle=50ms", "fault#1 throttle=50ms (not applied)", "fault#12 delay=5ms; fault#13 throttle=9ms",
+             "throttle=50ms by a user's note"]
+    df = spark.createDataFrame([(i, e) for i, e in enumerate(edits)], "i int, edit string")
+    got = {r["i"]: r["t"] for r in df.select("i", spark_injected_throttle(df["edit"]).alias("t")).collect()}
+    assert got == {i: injected_throttle(e) for i, e in enumerate(edits)}
+    assert [i for i, t in got.items() if t] == [edits.index("fault#1 throttle=50ms; fault#2 error=NONE_X rewrite"),
+                                               len(EDITS), len(EDITS) + 2]
+
+
 T = dt.datetime(2026, 11, 20, 9, 0)
 
 
