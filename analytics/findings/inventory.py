@@ -22,6 +22,8 @@ def client_inventory(t: Tables) -> list[Finding]:
     busiest = top[0]
     topics = ", ".join((busiest.get("topics_produced") or []) + (busiest.get("topics_consumed") or [])) or "no topics"
     mix = ", ".join(f"{n} {role}{'s' if n != 1 else ''}" for role, n in roles.most_common())
+    if sum(roles.values()) > len(rows):  # "consumer, group member" is one client in two roles: the counts add up to more
+        mix += "; a client can hold several roles"
     return [Finding(
         id="client_inventory", incident=3, severity="info",
         title=f"{len(rows)} clients ({mix}); busiest: {busiest['client_id']} ({busiest.get('role')})",

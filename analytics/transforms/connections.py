@@ -264,6 +264,7 @@ def reconnects_by_client(conns: DataFrame, bucket_s: int = 60, since_ns: int | N
     )
     # the part of the client's span (inside the window) some proxy run recorded: not the hours between two runs
     agg = recorded_time(agg, ["client_id", "client_host"], conns, since_ns, until_ns, spans)
+    # at least a minute: a client seen for seconds is not said to reconnect hundreds of times a minute (README)
     minutes = F.greatest(F.col("recorded_ns") / 6e10, F.lit(1.0))
     return agg.join(per_min, ["client_id", "client_host"]).select(
         "client_id", "client_host", "connections", "reconnects",

@@ -115,6 +115,9 @@ def test_client_inventory() -> None:
     pos = client_inventory({"client_inventory": rows})
     assert len(pos) == 1 and pos[0].incident == 3 and "busiest: orders-app (producer)" in pos[0].title
     assert pos[0].evidence["roles"] == {"producer": 1, "consumer": 1, "group member": 1}
+    # 2 clients, 3 roles: said, or "2 clients (1 producer, 1 consumer, 1 group member)" reads as 3 clients
+    assert pos[0].title.startswith("2 clients (1 producer, 1 consumer, 1 group member; a client can hold several roles)")
+    assert "several roles" not in client_inventory({"client_inventory": rows[:1]})[0].title
     assert client_inventory({"client_inventory": []}) == []
 
 
