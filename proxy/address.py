@@ -122,28 +122,18 @@ def listens_at(listens: Sequence[tuple[str, int]], dst: tuple[str, int]) -> bool
 
 def listen_address(listen: tuple[str, int]) -> tuple[str, int]:
     """The address a listener on `listen` binds: a host name looked up as its bind looks it up (IPv4, since
-    `proxy.listener` picks the family by a ':' in the host); an address, a wildcard or a name that does not resolve
-    as given."""
-    host, port = listen
-    if host in WILDCARDS or ":" in host:
+    `proxy.listener` picks the family by a ':' in the host); a wildcard, an IPv6 address or a name that does not
+    resolve as given (an IPv4 address resolves to itself, without a lookup)."""
+    if listen[0] in WILDCARDS or ":" in listen[0]:
         return listen
-    try:
-        ipaddress.ip_address(host)
-        return listen
-    except ValueError:
-        pass
-    try:
-        infos = socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_STREAM)
-    except (OSError, UnicodeError):
-        return listen
-    return (str(infos[0][4][0]), port) if infos else listen
+    return connect_address(listen, socket.AF_INET) or listen
 
 
-def connect_address(addr: tuple[str, int]) -> tuple[str, int] | None:
+def connect_address(addr: tuple[str, int], family: int = socket.AF_UNSPEC) -> tuple[str, int] | None:
     """The (IP, port) a connect to `addr` tries first, as the proxy's connect resolves it (a first address that
     answers is the one it keeps); None for a name that does not resolve (the upstream probe says what is wrong)."""
     try:
-        infos = socket.getaddrinfo(addr[0], addr[1], type=socket.SOCK_STREAM)
+        infos = socket.getaddrinfo(addr[0], addr[1], family, socket.SOCK_STREAM)
     except (OSError, UnicodeError):
         return None
     return (str(infos[0][4][0]), addr[1]) if infos else None
