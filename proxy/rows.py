@@ -37,6 +37,20 @@ def _compression(s: Summary) -> str | None:
     return ",".join(seen)
 
 
+def _with_delivered(asked: list[str], delivered: list[str]) -> list[str]:
+    """A fetch's topics: those its request named, then those its response carried records of.
+
+    Why both: a Fetch in an incremental session (KIP-227) names only the partitions
+    whose fetch position changed, so a long poll that an idle consumer sends names no
+    topic, and the records that arrive while it waits would be filed under none.
+    """
+    out = list(asked)
+    for t in delivered:
+        if t not in out:
+            out.append(t)
+    return out
+
+
 def request_row(
     conn: ConnectionFacts,
     req: RequestSeen,
@@ -54,6 +68,7 @@ def request_row(
     first = req.first_byte_ns
     errors: list[dict[str, Any]] = []
     throttle = fetched_bytes = producer_id = producer_epoch = None
+    delivered: list[str] | None = None  # topics a Fetch/ShareFetch response carried records of
     advertised: list[str] | None = None
     if resp is not None:
         resp_first, resp_last, resp_size, r = resp.first_byte_ns, resp.last_byte_ns, resp.size, resp.summary
@@ -63,7 +78,12 @@ def request_row(
                 errors = [{"code": e.code, "name": e.name, "topic": e.topic, "partition": e.partition,
                            "resource": e.resource} for e in r.errors]
             if r.fetched:
-                fetched_bytes = sum(p.records_bytes for p in r.fetched)
+                fetched_bytes = 0
+                for p in r.fetched:
+                    if p.records_bytes:
+                        fetched_bytes += p.records_bytes
+                        delivered = delivered or []
+                        delivered.append(p.topic)
             producer_id, producer_epoch = r.producer_id, r.producer_epoch
             if r.brokers or r.coordinator:  # what the client was told to connect to (proxy.bypass checks it)
                 advertised = list(r.brokers)  # "node_id@host:port": the report names brokers by id too
@@ -81,7 +101,7 @@ def request_row(
         record_bytes = fetched_bytes
     else:
         # names and ids come in one list (ids told by uuid shape); `proxy.topics` names the ids later
-        topics, topic_ids = split_topics(s.topics)
+        topics, topic_ids = split_topics(s.topics if delivered is None else _with_delivered(s.topics, delivered))
         partitions, records = s.partitions, s.records
         batches = s.batches
         nbatches = len(batches)

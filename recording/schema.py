@@ -102,7 +102,7 @@ REQUEST_COLUMNS: list[Column] = [
     Column("acks", pa.int16(), "", "Produce acks (0, 1, -1; int16 on the wire, any value is kept)"),
     Column("timeout_ms", pa.int32(), "ms", "Produce/other request timeout"),
     Column("transactional_id", pa.string(), "", "Produce/InitProducerId/EndTxn transactional id"),
-    Column("topics", pa.list_(pa.string()), "", "topics touched, by name; a topic id (uuid) only when the proxy could not name it yet (analytics names it from `topics/`)"),
+    Column("topics", pa.list_(pa.string()), "", "topics touched, by name (a Fetch's or ShareFetch's: those its request named, then those its response carried records of, since an incremental fetch names only what changed); a topic id (uuid) only when the proxy could not name it yet (analytics names it from `topics/`)"),
     Column("topic_ids", pa.list_(pa.string()), "", "topic ids the request used instead of names (Produce v13, Fetch v13+, OffsetCommit/Fetch v10, ShareFetch …), as sent"),
     Column("partitions", pa.int32(), "", "topic-partitions touched"),
     Column("batches", pa.int32(), "", "record batches in a Produce request"),

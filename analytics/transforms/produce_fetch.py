@@ -79,7 +79,8 @@ def fetch_by_consumer(topics: DataFrame, spans: Sequence[RunSpan] | None = None)
     rate is over the time some proxy run recorded (`spans`, as `produce_rate_by_topic`)."""
     # a multi-topic fetch's bytes are split evenly over its topics (responses are summarized per request)
     f = topics.where(F.col("api_name") == "Fetch")
-    # a Fetch in an incremental session (KIP-227) names no topic when nothing changed: its own labelled row
+    # a Fetch in an incremental session (KIP-227) names no topic when nothing changed; one whose answer carried
+    # records names their topics (proxy.rows), so what is left here is polls that named and received nothing
     return f.groupBy("client_id", F.coalesce("topic", F.lit(INCREMENTAL_FETCH)).alias("topic")).agg(
         F.sum("requests").alias("fetches"),
         F.round(F.sum("fetch_bytes_split")).cast("long").alias("bytes"),

@@ -153,3 +153,34 @@ def test_java_37_clients_through_the_proxy(proxied_kafka_37, topic_name, sink, t
     assert {t for r in sink.requests if r["api_name"] in ("Produce", "Fetch") for t in r["topics"]} == {topic_name}
     check_with_tshark(pcap, proxied_kafka_37.proxy_port, min_headers=30, min_topics=0)
 
+
+
+def test_records_an_idle_consumer_long_poll_receives_are_filed_under_their_topic(proxied_kafka, topic_name, sink):
+    """A Java consumer's Fetch in an incremental session (KIP-227) names only partitions whose position changed.
+
+    So an idle consumer's long poll names no topic, and the records that arrive while it waits come back on it:
+    the row names the topic its response carried records of, or the report files them under no topic.
+    """
+    with RunningProxy([proxied_kafka.route], sink=sink) as p:
+        j = JavaClients(p.bootstrap)
+        j.run(j.topics("--create", "--topic", topic_name, "--partitions", "1", "--replication-factor", "1")).check()
+        cons = j.console_consumer(topic_name, group=f"gidle-{topic_name}", protocol="consumer", max_messages=3,
+                                  props={"client.id": "java-idle", "fetch.max.wait.ms": 5000})
+        proc = j.start(cons)
+        try:
+            # idle: its long polls name nothing once the session holds the partition
+            sink.wait_for(lambda s: any(r["api_name"] == "Fetch" and r["client_id"] == "java-idle" and not r["topics"]
+                                        and r["fetch_session_epoch"] > 0 for r in s.requests), timeout=60)
+            j.run(j.producer_perf(topic_name, 3, throughput=1, props={"client.id": "java-late"})).check()
+            out, err = proc.communicate(timeout=cons.timeout_s)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == 0, err[-2000:]
+    fetches = [r for r in sink.requests if r["api_name"] == "Fetch" and r["client_id"] == "java-idle"]
+    delivered = [r for r in fetches if r["record_bytes"]]
+    assert delivered, [(r["topics"], r["record_bytes"]) for r in fetches]
+    assert [r["topics"] for r in delivered] == [[topic_name]] * len(delivered)
+    # the polls that carried nothing still name nothing: the report's "(incremental fetch …)" row, with no bytes
+    assert any(not r["topics"] and not r["record_bytes"] for r in fetches)
