@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from protocol.events import RequestSeen, ResponseSeen, Summary
+from protocol.events import BatchSeen, RequestSeen, ResponseSeen, Summary
 from proxy.facts import ConnectionFacts
 from proxy.topics import split_topics
 from recording.datasets import COLUMN_NAMES, TCP_FIELD_NAMES
@@ -37,18 +37,34 @@ def _compression(s: Summary) -> str | None:
     return ",".join(seen)
 
 
-def _with_delivered(asked: list[str], delivered: list[str]) -> list[str]:
+def _with_delivered(asked: list[str], delivered: dict[str, int]) -> list[str]:
     """A fetch's topics: those its request named, then those its response carried records of.
 
     Why both: a Fetch in an incremental session (KIP-227) names only the partitions
     whose fetch position changed, so a long poll that an idle consumer sends names no
     topic, and the records that arrive while it waits would be filed under none.
+    The row's `topic_record_bytes` then says how many bytes each of them received, so
+    a fetch naming ten topics and receiving one is not split ten ways.
     """
     out = list(asked)
     for t in delivered:
         if t not in out:
             out.append(t)
     return out
+
+
+def _produced_per_topic(batches: list[BatchSeen], topics: list[str], record_bytes: int) -> list[int] | None:
+    """The batch bytes a Produce sent to each of `topics`, in its order; None unless they add up to the request's.
+
+    Why: a producer sends one request per broker for every partition it has a batch for, and an
+    even split of its bytes over their topics would move one topic's traffic onto the others.
+    """
+    per: dict[str, int] = {}
+    for b in batches:
+        per[b.topic] = per.get(b.topic, 0) + b.batch_bytes
+    if sum(per.values()) != record_bytes:
+        return None
+    return [per.get(t, 0) for t in topics]
 
 
 def request_row(
@@ -68,7 +84,8 @@ def request_row(
     first = req.first_byte_ns
     errors: list[dict[str, Any]] = []
     throttle = fetched_bytes = producer_id = producer_epoch = None
-    delivered: list[str] | None = None  # topics a Fetch/ShareFetch response carried records of
+    delivered: dict[str, int] | None = None  # a Fetch/ShareFetch response's record bytes per topic (when any)
+    topic_bytes: list[int] | None = None
     advertised: list[str] | None = None
     if resp is not None:
         resp_first, resp_last, resp_size, r = resp.first_byte_ns, resp.last_byte_ns, resp.size, resp.summary
@@ -82,8 +99,10 @@ def request_row(
                 for p in r.fetched:
                     if p.records_bytes:
                         fetched_bytes += p.records_bytes
-                        delivered = delivered or []
-                        delivered.append(p.topic)
+                        if delivered is None:
+                            delivered = {p.topic: p.records_bytes}
+                        else:
+                            delivered[p.topic] = delivered.get(p.topic, 0) + p.records_bytes
             producer_id, producer_epoch = r.producer_id, r.producer_epoch
             if r.brokers or r.coordinator:  # what the client was told to connect to (proxy.bypass checks it)
                 advertised = list(r.brokers)  # "node_id@host:port": the report names brokers by id too
@@ -101,11 +120,17 @@ def request_row(
         record_bytes = fetched_bytes
     else:
         # names and ids come in one list (ids told by uuid shape); `proxy.topics` names the ids later
-        topics, topic_ids = split_topics(s.topics if delivered is None else _with_delivered(s.topics, delivered))
+        if delivered is None:
+            topics, topic_ids = split_topics(s.topics)
+        else:
+            topics, topic_ids = split_topics(_with_delivered(s.topics, delivered))
+            topic_bytes = [delivered.get(t, 0) for t in topics]
         partitions, records = s.partitions, s.records
         batches = s.batches
         nbatches = len(batches)
         record_bytes = s.record_bytes if fetched_bytes is None else fetched_bytes
+        if nbatches > 1 and len(topics) > 1 and delivered is None:  # a Produce to several topics: each one's bytes
+            topic_bytes = _produced_per_topic(batches, topics, record_bytes)
         if batches and producer_id is None:
             for b in batches:
                 if b.producer_id >= 0:
@@ -144,6 +169,7 @@ def request_row(
         "batches": nbatches,
         "records": records,
         "record_bytes": record_bytes,
+        "topic_record_bytes": topic_bytes,
         "compression": _compression(s) if s.batches else None,
         "producer_id": producer_id,
         "producer_epoch": producer_epoch,

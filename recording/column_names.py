@@ -38,6 +38,7 @@ COLUMN_NAMES: dict[str, tuple[str, ...]] = {
         "batches",
         "records",
         "record_bytes",
+        "topic_record_bytes",
         "compression",
         "producer_id",
         "producer_epoch",

@@ -74,7 +74,7 @@ SUMS = {
 INPUT_COLUMNS = ("proxy_id", "conn_id", "client_id", "client_addr", "broker_addr", "api_name", "group_id", "acks",
                  "compression", "status", "req_first_ns", "correlation_id", "api_version", "latency_us", "request_bytes", "response_bytes", "records", "record_bytes",
                  "error_count", "errors", "max_wait_ms", "broker_latency_us", "throttle_ms", "resp_first_ns",
-                 "resp_last_ns", "edit", "topics", "topic_ids", "bypass", "advertised")
+                 "resp_last_ns", "edit", "topics", "topic_ids", "topic_record_bytes", "bypass", "advertised")
 
 
 def _ns(ts: pa.ChunkedArray | pa.Array) -> pa.Array:
@@ -186,6 +186,8 @@ def topic_sums(t: pa.Table) -> pa.Table:
         "split_bytes": pc.divide(record_bytes.cast(pa.float64()), n), "split_records": pc.divide(pf["records"].cast(pa.float64()), n),
         "rqmax": pf["request_bytes"], "empty": _flag(pc.equal(pc.fill_null(record_bytes, 0), 0)), "lp": _flag(long_poll(pf)),
     }).take(rows)
+    exact = pa.concat_arrays([_delivered_bytes(pf, topics, lengths), pa.nulls(len(no_topic), pa.float64())])
+    work = work.set_column(work.schema.get_field_index("split_bytes"), "split_bytes", pc.coalesce(exact, work["split_bytes"]))
     work = work.append_column("topic", topic)
     return _aggregate(work, spec, {
         "requests": ("one", "sum"), "first_ns": ("ts", "min"), "last_ns": ("ts", "max"), "records": ("records", "sum"),
@@ -193,6 +195,19 @@ def topic_sums(t: pa.Table) -> pa.Table:
         "fetch_bytes_split": ("split_bytes", "sum"), "split_records": ("split_records", "sum"),
         "max_request_bytes": ("rqmax", "max"), "empty": ("empty", "sum"), "long_polls": ("lp", "sum"),
     })
+
+
+def _delivered_bytes(pf: pa.Table, topics: pa.Array, lengths: pa.Array) -> pa.Array:
+    """Per entry of the flattened `topics`: the bytes the row's `topic_record_bytes` gives that topic, else null.
+
+    A row's `topic_record_bytes` is aligned with its `topics` (the proxy writes both), so
+    the flattened lists of the rows that have one line up entry for entry.
+    """
+    per = pf["topic_record_bytes"].combine_chunks() if isinstance(pf["topic_record_bytes"], pa.ChunkedArray) else pf["topic_record_bytes"]
+    has = pc.fill_null(pc.equal(pc.list_value_length(per), lengths), False)
+    entry_has = pc.take(has, pc.list_parent_indices(topics))
+    values = pc.list_flatten(per.filter(has)).cast(pa.float64())
+    return pc.replace_with_mask(pa.nulls(len(entry_has), pa.float64()), entry_has, values)
 
 
 def traffic_sums(t: pa.Table) -> pa.Table:

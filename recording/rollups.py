@@ -130,8 +130,13 @@ def write_rollups(requests_file: Path, fsync: bool = True) -> list[Path]:
     md = pf.schema_arrow.metadata or {}
     held: dict[str, list[pa.Table]] = {name: [] for name in DERIVED}
     rows = 0
-    for batch in pf.iter_batches(batch_size=BATCH_ROWS, columns=INPUT_COLUMNS):
+    present = [c for c in INPUT_COLUMNS if c in pf.schema_arrow.names]
+    # a column added to the format since the file was written is null in it, as the readers' conform step makes it
+    absent = [arrow_schema("requests").field(c) for c in INPUT_COLUMNS if c not in present]
+    for batch in pf.iter_batches(batch_size=BATCH_ROWS, columns=present):
         table = pa.Table.from_batches([batch])
+        for f in absent:
+            table = table.append_column(f.name, pa.nulls(batch.num_rows, f.type))
         rows += batch.num_rows
         for name, d in DERIVED.items():
             held[name] = _fold(d, held[name], d.compute(table))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from analytics.transforms.common import (
@@ -93,6 +93,11 @@ def client_inventory(rollup: DataFrame, topics: DataFrame, conns: DataFrame,
     ).orderBy(F.desc("requests"), F.desc("bytes_per_s"), "client_id")
 
 
+def _topic_bytes(which: Column) -> Column:
+    """The topic rollup's per-topic record bytes (`fetch_bytes_split`) of the rows `which` selects, whole bytes."""
+    return F.round(F.sum(F.when(which, F.coalesce(F.col("fetch_bytes_split"), F.lit(0.0))).otherwise(0.0))).cast("long")
+
+
 def topic_view(topics: DataFrame) -> DataFrame:
     """Per topic: producers, consumers, records and bytes each way (from the topic rollup)."""
     t = topics.where(F.col("topic").isNotNull())
@@ -103,8 +108,9 @@ def topic_view(topics: DataFrame) -> DataFrame:
         F.sum(F.when(produce, F.col("requests")).otherwise(0)).alias("produce_requests"),
         F.sum(F.when(~produce, F.col("requests")).otherwise(0)).alias("fetch_requests"),
         F.sum(F.when(produce, F.coalesce(F.col("records"), F.lit(0))).otherwise(0)).alias("records_produced"),
-        F.sum(F.when(produce, F.coalesce(F.col("record_bytes"), F.lit(0))).otherwise(0)).alias("bytes_produced"),
-        F.sum(F.when(~produce, F.coalesce(F.col("record_bytes"), F.lit(0))).otherwise(0)).alias("bytes_fetched"),
+        # each topic's own bytes (a multi-topic request's whole bytes would count under every topic it named)
+        _topic_bytes(produce).alias("bytes_produced"),
+        _topic_bytes(~produce).alias("bytes_fetched"),
     ).withColumn("producer_count", F.size("producers")).withColumn("consumer_count", F.size("consumers")).orderBy(
         F.desc("bytes_produced"), "topic"
     )

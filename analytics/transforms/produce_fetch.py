@@ -67,7 +67,7 @@ def produce_rate_by_topic(topics: DataFrame, spans: Sequence[RunSpan] | None = N
     p = _produce(topics).where(F.col("topic").isNotNull())
     return p.groupBy("topic").agg(
         F.sum("records").alias("records"),
-        F.sum("record_bytes").alias("bytes"),
+        F.round(F.sum("fetch_bytes_split")).cast("long").alias("bytes"),  # the topic's own batches' bytes
         F.countDistinct("client_id").alias("producers"),
         _span_s(spans).alias("span_s"),
     ).select("topic", "records", "bytes", "producers", F.round(F.col("records") / F.col("span_s"), 2).alias("records_per_s"),
@@ -77,7 +77,7 @@ def produce_rate_by_topic(topics: DataFrame, spans: Sequence[RunSpan] | None = N
 def fetch_by_consumer(topics: DataFrame, spans: Sequence[RunSpan] | None = None) -> DataFrame:
     """Per consumer and topic: fetches, bytes/s, empty-fetch ratio and long-poll ratio (from the topic rollup); the
     rate is over the time some proxy run recorded (`spans`, as `produce_rate_by_topic`)."""
-    # a multi-topic fetch's bytes are split evenly over its topics (responses are summarized per request)
+    # a fetch's bytes go to each topic as its response carried them (an older recording's: split evenly)
     f = topics.where(F.col("api_name") == "Fetch")
     # a Fetch in an incremental session (KIP-227) names no topic when nothing changed; one whose answer carried
     # records names their topics (proxy.rows), so what is left here is polls that named and received nothing

@@ -84,20 +84,23 @@ def request_rollup(req: DataFrame) -> DataFrame:
 def topic_rollup(req: DataFrame, bucket_s: int | None = None) -> DataFrame:
     """Produce and Fetch per client, API and topic (and time bucket `b`); a Fetch without topics gets topic null.
 
-    A multi-topic request's record bytes and records are split evenly over its
-    topics in `fetch_bytes_split` and `split_records` (responses are summarized
-    per request), while `record_bytes` keeps the whole request's figure for
+    A fetch's record bytes go to each topic as its response carried them
+    (`topic_record_bytes`) in `fetch_bytes_split`; a request without them (a
+    Produce, an older recording) is split evenly over its topics there and in
+    `split_records`, while `record_bytes` keeps the whole request's figure for
     per-topic totals. With `bucket_s` the rows are also per bucket index `b`:
     every measure is a sum, minimum or maximum, so the tables that group by
     client or topic get the same answer, and the throughput chart needs no
     scan of its own.
     """
     n = F.greatest(F.size("topics"), F.lit(1))
+    # a fetch's own bytes per topic where the proxy recorded them (aligned with `topics`), else an even split
+    aligned = F.when(F.size("topic_record_bytes") == F.size("topics"), F.col("topic_record_bytes"))
     pf = req.where(F.col("api_name").isin("Produce", *FETCH_APIS)).select(
         "client_id", "client_host", "api_name", "compression", "ts_ns", "request_bytes", "records", "record_bytes", "long_poll",
-        (F.col("record_bytes") / n).alias("split_bytes"), (F.col("records") / n).alias("split_records"),
-        F.explode_outer("topics").alias("topic"),
-    )
+        (F.col("record_bytes") / n).alias("even_bytes"), (F.col("records") / n).alias("split_records"),
+        aligned.alias("aligned"), F.posexplode_outer("topics").alias("pos", "topic"),
+    ).withColumn("split_bytes", F.coalesce(F.get("aligned", "pos").cast("double"), F.col("even_bytes")))
     keys = ["client_id", "client_host", "api_name", "topic", "compression"]
     if bucket_s is not None:
         pf = pf.withColumn("b", time_bucket_index("ts_ns", bucket_s))

@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 from analytics import load as L
 from analytics.job import run_analysis, stored_rollups
 from analytics.synthetic import RUN, generate, write_rows, write_table
-from analytics.transforms import drilldown, rollups
+from analytics.transforms import clients, drilldown, produce_fetch, rollups
 from analytics.transforms.common import prepare_requests
 from analytics.transforms.cube import cube_from_cells, latency_cube, percentile_views
 from recording.latency_cells import BIN_BASE, ROLLUP_BUCKET_S, latency_cells, merge_cells
@@ -137,6 +137,15 @@ def _err(name: str | None, topic: str | None = None) -> dict:
     return {"code": 6, "name": name, "topic": topic, "partition": 0, "resource": None}
 
 
+# fetches whose response said how many bytes each topic got (`topic_record_bytes`, aligned with `topics`)
+_ID = "8f1c2f0e-1111-4222-8333-944445555666"
+_PER_TOPIC = [
+    {"topics": ["t", "u", "v"], "record_bytes": 1000, "topic_record_bytes": [0, 900, 100]},
+    {"topics": ["u"], "record_bytes": 70, "topic_record_bytes": [70]},
+    {"topics": ["t", _ID], "topic_ids": [_ID], "record_bytes": 300, "topic_record_bytes": [0, 300]},  # id named late
+    {"topics": ["t", "u"], "record_bytes": 40, "topic_record_bytes": [40]},  # not aligned: split evenly
+    {"topics": ["v"], "record_bytes": 0, "topic_record_bytes": None},  # a poll that received nothing
+]
 SUM_ROWS = EDGE_ROWS + [
     req("c1", 9, "Fetch", t_s=2, lat_us=500_200, broker_latency_us=500_050, max_wait_ms=500, record_bytes=0, topics=["t"]),  # 2nd long poll
     req("c4", 1, "Produce", t_s=10, errors=[_err("NOT_LEADER_OR_FOLLOWER", "t")], error_count=1, throttle_ms=250, topics=["t"]),
@@ -156,6 +165,8 @@ SUM_ROWS = EDGE_ROWS + [
     req("c5", 3, "ShareFetch", t_s=22, topics=["t", "u", "v"], records=7, record_bytes=700, client_addr="host-only"),
     req("c5", 4, "Fetch", t_s=23, topics=["8f1c2f0e-1111-4222-8333-944445555666"], topic_ids=["8f1c2f0e-1111-4222-8333-944445555666"],
         errors=[_err("UNKNOWN_TOPIC_ID", "8f1c2f0e-1111-4222-8333-944445555666")], error_count=1),
+    *[req("c6", i, "Fetch", t_s=30 + i, client="reader", **kw) for i, kw in enumerate(_PER_TOPIC, 1)],
+    req("c7", 1, "Produce", t_s=40, client="writer", topics=["t", "u"], record_bytes=500, topic_record_bytes=[450, 50]),
 ]
 
 
@@ -370,3 +381,25 @@ def test_the_drill_down_reads_only_the_hours_its_connections_need(spark, tmp_pat
         full.count()
     assert drilldown.connection_requests(pruned, drill).collect() == want
     assert drill_requests(rec, full, None, None, drill, Progress(spark, enabled=False)) is full  # no stored sums: scan
+
+
+def test_a_fetch_s_bytes_go_to_each_topic_as_its_response_carried_them(spark, tmp_path) -> None:
+    """A fetch naming three topics that received records of two is not split three ways, in either engine; nor is a
+    Produce to two topics."""
+    root = tmp_path / "rec"
+    write_rows(root, "requests", SUM_ROWS)
+    write_rows(root, "topics", [{"proxy_id": "p1", "topic_id": _ID, "name": "payments", "first_seen_ns": T0}])
+    rec = L.load(spark, [str(root)])
+    raw = rollups.topic_rollup(prepare_requests(rec.requests), 300)
+    summed = rollups.topic_rollup_from_sums(_read_stored(spark, root)["topic_sums"], 300, rec.topic_names)
+    for df in (raw, summed):
+        got = {r["topic"]: r["b"] for r in df.where(F.col("client_id") == "reader").groupBy("topic").agg(
+            F.sum("fetch_bytes_split").alias("b")).collect()}
+        assert got == {"t": 0 + 0 + 20, "u": 900 + 70 + 20, "v": 100 + 0, "payments": 300}, got
+    # the report's topic view reads them: no fetch's whole bytes under every topic it named
+    view = {r["topic"]: r["bytes_fetched"] for r in clients.topic_view(raw.where(F.col("client_id") == "reader")).collect()}
+    assert view == {"t": 20, "u": 990, "v": 100, "payments": 300}, view
+    # a Produce to two topics: each one's own batches, in the topic view and the produce rates
+    produced = raw.where(F.col("client_id") == "writer")
+    assert {r["topic"]: r["bytes_produced"] for r in clients.topic_view(produced).collect()} == {"t": 450, "u": 50}
+    assert {r["topic"]: r["bytes"] for r in produce_fetch.produce_rate_by_topic(produced).collect()} == {"t": 450, "u": 50}

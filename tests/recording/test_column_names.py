@@ -33,3 +33,14 @@ def test_a_shipped_row_carries_the_ingest_columns_but_the_derived_ones() -> None
         expected = tuple(n for n in ingest_schema(name).names if n not in DERIVED_COLUMNS.get(name, ()))
         assert row_names(name) == expected, name
     assert "latency_us" in COLUMN_NAMES["requests"] and "latency_us" not in row_names("requests")
+
+
+def test_the_readme_tables_are_the_schema_s() -> None:
+    """The README's column tables are `markdown_table`'s: a description changed in one place only drifts."""
+    readme = (Path(schema.__file__).parents[1] / "README.md").read_text()
+    for name in schema.DATASETS:
+        head = f"### `{name}/`\n\n"
+        assert head in readme, f"README has no table for {name}/"
+        start = readme.index(head) + len(head)
+        assert readme[start:readme.index("\n\n", start)] == schema.markdown_table(name).rstrip("\n"), (
+            f"README's {name}/ table is not the schema's: regenerate it with `python -m recording.schema`")

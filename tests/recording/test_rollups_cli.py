@@ -145,3 +145,15 @@ def test_a_file_cut_short_is_named_in_one_line_not_a_traceback(tmp_path: Path) -
         assert result.exit_code == 1, result.output
         assert "Traceback" not in result.output and f"Error: cannot read {cut}" in result.output, result.output
         assert "cut short by a crash" in result.output
+
+
+def test_requests_files_written_before_a_column_was_added_still_roll_up(tmp_path: Path) -> None:
+    """A file of this format from before `topic_record_bytes` existed: the column reads as nulls, as the readers make it."""
+    root = tmp_path / "rec"
+    generate(root, 2000, rollups=False)
+    for path in (root / "requests").rglob("*.parquet"):
+        table = pq.read_table(path, partitioning=None)
+        pq.write_table(table.drop_columns(["topic_record_bytes"]).replace_schema_metadata(table.schema.metadata), path)
+    done = CliRunner().invoke(cli, ["rollups", str(root)])
+    assert done.exit_code == 0, done.output
+    assert coverage_all(root).complete
