@@ -47,24 +47,31 @@ def _with_delivered(asked: list[str], delivered: dict[str, int]) -> list[str]:
     a fetch naming ten topics and receiving one is not split ten ways.
     """
     out = list(asked)
+    seen = set(out)  # a full fetch may name hundreds of topics: no scan of `out` per topic
     for t in delivered:
-        if t not in out:
+        if t not in seen:
+            seen.add(t)
             out.append(t)
     return out
 
 
-def _produced_per_topic(batches: list[BatchSeen], topics: list[str], record_bytes: int) -> list[int] | None:
-    """The batch bytes a Produce sent to each of `topics`, in its order; None unless they add up to the request's.
+def _produced_per_topic(batches: list[BatchSeen], topics: list[str], record_bytes: int,
+                        records: int) -> tuple[list[int] | None, list[int] | None]:
+    """The batch bytes and records a Produce sent to each of `topics`, in its order.
 
-    Why: a producer sends one request per broker for every partition it has a batch for, and an
-    even split of its bytes over their topics would move one topic's traffic onto the others.
+    Each list is None unless it adds up to the request's own figure (a batch the walker could
+    not attribute to a listed topic, a header it could not read). Why: a producer sends one
+    request per broker for every partition it has a batch for, and an even split over their
+    topics would move one topic's traffic onto the others.
     """
-    per: dict[str, int] = {}
+    size: dict[str, int] = {}
+    count: dict[str, int] = {}
     for b in batches:
-        per[b.topic] = per.get(b.topic, 0) + b.batch_bytes
-    if sum(per.values()) != record_bytes:
-        return None
-    return [per.get(t, 0) for t in topics]
+        size[b.topic] = size.get(b.topic, 0) + b.batch_bytes
+        count[b.topic] = count.get(b.topic, 0) + b.record_count
+    by_size = [size.get(t, 0) for t in topics]
+    by_count = [count.get(t, 0) for t in topics]
+    return (by_size if sum(by_size) == record_bytes else None), (by_count if sum(by_count) == records else None)
 
 
 def request_row(
@@ -86,6 +93,7 @@ def request_row(
     throttle = fetched_bytes = producer_id = producer_epoch = None
     delivered: dict[str, int] | None = None  # a Fetch/ShareFetch response's record bytes per topic (when any)
     topic_bytes: list[int] | None = None
+    topic_records: list[int] | None = None
     advertised: list[str] | None = None
     if resp is not None:
         resp_first, resp_last, resp_size, r = resp.first_byte_ns, resp.last_byte_ns, resp.size, resp.summary
@@ -112,25 +120,24 @@ def request_row(
     else:
         resp_first = resp_last = resp_size = None
         note = req.decode_note
+    # names and ids come in one list (ids told by uuid shape); `proxy.topics` names the ids later
+    if delivered is None:
+        topics, topic_ids = split_topics(s.topics if s is not None else ())
+    else:  # a fetch's answer carried records (its request's body may not have been decoded)
+        topics, topic_ids = split_topics(_with_delivered(s.topics if s is not None else [], delivered))
+        if len(topics) > 1:  # one topic: its bytes are the row's
+            topic_bytes = [delivered.get(t, 0) for t in topics]
     if s is None:
         s = _EMPTY
-        topics: list[str] = []
-        topic_ids: list[str] = []
         nbatches = partitions = records = None
         record_bytes = fetched_bytes
     else:
-        # names and ids come in one list (ids told by uuid shape); `proxy.topics` names the ids later
-        if delivered is None:
-            topics, topic_ids = split_topics(s.topics)
-        else:
-            topics, topic_ids = split_topics(_with_delivered(s.topics, delivered))
-            topic_bytes = [delivered.get(t, 0) for t in topics]
         partitions, records = s.partitions, s.records
         batches = s.batches
         nbatches = len(batches)
         record_bytes = s.record_bytes if fetched_bytes is None else fetched_bytes
-        if nbatches > 1 and len(topics) > 1 and delivered is None:  # a Produce to several topics: each one's bytes
-            topic_bytes = _produced_per_topic(batches, topics, record_bytes)
+        if nbatches > 1 and len(topics) > 1 and delivered is None:  # a Produce to several topics: each one's share
+            topic_bytes, topic_records = _produced_per_topic(batches, topics, record_bytes, records)
         if batches and producer_id is None:
             for b in batches:
                 if b.producer_id >= 0:
@@ -170,6 +177,7 @@ def request_row(
         "records": records,
         "record_bytes": record_bytes,
         "topic_record_bytes": topic_bytes,
+        "topic_records": topic_records,
         "compression": _compression(s) if s.batches else None,
         "producer_id": producer_id,
         "producer_epoch": producer_epoch,

@@ -39,6 +39,7 @@ COLUMN_NAMES: dict[str, tuple[str, ...]] = {
         "records",
         "record_bytes",
         "topic_record_bytes",
+        "topic_records",
         "compression",
         "producer_id",
         "producer_epoch",

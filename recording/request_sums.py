@@ -74,7 +74,7 @@ SUMS = {
 INPUT_COLUMNS = ("proxy_id", "conn_id", "client_id", "client_addr", "broker_addr", "api_name", "group_id", "acks",
                  "compression", "status", "req_first_ns", "correlation_id", "api_version", "latency_us", "request_bytes", "response_bytes", "records", "record_bytes",
                  "error_count", "errors", "max_wait_ms", "broker_latency_us", "throttle_ms", "resp_first_ns",
-                 "resp_last_ns", "edit", "topics", "topic_ids", "topic_record_bytes", "bypass", "advertised")
+                 "resp_last_ns", "edit", "topics", "topic_ids", "topic_record_bytes", "topic_records", "bypass", "advertised")
 
 
 def _ns(ts: pa.ChunkedArray | pa.Array) -> pa.Array:
@@ -184,10 +184,13 @@ def topic_sums(t: pa.Table) -> pa.Table:
         "one": _ones(pf.num_rows), "ts": first_ns, "records": pf["records"],
         "has_records": _flag(pc.is_valid(pf["records"])), "record_bytes": record_bytes,
         "split_bytes": pc.divide(record_bytes.cast(pa.float64()), n), "split_records": pc.divide(pf["records"].cast(pa.float64()), n),
-        "rqmax": pf["request_bytes"], "empty": _flag(pc.equal(pc.fill_null(record_bytes, 0), 0)), "lp": _flag(long_poll(pf)),
+        "rqmax": pf["request_bytes"], "lp": _flag(long_poll(pf)),
     }).take(rows)
-    exact = pa.concat_arrays([_delivered_bytes(pf, topics, lengths), pa.nulls(len(no_topic), pa.float64())])
-    work = work.set_column(work.schema.get_field_index("split_bytes"), "split_bytes", pc.coalesce(exact, work["split_bytes"]))
+    for name, given in (("split_bytes", "topic_record_bytes"), ("split_records", "topic_records")):
+        exact = pa.concat_arrays([_per_topic(pf[given], topics, lengths), pa.nulls(len(no_topic), pa.float64())])
+        work = work.set_column(work.schema.get_field_index(name), name, pc.coalesce(exact, work[name]))
+    # empty for this topic: a fetch that brought another topic's records brought this one nothing
+    work = work.append_column("empty", _flag(pc.equal(pc.fill_null(work["split_bytes"], 0.0), 0.0)))
     work = work.append_column("topic", topic)
     return _aggregate(work, spec, {
         "requests": ("one", "sum"), "first_ns": ("ts", "min"), "last_ns": ("ts", "max"), "records": ("records", "sum"),
@@ -197,13 +200,14 @@ def topic_sums(t: pa.Table) -> pa.Table:
     })
 
 
-def _delivered_bytes(pf: pa.Table, topics: pa.Array, lengths: pa.Array) -> pa.Array:
-    """Per entry of the flattened `topics`: the bytes the row's `topic_record_bytes` gives that topic, else null.
+def _per_topic(given: pa.ChunkedArray | pa.Array, topics: pa.Array, lengths: pa.Array) -> pa.Array:
+    """Per entry of the flattened `topics`: the figure the row's list `given` (`topic_record_bytes`,
+    `topic_records`) gives that topic, else null.
 
-    A row's `topic_record_bytes` is aligned with its `topics` (the proxy writes both), so
-    the flattened lists of the rows that have one line up entry for entry.
+    A row's list is aligned with its `topics` (the proxy writes both), so the flattened
+    lists of the rows that have one line up entry for entry.
     """
-    per = pf["topic_record_bytes"].combine_chunks() if isinstance(pf["topic_record_bytes"], pa.ChunkedArray) else pf["topic_record_bytes"]
+    per = given.combine_chunks() if isinstance(given, pa.ChunkedArray) else given
     has = pc.fill_null(pc.equal(pc.list_value_length(per), lengths), False)
     entry_has = pc.take(has, pc.list_parent_indices(topics))
     values = pc.list_flatten(per.filter(has)).cast(pa.float64())

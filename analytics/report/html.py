@@ -315,7 +315,7 @@ def _c_throughput(rows: Rows, bucket_s: int) -> str:
     """Per topic and per client: bytes/s each way and records/s, one line per key (the busiest; the rest as "(others)")."""
     parts = []
     xs = sorted({r["bucket"] for r in rows})  # one time axis for every chart, so they line up
-    for by, what in (("topic", "Per topic (record bytes; a request naming several topics is split evenly)"),
+    for by, what in (("topic", "Per topic (record bytes; each topic's own share of a request naming several)"),
                      ("client", "Per client (whole requests and responses)")):
         rs = [r for r in rows if r.get("by") == by]
         if not rs:

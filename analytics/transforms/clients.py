@@ -93,9 +93,12 @@ def client_inventory(rollup: DataFrame, topics: DataFrame, conns: DataFrame,
     ).orderBy(F.desc("requests"), F.desc("bytes_per_s"), "client_id")
 
 
-def _topic_bytes(which: Column) -> Column:
-    """The topic rollup's per-topic record bytes (`fetch_bytes_split`) of the rows `which` selects, whole bytes."""
-    return F.round(F.sum(F.when(which, F.coalesce(F.col("fetch_bytes_split"), F.lit(0.0))).otherwise(0.0))).cast("long")
+def _topic_own(which: Column, share: str) -> Column:
+    """A topic rollup's per-topic share (`fetch_bytes_split`, `split_records`) of the rows `which` selects, rounded.
+
+    Why not `record_bytes`/`records`: those are the whole request's, counted under every topic it named.
+    """
+    return F.round(F.sum(F.when(which, F.coalesce(F.col(share), F.lit(0.0))).otherwise(0.0))).cast("long")
 
 
 def topic_view(topics: DataFrame) -> DataFrame:
@@ -107,10 +110,9 @@ def topic_view(topics: DataFrame) -> DataFrame:
         F.array_sort(F.collect_set(F.when(~produce, F.col("client_id")))).alias("consumers"),
         F.sum(F.when(produce, F.col("requests")).otherwise(0)).alias("produce_requests"),
         F.sum(F.when(~produce, F.col("requests")).otherwise(0)).alias("fetch_requests"),
-        F.sum(F.when(produce, F.coalesce(F.col("records"), F.lit(0))).otherwise(0)).alias("records_produced"),
-        # each topic's own bytes (a multi-topic request's whole bytes would count under every topic it named)
-        _topic_bytes(produce).alias("bytes_produced"),
-        _topic_bytes(~produce).alias("bytes_fetched"),
+        _topic_own(produce, "split_records").alias("records_produced"),
+        _topic_own(produce, "fetch_bytes_split").alias("bytes_produced"),
+        _topic_own(~produce, "fetch_bytes_split").alias("bytes_fetched"),
     ).withColumn("producer_count", F.size("producers")).withColumn("consumer_count", F.size("consumers")).orderBy(
         F.desc("bytes_produced"), "topic"
     )

@@ -134,7 +134,7 @@ def prepare_requests(req: DataFrame) -> DataFrame:
         F.col("req_first_ns").alias("ts_ns"), "resp_first_ns", "resp_last_ns",
         "latency_us", "broker_latency_us",
         (F.coalesce(F.col("proxy_req_delay_us"), F.lit(0)) + F.coalesce(F.col("proxy_resp_delay_us"), F.lit(0))).alias("proxy_delay_us"),
-        "acks", "topics", "records", "record_bytes", "topic_record_bytes", "compression", "max_wait_ms", "group_id",
+        "acks", "topics", "records", "record_bytes", "topic_record_bytes", "topic_records", "compression", "max_wait_ms", "group_id",
         "client_software_name", "client_software_version", "throttle_ms", "error_count", "errors", "bypass", "advertised",
         "edit", "producer_id",  # injected faults (issue 17: analytics.transforms.faults)
         host(F.col("client_addr")).alias("client_host"),

@@ -44,7 +44,8 @@ def throughput_over_time(traffic: DataFrame, topics: DataFrame, bucket_s: int) -
 
     A client's bytes are its request and response frames; a topic's are the
     record batches produced to it (client → broker) and fetched from it
-    (broker → client), a multi-topic request's split evenly over its topics.
+    (broker → client), each topic's own share of a request naming several
+    (`rollups.topic_rollup`: as the row gives it, else an even split).
     Records are the produced ones (Fetch responses are summarized in bytes).
     Read from the rollups (`rollups.traffic_over_time`, and `rollups.topic_rollup`
     made with the same `bucket_s`), not from the requests: no scan of its own.

@@ -45,7 +45,8 @@ def produce_batches(topics: DataFrame, views: DataFrame) -> DataFrame:
     agg = _produce(topics).where(F.col("topic").isNotNull()).groupBy("topic").agg(
         F.sum("requests").alias("requests"),
         F.max("max_request_bytes").alias("max_request_bytes"),
-        F.round(F.sum("records") / F.sum("requests_with_records"), 1).alias("avg_records_per_request"),
+        # the topic's own records of each request (a request to several topics: its share)
+        F.round(F.sum("split_records") / F.sum("requests_with_records"), 1).alias("avg_records_per_request"),
         F.array_sort(F.collect_set("compression")).alias("compression"),
     )
     q = view(views, "produce_topic", "request_bytes").select(F.col("k1").alias("topic"), "p50_us", "p99_us")
@@ -66,8 +67,8 @@ def produce_rate_by_topic(topics: DataFrame, spans: Sequence[RunSpan] | None = N
     no proxy run was recording (`spans`: the runs' spans, stretches.collect_spans)."""
     p = _produce(topics).where(F.col("topic").isNotNull())
     return p.groupBy("topic").agg(
-        F.sum("records").alias("records"),
-        F.round(F.sum("fetch_bytes_split")).cast("long").alias("bytes"),  # the topic's own batches' bytes
+        F.round(F.sum("split_records")).cast("long").alias("records"),  # the topic's own batches' records and bytes
+        F.round(F.sum("fetch_bytes_split")).cast("long").alias("bytes"),
         F.countDistinct("client_id").alias("producers"),
         _span_s(spans).alias("span_s"),
     ).select("topic", "records", "bytes", "producers", F.round(F.col("records") / F.col("span_s"), 2).alias("records_per_s"),

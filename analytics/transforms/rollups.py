@@ -84,23 +84,31 @@ def request_rollup(req: DataFrame) -> DataFrame:
 def topic_rollup(req: DataFrame, bucket_s: int | None = None) -> DataFrame:
     """Produce and Fetch per client, API and topic (and time bucket `b`); a Fetch without topics gets topic null.
 
-    A fetch's record bytes go to each topic as its response carried them
-    (`topic_record_bytes`) in `fetch_bytes_split`; a request without them (a
-    Produce, an older recording) is split evenly over its topics there and in
-    `split_records`, while `record_bytes` keeps the whole request's figure for
-    per-topic totals. With `bucket_s` the rows are also per bucket index `b`:
-    every measure is a sum, minimum or maximum, so the tables that group by
-    client or topic get the same answer, and the throughput chart needs no
-    scan of its own.
+    A row's record bytes and records go to each topic as the row gives them
+    (`topic_record_bytes`, `topic_records`: a fetch's as its response carried
+    them, a multi-topic Produce's batches) in `fetch_bytes_split` and
+    `split_records`; a row without them (one topic, an older recording) is split
+    evenly over its topics, while `record_bytes` keeps the whole request's
+    figure. `empty` counts, per topic, the requests that brought it no records.
+    With `bucket_s` the rows are also per bucket index `b`: every measure is a
+    sum, minimum or maximum, so the tables that group by client or topic get the
+    same answer, and the throughput chart needs no scan of its own.
     """
     n = F.greatest(F.size("topics"), F.lit(1))
-    # a fetch's own bytes per topic where the proxy recorded them (aligned with `topics`), else an even split
-    aligned = F.when(F.size("topic_record_bytes") == F.size("topics"), F.col("topic_record_bytes"))
+    given = {c: F.when(F.size(c) == F.size("topics"), F.col(c)) for c in ("topic_record_bytes", "topic_records")}
+    # one struct per topic carrying its own figures (an exploded row does not drag the row's whole lists along)
+    entries = F.transform("topics", lambda t, i: F.struct(
+        t.alias("topic"), F.get(given["topic_record_bytes"], i).cast("double").alias("bytes"),
+        F.get(given["topic_records"], i).cast("double").alias("records")))
     pf = req.where(F.col("api_name").isin("Produce", *FETCH_APIS)).select(
         "client_id", "client_host", "api_name", "compression", "ts_ns", "request_bytes", "records", "record_bytes", "long_poll",
-        (F.col("record_bytes") / n).alias("even_bytes"), (F.col("records") / n).alias("split_records"),
-        aligned.alias("aligned"), F.posexplode_outer("topics").alias("pos", "topic"),
-    ).withColumn("split_bytes", F.coalesce(F.get("aligned", "pos").cast("double"), F.col("even_bytes")))
+        (F.col("record_bytes") / n).alias("even_bytes"), (F.col("records") / n).alias("even_records"),
+        F.explode_outer(entries).alias("e"),
+    ).select(
+        "client_id", "client_host", "api_name", "compression", "ts_ns", "request_bytes", "records", "record_bytes", "long_poll",
+        F.col("e.topic").alias("topic"), F.coalesce(F.col("e.bytes"), F.col("even_bytes")).alias("split_bytes"),
+        F.coalesce(F.col("e.records"), F.col("even_records")).alias("split_records"),
+    )
     keys = ["client_id", "client_host", "api_name", "topic", "compression"]
     if bucket_s is not None:
         pf = pf.withColumn("b", time_bucket_index("ts_ns", bucket_s))
@@ -115,7 +123,7 @@ def topic_rollup(req: DataFrame, bucket_s: int | None = None) -> DataFrame:
         F.sum("split_bytes").alias("fetch_bytes_split"),
         F.sum("split_records").alias("split_records"),
         F.max("request_bytes").alias("max_request_bytes"),
-        F.sum((_zero("record_bytes") == 0).cast("long")).alias("empty"),
+        F.sum((F.coalesce(F.col("split_bytes"), F.lit(0.0)) == 0).cast("long")).alias("empty"),
         F.sum(F.col("long_poll").cast("long")).alias("long_polls"),
     )
 

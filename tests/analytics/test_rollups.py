@@ -166,7 +166,8 @@ SUM_ROWS = EDGE_ROWS + [
     req("c5", 4, "Fetch", t_s=23, topics=["8f1c2f0e-1111-4222-8333-944445555666"], topic_ids=["8f1c2f0e-1111-4222-8333-944445555666"],
         errors=[_err("UNKNOWN_TOPIC_ID", "8f1c2f0e-1111-4222-8333-944445555666")], error_count=1),
     *[req("c6", i, "Fetch", t_s=30 + i, client="reader", **kw) for i, kw in enumerate(_PER_TOPIC, 1)],
-    req("c7", 1, "Produce", t_s=40, client="writer", topics=["t", "u"], record_bytes=500, topic_record_bytes=[450, 50]),
+    req("c7", 1, "Produce", t_s=40, client="writer", topics=["t", "u"], record_bytes=500, topic_record_bytes=[450, 50],
+        records=10, topic_records=[9, 1]),
 ]
 
 
@@ -393,13 +394,16 @@ def test_a_fetch_s_bytes_go_to_each_topic_as_its_response_carried_them(spark, tm
     raw = rollups.topic_rollup(prepare_requests(rec.requests), 300)
     summed = rollups.topic_rollup_from_sums(_read_stored(spark, root)["topic_sums"], 300, rec.topic_names)
     for df in (raw, summed):
-        got = {r["topic"]: r["b"] for r in df.where(F.col("client_id") == "reader").groupBy("topic").agg(
-            F.sum("fetch_bytes_split").alias("b")).collect()}
-        assert got == {"t": 0 + 0 + 20, "u": 900 + 70 + 20, "v": 100 + 0, "payments": 300}, got
+        got = {r["topic"]: (r["b"], r["e"]) for r in df.where(F.col("client_id") == "reader").groupBy("topic").agg(
+            F.sum("fetch_bytes_split").alias("b"), F.sum("empty").alias("e")).collect()}
+        # (bytes, fetches that brought the topic nothing): t got nothing in two of its fetches, v in one
+        assert got == {"t": (0 + 0 + 20, 2), "u": (900 + 70 + 20, 0), "v": (100 + 0, 1), "payments": (300, 0)}, got
     # the report's topic view reads them: no fetch's whole bytes under every topic it named
     view = {r["topic"]: r["bytes_fetched"] for r in clients.topic_view(raw.where(F.col("client_id") == "reader")).collect()}
     assert view == {"t": 20, "u": 990, "v": 100, "payments": 300}, view
     # a Produce to two topics: each one's own batches, in the topic view and the produce rates
     produced = raw.where(F.col("client_id") == "writer")
-    assert {r["topic"]: r["bytes_produced"] for r in clients.topic_view(produced).collect()} == {"t": 450, "u": 50}
-    assert {r["topic"]: r["bytes"] for r in produce_fetch.produce_rate_by_topic(produced).collect()} == {"t": 450, "u": 50}
+    assert {r["topic"]: (r["bytes_produced"], r["records_produced"]) for r in clients.topic_view(produced).collect()} == {
+        "t": (450, 9), "u": (50, 1)}
+    assert {r["topic"]: (r["bytes"], r["records"]) for r in produce_fetch.produce_rate_by_topic(produced).collect()} == {
+        "t": (450, 9), "u": (50, 1)}

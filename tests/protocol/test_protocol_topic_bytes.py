@@ -47,7 +47,8 @@ def _row(version: int, asked: list[str], answered: list[tuple[str, int, bytes]])
 
 def test_a_poll_that_named_nothing_is_filed_under_the_topics_it_received() -> None:
     row = _row(12, [], [("orders", 0, b"r" * 300), ("idle", 0, b""), ("gone", 3, b"")])
-    assert (row["topics"], row["record_bytes"], row["topic_record_bytes"]) == (["orders"], 300, [300])
+    # one topic: its bytes are the row's, no list needed
+    assert (row["topics"], row["record_bytes"], row["topic_record_bytes"]) == (["orders"], 300, None)
 
 
 def test_the_request_topics_come_first_and_no_topic_twice() -> None:
@@ -62,6 +63,9 @@ def test_the_request_topics_come_first_and_no_topic_twice() -> None:
 def test_modern_fetches_add_the_id_for_the_proxy_to_name(asked: list[str]) -> None:
     row = _row(16, asked, [(TOPIC_ID, 0, b"r" * 40)])
     assert (row["topics"], row["topic_ids"]) == ([TOPIC_ID], [TOPIC_ID])
+    other = "0f1c2f0e-1111-4222-8333-944445555666"
+    row = _row(16, asked, [(TOPIC_ID, 0, b"r" * 40), (other, 0, b"s" * 2)])
+    assert (row["topics"], row["topic_ids"], row["topic_record_bytes"]) == ([TOPIC_ID, other], [TOPIC_ID, other], [40, 2])
 
 
 def test_a_poll_that_received_nothing_names_nothing() -> None:
@@ -94,8 +98,9 @@ def test_a_produce_to_several_topics_says_each_one_s_batch_bytes(version: int) -
     row = _produce_row(version, [(a, 0, big), (b, 0, other), (a, 1, small)])
     assert row["topics"] == [a, b] and row["record_bytes"] == len(big) + len(small) + len(other)
     assert row["topic_record_bytes"] == [len(big) + len(small), len(other)]
+    assert (row["records"], row["topic_records"]) == (26, [21, 5])
 
 
 def test_a_produce_to_one_topic_needs_no_split() -> None:
     row = _produce_row(9, [("orders", 0, records(3)), ("orders", 1, records(3))])
-    assert (row["topics"], row["topic_record_bytes"]) == (["orders"], None)
+    assert (row["topics"], row["topic_record_bytes"], row["topic_records"]) == (["orders"], None, None)
