@@ -104,13 +104,19 @@ def request_row(
                            "resource": e.resource} for e in r.errors]
             if r.fetched:
                 fetched_bytes = 0
+                only: str | None = None  # the one topic with records, until a second one makes `delivered`
                 for p in r.fetched:
-                    if p.records_bytes:
-                        fetched_bytes += p.records_bytes
-                        if delivered is None:
-                            delivered = {p.topic: p.records_bytes}
-                        else:
-                            delivered[p.topic] = delivered.get(p.topic, 0) + p.records_bytes
+                    got = p.records_bytes
+                    if got:
+                        if delivered is not None:
+                            delivered[p.topic] = delivered.get(p.topic, 0) + got
+                        elif only is None:
+                            only = p.topic
+                        elif p.topic != only:
+                            delivered = {only: fetched_bytes, p.topic: got}
+                        fetched_bytes += got
+                if only is not None and delivered is None:
+                    delivered = {only: fetched_bytes}
             producer_id, producer_epoch = r.producer_id, r.producer_epoch
             if r.brokers or r.coordinator:  # what the client was told to connect to (proxy.bypass checks it)
                 advertised = list(r.brokers)  # "node_id@host:port": the report names brokers by id too
@@ -124,7 +130,11 @@ def request_row(
     if delivered is None:
         topics, topic_ids = split_topics(s.topics if s is not None else ())
     else:  # a fetch's answer carried records (its request's body may not have been decoded)
-        topics, topic_ids = split_topics(_with_delivered(s.topics if s is not None else [], delivered))
+        asked = s.topics if s is not None else []
+        if len(delivered) == 1 and next(iter(delivered)) in asked:  # the usual fetch: it got what it named
+            topics, topic_ids = split_topics(asked)
+        else:
+            topics, topic_ids = split_topics(_with_delivered(asked, delivered))
         if len(topics) > 1:  # one topic: its bytes are the row's
             topic_bytes = [delivered.get(t, 0) for t in topics]
     if s is None:
