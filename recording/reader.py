@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # imported where a dataset is opened: the recording writer pr
 
 __all__ = ["RecordingFormatError", "Migration", "MIGRATIONS", "PARTITION_SCHEMA", "LiveFiles", "live_files",
            "recording_files", "footer_metadata", "file_version", "sampled_footers", "dataset_version", "read_recording",
-           "open_recording", "recording_start"]
+           "open_recording", "recording_start", "conform"]
 
 PARTITION_SCHEMA = pa.schema([("proxy", pa.string()), ("date", pa.string()), ("hour", pa.int32())])
 
@@ -221,11 +221,15 @@ def dataset_version(listing: LiveFiles, sample: int = 16,
     return version, migrations_from(version, listing.spelled_base)
 
 
-def _conform(table: pa.Table, dataset: str, steps: list[Migration]) -> pa.Table:
-    """Migrate, then exactly the current schema: absent columns as nulls, other types cast."""
+def conform(table: pa.Table, dataset: str, steps: Sequence[Migration] = (),
+            columns: Sequence[str] | None = None) -> pa.Table:
+    """Migrate, then exactly the current schema (or its `columns`, in that order): absent columns as nulls, other
+    types cast. Why one place: the reader and the rollup writer must read an older file's missing column alike."""
     for step in steps:
         table = step.to_arrow(table, dataset)
     target = arrow_schema(dataset)
+    if columns is not None:
+        target = pa.schema([target.field(c) for c in columns])
     if table.schema == target:
         return table
     cols = []
@@ -262,7 +266,7 @@ def read_recording(root: Path | str, dataset: str = "requests", *, with_partitio
         with listing.filesystem.open_input_file(path) as f:
             pf = _open_parquet(f, where)
             steps = migrations_from(version_of(pf.metadata.metadata, where), where)
-            t = _conform(pf.read(), dataset, steps)
+            t = conform(pf.read(), dataset, steps)
         if filter is not None:
             t = t.filter(filter)
         if with_partitions:

@@ -39,7 +39,8 @@ from recording import latency_cells as cells_mod
 from recording import request_sums as sums_mod
 from recording.files import META_PROXY, META_RUN, META_SEQ, ParquetOptions, file_metadata, write_atomic
 from recording.layout import file_range, live_names, merged_name
-from recording.reader import LiveFiles, RecordingFormatError, dataset_version, file_version, live_files, sampled_footers
+from recording.reader import (LiveFiles, RecordingFormatError, conform, dataset_version, file_version, live_files,
+                              sampled_footers)
 from recording.schema import DERIVED_DATASETS, FIRST_ROLLUP_VERSION, FORMAT_VERSION, ROLLUP_KEY, ROLLUP_VERSION, arrow_schema
 
 __all__ = ["CELLS", "META_SOURCE_ROWS", "BATCH_ROWS", "rollup_version", "derived_path", "write_rollups", "merge_hour",
@@ -130,13 +131,9 @@ def write_rollups(requests_file: Path, fsync: bool = True) -> list[Path]:
     md = pf.schema_arrow.metadata or {}
     held: dict[str, list[pa.Table]] = {name: [] for name in DERIVED}
     rows = 0
-    present = [c for c in INPUT_COLUMNS if c in pf.schema_arrow.names]
-    # a column added to the format since the file was written is null in it, as the readers' conform step makes it
-    absent = [arrow_schema("requests").field(c) for c in INPUT_COLUMNS if c not in present]
-    for batch in pf.iter_batches(batch_size=BATCH_ROWS, columns=present):
-        table = pa.Table.from_batches([batch])
-        for f in absent:
-            table = table.append_column(f.name, pa.nulls(batch.num_rows, f.type))
+    for batch in pf.iter_batches(batch_size=BATCH_ROWS, columns=INPUT_COLUMNS):
+        # a column added to the format since the file was written reads as nulls, as the readers make it
+        table = conform(pa.Table.from_batches([batch]), "requests", columns=INPUT_COLUMNS)
         rows += batch.num_rows
         for name, d in DERIVED.items():
             held[name] = _fold(d, held[name], d.compute(table))
