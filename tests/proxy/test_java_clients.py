@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from harness.java_clients import JavaClients
+from harness.java_clients import JavaClients, JavaTool
 from harness.jars import INCIDENT_VERSION
 from protocol.apis import APIS
 from proxy.running import RunningProxy
@@ -67,6 +67,22 @@ def _run_all(j: JavaClients, *tools) -> None:
         j.run(tool).check()
 
 
+def _run_until_done(j: JavaClients, tool: JavaTool, sink: Any, ready: Any, late: JavaTool) -> None:
+    """Start `tool` (a consumer), wait until the rows show it `ready`, run `late` (the producer it waits for), then
+    wait for `tool` to end by itself: it must exit 0 (killed if anything before fails)."""
+    proc = j.start(tool)
+    err = ""
+    try:
+        sink.wait_for(ready, timeout=60)
+        j.run(late).check()
+        _, err = proc.communicate(timeout=tool.timeout_s)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err[-2000:]
+
+
 def check_with_tshark(pcap: Path, port: int, min_headers: int, min_topics: int) -> None:
     """The tshark oracle over the Java clients' connections (captured on the proxy's client side).
 
@@ -105,16 +121,8 @@ def test_java_4x_clients_through_the_proxy(proxied_kafka, topic_name, sink, tmp_
         # share consumer: a share group starts at the latest offset, so produce once it is running
         share = j.share_consumer(topic_name, f"gsh-{topic_name}", max_messages=5,
                                  props={"client.id": "java-share"}, timeout_ms=60_000)
-        proc = j.start(share)
-        try:
-            sink.wait_for(lambda s: any(r["api_name"] == "ShareFetch" for r in s.requests), timeout=60)
-            j.run(j.producer_perf(topic_name, 20, props={"client.id": "java-late"})).check()
-            out, err = proc.communicate(timeout=share.timeout_s)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        assert proc.returncode == 0, err[-2000:]
+        _run_until_done(j, share, sink, lambda s: any(r["api_name"] == "ShareFetch" for r in s.requests),
+                        j.producer_perf(topic_name, 20, props={"client.id": "java-late"}))
     apis = Counter((r["api_name"], r["client_id"]) for r in sink.requests)
     print("opaque APIs:", sorted(opaque_apis(sink)),
           "rows named only late:", sum(any(is_topic_id(t) for t in r["topics"]) for r in sink.requests))
@@ -166,18 +174,11 @@ def test_records_an_idle_consumer_long_poll_receives_are_filed_under_their_topic
         j.run(j.topics("--create", "--topic", topic_name, "--partitions", "1", "--replication-factor", "1")).check()
         cons = j.console_consumer(topic_name, group=f"gidle-{topic_name}", protocol="consumer", max_messages=3,
                                   props={"client.id": "java-idle", "fetch.max.wait.ms": 5000})
-        proc = j.start(cons)
-        try:
-            # idle: its long polls name nothing once the session holds the partition
-            sink.wait_for(lambda s: any(r["api_name"] == "Fetch" and r["client_id"] == "java-idle" and not r["topics"]
-                                        and r["fetch_session_epoch"] > 0 for r in s.requests), timeout=60)
-            j.run(j.producer_perf(topic_name, 3, throughput=1, props={"client.id": "java-late"})).check()
-            out, err = proc.communicate(timeout=cons.timeout_s)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        assert proc.returncode == 0, err[-2000:]
+        # idle: its long polls name nothing once the session holds the partition
+        _run_until_done(j, cons, sink, lambda s: any(r["api_name"] == "Fetch" and r["client_id"] == "java-idle"
+                                                     and not r["topics"] and r["fetch_session_epoch"] > 0
+                                                     for r in s.requests),
+                        j.producer_perf(topic_name, 3, throughput=1, props={"client.id": "java-late"}))
     fetches = [r for r in sink.requests if r["api_name"] == "Fetch" and r["client_id"] == "java-idle"]
     delivered = [r for r in fetches if r["record_bytes"]]
     assert delivered, [(r["topics"], r["record_bytes"]) for r in fetches]
