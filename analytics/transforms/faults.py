@@ -22,8 +22,9 @@ and detail), injections with no successful request of that API between them
 episode; it ends at the first such success after its last injection (for a
 rule that matched topics, `on=`, a success on one of them: a client whose
 other topics go through is still in the outage; the request rows name no
-partitions, so a `partition=` rule's episode ends at a success on its topic)
-— the
+partitions, so a `partition=` rule's episode ends at a success on its topic;
+for a delay, sooner at its last held request's answer when that was a success:
+a delay refuses nothing) — the
 client recovered, `time_to_recover_ms` after each injection (after the first:
 the outage the client saw; after the last: how fast it came back once the
 fault stopped) — or, with none within `WINDOW_S` after the last injection,
@@ -129,7 +130,7 @@ def injected_faults(req: DataFrame) -> DataFrame:
     """
     f = req.where(F.col("edit").isNotNull() & F.col("edit").contains("fault#")).select(
         "conn_id", "client_id", "client_software_name", "api_name", "ts_ns", "topics", "records", "record_bytes",
-        "producer_id", "answered", "latency_us", "edit",
+        "producer_id", "answered", "latency_us", "error_count", "edit",
         F.col("correlation_id").alias("fault_correlation_id"),
         F.explode(F.split("edit", "; ")).alias("note"),
     ).where(F.col("note").startswith("fault#") & ~_moot(F.col("note"), F.col("edit")))
@@ -143,6 +144,18 @@ def injected_faults(req: DataFrame) -> DataFrame:
         _part(F.col("note"), 6).alias("broker_error"),
         _note_applied(F.col("note"), F.col("edit")).alias("applied"),
     ).drop("note")
+
+
+def _held_answer_ns() -> Column:
+    """When a delay's held request reached the client as a success (null for every other injection).
+
+    A delay refuses nothing: once the held answer arrives, the client is through. Without this, a client that
+    sent nothing more of that API (a producer whose process ended) stayed "in the outage" for `WINDOW_S`, and its
+    window took in whatever the same client id did next — a later process's reconnects and requests.
+    """
+    good = (F.col("kind") == "delay") & F.coalesce(F.col("answered"), F.lit(False)) \
+        & (F.coalesce(F.col("error_count"), F.lit(0)) == 0)
+    return F.when(good, F.col("ts_ns") + F.col("latency_us") * 1000)
 
 
 def _episodes(faults: DataFrame, ok: DataFrame) -> DataFrame:
@@ -163,11 +176,15 @@ def _episodes(faults: DataFrame, ok: DataFrame) -> DataFrame:
     prev_ts, prev_ok = F.lag("ts_ns").over(w), F.lag("is_ok").over(w)
     next_ts, next_ok = F.lead("ts_ns").over(w), F.lead("is_ok").over(w)
     near = next_ts.isNotNull() & (next_ts - F.col("ts_ns") <= WINDOW_NS)
-    e = events.select(
+    # only an episode's last injection has one: the next success, or sooner the held answer of a last delay
+    own = F.col("own_answer_ns")
+    recovers = F.when(near & (next_ok == 1), F.least(next_ts, own)).when(~near, own)
+    e = events.withColumn("own_answer_ns", _held_answer_ns()).select(
         "*",
         (prev_ts.isNull() | (prev_ok == 1) | (F.col("ts_ns") - prev_ts > WINDOW_NS)).cast("int").alias("starts"),
-        F.when(near, next_ts).otherwise(F.col("ts_ns") + WINDOW_NS).alias("window_end_ns"),
-        F.when(near & (next_ok == 1), next_ts).alias("recovers_ns"),  # only an episode's last injection has one
+        F.when(near & (next_ok == 0), next_ts).otherwise(F.coalesce(recovers, F.col("ts_ns") + WINDOW_NS))
+        .alias("window_end_ns"),
+        recovers.alias("recovers_ns"),
     ).where(F.col("is_ok") == 0)
     w_inj = Window.partitionBy(*part).orderBy("ts_ns").rowsBetween(Window.unboundedPreceding, Window.currentRow)
     e = e.withColumn("episode", F.sum("starts").over(w_inj).cast("int"))
@@ -178,7 +195,7 @@ def _episodes(faults: DataFrame, ok: DataFrame) -> DataFrame:
         F.count(F.lit(1)).over(w_ep).alias("episode_faults"),
         F.max("recovers_ns").over(w_ep).alias("recovered_ns"),
         F.max("ts_ns").over(w_ep).alias("episode_last_ns"),
-    ).drop("is_ok", "starts", "recovers_ns")
+    ).drop("is_ok", "starts", "recovers_ns", "own_answer_ns")
 
 
 def fault_reactions(req: DataFrame) -> DataFrame:

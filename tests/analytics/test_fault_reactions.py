@@ -194,6 +194,32 @@ def test_delay_and_drop_are_worded_by_what_they_do(make_df) -> None:
     assert "recovered" not in f.title + f.summary
 
 
+def test_a_delay_s_episode_ends_at_its_last_held_answer(make_df) -> None:
+    """A producer whose every Produce was held (and answered) then ended; 30 s later a new process with the same
+    client id connected: its reconnect and requests were counted as the delay's reaction (the episode waited for
+    an untouched success for up to 120 s). The client was through when its last held answer arrived."""
+    held = "fault#1 delay=200ms"
+    rows = [req("k1", 1, "ApiVersions", t_s=0, client="kp", client_software_name="kafka-python"),
+            req("k1", 2, "Produce", t_s=1.0, client="kp", lat_us=201_000, edit=held),
+            req("k1", 3, "Metadata", t_s=1.1, client="kp"),
+            req("k1", 4, "Produce", t_s=1.5, client="kp", lat_us=202_000, edit=held),
+            req("k2", 1, "Metadata", t_s=31.0, client="kp"),  # the next process
+            req("k2", 2, "Produce", t_s=31.2, client="kp"),
+            # a held request answered with an error is no way out: the next success ends that episode
+            req("e1", 1, "ApiVersions", t_s=0, client="er", client_software_name="librdkafka"),
+            req("e1", 2, "Produce", t_s=1.0, client="er", lat_us=200_000, errors=NL, error_count=1, edit=held),
+            req("e1", 3, "Produce", t_s=2.0, client="er")]
+    reactions, by_lib, _ = _tables(make_df, rows)
+    kp = [x for x in reactions if x["client_id"] == "kp"]
+    assert [(x["episode"], x["episode_index"], x["recovered"], x["time_to_recover_ms"]) for x in kp] == [
+        (1, 1, True, 702.0), (1, 2, True, 202.0)]
+    assert sum(x["reconnects"] for x in kp) == 0 and sum(x["requests_in_window"] for x in kp) == 2
+    er = next(x for x in reactions if x["client_id"] == "er")
+    assert (er["recovered"], er["time_to_recover_ms"], er["retries"]) == (True, 1000.0, 1)
+    row = next(x for x in by_lib if x["client_id"] == "kp")
+    assert (row["episodes"], row["episodes_recovered"], row["after_last_max_ms"]) == (1, 1, 202.0)
+
+
 def test_a_topic_rules_episode_ends_only_at_a_success_on_its_topics(make_df) -> None:
     """error=Produce:…,topic=orders: a producer whose `audit` batches went through while `orders` kept failing was
     reported recovered at its first `audit` success; only a success on `orders` ends the episode."""
