@@ -28,8 +28,12 @@ def _facts() -> ConnectionFacts:
                            client_addr="127.0.0.1:5000", broker_addr="127.0.0.1:9092")
 
 
-def _row(version: int, asked: list[str], answered: list[tuple[str, int, bytes]]) -> dict:
-    """The requests row of one Fetch naming `asked` and its answer: (topic, error code, records) per partition."""
+def _row(version: int, asked: list[str], answered: list[tuple[str, int, bytes]], cut: int = 0) -> dict:
+    """The requests row of one Fetch naming `asked` and its answer: (topic, error code, records) per partition.
+
+    `cut`: bytes taken off the end of the request body (its frame size shrunk to match): its walk fails, and
+    the stream, told to mark such a frame and go on (`body_errors="frame"`), still decodes the answer.
+    """
     key = "topic_id" if version >= 13 else "topic"
     request = encode_request(FETCH, version, 3, "c", {
         **({"replica_id": -1} if version < 15 else {}), "max_wait_ms": 500, "min_bytes": 1, "max_bytes": 1 << 20, "isolation_level": 0,
@@ -40,9 +44,20 @@ def _row(version: int, asked: list[str], answered: list[tuple[str, int, bytes]])
         "throttle_time_ms": 0, "error_code": 0, "session_id": 9,
         "responses": [{key: t, "partitions": [{"partition_index": 0, "error_code": code, "high_watermark": 10,
                                                 "records": records}]} for t, code, records in answered]})
-    rq, rs = feed(request, response)[:2]
+    if cut:
+        request = (len(request) - 4 - cut).to_bytes(4, "big") + request[4:-cut]
+    rq, rs = feed(request, response, body_errors="frame" if cut else "stream")[:2]
     assert isinstance(rq, RequestSeen) and isinstance(rs, ResponseSeen) and rs.decode_note is None
     return request_row(_facts(), rq, rs, rq.last_byte_ns, rs.last_byte_ns, "answered")
+
+
+def test_a_fetch_whose_request_was_not_decoded_is_filed_under_what_its_answer_carried() -> None:
+    """The request's body walk failed (here: its last bytes missing), so it names no topic; the answer still does."""
+    row = _row(12, ["orders"], [("orders", 0, b"r" * 30)], cut=3)
+    assert row["decode_note"] is not None and row["partitions"] is None  # the request really was not decoded
+    assert (row["topics"], row["record_bytes"], row["topic_record_bytes"]) == (["orders"], 30, None)
+    row = _row(12, ["orders", "audit"], [("orders", 0, b"r" * 30), ("audit", 0, b"s" * 4)], cut=3)
+    assert (row["topics"], row["record_bytes"], row["topic_record_bytes"]) == (["orders", "audit"], 34, [30, 4])
 
 
 def test_a_poll_that_named_nothing_is_filed_under_the_topics_it_received() -> None:
