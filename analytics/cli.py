@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -317,7 +318,7 @@ def _compare_only(ctx: click.Context, *params: tuple[str, str]) -> None:
 
 
 def _make_out(out: str, created: Path | None) -> None:
-    """Create OUT (run_analysis would, after the JVM's start) and say in one line, exit 2, why it cannot be made.
+    """Create OUT (run_analysis would, after the JVM's start) and say in one line, exit 2, why it cannot be made or written.
 
     Before, `--out /proc/x`, an OUT under a regular file or under a directory without write permission
     ended, after Spark's start, in a traceback (FileNotFoundError, NotADirectoryError, PermissionError).
@@ -334,6 +335,11 @@ def _make_out(out: str, created: Path | None) -> None:
             _drop_if_empty(str(made), created)
         where = "" if culprit is None or Path(culprit).absolute() == Path(out).absolute() else f"{culprit}: "
         raise OneLineError(f"--out {out} cannot be created ({where}{exc.strerror or exc})") from None
+    try:  # an OUT that exists but takes no files (read-only mount, /sys) was found at the report's first write
+        tempfile.TemporaryFile(dir=out).close()
+    except OSError as exc:
+        _drop_if_empty(out, created)
+        raise OneLineError(f"--out {out} cannot be written ({exc.strerror or exc})") from None
 
 
 def _first_missing(out: str) -> Path | None:

@@ -240,3 +240,12 @@ def test_an_out_that_cannot_be_made_is_said_in_one_line_before_spark(tmp_path, f
     assert res.output.strip().splitlines() == [f"Error: --out {out} cannot be created ({reason.format(tmp_path=tmp_path)})"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "rec"]  # `new` went again
     assert (tmp_path / "afile").read_text() == "a file, not a directory"
+
+
+def test_an_out_that_exists_but_takes_no_files_is_said_before_spark(tmp_path, fake_job) -> None:
+    """/sys/kernel exists and refuses new files even to root: that was found at the report's first write, after
+    the JVM had started and the passes had run; now before, in one line."""
+    _recording(tmp_path / "rec")
+    res = _invoke(str(tmp_path / "rec"), "--out", "/sys/kernel")
+    assert res.exit_code == 2 and not fake_job[0], res.output
+    assert res.output.strip().splitlines() == ["Error: --out /sys/kernel cannot be written (Permission denied)"]
