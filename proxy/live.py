@@ -29,7 +29,7 @@ import click
 
 from protocol.error_kinds import ERROR, RETRIABLE
 from proxy.bypass import top_line as bypass_top_line
-from proxy.metrics import MAX_TOPICS_MORE, ROLE_NAMES
+from proxy.metrics import MAX_TOPICS_MORE, ROLE_NAMES, parse_exposition
 from proxy.status import parse_addr
 
 CLEAR = "\x1b[H\x1b[2J"
@@ -68,37 +68,11 @@ def unreachable(addr: str, exc: BaseException) -> str:
 
 
 def parse_metrics(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """A small parser for the exposition format our own `/metrics` writes (no dependency needed)."""
+    """Our own `/metrics` text → {sample name: [(labels, value)]} (proxy.metrics' parser: no dependency needed)."""
     out: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name_labels, _, value = line.rpartition(" ")
-        labels: dict[str, str] = {}
-        if "{" in name_labels:
-            name, _, rest = name_labels.partition("{")
-            body = rest.rstrip("}")
-            i = 0
-            while i < len(body):
-                eq = body.index("=", i)
-                key = body[i:eq].lstrip(",")
-                j = eq + 2
-                val = []
-                while body[j] != '"':
-                    if body[j] == "\\":
-                        j += 1
-                        val.append({"n": "\n"}.get(body[j], body[j]))
-                    else:
-                        val.append(body[j])
-                    j += 1
-                labels[key] = "".join(val)
-                i = j + 1
-        else:
-            name = name_labels
-        try:
-            out.setdefault(name, []).append((labels, float(value)))
-        except ValueError:
-            continue
+    for _fam, kind, name, labels, value in parse_exposition(text):
+        if kind not in ("help", "type"):
+            out.setdefault(name, []).append((dict(labels), value))
     return out
 
 

@@ -516,7 +516,8 @@ class LiveStats:
                    (("", {"dataset": d}, n) for d, n in sorted(rs["rows_written"].items())))
             family("kafkatap_recording_errors_total", "counter",
                    "Recording errors by kind: write (rows dropped), compaction (flush files kept), rollups "
-                   "(derived data missing; the analysis reads the requests), writer_process.",
+                   "(derived data missing; the analysis reads the requests), writer_process, retention (an "
+                   "old hour not deleted).",
                    (("", {"kind": k}, n) for k, n in sorted(rs.get("errors", {}).items())))
             family("kafkatap_recording_frames_redacted_total", "counter",
                    "Raw frames refused by the recorder (SaslAuthenticate or unverifiable header).",
@@ -581,7 +582,9 @@ def parse_exposition(text: str) -> list[tuple[str, str, str, list[tuple[str, str
     """
     out: list[tuple[str, str, str, list[tuple[str, str]], float]] = []
     family, kind = "", "untyped"
-    for line in text.splitlines():
+    # "\n" only: a label value may hold a \r, \f or U+2028 (a hostname a broker advertised), which the
+    # format leaves unescaped and str.splitlines() would break the sample at (the scrape then failed)
+    for line in text.split("\n"):
         if not line:
             continue
         if line.startswith("#"):
@@ -624,6 +627,29 @@ def _parse_labels(body: str) -> list[tuple[str, str]]:
         while i < n and body[i] in ", ":
             i += 1
     return labels
+
+
+def counters_only(text: str) -> str:
+    """The counter and histogram families of an exposition text (HELP, TYPE and samples), for carrying over.
+
+    Why: a worker process that died counted requests, bytes and latencies that happened; its
+    successor starts from zero. Its last counters, added into every later merge, keep the proxy's
+    totals from going down (Prometheus' rate() reads any drop as a reset to zero and counts the
+    surviving workers' whole history again). Gauges say how things are now and die with it.
+    """
+    records = parse_exposition(text)
+    carried = {fam for fam, kind, name, _, _ in records if kind == "type" and name in ("counter", "histogram")}
+    keep: list[str] = []
+    for fam, kind, name, labels, value in records:
+        if fam not in carried:
+            continue
+        if kind == "help":
+            keep.append(f"# HELP {fam} {name}")
+        elif kind == "type":
+            keep.append(f"# TYPE {fam} {name}")
+        else:
+            keep.append(sample_line(name, dict(labels), value))
+    return "\n".join(keep) + "\n" if keep else ""
 
 
 def merge_prometheus(texts: Iterable[str], proxy_id: str) -> str:

@@ -63,7 +63,7 @@ from proxy.bypass import ONCE_DIR_ENV
 from proxy.context import format_addr
 from proxy.listener import bind_named
 from proxy.mailboxes import Mailboxes
-from proxy.metrics import merge_clients, merge_prometheus, parse_exposition, sample_line
+from proxy.metrics import counters_only, merge_clients, merge_prometheus, parse_exposition, sample_line
 from proxy.server import Route
 from proxy.status import StatusServer, parse_addr
 from proxy.upstream_probe import listen_outcome
@@ -355,14 +355,17 @@ class WorkerStats:
     `/metrics` answer stands in for it while its process is the same one: left out,
     every merged counter would drop by that worker's whole count and come back at the
     next scrape, which Prometheus' rate() reads as two resets (a spike the size of its
-    history). A restarted worker (another pid) counts from zero again, so a merged
-    counter can go down after a restart: rate() reads that as the reset it is.
+    history). A restarted worker (another pid) counts from zero again; the counters and
+    histograms its predecessor last answered are carried into every later merge, so
+    the proxy's totals never go down (a partial drop was read by rate() as a reset of
+    them all: the surviving workers' whole history counted again as new).
     """
 
     def __init__(self, pool: WorkerPool) -> None:
         self.pool = pool
         self.proxy_id = pool.proxy_id
         self._last_metrics: dict[str, tuple[int | None, bytes]] = {}  # worker → (its pid, its last /metrics)
+        self._carried: dict[str, bytes] = {}  # worker → the counters of its earlier processes, summed
 
     async def _gather(self, path: str) -> tuple[list[tuple[Worker, bytes]], int]:
         targets = [w for w in self.pool.workers if w.ready and w.status]
@@ -374,6 +377,13 @@ class WorkerStats:
     def _with_last(self, got: list[tuple[Worker, bytes]]) -> list[tuple[str, bytes]]:
         """This scrape's answers, and for a worker that gave none its last one if its process is the same."""
         pid = lambda w: w.process.pid if w.process is not None else None  # noqa: E731
+        for w in self.pool.workers:  # a process that is gone: its last counters are carried from now on
+            last = self._last_metrics.get(w.proxy_id)
+            if last is not None and last[0] != pid(w):
+                del self._last_metrics[w.proxy_id]
+                before = self._carried.get(w.proxy_id, b"").decode()
+                self._carried[w.proxy_id] = merge_prometheus(
+                    (before, counters_only(last[1].decode())), self.proxy_id).encode()
         answered = {w.proxy_id for w, _ in got}
         for w, body in got:
             self._last_metrics[w.proxy_id] = (pid(w), body)
@@ -382,7 +392,7 @@ class WorkerStats:
             last = self._last_metrics.get(w.proxy_id)
             if w.proxy_id not in answered and last is not None and last[0] is not None and last[0] == pid(w):
                 out.append((w.proxy_id, last[1]))
-        return out
+        return out + list(self._carried.items())
 
     async def render_prometheus(self) -> str:
         answers, missing = await self._gather("/metrics")
@@ -423,13 +433,17 @@ PER_WORKER = (
 
 
 def per_worker_families(got: Sequence[tuple[str, bytes]]) -> list[tuple[str, str, str, list[tuple[str, float]]]]:
-    """(family, type, help, [(worker, value)]) for PER_WORKER, from each worker's own `/metrics` text."""
+    """(family, type, help, [(worker, value)]) for PER_WORKER, from each worker's own `/metrics` text.
+
+    A worker may come twice (its process's answer and its earlier processes' carried counters): summed.
+    """
     sums: dict[str, dict[str, float]] = {src: {} for *_, src in PER_WORKER}
     for worker, body in got:
         for _fam, kind, name, _labels, value in parse_exposition(body.decode()):
             if kind not in ("help", "type") and name in sums:
                 sums[name][worker] = sums[name].get(worker, 0.0) + value
-    return [(name, kind, help_, [(w, sums[src].get(w, 0.0)) for w, _ in got]) for name, kind, help_, src in PER_WORKER]
+    workers = list(dict.fromkeys(w for w, _ in got))
+    return [(name, kind, help_, [(w, sums[src].get(w, 0.0)) for w in workers]) for name, kind, help_, src in PER_WORKER]
 
 
 async def _http_get(addr: str, path: str) -> bytes:

@@ -53,9 +53,46 @@ def test_a_worker_that_misses_a_scrape_keeps_its_counts_until_its_process_change
     m = _scrape(stats, {**both, "127.0.0.1:9002": None}, monkeypatch)  # worker 2 busy: its last answer stands
     assert _total(m, "kafkatap_requests_total") == 12 and _total(m, "kafkatap_workers_unreachable") == 1
     assert _total(m, "kafkatap_open_connections") == 3
-    pool.workers[1].process = SimpleNamespace(pid=999)  # restarted: a new process counts from zero, a real reset
-    m = _scrape(stats, {**both, "127.0.0.1:9002": None}, monkeypatch)
-    assert _total(m, "kafkatap_requests_total") == 5 and _total(m, "kafkatap_workers_unreachable") == 1
+
+
+
+def test_a_restarted_worker_s_counters_are_carried_so_totals_never_go_down(monkeypatch) -> None:
+    """After a worker's restart the merged counters fell by its count only (12 → 5): rate() reads any drop as a
+    reset to zero, so the surviving worker's whole history showed up as new requests in one interval."""
+    pool = _Pool("p")
+    stats = WorkerStats(pool)  # type: ignore[arg-type]
+    both = {"127.0.0.1:9001": _metrics("p-w1", 5, 1), "127.0.0.1:9002": _metrics("p-w2", 7, 2)}
+    _scrape(stats, both, monkeypatch)
+    pool.workers[1].process = SimpleNamespace(pid=999)  # restarted: the new process counts from zero
+    m = _scrape(stats, {**both, "127.0.0.1:9002": None}, monkeypatch)  # not listening yet
+    assert _total(m, "kafkatap_requests_total") == 12
+    assert _total(m, "kafkatap_open_connections") == 1  # a gauge says how things are now: the dead one's went
+    m = _scrape(stats, {**both, "127.0.0.1:9002": _metrics("p-w2", 3, 1)}, monkeypatch)
+    assert _total(m, "kafkatap_requests_total") == 15 and len(m["kafkatap_requests_total"]) == 1
+    assert dict((lb["worker"], v) for lb, v in m["kafkatap_worker_requests_total"]) == {"p-w1": 5, "p-w2": 10}
+    pool.workers[1].process = SimpleNamespace(pid=1000)  # a second restart carries both earlier processes
+    m = _scrape(stats, {**both, "127.0.0.1:9002": _metrics("p-w2", 1, 0)}, monkeypatch)
+    assert _total(m, "kafkatap_requests_total") == 5 + 7 + 3 + 1
+
+
+def test_a_label_value_with_a_line_separator_does_not_break_the_merge(monkeypatch) -> None:
+    """A broker advertising a host with a \\r or U+2028 (left unescaped, as the format allows): the merge split the
+    sample there and served an exposition Prometheus refuses whole, or failed every scrape."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    odd = (b'# HELP kafkatap_bypass_advertised_total Odd.\n# TYPE kafkatap_bypass_advertised_total counter\n'
+           + 'kafkatap_bypass_advertised_total{proxy="p-w1",address="cr\rhost\u2028x{z:9092"} 2\n'.encode())
+    answers = {"127.0.0.1:9001": _metrics("p-w1", 5, 1) + odd, "127.0.0.1:9002": _metrics("p-w2", 7, 2)}
+    m = _scrape(WorkerStats(_Pool("p")), answers, monkeypatch)  # type: ignore[arg-type]
+    assert m["kafkatap_bypass_advertised_total"] == [({"proxy": "p", "address": "cr\rhost\u2028x{z:9092"}, 2.0)]
+
+    async def get(addr: str, path: str) -> bytes:
+        return answers[addr]
+
+    monkeypatch.setattr(workers, "_http_get", get)
+    text = asyncio.run(WorkerStats(_Pool("p")).render_prometheus())  # type: ignore[arg-type]
+    names = {f.name for f in text_string_to_metric_families(text)}
+    assert {"kafkatap_bypass_advertised", "kafkatap_requests"} <= names
 
 
 def test_the_parents_own_lines_are_exact_and_escaped(monkeypatch) -> None:
