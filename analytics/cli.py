@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import signal
@@ -14,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import click
 from click.core import ParameterSource
 
-from recording.cli_errors import OneLineError
+from recording.cli_errors import OneLineError, a_number
 
 from analytics.interrupt import ExitAtOnce, interrupts_handled
 from analytics.outdir import clear_artifacts
@@ -54,7 +53,7 @@ DATASETS_READ = ("requests", "connections", "tcp")  # what analytics.load reads 
               help="How --compare pairs requests: wire = client_id+correlation_id+api and time proximity; sequence = order within "
                    "each connection (replays); auto = wire when the recordings overlap in time.")
 @click.option("--tolerance", "tolerance_s", type=click.FloatRange(min=0, max=MAX_TOLERANCE_S), default=10.0,
-              show_default=True, callback=lambda ctx, param, value: _a_number(value, param),
+              show_default=True, callback=a_number,
               help="Max time difference (s) for wire matching.")
 @click.option("--bucket", "bucket_s", type=click.IntRange(min=1), default=None, metavar="SECONDS",
               help="Time bucket in seconds for the over-time views (default: ~120 points over the span, that of "
@@ -295,13 +294,6 @@ def input_problem(directory: str) -> str | None:
                 f"`kafkatap analyze {parent} …`")
     return (f"{directory} holds no recording: expected requests/, connections/ or tcp/ with Parquet files "
             "(record one with `kafkatap proxy … --record DIR`)")
-
-
-def _a_number(value: float, param: click.Parameter) -> float:
-    """`nan` passes click's range check (every comparison with it is false), then failed after Spark's start."""
-    if math.isnan(value):
-        raise click.BadParameter(f"{value} is not a number", param=param)
-    return value
 
 
 def _compare_only(ctx: click.Context, *params: tuple[str, str]) -> None:

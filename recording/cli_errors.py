@@ -6,6 +6,8 @@ analyze) all print them; `recording.timespec` holds the --since/--until type the
 
 from __future__ import annotations
 
+import math
+
 import click
 
 
@@ -17,3 +19,11 @@ class OneLineError(click.ClickException):
     """
 
     exit_code = 2
+
+
+def a_number(ctx: click.Context | None, param: click.Parameter, value: float | None) -> float | None:
+    """A click callback refusing `nan` and infinities, which pass click's range checks (every comparison with
+    nan is false) and then broke what they set: a hang at `inf`, a timer that raised at `nan`."""
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a finite number", ctx=ctx, param=param)
+    return value

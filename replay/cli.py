@@ -16,14 +16,15 @@ proxy says it.
 
 Exit codes: 2 for what is refused before anything is sent (usage, the guard, no
 confirmation), 3 for a target that cannot be used (unreachable, credentials
-refused, a listener that hangs up on replay's own requests), 1 for a "no" at
-the prompt (and failed requests with KAFKATAP_REPLAY_STRICT).
+refused, a listener that hangs up on replay's own requests or does not answer
+them, and a replay whose failed requests none was answered: the target took the
+set-up, then served no session), 1 for a "no" at the prompt and, with
+`--strict`, for any failed request.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import socket
 import sys
 from datetime import datetime, timezone
@@ -32,10 +33,9 @@ from pathlib import Path
 import click
 
 from recording.existing import held_recording, inside, reuse_message
-from recording.cli_errors import OneLineError
-from recording.reader import recording_start
+from recording.cli_errors import OneLineError, a_number
 from recording.timespec import TIME, TIME_HELP, TimeSpec, cli_window
-from replay.load import Filters, Recording, ReplayLoadError, load_recording, parse_api
+from replay.load import Filters, Recording, ReplayLoadError, load_recording, parse_api, replay_start
 from replay.topics import parse_topic_map
 
 __all__ = ["replay", "format_plan", "same_address", "target_cluster_id", "read_cluster_id"]
@@ -88,8 +88,10 @@ def read_cluster_id(target: str, timeout: float = 5.0,
         except SaslAuthenticationFailed as exc:
             raise TargetError(sasl_refused(target, exc)) from None
         except (OSError, EOFError, ValueError, ProtocolError) as exc:  # closed on us, no answer, or not Kafka
-            return None, wire_failure(target, step, exc, sasl=sasl_plain is not None, answered=answered,
-                                      timeout=timeout)
+            why = wire_failure(target, step, exc, sasl=sasl_plain is not None, answered=answered, timeout=timeout)
+            if isinstance(exc, TimeoutError):  # it takes connections and answers nothing: no session would fare better
+                raise TargetError(why) from None
+            return None, why
     cluster = body.get("cluster_id")
     return (cluster, "") if cluster else (None, "its Metadata answer carries none")
 
@@ -234,13 +236,22 @@ def _check_target(ctx: click.Context, param: click.Parameter, value: str) -> str
                    "the same cluster id), or one the recording cannot tell from it (it names no cluster id, or the "
                    "target's cannot be read).")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation (required when not on a terminal).")
-@click.option("--pending-timeout", type=float, default=10.0, show_default=True,
+@click.option("--pending-timeout", type=click.FloatRange(min=0), default=10.0, show_default=True, callback=a_number,
+              metavar="SECONDS",
               help="Seconds a request waits for state it needs from the target (producer id, member id) before it is skipped.")
+@click.option("--response-timeout", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True,
+              callback=a_number, metavar="SECONDS",
+              help="Seconds an answer may take beyond what the recorded one took (as Kafka's clients' "
+                   "request.timeout.ms) before the replay gives up on that connection, as a client would: its "
+                   "unanswered requests and the ones after them fail, and it is closed.")
+@click.option("--strict", is_flag=True, envvar="KAFKATAP_REPLAY_STRICT",
+              help="Exit 1 when any request failed (unanswered, not sent). Without it a replay with failures exits 0, "
+                   "unless none of its requests was answered (exit 3).")
 @click.option("--proxy-id", default="replay", show_default=True, help="proxy id written in the replay's recording.")
 def replay(recording: Path, target: str, speed: str, clients: tuple[str, ...], topics: tuple[str, ...],
            apis: tuple[str, ...], since: TimeSpec | None, until: TimeSpec | None, topic_map: tuple[str, ...], record: Path | None,
            fetch_mode: str, no_create_topics: bool, sasl_plain: str | None, same_cluster: bool, yes: bool,
-           pending_timeout: float, proxy_id: str) -> None:
+           pending_timeout: float, response_timeout: float, strict: bool, proxy_id: str) -> None:
     """Replay recorded Kafka sessions on the wire against TARGET, and record the replay.
 
     RECORDING must have been made with raw request capture
@@ -257,6 +268,11 @@ def replay(recording: Path, target: str, speed: str, clients: tuple[str, ...], t
       kafkatap replay rec/ --target staging:9092 --client 'billing-*' --topic-map orders=orders-replay --yes
       export KAFKATAP_REPLAY_SASL_PLAIN=alice:secret              # a SASL/PLAIN listener: the password off argv
       kafkatap replay rec/ --target staging:9094 --yes
+
+    \b
+    Exit codes: 0 replayed (failures are in the summary); 1 "no" at the prompt, or a failed request
+    with --strict; 2 refused before anything was sent (usage, the same-cluster guard, no --yes);
+    3 the target cannot be used (unreachable, credentials refused, no answer), or no request answered.
     """
     from replay.engine import ReplayOptions, run_replay
 
@@ -279,8 +295,8 @@ def replay(recording: Path, target: str, speed: str, clients: tuple[str, ...], t
         creds = (user, pw)
     if record is not None and (problem := _record_problem(record, recording)):
         raise OneLineError(problem)  # before anything is read or sent: exit 2
-    since_ns, until_ns = cli_window(since, until, lambda: recording_start([recording]))
     try:
+        since_ns, until_ns = cli_window(since, until, lambda: replay_start(recording))
         rec = load_recording(recording, Filters(clients, topics, api_keys, since_ns, until_ns),
                              sasl_credentials=creds is not None)
     except ReplayLoadError as exc:
@@ -326,7 +342,7 @@ def replay(recording: Path, target: str, speed: str, clients: tuple[str, ...], t
             raise OneLineError(f"--record {record} cannot be created ({exc.strerror or exc})") from None
     opts = ReplayOptions(target=target, speed=spd, record_dir=record, proxy_id=proxy_id, topic_map=tmap,
                          fetch_mode=fetch_mode, create_topics=not no_create_topics, sasl_plain=creds,
-                         pending_timeout=pending_timeout, progress=sys.stderr)
+                         pending_timeout=pending_timeout, response_timeout=response_timeout, progress=sys.stderr)
     try:
         result = run_replay(rec, opts)
     except TargetError as exc:
@@ -336,5 +352,9 @@ def replay(recording: Path, target: str, speed: str, clients: tuple[str, ...], t
         click.echo(f"kafkatap replay: {unreachable(target, exc)}", err=True)
         sys.exit(3)
     click.echo(result.summary())
-    if os.environ.get("KAFKATAP_REPLAY_STRICT") and result.failed:
+    if result.failed and not result.answered:
+        click.echo(f"kafkatap replay: the target {target} answered none of the replayed requests ({result.failed} "
+                   "failed): it took the set-up's requests, then served no session (see the reasons above)", err=True)
+        sys.exit(3)
+    if strict and result.failed:
         sys.exit(1)

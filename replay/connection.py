@@ -37,7 +37,20 @@ from replay.schedule import LATE_AFTER_S, ReplaySchedule
 from replay.state import ConnState, Pending, Send, Skip
 
 
-__all__ = ["replay_connection"]
+__all__ = ["replay_connection", "GAVE_UP", "NO_ANSWER"]
+
+NO_ANSWER = "unanswered: no answer within --response-timeout"
+GAVE_UP = "not sent: replay gave up on the connection (an answer took longer than --response-timeout)"
+
+
+def answer_allowance(reqs: list[RecordedRequest], positions: Any, response_timeout: float) -> float:
+    """How long the answers at `positions` may take: --response-timeout beyond the slowest recorded one.
+
+    Why beyond the recorded: a JoinGroup the origin's rebalance held for 40 s may be held as long on the target,
+    and a client waits for it (Kafka's clients stretch their request timeout by the rebalance timeout).
+    """
+    recorded = [(reqs[j].resp_ns - reqs[j].ts_ns) / 1e9 for j in positions if reqs[j].resp_ns is not None]
+    return response_timeout + max(recorded, default=0.0)
 
 
 async def replay_connection(rp: ReplaySchedule, rc: RecordedConnection, host: str, port: int) -> None:
@@ -102,6 +115,20 @@ async def replay_connection(rp: ReplaySchedule, rc: RecordedConnection, host: st
     reader_task = asyncio.create_task(read_loop())
     next_cid = 0
     loop = asyncio.get_running_loop()
+    gave_up = False  # an answer took longer than allowed: the connection was closed, as a client closes it
+
+    def give_up() -> None:
+        """Fail what is in flight and close the connection: a target that stopped answering one request costs
+        the replay one --response-timeout per connection, not one per request (it waited 30 s for each)."""
+        nonlocal gave_up
+        gave_up = True
+        for _cid, (pos, _s) in list(inflight.items()):
+            if pos is not None:
+                res.failed += 1
+                res.failures[NO_ANSWER] += 1
+                done[pos] = True
+        inflight.clear()
+        writer.close()
 
     async def reauthenticate() -> None:
         """Renew the SASL session (`replay.reauth`), once the answers in flight are in (bounded by the timeout)."""
@@ -139,15 +166,14 @@ async def replay_connection(rp: ReplaySchedule, rc: RecordedConnection, host: st
             scheduled = rp.at(r.ts_ns) + setup_s if rp.opt.speed else None
             await until_scheduled(r, scheduled)
             deps = r.deps
-            ok = await rp.wait_for(lambda deps=deps: all(done[j] for j in deps) or closed.is_set(),
-                               rp.opt.response_timeout)
-            if not ok:
-                rp.state.note("sent_before_recorded_response_arrived")
-            if cs.reauth_at is not None and loop.time() >= cs.reauth_at and not closed.is_set():
+            if not gave_up and not await rp.wait_for(lambda deps=deps: all(done[j] for j in deps) or closed.is_set(),
+                                                     answer_allowance(reqs, deps, rp.opt.response_timeout)):
+                give_up()
+            if cs.reauth_at is not None and loop.time() >= cs.reauth_at and not closed.is_set() and not gave_up:
                 await reauthenticate()  # came due while the request waited for its dependencies
-            if closed.is_set():
+            if closed.is_set() or gave_up:
                 res.failed += 1
-                res.failures["not sent: target closed the connection"] += 1
+                res.failures[GAVE_UP if gave_up else "not sent: target closed the connection"] += 1
                 await rp.settle(done, pos, r.index)
                 continue
             outcome = rewrite_request(r.frame, rp.state, cs)
@@ -215,8 +241,13 @@ async def replay_connection(rp: ReplaySchedule, rc: RecordedConnection, host: st
                 next_cid = await _sasl_authenticate(rp, rc, cs, sent, answer, writer, inflight, waiters, closed,
                                                     "sasl_authenticated_with_given_credentials")
         # wait for outstanding responses, then close when the recorded client closed
-        await rp.wait_for(lambda: not inflight or closed.is_set(), rp.opt.response_timeout)
-        if rp.opt.speed and rc.closed_ns and rc.end_by == "client":
+        if not gave_up and not await rp.wait_for(
+                lambda: not inflight or closed.is_set(),
+                answer_allowance(reqs, [p for p, _ in inflight.values() if p is not None], rp.opt.response_timeout)):
+            give_up()
+        if gave_up or not rc.closes_as_recorded:
+            pass  # closed already, or the recorded close ends requests the filters left out: close after the answers
+        elif rp.opt.speed and rc.closed_ns and rc.end_by == "client":
             # the recorded close time, but never sooner after our last request than the client waited
             # (a broker that hangs up after an acks=0 produce must get the same chance to do so)
             gap = max(0, rc.closed_ns - reqs[-1].ts_ns) / 1e9 / rp.opt.speed
@@ -234,12 +265,6 @@ async def replay_connection(rp: ReplaySchedule, rc: RecordedConnection, host: st
                 pass
         if closed.is_set() and reqs and not writer.is_closing():
             res.closed_by_target.append(rc.conn_id)
-        if inflight:
-            for _cid, (pos, _s) in list(inflight.items()):
-                if pos is not None:
-                    res.failed += 1
-                    res.failures["unanswered: response timeout"] += 1
-            inflight.clear()
     finally:
         # whatever happened, this connection's requests must not hold up the global order (--speed max)
         for r in reqs:

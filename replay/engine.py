@@ -68,6 +68,7 @@ class Replayer(ReplaySchedule):
                 if isinstance(out, BaseException):  # a bug must cost one connection, not the replay
                     log.error("replay connection failed", conn_id=c.conn_id, error=f"{type(out).__name__}: {out}")
                     self.result.failures[f"internal error: {type(out).__name__}"] += 1
+                    self.result.failed += 1  # counted in the totals too: the summary's failed are the lines below it
         finally:
             if self._progress_task is not None:
                 self._progress_task.cancel()

@@ -26,11 +26,12 @@ import pyarrow.parquet as pq
 
 from protocol.apis import API_NAMES, DESCRIBE_CLUSTER, GROUP_APIS, METADATA, SASL_AUTHENTICATE, SASL_HANDSHAKE
 from protocol.frames import RequestFrame, parse_request
-from recording.reader import RecordingFormatError, live_files, read_recording, recording_files
+from recording.reader import RecordingFormatError, live_files, read_recording, recording_files, recording_start
 from recording.timestamps import to_epoch_ns
 from replay.topics import request_topics
 
 __all__ = ["ReplayLoadError", "RecordedRequest", "RecordedConnection", "Recording", "Filters", "load_recording",
+           "replay_start",
            "parse_api"]
 
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -69,6 +70,9 @@ class RecordedConnection:
     sasl_mechanism: str | None
     sasl_version: int | None  # SaslAuthenticate version the client used (from requests/)
     requests: list[RecordedRequest] = field(default_factory=list)
+    # False when the filters (--until, --api) left out requests after the last kept one: the recorded close
+    # ends a session the replay does not send, so it closes after its last answer, not hours later at that close
+    closes_as_recorded: bool = True
 
 
 @dataclass
@@ -147,6 +151,15 @@ def _table(root: Path, dataset: str) -> pa.Table | None:
     except (pa.ArrowException, OSError) as exc:  # a footer or page pyarrow cannot parse (named by none), no access
         why = str(exc).strip()
         raise ReplayLoadError(_unreadable(root, dataset) or f"cannot read {root}/{dataset}/ ({why})") from exc
+
+
+def replay_start(root: Path) -> int | None:
+    """The recording's first request (epoch ns), the anchor of a +SECONDS --since/--until; ReplayLoadError naming a
+    file that cannot be read, in replay's words (the reader's own line advised an analyze option)."""
+    try:
+        return recording_start([root])
+    except (RecordingFormatError, pa.ArrowException, OSError) as exc:
+        raise ReplayLoadError(_unreadable(root, "requests") or str(exc)) from exc
 
 
 def _unreadable(root: Path, dataset: str) -> str | None:
@@ -284,9 +297,11 @@ def load_recording(path: Path | str, filters: Filters | None = None, *, sasl_cre
         for (f, fr), rt in zip(items, per_frame):
             if not filters.keeps(fr.api_key, f["ts_ns"]):
                 dropped += 1
+                rc.closes_as_recorded = not rc.requests  # a request left out after a kept one
                 continue
             resp = resp_at.get((conn_id, fr.correlation_id, fr.api_key))
             rc.requests.append(RecordedRequest(0, conn_id, f["ts_ns"], fr, resp, topics=rt))
+            rc.closes_as_recorded = True
         if not rc.requests:
             continue
         if filters.since_ns is not None and rc.opened_ns < filters.since_ns:

@@ -60,11 +60,16 @@ def request_topics(frame: RequestFrame) -> dict[str, set[int]]:
 
 
 def parse_topic_map(items: tuple[str, ...] | list[str]) -> dict[str, str]:
-    """["old=new", …] → {old: new} (ValueError on a malformed item)."""
+    """["old=new", …] → {old: new} (ValueError on a malformed item, or one topic mapped to two names).
+
+    Two names for one topic was silently the last one: half of an operator's intent lost without a word.
+    """
     out: dict[str, str] = {}
     for item in items:
         old, eq, new = item.partition("=")
         if not eq or not old or not new:
             raise ValueError(f"--topic-map expects OLD=NEW, got {item!r}")
+        if out.get(old, new) != new:
+            raise ValueError(f"--topic-map maps {old} twice ({old}={out[old]} and {item}): give one")
         out[old] = new
     return out

@@ -184,7 +184,7 @@ def test_filters_that_match_nothing_say_so_with_what_there_is(spark, tmp_path) -
 @pytest.mark.parametrize("value, says", [
     ("-5", "-5.0 is not in the range 0<=x<=86400.0."),  # ran, and a finding then advised raising it below zero
     ("inf", "inf is not in the range 0<=x<=86400.0."),  # OverflowError after Spark's start
-    ("nan", "nan is not a number"),  # passes a range check; "cannot convert float NaN to integer" after Spark's start
+    ("nan", "nan is not a finite number"),  # passes a range check; "cannot convert float NaN to integer" after Spark's start
 ])
 def test_a_tolerance_that_is_no_time_difference_is_refused(tmp_path, fake_job, value: str, says: str) -> None:
     _recording(tmp_path / "a")

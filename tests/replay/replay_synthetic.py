@@ -135,6 +135,34 @@ class HangUp:
             conn.close()
 
 
+class Silent(HangUp):
+    """A loopback listener that accepts each connection and reads what it is sent, never answering (`accepted`).
+
+    What a wedged broker, or a middlebox that lets the connect through and nothing after it, looks like.
+    """
+
+    def _accept(self) -> None:
+        held: list[socket.socket] = []  # kept open (and read) until the block ends
+        while True:
+            try:
+                conn, _ = self._srv.accept()
+            except OSError:
+                for c in held:
+                    c.close()
+                return
+            self.accepted += 1
+            held.append(conn)
+            threading.Thread(target=lambda c=conn: _drain(c), daemon=True).start()
+
+
+def _drain(conn: socket.socket) -> None:
+    try:
+        while conn.recv(65536):
+            pass
+    except OSError:
+        pass
+
+
 class FakeBroker:
     """Answers every request after `delay` s with a bare response (Metadata v12 and SASL properly, for setup).
 
@@ -143,12 +171,14 @@ class FakeBroker:
     (api key, error code): the SASL step it refuses on every connection after
     the first (the set-up's, which it lets in), as a listener whose answer
     changed between the set-up and the sessions would. `session_lifetime_ms`:
-    the session lifetime its SaslAuthenticate answers set (it expires nothing).
+    the session lifetime its SaslAuthenticate answers set (it expires nothing). `silent_sessions`: it
+    answers the set-up's connection only, and reads every later one without a word.
     """
 
     def __init__(self, delay: float = 0.0, session_sasl_error: tuple[int, int] | None = None,
-                 session_lifetime_ms: int = 0) -> None:
+                 session_lifetime_ms: int = 0, silent_sessions: bool = False) -> None:
         self.delay = delay
+        self.silent_sessions = silent_sessions  # answer the set-up (the first connection), then nothing
         self.session_sasl_error = session_sasl_error
         self.session_lifetime_ms = session_lifetime_ms  # SaslAuthenticate v1+ answers it (KIP-368); 0: none
         self.arrivals: dict[int, list[tuple[float, int, int]]] = {}  # conn → (loop time, api key, cid)
@@ -201,6 +231,7 @@ class FakeBroker:
                 self.inflight_at_arrival.setdefault(conn, []).append(inflight)
                 inflight += 1
                 self.max_inflight[conn] = max(self.max_inflight.get(conn, 0), inflight)
-                asyncio.ensure_future(answer(key, ver, cid))
+                if not (self.silent_sessions and conn > 1):
+                    asyncio.ensure_future(answer(key, ver, cid))
         except (asyncio.IncompleteReadError, ConnectionError):
             writer.close()

@@ -20,7 +20,7 @@ from typing import Any
 
 from click.testing import CliRunner
 from replay_frames import cls, request, response
-from replay_synthetic import HangUp, SynthConn, api_versions, metadata, write_dataset, write_recording
+from replay_synthetic import HangUp, Silent, SynthConn, SynthRequest, api_versions, metadata, write_dataset, write_recording
 
 from harness.kafka import free_port
 from proxy.running import RunningProxy
@@ -150,6 +150,46 @@ def test_a_target_that_cannot_be_reached_is_said_so_not_refused(tmp_path: Path):
     # past the guard, the set-up's own connect says the same, with the same exit code
     res = CliRunner().invoke(replay, [str(tmp_path), "--target", target, "--yes-same-cluster", "--yes"])
     assert res.exit_code == 3 and f"kafkatap replay: cannot reach the target {target}: " in res.output, res.output
+
+
+def test_a_target_that_takes_connections_and_answers_nothing_is_unusable_not_refused(tmp_path: Path):
+    """It was refused as a cluster id that could not be read, with --yes-same-cluster offered; following that
+    advice waited 30 s more for the set-up's Metadata and ended in exit 3 anyway. Now exit 3 at the guard."""
+    _synthetic(tmp_path, "origin-cluster")
+    with Silent() as listener:
+        res = CliRunner().invoke(replay, [str(tmp_path), "--target", listener.target, "--yes"])
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert res.exit_code == 3 and len(lines) == 1, res.output
+    assert lines[0] == f"kafkatap replay: the target {listener.target} did not answer Metadata within 5 s", res.output
+
+
+def _answered_then_closed(root: Path) -> None:
+    """One session: a Metadata the fake cluster answers, then an ApiVersions it hangs up on."""
+    v = dict(client_software_name="s", client_software_version="1")
+    write_recording(root, [SynthConn("c1", 0.0, [metadata(1, 0.0),
+                                                 SynthRequest(0.01, request(18, 3, 2, **v), 18, 3, 2)])])
+    write_dataset(root, "topics", [{"proxy_id": "p1", "topic_id": str(TOPIC_ID), "name": "orders",
+                                    "first_seen_ns": 1, "broker_addr": "10.0.0.1:9092", "cluster_id": "origin"}])
+
+
+def test_failed_requests_exit_0_unless_strict_and_3_when_none_was_answered(tmp_path: Path):
+    """Every request failed and the replay exited 0; the only way to fail a script on failures was an environment
+    variable no help text named."""
+    _answered_then_closed(tmp_path / "some")
+    only_api_versions = tmp_path / "none"
+    write_recording(only_api_versions, [SynthConn("c1", 0.0, [api_versions(1)])])
+    write_dataset(only_api_versions, "topics", [{"proxy_id": "p1", "topic_id": str(TOPIC_ID), "name": "orders",
+                                                 "first_seen_ns": 1, "broker_addr": "10.0.0.1:9092",
+                                                 "cluster_id": "origin"}])
+    with fake_cluster("staging") as target:  # answers Metadata, hangs up on anything else
+        args = ["--target", target, "--yes", "--no-create-topics"]
+        res = CliRunner().invoke(replay, [str(tmp_path / "some"), *args])
+        assert res.exit_code == 0 and "1 answered" in res.output and "1 failed" in res.output, res.output
+        res = CliRunner().invoke(replay, [str(tmp_path / "some"), *args, "--strict"])
+        assert res.exit_code == 1, res.output
+        res = CliRunner().invoke(replay, [str(only_api_versions), *args])
+        assert res.exit_code == 3 and "0 answered" in res.output, res.output
+        assert f"kafkatap replay: the target {target} answered none of the replayed requests (1 failed)" in res.output
 
 
 def test_cluster_id_from_recorded_metadata_and_describe_cluster_responses(tmp_path: Path):

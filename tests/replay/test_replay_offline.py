@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from replay_frames import request
 from replay_synthetic import FakeBroker, HangUp, SynthConn, SynthRequest, api_versions, metadata, write_recording
 from replay.cli import format_plan, replay
-from replay.connection import authenticates_first
+from replay.connection import GAVE_UP, NO_ANSWER, authenticates_first
 from replay.engine import ReplayOptions, replay_async
 from recording.timespec import parse_time
 from replay.load import Filters, ReplayLoadError, load_recording, parse_api
@@ -54,7 +54,9 @@ def test_a_directory_that_is_no_recording_or_holds_a_cut_file_is_named_in_one_li
     early.write_bytes(b"PAR1x")  # --since +10 reads the recording's start from the earliest requests files
     res = CliRunner().invoke(replay, [str(tmp_path), "--target", "127.0.0.1:1", "--yes", "--since", "+10"])
     lines = [ln for ln in res.output.splitlines() if ln.strip()]
-    assert res.exit_code == 1 and len(lines) == 1 and f"cannot read {early}" in lines[0], res.output
+    # said as replay says it without --since (it was the reader's line advising an analyze option, exit 1)
+    assert res.exit_code == 2 and len(lines) == 1 and lines[0].startswith(f"kafkatap replay: cannot read {early}")
+    assert lines[0].endswith("to replay the rest") and "--ignore-rollups" not in res.output, res.output
 
 
 @pytest.mark.parametrize("dataset,damage", [("requests", "cut"), ("connections", "cut"), ("frames", "footer")])
@@ -476,3 +478,69 @@ def test_at_speed_n_the_set_up_round_trips_do_not_make_the_first_request_late(tm
     assert result.late == 0 and "late" not in result.summary(), result.summary()
     arrivals = [t for t, key, _cid in broker.arrivals[2] if key not in (17, 36)]
     assert [round(b - a, 1) for a, b in zip(arrivals, arrivals[1:])] == [0.2, 0.2]  # the recorded rhythm, 10×
+
+
+def test_a_target_that_stops_answering_costs_one_response_timeout_per_connection(tmp_path: Path):
+    """A target that took the set-up and then answered no session: each request waited the whole response timeout
+    for the answer before it and was then sent anyway, so a recording of N requests took N × 30 s."""
+    write_recording(tmp_path, [SynthConn("c1", 0.0, [api_versions(1)] + [metadata(i, 0.01 * i) for i in range(2, 11)])])
+    rec = load_recording(tmp_path)
+
+    async def go():
+        broker = FakeBroker(silent_sessions=True)
+        target = await broker.start()
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        try:
+            result = await replay_async(rec, ReplayOptions(target=target, speed=None, create_topics=False,
+                                                           response_timeout=0.3))
+        finally:
+            await broker.stop()
+        return broker, result, loop.time() - began
+
+    broker, result, took = asyncio.run(go())
+    assert len(broker.arrivals[2]) == 1  # the first request went out; the ones after it waited for its answer
+    assert (result.sent, result.answered, result.failed) == (1, 0, 10)
+    assert dict(result.failures) == {NO_ANSWER: 1, GAVE_UP: 9}
+    assert took < 3.0, took  # one timeout (0.3 s), not ten
+
+
+def test_a_session_cut_by_until_closes_after_its_last_answer_not_at_the_recorded_close(tmp_path: Path):
+    """--until +2 kept the first two requests of a session recorded for five minutes: the replay sent them, then
+    held the connection open until the recorded close, 300 s later."""
+    long = SynthConn("c1", 0.0, [api_versions(1), metadata(2, 0.5), metadata(3, 300.0)])
+    short = SynthConn("c2", 0.0, [api_versions(1), metadata(2, 0.2)], close_after_s=0.3)
+    t0 = write_recording(tmp_path, [long, short])
+    rec = load_recording(tmp_path, Filters(until_ns=t0 + 2 * 10**9))
+    assert {c.conn_id: c.closes_as_recorded for c in rec.connections} == {"c1": False, "c2": True}
+    assert load_recording(tmp_path).connections[0].closes_as_recorded  # nothing left out: as recorded
+
+    async def go():
+        broker = FakeBroker()
+        target = await broker.start()
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        try:
+            result = await replay_async(rec, ReplayOptions(target=target, speed=1.0, create_topics=False))
+        finally:
+            await broker.stop()
+        return result, loop.time() - began
+
+    result, took = asyncio.run(go())
+    assert (result.sent, result.answered, result.failed) == (4, 4, 0)
+    assert took < 20.0, took  # the recorded close is 300 s away
+
+
+@pytest.mark.parametrize("args, error", [
+    (("--topic-map", "a=b", "--topic-map", "a=c"), "--topic-map maps a twice (a=b and a=c): give one"),
+    (("--pending-timeout", "nan"), "nan is not a finite number"),
+    (("--pending-timeout", "inf"), "inf is not a finite number"),
+    (("--pending-timeout", "-1"), "-1.0 is not in the range x>=0"),
+    (("--response-timeout", "0"), "0.0 is not in the range x>0"),
+], ids=["topic-map-twice", "pending-nan", "pending-inf", "pending-negative", "response-zero"])
+def test_options_that_would_break_the_replay_are_refused(tmp_path: Path, args: tuple[str, ...], error: str):
+    """nan made the pending wait raise inside a session (an internal error the totals left out), inf waited
+    for ever, and a topic mapped twice kept the last name without a word."""
+    write_recording(tmp_path, two_clients())
+    res = CliRunner().invoke(replay, [str(tmp_path), "--target", "127.0.0.1:9", "--yes", *NO_ID, *args])
+    assert res.exit_code == 2 and error in res.output, res.output
