@@ -151,6 +151,8 @@ def format_plan(rec: Recording, target: str, speed: float | None, topic_map: dic
     ]
     topics = [f"{t}{'→' + topic_map[t] if t in topic_map else ''}({n or '?'}p)" for t, n in sorted(rec.topics.items())]
     lines.append(f"  topics       {', '.join(topics[:10]) or '-'}{' …' if len(topics) > 10 else ''}")
+    for old in sorted(set(topic_map) - set(rec.topics)):  # a misspelt name renamed nothing, without a word
+        lines.append(f"  topic map    {old}={topic_map[old]} names no topic of the replayed requests: nothing renamed")
     lines.append(f"  fetch        {'follow the target’s fetch sessions' if fetch_mode == 'track' else 'every fetch sessionless (full)'}")
     if rec.unmapped_topic_ids:
         lines.append(f"  topic ids    {len(rec.unmapped_topic_ids)} recorded topic id(s) cannot be mapped to a name: "

@@ -544,3 +544,14 @@ def test_options_that_would_break_the_replay_are_refused(tmp_path: Path, args: t
     write_recording(tmp_path, two_clients())
     res = CliRunner().invoke(replay, [str(tmp_path), "--target", "127.0.0.1:9", "--yes", *NO_ID, *args])
     assert res.exit_code == 2 and error in res.output, res.output
+
+
+def test_a_topic_map_that_names_no_recorded_topic_is_said_in_the_plan(tmp_path: Path):
+    """A misspelt --topic-map renamed nothing and said nothing: the replay then wrote to the original topic."""
+    write_recording(tmp_path, [SynthConn("c1", 0.0, [api_versions(1), metadata(2, 0.1, topics=["orders"])])])
+    rec = load_recording(tmp_path)
+    assert "orders" in rec.topics
+    plan = format_plan(rec, "t:1", 1.0, {"orders": "orders-replay", "ordres": "x"}, None, "track")
+    assert "orders→orders-replay" in plan
+    noted = [ln for ln in plan.splitlines() if ln.startswith("  topic map")]
+    assert noted == ["  topic map    ordres=x names no topic of the replayed requests: nothing renamed"]
