@@ -285,6 +285,9 @@ def proxy(ctx: click.Context, listens: tuple[str, ...], upstreams: tuple[str, ..
         tls = tls_setup(rec, handshake_timeout=connect_timeout)
     except TlsConfigError as exc:
         raise OneLineError(str(exc)) from None
+    if rec.get("worker_ready_fd") is None:  # once, from the user's command, not again in each worker
+        for warning in tls.warnings:
+            log.warning(warning)
     if no_mark and mark is not None:
         raise click.UsageError("--mark and --no-mark exclude each other")
     if rec.get("worker_ready_fd") is None:  # the user's command line (a worker is given every option spelled out)

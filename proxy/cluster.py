@@ -57,11 +57,13 @@ def parse_broker_ports(specs: tuple[str, ...] | list[str]) -> dict[int, int]:
     out: dict[int, int] = {}
     for spec in specs:
         node, sep, port = spec.partition("=")
-        if not sep or not node.strip().lstrip("-").isdigit() or not port.strip().isdigit():
-            raise ValueError(f"--broker-port wants NODE_ID=PORT, got {spec!r}")
+        if not sep or not node.strip().isdigit() or not port.strip().isdigit():
+            raise ValueError(f"--broker-port wants NODE_ID=PORT (node ids are 0 or more), got {spec!r}")
         p = int(port)
         if not 0 < p < 65536:
             raise ValueError(f"--broker-port {spec!r}: port out of range")
+        if out.get(int(node), p) != p:  # the last one won, without a word
+            raise ValueError(f"--broker-port gives node {int(node)} two ports ({out[int(node)]} and {p}): give one")
         out[int(node)] = p
     return out
 
@@ -394,7 +396,8 @@ class ClusterMode:
             brokers = await asyncio.wait_for(self.discover(), self.discovery_timeout)
         except Exception as exc:  # noqa: BLE001 — OSError, TLS, EOF (a SASL listener hangs up), bad answer …
             log.warning("broker discovery at start failed; brokers get their listeners when the first client's "
-                        "metadata names them", bootstrap=format_addr(self.config.bootstrap), error=str(exc) or repr(exc))
+                        "metadata names them", bootstrap=format_addr(self.config.bootstrap),
+                        error=discovery_failure(exc, self.upstream_tls is not None))
             return
         # A negative id names no broker (-1 is Kafka's "none"), as `BrokerRegistry.map` holds for responses
         routes = [self.registry.learn(node_id, host, port) for node_id, host, port in brokers if node_id >= 0]
@@ -420,6 +423,22 @@ class ClusterMode:
             writer.close()
         body = decode_response(size.to_bytes(4, "big") + rest, METADATA, DISCOVERY_METADATA_VERSION)["body"]
         return [(b["node_id"], b["host"], b["port"]) for b in body["brokers"]]
+
+
+def discovery_failure(exc: BaseException, tls: bool) -> str:
+    """The discovery's failure in words: a hang-up before any answer is what a listener of another kind does.
+
+    It said `0 bytes read on a total of 4 expected bytes` for a TLS bootstrap dialled without --upstream-tls.
+    """
+    if isinstance(exc, asyncio.IncompleteReadError) and not exc.partial:
+        if tls:
+            return "the bootstrap closed the connection without answering Metadata (a SASL_SSL listener wants SASL first)"
+        return ("the bootstrap closed the connection without answering Metadata: a TLS listener (add --upstream-tls "
+                "and --upstream-tls-ca) or a SASL one (it wants SASL first)?")
+    if isinstance(exc, (ConnectionResetError, asyncio.IncompleteReadError)) and tls:
+        return ("the bootstrap closed the connection during the TLS handshake: is it a TLS (SSL or SASL_SSL) "
+                "listener? A PLAINTEXT one hangs up on --upstream-tls")
+    return str(exc) or type(exc).__name__
 
 
 class BrokerListenerError(OSError):

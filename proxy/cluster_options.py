@@ -7,6 +7,8 @@ is `proxy.cluster`.
 
 from __future__ import annotations
 
+import ipaddress
+
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -98,4 +100,19 @@ def cluster_setup(rec: dict[str, Any]) -> ClusterSetup:
                          parse_broker_ports(tuple(rec.pop("broker_ports", None) or ())))
     if setup.cluster is None and (setup.advertise_host or setup.broker_port_base or setup.broker_ports):
         raise ValueError("--advertise-host, --broker-port-base and --broker-port only apply with --cluster")
+    if setup.advertise_host is not None:
+        _check_advertise_host(setup.advertise_host)
     return setup
+
+
+def _check_advertise_host(host: str) -> None:
+    """A host name or an address, no port: HOST:PORT was taken whole and clients were told `h:9092:19093`."""
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not bare or any(c.isspace() for c in bare):
+        raise ValueError(f"--advertise-host wants a host name or address, got {host!r}")
+    if ":" in bare:
+        try:
+            ipaddress.IPv6Address(bare)
+        except ValueError:
+            raise ValueError(f"--advertise-host takes a host without a port (each broker's port is its own listener's: "
+                             f"--broker-port-base, --broker-port), got {host!r}") from None

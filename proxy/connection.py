@@ -269,7 +269,7 @@ class Connection:
                 errno.ECONNREFUSED: "refused", errno.EHOSTUNREACH: "unreachable",
                 errno.ENETUNREACH: "unreachable", errno.ETIMEDOUT: "timeout",
             }.get(exc.errno or 0, "error")
-            self._connect_failed(f"{kind}: {exc.strerror or exc} ({host}:{port})")
+            self._connect_failed(f"{kind}: {_connect_reason(exc, ctx.upstream_tls is not None)} ({host}:{port})")
             return
         if bt is None:  # the client vanished while we connected: nothing to relay
             return
@@ -806,3 +806,16 @@ class _EditorPort:
 
     def unedited_oversize(self, size: int) -> None:
         self.conn.facts.edit_oversize += 1
+
+
+def _connect_reason(exc: OSError, tls: bool) -> str:
+    """What went wrong connecting to the broker, never empty.
+
+    A plaintext listener hangs up on the proxy's TLS ClientHello, and asyncio reports that as a
+    ConnectionResetError with no text: the log said `error:  (host:port)`.
+    """
+    text = exc.strerror or str(exc)
+    if tls and (not text or isinstance(exc, ConnectionResetError)):
+        return ("the broker closed the connection during the TLS handshake: is it a TLS (SSL or SASL_SSL) listener? "
+                "A PLAINTEXT one hangs up on the proxy's --upstream-tls ClientHello")
+    return text or type(exc).__name__

@@ -26,6 +26,7 @@ in `proxy.listener` (accept) and `proxy.connection` (upstream connect).
 from __future__ import annotations
 
 import ssl
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,6 +113,34 @@ def _load_ca(ctx: ssl.SSLContext, ca: str | Path, what: str) -> None:
         ctx.load_verify_locations(cafile=str(ca))
     except ssl.SSLError as exc:
         raise TlsConfigError(f"{what}: {ca} holds no usable certificate: {exc.reason or exc}") from None
+    except OSError as exc:  # a 0600 file of another user (a service run as its own user): was a traceback
+        raise TlsConfigError(f"{what}: cannot read {ca}: {exc.strerror or exc}") from None
+
+
+def validity_problem(cert: str | Path, option: str, now: float | None = None) -> str | None:
+    """Why the certificate (the first of the PEM file) is outside its validity period now, or None.
+
+    A warning, not a refusal: the proxy starts with an expired certificate (OpenSSL loads it), and
+    every peer that verifies it then refuses each connection with a bare CERTIFICATE_EXPIRED alert, far
+    from the proxy's start where the cause was plain. A peer told not to verify still connects, so the
+    proxy does not refuse. None too when the dates cannot be read (the loading itself says what is wrong).
+    """
+    decode = getattr(ssl._ssl, "_test_decode_cert", None)  # noqa: SLF001 — CPython's own PEM decoder, no dependency
+    if decode is None:
+        return None
+    try:
+        info = decode(str(cert))
+        not_before, not_after = ssl.cert_time_to_seconds(info["notBefore"]), ssl.cert_time_to_seconds(info["notAfter"])
+    except (ssl.SSLError, OSError, KeyError, ValueError):
+        return None
+    now = time.time() if now is None else now
+    if now > not_after:
+        return (f"{option} {cert} expired on {info['notAfter']}: every peer that verifies it will refuse the "
+                "connection (CERTIFICATE_EXPIRED)")
+    if now < not_before:
+        return (f"{option} {cert} is not valid before {info['notBefore']} (is this host's clock right?): every peer "
+                "that verifies it will refuse the connection")
+    return None
 
 
 @dataclass(frozen=True)
@@ -168,6 +197,7 @@ class TlsSetup:
 
     server: ssl.SSLContext | None = None
     upstream: UpstreamTls | None = None
+    warnings: tuple[str, ...] = ()  # certificates outside their validity period (`validity_problem`)
 
 
 def tls_setup(rec: dict[str, Any], handshake_timeout: float = 10.0) -> TlsSetup:
@@ -179,6 +209,12 @@ def tls_setup(rec: dict[str, Any], handshake_timeout: float = 10.0) -> TlsSetup:
     up_cert, up_key = rec.pop("upstream_tls_cert", None), rec.pop("upstream_tls_key", None)
     up_key_pw = read_passphrase(rec.pop("upstream_tls_key_password_file", None), "--upstream-tls-key-password-file")
     no_verify_host = rec.pop("upstream_tls_no_verify_hostname", False)
+    # a passphrase without its key was ignored without a word (and the proxy then spoke plaintext to the brokers)
+    if key_pw is not None and not key:
+        raise TlsConfigError("--tls-key-password-file is the passphrase of --tls-key: give --tls-cert and --tls-key")
+    if up_key_pw is not None and not up_key:
+        raise TlsConfigError("--upstream-tls-key-password-file is the passphrase of --upstream-tls-key: give "
+                             "--upstream-tls-cert and --upstream-tls-key")
     server = None
     if cert or key or client_ca:
         if not (cert and key):
@@ -188,4 +224,6 @@ def tls_setup(rec: dict[str, Any], handshake_timeout: float = 10.0) -> TlsSetup:
     if up or up_ca or up_name or up_cert or up_key or no_verify_host:
         upstream = UpstreamTls(client_context(up_ca, up_cert, up_key, verify_hostname=not no_verify_host,
                                               key_password=up_key_pw), up_name, handshake_timeout)
-    return TlsSetup(server, upstream)
+    warnings = tuple(w for w in (validity_problem(cert, "--tls-cert") if server else None,
+                                 validity_problem(up_cert, "--upstream-tls-cert") if upstream and up_cert else None) if w)
+    return TlsSetup(server, upstream, warnings)
