@@ -30,15 +30,21 @@ F = TypeVar("F", bound=Callable[..., None])
 @click.command("rollups", context_settings=_SETTINGS)
 @click.argument("recording", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--no-merge", is_flag=True, help="Write each requests file's rollups but do not merge each hour's into one file.")
-@click.option("--check", is_flag=True, help="Only say how many requests files lack rollups; write nothing (exit 1 if any do).")
-def rollups(recording: Path, no_merge: bool, check: bool) -> None:
+@click.option("--check", is_flag=True,
+              help="Only say how many requests files lack rollups; write nothing (exit 1 if any that this command "
+                   "would write do: the files of an older format and of the last two hours do not count).")
+@click.option("--include-recent", is_flag=True,
+              help="Roll up the last two hours too (the current one and the one before), which are left alone by "
+                   "default: a proxy may still be writing them. For a recording no proxy writes to any more.")
+def rollups(recording: Path, no_merge: bool, check: bool, include_recent: bool) -> None:
     """Write the rollups RECORDING lacks and merge each hour's, so `kafkatap analyze` sums them.
 
     \b
     A proxy writes them itself beside every final requests file, and merges an hour's when it
     leaves the hour. Run this on recordings made before that, recorded with compaction off
-    (--compact-interval 0), or left by a crash. Run it when no proxy is writing to RECORDING.
-    Files of an older recording format are skipped: the analysis reads those requests. A recording
+    (--compact-interval 0), or left by a crash. The last two hours are left alone unless
+    --include-recent: beside a running proxy, rolling up the hour it is still writing would count
+    rows twice. Files of an older recording format are skipped: the analysis reads those requests. A recording
     with connections but no request (every connection TLS passed through) has nothing to roll up:
     it is said, with the connections' count, and the exit status is 0.
 
@@ -49,13 +55,24 @@ def rollups(recording: Path, no_merge: bool, check: bool) -> None:
     from recording.migrations import RecordingFormatError
 
     try:
-        _rollups(recording, no_merge, check)
+        _rollups(recording, no_merge, check, None if include_recent else _settled_before())
     except RecordingFormatError as exc:  # a file cut short by a crash, or not kafkatap's: said in one line, as analyze does
         raise click.ClickException(str(exc)) from None
 
 
-def _rollups(recording: Path, no_merge: bool, check: bool) -> None:
-    from recording.rollups import coverage_all, write_missing  # pyarrow: only for this command
+def _settled_before() -> int:
+    """The end of the hours `rollups` may touch by default: all but the current hour and the one before it."""
+    from recording.layout import HOUR_NS
+    from recording.rollups import RECENT_HOURS
+
+    now = time.time_ns()
+    return (now // HOUR_NS - (RECENT_HOURS - 1)) * HOUR_NS
+
+
+def _rollups(recording: Path, no_merge: bool, check: bool, settled_before_ns: int | None) -> None:
+    from recording.reader import file_version
+    from recording.rollups import coverage_all, settled, write_missing  # pyarrow: only for this command
+    from recording.schema import FORMAT_VERSION
 
     cover = coverage_all(recording)
     if cover is None:
@@ -70,8 +87,14 @@ def _rollups(recording: Path, no_merge: bool, check: bool) -> None:
         click.echo(f"{recording}: no requests files, so no rollups to write: {conns:,} connection(s) recorded, "
                    f"{opaque:,} of them opaque ({tls:,} TLS passed through), and no Kafka request")
         return
-    lacking = len(cover.uncovered)
-    click.echo(f"{recording}: {requests:,} requests files, {lacking:,} without all their rollups")
+    paths = dict(zip(cover.requests.relative, cover.requests.paths))
+    recent = [rel for rel in cover.uncovered if not settled(rel, settled_before_ns)]
+    older = [rel for rel in cover.uncovered if rel not in recent and file_version(paths[rel]) != FORMAT_VERSION]
+    lacking = len(cover.uncovered) - len(recent) - len(older)
+    apart = ([f"{len(older):,} of an older format (the analysis reads their requests)"] if older else []) + (
+        [f"{len(recent):,} in the last two hours (a proxy may still be writing them: --include-recent)"] if recent else [])
+    click.echo(f"{recording}: {requests:,} requests files, {lacking:,} without all their rollups"
+               + (f"; left alone: {', '.join(apart)}" if apart else ""))
     if check:
         raise SystemExit(1 if lacking else 0)
     started = time.monotonic()
@@ -83,7 +106,7 @@ def _rollups(recording: Path, no_merge: bool, check: bool) -> None:
             last[0] = now
             click.echo(f"  {done:,}/{todo:,} files, {now - started:.0f} s")
 
-    result = write_missing(recording, merge=not no_merge, progress=progress)
+    result = write_missing(recording, merge=not no_merge, progress=progress, settled_before_ns=settled_before_ns)
     click.echo(f"wrote rollups for {result.written:,} requests files"
                + (f", skipped {result.skipped:,} of an older format" if result.skipped else "")
                + ("" if no_merge else f"; merged the rollups of {result.merged:,} partition directories")

@@ -38,13 +38,14 @@ import pyarrow.parquet as pq
 from recording import latency_cells as cells_mod
 from recording import request_sums as sums_mod
 from recording.files import META_PROXY, META_RUN, META_SEQ, ParquetOptions, file_metadata, write_atomic
-from recording.layout import file_range, live_names, merged_name
+from recording.layout import HOUR_NS, file_range, hour_of_dirs, live_names, merged_name, partition_values
 from recording.reader import (LiveFiles, RecordingFormatError, conform, dataset_version, file_version, live_files,
                               sampled_footers)
 from recording.schema import DERIVED_DATASETS, FIRST_ROLLUP_VERSION, FORMAT_VERSION, ROLLUP_KEY, ROLLUP_VERSION, arrow_schema
 
 __all__ = ["CELLS", "META_SOURCE_ROWS", "BATCH_ROWS", "rollup_version", "derived_path", "write_rollups", "merge_hour",
-           "Backfill", "write_missing", "Coverage", "RecordingCoverage", "coverage_all", "TIME_KEYED", "stored_span_ns"]
+           "Backfill", "write_missing", "Coverage", "RecordingCoverage", "coverage_all", "TIME_KEYED", "stored_span_ns",
+           "RECENT_HOURS", "settled", "unreadable_rollup", "unreadable_requests"]
 
 CELLS = "latency_cells"
 # stored per ROLLUP_BUCKET_S: an analysis whose time bucket is not a multiple of it computes these from the requests
@@ -206,12 +207,16 @@ def merge_hour(requests_dir: Path, run: str, fsync: bool = True) -> int:
         proxy_id = ""
         versions: list[int] = []
         for n in inputs:
-            pf = pq.ParquetFile(directory / n)
-            md = pf.schema_arrow.metadata or {}
+            try:
+                pf = pq.ParquetFile(directory / n)
+                md = pf.schema_arrow.metadata or {}
+                part = pf.read().replace_schema_metadata(None)
+            except (pa.ArrowException, OSError) as exc:  # pyarrow's message names no file
+                raise RecordingFormatError(unreadable_rollup(directory / n, exc)) from None
             proxy_id = proxy_id or md.get(META_PROXY, b"").decode()
             source_rows += int(md.get(META_SOURCE_ROWS, b"0") or 0)
             versions.append(rollup_version(md))
-            held = _fold(DERIVED[name], held, pf.read().replace_schema_metadata(None))
+            held = _fold(DERIVED[name], held, part)
         # merging computes nothing anew: the merged file is as old as its oldest input (stale stays stale)
         _write(name, _finish(name, held), directory / merged_name(run, first, last), proxy_id=proxy_id, run=run,
                seq=f"{first}-{last}", source_rows=source_rows, fsync=fsync, version=min(versions))
@@ -221,6 +226,33 @@ def merge_hour(requests_dir: Path, run: str, fsync: bool = True) -> int:
     return merged
 
 
+def unreadable_rollup(path: Path, exc: BaseException) -> str:
+    """What to say of a rollup file that cannot be read while rolling up, and what to do: it is derived data."""
+    return (f"cannot read {path} ({str(exc).strip() or type(exc).__name__}): a rollup file cut short by a crash; "
+            "delete it and run `kafkatap rollups` again (it is recomputed from the requests: nothing is lost)")
+
+
+def unreadable_requests(path: Path, exc: BaseException) -> str:
+    """What to say of a requests file whose rollups cannot be computed (it cannot be read)."""
+    return (f"cannot read {path} ({str(exc).strip() or type(exc).__name__}): a requests file cut short by a crash, "
+            "or not Parquet; move it out of the recording (its rows are lost) and run `kafkatap rollups` again")
+
+
+RECENT_HOURS = 2  # the current hour and the one before: a running proxy may still flush, compact and merge them
+
+
+def settled(relative: str, settled_before_ns: int | None) -> bool:
+    """Does the file's partition hour end at or before `settled_before_ns` (None: every hour counts as settled)?
+
+    A file outside the date=/hour= layout counts as settled: no proxy writes such a file.
+    """
+    if settled_before_ns is None:
+        return True
+    pv = partition_values(relative)
+    index = hour_of_dirs(f"date={pv.get('date', '')}", f"hour={pv.get('hour', '')}")
+    return index is None or (index + 1) * HOUR_NS <= settled_before_ns
+
+
 @dataclass(frozen=True)
 class Backfill:
     """What `write_missing` did to one recording."""
@@ -228,16 +260,20 @@ class Backfill:
     written: int  # requests files that got their rollups
     skipped: int  # requests files of an older format: an analysis reads those requests themselves
     merged: int  # partition directories whose rollups were merged per run (`merge_hour`)
+    recent: int = 0  # requests files without rollups left alone: their hour may still be written to
 
 
 def write_missing(root: Path | str, fsync: bool = True, merge: bool = True,
-                  progress: Callable[[int, int], None] | None = None) -> Backfill:
+                  progress: Callable[[int, int], None] | None = None, settled_before_ns: int | None = None) -> Backfill:
     """Write the rollups of every live requests file of a local recording that lacks any, then merge each hour's.
 
     For recordings made before the writer stored rollups, with compaction off, or left by a
     crash between a requests file and its rollups. Merging (`merge_hour`, per directory and run)
-    is what a writer does when it leaves an hour; run it on a recording no proxy is writing to.
-    `progress(done, todo)` is called after each file written.
+    is what a writer does when it leaves an hour. `settled_before_ns`: only the hours that ended by
+    then are touched — beside a running proxy, rolling up the hour it still flushes and compacts
+    counted rows twice (a flush file's rollups merged, then its compacted file's range overlapping
+    them), and the analysis summed the inflated rollups. `progress(done, todo)` is called after
+    each file written. RecordingFormatError names a file that cannot be read.
     """
     cover = coverage_all(root)
     if cover is None:
@@ -249,24 +285,29 @@ def write_missing(root: Path | str, fsync: bool = True, merge: bool = True,
                 path.unlink(missing_ok=True)
     uncovered = cover.uncovered
     missing = [(rel, path) for rel, path in zip(listing.relative, listing.paths) if rel in uncovered]
+    recent = sum(1 for rel, _ in missing if not settled(rel, settled_before_ns))
+    missing = [(rel, path) for rel, path in missing if settled(rel, settled_before_ns)]
     written = skipped = 0
     for rel, path in missing:
         if file_version(path) != FORMAT_VERSION:
             skipped += 1
             continue
-        write_rollups(Path(path), fsync=fsync)
+        try:
+            write_rollups(Path(path), fsync=fsync)
+        except (pa.ArrowException, OSError) as exc:  # a footer read, pages that are not: pyarrow names no file
+            raise RecordingFormatError(unreadable_requests(Path(path), exc)) from None
         written += 1
         if progress is not None:
             progress(written + skipped, len(missing))
     merged = 0
     if merge:
         runs: dict[Path, set[str]] = {}
-        for path in listing.paths:
+        for rel, path in zip(listing.relative, listing.paths):
             r = file_range(Path(path).name)
-            if r is not None:
+            if r is not None and settled(rel, settled_before_ns):
                 runs.setdefault(Path(path).parent, set()).add(r[0])
         merged = sum(1 for directory, rs in runs.items() for run in sorted(rs) if merge_hour(directory, run, fsync=fsync))
-    return Backfill(written, skipped, merged)
+    return Backfill(written, skipped, merged, recent)
 
 
 @dataclass(frozen=True)

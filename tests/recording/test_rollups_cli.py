@@ -157,3 +157,75 @@ def test_requests_files_written_before_a_column_was_added_still_roll_up(tmp_path
     done = CliRunner().invoke(cli, ["rollups", str(root)])
     assert done.exit_code == 0, done.output
     assert coverage_all(root).complete
+
+
+def _without_rollups(root: Path, files: list[Path]) -> None:
+    """Remove the rollups of `files` (requests files): as a proxy's flush files are before compaction."""
+    for f in files:
+        rel = f.relative_to(root / "requests")
+        for ds in DERIVED_DATASETS:
+            (root / ds / rel).unlink(missing_ok=True)
+
+
+def test_the_last_two_hours_are_left_alone_unless_asked(tmp_path: Path) -> None:
+    """Beside a running proxy, rolling up the hour it still flushed and compacted counted rows twice (26,400 rows
+    in the rollups of 20,400 requests), and the analysis summed them. The hours it may still write are left."""
+    import time
+
+    root = tmp_path / "rec"
+    now = time.time_ns()
+    old = write_rows(root, "requests", [req("o1", 1, t_s=0)])  # 2026-11-20 09:00
+    live = write_rows(root, "requests", [req("n1", 1, req_first_ns=now, req_last_ns=now, req_sent_ns=now)])
+    _without_rollups(root, old + live)
+    runner = CliRunner()
+    checked = runner.invoke(cli, ["rollups", str(root), "--check"])
+    assert checked.exit_code == 1, checked.output
+    assert checked.output == (f"{root}: 2 requests files, 1 without all their rollups; left alone: 1 in the last two "
+                              "hours (a proxy may still be writing them: --include-recent)\n")
+    done = runner.invoke(cli, ["rollups", str(root)])
+    assert done.exit_code == 0 and "wrote rollups for 1 requests files" in done.output, done.output
+    assert set(coverage_all(root).uncovered) == {str(p.relative_to(root / "requests")) for p in live}
+    assert runner.invoke(cli, ["rollups", str(root), "--check"]).exit_code == 0  # what it would write is written
+    done = runner.invoke(cli, ["rollups", str(root), "--include-recent"])
+    assert done.exit_code == 0 and "wrote rollups for 1 requests files" in done.output, done.output
+    assert coverage_all(root).complete
+
+
+def test_files_of_an_older_format_do_not_keep_check_failing(tmp_path: Path) -> None:
+    """An older-format file cannot get rollups (the analysis reads its requests): `--check` exited 1 for ever."""
+    from tests.recording.test_timestamps import _write_old
+
+    root = tmp_path / "rec"
+    _write_old(root, 2)
+    runner = CliRunner()
+    checked = runner.invoke(cli, ["rollups", str(root), "--check"])
+    assert checked.exit_code == 0, checked.output
+    assert "0 without all their rollups; left alone: 1 of an older format" in checked.output
+    assert "skipped 1 of an older format" in runner.invoke(cli, ["rollups", str(root)]).output
+
+
+def test_a_damaged_rollup_or_requests_file_is_named_in_one_line(tmp_path: Path) -> None:
+    """A rollup file with a sound footer and damaged pages failed the hour's merge with a traceback
+    (`Couldn't deserialize thrift`), and so did such a requests file when its rollups were computed."""
+    root = tmp_path / "rec"
+    files = [f for i in range(3) for f in write_rows(root, "requests", [req(f"c{i}", 1, t_s=10 + i)])]
+    cells = sorted((root / "latency_cells").rglob("*.parquet"))
+    assert len(cells) == 3  # one hour, three files: the merge reads each
+    _damage_pages(cells[1])
+    res = CliRunner().invoke(cli, ["rollups", str(root)])
+    assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+    assert f"Error: cannot read {cells[1]} (" in res.output and "delete it and run `kafkatap rollups` again" in res.output
+    cells[1].unlink()  # as the line says
+    _without_rollups(root, files[:1])
+    _damage_pages(files[0])
+    res = CliRunner().invoke(cli, ["rollups", str(root)])
+    assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+    assert f"Error: cannot read {files[0]} (" in res.output and "move it out of the recording" in res.output
+
+
+def _damage_pages(path: Path) -> None:
+    """Overwrite the data pages, keep the footer: pyarrow opens the file and fails reading it."""
+    data = bytearray(path.read_bytes())
+    footer = int.from_bytes(data[-8:-4], "little") + 8
+    data[4:len(data) - footer] = bytes([0xFF]) * (len(data) - footer - 4)
+    path.write_bytes(bytes(data))
