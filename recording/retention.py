@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -37,13 +38,14 @@ import click
 from recording.datasets import DATASETS
 from recording.layout import HOUR_NS, hour_of_dirs, safe_segment
 
-__all__ = ["KEPT", "KEPT_NAMES", "PRUNED", "MIN_RETAIN_S", "Pruned", "hour_dirs", "expired", "prune", "parse_duration",
-           "DURATION", "describe"]
+__all__ = ["KEPT", "KEPT_NAMES", "PRUNED", "MIN_RETAIN_S", "MAX_RETAIN_S", "Pruned", "PruneError", "hour_dirs",
+           "expired", "prune", "parse_duration", "DURATION", "describe"]
 
 KEPT = ("topics", "runs")  # datasets retention never touches (see the module docstring)
 KEPT_NAMES = " and ".join(f"{name}/" for name in KEPT)  # as the help texts name them ("topics/ and runs/")
 PRUNED = tuple(d for d in DATASETS if d not in KEPT)
 MIN_RETAIN_S = 3600.0  # the current and the previous hour are always kept: late rows and merges still go there
+MAX_RETAIN_S = 100 * 366 * 86400.0  # a century: further back than any recording (and than the clock's range)
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -90,8 +92,37 @@ def hour_dirs(root: Path | str, proxy_id: str | None = None) -> Iterator[tuple[i
 
 
 def expired(root: Path | str, cutoff_ns: int, proxy_id: str | None = None) -> list[tuple[int, Path]]:
-    """The hour directories whose whole hour ended at or before `cutoff_ns` (epoch ns), oldest first."""
-    return sorted((i, d) for i, d in hour_dirs(root, proxy_id) if (i + 1) * HOUR_NS <= cutoff_ns)
+    """The hour directories whose whole hour ended at or before `cutoff_ns` (epoch ns), oldest first.
+
+    Within an hour, requests/ comes first: a pruning stopped part way (a file it may not delete) then
+    leaves rollups without their requests file, which every reader ignores, never requests files
+    without their rollups, which sent every later analysis back to reading every request.
+    """
+    return sorted(((i, d) for i, d in hour_dirs(root, proxy_id) if (i + 1) * HOUR_NS <= cutoff_ns),
+                  key=lambda item: (item[0], Path(item[1]).relative_to(root).parts[0] != "requests", str(item[1])))
+
+
+class PruneError(OSError):
+    """A pruning stopped at a path it could not delete: the path, the reason, and what was deleted before it."""
+
+    def __init__(self, message: str, done: Pruned) -> None:
+        super().__init__(message)
+        self.done = done
+
+
+def _rmtree(directory: Path) -> None:
+    """shutil.rmtree, whose errors name the file that could not go by its full path (rmtree's name only its base)."""
+
+    def named(_func: object, path: str, exc: BaseException) -> None:
+        if isinstance(exc, FileNotFoundError):  # gone meanwhile (another pruning): nothing to do
+            return
+        why = getattr(exc, "strerror", None) or str(exc)
+        raise OSError(getattr(exc, "errno", None), f"cannot delete {path}: {why}") from None
+
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(directory, onexc=named)
+    else:
+        shutil.rmtree(directory, onerror=lambda func, path, info: named(func, path, info[1]))
 
 
 def _size(directory: Path) -> tuple[int, int]:
@@ -117,10 +148,14 @@ def prune(root: Path | str, cutoff_ns: int, proxy_id: str | None = None, *, dry_
     for index, directory in expired(root, cutoff_ns, proxy_id):
         files, size = _size(directory)
         if not dry_run:
+            if not directory.exists() and not directory.is_symlink():
+                continue  # gone meanwhile
             try:
-                shutil.rmtree(directory)
-            except FileNotFoundError:
-                continue
+                _rmtree(directory)
+            except OSError as exc:
+                out.hours = sorted(hours)
+                done = f"deleted before it: {describe(out)}" if out.hours else "nothing deleted before it"
+                raise PruneError(f"{exc.strerror or exc} ({done}); run prune again once it can be deleted", out) from None
             try:
                 directory.parent.rmdir()  # the date, once its last hour is gone
             except OSError:
@@ -170,6 +205,8 @@ class _Duration(click.ParamType):
         if seconds < MIN_RETAIN_S:
             self.fail(f"{value} is less than an hour: recordings are kept and deleted by the hour, and the last "
                       "two hours are still being written", param, ctx)
+        if not seconds <= MAX_RETAIN_S:  # a traceback from the clock's range (OverflowError) before
+            self.fail(f"{value} is more than a century: no recording goes back that far", param, ctx)
         return seconds
 
 

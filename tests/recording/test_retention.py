@@ -52,6 +52,29 @@ def test_durations_read_units_and_refuse_less_than_an_hour():
     with pytest.raises(click.BadParameter, match="less than an hour"):
         DURATION.convert("30m", None, None)
     assert MIN_RETAIN_S == 3600
+    for huge in ("99999999999999999999w", "9" * 400 + "w", "100000w"):  # OverflowError tracebacks, or a year 110
+        with pytest.raises(click.BadParameter, match="more than a century"):
+            DURATION.convert(huge, None, None)
+
+
+def test_a_pruning_that_cannot_delete_a_path_names_it_and_what_went_before(tmp_path: Path):
+    """It said `R: Cannot call rmtree on a symbolic link` (or a file's base name alone), not what it had deleted,
+    and left an hour with its rollups gone and its requests kept: every later analysis read every request."""
+    root = tmp_path / "rec"
+    _record_hours(root, [0, 1, 2])
+    hour1 = root / "requests" / "proxy=p1" / "date=2026-11-20" / "hour=10"
+    elsewhere = tmp_path / "elsewhere"
+    hour1.rename(elsewhere)
+    hour1.symlink_to(elsewhere)  # an hour moved aside by hand: prune deletes nothing outside the recording
+    res = CliRunner().invoke(cli, ["prune", str(root), "--older-than", "1h"])
+    assert res.exit_code == 1, res.output
+    assert res.output.startswith(f"Error: {root}: cannot delete {hour1}: ") and "symbolic link" in res.output
+    assert "(deleted before it: 1 hour(s), 2026-11-20 09:00 UTC:" in res.output and "run prune again" in res.output
+    assert any(elsewhere.iterdir())  # nothing outside the recording went
+    # requests/ goes first in each hour: the failure left hour 10 whole, its rollups still standing for its requests
+    assert _hours_of(root, "latency_cells") == ["date=2026-11-20/hour=10", "date=2026-11-20/hour=11"]
+    order = [d.relative_to(root).parts[0] for i, d in expired(root, T0 + 3 * HOUR_NS) if i == T0 // HOUR_NS + 1]
+    assert order[0] == "requests" and sorted(order[1:]) == order[1:]
 
 
 def test_prune_removes_whole_old_hours_and_keeps_topics_and_coverage(tmp_path: Path):
