@@ -213,10 +213,11 @@ class ProxyServer:
                                       original_dst=self.original_dst, rng=self.rng, topics=self.topics,
                                       interceptors=self.interceptors, upstream_tls=self.upstream_tls,
                                       cluster_mode=self.cluster is not None)
-        for route in self.routes:
-            self._listen(route)
-        if self.cluster is not None:  # discovery binds the brokers' listeners before any client is served
-            await self.cluster.start()
+        bound = [self._bind(route) for route in self.routes]  # bound first: a broker's port may follow the listen port
+        if self.cluster is not None:  # discovery binds the brokers' listeners before any client is served: a broker
+            await self.cluster.start()  # that can get none stops the start before a client was accepted
+        for route, socks in zip(self.routes, bound):
+            self._serve(route, socks)
         if self.balancer is not None:  # after discovery: the brokers' listeners exist before others pass to us
             self.balancer.start(self.loop, self.adopt)
         if self.tcp_info_interval:
@@ -244,8 +245,8 @@ class ProxyServer:
             self._emit.run_event({"proxy_id": self.proxy_id, "run": self._run, "event": "launch", "ts_ns": launched_ns,
                                   "pid": parent, "version": KAFKATAP_VERSION})
 
-    def _listen(self, route: Route) -> None:
-        """Bind the route's listener(s) and start accepting (proxy.listener: EMFILE is seen, logged, counted).
+    def _bind(self, route: Route) -> list[socket.socket]:
+        """Bind the route's listener socket(s); `_serve` starts accepting on them.
 
         A transparent route on 0.0.0.0 also listens on [::] at the same port: `kafkatap iptables`
         redirects IPv6 too, and an IPv6 client must not meet ECONNREFUSED. Not when a route of its own
@@ -253,14 +254,19 @@ class ProxyServer:
         use", and `--workers` bound [::]:P twice in each worker.
         """
         host, port = route.listen
-        up = route.upstream
         socks = [bind_listener(host, port, self.backlog, self.reuse_port)]
         own_v6 = port != 0 and any(r.upstream is None and r.listen == ("::", port) for r in self.routes)
-        if up is None and host == "0.0.0.0" and socket.has_ipv6 and not own_v6:
+        if route.upstream is None and host == "0.0.0.0" and socket.has_ipv6 and not own_v6:
             try:
                 socks.append(bind_listener("::", socks[0].getsockname()[1], self.backlog, self.reuse_port))
             except OSError as exc:  # a host without IPv6: the IPv4 listener still serves
                 log.warning("transparent mode without an IPv6 listener", error=str(exc))
+        self._listen_addrs.extend(sock.getsockname()[:2] for sock in socks)  # the routes' first, the brokers' after
+        return socks
+
+    def _serve(self, route: Route, socks: list[socket.socket]) -> None:
+        """Start accepting on a route's bound sockets (proxy.listener: EMFILE is seen, logged, counted)."""
+        up = route.upstream
         for sock in socks:
             addr = sock.getsockname()[:2]
             listener = format_addr(addr)
@@ -268,7 +274,7 @@ class ProxyServer:
             def factory(up: Addr | None = up, listener: str | None = listener) -> asyncio.Protocol:
                 return Connection(self._ctx, listener, up).client_protocol  # type: ignore[arg-type]
 
-            self._accept(sock, factory)
+            self._accept(sock, factory, known=True)
             log.info("listening", listener=listener,
                      upstream=format_addr(up) if up else "original destination (transparent)")
             if up is not None and self.bypass_check and self.bootstrap_hint and sock is socks[0]:
@@ -342,13 +348,16 @@ class ProxyServer:
             acceptor.close()
         return addr[0], addr[1]
 
-    def _accept(self, sock: socket.socket, factory: Callable[[], asyncio.Protocol]) -> Acceptor:
-        """Start accepting on a bound listener (proxy.listener: EMFILE is seen, logged, counted)."""
+    def _accept(self, sock: socket.socket, factory: Callable[[], asyncio.Protocol], known: bool = False) -> Acceptor:
+        """Start accepting on a bound listener (proxy.listener: EMFILE is seen, logged, counted).
+
+        `known`: its address is in `listen_addrs` already (a route's, recorded when it was bound)."""
         acceptor = Acceptor(self.loop, sock, factory, self._accept_failed, ssl=self.tls_server,
                             balancer=self.balancer)
         acceptor.start()
         self._acceptors[acceptor.name] = acceptor
-        self._listen_addrs.append(sock.getsockname()[:2])
+        if not known:
+            self._listen_addrs.append(sock.getsockname()[:2])
         return acceptor
 
     def adopt(self, listener: str, sock: socket.socket) -> bool:

@@ -224,3 +224,43 @@ def test_an_address_in_front_of_the_proxy_is_no_bypass() -> None:
     """--fronted-by: a load balancer / NAT / another proxy forwards that address here."""
     check = BypassCheck(lambda: [("127.0.0.1", 19092)], [("127.0.0.1", 29092)], fronted_by=[("10.1.1.1", 9092)])
     assert check.around(["1@10.1.1.1:9092", "2@10.2.2.2:9092", "127.0.0.1:19092"]) == ["10.2.2.2:9092"]
+
+
+def test_a_broker_that_can_get_no_listener_stops_the_start_before_a_client_is_accepted() -> None:
+    """Node 20000 on a listen port of 48500 (port + 1 + node id is no port): the proxy logged "listening" and
+    "clients bootstrap here" and accepted clients for the length of the discovery, then exited 2. Now the
+    listeners serve after discovery. Node 65000 here: no free port plus it fits."""
+    import asyncio
+    import socket
+
+    from structlog.testing import capture_logs
+
+    from protocol.apis import METADATA
+    from proxy.cluster import BrokerListenerError, ClusterMode
+    from proxy.server import ProxyServer
+
+    async def run() -> None:
+        async def bootstrap(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            head = await reader.readexactly(4)
+            body = await reader.readexactly(int.from_bytes(head, "big"))
+            cid = int.from_bytes(body[4:8], "big")
+            writer.write(encode_response(METADATA, 12, cid, {
+                "throttle_time_ms": 0, "brokers": [{"node_id": 65000, "host": "127.0.0.1", "port": 9092, "rack": None}],
+                "cluster_id": "c", "controller_id": 65000, "topics": []}))
+            await writer.drain()
+            writer.close()
+
+        fake = await asyncio.start_server(bootstrap, "127.0.0.1", 0)
+        with socket.socket() as probe:  # a free port: plus 1 + 65000 it is no port
+            probe.bind(("127.0.0.1", 0))
+            listen = probe.getsockname()[1]
+        mode = ClusterMode(ClusterConfig(bootstrap=fake.sockets[0].getsockname()[:2], listen=("127.0.0.1", listen)))
+        server = ProxyServer([f"127.0.0.1:{listen}=127.0.0.1:9"], tcp_info=False, cluster=mode)
+        with pytest.raises(BrokerListenerError, match="broker 65000"):
+            await server.start()
+        fake.close()
+
+    with capture_logs() as logs:
+        asyncio.run(run())
+    events = [e["event"] for e in logs]
+    assert "listening" not in events and "clients bootstrap here" not in events, events
