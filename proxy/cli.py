@@ -640,8 +640,8 @@ async def _serve(routes: list[Route], faults, rec: dict, *, ready_fd: int | None
 @click.option("--mark", type=_MARK, default=DEFAULT_MARK, metavar="INT",
               help=f"local mode: packets with this mark (the proxy's upstream sockets) are not redirected; decimal "
                    f"or 0x hex.  [default: {hex(DEFAULT_MARK)}, the proxy's own default]")
-@click.option("--owner-uid", type=int, default=None,
-              help="local mode: also skip packets of this uid (when the proxy cannot set marks).")
+@click.option("--owner-uid", type=click.IntRange(0, 2**32 - 2), default=None, metavar="UID",
+              help="local mode: also skip packets of this uid (the proxy's, when it cannot set marks).")
 @click.option("--interface", default=None, help="gateway mode: only packets arriving on this interface.")
 @click.option("--ipv6/--no-ipv6", default=True, show_default=True, help="Also write ip6tables rules.")
 @click.option("--apply", "do_apply", is_flag=True,
@@ -667,7 +667,7 @@ def iptables(mode: str, brokers: tuple[str, ...], ports: tuple[int, ...], proxy_
       kafkatap iptables --remove --dry-run    # what --remove would delete
       kafkatap iptables --remove
     """
-    from proxy.netfilter import RulePlan, apply, build, left_out_note, removal_found, render
+    from proxy.netfilter import RulePlan, apply, build, left_out_note, removal_found, remove, render
 
     chosen = [name for name, on in (("--apply", do_apply), ("--remove", do_remove), ("--dry-run", dry_run)) if on]
     if do_apply and len(chosen) > 1:  # --remove --dry-run is a preview of the removal
@@ -678,6 +678,10 @@ def iptables(mode: str, brokers: tuple[str, ...], ports: tuple[int, ...], proxy_
     if owner_uid is not None and mode != "local" and not do_remove:
         raise click.UsageError("--owner-uid only applies with --mode local (a gateway redirects other hosts' "
                                "packets, which carry no local uid)")
+    mark_given = click.get_current_context().get_parameter_source("mark") is ParameterSource.COMMANDLINE
+    if mark_given and mode != "local" and not do_remove:  # was dropped without a word
+        raise click.UsageError("--mark only applies with --mode local (a gateway redirects other hosts' packets; "
+                               "the proxy's own upstream connections leave it through OUTPUT, which it leaves alone)")
     if do_remove:
         try:
             cmds = removal_found()
@@ -688,7 +692,7 @@ def iptables(mode: str, brokers: tuple[str, ...], ports: tuple[int, ...], proxy_
                 click.echo("dry run: nothing was changed; these are the commands --remove would run (as root)", err=True)
                 click.echo(render(cmds))
                 return
-            apply(cmds)
+            remove(cmds)
         except (RuntimeError, FileNotFoundError) as exc:
             raise click.ClickException(str(exc)) from exc
         click.echo(f"removed:\n{render(cmds)}" if cmds else "nothing of kafkatap's installed")
@@ -723,6 +727,13 @@ def _iptables_targets(brokers: tuple[str, ...], ports: tuple[int, ...]) -> list[
     """
     targets: list[tuple[str | None, int]] = []
     for text in brokers:
+        named = text.strip().rpartition(":")[0].strip("[]")
+        if named in ("", "0.0.0.0", "::"):  # parse_hostport's default host: a rule for 0.0.0.0 matches no packet
+            raise ValueError(f"--broker {text} names no broker host: give HOST:PORT, or --port PORT to redirect "
+                             "that port on every address")
+        if "%" in named:
+            raise ValueError(f"--broker {text}: iptables takes no zone index (%…) in an address: give the address "
+                             "alone, or --port PORT")
         host, port = parse_hostport(text, allow_zero=False)
         if _is_ip(host):
             targets.append((host, port))

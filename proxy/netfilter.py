@@ -22,14 +22,20 @@ cannot set marks).
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass, field
+from pathlib import Path
 
 CHAIN = "KAFKATAP"
 COMMENT = "kafkatap"  # on the jump rule, so the one rule outside our chain is recognisable as ours
 TOOLS = ("iptables", "ip6tables")
+# The legacy backend's tables, when the kernel holds any (read without loading a module, as `iptables-legacy -S`
+# would): iptables-nft, Debian's default, does not see rules installed through iptables-legacy, which still redirect.
+LEGACY_TABLES = {"iptables-legacy": Path("/proc/net/ip_tables_names"), "ip6tables-legacy": Path("/proc/net/ip6_tables_names")}
+INTERFACE = re.compile(r"[^\s/'\"!]{1,15}")  # a Linux interface name (IFNAMSIZ - 1), `+` as iptables' wildcard
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,11 @@ class RulePlan:
                              "own upstream connections would be redirected back to it (a loop)")
         if not self.targets:
             raise ValueError("give at least one --broker HOST:PORT or --port PORT")
+        if self.interface is not None and not INTERFACE.fullmatch(self.interface):
+            raise ValueError(f"--interface {self.interface!r} is no interface name (1 to 15 characters, no spaces or "
+                             "'/'; a trailing + matches every interface starting so)")
+        if self.owner_uid is not None and not 0 <= self.owner_uid < 2**32 - 1:
+            raise ValueError(f"--owner-uid {self.owner_uid} is no uid (0 to 4294967294)")
         if self.left_out and len(self.left_out) == len(self.targets):
             raise ValueError("every --broker is an IPv6 address and --no-ipv6 writes no ip6tables rule: "
                              "nothing would be redirected (drop --no-ipv6, or add an IPv4 --broker or a --port)")
@@ -151,7 +162,7 @@ def removal_found(netns: str | None = None, chain: str = CHAIN) -> list[list[str
     table cannot be read for another reason (not root): its rules may be there.
     """
     cmds: list[list[str]] = []
-    for tool in TOOLS:
+    for tool in (*TOOLS, *_legacy_tools(netns)):
         if shutil.which(tool) is None:
             continue
         nat = [tool, "-w", "-t", "nat"]
@@ -176,6 +187,23 @@ def removal_found(netns: str | None = None, chain: str = CHAIN) -> list[list[str
     return cmds
 
 
+def _legacy_tools(netns: str | None) -> list[str]:
+    """The legacy-backend tools to look in as well, when `iptables` is the nft one and legacy nat tables exist."""
+    if netns is not None or shutil.which("iptables") is None:
+        return []  # /proc/net is this namespace's: a namespace's own legacy tables are not looked for
+    version = _exec(["iptables", "-V"], None).stdout
+    if "nf_tables" not in version:
+        return []  # iptables is the legacy tool itself (or unknown): its own listing is the legacy one
+    out = []
+    for tool, names in LEGACY_TABLES.items():
+        try:
+            if "nat" in names.read_text().split():
+                out.append(tool)
+        except OSError:  # no legacy module loaded: no legacy table, nothing of ours there
+            pass
+    return out
+
+
 def _is_ours(rule: list[str], chain: str) -> bool:
     """A rule (as `iptables -S` prints it) that jumps to our chain or carries our comment."""
     pairs = set(zip(rule, rule[1:]))
@@ -195,12 +223,33 @@ def apply(cmds: list[list[str]], netns: str | None = None) -> None:
         except (RuntimeError, FileNotFoundError) as exc:
             undo = [u for u in (_undo(d) for d in reversed(done)) if u is not None]
             problems = [r.stderr.strip() for r in run(undo, netns, check=False) if r.returncode != 0]
-            if len(undo) < len(done):  # removal commands (`--remove`): what they removed is not put back
-                note = f"; the {len(done)} command(s) before it ran and stay done" if done else ""
+            if not done:  # it said "rolled back what was installed" of nothing
+                note = ""
+            elif len(undo) < len(done):  # removal commands: what they removed is not put back
+                note = f"; the {len(done)} command(s) before it ran and stay done"
             else:
                 note = "; rolled back what was installed" if not problems else f"; rollback incomplete: {problems}"
+            if "-N" in c and "already exists" in str(exc):
+                note += ("; a KAFKATAP chain is there already (an earlier --apply?): `kafkatap iptables --remove` "
+                         "removes it, then --apply again")
             raise type(exc)(f"{exc}{note}") from exc
         done.append(c)
+
+
+def remove(cmds: list[list[str]], netns: str | None = None) -> None:
+    """Run every removal command, past a failed one, then raise RuntimeError naming each that failed.
+
+    Why not stop at the first: a jump that cannot be deleted (changed by hand, say) left the other
+    family's jump and chains installed, redirecting on, though nothing stood in their way.
+    """
+    failed = []
+    for c in cmds:
+        r = run([c], netns, check=False)[0]
+        if r.returncode != 0:
+            failed.append(f"`{shlex.join(c)}` failed: {(r.stderr or r.stdout).strip()}")
+    if failed:
+        raise RuntimeError(f"{'; '.join(failed)} ({len(cmds) - len(failed)} of the {len(cmds)} removal command(s) "
+                           "ran; look at `iptables -t nat -S` and `ip6tables -t nat -S`)")
 
 
 def _undo(cmd: list[str]) -> list[str] | None:

@@ -333,7 +333,7 @@ def test_iptables_remove_dry_run_prints_and_changes_nothing(monkeypatch: pytest.
     found = [["iptables", "-w", "-t", "nat", "-D", "OUTPUT", "-j", "KAFKATAP"], ["iptables", "-w", "-t", "nat", "-X", "KAFKATAP"]]
     ran: list = []
     monkeypatch.setattr(netfilter, "removal_found", lambda: found)
-    monkeypatch.setattr(netfilter, "apply", ran.append)
+    monkeypatch.setattr(netfilter, "remove", ran.append)
     res = CliRunner().invoke(iptables, ["--remove", "--dry-run"])
     assert res.exit_code == 0 and ran == []
     assert res.stdout.splitlines() == netfilter.render(found).splitlines()
@@ -402,8 +402,9 @@ def test_iptables_remove_never_says_nothing_is_installed_when_it_could_not_read_
 
 
 def test_iptables_remove_that_fails_half_way_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    """--remove runs its -D/-F/-X commands all or nothing like --apply; a failure after the first one tried to
-    "roll back" a removal and died on StopIteration (a traceback, rules half removed, no word of it)."""
+    """A failure after the first removal command tried to "roll back" a removal and died on StopIteration (a
+    traceback, rules half removed, no word of it); then it stopped there, leaving the rest installed. Now every
+    removal command runs and each failure is named."""
     import subprocess
 
     from click.testing import CliRunner
@@ -426,8 +427,54 @@ def test_iptables_remove_that_fails_half_way_is_one_clear_line(monkeypatch: pyte
     monkeypatch.setattr(netfilter.shutil, "which", lambda tool: f"/usr/sbin/{tool}")
     res = CliRunner().invoke(iptables, ["--remove"])
     assert res.exit_code == 1 and not isinstance(res.exception, StopIteration), res.output
-    assert "Resource busy" in res.output and "the 1 command(s) before it ran and stay done" in res.output
+    assert "`iptables -w -t nat -F KAFKATAP` failed: iptables: Resource busy." in res.output
+    assert "(2 of the 3 removal command(s) ran;" in res.output, res.output
+    assert [c[4] for c in calls if "-t" in c and "-S" not in c] == ["-D", "-F", "-X"]  # past the failure, to the end
     assert not any("-A" in c or "-N" in c for c in calls)  # nothing removed was put back
+
+
+def test_iptables_remove_looks_in_the_legacy_tables_too(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """Rules applied through iptables-legacy still redirect, and iptables-nft (Debian's default) does not list them:
+    --remove said "nothing of kafkatap's installed" and left them."""
+    import subprocess
+
+    import proxy.netfilter as netfilter
+
+    listing = "-P OUTPUT ACCEPT\n-N KAFKATAP\n-A OUTPUT -p tcp -m comment --comment kafkatap -j KAFKATAP\n"
+
+    def fake(argv: list[str], netns: str | None) -> subprocess.CompletedProcess:
+        if argv == ["iptables", "-V"]:
+            return subprocess.CompletedProcess(argv, 0, "iptables v1.8.9 (nf_tables)\n", "")
+        return subprocess.CompletedProcess(argv, 0, listing if argv[0] == "iptables-legacy" else "-P OUTPUT ACCEPT\n", "")
+
+    names = tmp_path / "ip_tables_names"
+    names.write_text("nat\nfilter\n")
+    monkeypatch.setattr(netfilter, "_exec", fake)
+    monkeypatch.setattr(netfilter.shutil, "which", lambda tool: f"/usr/sbin/{tool}")
+    monkeypatch.setattr(netfilter, "LEGACY_TABLES", {"iptables-legacy": names, "ip6tables-legacy": tmp_path / "none"})
+    found = netfilter.removal_found()
+    assert [c[0] for c in found] == ["iptables-legacy"] * 3 and [c[4] for c in found] == ["-D", "-F", "-X"]
+    names.write_text("filter\n")  # no legacy nat table: not looked in (listing it would load the module)
+    assert netfilter.removal_found() == []
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--broker", ":9092"], "--broker :9092 names no broker host: give HOST:PORT, or --port PORT"),
+    (["--broker", "9092"], "--broker 9092 names no broker host"),
+    (["--broker", "0.0.0.0:9092"], "names no broker host"),
+    (["--broker", "[fe80::1%eth0]:9092"], "iptables takes no zone index"),
+    (["--port", "9092", "--interface", ""], "--interface '' is no interface name"),
+    (["--port", "9092", "--interface", "eth0 -j ACCEPT"], "is no interface name"),
+    (["--port", "9092", "--interface", "x" * 16], "is no interface name"),
+    (["--mode", "local", "--port", "9092", "--owner-uid", "-1"], "-1 is not in the range 0<=x<=4294967294"),
+    (["--port", "9092", "--mark", "0x10"], "--mark only applies with --mode local"),
+], ids=["no-host", "bare-port", "any-address", "zone-index", "empty-interface", "interface-with-words",
+        "long-interface", "negative-uid", "mark-on-a-gateway"])
+def test_iptables_refuses_values_whose_rules_would_miss_or_break(args: list[str], says: str) -> None:
+    """Each was accepted: a rule for destination 0.0.0.0 (no packet has it: clients went around the proxy), a jump
+    on every interface, `-i eth0 -j ACCEPT` applied as written (and --remove then failed on it), a mark dropped."""
+    res = run("iptables", *args)
+    assert res.returncode == 2 and res.stdout == "" and says in res.stderr, res.stderr
 
 
 def test_iptables_no_ipv6_names_the_ipv6_brokers_its_rules_leave_out() -> None:

@@ -317,6 +317,7 @@ def test_failed_apply_rolls_back_and_leaves_foreign_rules_alone():
         out = host.run(KAFKATAP + ["iptables", "--mode", "local", "--port", "9092", "--apply"], check=False)
         assert out.returncode == 1
         assert "ip6tables" in out.stderr and "rolled back" in out.stderr, out.stderr
+        assert "a KAFKATAP chain is there already (an earlier --apply?): `kafkatap iptables --remove`" in out.stderr
         assert _nat_rules(host) == before  # no IPv4 jump or chain left, the IPv6 chain untouched
 
 
