@@ -355,7 +355,7 @@ class WorkerStats:
     `/metrics` answer stands in for it while its process is the same one: left out,
     every merged counter would drop by that worker's whole count and come back at the
     next scrape, which Prometheus' rate() reads as two resets (a spike the size of its
-    history). A restarted worker (another pid) counts from zero again; the counters and
+    history). A restarted worker (another process) counts from zero again; the counters and
     histograms its predecessor last answered are carried into every later merge, so
     the proxy's totals never go down (a partial drop was read by rate() as a reset of
     them all: the surviving workers' whole history counted again as new).
@@ -364,33 +364,41 @@ class WorkerStats:
     def __init__(self, pool: WorkerPool) -> None:
         self.pool = pool
         self.proxy_id = pool.proxy_id
-        self._last_metrics: dict[str, tuple[int | None, bytes]] = {}  # worker → (its pid, its last /metrics)
+        # worker → (the process that answered, its last /metrics): the process object, not its pid, which a
+        # restarted worker may be given again
+        self._last_metrics: dict[str, tuple[Any, bytes]] = {}
         self._carried: dict[str, bytes] = {}  # worker → the counters of its earlier processes, summed
 
-    async def _gather(self, path: str) -> tuple[list[tuple[Worker, bytes]], int]:
-        targets = [w for w in self.pool.workers if w.ready and w.status]
-        answers = await asyncio.gather(*(_http_get(w.status, path) for w in targets),  # type: ignore[arg-type]
+    async def _gather(self, path: str) -> tuple[list[tuple[Worker, Any, bytes]], int]:
+        """Each answering worker's answer, with the process it was asked of (it may be replaced meanwhile)."""
+        targets = [(w, w.process) for w in self.pool.workers if w.ready and w.status]
+        answers = await asyncio.gather(*(_http_get(w.status, path) for w, _ in targets),  # type: ignore[arg-type]
                                        return_exceptions=True)
-        got = [(w, a) for w, a in zip(targets, answers) if isinstance(a, bytes)]
+        got = [(w, proc, a) for (w, proc), a in zip(targets, answers) if isinstance(a, bytes)]
         return got, len(self.pool.workers) - len(got)
 
-    def _with_last(self, got: list[tuple[Worker, bytes]]) -> list[tuple[str, bytes]]:
-        """This scrape's answers, and for a worker that gave none its last one if its process is the same."""
-        pid = lambda w: w.process.pid if w.process is not None else None  # noqa: E731
-        for w in self.pool.workers:  # a process that is gone: its last counters are carried from now on
-            last = self._last_metrics.get(w.proxy_id)
-            if last is not None and last[0] != pid(w):
-                del self._last_metrics[w.proxy_id]
-                before = self._carried.get(w.proxy_id, b"").decode()
-                self._carried[w.proxy_id] = merge_prometheus(
-                    (before, counters_only(last[1].decode())), self.proxy_id).encode()
-        answered = {w.proxy_id for w, _ in got}
-        for w, body in got:
-            self._last_metrics[w.proxy_id] = (pid(w), body)
-        out = [(w.proxy_id, body) for w, body in got]
+    def _with_last(self, got: list[tuple[Worker, Any, bytes]]) -> list[tuple[str, bytes]]:
+        """This scrape's answers, and for a worker that gave none its last one if its process is the same; plus the
+        counters carried from the processes each worker had before."""
+        gone: dict[str, bytes] = {}  # worker → the latest answer of a process it no longer has
         for w in self.pool.workers:
             last = self._last_metrics.get(w.proxy_id)
-            if w.proxy_id not in answered and last is not None and last[0] is not None and last[0] == pid(w):
+            if last is not None and last[0] is not w.process:
+                gone[w.proxy_id] = self._last_metrics.pop(w.proxy_id)[1]
+        out: list[tuple[str, bytes]] = []
+        for w, proc, body in got:
+            if proc is w.process:
+                self._last_metrics[w.proxy_id] = (proc, body)
+                out.append((w.proxy_id, body))
+            else:  # asked before a restart, answered by the process now gone: its latest answer, not a new one's
+                gone[w.proxy_id] = body
+        for worker, body in gone.items():
+            before = self._carried.get(worker, b"").decode()
+            self._carried[worker] = merge_prometheus((before, counters_only(body.decode())), self.proxy_id).encode()
+        answered = {worker for worker, _ in out}
+        for w in self.pool.workers:
+            last = self._last_metrics.get(w.proxy_id)
+            if w.proxy_id not in answered and last is not None:  # the same process: it missed this scrape
                 out.append((w.proxy_id, last[1]))
         return out + list(self._carried.items())
 
@@ -416,7 +424,7 @@ class WorkerStats:
 
     async def clients_json(self) -> dict[str, Any]:
         got, missing = await self._gather("/clients")
-        merged = merge_clients((json.loads(body) for _, body in got), self.proxy_id)
+        merged = merge_clients((json.loads(body) for _, _, body in got), self.proxy_id)
         merged["workers"] = len(self.pool.workers)
         merged["workers_unreachable"] = missing
         return merged

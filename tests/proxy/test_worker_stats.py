@@ -70,9 +70,30 @@ def test_a_restarted_worker_s_counters_are_carried_so_totals_never_go_down(monke
     m = _scrape(stats, {**both, "127.0.0.1:9002": _metrics("p-w2", 3, 1)}, monkeypatch)
     assert _total(m, "kafkatap_requests_total") == 15 and len(m["kafkatap_requests_total"]) == 1
     assert dict((lb["worker"], v) for lb, v in m["kafkatap_worker_requests_total"]) == {"p-w1": 5, "p-w2": 10}
-    pool.workers[1].process = SimpleNamespace(pid=1000)  # a second restart carries both earlier processes
+    pool.workers[1].process = SimpleNamespace(pid=999)  # restarted again, given the same pid: still another process
     m = _scrape(stats, {**both, "127.0.0.1:9002": _metrics("p-w2", 1, 0)}, monkeypatch)
     assert _total(m, "kafkatap_requests_total") == 5 + 7 + 3 + 1
+
+
+def test_an_answer_from_a_worker_restarted_during_the_scrape_is_its_old_process_s(monkeypatch) -> None:
+    """The answer was stored under the new process, and the old process's earlier answer carried as well: the
+    totals went 12 → 21 → 13 (a spike, then a drop that rate() reads as a reset)."""
+    pool = _Pool("p")
+    stats = WorkerStats(pool)  # type: ignore[arg-type]
+    both = {"127.0.0.1:9001": _metrics("p-w1", 5, 1), "127.0.0.1:9002": _metrics("p-w2", 7, 2)}
+    _scrape(stats, both, monkeypatch)
+
+    async def restarted_while_asked(addr: str, path: str) -> bytes:
+        if addr == "127.0.0.1:9002":  # it answers, dies and is restarted before the scrape ends
+            pool.workers[1].process = SimpleNamespace(pid=555)
+            return _metrics("p-w2", 9, 2)
+        return both[addr]
+
+    monkeypatch.setattr(workers, "_http_get", restarted_while_asked)
+    m = parse_metrics(asyncio.run(stats.render_prometheus()))
+    assert _total(m, "kafkatap_requests_total") == 5 + 9  # the old process's last answer, carried once
+    m = _scrape(stats, {**both, "127.0.0.1:9002": _metrics("p-w2", 1, 0)}, monkeypatch)
+    assert _total(m, "kafkatap_requests_total") == 5 + 9 + 1
 
 
 def test_a_label_value_with_a_line_separator_does_not_break_the_merge(monkeypatch) -> None:
