@@ -77,13 +77,15 @@ def bind_named(sock: socket.socket, host: str, port: int) -> None:
         raise OSError(exc.errno, exc.strerror, format_addr((host, port))) from None
 
 
-def bind_listener(host: str, port: int, backlog: int, reuse_port: bool = False) -> socket.socket:
+def bind_listener(host: str, port: int, backlog: int, reuse_port: bool = False, listen: bool = True) -> socket.socket:
     """A non-blocking listening TCP socket: SO_REUSEADDR, and IPV6_V6ONLY like asyncio's create_server.
 
     V6ONLY because an IPv4 client on an IPv6 socket arrives v4-mapped, and its SO_ORIGINAL_DST
     is not answered at the IPv6 level: each family gets its own listener instead.
     `reuse_port`: SO_REUSEPORT, so the worker processes of `--workers N` each listen on the
     same address and the kernel spreads new connections over them (`proxy.workers`).
+    `listen=False`: bound only (its port taken, no connection queued for it: with SO_REUSEPORT the
+    kernel hands connections only to listening sockets); the caller calls `listen(backlog)` later.
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -94,7 +96,8 @@ def bind_listener(host: str, port: int, backlog: int, reuse_port: bool = False) 
         if family == socket.AF_INET6:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         bind_named(sock, host, port)
-        sock.listen(backlog)
+        if listen:
+            sock.listen(backlog)
         sock.setblocking(False)
     except BaseException:
         sock.close()

@@ -213,9 +213,19 @@ class ProxyServer:
                                       original_dst=self.original_dst, rng=self.rng, topics=self.topics,
                                       interceptors=self.interceptors, upstream_tls=self.upstream_tls,
                                       cluster_mode=self.cluster is not None)
-        bound = [self._bind(route) for route in self.routes]  # bound first: a broker's port may follow the listen port
-        if self.cluster is not None:  # discovery binds the brokers' listeners before any client is served: a broker
-            await self.cluster.start()  # that can get none stops the start before a client was accepted
+        # Bound first (a broker's port may follow the listen port), listening only once discovery is done: a broker
+        # that can get no listener stops the start before a client connected, and a restarted worker of --workers N
+        # is handed no connection by the kernel (SO_REUSEPORT) while it cannot accept one.
+        bound: list[list[socket.socket]] = []
+        try:
+            for route in self.routes:
+                bound.append(self._bind(route))
+            if self.cluster is not None:  # discovery binds the brokers' listeners before any client is served
+                await self.cluster.start()
+        except BaseException:
+            for sock in (s for socks in bound for s in socks):
+                sock.close()
+            raise
         for route, socks in zip(self.routes, bound):
             self._serve(route, socks)
         if self.balancer is not None:  # after discovery: the brokers' listeners exist before others pass to us
@@ -254,11 +264,11 @@ class ProxyServer:
         use", and `--workers` bound [::]:P twice in each worker.
         """
         host, port = route.listen
-        socks = [bind_listener(host, port, self.backlog, self.reuse_port)]
+        socks = [bind_listener(host, port, self.backlog, self.reuse_port, listen=False)]
         own_v6 = port != 0 and any(r.upstream is None and r.listen == ("::", port) for r in self.routes)
         if route.upstream is None and host == "0.0.0.0" and socket.has_ipv6 and not own_v6:
             try:
-                socks.append(bind_listener("::", socks[0].getsockname()[1], self.backlog, self.reuse_port))
+                socks.append(bind_listener("::", socks[0].getsockname()[1], self.backlog, self.reuse_port, listen=False))
             except OSError as exc:  # a host without IPv6: the IPv4 listener still serves
                 log.warning("transparent mode without an IPv6 listener", error=str(exc))
         self._listen_addrs.extend(sock.getsockname()[:2] for sock in socks)  # the routes' first, the brokers' after
@@ -268,6 +278,7 @@ class ProxyServer:
         """Start accepting on a route's bound sockets (proxy.listener: EMFILE is seen, logged, counted)."""
         up = route.upstream
         for sock in socks:
+            sock.listen(self.backlog)
             addr = sock.getsockname()[:2]
             listener = format_addr(addr)
 
