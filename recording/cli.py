@@ -58,6 +58,9 @@ def rollups(recording: Path, no_merge: bool, check: bool, include_recent: bool) 
         _rollups(recording, no_merge, check, None if include_recent else _settled_before())
     except RecordingFormatError as exc:  # a file cut short by a crash, or not kafkatap's: said in one line, as analyze does
         raise click.ClickException(str(exc)) from None
+    except OSError as exc:  # a rollup that could not be written (a full disk, a read-only directory)
+        raise click.ClickException(f"cannot write rollups in {recording}: {exc}; what was written before it stays "
+                                   "(run `kafkatap rollups` again once it can write)") from None
 
 
 def _settled_before() -> int:

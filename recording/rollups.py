@@ -125,19 +125,24 @@ def _write(name: str, table: pa.Table, out: Path, *, proxy_id: str, run: str, se
 def write_rollups(requests_file: Path, fsync: bool = True) -> list[Path]:
     """Compute and write every derived dataset of one final requests file (current format); returns their paths.
 
+    RecordingFormatError when the requests file cannot be read; a failed write stays the OSError it is.
+
     The file is read a batch at a time and each dataset's partial results are merged as they
     come, so memory is one batch plus the (small) rollups, whatever the file's size.
     """
-    pf = pq.ParquetFile(requests_file)
-    md = pf.schema_arrow.metadata or {}
     held: dict[str, list[pa.Table]] = {name: [] for name in DERIVED}
     rows = 0
-    for batch in pf.iter_batches(batch_size=BATCH_ROWS, columns=INPUT_COLUMNS):
-        # a column added to the format since the file was written reads as nulls, as the readers make it
-        table = conform(pa.Table.from_batches([batch]), "requests", columns=INPUT_COLUMNS)
-        rows += batch.num_rows
-        for name, d in DERIVED.items():
-            held[name] = _fold(d, held[name], d.compute(table))
+    try:  # reading only: a write that fails below is no fault of this file's
+        pf = pq.ParquetFile(requests_file)
+        md = pf.schema_arrow.metadata or {}
+        for batch in pf.iter_batches(batch_size=BATCH_ROWS, columns=INPUT_COLUMNS):
+            # a column added to the format since the file was written reads as nulls, as the readers make it
+            table = conform(pa.Table.from_batches([batch]), "requests", columns=INPUT_COLUMNS)
+            rows += batch.num_rows
+            for name, d in DERIVED.items():
+                held[name] = _fold(d, held[name], d.compute(table))
+    except (pa.ArrowException, OSError) as exc:  # cut short, damaged pages: pyarrow's message names no file
+        raise RecordingFormatError(unreadable_requests(Path(requests_file), exc)) from None
     written = []
     for name in DERIVED:
         out = derived_path(requests_file, name)
@@ -292,10 +297,7 @@ def write_missing(root: Path | str, fsync: bool = True, merge: bool = True,
         if file_version(path) != FORMAT_VERSION:
             skipped += 1
             continue
-        try:
-            write_rollups(Path(path), fsync=fsync)
-        except (pa.ArrowException, OSError) as exc:  # a footer read, pages that are not: pyarrow names no file
-            raise RecordingFormatError(unreadable_requests(Path(path), exc)) from None
+        write_rollups(Path(path), fsync=fsync)  # RecordingFormatError names a file it cannot read
         written += 1
         if progress is not None:
             progress(written + skipped, len(missing))

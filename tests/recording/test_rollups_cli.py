@@ -229,3 +229,18 @@ def _damage_pages(path: Path) -> None:
     footer = int.from_bytes(data[-8:-4], "little") + 8
     data[4:len(data) - footer] = bytes([0xFF]) * (len(data) - footer - 4)
     path.write_bytes(bytes(data))
+
+
+def test_a_rollup_that_cannot_be_written_is_not_blamed_on_its_requests_file(tmp_path: Path) -> None:
+    """A write that failed (here latency_cells/ is a file, as a full disk or a read-only directory fails it) was said
+    as "cannot read <requests file> … move it out of the recording (its rows are lost)": good rows thrown away."""
+    root = tmp_path / "rec"
+    files = write_rows(root, "requests", [req("c1", 1, t_s=10)])
+    _without_rollups(root, files)
+    import shutil
+
+    shutil.rmtree(root / "latency_cells")
+    (root / "latency_cells").write_text("in the way")
+    res = CliRunner().invoke(cli, ["rollups", str(root)])
+    assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+    assert f"Error: cannot write rollups in {root}: " in res.output and "move it out" not in res.output
