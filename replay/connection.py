@@ -134,7 +134,7 @@ async def replay_connection(rp: ReplaySchedule, rc: RecordedConnection, host: st
         """Renew the SASL session (`replay.reauth`), once the answers in flight are in (bounded by the timeout)."""
         nonlocal next_cid
         await rp.wait_for(lambda: not inflight or closed.is_set(), rp.opt.response_timeout)
-        if closed.is_set():
+        if closed.is_set() or gave_up:
             cs.reauth_at = None  # nothing left to renew
             return
         next_cid = await _sasl_own(rp, rc, cs, next_cid + 1, writer, inflight, waiters, closed,
