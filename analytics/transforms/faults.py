@@ -189,11 +189,13 @@ def _episodes(faults: DataFrame, ok: DataFrame) -> DataFrame:
     w_inj = Window.partitionBy(*part).orderBy("ts_ns").rowsBetween(Window.unboundedPreceding, Window.currentRow)
     e = e.withColumn("episode", F.sum("starts").over(w_inj).cast("int"))
     w_ep = Window.partitionBy(*part, "episode")
+    recovered = F.max("recovers_ns").over(w_ep)
     return e.select(
         "*",
         F.row_number().over(w_ep.orderBy("ts_ns", "rule")).alias("episode_index"),
         F.count(F.lit(1)).over(w_ep).alias("episode_faults"),
-        F.max("recovers_ns").over(w_ep).alias("recovered_ns"),
+        # not before a held answer still outstanding (an earlier delay answered after the last one: jitter)
+        F.when(recovered.isNotNull(), F.greatest(recovered, F.max("own_answer_ns").over(w_ep))).alias("recovered_ns"),
         F.max("ts_ns").over(w_ep).alias("episode_last_ns"),
     ).drop("is_ok", "starts", "recovers_ns", "own_answer_ns")
 

@@ -220,6 +220,16 @@ def test_a_delay_s_episode_ends_at_its_last_held_answer(make_df) -> None:
     assert (row["episodes"], row["episodes_recovered"], row["after_last_max_ms"]) == (1, 1, 202.0)
 
 
+def test_a_delay_s_episode_is_not_over_while_an_earlier_held_request_waits(make_df) -> None:
+    """Held with jitter: the first request (held 900 ms) is answered after the second (held 100 ms)."""
+    held = "fault#1 delay=100ms:800"
+    rows = [req("k1", 1, "ApiVersions", t_s=0, client="kp", client_software_name="kafka-python"),
+            req("k1", 2, "Produce", t_s=1.0, client="kp", lat_us=900_000, edit=held),
+            req("k2", 1, "Produce", t_s=1.1, client="kp", lat_us=100_000, edit=held)]  # another connection
+    reactions, _, _ = _tables(make_df, rows)
+    assert [(x["recovered"], x["time_to_recover_ms"]) for x in reactions] == [(True, 900.0), (True, 800.0)]
+
+
 def test_a_topic_rules_episode_ends_only_at_a_success_on_its_topics(make_df) -> None:
     """error=Produce:…,topic=orders: a producer whose `audit` batches went through while `orders` kept failing was
     reported recovered at its first `audit` success; only a success on `orders` ends the episode."""
