@@ -333,11 +333,19 @@ def kafka_up(kafka_version: str, old_version: str | None, port: int | None, prop
     formatted = _cluster_id_of(data_dir) if data_dir is not None else None
     if formatted:  # a data dir from an earlier `kafka up`: its storage stays formatted as it is (a new id is refused)
         k.cluster_id = formatted
+    from scenarios.runner import sigterm_as_interrupt
+
     try:
-        k.start()  # returns once the broker serves: its start-up completed, its port answers for it, it is alive
+        with sigterm_as_interrupt():
+            k.start()  # returns once the broker serves: its start-up completed, its port answers for it, it is alive
     except KafkaHarnessError as exc:  # one line: why (from the broker's own log) and where that log is
         _state_path().unlink(missing_ok=True)  # a state left by an earlier broker names a dead one and a removed dir
         raise click.ClickException(str(exc)) from None
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM while it started: the JVM (its own session) was left running,
+        k.stop()  # listening, with no state for `kafka down` to find it by
+        _state_path().unlink(missing_ok=True)
+        click.echo("kafka up interrupted; the broker it was starting was stopped", err=True)
+        sys.exit(_interrupted_status(exc))
     node = k.nodes[0]
     assert node.proc is not None
     if data_dir is not None:

@@ -405,3 +405,42 @@ def test_help_says_where_state_and_logs_live_and_the_exit_statuses(command: str,
     res = CliRunner().invoke(cli, ["kafka", command, "--help"])
     text = "".join(res.output.split())  # click wraps at hyphens too ("local-\nbroker/")
     assert res.exit_code == 0 and all("".join(s.split()) in text for s in says), res.output
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_up_interrupted_while_the_broker_starts_stops_it(tmp_path, sig: str) -> None:
+    """Ctrl-C (or SIGTERM) while `kafka up` waited for the broker left the JVM running in its own session, listening,
+    with no state for `kafka down` to find; the next `up` deleted its work dir under it and started a second one."""
+    import signal
+    import subprocess
+    import sys
+
+    from harness.jars import cache_root
+    from harness.kafka import free_port
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for entry in cache_root().iterdir():  # the jars, shared; the broker's work dir and state, this test's own
+        if entry.name not in ("local-broker", scli.STATE, "run"):
+            (cache / entry.name).symlink_to(entry)
+    port = free_port()
+    env = {**os.environ, "KAFKATAP_CACHE": str(cache)}
+    up = subprocess.Popen([sys.executable, "-m", "kafkatap", "kafka", "up", "--port", str(port)], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    config = cache / "local-broker" / "node-1" / "server.properties"
+    deadline = time.monotonic() + 120
+    jvm = None
+    while jvm is None and time.monotonic() < deadline and up.poll() is None:  # the JVM's start: no event to await
+        found = subprocess.run(["pgrep", "-f", str(config)], capture_output=True, text=True).stdout.split()
+        jvm = int(found[0]) if found else None
+        time.sleep(0.05)
+    try:
+        assert jvm is not None, up.communicate()
+        up.send_signal(getattr(signal, sig))
+        out, err = up.communicate(timeout=60)
+        assert up.returncode == 128 + getattr(signal, sig), (out, err)
+        assert "kafka up interrupted; the broker it was starting was stopped" in err
+        assert not scli._alive(jvm) and not (cache / scli.STATE).exists()
+    finally:
+        if jvm is not None and scli._alive(jvm):
+            os.killpg(jvm, signal.SIGKILL)
