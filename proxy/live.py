@@ -18,6 +18,7 @@ import json
 import os
 import select
 import shutil
+import signal
 import sys
 import time
 import urllib.error
@@ -213,8 +214,10 @@ def by_client(conns: list[dict[str, Any]], rates: dict[str, float]) -> list[dict
 
 
 # C0 controls, DEL and C1 controls (0x9b is a CSI on its own) → "\\n", "\\x1b", …: what clients send
-# (client_id, software, topics) must neither move the cursor nor split a row across lines
-_CONTROL_ESCAPES = {i: repr(chr(i))[1:-1] for i in (*range(0x20), *range(0x7F, 0xA0))}
+# (client_id, software, topics) must neither move the cursor nor split a row across lines; and the bidi
+# controls (U+202A–U+202E, U+2066–U+2069), which reverse how the rest of a row reads
+_CONTROL_ESCAPES = {i: (repr(chr(i))[1:-1] if i < 0x100 else f"\\u{i:04x}")
+                    for i in (*range(0x20), *range(0x7F, 0xA0), *range(0x202A, 0x202F), *range(0x2066, 0x206A))}
 
 
 def printable(text: str) -> str:
@@ -267,17 +270,21 @@ def render(clients: dict[str, Any], metrics: dict, prev: tuple[float, dict[str, 
     per_conn_rate: dict[str, float] = {}
     if prev is not None:
         dt = max(1e-6, now - prev[0])
-        rate = f"  {_fmt_rate((reqs - prev[1].get('__total__', 0)) / dt)} req/s"
+        delta = reqs - prev[1].get("__total__", 0)  # below 0: the proxy restarted between the polls (no rate)
+        rate = f"  {_fmt_rate(delta / dt) if delta >= 0 else '-'} req/s"
         for c in clients["clients"]:
             per_conn_rate[c["conn_id"]] = (c["requests"] - prev[1].get(c["conn_id"], c["requests"])) / dt
     conns = list(clients["clients"])
     view = "connections" if per_connection else f"clients ({len(conns)} connections)"
+    title = f"kafkatap top — proxy {printable(clients.get('proxy_id') or '?')}"
+    totals = (f"  open connections {clients.get('open_connections', 0)}{worker_spread_text(metrics)}  requests "
+              f"{reqs:,.0f}{rate}  errors {errs:,.0f}  retriable {retriable:,.0f}"
+              + (f"  injected {injected:,.0f}" if injected else ""))
+    head = _cut(title + totals, width)  # a header line wider than the screen wrapped and pushed the table down
     lines = [
-        b(f"kafkatap top — proxy {printable(clients.get('proxy_id') or '?')}")
-        + f"  open connections {clients.get('open_connections', 0)}{worker_spread_text(metrics)}  requests {reqs:,.0f}{rate}"
-        + f"  errors {errs:,.0f}  retriable {retriable:,.0f}" + (f"  injected {injected:,.0f}" if injected else ""),
-        f"latency p50 ≤{_fmt_s(p50)} p99 ≤{_fmt_s(p99)}   recording: dropped {drops:,.0f} queued {queue:,.0f}"
-        f"{rec_errors}   showing {view}",
+        b(head[: len(title)]) + head[len(title):],
+        _cut(f"latency p50 ≤{_fmt_s(p50)} p99 ≤{_fmt_s(p99)}   recording: dropped {drops:,.0f} queued {queue:,.0f}"
+             f"{rec_errors}   showing {view}", width),
         "",
     ]
     warning = bypass_top_line(metrics.get("kafkatap_bypass_advertised_total", []), width,
@@ -308,13 +315,18 @@ def render(clients: dict[str, Any], metrics: dict, prev: tuple[float, dict[str, 
             f"{g['errors']:,}", f"{g['retriable']:,}", _human_bytes(g["bytes_from_client"]), _human_bytes(g["bytes_from_broker"]),
             f"{g['last_seen_s_ago']:.0f}s", topics_text(sorted(g["topics"]), g["topics_more"])], g["injected"]) for g in groups]
     columns, rows = _with_injected(columns, rows, bool(injected))
+    room = max(1, height - len(lines) - 1)  # the screen's lines less the header's and the table's title row
+    if len(rows) > room:
+        room = max(1, room - 1)  # and the "… N more" line: the screen scrolled and lost the header
     shown = [(is_open, end_reason and printable(end_reason), [printable(cell) for cell in cells])
-             for is_open, end_reason, cells in rows[: max(1, height - len(lines) - 1)]]
+             for is_open, end_reason, cells in rows[:room]]
     widths = _fit([cells for _, _, cells in shown], columns)
     lines.append(b(_line([name for name, _ in columns], widths, width)))
     for is_open, end_reason, cells in shown:
-        line = _line(cells, widths, width)
-        lines.append(line if is_open else d(line + (f"  ({end_reason})" if end_reason else "")))
+        if is_open:
+            lines.append(_line(cells, widths, width))
+        else:  # the end reason within the width too (it came after the cut)
+            lines.append(d(_cut(_line(cells, widths, width) + (f"  ({end_reason})" if end_reason else ""), width)))
     if not rows:
         lines.append(d("no client connections yet"))
     elif len(shown) < len(rows):
@@ -383,6 +395,8 @@ def _keys() -> Iterator[Callable[[float], str | None]]:
     fd = sys.stdin.fileno()
     saved = termios.tcgetattr(fd)
     tty.setcbreak(fd)
+    # SIGTERM as Ctrl-C: the terminal's echo and line mode come back (a `kill` left it without them)
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
 
     def wait(timeout: float) -> str | None:
         ready, _, _ = select.select([sys.stdin], [], [], timeout)
@@ -392,6 +406,7 @@ def _keys() -> Iterator[Callable[[float], str | None]]:
         yield wait
     finally:
         termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+        signal.signal(signal.SIGTERM, previous)
 
 
 @click.command("top")
@@ -457,7 +472,7 @@ def top(addr: str, interval: float, once: bool, as_json: bool, per_connection: b
                 now = time.monotonic()
                 size = shutil.get_terminal_size((160, 40))
                 screen = render(clients, metrics, prev, now, size.columns, size.lines, color, sort, per_connection)
-                sys.stdout.write(clear + screen + "\n")
+                sys.stdout.write(clear + screen)  # no newline after the last line: on a full screen it scrolled
                 sys.stdout.flush()
                 prev = (now, snapshot_counts(clients, metrics))
                 key = wait(interval)

@@ -18,7 +18,7 @@ label sets and each latency histogram family `MAX_HISTOGRAMS` (64); what
 arrives after that is folded into one label set whose values are "other".
 `/metrics` therefore stays under ~5,000 lines whatever the traffic, and
 `/clients` keeps `MAX_TOPICS_PER_CLIENT` topics and 8 client ids per
-connection (and counts up to `MAX_TOPICS_MORE` more topics: `topics_more`),
+connection, each cut to `MAX_CLIENT_ID_CHARS` (and counts up to `MAX_TOPICS_MORE` more topics: `topics_more`),
 closed connections for `CLOSED_RETENTION_S`.
 """
 
@@ -61,6 +61,7 @@ MAX_LABEL_SETS = 256  # label sets per counter family; later ones are folded int
 MAX_HISTOGRAMS = 64  # label sets per histogram family (each renders ~22 lines)
 OTHER = "other"
 MAX_TOPICS_PER_CLIENT = 64  # /clients shows at most this many topics per connection (memory bound)
+MAX_CLIENT_ID_CHARS = 256  # /clients and top keep a client id this long at most (a header may carry 32 KiB)
 # distinct topics counted past those (as hashes, ~45 KiB per connection at most): /clients' topics_more
 MAX_TOPICS_MORE = 1_024
 CLOSED_RETENTION_S = 300.0  # closed connections stay visible in /clients this long
@@ -319,6 +320,8 @@ class LiveStats:
             c.injected += 1
         cid = row.get("client_id")
         if cid is not None:
+            if len(cid) > MAX_CLIENT_ID_CHARS:  # a header may carry 32 KiB: 8 such per connection made /clients
+                cid = cid[: MAX_CLIENT_ID_CHARS - 1] + "…"  # megabytes, rendered on the relaying loop each poll
             c.client_id = cid
             if len(c.client_ids) < 8:
                 c.client_ids.add(cid)

@@ -299,3 +299,48 @@ def test_a_client_that_never_reads_its_answers_is_cut_off(monkeypatch) -> None:
     finally:
         lp.run(server.stop())
         lp.stop()
+
+
+def test_top_fits_its_screen_and_keeps_its_header() -> None:
+    """On a 160×10 screen with 8 clients it printed 11 lines and a newline: the header scrolled away. The header lines
+    were never cut (87 and 93 characters wrap at 80), and a closed row's end reason came after the cut."""
+    stats = LiveStats("p1")
+    rows = SessionMix(connections=8).rows(80)
+    for i, row in enumerate(rows):
+        stats.request(dict(row, client_id=f"client-{i % 8}"))
+    stats.connection(connection_row("p1", "c00005", final=True, end_reason="upstream_connect_failed", end_by="proxy"))
+    metrics = parse_metrics(stats.render_prometheus())
+    for width, height in ((160, 10), (80, 12), (40, 8)):
+        screen = render(stats.clients_json(), metrics, None, 1.0, width, height, False, per_connection=True)
+        lines = screen.split("\n")
+        assert len(lines) <= height and not screen.endswith("\n"), (width, height, lines)
+        assert lines[0].startswith("kafkatap top — proxy p1") and all(len(ln) <= width for ln in lines), lines
+        if height == 10:
+            assert lines[-1].startswith("… ") and lines[-1].endswith(" more")
+
+
+def test_top_shows_no_negative_rate_after_a_restart_and_escapes_bidi_controls() -> None:
+    """A proxy restarted between two polls gave "-2.7 req/s"; a client id with U+202E reversed the rest of its row."""
+    from proxy.live import snapshot_counts
+
+    stats = LiveStats("p1")
+    _feed(stats, 50)
+    m, c = parse_metrics(stats.render_prometheus()), stats.clients_json()
+    prev = (0.0, {**snapshot_counts(c, m), "__total__": 10_000})
+    assert "requests 52  - req/s  errors" in render(c, m, prev, 1.0, 400, 50, False).split("\n")[0]
+    stats.request(dict(SessionMix(connections=1).rows(1)[0], conn_id="c-evil", client_id="evil\u202eroot"))
+    screen = render(stats.clients_json(), parse_metrics(stats.render_prometheus()), None, 1.0, 400, 50, False)
+    assert "\u202e" not in screen and "evil\\u202eroot" in screen
+
+
+def test_a_huge_client_id_is_cut_in_clients() -> None:
+    """Eight 32 KiB client ids per connection made /clients megabytes, rendered on the relaying loop at each poll."""
+    from proxy.metrics import MAX_CLIENT_ID_CHARS
+
+    stats = LiveStats("p1")
+    row = SessionMix(connections=1).rows(1)[0]
+    for i in range(8):
+        stats.request(dict(row, client_id=str(i) * 32_768))
+    (conn,) = stats.clients_json()["clients"]
+    assert len(conn["client_id"]) == MAX_CLIENT_ID_CHARS and conn["client_id"].endswith("…")
+    assert all(len(cid) == MAX_CLIENT_ID_CHARS for cid in conn["client_ids"]) and len(conn["client_ids"]) == 8
