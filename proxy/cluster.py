@@ -44,6 +44,7 @@ from protocol.errors import ProtocolError
 from proxy.broker_news import BrokerNews
 from proxy.context import format_addr
 from proxy.intercept import ConnInfo, Edit, RequestHead
+from proxy.tls import handshake_hangup, hung_up_in_handshake
 
 log = structlog.get_logger("kafkatap.proxy")
 
@@ -435,9 +436,8 @@ def discovery_failure(exc: BaseException, tls: bool) -> str:
             return "the bootstrap closed the connection without answering Metadata (a SASL_SSL listener wants SASL first)"
         return ("the bootstrap closed the connection without answering Metadata: a TLS listener (add --upstream-tls "
                 "and --upstream-tls-ca) or a SASL one (it wants SASL first)?")
-    if isinstance(exc, (ConnectionResetError, asyncio.IncompleteReadError)) and tls:
-        return ("the bootstrap closed the connection during the TLS handshake: is it a TLS (SSL or SASL_SSL) "
-                "listener? A PLAINTEXT one hangs up on --upstream-tls")
+    if tls and hung_up_in_handshake(exc):
+        return handshake_hangup("bootstrap")
     return str(exc) or type(exc).__name__
 
 

@@ -88,6 +88,7 @@ from proxy.intercept import ConnInfo, FrameEditor, chain
 from proxy.loop_guard import LOOP_DETAIL, SELF_LOOP_DETAIL
 from proxy.marks import set_mark
 from proxy.observer import ObserveScheduler, Observer
+from proxy.tls import handshake_hangup, hung_up_in_handshake
 
 log = structlog.get_logger("kafkatap.proxy")
 
@@ -814,8 +815,6 @@ def _connect_reason(exc: OSError, tls: bool) -> str:
     A plaintext listener hangs up on the proxy's TLS ClientHello, and asyncio reports that as a
     ConnectionResetError with no text: the log said `error:  (host:port)`.
     """
-    text = exc.strerror or str(exc)
-    if tls and (not text or isinstance(exc, ConnectionResetError)):
-        return ("the broker closed the connection during the TLS handshake: is it a TLS (SSL or SASL_SSL) listener? "
-                "A PLAINTEXT one hangs up on the proxy's --upstream-tls ClientHello")
-    return text or type(exc).__name__
+    if tls and hung_up_in_handshake(exc):
+        return handshake_hangup("broker")
+    return exc.strerror or str(exc) or type(exc).__name__

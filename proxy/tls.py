@@ -25,6 +25,7 @@ in `proxy.listener` (accept) and `proxy.connection` (upstream connect).
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 import time
 from collections.abc import Callable
@@ -141,6 +142,23 @@ def validity_problem(cert: str | Path, option: str, now: float | None = None) ->
         return (f"{option} {cert} is not valid before {info['notBefore']} (is this host's clock right?): every peer "
                 "that verifies it will refuse the connection")
     return None
+
+
+def hung_up_in_handshake(exc: BaseException) -> bool:
+    """Did the peer close the connection before a TLS handshake completed (a reset, an EOF, an error with no text)?
+
+    What a PLAINTEXT listener does to the proxy's ClientHello; asyncio reports it as a ConnectionResetError
+    without text, and a read that wanted a reply as an IncompleteReadError.
+    """
+    if isinstance(exc, (ConnectionResetError, asyncio.IncompleteReadError)):
+        return True
+    return isinstance(exc, OSError) and not (exc.strerror or str(exc))
+
+
+def handshake_hangup(peer: str) -> str:
+    """The words for `hung_up_in_handshake`, for the broker connection and the cluster discovery alike."""
+    return (f"the {peer} closed the connection during the TLS handshake: is it a TLS (SSL or SASL_SSL) listener? "
+            "A PLAINTEXT one hangs up on the proxy's --upstream-tls ClientHello")
 
 
 @dataclass(frozen=True)
