@@ -727,14 +727,13 @@ def _iptables_targets(brokers: tuple[str, ...], ports: tuple[int, ...]) -> list[
     """
     targets: list[tuple[str | None, int]] = []
     for text in brokers:
-        named = text.strip().rpartition(":")[0].strip("[]")
-        if named in ("", "0.0.0.0", "::"):  # parse_hostport's default host: a rule for 0.0.0.0 matches no packet
+        host, port = parse_hostport(text, "", allow_zero=False)  # no default host: a rule for 0.0.0.0 matches nothing
+        if host in ("", "0.0.0.0", "::"):
             raise ValueError(f"--broker {text} names no broker host: give HOST:PORT, or --port PORT to redirect "
                              "that port on every address")
-        if "%" in named:
+        if "%" in host:
             raise ValueError(f"--broker {text}: iptables takes no zone index (%…) in an address: give the address "
                              "alone, or --port PORT")
-        host, port = parse_hostport(text, allow_zero=False)
         if _is_ip(host):
             targets.append((host, port))
             continue

@@ -63,8 +63,6 @@ class RulePlan:
         if self.interface is not None and not INTERFACE.fullmatch(self.interface):
             raise ValueError(f"--interface {self.interface!r} is no interface name (1 to 15 characters, no spaces or "
                              "'/'; a trailing + matches every interface starting so)")
-        if self.owner_uid is not None and not 0 <= self.owner_uid < 2**32 - 1:
-            raise ValueError(f"--owner-uid {self.owner_uid} is no uid (0 to 4294967294)")
         if self.left_out and len(self.left_out) == len(self.targets):
             raise ValueError("every --broker is an IPv6 address and --no-ipv6 writes no ip6tables rule: "
                              "nothing would be redirected (drop --no-ipv6, or add an IPv4 --broker or a --port)")
