@@ -404,7 +404,7 @@ class LiveStats:
             out.append(f"# HELP {name} {help_}")
             out.append(f"# TYPE {name} {kind}")
             for suffix, labels, value in samples:
-                out.append(f"{name}{suffix}{_labels({**proxy, **labels})} {_num(value)}")
+                out.append(sample_line(f"{name}{suffix}", {**proxy, **labels}, value))
 
         family("kafkatap_requests_total", "counter", "Requests seen, by API and version.",
                (("", {"api": a, "version": v}, n) for (a, v), n in _sorted(self.requests)))
@@ -573,6 +573,7 @@ def sample_line(name: str, labels: dict[str, Any], value: float) -> str:
 # that every worker measures of the same shared thing (MERGE_MAX_FAMILIES: each worker discovers the
 # whole cluster) take the largest.
 MERGE_MIN_SUFFIXES = ("_start_time_seconds",)
+CARRIED_KINDS = ("counter", "histogram")  # what a process that died leaves to the merges after it (merge_prometheus)
 MERGE_MAX_FAMILIES = ("kafkatap_cluster_brokers", "kafkatap_cluster_brokers_unlistened")
 
 
@@ -632,31 +633,14 @@ def _parse_labels(body: str) -> list[tuple[str, str]]:
     return labels
 
 
-def counters_only(text: str) -> str:
-    """The counter and histogram families of an exposition text (HELP, TYPE and samples), for carrying over.
+def merge_prometheus(texts: Iterable[str], proxy_id: str, only: tuple[str, ...] | None = None) -> str:
+    """Merge several processes' `/metrics` texts into one, as if one proxy `proxy_id` had served it.
 
-    Why: a worker process that died counted requests, bytes and latencies that happened; its
-    successor starts from zero. Its last counters, added into every later merge, keep the proxy's
-    totals from going down (Prometheus' rate() reads any drop as a reset to zero and counts the
-    surviving workers' whole history again). Gauges say how things are now and die with it.
+    `only`: the families of these types alone. CARRIED_KINDS is what a worker process that died
+    leaves for the merges after it (proxy.workers): what it counted happened, and its successor starts from
+    zero, so its last counters keep the proxy's totals from going down (rate() reads any drop as a reset and
+    counts the surviving workers' whole history again); gauges say how things are now and die with it.
     """
-    records = parse_exposition(text)
-    carried = {fam for fam, kind, name, _, _ in records if kind == "type" and name in ("counter", "histogram")}
-    keep: list[str] = []
-    for fam, kind, name, labels, value in records:
-        if fam not in carried:
-            continue
-        if kind == "help":
-            keep.append(f"# HELP {fam} {name}")
-        elif kind == "type":
-            keep.append(f"# TYPE {fam} {name}")
-        else:
-            keep.append(sample_line(name, dict(labels), value))
-    return "\n".join(keep) + "\n" if keep else ""
-
-
-def merge_prometheus(texts: Iterable[str], proxy_id: str) -> str:
-    """Merge several processes' `/metrics` texts into one, as if one proxy `proxy_id` had served it."""
     helps: dict[str, str] = {}
     kinds: dict[str, str] = {}
     order: list[str] = []  # families, first seen first
@@ -684,12 +668,14 @@ def merge_prometheus(texts: Iterable[str], proxy_id: str) -> str:
                 samples[fam][key] = have + value
     out: list[str] = []
     for fam in order:
+        if only is not None and kinds.get(fam) not in only:
+            continue
         if fam in helps:
             out.append(f"# HELP {fam} {helps[fam]}")
         if fam in kinds:
             out.append(f"# TYPE {fam} {kinds[fam]}")
         for (name, labels), value in samples[fam].items():
-            out.append(f"{name}{_labels(dict(labels))} {_num(value)}")
+            out.append(sample_line(name, dict(labels), value))
     return "\n".join(out) + "\n"
 
 

@@ -285,7 +285,7 @@ class ProxyServer:
             def factory(up: Addr | None = up, listener: str | None = listener) -> asyncio.Protocol:
                 return Connection(self._ctx, listener, up).client_protocol  # type: ignore[arg-type]
 
-            self._accept(sock, factory, known=True)
+            self._accept(sock, factory)
             log.info("listening", listener=listener,
                      upstream=format_addr(up) if up else "original destination (transparent)")
             if up is not None and self.bypass_check and self.bootstrap_hint and sock is socks[0]:
@@ -349,6 +349,7 @@ class ProxyServer:
         """
         sock = bind_listener(listen[0], listen[1], self.backlog, self.reuse_port)
         addr = sock.getsockname()[:2]
+        self._listen_addrs.append(addr)  # after the routes' (`_bind`)
         listener = format_addr(addr)
 
         def factory() -> asyncio.Protocol:
@@ -359,16 +360,12 @@ class ProxyServer:
             acceptor.close()
         return addr[0], addr[1]
 
-    def _accept(self, sock: socket.socket, factory: Callable[[], asyncio.Protocol], known: bool = False) -> Acceptor:
-        """Start accepting on a bound listener (proxy.listener: EMFILE is seen, logged, counted).
-
-        `known`: its address is in `listen_addrs` already (a route's, recorded when it was bound)."""
+    def _accept(self, sock: socket.socket, factory: Callable[[], asyncio.Protocol]) -> Acceptor:
+        """Start accepting on a bound listener (proxy.listener: EMFILE is seen, logged, counted)."""
         acceptor = Acceptor(self.loop, sock, factory, self._accept_failed, ssl=self.tls_server,
                             balancer=self.balancer)
         acceptor.start()
         self._acceptors[acceptor.name] = acceptor
-        if not known:
-            self._listen_addrs.append(sock.getsockname()[:2])
         return acceptor
 
     def adopt(self, listener: str, sock: socket.socket) -> bool:

@@ -63,7 +63,7 @@ from proxy.bypass import ONCE_DIR_ENV
 from proxy.context import format_addr
 from proxy.listener import bind_named
 from proxy.mailboxes import Mailboxes
-from proxy.metrics import counters_only, merge_clients, merge_prometheus, parse_exposition, sample_line
+from proxy.metrics import CARRIED_KINDS, merge_clients, merge_prometheus, parse_exposition, sample_line
 from proxy.server import Route
 from proxy.status import StatusServer, parse_addr
 from proxy.upstream_probe import listen_outcome
@@ -392,9 +392,9 @@ class WorkerStats:
                 out.append((w.proxy_id, body))
             else:  # asked before a restart, answered by the process now gone: its latest answer, not a new one's
                 gone[w.proxy_id] = body
-        for worker, body in gone.items():
+        for worker, body in gone.items():  # what the gone process counted happened: carried into every later merge
             before = self._carried.get(worker, b"").decode()
-            self._carried[worker] = merge_prometheus((before, counters_only(body.decode())), self.proxy_id).encode()
+            self._carried[worker] = merge_prometheus((before, body.decode()), self.proxy_id, CARRIED_KINDS).encode()
         answered = {worker for worker, _ in out}
         for w in self.pool.workers:
             last = self._last_metrics.get(w.proxy_id)
