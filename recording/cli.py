@@ -19,7 +19,7 @@ from typing import TypeVar
 import click
 
 from recording.layout import safe_segment
-from recording.retention import DURATION, KEPT_NAMES, PRUNED, describe, proxies_in, prune as prune_hours
+from recording.retention import DURATION, KEPT_NAMES, MIN_RETAIN_S, PRUNED, describe, proxies_in, prune as prune_hours
 
 __all__ = ["rollups", "prune"]
 
@@ -64,18 +64,13 @@ def rollups(recording: Path, no_merge: bool, check: bool, include_recent: bool) 
 
 
 def _settled_before() -> int:
-    """The end of the hours `rollups` may touch by default: all but the current hour and the one before it."""
-    from recording.layout import HOUR_NS
-    from recording.rollups import RECENT_HOURS
-
-    now = time.time_ns()
-    return (now // HOUR_NS - (RECENT_HOURS - 1)) * HOUR_NS
+    """The end of the hours `rollups` may touch by default: those `prune` may, all but the current hour and the
+    one before it, which a running proxy may still be writing (MIN_RETAIN_S)."""
+    return time.time_ns() - int(MIN_RETAIN_S * 1e9)
 
 
 def _rollups(recording: Path, no_merge: bool, check: bool, settled_before_ns: int | None) -> None:
-    from recording.reader import file_version
-    from recording.rollups import coverage_all, settled, write_missing  # pyarrow: only for this command
-    from recording.schema import FORMAT_VERSION
+    from recording.rollups import coverage_all, missing_rollups, write_missing  # pyarrow: only for this command
 
     cover = coverage_all(recording)
     if cover is None:
@@ -90,12 +85,10 @@ def _rollups(recording: Path, no_merge: bool, check: bool, settled_before_ns: in
         click.echo(f"{recording}: no requests files, so no rollups to write: {conns:,} connection(s) recorded, "
                    f"{opaque:,} of them opaque ({tls:,} TLS passed through), and no Kafka request")
         return
-    paths = dict(zip(cover.requests.relative, cover.requests.paths))
-    recent = [rel for rel in cover.uncovered if not settled(rel, settled_before_ns)]
-    older = [rel for rel in cover.uncovered if rel not in recent and file_version(paths[rel]) != FORMAT_VERSION]
-    lacking = len(cover.uncovered) - len(recent) - len(older)
-    apart = ([f"{len(older):,} of an older format (the analysis reads their requests)"] if older else []) + (
-        [f"{len(recent):,} in the last two hours (a proxy may still be writing them: --include-recent)"] if recent else [])
+    missing = missing_rollups(cover, settled_before_ns)
+    older, recent, lacking = len(missing.older), len(missing.recent), len(missing.to_write)
+    apart = ([f"{older:,} of an older format (the analysis reads their requests)"] if older else []) + (
+        [f"{recent:,} in the last two hours (a proxy may still be writing them: --include-recent)"] if recent else [])
     click.echo(f"{recording}: {requests:,} requests files, {lacking:,} without all their rollups"
                + (f"; left alone: {', '.join(apart)}" if apart else ""))
     if check:
@@ -109,7 +102,8 @@ def _rollups(recording: Path, no_merge: bool, check: bool, settled_before_ns: in
             last[0] = now
             click.echo(f"  {done:,}/{todo:,} files, {now - started:.0f} s")
 
-    result = write_missing(recording, merge=not no_merge, progress=progress, settled_before_ns=settled_before_ns)
+    result = write_missing(recording, merge=not no_merge, progress=progress, settled_before_ns=settled_before_ns,
+                           cover=cover)
     click.echo(f"wrote rollups for {result.written:,} requests files"
                + (f", skipped {result.skipped:,} of an older format" if result.skipped else "")
                + ("" if no_merge else f"; merged the rollups of {result.merged:,} partition directories")

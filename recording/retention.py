@@ -105,10 +105,6 @@ def expired(root: Path | str, cutoff_ns: int, proxy_id: str | None = None) -> li
 class PruneError(OSError):
     """A pruning stopped at a path it could not delete: the path, the reason, and what was deleted before it."""
 
-    def __init__(self, message: str, done: Pruned) -> None:
-        super().__init__(message)
-        self.done = done
-
 
 def _rmtree(directory: Path) -> None:
     """shutil.rmtree, whose errors name the file that could not go by its full path (rmtree's name only its base)."""
@@ -155,7 +151,7 @@ def prune(root: Path | str, cutoff_ns: int, proxy_id: str | None = None, *, dry_
             except OSError as exc:
                 out.hours = sorted(hours)
                 done = f"deleted before it: {describe(out)}" if out.hours else "nothing deleted before it"
-                raise PruneError(f"{exc.strerror or exc} ({done}); run prune again once it can be deleted", out) from None
+                raise PruneError(f"{exc.strerror or exc} ({done}); run prune again once it can be deleted") from None
             try:
                 directory.parent.rmdir()  # the date, once its last hour is gone
             except OSError:

@@ -45,7 +45,7 @@ from recording.schema import DERIVED_DATASETS, FIRST_ROLLUP_VERSION, FORMAT_VERS
 
 __all__ = ["CELLS", "META_SOURCE_ROWS", "BATCH_ROWS", "rollup_version", "derived_path", "write_rollups", "merge_hour",
            "Backfill", "write_missing", "Coverage", "RecordingCoverage", "coverage_all", "TIME_KEYED", "stored_span_ns",
-           "RECENT_HOURS", "settled", "unreadable_rollup", "unreadable_requests"]
+           "settled", "Missing", "missing_rollups", "unreadable_rollup", "unreadable_requests"]
 
 CELLS = "latency_cells"
 # stored per ROLLUP_BUCKET_S: an analysis whose time bucket is not a multiple of it computes these from the requests
@@ -243,9 +243,6 @@ def unreadable_requests(path: Path, exc: BaseException) -> str:
             "or not Parquet; move it out of the recording (its rows are lost) and run `kafkatap rollups` again")
 
 
-RECENT_HOURS = 2  # the current hour and the one before: a running proxy may still flush, compact and merge them
-
-
 def settled(relative: str, settled_before_ns: int | None) -> bool:
     """Does the file's partition hour end at or before `settled_before_ns` (None: every hour counts as settled)?
 
@@ -268,8 +265,37 @@ class Backfill:
     recent: int = 0  # requests files without rollups left alone: their hour may still be written to
 
 
+@dataclass(frozen=True)
+class Missing:
+    """The live requests files that lack rollups, by what `write_missing` does with each (local paths)."""
+
+    to_write: list[str]  # of the current format, in hours that have ended
+    older: list[str]  # of an older format: skipped (an analysis reads those requests themselves)
+    recent: list[str]  # in hours not settled (`settled`): left alone
+
+
+def missing_rollups(cover: RecordingCoverage, settled_before_ns: int | None = None) -> Missing:
+    """Which of `cover`'s requests files `write_missing` writes rollups for, skips, or leaves for later.
+
+    One rule for `write_missing` and for `kafkatap rollups`' count (`--check`): they cannot disagree.
+    """
+    listing, uncovered = cover.requests, set(cover.uncovered)
+    out = Missing([], [], [])
+    for rel, path in zip(listing.relative, listing.paths):
+        if rel not in uncovered:
+            continue
+        if not settled(rel, settled_before_ns):
+            out.recent.append(path)
+        elif file_version(path) != FORMAT_VERSION:
+            out.older.append(path)
+        else:
+            out.to_write.append(path)
+    return out
+
+
 def write_missing(root: Path | str, fsync: bool = True, merge: bool = True,
-                  progress: Callable[[int, int], None] | None = None, settled_before_ns: int | None = None) -> Backfill:
+                  progress: Callable[[int, int], None] | None = None, settled_before_ns: int | None = None,
+                  cover: RecordingCoverage | None = None) -> Backfill:
     """Write the rollups of every live requests file of a local recording that lacks any, then merge each hour's.
 
     For recordings made before the writer stored rollups, with compaction off, or left by a
@@ -278,9 +304,10 @@ def write_missing(root: Path | str, fsync: bool = True, merge: bool = True,
     then are touched — beside a running proxy, rolling up the hour it still flushes and compacts
     counted rows twice (a flush file's rollups merged, then its compacted file's range overlapping
     them), and the analysis summed the inflated rollups. `progress(done, todo)` is called after
-    each file written. RecordingFormatError names a file that cannot be read.
+    each file written. RecordingFormatError names a file that cannot be read. `cover`: the recording's
+    `coverage_all`, when the caller has it already.
     """
-    cover = coverage_all(root)
+    cover = cover if cover is not None else coverage_all(root)
     if cover is None:
         raise ValueError(f"{root}: not a local path")
     listing = cover.requests
@@ -288,19 +315,14 @@ def write_missing(root: Path | str, fsync: bool = True, merge: bool = True,
         if c.stale is not None:  # another format's or rollup version's: derived data, recomputed below (deleting loses nothing)
             for path in (Path(root) / name).rglob("*.parquet"):  # superseded ones too: they would surface
                 path.unlink(missing_ok=True)
-    uncovered = cover.uncovered
-    missing = [(rel, path) for rel, path in zip(listing.relative, listing.paths) if rel in uncovered]
-    recent = sum(1 for rel, _ in missing if not settled(rel, settled_before_ns))
-    missing = [(rel, path) for rel, path in missing if settled(rel, settled_before_ns)]
-    written = skipped = 0
-    for rel, path in missing:
-        if file_version(path) != FORMAT_VERSION:
-            skipped += 1
-            continue
+    missing = missing_rollups(cover, settled_before_ns)
+    skipped, todo = len(missing.older), len(missing.to_write) + len(missing.older)
+    written = 0
+    for path in missing.to_write:
         write_rollups(Path(path), fsync=fsync)  # RecordingFormatError names a file it cannot read
         written += 1
         if progress is not None:
-            progress(written + skipped, len(missing))
+            progress(written + skipped, todo)
     merged = 0
     if merge:
         runs: dict[Path, set[str]] = {}
@@ -309,7 +331,7 @@ def write_missing(root: Path | str, fsync: bool = True, merge: bool = True,
             if r is not None and settled(rel, settled_before_ns):
                 runs.setdefault(Path(path).parent, set()).add(r[0])
         merged = sum(1 for directory, rs in runs.items() for run in sorted(rs) if merge_hour(directory, run, fsync=fsync))
-    return Backfill(written, skipped, merged, recent)
+    return Backfill(written, skipped, merged, len(missing.recent))
 
 
 @dataclass(frozen=True)
