@@ -13,9 +13,11 @@ pipelining; SASL use), `connections/` (open/close times and how each ended).
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import re
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -142,24 +144,30 @@ def _table(root: Path, dataset: str) -> pa.Table | None:
     A file that cannot be read is ReplayLoadError naming it (`_unreadable`); another format
     problem (a version this kafkatap cannot read) keeps the reader's own line.
     """
-    try:
+    with _read_failures_named(root, dataset):
         if not recording_files(root, dataset):
             return None
         return to_epoch_ns(read_recording(root, dataset, with_partitions=False), dataset)
-    except RecordingFormatError as exc:
-        raise ReplayLoadError(_unreadable(root, dataset) or str(exc)) from exc
-    except (pa.ArrowException, OSError) as exc:  # a footer or page pyarrow cannot parse (named by none), no access
-        why = str(exc).strip()
-        raise ReplayLoadError(_unreadable(root, dataset) or f"cannot read {root}/{dataset}/ ({why})") from exc
 
 
 def replay_start(root: Path) -> int | None:
     """The recording's first request (epoch ns), the anchor of a +SECONDS --since/--until; ReplayLoadError naming a
     file that cannot be read, in replay's words (the reader's own line advised an analyze option)."""
-    try:
+    with _read_failures_named(root, "requests"):
         return recording_start([root])
-    except (RecordingFormatError, pa.ArrowException, OSError) as exc:
-        raise ReplayLoadError(_unreadable(root, "requests") or str(exc)) from exc
+
+
+@contextlib.contextmanager
+def _read_failures_named(root: Path, dataset: str) -> Iterator[None]:
+    """A read of `dataset` that fails is ReplayLoadError naming the file (`_unreadable`); another format problem
+    (a version this kafkatap cannot read) keeps the reader's own line."""
+    try:
+        yield
+    except RecordingFormatError as exc:
+        raise ReplayLoadError(_unreadable(root, dataset) or str(exc)) from exc
+    except (pa.ArrowException, OSError) as exc:  # a footer or page pyarrow cannot parse (named by none), no access
+        why = str(exc).strip()
+        raise ReplayLoadError(_unreadable(root, dataset) or f"cannot read {root}/{dataset}/ ({why})") from exc
 
 
 def _unreadable(root: Path, dataset: str) -> str | None:
