@@ -29,6 +29,7 @@ _CLASSES: dict[str, dict[str, str]] = {
         "console_consumer": "kafka.tools.ConsoleConsumer",
         "topics": "org.apache.kafka.tools.TopicCommand",
         "consumer_groups": "kafka.admin.ConsumerGroupCommand",
+        "configs": "kafka.admin.ConfigCommand",
     },
     "4": {
         "producer_perf": "org.apache.kafka.tools.ProducerPerformance",
@@ -36,6 +37,7 @@ _CLASSES: dict[str, dict[str, str]] = {
         "share_consumer": "org.apache.kafka.tools.consumer.ConsoleShareConsumer",
         "topics": "org.apache.kafka.tools.TopicCommand",
         "consumer_groups": "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
+        "configs": "kafka.admin.ConfigCommand",
     },
 }
 # A short-lived tool JVM: small heap, no C2 (they run for seconds on a shared 2-core machine).
@@ -144,6 +146,10 @@ class JavaClients:
     def consumer_groups(self, *args: str, timeout_s: float = 60.0) -> JavaTool:
         """kafka-consumer-groups (ConsumerGroupCommand): e.g. consumer_groups("--describe", "--all-groups")."""
         return self._cmd("consumer_groups", ["--bootstrap-server", self.bootstrap, *args], timeout_s)
+
+    def configs(self, *args: str, timeout_s: float = 60.0) -> JavaTool:
+        """kafka-configs (ConfigCommand): e.g. configs("--alter", "--entity-type", "users", …)."""
+        return self._cmd("configs", ["--bootstrap-server", self.bootstrap, *args], timeout_s)
 
     # ---------------------------------------------------------------- streams
     def word_count_demo(self, config: Path, props: Mapping[str, object], timeout_s: float = 180.0) -> JavaTool:

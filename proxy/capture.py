@@ -16,7 +16,7 @@ Only a frame split across reads is joined in a `bytearray`.
 
 from __future__ import annotations
 
-from protocol.apis import SASL_AUTHENTICATE
+from protocol.apis import CREDENTIAL_APIS
 
 
 class FrameCapture:
@@ -45,14 +45,14 @@ class FrameCapture:
         buf += data
 
     def take(self, offset: int, size: int, api_key: int | None) -> bytes | None:
-        """The frame at stream `offset` of `size` bytes; None for SaslAuthenticate (credentials are never kept).
+        """The frame at stream `offset` of `size` bytes; None for a frame that carries credentials (never kept).
 
         Everything up to the frame's end is released either way.
         """
         buf = self._buf
         i = self._start + offset - self._base
         j = i + size
-        if api_key == SASL_AUTHENTICATE:
+        if api_key in CREDENTIAL_APIS:
             data = None
         elif type(buf) is bytearray:
             with memoryview(buf) as view:

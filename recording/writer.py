@@ -44,8 +44,9 @@ Why this shape
 * **Partitions** follow the rows' own time (requests: `req_first_ns`, others:
   their timestamp), so a Spark job pruning by `date`/`hour` never misses rows
   written just after the hour turned.
-* **Redaction is enforced here too**: SaslAuthenticate (api key 36) frames are
-  never queued, whatever the relay sends, and request frames whose header does
+* **Redaction is enforced here too**: frames that carry credentials
+  (`protocol.apis.CREDENTIAL_APIS`: SaslAuthenticate, delegation tokens,
+  AlterUserScramCredentials) are never queued, whatever the relay sends, and request frames whose header does
   not match the row (e.g. raw SASL tokens after a v0 handshake) are refused.
 
 Layout and file names: `recording.layout`; how one file is written: `recording.files`.
@@ -69,7 +70,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import structlog
 
-from protocol.apis import SASL_AUTHENTICATE
+from protocol.apis import CREDENTIAL_APIS
 from recording.datasets import DATASETS, DERIVED_COLUMNS, RECORDED, row_names
 from recording.layout import HOUR_NS, TIME_COLUMN, flush_name, new_run_id, partition_dir, recover
 from recording.thread_names import name_os_thread
@@ -369,7 +370,7 @@ class ParquetRecorder:
                                                           ("requests", "connections", "tcp", "frames"))
         # one Python call less for every request the relay hands over (the method below says what it does)
         self.request = partial(self._offer, self._req)  # type: ignore[method-assign]
-        self.frames_redacted = 0  # SaslAuthenticate / unverifiable frames refused (loop thread)
+        self.frames_redacted = 0  # credential-bearing / unverifiable frames refused (loop thread)
         self.errors = dict.fromkeys(ERROR_KINDS, 0)  # by kind (ERROR_KINDS): /metrics shows each
         # -inf: the first error of a kind is always logged (monotonic time starts at boot, not at a flush interval)
         self._last_error_log = dict.fromkeys(ERROR_KINDS, float("-inf"))
@@ -555,16 +556,16 @@ class ParquetRecorder:
 
     @staticmethod
     def _frame_allowed(row: Row, direction: Any) -> bool:
-        """Never keep SaslAuthenticate bytes; keep a request frame only if its own header agrees with the row."""
+        """Never keep credential-bearing frames; keep a request frame only if its own header agrees with the row."""
         api_key = row.get("api_key")
-        if api_key is None or api_key == SASL_AUTHENTICATE:
+        if api_key is None or api_key in CREDENTIAL_APIS:
             return False
         if direction == "request":
             data = row.get("data")
             if not data or len(data) < 8:
                 return False
             hdr_key, hdr_ver = _HEADER_KEY_VERSION.unpack_from(data, 4)
-            if hdr_key != api_key or hdr_key == SASL_AUTHENTICATE or hdr_ver != row.get("api_version", hdr_ver):
+            if hdr_key != api_key or hdr_key in CREDENTIAL_APIS or hdr_ver != row.get("api_version", hdr_ver):
                 return False
         return True
 
@@ -861,14 +862,16 @@ class ParquetRecorder:
         return pa.RecordBatch.from_arrays([cols[n] for n in fields], schema=pa.schema(list(s.struct)))
 
     def _flush_stream(self, s: _Stream) -> None:
+        import pyarrow as pa
         import pyarrow.compute as pc
 
         rows = self._drain(s)
         if not rows:
             return
         table = self._to_table(s, rows)
-        if s.name == "frames":  # defense in depth: never SaslAuthenticate, whatever got queued
-            table = table.filter(pc.fill_null(pc.not_equal(table["api_key"], SASL_AUTHENTICATE), False))
+        if s.name == "frames":  # defense in depth: never a credential-bearing frame, whatever got queued
+            secret = pc.is_in(table["api_key"], value_set=pa.array(sorted(CREDENTIAL_APIS), table["api_key"].type))
+            table = table.filter(pc.invert(pc.fill_null(secret, True)))
         if table.num_rows == 0:
             return
         for directory, part in self._split_by_hour(s, table):

@@ -192,3 +192,24 @@ def test_sasl_plain_password_never_recorded_or_logged(rec_broker, topic_name, tm
     assert SASL_PASSWORD not in out and SASL_PASSWORD not in err
     assert SASL_PASSWORD not in clients_json and SASL_PASSWORD not in metrics_text
     assert topic_name in clients_json and 'api="SaslAuthenticate"' in metrics_text  # the views did see the exchange
+
+
+def test_scram_credentials_set_through_the_proxy_never_captured(rec_broker, tmp_path: Path) -> None:
+    """kafka-configs' AlterUserScramCredentials carries a salt and a salted password (enough to log in with SCRAM):
+    with --capture all its frames are left out like SaslAuthenticate's, while its request row is kept."""
+    from harness.java_clients import JavaClients
+
+    root = tmp_path / "rec"
+    rec = ParquetRecorder(root, "scram", capture="all", flush_interval_s=0.2, fsync=False).start()
+    password = "scram-PW-4d1e-never-record-me"
+    with RunningProxy([rec_broker.route], sink=rec, proxy_id="scram", capture="all") as p:
+        j = JavaClients(p.bootstrap, rec_broker.kafka.version)
+        JavaClients.run(j.configs("--alter", "--entity-type", "users", "--entity-name", "carol", "--add-config",
+                                  f"SCRAM-SHA-256=[iterations=8192,password={password}]")).check()
+    rec.close()
+    req = read_recording(root, "requests")
+    assert 51 in set(req["api_key"].to_pylist())  # the request was seen and recorded (its metadata)
+    frames = read_recording(root, "frames")
+    assert frames.num_rows > 0 and not {36, 38, 39, 40, 41, 51} & set(frames["api_key"].to_pylist())
+    frame_files = [f for f in (root / "frames").rglob("*") if f.is_file()]
+    assert frame_files and not any(b"carol" in f.read_bytes() for f in frame_files)  # neither way's frame kept

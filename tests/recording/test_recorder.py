@@ -276,6 +276,19 @@ def test_sasl_authenticate_frames_never_written(make_recorder, rec_dir: Path) ->
             assert b"s3cr3t" not in f.read_bytes()
 
 
+@pytest.mark.parametrize("api_key", [38, 39, 40, 41, 51])
+def test_frames_carrying_credentials_are_never_written(make_recorder, rec_dir: Path, api_key: int) -> None:
+    """Delegation tokens' HMACs (38-41) and SCRAM salted passwords (51) are credentials, as SaslAuthenticate's are."""
+    secret = b"hmac-or-salted-password"
+    r = make_recorder(capture="all")
+    req = (len(secret) + 4).to_bytes(4, "big") + api_key.to_bytes(2, "big") + b"\x00\x00" + secret
+    r.frame(frame_row("p1", "c1", api_key, req, api_version=0))
+    r.frame(frame_row("p1", "c1", api_key, b"\x00\x00\x00\x08" + secret, direction="response"))
+    r.close()
+    assert r.frames_redacted == 2
+    assert not any(secret in f.read_bytes() for f in rec_dir.rglob("*") if f.is_file())
+
+
 def test_capture_modes(make_recorder, tmp_path: Path) -> None:
     req = frame_row("p1", "c1", 3, b"\x00\x00\x00\x0c\x00\x03\x00\x0c\x00\x00\x00\x07", api_version=12)
     resp = frame_row("p1", "c1", 3, b"\x00\x00\x00\x04\x00\x00\x00\x07", direction="response", api_version=12)
