@@ -572,6 +572,8 @@ class ParquetRecorder:
     # -- introspection (any thread) ----------------------------------------------------
     def queue_depth(self) -> dict[str, int]:
         """Rows not written yet: queued here, plus (writer="process") those in the child not yet confirmed."""
+        if self.writer != "process":  # a drained flush is written or counted before the lock is let go
+            return {name: len(s.queue) for name, s in self._streams.items()}
         return {name: len(s.queue) + s.pk_rows - s.tx_rows + (s.shipped - s.rows_written - s.write_dropped)
                 for name, s in self._streams.items()}
 
@@ -642,14 +644,29 @@ class ParquetRecorder:
                 except (WriterGone, OSError) as exc:
                     self._child_lost(exc)
             else:
-                for s in self._streams.values():  # final, and no writer process could take them: counted
-                    n = len(s.queue)
-                    for _ in range(n):
-                        s.queue.popleft()
-                    s.write_dropped += n
-                    s.gone_dropped += n
+                if final:  # and no writer process could take them: counted (a flush leaves them to the next child)
+                    for s in self._streams.values():
+                        self._drop_unshipped(s)
             for s in self._streams.values():
                 self._log_drops(s)
+
+    @staticmethod
+    def _drop_unshipped(s: _Stream) -> None:
+        """Count what `s` still holds (packed chunks and queued rows) as shipped and lost, so the queue reads 0."""
+        n = 0
+        while s.packed:
+            payload, k = s.packed.popleft()
+            s.tx_rows += k
+            s.tx_bytes += len(payload)
+            n += k
+        while s.queue:
+            r = s.queue.popleft()
+            if s.name == "frames":
+                s.deq_bytes += row_data_bytes(s, (r,))
+            n += 1
+        s.shipped += n
+        s.write_dropped += n
+        s.gone_dropped += n
 
     def _spawn(self) -> WriterProcess:
         run = self.run if self._children == 0 else new_run_id()  # a replacement must not reuse file names
@@ -721,8 +738,7 @@ class ParquetRecorder:
                     try:
                         pickle.dumps(r, protocol=5)
                         good.append(r)
-                    except Exception:  # noqa: BLE001
-                        s.shipped -= 1
+                    except Exception:  # noqa: BLE001 — counted as shipped and lost, as the child's own drops are
                         s.write_dropped += 1
                         s.gone_dropped += 1  # not the child's drop: it goes into the footers it writes
                 if good:
@@ -868,14 +884,18 @@ class ParquetRecorder:
         rows = self._drain(s)
         if not rows:
             return
-        table = self._to_table(s, rows)
-        if s.name == "frames":  # defense in depth: never a credential-bearing frame, whatever got queued
-            secret = pc.is_in(table["api_key"], value_set=pa.array(sorted(CREDENTIAL_APIS), table["api_key"].type))
-            table = table.filter(pc.invert(pc.fill_null(secret, True)))
-        if table.num_rows == 0:
-            return
-        for directory, part in self._split_by_hour(s, table):
-            self._write_flush_file(s, directory, part)
+        settled = s.rows_written + s.write_dropped
+        try:
+            table = self._to_table(s, rows)
+            if s.name == "frames":  # defense in depth: never a credential-bearing frame, whatever got queued
+                secret = pc.is_in(table["api_key"], value_set=pa.array(sorted(CREDENTIAL_APIS), table["api_key"].type))
+                table = table.filter(pc.invert(pc.fill_null(secret, True)))
+                settled -= len(rows) - table.num_rows  # refused here, as the queue refuses them: not written or lost
+            for directory, part in self._split_by_hour(s, table):
+                self._write_flush_file(s, directory, part)
+        except Exception:  # the drained rows neither written nor already counted are lost: counted, then logged
+            s.write_dropped += max(0, len(rows) - (s.rows_written + s.write_dropped - settled))
+            raise
 
     def _split_by_hour(self, s: _Stream, table: pa.Table) -> list[tuple[Path, pa.Table]]:
         import pyarrow as pa
@@ -904,10 +924,14 @@ class ParquetRecorder:
         return write_atomic(tables, path, md, self._options[s.name])
 
     def _write_flush_file(self, s: _Stream, directory: Path, table: pa.Table) -> None:
-        if shutil.disk_usage(self.root).free < self.min_free_bytes // 4:
+        try:
+            free: int | None = shutil.disk_usage(self.root).free
+        except OSError:  # the directory was deleted under us: the write below makes it again, or says why it cannot
+            free = None
+        if free is not None and free < self.min_free_bytes // 4:
             s.write_dropped += table.num_rows
             self._error("write", "recording disk nearly full: dropping rows", None, dataset=s.name,
-                        free_mib=shutil.disk_usage(self.root).free // 2**20)
+                        free_mib=free // 2**20)
             return
         self._seq += 1
         seq = self._seq

@@ -40,9 +40,12 @@ from __future__ import annotations
 import fcntl
 import os
 import pickle
+import select
+import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -83,6 +86,20 @@ def send_raw(out: BinaryIO, payload: bytes) -> None:
     out.flush()
 
 
+def _activity(pid: int) -> tuple[str, ...] | None:
+    """What a process has done so far: its CPU ticks (/proc/PID/stat) and bytes read and written (/proc/PID/io).
+
+    Any change is progress. None when they cannot be read (the process is gone, or no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().rsplit(b")", 1)[1].split()
+        with open(f"/proc/{pid}/io", "rb") as f:
+            io = f.read().split()
+    except OSError:
+        return None
+    return (*(x.decode() for x in stat[11:13]), *(x.decode() for x in io[1:4:2]))
+
+
 def recv(inp: BinaryIO) -> Any | None:
     """Read one message; None at end of input (a message cut short counts as the end)."""
     header = inp.read(_HEADER)
@@ -111,6 +128,12 @@ class WriterProcess:
     """
 
     MAX_PENDING_FLUSHES = 2
+    # A child with work to do (a flush unanswered, or rows the pipe cannot take) that for STALL_S neither answered
+    # nor used CPU nor read or wrote a byte is stopped (SIGSTOP) or stuck on its disk (a hung NFS mount): it is
+    # killed and given up, so that the proxy's flushes and its stop never wait on it for ever. A slow disk still
+    # shows progress (bytes written, CPU), so it is not taken for a stuck one.
+    STALL_S = 60.0
+    CHECK_S = 5.0
 
     def __init__(self, config: dict[str, Any], on_stats: Callable[[WriterProcess, dict[str, Any]], None]) -> None:
         env = dict(os.environ)
@@ -123,13 +146,20 @@ class WriterProcess:
         )
         self.pid = self.proc.pid
         _widen(self.proc.stdin)  # type: ignore[arg-type]
+        self._fd = self.proc.stdin.fileno()  # type: ignore[union-attr]
+        os.set_blocking(self._fd, False)  # writes wait in `_write`, which gives up on a child found stuck
         self._on_stats = on_stats
         self._cond = threading.Condition()
         self._pending = 0  # flushes sent, not answered yet
+        self._answers = 0  # answers received: progress, for the watchdog
+        self._sending = False  # a write waits for room in the pipe
+        self.stalled: str | None = None  # why the watchdog gave this child up
         self.ready = False
-        self.ended = False  # its answers stopped: it exited or its pipe broke
+        self.ended = False  # its answers stopped: it exited, its pipe broke, or it was given up as stuck
         self._reader = threading.Thread(target=self._read, name="kafkatap-rec-answers", daemon=True)
         self._reader.start()
+        self._watchdog = threading.Thread(target=self._watch, name="kafkatap-rec-watch", daemon=True)
+        self._watchdog.start()
         try:
             self.send(("config", config))  # the child reads it once its imports are done; the pipe holds it
         except WriterGone:
@@ -149,6 +179,7 @@ class WriterProcess:
                     self._on_stats(self, msg[1])
                     with self._cond:
                         self._pending -= 1
+                        self._answers += 1
                         self._cond.notify_all()
         except (OSError, ValueError):  # our end was closed under us
             pass
@@ -157,16 +188,65 @@ class WriterProcess:
                 self.ended = True
                 self._cond.notify_all()
 
+    def _watch(self) -> None:
+        """Give up a child that has work to do and shows no sign of doing it for STALL_S (see STALL_S)."""
+        last, mark = time.monotonic(), None
+        with self._cond:
+            while not self.ended:
+                self._cond.wait(self.CHECK_S)
+                now = time.monotonic()
+                if self.ended or not (self._pending > 0 or self._sending):
+                    last, mark = now, None
+                    continue
+                seen = (self._answers, _activity(self.pid))
+                if seen != mark:
+                    last, mark = now, seen
+                elif now - last >= self.STALL_S:
+                    self.stalled = (f"writer process {self.pid} made no progress for {now - last:.0f} s with rows to "
+                                    "write (stopped, or its disk hangs): killed, a new one takes over")
+                    self.ended = True
+                    self._cond.notify_all()
+                    try:
+                        os.kill(self.pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+
+    def gone(self) -> WriterGone:
+        """Why this child can take nothing more."""
+        return WriterGone(self.stalled or f"writer process ended (exit code {self.proc.poll()})")
+
     def send(self, msg: Any) -> None:
         self.send_raw(pickle.dumps(msg, protocol=5))
 
     def send_raw(self, payload: bytes) -> None:
         if self.ended:
-            raise WriterGone(f"writer process ended (exit code {self.proc.poll()})")
+            raise self.gone()
         try:
-            send_raw(self.proc.stdin, payload)  # type: ignore[arg-type]
+            self._write(len(payload).to_bytes(_HEADER, "big"))
+            self._write(payload)
         except (BrokenPipeError, ValueError, OSError) as exc:
             raise WriterGone(f"writer process pipe broke: {exc}") from exc
+
+    def _write(self, data: bytes) -> None:
+        """All of `data` into the pipe; while it is full, wait for room unless the child is given up meanwhile."""
+        view = memoryview(data)
+        poller = None
+        while view:
+            try:
+                view = view[os.write(self._fd, view):]
+                continue
+            except BlockingIOError:
+                pass
+            if self.ended:
+                raise self.gone()
+            if poller is None:
+                poller = select.poll()
+                poller.register(self._fd, select.POLLOUT)
+            self._sending = True
+            try:
+                poller.poll(self.CHECK_S * 1000)
+            finally:
+                self._sending = False
 
     def flush(self, msg: Any) -> None:
         """Ask for a flush (its answer arrives through `on_stats`); waits while too many are unanswered."""
@@ -189,7 +269,7 @@ class WriterProcess:
         with self._cond:
             self._cond.wait_for(lambda: self._pending <= 0 or self.ended, timeout)
             if self._pending > 0:
-                raise WriterGone("writer process ended before it confirmed its last rows")
+                raise WriterGone(self.stalled or "writer process ended before it confirmed its last rows")
         self.close()
 
     def close(self, timeout: float = 60.0) -> None:
@@ -203,8 +283,16 @@ class WriterProcess:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            self.proc.wait()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:  # killed, but in an uninterruptible wait on its disk: left to end
+                pass
         self._reader.join(timeout)
+        with self._cond:
+            self.ended = True  # the watchdog's end too
+            self._cond.notify_all()
+        if self._reader.is_alive():  # still reading the answers of a child that cannot die yet: closing would wait
+            return
         try:
             if self.proc.stdout is not None:
                 self.proc.stdout.close()

@@ -436,3 +436,35 @@ def test_startup_recovery_only_touches_own_proxy(rec_dir: Path) -> None:
     r.close()
     assert not list(mine.glob(".tmp-*"))
     assert list(other.glob(".tmp-*")), "another proxy's file being written must survive"
+
+
+def test_a_recording_directory_deleted_under_the_writer_is_made_again(make_recorder, rec_dir: Path) -> None:
+    """The free-space check raised on the missing directory before any write: rows were lost, never counted, and
+    recording stopped until someone made the directory again."""
+    import shutil
+
+    r = make_recorder(flush_interval_s=3600, compact_interval_s=0)
+    mix = SessionMix()
+    for row in mix.rows(50):
+        r.request(row)
+    r._flush(final=False)
+    shutil.rmtree(rec_dir)
+    for row in mix.rows(70):
+        r.request(row)
+    r._flush(final=False)
+    r.close()
+    assert r.dropped()["requests"] == 0 and r.errors["write"] == 0
+    assert read_recording(rec_dir, "requests").num_rows == 70
+
+
+def test_rows_a_flush_fails_on_before_writing_are_counted_as_dropped(make_recorder, monkeypatch) -> None:
+    r = make_recorder(flush_interval_s=3600, compact_interval_s=0)
+    for row in SessionMix().rows(40):
+        r.request(row)
+
+    def refuse(*_a, **_k):
+        raise ValueError("cannot split (test)")
+
+    monkeypatch.setattr(r, "_split_by_hour", refuse)
+    r._flush(final=False)
+    assert r.dropped()["requests"] == 40 and r.errors["write"] == 1 and r.queue_depth()["requests"] == 0

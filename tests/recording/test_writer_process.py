@@ -112,6 +112,7 @@ def test_a_row_that_cannot_cross_the_pipe_is_counted_not_fatal(tmp_path: Path) -
         r.request(row)
     r.close()
     assert r.stats()["rows_written"]["requests"] == 98 and r.dropped()["requests"] == 2
+    assert r.stats()["queued"]["requests"] == 0  # each refused row counted once: not -1 in the queue gauge
     (f,) = (tmp_path / "requests").rglob("part-*.parquet")
     assert pq.read_metadata(f).metadata[META_DROPPED_TOTAL] == b"2"
 
@@ -466,3 +467,75 @@ def test_rows_the_loop_thread_packs_while_the_shipping_thread_takes_are_never_lo
     child = Child()
     ParquetRecorder._ship_stream(child, s)
     assert len(packed_meanwhile) == 19 and len(child.sent) == 21 == s.shipped and not s.queue
+
+
+def test_a_stuck_writer_process_is_given_up_and_the_stop_does_not_wait_for_it(tmp_path: Path, monkeypatch) -> None:
+    """A stopped child (SIGSTOP: as a disk that hangs) took neither rows nor flushes: the proxy's stop waited for ever,
+    logging nothing. Now the watchdog kills it once it shows no progress for STALL_S and a new child takes over."""
+    import threading
+
+    from recording.writer_pipe import WriterProcess
+
+    monkeypatch.setattr(WriterProcess, "STALL_S", 1.0)
+    monkeypatch.setattr(WriterProcess, "CHECK_S", 0.05)
+    r = ParquetRecorder(tmp_path, "p1", fsync=False, flush_interval_s=3600, writer="process",
+                        compact_interval_s=0).start()
+    mix = SessionMix()
+    for row in mix.rows(300):
+        r.request(row)
+    r._ship(final=False)
+    assert r._wait_flushed()
+    first = r._child
+    assert first is not None
+    os.kill(first.pid, signal.SIGSTOP)
+    try:
+        for row in mix.rows(200):
+            r.request(row)
+        r._ship(final=False)  # into the pipe; the flush is never answered
+        for row in mix.rows(100):
+            r.request(row)
+        closing = threading.Thread(target=r.close, daemon=True)
+        closing.start()
+        closing.join(60)
+        assert not closing.is_alive(), "the stop waits on a stopped writer process"
+    finally:
+        if first.proc.poll() is None:
+            os.kill(first.pid, signal.SIGKILL)
+    assert first.stalled is not None and "made no progress" in first.stalled
+    st = r.stats()  # what the stopped child's pipe took is lost (counted); the rest is written
+    assert st["rows_written"]["requests"] + st["dropped"]["requests"] == 600 and st["dropped"]["requests"] >= 200
+    assert r.errors["writer_process"] >= 1 and st["queued"]["requests"] == 0
+    assert read_recording(tmp_path, "requests").num_rows == st["rows_written"]["requests"] >= 300
+
+
+def test_a_flush_that_loses_its_writer_process_leaves_the_other_datasets_queued(tmp_path: Path,
+                                                                                 monkeypatch) -> None:
+    """A failed (not final) shipment dropped every other dataset's queue too, and the queue gauge went negative:
+    those rows are the next writer process's to write."""
+    from recording.writer_pipe import WriterGone
+
+    r = ParquetRecorder(tmp_path, "p1", fsync=False, flush_interval_s=3600, writer="process",
+                        compact_interval_s=0).start()
+    mix = SessionMix()
+    for row in mix.rows(100):
+        r.request(row)
+    r._ship(final=False)
+    assert r._wait_flushed()
+    child = r._child
+    assert child is not None
+
+    def broken(payload: bytes) -> None:
+        raise WriterGone("writer process pipe broke (test)")
+
+    monkeypatch.setattr(child, "send_raw", broken)
+    for row in mix.rows(50):
+        r.request(row)
+    for i in range(5):
+        r.connection(connection_row("p1", f"c{i:05d}"))
+    r._ship(final=False)  # requests go first and are lost with the pipe; connections wait
+    assert min(r.queue_depth().values()) >= 0 and r.queue_depth()["connections"] == 5
+    r.close()
+    st = r.stats()
+    assert st["rows_written"]["connections"] == 5 and st["dropped"]["connections"] == 0
+    assert st["rows_written"]["requests"] + st["dropped"]["requests"] == 150
+    assert all(v == 0 for v in st["queued"].values())
