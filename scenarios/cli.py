@@ -60,6 +60,17 @@ def _run(scenario: Any, out: Path, kafka_version: str, analyze: bool = True) -> 
         return run_scenario(scenario, out, kafka_version=kafka_version, analyze=analyze)
 
 
+def _refuse_foreign_outs(outs: list[Path]) -> None:
+    """A usage error (exit 2), before anything starts, for an --out holding folders a run would clear."""
+    from scenarios.runner import OutNotOurs, refuse_foreign_out
+
+    try:
+        for out in outs:
+            refuse_foreign_out(out.resolve())
+    except OutNotOurs as exc:
+        raise click.UsageError(str(exc)) from None
+
+
 def _interrupted_status(exc: KeyboardInterrupt) -> int:
     """The exit status of a run a signal ended: 128 + its number (130 Ctrl-C, 143 SIGTERM), as a shell reports it.
 
@@ -113,13 +124,15 @@ def list_cmd() -> None:
 @click.argument("name")
 @_version_option
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
-              help="Output directory: recordings/, clients/, broker/ (its log), report/ (report.html, findings.json).")
+              help="Output directory: recordings/, clients/, broker/ (its log), report/ (report.html, findings.json). "
+                   "A run clears those folders of an earlier run there; it refuses a directory holding folders of "
+                   "those names that no run wrote.")
 @click.option("--no-analyze", is_flag=True, help="Only run the traffic and keep the recordings (no Spark).")
 def run_cmd(name: str, kafka_version: str, out: Path, no_analyze: bool) -> None:
     """Run scenario NAME (see `scenario list`), `all`, or a module file defining SCENARIO.
 
-    Exits 1 when an expected finding is missing from the report; 130 after a Ctrl-C and 143 after a
-    SIGTERM (everything the run started is stopped first).
+    Exits 1 when an expected finding is missing from the report or the run failed; 2 for a bad NAME or
+    --out; 130 after a Ctrl-C and 143 after a SIGTERM (everything the run started is stopped first).
 
     \b
     Examples:
@@ -135,6 +148,7 @@ def run_cmd(name: str, kafka_version: str, out: Path, no_analyze: bool) -> None:
         chosen = all_scenarios() if name == "all" else [get(name)]
     except KeyError as exc:
         raise click.UsageError(str(exc.args[0])) from None
+    _refuse_foreign_outs([out / sc.name if name == "all" else out for sc in chosen])
     failed, skipped, rows = [], [], []
     for sc in chosen:
         if sc.needs_root and os.geteuid() != 0:
@@ -169,7 +183,8 @@ def run_cmd(name: str, kafka_version: str, out: Path, no_analyze: bool) -> None:
 # ------------------------------------------------------------------ demo
 @click.command()
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("out/demo"), show_default=True,
-              help="Where the recording and the report go.")
+              help="Where the recording and the report go (an earlier demo's there are replaced; folders of "
+                   "the same names that no run wrote are refused, never deleted).")
 @_version_option
 def demo(out: Path, kafka_version: str) -> None:
     """Local Kafka + kafkatap + a mix of clients (one oversize acks=0 producer, one idle reset) → Spark report.
@@ -182,8 +197,10 @@ def demo(out: Path, kafka_version: str) -> None:
       kafkatap demo --out out/demo --kafka-version 3.7.2
     """
     from scenarios.demo import SCENARIO
+    from scenarios.runner import ScenarioFailed
 
     _quiet_logs()
+    _refuse_foreign_outs([out])
     try:
         res = _run(SCENARIO, out, kafka_version)
     except KeyboardInterrupt as exc:
@@ -191,6 +208,8 @@ def demo(out: Path, kafka_version: str) -> None:
         sys.exit(_interrupted_status(exc))
     except KafkaHarnessError as exc:  # no java, Maven Central unreachable, broker exited: say why in one line
         raise click.ClickException(str(exc)) from None
+    except (OSError, ScenarioFailed) as exc:  # an --out it cannot write, a client that would not start
+        raise click.ClickException(f"demo: {exc}") from None
     _print_result(res)
     if res.report_path:
         click.echo(f"\nOpen the report: {res.report_path}")

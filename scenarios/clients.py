@@ -271,6 +271,13 @@ def _java_producer(spec: ClientSpec) -> dict[str, Any]:
     return out
 
 
+def java_group_role(software_version: object) -> str:
+    """The inventory role `_java_consumer`'s consumer shows: KIP-848 on Kafka 4.x, a classic group member on 3.x.
+
+    Its software version (ApiVersions) is the Java client's own, which is the broker's line here (the same jars)."""
+    return "group member" if str(software_version or "").startswith("3.") else "KIP-848 consumer"
+
+
 def _java_consumer(spec: ClientSpec) -> dict[str, Any]:
     """ConsoleConsumer for duration_s (KIP-848 group protocol by default), stopped like kcat when time is up."""
     props = {"client.id": spec.cid, **spec.config}

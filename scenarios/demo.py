@@ -9,18 +9,21 @@ and list every client. Kept under a minute of traffic so the whole demo,
 Spark included, stays under three minutes after set-up.
 """
 
+from scenarios.clients import java_group_role
 from scenarios.spec import Broker, ClientSpec, Expect, Faults, Proxy, Scenario
 
 
 def _java_named(found: list[dict], report: object) -> str | None:
     """The Java clients name topics by id on the wire; the inventory must still show them by name."""
     by_id = {r["client_id"]: r for r in report.table("client_inventory")}  # type: ignore[attr-defined]
+    group_role = java_group_role(by_id.get("orders-848", {}).get("software_version"))  # classic on Kafka 3.x
     for cid, role, key, topic in (("ledger-java", "producer", "topics_produced", "payments"),
-                                  ("orders-848", "KIP-848 consumer", "topics_consumed", "orders")):
+                                  ("orders-848", group_role, "topics_consumed", "orders")):
         r = by_id.get(cid)
         if r is None or role not in (r.get("role") or "") or topic not in (r.get(key) or []):
             return f"{cid}: expected role {role!r} on topic {topic!r}, got {r and (r.get('role'), r.get(key))}"
     return None
+
 
 SCENARIO = Scenario(
     name="demo",

@@ -42,12 +42,43 @@ from scenarios.clients import ClientSpec, command_for
 from scenarios.spec import Proxy, Report, Scenario
 
 OWNED_SUBDIRS = ("broker", "recordings", "report", "clients")
+# Written in OUT before anything else: the mark that lets a later run clear OWNED_SUBDIRS there. An earlier
+# version's finished run left result.json, which counts too. Without either, those folders are the user's.
+RUN_MARK = ".kafkatap-scenario-out"
 
-__all__ = ["run_scenario", "RunResult", "ScenarioFailed", "SignalInterrupt", "host_iptables_snapshot"]
+__all__ = ["run_scenario", "prepare_out", "refuse_foreign_out", "OutNotOurs", "RunResult", "ScenarioFailed", "SignalInterrupt", "host_iptables_snapshot"]
 
 
 class ScenarioFailed(RuntimeError):
     """The scenario could not run (set-up or traffic failed); distinct from a missing finding."""
+
+
+class OutNotOurs(ValueError):
+    """OUT holds folders a run would clear (`OWNED_SUBDIRS`) that no scenario run wrote: refused before anything runs."""
+
+
+def refuse_foreign_out(out: Path) -> None:
+    """`OutNotOurs` when OUT holds any of OWNED_SUBDIRS and no run marked it (`prepare_out`); changes nothing."""
+    if (out / RUN_MARK).exists() or (out / "result.json").is_file():
+        return
+    theirs = [sub for sub in OWNED_SUBDIRS if (out / sub).exists()]
+    if theirs:
+        raise OutNotOurs(f"{out} already holds {', '.join(s + '/' for s in theirs)}, which no scenario run wrote: "
+                         "a run clears those folders, so it will not use this directory; give an empty or new --out")
+
+
+def prepare_out(out: Path) -> None:
+    """Make OUT, and clear what an earlier run wrote there (its recordings would mix into this run's analysis).
+
+    Only a directory a run has marked (`RUN_MARK`) is cleared: folders of the same names that someone else keeps
+    there (a production recording in OUT/recordings) are refused with `OutNotOurs`, never deleted.
+    """
+    refuse_foreign_out(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / RUN_MARK).write_text("kafkatap scenario output: a later run here clears "
+                                f"{', '.join(s + '/' for s in OWNED_SUBDIRS)}\n")
+    for sub in OWNED_SUBDIRS:
+        shutil.rmtree(out / sub, ignore_errors=True)
 
 
 class SignalInterrupt(KeyboardInterrupt):
@@ -282,9 +313,7 @@ def run_scenario(
 ) -> RunResult:
     """Run `scenario` into `out` (recordings/, clients/, report/) and check its expectations."""
     out = Path(out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    for sub in OWNED_SUBDIRS:  # a previous run's recordings would mix into this one's analysis
-        shutil.rmtree(out / sub, ignore_errors=True)
+    prepare_out(out)
     say = Progress(scenario.name, progress)
     result = RunResult(scenario.name, out, None)
     rec_dirs: dict[str, Path] = {}

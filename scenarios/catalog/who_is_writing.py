@@ -9,6 +9,7 @@ topics by id on the wire: Java Produce v13, librdkafka Fetch v16) and software.
 """
 
 from proxy.topics import is_topic_id
+from scenarios.clients import java_group_role
 from scenarios.spec import Broker, ClientSpec, Expect, Proxy, Scenario
 
 D = 14  # seconds of traffic
@@ -21,9 +22,10 @@ def _ranked(found: list[dict], report: object) -> str | None:
     if rows[0]["client_id"] != "clickstream":
         return f"busiest client is {rows[0]['client_id']}, expected clickstream"
     by_id = {r["client_id"]: r for r in rows}
+    group_role = java_group_role(by_id.get("orders-848", {}).get("software_version"))  # classic on Kafka 3.x
     for cid, role, topic in (("orders-svc", "producer", "orders"), ("billing", "consumer", "orders"),
                              ("audit-shipper", "producer", "audit"), ("fraud", "consumer", "payments"),
-                             ("ledger-java", "producer", "payments"), ("orders-848", _java_group_role(by_id), "orders")):
+                             ("ledger-java", "producer", "payments"), ("orders-848", group_role, "orders")):
         # fraud (librdkafka Fetch v16), ledger-java (Produce v13) and orders-848 name topics by id on the
         # wire: the proxy and the analysis must still show the names
         r = by_id.get(cid)
@@ -41,12 +43,6 @@ def _ranked(found: list[dict], report: object) -> str | None:
     if uuids:
         return f"topic view lists topic ids instead of names: {uuids}"
     return None
-
-
-def _java_group_role(by_id: dict[str, dict]) -> str:
-    """The Java consumer joins with KIP-848 on Kafka 4.x and the classic protocol on 3.x (its software version says which)."""
-    version = str(by_id.get("orders-848", {}).get("software_version") or "")
-    return "group member" if version.startswith("3.") else "KIP-848 consumer"
 
 
 SCENARIO = Scenario(

@@ -199,3 +199,50 @@ def test_a_signal_held_during_a_block_is_raised_with_its_number() -> None:
     else:
         pytest.fail("the held SIGTERM was not raised after the block")
     assert isinstance(raised, SignalInterrupt) and raised.signum == signal.SIGTERM, repr(raised)
+
+
+@pytest.mark.parametrize("command", [["demo"], ["scenario", "run", "batch-too-large"]], ids=["demo", "scenario-run"])
+def test_an_out_holding_folders_no_run_wrote_is_refused_and_kept(monkeypatch, tmp_path, command) -> None:
+    """A run cleared OUT/recordings, report/, clients/ and broker/ before anything else: an operator's own recording
+    kept there was deleted. Only an OUT a run marked is cleared; another is refused before anything starts."""
+    from kafkatap.cli import cli
+
+    started: list[object] = []
+    monkeypatch.setattr("scenarios.runner.run_scenario", lambda *a, **k: started.append(a))
+    out = tmp_path / "out"
+    (out / "recordings" / "prod").mkdir(parents=True)
+    (out / "recordings" / "prod" / "part-0.parquet").write_bytes(b"keep me")
+    res = CliRunner().invoke(cli, [*command, "--out", str(out)])
+    assert res.exit_code == 2 and "no scenario run wrote" in res.output and "recordings/" in res.output, res.output
+    assert not started and (out / "recordings" / "prod" / "part-0.parquet").read_bytes() == b"keep me"
+
+
+def test_a_run_clears_what_an_earlier_run_wrote_in_its_out(tmp_path) -> None:
+    from scenarios.runner import RUN_MARK, prepare_out
+
+    out = tmp_path / "out"
+    prepare_out(out)
+    assert (out / RUN_MARK).is_file()
+    (out / "recordings" / "rec").mkdir(parents=True)
+    (out / "notes.md").write_text("mine")
+    prepare_out(out)  # marked by the first run: its folders go, anything else stays
+    assert not (out / "recordings").exists() and (out / "notes.md").read_text() == "mine"
+
+
+def test_the_demos_java_consumer_is_a_classic_group_member_on_kafka_3() -> None:
+    """`demo --kafka-version 3.7.2` failed every time: its check wanted a KIP-848 consumer, which Kafka 3.x's clients
+    here do not use (scenarios.clients.java_group_role)."""
+    from scenarios.demo import _java_named
+
+    class Inventory:
+        def __init__(self, version: str, role: str) -> None:
+            self.rows = [{"client_id": "ledger-java", "role": "producer", "topics_produced": ["payments"]},
+                         {"client_id": "orders-848", "role": role, "topics_consumed": ["orders"],
+                          "software_version": version}]
+
+        def table(self, name: str) -> list[dict]:
+            return self.rows
+
+    assert _java_named([], Inventory("3.7.2", "consumer, group member")) is None
+    assert _java_named([], Inventory("4.3.1", "consumer, KIP-848 consumer")) is None
+    assert _java_named([], Inventory("4.3.1", "consumer, group member")) is not None
