@@ -43,7 +43,9 @@ class NetnsError(RuntimeError):
 
 
 def _run(cmd: Sequence[str], check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(list(cmd), capture_output=True, text=True)
+    # its own session: a terminal's Ctrl-C (SIGINT to the foreground group) must not kill `ip netns add` half-way,
+    # which leaves a bare file in /run/netns that breaks every later `ip netns list`
+    proc = subprocess.run(list(cmd), capture_output=True, text=True, start_new_session=True)
     if check and proc.returncode != 0:
         raise NetnsError(f"{' '.join(cmd)} failed: {proc.stderr.strip() or proc.stdout.strip()}")
     return proc
@@ -133,9 +135,9 @@ class Topology:
     def host(self, role: str) -> Host:
         """Create a namespace `ktap-<tag>-<role>` with loopback up."""
         name = f"{PREFIX}-{self.tag}-{role}"
-        _run(["ip", "netns", "add", name])
         h = Host(name)
-        self.hosts[role] = h
+        self.hosts[role] = h  # before the add: an interrupt during it still leaves the namespace to `close`
+        _run(["ip", "netns", "add", name])
         h.run(["ip", "link", "set", "lo", "up"])
         return h
 
@@ -163,8 +165,18 @@ class Topology:
         for h in self.hosts.values():
             h.stop_processes()
         for h in self.hosts.values():
-            _run(["ip", "netns", "delete", h.name], check=False)
+            if _run(["ip", "netns", "delete", h.name], check=False).returncode != 0:
+                _remove_mount_point(h.name)
         self.hosts.clear()
+
+
+def _remove_mount_point(name: str) -> None:
+    """What an `ip netns add` killed half-way leaves: /run/netns/NAME, maybe still mounted (or never created)."""
+    path = Path("/run/netns") / name
+    if os.path.lexists(path):
+        _run(["umount", "--lazy", str(path)], check=False)
+        with contextlib.suppress(OSError):
+            path.unlink()
 
 
 def leftover_namespaces() -> list[str]:

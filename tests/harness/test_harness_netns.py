@@ -79,3 +79,25 @@ def test_sysctls_are_per_namespace() -> None:
         assert h.run(["cat", "/proc/sys/net/ipv4/tcp_timestamps"]).stdout.strip() == "0"
     with open("/proc/sys/net/ipv4/tcp_timestamps") as f:
         assert f.read().strip() == host_value
+
+
+def test_an_interrupt_while_a_namespace_is_added_leaves_none_behind(monkeypatch) -> None:
+    """A Ctrl-C or SIGTERM that came while `ip netns add` ran left that namespace: the host was recorded after it."""
+    import harness.netns as netns
+
+    real = netns._run
+
+    def interrupted_after_add(cmd, check=True):
+        out = real(cmd, check)
+        if list(cmd[:3]) == ["ip", "netns", "add"]:
+            raise KeyboardInterrupt
+        return out
+
+    monkeypatch.setattr(netns, "_run", interrupted_after_add)
+    topo = netns.Topology()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            topo.host("server")
+    finally:
+        topo.close()
+    assert not [n for n in netns.leftover_namespaces() if topo.tag in n]
