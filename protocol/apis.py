@@ -68,10 +68,15 @@ JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 11, 12, 13, 14
 SASL_HANDSHAKE, API_VERSIONS, CREATE_TOPICS, DELETE_TOPICS = 17, 18, 19, 20
 INIT_PRODUCER_ID, SASL_AUTHENTICATE = 22, 36
 DESCRIBE_CLUSTER, DESCRIBE_TOPIC_PARTITIONS, SHARE_FETCH = 60, 75, 78
-# Frames that carry a secret in either direction, never kept as bytes (`--capture`): SaslAuthenticate's token,
-# a delegation token's HMAC (created, described, renewed, expired: 38-41; the HMAC is the token's password), and
-# AlterUserScramCredentials' salt and salted password (enough to log in with SCRAM, or to brute-force offline).
-CREDENTIAL_APIS = frozenset({SASL_AUTHENTICATE, 38, 39, 40, 41, 51})
+# Frames that may carry a secret in either direction, never kept as bytes (`--capture`): SaslAuthenticate's
+# token; AlterConfigs and IncrementalAlterConfigs (33, 44), whose values are sent in clear, passwords included
+# (a listener's sasl.jaas.config with every user's password, ssl.keystore.password); a delegation token's HMAC
+# (created, described, renewed, expired: 38-41; the HMAC is the token's password); AlterUserScramCredentials'
+# salt and salted password (51: enough to log in with SCRAM, or to brute-force offline); and Envelope (58),
+# which carries another principal's request, any of these included.
+CREDENTIAL_APIS = frozenset({33, SASL_AUTHENTICATE, 38, 39, 40, 41, 44, 51, 58})
+CREDENTIAL_API_NAMES = ("SaslAuthenticate, AlterConfigs, IncrementalAlterConfigs, the delegation-token APIs, "
+                        "AlterUserScramCredentials and Envelope")
 # A broker answers an ApiVersions request whose version it does not support with UNSUPPORTED_VERSION in the
 # v0 layout, so that any client can read it (KIP-511); every other ApiVersions answer, errors included (an
 # INVALID_REQUEST for a bad client software name), is written at the request's own version, as Kafka's

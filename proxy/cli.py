@@ -25,6 +25,7 @@ from click.core import ParameterSource  # noqa: E402
 import structlog  # noqa: E402
 import uvloop  # noqa: E402
 
+from protocol.apis import CREDENTIAL_API_NAMES
 from recording.cli_errors import OneLineError
 from proxy.context import format_addr
 from proxy.faults import FAULT_SPEC_HELP, FaultSpecError, parse_fault_specs
@@ -69,7 +70,7 @@ def recording_options(f: Callable) -> Callable:
                       help="Write recordings (Parquet: requests/, connections/, tcp/, frames/) under this directory."),
         click.option("--capture", type=click.Choice(CAPTURE_CHOICES), default="none", show_default=True,
                      help="Raw frames to keep for replay in frames/: none, requests, or all (requests and "
-                          "responses). SaslAuthenticate frames are never kept."),
+                          "responses). Frames that may carry credentials are never kept: " + CREDENTIAL_API_NAMES + "."),
         click.option("--flush-interval", "flush_interval", type=click.FloatRange(min=0.05), default=1.0,
                      show_default=True, help="Seconds between Parquet flushes: the most a kill -9 can lose."),
         click.option("--compact-interval", "compact_interval", type=click.FloatRange(min=0), default=60.0,

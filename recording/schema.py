@@ -207,7 +207,8 @@ FRAME_COLUMNS: list[Column] = [
     Column("api_version", pa.int16(), "", "API version"),
     Column("client_addr", pa.string(), "host:port", "client address"),
     Column("broker_addr", pa.string(), "host:port", "broker address"),
-    Column("data", pa.binary(), "bytes", "the whole frame including its size prefix (SaslAuthenticate never kept)"),
+    Column("data", pa.binary(), "bytes", "the whole frame including its size prefix (never for frames that may carry credentials: "
+           "`protocol.apis.CREDENTIAL_APIS`)"),
 ]
 
 TOPIC_COLUMNS: list[Column] = [

@@ -46,6 +46,27 @@ def _read_frame(s: socket.socket) -> bytes:
     return exact(size)
 
 
+def _values_holding(root: Path, secret: bytes) -> list[str]:
+    """Every file:column under `root` whose decoded values hold `secret` (a raw search of compressed Parquet cannot
+    tell), plus any other file whose bytes do."""
+    import pyarrow.parquet as pq
+
+    found = []
+    for f in (f for f in root.rglob("*") if f.is_file()):
+        if f.suffix != ".parquet":
+            if secret in f.read_bytes():
+                found.append(str(f))
+            continue
+        table = pq.read_table(f)
+        for name, column in zip(table.column_names, table.columns):
+            for value in column.to_pylist():
+                text = value if isinstance(value, bytes) else str(value).encode()
+                if secret in text:
+                    found.append(f"{f}:{name}")
+                    break
+    return found
+
+
 def _produce_consume(bootstrap: str, topic: str, n: int, **client_kw) -> list[bytes]:
     prod = KafkaProducer(bootstrap_servers=bootstrap, acks=1, linger_ms=5, **client_kw)
     for i in range(n):
@@ -186,30 +207,36 @@ def test_sasl_plain_password_never_recorded_or_logged(rec_broker, topic_name, tm
     secret = SASL_PASSWORD.encode()
     files = [f for f in root.rglob("*") if f.is_file()]
     assert files
-    for f in files:
-        assert secret not in f.read_bytes(), f
+    assert not _values_holding(root, secret)
     out, err = capfd.readouterr()
     assert SASL_PASSWORD not in out and SASL_PASSWORD not in err
     assert SASL_PASSWORD not in clients_json and SASL_PASSWORD not in metrics_text
     assert topic_name in clients_json and 'api="SaslAuthenticate"' in metrics_text  # the views did see the exchange
 
 
-def test_scram_credentials_set_through_the_proxy_never_captured(rec_broker, tmp_path: Path) -> None:
-    """kafka-configs' AlterUserScramCredentials carries a salt and a salted password (enough to log in with SCRAM):
-    with --capture all its frames are left out like SaslAuthenticate's, while its request row is kept."""
+def test_credentials_set_through_the_proxy_are_never_captured(rec_broker, tmp_path: Path) -> None:
+    """kafka-configs sends secrets in clear: AlterUserScramCredentials a salt and a salted password (enough to log in
+    with SCRAM), IncrementalAlterConfigs a config's value (here a keystore password, which the broker may refuse:
+    the frame went through the proxy either way). With --capture all their frames are left out like
+    SaslAuthenticate's, while their request rows are kept."""
     from harness.java_clients import JavaClients
+    from protocol.apis import CREDENTIAL_APIS
 
     root = tmp_path / "rec"
-    rec = ParquetRecorder(root, "scram", capture="all", flush_interval_s=0.2, fsync=False).start()
-    password = "scram-PW-4d1e-never-record-me"
-    with RunningProxy([rec_broker.route], sink=rec, proxy_id="scram", capture="all") as p:
+    rec = ParquetRecorder(root, "creds", capture="all", flush_interval_s=0.2, fsync=False).start()
+    scram, keystore = "scram-PW-4d1e-never-record-me", "keystore-PW-77b0-never-record-me"
+    with RunningProxy([rec_broker.route], sink=rec, proxy_id="creds", capture="all") as p:
         j = JavaClients(p.bootstrap, rec_broker.kafka.version)
         JavaClients.run(j.configs("--alter", "--entity-type", "users", "--entity-name", "carol", "--add-config",
-                                  f"SCRAM-SHA-256=[iterations=8192,password={password}]")).check()
+                                  f"SCRAM-SHA-256=[iterations=8192,password={scram}]")).check()
+        JavaClients.run(j.configs("--alter", "--entity-type", "brokers", "--entity-name", "1", "--add-config",
+                                  f"listener.name.internal.ssl.keystore.password={keystore}"))
     rec.close()
     req = read_recording(root, "requests")
-    assert 51 in set(req["api_key"].to_pylist())  # the request was seen and recorded (its metadata)
+    assert {44, 51} <= set(req["api_key"].to_pylist())  # the requests were seen and recorded (their metadata)
     frames = read_recording(root, "frames")
-    assert frames.num_rows > 0 and not {36, 38, 39, 40, 41, 51} & set(frames["api_key"].to_pylist())
-    frame_files = [f for f in (root / "frames").rglob("*") if f.is_file()]
-    assert frame_files and not any(b"carol" in f.read_bytes() for f in frame_files)  # neither way's frame kept
+    assert frames.num_rows > 0 and not {44, 51} & set(frames["api_key"].to_pylist())
+    assert CREDENTIAL_APIS >= {44, 51}
+    for secret in (scram.encode(), keystore.encode()):
+        assert not _values_holding(root, secret), secret
+    assert not any(b"carol" in data for data in frames["data"].to_pylist())  # neither way's frame was kept
