@@ -294,6 +294,11 @@ def replay(recording: Path, target: str, speed: str, clients: tuple[str, ...], t
         user, sep, pw = sasl_plain.partition(":")
         if not sep:
             raise click.UsageError("--sasl-plain expects USER:PASSWORD")
+        try:  # a byte the locale could not decode (KAFKATAP_REPLAY_SASL_PLAIN) is refused here, not mid-replay
+            user.encode(), pw.encode()
+        except UnicodeEncodeError:
+            raise click.UsageError("--sasl-plain (or KAFKATAP_REPLAY_SASL_PLAIN): USER and PASSWORD must be valid "
+                                   "UTF-8 text") from None
         creds = (user, pw)
     if record is not None and (problem := _record_problem(record, recording)):
         raise OneLineError(problem)  # before anything is read or sent: exit 2

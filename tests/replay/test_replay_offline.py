@@ -555,3 +555,12 @@ def test_a_topic_map_that_names_no_recorded_topic_is_said_in_the_plan(tmp_path: 
     assert "orders→orders-replay" in plan
     noted = [ln for ln in plan.splitlines() if ln.startswith("  topic map")]
     assert noted == ["  topic map    ordres=x names no topic of the replayed requests: nothing renamed"]
+
+
+def test_credentials_that_are_not_utf8_are_refused_in_one_line(tmp_path: Path):
+    """A byte the locale could not decode in KAFKATAP_REPLAY_SASL_PLAIN (a surrogate escape) raised a traceback
+    mid-replay, or was taken for a target that is no Kafka listener: refused as a usage error, naming no secret."""
+    write_recording(tmp_path, two_clients())
+    res = CliRunner().invoke(replay, [str(tmp_path), "--target", "127.0.0.1:9", "--yes", *NO_ID],
+                             env={"KAFKATAP_REPLAY_SASL_PLAIN": "alice:S3cr3t\udce9-pw"})
+    assert res.exit_code == 2 and "must be valid UTF-8" in res.output and "S3cr3t" not in res.output, res.output
