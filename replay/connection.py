@@ -426,5 +426,6 @@ async def _sasl_authenticate(rp: ReplaySchedule, rc: RecordedConnection, cs: Con
     refused = sasl_refusal("authenticate", sent, got)
     rp.state.note(refused or success_note)
     if refused is None:
+        cs.authenticated = True
         cs.reauth_at = renewal_time(asyncio.get_running_loop().time(), session_lifetime_ms(sent, got))
     return cid + 1

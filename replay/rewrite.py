@@ -169,6 +169,8 @@ def _rewrite_sasl_handshake(w: Walk, msg: Any) -> None:
     """Authenticate with the user's mechanism (the recording never holds credentials)."""
     if w.state.sasl_mechanism is None:
         raise CannotReplay("sasl_needs_credentials")
+    if w.conn.authenticated:  # a recorded renewal: replay renews this session on the target's schedule (ConnState)
+        raise CannotReplay("recorded_sasl_renewal_replay_renews_itself")
     if w.frame.api_version < 1:
         raise CannotReplay("sasl_handshake_v0_unsupported")
     if msg.mechanism != w.state.sasl_mechanism:

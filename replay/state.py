@@ -23,6 +23,10 @@ class ConnState:
     pending_member: dict[str, str] = field(default_factory=dict)  # group → member id the target just gave
     # loop time to re-authenticate at (`replay.reauth`): the target's SASL session lifetime runs out soon after
     reauth_at: float | None = None
+    # it authenticated on the target: a later recorded SaslHandshake (the client's own KIP-368 renewal) is not sent,
+    # replay renews on the target's schedule (`reauth_at`); sent as recorded, renewals came under a second apart
+    # at --speed max, which Kafka refuses (ILLEGAL_SASL_STATE), on top of replay's own
+    authenticated: bool = False
 
 
 @dataclass

@@ -273,6 +273,15 @@ def test_sasl_needs_credentials_and_uses_plain():
     assert rewrite_request(auth, ReplayState(sasl_mechanism="PLAIN"), ConnState()) == Skip("sasl_authenticate_not_recorded")
 
 
+def test_a_recorded_sasl_renewal_is_left_to_replays_own():
+    """A client's KIP-368 renewals, replayed at --speed max, came under a second apart (Kafka: ILLEGAL_SASL_STATE)
+    and on top of replay's own renewal: once a session authenticated on the target, its recorded handshakes wait."""
+    hs = parse_request(request(17, 1, mechanism="PLAIN"))
+    state = ReplayState(sasl_mechanism="PLAIN")
+    assert not isinstance(rewrite_request(hs, state, ConnState()), Skip)
+    assert rewrite_request(hs, state, ConnState(authenticated=True)) == Skip("recorded_sasl_renewal_replay_renews_itself")
+
+
 def test_topic_map_inside_consumer_group_metadata():
     """JoinGroup subscriptions and SyncGroup assignments of consumer groups (the bytes: tests/protocol)."""
     tmap = {"probe": "probe-staging"}
