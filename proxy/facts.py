@@ -80,6 +80,9 @@ class ConnectionFacts:
     last: LastRequest = field(default_factory=LastRequest)
     too_large: int = 0  # Produce answers with MESSAGE_TOO_LARGE / RECORD_LIST_TOO_LARGE
     too_large_example: str | None = None
+    sasl_seen: bool = False  # a SaslHandshake or SaslAuthenticate request
+    sasl_error: str | None = None  # the first refused SASL step: "SaslAuthenticate: SASL_AUTHENTICATION_FAILED"
+    answered_beyond_versions: bool = False  # a request other than ApiVersions was answered
     fault_detail: str | None = None  # set when an injected fault ends the connection
     # what a frame editor (proxy.intercept: cluster rewriting, Kafka faults) did, by correlation id, until the
     # request's row takes it; bounded like the in-flight map (the editor notes only requests it saw)
@@ -105,4 +108,5 @@ class ConnectionFacts:
             ms_since_last_request=((end.at_ns - last.at_ns) // 1_000_000) if last.at_ns else None,
             fault_detail=self.fault_detail, end_detail=end.detail, opaque_kind=self.opaque_kind,
             too_large_rejections=self.too_large, too_large_example=self.too_large_example,
+            sasl_seen=self.sasl_seen, sasl_error=self.sasl_error, answered_beyond_versions=self.answered_beyond_versions,
         )

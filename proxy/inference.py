@@ -38,6 +38,9 @@ class EndFacts:
     broker_idle_close_ms: int | None = None  # connections.max.idle.ms when known
     too_large_rejections: int = 0  # Produce answers with MESSAGE_TOO_LARGE / RECORD_LIST_TOO_LARGE
     too_large_example: str | None = None  # request_cause() text of the first one
+    sasl_seen: bool = False  # a SaslHandshake or SaslAuthenticate request was seen
+    sasl_error: str | None = None  # "SaslAuthenticate: SASL_AUTHENTICATION_FAILED": the first SASL step refused
+    answered_beyond_versions: bool = False  # a request other than ApiVersions was answered
 
 
 def _topics(t: list[str]) -> str:
@@ -92,6 +95,17 @@ def inferred_cause(f: EndFacts) -> str | None:
         limit = f.broker_idle_close_ms or 600_000
         if idle >= 0.9 * limit:
             return f"broker closed the connection after {idle / 1000:.0f} s idle (connections.max.idle.ms)"
+
+    # A SASL listener ends a session whose authentication failed, and one that sends anything but ApiVersions
+    # before authenticating (Kafka's SaslServerAuthenticator: "Unexpected Kafka request … during SASL handshake").
+    if f.end_by == "broker" and f.sasl_error is not None:
+        return (f"broker closed the connection after SASL authentication failed ({f.sasl_error}): wrong credentials, "
+                "or a mechanism this listener does not enable")
+    if (f.end_by == "broker" and f.unanswered > 0 and not f.sasl_seen and not f.answered_beyond_versions
+            and f.last_api not in (None, "ApiVersions")):
+        return (f"broker closed the connection at the client's first request after ApiVersions ({f.last_api}), "
+                "unanswered, without any SASL authentication: likely a SASL listener (check the client's "
+                "security.protocol and sasl.mechanism), or a broker restart at that moment")
 
     if f.end_by == "broker" and f.unanswered > 0:
         what = "reset" if f.end_reason == "broker_rst" else "closed"

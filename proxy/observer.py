@@ -55,7 +55,7 @@ from collections.abc import Callable
 from time import perf_counter_ns
 from typing import Any, Protocol
 
-from protocol.apis import CLUSTER_ID_APIS, PRODUCE, TOPIC_PAIR_APIS
+from protocol.apis import API_VERSIONS, CLUSTER_ID_APIS, PRODUCE, SASL_AUTHENTICATE, SASL_HANDSHAKE, TOPIC_PAIR_APIS
 from protocol.events import Direction, RequestDropped, RequestSeen, ResponseSeen, StreamClosed, StreamOpaque
 from proxy import rows
 from proxy.capture import FrameCapture
@@ -737,7 +737,14 @@ class Observer:
         row = rows.request_row(f, req, resp, sent, resp_sent, status)
         f.rows += 1
         self._emit.request(row)
-        if row["error_count"] and req.api_key == PRODUCE:
+        key = req.api_key
+        if key == SASL_HANDSHAKE or key == SASL_AUTHENTICATE:  # evidence for the end's cause (proxy.inference)
+            f.sasl_seen = True
+            if row["error_count"] and f.sasl_error is None:
+                f.sasl_error = f"{req.api_name}: {row['errors'][0]['name']}"
+        elif resp is not None and key != API_VERSIONS:
+            f.answered_beyond_versions = True
+        if row["error_count"] and key == PRODUCE:
             cause = request_cause(req.api_name, row["acks"], req.size, row["topics"], [e["name"] for e in row["errors"]])
             if cause is not None:
                 f.too_large += 1

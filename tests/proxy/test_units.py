@@ -74,6 +74,19 @@ def test_inference_idle_resets():
     assert "connections.max.idle.ms" in inferred_cause(EndFacts("broker_fin", "broker", idle_before_end_ms=600_000))
 
 
+def test_inference_names_a_failed_or_missing_sasl_authentication():
+    failed = EndFacts("broker_fin", "broker", sasl_seen=True, sasl_error="SaslAuthenticate: SASL_AUTHENTICATION_FAILED",
+                      last_api="SaslAuthenticate")
+    assert inferred_cause(failed).startswith(
+        "broker closed the connection after SASL authentication failed (SaslAuthenticate: SASL_AUTHENTICATION_FAILED)")
+    missing = EndFacts("broker_fin", "broker", unanswered=1, last_api="Metadata")
+    assert "without any SASL authentication: likely a SASL listener" in inferred_cause(missing)
+    # once anything beyond ApiVersions was answered, or the client authenticated, it is no missing SASL
+    for other in (EndFacts("broker_fin", "broker", unanswered=1, last_api="Metadata", answered_beyond_versions=True),
+                  EndFacts("broker_fin", "broker", unanswered=1, last_api="Metadata", sasl_seen=True)):
+        assert inferred_cause(other).endswith("broker restart, crash or a request it rejected")
+
+
 def test_netfilter_local_plan_skips_mark_and_removal_mirrors():
     plan = RulePlan("local", 15092, [(None, 9092), ("10.0.0.5", 9093), ("fd00::5", 9094)], mark=0x4B54)
     add = build(plan)

@@ -240,3 +240,4 @@ def test_credentials_set_through_the_proxy_are_never_captured(rec_broker, tmp_pa
     for secret in (scram.encode(), keystore.encode()):
         assert not _values_holding(root, secret), secret
     assert not any(b"carol" in data for data in frames["data"].to_pylist())  # neither way's frame was kept
+
