@@ -46,6 +46,7 @@ Where = Callable[[str | None, str | None, int | None], bool]
 
 ERROR_CODES: dict[str, int] = {name: code for code, name in ERROR_NAMES.items()}
 _PARTITION_KEYS = ("partition_index", "partition", "index", "partition_id")
+_NO_NODE_KEYS = ("node_id", "port", "leader_id")  # an error answer's node: -1 where the spec gives no default
 _ALIASES: dict[str, tuple[str, ...]] = {
     "name": ("topic", "topic_name"), "topic": ("name", "topic_name"), "topic_name": ("name", "topic"),
     "partition_index": ("partition", "index", "partition_id"), "partition": ("partition_index", "index"),
@@ -209,11 +210,26 @@ def _is_error_field(key: str) -> bool:
     return key == "error_code" or key.endswith("_error_code")
 
 
+# The errors a response's request-level error_code carries, for APIs whose brokers put every other error on the
+# entries only. A Fetch answer's top-level code is its fetch session's: the Java consumer reads a top-level
+# NOT_LEADER_OR_FOLLOWER as a failed session ("unable to process the fetch request"), never as a leader move.
+_REQUEST_LEVEL_CODES: dict[int, frozenset[int]] = {
+    FETCH: frozenset({70, 71, 106}),  # FETCH_SESSION_ID_NOT_FOUND, INVALID_FETCH_SESSION_EPOCH, …_TOPIC_ID_ERROR
+}
+
+
+def _entries_only(api_key: int, code: int, entries_only: bool) -> bool:
+    """Whether `code` goes on the entries only: asked for, or not an error this API's request level carries."""
+    allowed = _REQUEST_LEVEL_CODES.get(api_key)
+    return entries_only or (allowed is not None and code not in allowed)
+
+
 def set_errors(api_key: int, version: int, response: dict[str, Any], code: int, where: Where | None = None,
                entries_only: bool = False, replaced: list[int] | None = None) -> int:
     """Set `code` into the error fields of a decoded response, in place; returns how many were set.
 
-    where None: every error field (with entries_only, only those inside a
+    where None: every error field (with entries_only, or for an error the
+    API's request level never carries (`_REQUEST_LEVEL_CODES`), only those inside a
     topic/partition entry). With `where`: only the error fields of the entries
     it accepts (never the request-level ones, which a broker uses for whole-
     request failures). `replaced`, when given, collects the non-zero codes
@@ -223,7 +239,7 @@ def set_errors(api_key: int, version: int, response: dict[str, Any], code: int, 
     """
     shape = _shape(api_key, False, version)
     count = 0
-    only_entries = entries_only or where is not None
+    only_entries = _entries_only(api_key, code, entries_only) or where is not None
 
     def walk(d: dict[str, Any], shape: _Shape, ctx: Entry | None) -> None:
         nonlocal count
@@ -284,6 +300,7 @@ def error_response(api_key: int, version: int, request: dict[str, Any], code: in
     if api_key == API_VERSIONS:
         version = api_versions_answer_version(version, code)
     req_plan = plan(api_key, True, version) if api_key != API_VERSIONS else None
+    entries_only = _entries_only(api_key, code, entries_only)
     body = _mirror(plan(api_key, False, version), request, req_plan, 0 if entries_only else code, throttle_ms)
     if entries_only:
         set_errors(api_key, version, body, code, entries_only=True)
@@ -353,9 +370,11 @@ def _copy(f: Any, req: dict[str, Any], qfields: dict[str, Any]) -> Any:
                 return v
     if f.kind == "value" and f.inner == "int64" and f.default_text is None and f.key.endswith(("offset", "watermark")):
         return -1  # what brokers put in an error entry (INVALID_OFFSET, INVALID_HIGH_WATERMARK)
+    if f.kind == "value" and f.inner == "int32" and f.default_text is None and f.key in _NO_NODE_KEYS:
+        return -1  # Kafka's Node.noNode(): a node 0 on port 0 read as an address clients are sent to
     value = f.default()
-    if value is None and not f.nullable and f.inner in ("records", "bytes"):
-        return b""
+    if value is None and (f.inner == "records" or (not f.nullable and f.inner == "bytes")):
+        return b""  # records: an empty set, as brokers send (MemoryRecords.EMPTY); librdkafka refuses a null one
     return value
 
 

@@ -67,9 +67,12 @@ def first_in_proxy(key: str) -> bool:
 
 
 def split_addr(addr: str) -> tuple[str, int] | None:
-    """"host:port" (or "[v6]:port") → (host, port); None when it is not one."""
+    """"host:port" (or "[v6]:port") → (host, port); None when it is not one.
+
+    An empty host or port 0 is no address either: what an error answer names in place of a node (Kafka writes
+    host "" and port -1; an older kafkatap fault answer wrote port 0), which no client connects to."""
     host, sep, port = addr.rpartition(":")
-    if not sep or not port.isdigit():
+    if not sep or not port.isdigit() or not host.strip("[]") or int(port) == 0:
         return None
     return host.strip("[]"), int(port)
 

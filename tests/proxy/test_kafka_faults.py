@@ -165,6 +165,46 @@ def test_confluent_consumer_finds_a_new_coordinator_after_not_coordinator(proxie
         assert _looked_up_after(rows, rule), "no coordinator lookup after the fault"
 
 
+def test_librdkafka_reads_an_in_place_fetch_error_and_looks_up_the_leader(proxied_kafka, topic_name, sink) -> None:
+    """The built Fetch answer had a null record set, which librdkafka refuses ('Protocol parse failure … invalid
+    MessageSetSize -1'): the client never saw the error the recording said it got. Brokers send an empty set."""
+    import logging
+
+    from confluent_kafka import Consumer, Producer
+
+    class Lines(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lines: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.lines.append(record.getMessage())
+
+    lines = Lines()
+    log = logging.getLogger(f"rdkafka-{topic_name}")
+    log.addHandler(lines)
+    p, rules, _ = _proxy(proxied_kafka, sink, f"error=Fetch:NOT_LEADER_OR_FOLLOWER,topic={topic_name},nth=2,once")
+    with p:
+        proxied_kafka.kafka.create_topic(topic_name, partitions=1)
+        prod = Producer({"bootstrap.servers": p.bootstrap})
+        for i in range(10):
+            prod.produce(topic_name, f"v{i}".encode())
+        prod.flush(30)
+        c = Consumer({"bootstrap.servers": p.bootstrap, "group.id": f"g-{uuid.uuid4().hex[:6]}", "client.id": "rd-fetch",
+                      "auto.offset.reset": "latest", "fetch.wait.max.ms": 100}, logger=log)
+        c.subscribe([topic_name])
+        deadline = time.monotonic() + 40
+        try:
+            while time.monotonic() < deadline and rules.rules[0].injected == 0:
+                c.poll(0.2)
+            hit = lambda s: [r for r in s.requests if (r.get("edit") or "").startswith("fault#1 ")]  # noqa: E731
+            sink.wait_for(lambda s: bool(hit(s)) and METADATA in [r["api_key"] for r in _after(s.requests, hit(s)[0])])
+        finally:
+            c.close()
+    assert rules.rules[0].injected == 1
+    assert not [ln for ln in lines.lines if "parse failure" in ln.lower() or "MessageSetSize" in ln], lines.lines
+
+
 def test_java_producer_recovers_from_not_leader(proxied_kafka, topic_name, sink) -> None:
     p, rules, _ = _proxy(proxied_kafka, sink, f"error=Produce:NOT_LEADER_OR_FOLLOWER,topic={topic_name},nth=2,once")
     with p:
