@@ -47,13 +47,22 @@ def _loopback(peer: Any) -> bool:
         return False
 
 
+def _from_a_web_page(headers: dict[str, str]) -> bool:
+    """A request a browser sent for a page: a page on any site can POST to loopback without asking first (a CORS
+    "simple request" has no preflight), so a page opened on the proxy's host could inject faults into production
+    traffic. Browsers name the page (Origin) and, in newer ones, how it relates to this host (Sec-Fetch-Site);
+    `kafkatap fault` and curl send neither."""
+    return "origin" in headers or headers.get("sec-fetch-site", "none").lower() not in ("none", "same-origin")
+
+
 class FaultControl:
     """The `/faults` routes of one proxy; `rules` None means no fault layer at all."""
 
     def __init__(self, rules: FaultRules | None) -> None:
         self.rules = rules
 
-    def handle(self, method: str, path: str, query: str, peer: Any) -> Answer:
+    def handle(self, method: str, path: str, query: str, peer: Any,
+               headers: dict[str, str] | None = None) -> Answer:
         installed = self.rules is not None and self.rules.installed
         if method in ("GET", "HEAD"):
             if path != "/faults":
@@ -63,6 +72,9 @@ class FaultControl:
             return _text(405, "use GET, POST or DELETE on /faults")
         if not _loopback(peer):
             return _text(403, "fault control accepts only loopback peers")
+        if _from_a_web_page(headers or {}):
+            return _text(403, "fault control takes no requests from web pages (an Origin header, or Sec-Fetch-Site "
+                              "other than none or same-origin): use `kafkatap fault` or curl on this host")
         if not installed or self.rules is None:
             return _text(409, NOT_INSTALLED)
         if method == "POST":

@@ -125,7 +125,8 @@ class StatusServer:
                     return
                 path, _, query = target.partition("?")
                 if path == "/faults" or path.startswith("/faults/"):  # runtime Kafka faults (proxy.fault_control)
-                    status, ctype, body = self._faults(method, path, query, writer.get_extra_info("peername"))
+                    status, ctype, body = self._faults(method, path, query, writer.get_extra_info("peername"),
+                                                       headers)
                 else:
                     status, ctype, body = await self._route(method, path)
                 await self._respond(writer, status, ctype, body, close=close, head_only=method == "HEAD")
@@ -141,14 +142,15 @@ class StatusServer:
         finally:
             writer.close()
 
-    def _faults(self, method: str, path: str, query: str, peer: Any) -> tuple[int, str, bytes]:
+    def _faults(self, method: str, path: str, query: str, peer: Any,
+                headers: dict[str, str]) -> tuple[int, str, bytes]:
         if self.fault_control is None:
             from proxy.fault_control import NOT_INSTALLED
 
             if method in ("GET", "HEAD"):
                 return 200, "application/json", json.dumps({"installed": False, "faults": []}).encode()
             return 409, "text/plain", (NOT_INSTALLED + "\n").encode()
-        return self.fault_control.handle(method, path, query, peer)
+        return self.fault_control.handle(method, path, query, peer, headers)
 
     async def _route(self, method: str, path: str) -> tuple[int, str, bytes]:
         if method not in ("GET", "HEAD"):

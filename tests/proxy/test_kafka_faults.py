@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 import uuid
 
@@ -343,6 +344,13 @@ def test_fault_add_list_clear_reach_a_live_connection(proxied_kafka) -> None:
                 "'NOT_COORDNATOR'; did you mean NOT_COORDINATOR?"]
             tcp = _fault_cli("add", "--addr", str(status), "latency=both:5")
             assert tcp.returncode == 1 and "TCP faults are set when the proxy starts" in tcp.stderr
+            # a web page on this host may POST to loopback without a preflight: refused, nothing added
+            page = urllib.request.Request(f"http://127.0.0.1:{status}/faults?spec=drop%3DProduce", method="POST",
+                                          headers={"Origin": "http://example.invalid"})
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(page, timeout=10)
+            assert refused.value.code == 403 and b"no requests from web pages" in refused.value.read()
+            assert len(json.loads(_fault_cli("list", "--addr", str(status), "--json").stdout)["faults"]) == 1
             cleared = _fault_cli("clear", "--addr", str(status))
             assert cleared.stdout.strip() == "cleared 1 fault(s)"
             assert all(c.call(HEARTBEAT, 4, hb)["error_code"] != 16 for _ in range(3))

@@ -554,6 +554,10 @@ def test_fault_control_routes_refuse_remote_peers_and_a_proxy_without_the_layer(
     assert ctl.handle("POST", "/faults", "spec=error%3DHeartbeat%3ANOT_COORDINATOR", remote)[:2] == (403, "text/plain")
     assert ctl.handle("DELETE", "/faults", "", remote)[0] == 403
     assert ctl.handle("GET", "/faults", "", remote)[0] == 200  # reading is as open as /metrics
+    for page in ({"origin": "http://example.invalid"}, {"sec-fetch-site": "cross-site"}):  # a browser's request
+        assert ctl.handle("POST", "/faults", "spec=drop%3DFetch", local, page)[0] == 403
+        assert ctl.handle("DELETE", "/faults", "", local, page)[0] == 403
+    assert len(ctl.rules.rules) == 1
     assert ctl.handle("POST", "/faults", "spec=refuse", local)[0] == 400
     assert ctl.handle("POST", "/faults", "", local)[0] == 400
     assert ctl.handle("DELETE", "/faults/9", "", local)[0] == 404
