@@ -192,7 +192,8 @@ def fault_retry_duplicates(t: Tables) -> list[Finding]:
         summary=(f"The broker stored {len(rows)} Produce request(s) whose answer was rewritten to an error, and the "
                  f"non-idempotent producer(s) {', '.join(clients[:5])} sent the same batch again (a Produce with the "
                  f"same topics, record count and bytes before the next success): {total} duplicate record(s). "
-                 "kafkatap keeps no batch bytes, so a new batch of exactly the same size would look the same. Enable "
+                 "kafkatap keeps no batch bytes, so a new batch of exactly the same size would look the same (a client "
+                 "that sent such a batch before the fault too is left out: it sends batches of one size). Enable "
                  "idempotence (enable.idempotence=true, the default of current clients) or transactions so that a "
                  "retry after a lost answer cannot duplicate."),
         evidence={"duplicate_records": total, "requests": len(rows), "clients": clients},

@@ -54,7 +54,10 @@ FindCoordinator):
   wrote them, the client heard an error) that a non-idempotent client (no
   producer id in its batches) resent — the broker stored them twice. Not when
   the broker had refused the request itself (`broker_error`): it wrote nothing
-  there, and the resend is its refusal's as much as the fault's.
+  there, and the resend is its refusal's as much as the fault's. Nor when the
+  client sent a batch of the same shape in the window before the fault too:
+  it sends batches of one size (fixed-size records, a perf test), so the one
+  after may be a new batch, and nothing recorded tells them apart.
 
 Pure DataFrame → DataFrame; the job collects the two small results.
 """
@@ -215,22 +218,26 @@ def fault_reactions(req: DataFrame) -> DataFrame:
                        F.col("api_name").alias("r_api"), F.col("ts_ns").alias("r_ns"), F.col("topics").alias("r_topics"),
                        F.col("records").alias("r_records"), F.col("record_bytes").alias("r_record_bytes"))
     conn_start = req.groupBy(F.col("conn_id").alias("s_conn")).agg(F.min("ts_ns").alias("s_ns"))
+    # the window after the fault, and as long before it: a batch of the same shape sent before the fault too means
+    # this client sends batches of one size (fixed-size records), so one after it may be new, not the faulted one
     j = F.broadcast(faults).join(
-        after, (F.col("r_client") == F.col("client_id")) & (F.col("r_ns") > F.col("fault_ns"))
+        after, (F.col("r_client") == F.col("client_id")) & (F.col("r_ns") > F.col("fault_ns") - F.lit(WINDOW_NS))
         & (F.col("r_ns") <= F.col("window_end_ns"))).join(conn_start, F.col("r_conn") == F.col("s_conn"), "left")
     keys = ["fault_conn_id", "fault_correlation_id", "fault_ns", "rule"]
+    later = F.col("r_ns") > F.col("fault_ns")
     same_api = F.col("r_api") == F.col("fault_api")
     same_batch = same_api & (F.col("fault_api") == "Produce") & F.col("r_topics").eqNullSafe(F.col("fault_topics")) \
         & F.col("r_records").eqNullSafe(F.col("records")) & F.col("r_record_bytes").eqNullSafe(F.col("record_bytes"))
     agg = j.groupBy(*keys).agg(
-        _count_where(same_api).alias("retries"),
-        _count_where(F.col("r_api") == "Metadata").alias("metadata_refreshes"),
-        _count_where(F.col("r_api") == "FindCoordinator").alias("coordinator_lookups"),
-        _count_where(F.col("r_api").isin("JoinGroup", "SyncGroup")).alias("rebalance_requests"),
+        _count_where(later & same_api).alias("retries"),
+        _count_where(later & (F.col("r_api") == "Metadata")).alias("metadata_refreshes"),
+        _count_where(later & (F.col("r_api") == "FindCoordinator")).alias("coordinator_lookups"),
+        _count_where(later & F.col("r_api").isin("JoinGroup", "SyncGroup")).alias("rebalance_requests"),
         F.countDistinct(F.when((F.col("s_ns") > F.col("fault_ns")) & (F.col("s_ns") <= F.col("window_end_ns"))
                                & (F.col("r_conn") != F.col("fault_conn_id")), F.col("r_conn"))).alias("reconnects"),
-        F.count(F.lit(1)).alias("requests_in_window"),
-        _count_where(same_batch).alias("resends"),
+        _count_where(later).alias("requests_in_window"),
+        _count_where(later & same_batch).alias("resends"),
+        _count_where((F.col("r_ns") < F.col("fault_ns")) & same_batch).alias("same_shape_before"),
     )
     episodes = faults.join(agg, keys, "left").drop("window_end_ns")
     unapplied = all_faults.where(~F.col("applied")).withColumnsRenamed(FAULT_SIDE)
@@ -239,7 +246,8 @@ def fault_reactions(req: DataFrame) -> DataFrame:
     applied = F.col("applied")
     duplicates = F.when(
         applied & (F.col("fault_api") == "Produce") & (F.col("mode") == "rewrite") & F.col("broker_error").isNull()
-        & (F.coalesce("resends", zero) > 0) & (F.col("producer_id").isNull() | (F.col("producer_id") < 0)),
+        & (F.coalesce("resends", zero) > 0) & (F.col("producer_id").isNull() | (F.col("producer_id") < 0))
+        & (F.coalesce("same_shape_before", zero) == 0),
         F.coalesce(F.col("records"), zero)).otherwise(zero)
     when_applied = lambda c: F.when(applied, F.coalesce(F.col(c), zero))  # noqa: E731 — null for a note not applied
     return out.select(

@@ -171,6 +171,20 @@ def test_duplicates_need_the_same_batch_sent_again(make_df) -> None:
     assert "fault_retry_duplicates" not in [f.id for f in findings]
 
 
+def test_a_client_that_sends_batches_of_one_size_is_not_counted_as_duplicating(make_df) -> None:
+    """A perf producer with fixed-size records and retries=0: every batch looks like the one before, so a batch of
+    the faulted one's shape after it proves no resend (39 records "written twice" were reported for none)."""
+    same = dict(client="perf", records=5, record_bytes=600, producer_id=-1)
+    rows = [req("p1", 1, "ApiVersions", t_s=0, client="perf", client_software_name="apache-kafka-java"),
+            req("p1", 2, "Produce", t_s=0.5, **same),
+            req("p1", 3, "Produce", t_s=1.0, errors=NL, error_count=1, edit="fault#1 error=NOT_LEADER_OR_FOLLOWER rewrite",
+                **same),
+            req("p1", 4, "Produce", t_s=1.5, **same)]
+    reactions, _, findings = _tables(make_df, rows)
+    assert (reactions[0]["resends"], reactions[0]["duplicate_records"], reactions[0]["requests_in_window"]) == (1, 0, 1)
+    assert "fault_retry_duplicates" not in [f.id for f in findings]
+
+
 def test_delay_and_drop_are_worded_by_what_they_do(make_df) -> None:
     rows = [req("k1", 1, "ApiVersions", t_s=0, client="kp", client_software_name="kafka-python"),
             req("k1", 2, "Fetch", t_s=1.0, client="kp", lat_us=201_000, edit="fault#1 delay=200ms"),
