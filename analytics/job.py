@@ -40,6 +40,7 @@ from analytics.unmatched import empty_compare_sides, is_narrowed, nothing_matche
 from recording.request_terms import ROLLUP_BUCKET_S
 from recording.rollups import TIME_KEYED, RecordingCoverage, coverage_all, stored_span_ns
 from recording.schema import DERIVED_DATASETS
+from recording.terminal_text import printable
 from recording.layout import hour_partition, partition_values
 from recording.reader import LiveFiles, live_files
 
@@ -715,16 +716,16 @@ def summary(result: AnalysisResult) -> str:
         f"error rate {(ov.get('error_rate') or 0):.3%} (+{(ov.get('retriable_rate') or 0):.3%} retriable)",
     ]
     if result.nothing_matched:
-        lines.append(result.nothing_matched)
+        lines.append(printable(result.nothing_matched))
     notice = stretches_notice(result.tables)
     if notice:
         lines.append(f"Note: {notice}.")
     lines.append(f"{len(result.findings)} finding(s):")
     for f in result.findings[:15]:
-        lines.append(f"  [{f.severity.upper():8}] {f.title}")
+        lines.append(f"  [{f.severity.upper():8}] {printable(f.title)}")  # titles name client ids: any text
     if len(result.findings) > 15:
         lines.append(f"  … {len(result.findings) - 15} more in findings.json")
-    lines.append(f"report:   {result.report_path}")
-    lines.append(f"findings: {result.findings_path}")
-    lines.append(f"tables:   {result.out / 'tables'}/")
+    lines.append(printable(f"report:   {result.report_path}"))
+    lines.append(printable(f"findings: {result.findings_path}"))
+    lines.append(printable(f"tables:   {result.out / 'tables'}/"))
     return "\n".join(lines)

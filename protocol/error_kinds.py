@@ -38,6 +38,8 @@ KIND_ORDER = (ERROR, RETRIABLE, PROTOCOL_STEP)
 PROTOCOL_STEPS: frozenset[tuple[str, str]] = frozenset({
     ("JoinGroup", "MEMBER_ID_REQUIRED"),        # KIP-394: a dynamic member's first join (classic protocol)
     ("Heartbeat", "REBALANCE_IN_PROGRESS"),     # how the coordinator tells a member to rejoin, at each rebalance
+    ("SyncGroup", "REBALANCE_IN_PROGRESS"),     # a member joined while the others synced: they rejoin (Java, librdkafka
+                                                # log it at info level), at a healthy group's start too
     ("ApiVersions", "UNSUPPORTED_VERSION"),     # KIP-511: a newer client learns the broker's range
 })
 

@@ -32,6 +32,7 @@ from protocol.error_kinds import ERROR, RETRIABLE
 from proxy.bypass import top_line as bypass_top_line
 from proxy.metrics import MAX_TOPICS_MORE, ROLE_NAMES, parse_exposition
 from proxy.status import parse_addr
+from recording.terminal_text import printable
 
 CLEAR = "\x1b[H\x1b[2J"
 BOLD, DIM, RESET = "\x1b[1m", "\x1b[2m", "\x1b[0m"
@@ -211,18 +212,6 @@ def by_client(conns: list[dict[str, Any]], rates: dict[str, float]) -> list[dict
         if not c["open"] and c.get("end_reason"):
             g["end_reason"] = c["end_reason"]
     return list(groups.values())
-
-
-# C0 controls, DEL and C1 controls (0x9b is a CSI on its own) → "\\n", "\\x1b", …: what clients send
-# (client_id, software, topics) must neither move the cursor nor split a row across lines; and the bidi
-# controls (U+202A–U+202E, U+2066–U+2069), which reverse how the rest of a row reads
-_CONTROL_ESCAPES = {i: (repr(chr(i))[1:-1] if i < 0x100 else f"\\u{i:04x}")
-                    for i in (*range(0x20), *range(0x7F, 0xA0), *range(0x202A, 0x202F), *range(0x2066, 0x206A))}
-
-
-def printable(text: str) -> str:
-    """`text` with its control characters written as Python escapes, for a terminal (top's every text cell)."""
-    return text.translate(_CONTROL_ESCAPES)
 
 
 def topics_text(topics: list[str], more: int) -> str:

@@ -111,3 +111,16 @@ def test_the_summary_says_how_many_connects_never_reached_the_broker() -> None:
     assert "890 connections (880 of them connects the broker refused or never answered: see Broker outages)" in line
     assert "refused" not in summary(AnalysisResult(Path("out"), [], {"connections": 10}, {}, 60, Path("r.html"),
                                                    Path("f.json"), {})).splitlines()[0]
+
+
+def test_the_summary_prints_a_client_chosen_title_without_its_terminal_escapes() -> None:
+    """A client id is any text a client sends: in a finding title on stdout it cleared the operator's screen, set the
+    window title and reversed the line (the HTML report escaped it; the terminal summary did not)."""
+    from analytics.findings import Finding
+
+    evil = "\x1b[2J\x1b[31mEVIL\u202e\x1b]0;title\x07"
+    finding = Finding(id="client_inventory", severity="info", title=f"1 client: {evil}", summary="", evidence={})
+    text = summary(AnalysisResult(Path("out"), [finding], {"connections": 1}, {}, 60, Path("r.html"), Path("f.json"),
+                                  {}))
+    assert "\x1b" not in text and "\u202e" not in text and "\x07" not in text
+    assert "\\x1b[2J\\x1b[31mEVIL\\u202e" in text

@@ -74,6 +74,7 @@ def test_kinds() -> None:
     assert error_kind("JoinGroup", "MEMBER_ID_REQUIRED") == PROTOCOL_STEP
     assert error_kind("SyncGroup", "MEMBER_ID_REQUIRED") == ERROR  # a step only where the protocol uses it
     assert error_kind("Heartbeat", "REBALANCE_IN_PROGRESS") == PROTOCOL_STEP
+    assert error_kind("SyncGroup", "REBALANCE_IN_PROGRESS") == PROTOCOL_STEP  # a member joined mid-sync: rejoin
     assert error_kind("OffsetCommit", "REBALANCE_IN_PROGRESS") == ERROR  # the commit was lost
     assert error_kind("FindCoordinator", "COORDINATOR_NOT_AVAILABLE") == RETRIABLE
     assert error_kind("Produce", "NOT_LEADER_OR_FOLLOWER") == RETRIABLE

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.live import parse_metrics, printable, render
+from proxy.live import parse_metrics, render
+from recording.terminal_text import printable
 from proxy.metrics import MAX_TOPICS_MORE, MAX_TOPICS_PER_CLIENT, LiveStats
 
 
