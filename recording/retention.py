@@ -36,10 +36,10 @@ from pathlib import Path
 import click
 
 from recording.datasets import DATASETS
-from recording.layout import HOUR_NS, hour_of_dirs, safe_segment
+from recording.layout import HOUR_NS, hour_of_dirs, launching_proxy_id, safe_segment, worker_proxy_id
 
 __all__ = ["KEPT", "KEPT_NAMES", "PRUNED", "MIN_RETAIN_S", "MAX_RETAIN_S", "Pruned", "PruneError", "hour_dirs",
-           "expired", "prune", "parse_duration", "DURATION", "describe"]
+           "expired", "prune", "writer_prunes", "parse_duration", "DURATION", "describe"]
 
 KEPT = ("topics", "runs")  # datasets retention never touches (see the module docstring)
 KEPT_NAMES = " and ".join(f"{name}/" for name in KEPT)  # as the help texts name them ("topics/ and runs/")
@@ -76,12 +76,28 @@ def proxies_in(root: Path | str) -> list[str]:
                    if p.name.startswith("proxy=")})
 
 
-def hour_dirs(root: Path | str, proxy_id: str | None = None) -> Iterator[tuple[int, Path]]:
-    """(hour index, directory) of every hour partition of the pruned datasets: one proxy's, or every proxy's."""
+def writer_prunes(root: Path | str, proxy_id: str) -> list[str]:
+    """The proxy ids whose old hours the writer recording as `proxy_id` deletes (`--retain`).
+
+    Its own; and, for the first writer of a launch (the id a one-process proxy records under, or worker 1's),
+    every id of that launch the recording holds: after `--workers 4` became 2 (or 1, or the cores changed the
+    default), the hours of the workers no longer run were never deleted, and the rolling window grew for ever.
+    """
+    head = launching_proxy_id(proxy_id)
+    if head is not None and proxy_id != worker_proxy_id(head, 1):
+        return [proxy_id]
+    head = head or proxy_id
+    return sorted({proxy_id, *(p for p in proxies_in(root) if p == head or launching_proxy_id(p) == head)})
+
+
+def hour_dirs(root: Path | str, proxy_id: str | list[str] | None = None) -> Iterator[tuple[int, Path]]:
+    """(hour index, directory) of every hour partition of the pruned datasets: one proxy's (or those of a list of
+    proxy ids), or every proxy's."""
     root = Path(root)
+    ids = [proxy_id] if isinstance(proxy_id, str) else proxy_id
     for dataset in PRUNED:
         base = root / dataset
-        proxies = ([base / f"proxy={safe_segment(proxy_id)}"] if proxy_id is not None
+        proxies = ([base / f"proxy={safe_segment(p)}" for p in ids] if ids is not None
                    else [p for p in _children(base) if p.name.startswith("proxy=")])
         for proxy_dir in proxies:
             for date_dir in _children(proxy_dir):
@@ -91,7 +107,7 @@ def hour_dirs(root: Path | str, proxy_id: str | None = None) -> Iterator[tuple[i
                         yield index, hour_dir
 
 
-def expired(root: Path | str, cutoff_ns: int, proxy_id: str | None = None) -> list[tuple[int, Path]]:
+def expired(root: Path | str, cutoff_ns: int, proxy_id: str | list[str] | None = None) -> list[tuple[int, Path]]:
     """The hour directories whose whole hour ended at or before `cutoff_ns` (epoch ns), oldest first.
 
     Within an hour, requests/ comes first: a pruning stopped part way (a file it may not delete) then
@@ -133,7 +149,8 @@ def _size(directory: Path) -> tuple[int, int]:
     return files, size
 
 
-def prune(root: Path | str, cutoff_ns: int, proxy_id: str | None = None, *, dry_run: bool = False) -> Pruned:
+def prune(root: Path | str, cutoff_ns: int, proxy_id: str | list[str] | None = None, *,
+          dry_run: bool = False) -> Pruned:
     """Delete (or, dry, only count) every hour directory of the pruned datasets that `expired` names.
 
     A date directory left empty goes too. Errors other than a directory already gone are

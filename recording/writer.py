@@ -791,17 +791,18 @@ class ParquetRecorder:
             self._apply_retention()
 
     def _apply_retention(self) -> None:
-        """Delete this proxy's hours older than `retain_s`, at most once per PRUNE_EVERY_S (writer side)."""
+        """Delete this proxy's hours older than `retain_s` (and its launch's other ids': `writer_prunes`), at most
+        once per PRUNE_EVERY_S (writer side)."""
         if self.retain_s is None:
             return
         now = time.monotonic()
         if now < self._next_prune:
             return
         self._next_prune = now + PRUNE_EVERY_S
-        from recording.retention import describe, prune
+        from recording.retention import describe, prune, writer_prunes
 
         try:
-            result = prune(self.root, self._clock_ns() - int(self.retain_s * 1e9), self.proxy_id)
+            result = prune(self.root, self._clock_ns() - int(self.retain_s * 1e9), writer_prunes(self.root, self.proxy_id))
         except OSError as exc:
             self._error("retention", "recording retention could not delete an old hour", exc)
             return
