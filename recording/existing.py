@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import calendar
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from recording.datasets import RECORDED
+from recording.datasets import FORMAT_KEY, FORMAT_VERSION, RECORDED
 from recording.layout import HOUR_NS, file_range, hour_of_dirs, is_hidden
 
 __all__ = ["ExistingRecording", "existing_recording", "held_recording", "inside", "reuse_message"]
@@ -37,6 +38,30 @@ class ExistingRecording:
     proxy_ids: tuple[str, ...]
     first_ns: int
     last_ns: int
+    older_format: int | None = None  # the format of its newest requests file, when older than this kafkatap's
+
+
+# A footer's format version as the Thrift compact protocol writes the key-value pair: the key, then the value's
+# field header (0x18: field 2, binary), its length and its digits. Read by hand: the proxy's process must not
+# import pyarrow (~50 MB of RSS) to say one line at start.
+_FOOTER_FORMAT = re.compile(re.escape(FORMAT_KEY) + rb"\x18([\x01-\x09])(\d{1,9})")
+
+
+def footer_format(path: Path) -> int | None:
+    """The `kafkatap.format_version` in a Parquet file's footer, or None when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(-8, os.SEEK_END)
+            tail = f.read(8)
+            size = int.from_bytes(tail[:4], "little")
+            if tail[4:] != b"PAR1" or not 0 < size <= 16 << 20:
+                return None
+            f.seek(-8 - size, os.SEEK_END)
+            footer = f.read(size)
+    except OSError:
+        return None
+    m = _FOOTER_FORMAT.search(footer)
+    return int(m.group(2)) if m and len(m.group(2)) == m.group(1)[0] else None
 
 
 def _run_start_ns(run: str) -> int | None:
@@ -80,6 +105,8 @@ def existing_recording(root: Path) -> ExistingRecording | None:
     runs: set[tuple[str, str]] = set()
     firsts: list[int] = []
     lasts: list[int] = []
+    newest: Path | None = None  # the newest requests file: its footer says the format the recording is in
+    newest_key: tuple[int, int] | None = None
     for dataset in RECORDED:
         top = root / dataset
         if not top.is_dir():
@@ -99,10 +126,15 @@ def existing_recording(root: Path) -> ExistingRecording | None:
             firsts.append(max(first * HOUR_NS, min(starts, default=0)))
             mtimes = [(hours[last] / n).stat().st_mtime_ns for n in files[last]]
             lasts.append(min(max(mtimes), (last + 1) * HOUR_NS))
+            if dataset == "requests" and (newest_key is None or (last, max(mtimes)) > newest_key):
+                newest_key, newest = (last, max(mtimes)), hours[last] / max(files[last], key=lambda n: (
+                    hours[last] / n).stat().st_mtime_ns)
     if not firsts:
         return None
     proxies = sorted({p.removeprefix("proxy=") for p, _ in runs})
-    return ExistingRecording(len(runs), tuple(proxies), min(firsts), max(lasts))
+    version = footer_format(newest) if newest is not None else None
+    return ExistingRecording(len(runs), tuple(proxies), min(firsts), max(lasts),
+                             version if version is not None and version < FORMAT_VERSION else None)
 
 
 def _utc(ns: int) -> str:
@@ -123,9 +155,13 @@ def reuse_message(root: Path, held: ExistingRecording) -> str:
     recording."""
     runs = f"{held.runs} earlier run(s) of proxy processes" if held.runs else "rows of earlier proxy runs"
     return (f"{root} already holds a recording ({runs} of proxy id(s) {', '.join(held.proxy_ids) or '?'}, data from "
-            f"{_utc(held.first_ns)} to {_utc(held.last_ns)}): this run's rows are added to it and `kafkatap analyze` "
-            "reads them all as one recording; record into a fresh directory, or separate the runs with "
-            "`kafkatap analyze --since/--until`")
+            f"{_utc(held.first_ns)} to {_utc(held.last_ns)}): " + (
+                f"its files are of recording format {held.older_format}, an earlier kafkatap's, and `kafkatap analyze` "
+                f"will not read them in one directory with this run's (format {FORMAT_VERSION}): record into a fresh "
+                "directory, or move the older files to a directory of their own"
+                if held.older_format is not None else
+                "this run's rows are added to it and `kafkatap analyze` reads them all as one recording; record into "
+                "a fresh directory, or separate the runs with `kafkatap analyze --since/--until`"))
 
 
 def inside(out: str, directory: str) -> bool:

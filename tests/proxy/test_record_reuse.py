@@ -78,3 +78,28 @@ def test_the_span_comes_from_partitions_run_ids_and_mtimes(tmp_path: Path) -> No
     assert held.first_ns == (t + 11 * 3600 + 7 * 60) * 1_000_000_000
     assert held.last_ns == (t + 14 * 3600) * 1_000_000_000  # the end of its hour, not the copy's time
     assert existing_recording(tmp_path / "empty") is None
+
+
+def test_a_directory_of_an_older_recording_format_is_named_as_one_analyze_will_not_mix(tmp_path: Path) -> None:
+    """An upgraded service recorded into the directory of an earlier format, and `analyze` then refused all of it
+    ('mixes recording format versions'), while the start warning said it would read them all as one recording.
+    The footer's version is read by hand (the proxy's process does not import pyarrow)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from recording.existing import footer_format, reuse_message
+    from recording.schema import FORMAT_KEY, FORMAT_VERSION
+
+    hour = tmp_path / "requests" / "proxy=a" / "date=2026-11-28" / "hour=11"
+    hour.mkdir(parents=True)
+    older = hour / "part-20261128T110700Z-ab12-00000001.parquet"
+    pq.write_table(pa.table({"x": [1]}).replace_schema_metadata({FORMAT_KEY: b"2"}), older)
+    assert footer_format(older) == 2
+    held = existing_recording(tmp_path)
+    assert held is not None and held.older_format == 2
+    said = reuse_message(tmp_path, held)
+    assert f"recording format 2, an earlier kafkatap's" in said and f"(format {FORMAT_VERSION})" in said
+    assert "reads them all as one recording" not in said
+    pq.write_table(pa.table({"x": [1]}).replace_schema_metadata({FORMAT_KEY: str(FORMAT_VERSION).encode()}),
+                   hour / "part-20261128T110800Z-cd34-00000001.parquet")  # a newer file of this format: no warning
+    assert existing_recording(tmp_path).older_format is None
