@@ -269,10 +269,13 @@ class _Stream:
 
 
 def check_recording_dir(root: Path | str, min_free_bytes: int = 64 << 20) -> Path:
-    """Create `root` if needed and prove it is writable with enough free space, or raise RecordingError.
+    """Create `root` if needed and prove it is writable, or raise RecordingError; warn when space is short.
 
     Why at start-up: a proxy that silently drops every row because its
-    directory is read-only is worse than one that refuses to start.
+    directory is read-only is worse than one that refuses to start. Low space
+    is only a warning: a proxy restarted (Restart=on-failure) while its disk is
+    low must still give clients their path to Kafka, and once running the
+    writer drops rows below a quarter of `min_free_bytes` and counts them.
     """
     root = Path(root)
     try:
@@ -290,10 +293,10 @@ def check_recording_dir(root: Path | str, min_free_bytes: int = 64 << 20) -> Pat
         ) from exc
     free = shutil.disk_usage(root).free
     if free < min_free_bytes:
-        raise RecordingError(
-            f"only {free / 2**20:.0f} MiB free under {root}; recording needs at least "
-            f"{min_free_bytes / 2**20:.0f} MiB. Free some space or record elsewhere."
-        )
+        log.warning(f"recording directory low on space: only {free / 2**20:.0f} MiB free under {root} (at least "
+                    f"{min_free_bytes / 2**20:.0f} MiB wanted); the proxy forwards, and rows are dropped and counted "
+                    f"while less than {min_free_bytes / 4 / 2**20:.0f} MiB is free",
+                    fix="free some space or record elsewhere", free_mib=free // 2**20)
     return root
 
 

@@ -322,9 +322,17 @@ def test_unwritable_dir_is_a_clear_error(tmp_path: Path) -> None:
         ParquetRecorder(blocker / "rec", "p1").start()
 
 
-def test_not_enough_free_space_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(RecordingError, match="MiB free"):
-        ParquetRecorder(tmp_path / "rec", "p1", min_free_bytes=1 << 62).start()
+def test_too_little_free_space_at_start_is_a_warning_and_the_rows_are_counted_as_dropped(tmp_path: Path,
+                                                                                         capsys) -> None:
+    """It refused to start, so a proxy restarted on a low disk took the clients' path to Kafka away: now it warns,
+    starts, and the writer drops (and counts) rows while the disk is below its floor, as a running one does."""
+    r = ParquetRecorder(tmp_path / "rec", "p1", min_free_bytes=1 << 62, fsync=False, writer="thread").start()
+    for row in SessionMix().rows(10):
+        r.request(row)
+    r.close()
+    said = capsys.readouterr()
+    assert "recording directory low on space" in said.out + said.err and "the proxy forwards" in said.out + said.err
+    assert r.dropped()["requests"] == 10 and r.stats()["rows_written"]["requests"] == 0
 
 
 def test_disk_failure_at_runtime_drops_and_counts(make_recorder, rec_dir: Path, monkeypatch) -> None:
