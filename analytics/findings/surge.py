@@ -61,6 +61,14 @@ def first_jump(conc: list[int]) -> int | None:
     return None
 
 
+def _open_at_once(row: dict) -> int:
+    """The most connections open at once in a bucket (`peak_concurrent`; `concurrent`, every connection open at
+    some moment of it, for rows without it). A burst of connections that each lived milliseconds is churn, not a
+    surge: it raised `concurrent` by all of them while a few were ever open together."""
+    peak = row.get("peak_concurrent")
+    return int(peak if peak is not None else row.get("concurrent") or 0)
+
+
 @rule("connection_surge")
 def connection_surge(t: Tables) -> list[Finding]:
     """Per broker: the first bucket where concurrency jumps to >= 2x (and +20) its earlier median,
@@ -83,7 +91,7 @@ def connection_surge(t: Tables) -> list[Finding]:
     for broker, all_rows in series.items():
         all_rows.sort(key=lambda r: r["bucket"])
         for rows in stretches(all_rows):
-            conc = [r.get("concurrent") or 0 for r in rows]
+            conc = [_open_at_once(r) for r in rows]
             start = first_jump(conc)
             if start is not None:
                 break
@@ -91,7 +99,7 @@ def connection_surge(t: Tables) -> list[Finding]:
             continue
         base_c = statistics.median(conc[:start])
         thresh = (base_c + conc[start]) / 2
-        surge = [r for r in rows[start:] if (r.get("concurrent") or 0) >= thresh]
+        surge = [r for r in rows[start:] if _open_at_once(r) >= thresh]
         peak = max(conc[start:])
         b_p99 = _med([r.get("p99_us") for r in rows[:start]])
         s_p99 = _med([r.get("p99_us") for r in surge])
@@ -114,7 +122,8 @@ def connection_surge(t: Tables) -> list[Finding]:
                       "baseline_p99_us": b_p99, "surge_p99_us": s_p99, "baseline_bytes_per_request": b_bpr,
                       "surge_bytes_per_request": s_bpr, "opens_in_first_buckets": opens, "bucket_s": bucket_s,
                       "baseline_from": ts(rows[0]["bucket"])},
-            examples=[{"bucket": ts(r["bucket"]), "concurrent": r.get("concurrent"), "opens": r.get("opens"), "p99_us": r.get("p99_us")}
+            examples=[{"bucket": ts(r["bucket"]), "concurrent": r.get("concurrent"), "peak_concurrent": _open_at_once(r),
+                       "opens": r.get("opens"), "p99_us": r.get("p99_us")}
                       for r in rows[max(0, start - 2):start + 3]],
             tables=["connections_over_time"], score=score(sev, peak - base_c),
         ))

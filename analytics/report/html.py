@@ -242,7 +242,7 @@ def _c_conns_over_time(rows: Rows, bucket_s: int) -> str:
         rs.sort(key=lambda r: r["bucket"])
         xs = [r["bucket"] for r in rs]
         parts.append(f"<h4>{escape(broker)}: open connections (solid) and p99 latency (dashed)</h4>")
-        parts.append(line_chart(xs, {"open connections": [r.get("concurrent") for r in rs], "opens": [r.get("opens") for r in rs]},
+        parts.append(line_chart(xs, {"open connections (most at once)": [r.get("peak_concurrent", r.get("concurrent")) for r in rs], "opens": [r.get("opens") for r in rs]},
                                 "", right={"p99 latency": [r.get("p99_us") for r in rs]}, right_unit="µs",
                                 y_label="connections", right_label="p99 latency", height=220))
     return "".join(parts[:16])

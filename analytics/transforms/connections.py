@@ -108,13 +108,25 @@ def connections_over_time(conns: DataFrame, traffic: DataFrame, bucket_s: int, v
     g = grid.join(opens, ["broker_addr", "b"], "left").join(ends, ["broker_addr", "b"], "left").join(lat, ["broker_addr", "b"], "left")
     g = g.join(recording, ["broker_addr", "b"], "left").fillna(0, ["starts", "opens", "recording_starts", "ends", "requests",
                                                                    "runs_recording"])
+    # the most connections open at once inside a bucket: a sweep of the opens (+1) and ends (-1) in time order, ends
+    # first at one instant. `concurrent` counts every connection open at any moment of the bucket, so a burst of
+    # connections that each lived milliseconds (a producer per send, a health check) raised it by all of them.
+    t_open = F.col("opened_ns") if since_ns is None else F.greatest(F.col("opened_ns"), F.lit(since_ns))
+    sweep = conns.select("broker_addr", t_open.alias("t"), F.lit(1).alias("d")).unionByName(
+        conns.where(ends_inside).select("broker_addr", F.col("closed_ns").alias("t"), F.lit(-1).alias("d")))
+    ws = Window.partitionBy("broker_addr").orderBy("t", "d").rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    peaks = sweep.withColumn("level", F.sum("d").over(ws)).groupBy(
+        "broker_addr", time_bucket_index("t", bucket_s).alias("b")).agg(F.max("level").alias("event_peak"))
+    g = g.join(peaks, ["broker_addr", "b"], "left")
     w = Window.partitionBy("broker_addr").orderBy("b").rowsBetween(Window.unboundedPreceding, Window.currentRow)
     # a connection that ends in bucket b was still open during part of b: subtract ends of earlier buckets
+    at_start = F.sum("starts").over(w) - F.col("starts") - F.sum("ends").over(w) + F.col("ends")
     return g.select(
         "broker_addr",
         F.timestamp_seconds(F.col("b") * bucket_s).alias("bucket"),
         "opens", "recording_starts", "runs_recording", "ends",
         (F.sum("starts").over(w) - F.sum("ends").over(w) + F.col("ends")).alias("concurrent"),
+        F.greatest(at_start, F.coalesce(F.col("event_peak"), at_start)).alias("peak_concurrent"),
         "requests",
         F.round(F.col("requests") / bucket_s, 2).alias("requests_per_s"),
         F.col("q")[0].alias("p50_us"),

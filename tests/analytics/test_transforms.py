@@ -252,6 +252,22 @@ def test_connections_over_time_concurrency_and_latency(make_df) -> None:
 
 
 
+def test_a_burst_of_short_connections_is_churn_not_a_surge(make_df) -> None:
+    """30 connections opened and closed one after another in one bucket beside 2 long-lived ones: `concurrent` (every
+    connection open at some moment) said 32, and the surge rule reported a critical surge; at most 3 were open."""
+    from analytics.findings.surge import connection_surge
+
+    cs = [conn(f"long{i}", 0, 600) for i in range(2)]
+    cs += [conn(f"short{i}", 300 + i * 0.02, 300 + i * 0.02 + 0.006) for i in range(30)]
+    rs = [req(f"long{i % 2}", i, t_s=5 + 20 * i, lat_us=1000 if i < 15 else 3000) for i in range(29)]
+    r = prepare_requests(make_df("requests", rs))
+    rows = [x.asDict() for x in connections.connections_over_time(
+        make_df("connections", cs), traffic_over_time(r, 60), 60, latency_cube(r, 60)).collect()]
+    assert rows[5]["concurrent"] == 32 and rows[5]["peak_concurrent"] == 3
+    assert [x["peak_concurrent"] for x in rows][:5] == [2, 2, 2, 2, 2]
+    assert not connection_surge({"connections_over_time": rows, "_meta": [{"bucket_s": 60}]})
+
+
 def test_connections_over_time_covers_only_the_window(make_df) -> None:
     """With --since/--until the grid is the window's buckets; connections open at its start count as concurrent there.
 
@@ -267,6 +283,7 @@ def test_connections_over_time_covers_only_the_window(make_df) -> None:
         make_df("connections", cs), traffic_over_time(r, 60), 60, latency_cube(r, 60), since, until).collect()]
     assert [int(x["bucket"].timestamp()) for x in rows] == [(T0 // S) + b0 + 60 * i for i in range(10)]
     assert [x["concurrent"] for x in rows] == [3, 3, 4, 4, 3, 3, 3, 3, 3, 3]
+    assert [x["peak_concurrent"] for x in rows] == [3, 3, 4, 4, 3, 3, 3, 3, 3, 3]  # "edge" ends before "inside" opens
     assert [x["opens"] for x in rows] == [0, 0, 1, 0, 0, 0, 1, 0, 0, 0]
     assert [x["ends"] for x in rows] == [0, 0, 0, 1, 0, 1, 0, 0, 0, 0]
     assert (rows[2]["requests"], rows[2]["p99_us"]) == (1, 2000)
