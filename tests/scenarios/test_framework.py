@@ -246,3 +246,45 @@ def test_the_demos_java_consumer_is_a_classic_group_member_on_kafka_3() -> None:
     assert _java_named([], Inventory("3.7.2", "consumer, group member")) is None
     assert _java_named([], Inventory("4.3.1", "consumer, KIP-848 consumer")) is None
     assert _java_named([], Inventory("4.3.1", "consumer, group member")) is not None
+
+
+def test_every_built_in_scenario_passes_the_spec_checks() -> None:
+    from scenarios.demo import SCENARIO as demo
+    from scenarios.validate import spec_problems
+
+    assert {sc.name: spec_problems(sc) for sc in [*all_scenarios(), demo]} == {
+        sc.name: [] for sc in [*all_scenarios(), demo]}
+
+
+@pytest.mark.parametrize("body, says", [
+    ('SCENARIO = Scenario(name="x", story="s", proxies=[Proxy("rec")], entry="front")',
+     "entry='front' is not a proxy of this scenario (rec)"),
+    ('SCENARIO = Scenario(name="x", story="s", clients=[ClientSpec("p", topics="orders")])',
+     "client 'p': topics='orders' must be a list of topic names"),
+    ('SCENARIO = Scenario(name="x", story="s", clients=[ClientSpec("p", kind="kafkapython", topics=["t"])])',
+     "did you mean 'kafka-python'?"),
+    ('SCENARIO = Scenario(name="x", story="s", clients=[ClientSpec("p", topics=["t"], host="natted")])',
+     "client 'p': host='natted' is not one of the network's hosts"),
+    ('SCENARIO = Scenario(name="x", story="s", broker=Broker(topics=["t"]))', "broker: topics=['t'] must map"),
+    ('SCENARIO = Scenario(name="x", story="s", proxies=[Proxy("rec", kafka_faults=["eror=Produce:X"])])',
+     "proxy 'rec': kafka_faults: bad fault spec 'eror=Produce:X'"),
+    ('SCENARIO = Scenario(name="x", story="s", expect=[Expect("client_inventroy")])',
+     "expect: 'client_inventroy' is no finding kafkatap reports; did you mean 'client_inventory'?"),
+    ('SCENARIO = Scenario(name="x", story="s", proxies=[Proxy("rec", record=False)])', "none records"),
+    ('SCENARIO = Scenario(name="x", story="s",\n    brokre=Broker())', "mine.py:2: TypeError: "),
+    ('SCENARIO = (', "mine.py:2: SyntaxError: "),
+])
+def test_a_scenario_file_with_a_mistake_is_refused_in_one_line_before_anything_starts(monkeypatch, tmp_path, body,
+                                                                                      says) -> None:
+    """These surfaced after the broker had started (KeyError: 'natted', an empty StopIteration), after a minute of
+    traffic and Spark (a misspelt finding id), as a 30-line traceback, or not at all (topics="orders" produced to
+    topics o, r, d, e and s)."""
+    from kafkatap.cli import cli
+
+    started: list[object] = []
+    monkeypatch.setattr("scenarios.runner.run_scenario", lambda *a, **k: started.append(a))
+    f = tmp_path / "mine.py"
+    f.write_text("from scenarios.spec import Broker, ClientSpec, Expect, Proxy, Scenario\n" + body + "\n")
+    res = CliRunner().invoke(cli, ["scenario", "run", str(f), "--out", str(tmp_path / "out")])
+    assert res.exit_code == 2 and says in res.output and "Traceback" not in res.output, res.output
+    assert not started
