@@ -187,8 +187,8 @@ _REMEDIES = (
     ("UnsupportedClassVersionError", "this Java is too old for that Kafka: install Java 17 or newer"),
     ("could not be established", "the broker cannot reach its controller quorum: check --prop "
                                  "controller.quorum.voters and listeners"),
-    ("ConfigException", "fix or drop the --prop it names"),
-    ("Invalid value", "fix or drop the --prop it names"),
+    ("ConfigException", "fix or drop the broker property it names (--prop, or a scenario's Broker(props=…))"),
+    ("Invalid value", "fix or drop the broker property it names (--prop, or a scenario's Broker(props=…))"),
     ("OutOfMemoryError", "the broker ran out of heap: give it less to do, or more heap"),
     ("AccessDenied", "make the directory it names writable, or use another --data-dir"),
     ("Permission denied", "make the directory it names writable, or use another --data-dir"),

@@ -35,6 +35,12 @@ def test_what_the_jvm_printed_names_a_stop_its_log_does_not() -> None:
     assert remedy(stop.cause).startswith("the broker ran out of heap")
 
 
+def test_a_bad_property_is_named_for_the_command_line_and_for_a_scenario() -> None:
+    """A scenario's Broker(props=…) was told to 'fix or drop the --prop it names', an option it never gave."""
+    said = remedy("org.apache.kafka.common.config.ConfigException: Invalid value ten for configuration message.max.bytes")
+    assert said == "fix or drop the broker property it names (--prop, or a scenario's Broker(props=…))"
+
+
 def test_a_slow_start_is_no_stall_and_the_warning_it_keeps_repeating_is() -> None:
     warning = "[2026-01-02 10:00:0{i},000] WARN [RaftManager id=1] Connection to node {n} could not be established. (x)\n"
     assert stalled_start("".join(warning.format(i=i, n=2) for i in range(2))) is None
