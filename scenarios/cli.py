@@ -41,12 +41,14 @@ def _version_option(f: Any) -> Any:
                         show_default=True, help="Apache Kafka version of the local broker.")(f)
 
 
-def _print_result(res: Any) -> None:
+def _print_result(res: Any, scenario: Any) -> None:
     click.echo(res.summary or f"{res.name}: not analyzed")
     if res.ok and res.report_dir is None:
         click.echo(f"{res.name}: OK — traffic only, not analyzed ({res.timings.get('setup_and_traffic_s', '?')} s)")
     elif res.ok:
-        click.echo(f"{res.name}: OK — every expected finding is in the report ({res.timings.get('total_s', '?')} s)")
+        met = ", ".join(("no " if e.absent else "") + e.finding for e in scenario.expect)  # the ids findings.json uses
+        click.echo(f"{res.name}: OK — every expected finding is in the report"
+                   f"{f' ({met})' if met else ''} ({res.timings.get('total_s', '?')} s)")
     else:
         click.echo(f"{res.name}: FAILED")
         for p in res.problems:
@@ -166,7 +168,7 @@ def run_cmd(name: str, kafka_version: str, out: Path, no_analyze: bool) -> None:
             rows.append((sc.name, "ERROR", None))
             failed.append(sc.name)
             continue
-        _print_result(res)
+        _print_result(res, sc)
         rows.append((sc.name, "ok" if res.ok else "FAILED", res.timings.get("total_s") or res.timings.get("setup_and_traffic_s")))
         if not res.ok:
             failed.append(sc.name)
@@ -210,7 +212,7 @@ def demo(out: Path, kafka_version: str) -> None:
         raise click.ClickException(str(exc)) from None
     except (OSError, ScenarioFailed) as exc:  # an --out it cannot write, a client that would not start
         raise click.ClickException(f"demo: {exc}") from None
-    _print_result(res)
+    _print_result(res, SCENARIO)
     if res.report_path:
         click.echo(f"\nOpen the report: {res.report_path}")
     sys.exit(0 if res.ok else 1)

@@ -65,10 +65,17 @@ def test_a_run_not_analyzed_says_so_and_a_failed_client_fails_it(capsys, tmp_pat
     from scenarios.cli import _print_result
     from scenarios.runner import RunResult
 
-    _print_result(RunResult("leader-moves", tmp_path, None, timings={"setup_and_traffic_s": 31.0}))
+    from scenarios.catalog import get
+
+    sc = get("leader-moves")
+    _print_result(RunResult("leader-moves", tmp_path, None, timings={"setup_and_traffic_s": 31.0}), sc)
     assert capsys.readouterr().out.splitlines()[-1] == "leader-moves: OK — traffic only, not analyzed (31.0 s)"
+    analyzed = RunResult("leader-moves", tmp_path, tmp_path / "report", timings={"total_s": 70.0})
+    _print_result(analyzed, sc)  # the ids findings.json uses, so the operator can look them up
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"leader-moves: OK — every expected finding is in the report ({', '.join(e.finding for e in sc.expect)}) (70.0 s)")
     failed = RunResult("leader-moves", tmp_path, None, problems=["client java-producer failed: exit 1: boom"],
                        clients=[{"name": "java-producer", "failed": "exit 1: boom"}])
-    _print_result(failed)
+    _print_result(failed, sc)
     assert capsys.readouterr().out.splitlines()[-2:] == ["leader-moves: FAILED",
                                                          "  - client java-producer failed: exit 1: boom"]
