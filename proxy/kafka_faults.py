@@ -455,7 +455,7 @@ class _Pending:
 class KafkaFaultInterceptor:
     """One connection's view of the shared rules (`proxy.intercept.Interceptor`)."""
 
-    __slots__ = ("rules", "conn", "names", "pending", "muted_until", "_warned")
+    __slots__ = ("rules", "conn", "names", "pending", "muted_until", "muted_by", "_warned")
 
     def __init__(self, rules: FaultRules, conn: ConnInfo, names: Callable[[str], str | None] | None = None) -> None:
         self.rules = rules
@@ -463,6 +463,7 @@ class KafkaFaultInterceptor:
         self.names = names  # topic id -> name (the proxy's TopicMap), for topic= on requests naming ids
         self.pending: OrderedDict[int, _Pending] = OrderedDict()
         self.muted_until = 0.0
+        self.muted_by: FaultRule | None = None  # the throttle rule whose mute is in force: cleared, it ends
         self._warned: set[str] = set()  # the sides ("request", "response") a failure was logged for
 
     # ------------------------------------------------------------------ requests
@@ -481,8 +482,8 @@ class KafkaFaultInterceptor:
         mute = 0.0
         if self.muted_until:
             mute = max(0.0, self.muted_until - now)
-            if not mute:
-                self.muted_until = 0.0
+            if not mute or self.muted_by not in self.rules.rules:  # over, or its rule cleared (`fault clear`)
+                self.muted_until, self.muted_by, mute = 0.0, None, 0.0
         rules = self.rules.by_api.get(head.api_key, ())
         body: dict[str, Any] | None = None
         entries: list[Any] | None = None
@@ -624,6 +625,7 @@ class KafkaFaultInterceptor:
                 if set_throttle(body, int(ms)):
                     changed = True
                     self.muted_until = self.rules.clock() + ms / 1000.0  # the broker mutes the channel
+                    self.muted_by = pend.throttle
                 else:
                     delay += ms / 1000.0  # pre-KIP-219: the broker held the response itself
             if changed:

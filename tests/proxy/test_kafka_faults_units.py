@@ -398,6 +398,10 @@ def test_rewrite_delay_and_throttle_edit_the_real_response() -> None:
     assert ic.wants_request(head2)
     pause = ic.on_request(head2, frame2)
     assert pause.delay_s == pytest.approx(0.3) and pause.note == "fault pause=300ms"
+    # `fault clear` ends a mute in force, as its help says the proxy relays as before (it held up to the throttle's ms)
+    ic.muted_until = clock.t + 0.3
+    ic.rules.clear()
+    assert ic.on_request(*_heartbeat(11)) is None and ic.muted_until == 0.0
     clock.t += 1
     assert ic.on_request(head2, frame2) is None and not ic.wants_request(head2)
 
