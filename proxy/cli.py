@@ -67,7 +67,8 @@ def recording_options(f: Callable) -> Callable:
     """
     options = [
         click.option("--record", "record", type=click.Path(file_okay=False, path_type=Path), default=None,
-                      help="Write recordings (Parquet: requests/, connections/, tcp/, frames/) under this directory."),
+                      help="Write recordings (Parquet: requests/, connections/, tcp/, topics/, runs/, frames/ with "
+                           "--capture, and the rollups of requests/) under this directory."),
         click.option("--capture", type=click.Choice(CAPTURE_CHOICES), default="none", show_default=True,
                      help="Raw frames to keep for replay in frames/: none, requests, or all (requests and "
                           "responses). Frames that may carry credentials are never kept: " + CREDENTIAL_API_NAMES + "."),

@@ -153,8 +153,10 @@ def _open_parquet(f: Any, where: str) -> pq.ParquetFile:
 def unreadable_file(path: Path | str, detail: str | None = None) -> str:
     """What to say of a recording file that cannot be read (pyarrow's footer check or Spark's read), and what to do."""
     why = f" ({detail})" if detail else ""
+    then = ("analyze with --ignore-rollups: the hour's stored rollups still count its rows"
+            if "requests" in str(path).replace("\\", "/").split("/") else "analyze again")  # rollups sum requests only
     return (f"cannot read {path}{why}: a file cut short by a crash, or not Parquet; move it out of the recording "
-            "(its rows are lost) and analyze with --ignore-rollups: the hour's stored rollups still count its rows")
+            f"(its rows are lost) and {then}")
 
 
 FOOTER_READERS = 8  # threads reading the footers of a sample larger than its earliest and latest files

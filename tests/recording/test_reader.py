@@ -101,3 +101,13 @@ def test_a_migration_serves_both_readers() -> None:
             return FakeDF(self.calls + [("drop", *cols)])
 
     assert m.to_spark(FakeDF([]), "requests").calls == [("rename", "api", "api_name"), ("drop", "junk")]
+
+
+def test_an_unreadable_file_is_told_what_to_do_for_its_own_dataset() -> None:
+    """A cut `runs/` file was told to 'analyze with --ignore-rollups': rollups stand in for requests files only."""
+    from recording.reader import unreadable_file
+
+    assert unreadable_file("/r/requests/proxy=a/date=2026-11-20/hour=09/part-1.parquet").endswith(
+        "analyze with --ignore-rollups: the hour's stored rollups still count its rows")
+    said = unreadable_file("/r/runs/proxy=a/date=2026-11-20/hour=09/part-1.parquet")
+    assert said.endswith("(its rows are lost) and analyze again") and "rollups" not in said
