@@ -75,6 +75,9 @@ class ParquetOptions:
         self.encodings = {c.name: "DELTA_BINARY_PACKED" for c in COLUMNS[dataset] if c.name.endswith("_ns")}
 
 
+PRIVATE_DATASETS = frozenset({"frames"})  # written readable by their owner only (write_atomic)
+
+
 def write_atomic(tables: Iterable[pa.Table], final_path: Path, metadata: dict[bytes, bytes],
                  opts: ParquetOptions) -> int:
     """Write `tables` to a dot-file, fsync it and its directory, rename: readers never see a partial file.
@@ -86,8 +89,12 @@ def write_atomic(tables: Iterable[pa.Table], final_path: Path, metadata: dict[by
     tmp = final_path.with_name(tmp_name(final_path.name))
     final_path.parent.mkdir(parents=True, exist_ok=True)
     sort = [(k, "ascending") for k in SORT_KEYS[opts.dataset]]
+    # payload bytes (--capture) are for the proxy's user alone, whatever the umask: other local users read every
+    # other dataset (metadata), not what clients produced
+    private = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
     try:
-        with open(tmp, "wb") as f:
+        with (os.fdopen(os.open(tmp, private, 0o600), "wb") if opts.dataset in PRIVATE_DATASETS
+              else open(tmp, "wb")) as f:
             writer: pq.ParquetWriter | None = None
             try:
                 for table in tables:

@@ -75,6 +75,11 @@ def overview(rollup: DataFrame, conns: DataFrame, since_ns: int | None = None, u
     )
     c = as_at_window_end(conns, since_ns, until_ns).agg(
         F.count(F.lit(1)).alias("connections"),
+        # a recording of connections relayed without decoding (TLS pass-through) has no request naming a proxy or a
+        # broker: "0 brokers · 0 proxies" beside a finding that they relayed KiB to one
+        F.countDistinct(F.regexp_replace("proxy_id", WORKER_SUFFIX_RE, "")).alias("conn_proxies"),
+        F.countDistinct("proxy_id").alias("conn_proxy_processes"),
+        F.countDistinct("broker_addr").alias("conn_brokers"),
         F.sum(F.when(F.col("end_by").isin("client", "broker", "proxy"), 1).otherwise(0)).alias("connections_ended"),
         F.min("opened_ns").alias("first_open_ns"),
         F.max(F.coalesce("closed_ns", "snapshot_ns")).alias("last_close_ns"),
@@ -93,7 +98,9 @@ def overview(rollup: DataFrame, conns: DataFrame, since_ns: int | None = None, u
         F.round((end - start) / 1e9, 3).alias("span_s"),
         start.alias("start_ns"),
         end.alias("end_ns"),
-        "proxies", "proxy_processes", "brokers", "client_ids", "connections", "request_connections", "connections_ended", "requests",
+        *[F.greatest(F.coalesce(c, F.lit(0)), F.coalesce(f"conn_{c}", F.lit(0))).alias(c)
+          for c in ("proxies", "proxy_processes", "brokers")],
+        "client_ids", "connections", "request_connections", "connections_ended", "requests",
         "request_bytes", "response_bytes", "requests_with_errors",
         F.round(F.col("requests_with_errors") / F.greatest(F.col("requests"), F.lit(1)), 5).alias("error_rate"),
         "requests_retriable",

@@ -137,6 +137,11 @@ def test_overview(make_df) -> None:
                                                 req("c3", 1, proxy_id="gw")]))
     o = overview.overview(request_rollup(two), c).collect()[0]
     assert (o["proxies"], o["proxy_processes"]) == (2, 3)  # vm with two workers, and gw
+    # only connections relayed without decoding (TLS pass-through): their proxy and broker still count
+    none = prepare_requests(make_df("requests", [req("x", 1)])).where("false")
+    tls = make_df("connections", [conn("t1", 0, 5, tls=True), conn("t2", 1, 6, tls=True, broker="10.0.0.2:9093")])
+    o = overview.overview(request_rollup(none), tls).collect()[0]
+    assert (o["requests"], o["connections"], o["brokers"], o["proxies"]) == (0, 2, 2, 1)
 
 
 

@@ -476,3 +476,21 @@ def test_rows_a_flush_fails_on_before_writing_are_counted_as_dropped(make_record
     monkeypatch.setattr(r, "_split_by_hour", refuse)
     r._flush(final=False)
     assert r.dropped()["requests"] == 40 and r.errors["write"] == 1 and r.queue_depth()["requests"] == 0
+
+
+def test_captured_payloads_are_readable_by_the_proxys_user_only(make_recorder, rec_dir: Path) -> None:
+    """frames/ files followed the umask (0644): with --capture, what clients produced was readable by every local
+    user. They are 0600 whatever the umask; the other datasets (metadata) keep it."""
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        r = make_recorder(capture="all")
+        r.frame(frame_row("p1", "c1", 3, b"\x00\x00\x00\x0c\x00\x03\x00\x0c\x00\x00\x00\x07", api_version=12))
+        for row in SessionMix().rows(5):
+            r.request(row)
+        r.close()
+    finally:
+        os.umask(old)
+    modes = {f.relative_to(rec_dir).parts[0]: stat.S_IMODE(f.stat().st_mode) for f in rec_dir.rglob("part-*.parquet")}
+    assert modes["frames"] == 0o600 and modes["requests"] == 0o644, modes
