@@ -270,6 +270,9 @@ def proxy(ctx: click.Context, listens: tuple[str, ...], upstreams: tuple[str, ..
         if (rec.get("workers") or 1) > 1:
             raise OneLineError("Kafka faults run in one proxy process (their once/nth counts and runtime control "
                                "are per process): drop --workers or give --workers 1")
+        if click.get_current_context().get_parameter_source("balance") is ParameterSource.COMMANDLINE:
+            raise OneLineError("--balance shares connections between workers, and Kafka faults run in one proxy "
+                               "process (--fault-control or an error=/delay=/throttle=/drop= --fault): drop --balance")
         rec["workers"] = 1
     if rec.get("worker_ready_fd") is None:  # the user's command line (a worker's transparent route is LISTEN alone)
         _check_user_routes(route_specs, cluster_given=bool(rec.get("cluster")))

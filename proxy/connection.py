@@ -789,6 +789,11 @@ class _EditorPort:
 
     def note(self, correlation_id: int, text: str) -> None:
         edits = self.conn.facts.edits
+        earlier = edits.get(correlation_id)
+        if earlier is not None:  # a request's note and its response's (a pause, then an error): both kept, once
+            parts = earlier.split("; ")
+            edits[correlation_id] = "; ".join(parts + [p for p in text.split("; ") if p not in parts])
+            return
         if len(edits) >= 10_000:  # the in-flight cap: a note whose row never came is not kept forever
             edits.pop(next(iter(edits)))
         edits[correlation_id] = text

@@ -136,8 +136,10 @@ def parse_duration(text: str, what: str, spec: str) -> float:
         value = float(t) * scale
     except ValueError:
         raise FaultSpecError(f"bad fault spec {spec!r}: {what} {text!r} is not a duration (500ms, 5s, 2m)") from None
-    if not value >= 0 or value == float("inf"):
+    if not value >= 0:
         raise FaultSpecError(f"bad fault spec {spec!r}: {what} must be 0 or more, got {text}")
+    if value == float("inf"):
+        raise FaultSpecError(f"bad fault spec {spec!r}: {what} must be a finite duration, got {text}")
     return value
 
 

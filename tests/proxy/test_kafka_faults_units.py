@@ -197,6 +197,7 @@ def test_grammar_parses_every_option() -> None:
     # accepted before, then never injected: a code no int16 field can carry (skipped on every match, or
     # counted injected while the rewrite failed), a filter on a field the API's requests never carry
     ("drop=Fetch,for=0s", "for must be above 0 (for=0s would never fire)"),
+    ("drop=Fetch,for=inf", "for must be a finite duration, got inf"),  # it said "must be 0 or more, got inf"
     ("error=Produce:99999", "error code 99999 is out of range (Kafka error codes are int16: -32768 to 32767)"),
     ("error=Produce:-32769,rewrite", "error code -32769 is out of range"),
     ("error=Heartbeat:NOT_COORDINATOR,topic=orders", "Heartbeat requests name no topic (in any version), so "
@@ -209,6 +210,14 @@ def test_grammar_errors_are_one_clear_line(spec: str, says: str) -> None:
     with pytest.raises(FaultSpecError) as exc:
         parse_kafka_fault(spec)
     assert says in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_balance_beside_kafka_faults_names_the_faults_not_a_worker_count() -> None:
+    """It said '--balance … needs --workers 2 or more' to a command that never gave --workers: the Kafka fault did."""
+    out = subprocess.run(KAFKATAP + ["proxy", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:9", "--fault",
+                                     "error=Produce:NOT_LEADER_OR_FOLLOWER", "--balance", "kernel"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "Kafka faults run in one proxy process" in out.stderr and "drop --balance" in out.stderr
 
 
 @pytest.mark.parametrize(("spec", "says"), [
@@ -570,3 +579,18 @@ def test_fault_control_routes_refuse_remote_peers_and_a_proxy_without_the_layer(
     status, _, body = off.handle("POST", "/faults", "spec=drop%3DFetch", local)
     assert status == 409 and b"restart it with --fault-control" in body
     assert _json.loads(off.handle("GET", "/faults", "", local)[2]) == {"installed": False, "faults": []}
+
+
+def test_a_requests_note_and_its_responses_are_both_kept_once() -> None:
+    """A throttle's pause on the request, then an error rewritten into its response: the second note replaced the
+    first, and the row said nothing of the pause. The response's note repeats the request's rules: kept once."""
+    from types import SimpleNamespace
+
+    from proxy.connection import _EditorPort
+
+    port = _EditorPort(SimpleNamespace(facts=SimpleNamespace(edits={})))  # type: ignore[arg-type]
+    port.note(7, "fault pause=300ms")
+    port.note(7, "fault#1 error=NOT_LEADER_OR_FOLLOWER rewrite; fault#2 delay=250ms")
+    port.note(7, "fault#1 error=NOT_LEADER_OR_FOLLOWER rewrite")
+    assert port.conn.facts.edits[7] == ("fault pause=300ms; fault#1 error=NOT_LEADER_OR_FOLLOWER rewrite; "
+                                        "fault#2 delay=250ms")
