@@ -598,13 +598,14 @@ def render(result: AnalysisResult, filters: str = "none") -> str:
                                           "requests", "end_reason", "end_by", "inferred_cause"))
                     + "</section>")
     generated = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    span = f"{start} to {end}" if start and end else "no data"  # a window or filters that matched nothing
     window_note = f'<p class="note window" id="window-overview">{escape(WINDOW_NOTES["overview"])}</p>' if result.windowed else ""
     notice = stretches_notice(t)  # above everything: every number below spans the gaps
     window_note += f'<p class="note notice" id="stretches-notice">{escape(notice)}</p>' if notice else ""
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
-<title>kafkatap report — {escape(start)} to {escape(end)}</title><style>{CSS}</style></head>
-<body><header><h1>kafkatap report</h1><div class="sub">{escape(start)} → {escape(end)} · filters: {escape(filters)} · generated {generated}</div></header>
+<title>kafkatap report — {escape(span)}</title><style>{CSS}</style></head>
+<body><header><h1>kafkatap report</h1><div class="sub">{escape(span.replace(" to ", " → "))} · filters: {escape(filters)} · generated {generated}</div></header>
 <nav>{''.join(nav)}</nav><main>{_tiles(ov, result.bucket_s)}{window_note}{''.join(body)}</main></body></html>
 """
 

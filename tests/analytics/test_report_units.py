@@ -108,3 +108,14 @@ def test_a_single_point_is_drawn_as_a_dot() -> None:
     gaps = line_chart([T0 + dt.timedelta(seconds=s) for s in range(5)], {"x": [1, None, 2, 3, None]})
     assert gaps.count("<circle") == 1  # the point between gaps; the 2-3 segment is a line
     assert "<circle" not in line_chart([T0, T0 + dt.timedelta(seconds=1)], {"x": [1, 2]})
+
+
+def test_a_report_of_nothing_says_so_in_its_title() -> None:
+    """Filters that matched nothing titled the page 'kafkatap report —  to '."""
+    from pathlib import Path
+
+    from analytics.report.html import render
+    from analytics.result import AnalysisResult
+
+    page = render(AnalysisResult(Path("out"), [], {}, {}, 60, Path("r.html"), Path("f.json"), {}))
+    assert "<title>kafkatap report — no data</title>" in page
