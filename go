@@ -18,7 +18,7 @@ usage: ./go COMMAND [ARGS...]
 
   demo [ARGS]    install what is missing, then run 'kafkatap demo' (local Kafka + proxy + traffic + Spark report)
   test [ARGS]    install what is missing, then run the whole test suite (pytest ARGS pass through)
-  quick-test     the tests that need no broker, Spark or root (2,700 tests, two to three minutes)
+  quick-test     the tests that need no broker, Spark or root (about 3,000 tests, three to five minutes)
   bench NAME     run bench/NAME.py (proxy_overhead, relay_ab, hostile, recording_cost, workers, parse, analytics_scale)
   setup          only install (Debian packages, .venv, Kafka jars, Spark class archive)
   kafkatap ARGS  run the kafkatap CLI from the project venv
@@ -78,7 +78,7 @@ cmd=${1:-}
 case "$cmd" in
   demo)       setup; exec "$VENV/bin/kafkatap" demo "$@" ;;
   test)       setup; exec "$VENV/bin/python" -m pytest "$@" ;;
-  quick-test) python_env; exec "$VENV/bin/python" -m pytest -m "not kafka and not netns and not spark" "$@" ;;
+  quick-test) system_packages; python_env; exec "$VENV/bin/python" -m pytest -m "not kafka and not netns and not spark" "$@" ;;
   bench)      setup; name=${1:?bench NAME}; shift; exec "$VENV/bin/python" "bench/$name.py" "$@" ;;
   setup)      setup ;;
   kafkatap)   python_env; exec "$VENV/bin/kafkatap" "$@" ;;

@@ -699,7 +699,9 @@ class Observer:
         if f.opaque_reason is None:
             f.opaque_kind = ev.kind
             f.opaque_reason = f"{ev.direction.value} stream opaque at offset {ev.offset}: {ev.kind}: {ev.reason}"
-            self._log("warning", "stream not parsed from here on; bytes still relayed unchanged",
+            closed = f.end is not None and f.end.reason == "edit_stopped"  # cluster mode relays nothing unedited
+            self._log("warning", "stream not parsed from here on; the connection is closed (its editing stopped)"
+                      if closed else "stream not parsed from here on; bytes still relayed unchanged",
                       direction=ev.direction.value, kind=ev.kind, offset=ev.offset, reason=ev.reason)
         if ev.direction is Direction.REQUEST:
             self._cap_req = None

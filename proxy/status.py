@@ -91,7 +91,11 @@ class StatusServer:
             log.warning("status endpoint is reachable from the network; it names clients and topics",
                         addr=self.address)
         (log.debug if self.private else log.info)("status endpoint listening", addr=self.address,
-                                                  routes=["/metrics", "/clients", "/healthz"])
+                                                  routes=self.routes())
+
+    def routes(self) -> list[str]:
+        """What this endpoint serves: /faults too where the proxy's Kafka faults are (proxy.fault_control)."""
+        return ["/metrics", "/clients", "/healthz"] + (["/faults"] if self.fault_control is not None else [])
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -161,7 +165,7 @@ class StatusServer:
             return 200, "application/json", json.dumps(await _resolved(self.stats.clients_json())).encode()
         if path in ("/healthz", "/"):
             body: dict[str, Any] = {"status": "ok" if self.serving else "starting", "proxy_id": self.stats.proxy_id,
-                                    "routes": ["/metrics", "/clients", "/healthz"]}
+                                    "routes": self.routes()}
             return 200 if self.serving else 503, "application/json", json.dumps(body).encode()
         return 404, "text/plain", b"not found: try /metrics or /clients\n"
 

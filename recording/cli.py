@@ -18,7 +18,7 @@ from typing import TypeVar
 
 import click
 
-from recording.layout import safe_segment
+from recording.layout import launching_proxy_id, safe_segment
 from recording.retention import DURATION, KEPT_NAMES, MIN_RETAIN_S, PRUNED, describe, proxies_in, prune as prune_hours
 
 __all__ = ["rollups", "prune"]
@@ -151,7 +151,8 @@ def _kept_named(command: F) -> F:
 @click.option("--older-than", "older_than", type=DURATION, required=True, metavar="DURATION",
               help="Delete the hours that ended longer ago than this: 36h, 7d, 2w … (at least 1h).")
 @click.option("--proxy-id", "proxy_id", default=None,
-              help="Only this proxy's hours (a worker of --workers N records as <id>-w<N>). Default: every proxy's.")
+              help="Only the hours of this --proxy-id and of its workers (<id>-w<N>, as --retain prunes them), or "
+                   "of one worker's id. Default: every proxy's.")
 @click.option("--dry-run", is_flag=True, help="Only say what would be deleted.")
 @_kept_named
 def prune(recording: Path, older_than: float, proxy_id: str | None, dry_run: bool) -> None:
@@ -171,17 +172,16 @@ def prune(recording: Path, older_than: float, proxy_id: str | None, dry_run: boo
     if not any((recording / ds).is_dir() for ds in PRUNED):
         raise click.ClickException(f"{recording} holds none of a recording's datasets (requests/, connections/ …): "
                                    "give the directory a proxy was started with as --record DIR")
-    if proxy_id is not None:
+    ids: list[str] | None = None
+    if proxy_id is not None:  # the proxy's own id and its workers' (<id>-w1 … <id>-wN), as --retain prunes them
         known = proxies_in(recording)
-        if safe_segment(proxy_id) not in known:  # with --workers N a proxy records as <id>-w1 … <id>-wN
-            workers = [p for p in known if p.startswith(f"{safe_segment(proxy_id)}-w")]
-            raise click.ClickException(
-                f"{recording} holds no hours of proxy {proxy_id!r}"
-                + (f"; its workers record as {', '.join(workers)}: give one of them" if workers
-                   else f"; it holds {', '.join(known) or 'none'}"))
+        ids = [p for p in known if p == safe_segment(proxy_id) or launching_proxy_id(p) == safe_segment(proxy_id)]
+        if not ids:
+            raise click.ClickException(f"{recording} holds no hours of proxy {proxy_id!r} (nor of its workers "
+                                       f"{proxy_id}-w1 …); it holds {', '.join(known) or 'none'}")
     cutoff_ns = time.time_ns() - int(older_than * 1e9)
     try:
-        result = prune_hours(recording, cutoff_ns, proxy_id, dry_run=dry_run)
+        result = prune_hours(recording, cutoff_ns, ids, dry_run=dry_run)
     except OSError as exc:
         raise click.ClickException(f"{recording}: {exc}") from None
     click.echo(("would delete " if dry_run else "deleted ") + describe(result) if result.hours

@@ -273,7 +273,7 @@ REQUEST_SUM_COLUMNS: list[Column] = [
     Column("throttle_ms", pa.int64(), "ms", "throttle time, " + _SUM_NOTE),
     Column("max_throttle_ms", pa.int32(), "ms", "longest throttle"),
     Column("first_throttled_ns", TIMESTAMP, "timestamp", "first throttled request"),
-    Column("peak_response_bytes_per_s", pa.float64(), "bytes/s", "fastest transfer of a response of 64 KiB or more"),
+    Column("peak_response_bytes_per_s", pa.float64(), "bytes/s", "fastest transfer of a response of 65,535 bytes or more (an unscaled TCP window)"),
     Column("faults_injected", pa.int64(), "", "requests the proxy injected a Kafka fault into"),
 ]
 TOPIC_SUM_COLUMNS: list[Column] = [

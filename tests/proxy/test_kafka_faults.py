@@ -351,6 +351,8 @@ def test_fault_add_list_clear_reach_a_live_connection(proxied_kafka) -> None:
                 urllib.request.urlopen(page, timeout=10)
             assert refused.value.code == 403 and b"no requests from web pages" in refused.value.read()
             assert len(json.loads(_fault_cli("list", "--addr", str(status), "--json").stdout)["faults"]) == 1
+            with urllib.request.urlopen(f"http://127.0.0.1:{status}/healthz", timeout=10) as health:
+                assert "/faults" in json.loads(health.read())["routes"]  # where `kafkatap fault` reaches the proxy
             cleared = _fault_cli("clear", "--addr", str(status))
             assert cleared.stdout.strip() == "cleared 1 fault(s)"
             assert all(c.call(HEARTBEAT, 4, hb)["error_code"] != 16 for _ in range(3))

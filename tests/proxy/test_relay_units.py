@@ -275,6 +275,18 @@ def test_observer_close_reports_unanswered_and_truncated():
     assert "truncated" in obs.facts.opaque_reason and logged.count(("warning", "stream not parsed from here on; bytes still relayed unchanged")) == 1
 
 
+def test_an_opaque_stream_on_a_connection_closed_for_it_is_not_said_to_be_relayed():
+    """Cluster mode closes a connection whose editing stopped (TLS, garbage): the log said 'bytes still relayed
+    unchanged' right after 'editing stopped, connection closed'."""
+    from proxy.facts import End
+
+    obs, req, _, _, logged = _observer()
+    obs.facts.end = End("edit_stopped", "proxy", "editing stopped (TLS)", None, 5)
+    _relay(obs, req, True, b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(40), read_ns=10, written_ns=20)
+    said = [e for level, e in logged if level == "warning" and e.startswith("stream not parsed")]
+    assert said == ["stream not parsed from here on; the connection is closed (its editing stopped)"], logged
+
+
 def test_observer_decoder_failure_makes_the_connection_opaque_once():
     obs, req, _, _, logged = _observer()
 

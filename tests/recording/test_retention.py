@@ -140,16 +140,21 @@ def test_prune_help_names_every_dataset_it_keeps() -> None:
     assert "{kept}" not in text
 
 
-def test_prune_names_the_proxies_when_the_one_asked_for_has_no_hours(tmp_path: Path):
-    """With --workers N a proxy records as <id>-w1 … <id>-wN: `--proxy-id vm` matched nothing, and said
-    "no hour old enough" as if all were well."""
+def test_prune_of_a_proxy_id_covers_its_workers_and_names_the_proxies_when_it_has_none(tmp_path: Path):
+    """With --workers N a proxy records as <id>-w1 … <id>-wN: `--proxy-id vm` matched nothing (it said "no hour old
+    enough" as if all were well, later: give one worker's id). It now prunes them all, as --retain does."""
     root = tmp_path / "rec"
     _record_hours(root, [0], proxy="vm-w1")
     _record_hours(root, [0], proxy="vm-w2")
+    _record_hours(root, [0], proxy="vmx")
+    out = CliRunner().invoke(cli, ["prune", str(root), "--older-than", "1h", "--proxy-id", "vm", "--dry-run"])
+    assert out.exit_code == 0 and "would delete 1 hour(s)" in out.output, out.output
     out = CliRunner().invoke(cli, ["prune", str(root), "--older-than", "1h", "--proxy-id", "vm"])
-    assert out.exit_code == 1 and "holds no hours of proxy 'vm'; its workers record as vm-w1, vm-w2" in out.output
+    assert out.exit_code == 0 and not _hours_of(root, "requests", "vm-w1") and not _hours_of(root, "requests", "vm-w2")
+    assert _hours_of(root, "requests", "vmx")
+    _record_hours(root, [0], proxy="vm-w1")
     out = CliRunner().invoke(cli, ["prune", str(root), "--older-than", "1h", "--proxy-id", "other"])
-    assert out.exit_code == 1 and "it holds vm-w1, vm-w2" in out.output
+    assert out.exit_code == 1 and "holds no hours of proxy 'other'" in out.output and "it holds vm-w1, vm-w2, vmx" in out.output
     out = CliRunner().invoke(cli, ["prune", str(root), "--older-than", "1h", "--proxy-id", "vm-w1", "--dry-run"])
     assert out.exit_code == 0 and "would delete 1 hour(s)" in out.output, out.output
 
