@@ -127,17 +127,24 @@ def test_rewrite_makes_a_non_idempotent_retry_duplicate_and_an_idempotent_one_no
     assert all(_codes(r) == {6} for r in rewritten)
 
 
+def _topic_with_records(proxied_kafka, bootstrap: str, topic: str, n: int) -> None:
+    """A one-partition topic holding `n` records, produced through the proxy by librdkafka."""
+    from confluent_kafka import Producer
+
+    proxied_kafka.kafka.create_topic(topic, partitions=1)
+    prod = Producer({"bootstrap.servers": bootstrap})
+    for i in range(n):
+        prod.produce(topic, f"v{i}".encode())
+    assert prod.flush(30) == 0
+
+
 def test_confluent_consumer_finds_a_new_coordinator_after_not_coordinator(proxied_kafka, topic_name, sink) -> None:
-    from confluent_kafka import Consumer, Producer
+    from confluent_kafka import Consumer
 
     p, rules, _ = _proxy(proxied_kafka, sink, "error=OffsetCommit:NOT_COORDINATOR,once",
                          "error=Heartbeat:NOT_COORDINATOR,once")
     with p:
-        proxied_kafka.kafka.create_topic(topic_name, partitions=1)
-        prod = Producer({"bootstrap.servers": p.bootstrap})
-        for i in range(20):
-            prod.produce(topic_name, f"v{i}".encode())
-        prod.flush(30)
+        _topic_with_records(proxied_kafka, p.bootstrap, topic_name, 20)
         group = f"g-{uuid.uuid4().hex[:6]}"
         c = Consumer({"bootstrap.servers": p.bootstrap, "group.id": group, "client.id": "rd-coord",
                       "auto.offset.reset": "earliest", "enable.auto.commit": False, "heartbeat.interval.ms": 300,
@@ -171,7 +178,7 @@ def test_librdkafka_reads_an_in_place_fetch_error_and_looks_up_the_leader(proxie
     MessageSetSize -1'): the client never saw the error the recording said it got. Brokers send an empty set."""
     import logging
 
-    from confluent_kafka import Consumer, Producer
+    from confluent_kafka import Consumer
 
     class Lines(logging.Handler):
         def __init__(self) -> None:
@@ -186,11 +193,7 @@ def test_librdkafka_reads_an_in_place_fetch_error_and_looks_up_the_leader(proxie
     log.addHandler(lines)
     p, rules, _ = _proxy(proxied_kafka, sink, f"error=Fetch:NOT_LEADER_OR_FOLLOWER,topic={topic_name},nth=2,once")
     with p:
-        proxied_kafka.kafka.create_topic(topic_name, partitions=1)
-        prod = Producer({"bootstrap.servers": p.bootstrap})
-        for i in range(10):
-            prod.produce(topic_name, f"v{i}".encode())
-        prod.flush(30)
+        _topic_with_records(proxied_kafka, p.bootstrap, topic_name, 10)
         c = Consumer({"bootstrap.servers": p.bootstrap, "group.id": f"g-{uuid.uuid4().hex[:6]}", "client.id": "rd-fetch",
                       "auto.offset.reset": "latest", "fetch.wait.max.ms": 100}, logger=log)
         c.subscribe([topic_name])

@@ -16,6 +16,7 @@ from recording.reader import read_recording
 from recording.sample_rows import SessionMix, connection_row, frame_row, tcp_row
 from recording.schema import REQUEST_COLUMNS
 from recording.writer import ParquetRecorder
+from recording.writer_pipe import WriterProcess
 
 
 def _write_both(root: Path, writer: str, rows: list[dict], others: tuple[dict, dict, dict]) -> ParquetRecorder:
@@ -469,24 +470,26 @@ def test_rows_the_loop_thread_packs_while_the_shipping_thread_takes_are_never_lo
     assert len(packed_meanwhile) == 19 and len(child.sent) == 21 == s.shipped and not s.queue
 
 
+def _with_a_flushed_child(root: Path, rows: int) -> tuple[ParquetRecorder, SessionMix, WriterProcess]:
+    """A recorder whose writer process has written `rows` request rows (its first flush answered)."""
+    r = ParquetRecorder(root, "p1", fsync=False, flush_interval_s=3600, writer="process", compact_interval_s=0).start()
+    mix = SessionMix()
+    for row in mix.rows(rows):
+        r.request(row)
+    r._ship(final=False)
+    assert r._wait_flushed()
+    assert r._child is not None
+    return r, mix, r._child
+
+
 def test_a_stuck_writer_process_is_given_up_and_the_stop_does_not_wait_for_it(tmp_path: Path, monkeypatch) -> None:
     """A stopped child (SIGSTOP: as a disk that hangs) took neither rows nor flushes: the proxy's stop waited for ever,
     logging nothing. Now the watchdog kills it once it shows no progress for STALL_S and a new child takes over."""
     import threading
 
-    from recording.writer_pipe import WriterProcess
-
     monkeypatch.setattr(WriterProcess, "STALL_S", 1.0)
     monkeypatch.setattr(WriterProcess, "CHECK_S", 0.05)
-    r = ParquetRecorder(tmp_path, "p1", fsync=False, flush_interval_s=3600, writer="process",
-                        compact_interval_s=0).start()
-    mix = SessionMix()
-    for row in mix.rows(300):
-        r.request(row)
-    r._ship(final=False)
-    assert r._wait_flushed()
-    first = r._child
-    assert first is not None
+    r, mix, first = _with_a_flushed_child(tmp_path, 300)
     os.kill(first.pid, signal.SIGSTOP)
     try:
         for row in mix.rows(200):
@@ -514,15 +517,7 @@ def test_a_flush_that_loses_its_writer_process_leaves_the_other_datasets_queued(
     those rows are the next writer process's to write."""
     from recording.writer_pipe import WriterGone
 
-    r = ParquetRecorder(tmp_path, "p1", fsync=False, flush_interval_s=3600, writer="process",
-                        compact_interval_s=0).start()
-    mix = SessionMix()
-    for row in mix.rows(100):
-        r.request(row)
-    r._ship(final=False)
-    assert r._wait_flushed()
-    child = r._child
-    assert child is not None
+    r, mix, child = _with_a_flushed_child(tmp_path, 100)
 
     def broken(payload: bytes) -> None:
         raise WriterGone("writer process pipe broke (test)")
