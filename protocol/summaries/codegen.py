@@ -346,6 +346,10 @@ class _Emitter:
         replica list, tags …) the per-element loop below redoes the run and
         bails out or walks it, so the run changes speed, never results.
         """
+        width = None if it else self.skipped_width(f["fields"], ctx["k"] + 1, f["name"])
+        if width is not None:  # nothing read: skipped in one step, however large the count
+            self.emit(ind, f"if {n} > 0: p += {n} * {width}")
+            return
         leaf = self.leaf_plan(f["fields"], ctx["k"] + 1, f["name"])
         element = self.leaf_pattern(leaf) if leaf is not None and self.opt and not it else None
         if element is not None:
@@ -363,6 +367,29 @@ class _Emitter:
         self.leaf(leaf, ind + 1, ctx["cv"])
         if leaf["partition"] is not None:  # counted once per array; after the loop, as a per-element count would be
             self.emit(ind, f"if {n} > 0: npart += {n}")
+
+    def skipped_width(self, fields: list[dict[str, Any]], k: int, parent: str) -> int | None:
+        """The bytes of one element of a struct array whose every field is fixed-size and read by nothing (no
+        action: ApiVersions v0-2's api ranges, Fetch v4-11's aborted transactions); None for any other element.
+
+        Why: such a loop was `p += 6` per element with no bounds check in an incremental walker (which does not
+        know the frame's end), so a 20-byte answer whose count said 2^31 held the event loop, and every connection
+        and the status endpoint with it, for minutes. Flexible versions are never skipped so: each element ends in
+        its own tagged fields.
+        """
+        if self.flex:
+            return None
+        fs = self.fields_for(fields)
+        names = {f["name"] for f in fs}
+        ctx: dict[str, Any] = {"k": k, "parent": parent, "has_name": False, "pairs": False,
+                               "fetch_part": self.api in FETCHED_APIS and not self.request and "Records" in names,
+                               "hostport": "Host" in names and "Port" in names}
+        width = 0
+        for f in fs:
+            if f["type"] not in FIXED or "fields" in f or self.fixed_actions(f, ctx, "x"):
+                return None
+            width += FIXED[f["type"]][1]
+        return width or None
 
     def leaf_pattern(self, plan: dict[str, Any]) -> bytes | None:
         """A bytes regex for one element of a `leaf_plan` struct exactly as the optimistic `leaf` walks it.

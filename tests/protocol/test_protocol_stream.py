@@ -449,3 +449,26 @@ def test_topic_id_name_pairs_of_metadata_create_topics_and_describe_topic_partit
            for ev in feed(reqs, resps, chunk=chunk) if isinstance(ev, ResponseSeen)]
     assert got == [[], [(tid("m10"), "m10")], [(tid("m11"), "m11")], [(tid("m12"), "m12")],
                    [(tid("m13a"), "m13a"), (tid("m13b"), "m13b")], [], [(tid("c7"), "c7")], [(tid("d0"), "d0")]]
+
+
+@pytest.mark.parametrize("api_key, version, body", [
+    # ApiVersions v0: error_code, then api_keys claiming 2^31 - 1 entries of (key, min, max)
+    (18, 0, struct.pack(">hi", 0, 0x7FFFFFFF)),
+    # Fetch v11: throttle, error, session, one topic, one partition whose aborted_transactions claim 2^31 - 1
+    (1, 11, struct.pack(">ihii", 0, 0, 0, 1) + struct.pack(">h", 1) + b"t" + struct.pack(">iihqqq", 1, 0, 0, 0, 0, 0)
+     + struct.pack(">i", 0x7FFFFFFF)),
+])
+def test_a_huge_count_of_skipped_elements_is_an_overrun_at_once_whole_or_split(api_key: int, version: int,
+                                                                               body: bytes) -> None:
+    """Elements read by nothing were skipped one by one without a bounds check in the incremental walker (which
+    does not know the frame's end): a 20-byte answer held the event loop for minutes, every connection with it."""
+    import time
+
+    req = request(api_key, version, {} if api_key == 18 else dict(FETCH_REQ, topics=[]), 7)
+    resp = struct.pack(">ii", len(body) + 4, 7) + body
+    for chunk in (None, 1):
+        started = time.monotonic()
+        evs = feed(req, resp, chunk=chunk)
+        assert time.monotonic() - started < 2.0, chunk
+        assert any(type(e).__name__ == "StreamOpaque" and e.kind == "body_overrun" for e in evs) or any(
+            type(e).__name__ == "ResponseSeen" and (e.decode_note or "").startswith("body_overrun") for e in evs), evs
