@@ -4,7 +4,13 @@ Two ways to pair requests, chosen by `match_mode`:
 
 * ``wire`` — both recordings watched the same requests at the same time (either
   side of a middlebox): pair on client_id + correlation_id + api_key, nearest
-  in time within a tolerance. latency_a - latency_b is what lies between.
+  in time within a tolerance, inside connections paired one to one (a proxy
+  relays one TCP connection as one): the A and B connection most of whose
+  requests pair up, with the steadiest gap between twins, each the other's
+  best. Clients sharing a client_id (a
+  fleet on librdkafka's default `rdkafka`) restart correlation ids on every
+  connection, so a request alone also pairs with its neighbours' twins.
+  latency_a - latency_b is what lies between.
 * ``sequence`` — a replay: correlation ids are fresh and the clock differs, so
   pair on client_id + the connection's rank among that client's connections +
   api_key + the request's rank within its connection for that API.
@@ -58,8 +64,23 @@ def match_requests(a: DataFrame, b: DataFrame, mode: str = "wire", tolerance_s: 
     ja, jb = _side(a, "a"), _side(b, "b").drop("api_name")
     j = ja.join(jb, (ja.client_id == jb.client_id) & (ja.api_key == jb.api_key) & (ja.correlation_id_a == jb.correlation_id_b)
                 & (F.abs(ja.ts_ns_a - jb.ts_ns_b) <= tol)).drop(jb.client_id).drop(jb.api_key)
-    w = Window.partitionBy("proxy_id_a", "conn_id_a", "correlation_id_a", "ts_ns_a").orderBy(F.abs(F.col("ts_ns_a") - F.col("ts_ns_b")))
-    return j.withColumn("_r", F.row_number().over(w)).where("_r = 1").drop("_r")
+    gap = F.abs(F.col("ts_ns_a") - F.col("ts_ns_b"))
+    conn_a, conn_b = ["proxy_id_a", "conn_id_a"], ["proxy_id_b", "conn_id_b"]
+    # a twin follows its request by the path's delay, steady; another connection's request of the same id comes
+    # whenever that connection sent it: the pair whose gaps vary least, among those pairing the most requests
+    votes = j.groupBy(*conn_a, *conn_b).agg(
+        F.count(F.lit(1)).alias("_votes"),
+        F.coalesce(F.stddev_pop(F.col("ts_ns_b") - F.col("ts_ns_a")), F.lit(0.0)).alias("_spread"),
+        F.avg(gap).alias("_gap"))
+    best = lambda side, other: Window.partitionBy(*side).orderBy(  # noqa: E731
+        F.desc("_votes"), "_spread", "_gap", *other)
+    pairs = votes.withColumn("_ra", F.row_number().over(best(conn_a, conn_b))) \
+        .withColumn("_rb", F.row_number().over(best(conn_b, conn_a))).where("_ra = 1 AND _rb = 1")
+    j = j.join(pairs.select(*conn_a, *conn_b), [*conn_a, *conn_b], "left_semi")
+    w = Window.partitionBy("proxy_id_a", "conn_id_a", "correlation_id_a", "ts_ns_a").orderBy(gap)
+    wb = Window.partitionBy("proxy_id_b", "conn_id_b", "correlation_id_b", "ts_ns_b").orderBy(gap)  # one twin each
+    return j.withColumn("_r", F.row_number().over(w)).where("_r = 1") \
+        .withColumn("_r", F.row_number().over(wb)).where("_r = 1").drop("_r")
 
 
 def _diff(m: DataFrame) -> DataFrame:

@@ -603,6 +603,30 @@ def test_compare_wire_matching(make_df) -> None:
     assert [(x.conn_id_a, x.conn_id_b) for x in per_conn] == [("a1", "b1")]
 
 
+def test_compare_wire_matching_pairs_connections_one_to_one_when_clients_share_a_client_id(make_df) -> None:
+    """Four producers sharing librdkafka's default client id restart correlation ids on each connection: requests
+    paired across connections (one A connection with four B connections, a 4.5 ms 'difference' through a 20 ms
+    middlebox). Each A connection is now one B connection, the one most of its requests agree on."""
+    import random
+
+    sent = random.Random(7)
+    at = {(c, i): 0.01 * i + 0.005 * c + sent.uniform(0, 0.004) for c in range(4) for i in range(1, 41)}
+
+    def side(prefix: str, delay_s: float, lat: int) -> list[dict]:
+        return [req(f"{prefix}{c}", i, "Produce", t_s=at[c, i] + delay_s, lat_us=lat, client="rdkafka")
+                for c in range(4) for i in range(1, 41)]
+
+    # B sees each request 20 ms after A: another connection's request of the same id is nearer in time than its twin
+    a = prepare_requests(make_df("requests", side("a", 0.0, 21_000)))
+    b = prepare_requests(make_df("requests", side("b", 0.020, 1_000)))
+    m = compare.match_requests(a, b, "wire")
+    assert m.count() == 160
+    per_conn = sorted((x.conn_id_a, x.conn_id_b, x.matched) for x in compare.compare_by_connection(m).collect())
+    assert per_conn == [(f"a{c}", f"b{c}", 40) for c in range(4)]
+    api = by(compare.compare_by_api(m).collect(), "api_name")["Produce"]
+    assert api["diff_p50_us"] == api["diff_p99_us"] == 20_000
+
+
 def test_compare_sequence_matching_for_replays(make_df) -> None:
     e = [{"code": 10, "name": "MESSAGE_TOO_LARGE", "topic": "t", "partition": 0, "resource": None}]
     a = make_df("requests", [req("a1", 5 + i, "Produce", t_s=i, acks=1) for i in range(3)])
