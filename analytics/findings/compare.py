@@ -28,14 +28,24 @@ def compare_added_latency(t: Tables) -> list[Finding]:
             and r.get("api_name") not in LONG_POLL_LABELS]
     if not rows:
         return []
-    worst = max(rows, key=lambda r: abs(r.get("diff_p99_us") or 0))
-    sev = "warning" if abs(worst.get("diff_p50_us") or 0) >= MIN_ADDED_US else "info"
+    # headed by the API most requests were matched for: the largest tail of one with 1-3 requests says little
+    head = max(rows, key=lambda r: (r.get("matched") or 0, abs(r.get("diff_p50_us") or 0)))
+    sev = "warning" if abs(head.get("diff_p50_us") or 0) >= MIN_ADDED_US else "info"
     parts = [f"{r['api_name']} p50 {r['diff_p50_us'] / 1000:+.2f} ms / p99 {(r.get('diff_p99_us') or 0) / 1000:+.2f} ms" for r in rows[:6]]
+    summary = t.get("compare_summary", [])
+    mode = next((r["mode"] for r in summary if r.get("mode")), "wire")
+    if mode == "sequence":  # no middlebox between two recordings of different times: say how they were paired
+        reading = (f"the recordings do not overlap in time ({_spans(summary).strip() or 'see compare_summary'}), so "
+                   "requests were paired by order, as for a replay: negative means B was slower")
+    elif all((r.get("diff_p50_us") or 0) < 0 for r in rows) and abs(head.get("diff_p50_us") or 0) >= MIN_ADDED_US:
+        reading = ("every API is slower at B than at A: B looks like the client side of whatever lies between them, "
+                   "so A and B may be swapped (give the client-side recording first)")
+    else:
+        reading = "with A on the client side of a middlebox this is the latency the middlebox adds"
     return [Finding(
         id="compare_added_latency", severity=sev,
-        title=f"Latency A − B: {worst['api_name']} p50 {worst['diff_p50_us'] / 1000:+.2f} ms, p99 {(worst.get('diff_p99_us') or 0) / 1000:+.2f} ms",
-        summary=("Per matched request, latency at A minus latency at B (with A on the client side of a middlebox this is the latency "
-                 "the middlebox adds; for a replay, negative means the replay target was slower): " + "; ".join(parts) + "."),
+        title=f"Latency A − B: {head['api_name']} p50 {head['diff_p50_us'] / 1000:+.2f} ms, p99 {(head.get('diff_p99_us') or 0) / 1000:+.2f} ms",
+        summary=(f"Per matched request, latency at A minus latency at B ({reading}): " + "; ".join(parts) + "."),
         evidence={"apis": {r["api_name"]: {k: r.get(k) for k in ("matched", "a_p50_us", "b_p50_us", "diff_p50_us", "diff_p99_us")} for r in rows}},
         tables=["compare_by_api", "compare_by_connection"], score=score(sev, sum(r["matched"] for r in rows)),
     )]

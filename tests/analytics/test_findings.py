@@ -219,6 +219,21 @@ def test_error_hotspot_and_throttling() -> None:
     assert throttled_clients({"throttling": []}) == []
 
 
+def test_compare_added_latency_is_headed_by_the_busiest_api_and_says_how_it_read_the_pairs() -> None:
+    """The title named the API with the largest |p99|, one of 1-3 requests; two recordings of different times were
+    read as a middlebox's, and a swapped A/B was not told."""
+    def api(name: str, matched: int, p50: int, p99: int) -> dict:
+        return {"api_name": name, "matched": matched, "diff_p50_us": p50, "diff_p99_us": p99}
+
+    rows = [api("OffsetCommit", 3, 21_050, 37_830), api("Produce", 150, 21_000, 22_000)]
+    f = compare_added_latency({"compare_by_api": rows})[0]
+    assert f.title.startswith("Latency A − B: Produce p50 +21.00 ms") and "the latency the middlebox adds" in f.summary
+    swapped = compare_added_latency({"compare_by_api": [api("Produce", 150, -21_500, -20_700)]})[0]
+    assert "A and B may be swapped" in swapped.summary and "middlebox adds" not in swapped.summary
+    apart = {"compare_by_api": rows, "compare_summary": [{"api_name": "Produce", "mode": "sequence", "matched": 150}]}
+    assert "paired by order, as for a replay" in compare_added_latency(apart)[0].summary
+
+
 def test_compare_rules() -> None:
     api = [{"api_name": "Produce", "matched": 100, "a_p50_us": 3000, "b_p50_us": 1000, "diff_p50_us": 2000, "diff_p99_us": 2500}]
     assert compare_added_latency({"compare_by_api": api})[0].severity == "warning"
