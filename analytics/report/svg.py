@@ -303,17 +303,25 @@ def bar_chart(labels: Sequence[str], series: dict[str, Sequence[float | None]], 
     height = mt + group_h * len(labels) + mb
     pw = width - ml - 90
     vals = [v for s in series.values() for v in list(s)[: len(labels)] if v is not None]
-    hi = max(vals) if vals else 1
+    hi = max((abs(v) for v in vals), default=1)  # negative values (an A − B difference) grow to the left of zero
     counts = not unit and all(float(v).is_integer() for v in vals)
     ticks, tick_labels = scaled_ticks(hi if hi > 0 else 1, unit, integer=counts)
     top = ticks[-1]
     div, shown = axis_scale(top, unit)
+    neg, pos = any(v < 0 for v in vals), any(v > 0 for v in vals)
+    span = pw / 2 if neg and pos else pw  # the width one side of zero gets
+    zero = ml + (pw / 2 if neg and pos else pw if neg else 0)
     out = [f'<svg class="chart" viewBox="0 0 {width} {height}" width="100%" role="img" aria-label="{escape(title)}" xmlns="http://www.w3.org/2000/svg">']
     base_y = mt + group_h * len(labels)
-    for t, lab in zip(ticks, tick_labels):
-        x = ml + t / top * pw
-        out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{mt}" y2="{base_y + 4}" class="grid"/>')
-        out.append(f'<text x="{x:.1f}" y="{base_y + 16}" class="tick" text-anchor="middle">{escape(lab)}</text>')
+    sides = ([-1] if neg else []) + ([1] if pos or not neg else [])
+    for sign in sides:
+        for t, lab in zip(ticks, tick_labels):
+            if sign < 0 and t == 0 and pos:
+                continue  # zero once
+            x = zero + sign * t / top * span
+            shown_lab = f"−{lab}" if sign < 0 and t else lab
+            out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{mt}" y2="{base_y + 4}" class="grid"/>')
+            out.append(f'<text x="{x:.1f}" y="{base_y + 16}" class="tick" text-anchor="middle">{escape(shown_lab)}</text>')
     if axis_label:
         out.append(f'<text x="{ml + pw / 2:.1f}" y="{height - 4}" class="axislabel" text-anchor="middle">{escape(axis_label)}</text>')
     for gi, lab in enumerate(labels):
@@ -325,12 +333,14 @@ def bar_chart(labels: Sequence[str], series: dict[str, Sequence[float | None]], 
             v = list(series[name])[gi] if gi < len(series[name]) else None
             if v is None:
                 continue
-            w = max(0.5, v / top * pw)
+            w = max(0.5, abs(v) / top * span)
             c = PALETTE[si % len(PALETTE)]
             y = y0 + si * bar_h
             value = tick_label(v / div, shown)
-            out.append(f'<rect x="{ml}" y="{y}" width="{w:.1f}" height="{bar_h - 2}" rx="2" fill="{c}"><title>{escape(f"{text} — {name}: {value}")}</title></rect>')
-            out.append(f'<text x="{ml + w + 4:.1f}" y="{y + bar_h - 4}" class="value">{escape(value)}</text>')
+            x = zero - w if v < 0 else zero
+            out.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{bar_h - 2}" rx="2" fill="{c}"><title>{escape(f"{text} — {name}: {value}")}</title></rect>')
+            tx, anchor = (x - 4, "end") if v < 0 else (zero + w + 4, "start")
+            out.append(f'<text x="{tx:.1f}" y="{y + bar_h - 4}" class="value" text-anchor="{anchor}">{escape(value)}</text>')
     if len(names) > 1:
         _legend(out, [(n, PALETTE[i % len(PALETTE)], False) for i, n in enumerate(names)], ml, box=True, right=width - 90)
     out.append("</svg>")

@@ -119,3 +119,17 @@ def test_a_report_of_nothing_says_so_in_its_title() -> None:
 
     page = render(AnalysisResult(Path("out"), [], {}, {}, 60, Path("r.html"), Path("f.json"), {}))
     assert "<title>kafkatap report — no data</title>" in page
+
+
+def test_bars_of_negative_values_grow_left_of_zero_in_the_values_own_unit() -> None:
+    """A swapped A/B (or a slower replay target) gave every bar 0.5 px on an axis of 0-1 µs, labelled '-21515 µs'."""
+    from analytics.report.svg import bar_chart
+
+    svg = bar_chart(["Produce", "Fetch"], {"A − B": [-21_515, -20_710]}, unit="µs", title="t")
+    ticks = re.findall(r'class="tick"[^>]*>([^<]*)<', svg)
+    assert ticks[0] == "0" and ticks[-1] == "−25 ms"
+    assert re.findall(r'class="value"[^>]*>([^<]*)<', svg) == ["-21.5 ms", "-20.7 ms"]
+    widths = [float(w) for w in re.findall(r'<rect x="[0-9.]+" y="[0-9.]+" width="([0-9.]+)"', svg)]
+    assert min(widths) > 100  # drawn to scale, not the 0.5 px floor
+    both = bar_chart(["Produce", "Fetch"], {"A − B": [21_515, -2_000]}, unit="µs", title="t")
+    assert "−25 ms" in both and "25 ms" in both
