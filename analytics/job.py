@@ -208,6 +208,14 @@ def referenced_connections(tables: dict[str, pa.Table], cap: int = DRILLDOWN_CAP
     return list(seen)
 
 
+def _cluster_ids(spark: SparkSession, directory: str) -> list[str]:
+    """The Kafka cluster ids a recording's `topics/` rows name (a few rows: one small job, compare only)."""
+    topics, _, has_rows = L.read_dataset(spark, directory, "topics")
+    if not has_rows:
+        return []
+    return sorted(r[0] for r in topics.select("cluster_id").distinct().collect() if r[0])
+
+
 def compare_plan(spark: SparkSession, a_dir: str, b_dir: str, sides: tuple[L.Filters, L.Filters], mode: str, tolerance_s: float,
                  progress: Progress) -> tuple[str, dict[str, Callable[[], DataFrame]]]:
     """The comparison tables of A and B, each read through its own filters (`side_filters`)."""
@@ -220,8 +228,9 @@ def compare_plan(spark: SparkSession, a_dir: str, b_dir: str, sides: tuple[L.Fil
                f" (A: {sides[0].describe()}; B: {sides[1].describe()})")
     progress.info(f"comparing {a_dir} (A) with {b_dir} (B): {mode} matching{windows}")
     m = compare.match_requests(a, b, mode, tolerance_s).cache()
+    clusters = (_cluster_ids(spark, a_dir), _cluster_ids(spark, b_dir))
     return mode, {
-        "compare_summary": lambda: compare.compare_summary(a, b, m, mode),
+        "compare_summary": lambda: compare.compare_summary(a, b, m, mode, clusters),
         "compare_by_api": lambda: compare.compare_by_api(m),
         "compare_by_connection": lambda: compare.compare_by_connection(m),
         "compare_errors": lambda: compare.compare_errors(m),

@@ -34,7 +34,12 @@ def compare_added_latency(t: Tables) -> list[Finding]:
     parts = [f"{r['api_name']} p50 {r['diff_p50_us'] / 1000:+.2f} ms / p99 {(r.get('diff_p99_us') or 0) / 1000:+.2f} ms" for r in rows[:6]]
     summary = t.get("compare_summary", [])
     mode = next((r["mode"] for r in summary if r.get("mode")), "wire")
-    if mode == "sequence":  # no middlebox between two recordings of different times: say how they were paired
+    ids_a, ids_b = (sorted({c for r in summary for c in (r.get(f"cluster_ids_{s}") or ())}) for s in "ab")
+    if ids_a and ids_b and not set(ids_a) & set(ids_b):  # two clusters: no path between them to measure
+        sev = "warning"
+        reading = (f"A and B recorded different Kafka clusters (A: {', '.join(ids_a)}; B: {', '.join(ids_b)}): they "
+                   "are not two sides of one path, so this is no middlebox's latency")
+    elif mode == "sequence":  # no middlebox between two recordings of different times: say how they were paired
         reading = (f"the recordings do not overlap in time ({_spans(summary).strip() or 'see compare_summary'}), so "
                    "requests were paired by order, as for a replay: negative means B was slower")
     elif all((r.get("diff_p50_us") or 0) < 0 for r in rows) and abs(head.get("diff_p50_us") or 0) >= MIN_ADDED_US:

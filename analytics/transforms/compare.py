@@ -152,12 +152,14 @@ def compare_ends(m: DataFrame, conns_a: DataFrame, conns_b: DataFrame, window_a:
                     "end_by_a", "end_by_b", "inferred_cause_a", "inferred_cause_b", same.alias("same")).orderBy("same", "conn_id_a").limit(limit)
 
 
-def compare_summary(a: DataFrame, b: DataFrame, m: DataFrame, mode: str) -> DataFrame:
+def compare_summary(a: DataFrame, b: DataFrame, m: DataFrame, mode: str,
+                    clusters: tuple[list[str], list[str]] = ([], [])) -> DataFrame:
     """Per API: requests on each side, how many matched, and when each side's requests ran.
 
     The times are what `findings.compare.compare_few_matched` shows when few requests matched: two
     recordings of different windows, or a clock offset, show in them. They come from the aggregates
-    that count the requests, so they cost no extra pass.
+    that count the requests, so they cost no extra pass. `clusters`: the Kafka cluster ids each side's
+    `topics/` names (`cluster_ids_a`, `cluster_ids_b`): two sides of one path record one cluster.
     """
     def side(req: DataFrame, s: str) -> DataFrame:
         return req.groupBy("api_name").agg(F.count(F.lit(1)).alias(f"requests_{s}"), ns_to_ts(F.min("ts_ns")).alias(f"first_{s}"),
@@ -166,5 +168,8 @@ def compare_summary(a: DataFrame, b: DataFrame, m: DataFrame, mode: str) -> Data
     cm = m.groupBy("api_name").agg(F.count(F.lit(1)).alias("matched"))
     return (side(a, "a").join(side(b, "b"), "api_name", "outer").join(cm, "api_name", "outer")
             .fillna(0, ["requests_a", "requests_b", "matched"]).withColumn("mode", F.lit(mode))
-            .select("api_name", "requests_a", "requests_b", "matched", "mode", "first_a", "last_a", "first_b", "last_b")
+            .withColumns({f"cluster_ids_{s}": F.array(*[F.lit(c) for c in ids]).cast("array<string>")
+                          for s, ids in zip("ab", clusters)})
+            .select("api_name", "requests_a", "requests_b", "matched", "mode", "first_a", "last_a", "first_b", "last_b",
+                    "cluster_ids_a", "cluster_ids_b")
             .orderBy(F.desc("requests_a")))

@@ -232,6 +232,13 @@ def test_compare_added_latency_is_headed_by_the_busiest_api_and_says_how_it_read
     assert "A and B may be swapped" in swapped.summary and "middlebox adds" not in swapped.summary
     apart = {"compare_by_api": rows, "compare_summary": [{"api_name": "Produce", "mode": "sequence", "matched": 150}]}
     assert "paired by order, as for a replay" in compare_added_latency(apart)[0].summary
+    two = {"compare_by_api": rows, "compare_summary": [{"api_name": "Produce", "mode": "wire", "matched": 150,
+                                                         "cluster_ids_a": ["xgZF1G"], "cluster_ids_b": ["QypFfb"]}]}
+    f = compare_added_latency(two)[0]
+    assert "different Kafka clusters (A: xgZF1G; B: QypFfb)" in f.summary and "no middlebox's latency" in f.summary
+    same = {"compare_by_api": rows, "compare_summary": [{"api_name": "Produce", "mode": "wire", "matched": 150,
+                                                          "cluster_ids_a": ["xgZF1G"], "cluster_ids_b": ["xgZF1G"]}]}
+    assert "the latency the middlebox adds" in compare_added_latency(same)[0].summary
 
 
 def test_compare_rules() -> None:
