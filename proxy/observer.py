@@ -305,6 +305,8 @@ class Observer:
     # ------------------------------------------------------------------ input
     def feed(self, request: bool, data: bytes, now_ns: int) -> None:
         """Observe a chunk already forwarded one way, read at `now_ns` — now, or queued when over budget."""
+        if self.stream is None and self.facts.opaque_kind == "observation_backlog":  # past the decoder: skipped too
+            self.facts.skipped_bytes += len(data)
         sched = self._sched
         if sched is None:
             self._observe(request, data, now_ns)
@@ -447,8 +449,9 @@ class Observer:
         self._give_up_in_flight("observation_backlog")
         if f.opaque_reason is None:
             f.opaque_kind = "observation_backlog"
-            f.opaque_reason = (f"observation fell more than {MAX_BACKLOG_BYTES} bytes behind the relay; "
-                               f"{skipped} bytes relayed without decoding from here on")
+            f.opaque_reason = (f"observation fell more than {MAX_BACKLOG_BYTES} bytes behind the relay; relayed "
+                               f"without decoding from here on ({skipped} bytes then, every later one counted in "
+                               "skipped_bytes)")
             self._log("warning", "decoding fell behind; connection is now opaque (bytes still relayed)",
                       skipped_bytes=skipped, bound=MAX_BACKLOG_BYTES)
         if end is not None:

@@ -647,3 +647,30 @@ def test_a_forced_close_past_its_time_bound_skips_the_rest():
                                                                               if decoded else {})
     assert 0 <= len(data) - f.skipped_bytes - decoded * len(_req(0)) < len(_req(0))  # at most a frame's start
     assert f.opaque_kind == "observation_backlog"
+
+
+def test_every_byte_relayed_after_observation_fell_behind_is_counted_as_skipped():
+    """Only the bytes queued when the connection fell behind were counted: 51 MB relayed, 17 MB said skipped."""
+    from proxy import observer as observer_module
+
+    loop = asyncio.new_event_loop()
+    try:
+        obs, req, _, _ = _observer(scheduler=ObserveScheduler(loop))
+        chunk = b"".join(_req(cid) for cid in range(2_000))
+        obs._sched.spend_all()  # type: ignore[union-attr]
+        fed = 0
+        while obs.facts.opaque_kind != "observation_backlog":
+            assert fed <= 2 * observer_module.MAX_BACKLOG_BYTES + len(chunk)
+            req.handed(len(chunk), 10)
+            obs.feed(True, chunk, 5)
+            fed += len(chunk)
+        skipped_then = obs.facts.skipped_bytes
+        for _ in range(3):  # relayed on, past the decoder
+            req.handed(len(chunk), 10)
+            obs.feed(True, chunk, 5)
+            fed += len(chunk)
+    finally:
+        loop.close()
+    f = obs.facts
+    assert f.skipped_bytes == skipped_then + 3 * len(chunk)
+    assert 0 <= fed - f.skipped_bytes - f.requests * len(_req(0)) < len(_req(0))  # every byte decoded or skipped
