@@ -205,6 +205,19 @@ class _Emitter:
             out.append(f)
         return out
 
+    def struct_ctx(self, fs: list[dict[str, Any]], k: int, parent: str) -> dict[str, Any]:
+        """What a struct of these fields (this version's) is, for the actions its fields get (`fixed_actions`)."""
+        names = {f["name"] for f in fs}
+        has_name = any(f.get("entityType") == "topicName" and f["type"] == "string" for f in fs)
+        return {
+            "k": k, "parent": parent, "has_name": has_name,
+            "fetch_part": self.api in FETCHED_APIS and not self.request and "Records" in names,
+            "hostport": "Host" in names and "Port" in names or (k == 0 and self.api == FIND_COORDINATOR and "Host" in names),
+            # a topic named with its id, in the answers that say which id a name has (one per topic: cheap)
+            "pairs": (k > 0 and has_name and not self.request and self.api in TOPIC_PAIR_APIS
+                      and any(f["type"] == "uuid" and f["name"] == "TopicId" for f in fs)),
+        }
+
     def struct(self, fields: list[dict[str, Any]], k: int, ind: int, parent: str,
                pcv: dict[str, str] | None = None) -> None:
         """Emit one struct. `pcv` names the parent's context variables.
@@ -214,16 +227,9 @@ class _Emitter:
         keeps the per-partition cost of big responses low.
         """
         fs = self.fields_for(fields)
-        names = {f["name"] for f in fs}
-        has_name = any(f.get("entityType") == "topicName" and f["type"] == "string" for f in fs)
-        fetch_part = self.api in FETCHED_APIS and not self.request and "Records" in names
-        hostport = "Host" in names and "Port" in names or (k == 0 and self.api == FIND_COORDINATOR and "Host" in names)
-        # a topic named with its id, in the answers that say which id a name has (one per topic: cheap)
-        pairs = (k > 0 and has_name and not self.request and self.api in TOPIC_PAIR_APIS
-                 and any(f["type"] == "uuid" and f["name"] == "TopicId" for f in fs))
+        ctx = self.struct_ctx(fs, k, parent)
+        fetch_part, hostport, pairs = ctx["fetch_part"], ctx["hostport"], ctx["pairs"]
         self.pairs = self.pairs or pairs
-        ctx: dict[str, Any] = {"k": k, "parent": parent, "has_name": has_name, "fetch_part": fetch_part,
-                               "hostport": hostport, "pairs": pairs}
         cv = dict(pcv) if pcv else {"t": "t0", "pt": "pt0", "r": "r0"}
         err_tags = frozenset(
             int(f["tag"]) for f in fields
@@ -380,10 +386,7 @@ class _Emitter:
         if self.flex:
             return None
         fs = self.fields_for(fields)
-        names = {f["name"] for f in fs}
-        ctx: dict[str, Any] = {"k": k, "parent": parent, "has_name": False, "pairs": False,
-                               "fetch_part": self.api in FETCHED_APIS and not self.request and "Records" in names,
-                               "hostport": "Host" in names and "Port" in names}
+        ctx = self.struct_ctx(fs, k, parent)
         width = 0
         for f in fs:
             if f["type"] not in FIXED or "fields" in f or self.fixed_actions(f, ctx, "x"):
