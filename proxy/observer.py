@@ -747,7 +747,7 @@ class Observer:
             f.sasl_seen = True
             if row["error_count"] and f.sasl_error is None:
                 f.sasl_error = f"{req.api_name}: {row['errors'][0]['name']}"
-        elif resp is not None and key != API_VERSIONS:
+        elif not f.answered_beyond_versions and resp is not None and key != API_VERSIONS:  # set once, then only read
             f.answered_beyond_versions = True
         if row["error_count"] and key == PRODUCE:
             cause = request_cause(req.api_name, row["acks"], req.size, row["topics"], [e["name"] for e in row["errors"]])

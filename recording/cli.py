@@ -18,8 +18,9 @@ from typing import TypeVar
 
 import click
 
-from recording.layout import launching_proxy_id, safe_segment
-from recording.retention import DURATION, KEPT_NAMES, MIN_RETAIN_S, PRUNED, describe, proxies_in, prune as prune_hours
+from recording.layout import safe_segment
+from recording.retention import (DURATION, KEPT_NAMES, MIN_RETAIN_S, PRUNED, describe, launch_ids, proxies_in,
+                                 prune as prune_hours)
 
 __all__ = ["rollups", "prune"]
 
@@ -174,11 +175,10 @@ def prune(recording: Path, older_than: float, proxy_id: str | None, dry_run: boo
                                    "give the directory a proxy was started with as --record DIR")
     ids: list[str] | None = None
     if proxy_id is not None:  # the proxy's own id and its workers' (<id>-w1 … <id>-wN), as --retain prunes them
-        known = proxies_in(recording)
-        ids = [p for p in known if p == safe_segment(proxy_id) or launching_proxy_id(p) == safe_segment(proxy_id)]
+        ids = launch_ids(recording, safe_segment(proxy_id))
         if not ids:
             raise click.ClickException(f"{recording} holds no hours of proxy {proxy_id!r} (nor of its workers "
-                                       f"{proxy_id}-w1 …); it holds {', '.join(known) or 'none'}")
+                                       f"{proxy_id}-w1 …); it holds {', '.join(proxies_in(recording)) or 'none'}")
     cutoff_ns = time.time_ns() - int(older_than * 1e9)
     try:
         result = prune_hours(recording, cutoff_ns, ids, dry_run=dry_run)

@@ -124,11 +124,10 @@ def existing_recording(root: Path) -> ExistingRecording | None:
             first, last = min(held), max(held)
             starts = [s for r in files[first].values() if r is not None and (s := _run_start_ns(r[0])) is not None]
             firsts.append(max(first * HOUR_NS, min(starts, default=0)))
-            mtimes = [(hours[last] / n).stat().st_mtime_ns for n in files[last]]
-            lasts.append(min(max(mtimes), (last + 1) * HOUR_NS))
-            if dataset == "requests" and (newest_key is None or (last, max(mtimes)) > newest_key):
-                newest_key, newest = (last, max(mtimes)), hours[last] / max(files[last], key=lambda n: (
-                    hours[last] / n).stat().st_mtime_ns)
+            mtime, name = max(((hours[last] / n).stat().st_mtime_ns, n) for n in files[last])
+            lasts.append(min(mtime, (last + 1) * HOUR_NS))
+            if dataset == "requests" and (newest_key is None or (last, mtime) > newest_key):
+                newest_key, newest = (last, mtime), hours[last] / name
     if not firsts:
         return None
     proxies = sorted({p.removeprefix("proxy=") for p, _ in runs})

@@ -39,7 +39,7 @@ from recording.datasets import DATASETS
 from recording.layout import HOUR_NS, hour_of_dirs, launching_proxy_id, safe_segment, worker_proxy_id
 
 __all__ = ["KEPT", "KEPT_NAMES", "PRUNED", "MIN_RETAIN_S", "MAX_RETAIN_S", "Pruned", "PruneError", "hour_dirs",
-           "expired", "prune", "writer_prunes", "parse_duration", "DURATION", "describe"]
+           "expired", "prune", "writer_prunes", "launch_ids", "parse_duration", "DURATION", "describe"]
 
 KEPT = ("topics", "runs")  # datasets retention never touches (see the module docstring)
 KEPT_NAMES = " and ".join(f"{name}/" for name in KEPT)  # as the help texts name them ("topics/ and runs/")
@@ -86,8 +86,12 @@ def writer_prunes(root: Path | str, proxy_id: str) -> list[str]:
     head = launching_proxy_id(proxy_id)
     if head is not None and proxy_id != worker_proxy_id(head, 1):
         return [proxy_id]
-    head = head or proxy_id
-    return sorted({proxy_id, *(p for p in proxies_in(root) if p == head or launching_proxy_id(p) == head)})
+    return sorted({proxy_id, *launch_ids(root, head or proxy_id)})
+
+
+def launch_ids(root: Path | str, proxy_id: str) -> list[str]:
+    """The ids of `proxy_id`'s launch the recording holds: its own, and its workers' (`<id>-w<N>`)."""
+    return [p for p in proxies_in(root) if p == proxy_id or launching_proxy_id(p) == proxy_id]
 
 
 def hour_dirs(root: Path | str, proxy_id: str | list[str] | None = None) -> Iterator[tuple[int, Path]]:

@@ -44,10 +44,10 @@ Why this shape
 * **Partitions** follow the rows' own time (requests: `req_first_ns`, others:
   their timestamp), so a Spark job pruning by `date`/`hour` never misses rows
   written just after the hour turned.
-* **Redaction is enforced here too**: frames that carry credentials
-  (`protocol.apis.CREDENTIAL_APIS`: SaslAuthenticate, delegation tokens,
-  AlterUserScramCredentials) are never queued, whatever the relay sends, and request frames whose header does
-  not match the row (e.g. raw SASL tokens after a v0 handshake) are refused.
+* **Redaction is enforced here too**: frames that may carry credentials
+  (`protocol.apis.CREDENTIAL_APIS`) are never queued, whatever the relay
+  sends, and request frames whose header does not match the row (e.g. raw
+  SASL tokens after a v0 handshake) are refused.
 
 Layout and file names: `recording.layout`; how one file is written: `recording.files`.
 """

@@ -125,7 +125,7 @@ def connections_over_time(conns: DataFrame, traffic: DataFrame, bucket_s: int, v
         "broker_addr",
         F.timestamp_seconds(F.col("b") * bucket_s).alias("bucket"),
         "opens", "recording_starts", "runs_recording", "ends",
-        (F.sum("starts").over(w) - F.sum("ends").over(w) + F.col("ends")).alias("concurrent"),
+        (at_start + F.col("starts")).alias("concurrent"),
         F.greatest(at_start, F.coalesce(F.col("event_peak"), at_start)).alias("peak_concurrent"),
         "requests",
         F.round(F.col("requests") / bucket_s, 2).alias("requests_per_s"),
