@@ -240,9 +240,13 @@ class LocalKafka:
             if fmt.returncode != 0:
                 cause = java_error(fmt.stderr or fmt.stdout)
                 raise KafkaHarnessError(f"formatting storage failed: {_with_remedy(cause)}")
-        for node in self.nodes:
-            self._launch(lib, node)
-        self._wait_ready()
+        try:
+            for node in self.nodes:
+                self._launch(lib, node)
+            self._wait_ready()
+        except BaseException:  # Ctrl-C or a failed wait included: the JVMs run in sessions of their own and would outlive us
+            self.stop()
+            raise
         self.started_s = time.monotonic() - t0
         log.info("kafka ready", version=self.version, bootstrap=self.bootstrap, seconds=round(self.started_s, 1))
         return self

@@ -11,11 +11,14 @@ broker's log is printed when its session fails.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
+import signal
 import uuid
 from collections.abc import Iterator
 
 import pytest
+import structlog
 
 from harness.kafka import LocalKafka
 from harness.jars import DEFAULT_VERSION, INCIDENT_VERSION
@@ -24,6 +27,29 @@ _counter = itertools.count()
 BROKER_FIXTURES = {"kafka_broker", "kafka_broker_37", "kafka_any_version", "proxied_kafka", "rec_broker", "sasl_broker",
                    "sasl_reauth_broker"}
 SPARK_FIXTURES = {"spark", "make_df"}  # tests/analytics/conftest.py: the shared local SparkSession
+
+
+@pytest.fixture(autouse=True)
+def _process_logging_restored() -> Iterator[None]:
+    """Each test starts with the logging the one before it found.
+
+    Why: the CLI configures structlog for the whole process (`recording.logs.configure_logging`),
+    so one in-process `CliRunner` call at level info hid every later test's debug lines, and a
+    test that checks them (the SASL password never logged) checked nothing.
+    """
+    from recording import logs
+
+    config, configured = structlog.get_config(), dict(logs._configured)
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        yield
+    finally:
+        structlog.configure(**config)
+        logs._configured.clear()
+        logs._configured.update(configured)
+        root.handlers[:] = handlers
+        root.setLevel(level)
 
 
 def _broker(request: pytest.FixtureRequest, version: str) -> Iterator[LocalKafka]:
@@ -153,6 +179,16 @@ def topic_name(request: pytest.FixtureRequest) -> str:
     """A topic name unique to this test (auto-created on first produce, or create it)."""
     base = "".join(ch if ch.isalnum() else "-" for ch in request.node.name)[:60]
     return f"t-{base}-{next(_counter)}-{uuid.uuid4().hex[:6]}"
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """SIGTERM (a CI job cancelled, `timeout`) ends the run as Ctrl-C does, so the fixtures' teardown stops the
+    brokers: their JVMs run in sessions of their own and would otherwise outlive the run, ports and heap held."""
+    signal.signal(signal.SIGTERM, _interrupted)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

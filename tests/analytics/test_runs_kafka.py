@@ -33,12 +33,14 @@ PROXY_ID = "runs-test"
 class Proxy:
     """`kafkatap proxy --workers N` (1: one process) recording into `record`, its JSON log in a file the test reads."""
 
-    def __init__(self, route: str, record: Path, log: Path, workers: int = 1) -> None:
+    def __init__(self, route: str, record: Path, log: Path, workers: int = 1,
+                 on_start: Callable[[Proxy], None] = lambda _: None) -> None:
         self.log = log
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kafkatap.cli", "--log-format", "json", "proxy", "--route", route, "--workers",
              str(workers), "--proxy-id", PROXY_ID, "--record", str(record), "--tcp-info-interval", "0.5"],
             stdout=subprocess.DEVNULL, stderr=log.open("w"))
+        on_start(self)  # before the wait: a proxy that never got ready is stopped by its owner too
         ready = "listening" if workers == 1 else "workers running"
         wait_until(lambda: any(ln.get("event") == ready for ln in self.lines()), "the proxy listening", self)
 
@@ -85,6 +87,24 @@ def _snapshotted_by_proxy(record: Path) -> set[tuple[str, str]]:
 
 
 @pytest.fixture
+def start_proxy() -> Iterator[Callable[..., Proxy]]:
+    """`Proxy(...)`, each one killed whole at the end if still running.
+
+    Why: a failed assertion would otherwise leave it listening on the session broker's proxy port,
+    and every later test of that broker would fail on "address already in use".
+    """
+    started: list[Proxy] = []
+
+    def start(*args, **kwargs) -> Proxy:  # noqa: ANN002, ANN003
+        return Proxy(*args, on_start=started.append, **kwargs)
+
+    yield start
+    for proxy in started:
+        if proxy.proc.poll() is None:
+            proxy.kill_whole()
+
+
+@pytest.fixture
 def producers(rec_broker) -> Iterator[Callable[[], KafkaProducer]]:  # noqa: ANN001
     made: list[KafkaProducer] = []
 
@@ -99,10 +119,10 @@ def producers(rec_broker) -> Iterator[Callable[[], KafkaProducer]]:  # noqa: ANN
         p.close(timeout=5)
 
 
-def test_a_sigkilled_proxys_connections_end_unrecorded_after_its_restart(rec_broker, producers, topic_name, spark,
-                                                                          tmp_path):
+def test_a_sigkilled_proxys_connections_end_unrecorded_after_its_restart(rec_broker, producers, start_proxy, topic_name,
+                                                                          spark, tmp_path):
     record = tmp_path / "rec"
-    first = Proxy(rec_broker.route, record, tmp_path / "first.log")
+    first = start_proxy(rec_broker.route, record, tmp_path / "first.log")
     clients = [producers() for _ in range(3)]
     for p in clients:
         p.send(topic_name, b"before the kill").get(timeout=60)
@@ -110,7 +130,7 @@ def test_a_sigkilled_proxys_connections_end_unrecorded_after_its_restart(rec_bro
     first.proc.send_signal(signal.SIGKILL)
     first.proc.wait(30)
 
-    second = Proxy(rec_broker.route, record, tmp_path / "second.log")
+    second = start_proxy(rec_broker.route, record, tmp_path / "second.log")
     for p in clients:  # the clients reconnect to the restarted proxy
         p.send(topic_name, b"after the restart").get(timeout=60)
     for p in clients:
@@ -139,11 +159,11 @@ def test_a_sigkilled_proxys_connections_end_unrecorded_after_its_restart(rec_bro
 
 
 def test_a_workers_proxy_killed_whole_and_restarted_without_workers_ends_every_workers_connections(
-        rec_broker, producers, topic_name, spark, tmp_path):
+        rec_broker, producers, start_proxy, topic_name, spark, tmp_path):
     """`--workers 2` killed whole, then started again as one process: no run of its workers' ids ever starts again,
     and only the launch each worker recorded proves their runs over."""
     record = tmp_path / "rec"
-    first = Proxy(rec_broker.route, record, tmp_path / "first.log", workers=2)
+    first = start_proxy(rec_broker.route, record, tmp_path / "first.log", workers=2)
     clients = [producers() for _ in range(4)]
     for p in clients:
         p.send(topic_name, b"before the kill").get(timeout=60)
@@ -152,7 +172,7 @@ def test_a_workers_proxy_killed_whole_and_restarted_without_workers_ends_every_w
     parent = first.proc.pid
     first.kill_whole()
 
-    second = Proxy(rec_broker.route, record, tmp_path / "second.log")
+    second = start_proxy(rec_broker.route, record, tmp_path / "second.log")
     for p in clients:
         p.send(topic_name, b"after the restart").get(timeout=60)
     for p in clients:

@@ -158,7 +158,10 @@ class Tee:
         self.sessions: list[list[tuple[bool, bytes, int]]] = []  # (to_broker, chunk, ns)
         self._lock = threading.Lock()
         self._stop = False
-        threading.Thread(target=self._accept, daemon=True).start()
+        self._pumps: list[threading.Thread] = []
+        self._socks: list[socket.socket] = []
+        self._acceptor = threading.Thread(target=self._accept, daemon=True)
+        self._acceptor.start()
 
     def _accept(self) -> None:
         while not self._stop:
@@ -170,8 +173,11 @@ class Tee:
             log: list[tuple[bool, bytes, int]] = []
             with self._lock:
                 self.sessions.append(log)
-            for src, dst, to_broker in ((client, broker, True), (broker, client, False)):
-                threading.Thread(target=self._pump, args=(src, dst, to_broker, log), daemon=True).start()
+                self._socks += [client, broker]
+                for src, dst, to_broker in ((client, broker, True), (broker, client, False)):
+                    pump = threading.Thread(target=self._pump, args=(src, dst, to_broker, log), daemon=True)
+                    self._pumps.append(pump)
+                    pump.start()
 
     def _pump(self, src: socket.socket, dst: socket.socket, to_broker: bool, log: list[tuple[bool, bytes, int]]) -> None:
         while True:
@@ -192,9 +198,25 @@ class Tee:
             except OSError:
                 return
 
-    def close(self) -> None:
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop accepting, wait until every relayed connection has ended both ways, then close the sockets.
+
+        Why wait: the sessions are read after this; a pump still relaying would add chunks then.
+        """
         self._stop = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept(); a close alone does not, on Linux
+        except OSError:
+            pass
         self.sock.close()
+        self._acceptor.join(timeout)
+        with self._lock:
+            pumps = list(self._pumps)
+        for pump in pumps:
+            pump.join(timeout)
+        assert not [t for t in pumps if t.is_alive()], "a relayed connection did not end"
+        for sock in self._socks:
+            sock.close()
 
 
 def have_capture_tools() -> bool:

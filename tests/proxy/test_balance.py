@@ -189,8 +189,9 @@ def test_two_servers_on_one_port_share_held_connections_and_count_each_once() ->
         assert (mail.table.load(0), mail.table.load(1)) == (5, 5)
         for writer in held:
             writer.close()
-        while first.open_connections or second.open_connections:
-            await asyncio.sleep(0.01)  # the servers' closes follow the clients' FINs: nothing to await on
+        async with asyncio.timeout(10):  # a regression fails here, not at pytest's 600 s timeout
+            while first.open_connections or second.open_connections:
+                await asyncio.sleep(0.01)  # the servers' closes follow the clients' FINs: nothing to await on
         assert (mail.table.load(0), mail.table.load(1)) == (0, 0)
         await first.stop()
         await second.stop()
@@ -219,8 +220,9 @@ def test_a_failed_tls_handshake_gives_its_count_back(tmp_path) -> None:
         writer.write(b"\x00\x00\x00\x0bnot a TLS hello")
         assert await reader.read() == b""  # the proxy gave up on the handshake and closed
         writer.close()
-        while server.accept_failures.get("tls_handshake", 0) == 0:
-            await asyncio.sleep(0.01)  # counted after the close the client saw: nothing to await on
+        async with asyncio.timeout(10):  # a regression fails here, not at pytest's 600 s timeout
+            while server.accept_failures.get("tls_handshake", 0) == 0:
+                await asyncio.sleep(0.01)  # counted after the close the client saw: nothing to await on
         assert mail.table.load(0) == 0
         await server.stop()
 

@@ -51,6 +51,17 @@ class _Named(RunningProxy):
         return self
 
 
+def _assert_closed(call) -> None:
+    """A dropped request ends the connection: end of stream or a reset, not a read that timed out.
+
+    Why not just OSError: a socket timeout is one, so a proxy that swallowed the request and left
+    the client hanging would pass as "dropped".
+    """
+    with pytest.raises((OSError, EOFError, ConnectionError)) as caught:
+        call()
+    assert not isinstance(caught.value, TimeoutError), "the connection stayed open (read timed out)"
+
+
 def _consume_all(bootstrap: str, topic: str, expect: int) -> list[bytes]:
     from kafka import KafkaConsumer
 
@@ -241,9 +252,8 @@ def test_delay_throttle_and_drop_as_the_wire_sees_them(proxied_kafka, sink) -> N
             c.call(API_VERSIONS, 3, {"client_software_name": "t", "client_software_version": "1"})
             muted = time.monotonic() - t0
         with WireClient(host, int(port), client_id="drop") as c:
-            with pytest.raises((OSError, EOFError, ConnectionError)):
-                c.call(METADATA, 12, {"topics": [], "allow_auto_topic_creation": False,
-                                      "include_topic_authorized_operations": False})
+            _assert_closed(lambda: c.call(METADATA, 12, {"topics": [], "allow_auto_topic_creation": False,
+                                                         "include_topic_authorized_operations": False}))
         sink.wait_for(lambda s: any((r.get("edit") or "").startswith("fault#3") for r in s.requests)
                       and any((r.get("edit") or "").startswith("fault pause") for r in s.requests))
     assert slow >= 0.4
@@ -403,8 +413,7 @@ def test_a_proxy_started_with_a_kafka_fault_keeps_its_layer_after_the_last_clear
             added = _fault_cli("add", "--addr", str(status), "drop=Metadata,client-id=late")
             assert added.returncode == 0, added.stderr
             assert added.stdout.strip() == "added fault #2: drop=Metadata,client-id=late"
-            with pytest.raises((OSError, EOFError, ConnectionError)):
-                c.call(METADATA, 12, meta)
+            _assert_closed(lambda: c.call(METADATA, 12, meta))
         listed = json.loads(_fault_cli("list", "--addr", str(status), "--json").stdout)
         assert listed["installed"] and [(r["id"], r["injected"]) for r in listed["faults"]] == [(2, 1)]
     finally:
@@ -479,16 +488,18 @@ def test_a_for_burst_that_clients_ride_out_is_reported_recovered(proxied_kafka, 
                            retry_backoff_ms=100)
         rd = Producer({"bootstrap.servers": p.bootstrap, "client.id": "burst-rd", "linger.ms": 0,
                        "retry.backoff.ms": 100})
-        kp.send(topic_name, b"kp-0").get(timeout=30)  # connected and warm before the fault
-        rd.produce(topic_name, b"rd-0")
-        assert rd.flush(30) == 0
-        rules.add(f"error=Produce:NOT_LEADER_OR_FOLLOWER,topic={topic_name},client-id=burst-.*,for=2s")
-        kp_sent = kp.send(topic_name, b"kp-1")
-        rd.produce(topic_name, b"rd-1")
-        kp_sent.get(timeout=60)  # rides the burst out: retries until the window closes, then succeeds
-        assert rd.flush(60) == 0
-        kp.close()
-        del rd  # librdkafka's producer has no close: it ends with its last reference
+        try:  # closed even when an assertion fails: they would reconnect into the next test's proxy on this port
+            kp.send(topic_name, b"kp-0").get(timeout=30)  # connected and warm before the fault
+            rd.produce(topic_name, b"rd-0")
+            assert rd.flush(30) == 0
+            rules.add(f"error=Produce:NOT_LEADER_OR_FOLLOWER,topic={topic_name},client-id=burst-.*,for=2s")
+            kp_sent = kp.send(topic_name, b"kp-1")
+            rd.produce(topic_name, b"rd-1")
+            kp_sent.get(timeout=60)  # rides the burst out: retries until the window closes, then succeeds
+            assert rd.flush(60) == 0
+        finally:
+            kp.close(timeout=10)
+            del rd  # librdkafka's producer has no close: it ends with its last reference
 
         def recovered(s, client: str) -> bool:
             rows = [r for r in s.requests if r["client_id"] == client and r["api_key"] == PRODUCE]

@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
 
+from harness.recorded_secrets import values_holding
 from proxy.metrics import LiveStats
 from recording.writer import ParquetRecorder
 from recording.reader import read_recording
@@ -44,27 +45,6 @@ def _read_frame(s: socket.socket) -> bytes:
 
     (size,) = struct.unpack(">i", exact(4))
     return exact(size)
-
-
-def _values_holding(root: Path, secret: bytes) -> list[str]:
-    """Every file:column under `root` whose decoded values hold `secret` (a raw search of compressed Parquet cannot
-    tell), plus any other file whose bytes do."""
-    import pyarrow.parquet as pq
-
-    found = []
-    for f in (f for f in root.rglob("*") if f.is_file()):
-        if f.suffix != ".parquet":
-            if secret in f.read_bytes():
-                found.append(str(f))
-            continue
-        table = pq.read_table(f)
-        for name, column in zip(table.column_names, table.columns):
-            for value in column.to_pylist():
-                text = value if isinstance(value, bytes) else str(value).encode()
-                if secret in text:
-                    found.append(f"{f}:{name}")
-                    break
-    return found
 
 
 def _produce_consume(bootstrap: str, topic: str, n: int, **client_kw) -> list[bytes]:
@@ -178,7 +158,10 @@ def test_sigterm_requests_made_equal_rows_recorded(rec_broker, topic_name, tmp_p
 
 
 def test_sasl_plain_password_never_recorded_or_logged(rec_broker, topic_name, tmp_path: Path, capfd) -> None:
+    from recording.logs import configure_logging
+
     SASL_USER, SASL_PASSWORD = rec_broker.sasl_user, rec_broker.sasl_password
+    configure_logging("json", "debug")  # the per-request debug lines are the ones a leak would be in
     root = tmp_path / "rec"
     rec = ParquetRecorder(root, "sasl", capture="all", flush_interval_s=0.2, fsync=False).start()
     stats = LiveStats("sasl", recorder_stats=rec.stats)
@@ -207,8 +190,9 @@ def test_sasl_plain_password_never_recorded_or_logged(rec_broker, topic_name, tm
     secret = SASL_PASSWORD.encode()
     files = [f for f in root.rglob("*") if f.is_file()]
     assert files
-    assert not _values_holding(root, secret)
+    assert not values_holding(root, secret)
     out, err = capfd.readouterr()
+    assert '"api": "SaslAuthenticate"' in err  # the debug lines were written, so the next line checks them
     assert SASL_PASSWORD not in out and SASL_PASSWORD not in err
     assert SASL_PASSWORD not in clients_json and SASL_PASSWORD not in metrics_text
     assert topic_name in clients_json and 'api="SaslAuthenticate"' in metrics_text  # the views did see the exchange
@@ -238,6 +222,6 @@ def test_credentials_set_through_the_proxy_are_never_captured(rec_broker, tmp_pa
     assert frames.num_rows > 0 and not {44, 51} & set(frames["api_key"].to_pylist())
     assert CREDENTIAL_APIS >= {44, 51}
     for secret in (scram.encode(), keystore.encode()):
-        assert not _values_holding(root, secret), secret
+        assert not values_holding(root, secret), secret
     assert not any(b"carol" in data for data in frames["data"].to_pylist())  # neither way's frame was kept
 

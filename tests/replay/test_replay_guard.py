@@ -209,8 +209,9 @@ def test_cluster_id_from_recorded_metadata_and_describe_cluster_responses(tmp_pa
 
 async def _queried(server: Any) -> None:
     """Every connection's relayed bytes are decoded (rows built), then the proxy's own queries are done."""
-    while any(c.observer is not None and c.observer.behind for c in server.conns):
-        await asyncio.sleep(0.001)
+    async with asyncio.timeout(10):  # a regression fails here, not at pytest's 600 s timeout
+        while any(c.observer is not None and c.observer.behind for c in server.conns):
+            await asyncio.sleep(0.001)
     await server.resolver.idle()
 
 
