@@ -78,6 +78,7 @@ log = structlog.get_logger("kafkatap.proxy")
 Row = dict[str, Any]
 # Requests that name topics the client is about to use by id (their answers pair names with ids, from some version).
 NAMING_APIS = TOPIC_PAIR_APIS
+QUIET_INTERVAL_MAX_S = 60.0  # the longest wait between queries to a broker whose answers teach nothing new
 CLUSTER_ID_TRIES = 3  # queries per broker for its cluster id: one that never answers (SASL first) is not asked for ever
 METADATA_VERSION = 12  # topic ids from v10; v12 is served by every broker since 3.1 (3.7 and 4.x included)
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -183,6 +184,19 @@ class TopicMap:
         return out, missing
 
 
+def distinct_topics(row: Row) -> list[str]:
+    """A named row's `topics` with each topic once, in first-seen order.
+
+    Why: a request can name a topic both ways (a KIP-848 heartbeat's subscribed names beside its owned
+    partitions by id), and once the id is named the row counted twice in every per-topic table. Rows
+    whose per-topic arrays (`topic_record_bytes`, `topic_records`) follow `topics` entry by entry keep it.
+    """
+    topics = row["topics"]
+    if len(set(topics)) == len(topics) or row.get("topic_record_bytes") or row.get("topic_records"):
+        return topics
+    return list(dict.fromkeys(topics))
+
+
 def query_failure_hint(exc: BaseException) -> str | None:
     """What a failed own query most likely means, for the one warning per broker (None: the error says it).
 
@@ -201,8 +215,14 @@ class TopicResolver:
     """Asks a broker for its id ↔ name pairs (Metadata v12, all topics) on the proxy's own connection.
 
     `want(broker_addr)` never blocks and never raises: it schedules at most one
-    query per broker at a time and at most one per `min_interval_s`. Failures
-    are logged once per broker and cost nothing else (rows keep their ids).
+    query per broker at a time and at most one per `min_interval_s` since the
+    last one began, however the wants are spaced. A query that taught nothing
+    new (an id no broker knows: a deleted topic a consumer still commits to)
+    doubles the broker's interval, up to `QUIET_INTERVAL_MAX_S`; one that
+    teaches a pair brings it back. Why: each query asks for every topic of the
+    cluster, and one row a second naming a dead id must not cost the broker a
+    full Metadata answer a second. Failures are logged once per broker and cost
+    nothing else (rows keep their ids).
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, topic_map: TopicMap, *, enabled: bool = True,
@@ -223,6 +243,8 @@ class TopicResolver:
         self.client_id = client_id
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._again: set[str] = set()
+        self._next_at: dict[str, float] = {}  # broker → loop time before which no new query to it starts
+        self._interval: dict[str, float] = {}  # broker → its current interval (min_interval_s, doubled while fruitless)
         self._failed_logged: set[str] = set()
         self.queries = 0  # answered queries (tests and /metrics read it)
         self.failures = 0
@@ -235,7 +257,8 @@ class TopicResolver:
         if broker_addr in self._tasks:
             self._again.add(broker_addr)
             return
-        self._tasks[broker_addr] = self.loop.create_task(self._run(broker_addr))
+        delay = self._next_at.get(broker_addr, 0.0) - self.loop.time()
+        self._tasks[broker_addr] = self.loop.create_task(self._run(broker_addr, delay))
 
     def learn_cluster(self, broker: str, cluster_id: str) -> bool:
         """Remember a broker's cluster id; True (and `on_cluster` called) when it is new or changed.
@@ -268,21 +291,25 @@ class TopicResolver:
         self._cluster_tries[broker_addr] = tries + 1
         self.want(broker_addr)
 
-    async def _run(self, broker: str) -> None:
+    async def _run(self, broker: str, delay: float) -> None:
+        """Query `broker` once its interval allows (`delay` from now), again while wants came in meanwhile."""
         try:
             while True:
-                started = self.loop.time()
-                await self._query(broker)
-                if broker not in self._again or self._closed:
-                    return
-                self._again.discard(broker)
-                # rate limit: an id nobody can name must not turn every row into a query
-                delay = started + self.min_interval_s - self.loop.time()
-                if delay > 0 and not self._hurry.is_set():
+                if delay > 0 and not self._hurry.is_set():  # rate limit: see the class's docstring
                     try:
                         await asyncio.wait_for(self._hurry.wait(), delay)
                     except asyncio.TimeoutError:
                         pass
+                started, known = self.loop.time(), len(self.map)
+                await self._query(broker)
+                interval = (self.min_interval_s if len(self.map) > known else
+                            min(QUIET_INTERVAL_MAX_S, 2 * self._interval.get(broker, self.min_interval_s / 2)))
+                self._interval[broker] = interval
+                self._next_at[broker] = started + interval
+                if broker not in self._again or self._closed:
+                    return
+                self._again.discard(broker)
+                delay = self._next_at[broker] - self.loop.time()
         except asyncio.CancelledError:
             raise
         finally:
@@ -370,18 +397,23 @@ class TopicNamingSink:
 
     def request(self, row: Row) -> None:
         topics = row.get("topics")
+        want = False
         if topics:
-            want = False
             if row.get("topic_ids"):
                 row["topics"], want = self.map.named(topics)
-                for e in row.get("errors") or ():
-                    t = e.get("topic")
-                    if t and is_topic_id(t):
-                        e["topic"] = self.map.name(t) or t
+                row["topics"] = distinct_topics(row)
             elif row.get("api_key") in NAMING_APIS:
                 want = any(not self.map.knows_name(t) for t in topics)
-            if want and self.resolver is not None:
-                self.resolver.want(row.get("broker_addr"))
+        for e in row.get("errors") or ():  # by id even where `topics` is empty: an incremental Fetch's partition errors
+            t = e.get("topic")
+            if t and is_topic_id(t):
+                name = self.map.name(t)
+                if name is None:
+                    want = True
+                else:
+                    e["topic"] = name
+        if want and self.resolver is not None:
+            self.resolver.want(row.get("broker_addr"))
         if row.get("api_key") in CLUSTER_ID_APIS and self.resolver is not None:  # after `want`: no second query
             self.resolver.want_cluster(row.get("broker_addr"))  # a dict lookup once the broker's id is known
         self.sink.request(row)

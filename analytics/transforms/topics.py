@@ -35,16 +35,23 @@ def name_topic_ids(requests: DataFrame, pairs: Mapping[str, str]) -> DataFrame:
     """`topics` (and each error's `topic`) with every id in `pairs` replaced by its name; `topic_ids` unchanged.
 
     `pairs` is the collected `topic_pairs` (one entry per topic of the cluster:
-    small). Rows whose `topic_ids` is empty are left as they are.
+    small). The `topics` of rows whose `topic_ids` is empty are left as they are; their errors are named too.
     """
     if not pairs:
         return requests
     lookup = literal_map(pairs, "string")
     has_ids = F.coalesce(F.size("topic_ids"), F.lit(0)) > 0
+    named = _named(F.col("topics"), lookup)
+    aligned = F.lit(False)  # rows whose per-topic arrays follow `topics` entry by entry keep every entry
+    for column in ("topic_record_bytes", "topic_records"):
+        if column in requests.columns:  # the stored samples have neither
+            aligned = aligned | F.col(column).isNotNull()
     errors = F.transform("errors", lambda e: e.withField("topic", F.coalesce(F.element_at(lookup, e["topic"]),
                                                                            e["topic"])))
-    return (requests.withColumn("topics", F.when(has_ids, _named(F.col("topics"), lookup)).otherwise(F.col("topics")))
-            .withColumn("errors", F.when(has_ids & (F.col("error_count") > 0), errors).otherwise(F.col("errors"))))
+    # each topic once (proxy.topics.distinct_topics); errors by id even where `topics` is empty (an incremental Fetch)
+    return (requests.withColumn("topics", F.when(has_ids, F.when(aligned, named).otherwise(F.array_distinct(named)))
+                                .otherwise(F.col("topics")))
+            .withColumn("errors", F.when(F.col("error_count") > 0, errors).otherwise(F.col("errors"))))
 
 
 def name_topic(col: Column, pairs: Mapping[str, str]) -> Column:

@@ -272,15 +272,20 @@ def test_topic_ids_recorded_before_their_name_are_named_late(spark, tmp_path) ->
         req("c1", 2, "Fetch", t_s=2, topics=["orders"], topic_ids=[tid]),
         req("c1", 3, "Fetch", t_s=3, topics=[gone], topic_ids=[gone]),  # never named: stays an id
         req("c2", 1, "Produce", t_s=1, topics=["orders"], topic_ids=[]),
+        req("c3", 1, "ConsumerGroupHeartbeat", t_s=4, topics=["orders", tid], topic_ids=[tid]),  # by name and by id
+        req("c1", 4, "Fetch", t_s=5, topics=[], topic_ids=[], errors=err, error_count=1),  # an incremental fetch
     ])
     write_rows(tmp_path, "connections", [conn("c1", 0, 10, last_request_topics=[tid])])
     write_rows(tmp_path, "topics", [{"proxy_id": "p1", "topic_id": tid, "name": "old-name", "first_seen_ns": T0},
                                     {"proxy_id": "p1", "topic_id": tid, "name": "orders", "first_seen_ns": T0 + 5 * S}])
     r = L.load(spark, [str(tmp_path)], L.Filters(topics=("orders",)))
     rows = {(x.conn_id, x.correlation_id): x for x in r.requests.collect()}
-    assert set(rows) == {("c1", 1), ("c1", 2), ("c2", 1)}  # the --topic filter sees the late names
+    assert set(rows) == {("c1", 1), ("c1", 2), ("c2", 1), ("c3", 1)}  # the --topic filter sees the late names
     assert rows[("c1", 1)].topics == ["orders"] and rows[("c1", 1)].topic_ids == [tid]
     assert rows[("c1", 1)].errors[0].topic == "orders"
+    assert rows[("c3", 1)].topics == ["orders"]  # counted once in every per-topic table
+    everything = {(x.conn_id, x.correlation_id): x for x in L.load(spark, [str(tmp_path)]).requests.collect()}
+    assert everything[("c1", 4)].errors[0].topic == "orders"  # its error is named though it names no topic
     assert r.connections.collect()[0].last_request_topics == ["orders"]
     assert r.topic_names == {tid: "orders"}  # the latest name learned wins
     unnamed = L.load(spark, [str(tmp_path)]).requests.where("correlation_id = 3").collect()[0]

@@ -95,6 +95,25 @@ def test_naming_sink_names_known_ids_and_asks_for_unknown_ones() -> None:
     assert rows.connections[-1]["last_request_topics"] == ["orders"]
 
 
+def test_naming_sink_names_each_topic_once_and_errors_of_rows_that_name_none() -> None:
+    """A KIP-848 heartbeat names a topic by name and by id: once named it counted twice per topic. An
+    incremental Fetch names no topic, yet its partition errors carry ids: they stayed uuids."""
+    m, rows, wants = TopicMap(), _Rows(), _Wants()
+    sink = TopicNamingSink(rows, m, wants)  # type: ignore[arg-type]
+    m.learn(TID, "orders")
+    sink.request({"api_key": 68, "broker_addr": "b:1", "topics": ["orders", TID], "topic_ids": [TID]})
+    assert rows.requests[-1]["topics"] == ["orders"]
+    both = {"api_key": FETCH, "broker_addr": "b:1", "topics": [TID, "orders"], "topic_ids": [TID],
+            "topic_record_bytes": [10, 20]}
+    sink.request(both)
+    assert rows.requests[-1]["topics"] == ["orders", "orders"]  # its bytes follow `topics` entry by entry
+    other = "8f4c9b1e-1111-4000-8000-000000000002"
+    sink.request({"api_key": FETCH, "broker_addr": "b:3", "topics": [], "topic_ids": [], "error_count": 2,
+                  "errors": [{"topic": TID}, {"topic": other}]})
+    assert [e["topic"] for e in rows.requests[-1]["errors"]] == ["orders", other]
+    assert wants.brokers == ["b:3"]  # the id it cannot name starts a query
+
+
 def test_naming_sink_asks_for_the_cluster_id_of_brokers_that_answer_metadata() -> None:
     """Metadata and DescribeCluster answers carry the cluster id: their broker's is learned (replay's guard)."""
     rows, wants = _Rows(), _Wants()
@@ -319,3 +338,33 @@ def test_cli_has_the_off_switch() -> None:
 
     out = subprocess.run([sys.executable, "-m", "kafkatap.cli", "proxy", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "--no-resolve-topics" in out.stdout
+
+
+def test_wants_spaced_out_still_ask_a_broker_at_most_once_per_interval_and_less_while_fruitless() -> None:
+    """One row every 10 ms naming an id no broker knows (a consumer committing to a deleted topic): each want
+    came after the last query had ended, and each started a full-cluster Metadata query of its own."""
+    import asyncio
+
+    from proxy.topics import TopicResolver
+
+    async def main() -> int:
+        accepted = 0
+
+        async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal accepted
+            accepted += 1
+            await reader.read(1)
+            writer.close()
+
+        server = await asyncio.start_server(hang_up, "127.0.0.1", 0)
+        broker = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        r = TopicResolver(asyncio.get_running_loop(), TopicMap(1), timeout_s=1.0, min_interval_s=0.1)
+        for _ in range(100):  # pacing the rows, 1 s in all
+            r.want(broker)
+            await asyncio.sleep(0.01)
+        r.close()
+        server.close()
+        return accepted
+
+    queries = asyncio.run(main())
+    assert 1 <= queries <= 5, queries  # 0, 0.1, 0.3, 0.7 s: each fruitless query doubles the interval
