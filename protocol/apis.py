@@ -91,9 +91,9 @@ def api_versions_answer_version(request_version: int, error_code: object) -> int
 
 # Responses that carry the broker's cluster id (Metadata v2+, DescribeCluster).
 CLUSTER_ID_APIS = frozenset({METADATA, DESCRIBE_CLUSTER})
-# Responses that pair each topic's name with its id (Metadata v10+, CreateTopics v7+, DescribeTopicPartitions):
-# what names the ids modern clients send (proxy.topics). Their requests name the topics a client is about to use.
-TOPIC_PAIR_APIS = frozenset({METADATA, CREATE_TOPICS, DESCRIBE_TOPIC_PARTITIONS})
+# Responses that pair each topic's name with its id (Metadata v10+, CreateTopics v7+, DescribeTopicPartitions,
+# DeleteTopics v6+): what names the ids modern clients send (proxy.topics).
+TOPIC_PAIR_APIS = frozenset({METADATA, CREATE_TOPICS, DESCRIBE_TOPIC_PARTITIONS, DELETE_TOPICS})
 # APIs that name a consumer group (classic protocol) in their request.
 GROUP_APIS = frozenset({OFFSET_COMMIT, OFFSET_FETCH, JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP})
 

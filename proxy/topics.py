@@ -6,7 +6,7 @@ a row that only kept what the request said would record uuids, and "who writes
 to topic X" would miss every modern client.
 
 How names are learned. From the clients' own answers first: the hot-path
-summary of a relayed Metadata (v10+), CreateTopics (v7+) or
+summary of a relayed Metadata (v10+), CreateTopics (v7+), DeleteTopics (v6+) or
 DescribeTopicPartitions response keeps each topic's id (its 16 bytes) with its
 name (`Summary.extra["topic_pairs"]`, one short tuple per topic on responses
 that are rarely sent), and the observer hands them to the map before that
@@ -68,7 +68,7 @@ from typing import Any
 
 import structlog
 
-from protocol.apis import CLUSTER_ID_APIS, METADATA, TOPIC_PAIR_APIS
+from protocol.apis import CLUSTER_ID_APIS, DELETE_TOPICS, METADATA, TOPIC_PAIR_APIS
 from protocol.deep import decode_response, encode_request
 from proxy.marks import set_mark
 from proxy.sink_steps import pass_through
@@ -77,7 +77,7 @@ log = structlog.get_logger("kafkatap.proxy")
 
 Row = dict[str, Any]
 # Requests that name topics the client is about to use by id (their answers pair names with ids, from some version).
-NAMING_APIS = TOPIC_PAIR_APIS
+NAMING_APIS = TOPIC_PAIR_APIS - {DELETE_TOPICS}  # requests naming topics a client is about to use
 QUIET_INTERVAL_MAX_S = 60.0  # the longest wait between queries to a broker whose answers teach nothing new
 CLUSTER_ID_TRIES = 3  # queries per broker for its cluster id: one that never answers (SASL first) is not asked for ever
 METADATA_VERSION = 12  # topic ids from v10; v12 is served by every broker since 3.1 (3.7 and 4.x included)

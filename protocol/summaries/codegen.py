@@ -16,8 +16,8 @@ strings) and only extracts:
   fetch limits, group/member/generation, software name/version, mechanism …);
 * the cluster id of Metadata and DescribeCluster responses (`extra["cluster_id"]`:
   the proxy names the recording's cluster with it);
-* the (topic id, name) pairs of Metadata v10+, CreateTopics v7+ and
-  DescribeTopicPartitions responses (`extra["topic_pairs"]`, the id as its 16
+* the (topic id, name) pairs of Metadata v10+, CreateTopics v7+, DeleteTopics v6+
+  and DescribeTopicPartitions responses (`extra["topic_pairs"]`, the id as its 16
   bytes: the proxy names the ids modern clients send with them, `proxy.topics`);
 * Produce record-batch headers (`protocol.records`) and Fetch / ShareFetch
   per-partition facts (`PartitionFetched`).
@@ -209,13 +209,15 @@ class _Emitter:
         """What a struct of these fields (this version's) is, for the actions its fields get (`fixed_actions`)."""
         names = {f["name"] for f in fs}
         has_name = any(f.get("entityType") == "topicName" and f["type"] == "string" for f in fs)
+        has_id = any(f["type"] == "uuid" and f["name"] == "TopicId" for f in fs)
         return {
             "k": k, "parent": parent, "has_name": has_name,
             "fetch_part": self.api in FETCHED_APIS and not self.request and "Records" in names,
             "hostport": "Host" in names and "Port" in names or (k == 0 and self.api == FIND_COORDINATOR and "Host" in names),
             # a topic named with its id, in the answers that say which id a name has (one per topic: cheap)
-            "pairs": (k > 0 and has_name and not self.request and self.api in TOPIC_PAIR_APIS
-                      and any(f["type"] == "uuid" and f["name"] == "TopicId" for f in fs)),
+            "pairs": (k > 0 and has_name and not self.request and self.api in TOPIC_PAIR_APIS and has_id),
+            # a request that names a topic either way (DeleteTopics v6+, Metadata v10+): by id when its name is null
+            "id_if_unnamed": k > 0 and has_name and self.request and has_id and parent not in IGNORED_STRUCTS,
         }
 
     def struct(self, fields: list[dict[str, Any]], k: int, ind: int, parent: str,
@@ -290,6 +292,8 @@ class _Emitter:
             # the id as sent (16 bytes): formatting it as a uuid string is left to whoever learns the pair
             # (`proxy.topics.TopicMap.learn_sent` formats each id once, not once per answer)
             self.emit(ind, f"if uid{k} != _Z16 and {T}: tpairs.append((uid{k}, {T}))")
+        if ctx["id_if_unnamed"]:  # both read now, in either order
+            self.emit(ind, f"if {T} is None and uid{k} != _Z16: tp[_uuid(uid{k})] = None")
         if hostport:
             if parent == "Brokers":
                 self.emit(ind, f"S.brokers.append(f'{{nid{k}}}@{{host{k}}}:{{port{k}}}')")
@@ -503,7 +507,7 @@ class _Emitter:
                 acts.append(f"nid{k} = {var}")
         if typ == "uuid" and name == "TopicId" and k > 0 and not ctx["has_name"] and ctx["parent"] not in IGNORED_STRUCTS:
             acts.append(f"if {var} != _Z16: t{k} = _uuid({var}); tp[t{k}] = None")
-        if typ == "uuid" and name == "TopicId" and ctx.get("pairs"):
+        if typ == "uuid" and name == "TopicId" and (ctx.get("pairs") or ctx.get("id_if_unnamed")):
             acts.append(f"uid{k} = {var}")
         return acts
 

@@ -29,8 +29,9 @@ def _walk(obj: Any, out: dict[str, Any], depth: int, key: str = "") -> None:
 
 def _pairs(body: dict[str, Any]) -> list[tuple[str, str]]:
     """(id, name) of each top-level topic named with its id: only Metadata v10+, CreateTopics v7+ and
-    DescribeTopicPartitions responses list both at that level (a null name or the null id pairs nothing)."""
-    return [(str(t["topic_id"]), t["name"]) for t in body.get("topics") or ()
+    DescribeTopicPartitions responses list both at that level, and DeleteTopics v6+ responses under
+    `responses` (a null name or the null id pairs nothing)."""
+    return [(str(t["topic_id"]), t["name"]) for t in body.get("topics") or body.get("responses") or ()
             if isinstance(t, dict) and t.get("name") and "topic_id" in t and str(t["topic_id"]) != ZERO_ID]
 
 

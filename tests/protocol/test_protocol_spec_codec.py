@@ -107,3 +107,27 @@ def test_optimistic_walker_takes_common_metadata_without_bailing() -> None:
     bad = memoryview(metadata_response(topics=5, bad_topic="missing"))
     with pytest.raises(Bail):  # an error code: the plain walker records it
         fast(bad, 9, len(bad), Summary())
+
+
+@pytest.mark.parametrize("optimistic", [False, True])
+def test_a_request_naming_a_topic_by_id_alone_records_the_id(optimistic: bool) -> None:
+    """DeleteTopics v6+ and Metadata v10+ requests have a nullable name beside the id: a delete by id
+    (Admin.deleteTopics(TopicCollection.ofTopicIds(…))) recorded no topic at all, so nobody could find it."""
+    import uuid
+
+    tid = uuid.UUID("8f4c9b1e-1111-4000-8000-000000000001")
+    cases = [(20, 6, {"topics": [{"name": None, "topic_id": tid}, {"name": "orders", "topic_id": uuid.UUID(int=0)}],
+                      "timeout_ms": 30000}),
+             (3, 12, {"topics": [{"topic_id": tid, "name": None}], "allow_auto_topic_creation": False,
+                      "include_topic_authorized_operations": False})]
+    for api_key, version, body in cases:
+        frame = memoryview(encode_request(api_key, version, 9, "spec", body))
+        s = Summary()
+        assert walker(api_key, True, version, optimistic=optimistic)(frame, request_header_end(frame), len(frame),
+                                                                      s) == len(frame)
+        assert str(tid) in s.topics, (api_key, s.topics)
+    named = {"topics": [{"name": "orders", "topic_id": tid}], "timeout_ms": 30000}  # both: the name, as before
+    frame = memoryview(encode_request(20, 6, 9, "spec", named))
+    s = Summary()
+    walker(20, True, 6, optimistic=optimistic)(frame, request_header_end(frame), len(frame), s)
+    assert s.topics == ["orders"]

@@ -9,7 +9,7 @@ import pytest
 
 from harness.java_clients import JavaClients, JavaTool
 from harness.wire import WireClient
-from protocol.apis import CREATE_TOPICS, FETCH, METADATA
+from protocol.apis import CREATE_TOPICS, DELETE_TOPICS, FETCH, METADATA
 from proxy.rows import REQUEST_KEYS
 from proxy.running import RunningProxy
 from proxy.topics import TopicMap, TopicNamingSink, is_topic_id, split_topics
@@ -211,6 +211,20 @@ def test_id_used_before_any_metadata_passed_through_the_proxy(proxied_kafka, top
     assert [sink.topic_names().get(t, t) for t in first["topics"]] == [topic_name]
     pair = next(t for t in sink.topics if t["topic_id"] == tid)
     assert pair["name"] == topic_name and pair["broker_addr"] == proxied_kafka.upstream and pair["first_seen_ns"] > 0
+
+
+def test_a_delete_by_id_is_recorded_under_the_topics_name(proxied_kafka, topic_name, sink):
+    """Admin.deleteTopics by id: the request's name is null, so the row named no topic and "who deleted
+    topic X" found nothing. The row names it by the id, and the broker's answer (name and id) names the id."""
+    tid = _topic_id(proxied_kafka, topic_name)
+    with RunningProxy([proxied_kafka.route], sink=sink, resolve_topics=False) as p:  # the answer alone names it
+        host, port = p.bootstrap.rsplit(":", 1)
+        with WireClient(host, int(port)) as c:
+            answer = c.call(DELETE_TOPICS, 6, {"topics": [{"name": None, "topic_id": tid}], "timeout_ms": 30000})
+        sink.wait_for(lambda s: any(r["api_key"] == DELETE_TOPICS for r in s.requests))
+    assert answer["responses"][0]["error_code"] == 0 and answer["responses"][0]["name"] == topic_name
+    (row,) = [r for r in sink.requests if r["api_key"] == DELETE_TOPICS]
+    assert row["topics"] == [topic_name] and row["topic_ids"] == [tid]
 
 
 @pytest.mark.parametrize("resolve", [True, False], ids=["resolve", "no-resolve-topics"])
