@@ -584,6 +584,7 @@ async def _serve(routes: list[Route], faults, rec: dict, *, ready_fd: int | None
     if sinks.stats is not None:
         sinks.stats.accept_failures = server.accept_failures  # /metrics reads the server's counts at scrape time
         sinks.stats.relay_accounting = server.accounting_now
+        sinks.stats.topic_name = server.topics.name  # /clients names ids a row could not name when it left
         if server.cluster is not None:
             sinks.stats.cluster_stats = server.cluster.stats
         if server.balancer is not None:

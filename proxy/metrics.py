@@ -32,6 +32,7 @@ from itertools import islice
 from typing import Any
 
 from protocol.error_kinds import ERROR, PROTOCOL_STEP, RETRIABLE, error_kind, response_kind
+from proxy.topics import is_topic_id
 from recording.fault_notes import injected_error_names
 
 Row = dict[str, Any]
@@ -228,6 +229,9 @@ class LiveStats:
         # The server's request accounting, read at scrape time (`kafkatap proxy` wires ProxyServer.accounting_now):
         # (requests_seen, request_rows, skipped_bytes) and requests dropped by reason, open connections included
         self.relay_accounting: Callable[[], tuple[dict[str, int], dict[str, int]]] = lambda: ({}, {})
+        # The process's topic id → name lookup (`kafkatap proxy` wires ProxyServer.topics.name), read when /clients
+        # is rendered: a row can leave before its ids are named (with --workers, another worker relayed the answer)
+        self.topic_name: Callable[[str], str | None] = lambda _: None
         self.opaque_total = 0
         self.edit_stopped_total = 0  # connections whose frame editor gave up (proxy.intercept)
         self.edit_oversize_total = 0  # frames wanted for editing but over its bound, forwarded unedited
@@ -393,6 +397,9 @@ class LiveStats:
         now = self._clock_ns()
         rows = sorted((c.as_json(now) for c in self.clients.values()),
                       key=lambda r: (not r["open"], -r["last_seen_ns"]))
+        for row in rows:
+            if any(is_topic_id(t) for t in row["topics"]):  # named now if the map has learned it since
+                row["topics"] = sorted({self.topic_name(t) or t if is_topic_id(t) else t for t in row["topics"]})
         return {"proxy_id": self.proxy_id, "now_ns": now, "open_connections": self.open_count, "clients": rows}
 
     def render_prometheus(self) -> str:

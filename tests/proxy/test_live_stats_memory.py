@@ -31,3 +31,21 @@ def test_closed_connections_are_forgotten_with_only_metrics_scraped(monkeypatch:
     stats.render_prometheus()
     assert set(stats.clients) == {"open-one", "late"}
     assert stats.clients_json()["open_connections"] == 1
+
+
+def test_clients_name_topic_ids_learned_after_the_row_left() -> None:
+    """With --workers the answer naming an id can pass through another worker: the row left with the id, and
+    /clients (and `top`) showed the uuid beside the name for good. The map is asked again at each render."""
+    tid = "8f4c9b1e-1111-4000-8000-000000000001"
+    learned: dict[str, str] = {}
+    stats = LiveStats("p")
+    stats.topic_name = learned.get
+    _conn(stats, "c1", False)
+    for topics in ([tid], ["orders"]):
+        stats.request({"conn_id": "c1", "api_name": "Produce", "api_key": 0, "topics": topics, "status": "ok",
+                       "latency_us": 100, "errors": []})
+    (client,) = stats.clients_json()["clients"]
+    assert client["topics"] == sorted([tid, "orders"])  # not known yet: the id is all there is
+    learned[tid] = "orders"
+    (client,) = stats.clients_json()["clients"]
+    assert client["topics"] == ["orders"]
