@@ -46,6 +46,9 @@ class LastRequest:
     at_ns: int | None = None  # its last byte
 
 
+PIPELINE_NS = 1_000_000_000  # how far before the last request an acks=0 Produce can still be what the broker refused
+
+
 @dataclass(slots=True)
 class ConnectionFacts:
     """Identity, counters, decode state and end of one proxied connection."""
@@ -78,6 +81,8 @@ class ConnectionFacts:
     opaque_kind: str | None = None
     opaque_reason: str | None = None
     last: LastRequest = field(default_factory=LastRequest)
+    # the largest acks=0 Produce that no answer to a later request has cleared (`blamed_request`)
+    acks0_suspect: LastRequest | None = None
     too_large: int = 0  # Produce answers with MESSAGE_TOO_LARGE / RECORD_LIST_TOO_LARGE
     too_large_example: str | None = None
     sasl_seen: bool = False  # a SaslHandshake or SaslAuthenticate request
@@ -96,16 +101,32 @@ class ConnectionFacts:
     tcp_client_close: dict[str, Any] | None = None
     tcp_broker_close: dict[str, Any] | None = None
 
+    def blamed_request(self) -> LastRequest:
+        """The request an end most likely answers: the last one, or the largest recent acks=0 Produce.
+
+        Why: a client pipelines acks=0 Produces without waiting, so when the broker closes on reading one
+        it refuses (a batch over message.max.bytes), smaller ones sent after it are already on the wire,
+        and "the last request" named a 300-byte Produce to another topic. Only when the broker ended the
+        connection, the suspect is larger than the last request, no answer to a later request cleared it,
+        and it went out within `PIPELINE_NS` of the last request.
+        """
+        last, suspect, end = self.last, self.acks0_suspect, self.end
+        if (suspect is None or end is None or end.by != "broker" or (suspect.size or 0) <= (last.size or 0)
+                or (last.at_ns or 0) - (suspect.at_ns or 0) > PIPELINE_NS):
+            return last
+        return suspect
+
     def end_facts(self) -> EndFacts:
         """The evidence `proxy.inference.inferred_cause` weighs (call once the end is known)."""
         end = self.end
         assert end is not None
-        last = self.last
+        ms_since_last = ((end.at_ns - self.last.at_ns) // 1_000_000) if self.last.at_ns else None
+        last = self.blamed_request()
         return EndFacts(
             end_reason=end.reason, end_by=end.by, idle_before_end_ms=end.idle_ms,
             unanswered=self.unanswered_at_end, last_api=last.api, last_request_bytes=last.size,
             last_request_acks=last.acks, last_request_topics=last.topics, last_request_batch_bytes=last.batch_bytes,
-            ms_since_last_request=((end.at_ns - last.at_ns) // 1_000_000) if last.at_ns else None,
+            ms_since_last_request=ms_since_last,
             fault_detail=self.fault_detail, end_detail=end.detail, opaque_kind=self.opaque_kind,
             too_large_rejections=self.too_large, too_large_example=self.too_large_example,
             sasl_seen=self.sasl_seen, sasl_error=self.sasl_error, answered_beyond_versions=self.answered_beyond_versions,

@@ -59,7 +59,7 @@ from protocol.apis import API_VERSIONS, CLUSTER_ID_APIS, PRODUCE, SASL_AUTHENTIC
 from protocol.events import Direction, RequestDropped, RequestSeen, ResponseSeen, StreamClosed, StreamOpaque
 from proxy import rows
 from proxy.capture import FrameCapture
-from proxy.facts import ConnectionFacts
+from proxy.facts import ConnectionFacts, LastRequest
 from proxy.inference import request_cause
 from proxy.timing import SendStamps
 
@@ -631,6 +631,10 @@ class Observer:
             last.acks = None
             last.topics = []
             last.batch_bytes = None
+        if last.acks == 0:  # only a Produce has acks: the one a broker's close most likely answers (facts.blamed_request)
+            suspect = f.acks0_suspect
+            if suspect is None or (last.size or 0) > (suspect.size or 0):
+                f.acks0_suspect = LastRequest(last.api, last.size, 0, last.topics, last.batch_bytes, last.at_ns)
         if self._cap_req is not None:
             self._capture(self._cap_req, True, ev.offset, ev.size, ev.api_key, ev.api_version, ev.correlation_id,
                           ev.first_byte_ns)
@@ -656,6 +660,8 @@ class Observer:
             return
         f.responses += 1
         f.inflight -= 1
+        if f.acks0_suspect is not None and req.last_byte_ns >= (f.acks0_suspect.at_ns or 0):
+            f.acks0_suspect = None  # the broker read past it and answered
         if req.api_key in LEARNED_FROM:  # Produce, Fetch …: one set lookup
             self._learn(ev)
         sent = self._sent_at.pop(id(req), None)

@@ -227,6 +227,7 @@ def connection_row(conn: ConnectionFacts, final: bool, now_ns: int) -> dict[str,
     """One `connections` row: a periodic snapshot (final=False) or the end (final=True)."""
     closed = conn.closed_ns if final else None
     end = conn.end
+    blamed = conn.blamed_request() if final else conn.last
     return {
         "proxy_id": conn.proxy_id,
         "conn_id": conn.conn_id,
@@ -258,10 +259,10 @@ def connection_row(conn: ConnectionFacts, final: bool, now_ns: int) -> dict[str,
         "end_detail": end.detail if (final and end) else None,
         "idle_before_end_ms": end.idle_ms if (final and end) else None,
         "unanswered": conn.unanswered_at_end if final else conn.inflight,
-        "last_api": conn.last.api,
-        "last_request_bytes": conn.last.size,
-        "last_request_acks": conn.last.acks,
-        "last_request_topics": list(conn.last.topics),
+        "last_api": blamed.api,
+        "last_request_bytes": blamed.size,
+        "last_request_acks": blamed.acks,
+        "last_request_topics": list(blamed.topics),
         "inferred_cause": conn.inferred if final else None,
         "edit_stopped": conn.edit_stopped,
         "edit_oversize_frames": conn.edit_oversize or None,

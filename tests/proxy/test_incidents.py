@@ -50,6 +50,37 @@ def test_incident1_acks0_oversize_broker_closes_and_cause_inferred(proxied_kafka
     assert big and big[0]["status"] == "no_response" and big[0]["acks"] == 0
 
 
+def test_incident1_pipelined_acks0_blames_the_oversize_produce_not_the_last_one(proxied_kafka, topic_name, sink):
+    """librdkafka pipelines acks=0 Produces: small ones to another topic were already on the wire when the broker
+    closed on the big one, and the connection's end named "an acks=0 Produce of 328 B to small-topic"."""
+    from kafka.record.memory_records import MemoryRecordsBuilder
+
+    from protocol.apis import PRODUCE
+    from protocol.deep import encode_request
+
+    def produce(cid: int, topic: str, value_size: int) -> bytes:
+        batch = MemoryRecordsBuilder(2, 0, batch_size=1 << 30)
+        batch.append(1_700_000_000_000, key=None, value=b"v" * value_size)
+        batch.close()
+        body = {"transactional_id": None, "acks": 0, "timeout_ms": 30000, "topic_data": [
+            {"name": topic, "partition_data": [{"index": 0, "records": bytes(batch.buffer())}]}]}
+        return encode_request(PRODUCE, 9, cid, "pipelined", body)
+
+    small = f"{topic_name}-small"
+    with RunningProxy([proxied_kafka.route], sink=sink) as p:
+        for t in (topic_name, small):  # through the proxy: the broker advertises its port
+            proxied_kafka.kafka.create_topic(t)
+        host, port = p.bootstrap.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(produce(1, topic_name, BIG) + b"".join(produce(2 + i, small, 100) for i in range(3)))
+            assert sock.recv(1) == b""  # the broker hung up
+        sink.wait_for(lambda s: any(c["final"] and c["client_ids"] == ["pipelined"] for c in s.connections))
+    (c,) = [c for c in sink.finals() if c["client_ids"] == ["pipelined"]]
+    assert (c["end_by"], c["last_api"], c["last_request_acks"]) == ("broker", "Produce", 0)
+    assert c["last_request_topics"] == [topic_name] and c["last_request_bytes"] > BIG
+    assert f"acks=0 Produce of {c['last_request_bytes']} bytes to {topic_name}" in c["inferred_cause"]
+
+
 def test_incident1_acks1_error_recorded_connection_stays(proxied_kafka, topic_name, sink):
     with RunningProxy([proxied_kafka.route], sink=sink) as p:
         proxied_kafka.kafka.create_topic(topic_name)  # led before the first Produce, which has no retries

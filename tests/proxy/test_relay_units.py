@@ -405,3 +405,21 @@ def test_transparent_listeners_on_both_wildcards_are_bound_once(sink) -> None:
         finals = sink.wait_final(2)
     assert bound == [("0.0.0.0", port), ("::", port)]
     assert sorted(f["listener"] for f in finals) == [f"0.0.0.0:{port}", f"[::]:{port}"]
+
+
+def test_the_blamed_request_is_the_big_pipelined_acks0_produce_only_when_the_broker_closed_soon_after() -> None:
+    """`blamed_request`: the largest acks=0 Produce not answered past, for a broker's close within PIPELINE_NS;
+    the last request otherwise (a client's close, a suspect from long before, a suspect no larger)."""
+    from proxy.facts import PIPELINE_NS, End, LastRequest
+
+    facts = ConnectionFacts(proxy_id="p", conn_id="c1", listener="127.0.0.1:1", mode="explicit", opened_ns=0)
+    facts.last = LastRequest("Produce", 300, 0, ["small"], 200, 2_000_000)
+    facts.acks0_suspect = LastRequest("Produce", 50_000, 0, ["big"], 49_900, 1_000_000)
+    facts.end = End("broker_fin", "broker", None, None, 3_000_000)
+    assert facts.blamed_request().topics == ["big"]
+    assert facts.end_facts().last_request_topics == ["big"] and facts.end_facts().ms_since_last_request == 1
+    facts.end = End("client_fin", "client", None, None, 3_000_000)
+    assert facts.blamed_request() is facts.last
+    facts.end = End("broker_fin", "broker", None, None, 3_000_000)
+    facts.acks0_suspect.at_ns = facts.last.at_ns - PIPELINE_NS - 1
+    assert facts.blamed_request() is facts.last
