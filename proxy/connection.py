@@ -89,6 +89,7 @@ from proxy.loop_guard import LOOP_DETAIL, SELF_LOOP_DETAIL
 from proxy.marks import set_mark
 from proxy.observer import ObserveScheduler, Observer
 from proxy.tls import handshake_hangup, hung_up_in_handshake
+from proxy.topics import ids_named
 
 log = structlog.get_logger("kafkatap.proxy")
 
@@ -724,7 +725,8 @@ class Connection:
         for peer in (self.client, self.broker):
             peer.release_fd()
         try:
-            f.inferred = inferred_cause(f.end_facts())
+            cause = inferred_cause(f.end_facts())
+            f.inferred = ids_named(cause, ctx.topics) if cause else cause
         except Exception:  # noqa: BLE001 — an inference bug must not lose the connection row
             f.inferred = None
         row = rows.connection_row(f, True, now)

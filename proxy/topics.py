@@ -184,6 +184,12 @@ class TopicMap:
         return out, missing
 
 
+def ids_named(text: str, topic_map: TopicMap) -> str:
+    """`text` with every topic id the map knows replaced by its name: an inferred cause, written from the
+    request as sent ("acks=0 Produce of 50132 bytes to ff71c682-…" for a Java 4.x producer)."""
+    return _UUID.sub(lambda m: topic_map.name(m.group()) or m.group(), text) if "-" in text else text
+
+
 def distinct_topics(row: Row) -> list[str]:
     """A named row's `topics` with each topic once, in first-seen order.
 

@@ -52,27 +52,38 @@ def test_incident1_acks0_oversize_broker_closes_and_cause_inferred(proxied_kafka
 
 def test_incident1_pipelined_acks0_blames_the_oversize_produce_not_the_last_one(proxied_kafka, topic_name, sink):
     """librdkafka pipelines acks=0 Produces: small ones to another topic were already on the wire when the broker
-    closed on the big one, and the connection's end named "an acks=0 Produce of 328 B to small-topic"."""
+    closed on the big one, and the connection's end named "an acks=0 Produce of 328 B to small-topic". The big
+    one goes by topic id, as a Java 4.x producer's does: the inferred cause named the uuid."""
     from kafka.record.memory_records import MemoryRecordsBuilder
 
-    from protocol.apis import PRODUCE
+    import uuid
+
+    from harness.wire import WireClient
+    from protocol.apis import METADATA, PRODUCE
     from protocol.deep import encode_request
 
-    def produce(cid: int, topic: str, value_size: int) -> bytes:
+    def produce(cid: int, topic: str, value_size: int, topic_id: str | None = None) -> bytes:
+        """Produce v9 by name, or v13 by id (a Java 4.x producer's)."""
         batch = MemoryRecordsBuilder(2, 0, batch_size=1 << 30)
         batch.append(1_700_000_000_000, key=None, value=b"v" * value_size)
         batch.close()
+        named = {"name": topic} if topic_id is None else {"topic_id": topic_id}
         body = {"transactional_id": None, "acks": 0, "timeout_ms": 30000, "topic_data": [
-            {"name": topic, "partition_data": [{"index": 0, "records": bytes(batch.buffer())}]}]}
-        return encode_request(PRODUCE, 9, cid, "pipelined", body)
+            {**named, "partition_data": [{"index": 0, "records": bytes(batch.buffer())}]}]}
+        return encode_request(PRODUCE, 9 if topic_id is None else 13, cid, "pipelined", body)
 
     small = f"{topic_name}-small"
     with RunningProxy([proxied_kafka.route], sink=sink) as p:
         for t in (topic_name, small):  # through the proxy: the broker advertises its port
             proxied_kafka.kafka.create_topic(t)
         host, port = p.bootstrap.rsplit(":", 1)
+        with WireClient(host, int(port)) as c:  # its answer pairs the name with the id, as a client's metadata does
+            (meta,) = c.call(METADATA, 12, {"topics": [{"name": topic_name, "topic_id": uuid.UUID(int=0)}],
+                                            "allow_auto_topic_creation": False,
+                                            "include_topic_authorized_operations": False})["topics"]
         with socket.create_connection((host, int(port)), timeout=10) as sock:
-            sock.sendall(produce(1, topic_name, BIG) + b"".join(produce(2 + i, small, 100) for i in range(3)))
+            sock.sendall(produce(1, topic_name, BIG, str(meta["topic_id"]))
+                         + b"".join(produce(2 + i, small, 100) for i in range(3)))
             assert sock.recv(1) == b""  # the broker hung up
         sink.wait_for(lambda s: any(c["final"] and c["client_ids"] == ["pipelined"] for c in s.connections))
     (c,) = [c for c in sink.finals() if c["client_ids"] == ["pipelined"]]
