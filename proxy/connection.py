@@ -92,6 +92,8 @@ from proxy.tls import handshake_hangup, hung_up_in_handshake
 from proxy.topics import ids_named
 
 log = structlog.get_logger("kafkatap.proxy")
+QUIET_NS = 1_000_000_000  # a pause this long before a read is remembered (Connection.quiet)
+RESET_ANSWER_NS = 2_000_000_000  # a broker-side reset this soon after a pause ended answers what ended it
 
 
 def _joined(detail: str | None, note: str) -> str:
@@ -147,6 +149,8 @@ class Connection:
             opened_ns=self.now(),
             broker_addr=format_addr(upstream) if upstream else None)
         self.last_activity = self.facts.opened_ns
+        # (ns, ended at ns): the last pause of QUIET_NS or more that a client's chunk ended, until the broker's side sends
+        self.quiet: tuple[int, int] | None = None
         self.client = Peer("client")
         self.broker = Peer("broker")
         self.requests = Flow(True, self.client, self.broker, self.facts.from_client)
@@ -424,6 +428,10 @@ class Connection:
             flow.discarded += len(data)
             return
         now = self.now()
+        if flow is not self.requests:
+            self.quiet = None  # the broker's side answered: a later reset answers something else
+        elif now - self.last_activity >= QUIET_NS:  # the quiet a client's chunk ends, for a reset answering it (_set_end)
+            self.quiet = (now - self.last_activity, now)
         self.last_activity = now
         flow.counts.bytes += len(data)
         if flow.early is not None:
@@ -539,7 +547,15 @@ class Connection:
             now = self.now()
             if self._stopping and by != "proxy":  # the peer's own end, not the proxy's: say when it came
                 detail = _joined(detail, self._drain_note())
-            f.end = End(reason, by, detail, self.idle_ns(now) // 1_000_000, now)
+            idle_ms = self.idle_ns(now) // 1_000_000
+            quiet = self.quiet
+            if (reason == "broker_rst" and quiet is not None and now - quiet[1] <= RESET_ANSWER_NS
+                    and idle_ms < quiet[0] // 1_000_000):
+                # a middlebox between proxy and broker that forgot the idle connection answers the first request
+                # after the pause with a reset: the idle time that explains the end is the pause, not the instant since
+                idle_ms = quiet[0] // 1_000_000
+                detail = _joined(detail, f"the reset answered the first request after {idle_ms / 1000:.1f} s idle")
+            f.end = End(reason, by, detail, idle_ms, now)
             if self.ctx.settings.tcp_info:
                 f.tcp_client_close = self.client.tcp_info()
                 f.tcp_broker_close = self.broker.tcp_info()

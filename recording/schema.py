@@ -168,7 +168,7 @@ CONNECTION_COLUMNS: list[Column] = [
     Column("end_reason", pa.string(), "", "client_fin | broker_fin | client_rst | broker_rst | upstream_connect_failed | proxy_shutdown | idle_timeout | protocol_error | fault | edit_stopped | open"),
     Column("end_by", pa.string(), "", "client | broker | proxy | none (still open)"),
     Column("end_detail", pa.string(), "", "errno text or fault description; whether the end came during the proxy's shutdown drain, or the shutdown closed a half-open rest"),
-    Column("idle_before_end_ms", pa.int64(), "ms", "time since the last byte either way when the connection ended"),
+    Column("idle_before_end_ms", pa.int64(), "ms", "time since the last byte either way when the connection ended; for a reset from the broker's side that answered the first request after a pause of 1 s or more, that pause"),
     Column("unanswered", pa.int32(), "", "requests without a response at the end"),
     Column("last_api", pa.string(), "", "API of the last request before the end (when the broker closed with acks=0 Produces pipelined, the largest of those it had not answered past, sent within 1 s of the last: the one it most likely refused; so for the four last_request columns)"),
     Column("last_request_bytes", pa.int32(), "bytes", "size of the last request before the end"),

@@ -8,13 +8,22 @@ from collections import defaultdict
 from analytics.findings.base import Finding, Tables, human_s, rule, score, ts
 
 MIN_IDLE_MS = 1000
+SIDES = {"client": "the client's side (between the client and the proxy, or the client itself)",
+         "broker": "the broker's side (between the proxy and the broker)"}
 
 
 @rule("idle_resets_not_from_broker")
 def idle_resets_not_from_broker(t: Tables) -> list[Finding]:
     """RSTs the broker did not send, after the connection sat idle: an idle-timeout middlebox
-    (firewall, NAT, load balancer) or the client's own timer. Kafka's idle close is a FIN."""
-    rows = [r for r in t.get("resets", []) if r.get("end_by") != "broker" and (r.get("idle_before_end_ms") or 0) >= MIN_IDLE_MS]
+    (firewall, NAT, load balancer) or the client's own timer. Kafka's idle close is a FIN.
+
+    A reset from the broker's side counts too: after an idle period it comes from whatever sits between
+    the proxy and the broker (a conntrack/NAT entry expired answers the first request after the pause
+    with a reset; the proxy records that pause as the idle time), not from Kafka. Excluding them hid
+    incident 2 whenever the proxy ran on the client's side of the firewall.
+    """
+    rows = [r for r in t.get("resets", []) if (r.get("idle_before_end_ms") or 0) >= MIN_IDLE_MS
+            and (r.get("end_by") != "broker" or r.get("end_reason") == "broker_rst")]
     if not rows:
         return []
     idles = sorted(r["idle_before_end_ms"] for r in rows)
@@ -26,13 +35,14 @@ def idle_resets_not_from_broker(t: Tables) -> list[Finding]:
         by_client[r.get("client_id") or "?"] += 1
     recon = {r["client_id"]: r.get("reconnects_per_min") for r in t.get("reconnects_by_client", []) if r.get("client_id") in by_client}
     who = sorted({r.get("end_by") or "none" for r in rows})
+    where = " and ".join(SIDES.get(w, f"the {w} side") for w in who)
     timer = f" — the idle times cluster tightly around {human_s(med / 1000)}, the signature of an idle timer" if clustered else ""
     sev = "critical" if len(rows) >= 3 else "warning"
     return [Finding(
         id="idle_resets_not_from_broker", incident=2, severity=sev,
         title=f"{len(rows)} connection(s) reset after ~{human_s(med / 1000)} idle, not sent by the broker",
-        summary=(f"{len(rows)} connection(s) of {len(by_client)} client(s) ended with a TCP reset sent by the {'/'.join(who)} side, "
-                 f"not the broker, after {human_s(idles[0] / 1000)}–{human_s(idles[-1] / 1000)} of idle (median {human_s(med / 1000)}){timer}. "
+        summary=(f"{len(rows)} connection(s) of {len(by_client)} client(s) ended with a TCP reset from {where}, "
+                 f"not sent by Kafka, after {human_s(idles[0] / 1000)}–{human_s(idles[-1] / 1000)} of idle (median {human_s(med / 1000)}){timer}. "
                  "Look for a firewall/NAT/load-balancer idle timeout between client and broker shorter than the clients' idle periods; "
                  "lower connections.max.idle.ms or enable TCP keepalive below that timeout."),
         evidence={"resets": len(rows), "median_idle_ms": med, "min_idle_ms": idles[0], "max_idle_ms": idles[-1],

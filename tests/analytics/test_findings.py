@@ -82,9 +82,12 @@ def test_idle_resets_not_from_broker() -> None:
     f = pos[0]
     assert "not sent by the broker" in f.title and "5.0 min" in f.title and f.evidence["idle_clustered"] is True
     assert f.evidence["reconnects_per_min"] == {"billing": 0.2}
-    # resets the broker sent, or resets on busy connections, are not this diagnosis
-    neg = [reset("b1", 300_000, end_by="broker", reason="broker_rst"), reset("busy", 5)]
-    assert idle_resets_not_from_broker({"resets": neg}) == []
+    # resets on busy connections are not this diagnosis
+    assert idle_resets_not_from_broker({"resets": [reset("busy", 5), reset("b0", 5, end_by="broker", reason="broker_rst")]}) == []
+    # a reset from the broker's side after a pause is a middlebox between the proxy and the broker, not Kafka (a FIN)
+    far = [reset(f"b{i}", 4_500, end_by="broker", reason="broker_rst") for i in range(3)]
+    (f,) = idle_resets_not_from_broker({"resets": far})
+    assert f.evidence["end_by"] == ["broker"] and "the broker's side (between the proxy and the broker)" in f.summary
 
 
 def test_reconnect_storm() -> None:

@@ -674,3 +674,28 @@ def test_every_byte_relayed_after_observation_fell_behind_is_counted_as_skipped(
     f = obs.facts
     assert f.skipped_bytes == skipped_then + 3 * len(chunk)
     assert 0 <= fed - f.skipped_bytes - f.requests * len(_req(0)) < len(_req(0))  # every byte decoded or skipped
+
+
+def test_a_reset_answering_the_first_request_after_a_pause_records_the_pause_as_the_idle_time(sink) -> None:
+    """Incident 2 with the idle-timeout firewall between the proxy and the broker: its expired conntrack entry
+    answers the first request after the pause with a reset. The end was "broker reset the connection with 1
+    request(s) unanswered: broker restart, crash…", idle 0 ms: the pause is what explains it."""
+    from proxy_upstreams import rst_close
+
+    def middlebox(s: socket.socket) -> None:
+        s.recv(65536)  # the request after the pause: answered with a reset, as an expired conntrack entry is
+        rst_close(s)
+
+    with OneShotServer(middlebox) as up, RunningProxy(upstream=f"127.0.0.1:{up.port}", sink=sink) as p:
+        c = socket.create_connection(p.listen_addr)
+        assert _wait(lambda: any(conn.facts.upstream_connect_us is not None for conn in list(p.server.conns)))
+        time.sleep(1.3)  # the pause itself is what is under test
+        c.sendall(_req(1))
+        up.join()
+        sink.wait_for(lambda s: any(r["final"] for r in s.connections))
+        c.close()
+    (row,) = sink.finals()
+    assert (row["end_reason"], row["end_by"], row["unanswered"]) == ("broker_rst", "broker", 1)
+    assert 1_300 <= row["idle_before_end_ms"] < 5_000
+    assert "the reset answered the first request after 1." in row["end_detail"]
+    assert row["inferred_cause"].startswith("reset after 1.") and "not sent by the broker" in row["inferred_cause"]
