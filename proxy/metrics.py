@@ -345,6 +345,10 @@ class LiveStats:
         if c.client_addr is None:  # created from a TCP sample, which carries no addresses
             c.client_addr = row.get("client_addr")
             c.broker_addr = row.get("broker_addr")
+        # the relay's own byte counts: a connection never decoded (--no-decode, TLS passed through, opaque) has no
+        # request rows to add them up from, and showed 0 B however much it carried
+        c.bytes_in = max(c.bytes_in, row.get("bytes_from_client") or 0)
+        c.bytes_out = max(c.bytes_out, row.get("bytes_from_broker") or 0)
         if row.get("client_software_name"):
             c.software = row["client_software_name"]
             c.software_version = row.get("client_software_version")

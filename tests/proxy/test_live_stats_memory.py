@@ -49,3 +49,17 @@ def test_clients_name_topic_ids_learned_after_the_row_left() -> None:
     learned[tid] = "orders"
     (client,) = stats.clients_json()["clients"]
     assert client["topics"] == ["orders"]
+
+
+def test_clients_show_the_bytes_of_connections_never_decoded() -> None:
+    """--no-decode, TLS passed through, opaque streams: no request rows, so /clients and `top` showed 0 B for a
+    connection that carried 200 kB. The connection rows' own counts are the floor."""
+    stats = LiveStats("p")
+    stats.connection({"conn_id": "c1", "client_addr": "127.0.0.1:5000", "broker_addr": "127.0.0.1:9092",
+                      "final": False, "opaque": True, "bytes_from_client": 200_003, "bytes_from_broker": 7})
+    (client,) = stats.clients_json()["clients"]
+    assert (client["bytes_from_client"], client["bytes_from_broker"]) == (200_003, 7)
+    stats.request({"conn_id": "c1", "api_name": "Produce", "api_key": 0, "status": "ok", "latency_us": 1,
+                   "errors": [], "request_bytes": 10, "response_bytes": 5})
+    (client,) = stats.clients_json()["clients"]
+    assert (client["bytes_from_client"], client["bytes_from_broker"]) == (200_013, 12)  # rows add on top
