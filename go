@@ -3,6 +3,7 @@
 # (Debian packages, a project virtualenv, the Kafka jars), then runs the demo,
 # the tests or a benchmark. Idempotent: a second run installs nothing.
 set -euo pipefail
+CALLER_DIR=$PWD  # `./go kafkatap ARGS` reads and writes paths relative to where it was called from
 cd "$(dirname "$(readlink -f "$0")")"
 
 VENV=.venv
@@ -81,7 +82,7 @@ case "$cmd" in
   quick-test) system_packages; python_env; exec "$VENV/bin/python" -m pytest -m "not kafka and not netns and not spark" "$@" ;;
   bench)      setup; name=${1:?bench NAME}; shift; exec "$VENV/bin/python" "bench/$name.py" "$@" ;;
   setup)      setup ;;
-  kafkatap)   python_env; exec "$VENV/bin/kafkatap" "$@" ;;
+  kafkatap)   python_env; cli="$PWD/$VENV/bin/kafkatap"; cd "$CALLER_DIR"; exec "$cli" "$@" ;;
   ""|-h|--help|help) usage ;;
   *) echo "unknown command: $cmd" >&2; usage >&2; exit 2 ;;
 esac

@@ -1026,3 +1026,13 @@ def test_every_command_s_help_shows_it_run() -> None:
 
     walk(cli, ["kafkatap"])
     assert not missing, missing
+
+
+def test_go_kafkatap_reads_relative_paths_from_where_it_was_called(tmp_path: Path) -> None:
+    """The README prefixes commands with `./go kafkatap`; it ran them from the checkout, so `rec/` in the
+    operator's directory "did not exist" (and `--record rec/` recorded into the clone)."""
+    (tmp_path / "rec").mkdir()
+    got = subprocess.run([str(ROOT / "go"), "kafkatap", "analyze", "rec", "--out", "out"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert got.returncode != 0 and "does not exist" not in got.stderr, got.stderr
+    assert "rec" in got.stderr  # refused for what the directory holds: the operator's own rec/ was found
