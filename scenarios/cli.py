@@ -231,6 +231,32 @@ def _workdir() -> Path:
     return cache_root() / "local-broker"
 
 
+def _claim_start() -> None:
+    """Be the only `kafka up` of this cache until this command ends, or refuse naming the one that is.
+
+    Why: the state file that says a broker runs is written once it serves, and every start empties the
+    shared work dir first; two runs at once deleted each other's storage, and both failed after up to
+    90 s with causes that blamed a data dir nobody gave or a slow machine.
+    """
+    import fcntl
+
+    path = cache_root() / "local-kafka.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = path.open("a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "?"
+        lock.close()
+        raise click.ClickException(f"another `kafkatap kafka up` (pid {holder}) is starting a broker in "
+                                   f"{cache_root()}; wait for it, then `kafkatap kafka status`") from None
+    lock.truncate(0)
+    lock.write(str(os.getpid()))
+    lock.flush()
+    click.get_current_context().call_on_close(lock.close)  # closing the file releases the lock
+
+
 def _read_state() -> dict[str, Any] | None:
     p = _state_path()
     if not p.exists():
@@ -321,6 +347,7 @@ def kafka_up(kafka_version: str, old_version: str | None, port: int | None, prop
         click.echo("kafkatap kafka up: --version is deprecated; use --kafka-version (as every other command)", err=True)
     version = old_version or kafka_version
 
+    _claim_start()
     state = _read_state()
     if state and _alive(state["pid"], state.get("config")):
         raise click.ClickException(f"a local broker is already running at {state['bootstrap']} (pid {state['pid']}); "

@@ -18,6 +18,30 @@ from harness.kafka import brokers_registered
 pytestmark = pytest.mark.kafka
 
 
+def test_a_second_up_while_one_is_starting_is_refused_at_once(tmp_path, monkeypatch) -> None:
+    """Two `kafka up` at once emptied each other's work dir: both failed after up to 90 s, blaming a --data-dir
+    nobody gave or a slow machine. The second now refuses at once, naming the first."""
+    import fcntl
+
+    from harness.jars import cache_root
+
+    monkeypatch.setattr(scli, "_state_path", lambda: tmp_path / "state.json")
+    monkeypatch.setattr(scli, "_workdir", lambda: tmp_path / "broker")
+    (tmp_path / "broker").mkdir()
+    (tmp_path / "broker" / "theirs").write_text("the first run's storage")
+    with (cache_root() / "local-kafka.lock").open("a+") as held:  # a `kafka up` in progress
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.truncate(0)
+        held.write("4242")
+        held.flush()
+        t0 = time.monotonic()
+        res = CliRunner().invoke(cli, ["kafka", "up"])
+        assert res.exit_code == 1 and "another `kafkatap kafka up` (pid 4242) is starting" in res.output, res.output
+        assert time.monotonic() - t0 < 10 and (tmp_path / "broker" / "theirs").exists()  # nothing of theirs touched
+    res = CliRunner().invoke(cli, ["kafka", "up", "--prop", "nonsense"])  # released: the next run gets past the lock
+    assert res.exit_code == 2 and "KEY=VALUE" in res.output, res.output
+
+
 def test_up_status_down(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(scli, "_state_path", lambda: tmp_path / "state.json")
     monkeypatch.setattr(scli, "_workdir", lambda: tmp_path / "broker")
