@@ -39,6 +39,7 @@ from proxy.balance import Balancer, BalanceSpec, WorkerMail
 from proxy.broker_news import BrokerNews
 from proxy.mailboxes import Mailboxes, MailSpec
 from proxy.listener import raise_nofile_limit
+from proxy.loop_guard import SiblingSpec, SiblingUpstreams
 from proxy.server import DEFAULT_MARK, MarkUnavailable, ProxyServer, Route, parse_hostport, probe_mark
 from proxy.sinks import build_sinks, default_proxy_id
 from proxy.status import parse_addr as parse_status_addr
@@ -56,6 +57,7 @@ WORKER_OF = "--worker-of"  # hidden: the parent's pid; the worker stops when it 
 WORKER_LAUNCH = "--worker-launch"  # hidden: the parent's start, epoch ns; each worker records it (`launch` row, runs/)
 WORKER_BALANCE = "--worker-balance"  # hidden: proxy.balance.BalanceSpec, the worker's share of connection passing
 WORKER_BROKERS = "--worker-brokers"  # hidden: proxy.mailboxes.MailSpec, the worker's share of the broker news
+WORKER_LOOP_GUARD = "--worker-loop-guard"  # hidden: proxy.loop_guard.SiblingSpec, the workers' shared upstream sockets
 WORKER_FIRST = "--worker-first"  # hidden: worker 1, which says once what every worker would say alike (bootstrap hint)
 
 
@@ -240,6 +242,7 @@ Examples:
 @click.option(WORKER_LAUNCH, "worker_launch", type=int, default=None, hidden=True)
 @click.option(WORKER_BALANCE, "worker_balance", default=None, hidden=True)
 @click.option(WORKER_BROKERS, "worker_brokers", default=None, hidden=True)
+@click.option(WORKER_LOOP_GUARD, "worker_loop_guard", default=None, hidden=True)
 @click.option(WORKER_FIRST, "worker_first", is_flag=True, default=False, hidden=True)
 @click.pass_context
 def proxy(ctx: click.Context, listens: tuple[str, ...], upstreams: tuple[str, ...], route_specs: tuple[str, ...],
@@ -311,6 +314,7 @@ def proxy(ctx: click.Context, listens: tuple[str, ...], upstreams: tuple[str, ..
     ready_fd, parent, launched_ns = rec.pop("worker_ready_fd"), rec.pop("worker_of"), rec.pop("worker_launch")
     balance, balance_spec, news_spec = rec.pop("balance"), rec.pop("worker_balance"), rec.pop("worker_brokers")
     worker_first = rec.pop("worker_first")
+    loop_spec = rec.pop("worker_loop_guard")
     if ready_fd is None and rec.get("status_addr"):  # before the recorder or any worker starts: one line, exit 2
         problem = bind_problem(*parse_status_addr(str(rec["status_addr"])))
         if problem:
@@ -339,9 +343,18 @@ def proxy(ctx: click.Context, listens: tuple[str, ...], upstreams: tuple[str, ..
                          cluster=_cluster_mode(cluster, routes[0].listen, news_spec),
                          tls_server=tls.server, upstream_tls=tls.upstream,
                          balancer=Balancer(BalanceSpec.parse(balance_spec)) if balance_spec else None,
+                         loop_siblings=_loop_siblings(loop_spec),
                          launch=(launched_ns, parent) if launched_ns is not None and parent is not None else None,
                          bootstrap_hint=ready_fd is None or worker_first))  # N workers: one line per listener, not N
     sys.exit(code)
+
+
+def _loop_siblings(spec: str | None) -> SiblingUpstreams | None:
+    """A worker's view of every worker's upstream sockets (proxy.loop_guard); None in a single process."""
+    if spec is None:
+        return None
+    parsed = SiblingSpec.parse(spec)
+    return SiblingUpstreams(parsed.fd, parsed.count, parsed.index)
 
 
 def _cluster_mode(cluster: ClusterSetup, listen: tuple[str, int], news_spec: str | None) -> ClusterMode | None:
@@ -461,7 +474,7 @@ def _run_workers(ctx: click.Context, workers: int, routes: list[Route], mark: in
     # options the parent decides for each worker, given below instead of the user's
     replaced = {"listens", "upstreams", "route_specs", "transparent", "mark", "proxy_id", "status_addr", "workers",
                 "worker_ready_fd", "worker_of", "worker_launch", "balance", "worker_balance", "worker_brokers",
-                "worker_first"}
+                "worker_first", "worker_loop_guard"}
     common = [sys.executable, "-m", "kafkatap.cli", "--log-format", str(root.get("log_format") or "auto"),
               "--log-level", str(root.get("log_level") or "info"), "proxy", *_options_argv(ctx, replaced)]
     for route in resolved:
@@ -471,6 +484,7 @@ def _run_workers(ctx: click.Context, workers: int, routes: list[Route], mark: in
 
     mail = WorkerMail(workers) if balanced else None
     news = Mailboxes(workers) if cluster_mode else None  # proxy.broker_news: every worker learns what one learns
+    siblings = SiblingUpstreams.create(workers)  # proxy.loop_guard: a loop is caught whichever worker a hop reaches
     launched_ns = time.time_ns()  # before any worker starts: every worker's run starts after its launch
 
     def argv(w: Worker, ready_fd: int) -> list[str]:
@@ -480,6 +494,7 @@ def _run_workers(ctx: click.Context, workers: int, routes: list[Route], mark: in
             own += [WORKER_BALANCE, mail.spec(w.index - 1).render()]
         if news is not None:
             own += [WORKER_BROKERS, news.spec(w.index - 1).render()]
+        own += [WORKER_LOOP_GUARD, SiblingSpec(w.index - 1, siblings.fd, workers).render()]
         if w.index == 1:
             own.append(WORKER_FIRST)
         return [*common, *own, *(["--status-addr", "127.0.0.1:0"] if status_addr else [])]
@@ -488,7 +503,7 @@ def _run_workers(ctx: click.Context, workers: int, routes: list[Route], mark: in
              listen=[format_addr(r.listen) for r in resolved], balance="connections" if balanced else "kernel",
              **_retention_fields(rec))
     pool = WorkerPool(workers, proxy_id, argv, status_addr=str(status_addr) if status_addr else None,
-                      shutdown_timeout=shutdown_timeout, mail=mail, news=news)
+                      shutdown_timeout=shutdown_timeout, mail=mail, news=news, loop_siblings=siblings)
     try:
         return uvloop.run(pool.run())
     finally:
@@ -498,6 +513,7 @@ def _run_workers(ctx: click.Context, workers: int, routes: list[Route], mark: in
             mail.close()
         if news is not None:
             news.close()
+        siblings.close()
 
 
 def _options_argv(ctx: click.Context, skip: set[str]) -> list[str]:

@@ -85,7 +85,13 @@ from proxy.flow import (
 )
 from proxy.inference import inferred_cause
 from proxy.intercept import ConnInfo, FrameEditor, chain
-from proxy.loop_guard import LOOP_DETAIL, SELF_LOOP_DETAIL
+from proxy.loop_guard import LOOP_DETAIL, SELF_LOOP_DETAIL, RedirectLooped
+
+# A client whose target another worker is connecting to waits for that worker's note (proxy.loop_guard), a step at a
+# time (uvloop's timers count whole milliseconds: a shorter step fires at once, and 40 of them passed before the
+# other worker, kept off both cores, ran again), at most SETTLE_WAITS steps; then it is served as before.
+SETTLE_STEP_S = 0.001
+SETTLE_WAITS = 50
 from proxy.marks import set_mark
 from proxy.observer import ObserveScheduler, Observer
 from proxy.tls import handshake_hangup, hung_up_in_handshake
@@ -228,6 +234,25 @@ class Connection:
                 self._connect_failed(f"no original destination (not redirected?): {exc.strerror or exc}")
                 return
             f.original_dst = format_addr(dst)
+            self._place(transport, peer, dst, 0)
+        else:
+            self._place(transport, peer, transport.get_extra_info("sockname"), 0)
+
+    def _place(self, transport: asyncio.Transport, peer: Any, target: Any, waits: int) -> None:
+        """Refuse the client if it is one of the proxy's own upstream sockets (proxy.loop_guard), else connect it.
+
+        `target`: the original destination (transparent) or the listener's address (explicit, cluster). While
+        another worker is between its connect to `target` and the note of that socket (microseconds; longer only
+        when the kernel ran this process first), the decision waits for that note, at most SETTLE_WAITS turns.
+        """
+        ctx, f = self.ctx, self.facts
+        if f.end is not None or self.client.closed:  # the client left meanwhile
+            return
+        if waits < SETTLE_WAITS and ctx.loop_guard.sibling_connecting(target):
+            ctx.loop.call_later(SETTLE_STEP_S, self._place, transport, peer, target, waits + 1)
+            return
+        if self.upstream is None:
+            dst = target
             origin = ctx.loop_guard.owner_of(peer, dst)
             if origin is not None:  # this client is our own connection to a broker, redirected back (proxy.loop_guard)
                 detail = LOOP_DETAIL.format(broker=origin.facts.broker_addr)
@@ -235,17 +260,29 @@ class Connection:
                 origin.redirect_looped(detail)
                 self._connect_failed(detail)
                 return
+            if ctx.loop_guard.sibling_of(peer, dst):  # another worker's connection to a broker: it is told too
+                f.broker_addr = f.original_dst
+                self._connect_failed(LOOP_DETAIL.format(broker=f.original_dst))
+                return
             if ctx.hub.is_own_listener(dst):
-                self._connect_failed(f"original destination {f.original_dst} is this proxy's listener (redirect loop)")
+                # conntrack answers SO_ORIGINAL_DST for any connection it tracks once nat rules exist: a client that
+                # dialled this port gets the port itself back. A loop cannot end here (our own upstream sockets
+                # are caught above, and an upstream to this listener is refused at start), so it is a direct dial.
+                self._connect_failed(f"not redirected: the client connected to this proxy's port ({f.original_dst}) "
+                                     "directly; in transparent mode clients use the brokers' addresses and iptables "
+                                     "redirects them to the proxy")
                 return
             self.upstream = dst
             f.broker_addr = f.original_dst
         else:
-            origin = ctx.loop_guard.owner_of(peer, transport.get_extra_info("sockname"))
+            origin = ctx.loop_guard.owner_of(peer, target)
             if origin is not None:  # our own connection to the upstream: the upstream is this listener (proxy.loop_guard)
                 detail = SELF_LOOP_DETAIL.format(upstream=origin.facts.broker_addr)
                 origin.redirect_looped(detail)
                 self._connect_failed(detail)
+                return
+            if ctx.loop_guard.sibling_of(peer, target):  # another worker's connection to its upstream: it is told too
+                self._connect_failed(SELF_LOOP_DETAIL.format(upstream=format_addr(target)))
                 return
         if ctx.interceptors:
             self._install_editor(transport)
@@ -263,6 +300,9 @@ class Connection:
         t0 = self.now()
         try:
             bt = await self._open_upstream(host, port)
+        except RedirectLooped:  # a sibling worker accepted our connect and refused it as a loop (proxy.loop_guard)
+            self.redirect_looped(self._loop_detail())
+            return
         except (asyncio.TimeoutError, TimeoutError):
             self._connect_failed(f"timeout: no answer from {host}:{port} within {ctx.settings.connect_timeout:g} s")
             return
@@ -366,6 +406,9 @@ class Connection:
                 # its own address known before the SYN can come back: a connect that reaches this proxy is a loop
                 self._upstream_key = await asyncio.wait_for(ctx.loop_guard.connect(loop, sock, sockaddr, self), left)
                 return sock
+            except RedirectLooped:  # a loop, not a bad address: the next address would loop the same way
+                sock.close()
+                raise
             except (OSError, asyncio.TimeoutError) as exc:
                 sock.close()
                 error = exc
@@ -386,6 +429,13 @@ class Connection:
         if self.facts.end is not None and self.facts.end.reason == "client_rst":
             reset_socket(sock)
         sock.close()
+
+    def _loop_detail(self) -> str:
+        """Why our upstream came back to us: a redirect (transparent) or an upstream that is our own listener."""
+        f = self.facts
+        if f.original_dst is not None:
+            return LOOP_DETAIL.format(broker=f.broker_addr)
+        return SELF_LOOP_DETAIL.format(upstream=f.broker_addr)
 
     def redirect_looped(self, detail: str) -> None:
         """Our upstream connection came back to our own listener (`proxy.loop_guard`): end with why, not as a reset."""
@@ -651,6 +701,10 @@ class Connection:
         """`peer`'s transport closed: FIN or RST, mirrored to the other side."""
         peer.closed = True
         self._cancel_connect()
+        if peer is self.broker and self.facts.end is None and self.ctx.loop_guard.caught_by_sibling(self._upstream_key):
+            # a sibling worker accepted our upstream connection and refused it as a loop: say so, not "broker reset"
+            self._set_end("upstream_connect_failed", "proxy", self._loop_detail())
+            self.ctx.hub.connect_failed(self, self._loop_detail())
         toward = self.requests if peer is self.client else self.responses  # the flow into the other peer
         other = toward.dst
         if exc is not None:

@@ -136,13 +136,17 @@ class Acceptor:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket,
                  factory: Callable[[], asyncio.Protocol], failed: Callable[[str], None],
-                 ssl: Any = None, balancer: Any = None) -> None:
+                 ssl: Any = None, balancer: Any = None,
+                 keep_here: Callable[[socket.socket], bool] | None = None) -> None:
         self.loop = loop
         self.sock = sock
         self.name = _sockname(sock) or ""  # "HOST:PORT": every worker's listener of this address has this name
         self.ssl = ssl  # an ssl.SSLContext: terminate the clients' TLS here (proxy.tls); None: plain TCP
         # proxy.balance.Balancer (--workers N): may give a just-accepted connection to a less loaded worker
         self.balancer = balancer
+        # with a balancer: whether a just-accepted connection must be served here, never passed on (one of the
+        # workers' own upstream sockets come back, which this worker refuses at once: proxy.loop_guard)
+        self.keep_here = keep_here
         self.factory = factory
         self.failed = failed
         self.ceiling = fd_ceiling()
@@ -180,7 +184,8 @@ class Acceptor:
                     continue  # the client gave up before we accepted: nothing to do
                 self._fail("error", f"accept failed: {exc}", backoff=True)
                 return
-            if self.balancer is not None and self.balancer.pass_on(conn, self.name):
+            if (self.balancer is not None and not (self.keep_here is not None and self.keep_here(conn))
+                    and self.balancer.pass_on(conn, self.name)):
                 continue  # another worker serves it (nothing was read from it)
             self.adopt(conn)
 

@@ -19,8 +19,9 @@ SOL_IPV6 = getattr(socket, "SOL_IPV6", 41)
 def original_dst(sock: socket.socket) -> tuple[str, int]:
     """Return (host, port) the client originally connected to.
 
-    Raises OSError (ENOENT) when the connection was not redirected by
-    netfilter — for example a client that dialled the proxy port directly.
+    Raises OSError (ENOENT) when conntrack has no entry for the connection (no nat rules loaded). Once nat
+    rules exist, conntrack tracks every connection, so a client that dialled the proxy's port directly gets
+    that port back as its "original" destination: the caller tells the two apart (`proxy.connection`).
     """
     if sock.family == socket.AF_INET6:
         raw = sock.getsockopt(SOL_IPV6, IP6T_SO_ORIGINAL_DST, 28)

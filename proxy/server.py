@@ -43,6 +43,7 @@ from proxy.context import Addr, ConnectionContext, RelaySettings, format_addr
 from proxy.faults import NO_FAULTS, Faults
 from proxy.listener import Acceptor, bind_listener
 from proxy.log_limits import ConnectFailureLog
+from proxy.loop_guard import RedirectLoopGuard
 from proxy.marks import set_mark
 from proxy.observer import hurry_deadline
 from proxy.sinks import GuardedSink, NullSink, RecordSink, default_proxy_id
@@ -127,6 +128,7 @@ class ProxyServer:
         upstream_tls: Any = None,
         fronted_by: Sequence[tuple[str, int]] = (),
         balancer: Any = None,
+        loop_siblings: Any = None,
         bypass_check: bool = True,
         launch: tuple[int, int] | None = None,
         bootstrap_hint: bool = True,
@@ -161,6 +163,8 @@ class ProxyServer:
         self.tls_server = tls_server  # ssl.SSLContext: every listener terminates the clients' TLS (proxy.tls)
         self.upstream_tls = upstream_tls  # proxy.tls.UpstreamTls: brokers are reached over TLS
         self.balancer = balancer  # proxy.balance.Balancer: one of --workers N, passing connections to the least loaded
+        # proxy.loop_guard.SiblingUpstreams: one of --workers N, whose upstream sockets the other workers know
+        self.loop_guard = RedirectLoopGuard(loop_siblings)
         self.launch = launch  # a worker of --workers N: (its parent's start, epoch ns; the parent's pid), see _record_run
         self.bypass: BypassSink | None = None  # plain explicit mode: counts responses that send clients around us
         if cluster is not None:
@@ -212,7 +216,7 @@ class ProxyServer:
                                       hub=self, stream_factory=self.stream_factory,
                                       original_dst=self.original_dst, rng=self.rng, topics=self.topics,
                                       interceptors=self.interceptors, upstream_tls=self.upstream_tls,
-                                      cluster_mode=self.cluster is not None)
+                                      cluster_mode=self.cluster is not None, loop_guard=self.loop_guard)
         # Bound first (a broker's port may follow the listen port), listening only once discovery is done: a broker
         # that can get no listener stops the start before a client connected, and a restarted worker of --workers N
         # is handed no connection by the kernel (SO_REUSEPORT) while it cannot accept one.
@@ -285,7 +289,7 @@ class ProxyServer:
             def factory(up: Addr | None = up, listener: str | None = listener) -> asyncio.Protocol:
                 return Connection(self._ctx, listener, up).client_protocol  # type: ignore[arg-type]
 
-            self._accept(sock, factory)
+            self._accept(sock, factory, transparent=up is None)
             log.info("listening", listener=listener,
                      upstream=format_addr(up) if up else "original destination (transparent)")
             if up is not None and self.bypass_check and self.bootstrap_hint and sock is socks[0]:
@@ -360,13 +364,29 @@ class ProxyServer:
             acceptor.close()
         return addr[0], addr[1]
 
-    def _accept(self, sock: socket.socket, factory: Callable[[], asyncio.Protocol]) -> Acceptor:
+    def _accept(self, sock: socket.socket, factory: Callable[[], asyncio.Protocol], transparent: bool = False) -> Acceptor:
         """Start accepting on a bound listener (proxy.listener: EMFILE is seen, logged, counted)."""
+        keep: Callable[[socket.socket], bool] | None = None
+        if self.balancer is not None:  # a looped hop is refused where it landed: passing it on would only delay that
+            keep = self._looped_hop_transparent if transparent else self._looped_hop_explicit
         acceptor = Acceptor(self.loop, sock, factory, self._accept_failed, ssl=self.tls_server,
-                            balancer=self.balancer)
+                            balancer=self.balancer, keep_here=keep)
         acceptor.start()
         self._acceptors[acceptor.name] = acceptor
         return acceptor
+
+    def _looped_hop_transparent(self, conn: socket.socket) -> bool:
+        """Whether a just-accepted connection is one of the workers' own upstream sockets (proxy.loop_guard)."""
+        try:
+            return self.loop_guard.is_upstream(conn.getpeername(), self.original_dst(conn))
+        except OSError:  # not redirected, or already reset: the connection's own set-up says what it is
+            return False
+
+    def _looped_hop_explicit(self, conn: socket.socket) -> bool:
+        try:
+            return self.loop_guard.is_upstream(conn.getpeername(), conn.getsockname())
+        except OSError:
+            return False
 
     def adopt(self, listener: str, sock: socket.socket) -> bool:
         """Serve a connection another worker accepted on its listener `listener` (proxy.balance).

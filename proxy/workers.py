@@ -62,6 +62,7 @@ from proxy.balance import WorkerMail
 from proxy.bypass import ONCE_DIR_ENV
 from proxy.context import format_addr
 from proxy.listener import bind_named
+from proxy.loop_guard import SiblingUpstreams
 from proxy.mailboxes import Mailboxes
 from proxy.metrics import CARRIED_KINDS, merge_clients, merge_prometheus, parse_exposition, sample_line
 from proxy.server import Route
@@ -168,9 +169,10 @@ class WorkerPool:
 
     def __init__(self, count: int, proxy_id: str, argv: Callable[[Worker, int], list[str]], *,
                  status_addr: str | None = None, shutdown_timeout: float = 10.0, mail: WorkerMail | None = None,
-                 news: Mailboxes | None = None) -> None:
+                 news: Mailboxes | None = None, loop_siblings: SiblingUpstreams | None = None) -> None:
         self.mail = mail  # proxy.balance: the workers pass connections to the least loaded one (None: kernel only)
         self.news = news  # proxy.broker_news: cluster mode's workers tell each other of new and moved brokers
+        self.loop_siblings = loop_siblings  # proxy.loop_guard: every worker's upstream sockets, in shared memory
         self.workers = [Worker(i, worker_proxy_id(proxy_id, i)) for i in range(1, count + 1)]
         self.proxy_id = proxy_id
         self.argv = argv
@@ -228,6 +230,8 @@ class WorkerPool:
         try:
             env = {**os.environ, ONCE_DIR_ENV: self._once_dir} if self._once_dir else None
             shared = tuple(fd for boxes in (self.mail, self.news) if boxes is not None for fd in boxes.fds(w.index - 1))
+            if self.loop_siblings is not None:
+                shared += (self.loop_siblings.fd,)
             # a session (and process group) of its own: a terminal's Ctrl-C reaches this parent only, which stops
             # the workers (a worker still starting once took it for itself, and the proxy exited 2 as if it could
             # not start)
@@ -287,6 +291,8 @@ class WorkerPool:
         rc = w.process.returncode
         if self.mail is not None:
             self.mail.down(w.index - 1)
+        if self.loop_siblings is not None:  # its sockets died with it: their entries must not outlive them
+            self.loop_siblings.drop_worker(w.index - 1)
         how = f"signal {signal.Signals(-rc).name}" if rc is not None and rc < 0 else f"exit code {rc}"
         w.ready = False
         now = time.monotonic()
