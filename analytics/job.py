@@ -136,7 +136,7 @@ def table_plan(i: Inputs, bucket_s: int, window: tuple[int | None, int | None] =
         "connection_ends": lambda: connections.connection_ends(outages.with_outage_causes(i.conns, i.outages), *window),
         "resets": lambda: connections.resets(i.conns, since_ns=window[0], until_ns=window[1]),
         "reconnects_by_client": lambda: connections.reconnects_by_client(i.conns, since_ns=window[0], until_ns=window[1],
-                                                                         spans=i.spans),
+                                                                         spans=i.spans, rollup=i.rollup),
         "broker_closes": lambda: connections.broker_closes(outages.with_outage_causes(i.conns, i.outages), since_ns=window[0],
                                                            until_ns=window[1]),
         "broker_outages": lambda: i.outages if i.outages is not None else empty_table(i.conns, outages.OUTAGE_COLUMNS),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from analytics.findings.base import Finding, Tables, human_bytes, rule, score, ts
+from analytics.transforms.outages import CLOSED_BEFORE_S
 
 CAUSE = "batch larger than message.max.bytes (RecordBatchTooLarge)"
 TOO_LARGE = ("MESSAGE_TOO_LARGE", "RECORD_LIST_TOO_LARGE")
@@ -14,14 +15,60 @@ TOO_LARGE = ("MESSAGE_TOO_LARGE", "RECORD_LIST_TOO_LARGE")
 # inference does. A broker that closes an acks=0 producer's connection after minutes of quiet is its
 # connections.max.idle.ms, not a rejected batch.
 RIGHT_AFTER_MS = 5000
+# A broker stopping closes every connection it holds within milliseconds; one rejecting a batch closes only the
+# producer that sent it. Closes on one broker this close together, some of them of connections incident 1 cannot
+# explain (their last request no acks=0 Produce), are the broker going away, not a rejected batch.
+SHUTDOWN_BURST_S = 1.0
+_NS = 1_000_000_000
+
+
+def _after_acks0_produce(r: dict) -> bool:
+    """The close came right after an acks=0 Produce: the shape of a RecordBatchTooLarge hang-up."""
+    idle = r.get("idle_before_end_ms")
+    return (r.get("last_api") == "Produce" and r.get("last_request_acks") == 0
+            and (idle is None or idle <= RIGHT_AFTER_MS))
+
+
+def _in_outage(r: dict, outages: list[dict]) -> bool:
+    """The close lines up with an outage of its broker, as `broker_outages` counts its closes (CLOSED_BEFORE_S before
+    the first refused connect to the last): the broker was stopping or crashing, whatever the last request was."""
+    at = r.get("closed_ns")
+    return at is not None and any(
+        o.get("broker_addr") == r.get("broker_addr") and o.get("first_ns") is not None and o.get("last_ns") is not None
+        and o["first_ns"] - CLOSED_BEFORE_S * _NS <= at <= o["last_ns"] for o in outages)
+
+
+def _in_shutdown_burst(r: dict, closes: list[dict]) -> bool:
+    """Within SHUTDOWN_BURST_S of this close the same broker also closed a connection incident 1 does not explain.
+
+    Why not any burst: several producers of one application can send oversize batches at once and be rejected
+    within the same second; a broker going away closes everyone's connections, consumers', admin clients' and
+    acks=1 producers' too. This catches a shutdown that no refused connect followed (the recording ended first).
+    """
+    at = r.get("closed_ns")
+    if at is None:
+        return False
+    return any(o is not r and o.get("broker_addr") == r.get("broker_addr") and o.get("closed_ns") is not None
+               and abs(o["closed_ns"] - at) <= SHUTDOWN_BURST_S * _NS and not _after_acks0_produce(o) for o in closes)
+
+
+def rejected_batch_closes(t: Tables) -> list[dict]:
+    """The broker's closes that look like a rejected acks=0 batch and are not part of the broker going away.
+
+    A broker stopping hangs up on a steady acks=0 producer right after its last Produce as well: without this, a
+    restart read as a critical RecordBatchTooLarge beside the `broker_unreachable` finding that told the restart.
+    """
+    closes, outages = t.get("broker_closes", []), t.get("broker_outages", [])
+    return [r for r in closes if _after_acks0_produce(r) and not _in_outage(r, outages)
+            and not _in_shutdown_burst(r, closes)]
 
 
 @rule("broker_closed_after_acks0_produce")
 def broker_closed_after_acks0_produce(t: Tables) -> list[Finding]:
     """Broker ended the connection and the last request was an acks=0 Produce: with no
-    response to carry the error, closing is how the broker says RecordBatchTooLarge."""
-    rows = [r for r in t.get("broker_closes", []) if r.get("last_api") == "Produce" and r.get("last_request_acks") == 0
-            and (r.get("idle_before_end_ms") is None or r["idle_before_end_ms"] <= RIGHT_AFTER_MS)]
+    response to carry the error, closing is how the broker says RecordBatchTooLarge.
+    Closes that are part of the broker going away (`rejected_batch_closes`) are not counted."""
+    rows = rejected_batch_closes(t)
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for r in rows:
         topic = ", ".join(r.get("last_request_topics") or []) or "?"

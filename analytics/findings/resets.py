@@ -60,12 +60,28 @@ MAX_MEDIAN_LIFETIME_S = 600.0
 MIN_RATE_PER_MIN = 0.1
 
 
+# What a replacement of a connection that was never closed means: said in the finding, since it is the evidence.
+HALF_OPEN_WORDS = ("the client opened a new connection while its previous one to that broker, quiet since, was never "
+                   "closed (no FIN or RST ever reached the proxy), the signature of a middlebox between client and proxy "
+                   "(a conntrack firewall, NAT) that drops idle connections' state silently")
+
+
+def _mostly_half_open(r: dict) -> bool:
+    """Most of the client's reconnects replaced connections left half-open.
+
+    Why it waives the lifetime test: connections nobody closes live on at the proxy until it stops, so their
+    median lifetime is the recording's length, however fast the client replaces them.
+    """
+    return 2 * (r.get("half_open_reconnects") or 0) >= (r.get("reconnects") or 0) > 0
+
+
 @rule("reconnect_storm")
 def reconnect_storm(t: Tables) -> list[Finding]:
     """Clients that keep opening short-lived connections (every send pays a handshake): one finding, worst client first.
 
     Counted in reconnects (`reconnects_by_client`: a connection to a broker after an earlier one to it had
-    ended, past the client's first seconds, and not by the proxy's own shutdown), not connections: a client that starts up opens one per broker
+    ended, past the client's first seconds, and not by the proxy's own shutdown, or while the previous one was
+    left half-open), not connections: a client that starts up opens one per broker
     plus its bootstrap and coordinator ones within seconds, and over a span that short any count of
     connections is a high rate. MIN_RECONNECTS is more than one broker's restart makes a client replace
     (its connection to that broker, and the bootstrap and coordinator ones where they went there too).
@@ -76,7 +92,8 @@ def reconnect_storm(t: Tables) -> list[Finding]:
         n = r.get("reconnects") or 0
         life = r.get("median_lifetime_s")
         rate = r.get("reconnects_per_min") or 0
-        if n >= MIN_RECONNECTS and life is not None and life <= MAX_MEDIAN_LIFETIME_S and rate >= MIN_RATE_PER_MIN:
+        short_lived = life is not None and life <= MAX_MEDIAN_LIFETIME_S
+        if n >= MIN_RECONNECTS and (short_lived or _mostly_half_open(r)) and rate >= MIN_RATE_PER_MIN:
             storm.append(r)
     if not storm:
         return []
@@ -87,6 +104,7 @@ def reconnect_storm(t: Tables) -> list[Finding]:
     again = sum(r["reconnects"] for r in storm)
     resets = sum(r.get("resets_not_by_broker") or 0 for r in storm)
     broker = sum(r.get("closed_by_broker") or 0 for r in storm)
+    half_open = sum(r.get("half_open_reconnects") or 0 for r in storm)
     ends = []
     if resets:
         ends.append(f"{resets} reset(s) not sent by the broker")
@@ -98,13 +116,17 @@ def reconnect_storm(t: Tables) -> list[Finding]:
         title=f"{len(storm)} client(s) reconnect constantly: {worst['client_id']} {worst['reconnects_per_min']:.2f}×/min, "
               f"median connection life {human_s(worst.get('median_lifetime_s'))}",
         summary=(f"{len(storm)} client(s) opened {total} short-lived connections, "
-                 f"{again} of them replacing an ended one to the same broker: {names}"
+                 f"{again - half_open} of them replacing an ended one to the same broker"
+                 + (f", {half_open} replacing one left half-open: {HALF_OPEN_WORDS}" if half_open else "")
+                 + f": {names}"
                  + (f"{'…' if len(storm) > 5 else ''}. Ends of these clients' connections: {', '.join(ends)}" if ends else "")
                  + ". Every reconnect pays a TCP "
                  "handshake, ApiVersions and Metadata before the next send."),
-        evidence={"clients": len(storm), "connections": total, "reconnects": again, "resets_not_by_broker": resets,
+        evidence={"clients": len(storm), "connections": total, "reconnects": again, "half_open_reconnects": half_open,
+                  "resets_not_by_broker": resets,
                   "closed_by_broker": broker},
-        examples=[{k: r.get(k) for k in ("client_id", "client_host", "connections", "reconnects", "reconnects_per_min",
+        examples=[{k: r.get(k) for k in ("client_id", "client_host", "connections", "reconnects", "half_open_reconnects",
+                                         "reconnects_per_min",
                                          "max_opens_per_interval", "resets", "resets_not_by_broker", "closed_by_broker",
                                          "median_idle_before_end_ms", "median_lifetime_s")}
                   for r in storm[:10]],

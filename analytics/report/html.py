@@ -482,7 +482,7 @@ WINDOW_NOTES: dict[str, str] = {
     "tcp_rtt_by_peer": TCP_WINDOW_NOTE,
     "window_ceiling": TCP_WINDOW_NOTE + " Average: a connection's bytes over its lifetime when all of it lies inside "
                       "the window, else the bytes its socket's samples inside it saw acknowledged over its time inside it; "
-                      "peak: responses to requests sent inside it.",
+                      "peak: the socket's TCP_INFO samples inside it (and, on the broker side, responses to requests sent inside it).",
     "compare_ends": "Window (--since/--until): each side as at the end of its own window, so the ends compared are those "
                     "inside it; a connection that ended after it is open by none there.",
     # the drill-down: the section listing the pages, and each page (connection_page)

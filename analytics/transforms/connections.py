@@ -207,8 +207,43 @@ def resets(conns: DataFrame, limit: int = 5000, since_ns: int | None = None, unt
 STARTUP_S = 5  # a client's first moments: the connections it opens to get going, never reconnects
 
 
+def last_active(rollup: DataFrame | None) -> tuple[DataFrame | None, Column]:
+    """Per connection, when it last carried anything: its last byte (end less idle time) or its last request.
+
+    Why both: a connection the proxy still held at the end (or ended only by its own shutdown) says its last byte
+    in `idle_before_end_ms`; one still open at the recording's end says nothing, and the request rollup's last
+    request (`last_ns`) is all there is. Returns the per-connection last requests to join (None without a rollup)
+    and the column that reads both after the join.
+    """
+    byte = F.when(F.col("closed_ns").isNotNull() & F.col("idle_before_end_ms").isNotNull(),
+                  F.col("closed_ns") - F.col("idle_before_end_ms") * 1_000_000)
+    if rollup is None:
+        return None, byte
+    last = rollup.groupBy("proxy_id", "conn_id").agg(F.max("last_ns").alias("_last_request_ns"))
+    return last, F.greatest(byte, F.col("_last_request_ns"))
+
+
+def left_half_open(since_ns: int | None) -> Column:
+    """This connection replaced the client's previous one to the broker, which is still open but went quiet first.
+
+    Why: a firewall with connection tracking on the client's side drops an idle connection's state silently, so the
+    client's next request goes nowhere, it gives up and connects anew, and neither its FIN nor its RST reaches the
+    proxy: the old connection never ends (until the proxy stops), and no reconnect followed an ended one. A healthy
+    client that holds two connections to one broker (a consumer's fetch and group-coordinator ones, an admin
+    client) keeps using the older one, so it is not quiet when the newer opens. Only the previous connection by
+    open time is compared (a window function, no self-join of a client's connections): in a storm of half-open
+    replacements each one's previous is the last one left. Reads `_last_active` (`last_active`).
+    """
+    w = Window.partitionBy("client_id", "client_host", "broker_addr").orderBy("opened_ns", "conn_id")
+    prev_closed, prev_quiet = F.lag("closed_ns").over(w), F.lag("_last_active").over(w)
+    still_open = prev_closed.isNull() | (prev_closed > F.col("opened_ns"))
+    has_prev = F.lag("opened_ns").over(w).isNotNull()
+    return has_prev & still_open & (prev_quiet < F.col("opened_ns")) & opened_inside(since_ns)
+
+
 def reconnects_by_client(conns: DataFrame, bucket_s: int = 60, since_ns: int | None = None,
-                         until_ns: int | None = None, spans: Sequence[RunSpan] | None = None) -> DataFrame:
+                         until_ns: int | None = None, spans: Sequence[RunSpan] | None = None,
+                         rollup: DataFrame | None = None) -> DataFrame:
     """Per client (client_id + host): connections opened, reconnects and their rate, resets and the worst minute.
 
     A reconnect is a connection the client opened to a broker after one of its earlier connections to
@@ -246,14 +281,26 @@ def reconnects_by_client(conns: DataFrame, bucket_s: int = 60, since_ns: int | N
     client's first connection the window sees. Without the window, one connection open all week made
     a storm inside a one-hour window a rate per minute of the week, and the reconnect_storm finding missed it.
     `spans`: the proxy runs' spans (`stretches.collect_spans` of these connections) when the caller has them.
+
+    A reconnect is also a connection opened (past STARTUP_S) while the client's previous one to that broker was
+    still open but had gone quiet before it (`left_half_open`; quiet by its last byte or, with `rollup`, its last
+    request): with a conntrack firewall on the client's side the proxy's old connections never end, and by ended
+    connections alone a client that opened ten to one broker had no reconnect. `half_open_reconnects` counts
+    those; the `reconnect_storm` finding says the old connections were left half-open.
     """
     c = with_client(as_at_window_end(conns, since_ns, until_ns)).where(reached_broker())  # failed connects: docstring
+    last_requests, active = last_active(rollup)
+    if last_requests is not None:
+        c = c.join(last_requests, ["proxy_id", "conn_id"], "left")
+    c = c.withColumn("_last_active", active)
     first_open = F.min("opened_ns").over(Window.partitionBy("client_id", "client_host"))
     ended = F.when(~F.col("end_reason").isin(*PROXY_RUN_ENDS), F.col("closed_ns"))  # not the proxy stopping (docstring)
     first_end_to_broker = F.min(ended).over(Window.partitionBy("client_id", "client_host", "broker_addr"))
     # the earliest end to the broker is before this open: some earlier connection had ended (its own end is later)
     # (under a window it follows an end the window sees, so it opened inside the window: no condition of its own)
-    reconnect = (F.col("opened_ns") > first_end_to_broker) & (F.col("opened_ns") > first_open + STARTUP_S * 1_000_000_000)
+    past_startup = F.col("opened_ns") > first_open + STARTUP_S * 1_000_000_000
+    half_open = F.coalesce(left_half_open(since_ns) & past_startup, F.lit(False))
+    reconnect = ((F.col("opened_ns") > first_end_to_broker) & past_startup) | half_open
 
     def opens() -> Column:
         """Connections opened (inside the window): a filter inside the aggregations, no pass of its own."""
@@ -262,9 +309,11 @@ def reconnects_by_client(conns: DataFrame, bucket_s: int = 60, since_ns: int | N
     per_min = c.groupBy("client_id", "client_host", time_bucket_index("opened_ns", bucket_s).alias("m")).agg(
         opens().alias("n")
     ).groupBy("client_id", "client_host").agg(F.max("n").alias("max_opens_per_interval"))
-    agg = c.withColumn("reconnect", F.coalesce(reconnect, F.lit(False))).groupBy("client_id", "client_host").agg(
+    agg = c.withColumn("reconnect", F.coalesce(reconnect, F.lit(False))).withColumn("half_open", half_open).groupBy(
+        "client_id", "client_host").agg(
         opens().alias("connections"),
         F.sum(F.col("reconnect").cast("int")).alias("reconnects"),
+        F.sum(F.col("half_open").cast("int")).alias("half_open_reconnects"),
         F.min("opened_ns").alias("first_ns"),
         F.max(F.coalesce("closed_ns", "snapshot_ns", "opened_ns")).alias("last_ns"),
         F.sum(F.when(F.col("end_reason").isin(*RESET_REASONS), 1).otherwise(0)).alias("resets"),
@@ -279,7 +328,7 @@ def reconnects_by_client(conns: DataFrame, bucket_s: int = 60, since_ns: int | N
     # at least a minute: a client seen for seconds is not said to reconnect hundreds of times a minute (README)
     minutes = F.greatest(F.col("recorded_ns") / 6e10, F.lit(1.0))
     return agg.join(per_min, ["client_id", "client_host"]).select(
-        "client_id", "client_host", "connections", "reconnects",
+        "client_id", "client_host", "connections", "reconnects", "half_open_reconnects",
         F.round(F.col("reconnects") / minutes, 3).alias("reconnects_per_min"),
         "max_opens_per_interval", "resets", "resets_not_by_broker", "closed_by_broker",
         "median_idle_before_end_ms", "median_lifetime_s", "brokers",

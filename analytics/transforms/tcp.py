@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from analytics.transforms.common import first_client_id
 from analytics.transforms.window import as_at_window_end, opened_inside, state_after, taken_inside
 from recording.request_terms import UNSCALED_WINDOW
+
+# Two TCP_INFO samples closer than this say nothing about a rate: acknowledgements arrive in bursts, so a window's worth
+# acknowledged within a millisecond read as many times the 64 KiB / RTT a socket can carry. Periodic samples are 10 s apart.
+MIN_SAMPLE_GAP_S = 1.0
+# A rate above the ceiling by more than this is no measurement of the capped socket (the RTT under load was not the one
+# sampled, or the rate is another leg's): its utilisation is left empty and the row flagged, never read as "at the cap".
+CEILING_SLACK = 0.1
 
 
 def tcp_sides(conns: DataFrame, tcp: DataFrame, since_ns: int | None = None, until_ns: int | None = None) -> DataFrame:
@@ -40,11 +47,12 @@ def tcp_sides(conns: DataFrame, tcp: DataFrame, since_ns: int | None = None, unt
             F.struct(F.lit("broker").alias("side"), F.col("tcp_broker_open").alias("o"), F.col("tcp_broker_close").alias("c")),
         )).alias("s"),
     )
-    samples = tcp.groupBy("proxy_id", "conn_id", "side").agg(
+    samples = tcp.withColumn("_rate", sampled_rate()).groupBy("proxy_id", "conn_id", "side").agg(
         F.min_by(F.struct("wscale_ok", "timestamps_ok", "sack_ok", "snd_wscale", "retrans_total", "bytes_acked"), "ts_ns").alias("first"),
         F.max("rtt_us").alias("s_rtt"),
         F.max("retrans_total").alias("s_retrans"),
         F.max("bytes_acked").alias("s_acked"),
+        F.max("_rate").alias("sampled_peak_bytes_per_s"),
     )
     j = base.select("*", F.col("s.side").alias("side")).join(samples, ["proxy_id", "conn_id", "side"], "left")
     at_open = F.col("_opened_in")  # the open's sample is inside the window (always, without since_ns)
@@ -69,8 +77,25 @@ def tcp_sides(conns: DataFrame, tcp: DataFrame, since_ns: int | None = None, unt
         retrans.alias("retrans_total"),
         sent.alias("bytes_sent"),
         F.round(duration_us / 1e6, 3).alias("duration_s"),
+        "sampled_peak_bytes_per_s",
     )
     return out.where(F.col("wscale_ok").isNotNull() | F.col("rtt_us").isNotNull())
+
+
+def sampled_rate() -> Column:
+    """Per TCP_INFO sample: bytes per second the socket moved since its previous sample (the busier direction).
+
+    Why the samples: they are the socket's own counters (`bytes_acked`: what the peer acknowledged of the proxy's
+    sends; `bytes_received`: what the peer sent), so the rate is that socket's, whichever leg of the relay was slower.
+    Both directions: without window scaling neither end can offer more than 64 KiB, so a producer's requests are
+    capped on the client socket as a consumer's responses are. Null for the first sample and for one less than
+    MIN_SAMPLE_GAP_S after the previous.
+    """
+    w = Window.partitionBy("proxy_id", "conn_id", "side").orderBy("ts_ns")
+    gap_s = (F.col("ts_ns") - F.lag("ts_ns").over(w)) / 1e9
+    moved = F.greatest(F.col("bytes_acked") - F.lag("bytes_acked").over(w),
+                       F.col("bytes_received") - F.lag("bytes_received").over(w))
+    return F.when(gap_s >= MIN_SAMPLE_GAP_S, moved / gap_s)
 
 
 def _us_before(since_ns: int | None) -> Column:
@@ -111,21 +136,31 @@ def tcp_rtt_by_peer(sides: DataFrame) -> DataFrame:
 def window_ceiling(sides: DataFrame, rollup: DataFrame, limit: int = 5000) -> DataFrame:
     """Every socket without window scaling: its 64 KiB / RTT ceiling next to what it moved.
 
-    `peak_bytes_per_s` is the best single large response (>= 64 KiB) on the
-    connection, from the request rollup — a transfer pinned at the ceiling is
-    the signature of incident 5.
+    `peak_bytes_per_s` is the best rate the socket's own TCP_INFO samples show (`sampled_rate`); on the broker
+    side also the best single large response (>= 64 KiB) the proxy read from the broker, from the request
+    rollup. Not on the client side: that rate is the broker socket's leg (how fast the proxy *read* the
+    response), and a client socket capped at 1.4 MB/s read 1.3 GiB/s there, "running at the cap". A transfer
+    pinned at the ceiling is the signature of incident 5.
+
+    `utilisation` is the better of average and peak over the ceiling, at most 1; a rate more than CEILING_SLACK
+    above the ceiling is not credible for a capped socket, so its utilisation is null and `above_ceiling` says so.
     """
     affected = sides.where(~F.col("wscale_ok"))
-    peak = rollup.groupBy("proxy_id", "conn_id").agg(F.max("peak_response_bytes_per_s").alias("peak_bytes_per_s"))
+    read = rollup.groupBy("proxy_id", "conn_id").agg(F.max("peak_response_bytes_per_s").alias("_read_peak"))
     ceiling = F.when(F.col("rtt_us") > 0, UNSCALED_WINDOW / (F.col("rtt_us") / 1e6))
     avg = F.when(F.col("duration_s") > 0, F.col("bytes_sent") / F.col("duration_s"))
-    out = affected.join(peak, ["proxy_id", "conn_id"], "left").select(
+    read_here = F.when(F.col("side") == "broker", F.col("_read_peak"))  # the response's read is the broker socket's
+    peak = F.greatest("sampled_peak_bytes_per_s", read_here)
+    ratio = F.greatest(avg, F.coalesce(peak, F.lit(0))) / ceiling
+    above = ratio > 1 + CEILING_SLACK
+    out = affected.join(read, ["proxy_id", "conn_id"], "left").select(
         "conn_id", "proxy_id", "side", "client_id", "client_addr", "broker_addr", "timestamps_ok", "sack_ok",
         F.round(F.col("rtt_us") / 1000, 2).alias("rtt_ms"),
         F.round(ceiling, 0).alias("ceiling_bytes_per_s"),
         F.round(avg, 0).alias("avg_bytes_per_s"),
-        F.round(F.col("peak_bytes_per_s"), 0).alias("peak_bytes_per_s"),
-        F.round(F.greatest(avg, F.coalesce(F.col("peak_bytes_per_s"), F.lit(0))) / ceiling, 3).alias("utilisation"),
+        F.round(peak, 0).alias("peak_bytes_per_s"),
+        F.when(~above, F.round(F.least(ratio, F.lit(1.0)), 3)).alias("utilisation"),
+        F.coalesce(above, F.lit(False)).alias("above_ceiling"),
         "bytes_sent", "duration_s", "retrans_total",
     )
     return out.orderBy(F.desc_nulls_last("utilisation")).limit(limit)

@@ -57,6 +57,26 @@ def test_an_acks0_producer_closed_after_minutes_of_quiet_is_no_rejected_batch() 
     assert [f.evidence["connections"] for f in broker_closed_after_acks0_produce({"broker_closes": [idle, soon]})] == [1]
 
 
+def test_a_broker_going_away_is_no_rejected_batch() -> None:
+    """A broker stopped under steady acks=0 and acks=1 producers closes all its connections within milliseconds, the
+    acks=0 producer's right after a Produce: once a critical RecordBatchTooLarge beside the broker_unreachable finding.
+    Neither a close inside the outage nor one of a burst with closes incident 1 cannot explain is a rejected batch;
+    several acks=0 producers rejected in the same second still are."""
+    at = 1_000 * 10**9
+    acks0 = close("steady-acks0", client_id="steady-acks0", last_request_bytes=322, idle_before_end_ms=40, closed_ns=at)
+    acks1 = close("steady-acks1", client_id="steady-acks1", last_request_acks=1, idle_before_end_ms=40, closed_ns=at + 2_000_000)
+    outage = {"broker_addr": "10.0.0.1:9092", "first_ns": at + 300_000_000, "last_ns": at + 20 * 10**9}
+    assert broker_closed_after_acks0_produce({"broker_closes": [acks0], "broker_outages": [outage]}) == []
+    assert broker_closed_after_acks0_produce({"broker_closes": [acks0, acks1]}) == []  # no refused connect recorded
+    elsewhere = dict(outage, broker_addr="10.0.0.2:9092")  # another broker's outage, another broker's close
+    other = dict(acks1, broker_addr="10.0.0.2:9092")
+    assert len(broker_closed_after_acks0_produce({"broker_closes": [acks0, other], "broker_outages": [elsewhere]})) == 1
+    later = dict(acks1, closed_ns=at + 3 * 10**9)  # the acks=1 producer's connection closed seconds later: no burst
+    assert len(broker_closed_after_acks0_produce({"broker_closes": [acks0, later]})) == 1
+    rejected = [close(f"batch-{i}", closed_ns=at + i * 100_000_000) for i in range(3)]  # three rejected in 0.2 s
+    assert [f.evidence["connections"] for f in broker_closed_after_acks0_produce({"broker_closes": rejected})] == [3]
+
+
 def err(name: str, api: str = "Produce", n: int = 3, **kw) -> dict:
     row = {"error_name": name, "api_name": api, "topic": "big", "client_id": "producer-1", "count": n, "first_seen": T,
            "example_conn_id": "c9", "max_request_bytes": 1_500_000, "acks": [1]}

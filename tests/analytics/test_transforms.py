@@ -9,6 +9,7 @@ from pyspark.sql import functions as F
 
 from analytics.findings.resets import idle_resets_not_from_broker, reconnect_storm
 from analytics.findings.surge import connection_surge
+from analytics.findings.tcp_window import window_scaling_off
 from analytics.job import summary
 from analytics.result import AnalysisResult
 from analytics.transforms import clients, compare, connections, drilldown, errors, latency, overview, produce_fetch, tcp
@@ -364,6 +365,35 @@ def test_reconnects_are_replaced_connections_not_a_clients_start(make_df) -> Non
 
 
 
+def test_replacing_connections_left_half_open_is_a_reconnect(make_df) -> None:
+    """Incident 2 with a conntrack firewall on the client's side, recorded on the broker's: it drops idle state silently,
+    so the client's old connections never end at the proxy (ended only by its shutdown, 2000 s in) while the client opens
+    one after another to the same broker. By ended connections alone that was no reconnect. Beside it, a consumer whose
+    group-coordinator connection opens 20 s after its fetch connection to the same broker, which it keeps using: none.
+    A connection still open at the recording's end is quiet by its last request (the rollup) when no end says so."""
+    stop = {"end_reason": "proxy_shutdown", "end_by": "proxy"}
+    cs = [conn(f"fw{i}", 30 * i, 2000, client="fw-app", idle_ms=int((2000 - (30 * i + 2)) * 1000), **stop,
+               client_addr=f"10.9.0.7:{4000 + i}") for i in range(10)]  # each quiet 2 s after it opened
+    cs += [conn("fetch", 0.2, 2000, client="shop-consumer", idle_ms=500, **stop, client_addr="10.9.0.8:5000"),
+           conn("coordinator", 20, 2000, client="shop-consumer", idle_ms=900, **stop, client_addr="10.9.0.8:5001")]
+    later = {"snapshot_ns": T0 + 2000 * S, "duration_us": 1_000_000_000, "idle_ms": None}
+    cs += [conn(f"live{i}", 100 * i, None, client="live-app", client_addr=f"10.9.0.9:{6000 + i}", **later) for i in range(6)]
+    rs = [req(f"live{i}", 1, t_s=100 * i + 1, client="live-app") for i in range(6)]
+    c = make_df("connections", cs)
+    plain = by(connections.reconnects_by_client(c).collect(), "client_id")  # no rollup: quiet only by an end's idle time
+    assert (plain["fw-app"]["connections"], plain["fw-app"]["reconnects"], plain["shop-consumer"]["reconnects"]) == (10, 9, 0)
+    assert plain["live-app"]["reconnects"] == 0  # never ended, no requests known: not known to have gone quiet
+    rc = by(connections.reconnects_by_client(c, rollup=request_rollup(prepare_requests(make_df("requests", rs)))).collect(),
+            "client_id")
+    assert (rc["fw-app"]["reconnects"], rc["fw-app"]["half_open_reconnects"]) == (9, 9)
+    assert (rc["shop-consumer"]["reconnects"], rc["shop-consumer"]["half_open_reconnects"]) == (0, 0)
+    assert (rc["live-app"]["reconnects"], rc["live-app"]["half_open_reconnects"]) == (5, 5)
+    storms = reconnect_storm({"reconnects_by_client": [rc["fw-app"], rc["shop-consumer"]]})
+    assert len(storms) == 1 and "fw-app" in storms[0].title and storms[0].evidence["half_open_reconnects"] == 9
+    assert "9 replacing one left half-open" in storms[0].summary and "never closed" in storms[0].summary, storms[0].summary
+    assert rc["fw-app"]["median_lifetime_s"] > 600  # the proxy held them till it stopped: no test of short lives applies
+
+
 def test_a_proxy_restart_is_no_reconnect_storm(make_df) -> None:
     """A consumer of a three-broker cluster (a connection per broker and one to its coordinator) recorded over three
     runs of a proxy, restarted every 200 s: each stop closes the four (proxy_shutdown) and the client opens them again
@@ -522,8 +552,48 @@ def test_tcp_window_ceiling(make_df, spark) -> None:
     assert len(wc) == 1 and wc[0]["conn_id"] == "slow" and wc[0]["side"] == "client"
     assert wc[0]["ceiling_bytes_per_s"] == pytest.approx(65535 / 0.18, rel=0.01)
     assert wc[0]["avg_bytes_per_s"] == pytest.approx(300_000, rel=0.01)
-    assert 0.9 < wc[0]["utilisation"] < 1.0 and wc[0]["retrans_total"] == 4
+    # the Fetch's read from the broker (345 kB/s) is the broker socket's leg, not this client socket's: the average it is
+    assert wc[0]["peak_bytes_per_s"] is None and wc[0]["utilisation"] == pytest.approx(300_000 / (65535 / 0.18), abs=0.001)
+    assert wc[0]["retrans_total"] == 4 and wc[0]["above_ceiling"] is False
     assert {x.peer for x in tcp.tcp_rtt_by_peer(sides).collect()} == {"10.1.0.5", "10.0.0.1:9092"}
+
+
+def test_window_ceiling_measures_the_capped_socket_not_the_other_leg(make_df) -> None:
+    """`scenario run no-window-scaling`: a client socket without window scaling, RTT 2.54 ms (ceiling 24.6 MiB/s), whose
+    responses the proxy read from the broker at 1.3 GiB/s while the client took them at 1.4 MB/s. The report said "moved
+    up to 1.3 GiB/s", utilisation 53, "1 running at the cap". The socket's own samples tell its rate; a client socket
+    pinned by its samples still is at the cap; a rate the cap cannot carry is flagged, never counted as at the cap."""
+    slow = {"wscale": False, "timestamps": False}
+    cs = [conn("natted", 0, 8, tcp_client_open=tcp_info(**slow, rtt_us=2540), tcp_broker_open=tcp_info(True, 50),
+               bytes_from_broker=11_200_000),
+          conn("pinned", 0, 30, tcp_client_open=tcp_info(**slow, rtt_us=180_000), tcp_broker_open=tcp_info(True, 50),
+               bytes_from_broker=6_000_000),
+          conn("odd", 0, 10, tcp_client_open=tcp_info(True, 50), tcp_broker_open=tcp_info(**slow, rtt_us=180_000),
+               bytes_from_client=1000)]
+    t = [_sample("natted", 0, "open", **slow, rtt_us=2540), _sample("natted", 4, "periodic", **slow, rtt_us=2540, bytes_acked=5_600_000),
+         _sample("natted", 8, "close", **slow, rtt_us=2540, bytes_acked=11_200_000),
+         _sample("natted", 8.001, "close", **slow, rtt_us=2540, bytes_acked=11_265_000),  # an ack burst: too close to count
+         _sample("pinned", 0, "open", **slow, rtt_us=180_000),
+         _sample("pinned", 10, "periodic", **slow, rtt_us=180_000, bytes_acked=3_500_000),  # 350 kB/s of 364 kB/s
+         _sample("pinned", 30, "close", **slow, rtt_us=180_000, bytes_acked=6_000_000)]
+    big = {"response_bytes": 1_400_000, "resp_first_ns": T0 + S, "resp_last_ns": T0 + S + 1_000_000}  # read in 1 ms
+    r = prepare_requests(make_df("requests", [req("natted", 1, "Fetch", t_s=1, **big), req("odd", 1, "Fetch", t_s=1, **big)]))
+    wc = by(tcp.window_ceiling(tcp.tcp_sides(make_df("connections", cs), make_df("tcp", t)), request_rollup(r)).collect(),
+            "conn_id")
+    natted = wc["natted"]
+    assert natted["peak_bytes_per_s"] == pytest.approx(1_400_000, rel=0.01), natted
+    assert natted["utilisation"] == pytest.approx(1_400_000 / (65535 / 0.00254), abs=0.002) and not natted["above_ceiling"]
+    assert wc["pinned"]["utilisation"] == pytest.approx(350_000 / (65535 / 0.18), abs=0.002)
+    odd = wc["odd"]  # the broker socket read 1.4 GB/s through a 364 kB/s cap: not credible
+    assert odd["side"] == "broker" and odd["above_ceiling"] is True and odd["utilisation"] is None
+    rows = sorted(wc.values(), key=lambda x: -(x["utilisation"] or -1))
+    (found,) = window_scaling_off({"window_ceiling": [x for x in rows if x["conn_id"] != "pinned"]})
+    assert "running at the cap" not in found.title and "GiB" not in found.summary, found.summary
+    assert "moved up to 1.3 MiB/s" in found.summary, found.summary
+    (found,) = window_scaling_off({"window_ceiling": rows})
+    assert "1 running at the cap" in found.title and found.evidence["at_ceiling"] == 1
+    (found,) = window_scaling_off({"window_ceiling": [odd]})
+    assert "not credible" in found.summary and "running at the cap" not in found.title, found.summary
 
 
 def _sample(conn_id: str, t_s: float, phase: str, **info) -> dict:
