@@ -299,7 +299,7 @@ def proxy(ctx: click.Context, listens: tuple[str, ...], upstreams: tuple[str, ..
     if no_mark and mark is not None:
         raise click.UsageError("--mark and --no-mark exclude each other")
     if rec.get("worker_ready_fd") is None:  # the user's command line (a worker is given every option spelled out)
-        _refuse_ignored_options(ctx, transparent, no_mark, no_tcp_info, rec)
+        _refuse_ignored_options(ctx, transparent, no_mark, no_tcp_info, rec, no_decode=no_decode, fronted_by=fronted_by)
     if transparent and mark is None and not no_mark:
         mark = DEFAULT_MARK
     if mark is not None:
@@ -539,10 +539,16 @@ def _options_argv(ctx: click.Context, skip: set[str]) -> list[str]:
 
 
 def _refuse_ignored_options(ctx: click.Context, transparent: bool, no_mark: bool, no_tcp_info: bool,
-                            rec: dict) -> None:
+                            rec: dict, *, no_decode: bool = False, fronted_by: tuple[str, ...] = ()) -> None:
     """Options that would be silently ignored in this combination: say so instead (usage error, exit 2)."""
     if rec.get("capture") not in (None, "none") and not rec.get("record"):
         raise click.UsageError("--capture keeps raw frames in the recording: it needs --record DIR")
+    if rec.get("capture") not in (None, "none") and no_decode:
+        raise click.UsageError("--capture keeps the frames the decoder finds, and --no-decode turns the decoder off: "
+                               "drop one of them")
+    if fronted_by and transparent:
+        raise click.UsageError("--fronted-by names addresses that are no bypass of this proxy, and --transparent "
+                               "makes no bypass check (clients keep the brokers' addresses): drop it")
     if rec.get("retain") is not None and not rec.get("record"):
         raise click.UsageError("--retain deletes old hours of a recording: it needs --record DIR")
     if no_mark and not transparent:

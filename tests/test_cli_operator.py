@@ -71,10 +71,20 @@ def test_out_of_range_ports_are_refused_not_wrapped(args: list[str], line: str) 
     (["--no-tcp-info", "--tcp-info-interval", "5"], "Error: --tcp-info-interval and --no-tcp-info exclude each other"),
     (["--workers", "1", "--balance", "kernel"],
      "Error: --balance shares connections between workers: it needs --workers 2 or more"),
+    (["--no-decode", "--capture", "all", "--record", "/nonexistent/rec"],  # nothing was captured, without a word
+     "Error: --capture keeps the frames the decoder finds, and --no-decode turns the decoder off: drop one of them"),
 ])
 def test_options_that_would_be_ignored_are_refused(extra: list[str], line: str) -> None:
     res = run("proxy", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:9092", *extra)
     assert res.returncode == 2 and error_line(res) == line
+
+
+def test_fronted_by_is_refused_where_no_bypass_is_checked() -> None:
+    """Transparent mode makes no bypass check: --fronted-by was accepted there and did nothing."""
+    res = run("proxy", "--transparent", "--listen", "127.0.0.1:0", "--fronted-by", "10.0.0.1:9092")
+    assert res.returncode == 2 and error_line(res) == (
+        "Error: --fronted-by names addresses that are no bypass of this proxy, and --transparent makes no bypass "
+        "check (clients keep the brokers' addresses): drop it")
 
 
 @pytest.mark.parametrize("args, line", [
