@@ -322,6 +322,8 @@ def proxy(ctx: click.Context, listens: tuple[str, ...], upstreams: tuple[str, ..
             sys.exit(2)
     if ready_fd is None and cluster.cluster is None and not transparent:  # the user's command, explicit mode: once
         probe_in_background(routes, connect_timeout)
+    if ready_fd is None and transparent:
+        _warn_specific_transparent_listeners(routes)
     if ready_fd is None and workers == 1 and ctx.get_parameter_source("balance") is ParameterSource.COMMANDLINE:
         raise click.UsageError("--balance shares connections between workers: it needs --workers 2 or more")
     if ready_fd is None and rec.get("record"):  # the user's command, once (not each worker): before any row is added
@@ -556,6 +558,23 @@ def _refuse_ignored_options(ctx: click.Context, transparent: bool, no_mark: bool
                                "connections out of a local REDIRECT rule)")
     if no_tcp_info and ctx.get_parameter_source("tcp_info_interval") is ParameterSource.COMMANDLINE:
         raise click.UsageError("--tcp-info-interval and --no-tcp-info exclude each other")
+
+
+def _warn_specific_transparent_listeners(routes: list[Route]) -> None:
+    """A transparent listener on one address misses what REDIRECT delivers elsewhere: say where it delivers.
+
+    Why: REDIRECT rewrites the destination to 127.0.0.1 / ::1 for this host's own clients (--mode local) and to
+    the incoming interface's primary address on a gateway (--mode gateway); a listener on another address left
+    every such client with "connection refused", and the proxy logged nothing but "listening".
+    """
+    for route in routes:
+        host = route.listen[0]
+        if route.upstream is None and host not in ("0.0.0.0", "::"):
+            log.warning(f"transparent listener on {format_addr(route.listen)}, not a wildcard address: iptables "
+                        "REDIRECT delivers to 127.0.0.1 and ::1 for this host's own clients (--mode local) and to the "
+                        "incoming interface's address on a gateway (--mode gateway); clients redirected to any other "
+                        "address are refused. Listen on 0.0.0.0 (the default) unless that is what you want",
+                        listen=format_addr(route.listen))
 
 
 def _retention_fields(rec: dict) -> dict[str, object]:

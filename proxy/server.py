@@ -20,6 +20,7 @@ off the event loop, after the last connection recorded its last row.
 from __future__ import annotations
 
 import asyncio
+import errno
 import itertools
 import os
 import random
@@ -274,6 +275,11 @@ class ProxyServer:
             try:
                 socks.append(bind_listener("::", socks[0].getsockname()[1], self.backlog, self.reuse_port, listen=False))
             except OSError as exc:  # a host without IPv6: the IPv4 listener still serves
+                if exc.errno == errno.EADDRINUSE:  # another process's: IPv6 clients redirected here would reach it
+                    twin = format_addr(("::", socks[0].getsockname()[1]))
+                    socks[0].close()
+                    raise OSError(exc.errno, f"{exc.strerror} (the IPv6 twin of a transparent 0.0.0.0 listener: "
+                                  "IPv6 clients redirected here would reach that other listener)", twin) from None
                 log.warning("transparent mode without an IPv6 listener", error=str(exc))
         self._listen_addrs.extend(sock.getsockname()[:2] for sock in socks)  # the routes' first, the brokers' after
         return socks

@@ -87,6 +87,30 @@ def default_workers() -> int:
     return usable_cores()
 
 
+def _reserve_v6_twin(port: int) -> list[socket.socket]:
+    """Hold [::]:PORT too, the IPv6 listener each worker adds beside a transparent 0.0.0.0 one (`ProxyServer._bind`).
+
+    Why here: the workers bind it with SO_REUSEPORT, which joins another process's SO_REUSEPORT listener there
+    without a word, and that process silently took a share of the IPv6 clients. A host without IPv6: nothing held.
+    """
+    err = bind_error("::", port)
+    if err is not None and err.errno == errno.EADDRINUSE:
+        raise OSError(errno.EADDRINUSE, f"{err.strerror} (the IPv6 twin of a transparent 0.0.0.0 listener: IPv6 "
+                      "clients redirected here would be shared with that other listener)", format_addr(("::", port)))
+    if err is not None or not socket.has_ipv6:
+        return []
+    sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(("::", port))
+    except OSError:
+        sock.close()
+        return []
+    return [sock]
+
+
 def reserve_ports(routes: Sequence[Route]) -> tuple[list[Route], list[socket.socket]]:
     """Bind every listen address with SO_REUSEPORT without listening: port 0 resolved, the port held.
 
@@ -115,6 +139,8 @@ def reserve_ports(routes: Sequence[Route]) -> tuple[list[Route], list[socket.soc
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             bind_named(sock, host, port)
             resolved.append(Route((host, sock.getsockname()[1]), route.upstream))
+            if route.upstream is None and host == "0.0.0.0" and not any(r.listen == ("::", port) for r in routes):
+                held.extend(_reserve_v6_twin(sock.getsockname()[1]))
     except BaseException:
         for sock in held:
             sock.close()

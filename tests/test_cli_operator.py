@@ -1046,3 +1046,15 @@ def test_go_kafkatap_reads_relative_paths_from_where_it_was_called(tmp_path: Pat
                          capture_output=True, text=True, timeout=120)
     assert got.returncode != 0 and "does not exist" not in got.stderr, got.stderr
     assert "rec" in got.stderr  # refused for what the directory holds: the operator's own rec/ was found
+
+
+def test_a_transparent_listener_on_one_address_says_where_redirect_delivers() -> None:
+    """REDIRECT delivers to 127.0.0.1/::1 (local) or the incoming interface's address (gateway): a transparent
+    listener on another address refused every redirected client while the proxy said only "listening"."""
+    events = _proxy_events_until(["--transparent", "--workers", "1", "--listen", "127.0.0.1:0"],
+                                 lambda seen: any(e.get("event") == "listening" for e in seen))
+    warned = [e for e in events if "not a wildcard address" in e.get("event", "")]
+    assert len(warned) == 1 and warned[0]["level"] == "warning" and "--mode gateway" in warned[0]["event"]
+    quiet = _proxy_events_until(["--transparent", "--workers", "1", "--listen", "0.0.0.0:0"],
+                                lambda seen: any(e.get("event") == "listening" for e in seen))
+    assert quiet and not [e for e in quiet if "not a wildcard address" in e.get("event", "")]

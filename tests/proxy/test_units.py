@@ -197,6 +197,35 @@ def test_workers_never_join_another_process_listening_with_so_reuseport() -> Non
         sock.close()
 
 
+def test_a_transparent_listeners_ipv6_twin_held_by_another_process_is_refused_at_start() -> None:
+    """A transparent 0.0.0.0 listener gets a [::] twin in each worker, bound with SO_REUSEPORT: another process's
+    SO_REUSEPORT listener on [::]:P was joined without a word and took a share of the IPv6 clients."""
+    import errno
+    import socket
+
+    from proxy.server import Route
+    from proxy.workers import reserve_ports
+
+    with socket.socket(socket.AF_INET6) as other:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        other.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        other.bind(("::", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        with pytest.raises(OSError) as refused:
+            reserve_ports([Route(("0.0.0.0", port), None)])
+        assert refused.value.errno == errno.EADDRINUSE and "IPv6 twin" in str(refused.value)
+        resolved, held = reserve_ports([Route(("0.0.0.0", port), ("127.0.0.1", 9))])  # explicit mode: no twin
+        for sock in held:
+            sock.close()
+    resolved, held = reserve_ports([Route(("0.0.0.0", 0), None)])
+    try:  # free: the twin is held beside the IPv4 port until the workers bind
+        assert [s.getsockname()[:2] for s in held] == [("0.0.0.0", resolved[0].listen[1]), ("::", resolved[0].listen[1])]
+    finally:
+        for sock in held:
+            sock.close()
+
+
 def test_workers_say_a_listen_address_not_on_this_host_as_the_kernel_does() -> None:
     """With `--workers N` (the default on a multi-core host) every bind failure used to be said as "address already
     in use ... a listener there would share its new connections": an address not on this host too."""
