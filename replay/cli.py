@@ -19,14 +19,20 @@ confirmation), 3 for a target that cannot be used (unreachable, credentials
 refused, a listener that hangs up on replay's own requests or does not answer
 them, and a replay whose failed requests none was answered: the target took the
 set-up, then served no session), 1 for a "no" at the prompt and, with
-`--strict`, for any failed request.
+`--strict`, for any failed or skipped request (a skip is a request not replayed
+either: a replay that skipped everything exited 0), 128 + the signal for Ctrl-C (130) and SIGTERM
+(143), as a shell reports them: a line saying how far it got and the partial
+summary, not click's bare "Aborted!" (exit 1, which a script read as a "no").
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import signal
 import socket
 import sys
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -36,6 +42,7 @@ from recording.existing import held_recording, inside, reuse_message
 from recording.cli_errors import OneLineError, a_number
 from recording.timespec import TIME, TIME_HELP, TimeSpec, cli_window
 from replay.load import Filters, Recording, ReplayLoadError, load_recording, parse_api, replay_start
+from replay.schedule import ReplayResult
 from replay.topics import parse_topic_map
 
 __all__ = ["replay", "format_plan", "same_address", "target_cluster_id", "read_cluster_id"]
@@ -156,9 +163,14 @@ def format_plan(rec: Recording, target: str, speed: float | None, topic_map: dic
     lines.append(f"  fetch        {'follow the target’s fetch sessions' if fetch_mode == 'track' else 'every fetch sessionless (full)'}")
     if rec.unmapped_topic_ids:
         lines.append(f"  topic ids    {len(rec.unmapped_topic_ids)} recorded topic id(s) cannot be mapped to a name: "
-                     "their requests will be skipped (record with --capture all to map them)")
+                     "their requests will be skipped (neither the recording's topics/ pairs nor its recorded Metadata "
+                     "answers name them: the clients named them only by id, and the proxy learned no name)")
     for reason, n in sorted(rec.skipped.items()):
         lines.append(f"  will skip    {n} request(s): {reason}")
+    if rec.producers_without_init:
+        lines.append(f"  will skip    {rec.producers_without_init} Produce request(s) with producer ids: no "
+                     "InitProducerId of their client is replayed (filtered out, or made before the recording), so "
+                     "the target gives them none (producer_id_unmapped; add --api InitProducerId to keep it)")
     lines.append(f"  recording    {record if record else 'off (add --record OUT to compare with analyze --compare)'}")
     return "\n".join(lines)
 
@@ -195,6 +207,38 @@ def _warn_if_reused(record: Path) -> None:
     held = held_recording(record)
     if held is not None:
         click.echo(f"kafkatap replay: warning: {reuse_message(record, held)}", err=True)
+
+
+class _Interrupted(KeyboardInterrupt):
+    """SIGTERM, raised where the command is, as Ctrl-C raises KeyboardInterrupt (`signum` says which)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM ends the command as Ctrl-C does: one line, the partial summary, 128 + the signal (143).
+
+    Why: killed by the default handler, a replay left no summary and a --record recording with open files.
+    While the replay runs, the engine handles SIGTERM on its loop instead (`replay.engine.run_replay`).
+    """
+    def raise_interrupt(signum: int, _frame: object) -> None:
+        raise _Interrupted(signum)
+
+    before = signal.signal(signal.SIGTERM, raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def interrupted_line(result: ReplayResult, total: int, signum: int, record: Path | None) -> str:
+    """The line an interrupted replay ends with, before its partial summary (`ReplayInterrupted`)."""
+    kept = f"; the replay's recording in {record} is closed and complete up to here" if record is not None else ""
+    return (f"kafkatap replay: interrupted ({signal.Signals(signum).name}): sent {result.sent}/{total} requests, "
+            f"{result.answered} answered, {result.failed} failed, {sum(result.skipped.values())} skipped{kept}")
 
 
 def _check_target(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -247,8 +291,9 @@ def _check_target(ctx: click.Context, param: click.Parameter, value: str) -> str
                    "request.timeout.ms) before the replay gives up on that connection, as a client would: its "
                    "unanswered requests and the ones after them fail, and it is closed.")
 @click.option("--strict", is_flag=True, envvar="KAFKATAP_REPLAY_STRICT",
-              help="Exit 1 when any request failed (unanswered, not sent). Without it a replay with failures exits 0, "
-                   "unless none of its requests was answered (exit 3).")
+              help="Exit 1 when any request was not replayed: failed (unanswered, not sent) or skipped (for any "
+                   "reason the summary lists, the plan's too). Answers that carry a Kafka error count as answered. "
+                   "Without it such a replay exits 0, unless none of its requests was answered (exit 3).")
 @click.option("--proxy-id", default="replay", show_default=True, help="proxy id written in the replay's recording.")
 def replay(recording: Path, target: str, speed: str, clients: tuple[str, ...], topics: tuple[str, ...],
            apis: tuple[str, ...], since: TimeSpec | None, until: TimeSpec | None, topic_map: tuple[str, ...], record: Path | None,
@@ -272,11 +317,29 @@ def replay(recording: Path, target: str, speed: str, clients: tuple[str, ...], t
       kafkatap replay rec/ --target staging:9094 --yes
 
     \b
-    Exit codes: 0 replayed (failures are in the summary); 1 "no" at the prompt, or a failed request
-    with --strict; 2 refused before anything was sent (usage, the same-cluster guard, no --yes);
-    3 the target cannot be used (unreachable, credentials refused, no answer), or no request answered.
+    Exit codes: 0 replayed (failures are in the summary); 1 "no" at the prompt, or with --strict a
+    failed or skipped request; 2 refused before anything was sent (usage, the same-cluster guard, no --yes);
+    3 the target cannot be used (unreachable, credentials refused, no answer), or no request answered;
+    130 interrupted (Ctrl-C), 143 terminated (SIGTERM): one line, the partial summary, and --record's
+    recording closed.
     """
-    from replay.engine import ReplayOptions, run_replay
+    try:
+        with _sigterm_as_interrupt():
+            _replay(recording, target, speed, clients, topics, apis, since, until, topic_map, record, fetch_mode,
+                    no_create_topics, sasl_plain, same_cluster, yes, pending_timeout, response_timeout, strict,
+                    proxy_id)
+    except KeyboardInterrupt as exc:  # before a request went out: the load, the guard, the plan, the prompt
+        signum = getattr(exc, "signum", signal.SIGINT)
+        click.echo(f"kafkatap replay: interrupted ({signal.Signals(signum).name}) before anything was sent", err=True)
+        sys.exit(128 + signum)
+
+
+def _replay(recording: Path, target: str, speed: str, clients: tuple[str, ...], topics: tuple[str, ...],
+           apis: tuple[str, ...], since: TimeSpec | None, until: TimeSpec | None, topic_map: tuple[str, ...], record: Path | None,
+           fetch_mode: str, no_create_topics: bool, sasl_plain: str | None, same_cluster: bool, yes: bool,
+           pending_timeout: float, response_timeout: float, strict: bool, proxy_id: str) -> None:
+    """The command's work (`replay`): refusals, the plan, the confirmation, the run, the summary."""
+    from replay.engine import ReplayInterrupted, ReplayOptions, run_replay
 
     try:
         spd: float | None = None if speed.strip().lower() == "max" else float(speed)
@@ -339,7 +402,11 @@ def replay(recording: Path, target: str, speed: str, clients: tuple[str, ...], t
         if not interactive:
             click.echo("kafkatap replay: not on a terminal: pass --yes to replay without confirmation", err=True)
             sys.exit(2)
-        if not click.confirm("Send these requests to the target?", default=False, err=True):
+        try:
+            confirmed = click.confirm("Send these requests to the target?", default=False, err=True)
+        except click.Abort:  # Ctrl-C (or end of input) at the prompt: click's own "Aborted!" and exit 1 said nothing
+            raise _Interrupted(signal.SIGINT) from None
+        if not confirmed:
             click.echo("aborted", err=True)
             sys.exit(1)
     if record is not None:  # before the set-up creates topics on the target: the recorder's error came after it
@@ -358,11 +425,15 @@ def replay(recording: Path, target: str, speed: str, clients: tuple[str, ...], t
     except OSError as exc:
         click.echo(f"kafkatap replay: {unreachable(target, exc)}", err=True)
         sys.exit(3)
+    except ReplayInterrupted as stop:
+        click.echo(interrupted_line(stop.result, stop.total, stop.signum, record), err=True)
+        click.echo(stop.result.summary())
+        sys.exit(128 + stop.signum)
     click.echo(result.summary())
     internal = sum(n for why, n in result.failures.items() if why.startswith("internal error"))  # replay's own fault
     if result.failed > internal and not result.answered and not result.no_response:
         click.echo(f"kafkatap replay: the target {target} answered none of the replayed requests ({result.failed} "
                    "failed): it took the set-up's requests, then served no session (see the reasons above)", err=True)
         sys.exit(3)
-    if strict and result.failed:
+    if strict and (result.failed or sum(result.skipped.values())):  # a skip is a request not replayed either
         sys.exit(1)

@@ -33,7 +33,7 @@ from replay.load import RecordedConnection, RecordedRequest
 from replay.messages import decode_response
 from replay.reauth import renewal_time, session_lifetime_ms
 from replay.rewrite import rewrite_request, sasl_plain_authenticate, sasl_plain_handshake
-from replay.schedule import LATE_AFTER_S, ReplaySchedule
+from replay.schedule import LATE_AFTER_S, NO_SOURCE_LEFT, ReplaySchedule
 from replay.state import ConnState, Pending, Send, Skip
 
 
@@ -41,6 +41,27 @@ __all__ = ["replay_connection", "GAVE_UP", "NO_ANSWER"]
 
 NO_ANSWER = "unanswered: no answer within --response-timeout"
 GAVE_UP = "not sent: replay gave up on the connection (an answer took longer than --response-timeout)"
+
+
+class Finished:
+    """Which of a connection's requests are finished (answered, failed or skipped), told to the schedule too.
+
+    Why the schedule must know: a Pending request on another connection waits only while a request that
+    could teach what it needs is unfinished (`ReplaySchedule.can_still_learn`).
+    """
+
+    def __init__(self, rp: ReplaySchedule, reqs: list[RecordedRequest]) -> None:
+        self._rp = rp
+        self._api_keys = [r.frame.api_key for r in reqs]
+        self._flags = [False] * len(reqs)
+
+    def __getitem__(self, pos: int) -> bool:
+        return self._flags[pos]
+
+    def __setitem__(self, pos: int, finished: bool) -> None:
+        if finished and not self._flags[pos]:
+            self._rp.unfinished[self._api_keys[pos]] -= 1
+        self._flags[pos] = finished
 
 
 def answer_allowance(reqs: list[RecordedRequest], positions: Any, response_timeout: float) -> float:
@@ -57,7 +78,7 @@ async def replay_connection(rp: ReplaySchedule, rc: RecordedConnection, host: st
     res = rp.result
     cs = ConnState(rc.client_id)
     reqs = rc.requests
-    done = [False] * len(reqs)  # answered, failed or skipped: what deps wait on
+    done = Finished(rp, reqs)  # answered, failed or skipped: what deps wait on
     first = reqs[0]
     if rp.opt.speed:
         await rp.sleep_until(rp.at(rc.opened_ns))
@@ -67,9 +88,10 @@ async def replay_connection(rp: ReplaySchedule, rc: RecordedConnection, host: st
         wire = await AsyncWireClient.connect(host, port, client_id=rc.client_id, timeout=None,
                                              connect_timeout=rp.opt.connect_timeout)
     except (OSError, asyncio.TimeoutError) as exc:
-        for r in reqs:
+        for pos, r in enumerate(reqs):
             res.failed += 1
             res.failures[f"connect_failed: {exc}"] += 1
+            done[pos] = True
             rp.dispatch(r.index)
         await rp.notify()
         return
@@ -88,7 +110,7 @@ async def replay_connection(rp: ReplaySchedule, rc: RecordedConnection, host: st
                     rp.state.note("response_unmatched")
                     continue
                 pos, sent = hit
-                learn_from_response(sent, data, rp.state, cs)
+                learn_from_response(sent, data, rp.state, cs, None if pos is None else reqs[pos].recorded_pid)
                 if pos is not None:  # None: an extra request of our own (member id negotiation)
                     res.answered += 1
                     done[pos] = True
@@ -182,12 +204,14 @@ async def replay_connection(rp: ReplaySchedule, rc: RecordedConnection, host: st
 
                 def settled(r: Any = r, got: list[Any] = got) -> bool:
                     got[0] = rewrite_request(r.frame, rp.state, cs)
-                    return not isinstance(got[0], Pending) or closed.is_set()
+                    return (not isinstance(got[0], Pending) or closed.is_set()
+                            or not rp.can_still_learn(got[0].reason, r.frame.api_key))
 
                 await rp.wait_for(settled, rp.opt.pending_timeout)
                 outcome = got[0]
                 if isinstance(outcome, Pending):
-                    outcome = Skip(outcome.reason)
+                    hopeless = not rp.can_still_learn(outcome.reason, r.frame.api_key)
+                    outcome = Skip(f"{outcome.reason}: {NO_SOURCE_LEFT}" if hopeless else outcome.reason)
             if isinstance(outcome, Skip):
                 res.skipped[outcome.reason] += 1
                 await rp.settle(done, pos, r.index)
@@ -266,10 +290,12 @@ async def replay_connection(rp: ReplaySchedule, rc: RecordedConnection, host: st
         if closed.is_set() and reqs and not writer.is_closing():
             res.closed_by_target.append(rc.conn_id)
     finally:
-        # whatever happened, this connection's requests must not hold up the global order (--speed max)
-        for r in reqs:
+        # whatever happened, this connection's requests must not hold up the global order (--speed max), nor
+        # keep another connection's Pending request waiting for an answer they will not get
+        for pos, r in enumerate(reqs):
             if not rp.dispatched[r.index]:
                 rp.dispatch(r.index)
+            done[pos] = True
         await rp.notify()
         writer.close()
         try:

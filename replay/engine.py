@@ -33,8 +33,12 @@ the first request is `replay.target`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from typing import TextIO
 
 import structlog
@@ -47,7 +51,23 @@ from replay.target import hostport, prepare_target
 
 log = structlog.get_logger("kafkatap.replay")
 
-__all__ = ["ReplayOptions", "ReplayResult", "Replayer", "run_replay", "replay_async", "prepare_target"]
+__all__ = ["ReplayOptions", "ReplayResult", "Replayer", "ReplayInterrupted", "run_replay", "replay_async",
+           "prepare_target"]
+
+
+class ReplayInterrupted(Exception):
+    """Ctrl-C or SIGTERM ended the replay: what it had done so far (`result`) and the signal's number.
+
+    Why an exception of its own: the CLI owes the operator the partial summary and a shell-style exit status
+    (128 + the signal), not click's bare "Aborted!"; the engine has already closed the connections and the
+    replay's own recording by the time it is raised.
+    """
+
+    def __init__(self, result: ReplayResult, signum: int, total: int) -> None:
+        super().__init__(f"interrupted by signal {signum}")
+        self.result = result
+        self.signum = signum
+        self.total = total  # requests the replay was to send
 
 
 # --------------------------------------------------------------------------- the replay
@@ -69,12 +89,12 @@ class Replayer(ReplaySchedule):
                     log.error("replay connection failed", conn_id=c.conn_id, error=f"{type(out).__name__}: {out}")
                     self.result.failures[f"internal error: {type(out).__name__}"] += 1
                     self.result.failed += 1  # counted in the totals too: the summary's failed are the lines below it
-        finally:
+        finally:  # also when interrupted: the partial summary shows what was learned and when it stopped
             if self._progress_task is not None:
                 self._progress_task.cancel()
                 self._print_progress(final=True)
-        self.result.notes = dict(self.state.notes)
-        self.result.finished_ns = time.time_ns()
+            self.result.notes = dict(self.state.notes)
+            self.result.finished_ns = time.time_ns()
         r = self.result
         log.info("replay finished", connections=r.connections, sent=r.sent, answered=r.answered, failed=r.failed,
                  skipped=dict(r.skipped), closed_by_target=len(r.closed_by_target), span_s=round(r.span_s, 3))
@@ -103,8 +123,12 @@ class Replayer(ReplaySchedule):
             self._print_progress()
 
 
-async def replay_async(recording: Recording, options: ReplayOptions) -> ReplayResult:
-    replayer = Replayer(recording, options)
+async def replay_async(recording: Recording, options: ReplayOptions, replayer: Replayer | None = None) -> ReplayResult:
+    """Set the target up, then replay (through a recording proxy with `record_dir`, which is closed whatever happens).
+
+    `replayer`: the caller's, so that it still holds the totals when the replay is cancelled (`run_replay`).
+    """
+    replayer = replayer or Replayer(recording, options)
     created = await prepare_target(options.target, recording, replayer.state, options.create_topics,
                                    options.connect_timeout, sasl_plain=options.sasl_plain)
     replayer.result.topics_created = created
@@ -136,9 +160,54 @@ async def replay_async(recording: Recording, options: ReplayOptions) -> ReplayRe
 
 
 def run_replay(recording: Recording, options: ReplayOptions) -> ReplayResult:
-    """Run a replay to completion on a fresh uvloop loop (the synchronous entry point)."""
+    """Run a replay to completion on a fresh uvloop loop (the synchronous entry point).
+
+    Ctrl-C (asyncio.Runner's own handling) and SIGTERM cancel the replay's task, so every connection and the
+    recording proxy close as they do at the end; then `ReplayInterrupted` carries the totals so far.
+    """
+    replayer = Replayer(recording, options)
+    received: list[int] = []
+
+    async def main() -> ReplayResult:
+        with _sigterm_cancels(asyncio.current_task(), received):
+            return await replay_async(recording, options, replayer)
+
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(replay_async(recording, options))
+        try:
+            return runner.run(main())
+        except KeyboardInterrupt:
+            raise ReplayInterrupted(replayer.result, signal.SIGINT, recording.requests) from None
+        except asyncio.CancelledError:
+            if not received:
+                raise
+            raise ReplayInterrupted(replayer.result, received[0], recording.requests) from None
+
+
+@contextlib.contextmanager
+def _sigterm_cancels(task: asyncio.Task | None, received: list[int]) -> Iterator[None]:
+    """While the replay runs, SIGTERM cancels `task` (noted in `received`) as asyncio.Runner does for Ctrl-C.
+
+    Why on the loop, not a Python handler raising: an exception raised wherever the main thread happens to be
+    can land inside the loop's own machinery; a cancelled task unwinds through every `finally` (connections
+    closed, the recording proxy stopped and its files complete). Only the main thread can own signal handlers:
+    elsewhere (a test's thread) SIGTERM keeps its own behaviour.
+    """
+    if task is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    loop = asyncio.get_running_loop()
+    before = signal.getsignal(signal.SIGTERM)
+
+    def on_sigterm() -> None:
+        received.append(signal.SIGTERM)
+        task.cancel()
+
+    loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
 
 
 def default_progress() -> TextIO:

@@ -17,8 +17,12 @@ from replay.state import ConnState, ReplayState
 __all__ = ["learn_from_response"]
 
 
-def learn_from_response(sent: RequestFrame, response: bytes | memoryview, state: ReplayState, conn: ConnState) -> list[str]:
+def learn_from_response(sent: RequestFrame, response: bytes | memoryview, state: ReplayState, conn: ConnState,
+                        recorded_pid: int | None = None) -> list[str]:
     """Update the mappings from one target response to a request we sent (as sent, rewritten).
+
+    `recorded_pid`: for an InitProducerId, the producer id the origin answered it with, when the
+    recording holds it: the target's answer then maps exactly that id (`ReplayState.target_producer`).
 
     Returns what was learned (for logs/tests). Never raises on a body it
     cannot decode: the mapping simply stays unknown and later requests skip.
@@ -42,7 +46,10 @@ def learn_from_response(sent: RequestFrame, response: bytes | memoryview, state:
                 if getattr(req, "transactional_id", None):
                     state.transactional[req.transactional_id] = target
                     # the recorded pid for this transactional id is unknown: the next unknown pid of this client binds
-                state.unclaimed_inits.setdefault(sent.client_id, []).append(target)
+                if recorded_pid is not None and recorded_pid >= 0:
+                    state.producers[recorded_pid] = target
+                else:
+                    state.unclaimed_inits.setdefault(sent.client_id, []).append(target)
                 learned.append(f"producer={target}")
         elif key == JOIN_GROUP:
             resp = decode_response(sent, response)

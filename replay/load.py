@@ -26,7 +26,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from protocol.apis import API_NAMES, DESCRIBE_CLUSTER, GROUP_APIS, METADATA, SASL_AUTHENTICATE, SASL_HANDSHAKE
+from protocol.apis import (API_NAMES, DESCRIBE_CLUSTER, GROUP_APIS, INIT_PRODUCER_ID, METADATA, PRODUCE,
+                           SASL_AUTHENTICATE, SASL_HANDSHAKE)
 from protocol.frames import RequestFrame, parse_request
 from recording.reader import RecordingFormatError, live_files, read_recording, recording_files, recording_start
 from recording.timestamps import to_epoch_ns
@@ -36,6 +37,7 @@ __all__ = ["ReplayLoadError", "RecordedRequest", "RecordedConnection", "Recordin
            "replay_start",
            "parse_api"]
 
+_ZERO_UUID = "00000000-0000-0000-0000-000000000000"  # Kafka's "no topic id"
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
@@ -54,6 +56,7 @@ class RecordedRequest:
     resp_ns: int | None = None  # when the origin client got the response (None: none / unknown)
     deps: list[int] = field(default_factory=list)  # the latest position (in the connection) answered before this was sent
     topics: dict[str, set[int]] = field(default_factory=dict)  # names ("id:<uuid>" for ids) → partitions
+    recorded_pid: int | None = None  # InitProducerId: the producer id the origin answered (None: not recorded)
 
 
 @dataclass
@@ -113,6 +116,10 @@ class Recording:
     # the origin cluster(s): topics/ rows (the proxy's own Metadata answers) and recorded Metadata /
     # DescribeCluster responses (capture=all); what the replay guard compares with the target's
     cluster_ids: set[str] = field(default_factory=set)
+    # Produce requests with producer ids whose client has no InitProducerId in the replay (filtered out, or made
+    # before the recording): the plan warns; the replay skips them at once (`ReplaySchedule.can_still_learn`)
+    producers_without_init: int = 0
+    transactional_ids: set[str] = field(default_factory=set)  # the kept connections' transactional ids (requests/)
 
     @property
     def requests(self) -> int:
@@ -216,22 +223,29 @@ def load_recording(path: Path | str, filters: Filters | None = None, *, sasl_cre
     conns = {r["conn_id"]: r for r in sorted(_rows(root, "connections"), key=lambda r: (r["final"] or False, r["snapshot_ns"] or 0))}
 
     groups_by_conn: dict[str, set[str]] = {}
+    txn_ids_by_conn: dict[str, set[str]] = {}
     for r in requests:
         if r["group_id"] and r["api_key"] in GROUP_APIS:
             groups_by_conn.setdefault(r["conn_id"], set()).add(r["group_id"])
+        if r.get("transactional_id"):
+            txn_ids_by_conn.setdefault(r["conn_id"], set()).add(r["transactional_id"])
     resp_at: dict[tuple[str, int, int], int] = {}
     sasl: dict[str, tuple[str | None, int | None]] = {}
     topics_by_client: dict[str | None, set[str]] = {}
+    init_pids: dict[tuple[str, int], int] = {}  # (conn, correlation id) → the recorded InitProducerId answer's pid
     for r in requests:
         if r["resp_sent_ns"] is not None and r["answered"]:
             resp_at[(r["conn_id"], r["correlation_id"], r["api_key"])] = r["resp_sent_ns"]
+        if r["api_key"] == INIT_PRODUCER_ID and r.get("producer_id") is not None and r["producer_id"] >= 0:
+            init_pids[(r["conn_id"], r["correlation_id"])] = r["producer_id"]
         if r["api_key"] in (SASL_HANDSHAKE, SASL_AUTHENTICATE):
             mech, ver = sasl.get(r["conn_id"], (None, None))
             sasl[r["conn_id"]] = (r["sasl_mechanism"] or mech, r["api_version"] if r["api_key"] == SASL_AUTHENTICATE else ver)
 
     skipped: Counter = Counter()
-    recorded_topic_ids: dict[str, str] = {}
-    cluster_ids = {r["cluster_id"] for r in _rows(root, "topics") if r.get("cluster_id")}
+    topic_rows = _rows(root, "topics")
+    recorded_topic_ids = _topic_pairs(topic_rows)
+    cluster_ids = {r["cluster_id"] for r in topic_rows if r.get("cluster_id")}
     has_responses = False
     by_conn: dict[str, list[tuple[dict[str, Any], RequestFrame]]] = {}
     for f in frames:
@@ -239,6 +253,8 @@ def load_recording(path: Path | str, filters: Filters | None = None, *, sasl_cre
             has_responses = True
             if f["api_key"] in (METADATA, DESCRIBE_CLUSTER) and f["data"] is not None:
                 _learn_recorded_ids(f, recorded_topic_ids, cluster_ids)
+            elif f["api_key"] == INIT_PRODUCER_ID and f["data"] is not None:
+                _learn_recorded_pid(f, init_pids)
             continue
         if f["data"] is None:
             skipped["frame_redacted"] += 1
@@ -294,7 +310,8 @@ def load_recording(path: Path | str, filters: Filters | None = None, *, sasl_cre
         if filters.clients and not any(fnmatch.fnmatchcase(client_id or "", g) for g in filters.clients):
             dropped += len(items)
             continue
-        if filters.topics and not any(fnmatch.fnmatchcase(t, g) for t in touched for g in filters.topics):
+        if filters.topics and not any(fnmatch.fnmatchcase(t, g) for t in _named(touched, recorded_topic_ids)
+                                      for g in filters.topics):
             dropped += len(items)
             continue
         if rc.sasl and not sasl_credentials:
@@ -308,7 +325,9 @@ def load_recording(path: Path | str, filters: Filters | None = None, *, sasl_cre
                 rc.closes_as_recorded = not rc.requests  # a request left out after a kept one
                 continue
             resp = resp_at.get((conn_id, fr.correlation_id, fr.api_key))
-            rc.requests.append(RecordedRequest(0, conn_id, f["ts_ns"], fr, resp, topics=rt))
+            rc.requests.append(RecordedRequest(0, conn_id, f["ts_ns"], fr, resp, topics=rt,
+                                               recorded_pid=init_pids.get((conn_id, fr.correlation_id))
+                                               if fr.api_key == INIT_PRODUCER_ID else None))
             rc.closes_as_recorded = True
         if not rc.requests:
             continue
@@ -337,9 +356,42 @@ def load_recording(path: Path | str, filters: Filters | None = None, *, sasl_cre
             continue
         topics[name] = max(topics.get(name, 0), (max(parts) + 1) if parts else 0)
     groups = set().union(*(groups_by_conn.get(c.conn_id, set()) for c in connections)) if connections else set()
+    txn_ids = set().union(*(txn_ids_by_conn.get(c.conn_id, set()) for c in connections)) if connections else set()
     return Recording(root, connections, {c.broker_addr for c in connections if c.broker_addr}, topics,
                      recorded_topic_ids, unmapped - set(recorded_topic_ids), skipped, dropped, has_responses, groups,
-                     cluster_ids)
+                     cluster_ids, _producers_without_init(connections), txn_ids)
+
+
+def _producers_without_init(connections: list[RecordedConnection]) -> int:
+    """How many kept Produce requests carry producer ids that no kept InitProducerId can map.
+
+    Why: the target learns a producer id only from an InitProducerId the replay sends; --api Produce, or
+    --client/--since leaving the init out, makes every idempotent or transactional batch unreplayable.
+    Said in the plan, before anything is sent, rather than only as skips in the summary.
+    """
+    init_pids = {r.recorded_pid for c in connections for r in c.requests if r.frame.api_key == INIT_PRODUCER_ID}
+    init_clients = {c.client_id for c in connections for r in c.requests
+                    if r.frame.api_key == INIT_PRODUCER_ID and r.recorded_pid is None}
+    n = 0
+    for c in connections:
+        for r in c.requests:
+            if r.frame.api_key == PRODUCE and c.client_id not in init_clients:
+                pids = _produce_pids(r.frame)
+                n += bool(pids - init_pids)
+    return n
+
+
+def _produce_pids(frame: RequestFrame) -> set[int]:
+    """The producer ids of a Produce request's batches (none for a plain producer, or a body that does not decode)."""
+    from protocol.batch_edit import records_producer_ids
+    from replay.messages import decode_request_body
+
+    try:
+        body = decode_request_body(frame)
+        return {pid for t in body.topic_data or () for p in t.partition_data or ()
+                for pid, _epoch in records_producer_ids(bytes(p.records) if p.records else None)}
+    except Exception:  # noqa: BLE001 — undecodable: the replay skips it with its own reason
+        return set()
 
 
 def _dependencies(rc: RecordedConnection) -> None:
@@ -365,6 +417,38 @@ def _dependencies(rc: RecordedConnection) -> None:
         r.deps = [last] if last is not None else []
 
 
+def _topic_pairs(topic_rows: list[dict[str, Any]]) -> dict[str, str]:
+    """The topic id → name pairs the proxy recorded in `topics/` (its own and its clients' Metadata answers).
+
+    Why: they are the origin's own mapping, recorded in every capture mode; without them a Kafka 4.x
+    session (Produce v13, Fetch v13+ name topics by id only) was unreplayable unless recorded with
+    --capture all, and the plan said so although the recording held the answer.
+    """
+    return {str(r["topic_id"]): r["name"] for r in topic_rows
+            if r.get("topic_id") and r.get("name") and r["topic_id"] != _ZERO_UUID}
+
+
+def _named(touched: dict[str, set[int]], recorded_topic_ids: dict[str, str]) -> set[str]:
+    """The names of the topics a connection touched, its topic ids (`id:<uuid>`) resolved where the recording can.
+
+    Why: --topic NAME is a name; a Kafka 4.x producer or consumer names its topics by id only, and was dropped
+    by the filter although it wrote or read exactly that topic.
+    """
+    return {recorded_topic_ids.get(t[3:], t) if t.startswith("id:") else t for t in touched}
+
+
+def _learn_recorded_pid(f: dict[str, Any], out: dict[tuple[str, int], int]) -> None:
+    """A recorded InitProducerId answer (capture=all): the producer id it gave, for an exact mapping on replay."""
+    try:
+        from protocol.deep import decode_response
+
+        body = decode_response(f["data"], f["api_key"], f["api_version"])["body"]
+        if body.get("error_code") == 0 and body.get("producer_id", -1) >= 0:
+            out.setdefault((f["conn_id"], f["correlation_id"]), body["producer_id"])
+    except Exception:  # noqa: BLE001 — an undecodable answer leaves the client_id fallback
+        return
+
+
 def _learn_recorded_ids(f: dict[str, Any], out: dict[str, str], clusters: set[str]) -> None:
     """Recorded Metadata responses (capture=all) give the origin's topic id → name exactly, and its cluster id."""
     try:
@@ -375,7 +459,7 @@ def _learn_recorded_ids(f: dict[str, Any], out: dict[str, str], clusters: set[st
             clusters.add(body["cluster_id"])
         for t in body.get("topics") or ():
             tid, name = t.get("topic_id"), t.get("name")
-            if tid and name and tid != "00000000-0000-0000-0000-000000000000":
+            if tid and name and str(tid) != _ZERO_UUID:
                 out[str(tid)] = name
     except Exception:  # noqa: BLE001 — an undecodable response only loses the mapping
         return

@@ -15,13 +15,32 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Protocol, TextIO
 
+from protocol.apis import FETCH, INIT_PRODUCER_ID, JOIN_GROUP
 from protocol.sasl import MECHANISM as SASL_MECHANISM
 from replay.load import Recording
 from replay.state import ReplayState
 
-__all__ = ["ReplayOptions", "ReplayResult", "ReplaySchedule", "note_hint", "LATE_AFTER_S"]
+__all__ = ["ReplayOptions", "ReplayResult", "ReplaySchedule", "note_hint", "LATE_AFTER_S", "PENDING_SOURCES",
+           "NO_SOURCE_LEFT"]
+
+class FinishedFlags(Protocol):
+    """A connection's finished flags by position (`replay.connection.Finished`, or a plain list of bools)."""
+
+    def __getitem__(self, pos: int) -> bool: ...
+
+    def __setitem__(self, pos: int, finished: bool) -> None: ...
+
+
+# A Pending reason (`replay.state.NeedState`) → the APIs whose answers can teach what it waits for (`replay.learn`)
+PENDING_SOURCES: dict[str, frozenset[int]] = {
+    "producer_id_unmapped": frozenset({INIT_PRODUCER_ID}),
+    "fetch_session_unmapped": frozenset({FETCH}),
+    "member_id_unmapped": frozenset({JOIN_GROUP}),
+    "generation_unknown": frozenset({JOIN_GROUP}),
+}
+NO_SOURCE_LEFT = "nothing left in the replay to learn it from (filtered out, skipped or failed)"
 
 LATE_AFTER_S = 0.05  # a request sent this much after its time at --speed N is counted late (`ReplayResult.late`)
 
@@ -151,13 +170,29 @@ class ReplaySchedule:
         self.result.skipped.update(recording.skipped)
         self._changed = asyncio.Condition()
         self.dispatched = [False] * recording.requests  # global index → sent/skipped/failed (max-speed gate)
+        # api key → the replay's requests of that API not finished yet (answered, failed or skipped): while none
+        # that could answer a Pending request's need is left, waiting for it is pointless (`can_still_learn`)
+        self.unfinished: Counter = Counter(r.frame.api_key for c in recording.connections for r in c.requests)
         self.dispatch_ptr = 0
         self._t0_rec = recording.start_ns or 0
         self._t0 = 0.0
         self._progress_task: asyncio.Task | None = None
 
+    def can_still_learn(self, reason: str, own_api_key: int) -> bool:
+        """Could a request still unfinished teach the state a Pending request needs (`reason`)?
+
+        Why: a request whose InitProducerId (JoinGroup, first Fetch) was filtered out, skipped or failed
+        waited --pending-timeout for an answer nobody would send, one such request after the other (and
+        at --speed max the whole replay's order with it): a 1 s recording took minutes. The request
+        itself does not count as its own source (a Fetch waiting for a session, a JoinGroup for a member id).
+        """
+        sources = PENDING_SOURCES.get(reason)
+        if sources is None:  # a need this table does not know: wait, as before
+            return True
+        return any(self.unfinished[k] - (k == own_api_key) > 0 for k in sources)
+
     # -- notifications -------------------------------------------------------
-    async def settle(self, done: list[bool], pos: int, index: int) -> None:
+    async def settle(self, done: FinishedFlags, pos: int, index: int) -> None:
         """A request is finished without a response to wait for (skipped, failed, or fire-and-forget)."""
         done[pos] = True
         self.dispatch(index)

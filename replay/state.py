@@ -38,7 +38,6 @@ class ReplayState:
     recorded_topic_ids: dict[str, str] = field(default_factory=dict)  # recorded topic id (str uuid) → recorded name
     target_topic_ids: dict[str, str] = field(default_factory=dict)  # target name → target topic id (str uuid)
     producers: dict[int, tuple[int, int]] = field(default_factory=dict)  # recorded pid → target (pid, epoch)
-    recorded_init_pids: dict[tuple[str | None, int], int] = field(default_factory=dict)  # (client, nth init) → recorded pid
     transactional: dict[str, tuple[int, int]] = field(default_factory=dict)  # transactional id → target (pid, epoch)
     unclaimed_inits: dict[str | None, list[tuple[int, int]]] = field(default_factory=dict)  # client → target inits
     members: dict[tuple[str, str], str] = field(default_factory=dict)  # (group, recorded member) → target member
@@ -56,11 +55,13 @@ class ReplayState:
     def target_producer(self, recorded_pid: int, client_id: str | None, transactional_id: str | None) -> tuple[int, int] | None:
         """The target's (pid, epoch) for a recorded producer id, binding it on first use.
 
-        Without the recorded InitProducerId *responses* (capture=requests) the
-        recorded pid is unknown until a Produce shows it; it is then bound to
-        the newest InitProducerId answer the target gave this client, which is
-        the one the client would be using (a retried InitProducerId allocates
-        a fresh id; clients use the last one).
+        Mostly bound already: an InitProducerId whose recorded answer's producer id the recording
+        holds (requests/ `producer_id`, or the answer itself with --capture all) maps that id exactly
+        (`replay.learn`). Only an init without one (older recordings) leaves its answer unclaimed; the
+        recorded pid is then unknown until a Produce shows it, and is bound to the newest such answer
+        the target gave this client, the one the client would be using (a retried InitProducerId
+        allocates a fresh id; clients use the last one). Two producers sharing a client.id cannot be
+        told apart that way: one took both answers and the other waited for an id that never came.
         """
         if transactional_id and transactional_id in self.transactional:
             return self.transactional[transactional_id]

@@ -155,6 +155,7 @@ async def prepare_target(target: str, recording: Recording, state: ReplayState, 
         elif missing:
             state.note("topics_missing_on_target", len(missing))
         await _await_coordinators(cli, recording.groups, state, timeout)
+        await _await_coordinators(cli, recording.transactional_ids, state, timeout, TRANSACTION_KEY)
         if any(r.frame.api_key == INIT_PRODUCER_ID for c in recording.connections for r in c.requests):
             await _await_producer_ids(cli, state, timeout)
     except SaslAuthenticationFailed as exc:
@@ -190,26 +191,31 @@ async def _await_partition_leaders(cli: AsyncWireClient, topics: dict[str, int],
     state.note("created_partitions_not_led", len(topics))
 
 
-async def _await_coordinators(cli: AsyncWireClient, groups: set[str], state: ReplayState, timeout: float) -> None:
-    """Wait until the target has a coordinator for every recorded group (FindCoordinator answers 0).
+GROUP_KEY, TRANSACTION_KEY = 0, 1  # FindCoordinator key_type: a consumer group, a transactional id
 
-    Why: a fresh broker creates __consumer_offsets on the first FindCoordinator
+
+async def _await_coordinators(cli: AsyncWireClient, keys: set[str], state: ReplayState, timeout: float,
+                              key_type: int = GROUP_KEY) -> None:
+    """Wait until the target has a coordinator for every recorded group or transactional id (FindCoordinator 0).
+
+    Why: a fresh broker creates __consumer_offsets (__transaction_state) on the first FindCoordinator
     and answers COORDINATOR_NOT_AVAILABLE / NOT_COORDINATOR for a few seconds;
     the origin's coordinator was up when the session was recorded, so a
     faithful replay starts once the target's is too.
     """
-    if not groups:
+    if not keys:
         return
     deadline = asyncio.get_running_loop().time() + timeout
-    pending = set(groups)
+    pending = set(keys)
     while pending and asyncio.get_running_loop().time() < deadline:
-        for g in sorted(pending):
-            if (await cli.call(FIND_COORDINATOR, 2, {"key": g, "key_type": 0}))["error_code"] == 0:
-                pending.discard(g)
+        for k in sorted(pending):
+            if (await cli.call(FIND_COORDINATOR, 2, {"key": k, "key_type": key_type}))["error_code"] == 0:
+                pending.discard(k)
         if pending:
             await asyncio.sleep(0.5)
     if pending:
-        state.note("group_coordinator_not_ready", len(pending))
+        kind = "group" if key_type == GROUP_KEY else "transaction"
+        state.note(f"{kind}_coordinator_not_ready", len(pending))
 
 
 async def _await_producer_ids(cli: AsyncWireClient, state: ReplayState, timeout: float) -> None:

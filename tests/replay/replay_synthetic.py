@@ -46,6 +46,8 @@ class SynthRequest:
     api_version: int
     cid: int
     answered_after_s: float | None = 0.001  # when the recorded response reached the client (None: none)
+    producer_id: int | None = None  # InitProducerId: the producer id the recorded answer gave (requests/ column)
+    transactional_id: str | None = None  # the requests/ column (InitProducerId, Produce, EndTxn)
 
 
 @dataclass
@@ -91,7 +93,8 @@ def write_recording(root: Path, conns: list[SynthConn], *, frames: bool = True, 
                        "client_addr": "10.0.0.2:5000", "broker_addr": c.broker_addr,
                        "status": "answered" if resp else "no_response", "answered": resp is not None,
                        "req_first_ns": ts, "resp_sent_ns": resp,
-                       "sasl_mechanism": "PLAIN" if r.api_key == 17 else None})
+                       "sasl_mechanism": "PLAIN" if r.api_key == 17 else None, "producer_id": r.producer_id,
+                       "transactional_id": r.transactional_id})
         if c.conn_id in sasl_conns:
             rq.append({"proxy_id": "p1", "conn_id": c.conn_id, "correlation_id": 99, "api_key": 36, "api_name": "SaslAuthenticate",
                        "api_version": 2, "client_id": c.client_id, "req_first_ns": opened + 1000, "answered": True,
@@ -164,7 +167,8 @@ def _drain(conn: socket.socket) -> None:
 
 
 class FakeBroker:
-    """Answers every request after `delay` s with a bare response (Metadata v12 and SASL properly, for setup).
+    """Answers every request after `delay` s with a bare response (Metadata v12, SASL, FindCoordinator v2 and
+    InitProducerId properly).
 
     Records per connection when each request arrived and the most requests in
     flight at once, which is what the timing tests check. `session_sasl_error`
@@ -187,6 +191,7 @@ class FakeBroker:
         self.frames: dict[int, list[bytes]] = {}  # conn → whole request frames as received
         self.server: asyncio.base_events.Server | None = None
         self._n = 0
+        self.producer_ids = 0  # InitProducerId answers given (the n-th gave producer id 4999 + n)
 
     async def start(self) -> str:
         self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
@@ -212,6 +217,13 @@ class FakeBroker:
                 data = response(3, ver, cid, throttle_time_ms=0, brokers=[], cluster_id="fake", controller_id=1, topics=[])
             elif key == 17:  # SaslHandshake: PLAIN is enabled
                 data = response(17, ver, cid, error_code=error, mechanisms=["SCRAM-SHA-512"] if error else ["PLAIN"])
+            elif key == 10:  # FindCoordinator: this broker coordinates everything
+                data = response(10, ver, cid, throttle_time_ms=0, error_code=0, error_message=None, node_id=1,
+                                host="127.0.0.1", port=9092)
+            elif key == 22:  # InitProducerId: a fresh producer id each time, from 5000 on
+                self.producer_ids += 1
+                data = response(22, ver, cid, throttle_time_ms=0, error_code=0, producer_id=4999 + self.producer_ids,
+                                producer_epoch=0)
             elif key == 36:  # SaslAuthenticate: any credentials will do
                 data = response(36, ver, cid, error_code=error, auth_bytes=b"",
                                 error_message="Authentication failed" if error else None,
