@@ -705,7 +705,8 @@ def iptables(mode: str, brokers: tuple[str, ...], ports: tuple[int, ...], proxy_
 
     All rules live in a dedicated nat chain KAFKATAP plus one jump from PREROUTING (gateway) or
     OUTPUT (local), commented "kafkatap"; --remove deletes exactly those, whatever --apply was given.
-    Notes (a dry run, what a broker name resolved to) go to stderr; stdout holds only commands.
+    Notes (a dry run, what a broker name resolved to, "applied:", "removed:") go to stderr; stdout holds
+    only commands: those --apply or --remove ran, or a dry run's.
 
     \b
     Examples:
@@ -742,7 +743,11 @@ def iptables(mode: str, brokers: tuple[str, ...], ports: tuple[int, ...], proxy_
             remove(cmds)
         except (RuntimeError, FileNotFoundError) as exc:
             raise click.ClickException(str(exc)) from exc
-        click.echo(f"removed:\n{render(cmds)}" if cmds else "nothing of kafkatap's installed")
+        if cmds:  # the heading is a note (stderr): stdout holds only the commands that ran
+            click.echo("removed:", err=True)
+            click.echo(render(cmds))
+        else:
+            click.echo("nothing of kafkatap's installed", err=True)
         return
     try:
         targets = _iptables_targets(brokers, ports)
@@ -762,7 +767,8 @@ def iptables(mode: str, brokers: tuple[str, ...], ports: tuple[int, ...], proxy_
         apply(cmds)
     except (RuntimeError, FileNotFoundError) as exc:
         raise click.ClickException(str(exc)) from exc
-    click.echo(f"applied:\n{render(cmds)}")
+    click.echo("applied:", err=True)  # a note (stderr): stdout holds only the commands that ran
+    click.echo(render(cmds))
 
 
 def _iptables_targets(brokers: tuple[str, ...], ports: tuple[int, ...]) -> list[tuple[str | None, int]]:

@@ -185,13 +185,20 @@ def removal_found(netns: str | None = None, chain: str = CHAIN) -> list[list[str
     return cmds
 
 
+NFT_TOOLS = ("iptables-nft", "ip6tables-nft")
+
+
 def _legacy_tools(netns: str | None) -> list[str]:
-    """The legacy-backend tools to look in as well, when `iptables` is the nft one and legacy nat tables exist."""
+    """The other backend's tools to look in as well: the legacy ones when `iptables` is the nft one and legacy nat
+    tables exist; the nft ones when `iptables` is the legacy one (rules applied while it was the nft one, or by
+    a tool that uses nft, still redirect: `--remove` said "nothing of kafkatap's installed" and left them)."""
     if netns is not None or shutil.which("iptables") is None:
         return []  # /proc/net is this namespace's: a namespace's own legacy tables are not looked for
     version = _exec(["iptables", "-V"], None).stdout
+    if "legacy" in version:
+        return [tool for tool in NFT_TOOLS if shutil.which(tool) is not None]
     if "nf_tables" not in version:
-        return []  # iptables is the legacy tool itself (or unknown): its own listing is the legacy one
+        return []  # unknown: its own listing is all there is
     out = []
     for tool, names in LEGACY_TABLES.items():
         try:

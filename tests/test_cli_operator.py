@@ -468,6 +468,34 @@ def test_iptables_remove_looks_in_the_legacy_tables_too(monkeypatch: pytest.Monk
     assert netfilter.removal_found() == []
 
 
+def test_iptables_remove_looks_in_the_nft_tables_when_iptables_is_the_legacy_tool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reverse: rules installed through nft, `iptables` pointing at iptables-legacy: --remove said "nothing of
+    kafkatap's installed" and the REDIRECT stayed."""
+    import subprocess
+
+    import proxy.netfilter as netfilter
+
+    listing = "-P PREROUTING ACCEPT\n-N KAFKATAP\n-A PREROUTING -p tcp -m comment --comment kafkatap -j KAFKATAP\n"
+
+    def fake(argv: list[str], netns: str | None) -> subprocess.CompletedProcess:
+        if argv == ["iptables", "-V"]:
+            return subprocess.CompletedProcess(argv, 0, "iptables v1.8.9 (legacy)\n", "")
+        return subprocess.CompletedProcess(argv, 0, listing if argv[0] == "iptables-nft" else "-P OUTPUT ACCEPT\n", "")
+
+    monkeypatch.setattr(netfilter, "_exec", fake)
+    monkeypatch.setattr(netfilter.shutil, "which", lambda tool: f"/usr/sbin/{tool}")
+    found = netfilter.removal_found()
+    assert [c[0] for c in found] == ["iptables-nft"] * 3 and [c[4] for c in found] == ["-D", "-F", "-X"]
+    from click.testing import CliRunner
+
+    from proxy.cli import iptables
+
+    res = CliRunner().invoke(iptables, ["--remove"])  # the removal commands "run" through the same fake
+    assert res.exit_code == 0 and res.stderr.strip() == "removed:", res.output
+    lines = res.stdout.splitlines()  # stdout holds only the commands that ran, as --help says
+    assert len(lines) == 3 and all(line.startswith("iptables-nft -w -t nat ") for line in lines), lines
+
+
 @pytest.mark.parametrize("args, says", [
     (["--broker", ":9092"], "--broker :9092 names no broker host: give HOST:PORT, or --port PORT"),
     (["--broker", "9092"], "--broker 9092 names no broker host"),
