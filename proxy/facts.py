@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from protocol.apis import APIS
 from proxy.inference import EndFacts
 
 
@@ -44,6 +45,16 @@ class LastRequest:
     topics: list[str] = field(default_factory=list)
     batch_bytes: int | None = None  # largest record batch of a Produce
     at_ns: int | None = None  # its last byte
+    key: int | None = None
+    version: int | None = None
+
+
+def removed_in_kafka_4(key: int | None, version: int | None) -> int | None:
+    """The oldest version of API `key` a Kafka 4.x broker serves, when `version` is older (KIP-896); else None."""
+    if key is None or version is None:
+        return None
+    info = APIS.get(key)
+    return info.legacy_below if info is not None and version < info.legacy_below else None
 
 
 PIPELINE_NS = 1_000_000_000  # how far before the last request an acks=0 Produce can still be what the broker refused
@@ -130,4 +141,5 @@ class ConnectionFacts:
             fault_detail=self.fault_detail, end_detail=end.detail, opaque_kind=self.opaque_kind,
             too_large_rejections=self.too_large, too_large_example=self.too_large_example,
             sasl_seen=self.sasl_seen, sasl_error=self.sasl_error, answered_beyond_versions=self.answered_beyond_versions,
+            last_api_version=last.version, oldest_served_by_4=removed_in_kafka_4(last.key, last.version),
         )

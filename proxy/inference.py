@@ -41,6 +41,9 @@ class EndFacts:
     sasl_seen: bool = False  # a SaslHandshake or SaslAuthenticate request was seen
     sasl_error: str | None = None  # "SaslAuthenticate: SASL_AUTHENTICATION_FAILED": the first SASL step refused
     answered_beyond_versions: bool = False  # a request other than ApiVersions was answered
+    last_api_version: int | None = None
+    # when the last request's version is one Kafka 4.0 removed (KIP-896): the oldest a 4.x broker serves
+    oldest_served_by_4: int | None = None
 
 
 def _topics(t: list[str]) -> str:
@@ -95,6 +98,13 @@ def inferred_cause(f: EndFacts) -> str | None:
         limit = f.broker_idle_close_ms or 600_000
         if idle >= 0.9 * limit:
             return f"broker closed the connection after {idle / 1000:.0f} s idle (connections.max.idle.ms)"
+
+    # Kafka 4.0 removed old versions of many APIs (KIP-896): a 4.x broker closes a connection that sends one.
+    if f.end_by == "broker" and f.unanswered > 0 and f.oldest_served_by_4 is not None:
+        return (f"broker closed the connection at a {f.last_api} v{f.last_api_version} request, a version Kafka 4.0 "
+                f"removed (a 4.x broker serves {f.last_api} from v{f.oldest_served_by_4} on; KIP-896): a client too "
+                "old for this broker, or one pinned to old API versions (kafka-python's api_version, librdkafka's "
+                "broker.version.fallback): upgrade it or drop the pin")
 
     # A SASL listener ends a session whose authentication failed, and one that sends anything but ApiVersions
     # before authenticating (Kafka's SaslServerAuthenticator: "Unexpected Kafka request … during SASL handshake").

@@ -618,6 +618,8 @@ class Observer:
                       kind="no_schema", api_key=ev.api_key, version=ev.api_version, reason=ev.decode_note)
         last = f.last
         last.api = ev.api_name
+        last.key = ev.api_key
+        last.version = ev.api_version
         last.size = ev.size
         last.at_ns = ev.last_byte_ns
         if s is not None:
@@ -634,7 +636,8 @@ class Observer:
         if last.acks == 0:  # only a Produce has acks: the one a broker's close most likely answers (facts.blamed_request)
             suspect = f.acks0_suspect
             if suspect is None or (last.size or 0) > (suspect.size or 0):
-                f.acks0_suspect = LastRequest(last.api, last.size, 0, last.topics, last.batch_bytes, last.at_ns)
+                f.acks0_suspect = LastRequest(last.api, last.size, 0, last.topics, last.batch_bytes, last.at_ns,
+                                              last.key, last.version)
         if self._cap_req is not None:
             self._capture(self._cap_req, True, ev.offset, ev.size, ev.api_key, ev.api_version, ev.correlation_id,
                           ev.first_byte_ns)

@@ -92,6 +92,32 @@ def test_incident1_pipelined_acks0_blames_the_oversize_produce_not_the_last_one(
     assert f"acks=0 Produce of {c['last_request_bytes']} bytes to {topic_name}" in c["inferred_cause"]
 
 
+def test_a_request_version_kafka_4_removed_is_named_as_the_cause_of_the_close(proxied_kafka, topic_name, sink):
+    """kafka-python pinned to api_version=(0, 10, 2) sends Produce v2, which Kafka 4 no longer serves: the broker
+    closes every connection, and the end read "likely a SASL listener … or a broker restart"."""
+    from kafka.record.memory_records import MemoryRecordsBuilder
+
+    from protocol.apis import PRODUCE
+    from protocol.deep import encode_request
+
+    batch = MemoryRecordsBuilder(1, 0, batch_size=1 << 20)  # message format v1, as a 0.10 client writes
+    batch.append(1_700_000_000_000, key=None, value=b"old")
+    batch.close()
+    body = {"acks": 1, "timeout_ms": 30000,
+            "topic_data": [{"name": topic_name, "partition_data": [{"index": 0, "records": bytes(batch.buffer())}]}]}
+    with RunningProxy([proxied_kafka.route], sink=sink) as p:
+        proxied_kafka.kafka.create_topic(topic_name)
+        host, port = p.bootstrap.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(encode_request(PRODUCE, 2, 1, "old-client", body))
+            assert sock.recv(1) == b""  # a 4.x broker hangs up
+        sink.wait_for(lambda s: any(c["final"] and c["client_ids"] == ["old-client"] for c in s.connections))
+    (c,) = [c for c in sink.finals() if c["client_ids"] == ["old-client"]]
+    assert c["end_by"] == "broker" and c["unanswered"] == 1
+    assert c["inferred_cause"].startswith("broker closed the connection at a Produce v2 request, a version Kafka 4.0 "
+                                          "removed (a 4.x broker serves Produce from v3 on"), c["inferred_cause"]
+
+
 def test_incident1_acks1_error_recorded_connection_stays(proxied_kafka, topic_name, sink):
     with RunningProxy([proxied_kafka.route], sink=sink) as p:
         proxied_kafka.kafka.create_topic(topic_name)  # led before the first Produce, which has no retries
