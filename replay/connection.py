@@ -24,13 +24,13 @@ import time
 from typing import Any
 
 from harness.wire import AsyncWireClient
-from protocol.apis import API_VERSIONS, SASL_HANDSHAKE
+from protocol.apis import API_VERSIONS, SASL_HANDSHAKE, api_name
 from protocol.errors import error_name
 from protocol.frames import RequestFrame, expects_response, parse_request, response_correlation_id, set_correlation_id
 from protocol.sasl import AUTHENTICATE_VERSION
 from replay.learn import learn_from_response
 from replay.load import RecordedConnection, RecordedRequest
-from replay.messages import decode_response
+from replay.messages import answer_errors, decode_response
 from replay.reauth import renewal_time, session_lifetime_ms
 from replay.rewrite import rewrite_request, sasl_plain_authenticate, sasl_plain_handshake
 from replay.schedule import LATE_AFTER_S, NO_SOURCE_LEFT, ReplaySchedule
@@ -113,6 +113,8 @@ async def replay_connection(rp: ReplaySchedule, rc: RecordedConnection, host: st
                 learn_from_response(sent, data, rp.state, cs, None if pos is None else reqs[pos].recorded_pid)
                 if pos is not None:  # None: an extra request of our own (member id negotiation)
                     res.answered += 1
+                    for name in answer_errors(sent, data):
+                        res.answer_errors[f"{api_name(sent.api_key)} {name}"] += 1
                     done[pos] = True
                 fut = waiters.pop(cid, None)
                 if fut is not None and not fut.done():

@@ -20,7 +20,8 @@ from protocol.apis import APIS
 from protocol.deep import message_class
 from protocol.frames import RequestFrame, response_body
 
-__all__ = ["decode_request_body", "reencode_request", "decode_response", "fields", "names_topic", "uuid_text"]
+__all__ = ["answer_errors", "decode_request_body", "reencode_request", "decode_response", "fields", "names_topic",
+           "uuid_text"]
 
 _I32 = Struct(">i")
 _ZERO_UUID = "00000000-0000-0000-0000-000000000000"
@@ -46,6 +47,28 @@ def decode_response(frame: RequestFrame, response: bytes | memoryview) -> Any:
     """A response to `frame` (whole frame, size prefix included) as a message object."""
     cls = message_class(frame.api_key, False)
     return cls.decode(response_body(response, frame.api_key, frame.api_version), version=frame.api_version)
+
+
+def answer_errors(frame: RequestFrame, response: bytes | memoryview) -> set[str]:
+    """The names of the error codes a response to `frame` carries (none: an empty set).
+
+    Why: an answer is not a success. Replayed batches the target refused (INVALID_PRODUCER_EPOCH, a topic
+    already there) counted as plain "answered", and a replay that mostly failed said "0 failed". Read with
+    the same summaries the proxy records errors with; a body they cannot read says nothing.
+    """
+    from protocol.events import Summary
+    from protocol.summaries.codegen import walker
+
+    info = APIS.get(frame.api_key)
+    if info is None or not info.decodable(frame.api_version):
+        return set()
+    try:
+        start = len(response) - len(response_body(response, frame.api_key, frame.api_version))
+        summary = Summary()
+        walker(frame.api_key, False, frame.api_version)(memoryview(response), start, len(response), summary)
+    except Exception:  # noqa: BLE001 - a body the summaries cannot read: no claim about its errors
+        return set()
+    return {e.name for e in summary.errors if e.code}
 
 
 def fields(obj: Any) -> list[Any]:

@@ -107,6 +107,7 @@ class ReplayResult:
     no_response: int = 0  # acks=0 produce: nothing to wait for
     skipped: Counter = field(default_factory=Counter)
     failures: Counter = field(default_factory=Counter)
+    answer_errors: Counter = field(default_factory=Counter)  # "API ERROR_NAME" → answers carrying that error
     late: int = 0  # requests sent > LATE_AFTER_S after their scheduled time (waiting for responses)
     closed_by_target: list[str] = field(default_factory=list)  # recorded conn ids whose replay the target closed
     topics_created: list[str] = field(default_factory=list)
@@ -133,6 +134,11 @@ class ReplayResult:
             lines.append(f"  skipped {n:>5}  {reason}")
         for reason, n in sorted(self.failures.items(), key=lambda kv: -kv[1]):
             lines.append(f"  failed  {n:>5}  {reason}")
+        if self.answer_errors:
+            lines.append(f"  answered with an error (counted as answered): "
+                         f"{sum(self.answer_errors.values())} error(s) in the target's answers")
+        for what, n in sorted(self.answer_errors.items(), key=lambda kv: -kv[1]):
+            lines.append(f"  error   {n:>5}  {what}")
         if self.closed_by_target:
             lines.append(f"  the target closed {len(self.closed_by_target)} connection(s): {', '.join(self.closed_by_target[:8])}")
         if self.late:
