@@ -545,6 +545,12 @@ def _refuse_ignored_options(ctx: click.Context, transparent: bool, no_mark: bool
     """Options that would be silently ignored in this combination: say so instead (usage error, exit 2)."""
     if rec.get("capture") not in (None, "none") and not rec.get("record"):
         raise click.UsageError("--capture keeps raw frames in the recording: it needs --record DIR")
+    given = ctx.get_parameter_source
+    for option, flag in (("flush_interval", "--flush-interval"), ("compact_interval", "--compact-interval")):
+        if not rec.get("record") and given(option) is ParameterSource.COMMANDLINE:
+            raise click.UsageError(f"{flag} paces the recording's files: it needs --record DIR")
+    if given("fault_seed") is ParameterSource.COMMANDLINE and not ctx.params.get("faults"):
+        raise click.UsageError("--fault-seed seeds the random choices of --fault rules (jitter, rate=): give a --fault")
     if rec.get("capture") not in (None, "none") and no_decode:
         raise click.UsageError("--capture keeps the frames the decoder finds, and --no-decode turns the decoder off: "
                                "drop one of them")

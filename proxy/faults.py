@@ -187,7 +187,7 @@ FAULT_SPEC_HELP = """\
 latency=DIR:MS[:JITTER_MS]  added delay per chunk (jitter uniform 0..J, order kept)
 bandwidth=DIR:BYTES_PER_S   cap the throughput one way (a latency on it starts once a chunk is through)
 close-after=DIR:BYTES       forward BYTES that way, then close both sides (FIN)
-idle-reset=SECONDS          RST both sides after SECONDS without a byte (a firewall)
+idle-reset=DURATION         RST both sides after DURATION without a byte (a firewall): 30, 30s, 500ms, 2m
 refuse                      accept new clients and reset them at once
 DIR is to-broker, to-client or both."""
 
@@ -198,13 +198,33 @@ _USAGE = {
     "latency": "latency=DIR:MS[:JITTER_MS]",
     "bandwidth": "bandwidth=DIR:BYTES_PER_S",
     "close-after": "close-after=DIR:BYTES",
-    "idle-reset": "idle-reset=SECONDS",
+    "idle-reset": "idle-reset=DURATION",
     "refuse": "refuse",
 }
 
 
 class FaultSpecError(ValueError):
     """A --fault spec that cannot be used; the message is one line that says what is wrong and the form."""
+
+
+def parse_duration(text: str, what: str, spec: str, *, positive: bool = False) -> float:
+    """`500ms`, `5s`, `2m`, `1.5` (seconds) → seconds; FaultSpecError when not a duration ≥ 0 (> 0: `positive`)."""
+    t = text.strip().lower()
+    scale = 1.0
+    for suffix, s in (("ms", 0.001), ("s", 1.0), ("m", 60.0)):
+        if t.endswith(suffix):
+            t, scale = t[: -len(suffix)], s
+            break
+    try:
+        value = float(t) * scale
+    except ValueError:
+        raise FaultSpecError(f"bad fault spec {spec!r}: {what} {text!r} is not a duration (500ms, 5s, 2m)") from None
+    if not value >= 0 or (positive and value == 0):
+        raise FaultSpecError(f"bad fault spec {spec!r}: {what} must be {'above 0' if positive else '0 or more'}, "
+                             f"got {text}")
+    if value == float("inf"):
+        raise FaultSpecError(f"bad fault spec {spec!r}: {what} must be a finite duration, got {text}")
+    return value
 
 
 def _number(text: str, what: str, spec: str, *, integer: bool = False, positive: bool = False) -> float:
@@ -232,7 +252,7 @@ def parse_tcp_fault(spec: str, per: dict[str, dict[str, object]], other: dict[st
     if not arg:
         raise FaultSpecError(f"bad fault spec {spec!r}: {name} needs a value: {usage}")
     if name == "idle-reset":
-        other["idle"] = _number(arg, "SECONDS", spec, positive=True)
+        other["idle"] = parse_duration(arg, "idle-reset", spec, positive=True)  # 30, 30s, 500ms, 2m: as for= reads
         return
     direction, colon, rest = arg.partition(":")
     if direction not in _DIRECTIONS:

@@ -85,7 +85,7 @@ from protocol.error_responses import (
     set_throttle,
 )
 from protocol.errors import ProtocolError, error_name
-from proxy.faults import FaultSpecError
+from proxy.faults import FaultSpecError, parse_duration
 from proxy.intercept import ConnInfo, Edit, RequestHead
 
 log = structlog.get_logger("kafkatap.faults")
@@ -122,25 +122,6 @@ def split_specs(specs: list[str] | tuple[str, ...]) -> tuple[list[str], list[str
     """(TCP specs, Kafka specs), in their given order."""
     kafka = [s for s in specs if is_kafka_spec(s)]
     return [s for s in specs if not is_kafka_spec(s)], kafka
-
-
-def parse_duration(text: str, what: str, spec: str) -> float:
-    """`500ms`, `5s`, `2m`, `1.5` (seconds) → seconds; FaultSpecError when not a duration ≥ 0."""
-    t = text.strip().lower()
-    scale = 1.0
-    for suffix, s in (("ms", 0.001), ("s", 1.0), ("m", 60.0)):
-        if t.endswith(suffix):
-            t, scale = t[: -len(suffix)], s
-            break
-    try:
-        value = float(t) * scale
-    except ValueError:
-        raise FaultSpecError(f"bad fault spec {spec!r}: {what} {text!r} is not a duration (500ms, 5s, 2m)") from None
-    if not value >= 0:
-        raise FaultSpecError(f"bad fault spec {spec!r}: {what} must be 0 or more, got {text}")
-    if value == float("inf"):
-        raise FaultSpecError(f"bad fault spec {spec!r}: {what} must be a finite duration, got {text}")
-    return value
 
 
 def _ms(text: str, what: str, spec: str) -> float:

@@ -347,17 +347,17 @@ def kafka_up(kafka_version: str, old_version: str | None, port: int | None, prop
         click.echo("kafkatap kafka up: --version is deprecated; use --kafka-version (as every other command)", err=True)
     version = old_version or kafka_version
 
+    overrides = {}
+    for kv in props:  # a bad option is exit 2 whatever runs already
+        k, sep, v = kv.partition("=")
+        if not sep:
+            raise click.BadParameter(f"expected KEY=VALUE, got {kv!r}", param_hint="--prop")
+        overrides[k.strip()] = v.strip()
     _claim_start()
     state = _read_state()
     if state and _alive(state["pid"], state.get("config")):
         raise click.ClickException(f"a local broker is already running at {state['bootstrap']} (pid {state['pid']}); "
                                    "`kafkatap kafka down` first")
-    overrides = {}
-    for kv in props:
-        k, sep, v = kv.partition("=")
-        if not sep:
-            raise click.BadParameter(f"expected KEY=VALUE, got {kv!r}", param_hint="--prop")
-        overrides[k.strip()] = v.strip()
     workdir = _workdir()
     broker_props = dict(overrides)
     if data_dir is not None:

@@ -71,6 +71,9 @@ def test_out_of_range_ports_are_refused_not_wrapped(args: list[str], line: str) 
     (["--no-tcp-info", "--tcp-info-interval", "5"], "Error: --tcp-info-interval and --no-tcp-info exclude each other"),
     (["--workers", "1", "--balance", "kernel"],
      "Error: --balance shares connections between workers: it needs --workers 2 or more"),
+    (["--flush-interval", "5"], "Error: --flush-interval paces the recording's files: it needs --record DIR"),
+    (["--compact-interval", "0"], "Error: --compact-interval paces the recording's files: it needs --record DIR"),
+    (["--fault-seed", "7"], "Error: --fault-seed seeds the random choices of --fault rules (jitter, rate=): give a --fault"),
     (["--no-decode", "--capture", "all", "--record", "/nonexistent/rec"],  # nothing was captured, without a word
      "Error: --capture keeps the frames the decoder finds, and --no-decode turns the decoder off: drop one of them"),
 ])

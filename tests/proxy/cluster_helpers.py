@@ -77,7 +77,7 @@ class CliProxy:
         self.err_path = tmp / f"proxy-{status}.log"
         self.proc = subprocess.Popen([*PROXY[:-1], "--log-level", log_level, "proxy", *args,
                                       "--status-addr", f"127.0.0.1:{status}", "--workers", str(workers),
-                                      "--flush-interval", "0.2"],
+                                      *(["--flush-interval", "0.2"] if "--record" in args else [])],
                                      stdout=subprocess.DEVNULL, stderr=open(self.err_path, "wb"),
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
         self.wait_log(lambda e: e.get("event") == "listening", count=workers)

@@ -221,7 +221,8 @@ def test_balance_beside_kafka_faults_names_the_faults_not_a_worker_count() -> No
 
 
 @pytest.mark.parametrize(("spec", "says"), [
-    ("idle-reset=-3", "bad fault spec 'idle-reset=-3': SECONDS must be above 0, got -3"),
+    ("idle-reset=-3", "bad fault spec 'idle-reset=-3': idle-reset must be above 0, got -3"),
+    ("idle-reset=30x", "bad fault spec 'idle-reset=30x': idle-reset '30x' is not a duration (500ms, 5s, 2m)"),
     ("latency=both:5:1:9", "bad fault spec 'latency=both:5:1:9': too many fields (4) for latency=DIR:MS[:JITTER_MS]"),
     ("refuse=1", "bad fault spec 'refuse=1': refuse takes no value (write just 'refuse')"),
     ("latency=5", "bad fault spec 'latency=5': latency needs a direction first: latency=DIR:MS[:JITTER_MS] "
@@ -594,3 +595,13 @@ def test_a_requests_note_and_its_responses_are_both_kept_once() -> None:
     port.note(7, "fault#1 error=NOT_LEADER_OR_FOLLOWER rewrite")
     assert port.conn.facts.edits[7] == ("fault pause=300ms; fault#1 error=NOT_LEADER_OR_FOLLOWER rewrite; "
                                         "fault#2 delay=250ms")
+
+
+def test_idle_reset_takes_a_duration_as_for_and_after_do() -> None:
+    """`idle-reset=30s` was refused ("SECONDS '30s' is not a number") while for=10s and after=2m took units."""
+    from proxy.faults import parse_tcp_fault
+
+    for text, seconds in (("30", 30.0), ("30s", 30.0), ("500ms", 0.5), ("2m", 120.0)):
+        other: dict[str, object] = {}
+        parse_tcp_fault(f"idle-reset={text}", {}, other)
+        assert other["idle"] == seconds, text
