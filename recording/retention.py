@@ -220,8 +220,11 @@ class _Duration(click.ParamType):
             except ValueError as exc:
                 self.fail(str(exc), param, ctx)
         if seconds < MIN_RETAIN_S:
-            self.fail(f"{value} is less than an hour: recordings are kept and deleted by the hour, and the last "
-                      "two hours are still being written", param, ctx)
+            bare = isinstance(value, str) and value.strip().replace(".", "", 1).isdigit()
+            self.fail(f"{value} is less than an hour" + (f" (a bare number is seconds: {value.strip()}h, "  # type: ignore[union-attr]
+                                                          f"{value.strip()}d? use a unit)" if bare else "")
+                      + ": recordings are kept and deleted by the hour, and the last two hours are still being "
+                      "written", param, ctx)
         if not seconds <= MAX_RETAIN_S:  # a traceback from the clock's range (OverflowError) before
             self.fail(f"{value} is more than a century: no recording goes back that far", param, ctx)
         return seconds

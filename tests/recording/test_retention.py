@@ -49,8 +49,11 @@ def test_durations_read_units_and_refuse_less_than_an_hour():
         with pytest.raises(ValueError, match="not a duration"):
             parse_duration(bad)
     assert DURATION.convert("2h", None, None) == 7200
-    with pytest.raises(click.BadParameter, match="less than an hour"):
+    with pytest.raises(click.BadParameter, match="less than an hour") as short:
         DURATION.convert("30m", None, None)
+    assert "bare number" not in str(short.value)
+    with pytest.raises(click.BadParameter, match=r"7 is less than an hour \(a bare number is seconds: 7h, 7d\? use a unit\)"):
+        DURATION.convert("7", None, None)  # meant 7 days: said as if the operator had asked for seconds
     assert MIN_RETAIN_S == 3600
     for huge in ("99999999999999999999w", "9" * 400 + "w", "100000w"):  # OverflowError tracebacks, or a year 110
         with pytest.raises(click.BadParameter, match="more than a century"):
