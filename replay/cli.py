@@ -27,18 +27,17 @@ summary, not click's bare "Aborted!" (exit 1, which a script read as a "no").
 
 from __future__ import annotations
 
-import contextlib
 import math
 import signal
 import socket
 import sys
-from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
 import click
 
 from recording.existing import held_recording, inside, reuse_message
+from recording.signals import SignalInterrupt, sigterm_as_interrupt
 from recording.cli_errors import OneLineError, a_number
 from recording.timespec import TIME, TIME_HELP, TimeSpec, cli_window
 from replay.load import Filters, Recording, ReplayLoadError, load_recording, parse_api, replay_start
@@ -209,31 +208,6 @@ def _warn_if_reused(record: Path) -> None:
         click.echo(f"kafkatap replay: warning: {reuse_message(record, held)}", err=True)
 
 
-class _Interrupted(KeyboardInterrupt):
-    """SIGTERM, raised where the command is, as Ctrl-C raises KeyboardInterrupt (`signum` says which)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM ends the command as Ctrl-C does: one line, the partial summary, 128 + the signal (143).
-
-    Why: killed by the default handler, a replay left no summary and a --record recording with open files.
-    While the replay runs, the engine handles SIGTERM on its loop instead (`replay.engine.run_replay`).
-    """
-    def raise_interrupt(signum: int, _frame: object) -> None:
-        raise _Interrupted(signum)
-
-    before = signal.signal(signal.SIGTERM, raise_interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, before)
-
-
 def interrupted_line(result: ReplayResult, total: int, signum: int, record: Path | None) -> str:
     """The line an interrupted replay ends with, before its partial summary (`ReplayInterrupted`)."""
     kept = f"; the replay's recording in {record} is closed and complete up to here" if record is not None else ""
@@ -324,7 +298,7 @@ def replay(recording: Path, target: str, speed: str, clients: tuple[str, ...], t
     recording closed.
     """
     try:
-        with _sigterm_as_interrupt():
+        with sigterm_as_interrupt():  # SIGTERM ends it as Ctrl-C does (one line, the partial summary, 143)
             _replay(recording, target, speed, clients, topics, apis, since, until, topic_map, record, fetch_mode,
                     no_create_topics, sasl_plain, same_cluster, yes, pending_timeout, response_timeout, strict,
                     proxy_id)
@@ -405,7 +379,7 @@ def _replay(recording: Path, target: str, speed: str, clients: tuple[str, ...], 
         try:
             confirmed = click.confirm("Send these requests to the target?", default=False, err=True)
         except click.Abort:  # Ctrl-C (or end of input) at the prompt: click's own "Aborted!" and exit 1 said nothing
-            raise _Interrupted(signal.SIGINT) from None
+            raise SignalInterrupt(signal.SIGINT) from None
         if not confirmed:
             click.echo("aborted", err=True)
             sys.exit(1)

@@ -38,6 +38,7 @@ from harness.kafka import LocalKafka, free_port
 from harness.wire import WireClient
 from protocol.apis import CREATE_TOPICS
 from protocol.errors import TOPIC_ALREADY_EXISTS
+from recording.signals import SignalInterrupt, sigterm_as_interrupt
 from scenarios.clients import ClientSpec, command_for
 from scenarios.spec import Proxy, Report, Scenario
 
@@ -79,19 +80,6 @@ def prepare_out(out: Path) -> None:
                                 f"{', '.join(s + '/' for s in OWNED_SUBDIRS)}\n")
     for sub in OWNED_SUBDIRS:
         shutil.rmtree(out / sub, ignore_errors=True)
-
-
-class SignalInterrupt(KeyboardInterrupt):
-    """The KeyboardInterrupt a run ends on when a signal (SIGTERM, or a Ctrl-C held until a block was done) stopped it.
-
-    A KeyboardInterrupt, so that every teardown that handles Ctrl-C handles it too; `signum` says
-    which signal it was, so that the command exits with the status the shell expects for it
-    (analytics.interrupt.exit_status: 143 for SIGTERM), as the analysis's own handler does.
-    """
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(f"signal {signum}")
-        self.signum = signum
 
 
 @dataclass
@@ -530,23 +518,6 @@ def _analyze(scenario: Scenario, result: RunResult, rec_dirs: dict[str, Path], s
     result.findings = report.findings
     for exp in scenario.expect:
         result.problems.extend(exp.problems(report))
-
-
-@contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """Turn SIGTERM into KeyboardInterrupt (SignalInterrupt) so `kill` cleans up like Ctrl-C does."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        raise SignalInterrupt(signum)
-
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
 
 
 def _addr_of(text: str) -> tuple[str, int]:

@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 import pytest
 
 from harness import netns
+from proxy_procs import ECHO_SERVER
 from recording.reader import read_recording
 from test_workers import KAFKATAP, ProxyProcess
 
@@ -26,18 +27,6 @@ pytestmark = pytest.mark.netns
 
 CLIENTS = 8
 
-ECHO = textwrap.dedent("""
-    import socket, sys, threading
-    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(64)
-    print("ready", flush=True)
-    def serve(c):
-        for data in iter(lambda: c.recv(100), b""):
-            c.sendall(data)
-        c.close()
-    while True:
-        c, _ = s.accept(); threading.Thread(target=serve, args=(c,), daemon=True).start()
-""")
 
 # one connection after another, each told at once (a reset, or a close before any answer)
 CLIENT = textwrap.dedent("""
@@ -66,7 +55,7 @@ def test_a_redirect_loop_is_refused_at_the_first_hop_whichever_worker_takes_it(f
     topo = fxt_topology
     client, server = topo.host("lw"), topo.host("le")
     topo.link(client, "10.77.61.1/24", server, "10.77.61.2/24")
-    echo = server.popen([sys.executable, "-c", ECHO, "10.77.61.2", "7000"], stdout=subprocess.PIPE, text=True)
+    echo = server.popen([sys.executable, "-c", ECHO_SERVER, "10.77.61.2", "7000"], stdout=subprocess.PIPE, text=True)
     assert echo.stdout.readline().strip() == "ready"
     client.run(KAFKATAP + ["iptables", "--mode", "local", "--port", "7000", "--mark", "0x1", "--no-ipv6", "--apply"])
     record = tmp_path / "rec"

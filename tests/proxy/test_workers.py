@@ -31,6 +31,7 @@ from proxy.cluster import ClusterStats
 from proxy.live import parse_metrics
 from proxy.metrics import LiveStats, merge_clients, merge_prometheus
 from recording.layout import worker_proxy_id
+from proxy_procs import ECHO_SERVER
 from recording.reader import read_recording
 
 KAFKATAP = [sys.executable, "-m", "kafkatap.cli", "--log-format", "json"]
@@ -335,18 +336,6 @@ def test_merge_sums_counters_and_histograms_bucket_wise_and_concatenates_clients
     assert sorted((c["conn_id"], c["worker"]) for c in clients["clients"]) == [("c1", "p-w1"), ("c2", "p-w2")]
 
 
-ECHO = """
-import socket, threading
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("10.77.52.2", 7000)); s.listen(64)
-print("ready", flush=True)
-def serve(c):
-    for data in iter(lambda: c.recv(100), b""):
-        c.sendall(data)
-    c.close()
-while True:
-    c, _ = s.accept(); threading.Thread(target=serve, args=(c,), daemon=True).start()
-"""
 
 
 @pytest.mark.netns
@@ -363,7 +352,7 @@ def test_transparent_mode_workers_each_take_the_original_destination():
         topo.enable_forwarding(gw)
         topo.route(client, "10.77.52.0/24", "10.77.51.2")
         topo.route(server, "10.77.51.0/24", "10.77.52.1")
-        echo = server.popen([sys.executable, "-c", ECHO], stdout=subprocess.PIPE, text=True)
+        echo = server.popen([sys.executable, "-c", ECHO_SERVER, "10.77.52.2", "7000"], stdout=subprocess.PIPE, text=True)
         assert echo.stdout.readline().strip() == "ready"
         gw.run(KAFKATAP + ["iptables", "--mode", "gateway", "--port", "7000", "--no-ipv6", "--apply"])
         p = ProxyProcess(["--transparent", "--listen", "0.0.0.0:15092", "--workers", "2", "--proxy-id", PROXY_ID],
