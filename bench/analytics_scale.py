@@ -7,8 +7,14 @@ more with Spark's event log on to say where its time went (bench/spark_timeline.
 start-up, planning between queries, queries running, writing; the counts of SQL
 executions, stages and tasks; `--no-timeline` skips it), then run the headline
 queries with DuckDB on the same Parquet files (also in a sampled subprocess).
-Prints a table and, with --write-results, replaces the
-"## analytics (bench/analytics_scale.py)" section of bench/RESULTS.md.
+Prints a table and, with --write-results, inserts it into bench/RESULTS.md as a
+new dated "## analytics (bench/analytics_scale.py), DATE" section right below the
+file's title (the file keeps the newest session on top); it never rewrites or
+removes what is already there, which is the sessions' hand-written history.
+
+A wall-time target is marked ✅ only when at least two of this checkout's runs
+each met it (the project's rule for a target); one run that met it reads
+"1 run: not enough to call", and a median over runs is never the test.
 
     .venv/bin/python bench/analytics_scale.py --sizes 1000000 10000000 --write-results
 
@@ -48,6 +54,19 @@ from spark_timeline import read as read_timeline  # noqa: E402
 
 SECTION = "## analytics (bench/analytics_scale.py)"
 SMALL_RECORDING = 100_000  # requests: a recording this small (the demo's is ~2,500) has the "small" target
+
+
+def verdict(walls: list[float], target: float) -> str:
+    """✅ when at least two runs each met `target`; one run is not enough to call, whatever its figure.
+
+    The median of two runs passes with one of them over the target, and one run on a shared machine says as
+    much about the neighbours as about the code: a target met is one that two runs meet."""
+    met = sum(w <= target for w in walls)
+    if met >= 2:
+        return f"✅ ({met} of {len(walls)} runs within)"
+    if len(walls) < 2:
+        return "✗ (1 run, over)" if met == 0 else "1 run: not enough to call"
+    return f"✗ ({met} of {len(walls)} runs within; two needed)"
 
 
 def target_s(requests: int) -> float | None:
@@ -283,8 +302,8 @@ def markdown(results: list[dict], cmd: str, rev: str | None = None) -> str:
         cpu = lambda k: f"{r[k]} s" if r.get(k) is not None else "n/a"  # noqa: E731
         read = f"{len(r['rollups'])} rollups" if r.get("rollups") else "requests only"
         lines.append(f"| {r['requests']:,} | {r['size_mib']} MiB ({r.get('rollups_mib', 0)} MiB) | {read} | {r['spark_s']} s | "
-                     f"{'≤ %d s' % tgt if tgt else ''} "
-                     f"{'✅' if tgt and r['spark_s'] <= tgt else '❌' if tgt else ''} | {cpu('spark_cpu_s')} | {r['spark_peak_mib']} MiB | "
+                     f"{'≤ %d s ' % tgt + verdict([x['wall_s'] for x in r['runs']], tgt) if tgt else ''} "
+                     f"| {cpu('spark_cpu_s')} | {r['spark_peak_mib']} MiB | "
                      f"{r['duckdb_s']} s | {cpu('duckdb_cpu_s')} | {r['duckdb_peak_mib']} MiB | {r['spark_s'] / max(r['duckdb_s'], 0.01):.0f}× | "
                      f"{r['load_before']}→{r['load_after']} |")
     if any(r["before_runs"] for r in results):
@@ -299,16 +318,22 @@ def markdown(results: list[dict], cmd: str, rev: str | None = None) -> str:
     return "\n".join(lines)
 
 
-def write_results(section: str) -> None:
-    path = ROOT / "bench" / "RESULTS.md"
+def write_results(section: str, path: Path = ROOT / "bench" / "RESULTS.md") -> None:
+    """Insert `section` under a dated `##` heading right after the file's `# ` title line, newest on top.
+
+    The file is the sessions' hand-written history: replacing "our" section up to the next `## ` heading
+    ran to the end of the file and deleted every session below it. Nothing existing is rewritten."""
     text = path.read_text() if path.exists() else "# Benchmark results\n"
-    if SECTION in text:
-        start = text.index(SECTION)
-        nxt = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + section + (text[nxt + 1:] if nxt != -1 else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text)
+    heading, _, body = section.partition("\n")
+    dated = f"{heading}, {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC\n{body}".rstrip("\n") + "\n\n"
+    lines = text.splitlines(keepends=True)
+    title = next((i for i, ln in enumerate(lines) if ln.startswith("# ")), None)
+    if title is None:  # no title: the new section goes first, the rest follows untouched
+        path.write_text(dated + text)
+        return
+    head = "".join(lines[:title + 1])
+    rest = "".join(lines[title + 1:])
+    path.write_text(head + ("" if head.endswith("\n") else "\n") + "\n" + dated + rest.lstrip("\n"))
 
 
 def main() -> None:
@@ -318,7 +343,8 @@ def main() -> None:
     ap.add_argument("--regenerate", action="store_true", help="rewrite the synthetic recordings even if present")
     ap.add_argument("--write-results", action="store_true", help="update bench/RESULTS.md")
     ap.add_argument("--generate-only", action="store_true")
-    ap.add_argument("--rounds", type=int, default=1, help="analyses of each size (with --before: pairs); Spark's figures are their medians")
+    ap.add_argument("--rounds", type=int, default=1, help="analyses of each size (with --before: pairs); Spark's figures are their medians, and a "
+                         "target is called only when two runs each meet it (use 2 or more)")
     ap.add_argument("--recording", type=Path, metavar="DIR",
                     help="analyze this recording instead of synthetic ones (e.g. the demo's: out/demo/recordings/kafkatap)")
     ap.add_argument("--no-timeline", dest="timeline", action="store_false",

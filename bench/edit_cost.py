@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -120,6 +121,17 @@ def _run_tree(tree: Path, calls: int) -> dict[str, dict[str, float]]:
     return json.loads(out.stdout.splitlines()[-1])
 
 
+def _alternate(trees: dict[str, Path], repeats: int, calls: int) -> dict[str, list[dict[str, dict[str, float]]]]:
+    """`repeats` measurements of every tree, their order swapped each repeat (the first run after a pause pays
+    for a cold CPU and cache)."""
+    runs: dict[str, list[dict[str, dict[str, float]]]] = {name: [] for name in trees}
+    for i in range(repeats):
+        order = list(trees) if i % 2 == 0 else list(reversed(trees))
+        for name in order:
+            runs[name].append(_run_tree(trees[name], calls))
+    return runs
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--before", metavar="REV", help="also measure git revision REV's code, alternating")
@@ -132,11 +144,11 @@ def main() -> None:
     trees = {"after": ROOT}
     if args.before:
         trees = {"before": Path(extract_revision(ROOT, args.before)), "after": ROOT}
-    runs: dict[str, list[dict[str, dict[str, float]]]] = {name: [] for name in trees}
-    for i in range(args.repeats):
-        order = list(trees) if i % 2 == 0 else list(reversed(trees))
-        for name in order:
-            runs[name].append(_run_tree(trees[name], args.calls))
+    try:
+        runs = _alternate(trees, args.repeats, args.calls)
+    finally:  # REV's extracted tree (~85 MB, every CI run through the test) goes whatever happens
+        if "before" in trees:
+            shutil.rmtree(trees["before"], ignore_errors=True)
     print(f"µs per call, median of {args.repeats} repeats of {args.calls:,} calls"
           + (f"; before = {args.before}, after = this checkout" if args.before else ""))
     for case in runs["after"][0]:

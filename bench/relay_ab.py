@@ -17,6 +17,7 @@ differences after − before over both orders.
 from __future__ import annotations
 
 import argparse
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -61,6 +62,27 @@ def one_order(order: list[tuple[str, Path]], kafka: LocalKafka, frame: bytes, tm
             p.wait(30)
 
 
+def compare(before: Path, tmp: Path, rounds: int, requests: int) -> list[float]:
+    """after − before p50 added, per round, over both start orders, against one LocalKafka (proxies record in
+    `tmp`)."""
+    p_cap = free_port()
+    kafka = LocalKafka(broker_props={"advertised.listeners": f"PLAINTEXT://127.0.0.1:{p_cap}"})
+    kafka.start()
+    diffs = []
+    try:
+        frame = capture_produce_frame(f"127.0.0.1:{p_cap}", f"127.0.0.1:{kafka.port}", "bench-lat")
+        sides = [("after", ROOT), ("before", before)]
+        for order in (sides, sides[::-1]):
+            for r, added in enumerate(one_order(order, kafka, frame, tmp, rounds, requests)):
+                print(f"{order[0][0]} started first, round {r}: " + "; ".join(
+                    f"{k} +{a50:.0f} µs p50 (+{a99:.0f} p99)" for k, (a50, a99) in added.items()), flush=True)
+                diffs.append(added["after"][0] - added["before"][0])
+    finally:
+        kafka.stop()
+        kafka.cleanup()
+    return diffs
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--before", type=Path, required=True, help="the other checkout (a git worktree of the old commit)")
@@ -71,21 +93,10 @@ def main() -> None:
     if not (before / "kafkatap" / "cli.py").exists():
         ap.error(f"{before} is not a kafkatap checkout")
     tmp = Path(tempfile.mkdtemp(prefix="kt-relay-ab-"))
-    p_cap = free_port()
-    kafka = LocalKafka(broker_props={"advertised.listeners": f"PLAINTEXT://127.0.0.1:{p_cap}"})
-    kafka.start()
-    diffs = []
     try:
-        frame = capture_produce_frame(f"127.0.0.1:{p_cap}", f"127.0.0.1:{kafka.port}", "bench-lat")
-        sides = [("after", ROOT), ("before", before)]
-        for order in (sides, sides[::-1]):
-            for r, added in enumerate(one_order(order, kafka, frame, tmp, args.rounds, args.requests)):
-                print(f"{order[0][0]} started first, round {r}: " + "; ".join(
-                    f"{k} +{a50:.0f} µs p50 (+{a99:.0f} p99)" for k, (a50, a99) in added.items()), flush=True)
-                diffs.append(added["after"][0] - added["before"][0])
-    finally:
-        kafka.stop()
-        kafka.cleanup()
+        diffs = compare(before, tmp, args.rounds, args.requests)
+    finally:  # every proxy's recording: only the latencies are wanted
+        shutil.rmtree(tmp, ignore_errors=True)
     print(f"after − before, p50 added, mean of {len(diffs)} rounds over both orders: {sum(diffs) / len(diffs):+.1f} µs "
           f"(per round: {', '.join(f'{d:+.0f}' for d in diffs)})")
 

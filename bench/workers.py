@@ -26,8 +26,12 @@ How (and why this way):
    each measurement; 1 and 2 workers alternate within a round.
 
 `--capacity` answers the issue's question for a proxy that must record everything: per worker count,
-the highest offered rate at which no connection falls behind decoding and the rows keep up with what
-is relayed (`find_capacity`: steps up by a quarter, then halves the gap twice). A saturating load
+the highest offered rate at which no connection falls behind decoding, the rows keep up with what
+is relayed, and the recorder keeps up with the rows: none dropped, and the rows written to Parquet over
+the window >= 95 % of those decoded (or its queue not growing: a flush may fall just outside the window),
+read from the proxy's /metrics (`find_capacity`: steps up by a quarter, then halves the gap twice).
+Decoded rows are not recorded rows: a writer that falls behind queues them, then drops them, while the
+decoding counters still rise. A saturating load
 overstates the relay (most connections go opaque) and understates decoding by however many
 connections happened to fall behind in the warm-up (one worker decoded 15.0k and 21.7k requests/s in
 two runs of the same 40k load).
@@ -59,7 +63,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -231,11 +235,62 @@ def wait_ready(proxy: subprocess.Popen, workers: int, timeout: float = 120.0) ->
     return opaque
 
 
+def metrics_text(status: int) -> str:
+    """The proxy's /metrics (the parent's: it merges every worker's)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{status}/metrics", timeout=10) as r:
+        return r.read().decode()
+
+
 def rows_total(status: int) -> float:
     """Requests the whole proxy decoded into rows so far, live (its /metrics merges every worker's;
     `kafkatap_request_rows_total` counts only closed connections)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{status}/metrics", timeout=10) as r:
-        return metric(r.read().decode(), "kafkatap_requests_total")
+    return metric(metrics_text(status), "kafkatap_requests_total")
+
+
+class RecorderReading(NamedTuple):
+    """The recorder's counters at one moment, from /metrics: request rows written and queued, rows dropped."""
+    written: float
+    queued: float
+    dropped: float  # every dataset: a dropped connection row is a hole in the recording too
+
+
+def recorder_reading(status: int) -> RecorderReading:
+    text = metrics_text(status)
+    return RecorderReading(metric(text, "kafkatap_recording_rows_written_total", dataset="requests"),
+                           metric(text, "kafkatap_recording_queue_rows", dataset="requests"),
+                           metric(text, "kafkatap_recording_dropped_rows_total"))
+
+
+class RecorderWindow(NamedTuple):
+    """What the recorder did over a measurement window: request rows written per second, its request queue at
+    the window's start and end, and the rows dropped since the proxy started (warm-up included)."""
+    written: float
+    queue_start: float
+    queue_end: float
+    dropped: float
+
+    @classmethod
+    def between(cls, a: RecorderReading, b: RecorderReading, seconds: float) -> "RecorderWindow":
+        return cls((b.written - a.written) / seconds, a.queued, b.queued, b.dropped)
+
+    def kept_up(self, decoded: float) -> bool:
+        """No row dropped, and the rows written keep up with those decoded (or the queue is not growing, for a
+        flush that fell just outside the window): decoded rows only count as recorded once they are on disk."""
+        steady = self.queue_end <= self.queue_start and self.written > 0
+        return self.dropped == 0 and (self.written >= KEPT_UP * decoded or steady)
+
+    def describe(self) -> str:
+        return (f"written {self.written:,.0f}/s, queue {self.queue_start:,.0f} -> {self.queue_end:,.0f} rows, "
+                f"{self.dropped:,.0f} dropped")
+
+
+class Measured(NamedTuple):
+    """One window through a fresh proxy (see `measure`)."""
+    relayed: float  # requests/s the load got answered
+    cpu_pct: float  # of the whole proxy: parent, workers, writer processes
+    behind: int  # connections whose decoding fell behind (relayed opaque from then on)
+    decoded: float  # requests/s decoded into rows
+    recorder: RecorderWindow | None  # None with --no-record
 
 
 SPREAD: dict[int, str] = {}  # worker count -> the last measurement's open connections per worker, "21 / 11"
@@ -253,10 +308,9 @@ LOAD_CPU: dict[int, float] = {}  # worker count -> CPU % of the load and the fak
 
 
 def measure(workers: int, upstream: Upstream, args: argparse.Namespace,
-            work: Path, offered: float | None = None) -> tuple[float, float, int, float]:
-    """(requests/s the load got answered, CPU % of the whole proxy, connections whose decoding fell behind,
-    requests/s decoded into rows) through a fresh `kafkatap proxy --workers N`, offered `offered` requests/s in
-    all (default: `--rate`, or saturating)."""
+            work: Path, offered: float | None = None) -> Measured:
+    """One window through a fresh `kafkatap proxy --workers N`, offered `offered` requests/s in all (default:
+    `--rate`, or saturating): what was relayed, decoded and (recording on) written, and the proxy's CPU."""
     offered = args.rate if offered is None else offered
     port, status = free_port(), free_port()
     rec = work / f"rec-{workers}-{time.monotonic_ns()}"
@@ -277,15 +331,17 @@ def measure(workers: int, upstream: Upstream, args: argparse.Namespace,
         time.sleep(args.warm)  # the load's own warm-up; its counts come from its own clock
         driving = load.pids + upstream.pids
         c0, r0, t0 = tree_cpu_s(proxy.pid), rows_total(status), time.monotonic()
+        w0 = None if args.no_record else recorder_reading(status)
         l0 = sum(tree_cpu_s(pid) for pid in driving)
         time.sleep(args.window)
         c1, r1, t1 = tree_cpu_s(proxy.pid), rows_total(status), time.monotonic()
+        w1 = None if args.no_record else recorder_reading(status)
         l1 = sum(tree_cpu_s(pid) for pid in driving)
         if workers > 1:
             SPREAD[workers] = worker_spread(status)
         LOAD_CPU[workers] = 100 * (l1 - l0) / (t1 - t0)
-        rate = load.rate()
-        return rate, 100 * (c1 - c0) / (t1 - t0), opaque[0], (r1 - r0) / (t1 - t0)
+        recorder = RecorderWindow.between(w0, w1, t1 - t0) if w0 is not None and w1 is not None else None
+        return Measured(load.rate(), 100 * (c1 - c0) / (t1 - t0), opaque[0], (r1 - r0) / (t1 - t0), recorder)
     finally:
         if load is not None:
             load.close()
@@ -298,16 +354,21 @@ def measure(workers: int, upstream: Upstream, args: argparse.Namespace,
 
 
 # A rate is sustained when the whole proxy does its whole job at it: every connection still decoded, the
-# rows keeping up with what is relayed, and what is relayed keeping up with what is offered.
+# rows keeping up with what is relayed, what is relayed keeping up with what is offered, and (recording on)
+# the recorder writing what is decoded without dropping any of it.
 KEPT_UP = 0.95
 
 
-def sustained(offered: float, relayed: float, behind: int, decoded: float) -> bool:
-    """True when the proxy relayed and decoded (into rows) all of `offered` requests/s in the window."""
-    return behind == 0 and relayed >= KEPT_UP * offered and decoded >= KEPT_UP * relayed
+def sustained(offered: float, m: Measured) -> bool:
+    """True when the proxy relayed, decoded and (recording on) recorded all of `offered` requests/s in the window.
+
+    Decoding counters alone said "recorded in full" with the writer stopped: rows were decoded and queued,
+    then dropped, and nothing reached the disk."""
+    recorded = m.recorder is None or m.recorder.kept_up(m.decoded)
+    return m.behind == 0 and m.relayed >= KEPT_UP * offered and m.decoded >= KEPT_UP * m.relayed and recorded
 
 
-def find_capacity(workers: int, run: Callable[[float], tuple[float, float, int, float]], start: float,
+def find_capacity(workers: int, run: Callable[[float], Measured], start: float,
                   log: Callable[[str], None]) -> tuple[float, float]:
     """The highest offered rate the proxy sustains (`sustained`), and what it decoded there.
 
@@ -318,13 +379,14 @@ def find_capacity(workers: int, run: Callable[[float], tuple[float, float, int, 
     proxy that still records everything reaches.
     """
     def ok(rate: float) -> tuple[bool, float]:
-        relayed, pct, behind, decoded = run(rate)
-        good = sustained(rate, relayed, behind, decoded)
-        log(f"--workers {workers}: offered {rate:,.0f}/s: relayed {relayed:,.0f}, decoded {decoded:,.0f}, "
-            f"{behind} fell behind, proxy CPU {pct:.0f} %, load CPU {LOAD_CPU.get(workers, 0):.0f} %"
+        m = run(rate)
+        good = sustained(rate, m)
+        log(f"--workers {workers}: offered {rate:,.0f}/s: relayed {m.relayed:,.0f}, decoded {m.decoded:,.0f}, "
+            f"{m.behind} fell behind, {m.recorder.describe() if m.recorder else 'recording off'}, "
+            f"proxy CPU {m.cpu_pct:.0f} %, load CPU {LOAD_CPU.get(workers, 0):.0f} %"
             f"{f', connections per worker {SPREAD[workers]}' if workers in SPREAD else ''} -> "
             f"{'sustained' if good else 'not sustained'}")
-        return good, decoded
+        return good, m.decoded
 
     good, bad, got = 0.0, 0.0, 0.0
     rate = start
@@ -359,7 +421,9 @@ def capacity_report(args: argparse.Namespace, caps: dict[int, list[tuple[float, 
     print(f"`{' '.join(['.venv/bin/python', 'bench/workers.py', *sys.argv[1:]])}` — {os.cpu_count()} cores, "
           f"load average {load0[0]:.2f} before / {load1[0]:.2f} after; recording {'off' if args.no_record else 'on'}; "
           f"--balance {args.balance}; {describe_load(args)}; a rate is sustained when no connection falls behind decoding, the loaders get "
-          f">= {KEPT_UP:.0%} of it answered and the rows keep up with >= {KEPT_UP:.0%} of that\n")
+          f">= {KEPT_UP:.0%} of it answered, the rows keep up with >= {KEPT_UP:.0%} of that"
+          + ("" if args.no_record else f", and the recorder drops no row and writes >= {KEPT_UP:.0%} of the rows "
+             "decoded (or its queue does not grow), read from the proxy's /metrics") + "\n")
     print("| workers | sustained requests/s (median) | per round | decoded into rows there, per round |")
     print("|---|---|---|---|")
     for w, got in caps.items():
@@ -430,7 +494,7 @@ def main() -> None:
             else:
                 for rnd in range(args.rounds):
                     for workers in ((1, 2) if rnd % 2 == 0 else (2, 1)):
-                        rate, pct, behind, rows = measure(workers, upstream, args, Path(tmp))
+                        rate, pct, behind, rows, recorder = measure(workers, upstream, args, Path(tmp))
                         results[workers].append(rate)
                         cpu[workers].append(pct)
                         load_cpu[workers].append(LOAD_CPU[workers])
@@ -439,6 +503,7 @@ def main() -> None:
                         print(f"round {rnd + 1}: --workers {workers}: {rate:,.0f} requests/s relayed, {rows:,.0f} decoded "
                               f"into rows, proxy CPU {pct:.0f} %, load CPU {LOAD_CPU[workers]:.0f} %, {behind} of "
                               f"{args.loaders * CONNS_PER_LOADER} connections fell behind decoding"
+                              f"{f', recorder {recorder.describe()}' if recorder else ''}"
                               f"{f', connections per worker {SPREAD[workers]}' if workers in SPREAD else ''}", file=sys.stderr)
         finally:
             upstream.close()
