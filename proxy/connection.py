@@ -529,8 +529,11 @@ class Connection:
                 obs.feed(flow.request, piece, now)
 
     def _written(self, flow: Flow, nbytes: int) -> None:
-        """A fault queue handed `nbytes` of `flow` to its transport."""
-        flow.stamps.handed(nbytes, self.now())
+        """A fault queue handed `nbytes` of `flow` to its transport: activity, for the idle-reset fault too (a
+        capped link delivering a response is not idle; it was reset as one, its bytes never counted)."""
+        now = self.now()
+        self.last_activity = now
+        flow.stamps.handed(nbytes, now)
         if self.observer is not None:
             self.observer.settle(flow.request)
 

@@ -81,6 +81,10 @@ class Faults:
 NO_FAULTS = Faults()
 
 
+SLICE_S = 0.01  # a capped link releases about this much of its time's bytes at once (DelayedWriter._slices)
+SLICE_MIN_BYTES, SLICE_MAX_BYTES = 1024, 16384
+
+
 class DelayedWriter:
     """A FIFO in front of a transport that releases chunks at their due time.
 
@@ -134,19 +138,36 @@ class DelayedWriter:
         delay = s.latency_ms / 1000.0
         if s.jitter_ms:
             delay += self._rng.uniform(0, s.jitter_ms) / 1000.0
-        sent = now
-        if s.bandwidth_bps:  # a chunk leaves when the link has carried it, then travels: a WAN link's two costs add up
-            sent = max(now, self._link_free) + len(data) / s.bandwidth_bps
-            self._link_free = sent
-        due = max(sent + delay, self._last_due)
-        self._last_due = due
-        self._queue.append((due, data))
+        for piece in self._slices(data):
+            sent = now
+            if s.bandwidth_bps:  # a piece leaves when the link has carried it, then travels: a WAN link's costs add up
+                sent = max(now, self._link_free) + len(piece) / s.bandwidth_bps
+                self._link_free = sent
+            due = max(sent + delay, self._last_due)
+            self._last_due = due
+            self._queue.append((due, piece))
         self._queued += len(data)
         if self._timer is None:
             self._arm()
         if not self._backlogged and self._queued > self._limit:
             self._backlogged = True
             self._on_backlog(True)
+
+    def _slices(self, data: bytes) -> list[bytes]:
+        """`data` in pieces of about SLICE_S of a bandwidth cap's time (all of it without a cap).
+
+        Why: a read chunk is up to 256 KiB, and held whole until the cap had carried it, a capped link
+        went silent for seconds (4 s at 64 KiB/s) and then delivered a burst: client timeouts and an
+        idle-reset fired on a link that a real slow one keeps busy.
+        """
+        bps = self._spec.bandwidth_bps
+        if not bps:
+            return [data]
+        step = max(SLICE_MIN_BYTES, min(SLICE_MAX_BYTES, int(bps * SLICE_S)))
+        if len(data) <= step:
+            return [data]
+        view = memoryview(data)
+        return [bytes(view[i:i + step]) for i in range(0, len(data), step)]
 
     def write_eof_after(self, fn: Callable[[], None]) -> None:
         """Run `fn` (the half-close) once everything queued has been written."""
@@ -185,7 +206,8 @@ class DelayedWriter:
 
 FAULT_SPEC_HELP = """\
 latency=DIR:MS[:JITTER_MS]  added delay per chunk (jitter uniform 0..J, order kept)
-bandwidth=DIR:BYTES_PER_S   cap the throughput one way (a latency on it starts once a chunk is through)
+bandwidth=DIR:BYTES_PER_S   cap each connection's throughput one way, a steady trickle (a latency on it starts
+                            once a piece is through)
 close-after=DIR:BYTES       forward BYTES that way, then close both sides (FIN)
 idle-reset=DURATION         RST both sides after DURATION without a byte (a firewall): 30, 30s, 500ms, 2m
 refuse                      accept new clients and reset them at once

@@ -366,10 +366,11 @@ def run_scenario(
                     sink = NullSink()
                 route = ["%s:%d=%s" % (*listen[p.name], up)]
                 kw = dict(sink=sink, faults=p.faults, proxy_id=p.name, tcp_info_interval=2.0,
-                          # a proxy in front of this one (the demo's "firewall"): its address leads here, the
-                          # broker advertising it is no bypass
+                          # every proxy in front of this one, directly or through others (the demo's "firewall",
+                          # middlebox-latency's A through its middlebox): its address leads here, and a broker
+                          # advertising it is no bypass (B reported A's clients as going around it)
                           fronted_by=[_addr_of(q.advertise or "%s:%d" % listen[q.name])
-                                      for q in scenario.proxies if q.upstream == p.name])
+                                      for q in _in_front_of(scenario.proxies, p.name)])
                 layer = None
                 if p.kafka_faults:  # Kafka-level faults (proxy.kafka_faults): the layer on every connection
                     from proxy.kafka_faults import FaultRules, KafkaFaultLayer
@@ -518,6 +519,18 @@ def _analyze(scenario: Scenario, result: RunResult, rec_dirs: dict[str, Path], s
     result.findings = report.findings
     for exp in scenario.expect:
         result.problems.extend(exp.problems(report))
+
+
+def _in_front_of(proxies: list[Proxy], name: str) -> list[Proxy]:
+    """The proxies whose traffic reaches proxy `name`: those upstream of which it is, and theirs, in chain order."""
+    found: list[Proxy] = []
+    targets = {name}
+    while True:
+        step = [q for q in proxies if q.upstream in targets and q not in found]
+        if not step:
+            return found
+        found += step
+        targets = {q.name for q in step}
 
 
 def _addr_of(text: str) -> tuple[str, int]:

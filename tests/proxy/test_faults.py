@@ -40,6 +40,27 @@ def test_bandwidth_cap(sink):
     assert 0.4 <= took < 3.0
 
 
+def test_a_capped_link_trickles_and_is_not_idle_while_it_delivers(sink):
+    """bandwidth= held each read chunk (up to 256 KiB) until the cap had carried it: seconds of silence, then a
+    burst; and idle-reset, counting only reads and drains as activity, reset a connection delivering bytes."""
+    f = Faults(to_client=DirectionFaults(bandwidth_bps=200_000), idle_reset_s=0.6)
+    payload = b"t" * 300_000  # 1.5 s at the cap
+    with EchoServer() as echo, RunningProxy(upstream=f"127.0.0.1:{echo.port}", sink=sink, faults=f) as p:
+        c = socket.create_connection(p.listen_addr)
+        c.sendall(payload)
+        got, gaps, last = 0, [], time.monotonic()
+        while got < len(payload):
+            chunk = c.recv(65536)
+            assert chunk, f"reset or closed after {got} of {len(payload)} bytes"
+            now = time.monotonic()
+            gaps.append(now - last)
+            last, got = now, got + len(chunk)
+        c.close()
+        (row,) = sink.wait_final(1)
+    assert max(gaps[1:]) < 0.3, max(gaps[1:])  # a trickle, not bursts a second apart
+    assert row["end_reason"] != "fault", row["end_detail"]
+
+
 def test_close_after_bytes(sink):
     f = Faults(to_client=DirectionFaults(close_after_bytes=1000))
     with EchoServer() as echo, RunningProxy(upstream=f"127.0.0.1:{echo.port}", sink=sink, faults=f) as p:
@@ -88,9 +109,11 @@ def test_a_capped_link_still_pays_its_latency() -> None:
     clock = _Clock()
     w = DelayedWriter(clock, DirectionFaults(latency_ms=100, bandwidth_bps=100_000), lambda b: None,  # type: ignore[arg-type]
                       lambda n: None, lambda p: None, random.Random(1), clock=clock.time)
-    w.send(b"x" * 100_000)  # 1 s on the link, then 100 ms of travel
+    w.send(b"x" * 100_000)  # 1 s on the link, then 100 ms of travel: in pieces of 10 ms on the link, each then travels
     w.send(b"y" * 10)
-    assert [round(due, 4) for due, _ in w._queue] == [2.1, 2.1001]
+    dues = [round(due, 4) for due, _ in w._queue]
+    assert dues[-2:] == [2.1, 2.1001] and dues[0] == round(1.0 + 1024 / 100_000 + 0.1, 4)
+    assert sum(len(piece) for _, piece in w._queue) == 100_010 and w.queued == 100_010
     clock.t = 10.0  # an idle link: a small chunk costs its latency (and its 0.1 ms on the link)
     w.send(b"z" * 10)
     assert round(w._queue[-1][0], 4) == 10.1001

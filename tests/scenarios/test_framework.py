@@ -288,3 +288,14 @@ def test_a_scenario_file_with_a_mistake_is_refused_in_one_line_before_anything_s
     res = CliRunner().invoke(cli, ["scenario", "run", str(f), "--out", str(tmp_path / "out")])
     assert res.exit_code == 2 and says in res.output and "Traceback" not in res.output, res.output
     assert not started
+
+
+def test_a_proxy_is_fronted_by_every_proxy_whose_traffic_reaches_it() -> None:
+    """middlebox-latency: client → A → middlebox → B. The broker advertises A's address; B was told only of the
+    middlebox in front of it, so its recording said A's clients went around it (a CRITICAL bypass finding)."""
+    from scenarios.catalog.middlebox_latency import SCENARIO
+    from scenarios.runner import _in_front_of
+
+    assert [q.name for q in _in_front_of(SCENARIO.proxies, "B")] == ["middlebox", "A"]
+    assert [q.name for q in _in_front_of(SCENARIO.proxies, "middlebox")] == ["A"]
+    assert _in_front_of(SCENARIO.proxies, "A") == []
