@@ -110,10 +110,11 @@ def analyze(dirs: tuple[str, ...], out: str | None, master: str | None, since: T
             raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--conf")
         k, v = item.split("=", 1)
         spark_conf[k.strip()] = v.strip()
-    if master is not None:
-        unreachable = master_unreachable(master)
+    chosen = master if master is not None else os.environ.get(MASTER_ENV)  # as analytics.session.default_master
+    if chosen is not None:  # the environment's master is checked as --master is (a minute of retries, 89 lines)
+        unreachable = master_unreachable(chosen)
         if unreachable:
-            raise click.BadParameter(unreachable, param_hint="'--master'")
+            raise click.BadParameter(unreachable, param_hint="'--master'" if master is not None else MASTER_ENV)
     twice = repeated(dirs)
     if twice:
         raise click.BadParameter(f"{twice} is given twice: each recording is read once (its requests would count twice)",
@@ -162,6 +163,11 @@ def _run(dirs: tuple[str, ...], out: str, created: Path | None, quiet: bool, **k
                 if failed is None:
                     raise
                 path, vanished = failed
+                if vanished and "://" not in path and os.path.exists(path):  # here, yet a task could not open it
+                    raise click.ClickException(
+                        f"the Spark executors cannot read {path}, which this machine (the driver) reads: on a cluster "
+                        "every executor needs the recording at the same path (a shared file system, or HDFS/S3), "
+                        "readable by the user the workers run as (README: running the analysis on a cluster)") from None
                 if not vanished:
                     raise click.ClickException(unreadable_file(path)) from None
                 if attempt == READ_ATTEMPTS:
@@ -181,11 +187,19 @@ def _run(dirs: tuple[str, ...], out: str, created: Path | None, quiet: bool, **k
             raise
         raise click.ClickException("Spark's JVM did not start (its own message is above): check --master and "
                                    "--conf") from None
+    except Exception as exc:  # noqa: BLE001 - a Java error from Spark: its first line and what to do, not 300 lines
+        _abandon(out, created)
+        said = java_error_line(exc)
+        if said is None:
+            raise
+        raise click.ClickException(said) from None
     except BaseException:
         _abandon(out, created)
         raise
     raise AssertionError("unreachable: the last attempt returns or raises")
 
+
+MASTER_ENV = "KAFKATAP_SPARK_MASTER"  # the master when --master is not given (analytics.session.default_master)
 
 # Spark's message for a file it listed but could not read: FAILED_READ_FILE, with a sub-class
 # (FILE_NOT_EXIST when it was deleted after the listing) and the file's URI.
@@ -205,6 +219,33 @@ def read_failure(exc: BaseException) -> tuple[str, bool] | None:
         return None
     path = m[2].removeprefix("file://")
     return path, m[1] == "FILE_NOT_EXIST" or "FileNotFoundException" in str(exc)
+
+
+# Java errors an operator meets setting the analysis up, and what to do about each (`java_error_line`)
+JAVA_ERROR_HINTS = (
+    ("INVALID_DRIVER_MEMORY", "raise it: --conf spark.driver.memory=1g (or more)"),
+    ("S3AFileSystem", "the driver and the executors need the hadoop-aws connector: --conf "
+                      "spark.jars.packages=org.apache.hadoop:hadoop-aws:VERSION (the Hadoop version Spark ships)"),
+    ("ConnectException", "the file system's address does not answer: check the host and port in the path"),
+    ("UnknownHostException", "the host in the path does not resolve"),
+    ("No FileSystem for scheme", "Spark has no connector for this scheme: add its package with --conf spark.jars.packages"),
+)
+
+
+def java_error_line(exc: BaseException) -> str | None:
+    """One line for a Java exception Spark raised (Py4JJavaError), with a hint when it is a known set-up mistake;
+    None for anything else. Why: a driver with too little memory, an s3a:// path without its connector or an
+    hdfs:// host that refuses ended in 80-300 lines of Python and Java trace."""
+    java = getattr(exc, "java_exception", None)
+    if java is None:
+        return None
+    try:
+        text = str(java.toString())
+    except Exception:  # noqa: BLE001 - the gateway is gone: nothing better to say than the trace
+        return None
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    hint = next((h for key, h in JAVA_ERROR_HINTS if key in text), None)
+    return f"Spark failed: {first}" + (f" — {hint}" if hint else "")
 
 
 def repeated(dirs: tuple[str, ...]) -> str | None:

@@ -104,6 +104,51 @@ def test_a_file_compacted_away_while_read_is_read_again(tmp_path, fake_job) -> N
     assert res.exit_code == 1 and "went away while it was being read, 3 times" in res.output
 
 
+def test_a_file_the_driver_reads_but_the_executors_cannot_is_said_so_and_not_retried(tmp_path, fake_job) -> None:
+    """A cluster's executors without the recording at that path (the driver's local disk) or without permission:
+    it was "went away … a running proxy compacted it", retried three times, with "analyze a copy" as advice."""
+    calls, fail = fake_job
+    _recording(tmp_path / "rec")
+    (there,) = (tmp_path / "rec" / "requests").rglob("*.parquet")
+    fail.append(Exception(FILE_NOT_EXIST.replace("/r/requests/proxy=p/date=2026-11-20/hour=10/part-a.parquet",
+                                                 str(there))))
+    res = _invoke(str(tmp_path / "rec"), "--out", str(tmp_path / "out"))
+    assert res.exit_code == 1 and len(calls) == 1, res.output
+    assert f"the Spark executors cannot read {there}, which this machine (the driver) reads" in res.output
+
+
+class _JavaError(Exception):
+    """What py4j raises for a Java exception: the exception object is in `java_exception`."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__("An error occurred while calling o42.load.")
+        self.java_exception = type("J", (), {"toString": lambda _self: text})()
+
+
+@pytest.mark.parametrize("java, says", [
+    ("org.apache.spark.SparkIllegalArgumentException: [INVALID_DRIVER_MEMORY] System memory 447741952 must be at "
+     "least 471859200.\n\tat org.apache.spark...", "--conf spark.driver.memory=1g"),
+    ("java.lang.RuntimeException: java.lang.ClassNotFoundException: Class org.apache.hadoop.fs.s3a.S3AFileSystem "
+     "not found", "hadoop-aws"),
+])
+def test_a_java_set_up_error_is_one_line_with_what_to_do(tmp_path, fake_job, java, says) -> None:
+    """A driver with too little memory, an s3a:// path without its connector: 80-300 lines of trace."""
+    _recording(tmp_path / "rec")
+    fake_job[1].append(_JavaError(java.replace("\\n", "\n")))
+    res = _invoke(str(tmp_path / "rec"), "--out", str(tmp_path / "out"))
+    assert res.exit_code == 1 and res.output.strip().startswith("Error: Spark failed: ") and says in res.output
+    assert len(res.output.strip().splitlines()) == 1, res.output
+
+
+def test_the_environments_master_is_checked_as_the_option_is(tmp_path, fake_job, monkeypatch) -> None:
+    """KAFKATAP_SPARK_MASTER skipped the check --master gets: a minute of retries and 89 lines of trace."""
+    _recording(tmp_path / "rec")
+    monkeypatch.setenv("KAFKATAP_SPARK_MASTER", "spark-master:7077")
+    res = _invoke(str(tmp_path / "rec"), "--out", str(tmp_path / "out"))
+    assert res.exit_code == 2 and "KAFKATAP_SPARK_MASTER" in res.output and "is not a Spark master" in res.output
+    assert not fake_job[0]
+
+
 def test_other_failures_are_not_retried(tmp_path, fake_job) -> None:
     calls, fail = fake_job
     _recording(tmp_path / "rec")
