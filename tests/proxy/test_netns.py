@@ -301,8 +301,8 @@ def test_transparent_default_listener_serves_ipv4_and_ipv6_and_remove_needs_no_a
         assert "-X KAFKATAP" in preview.stdout and "dry run" in preview.stderr
         assert _nat_rules(gw) == installed  # a preview changes nothing
         removed = gw.run(KAFKATAP + ["iptables", "--remove"])
-        assert "KAFKATAP" in removed.stdout
-        assert removed.stdout.splitlines()[1:] == preview.stdout.splitlines()  # it did what the preview said
+        assert "KAFKATAP" in removed.stdout and removed.stderr.strip().endswith("removed:")
+        assert removed.stdout.splitlines() == preview.stdout.splitlines()  # it did what the preview said: commands only
         assert _nat_rules(gw) == before
     assert {r["original_dst"] for r in rows} == {"10.77.42.2:7000", "[fd77:42::2]:7000"}
     assert all(r["mode"] == "transparent" and r["original_dst"] == r["broker_addr"] for r in rows)
