@@ -86,18 +86,17 @@ from proxy.flow import (
 from proxy.inference import inferred_cause
 from proxy.intercept import ConnInfo, FrameEditor, chain
 from proxy.loop_guard import LOOP_DETAIL, SELF_LOOP_DETAIL, RedirectLooped
-
-# A client whose target another worker is connecting to waits for that worker's note (proxy.loop_guard), a step at a
-# time (uvloop's timers count whole milliseconds: a shorter step fires at once, and 40 of them passed before the
-# other worker, kept off both cores, ran again), at most SETTLE_WAITS steps; then it is served as before.
-SETTLE_STEP_S = 0.001
-SETTLE_WAITS = 50
 from proxy.marks import set_mark
 from proxy.observer import ObserveScheduler, Observer
 from proxy.tls import handshake_hangup, hung_up_in_handshake
 from proxy.topics import ids_named
 
 log = structlog.get_logger("kafkatap.proxy")
+# A client whose target another worker is connecting to waits for that worker's note (proxy.loop_guard), a step at a
+# time (uvloop's timers count whole milliseconds: a shorter step fires at once, and 40 of them passed before the
+# other worker, kept off both cores, ran again), at most SETTLE_WAITS steps; then it is served as before.
+SETTLE_STEP_S = 0.001
+SETTLE_WAITS = 50
 QUIET_NS = 1_000_000_000  # a pause this long before a read is remembered (Connection.quiet)
 RESET_ANSWER_NS = 2_000_000_000  # a broker-side reset this soon after a pause ended answers what ended it
 
@@ -706,8 +705,9 @@ class Connection:
         self._cancel_connect()
         if peer is self.broker and self.facts.end is None and self.ctx.loop_guard.caught_by_sibling(self._upstream_key):
             # a sibling worker accepted our upstream connection and refused it as a loop: say so, not "broker reset"
-            self._set_end("upstream_connect_failed", "proxy", self._loop_detail())
-            self.ctx.hub.connect_failed(self, self._loop_detail())
+            detail = self._loop_detail()
+            self._set_end("upstream_connect_failed", "proxy", detail)
+            self.ctx.hub.connect_failed(self, detail)
         toward = self.requests if peer is self.client else self.responses  # the flow into the other peer
         other = toward.dst
         if exc is not None:

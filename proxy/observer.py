@@ -52,6 +52,7 @@ import asyncio
 import weakref
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from time import perf_counter_ns
 from typing import Any, Protocol
 
@@ -59,7 +60,7 @@ from protocol.apis import API_VERSIONS, CLUSTER_ID_APIS, PRODUCE, SASL_AUTHENTIC
 from protocol.events import Direction, RequestDropped, RequestSeen, ResponseSeen, StreamClosed, StreamOpaque
 from proxy import rows
 from proxy.capture import FrameCapture
-from proxy.facts import ConnectionFacts, LastRequest
+from proxy.facts import ConnectionFacts
 from proxy.inference import request_cause
 from proxy.timing import SendStamps
 
@@ -636,8 +637,7 @@ class Observer:
         if last.acks == 0:  # only a Produce has acks: the one a broker's close most likely answers (facts.blamed_request)
             suspect = f.acks0_suspect
             if suspect is None or (last.size or 0) > (suspect.size or 0):
-                f.acks0_suspect = LastRequest(last.api, last.size, 0, last.topics, last.batch_bytes, last.at_ns,
-                                              last.key, last.version)
+                f.acks0_suspect = replace(last)  # a copy: `last` is reused by the next request
         if self._cap_req is not None:
             self._capture(self._cap_req, True, ev.offset, ev.size, ev.api_key, ev.api_version, ev.correlation_id,
                           ev.first_byte_ns)

@@ -30,6 +30,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import structlog
@@ -374,24 +375,22 @@ class ProxyServer:
         """Start accepting on a bound listener (proxy.listener: EMFILE is seen, logged, counted)."""
         keep: Callable[[socket.socket], bool] | None = None
         if self.balancer is not None:  # a looped hop is refused where it landed: passing it on would only delay that
-            keep = self._looped_hop_transparent if transparent else self._looped_hop_explicit
+            target = self.original_dst if transparent else socket.socket.getsockname
+            keep = partial(self._looped_hop, target=target)
         acceptor = Acceptor(self.loop, sock, factory, self._accept_failed, ssl=self.tls_server,
                             balancer=self.balancer, keep_here=keep)
         acceptor.start()
         self._acceptors[acceptor.name] = acceptor
         return acceptor
 
-    def _looped_hop_transparent(self, conn: socket.socket) -> bool:
-        """Whether a just-accepted connection is one of the workers' own upstream sockets (proxy.loop_guard)."""
-        try:
-            return self.loop_guard.is_upstream(conn.getpeername(), self.original_dst(conn))
-        except OSError:  # not redirected, or already reset: the connection's own set-up says what it is
-            return False
+    def _looped_hop(self, conn: socket.socket, target: Callable[[socket.socket], Any]) -> bool:
+        """Whether a just-accepted connection is one of the workers' own upstream sockets (proxy.loop_guard).
 
-    def _looped_hop_explicit(self, conn: socket.socket) -> bool:
+        `target`: where it was headed, its original destination (transparent) or this listener (explicit, cluster).
+        """
         try:
-            return self.loop_guard.is_upstream(conn.getpeername(), conn.getsockname())
-        except OSError:
+            return self.loop_guard.is_upstream(conn.getpeername(), target(conn))
+        except OSError:  # not redirected, or already reset: the connection's own set-up says what it is
             return False
 
     def adopt(self, listener: str, sock: socket.socket) -> bool:

@@ -99,16 +99,23 @@ def _reserve_v6_twin(port: int) -> list[socket.socket]:
                       "clients redirected here would be shared with that other listener)", format_addr(("::", port)))
     if err is not None or not socket.has_ipv6:
         return []
-    sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    sock = _reserving_socket("::")
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.bind(("::", port))
     except OSError:
         sock.close()
         return []
     return [sock]
+
+
+def _reserving_socket(host: str) -> socket.socket:
+    """A socket set up as the workers' listeners on `host` are (SO_REUSEPORT; IPv6 only for an IPv6 host), unbound."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    if ":" in host:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    return sock
 
 
 def reserve_ports(routes: Sequence[Route]) -> tuple[list[Route], list[socket.socket]]:
@@ -131,12 +138,8 @@ def reserve_ports(routes: Sequence[Route]) -> tuple[list[Route], list[socket.soc
                               "connections with this proxy's workers)", format_addr((host, port)))
             if err is not None:  # no such address here, a name that does not resolve…: said as the kernel says it
                 raise OSError(err.errno, err.strerror or str(err), format_addr((host, port)))
-            sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+            sock = _reserving_socket(host)
             held.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            if ":" in host:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             bind_named(sock, host, port)
             resolved.append(Route((host, sock.getsockname()[1]), route.upstream))
             if route.upstream is None and host == "0.0.0.0" and not any(r.listen == ("::", port) for r in routes):
