@@ -9,7 +9,7 @@ always complete, whoever wrote it and whenever the process died.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pyarrow as pa
@@ -79,12 +79,13 @@ PRIVATE_DATASETS = frozenset({"frames"})  # written readable by their owner only
 
 
 def write_atomic(tables: Iterable[pa.Table], final_path: Path, metadata: dict[bytes, bytes],
-                 opts: ParquetOptions) -> int:
+                 opts: ParquetOptions, written: Callable[[pa.Table], None] | None = None) -> int:
     """Write `tables` to a dot-file, fsync it and its directory, rename: readers never see a partial file.
 
     Each table is sorted (SORT_KEYS) and written as its own row group(s), so memory is bounded by one
     table: a flush passes one, compaction streams a segment in batches instead of loading it whole.
-    Returns the file's size.
+    `written` is handed each table once its sorted copy is written and dropped (compaction folds the
+    rollups there). Returns the file's size.
     """
     tmp = final_path.with_name(tmp_name(final_path.name))
     final_path.parent.mkdir(parents=True, exist_ok=True)
@@ -98,14 +99,17 @@ def write_atomic(tables: Iterable[pa.Table], final_path: Path, metadata: dict[by
             writer: pq.ParquetWriter | None = None
             try:
                 for table in tables:
-                    table = table.sort_by(sort).replace_schema_metadata(metadata)
+                    ordered = table.sort_by(sort).replace_schema_metadata(metadata)
                     if writer is None:
                         writer = pq.ParquetWriter(
-                            f, table.schema, compression="zstd", compression_level=opts.compression_level,
+                            f, ordered.schema, compression="zstd", compression_level=opts.compression_level,
                             use_dictionary=opts.use_dictionary, column_encoding=opts.encodings,
                             write_statistics=True,
                         )
-                    writer.write_table(table, row_group_size=1_000_000)
+                    writer.write_table(ordered, row_group_size=1_000_000)
+                    del ordered
+                    if written is not None:
+                        written(table)
             finally:
                 if writer is not None:
                     writer.close()

@@ -133,14 +133,16 @@ def _cells(rows: pa.Table, views: tuple[View, ...]) -> list[pa.Table]:
         has = pc.is_valid(value)
         if not pc.any(has).as_py():
             continue
-        k1 = rows[v.k1].filter(has).cast(pa.string())
-        k2 = rows[v.k2].filter(has).cast(pa.string()) if v.k2 else pa.array([""] * len(k1), pa.string())
         value = value.filter(has)
-        grouped = pa.table({"k1": k1, "k2": k2, "bin": log_bin(value, v.base), "value": value}).group_by(
-            ["k1", "k2", "bin"], use_threads=False).aggregate([("value", "count"), ("value", "sum"), ("value", "max")])
+        # grouped by the keys' own types and cast to text afterwards, once per cell instead of once per request
+        # (the same groups: every cast here is one-to-one)
+        keys = {"k1": rows[v.k1].filter(has), **({"k2": rows[v.k2].filter(has)} if v.k2 else {})}
+        grouped = pa.table({**keys, "bin": log_bin(value, v.base), "value": value}).group_by(
+            [*keys, "bin"], use_threads=False).aggregate([("value", "count"), ("value", "sum"), ("value", "max")])
         n = grouped.num_rows
+        k2 = grouped["k2"].cast(pa.string()) if v.k2 else pa.array([""] * n, pa.string())
         out.append(pa.table({
-            "dim": pa.array([v.dim] * n, pa.string()), "k1": grouped["k1"], "k2": grouped["k2"],
+            "dim": pa.array([v.dim] * n, pa.string()), "k1": grouped["k1"].cast(pa.string()), "k2": k2,
             "metric": pa.array([v.metric] * n, pa.string()), "bin": grouped["bin"],
             "n": grouped["value_count"].cast(pa.int64()), "s": grouped["value_sum"].cast(pa.int64()),
             "mx": grouped["value_max"].cast(pa.int64()),

@@ -5,7 +5,8 @@ for each derived dataset (`recording.schema.DERIVED_DATASETS`): the latency cell
 (`recording.latency_cells`), the request, topic and traffic sums, the notable rows and
 the slowest requests (`recording.request_sums`). A requests file gets them once it is final — when
 compaction merged it, or left it alone as the only file of its segment — so a live
-proxy writes a handful of small files a minute, never one per flush. When the writer leaves
+proxy writes a handful of small files a minute, never one per flush. A merged file's rollups are
+folded from the batches as compaction writes them (`RollupFold`), not read back afterwards. When the writer leaves
 an hour (or closes), it merges that hour's rollups of its run into one file per dataset named
 for the range of sequence numbers it spans (`merge_hour`), as compaction does for flush files.
 
@@ -43,7 +44,8 @@ from recording.reader import (LiveFiles, RecordingFormatError, conform, dataset_
                               sampled_footers)
 from recording.schema import DERIVED_DATASETS, FIRST_ROLLUP_VERSION, FORMAT_VERSION, ROLLUP_KEY, ROLLUP_VERSION, arrow_schema
 
-__all__ = ["CELLS", "META_SOURCE_ROWS", "BATCH_ROWS", "rollup_version", "derived_path", "write_rollups", "merge_hour",
+__all__ = ["CELLS", "META_SOURCE_ROWS", "BATCH_ROWS", "rollup_version", "derived_path", "RollupFold", "write_rollups",
+           "merge_hour",
            "Backfill", "write_missing", "Coverage", "RecordingCoverage", "coverage_all", "TIME_KEYED", "stored_span_ns",
            "settled", "Missing", "missing_rollups", "unreadable_rollup", "unreadable_requests"]
 
@@ -122,34 +124,57 @@ def _write(name: str, table: pa.Table, out: Path, *, proxy_id: str, run: str, se
     write_atomic([table], out, footer, ParquetOptions(name, fsync=fsync))
 
 
+class RollupFold:
+    """The derived datasets of one requests file, folded a table at a time as its rows go by.
+
+    Why: the writer's compaction already holds every row of the file it merges, a batch at a time; folding
+    those batches spares reading the merged file back for its rollups (`write_rollups` reads a file that
+    is already written). Memory is one batch plus the (small) partial rollups, whatever the file's size.
+    """
+
+    def __init__(self) -> None:
+        self.held: dict[str, list[pa.Table]] = {name: [] for name in DERIVED}
+        self.rows = 0
+
+    def add(self, table: pa.Table) -> None:
+        """Fold some of the file's request rows (any columns; those the rollups need are taken and conformed),
+        BATCH_ROWS at a time: the computations' intermediates stay the size of one such slice."""
+        # a column added to the format since the file was written reads as nulls, as the readers make it
+        table = conform(table.select([c for c in INPUT_COLUMNS if c in table.column_names]), "requests",
+                        columns=INPUT_COLUMNS)
+        self.rows += table.num_rows
+        for start in range(0, table.num_rows, BATCH_ROWS):
+            part = table.slice(start, BATCH_ROWS)
+            for name, d in DERIVED.items():
+                self.held[name] = _fold(d, self.held[name], d.compute(part))
+
+    def write(self, requests_file: Path, md: Mapping[bytes, bytes], fsync: bool = True) -> list[Path]:
+        """Write every derived dataset of `requests_file` (whose footer metadata is `md`); returns their paths."""
+        written = []
+        for name in DERIVED:
+            out = derived_path(requests_file, name)
+            _write(name, _finish(name, self.held[name]), out, proxy_id=md.get(META_PROXY, b"").decode(),
+                   run=md.get(META_RUN, b"").decode(), seq=md.get(META_SEQ, b"").decode(), source_rows=self.rows,
+                   fsync=fsync)
+            written.append(out)
+        return written
+
+
 def write_rollups(requests_file: Path, fsync: bool = True) -> list[Path]:
     """Compute and write every derived dataset of one final requests file (current format); returns their paths.
 
     RecordingFormatError when the requests file cannot be read; a failed write stays the OSError it is.
-
-    The file is read a batch at a time and each dataset's partial results are merged as they
-    come, so memory is one batch plus the (small) rollups, whatever the file's size.
+    The file is read a batch at a time (`RollupFold`).
     """
-    held: dict[str, list[pa.Table]] = {name: [] for name in DERIVED}
-    rows = 0
+    fold = RollupFold()
     try:  # reading only: a write that fails below is no fault of this file's
         pf = pq.ParquetFile(requests_file)
         md = pf.schema_arrow.metadata or {}
         for batch in pf.iter_batches(batch_size=BATCH_ROWS, columns=INPUT_COLUMNS):
-            # a column added to the format since the file was written reads as nulls, as the readers make it
-            table = conform(pa.Table.from_batches([batch]), "requests", columns=INPUT_COLUMNS)
-            rows += batch.num_rows
-            for name, d in DERIVED.items():
-                held[name] = _fold(d, held[name], d.compute(table))
+            fold.add(pa.Table.from_batches([batch]))
     except (pa.ArrowException, OSError) as exc:  # cut short, damaged pages: pyarrow's message names no file
         raise RecordingFormatError(unreadable_requests(Path(requests_file), exc)) from None
-    written = []
-    for name in DERIVED:
-        out = derived_path(requests_file, name)
-        _write(name, _finish(name, held[name]), out, proxy_id=md.get(META_PROXY, b"").decode(),
-               run=md.get(META_RUN, b"").decode(), seq=md.get(META_SEQ, b"").decode(), source_rows=rows, fsync=fsync)
-        written.append(out)
-    return written
+    return fold.write(requests_file, md, fsync=fsync)
 
 
 def _live_names(directory: Path) -> list[str]:

@@ -494,3 +494,68 @@ def test_captured_payloads_are_readable_by_the_proxys_user_only(make_recorder, r
         os.umask(old)
     modes = {f.relative_to(rec_dir).parts[0]: stat.S_IMODE(f.stat().st_mode) for f in rec_dir.rglob("part-*.parquet")}
     assert modes["frames"] == 0o600 and modes["requests"] == 0o644, modes
+
+
+def _derived_tables(root: Path) -> dict[str, list[dict]]:
+    """Every derived dataset's rows, in a stable order, without the footers (what the analysis reads)."""
+    out = {}
+    for ds in DERIVED_DATASETS:
+        rows = [r for f in _files(root, ds) for r in pq.read_table(f).to_pylist()]
+        out[ds] = sorted(rows, key=repr)
+    return out
+
+
+def test_merged_files_rollups_folded_while_merging_equal_those_read_back(make_recorder, rec_dir: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compaction folds a merged requests file's rollups from the batches it writes (no read-back): they equal
+    what reading the merged file gives, batch size and order notwithstanding."""
+    import recording.compaction as compaction
+    import recording.rollups as rollups
+
+    read_back = []
+    monkeypatch.setattr(rollups, "write_rollups",
+                        lambda path, fsync=True, _w=rollups.write_rollups: read_back.append(path) or _w(path, fsync))
+    monkeypatch.setattr(compaction, "MERGE_BATCH_BYTES", 200_000)  # several merged batches, each folded
+    r = make_recorder(compact_interval_s=3600)
+    mix = SessionMix(start_ns=T_HOUR + 60 * 10**9, rate_per_s=2000)
+    for _ in range(4):
+        for row in mix.rows(1500):
+            r.request(row)
+        r._flush(final=False)
+    r.close()
+    (merged,) = _files(rec_dir, "requests")
+    assert file_range(merged.name)[1:] == (1, 4) and read_back == []  # merged, rollups not read back
+    folded = _derived_tables(rec_dir)
+    assert all(folded[ds] for ds in ("latency_cells", "request_sums", "topic_sums")), folded.keys()
+    monkeypatch.undo()
+    rollups.write_rollups(merged, fsync=False)  # the same file's rollups, read back: overwrite in place
+    assert _derived_tables(rec_dir) == folded
+
+
+def test_a_fold_that_fails_leaves_the_merge_and_reads_the_file_back(make_recorder, rec_dir: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rollups are derived data: a failure while folding them neither stops the merge nor loses the rollups."""
+    import recording.rollups as rollups
+
+    real_add, calls = rollups.RollupFold.add, []
+
+    def first_fails(self, table):  # the merge's fold fails; reading the file back afterwards works
+        calls.append(table.num_rows)
+        if len(calls) == 1:
+            raise pa.ArrowInvalid("folding failed")
+        real_add(self, table)
+
+    monkeypatch.setattr(rollups.RollupFold, "add", first_fails)
+    r = make_recorder(compact_interval_s=3600)
+    mix = SessionMix(start_ns=T_HOUR + 60 * 10**9)
+    for _ in range(2):
+        for row in mix.rows(300):
+            r.request(row)
+        r._flush(final=False)
+    r.close()
+    (merged,) = _files(rec_dir, "requests")
+    assert pq.read_metadata(merged).num_rows == 600 and calls[0] == 600 and len(calls) >= 2
+    assert r.stats()["errors"] == dict.fromkeys(r.stats()["errors"], 0)
+    assert coverage_all(rec_dir).by_dataset[CELLS].complete
+    (cells,) = _files(rec_dir, CELLS)
+    assert int(pq.read_metadata(cells).metadata[b"kafkatap.source_rows"]) == 600
