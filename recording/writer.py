@@ -897,8 +897,10 @@ class ParquetRecorder:
         try:
             table = self._to_table(s, rows)
             if s.name == "frames":  # defense in depth: never a credential-bearing frame, whatever got queued
-                secret = pc.is_in(table["api_key"], value_set=pa.array(sorted(CREDENTIAL_APIS), table["api_key"].type))
-                table = table.filter(pc.invert(pc.fill_null(secret, True)))
+                secret = pc.fill_null(pc.is_in(table["api_key"], value_set=pa.array(sorted(CREDENTIAL_APIS),
+                                                                                   table["api_key"].type)), True)
+                if pc.any(secret).as_py():  # a filter copies every frame's bytes: only when one is to go
+                    table = table.filter(pc.invert(secret))
                 settled -= len(rows) - table.num_rows  # refused here, as the queue refuses them: not written or lost
             for directory, part in self._split_by_hour(s, table):
                 self._write_flush_file(s, directory, part)

@@ -18,6 +18,7 @@ import gc
 import os
 import signal
 import sys
+import time
 from typing import Any
 
 from recording.thread_names import name_os_thread
@@ -68,14 +69,44 @@ def use_returnable_memory() -> None:
 
 
 def give_back_memory() -> None:
-    """Return what the last flush freed to the kernel (Arrow's system pool: `malloc_trim(0)`, ~0.1 ms).
+    """Return what the flushes and merges freed to the kernel (Arrow's system pool: `malloc_trim(0)`, 1-3 ms).
 
-    Called after each flush, so the process's RSS is what it holds between flushes, not the largest
-    flush it ever wrote. Memory a merge freed on the compaction thread goes at the next flush.
+    Called when `GiveBack` says so, so that the process's RSS falls back to what it holds once the
+    traffic ebbs, not the largest flush it ever wrote.
     """
     import pyarrow as pa
 
     pa.default_memory_pool().release_unused()
+
+
+class GiveBack:
+    """When the writer process gives its freed memory back: when the load ebbs, and at least every HOLD_S.
+
+    Why not after every flush (as it did): memory given back is memory the next flush faults in again,
+    page by page, each one cleared by the kernel. Under a steady load every flush needs about what the
+    last one freed, and giving it back cost ~1 µs per request row and ~5 µs per captured frame in the
+    writer process, half of a frame's cost (bench/RESULTS.md, thirty-ninth session). So the memory is
+    kept while flushes stay about as large as the largest since the last return, and given back at the
+    first flush EBB times smaller (the traffic ebbed, or stopped: the idle proxy's RSS is what it
+    was), and in any case HOLD_S after the last return (a merge's memory, a load that never ebbs).
+    Pure: the caller says how many rows each flush wrote and when.
+    """
+
+    EBB = 4
+    HOLD_S = 30.0
+
+    def __init__(self, now: float) -> None:
+        self.largest = 0  # rows of the largest flush since the memory was last given back
+        self.since = now
+
+    def after_flush(self, rows: int, now: float) -> bool:
+        """Whether to give the memory back now, after a flush of `rows` rows (every dataset)."""
+        self.largest = max(self.largest, rows)
+        ebbed = self.largest > 0 and rows * self.EBB <= self.largest  # nothing since the last return: nothing ebbed
+        if not ebbed and now - self.since < self.HOLD_S:
+            return False
+        self.largest, self.since = rows, now
+        return True
 
 
 def _stats(rec: ParquetRecorder) -> dict[str, Any]:
@@ -141,6 +172,8 @@ def main() -> int:
     answers = _Answers(out)
     answers.send(("ready", os.getpid()))
     streams = rec._streams
+    give_back = GiveBack(time.monotonic())
+    arrived = 0  # rows received since the last flush, every dataset
     while True:
         msg = recv(inp)
         if msg is None:  # the proxy is gone (crash, kill -9): write what arrived, then exit
@@ -153,6 +186,7 @@ def main() -> int:
             rows = msg[2]
             s.queue.extend(rows)
             s.enqueued += len(rows)
+            arrived += len(rows)
             if s.name == "frames":
                 s.enq_bytes += row_data_bytes(s, rows)
         elif kind in ("flush", "close"):
@@ -164,8 +198,9 @@ def main() -> int:
             rec._flush(final=kind == "close")
             if kind == "close":
                 rec.finish_compaction()
-            if kind == "flush":
+            if kind == "flush" and give_back.after_flush(arrived, time.monotonic()):
                 give_back_memory()  # before the answer: the proxy (and a test) see the process as it will stay
+            arrived = 0
             answers.send(("stats", _stats(rec)))
             if kind == "close":
                 return 0

@@ -409,12 +409,12 @@ def test_the_writer_process_does_without_pandas_and_numpy(tmp_path: Path) -> Non
         assert list((tmp_path / "thread" / rollup).rglob("part-*.parquet")), rollup
 
 
-def test_the_writer_process_gives_a_flushs_memory_back(tmp_path: Path) -> None:
+def test_the_writer_process_gives_its_memory_back_when_the_load_ebbs(tmp_path: Path) -> None:
     """Arrow's default pool kept what each flush freed for the thread that freed it: after a few large
     flushes the writer process held ~60 MB more than it used, counted in the proxy's memory
-    (bench/proxy_overhead.py). The child now allocates with malloc and trims after each flush
-    (`writer_child.use_returnable_memory`, `give_back_memory`): its anonymous memory after three flushes of
-    60,000 rows is back near where it was after the first small one."""
+    (bench/proxy_overhead.py). The child now allocates with malloc and gives the memory back once the load
+    ebbs (`writer_child.use_returnable_memory`, `give_back_memory`, `GiveBack`): after three flushes of
+    60,000 rows and one of none, its anonymous memory is back near where it was after the first small one."""
     r = ParquetRecorder(tmp_path, "p1", fsync=False, flush_interval_s=3600, writer="process",
                         compact_interval_s=0).start()
     rows = SessionMix(proxy_id="p1").rows(60_000)
@@ -427,10 +427,29 @@ def test_the_writer_process_gives_a_flushs_memory_back(tmp_path: Path) -> None:
             r.request(dict(row))
         r._ship(final=False)
         assert r._wait_flushed()
+    r._ship(final=False)  # nothing since: the load ebbed
+    assert r._wait_flushed()
     after = _anonymous_kib(r._child.pid)
     r.close()
     assert r.stats()["rows_written"]["requests"] == 180_001
     assert after - settled < 16 * 1024, (settled, after)
+
+
+def test_memory_is_kept_under_a_steady_load_and_given_back_when_it_ebbs_or_after_a_while() -> None:
+    """`GiveBack`: flushes about as large as the largest since the last return keep the memory (the next flush
+    needs it again); one EBB times smaller, or HOLD_S since the last return, gives it back; an idle writer
+    with nothing since its last return is left alone until HOLD_S."""
+    from recording.writer_child import GiveBack
+
+    g = GiveBack(now=0.0)
+    steady = [g.after_flush(rows, now=t) for t, rows in enumerate((1, 6000, 5800, 6100, 4000, 6000), start=1)]
+    assert steady == [False] * 6
+    assert g.after_flush(1000, now=7.0)  # the load ebbed (≤ 6,100 / 4)
+    assert [g.after_flush(0, now=t) for t in (8.0, 9.0, 10.0)] == [True, False, False]  # stopped; then idle
+    assert not g.after_flush(6000, now=10.5)
+    assert g.after_flush(6000, now=8.0 + GiveBack.HOLD_S)  # a load that never ebbs: HOLD_S after the last return
+    assert not g.after_flush(6000, now=9.0 + GiveBack.HOLD_S)
+    assert g.after_flush(0, now=10.0 + GiveBack.HOLD_S)  # the traffic stopped
 
 
 def test_rows_the_loop_thread_packs_while_the_shipping_thread_takes_are_never_lost(tmp_path: Path) -> None:
