@@ -16,9 +16,12 @@ Why this shape
   below — Arrow, sort, zstd, files, compaction — on another core, with the
   very same code. A flush of 10,000 rows no longer stalls the loop (issue 19),
   the queue holds ~270 bytes per row instead of a ~2.5 KiB dict, and Arrow
-  and Parquet (~10 µs a row) leave the proxy's process; taking the values and
-  pickling them (~1.5 µs a row in a warm loop) is what recording still costs it
-  (about +8-10 % CPU per request over live stats alone, bench/RESULTS.md).
+  and Parquet leave the proxy's process; taking the values and pickling them
+  (~1.5 µs a row in a warm loop) is what recording still costs the relay
+  process (about +9 % CPU per request over live stats alone). The writer
+  process adds about twice that (its flushes ~+12 %, its compaction ~+9 %):
+  the proxy's processes together spend ~30 % more per request with recording
+  on (bench/RESULTS.md, thirty-ninth session).
   A child that dies is replaced at the next flush; the rows it had not
   confirmed are counted as dropped.
 * **Or one writer thread** (`writer="thread"`, the default for direct use:
