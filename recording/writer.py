@@ -882,8 +882,8 @@ class ParquetRecorder:
         from recording.derived import derive
 
         fields = {f.name: f for f in s.struct}
-        # one conversion of the tuples as a struct array, then its fields: a third less CPU than transposing the
-        # rows in Python (zip(*tuples)) and converting column by column (bench/RESULTS.md, thirty-ninth session)
+        # one conversion of the tuples as a struct array, then its fields: less CPU than transposing the rows in
+        # Python (zip(*tuples)) and converting column by column (2.0 against 2.9 µs a row, 6,000 request rows)
         carried = pa.array(tuples, type=pa.struct([fields[n] for n in s.tuple_names]))
         cols = dict(zip(s.tuple_names, carried.flatten()))
         cols.update(derive(s.name, cols, {n: fields[n].type for n in DERIVED_COLUMNS.get(s.name, ())}))

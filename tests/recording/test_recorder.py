@@ -496,12 +496,14 @@ def test_captured_payloads_are_readable_by_the_proxys_user_only(make_recorder, r
     assert modes["frames"] == 0o600 and modes["requests"] == 0o644, modes
 
 
-def _derived_tables(root: Path) -> dict[str, list[dict]]:
-    """Every derived dataset's rows, in a stable order, without the footers (what the analysis reads)."""
+def _derived_tables(root: Path) -> dict[str, tuple[list[dict], list[dict]]]:
+    """Every derived dataset's rows, in a stable order, and its files' kafkatap footers (run, range, source rows …)."""
     out = {}
     for ds in DERIVED_DATASETS:
         rows = [r for f in _files(root, ds) for r in pq.read_table(f).to_pylist()]
-        out[ds] = sorted(rows, key=repr)
+        footers = [{k: v for k, v in pq.read_metadata(f).metadata.items() if k.startswith(b"kafkatap.")}
+                   for f in _files(root, ds)]
+        out[ds] = (sorted(rows, key=repr), footers)
     return out
 
 
@@ -526,7 +528,7 @@ def test_merged_files_rollups_folded_while_merging_equal_those_read_back(make_re
     (merged,) = _files(rec_dir, "requests")
     assert file_range(merged.name)[1:] == (1, 4) and read_back == []  # merged, rollups not read back
     folded = _derived_tables(rec_dir)
-    assert all(folded[ds] for ds in ("latency_cells", "request_sums", "topic_sums")), folded.keys()
+    assert all(folded[ds][0] for ds in ("latency_cells", "request_sums", "topic_sums")), folded.keys()
     monkeypatch.undo()
     rollups.write_rollups(merged, fsync=False)  # the same file's rollups, read back: overwrite in place
     assert _derived_tables(rec_dir) == folded
