@@ -425,7 +425,8 @@ SEGMENT_S = 60.0  # the proxy's default --compact-interval: a segment holds this
 
 def compaction_cost(root: Path, rate: float, segment_s: float = SEGMENT_S, repeats: int = 2) -> dict[str, float]:
     """CPU µs per request that the writer process spends after the flush: merging a segment's flush files
-    (every dataset) and computing the requests file's rollups, measured on the rows a `record` or
+    (requests and frames; the other datasets hold a row per connection or event, not per request) and computing
+    the requests file's rollups, measured on the rows a `record` or
     `record+capture` proxy of this run wrote.
 
     Why offline: the writer merges a segment every `--compact-interval` (60 s by default), so a 10 s window
@@ -714,7 +715,9 @@ def headline_lines(results: dict[str, list[dict]], offered: float, before: str |
     """The issue's figures: the paired per-round median of the proxy's total CPU per request (relay + writer
     process), then the relay process alone, labelled as the secondary figure it is."""
     rounds, _ = valid_rounds(results, offered)
-    compared = [m for m in results if m != baseline(m)]
+    # this checkout's modes: a MODE@before has no compaction figure (measured with this checkout's code only), so
+    # it is compared in the `--before` lines below, on the windows alone for both revisions
+    compared = [m for m in results if m != baseline(m) and not m.endswith(BEFORE)]
     total = "; ".join(f"{m} {_pct(paired_median(results, m, rounds))}" for m in compared)
     relay = "; ".join(f"{m} {_pct(paired_median(results, m, rounds, RELAY))}" for m in compared)
     flushed = "; ".join(f"{m} {_pct(paired_median(results, m, rounds, FLUSHED))}" for m in compared)
@@ -756,25 +759,28 @@ def best_lines(results: dict[str, list[dict]], offered: float) -> list[str]:
     def versus(m: str, key: str, vs: str) -> str:
         return "" if vs == m or vs not in results else f" ({100 * (best(m, key) - best(vs, key)) / best(vs, key):+.0f} %)"
 
-    def ratios(key: str, vs: Callable[[str], str] = baseline) -> str:
-        return "; ".join(f"{m} {best(m, key):.1f} µs{versus(m, key, vs(m))}" for m in results)
+    def ratios(key: str, vs: Callable[[str], str] = baseline, modes: list[str] | None = None) -> str:
+        return "; ".join(f"{m} {best(m, key):.1f} µs{versus(m, key, vs(m))}" for m in modes or list(results))
 
     def by_round(mode: str) -> str:
         every = list(range(len(rounds) + len(invalid)))
         return ", ".join(f"{x:+.0f} %" + (" (left out)" if r in invalid else "")
                          for r, x in zip(every, round_ratios(results, mode, every)))
 
-    compared = [m for m in results if m != baseline(m)]
+    now = [m for m in results if not m.endswith(BEFORE)]  # a MODE@before has no compaction figure
+    compared = [m for m in now if m != baseline(m)]
+    both = any(m.endswith(BEFORE) for m in results)
     return ["",
-            "Best valid round of each mode, relay + writer processes per request, vs `stats` (`stats@before` for "
-            "`MODE@before`): "
-            + ratios(TOTAL) + ".",
+            "Best valid round of each mode, relay + writer processes per request, compaction included, vs `stats`: "
+            + ratios(TOTAL, modes=now) + ".",
             "",
+            *(["Same, the windows alone (no compaction), both revisions (`MODE@before` vs `stats@before`): "
+               + ratios(FLUSHED) + ".", ""] if both else []),
             "Same, relay process alone: " + ratios(RELAY) + ".",
             "",
             *(["Relay process alone, vs `off`: " + ratios(RELAY, lambda m: "off") + ".", ""]
               if "off" in results else []),
-            "Round by round, relay + writer processes, each against the same round's `stats`: "
+            "Round by round, relay + writer processes, compaction included, each against the same round's `stats`: "
             + "; ".join(f"{m} {by_round(m)}" for m in compared) + ".",
             ""]
 
@@ -824,7 +830,8 @@ def report(args, results, sizes, real_bpr, real_rows, synth, side) -> None:
         for i, r in enumerate(runs):
             lines.append(f"| {mode} | {i + 1} | {r['rate']:,.0f} | {r['cpu_pct']:.1f} | {r[RELAY]:.1f} | "
                          f"{r['writer_pct']:.1f} | {r['child_pct']:.1f} | {r[FLUSHED]:.1f} | "
-                         f"{r['compact_us_per_req']:.1f} | {r[TOTAL]:.1f} |")
+                         + ("not measured | — |" if mode.endswith(BEFORE) else
+                            f"{r['compact_us_per_req']:.1f} | {r[TOTAL]:.1f} |"))
     lines += ["", validity_line(results, args.rate)]
     if "stats" in results:
         lines += headline_lines(results, args.rate, args.before)

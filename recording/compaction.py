@@ -156,8 +156,12 @@ class Compactor:
         except OSError as exc:
             self._on_error("compaction", "recording compaction failed; keeping the flush files", exc, dataset=stream.name)
             return None
-        remove_inputs(seg)
-        return out
+        try:
+            remove_inputs(seg)
+        except OSError as exc:  # the merged file is complete: readers skip the inputs it supersedes, recover() deletes them
+            self._on_error("compaction", "recording compaction could not delete the merged flush files; readers skip "
+                           "them, and the next start deletes them", exc, dataset=stream.name)
+        return out  # final either way: its rollups are due (`on_final`)
 
 
 def read_batches(paths: list[Path], schema: pa.Schema, batch_bytes: int | None = None) -> Iterator[pa.Table]:

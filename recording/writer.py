@@ -831,8 +831,8 @@ class ParquetRecorder:
     def _to_table(self, s: _Stream, rows: list[Row]) -> pa.Table:
         """Rows → Arrow in chunks; a chunk that does not convert is retried row by row and bad rows dropped.
 
-        Value tuples (`TUPLE_DATASETS`, from a proxy's writer="process") are converted column by column,
-        apart from any dict rows beside them (the writer process only: in one call, as its GIL is its own).
+        Value tuples (`TUPLE_DATASETS`, from a proxy's writer="process") are converted together, as one struct
+        array (`_columns_to_batch`), apart from any dict rows beside them (the writer process only: in one call, as its GIL is its own).
         When their columns do not convert they are converted one by one, so only the bad rows are dropped.
         """
         import pyarrow as pa
@@ -875,15 +875,17 @@ class ParquetRecorder:
 
     @staticmethod
     def _columns_to_batch(s: _Stream, tuples: list[tuple]) -> pa.RecordBatch:
-        """Value tuples → one record batch, a column at a time, the derived columns computed from the others
-        (`recording.derived`). Raises one of `_conversion_errors()` when a value does not fit its column."""
+        """Value tuples → one record batch (one struct array, then its fields), the derived columns computed from
+        the others (`recording.derived`). Raises one of `_conversion_errors()` when a value does not fit its column."""
         import pyarrow as pa
 
         from recording.derived import derive
 
         fields = {f.name: f for f in s.struct}
-        # one conversion of the tuples as a struct array, then its fields: less CPU than transposing the rows in
-        # Python (zip(*tuples)) and converting column by column (2.0 against 2.9 µs a row, 6,000 request rows)
+        # one conversion of the tuples as a struct array, then its fields, instead of transposing the rows in Python
+        # (zip(*tuples)) and converting column by column: 2.0 against 2.9 µs a row on the analytics bench's synthetic
+        # rows, no difference on `SessionMix` rows, within the noise in bench/recording_cost.py. A tuple of the wrong
+        # length is refused as a row of its own (the transposition lost the flush, or dropped a long row's extras)
         carried = pa.array(tuples, type=pa.struct([fields[n] for n in s.tuple_names]))
         cols = dict(zip(s.tuple_names, carried.flatten()))
         cols.update(derive(s.name, cols, {n: fields[n].type for n in DERIVED_COLUMNS.get(s.name, ())}))
@@ -957,7 +959,10 @@ class ParquetRecorder:
                 failed.append(exc)  # `_file_final` reads the file back (and reports what fails there)
 
         size = self._write_file(s, tables, path, seq, dropped, rows, fold_in)
-        if not failed:  # only once the file is complete: a failed write leaves no partial fold behind
+        if failed:  # nothing is lost, but every merge would take the slower way: said, not counted as an error
+            log.warning("recording: folding a merged requests file's rollups failed; reading the file back instead",
+                        error=repr(failed[0]), file=str(path))
+        else:  # only once the file is complete: a failed write leaves no partial fold behind
             self._folds[path] = fold
         return size
 

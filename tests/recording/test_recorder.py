@@ -554,10 +554,36 @@ def test_a_fold_that_fails_leaves_the_merge_and_reads_the_file_back(make_recorde
         for row in mix.rows(300):
             r.request(row)
         r._flush(final=False)
-    r.close()
+    with capture_logs() as logs:
+        r.close()
     (merged,) = _files(rec_dir, "requests")
     assert pq.read_metadata(merged).num_rows == 600 and calls[0] == 600 and len(calls) >= 2
-    assert r.stats()["errors"] == dict.fromkeys(r.stats()["errors"], 0)
+    assert r.stats()["errors"] == dict.fromkeys(r.stats()["errors"], 0)  # nothing lost: said, not counted
+    (said,) = [e for e in logs if "folding" in e["event"]]
+    assert said["log_level"] == "warning" and "folding failed" in said["error"] and said["file"] == str(merged)
     assert coverage_all(rec_dir).by_dataset[CELLS].complete
     (cells,) = _files(rec_dir, CELLS)
     assert int(pq.read_metadata(cells).metadata[b"kafkatap.source_rows"]) == 600
+
+
+def test_a_merge_whose_inputs_cannot_be_deleted_still_gets_its_rollups(make_recorder, rec_dir: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The merged file is complete when its inputs' deletion fails: the error is counted as compaction's, readers
+    skip the superseded inputs, and the merged file still gets its rollups (its fold is not left behind)."""
+    import recording.compaction as compaction
+
+    def cannot_delete(seg):
+        raise PermissionError("read-only directory")
+
+    monkeypatch.setattr(compaction, "remove_inputs", cannot_delete)
+    r = make_recorder(compact_interval_s=3600)
+    mix = SessionMix(start_ns=T_HOUR + 60 * 10**9)
+    for _ in range(2):
+        for row in mix.rows(300):
+            r.request(row)
+        r._flush(final=False)
+    r.close()
+    assert r.stats()["errors"]["compaction"] == 1 and r.stats()["errors"]["rollups"] == 0
+    assert r._folds == {}
+    assert read_recording(rec_dir, "requests").num_rows == 600  # the inputs are still there, counted once
+    assert coverage_all(rec_dir).by_dataset[CELLS].complete
