@@ -140,8 +140,7 @@ class RollupFold:
         """Fold some of the file's request rows (any columns; those the rollups need are taken and conformed),
         BATCH_ROWS at a time: the computations' intermediates stay the size of one such slice."""
         # a column added to the format since the file was written reads as nulls, as the readers make it
-        table = conform(table.select([c for c in INPUT_COLUMNS if c in table.column_names]), "requests",
-                        columns=INPUT_COLUMNS)
+        table = conform(table, "requests", columns=INPUT_COLUMNS)
         self.rows += table.num_rows
         for start in range(0, table.num_rows, BATCH_ROWS):
             part = table.slice(start, BATCH_ROWS)

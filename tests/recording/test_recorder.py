@@ -26,6 +26,14 @@ from recording.schema import FORMAT_KEY, FORMAT_VERSION, TIMESTAMP, arrow_schema
 from recording.timestamps import timestamp_columns, to_epoch_ns
 
 
+def _flush_each(r: ParquetRecorder, mix: SessionMix, flushes: int, rows: int) -> None:
+    """`flushes` flushes of `rows` request rows each from `mix`: that many flush files (one segment per hour)."""
+    for _ in range(flushes):
+        for row in mix.rows(rows):
+            r.request(row)
+        r._flush(final=False)
+
+
 def _files(root: Path, dataset: str) -> list[Path]:
     """Complete files only: `.tmp-*` ones are still being written."""
     return sorted((root / dataset).rglob("part-*.parquet"))
@@ -119,10 +127,7 @@ def test_final_requests_files_get_their_latency_cells(rec_dir: Path, writer: str
 def test_merged_segments_get_cells_and_no_cells_without_compaction(make_recorder, rec_dir: Path, tmp_path: Path) -> None:
     r = make_recorder(compact_interval_s=3600)
     mix = SessionMix()
-    for _ in range(3):
-        for row in mix.rows(100):
-            r.request(row)
-        r._flush(final=False)
+    _flush_each(r, mix, flushes=3, rows=100)
     r.close()
     (merged,) = _files(rec_dir, "requests")
     assert merged.name.count("-") == 4 and derived_path(merged, CELLS).is_file()
@@ -520,10 +525,7 @@ def test_merged_files_rollups_folded_while_merging_equal_those_read_back(make_re
     monkeypatch.setattr(compaction, "MERGE_BATCH_BYTES", 200_000)  # several merged batches, each folded
     r = make_recorder(compact_interval_s=3600)
     mix = SessionMix(start_ns=T_HOUR + 60 * 10**9, rate_per_s=2000)
-    for _ in range(4):
-        for row in mix.rows(1500):
-            r.request(row)
-        r._flush(final=False)
+    _flush_each(r, mix, flushes=4, rows=1500)
     r.close()
     (merged,) = _files(rec_dir, "requests")
     assert file_range(merged.name)[1:] == (1, 4) and read_back == []  # merged, rollups not read back
@@ -550,10 +552,7 @@ def test_a_fold_that_fails_leaves_the_merge_and_reads_the_file_back(make_recorde
     monkeypatch.setattr(rollups.RollupFold, "add", first_fails)
     r = make_recorder(compact_interval_s=3600)
     mix = SessionMix(start_ns=T_HOUR + 60 * 10**9)
-    for _ in range(2):
-        for row in mix.rows(300):
-            r.request(row)
-        r._flush(final=False)
+    _flush_each(r, mix, flushes=2, rows=300)
     with capture_logs() as logs:
         r.close()
     (merged,) = _files(rec_dir, "requests")
@@ -578,10 +577,7 @@ def test_a_merge_whose_inputs_cannot_be_deleted_still_gets_its_rollups(make_reco
     monkeypatch.setattr(compaction, "remove_inputs", cannot_delete)
     r = make_recorder(compact_interval_s=3600)
     mix = SessionMix(start_ns=T_HOUR + 60 * 10**9)
-    for _ in range(2):
-        for row in mix.rows(300):
-            r.request(row)
-        r._flush(final=False)
+    _flush_each(r, mix, flushes=2, rows=300)
     r.close()
     assert r.stats()["errors"]["compaction"] == 1 and r.stats()["errors"]["rollups"] == 0
     assert r._folds == {}
