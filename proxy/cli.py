@@ -321,7 +321,7 @@ def proxy(ctx: click.Context, listens: tuple[str, ...], upstreams: tuple[str, ..
             log.error("cannot serve the status endpoint", addr=rec["status_addr"], error=problem)
             sys.exit(2)
     if ready_fd is None and cluster.cluster is None and not transparent:  # the user's command, explicit mode: once
-        probe_in_background(routes, connect_timeout)
+        probe_in_background(routes, connect_timeout, tls.upstream)
     if ready_fd is None and transparent:
         _warn_specific_transparent_listeners(routes)
     if ready_fd is None and workers == 1 and ctx.get_parameter_source("balance") is ParameterSource.COMMANDLINE:

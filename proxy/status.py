@@ -66,6 +66,34 @@ async def _resolved(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
+class HeadTooLarge(Exception):
+    """A request head over MAX_REQUEST_HEAD: answered 431 and the connection closed."""
+
+
+async def _read_head(reader: asyncio.StreamReader) -> list[str]:
+    """The request line and header lines, up to the empty line that ends them.
+
+    Lines may end in CRLF or a bare LF: RFC 9112 lets a server accept both, and `printf 'GET /metrics
+    HTTP/1.0\\n\\n' | nc` (or a hand-written health check) sends the latter; waiting for CRLF CRLF left such a
+    request unanswered until the read timed out."""
+    lines: list[str] = []
+    size = 0
+    while True:
+        try:
+            line = await reader.readuntil(b"\n")
+        except asyncio.LimitOverrunError as exc:
+            raise HeadTooLarge from exc
+        size += len(line)
+        if size > MAX_REQUEST_HEAD:
+            raise HeadTooLarge
+        text = line.decode("latin-1").rstrip("\r\n")
+        if not text:
+            if lines:
+                return lines
+            continue  # RFC 9112: a server should ignore empty lines before the request line
+        lines.append(text)
+
+
 class StatusServer:
     """Serves LiveStats (or any StatusSource) over HTTP on the running event loop."""
 
@@ -107,16 +135,12 @@ class StatusServer:
         try:
             while True:  # keep-alive: Prometheus reuses its connection
                 try:
-                    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_TIMEOUT_S)
+                    lines = await asyncio.wait_for(_read_head(reader), READ_TIMEOUT_S)
                 except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError):
                     return
-                except asyncio.LimitOverrunError:
+                except HeadTooLarge:
                     await self._respond(writer, 431, "text/plain", b"request head too large\n", close=True)
                     return
-                if len(head) > MAX_REQUEST_HEAD:
-                    await self._respond(writer, 431, "text/plain", b"request head too large\n", close=True)
-                    return
-                lines = head.decode("latin-1").split("\r\n")
                 parts = lines[0].split(" ")
                 if len(parts) != 3:
                     await self._respond(writer, 400, "text/plain", b"bad request line\n", close=True)
@@ -133,7 +157,8 @@ class StatusServer:
                                                        headers)
                 else:
                     status, ctype, body = await self._route(method, path)
-                await self._respond(writer, status, ctype, body, close=close, head_only=method == "HEAD")
+                await self._respond(writer, status, ctype, body, close=close, head_only=method == "HEAD",
+                                    allow=self.allowed(path) if status == 405 else None)
                 if close:
                     return
         except (asyncio.TimeoutError, ConnectionError):  # an answer not taken in time, or a peer gone
@@ -153,30 +178,42 @@ class StatusServer:
 
             if method in ("GET", "HEAD"):
                 return 200, "application/json", json.dumps({"installed": False, "faults": []}).encode()
+            if method not in ("POST", "DELETE"):
+                return 405, "text/plain", b"use GET, POST or DELETE on /faults\n"
             return 409, "text/plain", (NOT_INSTALLED + "\n").encode()
         return self.fault_control.handle(method, path, query, peer, headers)
 
+    def allowed(self, path: str) -> str:
+        """The methods `path` answers, for a 405's Allow header (RFC 9110 requires one): what a client sending the
+        wrong one should send instead."""
+        if path == "/faults":
+            return "GET, HEAD, POST, DELETE"
+        if path.startswith("/faults/"):
+            return "DELETE"
+        return "GET, HEAD"
+
     async def _route(self, method: str, path: str) -> tuple[int, str, bytes]:
+        if path not in ("/metrics", "/clients", "/healthz", "/"):  # an unknown path is unknown whatever the method
+            return 404, "text/plain", b"not found: try /metrics or /clients\n"
         if method not in ("GET", "HEAD"):
             return 405, "text/plain", b"only GET\n"
         if path == "/metrics":
             return 200, PROMETHEUS_CONTENT_TYPE, (await _resolved(self.stats.render_prometheus())).encode()
         if path == "/clients":
             return 200, "application/json", json.dumps(await _resolved(self.stats.clients_json())).encode()
-        if path in ("/healthz", "/"):
-            body: dict[str, Any] = {"status": "ok" if self.serving else "starting", "proxy_id": self.stats.proxy_id,
-                                    "routes": self.routes()}
-            return 200 if self.serving else 503, "application/json", json.dumps(body).encode()
-        return 404, "text/plain", b"not found: try /metrics or /clients\n"
+        body: dict[str, Any] = {"status": "ok" if self.serving else "starting", "proxy_id": self.stats.proxy_id,
+                                "routes": self.routes()}  # /healthz and /
+        return 200 if self.serving else 503, "application/json", json.dumps(body).encode()
 
     @staticmethod
     async def _respond(writer: asyncio.StreamWriter, status: int, ctype: str, body: bytes, close: bool,
-                       head_only: bool = False) -> None:
+                       head_only: bool = False, allow: str | None = None) -> None:
         reason = {200: "OK", 201: "Created", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
                   405: "Method Not Allowed", 409: "Conflict", 503: "Service Unavailable",
                   431: "Request Header Fields Too Large"}.get(status, "OK")
         head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-                f"Cache-Control: no-store\r\nConnection: {'close' if close else 'keep-alive'}\r\n\r\n")
+                f"Cache-Control: no-store\r\nConnection: {'close' if close else 'keep-alive'}\r\n"
+                + (f"Allow: {allow}\r\n" if allow else "") + "\r\n")
         writer.write(head.encode("latin-1") + (b"" if head_only else body))
         # A client that sends requests and never reads its answers would hold this connection (and its
         # buffered answers) for ever: the answer must be taken within the same time a request may take.

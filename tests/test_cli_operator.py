@@ -157,8 +157,9 @@ def test_probe_names_an_upstream_that_refuses_and_is_quiet_otherwise() -> None:
                   Route(("127.0.0.1", 39903), ("127.0.0.1", bad))]
         with capture_logs() as logs:
             probe_upstreams(routes, 2.0)
-    assert [(e["upstream"], e["listeners"], e["error"]) for e in logs] == [
+    assert [(e["upstream"], e["listeners"], e["error"]) for e in logs if e["log_level"] == "warning"] == [
         (f"127.0.0.1:{bad}", ["127.0.0.1:39901", "127.0.0.1:39903"], "Connection refused")]  # one line per upstream
+    assert [e["upstream"] for e in logs if e["log_level"] == "debug"] == [f"127.0.0.1:{good}"]  # the good one: debug only
 
 
 def test_a_refusing_upstream_is_said_without_waiting_for_a_silent_one(monkeypatch: pytest.MonkeyPatch) -> None:

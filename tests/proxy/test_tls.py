@@ -213,6 +213,43 @@ def test_upstream_certificate_is_verified(tls_kafka, sink) -> None:
     assert ends[0]["end_reason"] == "upstream_connect_failed" and "CERTIFICATE_VERIFY_FAILED" in (ends[0]["end_detail"] or "")
 
 
+def test_the_start_up_probe_completes_the_tls_handshake_and_says_why_it_fails(tls_kafka, tmp_path) -> None:
+    """The probe of an explicit --upstream was a TCP connect only: a CA that does not sign the broker's certificate,
+    a server name it does not carry, a broker that wants a client certificate, or a PLAINTEXT listener dialled with
+    TLS all started cleanly, and the first client's connection was the first to fail. Probed against the real SSL
+    listener (which requires client certificates) with the context the proxy's own connections use."""
+    from proxy.upstream_probe import connect_problem
+
+    t = tls_kafka
+    other = Pki.create(t.pki.dir / "probe-other")
+    mine = (t.pki.ca, t.proxy_client.cert, t.proxy_client.key)
+    assert connect_problem("127.0.0.1", t.ssl_port, 10.0, UpstreamTls(client_context(*mine))) is None
+    assert connect_problem("127.0.0.1", t.ssl_port, 10.0) is None  # no TLS asked: TCP only, as before
+    wrong_ca = connect_problem("127.0.0.1", t.ssl_port, 10.0,
+                               UpstreamTls(client_context(other.ca, t.proxy_client.cert, t.proxy_client.key)))
+    assert wrong_ca is not None and wrong_ca.startswith("TLS handshake failed: the broker's certificate was refused")
+    assert "unable to get local issuer certificate" in wrong_ca and "--upstream-tls-ca" in wrong_ca
+    wrong_name = connect_problem("127.0.0.1", t.ssl_port, 10.0, UpstreamTls(client_context(*mine), "kafka.example"))
+    assert wrong_name is not None and "Hostname mismatch" in wrong_name and "'kafka.example'" in wrong_name
+    no_cert = connect_problem("127.0.0.1", t.ssl_port, 10.0, UpstreamTls(client_context(t.pki.ca)))
+    assert no_cert is not None and "client certificate" in no_cert and "--upstream-tls-cert" in no_cert
+    plain = connect_problem("127.0.0.1", t.kafka.port, 10.0, UpstreamTls(client_context(*mine)))
+    assert plain is not None and plain.startswith("TLS handshake failed") and "PLAINTEXT" in plain
+
+    # the command: one warning at start naming the upstream, its listener and the reason; none when all is right
+    bad = CliProxy(["--listen", "127.0.0.1:0", "--upstream", f"127.0.0.1:{t.ssl_port}", "--upstream-tls-ca",
+                    str(other.ca), "--upstream-tls-cert", str(t.proxy_client.cert), "--upstream-tls-key",
+                    str(t.proxy_client.key)], free_port(), tmp_path)
+    said = bad.wait_log(lambda e: "TLS handshake fails" in str(e.get("event")))
+    assert said["upstream"] == f"127.0.0.1:{t.ssl_port}" and "unable to get local issuer certificate" in said["error"]
+    bad.stop()
+    good = CliProxy(["--listen", "127.0.0.1:0", "--upstream", f"127.0.0.1:{t.ssl_port}", "--upstream-tls-ca",
+                     str(t.pki.ca), "--upstream-tls-cert", str(t.proxy_client.cert), "--upstream-tls-key",
+                     str(t.proxy_client.key)], free_port(), tmp_path, log_level="debug")
+    good.wait_log(lambda e: e.get("event") == "upstream probed" and e.get("upstream") == f"127.0.0.1:{t.ssl_port}")
+    assert not [e for e in good.stop() if e.get("error") and "upstream" in str(e.get("event"))]
+
+
 def test_tls_pass_through_stays_available(tls_kafka, sink) -> None:
     """No TLS options: TLS is relayed byte for byte and recorded as opaque, as before."""
     t = tls_kafka

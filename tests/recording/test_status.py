@@ -145,6 +145,28 @@ def test_http_edge_cases(served) -> None:
     conn.request("POST", "/metrics", body=b"x")
     assert conn.getresponse().status in (400, 405)
     conn.close()
+    # a wrong method on a known path: 405 with the Allow header RFC 9110 requires; on an unknown path: 404
+    for method, path, status, allow in (("DELETE", "/metrics", 405, "GET, HEAD"), ("OPTIONS", "/clients", 405, "GET, HEAD"),
+                                        ("OPTIONS", "/nope", 404, None), ("PUT", "/faults", 405, "GET, HEAD, POST, DELETE"),
+                                        ("GET", "/metrics", 200, None)):
+        conn = http.client.HTTPConnection(server.host, server.port, timeout=5)
+        conn.request(method, path)
+        r = conn.getresponse()
+        assert (r.status, r.getheader("Allow")) == (status, allow), (method, path)
+        r.read()
+        conn.close()
+    # bare-LF line endings (a hand-written health check): answered, not held until the read times out
+    import socket
+
+    with socket.create_connection((server.host, server.port), timeout=2) as raw:
+        raw.sendall(b"\n" + b"GET /healthz HTTP/1.0\nHost: x\n\n")  # an empty line first is ignored (RFC 9112)
+        got = b""
+        while chunk := raw.recv(4096):  # HTTP/1.0: the server closes after its answer; a timeout fails the test
+            got += chunk
+    assert got.startswith(b"HTTP/1.1 200 OK\r\n") and b'"status": "ok"' in got
+    with socket.create_connection((server.host, server.port), timeout=2) as raw:
+        raw.sendall(b"GET /metrics HTTP/1.1\r\n" + b"X-Pad: " + b"a" * 17_000 + b"\r\n\r\n")
+        assert raw.recv(4096).startswith(b"HTTP/1.1 431 ")
     # keep-alive: two requests on one connection
     conn = http.client.HTTPConnection(server.host, server.port, timeout=5)
     for _ in range(2):
