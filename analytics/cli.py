@@ -16,7 +16,7 @@ from click.core import ParameterSource
 from recording.cli_errors import OneLineError, a_number
 
 from analytics.interrupt import ExitAtOnce, interrupts_handled
-from analytics.outdir import clear_artifacts
+from analytics.outdir import OutBusy, claim, clear_artifacts, release
 from recording.existing import inside
 from recording.datasets import DATASETS  # not recording.schema: no pyarrow before the SIGINT handler is in place
 from recording.timespec import TIME, TIME_HELP, TimeSpec, cli_window
@@ -130,8 +130,7 @@ def analyze(dirs: tuple[str, ...], out: str | None, master: str | None, since: T
             raise OneLineError(f"--out {out} is inside the recording {d}: the report's connections/ pages would land in "
                                "the recording's own connections/ dataset; give an --out outside it")
     created = _first_missing(out)
-    interrupted.cleans(out, created)  # from here on an interrupt also removes what this run wrote in OUT
-    result = _run(dirs, out, created, quiet, master=master, since=since, until=until, brokers=brokers, clients=clients,
+    result = _run(dirs, out, created, quiet, interrupted, master=master, since=since, until=until, brokers=brokers, clients=clients,
                   topics=topics, compare=compare, compare_mode=compare_mode, tolerance_s=tolerance_s, bucket_s=bucket_s,
                   progress=not quiet, csv=not no_csv, spark_conf=spark_conf or None, ignore_rollups=ignore_rollups)
     interrupted.cleans(None, None)  # the report is complete: an interrupt now leaves it be
@@ -141,7 +140,8 @@ def analyze(dirs: tuple[str, ...], out: str | None, master: str | None, since: T
     sys.stdout.flush()
 
 
-def _run(dirs: tuple[str, ...], out: str, created: Path | None, quiet: bool, **kw: Any) -> AnalysisResult:
+def _run(dirs: tuple[str, ...], out: str, created: Path | None, quiet: bool, interrupted: Interrupted,
+         **kw: Any) -> AnalysisResult:
     """`run_analysis(dirs, out, **kw)`, read again when a running proxy compacted a file away; returns its result.
 
     A failure leaves no report in OUT: neither a half-written one nor an earlier run's (run_analysis cleared that).
@@ -150,6 +150,12 @@ def _run(dirs: tuple[str, ...], out: str, created: Path | None, quiet: bool, **k
 
     cli_window(kw["since"], kw["until"], lambda: recording_start([*dirs, *(kw["compare"] or ())]))  # a bad or empty window is said now
     _make_out(out, created)  # the last check before the JVM: an OUT that cannot be made is said now, in a line
+    try:  # another analysis or scenario writing into OUT now: refused before anything of OUT is touched
+        claim(out)
+    except OutBusy as exc:
+        raise OneLineError(str(exc)) from None
+    click.get_current_context().call_on_close(lambda: release(out))
+    interrupted.cleans(out, created)  # from here on an interrupt also removes what this run wrote in OUT
     from analytics.job import run_analysis  # starts nothing yet; get_spark (the JVM) runs inside
     from analytics.load import RecordingFormatError
     from pyspark.errors import PySparkRuntimeError

@@ -5,10 +5,16 @@ comparison's `tables/compare_*`, or connection pages of an earlier run that
 had requests, would otherwise sit beside the new report as if they were part
 of it. Only the names kafkatap writes are ever removed; any other file a user
 keeps in OUT stays. No Spark here: the CLI clears OUT from its Ctrl-C handler.
+
+Two commands writing into one OUT at once (an `analyze` started twice, a second
+`scenario run` or `demo` into the same --out) cleared each other's files and left a
+report mixing both; `claim` makes the second refuse, naming the first.
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
 from pathlib import Path
 
 # (sub-directory of OUT, the patterns kafkatap writes there)
@@ -39,3 +45,63 @@ def clear_artifacts(out: str | Path) -> list[Path]:
         if sub and d.is_dir() and not d.is_symlink() and not any(d.iterdir()):
             d.rmdir()
     return removed
+
+
+class OutBusy(Exception):
+    """OUT is being written by another kafkatap command (its pid and command line in the message)."""
+
+
+_claimed: dict[Path, int] = {}  # OUT -> the directory fd whose lock this process holds until it ends
+
+
+def claim(out: str | Path) -> None:
+    """Hold an exclusive lock on the directory OUT (it must exist) until this process ends; OutBusy when another
+    process holds it.
+
+    The lock is flock(2) on the directory itself: no lock file is left in OUT (an OUT the run created and left
+    empty is still removed), the kernel drops it when the holder dies however it dies, and the fd is
+    close-on-exec, so the brokers, proxies and clients a scenario starts never inherit it. Claiming an OUT this
+    process already holds does nothing."""
+    path = Path(out).resolve()
+    if path in _claimed:
+        return
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = lock_holder(fd)
+        os.close(fd)
+        raise OutBusy(f"{out} is being written by another kafkatap command{holder}; two runs into one directory "
+                      "delete each other's files: wait for it, or give another --out") from None
+    _claimed[path] = fd
+
+
+def release(out: str | Path) -> None:
+    """Give up the claim on OUT (closing the fd drops the lock); nothing when this process holds none.
+
+    The commands release at their end (click's call_on_close), so that one process running several, as the
+    tests' CliRunner does, neither holds every OUT it ever wrote nor keeps an fd for each."""
+    fd = _claimed.pop(Path(out).resolve(), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def lock_holder(fd: int) -> str:
+    """" (pid N: its command line)" for the process holding an flock on `fd`'s file, from /proc/locks; "" when not
+    found (another PID namespace, /proc not mounted)."""
+    st = os.fstat(fd)
+    ident = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open("/proc/locks") as locks:
+            pids = [words[4] for words in (line.split() for line in locks)
+                    if len(words) > 5 and words[1] == "FLOCK" and words[5] == ident]
+    except OSError:
+        return ""
+    if not pids:
+        return ""
+    try:
+        with open(f"/proc/{pids[0]}/cmdline", "rb") as f:
+            argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return f" (pid {pids[0]})"
+    return f" (pid {pids[0]}: {' '.join(argv)[:200]})"

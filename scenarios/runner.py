@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from analytics.interrupt import ExitAtOnce, interrupts_handled  # no Spark: signal handling only
-from analytics.outdir import clear_artifacts
+from analytics.outdir import claim, clear_artifacts, release
 from harness.jars import DEFAULT_VERSION
 from harness.kafka import LocalKafka, free_port
 from harness.wire import WireClient
@@ -509,9 +509,14 @@ def _analyze(scenario: Scenario, result: RunResult, rec_dirs: dict[str, Path], s
     has_html = importlib.util.find_spec("analytics.report.html") is not None
     say(f"analyzing {', '.join(str(d) for d in dirs)} with Spark{'' if has_html else ' (HTML report renderer not installed yet)'}")
     t0 = time.monotonic()
+    report_dir.mkdir(parents=True, exist_ok=True)
+    claim(report_dir)  # an `analyze --out` of this very folder, running now, refuses (and this, started second)
     interrupted = _AnalysisInterrupted(scenario.name, report_dir)
-    with interrupts_handled(interrupted, interrupted.signals):
-        res = run_analysis(dirs, report_dir, report=has_html, **opts)
+    try:
+        with interrupts_handled(interrupted, interrupted.signals):
+            res = run_analysis(dirs, report_dir, report=has_html, **opts)
+    finally:
+        release(report_dir)
     result.timings["analysis_s"] = round(time.monotonic() - t0, 1)
     result.report_dir = report_dir
     result.summary = summary(res)

@@ -1,0 +1,88 @@
+"""Two kafkatap commands writing into one OUT at once: the second refuses, naming the first (analytics.outdir.claim).
+
+Before, a second `analyze --out O` (or `scenario run --out O`) started while the first ran cleared the first
+one's report files, and both then wrote into the same tables/: a report mixing two runs, or one that
+vanished under the first run's feet.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from analytics import job, outdir
+from analytics.cli import analyze
+from analytics.synthetic import write_rows
+from analytics_rows import conn, req
+from kafkatap.cli import cli as kafkatap_cli
+
+
+@contextmanager
+def held_by_another_process(out: Path) -> Iterator[int]:
+    """A second process claims OUT and holds it until the block ends (its stdin closed); yields its pid."""
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; from analytics.outdir import claim; "
+                               f"claim({str(out)!r}); print('held', flush=True); sys.stdin.read()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"  # the claim is taken: no race
+        yield holder.pid
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(10)
+
+
+def test_a_second_analysis_into_a_busy_out_is_refused_and_touches_nothing(tmp_path, monkeypatch) -> None:
+    calls: list[str] = []
+    monkeypatch.setattr(job, "run_analysis", lambda dirs, out, **kw: calls.append(out) or "result")
+    monkeypatch.setattr(job, "summary", lambda result: f"summary of {result}")
+    rec, out = tmp_path / "rec", tmp_path / "out"
+    write_rows(rec, "requests", [req("c1", 1, t_s=10)])
+    write_rows(rec, "connections", [conn("c1", 0, 60)])
+    out.mkdir()
+    (out / "report.html").write_text("the first run's report")
+    with held_by_another_process(out) as pid:
+        res = CliRunner().invoke(analyze, [str(rec), "--out", str(out), "--quiet"])
+        assert res.exit_code == 2 and not calls, res.output
+        assert f"is being written by another kafkatap command (pid {pid}: " in res.output
+        assert "from analytics.outdir import claim" in res.output and "give another --out" in res.output
+        assert (out / "report.html").read_text() == "the first run's report"  # not cleared, by the refusal or after
+    res = CliRunner().invoke(analyze, [str(rec), "--out", str(out), "--quiet"])  # the first one ended: free again
+    assert res.exit_code == 0 and calls == [str(out)], res.output
+    assert not outdir._claimed  # released when the command ended: this process holds no OUT it once wrote
+
+
+def test_a_second_scenario_run_into_a_busy_out_is_refused_before_it_starts_anything(tmp_path) -> None:
+    out = tmp_path / "scn"
+    out.mkdir()
+    with held_by_another_process(out) as pid:
+        res = CliRunner().invoke(kafkatap_cli, ["scenario", "run", "batch-too-large", "--out", str(out)])
+    assert res.exit_code == 1 and f"(pid {pid}: " in res.output and "give another --out" in res.output, res.output
+    assert not any(out.iterdir())  # no recordings/, broker/ or clients/: refused before a broker started
+    assert not outdir._claimed
+
+
+def test_the_lock_is_the_kernels_and_leaves_no_file(tmp_path) -> None:
+    """flock on the directory: nothing is written into OUT, and a holder that dies (even SIGKILLed) frees it."""
+    out = tmp_path / "o"
+    out.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from analytics.outdir import claim; "
+                               f"claim({str(out)!r}); print('held', flush=True); time.sleep(600)"],
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+    try:
+        outdir.claim(out)
+        raise AssertionError("claimed an OUT another process holds")
+    except outdir.OutBusy as exc:
+        assert f"(pid {holder.pid}: " in str(exc)
+    holder.kill()
+    holder.wait(10)
+    outdir.claim(out)  # the dead holder's lock went with it
+    outdir.claim(out)  # this process's own claim again: nothing
+    outdir.release(out)
+    assert not any(out.iterdir()) and not outdir._claimed
