@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,7 +45,7 @@ from protocol.errors import ProtocolError
 from proxy.broker_news import BrokerNews
 from proxy.context import format_addr
 from proxy.intercept import ConnInfo, Edit, RequestHead
-from proxy.tls import handshake_hangup, hung_up_in_handshake
+from proxy.tls import handshake_hangup, hung_up_in_handshake, refusal_after_handshake
 
 log = structlog.get_logger("kafkatap.proxy")
 
@@ -438,6 +439,9 @@ def discovery_failure(exc: BaseException, tls: bool) -> str:
                 "and --upstream-tls-ca) or a SASL one (it wants SASL first)?")
     if tls and hung_up_in_handshake(exc):
         return handshake_hangup("bootstrap")
+    if (tls and isinstance(exc, ssl.SSLError) and not isinstance(exc, ssl.SSLCertVerificationError)
+            and "ALERT" in (exc.reason or "")):  # a TLS 1.3 broker's alert after the handshake (a client certificate)
+        return refusal_after_handshake(exc.reason)
     return str(exc) or type(exc).__name__
 
 

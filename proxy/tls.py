@@ -155,6 +155,15 @@ def hung_up_in_handshake(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and not (exc.strerror or str(exc))
 
 
+def refusal_after_handshake(reason: str) -> str:
+    """The words for a broker's TLS alert that came after the handshake (`reason`: OpenSSL's, e.g.
+    SSLV3_ALERT_BAD_CERTIFICATE), for the start-up probe and the cluster discovery alike."""
+    if "CERTIFICATE" in reason:
+        return (f"TLS handshake failed: the broker refused the proxy's client certificate or its lack of one "
+                f"({reason}); give --upstream-tls-cert and --upstream-tls-key, signed by a CA the broker trusts")
+    return f"TLS handshake failed: the broker refused the connection after the handshake ({reason})"
+
+
 def handshake_hangup(peer: str) -> str:
     """The words for `hung_up_in_handshake`, for the broker connection and the cluster discovery alike."""
     return (f"the {peer} closed the connection during the TLS handshake: is it a TLS (SSL or SASL_SSL) listener? "

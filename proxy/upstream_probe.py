@@ -31,7 +31,7 @@ import structlog
 
 from proxy.context import format_addr
 from proxy.server import Route
-from proxy.tls import UpstreamTls, handshake_hangup, hung_up_in_handshake
+from proxy.tls import UpstreamTls, handshake_hangup, hung_up_in_handshake, refusal_after_handshake
 
 log = structlog.get_logger("kafkatap.proxy")
 
@@ -120,13 +120,7 @@ def _refused_after_handshake(wrapped: ssl.SSLSocket) -> str | None:
     try:
         wrapped.recv(1)
     except ssl.SSLError as exc:
-        reason = exc.reason or str(exc)
-        if "CERTIFICATE" in reason:
-            problem = (f"TLS handshake failed: the broker refused the proxy's client certificate or its lack of one "
-                       f"({reason}); give --upstream-tls-cert and --upstream-tls-key, signed by a CA the broker "
-                       "trusts")
-        else:
-            problem = f"TLS handshake failed: the broker refused the connection after the handshake ({reason})"
+        problem = refusal_after_handshake(exc.reason or str(exc))
     except OSError:  # the wait's end (the broker is content), a reset or an EOF: the handshake is what was asked
         pass
     try:

@@ -250,6 +250,25 @@ def test_the_start_up_probe_completes_the_tls_handshake_and_says_why_it_fails(tl
     assert not [e for e in good.stop() if e.get("error") and "upstream" in str(e.get("event"))]
 
 
+def test_cluster_discovery_names_a_client_certificate_the_broker_refused(tls_kafka) -> None:
+    """A TLS 1.3 broker refuses a missing client certificate only after the handshake, with an alert the discovery's
+    read gets: the warning gave OpenSSL's bare `SSLV3_ALERT_BAD_CERTIFICATE`. It now says what to give."""
+    import asyncio
+
+    import uvloop
+    from structlog.testing import capture_logs
+
+    t = tls_kafka
+    mode = ClusterMode(ClusterConfig(bootstrap=("127.0.0.1", t.ssl_port), listen=("127.0.0.1", free_port())))
+    mode.upstream_tls = UpstreamTls(client_context(t.pki.ca))  # the CA, but no --upstream-tls-cert/--upstream-tls-key
+    for run in (uvloop.run, asyncio.run):  # the proxy's loop, and asyncio's own
+        with capture_logs() as logs:
+            run(mode._discover_brokers())
+        said = [e for e in logs if e["event"].startswith("broker discovery at start failed")]
+        assert len(said) == 1 and "client certificate" in said[0]["error"], (run, logs)
+        assert "--upstream-tls-cert" in said[0]["error"] and "SASL" not in said[0]["error"]
+
+
 def test_tls_pass_through_stays_available(tls_kafka, sink) -> None:
     """No TLS options: TLS is relayed byte for byte and recorded as opaque, as before."""
     t = tls_kafka
