@@ -8,6 +8,7 @@ supports it; otherwise the cause stays None rather than guessing.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 # Kafka's default message.max.bytes (1 MiB + record-batch overhead).
@@ -50,10 +51,39 @@ def _topics(t: list[str]) -> str:
     return ", ".join(t) if t else "an unknown topic"
 
 
+def _tls_alert(detail: str | None) -> str | None:
+    """OpenSSL's name of a TLS alert the peer sent, from an end detail such as
+    "SSLError: [SSL: SSLV3_ALERT_BAD_CERTIFICATE] sslv3 alert bad certificate (_ssl.c:2580)"; else None."""
+    if not detail:
+        return None
+    found = _SSL_ALERT.search(detail)
+    return found.group(1) if found else None
+
+
+def refuses_client_certificate(alert: str) -> bool:
+    """Whether OpenSSL's alert name is a server refusing the client's certificate: missing (TLS 1.3's
+    CERTIFICATE_REQUIRED, or Java's BAD_CERTIFICATE), expired, revoked, or from a CA it does not trust."""
+    return "CERTIFICATE" in alert or "UNKNOWN_CA" in alert
+
+
+_SSL_ALERT = re.compile(r"\[SSL: ((?:SSLV3|TLSV1|TLSV13)\w*_ALERT_\w+)\]")
+
+
 def inferred_cause(f: EndFacts) -> str | None:
     """The most likely cause of the end, or None when nothing specific is supported."""
     if f.end_reason == "upstream_connect_failed":
         return f"the proxy could not connect to the broker ({f.end_detail or 'unknown error'})"
+
+    # A TLS 1.3 broker refuses the proxy's client certificate (or its lack of one) only after the handshake: the
+    # client's first request is relayed, then the broker's alert ends the connection. Read as "broker reset with a
+    # request unanswered: restart, crash or a rejected request", it sent operators to the broker's health.
+    alert = _tls_alert(f.end_detail) if f.end_by == "broker" else None
+    if alert is not None:
+        if refuses_client_certificate(alert):
+            return (f"the broker refused the proxy's TLS client certificate, or its lack of one ({alert}): every "
+                    "connection ends so until the proxy is given --upstream-tls-cert and --upstream-tls-key, signed "
+                    "by a CA the broker trusts")
+        return f"the broker ended the TLS session with an alert ({alert})"
 
     # Incident 1: broker hangs up right after an acks=0 Produce.
     if (

@@ -35,6 +35,8 @@ from typing import Any
 
 import click
 
+from proxy.inference import refuses_client_certificate
+
 TLS_HELP = """\b
 TLS (SSL and SASL_SSL clusters, recorded with full decoding; credentials are never recorded):
   terminate:  --tls-cert proxy.pem --tls-key proxy.key [--tls-key-password-file F] [--tls-client-ca clients-ca.pem]
@@ -158,7 +160,7 @@ def hung_up_in_handshake(exc: BaseException) -> bool:
 def refusal_after_handshake(reason: str) -> str:
     """The words for a broker's TLS alert that came after the handshake (`reason`: OpenSSL's, e.g.
     SSLV3_ALERT_BAD_CERTIFICATE), for the start-up probe and the cluster discovery alike."""
-    if "CERTIFICATE" in reason:
+    if refuses_client_certificate(reason):
         return (f"TLS handshake failed: the broker refused the proxy's client certificate or its lack of one "
                 f"({reason}); give --upstream-tls-cert and --upstream-tls-key, signed by a CA the broker trusts")
     return f"TLS handshake failed: the broker refused the connection after the handshake ({reason})"

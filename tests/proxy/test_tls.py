@@ -213,6 +213,20 @@ def test_upstream_certificate_is_verified(tls_kafka, sink) -> None:
     assert ends[0]["end_reason"] == "upstream_connect_failed" and "CERTIFICATE_VERIFY_FAILED" in (ends[0]["end_detail"] or "")
 
 
+def test_a_client_certificate_the_broker_refuses_is_the_connections_inferred_cause(tls_kafka, sink) -> None:
+    """The broker requires a client certificate and the proxy gives none: with TLS 1.3 the refusal is an alert after
+    the handshake, so the client's first request is relayed and the connection ends as a broker reset. Its cause
+    read "broker restart, crash or a request it rejected"."""
+    t = tls_kafka
+    with RunningProxy(routes=[f"127.0.0.1:0=127.0.0.1:{t.ssl_port}"], sink=sink,
+                      upstream_tls=UpstreamTls(client_context(t.pki.ca))) as p:
+        out = subprocess.run(["kcat", "-b", p.bootstrap, "-L", "-m", "5"], capture_output=True, text=True, timeout=30)
+        assert out.returncode != 0
+        ends = sink.wait_final(1)
+    assert ends[0]["end_by"] == "broker" and "ALERT" in (ends[0]["end_detail"] or "")
+    assert ends[0]["inferred_cause"].startswith("the broker refused the proxy's TLS client certificate, or its lack")
+
+
 def test_the_start_up_probe_completes_the_tls_handshake_and_says_why_it_fails(tls_kafka, tmp_path) -> None:
     """The probe of an explicit --upstream was a TCP connect only: a CA that does not sign the broker's certificate,
     a server name it does not carry, a broker that wants a client certificate, or a PLAINTEXT listener dialled with

@@ -74,6 +74,24 @@ def test_inference_idle_resets():
     assert "connections.max.idle.ms" in inferred_cause(EndFacts("broker_fin", "broker", idle_before_end_ms=600_000))
 
 
+def test_inference_names_a_tls_alert_from_the_broker():
+    """A TLS 1.3 broker's refusal of the proxy's client certificate ends the connection as a broker reset with the
+    first request unanswered; it read "broker restart, crash or a request it rejected"."""
+    refused = EndFacts("broker_rst", "broker", unanswered=1, last_api="ApiVersions",
+                       end_detail="SSLError: [SSL: SSLV3_ALERT_BAD_CERTIFICATE] sslv3 alert bad certificate (_ssl.c:2580)")
+    cause = inferred_cause(refused)
+    assert cause.startswith("the broker refused the proxy's TLS client certificate, or its lack of one "
+                            "(SSLV3_ALERT_BAD_CERTIFICATE)") and "--upstream-tls-cert" in cause
+    for alert in ("TLSV13_ALERT_CERTIFICATE_REQUIRED", "TLSV1_ALERT_UNKNOWN_CA", "SSLV3_ALERT_CERTIFICATE_EXPIRED"):
+        assert "client certificate" in inferred_cause(EndFacts("broker_rst", "broker", end_detail=f"[SSL: {alert}] x"))
+    other = inferred_cause(EndFacts("broker_fin", "broker", end_detail="[SSL: TLSV1_ALERT_PROTOCOL_VERSION] y"))
+    assert other == "the broker ended the TLS session with an alert (TLSV1_ALERT_PROTOCOL_VERSION)"
+    # the client's own alerts and errors that are not alerts keep their causes
+    assert "client certificate" not in (inferred_cause(EndFacts("client_rst", "client", end_detail="[SSL: SSLV3_ALERT_BAD_CERTIFICATE] z")) or "")
+    assert inferred_cause(EndFacts("broker_rst", "broker", unanswered=1, last_api="Fetch", answered_beyond_versions=True,
+                                   end_detail="ConnectionResetError: [Errno 104]")).startswith("broker reset the connection")
+
+
 def test_inference_names_a_failed_or_missing_sasl_authentication():
     failed = EndFacts("broker_fin", "broker", sasl_seen=True, sasl_error="SaslAuthenticate: SASL_AUTHENTICATION_FAILED",
                       last_api="SaslAuthenticate")
