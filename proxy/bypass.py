@@ -36,6 +36,7 @@ from typing import Any
 import structlog
 
 from proxy.sink_steps import pass_through
+from recording.terminal_text import cut_to_width
 
 log = structlog.get_logger("kafkatap.proxy")
 
@@ -175,4 +176,4 @@ def top_line(samples: list[tuple[dict[str, str], float]], width: int = 200, clus
     advice = ("a broker has no listener: free its port or pin one with --broker-port" if cluster
               else "use --cluster or advertise the proxy's listeners")
     text = f"BYPASS: {total:,.0f} responses sent clients around the proxy to {addrs} — that traffic is not recorded; {advice}"
-    return text if len(text) <= width else text[: max(1, width - 1)] + "…"
+    return cut_to_width(text, width, keep=1)

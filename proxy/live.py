@@ -20,6 +20,7 @@ import select
 import shutil
 import signal
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -32,7 +33,7 @@ from protocol.error_kinds import ERROR, RETRIABLE
 from proxy.bypass import top_line as bypass_top_line
 from proxy.metrics import MAX_TOPICS_MORE, ROLE_NAMES, parse_exposition
 from proxy.status import parse_addr
-from recording.terminal_text import printable
+from recording.terminal_text import cut_to_width, display_width, pad_to_width, printable
 
 CLEAR = "\x1b[H\x1b[2J"
 BOLD, DIM, RESET = "\x1b[1m", "\x1b[2m", "\x1b[0m"
@@ -227,14 +228,14 @@ def _fit(cells: list[list[str]], columns: list[tuple[str, int]]) -> list[int]:
     """Each column as wide as its widest cell (header included), up to its cap."""
     widths = []
     for i, (name, cap) in enumerate(columns):
-        widest = max([len(name)] + [len(row[i]) for row in cells])
+        widest = max([display_width(name)] + [display_width(row[i]) for row in cells])
         widths.append(min(widest, cap) if cap else widest)
     return widths
 
 
 def _cut(text: str, width: int) -> str:
-    """`text` in `width` characters; a longer one ends in "…" so nothing is lost silently."""
-    return text if len(text) <= width else text[: max(0, width - 1)] + "…"
+    """`text` in `width` terminal columns; a longer one ends in "…" so nothing is lost silently."""
+    return cut_to_width(text, width)
 
 
 def render(clients: dict[str, Any], metrics: dict, prev: tuple[float, dict[str, int]] | None, now: float,
@@ -325,7 +326,7 @@ def render(clients: dict[str, Any], metrics: dict, prev: tuple[float, dict[str, 
 
 def _line(cells: list[str], widths: list[int], width: int) -> str:
     last = len(cells) - 1
-    text = " ".join(_cut(v, w).ljust(w) if i < last else v for i, (v, w) in enumerate(zip(cells, widths)))
+    text = " ".join(pad_to_width(_cut(v, w), w) if i < last else v for i, (v, w) in enumerate(zip(cells, widths)))
     return _cut(text.rstrip(), width)
 
 
@@ -369,14 +370,28 @@ def _poll(addr: str) -> tuple[dict[str, Any], dict]:
 POLL_ERRORS = (urllib.error.URLError, OSError, ValueError, http.client.HTTPException)
 
 
+# wait(seconds or None for no limit, another fd to wake on or None) -> the key pressed, WOKEN, or None at the limit
+KeyWait = Callable[[float | None, int | None], str | None]
+WOKEN = ""  # what a KeyWait returns when the other fd became readable
+
+
+def _wait_for_fd(timeout: float | None, other: int | None) -> str | None:
+    """A KeyWait without a keyboard (stdin is not a terminal): waits for `other` or the time limit."""
+    if other is None:
+        time.sleep(timeout or 0)
+        return None
+    ready, _, _ = select.select([other], [], [], timeout)
+    return WOKEN if ready else None
+
+
 @contextlib.contextmanager
-def _keys() -> Iterator[Callable[[float], str | None]]:
-    """Single key presses without Enter while the view runs: a `wait(seconds) -> key or None`.
+def _keys() -> Iterator[KeyWait]:
+    """Single key presses without Enter while the view runs: a `wait(seconds, other_fd) -> key, WOKEN or None`.
 
     Off a terminal (or without termios) it only waits, so `top` still works piped.
     """
     if not sys.stdin.isatty():
-        yield lambda t: time.sleep(t)  # type: ignore[func-returns-value]
+        yield _wait_for_fd
         return
     import termios
     import tty
@@ -387,15 +402,59 @@ def _keys() -> Iterator[Callable[[float], str | None]]:
     # SIGTERM as Ctrl-C: the terminal's echo and line mode come back (a `kill` left it without them)
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
 
-    def wait(timeout: float) -> str | None:
-        ready, _, _ = select.select([sys.stdin], [], [], timeout)
-        return os.read(fd, 1).decode(errors="replace") if ready else None
+    def wait(timeout: float | None, other: int | None = None) -> str | None:
+        ready, _, _ = select.select([fd] if other is None else [fd, other], [], [], timeout)
+        if fd in ready:
+            return os.read(fd, 1).decode(errors="replace")
+        return WOKEN if ready else None
 
     try:
         yield wait
     finally:
         termios.tcsetattr(fd, termios.TCSADRAIN, saved)
         signal.signal(signal.SIGTERM, previous)
+
+
+QUIT = object()  # _poll_reading_keys: q was pressed while the poll waited
+
+
+def _poll_reading_keys(addr: str, wait: KeyWait, pressed: list[str]) -> Any:
+    """`_poll(addr)` on a thread while keys are read: its result, QUIT as soon as q is pressed, or its exception raised.
+
+    Why: a poll of an endpoint that does not answer (a stopped proxy's port held by something else, a worker
+    stuck) waits up to FETCH_TIMEOUT_S, and q was read only after it: ten seconds of a view that would not
+    quit. Other keys pressed meanwhile are appended to `pressed`, for the loop to act on after the poll.
+    """
+    woken_r, woken_w = os.pipe()
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["result"] = _poll(addr)
+        except BaseException as exc:  # noqa: BLE001 — handed to the caller, which knows POLL_ERRORS
+            box["error"] = exc
+        finally:
+            try:
+                os.write(woken_w, b"!")
+            except OSError:  # q was pressed and the reading end is closed: nobody waits for this poll
+                pass
+            os.close(woken_w)
+
+    threading.Thread(target=run, name="kafkatap-top-poll", daemon=True).start()
+    try:
+        while True:
+            key = wait(None, woken_r)
+            if key == WOKEN:
+                break
+            if key in ("q", "Q"):
+                return QUIT  # the poll's thread is a daemon: it ends with its timeout, or with the process
+            if key:
+                pressed.append(key)
+    finally:
+        os.close(woken_r)
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
 
 
 @click.command("top")
@@ -448,23 +507,30 @@ def top(addr: str, interval: float, once: bool, as_json: bool, per_connection: b
         return
     try:
         with _keys() as wait:
+            pressed: list[str] = []
             while True:
                 try:
-                    clients, metrics = _poll(addr)
+                    polled = _poll_reading_keys(addr, wait, pressed)
                 except POLL_ERRORS as exc:
                     sys.stdout.write(f"{clear}waiting: {unreachable(addr, exc)}\n")
                     sys.stdout.flush()
-                    key = wait(interval)
+                    key = wait(interval, None)
                     if key in ("q", "Q"):
                         return
                     continue
+                if polled is QUIT:
+                    return
+                clients, metrics = polled
+                if sum(k in ("c", "C") for k in pressed) % 2:  # c pressed during the poll: switched before drawing
+                    per_connection = not per_connection
+                pressed.clear()
                 now = time.monotonic()
                 size = shutil.get_terminal_size((160, 40))
                 screen = render(clients, metrics, prev, now, size.columns, size.lines, color, sort, per_connection)
                 sys.stdout.write(clear + screen)  # no newline after the last line: on a full screen it scrolled
                 sys.stdout.flush()
                 prev = (now, snapshot_counts(clients, metrics))
-                key = wait(interval)
+                key = wait(interval, None)
                 if key in ("c", "C"):
                     per_connection = not per_connection
                 elif key in ("q", "Q"):

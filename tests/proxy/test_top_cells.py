@@ -64,3 +64,23 @@ def test_control_characters_in_what_clients_send_stay_on_their_row():
         assert len(rows) == 1 and rows[0].startswith("evil\\nclient\\x1b[31m"), screen
         assert "orders\\r\\x1b[2J" in rows[0] and "sw\\x07" in rows[0]
         assert not any(ch in screen for ch in "\x1b\r\x07")  # color=False: no escape code at all
+
+
+def test_wide_characters_keep_the_columns_aligned():
+    """Columns were measured in characters: a client_id or topic in CJK (two terminal columns a character)
+    pushed every later column of its row to the right."""
+    from recording.terminal_text import cut_to_width, display_width, pad_to_width
+
+    assert display_width("注文サービス") == 12 and display_width("café") == 4 and display_width("e\u0301") == 1
+    assert cut_to_width("注文サービス", 7) == "注文サ…" and display_width(cut_to_width("注文サービス", 7)) == 7
+    assert cut_to_width("注文", 4) == "注文" and pad_to_width("注", 4) == "注  "
+    stats = LiveStats("p1")
+    stats.request(_row("c1", ["注文"], client_id="注文サービス"))
+    stats.request(_row("c2", ["orders"], client_id="orders-service"))
+    metrics = parse_metrics(stats.render_prometheus())
+    screen = render(stats.clients_json(), metrics, None, 1.0, 400, 50, False)
+    wide, narrow = (next(ln for ln in screen.splitlines() if ln.startswith(who)) for who in ("注文", "orders-service"))
+    # every column after the client's starts at the same terminal column on both rows
+    starts = [display_width(wide[:wide.index(cell)]) for cell in ("kafka-python", "10.0.0.1:9092") if cell in wide]
+    assert starts and starts == [display_width(narrow[:narrow.index(cell)]) for cell in ("kafka-python", "10.0.0.1:9092")
+                                 if cell in narrow], screen
