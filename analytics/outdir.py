@@ -13,9 +13,10 @@ report mixing both; `claim` makes the second refuse, naming the first.
 
 from __future__ import annotations
 
-import fcntl
 import os
 from pathlib import Path
+
+from recording.dir_lock import DirBusy, lock_dir
 
 # (sub-directory of OUT, the patterns kafkatap writes there)
 ARTIFACTS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -55,25 +56,17 @@ _claimed: dict[Path, int] = {}  # OUT -> the directory fd whose lock this proces
 
 
 def claim(out: str | Path) -> None:
-    """Hold an exclusive lock on the directory OUT (it must exist) until this process ends; OutBusy when another
-    process holds it.
-
-    The lock is flock(2) on the directory itself: no lock file is left in OUT (an OUT the run created and left
-    empty is still removed), the kernel drops it when the holder dies however it dies, and the fd is
-    close-on-exec, so the brokers, proxies and clients a scenario starts never inherit it. Claiming an OUT this
-    process already holds does nothing."""
+    """Hold an exclusive lock on the directory OUT (it must exist) until `release` or the process's end; OutBusy
+    when another process holds it (recording.dir_lock: no lock file, dropped when the holder dies). Claiming an
+    OUT this process already holds does nothing."""
     path = Path(out).resolve()
     if path in _claimed:
         return
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = lock_holder(fd)
-        os.close(fd)
-        raise OutBusy(f"{out} is being written by another kafkatap command{holder}; two runs into one directory "
+        _claimed[path] = lock_dir(path)
+    except DirBusy as exc:
+        raise OutBusy(f"{out} is being written by another kafkatap command{exc.holder}; two runs into one directory "
                       "delete each other's files: wait for it, or give another --out") from None
-    _claimed[path] = fd
 
 
 def release(out: str | Path) -> None:
@@ -84,24 +77,3 @@ def release(out: str | Path) -> None:
     fd = _claimed.pop(Path(out).resolve(), None)
     if fd is not None:
         os.close(fd)
-
-
-def lock_holder(fd: int) -> str:
-    """" (pid N: its command line)" for the process holding an flock on `fd`'s file, from /proc/locks; "" when not
-    found (another PID namespace, /proc not mounted)."""
-    st = os.fstat(fd)
-    ident = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    try:
-        with open("/proc/locks") as locks:
-            pids = [words[4] for words in (line.split() for line in locks)
-                    if len(words) > 5 and words[1] == "FLOCK" and words[5] == ident]
-    except OSError:
-        return ""
-    if not pids:
-        return ""
-    try:
-        with open(f"/proc/{pids[0]}/cmdline", "rb") as f:
-            argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
-    except OSError:
-        return f" (pid {pids[0]})"
-    return f" (pid {pids[0]}: {' '.join(argv)[:200]})"

@@ -76,6 +76,7 @@ import structlog
 
 from protocol.apis import CREDENTIAL_APIS
 from recording.datasets import DATASETS, DERIVED_COLUMNS, RECORDED, row_names
+from recording.dir_lock import DirBusy, lock_dir
 from recording.layout import HOUR_NS, TIME_COLUMN, flush_name, new_run_id, partition_dir, recover
 from recording.thread_names import name_os_thread
 from recording.writer_pipe import CHUNK_BYTES, CHUNK_ROWS, WriterGone, WriterProcess
@@ -395,6 +396,7 @@ class ParquetRecorder:
         self._unmerged: set[Path] = set()  # partition directories whose rollups are not merged yet (compactor thread)
         self._folds: dict[Path, Any] = {}  # merged requests file → its rollups, folded while merging (compactor thread)
         self._closed = False
+        self._partition_lock: int | None = None  # fd holding the lock on this proxy id's partition (_lock_partition)
         self._lock = threading.Lock()  # serializes flushes (writer thread vs. close on another thread)
 
     # -- lifecycle ---------------------------------------------------------------
@@ -405,6 +407,7 @@ class ParquetRecorder:
         imports: the pipe holds what is sent meanwhile); the thread only ships rows to it.
         """
         check_recording_dir(self.root, self.min_free_bytes)
+        self._partition_lock = self._lock_partition()
         removed = recover(self.root, self.proxy_id)
         if removed:
             log.info("recording leftovers cleaned", root=str(self.root), files=removed)
@@ -438,7 +441,33 @@ class ParquetRecorder:
         else:
             self._flush(final=True)
         self.finish_compaction()
+        if self._partition_lock is not None:
+            os.close(self._partition_lock)
+            self._partition_lock = None
         log.info("recording closed", root=str(self.root), **self.stats())
+
+    def _lock_partition(self) -> int | None:
+        """Hold a lock on this proxy id's requests partition while recording; warn when another process holds it.
+
+        Two proxies recording into one directory with the same --proxy-id (a copy-pasted unit, a second
+        instance started by hand) write one partition: each keeps its own files, but an analysis cannot tell
+        the two proxies apart (their connections, clients and rates add up as one proxy's). The recording's
+        "already holds a recording" warning said nothing of a proxy recording there *now*. A warning, not a
+        refusal: a restart whose old instance is still draining is the same picture for a few seconds.
+        Returns the fd holding the lock (None when another holds it or the directory cannot be made: the
+        recorder's own checks and writes report that)."""
+        part = partition_dir(self.root, "requests", self.proxy_id, 0).parent.parent
+        try:
+            part.mkdir(parents=True, exist_ok=True)
+            return lock_dir(part)
+        except DirBusy as exc:
+            log.warning("another process is recording into this directory with the same proxy id now: an analysis "
+                        "cannot tell the two proxies apart (their connections and rates add up as one); give each "
+                        "proxy its own --proxy-id", root=str(self.root), proxy_id=self.proxy_id,
+                        other=exc.holder.strip(" ()") or "unknown")
+        except OSError:
+            pass
+        return None
 
     # -- RecordSink: event loop thread, O(1), never blocks --------------------------
     def request(self, row: Row) -> None:

@@ -140,3 +140,39 @@ def test_compaction_streams_with_bounded_memory(tmp_path: Path) -> None:
     assert peak - before < 4 * one_file, (one_file, before, peak)  # loading the segment is ≥ 8 files (+ sort copy)
     merged = [f for f in (tmp_path / "rec" / "requests").rglob("part-*.parquet")]
     assert len(merged) == 1 and pq.ParquetFile(merged[0]).metadata.num_row_groups >= 4
+
+
+def test_a_second_proxy_recording_with_the_same_id_into_the_same_directory_is_said(rec_dir: Path) -> None:
+    """Two proxies with one --proxy-id recording into one directory at once got only the "already holds a
+    recording" warning (or none, when both started into an empty one): an analysis then adds them up as one
+    proxy. The recorder holds a lock on its partition; a second one is told who holds it."""
+    from structlog.testing import capture_logs
+
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys
+        from recording.writer import ParquetRecorder
+        r = ParquetRecorder({str(rec_dir)!r}, "p1", fsync=False, writer="thread").start()
+        print("HOLDING", flush=True)
+        sys.stdin.read()
+        r.close()
+    """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None
+        for line in holder.stdout:  # its log lines come first (structlog writes to stdout)
+            if line == "HOLDING\n":
+                break
+        with capture_logs() as logs:
+            other = ParquetRecorder(rec_dir, "p2", fsync=False, writer="thread").start()  # another id: its own partition
+            same = ParquetRecorder(rec_dir, "p1", fsync=False, writer="thread").start()
+            same.close()
+            other.close()
+        said = [e for e in logs if "same proxy id" in e["event"]]
+        assert len(said) == 1 and said[0]["proxy_id"] == "p1", logs
+        assert said[0]["other"].startswith(f"pid {holder.pid}: ") and "ParquetRecorder" in said[0]["other"]
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        assert holder.wait(30) == 0
+    with capture_logs() as logs:  # the first one closed: its lock went with it
+        ParquetRecorder(rec_dir, "p1", fsync=False, writer="thread").start().close()
+    assert not [e for e in logs if "same proxy id" in e["event"]]
