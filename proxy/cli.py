@@ -769,12 +769,33 @@ def iptables(mode: str, brokers: tuple[str, ...], ports: tuple[int, ...], proxy_
         click.echo("dry run: nothing was changed; these are the commands --apply would run (as root)", err=True)
         click.echo(render(cmds))
         return
+    _warn_of_other_backend_rules()
     try:
         apply(cmds)
     except (RuntimeError, FileNotFoundError) as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo("applied:", err=True)  # a note (stderr): stdout holds only the commands that ran
     click.echo(render(cmds))
+
+
+def _warn_of_other_backend_rules() -> None:
+    """Say it when kafkatap rules of an earlier --apply sit in the other iptables backend (legacy beside nf_tables).
+
+    `iptables` lists only its own backend's rules, and both backends' nat tables see every packet: rules an
+    earlier --apply left under iptables-legacy (before the host switched alternatives, or applied from a
+    container using the other one) go on redirecting beside the new ones, to whatever port they name, and
+    nothing on screen shows them. `--remove` looks in both and removes them.
+    """
+    from proxy.netfilter import TOOLS, removal_found
+
+    try:
+        elsewhere = sorted({cmd[0] for cmd in removal_found() if cmd[0] not in TOOLS})
+    except (RuntimeError, FileNotFoundError):  # unreadable here: --apply itself says what is wrong
+        return
+    if elsewhere:
+        click.echo(f"warning: kafkatap rules of an earlier --apply remain in {' and '.join(elsewhere)}'s tables, which "
+                   "`iptables -t nat -S` here does not list; they go on redirecting beside the rules applied now. "
+                   "`kafkatap iptables --remove` removes both, then --apply again", err=True)
 
 
 def _iptables_targets(brokers: tuple[str, ...], ports: tuple[int, ...]) -> list[tuple[str | None, int]]:

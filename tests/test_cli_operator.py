@@ -359,6 +359,30 @@ def test_iptables_remove_dry_run_prints_and_changes_nothing(monkeypatch: pytest.
     assert res.exit_code == 0 and res.stdout == "" and "nothing of kafkatap's installed" in res.stderr  # stdout: commands only
 
 
+def test_iptables_apply_warns_of_rules_left_in_the_other_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rules an earlier --apply left under iptables-legacy go on redirecting beside new nf_tables ones, and
+    `iptables -t nat -S` does not list them: --apply said nothing (--remove already finds them; the netns test
+    applies for real)."""
+    from click.testing import CliRunner
+
+    import proxy.netfilter as netfilter
+    from proxy.cli import iptables
+
+    applied: list = []
+    monkeypatch.setattr(netfilter, "apply", applied.append)
+    legacy = [["iptables-legacy", "-w", "-t", "nat", "-D", "OUTPUT", "-j", "KAFKATAP"],
+              ["iptables-legacy", "-w", "-t", "nat", "-X", "KAFKATAP"]]
+    monkeypatch.setattr(netfilter, "removal_found", lambda: legacy)
+    res = CliRunner().invoke(iptables, ["--mode", "local", "--port", "9092", "--apply"])
+    assert res.exit_code == 0 and len(applied) == 1
+    assert "warning: kafkatap rules of an earlier --apply remain in iptables-legacy's tables" in res.stderr
+    assert "`kafkatap iptables --remove` removes both" in res.stderr
+    for nothing_elsewhere in ([["iptables", "-w", "-t", "nat", "-X", "KAFKATAP"]], []):  # its own backend: apply says
+        monkeypatch.setattr(netfilter, "removal_found", lambda found=nothing_elsewhere: found)
+        res = CliRunner().invoke(iptables, ["--mode", "local", "--port", "9092", "--apply"])
+        assert res.exit_code == 0 and "warning" not in res.stderr
+
+
 def test_iptables_dry_run_says_so_and_names_resolve_visibly() -> None:
     res = run("iptables", "--broker", "localhost:9092")
     assert res.returncode == 0
