@@ -37,6 +37,7 @@ from proxy.tls import TLS_HELP, TlsConfigError, tls_options, tls_setup
 from proxy.address import bind_problem, connect_address, listen_address, listens_at
 from proxy.balance import Balancer, BalanceSpec, WorkerMail
 from proxy.broker_news import BrokerNews
+from proxy.bypass import first_in_proxy
 from proxy.mailboxes import Mailboxes, MailSpec
 from proxy.listener import raise_nofile_limit
 from proxy.loop_guard import SiblingSpec, SiblingUpstreams
@@ -612,7 +613,7 @@ async def _serve(routes: list[Route], faults, rec: dict, *, ready_fd: int | None
                             retain_s=rec.get("retain"))
     except Exception as exc:  # RecordingError, bad address …
         listen_outcome(False)
-        log.error("cannot set up recording", error=str(exc))
+        (log.error if first_in_proxy(f"recording: {exc}") else log.debug)("cannot set up recording", error=str(exc))
         return 2
     if ready_fd is not None and sinks.status is not None:  # a worker: the parent serves the status address
         sinks.status.private = True
@@ -661,7 +662,8 @@ async def _serve(routes: list[Route], faults, rec: dict, *, ready_fd: int | None
             await server.start()
         except OSError as exc:
             listen_outcome(False)
-            log.error("cannot listen", error=str(exc))
+            # N workers meet the same cause (a broker's listener port taken): one line for the proxy, not N
+            (log.error if first_in_proxy(f"cannot listen: {exc}") else log.debug)("cannot listen", error=str(exc))
             await server.stop()
             return 2
         listen_outcome(True)

@@ -43,6 +43,7 @@ from protocol.apis import API_VERSIONS, METADATA, api_name
 from protocol.deep import decode_response, encode_request
 from protocol.errors import ProtocolError
 from proxy.broker_news import BrokerNews
+from proxy.bypass import first_in_proxy
 from proxy.context import format_addr
 from proxy.intercept import ConnInfo, Edit, RequestHead
 from proxy.tls import handshake_hangup, hung_up_in_handshake, refusal_after_handshake
@@ -368,8 +369,10 @@ class ClusterMode:
         except OSError as exc:
             route.problem = (f"cannot listen on {format_addr((self.config.listen[0], route.listen_port))} "
                              f"({exc.strerror or exc}); pin a free port with --broker-port {node}=PORT")
-            log.error("cannot listen for a broker: its address is left as it is, so its clients would bypass the "
-                      "proxy", node_id=node, broker=f"{route.upstream[0]}:{route.upstream[1]}", problem=route.problem)
+            # every worker of a `--workers N` proxy meets the same taken port: one line for the proxy, not N
+            (log.error if first_in_proxy(f"broker listener: {route.problem}") else log.debug)(
+                "cannot listen for a broker: its address is left as it is, so its clients would bypass the proxy",
+                node_id=node, broker=f"{route.upstream[0]}:{route.upstream[1]}", problem=route.problem)
             return None
         log.info("broker listener", node_id=node, listener=f"{self.registry.advertise_host}:{addr[1]}",
                  broker=f"{route.upstream[0]}:{route.upstream[1]}")

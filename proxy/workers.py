@@ -74,6 +74,7 @@ from recording.layout import worker_proxy_id
 log = structlog.get_logger("kafkatap.proxy")
 
 READY_TIMEOUT_S = 120.0  # a worker imports, opens its recorder and listens well within this
+EXIT_WAIT_S = 5.0  # a worker whose ready pipe closed unready: how long its exit status is waited for
 RESTART_BACKOFF_S = 1.0
 RESTART_WINDOW_S = 60.0
 MAX_RESTARTS = 5  # deaths within RESTART_WINDOW_S before the proxy gives up and exits 1
@@ -235,6 +236,7 @@ class WorkerPool:
             starts = await asyncio.gather(*(self._spawn(w) for w in self.workers))
             listen_outcome(all(starts))  # the upstream probe's warning is for a proxy that listens
             if not all(starts):
+                log.error("the proxy did not start", workers_started=sum(starts), workers=len(self.workers))
                 await self._stop_all()
                 return 2
             if status is not None:
@@ -277,8 +279,16 @@ class WorkerPool:
         finally:
             os.close(r)
         if not line.strip():
-            code = w.process.returncode if w.process.returncode is not None else "still starting"
-            log.error("worker did not start", worker=w.proxy_id, pid=w.process.pid, exit=code)
+            # the ready pipe closes when the worker exits, a moment before it can be reaped: wait for its exit status
+            # (it said "still starting" of a worker that had already exited 2)
+            try:
+                code: int | str = await asyncio.wait_for(w.process.wait(), EXIT_WAIT_S)
+            except asyncio.TimeoutError:
+                code = "still starting"
+            if code == 2:  # a start error, which the worker said itself (once for all workers): the cause is above
+                log.debug("worker did not start", worker=w.proxy_id, pid=w.process.pid, exit=code)
+            else:
+                log.error("worker did not start", worker=w.proxy_id, pid=w.process.pid, exit=code)
             return False
         info = json.loads(line)
         w.status, w.ready = info.get("status"), True

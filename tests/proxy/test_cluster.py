@@ -97,6 +97,19 @@ def test_a_broker_port_taken_at_start_stops_the_proxy_with_the_fix(cluster, tmp_
     said = " ".join(str(e.get("error")) for e in errors if e.get("event") == "cannot listen")
     assert f"broker 2 ({cluster.host}:{cluster.nodes[1].port})" in said, out.stderr
     assert f"127.0.0.1:{listen + 3}" in said and "--broker-port 2=PORT" in said, said
+    # with workers, each meets the same cause: said once, and the parent says the proxy did not start (it said
+    # "worker did not start … exit: still starting" of workers that had exited 2)
+    with _hold(listen + 1 + 2):
+        out = subprocess.run([*PROXY, "--cluster", f"{cluster.host}:{node.port}", "--listen", f"127.0.0.1:{listen}",
+                              "--workers", "2", "--record", str(tmp_path / "rec2")], capture_output=True, text=True,
+                             timeout=120)
+    assert out.returncode == 2, out.stderr
+    lines = [json.loads(line) for line in out.stderr.splitlines() if line.startswith("{")]
+    errors = [e["event"] for e in lines if e.get("level") == "error"]
+    assert errors[-1] == "the proxy did not start" and len(errors) == 3, out.stderr
+    assert {errors[0], errors[1]} == {"cannot listen", "cannot listen for a broker: its address is left as it is, so its "
+                                      "clients would bypass the proxy"}, out.stderr
+    assert "still starting" not in out.stderr
 
 
 def test_a_broker_without_a_listener_later_is_counted_as_a_bypass(cluster, sink) -> None:
