@@ -67,10 +67,18 @@ def fd_ceiling() -> int:
     return max(soft - FD_RESERVE, soft // 2)
 
 
+def unresolved_listen_name(host: str, exc: socket.gaierror) -> str:
+    """The words for a listen name that does not resolve: the resolver's alone ("Name or service not known") did not
+    say what to do."""
+    return f"{exc.strerror}: {host} does not resolve on this host; listen on one of its addresses or names (0.0.0.0 for all)"
+
+
 def bind_named(sock: socket.socket, host: str, port: int) -> None:
     """`sock.bind((host, port))`, whose OSError names the address: "cannot listen" alone does not say which."""
     try:
         sock.bind((host, port))
+    except socket.gaierror as exc:
+        raise OSError(exc.errno, unresolved_listen_name(host, exc), format_addr((host, port))) from None
     except OSError as exc:
         if exc.filename is not None or exc.errno is None:
             raise

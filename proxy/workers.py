@@ -61,7 +61,7 @@ from proxy.address import bind_error
 from proxy.balance import WorkerMail
 from proxy.bypass import ONCE_DIR_ENV
 from proxy.context import format_addr
-from proxy.listener import bind_named
+from proxy.listener import bind_named, unresolved_listen_name
 from proxy.loop_guard import SiblingUpstreams
 from proxy.mailboxes import Mailboxes
 from proxy.metrics import CARRIED_KINDS, merge_clients, merge_prometheus, parse_exposition, sample_line
@@ -137,7 +137,9 @@ def reserve_ports(routes: Sequence[Route]) -> tuple[list[Route], list[socket.soc
             if err is not None and err.errno == errno.EADDRINUSE:  # e.g. another process's listener: the SO_REUSEPORT
                 raise OSError(errno.EADDRINUSE, f"{err.strerror} (a listener there would share its new "  # bind joins it
                               "connections with this proxy's workers)", format_addr((host, port)))
-            if err is not None:  # no such address here, a name that does not resolve…: said as the kernel says it
+            if isinstance(err, socket.gaierror):
+                raise OSError(err.errno, unresolved_listen_name(host, err), format_addr((host, port)))
+            if err is not None:  # no such address here…: said as the kernel says it
                 raise OSError(err.errno, err.strerror or str(err), format_addr((host, port)))
             sock = _reserving_socket(host)
             held.append(sock)

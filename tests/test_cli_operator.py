@@ -142,6 +142,17 @@ def test_a_taken_listen_port_names_the_address(tmp_path: Path) -> None:
     assert said and f"127.0.0.1:{port}" in said[0]["error"], res.stderr
 
 
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_listen_name_that_does_not_resolve_says_what_to_do(workers: str) -> None:
+    """It said only the resolver's "[Errno -2] Name or service not known", with or without --workers."""
+    res = run("--log-format", "json", "proxy", "--listen", "nosuchhost.invalid:19092", "--upstream", "127.0.0.1:9092",
+              "--workers", workers)
+    assert res.returncode == 2
+    said = [json.loads(ln) for ln in res.stderr.splitlines() if ln.startswith("{") and "cannot listen" in ln]
+    assert len(said) == 1 and "nosuchhost.invalid does not resolve on this host" in said[0]["error"], res.stderr
+    assert "0.0.0.0 for all" in said[0]["error"] and "nosuchhost.invalid:19092" in said[0]["error"]
+
+
 def test_probe_names_an_upstream_that_refuses_and_is_quiet_otherwise() -> None:
     from structlog.testing import capture_logs
 
