@@ -254,8 +254,11 @@ class ProxyServer:
         starts no worker of some earlier ids: only the launch says that every run of the earlier launch is over.
         A worker its parent restarted writes the launch it belongs to, so it ends none of its siblings' runs.
         """
+        # the TCP faults (`--fault`) its connections meet, said at start: an analysis of the recording must not
+        # read an injected delay, cap or reset as the network's or the broker's
+        faults = self._faults.describe() if event == "start" and self._faults.active else None
         self._emit.run_event({"proxy_id": self.proxy_id, "run": self._run, "event": event, "ts_ns": self.clock(),
-                              "pid": os.getpid(), "version": KAFKATAP_VERSION})
+                              "pid": os.getpid(), "version": KAFKATAP_VERSION, "faults": faults})
         if event == "start" and self.launch is not None:
             launched_ns, parent = self.launch
             self._emit.run_event({"proxy_id": self.proxy_id, "run": self._run, "event": "launch", "ts_ns": launched_ns,
@@ -521,7 +524,8 @@ class ProxyServer:
             self._hurry.set()
 
     def set_faults(self, faults: Faults | None) -> None:
-        """Replace the fault config; applies to connections accepted from now on."""
+        """Replace the fault config; applies to connections accepted from now on. (Tests and in-process harnesses
+        only: the command sets its faults at start, where the run's start row records them.)"""
         self._faults = faults or NO_FAULTS
 
     @property

@@ -157,6 +157,7 @@ COLUMN_NAMES: dict[str, tuple[str, ...]] = {
         "ts_ns",
         "pid",
         "version",
+        "faults",
     ),
     "latency_cells": (
         "dim",

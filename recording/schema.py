@@ -231,6 +231,9 @@ RUN_COLUMNS: list[Column] = [
     Column("ts_ns", TIMESTAMP, "timestamp", "when"),
     Column("pid", pa.int32(), "", "process id of the run"),
     Column("version", pa.string(), "", "kafkatap version of the run"),
+    Column("faults", pa.string(), "", "the TCP faults the run injected (`--fault`: latency, bandwidth, a close after "
+                                      "N bytes, idle resets, refused connections), as its start line says them; "
+                                      "null: none (Kafka faults are noted per request, in `requests.edit`)"),
 ]
 
 # Derived, not observed (DERIVED_DATASETS): written beside each final requests file (recording.rollups), read by

@@ -47,3 +47,31 @@ def separate_stretches(t: Tables) -> list[Finding]:
                                          "connections_opened", "clients")} for r in rows[:10]],
         tables=["recording_stretches", "proxy_runs"], score=score("warning", 100),
     )]
+
+
+@rule("tcp_faults_injected")
+def tcp_faults_injected(t: Tables) -> list[Finding]:
+    """The proxy runs that injected TCP faults (`proxy --fault`): the recording's latencies, rates and ends include them.
+
+    Why a finding: a delay, a bandwidth cap or a close kafkatap injected is recorded as the traffic it shaped
+    (requests slower, connections ended); a report read later, or by someone who did not start the proxy, read it
+    as the network's or the broker's. Kafka faults are named per request (the rows' `edit`, the fault findings);
+    TCP faults only by the run that injected them (`runs/`, column `faults`).
+    """
+    runs = [r for r in t.get("proxy_runs", []) if r.get("faults")]
+    if not runs:
+        return []
+    kinds = sorted({r["faults"] for r in runs})
+    total = len(t.get("proxy_runs", []))
+    who = ("The proxy run" if total == 1 else "Every proxy run") if len(runs) == total else f"{len(runs)} of the {total} proxy runs"
+    return [Finding(
+        id="tcp_faults_injected", severity="warning",
+        title=f"{who} injected TCP faults: {kinds[0]}" + (f" (and {len(kinds) - 1} other setting(s))" if len(kinds) > 1 else ""),
+        summary=("kafkatap itself delayed, capped or closed these runs' connections (`proxy --fault`): their latencies, "
+                 "throughput, resets and connection ends include what it injected, so they say how the clients "
+                 "came through the faults, not how the network or the brokers behave. Compare with a recording made "
+                 "without faults (`kafkatap analyze --compare`) to see the faults' own share."),
+        evidence={"runs_with_faults": len(runs), "runs": len(t.get("proxy_runs", [])), "faults": kinds},
+        examples=[{k: r.get(k) for k in ("proxy_id", "run", "started", "stopped", "faults")} for r in runs[:10]],
+        tables=["proxy_runs"], score=score("warning", 1000),
+    )]

@@ -495,7 +495,7 @@ SUMMARIES: dict[str, Callable[[Rows, int], Rows]] = {"throughput_over_time": thr
 COLUMNS_SHOWN: dict[str, tuple[str, ...]] = {
     "recording_stretches": ("stretch", "start", "end", "duration_s", "gap_before_s", "proxy_runs", "connections_opened",
                             "clients"),
-    "proxy_runs": ("proxy_id", "run", "started", "stopped", "pid", "version", "recorded_from", "recorded_to",
+    "proxy_runs": ("proxy_id", "run", "started", "stopped", "pid", "version", "faults", "recorded_from", "recorded_to",
                    "connections", "gap_before_s"),
     "client_inventory": ("client_id", "client_host", "role", "software_name", "software_version", "requests", "requests_per_s",
                          "records_produced_per_s", "bytes_per_s", "connections", "topics_produced", "topics_consumed"),

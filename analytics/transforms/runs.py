@@ -67,12 +67,14 @@ def last_sign_of_life() -> Column:
 
 def run_marks(runs: DataFrame) -> DataFrame:
     """Per run of the `runs/` rows (`run`: proxy_id/run): its start row's time (`started_ns`), its clean stop's
-    (`stopped_ns`), and the process's `pid` and kafkatap `version`."""
+    (`stopped_ns`), the process's `pid` and kafkatap `version`, and the TCP `faults` its start row names (null: none,
+    or a recording made before the column)."""
     runs = runs.where(F.col("event").isin("start", "stop"))  # a worker's `launch` row holds its parent's time and pid
     return runs.groupBy("proxy_id", F.concat_ws("/", "proxy_id", "run").alias("run")).agg(
         F.min(F.when(F.col("event") == "start", F.col("ts_ns"))).alias("started_ns"),
         F.min(F.when(F.col("event") == "stop", F.col("ts_ns"))).alias("stopped_ns"),
-        F.max("pid").alias("pid"), F.max("version").alias("version"))
+        F.max("pid").alias("pid"), F.max("version").alias("version"),
+        F.max(F.when(F.col("event") == "start", F.col("faults"))).alias("faults"))
 
 
 @dataclass(frozen=True)

@@ -202,7 +202,8 @@ def recorded_time(spans_of: DataFrame, keys: list[str], conns: DataFrame, since_
 
 def proxy_runs(runs: DataFrame, conns: DataFrame, spans: Sequence[RunSpan] | None = None) -> DataFrame:
     """Every proxy run, in order of its start: proxy id, run, start, clean stop (or NO_CLEAN_STOP), pid, version,
-    the span it recorded, its connections and the gap since the run before it (any proxy's) ended.
+    the TCP faults it injected, the span it recorded, its connections and the gap since the run before it (any
+    proxy's) ended.
 
     From the `runs/` rows where there are some; a run recorded before `runs/` existed is listed by its
     connections alone (no start row: `started` null, placed by its first connection). `spans` as in
@@ -221,7 +222,7 @@ def proxy_runs(runs: DataFrame, conns: DataFrame, spans: Sequence[RunSpan] | Non
         ns_to_ts("started_ns").alias("started"),
         F.when(F.col("stopped_ns").isNotNull(), F.date_format(ns_to_ts("stopped_ns"), "yyyy-MM-dd HH:mm:ss.SSS"))
          .when(F.col("started_ns").isNotNull(), F.lit(NO_CLEAN_STOP)).otherwise(F.lit(NO_RUN_ROWS)).alias("stopped"),
-        "pid", "version", ns_to_ts(start).alias("recorded_from"), ns_to_ts(end).alias("recorded_to"),
+        "pid", "version", "faults", ns_to_ts(start).alias("recorded_from"), ns_to_ts(end).alias("recorded_to"),
         F.coalesce("connections", F.lit(0)).alias("connections"),
         F.round(F.greatest(start - before, F.lit(0)) / 1e9, 3).alias("gap_before_s"),
         start.alias("start_ns"),

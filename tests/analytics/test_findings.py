@@ -365,7 +365,7 @@ def test_every_rule_is_covered() -> None:
               "compare_added_latency", "compare_errors_differ", "compare_ends_differ", "compare_few_matched",
               "clients_bypass_proxy",  # tests/analytics/test_findings_bypass.py
               "opaque_connections",
-              "separate_stretches",  # tests/analytics/test_stretches.py
+              "separate_stretches", "tcp_faults_injected",  # tests/analytics/test_stretches.py
               "broker_unreachable",  # tests/analytics/test_outages.py
               "kafka_fault_reactions", "fault_retry_duplicates"}  # tests/analytics/test_fault_reactions.py
     assert set(RULES) - {"broken"} == tested

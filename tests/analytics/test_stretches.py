@@ -122,6 +122,30 @@ def test_the_runs_and_stretches_tables(make_df) -> None:
     assert (connections.reconnects_by_client(conns, spans=spans).collect() == connections.reconnects_by_client(conns).collect())
 
 
+def test_a_run_that_injected_tcp_faults_says_so_in_its_row_and_a_finding(make_df) -> None:
+    """A delay, cap or close kafkatap injected (`proxy --fault`) is recorded as the traffic it shaped; only the run's
+    start row said which, and nothing read it: the report read the injected latency as the network's or the broker's."""
+    from analytics.findings import run_rules
+
+    cs, marks = two_sessions()
+    marks[0]["faults"] = "to_broker: latency 50 ms; to_client: none"  # run a1a1a1 injected; b2b2b2 did not
+    conns = one_row_per_connection(make_df("connections", cs), marks)
+    runs = [r.asDict() for r in proxy_runs(make_df("runs", marks), conns).collect()]
+    assert [(r["run"], r["faults"]) for r in runs] == [("a1a1a1", "to_broker: latency 50 ms; to_client: none"),
+                                                      ("b2b2b2", None)]
+    found = [f for f in run_rules({"proxy_runs": runs}) if f.id == "tcp_faults_injected"]
+    assert len(found) == 1 and found[0].severity == "warning"
+    assert found[0].title == "1 of the 2 proxy runs injected TCP faults: to_broker: latency 50 ms; to_client: none"
+    assert found[0].examples == [{"proxy_id": "p1", "run": "a1a1a1", "started": runs[0]["started"],
+                                  "stopped": runs[0]["stopped"], "faults": "to_broker: latency 50 ms; to_client: none"}]
+    runs[1]["faults"] = "idle reset after 30 s"
+    assert run_rules({"proxy_runs": runs}, only=["tcp_faults_injected"])[0].title == (
+        "Every proxy run injected TCP faults: idle reset after 30 s (and 1 other setting(s))")
+    assert run_rules({"proxy_runs": runs[1:]}, only=["tcp_faults_injected"])[0].title == (
+        "The proxy run injected TCP faults: idle reset after 30 s")
+    assert not run_rules({"proxy_runs": [dict(r, faults=None) for r in runs]}, only=["tcp_faults_injected"])
+
+
 def test_a_recording_without_runs_rows_is_placed_by_its_connections(make_df) -> None:
     cs, _ = two_sessions()
     conns = make_df("connections", cs)

@@ -147,3 +147,21 @@ def test_a_latency_never_ends_early_on_uvloops_millisecond_timers() -> None:
     finally:
         loop.close()
     assert min(held) >= 0.007, sorted(held)[:3]
+
+
+def test_a_run_records_the_tcp_faults_it_injects(tmp_path):
+    """The run's start row names its TCP faults (`runs/`, column `faults`): the analysis says that the recording's
+    latencies and ends include them (analytics.findings.stretches: tcp_faults_injected). A run without: null."""
+    from recording.reader import read_recording
+    from recording.writer import ParquetRecorder
+
+    f = Faults(to_broker=DirectionFaults(latency_ms=5))
+    for name, faults in (("with", f), ("without", None)):
+        rec = ParquetRecorder(tmp_path / name, "p1", fsync=False, writer="thread").start()
+        with EchoServer() as echo, RunningProxy(upstream=f"127.0.0.1:{echo.port}", sink=rec, faults=faults) as p:
+            _echo_roundtrip(p.listen_addr, b"x")
+        rows = read_recording(tmp_path / name, "runs").to_pylist()  # the server closed its sink when it stopped
+        assert sorted(r["event"] for r in rows) == ["start", "stop"]
+        said = {r["event"]: r["faults"] for r in rows}
+        assert said == {"start": f.describe() if faults else None, "stop": None}
+    assert "latency 5 ms" in f.describe()
