@@ -66,8 +66,9 @@ PRODUCE, FETCH, LIST_OFFSETS, METADATA = 0, 1, 2, 3
 CONTROLLED_SHUTDOWN, OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR = 7, 8, 9, 10
 JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 11, 12, 13, 14
 SASL_HANDSHAKE, API_VERSIONS, CREATE_TOPICS, DELETE_TOPICS = 17, 18, 19, 20
-INIT_PRODUCER_ID, SASL_AUTHENTICATE = 22, 36
-DESCRIBE_CLUSTER, DESCRIBE_TOPIC_PARTITIONS, SHARE_FETCH = 60, 75, 78
+INIT_PRODUCER_ID, END_TXN, SASL_AUTHENTICATE = 22, 26, 36
+DESCRIBE_CLUSTER, DESCRIBE_TRANSACTIONS, CONSUMER_GROUP_HEARTBEAT = 60, 65, 68
+DESCRIBE_TOPIC_PARTITIONS, SHARE_FETCH = 75, 78
 # Frames that may carry a secret in either direction, never kept as bytes (`--capture`): SaslAuthenticate's
 # token; AlterConfigs and IncrementalAlterConfigs (33, 44), whose values are sent in clear, passwords included
 # (a listener's sasl.jaas.config with every user's password, ssl.keystore.password); a delegation token's HMAC

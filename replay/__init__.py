@@ -4,9 +4,10 @@ load.py        recording → filtered connections/requests with their recorded r
 topics.py      which topics a request names (plan, topic creation, --topic filter); --topic-map
 state.py       what the replay learned of the target, and the outcomes (Send / Skip / Pending)
 messages.py    request bodies as mutable message objects (the only use of the schema codec's objects)
-walk.py        the generic rewrite: topic names/ids, member ids, generations, producer ids in any API
+walk.py        the generic rewrite: topic names/ids, member ids, generations and member epochs,
+               producer ids and epochs in any API
 rewrite.py     rewrite_request: the generic walk + per-API parts (Produce batches, fetch sessions,
-               joins, group metadata, SASL)
+               joins, group metadata, KIP-848 heartbeats, SASL)
 learn.py       learn_from_response: the target's answers → state
 target.py      get the target ready (topics, leaders, coordinators, producer ids) over harness.wire,
                SASL/PLAIN first with --sasl-plain; one line for a target that refuses or hangs up

@@ -1,4 +1,4 @@
-"""Learn from the target's responses what later rewrites need: sessions, producer ids, members, topic ids.
+"""Learn from the target's responses what later rewrites need: sessions, producers, members, epochs, topic ids.
 
 Why its own module: this is the write side of `replay.state` (the rewrites
 are the read side). Every response the target sends to a replayed request
@@ -8,11 +8,12 @@ cannot read only means a later request will be skipped with a reason.
 
 from __future__ import annotations
 
-from protocol.apis import APIS, CREATE_TOPICS, FETCH, INIT_PRODUCER_ID, JOIN_GROUP, METADATA
+from protocol.apis import (APIS, CONSUMER_GROUP_HEARTBEAT, CREATE_TOPICS, END_TXN, FETCH, INIT_PRODUCER_ID, JOIN_GROUP,
+                           METADATA)
 from protocol.errors import MEMBER_ID_REQUIRED
 from protocol.frames import RequestFrame, fetch_response_session
-from replay.messages import decode_request_body, decode_response, uuid_text
-from replay.state import ConnState, ReplayState
+from replay.messages import decode_request_body, decode_response, decode_spec_request, decode_spec_response, uuid_text
+from replay.state import ConnState, ReplayState, TargetProducer
 
 __all__ = ["learn_from_response"]
 
@@ -42,7 +43,7 @@ def learn_from_response(sent: RequestFrame, response: bytes | memoryview, state:
             resp = decode_response(sent, response)
             if resp.error_code == 0:
                 req = decode_request_body(sent)
-                target = (resp.producer_id, resp.producer_epoch)
+                target = TargetProducer(resp.producer_id, resp.producer_epoch)
                 if getattr(req, "transactional_id", None):
                     state.transactional[req.transactional_id] = target
                     # the recorded pid for this transactional id is unknown: the next unknown pid of this client binds
@@ -50,7 +51,11 @@ def learn_from_response(sent: RequestFrame, response: bytes | memoryview, state:
                     state.producers[recorded_pid] = target
                 else:
                     state.unclaimed_inits.setdefault(sent.client_id, []).append(target)
-                learned.append(f"producer={target}")
+                learned.append(f"producer={(target.producer_id, target.epoch)}")
+        elif key == END_TXN:
+            learned += _end_txn(sent, response, state)
+        elif key == CONSUMER_GROUP_HEARTBEAT:
+            learned += _consumer_heartbeat(sent, response, state, conn)
         elif key == JOIN_GROUP:
             resp = decode_response(sent, response)
             req = decode_request_body(sent)
@@ -70,3 +75,48 @@ def learn_from_response(sent: RequestFrame, response: bytes | memoryview, state:
         state.note(f"response_undecodable_{APIS[key].name if key in APIS else key}")
     return learned
 
+
+def _end_txn(sent: RequestFrame, response: bytes | memoryview, state: ReplayState) -> list[str]:
+    """A transaction the target ended: the producer's next transaction uses the id and epoch it answered.
+
+    Transactions v2 (KIP-890, EndTxn v5+): the broker bumps the epoch at every EndTxn and answers the
+    new one (a new producer id when the epoch ran out), which the client's next batches carry. An answer
+    without them (v4 and older, transactions v1) keeps the epoch. Either way the next request binds the
+    recorded epoch it carries to the target's (`TargetProducer.answered`): the origin may have bumped
+    where the target did not, or the reverse, and the client follows its own broker.
+    """
+    resp = decode_response(sent, response)
+    if resp.error_code != 0:
+        return []
+    target = state.transactional.get(decode_request_body(sent).transactional_id)
+    if target is None:
+        return []
+    if sent.api_version >= 5 and resp.producer_id >= 0 and resp.producer_epoch >= 0:
+        target.answered(resp.producer_id, resp.producer_epoch)
+    else:
+        target.answered(target.producer_id, target.epoch)
+    return [f"producer={(target.producer_id, target.epoch)}"]
+
+
+def _consumer_heartbeat(sent: RequestFrame, response: bytes | memoryview, state: ReplayState,
+                        conn: ConnState) -> list[str]:
+    """KIP-848: the member epoch the target gave (and, for a v0 join, the member id it chose).
+
+    A member sends the newest epoch it was given in its next heartbeat and in its offset commits and
+    fetches (`replay.rewrite`); the origin's epochs follow the origin group's history, so only the
+    target's answers say which. A v0 join carries no member id: the target chose one, which the
+    member's later requests (carrying the origin's choice) are bound to, as after a classic JoinGroup.
+    """
+    resp = decode_spec_response(sent, response)
+    member = resp["member_id"]
+    if resp["error_code"] != 0 or not member:
+        return []
+    req = decode_spec_request(sent)
+    learned = []
+    if not req["member_id"]:
+        conn.pending_member[req["group_id"]] = member
+        learned.append(f"member={member}")
+    if resp["member_epoch"] >= 0:
+        state.member_epochs[(req["group_id"], member)] = resp["member_epoch"]
+        learned.append(f"member_epoch={resp['member_epoch']}")
+    return learned

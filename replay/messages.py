@@ -7,6 +7,10 @@ compiled from Kafka's JSON specs, which also tell which fields are topic names
 or producer ids via `entityType`), changed, and re-encoded. The header bytes
 are kept verbatim (client_id and tagged fields included).
 
+A few APIs kafka-python has no class for (KIP-848's ConsumerGroupHeartbeat)
+are decoded to the spec codec's dict form instead (`protocol.deep`, from the
+same JSON specs): `SPEC_DECODED`.
+
 This module is the only place replay touches that codec's objects; frames,
 batches and headers go through `protocol.frames` / `protocol.batch_edit`.
 """
@@ -16,12 +20,15 @@ from __future__ import annotations
 from struct import Struct
 from typing import Any
 
-from protocol.apis import APIS
-from protocol.deep import message_class
+from protocol.apis import APIS, CONSUMER_GROUP_HEARTBEAT, END_TXN
+from protocol.deep import decode_body, encode_body, message_class
 from protocol.frames import RequestFrame, response_body
 
-__all__ = ["answer_errors", "decode_request_body", "reencode_request", "decode_response", "fields", "names_topic",
-           "uuid_text"]
+__all__ = ["answer_errors", "decode_request_body", "reencode_request", "decode_response", "decode_spec_request",
+           "reencode_spec_request", "decode_spec_response", "fields", "names_topic", "uuid_text", "SPEC_DECODED"]
+
+# Rewritten in the spec codec's dict form: kafka-python has no class for them
+SPEC_DECODED = frozenset({CONSUMER_GROUP_HEARTBEAT})
 
 _I32 = Struct(">i")
 _ZERO_UUID = "00000000-0000-0000-0000-000000000000"
@@ -47,6 +54,24 @@ def decode_response(frame: RequestFrame, response: bytes | memoryview) -> Any:
     """A response to `frame` (whole frame, size prefix included) as a message object."""
     cls = message_class(frame.api_key, False)
     return cls.decode(response_body(response, frame.api_key, frame.api_version), version=frame.api_version)
+
+
+def decode_spec_request(frame: RequestFrame) -> dict[str, Any]:
+    """The body in the spec codec's exact dict form (`SPEC_DECODED` APIs); ProtocolError when it cannot be read."""
+    return decode_body(frame.api_key, frame.api_version, True, frame.body, exact=True)
+
+
+def reencode_spec_request(frame: RequestFrame, body: dict[str, Any]) -> bytes:
+    """Recorded header bytes + the dict-form body re-encoded, with a new size prefix."""
+    data = encode_body(frame.api_key, frame.api_version, True, body)
+    header = frame.header
+    return _I32.pack(len(header) + len(data)) + header + data
+
+
+def decode_spec_response(frame: RequestFrame, response: bytes | memoryview) -> dict[str, Any]:
+    """A response to `frame` (whole frame) in the spec codec's exact dict form."""
+    body = response_body(response, frame.api_key, frame.api_version)
+    return decode_body(frame.api_key, frame.api_version, False, body, exact=True)
 
 
 def answer_errors(frame: RequestFrame, response: bytes | memoryview) -> set[str]:

@@ -14,11 +14,14 @@ Why these rewrites exist (what a target broker has never seen):
   (UNKNOWN_PRODUCER_ID / INVALID_PRODUCER_EPOCH). InitProducerId is replayed,
   and the target's answer replaces the recorded id/epoch in later Produce
   batches (`protocol.batch_edit`, CRC-32C recomputed) and transaction APIs;
+  the epoch then follows the target's EndTxn answers (transactions v2 bumps
+  it at every transaction) and the client's own bumps (`state.TargetProducer`);
 * **fetch sessions** — an incremental fetch names a session the target never
   created: track the target's session ids (default) or send every fetch
   sessionless (full);
 * **consumer groups** — member ids and the generation come from the target's
-  JoinGroup responses;
+  JoinGroup responses; with the KIP-848 consumer protocol, the member epoch
+  (and a v0 member's id) from its ConsumerGroupHeartbeat answers;
 * **topics** — `--topic-map old=new` renames; topic *ids* (Fetch v13+ and
   friends) are translated through topic names, because ids differ per cluster.
 
@@ -39,13 +42,15 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from protocol.apis import APIS, FETCH, JOIN_GROUP, PRODUCE, SASL_AUTHENTICATE, SASL_HANDSHAKE, SYNC_GROUP
+from protocol.apis import (APIS, CONSUMER_GROUP_HEARTBEAT, FETCH, JOIN_GROUP, PRODUCE, SASL_AUTHENTICATE, SASL_HANDSHAKE,
+                           SYNC_GROUP)
 from protocol.batch_edit import records_producer_ids, rewrite_records_producer
 from protocol.consumer_protocol import rename_consumer_assignment, rename_consumer_subscription
 from protocol.deep import encode_request
 from protocol.frames import RequestFrame, expects_response
 from protocol.sasl import HANDSHAKE_VERSION, authenticate_body, handshake_body
-from replay.messages import decode_request_body, reencode_request
+from replay.messages import (SPEC_DECODED, decode_request_body, decode_spec_request, reencode_request,
+                             reencode_spec_request)
 from replay.state import CannotReplay, ConnState, NeedState, Outcome, Pending, ReplayState, Send, Skip
 from replay.walk import Walk
 
@@ -61,7 +66,8 @@ def _rewrite_produce(w: Walk, msg: Any) -> None:
         t = w.state.target_producer(pid, w.frame.client_id, txn)
         if t is None:
             missing.append(pid)
-        return t
+            return None
+        return t.for_recorded(epoch)
 
     for topic in msg.topic_data or ():
         for part in topic.partition_data or ():
@@ -131,6 +137,42 @@ def _rewrite_join(w: Walk, msg: Any) -> None:
             w.mark("member_id")
 
 
+def _rewrite_consumer_heartbeat(w: Walk, body: dict[str, Any]) -> None:
+    """KIP-848 ConsumerGroupHeartbeat (dict form): member id, member epoch, topic names and owned topic ids.
+
+    Epoch 0 joins. Its member id is chosen by the client from v1 on (KIP-1082), and a target takes it
+    as it is, so it goes out unchanged and maps to itself; a v0 join has none, the target chooses it
+    and its answer binds the id the origin chose, which the member's later requests carry
+    (`replay.learn`); a v0 member rejoining with that id uses the target's. A later heartbeat (epoch > 0)
+    carries the newest epoch the target gave this member, as a client does; the origin's epochs follow
+    the origin group's history. A leave (-1, or -2 for a static member) keeps its epoch.
+    """
+    group, member, epoch = body["group_id"], body["member_id"], body["member_epoch"]
+    if epoch == 0:
+        tgt = w.state.members.setdefault((group, member), member) if member else member
+    else:
+        tgt = w.member(group, member)
+    if tgt != member:
+        body["member_id"] = tgt
+        w.mark("member_id")
+    if epoch > 0:
+        now = w.state.member_epochs.get((group, tgt))
+        if now is None:
+            raise NeedState("member_epoch_unknown")
+        if now != epoch:
+            body["member_epoch"] = now
+            w.mark("member_epoch")
+    names = body["subscribed_topic_names"]
+    if names and any(w.state.map_topic(t) != t for t in names):
+        body["subscribed_topic_names"] = [w.state.map_topic(t) for t in names]
+        w.mark("topic_renamed")
+    for owned in body["topic_partitions"] or ():
+        tgt_id = w.target_topic_id(owned["topic_id"])
+        if tgt_id != owned["topic_id"]:
+            owned["topic_id"] = tgt_id
+            w.mark("topic_id")
+
+
 def _rewrite_group_metadata(w: Walk, msg: Any) -> None:
     """--topic-map inside the consumer protocol bytes (subscriptions, assignments).
 
@@ -191,14 +233,17 @@ def rewrite_request(frame: RequestFrame, state: ReplayState, conn: ConnState) ->
         # no schema: nothing we could rewrite is reachable; send it as recorded
         state.note("sent_undecoded")
         return Send(frame.data, True)
+    spec = frame.api_key in SPEC_DECODED
     try:
-        msg = decode_request_body(frame)
+        msg = decode_spec_request(frame) if spec else decode_request_body(frame)
     except Exception:  # noqa: BLE001 — a body the codec cannot read is sent as recorded, and counted
         state.note("sent_undecodable_body")
         return Send(frame.data, expects_response(frame), ())
     w = Walk(state, conn, frame)
     try:
-        if frame.api_key == PRODUCE:
+        if frame.api_key == CONSUMER_GROUP_HEARTBEAT:
+            _rewrite_consumer_heartbeat(w, msg)
+        elif frame.api_key == PRODUCE:
             _rewrite_produce(w, msg)
         elif frame.api_key == FETCH:
             _rewrite_fetch(w, msg)
@@ -209,7 +254,8 @@ def rewrite_request(frame: RequestFrame, state: ReplayState, conn: ConnState) ->
             _rewrite_group_metadata(w, msg)
         elif frame.api_key == SASL_HANDSHAKE:
             _rewrite_sasl_handshake(w, msg)
-        w.walk(msg)
+        if not spec:
+            w.walk(msg)
     except NeedState as need:
         return Pending(need.reason)
     except CannotReplay as cannot:
@@ -217,7 +263,8 @@ def rewrite_request(frame: RequestFrame, state: ReplayState, conn: ConnState) ->
     exp = expects_response(frame)
     if not w.changed:
         return Send(frame.data, exp)
-    return Send(reencode_request(frame, msg), exp, tuple(w.changed))
+    data = reencode_spec_request(frame, msg) if spec else reencode_request(frame, msg)
+    return Send(data, exp, tuple(w.changed))
 
 
 def sasl_plain_handshake(client_id: str | None, correlation_id: int) -> bytes:

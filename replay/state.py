@@ -10,7 +10,41 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["ConnState", "ReplayState", "Send", "Skip", "Pending", "Outcome", "NeedState", "CannotReplay"]
+__all__ = ["ConnState", "ReplayState", "TargetProducer", "Send", "Skip", "Pending", "Outcome", "NeedState",
+           "CannotReplay"]
+
+MAX_PRODUCER_EPOCH = 0x7FFF  # an epoch is an int16 on the wire
+
+
+@dataclass
+class TargetProducer:
+    """The target's producer id and epoch for one recorded producer, and the recorded epoch they stand for.
+
+    Why an epoch that moves: a producer's epoch changes during its life. With transactions v2 (KIP-890,
+    the default of a cluster formatted by Kafka 4.x) the broker bumps it at every EndTxn and the client's
+    next transaction uses the epoch the answer carries (`replay.learn`: `answered`); an idempotent Java
+    producer also bumps its own epoch without asking (KIP-360), so a recorded epoch one above the one
+    this mapping stands for is the target's epoch plus one. Which recorded epoch the target's stands for
+    is known only once a request uses it (the recorded answers are not in requests/, and the origin may
+    bump where the target does not, or the reverse), so the first request after each answer binds it.
+    """
+
+    producer_id: int
+    epoch: int
+    recorded_epoch: int | None = None  # bound by the first request after the target's answer
+
+    def for_recorded(self, recorded_epoch: int) -> tuple[int, int]:
+        """The target's (pid, epoch) for a request that carries `recorded_epoch` (binding it on first use)."""
+        if self.recorded_epoch is None:
+            self.recorded_epoch = recorded_epoch
+        epoch = self.epoch + recorded_epoch - self.recorded_epoch
+        if not 0 <= epoch <= MAX_PRODUCER_EPOCH:
+            raise CannotReplay("producer_epoch_out_of_range")
+        return self.producer_id, epoch
+
+    def answered(self, producer_id: int, epoch: int) -> None:
+        """The target answered a new (or the same) id and epoch: the client's next request uses them."""
+        self.producer_id, self.epoch, self.recorded_epoch = producer_id, epoch, None
 
 
 @dataclass
@@ -37,11 +71,13 @@ class ReplayState:
     fetch_mode: str = "track"  # "track": follow the target's sessions; "full": every fetch sessionless
     recorded_topic_ids: dict[str, str] = field(default_factory=dict)  # recorded topic id (str uuid) → recorded name
     target_topic_ids: dict[str, str] = field(default_factory=dict)  # target name → target topic id (str uuid)
-    producers: dict[int, tuple[int, int]] = field(default_factory=dict)  # recorded pid → target (pid, epoch)
-    transactional: dict[str, tuple[int, int]] = field(default_factory=dict)  # transactional id → target (pid, epoch)
-    unclaimed_inits: dict[str | None, list[tuple[int, int]]] = field(default_factory=dict)  # client → target inits
+    producers: dict[int, TargetProducer] = field(default_factory=dict)  # recorded pid → target producer
+    transactional: dict[str, TargetProducer] = field(default_factory=dict)  # transactional id → target producer
+    unclaimed_inits: dict[str | None, list[TargetProducer]] = field(default_factory=dict)  # client → target inits
     members: dict[tuple[str, str], str] = field(default_factory=dict)  # (group, recorded member) → target member
-    generations: dict[str, int] = field(default_factory=dict)  # group → target generation
+    generations: dict[str, int] = field(default_factory=dict)  # group → target generation (classic protocol)
+    # (group, target member) → the newest member epoch the target gave it (KIP-848 consumer protocol)
+    member_epochs: dict[tuple[str, str], int] = field(default_factory=dict)
     group_protocols: dict[str, str | None] = field(default_factory=dict)  # group → protocol_type of its joins
     sasl_mechanism: str | None = None  # set when the user gave credentials (PLAIN)
     # the set-up authenticated with those credentials: the target's listener takes SASL, and closes a replayed
@@ -52,8 +88,9 @@ class ReplayState:
     def note(self, what: str, n: int = 1) -> None:
         self.notes[what] = self.notes.get(what, 0) + n
 
-    def target_producer(self, recorded_pid: int, client_id: str | None, transactional_id: str | None) -> tuple[int, int] | None:
-        """The target's (pid, epoch) for a recorded producer id, binding it on first use.
+    def target_producer(self, recorded_pid: int, client_id: str | None,
+                        transactional_id: str | None) -> TargetProducer | None:
+        """The target's producer for a recorded producer id, binding it on first use.
 
         Mostly bound already: an InitProducerId whose recorded answer's producer id the recording
         holds (requests/ `producer_id`, or the answer itself with --capture all) maps that id exactly

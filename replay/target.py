@@ -27,7 +27,8 @@ import asyncio
 from typing import Any
 
 from harness.wire import AsyncWireClient, SaslAuthenticationFailed, WireError
-from protocol.apis import CREATE_TOPICS, FIND_COORDINATOR, INIT_PRODUCER_ID, LIST_OFFSETS, METADATA
+from protocol.apis import (API_VERSIONS, CREATE_TOPICS, DESCRIBE_TRANSACTIONS, FIND_COORDINATOR, INIT_PRODUCER_ID,
+                           LIST_OFFSETS, METADATA)
 from protocol.errors import ProtocolError, error_name
 from protocol.frames import parse_request
 from replay.learn import learn_from_response
@@ -155,7 +156,7 @@ async def prepare_target(target: str, recording: Recording, state: ReplayState, 
         elif missing:
             state.note("topics_missing_on_target", len(missing))
         await _await_coordinators(cli, recording.groups, state, timeout)
-        await _await_coordinators(cli, recording.transactional_ids, state, timeout, TRANSACTION_KEY)
+        await _await_coordinators(cli, recording.transactional_ids, state, timeout, TRANSACTION_KEY, (host, port))
         if any(r.frame.api_key == INIT_PRODUCER_ID for c in recording.connections for r in c.requests):
             await _await_producer_ids(cli, state, timeout)
     except SaslAuthenticationFailed as exc:
@@ -192,30 +193,59 @@ async def _await_partition_leaders(cli: AsyncWireClient, topics: dict[str, int],
 
 
 GROUP_KEY, TRANSACTION_KEY = 0, 1  # FindCoordinator key_type: a consumer group, a transactional id
+_NOT_SERVING = frozenset({"COORDINATOR_NOT_AVAILABLE", "NOT_COORDINATOR", "COORDINATOR_LOAD_IN_PROGRESS"})
 
 
 async def _await_coordinators(cli: AsyncWireClient, keys: set[str], state: ReplayState, timeout: float,
-                              key_type: int = GROUP_KEY) -> None:
+                              key_type: int = GROUP_KEY, here: tuple[str, int] | None = None) -> None:
     """Wait until the target has a coordinator for every recorded group or transactional id (FindCoordinator 0).
 
     Why: a fresh broker creates __consumer_offsets (__transaction_state) on the first FindCoordinator
     and answers COORDINATOR_NOT_AVAILABLE / NOT_COORDINATOR for a few seconds;
     the origin's coordinator was up when the session was recorded, so a
-    faithful replay starts once the target's is too.
+    faithful replay starts once the target's is too. `here`: this connection's broker, asked
+    whether it serves a transactional id it coordinates (`_serves_transactional_id`).
     """
     if not keys:
         return
     deadline = asyncio.get_running_loop().time() + timeout
     pending = set(keys)
+    describes: bool | None = None  # does the target have DescribeTransactions (asked once, when needed)
     while pending and asyncio.get_running_loop().time() < deadline:
         for k in sorted(pending):
-            if (await cli.call(FIND_COORDINATOR, 2, {"key": k, "key_type": key_type}))["error_code"] == 0:
-                pending.discard(k)
+            found = await cli.call(FIND_COORDINATOR, 2, {"key": k, "key_type": key_type})
+            if found["error_code"] != 0:
+                continue
+            if key_type == TRANSACTION_KEY and (found["host"], found["port"]) == here:
+                if describes is None:
+                    describes = await _supports(cli, DESCRIBE_TRANSACTIONS)
+                if describes and not await _serves_transactional_id(cli, k):
+                    continue
+            pending.discard(k)
         if pending:
             await asyncio.sleep(0.5)
     if pending:
         kind = "group" if key_type == GROUP_KEY else "transaction"
         state.note(f"{kind}_coordinator_not_ready", len(pending))
+
+
+async def _supports(cli: AsyncWireClient, api_key: int) -> bool:
+    """Does the target list `api_key` in its ApiVersions answer (a broker hangs up on an API it lacks)?"""
+    body = await cli.call(API_VERSIONS, 3, {"client_software_name": "kafkatap-replay", "client_software_version": "1"})
+    return any(k["api_key"] == api_key for k in body["api_keys"] or ())
+
+
+async def _serves_transactional_id(cli: AsyncWireClient, transactional_id: str) -> bool:
+    """Has the broker of this connection, named coordinator of `transactional_id`, loaded its transaction state?
+
+    Why FindCoordinator is not enough: a fresh broker names itself coordinator as soon as
+    __transaction_state exists, and answers InitProducerId NOT_COORDINATOR until it has loaded the
+    partition. The recorded InitProducerIds (retried with the client's back-off on a fresh origin) went
+    out back to back at --speed max and were all refused, so every later batch was skipped.
+    DescribeTransactions changes nothing: it answers the same errors until then (TRANSACTIONAL_ID_NOT_FOUND after).
+    """
+    body = await cli.call(DESCRIBE_TRANSACTIONS, 0, {"transactional_ids": [transactional_id]})
+    return all(error_name(t["error_code"]) not in _NOT_SERVING for t in body["transaction_states"] or ())
 
 
 async def _await_producer_ids(cli: AsyncWireClient, state: ReplayState, timeout: float) -> None:

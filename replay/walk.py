@@ -2,9 +2,10 @@
 
 Why generic: most identifiers a target has never seen sit in fields that the
 specs mark the same way in every API — topic names (`entityType: topicName`),
-topic ids, member ids, generations, producer ids — so one walk over the schema
-fields handles them all, and `replay.rewrite` adds only what is specific to
-one API (record batches, fetch sessions, join negotiation, SASL).
+topic ids, member ids, generations and member epochs, producer ids and epochs —
+so one walk over the schema fields handles them all, and `replay.rewrite` adds
+only what is specific to one API (record batches, fetch sessions, join
+negotiation, KIP-848 heartbeats, SASL).
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from replay.messages import fields, names_topic, uuid_text
 from replay.state import CannotReplay, ConnState, NeedState, ReplayState
 
 __all__ = ["Walk"]
+
+# A group member's generation (classic) or member epoch (KIP-848) (OffsetFetch v9+ groups: member_epoch)
+_GENERATION_FIELDS = frozenset({"generation_id", "generation_id_or_member_epoch", "member_epoch"})
 
 
 @dataclass
@@ -56,7 +60,7 @@ class Walk:
             self.group = obj.group_id
         if "transactional_id" in names and getattr(obj, "transactional_id", None):
             self.transactional_id = obj.transactional_id
-        producer_field = None
+        producer_field = generation_field = None
         for f in fields(obj):
             name = f.name
             value = getattr(obj, name)
@@ -80,12 +84,7 @@ class Walk:
                 rec = uuid_text(value)
                 if rec is None:
                     continue
-                rec_name = self.state.recorded_topic_ids.get(rec)
-                if rec_name is None:
-                    raise CannotReplay("topic_id_unmapped")
-                tgt = self.state.target_topic_ids.get(self.state.map_topic(rec_name) or "")
-                if tgt is None:
-                    raise CannotReplay("topic_missing_on_target")
+                tgt = self.target_topic_id(rec)
                 if tgt != rec:
                     setattr(obj, name, uuid.UUID(tgt))
                     self.mark("topic_id")
@@ -96,18 +95,42 @@ class Walk:
                 if tgt != value:
                     setattr(obj, name, tgt)
                     self.mark("member_id")
-            elif name in ("generation_id", "generation_id_or_member_epoch") and isinstance(value, int) and value >= 0:
-                if self.group is None or self.group not in self.state.generations:
-                    raise NeedState("generation_unknown")
-                tgt = self.state.generations[self.group]
-                if tgt != value:
-                    setattr(obj, name, tgt)
-                    self.mark("generation")
+            elif name in _GENERATION_FIELDS and isinstance(value, int) and value >= 0:
+                generation_field = name
+        if generation_field is not None:  # after the loop: it needs the member id beside it, mapped
+            self._generation(obj, generation_field)
         if producer_field is not None:
             self._producer(obj, producer_field)
 
+    def target_topic_id(self, recorded: str) -> str:
+        """The target's id of the topic a recorded topic id named (through its name and --topic-map)."""
+        rec_name = self.state.recorded_topic_ids.get(recorded)
+        if rec_name is None:
+            raise CannotReplay("topic_id_unmapped")
+        tgt = self.state.target_topic_ids.get(self.state.map_topic(rec_name) or "")
+        if tgt is None:
+            raise CannotReplay("topic_missing_on_target")
+        return tgt
+
+    def _generation(self, obj: Any, name: str) -> None:
+        """The generation (classic) or member epoch (KIP-848) the target gave the member this struct names.
+
+        One field holds either (OffsetCommit's generation_id_or_member_epoch, TxnOffsetCommit's
+        generation_id): a member the target gave an epoch in a ConsumerGroupHeartbeat answer is a
+        consumer-protocol member and gets its newest epoch; any other gets the group's JoinGroup generation.
+        """
+        member = getattr(obj, "member_id", None)  # the target's id already (rewritten in the loop)
+        tgt = self.state.member_epochs.get((self.group, member)) if self.group is not None and member else None
+        if tgt is None and self.group is not None:
+            tgt = self.state.generations.get(self.group)
+        if tgt is None:
+            raise NeedState("generation_unknown")
+        if tgt != getattr(obj, name):
+            setattr(obj, name, tgt)
+            self.mark("generation")
+
     def _producer(self, obj: Any, pid_field: str) -> None:
-        """producer id + the epoch beside it (InitProducerId v3+, transactions)."""
+        """producer id + the epoch beside it (InitProducerId v3+, transactions), as `TargetProducer` maps them."""
         pid = getattr(obj, pid_field)
         if not isinstance(pid, int) or pid < 0:
             return
@@ -115,8 +138,13 @@ class Walk:
         target = self.state.target_producer(pid, self.frame.client_id, self.transactional_id)
         if target is None:
             raise NeedState("producer_id_unmapped")
-        setattr(obj, pid_field, target[0])
+        recorded_epoch = getattr(obj, epoch_field, None)
+        if isinstance(recorded_epoch, int) and recorded_epoch >= 0:
+            new_pid, epoch = target.for_recorded(recorded_epoch)
+        else:
+            new_pid, epoch = target.producer_id, target.epoch
+        setattr(obj, pid_field, new_pid)
         if hasattr(obj, epoch_field):
-            setattr(obj, epoch_field, target[1])
+            setattr(obj, epoch_field, epoch)
         self.mark("producer_id")
 

@@ -8,7 +8,7 @@ two client libraries, a consumer group join), so tests share one recording.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from proxy.running import RunningProxy
@@ -139,3 +139,60 @@ def record_paced_producer(origin: str, listen: str, out: Path, topic: str, *, se
         prod.close(5)
     finally:
         _stop_proxy(p)
+
+
+@dataclass
+class JavaSession:
+    """A recording of Apache Kafka's own Java clients: a transactional producer, then a KIP-848 consumer."""
+
+    path: Path
+    topic: str
+    group: str
+    records: int
+    origin: str
+    committed: dict[int, int | None] = field(default_factory=dict)  # the group's offsets on the origin, by partition
+
+
+def record_java_session(origin: str, listen: str, out: Path, topic: str, *, version: str, records: int = 60,
+                        partitions: int = 2) -> JavaSession:
+    """Record Kafka `version`'s Java clients through a proxy in front of `origin` (which advertises `listen`).
+
+    java-txn: ProducerPerformance with a transactional id, a transaction every 100 ms, so one producer
+    ends several transactions (a Kafka 4.x producer on a 4.x-formatted cluster: transactions v2, the
+    broker bumps the epoch at every EndTxn). java-848: ConsoleConsumer with group.protocol=consumer,
+    reading every record and committing on close. Before it, java-warmup joins and leaves the same
+    group without committing, so that the origin's member epochs run ahead of a fresh target's (a
+    replay that sent the recorded epochs would be refused); a replay leaves java-warmup out.
+    """
+    from harness.java_clients import JavaClients
+
+    group = f"{topic}-g848"
+    create_topics_via_proxy(origin, listen, {topic: partitions})
+    p = _run_proxy(origin, listen, out, "requests", "origin")
+    try:
+        j = JavaClients(p.bootstrap, version)
+        j.run(j.producer_perf(topic, records, 50, throughput=records * 2, props={"client.id": "java-txn"},
+                              transactional_id=f"{topic}-tx", transaction_duration_ms=100)).check()
+        j.run(j.console_consumer(topic, group=group, protocol="consumer", max_messages=1,
+                                 props={"client.id": "java-warmup", "enable.auto.commit": "false"})).check()
+        j.run(j.console_consumer(topic, group=group, protocol="consumer", max_messages=records,
+                                 props={"client.id": "java-848", "enable.auto.commit": "true"})).check()
+    finally:
+        _stop_proxy(p)
+    unrecorded = RunningProxy(upstream=origin, listen=listen).start()  # the origin advertises only `listen`
+    try:
+        committed = committed_offsets(unrecorded.bootstrap, group, topic, partitions)
+    finally:
+        unrecorded.stop()
+    return JavaSession(out, topic, group, records, origin, committed=committed)
+
+
+def committed_offsets(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int | None]:
+    """A group's committed offsets by partition (kafka-python's OffsetFetch names no member: it joins nothing)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    try:
+        return {p: c.committed(TopicPartition(topic, p)) for p in range(partitions)}
+    finally:
+        c.close()

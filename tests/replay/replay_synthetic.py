@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from recording.schema import COLUMNS, arrow_schema
 from recording.timestamps import from_epoch_ns, ingest_schema
-from replay_frames import request, response
+from replay_frames import cls, request, response
 
 
 def write_dataset(root: Path, dataset: str, rows: list[dict[str, Any]], proxy_id: str = "p1") -> None:
@@ -176,12 +176,18 @@ class FakeBroker:
     the first (the set-up's, which it lets in), as a listener whose answer
     changed between the set-up and the sessions would. `session_lifetime_ms`:
     the session lifetime its SaslAuthenticate answers set (it expires nothing). `silent_sessions`: it
-    answers the set-up's connection only, and reads every later one without a word.
+    answers the set-up's connection only, and reads every later one without a word. `txn_loading`: it
+    names itself (its own address) coordinator of every transactional id, and, as a fresh Kafka broker
+    loading __transaction_state, answers DescribeTransactions and InitProducerId NOT_COORDINATOR until
+    it has answered that many DescribeTransactions (then TRANSACTIONAL_ID_NOT_FOUND: loaded).
     """
 
     def __init__(self, delay: float = 0.0, session_sasl_error: tuple[int, int] | None = None,
-                 session_lifetime_ms: int = 0, silent_sessions: bool = False) -> None:
+                 session_lifetime_ms: int = 0, silent_sessions: bool = False, txn_loading: int | None = None) -> None:
         self.delay = delay
+        self.txn_loading = txn_loading
+        self.describes = 0  # DescribeTransactions answered
+        self.address = ("127.0.0.1", 9092)  # what its FindCoordinator answers name (its own with txn_loading)
         self.silent_sessions = silent_sessions  # answer the set-up (the first connection), then nothing
         self.session_sasl_error = session_sasl_error
         self.session_lifetime_ms = session_lifetime_ms  # SaslAuthenticate v1+ answers it (KIP-368); 0: none
@@ -196,6 +202,8 @@ class FakeBroker:
     async def start(self) -> str:
         self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
         host, port = self.server.sockets[0].getsockname()[:2]
+        if self.txn_loading is not None:
+            self.address = (host, port)
         return f"{host}:{port}"
 
     async def stop(self) -> None:
@@ -219,7 +227,20 @@ class FakeBroker:
                 data = response(17, ver, cid, error_code=error, mechanisms=["SCRAM-SHA-512"] if error else ["PLAIN"])
             elif key == 10:  # FindCoordinator: this broker coordinates everything
                 data = response(10, ver, cid, throttle_time_ms=0, error_code=0, error_message=None, node_id=1,
-                                host="127.0.0.1", port=9092)
+                                host=self.address[0], port=self.address[1])
+            elif key == 18 and self.txn_loading is not None:  # ApiVersions: it has DescribeTransactions
+                ApiVersion = cls(18, False).ApiVersion
+                data = response(18, ver, cid, error_code=0, throttle_time_ms=0, api_keys=[
+                    ApiVersion(version=ver, api_key=k, min_version=0, max_version=hi) for k, hi in ((18, 4), (65, 0))])
+            elif key == 65:  # DescribeTransactions: NOT_COORDINATOR while loading, then TRANSACTIONAL_ID_NOT_FOUND
+                self.describes += 1
+                loaded = self.describes > (self.txn_loading or 0)
+                state = cls(65, False).TransactionState(
+                    version=ver, error_code=105 if loaded else 16, transactional_id="?", transaction_state="",
+                    transaction_timeout_ms=0, transaction_start_time_ms=-1, producer_id=-1, producer_epoch=-1, topics=[])
+                data = response(65, ver, cid, throttle_time_ms=0, transaction_states=[state])
+            elif key == 22 and self.describes <= (self.txn_loading or -1):  # InitProducerId before it loaded
+                data = response(22, ver, cid, throttle_time_ms=0, error_code=16, producer_id=-1, producer_epoch=-1)
             elif key == 22:  # InitProducerId: a fresh producer id each time, from 5000 on
                 self.producer_ids += 1
                 data = response(22, ver, cid, throttle_time_ms=0, error_code=0, producer_id=4999 + self.producer_ids,

@@ -97,9 +97,10 @@ def _produced_pids(broker: FakeBroker) -> dict[int, list[int]]:
     return got
 
 
-def _run(rec: Recording, **options: Any) -> tuple[FakeBroker, ReplayResult]:
+def _run(rec: Recording, broker: FakeBroker | None = None, **options: Any) -> tuple[FakeBroker, ReplayResult]:
     async def go() -> tuple[FakeBroker, ReplayResult]:
-        broker = FakeBroker()
+        nonlocal broker
+        broker = broker or FakeBroker()
         target = await broker.start()
         try:
             return broker, await replay_async(rec, ReplayOptions(target=target, create_topics=False, **options))
@@ -176,3 +177,18 @@ def test_the_set_up_awaits_the_transaction_coordinator_of_each_recorded_transact
     asked = [(b.key, b.key_type) for b in (decode_request_body(parse_request(d)) for d in broker.frames[1]
                                           if int.from_bytes(d[4:6], "big") == 10)]
     assert asked == [("txn-1", 1)], asked
+
+
+def test_the_set_up_awaits_a_transaction_coordinator_that_is_still_loading(tmp_path: Path):
+    """A fresh Kafka broker names itself coordinator of a transactional id as soon as __transaction_state exists,
+    and answers InitProducerId NOT_COORDINATOR until it has loaded it. The recorded InitProducerIds (retried with
+    the client's back-off on the origin) went out back to back at --speed max and were all refused, and every
+    batch of the producer was skipped (seen on a fresh 4.3.1 target). The set-up asks DescribeTransactions
+    (which changes nothing) until the coordinator serves the id."""
+    frame = request(22, 4, 1, "tx", transactional_id="txn-1", transaction_timeout_ms=60000, producer_id=-1,
+                    producer_epoch=-1)
+    write_recording(tmp_path, [SynthConn("t", 0.0, [SynthRequest(0.0, frame, 22, 4, 1, producer_id=1000,
+                                                                 transactional_id="txn-1")], client_id="tx")])
+    broker, result = _run(load_recording(tmp_path), FakeBroker(txn_loading=2), speed=None)
+    assert broker.describes == 3 and not result.answer_errors, result.summary()
+    assert result.sent == result.answered == 1 and broker.producer_ids == 2, result.summary()  # the set-up's, the init

@@ -10,10 +10,12 @@ in tests/protocol.
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import pytest
 
 from protocol.consumer_protocol import rename_consumer_assignment
+from protocol.deep import decode_request, encode_request, encode_response
 from protocol.errors import MEMBER_ID_REQUIRED
 from protocol.frames import expects_response, parse_request, produce_acks
 from replay.learn import learn_from_response
@@ -115,6 +117,79 @@ def test_transactional_apis_use_the_transactional_ids_producer():
     data = produce({0: batch(producer_id=12, epoch=0, base_sequence=0, transactional=True)}, transactional_id="tx-1")
     (b,) = batches_of(bytes(body(rewrite_request(parse_request(data), state, conn).data).topic_data[0].partition_data[0].records))
     assert b.validate_crc() and (b.producer_id, b.producer_epoch) == (777, 4) and b.is_transactional
+
+
+def end_txn_response(version: int, pid: int = -1, epoch: int = -1, error: int = 0) -> bytes:
+    if version >= 5:
+        return response(26, version, throttle_time_ms=0, error_code=error, producer_id=pid, producer_epoch=epoch)
+    return response(26, version, throttle_time_ms=0, error_code=error)
+
+
+def _txn_state(pid: int = 777, epoch: int = 4) -> tuple[ReplayState, ConnState]:
+    state, conn = ReplayState(), ConnState("test-client")
+    init = parse_request(request(22, 5, transactional_id="tx-1", transaction_timeout_ms=60000, producer_id=-1,
+                                 producer_epoch=-1))
+    learn_from_response(init, response(22, 5, producer_id=pid, producer_epoch=epoch, error_code=0, throttle_time_ms=0),
+                        state, conn)
+    return state, conn
+
+
+def _txn_produce_epoch(state: ReplayState, conn: ConnState, recorded_pid: int, recorded_epoch: int) -> tuple[int, int]:
+    data = produce({0: batch(producer_id=recorded_pid, epoch=recorded_epoch, base_sequence=0, transactional=True)},
+                   transactional_id="tx-1")
+    (b,) = batches_of(bytes(body(rewrite_request(parse_request(data), state, conn).data).topic_data[0].partition_data[0].records))
+    assert b.validate_crc()
+    return b.producer_id, b.producer_epoch
+
+
+def _end_txn(state: ReplayState, conn: ConnState, version: int, recorded_pid: int, recorded_epoch: int) -> Any:
+    out = rewrite_request(parse_request(request(26, version, transactional_id="tx-1", producer_id=recorded_pid,
+                                                producer_epoch=recorded_epoch, committed=True)), state, conn)
+    assert isinstance(out, Send)
+    return parse_request(out.data)
+
+
+def test_transactional_epochs_follow_the_targets_end_txn_answers():
+    """KIP-890 part 2 (transactions v2): every EndTxn (v5+) bumps the epoch and answers it; the next transaction
+    carries it. A target that does not bump is followed as well."""
+    state, conn = _txn_state()
+    assert _txn_produce_epoch(state, conn, 12, 0) == (777, 4)
+    sent = _end_txn(state, conn, 5, 12, 0)
+    assert (body(sent.data).producer_id, body(sent.data).producer_epoch) == (777, 4)
+    learn_from_response(sent, end_txn_response(5, 777, 5), state, conn)
+    # the origin bumped too (recorded epoch 1): every transaction API and batch goes out with the target's 5
+    assert _txn_produce_epoch(state, conn, 12, 1) == (777, 5)
+    add = request(25, 4, transactional_id="tx-1", producer_id=12, producer_epoch=1, group_id="g1")
+    m = body(rewrite_request(parse_request(add), state, conn).data)
+    assert (m.producer_id, m.producer_epoch) == (777, 5)
+    sent = _end_txn(state, conn, 5, 12, 1)
+    assert body(sent.data).producer_epoch == 5
+    # the epoch ran out on the target: its answer names a new producer id, which the next batches carry
+    learn_from_response(sent, end_txn_response(5, 778, 0), state, conn)
+    assert _txn_produce_epoch(state, conn, 12, 2) == (778, 0)
+    # an EndTxn the target refused changes nothing
+    learn_from_response(_end_txn(state, conn, 5, 12, 2), end_txn_response(5, error=48), state, conn)
+    assert _txn_produce_epoch(state, conn, 12, 2) == (778, 0)
+
+    # transactions v1 (EndTxn v4 and older: no epoch in the answer), or a target that answered the same epoch
+    # although the origin had bumped: the next transaction uses the epoch the target has, not the origin's step
+    state, conn = _txn_state()
+    learn_from_response(_end_txn(state, conn, 4, 12, 0), end_txn_response(4), state, conn)
+    assert _txn_produce_epoch(state, conn, 12, 0) == (777, 4)
+    learn_from_response(_end_txn(state, conn, 5, 12, 0), end_txn_response(5, 777, 4), state, conn)
+    assert _txn_produce_epoch(state, conn, 12, 1) == (777, 4)
+
+
+def test_an_idempotent_producers_own_epoch_bump_is_kept():
+    """KIP-360: an idempotent Java producer bumps its epoch itself (no broker answer): the target's epoch + 1."""
+    state, conn = ReplayState(), ConnState("test-client")
+    init = parse_request(request(22, 4, transactional_id=None, transaction_timeout_ms=0, producer_id=-1, producer_epoch=-1))
+    learn_from_response(init, init_producer_response(4242, 3), state, conn)
+    for recorded_epoch, target_epoch in ((0, 3), (1, 4), (1, 4)):
+        out = rewrite_request(parse_request(produce({0: batch(producer_id=5, epoch=recorded_epoch, base_sequence=0)})),
+                              state, conn)
+        (b,) = batches_of(bytes(body(out.data).topic_data[0].partition_data[0].records))
+        assert (b.producer_id, b.producer_epoch) == (4242, target_epoch) and b.validate_crc()
 
 
 # ----------------------------------------------------------------------------- fetch sessions
@@ -244,6 +319,106 @@ def test_group_requests_wait_for_the_join_and_unknown_rejoin_negotiates():
     # a simple (group-less generation -1) commit needs nothing from the target
     commit = request(8, 8, group_id="g1", generation_id_or_member_epoch=-1, member_id="", group_instance_id=None, topics=[])
     assert rewrite_request(parse_request(commit), state, conn).data == commit
+
+
+# ----------------------------------------------------------------------------- KIP-848 consumer groups
+# kafka-python has no ConsumerGroupHeartbeat class: these frames come from the spec codec (protocol.deep)
+def heartbeat(member: str, epoch: int, version: int = 1, owned: list[str] | None = None,
+              topics: list[str] | None = None) -> bytes:
+    return encode_request(68, version, 7, "test-client", {
+        "group_id": "g1", "member_id": member, "member_epoch": epoch, "instance_id": None, "rack_id": None,
+        "rebalance_timeout_ms": 300000 if epoch == 0 else -1, "subscribed_topic_names": topics,
+        "server_assignor": None, "topic_partitions": [{"topic_id": t, "partitions": [0]} for t in owned or ()]})
+
+
+def heartbeat_response(member: str | None, epoch: int, error: int = 0, version: int = 1) -> bytes:
+    return encode_response(68, version, 1, {"throttle_time_ms": 0, "error_code": error, "error_message": None,
+                                            "member_id": member, "member_epoch": epoch, "heartbeat_interval_ms": 5000,
+                                            "assignment": None})
+
+
+def hb_body(data: bytes) -> dict:
+    return decode_request(data, exact=True)["body"]
+
+
+def commit(member: str, epoch: int, version: int = 9) -> bytes:
+    C = cls(8)
+    return request(8, version, group_id="g1", generation_id_or_member_epoch=epoch, member_id=member,
+                   group_instance_id=None, topics=[C.OffsetCommitRequestTopic(version=version, name="orders", partitions=[
+                       C.OffsetCommitRequestTopic.OffsetCommitRequestPartition(
+                           version=version, partition_index=0, committed_offset=3, committed_leader_epoch=-1,
+                           committed_metadata="")])])
+
+
+def offset_fetch(member: str, epoch: int) -> bytes:
+    F = cls(9)
+    return request(9, 9, require_stable=True, groups=[F.OffsetFetchRequestGroup(
+        version=9, group_id="g1", member_id=member, member_epoch=epoch,
+        topics=[F.OffsetFetchRequestGroup.OffsetFetchRequestTopics(version=9, name="orders", partition_indexes=[0])])])
+
+
+def test_kip848_member_epochs_come_from_the_targets_heartbeat_answers():
+    """v1+ (KIP-1082): the client chose its member id, the target takes it; the epochs are the target's."""
+    state, conn = ReplayState(), ConnState("test-client")
+    join = parse_request(heartbeat("m-uuid", 0, topics=["orders"]))
+    assert isinstance(rewrite_request(parse_request(heartbeat("m-uuid", 7)), state, conn), Pending)
+    out = rewrite_request(join, state, conn)
+    assert isinstance(out, Send) and out.data == join.data  # the target takes the client's id as it is
+    assert rewrite_request(parse_request(heartbeat("m-uuid", 7)), state, conn) == Pending("member_epoch_unknown")
+    learn_from_response(join, heartbeat_response("m-uuid", 1), state, conn)
+    # the origin's group had history (epoch 7), the target's is fresh (epoch 1)
+    out = rewrite_request(parse_request(heartbeat("m-uuid", 7)), state, conn)
+    assert hb_body(out.data)["member_epoch"] == 1 and out.rewrites == ("member_epoch",)
+    m = body(rewrite_request(parse_request(commit("m-uuid", 7)), state, conn).data)
+    assert (m.member_id, m.generation_id_or_member_epoch, m.topics[0].partitions[0].committed_offset) == ("m-uuid", 1, 3)
+    g = body(rewrite_request(parse_request(offset_fetch("m-uuid", 7)), state, conn).data).groups[0]
+    assert (g.member_id, g.member_epoch) == ("m-uuid", 1)
+    # a refused heartbeat teaches nothing; a later answer moves the epoch on
+    learn_from_response(parse_request(heartbeat("m-uuid", 1)), heartbeat_response(None, 0, error=110), state, conn)
+    assert body(rewrite_request(parse_request(commit("m-uuid", 8)), state, conn).data).generation_id_or_member_epoch == 1
+    learn_from_response(parse_request(heartbeat("m-uuid", 1)), heartbeat_response("m-uuid", 2), state, conn)
+    assert hb_body(rewrite_request(parse_request(heartbeat("m-uuid", 8)), state, conn).data)["member_epoch"] == 2
+    assert body(rewrite_request(parse_request(commit("m-uuid", 8)), state, conn).data).generation_id_or_member_epoch == 2
+    leave = parse_request(heartbeat("m-uuid", -1))
+    assert rewrite_request(leave, state, conn).data == leave.data  # a leave keeps its epoch
+    # a classic member's commit in another group still takes its JoinGroup generation
+    state.generations["g2"] = 4
+    state.members[("g2", "classic")] = "classic"
+    classic = request(8, 9, group_id="g2", generation_id_or_member_epoch=1, member_id="classic", group_instance_id=None,
+                      topics=[])
+    assert body(rewrite_request(parse_request(classic), state, conn).data).generation_id_or_member_epoch == 4
+
+
+def test_kip848_v0_member_id_is_the_targets_choice():
+    """v0: the join carries no member id and the broker chooses one; the recorded later requests carry the
+    origin's choice, bound to the target's (as after a classic JoinGroup)."""
+    state, conn = ReplayState(), ConnState("test-client")
+    join = parse_request(heartbeat("", 0, version=0, topics=["orders"]))
+    assert rewrite_request(join, state, conn).data == join.data
+    assert rewrite_request(parse_request(heartbeat("origin-m", 3, version=0)), state, conn) == Pending("member_id_unmapped")
+    learn_from_response(join, heartbeat_response("target-m", 1, version=0), state, conn)
+    out = rewrite_request(parse_request(heartbeat("origin-m", 3, version=0)), state, conn)
+    assert {k: hb_body(out.data)[k] for k in ("member_id", "member_epoch")} == {"member_id": "target-m", "member_epoch": 1}
+    m = body(rewrite_request(parse_request(commit("origin-m", 3)), state, conn).data)
+    assert (m.member_id, m.generation_id_or_member_epoch) == ("target-m", 1)
+    # a rejoin (epoch 0) with the origin's id, and a leave, name the target's member
+    assert hb_body(rewrite_request(parse_request(heartbeat("origin-m", 0, version=0)), state, conn).data)["member_id"] == "target-m"
+    assert hb_body(rewrite_request(parse_request(heartbeat("origin-m", -1, version=0)), state, conn).data)["member_id"] == "target-m"
+
+
+def test_kip848_heartbeat_topics_follow_the_target():
+    """Owned partitions are named by topic id (the target's differ); subscriptions by name (--topic-map)."""
+    rec_id, tgt_id = uuid.uuid4(), uuid.uuid4()
+    state = ReplayState(topic_map={"orders": "orders-staging"}, recorded_topic_ids={str(rec_id): "orders"},
+                        target_topic_ids={"orders-staging": str(tgt_id)})
+    conn = ConnState("test-client")
+    out = rewrite_request(parse_request(heartbeat("m", 0, topics=["orders"])), state, conn)
+    assert hb_body(out.data)["subscribed_topic_names"] == ["orders-staging"] and out.rewrites == ("topic_renamed",)
+    state.member_epochs[("g1", "m")] = 2
+    out = rewrite_request(parse_request(heartbeat("m", 2, owned=[str(rec_id)])), state, conn)
+    assert hb_body(out.data)["topic_partitions"] == [{"topic_id": str(tgt_id), "partitions": [0]}]
+    unknown = rewrite_request(parse_request(heartbeat("m", 2, owned=[str(uuid.uuid4())])), state, conn)
+    assert unknown == Skip("topic_id_unmapped")
 
 
 # ----------------------------------------------------------------------------- topics, SASL

@@ -1,0 +1,149 @@
+"""Replay of Apache Kafka's own Java clients against a fresh Kafka 4.3.1 broker (real brokers on both sides).
+
+What a Kafka 4.x target needs that older replays did not give it:
+
+* **transactions v2** (KIP-890, the default of a cluster formatted by 4.x): the broker bumps a
+  transactional producer's epoch at every EndTxn, and the producer's next transaction carries the
+  new one. A replay that kept the epoch of the target's InitProducerId answer had most batches
+  refused (INVALID_PRODUCER_EPOCH).
+* **KIP-848 consumer groups** (group.protocol=consumer): the member epoch comes from the target's
+  ConsumerGroupHeartbeat answers (and, for a v0 member, the member id too); OffsetCommit v9+ and
+  OffsetFetch v9+ carry both. The origin's epochs ran ahead of the fresh target's here (a member
+  joined and left the group before the recorded one), so the recorded ones are refused as they are.
+
+The 3.7.2 origin records KIP-848's first version: ConsumerGroupHeartbeat v0, whose member id the
+broker chooses (from v1 on the client does, KIP-1082).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness.jars import DEFAULT_VERSION, INCIDENT_VERSION
+from harness.kafka import LocalKafka, free_port
+from protocol.apis import CONSUMER_GROUP_HEARTBEAT, END_TXN, PRODUCE
+from protocol.batch_edit import records_producer_ids
+from protocol.deep import decode_request
+from replay.engine import ReplayOptions, ReplayResult, run_replay
+from replay.load import Filters, load_recording
+from replay.messages import decode_request_body
+from replay_sessions import JavaSession, committed_offsets, record_java_session
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+# Errors a replay that did not follow the target's producer or member epochs gets back
+EPOCH_ERRORS = ("INVALID_PRODUCER_EPOCH", "PRODUCER_FENCED", "FENCED_MEMBER_EPOCH", "STALE_MEMBER_EPOCH",
+                "UNKNOWN_MEMBER_ID", "ILLEGAL_GENERATION", "OUT_OF_ORDER_SEQUENCE_NUMBER")
+TOPICS = {DEFAULT_VERSION: "java4", INCIDENT_VERSION: "java37"}  # by origin version
+PARTITIONS = 2
+# On 3.7.2 KIP-848 is early access: the new group coordinator serves the consumer protocol only when asked to
+ORIGIN_PROPS = {INCIDENT_VERSION: {"group.coordinator.rebalance.protocols": "classic,consumer"}}
+
+
+@pytest.fixture(scope="module")
+def target() -> Iterator[LocalKafka]:
+    """The fresh 4.3.1 target, with the recordings' topics as the origin had them (a replay creates a missing
+    topic with the partitions its requests name, which depends on which replay runs first)."""
+    kafka = LocalKafka()
+    kafka.start()
+    try:
+        for topic in TOPICS.values():
+            kafka.create_topic(topic, PARTITIONS)
+        yield kafka
+    finally:
+        kafka.stop()
+        kafka.cleanup()
+
+
+def _record(version: str, out: Path, topic: str) -> JavaSession:
+    """Start an origin broker of `version` advertising a proxy port, record the Java clients' session on it."""
+    port = free_port()
+    origin = LocalKafka(version=version, broker_props={"advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+                                                       **ORIGIN_PROPS.get(version, {})})
+    origin.start()
+    try:
+        return record_java_session(f"127.0.0.1:{origin.port}", f"127.0.0.1:{port}", out, topic, version=version)
+    finally:
+        origin.stop()
+        origin.cleanup()
+
+
+@pytest.fixture(scope="module")
+def session_4x(tmp_path_factory: pytest.TempPathFactory) -> JavaSession:
+    return _record(DEFAULT_VERSION, tmp_path_factory.mktemp("java4") / "rec", TOPICS[DEFAULT_VERSION])
+
+
+@pytest.fixture(scope="module")
+def session_37(tmp_path_factory: pytest.TempPathFactory) -> JavaSession:
+    return _record(INCIDENT_VERSION, tmp_path_factory.mktemp("java37") / "rec", TOPICS[INCIDENT_VERSION])
+
+
+def _replay(session: JavaSession, target: LocalKafka, client: str) -> ReplayResult:
+    """Replay one recorded client's sessions (each test its own: a replay leaves its group and producer state)."""
+    result = run_replay(load_recording(session.path, Filters(clients=(client,))),
+                        ReplayOptions(target=target.bootstrap, speed=None))
+    print(result.summary())  # visible with -s
+    return result
+
+
+def _committed_records(bootstrap: str, topic: str) -> int:
+    """Records a read_committed consumer sees: those of the transactions the target committed."""
+    from kafka import KafkaConsumer
+
+    c = KafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                      isolation_level="read_committed", consumer_timeout_ms=5000)
+    try:
+        return sum(1 for _ in c)
+    finally:
+        c.close()
+
+
+def _recorded_epochs(session: JavaSession) -> Counter:
+    """How many recorded transactional batches carry each producer epoch; EndTxn versions under key ("EndTxn", v)."""
+    out: Counter = Counter()
+    for conn in load_recording(session.path, Filters(clients=("java-txn",))).connections:
+        for r in conn.requests:
+            if r.frame.api_key == PRODUCE:
+                for t in decode_request_body(r.frame).topic_data:
+                    for part in t.partition_data:
+                        out.update(epoch for _pid, epoch in records_producer_ids(bytes(part.records)))
+            elif r.frame.api_key == END_TXN:
+                out[("EndTxn", r.frame.api_version)] += 1
+    return out
+
+
+def test_a_transactional_producers_bumped_epochs_follow_the_target(session_4x: JavaSession, target: LocalKafka):
+    recorded = _recorded_epochs(session_4x)
+    assert recorded[("EndTxn", 5)] >= 2, recorded  # transactions v2: the broker answered a new epoch each time
+    assert len([k for k in recorded if isinstance(k, int)]) >= 3, recorded  # the batches carried them
+    result = _replay(session_4x, target, "java-txn")
+    assert result.failed == 0 and not result.skipped, result.summary()
+    refused = {k: n for k, n in result.answer_errors.items() if k.split()[-1] in EPOCH_ERRORS}
+    assert not refused, result.summary()
+    assert _committed_records(target.bootstrap, session_4x.topic) == session_4x.records
+
+
+@pytest.mark.parametrize("origin", [DEFAULT_VERSION, INCIDENT_VERSION], ids=lambda v: f"origin-{v}")
+def test_a_kip848_members_epochs_and_commits_follow_the_target(origin: str, request: pytest.FixtureRequest,
+                                                              target: LocalKafka):
+    session: JavaSession = request.getfixturevalue("session_4x" if origin == DEFAULT_VERSION else "session_37")
+    consumer = load_recording(session.path, Filters(clients=("java-848",)))
+    joins = [decode_request(r.frame.data)["body"] for c in consumer.connections for r in c.requests
+             if r.frame.api_key == CONSUMER_GROUP_HEARTBEAT]
+    assert joins and joins[0]["member_epoch"] == 0
+    # v0: the broker chose the member id (the join has none); v1+: the client did (KIP-1082)
+    assert bool(joins[0]["member_id"]) == (origin == DEFAULT_VERSION), joins[0]
+    result = _replay(session, target, "java-848")
+    assert result.failed == 0 and not result.skipped, result.summary()
+    refused = {k: n for k, n in result.answer_errors.items() if k.split()[-1] in EPOCH_ERRORS}
+    assert not refused, result.summary()
+    # the origin's epochs were not the target's: the heartbeats and the commit carried the target's
+    assert result.rewrites["member_epoch"] and result.rewrites["generation"], result.summary()
+    if origin == INCIDENT_VERSION:
+        assert result.rewrites["member_id"], result.summary()  # the target chose another id than the origin
+    committed = committed_offsets(target.bootstrap, session.group, session.topic, PARTITIONS)
+    assert committed == session.committed and sum(o or 0 for o in committed.values()) >= session.records
