@@ -49,10 +49,15 @@ def clear_artifacts(out: str | Path) -> list[Path]:
 
 
 class OutBusy(Exception):
-    """OUT is being written by another kafkatap command (its pid and command line in the message)."""
+    """OUT is being written by another kafkatap command: `holder` is " (pid N: its command line)" or ""."""
+
+    def __init__(self, out: str | Path, holder: str) -> None:
+        super().__init__(f"{out} is being written by another kafkatap command{holder}; two runs into one directory "
+                         "delete each other's files: wait for it, or give another --out")
+        self.out, self.holder = out, holder
 
 
-_claimed: dict[Path, int] = {}  # OUT -> the directory fd whose lock this process holds until it ends
+_claimed: dict[Path, int | None] = {}  # OUT -> the fd holding its lock until `release` (None: it cannot be locked)
 
 
 def claim(out: str | Path) -> None:
@@ -63,10 +68,9 @@ def claim(out: str | Path) -> None:
     if path in _claimed:
         return
     try:
-        _claimed[path] = lock_dir(path)
+        _claimed[path] = lock_dir(path)  # None: a directory that cannot be locked (NFS, mode 733) is written unguarded
     except DirBusy as exc:
-        raise OutBusy(f"{out} is being written by another kafkatap command{exc.holder}; two runs into one directory "
-                      "delete each other's files: wait for it, or give another --out") from None
+        raise OutBusy(out, exc.holder) from None
 
 
 def release(out: str | Path) -> None:

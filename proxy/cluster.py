@@ -46,7 +46,7 @@ from proxy.broker_news import BrokerNews
 from proxy.bypass import first_in_proxy
 from proxy.context import format_addr
 from proxy.intercept import ConnInfo, Edit, RequestHead
-from proxy.tls import handshake_hangup, hung_up_in_handshake, refusal_after_handshake
+from proxy.tls import broker_alert, handshake_hangup, hung_up_in_handshake
 
 log = structlog.get_logger("kafkatap.proxy")
 
@@ -443,8 +443,8 @@ def discovery_failure(exc: BaseException, tls: bool) -> str:
     if tls and hung_up_in_handshake(exc):
         return handshake_hangup("bootstrap")
     if (tls and isinstance(exc, ssl.SSLError) and not isinstance(exc, ssl.SSLCertVerificationError)
-            and "ALERT" in (exc.reason or "")):  # a TLS 1.3 broker's alert after the handshake (a client certificate)
-        return refusal_after_handshake(exc.reason)
+            and "ALERT" in (exc.reason or "")):  # the broker's alert (a client certificate refused, no shared cipher…)
+        return broker_alert(exc.reason)
     return str(exc) or type(exc).__name__
 
 

@@ -372,7 +372,7 @@ POLL_ERRORS = (urllib.error.URLError, OSError, ValueError, http.client.HTTPExcep
 
 # wait(seconds or None for no limit, another fd to wake on or None) -> the key pressed, WOKEN, or None at the limit
 KeyWait = Callable[[float | None, int | None], str | None]
-WOKEN = ""  # what a KeyWait returns when the other fd became readable
+WOKEN = "<woken>"  # what a KeyWait returns when the other fd became readable (no key reads as more than one character)
 
 
 def _wait_for_fd(timeout: float | None, other: int | None) -> str | None:
@@ -405,13 +405,20 @@ def _keys() -> Iterator[KeyWait]:
     def wait(timeout: float | None, other: int | None = None) -> str | None:
         ready, _, _ = select.select([fd] if other is None else [fd, other], [], [], timeout)
         if fd in ready:
-            return os.read(fd, 1).decode(errors="replace")
+            # an empty read or EIO is the terminal gone (hung up, closed): quit, as nobody is left to press q
+            try:
+                return os.read(fd, 1).decode(errors="replace") or "q"
+            except OSError:
+                return "q"
         return WOKEN if ready else None
 
     try:
         yield wait
     finally:
-        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+        try:
+            termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+        except termios.error:  # the terminal is gone: there is nothing left to give its modes back to
+            pass
         signal.signal(signal.SIGTERM, previous)
 
 

@@ -173,23 +173,26 @@ class StatusServer:
 
     def _faults(self, method: str, path: str, query: str, peer: Any,
                 headers: dict[str, str]) -> tuple[int, str, bytes]:
+        allowed = self.allowed(path)
+        if allowed is None:  # /faults/<not an id>: unknown whatever the method
+            return 404, "text/plain", b"not found: GET /faults lists the faults, DELETE /faults/ID removes one\n"
+        if method not in allowed.split(", "):
+            return 405, "text/plain", f"use {allowed.replace(', HEAD', '')} on {path}\n".encode()
         if self.fault_control is None:
             from proxy.fault_control import NOT_INSTALLED
 
             if method in ("GET", "HEAD"):
                 return 200, "application/json", json.dumps({"installed": False, "faults": []}).encode()
-            if method not in ("POST", "DELETE"):
-                return 405, "text/plain", b"use GET, POST or DELETE on /faults\n"
             return 409, "text/plain", (NOT_INSTALLED + "\n").encode()
         return self.fault_control.handle(method, path, query, peer, headers)
 
-    def allowed(self, path: str) -> str:
+    def allowed(self, path: str) -> str | None:
         """The methods `path` answers, for a 405's Allow header (RFC 9110 requires one): what a client sending the
-        wrong one should send instead."""
+        wrong one should send instead. None for a /faults path that names no fault (fault ids are numbers)."""
         if path == "/faults":
             return "GET, HEAD, POST, DELETE"
         if path.startswith("/faults/"):
-            return "DELETE"
+            return "DELETE" if path.removeprefix("/faults/").isdigit() else None
         return "GET, HEAD"
 
     async def _route(self, method: str, path: str) -> tuple[int, str, bytes]:

@@ -157,13 +157,19 @@ def hung_up_in_handshake(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and not (exc.strerror or str(exc))
 
 
-def refusal_after_handshake(reason: str) -> str:
-    """The words for a broker's TLS alert that came after the handshake (`reason`: OpenSSL's, e.g.
-    SSLV3_ALERT_BAD_CERTIFICATE), for the start-up probe and the cluster discovery alike."""
+def broker_alert(reason: str, after_handshake: bool = False) -> str:
+    """The words for a TLS alert the broker sent (`reason`: OpenSSL's, e.g. SSLV3_ALERT_BAD_CERTIFICATE), for the
+    start-up probe and the cluster discovery alike.
+
+    A refused client certificate is said as such whenever it came: during a TLS 1.2 handshake, or after a TLS 1.3
+    one (where the client's side completes first). Another alert is said as during the handshake (no shared
+    cipher or version: SSLV3_ALERT_HANDSHAKE_FAILURE), unless the caller read it after the handshake."""
     if refuses_client_certificate(reason):
         return (f"TLS handshake failed: the broker refused the proxy's client certificate or its lack of one "
                 f"({reason}); give --upstream-tls-cert and --upstream-tls-key, signed by a CA the broker trusts")
-    return f"TLS handshake failed: the broker refused the connection after the handshake ({reason})"
+    if after_handshake:
+        return f"TLS handshake failed: the broker refused the connection after the handshake ({reason})"
+    return f"TLS handshake failed: the broker refused the handshake ({reason})"
 
 
 def handshake_hangup(peer: str) -> str:

@@ -31,7 +31,7 @@ import structlog
 
 from proxy.context import format_addr
 from proxy.server import Route
-from proxy.tls import UpstreamTls, handshake_hangup, hung_up_in_handshake, refusal_after_handshake
+from proxy.tls import UpstreamTls, broker_alert, handshake_hangup, hung_up_in_handshake
 
 log = structlog.get_logger("kafkatap.proxy")
 
@@ -96,6 +96,8 @@ def tls_problem(sock: socket.socket, host: str, tls: UpstreamTls) -> str | None:
     except (ssl.SSLEOFError, ssl.SSLZeroReturnError):  # a blocking socket's word for a hang-up mid-handshake
         return f"TLS handshake failed: {handshake_hangup('broker')}"
     except ssl.SSLError as exc:
+        if "ALERT" in (exc.reason or ""):  # the broker's alert during the handshake (TLS 1.2: a client certificate too)
+            return broker_alert(exc.reason)
         return f"TLS handshake failed: {exc.reason or exc}"
     except socket.timeout:
         return f"TLS handshake failed: no answer within {sock.gettimeout() or 0:g} s"
@@ -120,7 +122,7 @@ def _refused_after_handshake(wrapped: ssl.SSLSocket) -> str | None:
     try:
         wrapped.recv(1)
     except ssl.SSLError as exc:
-        problem = refusal_after_handshake(exc.reason or str(exc))
+        problem = broker_alert(exc.reason or str(exc), after_handshake=True)
     except OSError:  # the wait's end (the broker is content), a reset or an EOF: the handshake is what was asked
         pass
     try:

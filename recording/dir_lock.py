@@ -26,16 +26,29 @@ class DirBusy(Exception):
         self.path, self.holder = path, holder
 
 
-def lock_dir(path: str | Path) -> int:
+def lock_dir(path: str | Path) -> int | None:
     """Lock the existing directory `path` (exclusive, non-blocking); returns the fd that holds the lock (closing it
-    releases it). DirBusy when another open of it holds the lock (another process, or this one)."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    releases it). DirBusy when another open of it holds the lock (another process, or this one).
+
+    None when the directory cannot be locked at all: one that may be written but not read (mode 733), or a file
+    system whose flock needs a file open for writing (NFS without local locks: EBADF), or none (ENOLCK). The lock
+    only guards against a second writer, so the caller goes on unguarded: those directories worked before it.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except (FileNotFoundError, NotADirectoryError):
+        raise
+    except OSError:
+        return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = lock_holder(fd)
         os.close(fd)
         raise DirBusy(Path(path), holder) from None
+    except OSError:
+        os.close(fd)
+        return None
     except BaseException:
         os.close(fd)
         raise

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from analytics.interrupt import ExitAtOnce, interrupts_handled  # no Spark: signal handling only
-from analytics.outdir import claim, clear_artifacts, release
+from analytics.outdir import OutBusy, claim, clear_artifacts, release
 from harness.jars import DEFAULT_VERSION
 from harness.kafka import LocalKafka, free_port
 from harness.wire import WireClient
@@ -510,7 +510,14 @@ def _analyze(scenario: Scenario, result: RunResult, rec_dirs: dict[str, Path], s
     say(f"analyzing {', '.join(str(d) for d in dirs)} with Spark{'' if has_html else ' (HTML report renderer not installed yet)'}")
     t0 = time.monotonic()
     report_dir.mkdir(parents=True, exist_ok=True)
-    claim(report_dir)  # an `analyze --out` of this very folder, running now, refuses (and this, started second)
+    try:  # an `analyze --out` of this very folder, running now, refuses (and this, started second)
+        claim(report_dir)
+    except OutBusy as exc:
+        inputs = ("--compare " + " ".join(str(d) for d in opts["compare"])) if "compare" in opts else \
+            " ".join(str(d) for d in dirs)
+        raise ScenarioFailed(f"{report_dir} is being written by another kafkatap command{exc.holder}, so this run "
+                             f"did not analyze; its recordings are kept: `kafkatap analyze {inputs} --out DIR` "
+                             "analyzes them") from None
     interrupted = _AnalysisInterrupted(scenario.name, report_dir)
     try:
         with interrupts_handled(interrupted, interrupted.signals):

@@ -86,3 +86,45 @@ def test_the_lock_is_the_kernels_and_leaves_no_file(tmp_path) -> None:
     outdir.claim(out)  # this process's own claim again: nothing
     outdir.release(out)
     assert not any(out.iterdir()) and not outdir._claimed
+
+
+def test_a_directory_that_cannot_be_locked_is_written_unguarded(tmp_path, monkeypatch) -> None:
+    """On NFS without local locks flock needs a file open for writing (a directory opens read-only: EBADF), and a
+    write-only drop directory (mode 733) cannot be opened at all: analyze, scenario run and demo failed there with
+    a traceback. The lock only guards against a second writer; they run unguarded, as before it."""
+    import errno
+
+    from recording import dir_lock
+
+    calls: list[str] = []
+    monkeypatch.setattr(job, "run_analysis", lambda dirs, out, **kw: calls.append(out) or "result")
+    monkeypatch.setattr(job, "summary", lambda result: f"summary of {result}")
+    rec, out = tmp_path / "rec", tmp_path / "out"
+    write_rows(rec, "requests", [req("c1", 1, t_s=10)])
+    write_rows(rec, "connections", [conn("c1", 0, 60)])
+
+    def no_locks(fd: int, op: int) -> None:
+        raise OSError(errno.EBADF, "Bad file descriptor")
+
+    monkeypatch.setattr(dir_lock.fcntl, "flock", no_locks)
+    assert dir_lock.lock_dir(tmp_path) is None
+    res = CliRunner().invoke(analyze, [str(rec), "--out", str(out), "--quiet"])
+    assert res.exit_code == 0 and calls == [str(out)], res.output
+    assert not outdir._claimed
+
+
+def test_a_scenarios_report_held_by_another_command_says_how_to_analyze_later(tmp_path) -> None:
+    """demo ended in a traceback after its whole run, and scenario run told the user to give another --out, which
+    does not help: the conflict is on the run's own report/ folder."""
+    import pytest
+
+    from scenarios.catalog import get
+    from scenarios.runner import ScenarioFailed, _analyze
+
+    report, rec = tmp_path / "report", tmp_path / "recordings" / "kafkatap"
+    report.mkdir()
+    result = type("Result", (), {"out": tmp_path, "timings": {}})()
+    with held_by_another_process(report) as pid, pytest.raises(ScenarioFailed) as failed:
+        _analyze(get("batch-too-large"), result, {"kafkatap": rec}, lambda message: None)
+    said = str(failed.value)
+    assert f"(pid {pid}: " in said and f"`kafkatap analyze {rec} --out DIR`" in said and "give another --out" not in said

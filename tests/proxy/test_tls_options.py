@@ -8,6 +8,10 @@ plaintext broker dialled with TLS, a bootstrap of another kind, a port given to 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+import ssl
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -118,3 +122,55 @@ def test_broker_ports_name_each_node_once_and_no_negative_node() -> None:
         parse_broker_ports(["1=48570", "1=48571"])
     with pytest.raises(ValueError, match="node ids are 0 or more"):
         parse_broker_ports(["-5=48572"])
+
+
+def _tls_server(pki, version: ssl.TLSVersion) -> tuple[socket.socket, threading.Thread]:
+    """A TLS endpoint (at most `version`) that requires a client certificate: it accepts one connection and
+    completes (or fails) the handshake, as a broker's SSL listener with ssl.client.auth=required does."""
+    server = pki.pki.issue("probe-server")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.maximum_version = version
+    ctx.load_cert_chain(server.cert, server.key)
+    ctx.load_verify_locations(pki.pki.ca)
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with contextlib.suppress(OSError):
+            with ctx.wrap_socket(conn, server_side=True) as tls:
+                tls.recv(1)
+        conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return listener, thread
+
+
+@pytest.mark.parametrize("version", [ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3], ids=["tls1.2", "tls1.3"])
+def test_the_probe_names_a_broker_alert_for_when_it_came(pki, version: ssl.TLSVersion) -> None:
+    """A broker's alert during the handshake (TLS 1.2: the server refuses before the client's Finished) was said
+    with OpenSSL's bare reason by the probe; cluster discovery called every alert one "after the handshake"."""
+    from proxy.upstream_probe import connect_problem
+
+    listener, thread = _tls_server(pki, version)
+    with listener:
+        said = connect_problem("127.0.0.1", listener.getsockname()[1], 5.0, UpstreamTls(client_context(pki.pki.ca)))
+        thread.join(10)
+    assert said is not None and said.startswith("TLS handshake failed: the broker refused "), said
+    if version == ssl.TLSVersion.TLSv1_3:  # the refusal comes after the client's side of the handshake
+        assert "client certificate" in said and "--upstream-tls-cert" in said
+    else:  # OpenSSL refuses a missing certificate in the handshake, with a generic alert
+        assert said == "TLS handshake failed: the broker refused the handshake (SSLV3_ALERT_HANDSHAKE_FAILURE)"
+
+
+def test_discovery_words_a_broker_alert_by_what_it_says() -> None:
+    def alert(reason: str) -> ssl.SSLError:
+        exc = ssl.SSLError(1, f"[SSL: {reason}] alert (_ssl.c:1)")
+        exc.reason = reason
+        return exc
+
+    assert discovery_failure(alert("SSLV3_ALERT_HANDSHAKE_FAILURE"), tls=True) == (
+        "TLS handshake failed: the broker refused the handshake (SSLV3_ALERT_HANDSHAKE_FAILURE)")
+    for reason in ("SSLV3_ALERT_BAD_CERTIFICATE", "TLSV13_ALERT_CERTIFICATE_REQUIRED", "TLSV1_ALERT_UNKNOWN_CA"):
+        assert "refused the proxy's client certificate" in discovery_failure(alert(reason), tls=True)

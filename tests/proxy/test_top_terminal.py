@@ -90,3 +90,23 @@ def test_sigterm_gives_the_terminal_back(silent_status_addr: str) -> None:
         drain(master)
         attrs = termios.tcgetattr(slave)
         assert code == 0 and attrs[3] & termios.ECHO and attrs[3] & termios.ICANON
+
+
+def test_a_terminal_that_goes_away_ends_the_view_cleanly(silent_status_addr: str) -> None:
+    """The terminal closed under the view (its window closed without a SIGHUP reaching it): the empty read was taken
+    for the poll's end and the view died with `KeyError: 'result'`, then a termios error restoring a gone terminal."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "kafkatap.cli", "top", "--addr", silent_status_addr],
+                            stdin=slave, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        wait_for_cbreak(slave, proc)
+        os.close(slave)
+        os.close(master)  # the terminal goes away while the first poll waits
+        code = proc.wait(FETCH_TIMEOUT_S)
+        assert proc.stderr is not None
+        err = proc.stderr.read().decode()
+        assert code == 0 and "Traceback" not in err, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)

@@ -148,6 +148,8 @@ def test_http_edge_cases(served) -> None:
     # a wrong method on a known path: 405 with the Allow header RFC 9110 requires; on an unknown path: 404
     for method, path, status, allow in (("DELETE", "/metrics", 405, "GET, HEAD"), ("OPTIONS", "/clients", 405, "GET, HEAD"),
                                         ("OPTIONS", "/nope", 404, None), ("PUT", "/faults", 405, "GET, HEAD, POST, DELETE"),
+                                        ("PUT", "/faults/abc", 404, None), ("GET", "/faults/abc", 404, None),
+                                        ("GET", "/faults/3", 405, "DELETE"), ("GET", "/faults", 200, None),
                                         ("GET", "/metrics", 200, None)):
         conn = http.client.HTTPConnection(server.host, server.port, timeout=5)
         conn.request(method, path)
