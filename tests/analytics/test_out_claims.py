@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from analytics import job, outdir
@@ -37,13 +38,20 @@ def held_by_another_process(out: Path) -> Iterator[int]:
         holder.wait(10)
 
 
-def test_a_second_analysis_into_a_busy_out_is_refused_and_touches_nothing(tmp_path, monkeypatch) -> None:
+@pytest.fixture
+def analysis(tmp_path, monkeypatch) -> tuple[list[str], Path, Path]:
+    """run_analysis replaced (its OUT arguments collected), a one-request recording, and an OUT path beside it."""
     calls: list[str] = []
     monkeypatch.setattr(job, "run_analysis", lambda dirs, out, **kw: calls.append(out) or "result")
     monkeypatch.setattr(job, "summary", lambda result: f"summary of {result}")
     rec, out = tmp_path / "rec", tmp_path / "out"
     write_rows(rec, "requests", [req("c1", 1, t_s=10)])
     write_rows(rec, "connections", [conn("c1", 0, 60)])
+    return calls, rec, out
+
+
+def test_a_second_analysis_into_a_busy_out_is_refused_and_touches_nothing(analysis) -> None:
+    calls, rec, out = analysis
     out.mkdir()
     (out / "report.html").write_text("the first run's report")
     with held_by_another_process(out) as pid:
@@ -88,7 +96,7 @@ def test_the_lock_is_the_kernels_and_leaves_no_file(tmp_path) -> None:
     assert not any(out.iterdir()) and not outdir._claimed
 
 
-def test_a_directory_that_cannot_be_locked_is_written_unguarded(tmp_path, monkeypatch) -> None:
+def test_a_directory_that_cannot_be_locked_is_written_unguarded(analysis, tmp_path, monkeypatch) -> None:
     """On NFS without local locks flock needs a file open for writing (a directory opens read-only: EBADF), and a
     write-only drop directory (mode 733) cannot be opened at all: analyze, scenario run and demo failed there with
     a traceback. The lock only guards against a second writer; they run unguarded, as before it."""
@@ -96,12 +104,7 @@ def test_a_directory_that_cannot_be_locked_is_written_unguarded(tmp_path, monkey
 
     from recording import dir_lock
 
-    calls: list[str] = []
-    monkeypatch.setattr(job, "run_analysis", lambda dirs, out, **kw: calls.append(out) or "result")
-    monkeypatch.setattr(job, "summary", lambda result: f"summary of {result}")
-    rec, out = tmp_path / "rec", tmp_path / "out"
-    write_rows(rec, "requests", [req("c1", 1, t_s=10)])
-    write_rows(rec, "connections", [conn("c1", 0, 60)])
+    calls, rec, out = analysis
 
     def no_locks(fd: int, op: int) -> None:
         raise OSError(errno.EBADF, "Bad file descriptor")
@@ -116,8 +119,6 @@ def test_a_directory_that_cannot_be_locked_is_written_unguarded(tmp_path, monkey
 def test_a_scenarios_report_held_by_another_command_says_how_to_analyze_later(tmp_path) -> None:
     """demo ended in a traceback after its whole run, and scenario run told the user to give another --out, which
     does not help: the conflict is on the run's own report/ folder."""
-    import pytest
-
     from scenarios.catalog import get
     from scenarios.runner import ScenarioFailed, _analyze
 
