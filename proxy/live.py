@@ -233,11 +233,6 @@ def _fit(cells: list[list[str]], columns: list[tuple[str, int]]) -> list[int]:
     return widths
 
 
-def _cut(text: str, width: int) -> str:
-    """`text` in `width` terminal columns; a longer one ends in "…" so nothing is lost silently."""
-    return cut_to_width(text, width)
-
-
 def render(clients: dict[str, Any], metrics: dict, prev: tuple[float, dict[str, int]] | None, now: float,
            width: int, height: int, color: bool, sort: str = "requests", per_connection: bool = False) -> str:
     """One screen: a header of totals and a table of clients (or of connections) (pure, testable).
@@ -270,10 +265,10 @@ def render(clients: dict[str, Any], metrics: dict, prev: tuple[float, dict[str, 
     totals = (f"  open connections {clients.get('open_connections', 0)}{worker_spread_text(metrics)}  requests "
               f"{reqs:,.0f}{rate}  errors {errs:,.0f}  retriable {retriable:,.0f}"
               + (f"  injected {injected:,.0f}" if injected else ""))
-    head = _cut(title + totals, width)  # a header line wider than the screen wrapped and pushed the table down
+    head = cut_to_width(title + totals, width)  # a header line wider than the screen wrapped and pushed the table down
     lines = [
         b(head[: len(title)]) + head[len(title):],
-        _cut(f"latency p50 ≤{_fmt_s(p50)} p99 ≤{_fmt_s(p99)}   recording: dropped {drops:,.0f} queued {queue:,.0f}"
+        cut_to_width(f"latency p50 ≤{_fmt_s(p50)} p99 ≤{_fmt_s(p99)}   recording: dropped {drops:,.0f} queued {queue:,.0f}"
              f"{rec_errors}   showing {view}", width),
         "",
     ]
@@ -316,7 +311,7 @@ def render(clients: dict[str, Any], metrics: dict, prev: tuple[float, dict[str, 
         if is_open:
             lines.append(_line(cells, widths, width))
         else:  # the end reason within the width too (it came after the cut)
-            lines.append(d(_cut(_line(cells, widths, width) + (f"  ({end_reason})" if end_reason else ""), width)))
+            lines.append(d(cut_to_width(_line(cells, widths, width) + (f"  ({end_reason})" if end_reason else ""), width)))
     if not rows:
         lines.append(d("no client connections yet"))
     elif len(shown) < len(rows):
@@ -326,8 +321,8 @@ def render(clients: dict[str, Any], metrics: dict, prev: tuple[float, dict[str, 
 
 def _line(cells: list[str], widths: list[int], width: int) -> str:
     last = len(cells) - 1
-    text = " ".join(pad_to_width(_cut(v, w), w) if i < last else v for i, (v, w) in enumerate(zip(cells, widths)))
-    return _cut(text.rstrip(), width)
+    text = " ".join(pad_to_width(cut_to_width(v, w), w) if i < last else v for i, (v, w) in enumerate(zip(cells, widths)))
+    return cut_to_width(text.rstrip(), width)
 
 
 def _fmt_rate(v: float) -> str:

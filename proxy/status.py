@@ -66,6 +66,11 @@ async def _resolved(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
+STATUS_PATHS = ("/metrics", "/clients", "/healthz", "/")  # "/" answers as /healthz
+NOT_FOUND = b"not found: try /metrics or /clients\n"
+NOT_FOUND_FAULTS = b"not found: GET /faults lists the faults, DELETE /faults/ID removes one\n"
+
+
 class HeadTooLarge(Exception):
     """A request head over MAX_REQUEST_HEAD: answered 431 and the connection closed."""
 
@@ -152,13 +157,20 @@ class StatusServer:
                     await self._respond(writer, 400, "text/plain", b"request bodies are not accepted\n", close=True)
                     return
                 path, _, query = target.partition("?")
-                if path == "/faults" or path.startswith("/faults/"):  # runtime Kafka faults (proxy.fault_control)
+                faults = path == "/faults" or path.startswith("/faults/")  # runtime Kafka faults (proxy.fault_control)
+                allowed = self.allowed(path)
+                if allowed is None:  # an unknown path is unknown whatever the method
+                    status, ctype, body = 404, "text/plain", NOT_FOUND_FAULTS if faults else NOT_FOUND
+                elif method not in allowed.split(", "):
+                    status, ctype = 405, "text/plain"
+                    body = f"use {allowed.replace(', HEAD', '')} on {path}\n".encode() if faults else b"only GET\n"
+                elif faults:
                     status, ctype, body = self._faults(method, path, query, writer.get_extra_info("peername"),
                                                        headers)
                 else:
-                    status, ctype, body = await self._route(method, path)
+                    status, ctype, body = await self._route(path)
                 await self._respond(writer, status, ctype, body, close=close, head_only=method == "HEAD",
-                                    allow=self.allowed(path) if status == 405 else None)
+                                    allow=allowed if status == 405 else None)
                 if close:
                     return
         except (asyncio.TimeoutError, ConnectionError):  # an answer not taken in time, or a peer gone
@@ -173,11 +185,7 @@ class StatusServer:
 
     def _faults(self, method: str, path: str, query: str, peer: Any,
                 headers: dict[str, str]) -> tuple[int, str, bytes]:
-        allowed = self.allowed(path)
-        if allowed is None:  # /faults/<not an id>: unknown whatever the method
-            return 404, "text/plain", b"not found: GET /faults lists the faults, DELETE /faults/ID removes one\n"
-        if method not in allowed.split(", "):
-            return 405, "text/plain", f"use {allowed.replace(', HEAD', '')} on {path}\n".encode()
+        """A method `allowed` on a /faults path."""
         if self.fault_control is None:
             from proxy.fault_control import NOT_INSTALLED
 
@@ -188,18 +196,16 @@ class StatusServer:
 
     def allowed(self, path: str) -> str | None:
         """The methods `path` answers, for a 405's Allow header (RFC 9110 requires one): what a client sending the
-        wrong one should send instead. None for a /faults path that names no fault (fault ids are numbers)."""
+        wrong one should send instead. None for a path it does not serve (a /faults path naming no fault: fault ids
+        are numbers); the one place that decides 404 and 405."""
         if path == "/faults":
             return "GET, HEAD, POST, DELETE"
         if path.startswith("/faults/"):
             return "DELETE" if path.removeprefix("/faults/").isdigit() else None
-        return "GET, HEAD"
+        return "GET, HEAD" if path in STATUS_PATHS else None
 
-    async def _route(self, method: str, path: str) -> tuple[int, str, bytes]:
-        if path not in ("/metrics", "/clients", "/healthz", "/"):  # an unknown path is unknown whatever the method
-            return 404, "text/plain", b"not found: try /metrics or /clients\n"
-        if method not in ("GET", "HEAD"):
-            return 405, "text/plain", b"only GET\n"
+    async def _route(self, path: str) -> tuple[int, str, bytes]:
+        """GET or HEAD of one of STATUS_PATHS."""
         if path == "/metrics":
             return 200, PROMETHEUS_CONTENT_TYPE, (await _resolved(self.stats.render_prometheus())).encode()
         if path == "/clients":

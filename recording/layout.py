@@ -31,7 +31,7 @@ from pathlib import Path
 from recording.datasets import DATASETS
 
 __all__ = ["TIME_COLUMN", "HOUR_NS", "new_run_id", "flush_name", "merged_name", "tmp_name", "safe_segment",
-           "worker_proxy_id", "hour_partition", "hour_of_dirs", "partition_dir", "is_hidden", "file_range", "superseded", "live_names", "partition_values", "recover"]
+           "worker_proxy_id", "hour_partition", "hour_of_dirs", "proxy_dir", "partition_dir", "is_hidden", "file_range", "superseded", "live_names", "partition_values", "recover"]
 
 # The column whose hour decides a row's partition. Following the rows' own time
 # (not the clock at flush) means a Spark job pruning by date/hour never misses
@@ -169,10 +169,15 @@ def hour_of_dirs(date_dir: str, hour_dir: str) -> int | None:
     return day // 3600 + int(h.group(1))
 
 
+def proxy_dir(root: Path, dataset: str, proxy_id: str) -> Path:
+    """The directory of one proxy id's partitions of a dataset (`DATASET/proxy=ID`)."""
+    return root / dataset / f"proxy={safe_segment(proxy_id)}"
+
+
 def partition_dir(root: Path, dataset: str, proxy_id: str, hour_index: int) -> Path:
     """The Hive partition directory of the hour `hour_index` (hours since the epoch, UTC)."""
     date, hour = hour_partition(hour_index)
-    return root / dataset / f"proxy={safe_segment(proxy_id)}" / f"date={date}" / f"hour={hour:02d}"
+    return proxy_dir(root, dataset, proxy_id) / f"date={date}" / f"hour={hour:02d}"
 
 
 def is_hidden(name: str) -> bool:
@@ -255,8 +260,7 @@ def recover(root: Path | str, proxy_id: str | None = None) -> int:
     if not root.is_dir():
         return 0
     if proxy_id is not None:
-        part = f"proxy={safe_segment(proxy_id)}"
-        tops = [root / ds / part for ds in DATASETS if (root / ds / part).is_dir()]
+        tops = [d for d in (proxy_dir(root, ds, proxy_id) for ds in DATASETS) if d.is_dir()]
     else:
         tops = [root]
     walk = [w for top in tops for w in os.walk(top)]

@@ -36,7 +36,7 @@ from pathlib import Path
 import click
 
 from recording.datasets import DATASETS
-from recording.layout import HOUR_NS, hour_of_dirs, launching_proxy_id, safe_segment, worker_proxy_id
+from recording.layout import HOUR_NS, hour_of_dirs, launching_proxy_id, proxy_dir, worker_proxy_id
 
 __all__ = ["KEPT", "KEPT_NAMES", "PRUNED", "MIN_RETAIN_S", "MAX_RETAIN_S", "Pruned", "PruneError", "hour_dirs",
            "expired", "prune", "writer_prunes", "launch_ids", "parse_duration", "DURATION", "describe"]
@@ -101,10 +101,10 @@ def hour_dirs(root: Path | str, proxy_id: str | list[str] | None = None) -> Iter
     ids = [proxy_id] if isinstance(proxy_id, str) else proxy_id
     for dataset in PRUNED:
         base = root / dataset
-        proxies = ([base / f"proxy={safe_segment(p)}" for p in ids] if ids is not None
+        proxies = ([proxy_dir(root, dataset, p) for p in ids] if ids is not None
                    else [p for p in _children(base) if p.name.startswith("proxy=")])
-        for proxy_dir in proxies:
-            for date_dir in _children(proxy_dir):
+        for proxy_part in proxies:
+            for date_dir in _children(proxy_part):
                 for hour_dir in _children(date_dir):
                     index = hour_of_dirs(date_dir.name, hour_dir.name)
                     if index is not None and hour_dir.is_dir():

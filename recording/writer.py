@@ -77,7 +77,7 @@ import structlog
 from protocol.apis import CREDENTIAL_APIS
 from recording.datasets import DATASETS, DERIVED_COLUMNS, RECORDED, row_names
 from recording.dir_lock import DirBusy, lock_dir
-from recording.layout import HOUR_NS, TIME_COLUMN, flush_name, new_run_id, partition_dir, recover
+from recording.layout import HOUR_NS, TIME_COLUMN, flush_name, new_run_id, partition_dir, proxy_dir, recover
 from recording.thread_names import name_os_thread
 from recording.writer_pipe import CHUNK_BYTES, CHUNK_ROWS, WriterGone, WriterProcess
 
@@ -456,7 +456,7 @@ class ParquetRecorder:
         refusal: a restart whose old instance is still draining is the same picture for a few seconds.
         Returns the fd holding the lock (None when another holds it or the directory cannot be made: the
         recorder's own checks and writes report that)."""
-        part = partition_dir(self.root, "requests", self.proxy_id, 0).parent.parent
+        part = proxy_dir(self.root, "requests", self.proxy_id)
         try:
             part.mkdir(parents=True, exist_ok=True)
             return lock_dir(part)

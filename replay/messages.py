@@ -45,7 +45,11 @@ def decode_request_body(frame: RequestFrame) -> Any:
 def reencode_request(frame: RequestFrame, msg: Any) -> bytes:
     """Recorded header bytes + the re-encoded body, with a new size prefix."""
     msg._header = None  # kafka-python checks it when the version is set
-    body = bytes(msg.encode(version=frame.api_version))
+    return _framed(frame, bytes(msg.encode(version=frame.api_version)))
+
+
+def _framed(frame: RequestFrame, body: bytes) -> bytes:
+    """The recorded header bytes and a new `body`, behind a size prefix: a request frame to send."""
     header = frame.header
     return _I32.pack(len(header) + len(body)) + header + body
 
@@ -63,9 +67,7 @@ def decode_spec_request(frame: RequestFrame) -> dict[str, Any]:
 
 def reencode_spec_request(frame: RequestFrame, body: dict[str, Any]) -> bytes:
     """Recorded header bytes + the dict-form body re-encoded, with a new size prefix."""
-    data = encode_body(frame.api_key, frame.api_version, True, body)
-    header = frame.header
-    return _I32.pack(len(header) + len(data)) + header + data
+    return _framed(frame, encode_body(frame.api_key, frame.api_version, True, body))
 
 
 def decode_spec_response(frame: RequestFrame, response: bytes | memoryview) -> dict[str, Any]:

@@ -62,21 +62,20 @@ def _run(scenario: Any, out: Path, kafka_version: str, analyze: bool = True) -> 
         return run_scenario(scenario, out, kafka_version=kafka_version, analyze=analyze)
 
 
-def _claim_outs(outs: list[Path]) -> None:
-    """Be the only kafkatap command writing into each of `outs` (created here) until this one ends, or refuse (exit 1)
+def _claim_out(out: Path) -> None:
+    """Be the only kafkatap command writing into `out` (created here) until this one ends, or refuse (exit 1)
     naming the one that is: a second run into the same --out cleared the first one's recordings and report
     while it ran (analytics.outdir.claim; `analyze --out` takes the same lock)."""
     from analytics.outdir import OutBusy, claim, release
 
     try:
-        for out in outs:
-            out.mkdir(parents=True, exist_ok=True)
-            claim(out)
-            click.get_current_context().call_on_close(lambda out=out: release(out))
+        out.mkdir(parents=True, exist_ok=True)
+        claim(out)
     except OutBusy as exc:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
-        raise click.ClickException(f"--out {exc.filename or outs[0]} cannot be created ({exc.strerror or exc})") from None
+        raise click.ClickException(f"--out {exc.filename or out} cannot be created ({exc.strerror or exc})") from None
+    click.get_current_context().call_on_close(lambda: release(out))
 
 
 def _refuse_foreign_outs(outs: list[Path]) -> None:
@@ -168,7 +167,7 @@ def run_cmd(name: str, kafka_version: str, out: Path, no_analyze: bool) -> None:
     except KeyError as exc:
         raise click.UsageError(str(exc.args[0])) from None
     _refuse_foreign_outs([out / sc.name if name == "all" else out for sc in chosen])
-    _claim_outs([out])
+    _claim_out(out)
     failed, skipped, rows = [], [], []
     for sc in chosen:
         if sc.needs_root and os.geteuid() != 0:
@@ -221,7 +220,7 @@ def demo(out: Path, kafka_version: str) -> None:
 
     _quiet_logs()
     _refuse_foreign_outs([out])
-    _claim_outs([out])
+    _claim_out(out)
     try:
         res = _run(SCENARIO, out, kafka_version)
     except KeyboardInterrupt as exc:
