@@ -66,7 +66,8 @@ PRODUCE, FETCH, LIST_OFFSETS, METADATA = 0, 1, 2, 3
 CONTROLLED_SHUTDOWN, OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR = 7, 8, 9, 10
 JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 11, 12, 13, 14
 SASL_HANDSHAKE, API_VERSIONS, CREATE_TOPICS, DELETE_TOPICS = 17, 18, 19, 20
-INIT_PRODUCER_ID, END_TXN, SASL_AUTHENTICATE = 22, 26, 36
+INIT_PRODUCER_ID, ADD_PARTITIONS_TO_TXN, END_TXN, SASL_AUTHENTICATE = 22, 24, 26, 36
+OFFSET_FOR_LEADER_EPOCH = 23
 DESCRIBE_CLUSTER, DESCRIBE_TRANSACTIONS, CONSUMER_GROUP_HEARTBEAT = 60, 65, 68
 DESCRIBE_TOPIC_PARTITIONS, SHARE_FETCH = 75, 78
 # Frames that may carry a secret in either direction, never kept as bytes (`--capture`): SaslAuthenticate's
@@ -78,6 +79,21 @@ DESCRIBE_TOPIC_PARTITIONS, SHARE_FETCH = 75, 78
 CREDENTIAL_APIS = frozenset({33, SASL_AUTHENTICATE, 38, 39, 40, 41, 44, 51, 58})
 CREDENTIAL_API_NAMES = ("SaslAuthenticate, AlterConfigs, IncrementalAlterConfigs, the delegation-token APIs, "
                         "AlterUserScramCredentials and Envelope")
+# Requests that only a broker or a controller ever sends, never a client: replication control (LeaderAndIsr,
+# StopReplica, UpdateMetadata, ControlledShutdown, AlterPartition), transaction markers (WriteTxnMarkers), KRaft's
+# quorum and registrations (Vote, BeginQuorumEpoch, EndQuorumEpoch, FetchSnapshot, BrokerRegistration,
+# BrokerHeartbeat, ControllerRegistration, UpdateRaftVoter, AllocateProducerIds, AssignReplicasToDirs), a forwarded
+# request (Envelope) and the share coordinator's state (83-87). Kafka's ApiKeys marks most of them "clusterAction":
+# the receiver checks the sender's CLUSTER_ACTION permission, which a client principal does not have. A proxy on a
+# listener the brokers also use between themselves (one listener for all, advertised as the proxy) records them.
+BROKER_SENT_APIS = frozenset({4, 5, 6, 7, 27, 52, 53, 54, 56, 58, 59, 62, 63, 67, 70, 73, 82, 83, 84, 85, 86, 87})
+# AddPartitionsToTxn v4+ is the brokers' form (KIP-890: a partition leader asks the transaction coordinator to
+# verify a batch of transactions); "versions 3 and below will be exclusively used by clients", says its spec.
+BROKER_ADD_PARTITIONS_MIN_VERSION = 4
+# Fetch and OffsetForLeaderEpoch name the replica that sends them: a follower broker's id (>= 0); a consumer sends
+# -1 (or -2, a debugging tool).
+REPLICA_ID_APIS = frozenset({FETCH, OFFSET_FOR_LEADER_EPOCH})
+
 # A broker answers an ApiVersions request whose version it does not support with UNSUPPORTED_VERSION in the
 # v0 layout, so that any client can read it (KIP-511); every other ApiVersions answer, errors included (an
 # INVALID_REQUEST for a bad client software name), is written at the request's own version, as Kafka's

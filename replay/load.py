@@ -31,6 +31,8 @@ from protocol.apis import (API_NAMES, DESCRIBE_CLUSTER, GROUP_APIS, INIT_PRODUCE
 from protocol.frames import RequestFrame, parse_request
 from recording.reader import RecordingFormatError, live_files, read_recording, recording_files, recording_start
 from recording.timestamps import to_epoch_ns
+from replay.inter_broker import SKIP_REASON as INTER_BROKER
+from replay.inter_broker import broker_connection
 from replay.topics import request_topics
 
 __all__ = ["ReplayLoadError", "RecordedRequest", "RecordedConnection", "Recording", "Filters", "load_recording",
@@ -313,6 +315,9 @@ def load_recording(path: Path | str, filters: Filters | None = None, *, sasl_cre
         if filters.topics and not any(fnmatch.fnmatchcase(t, g) for t in _named(touched, recorded_topic_ids)
                                       for g in filters.topics):
             dropped += len(items)
+            continue
+        if broker_connection(fr for _, fr in items):  # a broker's own requests: the target's brokers refuse them
+            skipped[INTER_BROKER] += len(items)
             continue
         if rc.sasl and not sasl_credentials:
             skipped["sasl_needs_credentials"] += len(items)

@@ -29,6 +29,7 @@ from protocol.apis import CONSUMER_GROUP_HEARTBEAT, END_TXN, PRODUCE
 from protocol.batch_edit import records_producer_ids
 from protocol.deep import decode_request
 from replay.engine import ReplayOptions, ReplayResult, run_replay
+from replay.inter_broker import SKIP_REASON, sent_by_broker
 from replay.load import Filters, load_recording
 from replay.messages import decode_request_body
 from replay_sessions import JavaSession, committed_offsets, record_java_session
@@ -147,3 +148,12 @@ def test_a_kip848_members_epochs_and_commits_follow_the_target(origin: str, requ
         assert result.rewrites["member_id"], result.summary()  # the target chose another id than the origin
     committed = committed_offsets(target.bootstrap, session.group, session.topic, PARTITIONS)
     assert committed == session.committed and sum(o or 0 for o in committed.values()) >= session.records
+
+
+def test_the_origin_brokers_own_connections_are_left_out(session_4x: JavaSession):
+    """The origin advertises the proxy, so its broker's transaction traffic crossed the proxy too (a partition
+    leader's AddPartitionsToTxn v4+, the coordinator's WriteTxnMarkers): a replay of everything leaves it out."""
+    rec = load_recording(session_4x.path)
+    assert rec.skipped[SKIP_REASON] >= 2, rec.skipped
+    assert {"java-txn", "java-848", "java-warmup"} <= {c.client_id for c in rec.connections}
+    assert not [r.frame.api_key for c in rec.connections for r in c.requests if sent_by_broker(r.frame)]
