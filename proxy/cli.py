@@ -633,6 +633,7 @@ async def _serve(routes: list[Route], faults, rec: dict, *, ready_fd: int | None
         sinks.stats.accept_failures = server.accept_failures  # /metrics reads the server's counts at scrape time
         sinks.stats.relay_accounting = server.accounting_now
         sinks.stats.topic_name = server.topics.name  # /clients names ids a row could not name when it left
+        sinks.stats.open_requests_so_far = server.requests_so_far  # … and clients still waiting on their first answer
         if server.cluster is not None:
             sinks.stats.cluster_stats = server.cluster.stats
         if server.balancer is not None:

@@ -147,6 +147,14 @@ class _Client:
         self.edit_stopped = False
         self.edit_oversize = 0  # the latest row's count (rows are snapshots: the total adds the growth)
 
+    def name(self, cid: str) -> None:
+        """The connection's latest client_id, and one more of its distinct ones (at most 8 kept)."""
+        if len(cid) > MAX_CLIENT_ID_CHARS:  # a header may carry 32 KiB: 8 such per connection made /clients
+            cid = cid[: MAX_CLIENT_ID_CHARS - 1] + "…"  # megabytes, rendered on the relaying loop each poll
+        self.client_id = cid
+        if len(self.client_ids) < 8:
+            self.client_ids.add(cid)
+
     def add_topics(self, topics: Iterable[str]) -> None:
         """Name the first MAX_TOPICS_PER_CLIENT distinct topics, count the others.
 
@@ -232,6 +240,11 @@ class LiveStats:
         # The process's topic id → name lookup (`kafkatap proxy` wires ProxyServer.topics.name), read when /clients
         # is rendered: a row can leave before its ids are named (with --workers, another worker relayed the answer)
         self.topic_name: Callable[[str], str | None] = lambda _: None
+        # Who the open connections are from their requests so far (`kafkatap proxy` wires
+        # ProxyServer.requests_so_far), read when /clients is rendered: rows name a connection's client only once
+        # an answer ends a request, so a client waiting on its first one (a broker that does not answer, a fault's
+        # delay) showed as "-" in top, or not at all without TCP_INFO samples
+        self.open_requests_so_far: Callable[[], list[Row]] = lambda: []
         self.opaque_total = 0
         self.edit_stopped_total = 0  # connections whose frame editor gave up (proxy.intercept)
         self.edit_oversize_total = 0  # frames wanted for editing but over its bound, forwarded unedited
@@ -324,11 +337,7 @@ class LiveStats:
             c.injected += 1
         cid = row.get("client_id")
         if cid is not None:
-            if len(cid) > MAX_CLIENT_ID_CHARS:  # a header may carry 32 KiB: 8 such per connection made /clients
-                cid = cid[: MAX_CLIENT_ID_CHARS - 1] + "…"  # megabytes, rendered on the relaying loop each poll
-            c.client_id = cid
-            if len(c.client_ids) < 8:
-                c.client_ids.add(cid)
+            c.name(cid)
         c.roles |= API_ROLE.get(row.get("api_key", -1), 0)
         topics = row.get("topics")
         if topics:
@@ -399,6 +408,21 @@ class LiveStats:
     def clients_json(self) -> dict[str, Any]:
         self.prune()
         now = self._clock_ns()
+        for row in self.open_requests_so_far():
+            c = self.clients.get(row["conn_id"])
+            if c is None:
+                c = self._client(row, now)  # --no-tcp-info: no open sample made it visible
+            elif not c.open:
+                continue
+            if c.client_addr is None:  # made visible by its open TCP sample, which carries no addresses
+                c.client_addr, c.broker_addr = row["client_addr"], row["broker_addr"]
+            if c.client_id is not None:
+                continue
+            for cid in row["client_ids"]:
+                c.name(cid)
+            if row["client_software_name"] and not c.software:
+                c.software = row["client_software_name"]
+                c.software_version = row["client_software_version"]
         rows = sorted((c.as_json(now) for c in self.clients.values()),
                       key=lambda r: (not r["open"], -r["last_seen_ns"]))
         for row in rows:

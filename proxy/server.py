@@ -633,6 +633,21 @@ class ProxyServer:
                 dropped[reason] = dropped.get(reason, 0) + n
         return a, dropped
 
+    def requests_so_far(self) -> list[dict[str, Any]]:
+        """Who each open connection without a request row yet is: its addresses, and its requests' client ids (/clients).
+
+        Rows name a client only once an answer ends its request, and the open TCP sample that makes a connection
+        visible carries no addresses: a client waiting on its first answer showed as "-" everywhere. A connection
+        with a row is named by it: left out, so a poll costs nothing per long-lived connection."""
+        out = []
+        for c in self.conns:
+            f = c.facts
+            if not f.rows:
+                out.append({"conn_id": f.conn_id, "client_addr": f.client_addr, "broker_addr": f.broker_addr,
+                            "client_ids": list(f.client_ids), "client_software_name": f.software_name,
+                            "client_software_version": f.software_version})
+        return out
+
     def check_clock(self) -> int:
         """Re-derive the epoch offset when the wall clock moved away from `clock()`; return the step (ns, 0: none).
 

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
+import pytest
 from kafka import KafkaProducer
 
 from harness.kafka import free_port
+from protocol.apis import API_VERSIONS
+from protocol.deep import message_class
 from proxy.live import parse_metrics
 from proxy_procs import wait_listening
 
@@ -62,6 +67,39 @@ def test_requests_seen_counts_open_connections_and_never_goes_back(proxied_kafka
         assert after >= seen  # a closing connection's requests move from open to closed: the counter never drops
         dropped = _total(done, "kafkatap_requests_dropped_total")
         assert after == _total(done, "kafkatap_request_rows_total") + dropped == _total(done, "kafkatap_requests_total")
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+@pytest.mark.parametrize("option", [["--workers", "2"], ["--workers", "1", "--no-tcp-info"]],
+                         ids=["two-workers", "no-tcp-info"])
+def test_a_client_waiting_on_its_first_answer_is_named_in_clients(proxied_kafka, option: list[str]):
+    """Rows name a client once an answer ends its request: one stuck on its first (a broker that does not answer;
+    here a fault's 60 s delay) showed as "-" in top, and without TCP_INFO samples not at all."""
+    status = f"127.0.0.1:{free_port()}"
+    proc = subprocess.Popen(KAFKATAP + ["proxy", "--route", proxied_kafka.route, "--status-addr", status,
+                                        "--fault", "latency=to-client:60000", *option],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_listening(proxied_kafka.proxy_port, proc)
+        with socket.create_connection(("127.0.0.1", proxied_kafka.proxy_port), timeout=10) as client:
+            msg = message_class(API_VERSIONS, True)(version=3, client_software_name="stuck-sw",
+                                                    client_software_version="1.0")
+            msg.with_header(correlation_id=1, client_id="stuck-client")
+            client.sendall(bytes(msg.encode(version=3, header=True, framed=True)))
+            deadline = time.monotonic() + 30
+            while True:  # a subprocess's endpoint: polled (the request crosses the relay first)
+                with urllib.request.urlopen(f"http://{status}/clients", timeout=10) as resp:
+                    doc = json.load(resp)
+                named = [c for c in doc["clients"] if c["client_id"] == "stuck-client"]
+                if named:
+                    break
+                assert time.monotonic() < deadline, doc
+                time.sleep(0.1)
+            (c,) = named
+            assert c["open"] and c["requests"] == 0 and c["software"] == "stuck-sw", c  # no answer yet
+            assert c["client_addr"] == "%s:%d" % client.getsockname()
     finally:
         proc.terminate()
         proc.wait(60)

@@ -368,3 +368,24 @@ def test_a_huge_client_id_is_cut_in_clients() -> None:
     (conn,) = stats.clients_json()["clients"]
     assert len(conn["client_id"]) == MAX_CLIENT_ID_CHARS and conn["client_id"].endswith("…")
     assert all(len(cid) == MAX_CLIENT_ID_CHARS for cid in conn["client_ids"]) and len(conn["client_ids"]) == 8
+
+
+def test_a_connection_without_a_row_is_named_from_its_requests_so_far() -> None:
+    """What the relay knows of a connection no row has named yet (its addresses, its requests' client ids) fills
+    /clients at render time; a connection a row named, or a closed one, is left as it is."""
+    from recording.sample_rows import tcp_row
+
+    stats = LiveStats("p1")
+    stats.tcp(tcp_row("p1", "c-open", phase="open"))  # an open sample: no addresses
+    so_far = [{"conn_id": "c-open", "client_addr": "10.0.0.7:4000", "broker_addr": "10.0.0.1:9092",
+               "client_ids": ["stuck"], "client_software_name": "librdkafka", "client_software_version": "2.6"},
+              {"conn_id": "c-unseen", "client_addr": "10.0.0.8:4000", "broker_addr": "10.0.0.1:9092",
+               "client_ids": ["x" * 300], "client_software_name": None, "client_software_version": None}]
+    stats.open_requests_so_far = lambda: so_far
+    doc = {c["conn_id"]: c for c in stats.clients_json()["clients"]}
+    assert (doc["c-open"]["client_id"], doc["c-open"]["client_addr"], doc["c-open"]["software"]) == (
+        "stuck", "10.0.0.7:4000", "librdkafka")
+    assert len(doc["c-unseen"]["client_id"]) == 256 and stats.open_count == 2  # cut as a row's would be
+    stats.connection(connection_row("p1", "c-open", final=True))
+    so_far[0]["client_ids"] = ["renamed"]
+    assert {c["conn_id"]: c["client_id"] for c in stats.clients_json()["clients"]}["c-open"] == "stuck"
