@@ -45,7 +45,8 @@ from protocol.errors import ProtocolError
 
 log = structlog.get_logger("kafkatap.kafka")
 
-__all__ = ["LocalKafka", "KafkaHarnessError", "free_port", "port_is_free", "DEFAULT_VERSION", "broker_failure"]
+__all__ = ["LocalKafka", "KafkaHarnessError", "free_port", "port_is_free", "DEFAULT_VERSION", "broker_failure",
+           "SHARE_GROUPS_ONE_NODE"]
 
 _BASE_PROPS = {
     "process.roles": "broker,controller",
@@ -58,6 +59,11 @@ _BASE_PROPS = {
     "log.flush.interval.messages": "9223372036854775807",
     "auto.create.topics.enable": "true",
 }
+
+# Share groups (KIP-932, on by default in 4.2+) keep their state in a topic that wants 3 replicas by default:
+# on one node no share group is ever assigned a partition without these two (broker_props of a LocalKafka)
+SHARE_GROUPS_ONE_NODE = {"share.coordinator.state.topic.replication.factor": 1,
+                         "share.coordinator.state.topic.min.isr": 1}
 
 
 _HANDED_OUT: set[int] = set()

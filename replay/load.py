@@ -26,8 +26,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from protocol.apis import (API_NAMES, DESCRIBE_CLUSTER, GROUP_APIS, INIT_PRODUCER_ID, METADATA, PRODUCE,
-                           SASL_AUTHENTICATE, SASL_HANDSHAKE)
+from protocol.apis import (API_NAMES, CONSUMER_GROUP_HEARTBEAT, DESCRIBE_CLUSTER, GROUP_APIS, INIT_PRODUCER_ID, METADATA,
+                           PRODUCE, SASL_AUTHENTICATE, SASL_HANDSHAKE, SHARE_GROUP_HEARTBEAT)
 from protocol.frames import RequestFrame, parse_request
 from recording.reader import RecordingFormatError, live_files, read_recording, recording_files, recording_start
 from recording.timestamps import to_epoch_ns
@@ -136,6 +136,10 @@ class Recording:
         return max((r.ts_ns for c in self.connections for r in c.requests), default=None)
 
 
+# Requests naming a group whose coordinator the set-up waits for: classic groups', KIP-848 consumers', share groups'
+_COORDINATED_GROUP_APIS = GROUP_APIS | {CONSUMER_GROUP_HEARTBEAT, SHARE_GROUP_HEARTBEAT}
+
+
 def parse_api(text: str) -> int:
     """"Produce", "produce", or "0" → api key."""
     t = text.strip()
@@ -227,7 +231,7 @@ def load_recording(path: Path | str, filters: Filters | None = None, *, sasl_cre
     groups_by_conn: dict[str, set[str]] = {}
     txn_ids_by_conn: dict[str, set[str]] = {}
     for r in requests:
-        if r["group_id"] and r["api_key"] in GROUP_APIS:
+        if r["group_id"] and r["api_key"] in _COORDINATED_GROUP_APIS:
             groups_by_conn.setdefault(r["conn_id"], set()).add(r["group_id"])
         if r.get("transactional_id"):
             txn_ids_by_conn.setdefault(r["conn_id"], set()).add(r["transactional_id"])

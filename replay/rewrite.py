@@ -21,7 +21,8 @@ Why these rewrites exist (what a target broker has never seen):
   sessionless (full);
 * **consumer groups** — member ids and the generation come from the target's
   JoinGroup responses; with the KIP-848 consumer protocol, the member epoch
-  (and a v0 member's id) from its ConsumerGroupHeartbeat answers;
+  (and a v0 member's id) from its ConsumerGroupHeartbeat answers; a KIP-932
+  share member's epoch from its ShareGroupHeartbeat answers;
 * **topics** — `--topic-map old=new` renames; topic *ids* (Fetch v13+ and
   friends) are translated through topic names, because ids differ per cluster.
 
@@ -43,7 +44,7 @@ import struct
 from typing import Any
 
 from protocol.apis import (APIS, CONSUMER_GROUP_HEARTBEAT, FETCH, JOIN_GROUP, PRODUCE, SASL_AUTHENTICATE, SASL_HANDSHAKE,
-                           SYNC_GROUP)
+                           SHARE_ACKNOWLEDGE, SHARE_FETCH, SHARE_GROUP_HEARTBEAT, SYNC_GROUP)
 from protocol.batch_edit import records_producer_ids, rewrite_records_producer
 from protocol.consumer_protocol import rename_consumer_assignment, rename_consumer_subscription
 from protocol.deep import encode_request
@@ -137,15 +138,17 @@ def _rewrite_join(w: Walk, msg: Any) -> None:
             w.mark("member_id")
 
 
-def _rewrite_consumer_heartbeat(w: Walk, body: dict[str, Any]) -> None:
-    """KIP-848 ConsumerGroupHeartbeat (dict form): member id, member epoch, topic names and owned topic ids.
+def _rewrite_group_heartbeat(w: Walk, body: dict[str, Any]) -> None:
+    """KIP-848 ConsumerGroupHeartbeat and KIP-932 ShareGroupHeartbeat (dict form): member id, member epoch, topic
+    names and (a consumer's) owned topic ids.
 
     Epoch 0 joins. Its member id is chosen by the client from v1 on (KIP-1082), and a target takes it
     as it is, so it goes out unchanged and maps to itself; a v0 join has none, the target chooses it
     and its answer binds the id the origin chose, which the member's later requests carry
     (`replay.learn`); a v0 member rejoining with that id uses the target's. A later heartbeat (epoch > 0)
     carries the newest epoch the target gave this member, as a client does; the origin's epochs follow
-    the origin group's history. A leave (-1, or -2 for a static member) keeps its epoch.
+    the origin group's history. A leave (-1, or -2 for a static member) keeps its epoch. A share-group
+    member always chooses its own id.
     """
     group, member, epoch = body["group_id"], body["member_id"], body["member_epoch"]
     if epoch == 0:
@@ -166,11 +169,35 @@ def _rewrite_consumer_heartbeat(w: Walk, body: dict[str, Any]) -> None:
     if names and any(w.state.map_topic(t) != t for t in names):
         body["subscribed_topic_names"] = [w.state.map_topic(t) for t in names]
         w.mark("topic_renamed")
-    for owned in body["topic_partitions"] or ():
-        tgt_id = w.target_topic_id(owned["topic_id"])
-        if tgt_id != owned["topic_id"]:
-            owned["topic_id"] = tgt_id
+    _target_topic_ids(w, body.get("topic_partitions"))
+
+
+def _target_topic_ids(w: Walk, topics: list[dict[str, Any]] | None) -> None:
+    """Each struct's recorded `topic_id` → the target's id of the same topic (dict-form bodies)."""
+    for t in topics or ():
+        tgt_id = w.target_topic_id(t["topic_id"])
+        if tgt_id != t["topic_id"]:
+            t["topic_id"] = tgt_id
             w.mark("topic_id")
+
+
+def _rewrite_share_session(w: Walk, body: dict[str, Any]) -> None:
+    """KIP-932 ShareFetch and ShareAcknowledge (dict form): the member and the topic ids.
+
+    The member id is the one its ShareGroupHeartbeat joined with (a share member chooses its own, so it
+    is the recorded one unless a rejoin bound another). The share session epoch is the client's own
+    count (0 opens a session, -1 closes it): the replay sends the recorded sequence, as the client did.
+    The acknowledged offsets are the recorded ones: the records the target delivered are at the same
+    offsets only when its partitions hold what the origin's held (the replay's own Produce requests).
+    """
+    member = body["member_id"]
+    if member:
+        tgt = w.state.members.get((body["group_id"], member), member)
+        if tgt != member:
+            body["member_id"] = tgt
+            w.mark("member_id")
+    _target_topic_ids(w, body["topics"])
+    _target_topic_ids(w, body.get("forgotten_topics_data"))
 
 
 def _rewrite_group_metadata(w: Walk, msg: Any) -> None:
@@ -241,8 +268,10 @@ def rewrite_request(frame: RequestFrame, state: ReplayState, conn: ConnState) ->
         return Send(frame.data, expects_response(frame), ())
     w = Walk(state, conn, frame)
     try:
-        if frame.api_key == CONSUMER_GROUP_HEARTBEAT:
-            _rewrite_consumer_heartbeat(w, msg)
+        if frame.api_key in (CONSUMER_GROUP_HEARTBEAT, SHARE_GROUP_HEARTBEAT):
+            _rewrite_group_heartbeat(w, msg)
+        elif frame.api_key in (SHARE_FETCH, SHARE_ACKNOWLEDGE):
+            _rewrite_share_session(w, msg)
         elif frame.api_key == PRODUCE:
             _rewrite_produce(w, msg)
         elif frame.api_key == FETCH:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TextIO
 
-from protocol.apis import CONSUMER_GROUP_HEARTBEAT, FETCH, INIT_PRODUCER_ID, JOIN_GROUP
+from protocol.apis import CONSUMER_GROUP_HEARTBEAT, FETCH, INIT_PRODUCER_ID, JOIN_GROUP, SHARE_GROUP_HEARTBEAT
 from protocol.sasl import MECHANISM as SASL_MECHANISM
 from replay.load import Recording
 from replay.state import ReplayState
@@ -37,9 +37,9 @@ class FinishedFlags(Protocol):
 PENDING_SOURCES: dict[str, frozenset[int]] = {
     "producer_id_unmapped": frozenset({INIT_PRODUCER_ID}),
     "fetch_session_unmapped": frozenset({FETCH}),
-    "member_id_unmapped": frozenset({JOIN_GROUP, CONSUMER_GROUP_HEARTBEAT}),
+    "member_id_unmapped": frozenset({JOIN_GROUP, CONSUMER_GROUP_HEARTBEAT, SHARE_GROUP_HEARTBEAT}),
     "generation_unknown": frozenset({JOIN_GROUP, CONSUMER_GROUP_HEARTBEAT}),
-    "member_epoch_unknown": frozenset({CONSUMER_GROUP_HEARTBEAT}),
+    "member_epoch_unknown": frozenset({CONSUMER_GROUP_HEARTBEAT, SHARE_GROUP_HEARTBEAT}),
 }
 NO_SOURCE_LEFT = "nothing left in the replay to learn it from (filtered out, skipped or failed)"
 

@@ -101,16 +101,13 @@ def proxied_kafka():
     message.max.bytes is small (20000) so incident 1 (RecordBatchTooLarge) runs
     for real on the same broker; the other tests send small batches.
     """
-    from harness.kafka import LocalKafka, free_port
+    from harness.kafka import SHARE_GROUPS_ONE_NODE, LocalKafka, free_port
 
     port = free_port()
     kafka = LocalKafka(broker_props={
         "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
         "message.max.bytes": 20000,
-        # share groups (KIP-932, on by default in 4.2+) keep state in a topic that wants 3 replicas by default:
-        # on one node no share group is ever assigned a partition without these two
-        "share.coordinator.state.topic.replication.factor": 1,
-        "share.coordinator.state.topic.min.isr": 1,
+        **SHARE_GROUPS_ONE_NODE,
     })
     kafka.start()
     try:

@@ -187,6 +187,25 @@ def record_java_session(origin: str, listen: str, out: Path, topic: str, *, vers
     return JavaSession(out, topic, group, records, origin, committed=committed)
 
 
+def record_share_session(origin: str, listen: str, out: Path, topic: str, group: str, *, records: int = 30) -> None:
+    """Record a KIP-932 share group through a proxy in front of `origin` (Kafka 4.x, which advertises `listen`).
+
+    java-share-prod: ProducerPerformance writes `records` records; java-share: ConsoleShareConsumer reads them
+    in group `group` (ShareGroupHeartbeat, ShareFetch with topic ids and acknowledgements, ShareAcknowledge).
+    """
+    from harness.java_clients import JavaClients
+
+    create_topics_via_proxy(origin, listen, {topic: 1})
+    p = _run_proxy(origin, listen, out, "requests", "origin")
+    try:
+        j = JavaClients(p.bootstrap)
+        j.run(j.producer_perf(topic, records, 50, throughput=records * 4, props={"client.id": "java-share-prod"})).check()
+        j.run(j.share_consumer(topic, group, max_messages=records, timeout_ms=15_000,
+                               props={"client.id": "java-share"})).check()
+    finally:
+        _stop_proxy(p)
+
+
 def committed_offsets(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int | None]:
     """A group's committed offsets by partition (kafka-python's OffsetFetch names no member: it joins nothing)."""
     from kafka import KafkaConsumer, TopicPartition

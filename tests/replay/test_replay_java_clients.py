@@ -24,15 +24,15 @@ from pathlib import Path
 import pytest
 
 from harness.jars import DEFAULT_VERSION, INCIDENT_VERSION
-from harness.kafka import LocalKafka, free_port
-from protocol.apis import CONSUMER_GROUP_HEARTBEAT, END_TXN, PRODUCE
+from harness.kafka import SHARE_GROUPS_ONE_NODE, LocalKafka, free_port
+from protocol.apis import CONSUMER_GROUP_HEARTBEAT, END_TXN, PRODUCE, SHARE_FETCH, SHARE_GROUP_HEARTBEAT
 from protocol.batch_edit import records_producer_ids
 from protocol.deep import decode_request
 from replay.engine import ReplayOptions, ReplayResult, run_replay
 from replay.inter_broker import SKIP_REASON, sent_by_broker
 from replay.load import Filters, load_recording
 from replay.messages import decode_request_body
-from replay_sessions import JavaSession, committed_offsets, record_java_session
+from replay_sessions import JavaSession, committed_offsets, record_java_session, record_share_session
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -49,7 +49,7 @@ ORIGIN_PROPS = {INCIDENT_VERSION: {"group.coordinator.rebalance.protocols": "cla
 def target() -> Iterator[LocalKafka]:
     """The fresh 4.3.1 target, with the recordings' topics as the origin had them (a replay creates a missing
     topic with the partitions its requests name, which depends on which replay runs first)."""
-    kafka = LocalKafka()
+    kafka = LocalKafka(broker_props=SHARE_GROUPS_ONE_NODE)
     kafka.start()
     try:
         for topic in TOPICS.values():
@@ -157,3 +157,27 @@ def test_the_origin_brokers_own_connections_are_left_out(session_4x: JavaSession
     assert rec.skipped[SKIP_REASON] >= 2, rec.skipped
     assert {"java-txn", "java-848", "java-warmup"} <= {c.client_id for c in rec.connections}
     assert not [r.frame.api_key for c in rec.connections for r in c.requests if sent_by_broker(r.frame)]
+
+
+def test_a_share_groups_member_follows_the_target(tmp_path: Path, target: LocalKafka):
+    """KIP-932: a share member's epoch comes from the target's ShareGroupHeartbeat answers, and its ShareFetch and
+    ShareAcknowledge name the target's topic ids. Sent as recorded, the fetches named topic ids the target never
+    had and the heartbeats epochs it never gave (UNKNOWN_SERVER_ERROR, GROUP_ID_NOT_FOUND). The broker's own
+    share-state requests (its persister's ReadShareGroupState) are left out."""
+    port = free_port()
+    origin = LocalKafka(broker_props={"advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}", **SHARE_GROUPS_ONE_NODE})
+    origin.start()
+    try:
+        record_share_session(f"127.0.0.1:{origin.port}", f"127.0.0.1:{port}", tmp_path / "rec", "share4", "gshare")
+    finally:
+        origin.stop()
+        origin.cleanup()
+    rec = load_recording(tmp_path / "rec")
+    sent = Counter(r.frame.api_key for c in rec.connections for r in c.requests)
+    assert sent[SHARE_GROUP_HEARTBEAT] >= 2 and sent[SHARE_FETCH] >= 1, sent
+    target.create_topic("share4", 1)
+    result = run_replay(rec, ReplayOptions(target=target.bootstrap, speed=None))
+    print(result.summary())  # visible with -s
+    assert result.failed == 0 and set(result.skipped) <= {SKIP_REASON}, result.summary()
+    assert not result.answer_errors, result.summary()
+    assert result.rewrites["member_epoch"] and result.rewrites["topic_id"], result.summary()

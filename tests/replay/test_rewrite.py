@@ -421,6 +421,49 @@ def test_kip848_heartbeat_topics_follow_the_target():
     assert unknown == Skip("topic_id_unmapped")
 
 
+def share_heartbeat(member: str, epoch: int, topics: list[str] | None = None) -> bytes:
+    return encode_request(76, 1, 7, "test-client", {"group_id": "gs", "member_id": member, "member_epoch": epoch,
+                                                     "rack_id": None, "subscribed_topic_names": topics})
+
+
+def share_heartbeat_response(member: str, epoch: int) -> bytes:
+    return encode_response(76, 1, 1, {"throttle_time_ms": 0, "error_code": 0, "error_message": None,
+                                      "member_id": member, "member_epoch": epoch, "heartbeat_interval_ms": 5000,
+                                      "assignment": None})
+
+
+def share_fetch(member: str, topic_id: str, session_epoch: int = 0, api_key: int = 78) -> bytes:
+    acks = [{"first_offset": 0, "last_offset": 4, "acknowledge_types": [1]}]
+    parts = [{"partition_index": 0, "acknowledgement_batches": acks}]
+    fetch = {"max_wait_ms": 500, "min_bytes": 1, "max_bytes": 1 << 20, "max_records": 500, "batch_size": 500,
+             "share_acquire_mode": 0, "forgotten_topics_data": [{"topic_id": topic_id, "partitions": [1]}]}
+    return encode_request(api_key, 2, 9, "test-client", {
+        "group_id": "gs", "member_id": member, "share_session_epoch": session_epoch, "is_renew_ack": False,
+        "topics": [{"topic_id": topic_id, "partitions": parts}], **(fetch if api_key == 78 else {})})
+
+
+def test_kip932_share_members_follow_the_target():
+    """A share member's epoch comes from the target's ShareGroupHeartbeat answers; its ShareFetch and
+    ShareAcknowledge name the target's topic ids (the recorded offsets and session epochs stay as recorded)."""
+    rec_id, tgt_id = uuid.uuid4(), uuid.uuid4()
+    state = ReplayState(recorded_topic_ids={str(rec_id): "orders"}, target_topic_ids={"orders": str(tgt_id)})
+    conn = ConnState("test-client")
+    join = parse_request(share_heartbeat("s-uuid", 0, ["orders"]))
+    assert rewrite_request(join, state, conn).data == join.data  # the member chose its id: the target takes it
+    assert rewrite_request(parse_request(share_heartbeat("s-uuid", 9)), state, conn) == Pending("member_epoch_unknown")
+    learn_from_response(join, share_heartbeat_response("s-uuid", 1), state, conn)
+    out = rewrite_request(parse_request(share_heartbeat("s-uuid", 9)), state, conn)
+    assert hb_body(out.data)["member_epoch"] == 1 and out.rewrites == ("member_epoch",)
+    for api_key in (78, 79):  # ShareFetch, ShareAcknowledge
+        out = rewrite_request(parse_request(share_fetch("s-uuid", str(rec_id), 3, api_key)), state, conn)
+        sent = hb_body(out.data)
+        assert sent["topics"][0]["topic_id"] == str(tgt_id) and sent["share_session_epoch"] == 3, sent
+        assert sent["topics"][0]["partitions"][0]["acknowledgement_batches"][0]["last_offset"] == 4
+        assert [t["topic_id"] for t in sent.get("forgotten_topics_data") or ()] == ([str(tgt_id)] if api_key == 78 else [])
+    unknown = rewrite_request(parse_request(share_fetch("s-uuid", str(uuid.uuid4()))), state, conn)
+    assert unknown == Skip("topic_id_unmapped")
+
+
 # ----------------------------------------------------------------------------- topics, SASL
 def test_topic_map_renames_every_topic_field():
     state = ReplayState(topic_map={"orders": "orders-staging"})
