@@ -70,6 +70,7 @@ INIT_PRODUCER_ID, ADD_PARTITIONS_TO_TXN, END_TXN, SASL_AUTHENTICATE = 22, 24, 26
 OFFSET_FOR_LEADER_EPOCH = 23
 DESCRIBE_CLUSTER, DESCRIBE_TRANSACTIONS, CONSUMER_GROUP_HEARTBEAT = 60, 65, 68
 DESCRIBE_TOPIC_PARTITIONS, SHARE_GROUP_HEARTBEAT, SHARE_FETCH, SHARE_ACKNOWLEDGE = 75, 76, 78, 79
+STREAMS_GROUP_HEARTBEAT = 88
 # Frames that may carry a secret in either direction, never kept as bytes (`--capture`): SaslAuthenticate's
 # token; AlterConfigs and IncrementalAlterConfigs (33, 44), whose values are sent in clear, passwords included
 # (a listener's sasl.jaas.config with every user's password, ssl.keystore.password); a delegation token's HMAC

@@ -9,7 +9,7 @@ cannot read only means a later request will be skipped with a reason.
 from __future__ import annotations
 
 from protocol.apis import (APIS, CONSUMER_GROUP_HEARTBEAT, CREATE_TOPICS, END_TXN, FETCH, INIT_PRODUCER_ID, JOIN_GROUP,
-                           METADATA, SHARE_GROUP_HEARTBEAT)
+                           METADATA, SHARE_GROUP_HEARTBEAT, STREAMS_GROUP_HEARTBEAT)
 from protocol.errors import MEMBER_ID_REQUIRED
 from protocol.frames import RequestFrame, fetch_response_session
 from replay.messages import decode_request_body, decode_response, decode_spec_request, decode_spec_response, uuid_text
@@ -54,7 +54,7 @@ def learn_from_response(sent: RequestFrame, response: bytes | memoryview, state:
                 learned.append(f"producer={(target.producer_id, target.epoch)}")
         elif key == END_TXN:
             learned += _end_txn(sent, response, state)
-        elif key in (CONSUMER_GROUP_HEARTBEAT, SHARE_GROUP_HEARTBEAT):
+        elif key in (CONSUMER_GROUP_HEARTBEAT, SHARE_GROUP_HEARTBEAT, STREAMS_GROUP_HEARTBEAT):
             learned += _group_heartbeat(sent, response, state, conn)
         elif key == JOIN_GROUP:
             resp = decode_response(sent, response)
@@ -100,7 +100,7 @@ def _end_txn(sent: RequestFrame, response: bytes | memoryview, state: ReplayStat
 
 def _group_heartbeat(sent: RequestFrame, response: bytes | memoryview, state: ReplayState,
                      conn: ConnState) -> list[str]:
-    """KIP-848 and KIP-932: the member epoch the target gave (and, for a v0 consumer's join, the member id it chose).
+    """KIP-848, KIP-932, KIP-1071: the member epoch the target gave (and, for a v0 consumer's join, the member id it chose).
 
     A member sends the newest epoch it was given in its next heartbeat and in its offset commits and
     fetches (`replay.rewrite`); the origin's epochs follow the origin group's history, so only the

@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from protocol.apis import (API_NAMES, CONSUMER_GROUP_HEARTBEAT, DESCRIBE_CLUSTER, GROUP_APIS, INIT_PRODUCER_ID, METADATA,
-                           PRODUCE, SASL_AUTHENTICATE, SASL_HANDSHAKE, SHARE_GROUP_HEARTBEAT)
+                           PRODUCE, SASL_AUTHENTICATE, SASL_HANDSHAKE, SHARE_GROUP_HEARTBEAT, STREAMS_GROUP_HEARTBEAT)
 from protocol.frames import RequestFrame, parse_request
 from recording.reader import RecordingFormatError, live_files, read_recording, recording_files, recording_start
 from recording.timestamps import to_epoch_ns
@@ -136,8 +136,9 @@ class Recording:
         return max((r.ts_ns for c in self.connections for r in c.requests), default=None)
 
 
-# Requests naming a group whose coordinator the set-up waits for: classic groups', KIP-848 consumers', share groups'
-_COORDINATED_GROUP_APIS = GROUP_APIS | {CONSUMER_GROUP_HEARTBEAT, SHARE_GROUP_HEARTBEAT}
+# Requests naming a group whose coordinator the set-up waits for: classic groups', KIP-848 consumers', share and
+# streams groups'
+_COORDINATED_GROUP_APIS = GROUP_APIS | {CONSUMER_GROUP_HEARTBEAT, SHARE_GROUP_HEARTBEAT, STREAMS_GROUP_HEARTBEAT}
 
 
 def parse_api(text: str) -> int:

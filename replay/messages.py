@@ -8,7 +8,7 @@ or producer ids via `entityType`), changed, and re-encoded. The header bytes
 are kept verbatim (client_id and tagged fields included).
 
 A few APIs kafka-python has no class for (KIP-848's ConsumerGroupHeartbeat,
-KIP-932's share-group APIs) are decoded to the spec codec's dict form instead (`protocol.deep`, from the
+KIP-932's share-group APIs, KIP-1071's StreamsGroupHeartbeat) are decoded to the spec codec's dict form instead (`protocol.deep`, from the
 same JSON specs): `SPEC_DECODED`.
 
 This module is the only place replay touches that codec's objects; frames,
@@ -20,7 +20,8 @@ from __future__ import annotations
 from struct import Struct
 from typing import Any
 
-from protocol.apis import APIS, CONSUMER_GROUP_HEARTBEAT, END_TXN, SHARE_ACKNOWLEDGE, SHARE_FETCH, SHARE_GROUP_HEARTBEAT
+from protocol.apis import (APIS, CONSUMER_GROUP_HEARTBEAT, END_TXN, SHARE_ACKNOWLEDGE, SHARE_FETCH, SHARE_GROUP_HEARTBEAT,
+                           STREAMS_GROUP_HEARTBEAT)
 from protocol.deep import decode_body, encode_body, message_class
 from protocol.frames import RequestFrame, response_body
 
@@ -28,7 +29,8 @@ __all__ = ["answer_errors", "decode_request_body", "reencode_request", "decode_r
            "reencode_spec_request", "decode_spec_response", "fields", "names_topic", "uuid_text", "SPEC_DECODED"]
 
 # Rewritten in the spec codec's dict form: kafka-python has no class for them
-SPEC_DECODED = frozenset({CONSUMER_GROUP_HEARTBEAT, SHARE_GROUP_HEARTBEAT, SHARE_FETCH, SHARE_ACKNOWLEDGE})
+SPEC_DECODED = frozenset({CONSUMER_GROUP_HEARTBEAT, SHARE_GROUP_HEARTBEAT, SHARE_FETCH, SHARE_ACKNOWLEDGE,
+                          STREAMS_GROUP_HEARTBEAT})
 
 _I32 = Struct(">i")
 _ZERO_UUID = "00000000-0000-0000-0000-000000000000"

@@ -22,7 +22,8 @@ Why these rewrites exist (what a target broker has never seen):
 * **consumer groups** — member ids and the generation come from the target's
   JoinGroup responses; with the KIP-848 consumer protocol, the member epoch
   (and a v0 member's id) from its ConsumerGroupHeartbeat answers; a KIP-932
-  share member's epoch from its ShareGroupHeartbeat answers;
+  share member's and a KIP-1071 streams member's epoch from its
+  ShareGroupHeartbeat / StreamsGroupHeartbeat answers;
 * **topics** — `--topic-map old=new` renames; topic *ids* (Fetch v13+ and
   friends) are translated through topic names, because ids differ per cluster.
 
@@ -44,7 +45,7 @@ import struct
 from typing import Any
 
 from protocol.apis import (APIS, CONSUMER_GROUP_HEARTBEAT, FETCH, JOIN_GROUP, PRODUCE, SASL_AUTHENTICATE, SASL_HANDSHAKE,
-                           SHARE_ACKNOWLEDGE, SHARE_FETCH, SHARE_GROUP_HEARTBEAT, SYNC_GROUP)
+                           SHARE_ACKNOWLEDGE, SHARE_FETCH, SHARE_GROUP_HEARTBEAT, STREAMS_GROUP_HEARTBEAT, SYNC_GROUP)
 from protocol.batch_edit import records_producer_ids, rewrite_records_producer
 from protocol.consumer_protocol import rename_consumer_assignment, rename_consumer_subscription
 from protocol.deep import encode_request
@@ -139,8 +140,8 @@ def _rewrite_join(w: Walk, msg: Any) -> None:
 
 
 def _rewrite_group_heartbeat(w: Walk, body: dict[str, Any]) -> None:
-    """KIP-848 ConsumerGroupHeartbeat and KIP-932 ShareGroupHeartbeat (dict form): member id, member epoch, topic
-    names and (a consumer's) owned topic ids.
+    """KIP-848 ConsumerGroupHeartbeat, KIP-932 ShareGroupHeartbeat and KIP-1071 StreamsGroupHeartbeat (dict form):
+    member id, member epoch, topic names (a streams member's in its topology) and a consumer's owned topic ids.
 
     Epoch 0 joins. Its member id is chosen by the client from v1 on (KIP-1082), and a target takes it
     as it is, so it goes out unchanged and maps to itself; a v0 join has none, the target chooses it
@@ -148,7 +149,7 @@ def _rewrite_group_heartbeat(w: Walk, body: dict[str, Any]) -> None:
     (`replay.learn`); a v0 member rejoining with that id uses the target's. A later heartbeat (epoch > 0)
     carries the newest epoch the target gave this member, as a client does; the origin's epochs follow
     the origin group's history. A leave (-1, or -2 for a static member) keeps its epoch. A share-group
-    member always chooses its own id.
+    or streams-group member always chooses its own id.
     """
     group, member, epoch = body["group_id"], body["member_id"], body["member_epoch"]
     if epoch == 0:
@@ -165,11 +166,32 @@ def _rewrite_group_heartbeat(w: Walk, body: dict[str, Any]) -> None:
         if now != epoch:
             body["member_epoch"] = now
             w.mark("member_epoch")
-    names = body["subscribed_topic_names"]
+    names = body.get("subscribed_topic_names")
     if names and any(w.state.map_topic(t) != t for t in names):
         body["subscribed_topic_names"] = [w.state.map_topic(t) for t in names]
         w.mark("topic_renamed")
+    _rename_topology(w, body.get("topology"))
     _target_topic_ids(w, body.get("topic_partitions"))
+
+
+def _rename_topology(w: Walk, topology: dict[str, Any] | None) -> None:
+    """A streams member's topology (sent when it joins) names its source, changelog and repartition topics:
+    --topic-map renames them as it renames every other topic name."""
+    renamed = False
+    for sub in (topology or {}).get("subtopologies") or ():
+        for key in ("source_topics", "repartition_sink_topics"):
+            names = sub[key]
+            if names and any(w.state.map_topic(t) != t for t in names):
+                sub[key] = [w.state.map_topic(t) for t in names]
+                renamed = True
+        for key in ("state_changelog_topics", "repartition_source_topics"):
+            for info in sub[key] or ():
+                new = w.state.map_topic(info["name"])
+                if new != info["name"]:
+                    info["name"] = new
+                    renamed = True
+    if renamed:
+        w.mark("topic_renamed")
 
 
 def _target_topic_ids(w: Walk, topics: list[dict[str, Any]] | None) -> None:
@@ -268,7 +290,7 @@ def rewrite_request(frame: RequestFrame, state: ReplayState, conn: ConnState) ->
         return Send(frame.data, expects_response(frame), ())
     w = Walk(state, conn, frame)
     try:
-        if frame.api_key in (CONSUMER_GROUP_HEARTBEAT, SHARE_GROUP_HEARTBEAT):
+        if frame.api_key in (CONSUMER_GROUP_HEARTBEAT, SHARE_GROUP_HEARTBEAT, STREAMS_GROUP_HEARTBEAT):
             _rewrite_group_heartbeat(w, msg)
         elif frame.api_key in (SHARE_FETCH, SHARE_ACKNOWLEDGE):
             _rewrite_share_session(w, msg)

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TextIO
 
-from protocol.apis import CONSUMER_GROUP_HEARTBEAT, FETCH, INIT_PRODUCER_ID, JOIN_GROUP, SHARE_GROUP_HEARTBEAT
+from protocol.apis import (CONSUMER_GROUP_HEARTBEAT, FETCH, INIT_PRODUCER_ID, JOIN_GROUP, SHARE_GROUP_HEARTBEAT,
+                           STREAMS_GROUP_HEARTBEAT)
 from protocol.sasl import MECHANISM as SASL_MECHANISM
 from replay.load import Recording
 from replay.state import ReplayState
@@ -33,13 +34,15 @@ class FinishedFlags(Protocol):
     def __setitem__(self, pos: int, finished: bool) -> None: ...
 
 
+_HEARTBEATS = frozenset({CONSUMER_GROUP_HEARTBEAT, SHARE_GROUP_HEARTBEAT, STREAMS_GROUP_HEARTBEAT})  # member epochs
+_MEMBER_ANSWERS = _HEARTBEATS | {JOIN_GROUP}  # what binds a recorded member id to the target's
 # A Pending reason (`replay.state.NeedState`) → the APIs whose answers can teach what it waits for (`replay.learn`)
 PENDING_SOURCES: dict[str, frozenset[int]] = {
     "producer_id_unmapped": frozenset({INIT_PRODUCER_ID}),
     "fetch_session_unmapped": frozenset({FETCH}),
-    "member_id_unmapped": frozenset({JOIN_GROUP, CONSUMER_GROUP_HEARTBEAT, SHARE_GROUP_HEARTBEAT}),
+    "member_id_unmapped": _MEMBER_ANSWERS,
     "generation_unknown": frozenset({JOIN_GROUP, CONSUMER_GROUP_HEARTBEAT}),
-    "member_epoch_unknown": frozenset({CONSUMER_GROUP_HEARTBEAT, SHARE_GROUP_HEARTBEAT}),
+    "member_epoch_unknown": _HEARTBEATS,
 }
 NO_SOURCE_LEFT = "nothing left in the replay to learn it from (filtered out, skipped or failed)"
 

@@ -7,12 +7,16 @@ two client libraries, a consumer group join), so tests share one recording.
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from proxy.running import RunningProxy
-from proxy.sinks import build_sinks
+from proxy.sinks import FanOut, NullSink, build_sinks
 
 OVERSIZE_BYTES = 60_000  # above the replay target's message.max.bytes, below the origin's default
 
@@ -31,9 +35,29 @@ class RecordedSession:
     origin: str
 
 
-def _run_proxy(upstream: str, listen: str, out: Path, capture: str, proxy_id: str) -> RunningProxy:
+def _run_proxy(upstream: str, listen: str, out: Path, capture: str, proxy_id: str,
+               also: Any = None) -> RunningProxy:
     sink = build_sinks(out, proxy_id, capture=capture, flush_interval_s=0.2, compact_interval_s=0).sink
+    if also is not None:
+        sink = FanOut(sink, also)
     return RunningProxy(upstream=upstream, listen=listen, sink=sink, proxy_id=proxy_id, capture=capture).start()
+
+
+class RequestWaiter(NullSink):
+    """Beside the recorder: wakes a test when a request row it waits for has passed (an event, not a sleep)."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+        self._cv = threading.Condition()
+
+    def request(self, row: dict[str, Any]) -> None:
+        with self._cv:
+            self.rows.append(row)
+            self._cv.notify_all()
+
+    def wait_for(self, what: str, pred: Callable[[dict[str, Any]], bool], timeout: float = 90) -> None:
+        with self._cv:
+            assert self._cv.wait_for(lambda: any(pred(r) for r in self.rows), timeout), f"no {what} within {timeout} s"
 
 
 def _stop_proxy(p: RunningProxy) -> None:
@@ -202,6 +226,44 @@ def record_share_session(origin: str, listen: str, out: Path, topic: str, group:
         j.run(j.producer_perf(topic, records, 50, throughput=records * 4, props={"client.id": "java-share-prod"})).check()
         j.run(j.share_consumer(topic, group, max_messages=records, timeout_ms=15_000,
                                props={"client.id": "java-share"})).check()
+    finally:
+        _stop_proxy(p)
+
+
+STREAMS_INPUT, STREAMS_OUTPUT = "streams-plaintext-input", "streams-wordcount-output"  # fixed by WordCountDemo
+
+
+def record_streams_session(origin: str, listen: str, out: Path, app: str, work: Path, *, words: int = 50) -> None:
+    """Record Kafka Streams' WordCountDemo as a KIP-1071 streams-group member (group.protocol=streams, Kafka 4.x).
+
+    It joins group `app` (StreamsGroupHeartbeat), then `words` lines are produced (client id "words") and
+    the app counts them and writes its output; SIGTERM closes it (it leaves the group). `work` holds its
+    configuration file and state directory.
+    """
+    from harness.java_clients import JavaClients
+
+    seen = RequestWaiter()
+    p = _run_proxy(origin, listen, out, "requests", "origin", also=seen)
+    try:
+        j = JavaClients(p.bootstrap)
+        for t in (STREAMS_INPUT, STREAMS_OUTPUT):
+            j.run(j.topics("--create", "--if-not-exists", "--topic", t, "--partitions", "2",
+                           "--replication-factor", "1")).check()
+        proc = j.start(j.word_count_demo(work / "wordcount.properties", {
+            "application.id": app, "group.protocol": "streams", "state.dir": work / "state", "commit.interval.ms": 200}))
+        try:
+            seen.wait_for("answered StreamsGroupHeartbeat", lambda r: r["api_name"] == "StreamsGroupHeartbeat"
+                          and r["status"] == "answered" and not r["errors"])
+            j.run(j.producer_perf(STREAMS_INPUT, words, record_size=20, props={"client.id": "words"})).check()
+            seen.wait_for("count written", lambda r: r["api_name"] == "Produce" and STREAMS_OUTPUT in r["topics"]
+                          and (r["client_id"] or "").startswith(app))
+        finally:
+            proc.send_signal(signal.SIGTERM)  # the demo's shutdown hook closes the app (it leaves the group)
+            try:
+                proc.communicate(timeout=60)
+            except Exception:  # noqa: BLE001 — a hung JVM is killed; the recording stands
+                proc.kill()
+                proc.communicate()
     finally:
         _stop_proxy(p)
 

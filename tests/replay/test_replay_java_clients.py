@@ -25,14 +25,16 @@ import pytest
 
 from harness.jars import DEFAULT_VERSION, INCIDENT_VERSION
 from harness.kafka import SHARE_GROUPS_ONE_NODE, LocalKafka, free_port
-from protocol.apis import CONSUMER_GROUP_HEARTBEAT, END_TXN, PRODUCE, SHARE_FETCH, SHARE_GROUP_HEARTBEAT
+from protocol.apis import (CONSUMER_GROUP_HEARTBEAT, END_TXN, PRODUCE, SHARE_FETCH, SHARE_GROUP_HEARTBEAT,
+                           STREAMS_GROUP_HEARTBEAT)
 from protocol.batch_edit import records_producer_ids
 from protocol.deep import decode_request
 from replay.engine import ReplayOptions, ReplayResult, run_replay
 from replay.inter_broker import SKIP_REASON, sent_by_broker
 from replay.load import Filters, load_recording
 from replay.messages import decode_request_body
-from replay_sessions import JavaSession, committed_offsets, record_java_session, record_share_session
+from replay_sessions import (JavaSession, committed_offsets, record_java_session, record_share_session,
+                             record_streams_session)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -181,3 +183,25 @@ def test_a_share_groups_member_follows_the_target(tmp_path: Path, target: LocalK
     assert result.failed == 0 and set(result.skipped) <= {SKIP_REASON}, result.summary()
     assert not result.answer_errors, result.summary()
     assert result.rewrites["member_epoch"] and result.rewrites["topic_id"], result.summary()
+
+
+def test_a_streams_groups_member_follows_the_target(tmp_path: Path, target: LocalKafka):
+    """KIP-1071: a Kafka Streams member's epoch comes from the target's StreamsGroupHeartbeat answers, and its
+    OffsetFetch and OffsetCommit name the member it joined as. Sent as recorded, the heartbeats were fenced
+    (FENCED_MEMBER_EPOCH) and the offset requests skipped (member_id_unmapped: nothing taught their member)."""
+    port = free_port()
+    origin = LocalKafka(broker_props={"advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}"})
+    origin.start()
+    try:
+        record_streams_session(f"127.0.0.1:{origin.port}", f"127.0.0.1:{port}", tmp_path / "rec", "wcapp", tmp_path)
+    finally:
+        origin.stop()
+        origin.cleanup()
+    rec = load_recording(tmp_path / "rec", Filters(clients=("wcapp-*", "words")))  # not the topics' creation
+    sent = Counter(r.frame.api_key for c in rec.connections for r in c.requests)
+    assert sent[STREAMS_GROUP_HEARTBEAT] >= 2, sent
+    result = run_replay(rec, ReplayOptions(target=target.bootstrap, speed=None))
+    print(result.summary())  # visible with -s
+    assert result.failed == 0 and not result.skipped, result.summary()
+    assert not result.answer_errors, result.summary()
+    assert result.rewrites["member_epoch"], result.summary()

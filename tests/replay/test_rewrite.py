@@ -464,6 +464,40 @@ def test_kip932_share_members_follow_the_target():
     assert unknown == Skip("topic_id_unmapped")
 
 
+def streams_heartbeat(member: str, epoch: int, source: str = "orders") -> bytes:
+    from protocol.codec import plan
+
+    body = plan(88, True, 0).defaults()
+    info = {"name": "app-store-changelog", "partitions": 2, "replication_factor": -1, "topic_configs": []}
+    topology = {"epoch": 0, "subtopologies": [{
+        "subtopology_id": "0", "source_topics": [source], "source_topic_regex": [], "state_changelog_topics": [info],
+        "repartition_sink_topics": [source], "repartition_source_topics": [], "copartition_groups": []}]}
+    body.update(group_id="app", member_id=member, member_epoch=epoch, process_id="p-1",
+                topology=topology if epoch == 0 else None)
+    return encode_request(88, 0, 7, "test-client", body)
+
+
+def test_kip1071_streams_members_follow_the_target():
+    """A streams member's epoch comes from the target's StreamsGroupHeartbeat answers; --topic-map renames the
+    topics its topology names (source, changelog, repartition)."""
+    state = ReplayState(topic_map={"orders": "orders-staging", "app-store-changelog": "app2-store-changelog"})
+    conn = ConnState("test-client")
+    join = parse_request(streams_heartbeat("st-uuid", 0))
+    out = rewrite_request(join, state, conn)
+    sub = hb_body(out.data)["topology"]["subtopologies"][0]
+    assert (sub["source_topics"], sub["repartition_sink_topics"], sub["state_changelog_topics"][0]["name"]) == (
+        ["orders-staging"], ["orders-staging"], "app2-store-changelog")
+    assert out.rewrites == ("topic_renamed",)
+    assert rewrite_request(parse_request(streams_heartbeat("st-uuid", 5)), state, conn) == Pending("member_epoch_unknown")
+    from protocol.codec import plan
+
+    answer = plan(88, False, 0).defaults()
+    answer.update(member_id="st-uuid", member_epoch=2)
+    learn_from_response(join, encode_response(88, 0, 1, answer), state, conn)
+    out = rewrite_request(parse_request(streams_heartbeat("st-uuid", 5)), state, conn)
+    assert hb_body(out.data)["member_epoch"] == 2 and out.rewrites == ("member_epoch",)
+
+
 # ----------------------------------------------------------------------------- topics, SASL
 def test_topic_map_renames_every_topic_field():
     state = ReplayState(topic_map={"orders": "orders-staging"})
