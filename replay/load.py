@@ -321,11 +321,13 @@ def load_recording(path: Path | str, filters: Filters | None = None, *, sasl_cre
                                       for g in filters.topics):
             dropped += len(items)
             continue
-        if broker_connection(fr for _, fr in items):  # a broker's own requests: the target's brokers refuse them
-            skipped[INTER_BROKER] += len(items)
-            continue
-        if rc.sasl and not sasl_credentials:
-            skipped["sasl_needs_credentials"] += len(items)
+        whole = (INTER_BROKER if broker_connection(fr for _, fr in items)  # a broker's own: the target refuses them
+                 else "sasl_needs_credentials" if rc.sasl and not sasl_credentials else None)
+        if whole is not None:  # the connection is not replayed: what --api / the window keep of it is skipped
+            kept = sum(1 for f, fr in items if filters.keeps(fr.api_key, f["ts_ns"]))
+            if kept:
+                skipped[whole] += kept
+            dropped += len(items) - kept
             continue
         skipped["frame_not_captured"] += sum(1 for r in frameless.get(conn_id, ())
                                              if filters.keeps(r["api_key"], r["req_first_ns"]))

@@ -207,7 +207,8 @@ def _rewrite_share_session(w: Walk, body: dict[str, Any]) -> None:
     """KIP-932 ShareFetch and ShareAcknowledge (dict form): the member and the topic ids.
 
     The member id is the one its ShareGroupHeartbeat joined with (a share member chooses its own, so it
-    is the recorded one unless a rejoin bound another). The share session epoch is the client's own
+    is the recorded one unless a rejoin bound another); until the target has made it a member, the request
+    waits (and is skipped, as its heartbeats are, when nothing left in the replay can make it one). The share session epoch is the client's own
     count (0 opens a session, -1 closes it): the replay sends the recorded sequence, as the client did.
     The acknowledged offsets are the recorded ones: the records the target delivered are at the same
     offsets only when its partitions hold what the origin's held (the replay's own Produce requests).
@@ -215,6 +216,8 @@ def _rewrite_share_session(w: Walk, body: dict[str, Any]) -> None:
     member = body["member_id"]
     if member:
         tgt = w.state.members.get((body["group_id"], member), member)
+        if (body["group_id"], tgt) not in w.state.member_epochs:
+            raise NeedState("member_epoch_unknown")  # not a member on the target (yet): its session would not exist
         if tgt != member:
             body["member_id"] = tgt
             w.mark("member_id")

@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from protocol.apis import CREATE_TOPICS, DELETE_TOPICS
+from protocol.codec import snake, spec_fields
 from protocol.frames import RequestFrame
-from replay.messages import decode_request_body, fields, names_topic, uuid_text
+from replay.messages import SPEC_DECODED, decode_request_body, decode_spec_request, fields, names_topic, uuid_text
 
 __all__ = ["request_topics", "parse_topic_map"]
 
@@ -22,6 +23,8 @@ def request_topics(frame: RequestFrame) -> dict[str, set[int]]:
 
     Topic ids are reported as "id:<uuid>" keys so the caller can translate them.
     """
+    if frame.api_key in SPEC_DECODED:
+        return _spec_topics(frame)
     out: dict[str, set[int]] = {}
     try:
         msg = decode_request_body(frame)
@@ -56,6 +59,47 @@ def request_topics(frame: RequestFrame) -> dict[str, set[int]]:
         return None
 
     visit(msg, None)
+    return out
+
+
+def _spec_topics(frame: RequestFrame) -> dict[str, set[int]]:
+    """`request_topics` of a body kafka-python has no class for (`SPEC_DECODED`), read in the spec codec's dict
+    form along its spec: a share member's ShareFetch names its topics only by id, its heartbeat by name."""
+    out: dict[str, set[int]] = {}
+    try:
+        body = decode_spec_request(frame)
+        specs = spec_fields(frame.api_key, True, frame.api_version)
+    except Exception:  # noqa: BLE001 — unreadable: it names no topic (replay counts it where it sends it)
+        return out
+
+    def visit(obj: dict[str, Any], specs: list[dict[str, Any]]) -> int | None:
+        topic: str | None = None
+        parts: set[int] = set()
+        index: int | None = None
+        for f in specs:
+            key = snake(f["name"])
+            value = obj.get(key)
+            if "fields" in f:  # a struct, or an array of them
+                for item in (value if f["type"].startswith("[]") else [value]) or ():
+                    if isinstance(item, dict) and (sub := visit(item, f["fields"])) is not None:
+                        parts.add(sub)
+            elif f.get("entityType") == "topicName":
+                if isinstance(value, str):
+                    topic = value
+                elif isinstance(value, list):  # a list of names (a subscription): no partitions
+                    for name in value:
+                        out.setdefault(name, set())
+            elif key == "topic_id" and uuid_text(value):
+                topic = "id:" + str(value)
+            elif key in ("partitions", "partition_indexes") and isinstance(value, list):
+                parts.update(v for v in value if isinstance(v, int))
+            elif key in ("partition_index", "partition") and isinstance(value, int):
+                index = value
+        if topic is not None:
+            out.setdefault(topic, set()).update(parts)
+        return index
+
+    visit(body, specs)
     return out
 
 

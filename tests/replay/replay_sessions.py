@@ -216,6 +216,9 @@ def record_share_session(origin: str, listen: str, out: Path, topic: str, group:
 
     java-share-prod: ProducerPerformance writes `records` records; java-share: ConsoleShareConsumer reads them
     in group `group` (ShareGroupHeartbeat, ShareFetch with topic ids and acknowledgements, ShareAcknowledge).
+    Before them, java-share-warmup joins the group and leaves it with nothing read, so that the origin's member
+    epochs run ahead of a fresh target's (a replay that sent the recorded epochs would be fenced); a replay
+    leaves java-share-warmup out.
     """
     from harness.java_clients import JavaClients
 
@@ -223,6 +226,8 @@ def record_share_session(origin: str, listen: str, out: Path, topic: str, group:
     p = _run_proxy(origin, listen, out, "requests", "origin")
     try:
         j = JavaClients(p.bootstrap)
+        # it times out with nothing to read: exit status 1 by design, its session is what counts
+        j.run(j.share_consumer(topic, group, max_messages=1, timeout_ms=3_000, props={"client.id": "java-share-warmup"}))
         j.run(j.producer_perf(topic, records, 50, throughput=records * 4, props={"client.id": "java-share-prod"})).check()
         j.run(j.share_consumer(topic, group, max_messages=records, timeout_ms=15_000,
                                props={"client.id": "java-share"})).check()

@@ -53,3 +53,8 @@ def test_a_brokers_connection_is_skipped_whole_and_the_plan_says_why(tmp_path: P
     assert f"will skip    3 request(s): {SKIP_REASON} (a broker's own connections" in plan
     # a filter that leaves the broker's connection out does not call it skipped
     assert load_recording(tmp_path, Filters(clients=("synthetic",))).skipped == {}
+    # nor what --api leaves out of it: only the requests the filters keep are "skipped", the rest filtered out
+    rec = load_recording(tmp_path, Filters(apis=(3,)))
+    assert (rec.skipped, rec.requests, rec.dropped_by_filter) == ({}, 1, 4)
+    rec = load_recording(tmp_path, Filters(apis=(18,)))
+    assert (rec.skipped, rec.requests, rec.dropped_by_filter) == ({SKIP_REASON: 1}, 1, 3)

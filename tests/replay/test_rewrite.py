@@ -448,6 +448,8 @@ def test_kip932_share_members_follow_the_target():
     rec_id, tgt_id = uuid.uuid4(), uuid.uuid4()
     state = ReplayState(recorded_topic_ids={str(rec_id): "orders"}, target_topic_ids={"orders": str(tgt_id)})
     conn = ConnState("test-client")
+    assert rewrite_request(parse_request(share_fetch("s-uuid", str(rec_id))), state, conn) == Pending(
+        "member_epoch_unknown")  # not a member on the target yet
     join = parse_request(share_heartbeat("s-uuid", 0, ["orders"]))
     assert rewrite_request(join, state, conn).data == join.data  # the member chose its id: the target takes it
     assert rewrite_request(parse_request(share_heartbeat("s-uuid", 9)), state, conn) == Pending("member_epoch_unknown")
@@ -462,6 +464,9 @@ def test_kip932_share_members_follow_the_target():
         assert [t["topic_id"] for t in sent.get("forgotten_topics_data") or ()] == ([str(tgt_id)] if api_key == 78 else [])
     unknown = rewrite_request(parse_request(share_fetch("s-uuid", str(uuid.uuid4()))), state, conn)
     assert unknown == Skip("topic_id_unmapped")
+    # the plan, the --topic filter and topic creation read their topics (by id, and the subscription by name)
+    assert request_topics(parse_request(share_fetch("s-uuid", str(rec_id)))) == {f"id:{rec_id}": {0, 1}}
+    assert request_topics(parse_request(share_heartbeat("s-uuid", 0, ["orders"]))) == {"orders": set()}
 
 
 def streams_heartbeat(member: str, epoch: int, source: str = "orders") -> bytes:
@@ -488,6 +493,7 @@ def test_kip1071_streams_members_follow_the_target():
     assert (sub["source_topics"], sub["repartition_sink_topics"], sub["state_changelog_topics"][0]["name"]) == (
         ["orders-staging"], ["orders-staging"], "app2-store-changelog")
     assert out.rewrites == ("topic_renamed",)
+    assert request_topics(join) == {"orders": set(), "app-store-changelog": set()}
     assert rewrite_request(parse_request(streams_heartbeat("st-uuid", 5)), state, conn) == Pending("member_epoch_unknown")
     from protocol.codec import plan
 
