@@ -93,6 +93,16 @@ def worker_spread_text(metrics: dict) -> str:
     return f" (per worker {' / '.join(f'{v:,.0f}' for _, v in per)}{f', {passed:,.0f} passed' if passed else ''})"
 
 
+def workers_missing_text(clients: dict[str, Any]) -> str:
+    """A line when some of --workers N did not answer this poll (restarting, stopped, overloaded): their connections
+    are missing from the open count and the table, whose figures are then a part of the proxy's. Nothing otherwise."""
+    missing = clients.get("workers_unreachable") or 0
+    if not missing:
+        return ""
+    return (f"{missing} of {clients.get('workers', '?')} workers did not answer: their connections are missing "
+            "from this screen (open connections and the table)")
+
+
 def recording_errors_text(samples: list[tuple[dict, float]]) -> str:
     """" errors rollups 3" for the kinds that have any (nothing when none): kept off the line until it matters."""
     by_kind: dict[str, float] = {}
@@ -276,6 +286,9 @@ def render(clients: dict[str, Any], metrics: dict, prev: tuple[float, dict[str, 
                               cluster="kafkatap_cluster_brokers" in metrics)
     if warning:  # clients told to reach brokers directly: the one thing top must not let go unnoticed
         lines.insert(2, b(printable(warning)))
+    missing = workers_missing_text(clients)
+    if missing:  # the totals above and the table below are a part of the proxy: said, not passed off as the whole
+        lines.insert(2, b(cut_to_width(missing, width)))
     if per_connection:
         columns = CONN_COLUMNS
         key = {"requests": lambda c: -c["requests"], "rate": lambda c: -per_conn_rate.get(c["conn_id"], 0),

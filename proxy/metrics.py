@@ -96,6 +96,23 @@ def _sorted(d: dict[Any, Any]) -> list[tuple[Any, Any]]:
     return sorted(d.items(), key=lambda kv: _order(kv[0]))
 
 
+def _fill(c: _Client, row: Row) -> None:
+    """What the relay knows of an open connection no request row has named yet (`ProxyServer.requests_so_far`):
+    its addresses (an open TCP sample carries none), client ids and software, bytes so far, and the role of the
+    request it waits on (roles otherwise come from answered requests)."""
+    if c.client_addr is None:
+        c.client_addr, c.broker_addr = row["client_addr"], row["broker_addr"]
+    c.bytes_in = max(c.bytes_in, row["bytes_from_client"])
+    c.bytes_out = max(c.bytes_out, row["bytes_from_broker"])
+    c.roles |= API_ROLE.get(row["last_api_key"], 0) if row["last_api_key"] is not None else 0
+    if c.client_id is None:
+        for cid in row["client_ids"]:
+            c.name(cid)
+    if row["client_software_name"] and not c.software:
+        c.software = row["client_software_name"]
+        c.software_version = row["client_software_version"]
+
+
 def role_names(mask: int) -> list[str]:
     return [name for bit, name in ROLE_NAMES if mask & bit]
 
@@ -350,7 +367,9 @@ class LiveStats:
     def connection(self, row: Row) -> None:
         now = self._clock_ns()
         c = self._client(row, now)
-        c.last_seen_ns = now
+        if row.get("final") or (row.get("bytes_from_client") or 0) > c.bytes_in or (
+                row.get("bytes_from_broker") or 0) > c.bytes_out:
+            c.last_seen_ns = now  # its end, or bytes since: not a quiet connection's periodic snapshot (SEEN)
         if c.client_addr is None:  # created from a TCP sample, which carries no addresses
             c.client_addr = row.get("client_addr")
             c.broker_addr = row.get("broker_addr")
@@ -405,35 +424,39 @@ class LiveStats:
             if c is not None and not c.open:
                 del self.clients[cid]
 
-    def clients_json(self) -> dict[str, Any]:
-        self.prune()
-        now = self._clock_ns()
+    def _unseen(self, now: int) -> list[_Client]:
+        """The open connections no row has shown yet (with --no-tcp-info, no open sample announces them), from the
+        relay's facts, as entries of their own: not kept, so that reading /clients or /metrics changes no count.
+        Known connections without a request row get what the relay knows of them filled in (`_fill`)."""
+        unseen = []
         for row in self.open_requests_so_far():
             c = self.clients.get(row["conn_id"])
             if c is None:
-                c = self._client(row, now)  # --no-tcp-info: no open sample made it visible
+                c = _Client(row["conn_id"], row["opened_ns"] or now)
+                c.client_addr, c.broker_addr = row["client_addr"], row["broker_addr"]
+                unseen.append(c)
             elif not c.open:
                 continue
-            if c.client_addr is None:  # made visible by its open TCP sample, which carries no addresses
-                c.client_addr, c.broker_addr = row["client_addr"], row["broker_addr"]
-            if c.client_id is not None:
-                continue
-            for cid in row["client_ids"]:
-                c.name(cid)
-            if row["client_software_name"] and not c.software:
-                c.software = row["client_software_name"]
-                c.software_version = row["client_software_version"]
-        rows = sorted((c.as_json(now) for c in self.clients.values()),
+            _fill(c, row)
+        return unseen
+
+    def clients_json(self) -> dict[str, Any]:
+        self.prune()
+        now = self._clock_ns()
+        unseen = self._unseen(now)
+        rows = sorted((c.as_json(now) for c in (*self.clients.values(), *unseen)),
                       key=lambda r: (not r["open"], -r["last_seen_ns"]))
         for row in rows:
             if any(is_topic_id(t) for t in row["topics"]):  # named now if the map has learned it since
                 row["topics"] = sorted({self.topic_name(t) or t if is_topic_id(t) else t for t in row["topics"]})
-        return {"proxy_id": self.proxy_id, "now_ns": now, "open_connections": self.open_count, "clients": rows}
+        return {"proxy_id": self.proxy_id, "now_ns": now, "open_connections": self.open_count + len(unseen),
+                "clients": rows}
 
     def render_prometheus(self) -> str:
         """The Prometheus text exposition format (version 0.0.4)."""
         out: list[str] = []
         proxy = {"proxy": self.proxy_id}
+        unseen = len(self._unseen(self._clock_ns()))  # open, and shown by no row yet: counted here, not kept
 
         def family(name: str, kind: str, help_: str, samples: Iterable[tuple[str, dict[str, Any], float]]) -> None:
             out.append(f"# HELP {name} {help_}")
@@ -475,9 +498,9 @@ class LiveStats:
         family("kafkatap_response_bytes_total", "counter", "Response frame bytes, broker to client, by API.",
                (("", {"api": a}, n) for a, n in _sorted(self.bytes_out)))
         family("kafkatap_open_connections", "gauge", "Client connections currently open.",
-               [("", {}, self.open_count)])
+               [("", {}, self.open_count + unseen)])
         family("kafkatap_connections_total", "counter", "Client connections seen since start.",
-               [("", {}, self.connections_total)])
+               [("", {}, self.connections_total + unseen)])
         family("kafkatap_connection_ends_total", "counter", "Connection ends by reason and by whom.",
                (("", {"reason": r, "by": b}, n) for (r, b), n in _sorted(self.conn_ends)))
         acc, dropped = self.relay_accounting()

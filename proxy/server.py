@@ -634,7 +634,7 @@ class ProxyServer:
         return a, dropped
 
     def requests_so_far(self) -> list[dict[str, Any]]:
-        """Who each open connection without a request row yet is: its addresses, and its requests' client ids (/clients).
+        """Who each open connection without a request row yet is: addresses, client ids, bytes so far (/clients, /metrics).
 
         Rows name a client only once an answer ends its request, and the open TCP sample that makes a connection
         visible carries no addresses: a client waiting on its first answer showed as "-" everywhere. A connection
@@ -643,9 +643,11 @@ class ProxyServer:
         for c in self.conns:
             f = c.facts
             if not f.rows:
-                out.append({"conn_id": f.conn_id, "client_addr": f.client_addr, "broker_addr": f.broker_addr,
-                            "client_ids": list(f.client_ids), "client_software_name": f.software_name,
-                            "client_software_version": f.software_version})
+                out.append({"conn_id": f.conn_id, "opened_ns": f.opened_ns, "client_addr": f.client_addr,
+                            "broker_addr": f.broker_addr, "client_ids": list(f.client_ids),
+                            "client_software_name": f.software_name, "client_software_version": f.software_version,
+                            "bytes_from_client": f.from_client.bytes, "bytes_from_broker": f.from_broker.bytes,
+                            "last_api_key": f.last.key})
         return out
 
     def check_clock(self) -> int:

@@ -99,7 +99,12 @@ def test_a_client_waiting_on_its_first_answer_is_named_in_clients(proxied_kafka,
                 time.sleep(0.1)
             (c,) = named
             assert c["open"] and c["requests"] == 0 and c["software"] == "stuck-sw", c  # no answer yet
-            assert c["client_addr"] == "%s:%d" % client.getsockname()
+            assert c["client_addr"] == "%s:%d" % client.getsockname() and c["bytes_from_client"] > 0
+            # /metrics counts it too, and reading /clients again changes no count (no TCP_INFO sample counted it)
+            opened = [_total(_metrics(status), name) for name in ("kafkatap_open_connections", "kafkatap_connections_total")]
+            assert opened[0] >= 1, opened
+            urllib.request.urlopen(f"http://{status}/clients", timeout=10).read()
+            assert [_total(_metrics(status), n) for n in ("kafkatap_open_connections", "kafkatap_connections_total")] == opened
     finally:
         proc.terminate()
         proc.wait(60)

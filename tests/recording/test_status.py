@@ -377,15 +377,59 @@ def test_a_connection_without_a_row_is_named_from_its_requests_so_far() -> None:
 
     stats = LiveStats("p1")
     stats.tcp(tcp_row("p1", "c-open", phase="open"))  # an open sample: no addresses
-    so_far = [{"conn_id": "c-open", "client_addr": "10.0.0.7:4000", "broker_addr": "10.0.0.1:9092",
-               "client_ids": ["stuck"], "client_software_name": "librdkafka", "client_software_version": "2.6"},
-              {"conn_id": "c-unseen", "client_addr": "10.0.0.8:4000", "broker_addr": "10.0.0.1:9092",
-               "client_ids": ["x" * 300], "client_software_name": None, "client_software_version": None}]
+    opened = stats.clients["c-open"].first_seen_ns - 5 * 10**9
+    so_far = [{"conn_id": "c-open", "opened_ns": opened, "client_addr": "10.0.0.7:4000", "broker_addr": "10.0.0.1:9092",
+               "client_ids": ["stuck"], "client_software_name": "librdkafka", "client_software_version": "2.6",
+               "bytes_from_client": 120, "bytes_from_broker": 0, "last_api_key": 0},
+              {"conn_id": "c-unseen", "opened_ns": opened, "client_addr": "10.0.0.8:4000",  # --no-tcp-info
+               "broker_addr": "10.0.0.1:9092", "client_ids": ["x" * 300], "client_software_name": None,
+               "client_software_version": None, "bytes_from_client": 40, "bytes_from_broker": 0, "last_api_key": 18}]
     stats.open_requests_so_far = lambda: so_far
-    doc = {c["conn_id"]: c for c in stats.clients_json()["clients"]}
-    assert (doc["c-open"]["client_id"], doc["c-open"]["client_addr"], doc["c-open"]["software"]) == (
-        "stuck", "10.0.0.7:4000", "librdkafka")
-    assert len(doc["c-unseen"]["client_id"]) == 256 and stats.open_count == 2  # cut as a row's would be
+    doc = stats.clients_json()
+    by_conn = {c["conn_id"]: c for c in doc["clients"]}
+    c = by_conn["c-open"]
+    assert (c["client_id"], c["client_addr"], c["software"], c["bytes_from_client"], c["roles"]) == (
+        "stuck", "10.0.0.7:4000", "librdkafka", 120, ["producer"])  # the role of the Produce it waits on
+    unseen = by_conn["c-unseen"]
+    assert len(unseen["client_id"]) == 256 and unseen["first_seen_ns"] == opened  # cut as a row's would be
+    # both are open; reading /clients (or /metrics) keeps no entry and moves no count of its own
+    assert doc["open_connections"] == 2 and stats.open_count == 1 and "c-unseen" not in stats.clients
+    assert 'kafkatap_open_connections{proxy="p1"} 2' in stats.render_prometheus()
+    assert stats.open_count == 1 and stats.connections_total == 1
     stats.connection(connection_row("p1", "c-open", final=True))
     so_far[0]["client_ids"] = ["renamed"]
     assert {c["conn_id"]: c["client_id"] for c in stats.clients_json()["clients"]}["c-open"] == "stuck"
+
+
+def test_a_quiet_connections_periodic_snapshot_does_not_make_it_seen() -> None:
+    """SEEN (last_seen_s_ago) moved at every --tcp-info-interval snapshot, so an idle or stuck client never looked
+    idle for more than the interval; a snapshot moves it only when bytes crossed since, and the end always."""
+    clock = [10**18]
+    stats = LiveStats("p1", clock_ns=lambda: clock[0])
+    stats.connection(connection_row("p1", "c1", final=False))
+    first = stats.clients["c1"].last_seen_ns
+    clock[0] += 30 * 10**9
+    stats.connection(connection_row("p1", "c1", final=False))  # the same byte counts: quiet
+    assert stats.clients["c1"].last_seen_ns == first
+    clock[0] += 10**9
+    stats.connection(connection_row("p1", "c1", final=False, bytes_from_client=2000))
+    assert stats.clients["c1"].last_seen_ns == clock[0]
+    clock[0] += 10**9
+    stats.connection(connection_row("p1", "c1", final=True, bytes_from_client=2000))
+    assert stats.clients["c1"].last_seen_ns == clock[0]
+
+
+def test_top_says_when_workers_did_not_answer() -> None:
+    """With --workers N, a worker that did not answer left its connections out of /clients: top showed the rest as
+    the proxy's open connections, with nothing saying a part was missing."""
+    stats = LiveStats("p1")
+    for i, row in enumerate(SessionMix(connections=4).rows(20)):
+        stats.request(dict(row, client_id=f"client-{i % 4}"))
+    doc = dict(stats.clients_json(), workers=2, workers_unreachable=1)
+    metrics = parse_metrics(stats.render_prometheus())
+    for width, height in ((160, 12), (60, 8)):
+        lines = render(doc, metrics, None, 1.0, width, height, False).split("\n")
+        assert lines[2].startswith("1 of 2 workers did not answer"), lines
+        assert len(lines) <= height and all(len(ln) <= width for ln in lines), lines
+    whole = render(dict(doc, workers_unreachable=0), metrics, None, 1.0, 160, 12, False)
+    assert "did not answer" not in whole
