@@ -40,9 +40,8 @@ from recording.existing import held_recording, inside, reuse_message
 from recording.signals import SignalInterrupt, sigterm_as_interrupt
 from recording.cli_errors import OneLineError, a_number
 from recording.timespec import TIME, TIME_HELP, TimeSpec, cli_window
-from replay.inter_broker import SKIP_REASON as INTER_BROKER
 from replay.load import Filters, Recording, ReplayLoadError, load_recording, parse_api, replay_start
-from replay.schedule import ReplayResult
+from replay.schedule import ReplayResult, skip_note
 from replay.topics import parse_topic_map
 
 __all__ = ["replay", "format_plan", "same_address", "target_cluster_id", "read_cluster_id"]
@@ -142,14 +141,6 @@ def _ts(ns: int | None) -> str:
     return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
 
 
-# What a skip reason of the plan means, where its name alone does not say it
-_SKIP_NOTES = {
-    INTER_BROKER: " (a broker's own connections, recorded because the brokers also talk through this listener: "
-                  "transaction markers, a partition leader's AddPartitionsToTxn, a follower's Fetch; the target's "
-                  "brokers would refuse them)",
-}
-
-
 def format_plan(rec: Recording, target: str, speed: float | None, topic_map: dict[str, str],
                 record: Path | None, fetch_mode: str) -> str:
     """One screen: what will be sent where, how fast, and what is already known to be skipped."""
@@ -174,7 +165,7 @@ def format_plan(rec: Recording, target: str, speed: float | None, topic_map: dic
                      "their requests will be skipped (neither the recording's topics/ pairs nor its recorded Metadata "
                      "answers name them: the clients named them only by id, and the proxy learned no name)")
     for reason, n in sorted(rec.skipped.items()):
-        lines.append(f"  will skip    {n} request(s): {reason}{_SKIP_NOTES.get(reason, '')}")
+        lines.append(f"  will skip    {n} request(s): {reason}{skip_note(reason)}")
     if rec.producers_without_init:
         lines.append(f"  will skip    {rec.producers_without_init} Produce request(s) with producer ids: no "
                      "InitProducerId of their client is replayed (filtered out, or made before the recording), so "

@@ -33,7 +33,7 @@ from replay.load import RecordedConnection, RecordedRequest
 from replay.messages import answer_errors, decode_response
 from replay.reauth import renewal_time, session_lifetime_ms
 from replay.rewrite import rewrite_request, sasl_plain_authenticate, sasl_plain_handshake
-from replay.schedule import LATE_AFTER_S, NO_SOURCE_LEFT, ReplaySchedule
+from replay.schedule import LATE_AFTER_S, NO_SOURCE_LEFT, ReplaySchedule, learning_key
 from replay.state import ConnState, Pending, Send, Skip
 
 
@@ -52,7 +52,7 @@ class Finished:
 
     def __init__(self, rp: ReplaySchedule, reqs: list[RecordedRequest]) -> None:
         self._rp = rp
-        self._api_keys = [r.frame.api_key for r in reqs]
+        self.keys = [learning_key(r.frame) for r in reqs]  # what each one can teach (`ReplaySchedule.unfinished`)
         self._flags = [False] * len(reqs)
 
     def __getitem__(self, pos: int) -> bool:
@@ -60,7 +60,7 @@ class Finished:
 
     def __setitem__(self, pos: int, finished: bool) -> None:
         if finished and not self._flags[pos]:
-            self._rp.unfinished[self._api_keys[pos]] -= 1
+            self._rp.unfinished[self.keys[pos]] -= 1
         self._flags[pos] = finished
 
 
@@ -207,12 +207,12 @@ async def replay_connection(rp: ReplaySchedule, rc: RecordedConnection, host: st
                 def settled(r: Any = r, got: list[Any] = got) -> bool:
                     got[0] = rewrite_request(r.frame, rp.state, cs)
                     return (not isinstance(got[0], Pending) or closed.is_set()
-                            or not rp.can_still_learn(got[0].reason, r.frame.api_key))
+                            or not rp.can_still_learn(got[0].reason, done.keys[pos]))
 
                 await rp.wait_for(settled, rp.opt.pending_timeout)
                 outcome = got[0]
                 if isinstance(outcome, Pending):
-                    hopeless = not rp.can_still_learn(outcome.reason, r.frame.api_key)
+                    hopeless = not rp.can_still_learn(outcome.reason, done.keys[pos])
                     outcome = Skip(f"{outcome.reason}: {NO_SOURCE_LEFT}" if hopeless else outcome.reason)
             if isinstance(outcome, Skip):
                 res.skipped[outcome.reason] += 1

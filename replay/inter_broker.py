@@ -7,25 +7,34 @@ AddPartitionsToTxn verifications, the coordinator's WriteTxnMarkers, a
 follower's Fetch. Replayed against another cluster, those requests come from
 no broker of it: the target refuses them (CLUSTER_AUTHORIZATION_FAILED, an
 unknown replica), and the replay's figures count refusals no client ever met.
-A connection is a broker's when one of its requests is one only brokers send
+A connection is a broker's when its requests are ones only brokers send
 (`protocol.apis.BROKER_SENT_APIS`, AddPartitionsToTxn v4+, a Fetch or
-OffsetForLeaderEpoch naming a replica): the whole connection is left out,
-its ApiVersions and Metadata included, and the plan counts its requests.
+OffsetForLeaderEpoch naming a replica), besides the few every connection
+sends (ApiVersions, FindCoordinator, SASL): the whole connection is left out
+and the plan counts its requests. One such request is not enough: Kafka's
+Admin client aborts a hanging transaction with WriteTxnMarkers itself
+(KIP-664, `kafka-transactions abort`), on a connection that also asks for
+Metadata and DescribeProducers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from protocol.apis import (ADD_PARTITIONS_TO_TXN, BROKER_ADD_PARTITIONS_MIN_VERSION, BROKER_SENT_APIS,
-                           REPLICA_ID_APIS)
+from protocol.apis import (ADD_PARTITIONS_TO_TXN, API_VERSIONS, BROKER_ADD_PARTITIONS_MIN_VERSION, BROKER_SENT_APIS,
+                           FIND_COORDINATOR, REPLICA_ID_APIS, SASL_AUTHENTICATE, SASL_HANDSHAKE)
 from protocol.frames import RequestFrame
 from replay.messages import decode_spec_request
 
-__all__ = ["SKIP_REASON", "sent_by_broker", "broker_connection"]
+__all__ = ["SKIP_REASON", "SKIP_NOTE", "sent_by_broker", "broker_connection"]
 
-# The plan's and the summary's reason for these requests
+# The plan's and the summary's reason for these requests, and what it means
 SKIP_REASON = "inter_broker_connection"
+SKIP_NOTE = ("a broker's own connections, recorded because the brokers also talk through this listener: transaction "
+             "markers, a partition leader's AddPartitionsToTxn, a follower's Fetch, share-group state; the target's "
+             "brokers would refuse them")
+# What a broker's connection sends besides its own requests, as any connection does
+_ANY_CONNECTION = frozenset({API_VERSIONS, FIND_COORDINATOR, SASL_HANDSHAKE, SASL_AUTHENTICATE})
 
 
 def _replica_id(frame: RequestFrame) -> int | None:
@@ -53,5 +62,12 @@ def sent_by_broker(frame: RequestFrame) -> bool:
 
 
 def broker_connection(frames: Iterable[RequestFrame]) -> bool:
-    """One of a connection's requests is a broker's: the connection is a broker's."""
-    return any(sent_by_broker(f) for f in frames)
+    """A connection's requests are a broker's (at least one), besides those any connection sends (module docstring)."""
+    seen = False
+    for f in frames:
+        if f.api_key in _ANY_CONNECTION:
+            continue
+        if not sent_by_broker(f):
+            return False
+        seen = True
+    return seen

@@ -208,21 +208,48 @@ def _rewrite_share_session(w: Walk, body: dict[str, Any]) -> None:
 
     The member id is the one its ShareGroupHeartbeat joined with (a share member chooses its own, so it
     is the recorded one unless a rejoin bound another); until the target has made it a member, the request
-    waits (and is skipped, as its heartbeats are, when nothing left in the replay can make it one). The share session epoch is the client's own
-    count (0 opens a session, -1 closes it): the replay sends the recorded sequence, as the client did.
+    waits (and is skipped, as its heartbeats are, when nothing left in the replay can make it one).
+
+    The share session epoch is the client's own count on its connection (0 opens a session, each request
+    moves it on by one, -1 closes it). The replay counts again what it sends: a request left out (--api,
+    a window, a skip) made every later one of the session INVALID_SHARE_SESSION_EPOCH, and a window that
+    starts inside a session opens its own with its first ShareFetch. A ShareAcknowledge cannot open one:
+    without a session it is skipped.
+
     The acknowledged offsets are the recorded ones: the records the target delivered are at the same
     offsets only when its partitions hold what the origin's held (the replay's own Produce requests).
     """
-    member = body["member_id"]
+    member, group = body["member_id"], body["group_id"]
+    tgt = member
     if member:
-        tgt = w.state.members.get((body["group_id"], member), member)
-        if (body["group_id"], tgt) not in w.state.member_epochs:
+        tgt = w.state.members.get((group, member), member)
+        if (group, tgt) not in w.state.member_epochs:
             raise NeedState("member_epoch_unknown")  # not a member on the target (yet): its session would not exist
         if tgt != member:
             body["member_id"] = tgt
             w.mark("member_id")
     _target_topic_ids(w, body["topics"])
     _target_topic_ids(w, body.get("forgotten_topics_data"))
+    _share_session_epoch(w, body, (group, tgt))
+
+
+def _share_session_epoch(w: Walk, body: dict[str, Any], key: tuple[str, str]) -> None:
+    """The share session epoch this replay connection's session is at (`_rewrite_share_session`); last, so that a
+    request that waits or is skipped moves no count."""
+    recorded, sessions = body["share_session_epoch"], w.conn.share_sessions
+    if recorded == -1:  # the client closes its session
+        sessions.pop(key, None)
+        return
+    if recorded == 0 or key not in sessions:
+        if w.frame.api_key == SHARE_ACKNOWLEDGE:
+            raise CannotReplay("share_session_not_open")
+        epoch = 0
+    else:
+        epoch = sessions[key]
+    sessions[key] = epoch + 1
+    if epoch != recorded:
+        body["share_session_epoch"] = epoch
+        w.mark("share_session_epoch")
 
 
 def _rewrite_group_metadata(w: Walk, msg: Any) -> None:

@@ -19,12 +19,16 @@ from typing import Protocol, TextIO
 
 from protocol.apis import (CONSUMER_GROUP_HEARTBEAT, FETCH, INIT_PRODUCER_ID, JOIN_GROUP, SHARE_GROUP_HEARTBEAT,
                            STREAMS_GROUP_HEARTBEAT)
+from protocol.frames import RequestFrame
 from protocol.sasl import MECHANISM as SASL_MECHANISM
+from replay.inter_broker import SKIP_NOTE as INTER_BROKER_NOTE
+from replay.inter_broker import SKIP_REASON as INTER_BROKER
 from replay.load import Recording
+from replay.messages import decode_spec_request
 from replay.state import ReplayState
 
 __all__ = ["ReplayOptions", "ReplayResult", "ReplaySchedule", "note_hint", "LATE_AFTER_S", "PENDING_SOURCES",
-           "NO_SOURCE_LEFT"]
+           "NO_SOURCE_LEFT", "learning_key", "skip_note"]
 
 class FinishedFlags(Protocol):
     """A connection's finished flags by position (`replay.connection.Finished`, or a plain list of bools)."""
@@ -34,17 +38,41 @@ class FinishedFlags(Protocol):
     def __setitem__(self, pos: int, finished: bool) -> None: ...
 
 
-_HEARTBEATS = frozenset({CONSUMER_GROUP_HEARTBEAT, SHARE_GROUP_HEARTBEAT, STREAMS_GROUP_HEARTBEAT})  # member epochs
-_MEMBER_ANSWERS = _HEARTBEATS | {JOIN_GROUP}  # what binds a recorded member id to the target's
-# A Pending reason (`replay.state.NeedState`) → the APIs whose answers can teach what it waits for (`replay.learn`)
+_HEARTBEATS = frozenset({CONSUMER_GROUP_HEARTBEAT, SHARE_GROUP_HEARTBEAT, STREAMS_GROUP_HEARTBEAT})
+# A heartbeat that joins (member epoch 0), counted apart from the others: only its answer can make a member of a
+# member the target does not know, and a later heartbeat waits for that itself. Counted as one of them, a window
+# that left a member's join out had its heartbeats wait for each other, each for --pending-timeout.
+GROUP_JOIN = -1
+
+
+def learning_key(frame: RequestFrame) -> int:
+    """The key a request is counted under in `ReplaySchedule.unfinished`: its API, or GROUP_JOIN for a join."""
+    if frame.api_key in _HEARTBEATS:
+        try:
+            if decode_spec_request(frame)["member_epoch"] == 0:
+                return GROUP_JOIN
+        except Exception:  # noqa: BLE001 — unreadable: sent as recorded, a heartbeat like any other
+            pass
+    return frame.api_key
+
+
+# A Pending reason (`replay.state.NeedState`) → the requests (`learning_key`) whose answers can teach what it waits
+# for (`replay.learn`)
 PENDING_SOURCES: dict[str, frozenset[int]] = {
     "producer_id_unmapped": frozenset({INIT_PRODUCER_ID}),
     "fetch_session_unmapped": frozenset({FETCH}),
-    "member_id_unmapped": _MEMBER_ANSWERS,
-    "generation_unknown": frozenset({JOIN_GROUP, CONSUMER_GROUP_HEARTBEAT}),
-    "member_epoch_unknown": _HEARTBEATS,
+    "member_id_unmapped": frozenset({JOIN_GROUP, GROUP_JOIN}),
+    "generation_unknown": frozenset({JOIN_GROUP, GROUP_JOIN}),
+    "member_epoch_unknown": frozenset({GROUP_JOIN}),
 }
 NO_SOURCE_LEFT = "nothing left in the replay to learn it from (filtered out, skipped or failed)"
+# What a skip reason means, where its name alone does not say it (the plan's and the summary's lines)
+_SKIP_NOTES = {INTER_BROKER: f" ({INTER_BROKER_NOTE})"}
+
+
+def skip_note(reason: str) -> str:
+    """" (what it means)" after a skip reason, or nothing."""
+    return _SKIP_NOTES.get(reason, "")
 
 LATE_AFTER_S = 0.05  # a request sent this much after its time at --speed N is counted late (`ReplayResult.late`)
 
@@ -135,7 +163,7 @@ class ReplayResult:
                  f"{self.no_response} without response (acks=0), {self.failed} failed, "
                  f"{sum(self.skipped.values())} skipped; span {self.span_s:.2f} s"]
         for reason, n in sorted(self.skipped.items(), key=lambda kv: -kv[1]):
-            lines.append(f"  skipped {n:>5}  {reason}")
+            lines.append(f"  skipped {n:>5}  {reason}{skip_note(reason)}")
         for reason, n in sorted(self.failures.items(), key=lambda kv: -kv[1]):
             lines.append(f"  failed  {n:>5}  {reason}")
         if self.answer_errors:
@@ -182,24 +210,25 @@ class ReplaySchedule:
         self.dispatched = [False] * recording.requests  # global index → sent/skipped/failed (max-speed gate)
         # api key → the replay's requests of that API not finished yet (answered, failed or skipped): while none
         # that could answer a Pending request's need is left, waiting for it is pointless (`can_still_learn`)
-        self.unfinished: Counter = Counter(r.frame.api_key for c in recording.connections for r in c.requests)
+        self.unfinished: Counter = Counter(learning_key(r.frame) for c in recording.connections for r in c.requests)
         self.dispatch_ptr = 0
         self._t0_rec = recording.start_ns or 0
         self._t0 = 0.0
         self._progress_task: asyncio.Task | None = None
 
-    def can_still_learn(self, reason: str, own_api_key: int) -> bool:
+    def can_still_learn(self, reason: str, own_key: int) -> bool:
         """Could a request still unfinished teach the state a Pending request needs (`reason`)?
 
         Why: a request whose InitProducerId (JoinGroup, first Fetch) was filtered out, skipped or failed
         waited --pending-timeout for an answer nobody would send, one such request after the other (and
         at --speed max the whole replay's order with it): a 1 s recording took minutes. The request
         itself does not count as its own source (a Fetch waiting for a session, a JoinGroup for a member id).
+        `own_key`: its `learning_key`.
         """
         sources = PENDING_SOURCES.get(reason)
         if sources is None:  # a need this table does not know: wait, as before
             return True
-        return any(self.unfinished[k] - (k == own_api_key) > 0 for k in sources)
+        return any(self.unfinished[k] - (k == own_key) > 0 for k in sources)
 
     # -- notifications -------------------------------------------------------
     async def settle(self, done: FinishedFlags, pos: int, index: int) -> None:

@@ -55,6 +55,8 @@ class ConnState:
     fetch_sessions: dict[int, int] = field(default_factory=dict)  # recorded session id → target's
     new_fetch_session: int | None = None  # target session created by this connection's last epoch-0 fetch
     pending_member: dict[str, str] = field(default_factory=dict)  # group → member id the target just gave
+    # (group, member) → the share session epoch its next ShareFetch / ShareAcknowledge carries (`replay.rewrite`)
+    share_sessions: dict[tuple[str, str], int] = field(default_factory=dict)
     # loop time to re-authenticate at (`replay.reauth`): the target's SASL session lifetime runs out soon after
     reauth_at: float | None = None
     # it authenticated on the target: a later recorded SaslHandshake (the client's own KIP-368 renewal) is not sent,

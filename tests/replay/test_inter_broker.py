@@ -51,6 +51,11 @@ def test_a_brokers_connection_is_skipped_whole_and_the_plan_says_why(tmp_path: P
     assert rec.skipped == {SKIP_REASON: 3}  # its ApiVersions too: the connection is the broker's
     plan = format_plan(rec, "127.0.0.1:9", 1.0, {}, None, "track")
     assert f"will skip    3 request(s): {SKIP_REASON} (a broker's own connections" in plan
+    from replay.schedule import ReplayResult
+
+    result = ReplayResult(connections=1)
+    result.skipped.update(rec.skipped)
+    assert f"skipped     3  {SKIP_REASON} (a broker's own connections" in result.summary()  # the end says it too
     # a filter that leaves the broker's connection out does not call it skipped
     assert load_recording(tmp_path, Filters(clients=("synthetic",))).skipped == {}
     # nor what --api leaves out of it: only the requests the filters keep are "skipped", the rest filtered out
@@ -58,3 +63,13 @@ def test_a_brokers_connection_is_skipped_whole_and_the_plan_says_why(tmp_path: P
     assert (rec.skipped, rec.requests, rec.dropped_by_filter) == ({}, 1, 4)
     rec = load_recording(tmp_path, Filters(apis=(18,)))
     assert (rec.skipped, rec.requests, rec.dropped_by_filter) == ({SKIP_REASON: 1}, 1, 3)
+
+
+def test_an_admin_aborting_a_transaction_is_a_client_not_a_broker(tmp_path: Path):
+    """Kafka's Admin client sends WriteTxnMarkers itself to abort a hanging transaction (KIP-664, kafka-transactions
+    abort), beside Metadata and DescribeProducers: one broker-only request does not make a connection a broker's."""
+    admin = SynthConn("a1", 0.0, [api_versions(1, "adminclient-1"), metadata(2, 0.1, "adminclient-1"), _markers(3)],
+                      client_id="adminclient-1")
+    write_recording(tmp_path, [admin])
+    rec = load_recording(tmp_path)
+    assert [c.conn_id for c in rec.connections] == ["a1"] and rec.skipped == {}

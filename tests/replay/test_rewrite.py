@@ -456,12 +456,21 @@ def test_kip932_share_members_follow_the_target():
     learn_from_response(join, share_heartbeat_response("s-uuid", 1), state, conn)
     out = rewrite_request(parse_request(share_heartbeat("s-uuid", 9)), state, conn)
     assert hb_body(out.data)["member_epoch"] == 1 and out.rewrites == ("member_epoch",)
-    for api_key in (78, 79):  # ShareFetch, ShareAcknowledge
-        out = rewrite_request(parse_request(share_fetch("s-uuid", str(rec_id), 3, api_key)), state, conn)
+    # a ShareAcknowledge cannot open a share session: none is open on this connection yet
+    assert rewrite_request(parse_request(share_fetch("s-uuid", str(rec_id), 3, 79)), state, conn) == Skip(
+        "share_session_not_open")
+    # the session epochs are counted again over what is sent: a window that starts inside a session (recorded 3)
+    # opens its own, and a request left out (recorded 5) leaves no gap
+    for api_key, recorded, sent_epoch in ((78, 3, 0), (79, 4, 1), (78, 6, 2)):  # ShareFetch, ShareAcknowledge
+        out = rewrite_request(parse_request(share_fetch("s-uuid", str(rec_id), recorded, api_key)), state, conn)
         sent = hb_body(out.data)
-        assert sent["topics"][0]["topic_id"] == str(tgt_id) and sent["share_session_epoch"] == 3, sent
+        assert sent["topics"][0]["topic_id"] == str(tgt_id) and sent["share_session_epoch"] == sent_epoch, sent
         assert sent["topics"][0]["partitions"][0]["acknowledgement_batches"][0]["last_offset"] == 4
         assert [t["topic_id"] for t in sent.get("forgotten_topics_data") or ()] == ([str(tgt_id)] if api_key == 78 else [])
+    closing = parse_request(share_fetch("s-uuid", str(rec_id), -1, 79))
+    assert hb_body(rewrite_request(closing, state, conn).data)["share_session_epoch"] == -1  # and the count ends
+    assert hb_body(rewrite_request(parse_request(share_fetch("s-uuid", str(rec_id), 9)), state, conn).data)[
+        "share_session_epoch"] == 0  # a new session
     unknown = rewrite_request(parse_request(share_fetch("s-uuid", str(uuid.uuid4()))), state, conn)
     assert unknown == Skip("topic_id_unmapped")
     # the plan, the --topic filter and topic creation read their topics (by id, and the subscription by name)
@@ -563,3 +572,22 @@ def test_topic_map_inside_consumer_group_metadata():
                       group_instance_id=None, protocol_type="connect",
                       protocols=[J.JoinGroupRequestProtocol(version=7, name="sessioned", metadata=v0)])
     assert rewrite_request(parse_request(connect), state, conn).data == connect
+
+
+def test_a_window_without_a_members_join_skips_its_heartbeats_at_once(tmp_path):
+    """Only a join (member epoch 0) can make a member of one the target does not know: a window that left the join
+    out had the member's later heartbeats (and its ShareFetch requests) wait for each other, --pending-timeout each
+    (a 10-minute replay that sent nothing). They are skipped at once, "nothing left to learn it from"."""
+    from replay_synthetic import SynthConn, SynthRequest, write_recording
+
+    from replay.load import Filters, load_recording
+    from replay.schedule import GROUP_JOIN, ReplayOptions, ReplaySchedule, learning_key
+
+    beats = [SynthRequest(0.1 * i, share_heartbeat("s-uuid", e), 76, 1, 7) for i, e in enumerate((0, 4, 5), 1)]
+    write_recording(tmp_path, [SynthConn("c1", 0.0, beats)])
+    assert [learning_key(parse_request(r.frame)) for r in beats] == [GROUP_JOIN, 76, 76]
+    for since, hopeless in ((None, False), (0.15, True)):  # the whole recording, a window after the join
+        rec = load_recording(tmp_path, Filters(since_ns=None if since is None else
+                                                load_recording(tmp_path).start_ns + int(since * 1e9)))
+        rp = ReplaySchedule(rec, ReplayOptions(target="127.0.0.1:9"))
+        assert rp.can_still_learn("member_epoch_unknown", 76) is not hopeless, since
