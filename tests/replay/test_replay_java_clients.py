@@ -181,8 +181,13 @@ def test_a_share_groups_member_follows_the_target(tmp_path: Path, target: LocalK
     by_topic = load_recording(tmp_path / "rec", Filters(topics=("share4",)))  # --topic keeps the share member
     assert "java-share" in {c.client_id for c in by_topic.connections}
     target.create_topic("share4", 1)
-    # at the recorded pace: at full speed the member's first ShareFetch can reach the target while the share
-    # partition's state is still being initialised (answered UNKNOWN_SERVER_ERROR, retried by a client)
+    # The origin's share coordinator had loaded its state (the warm-up member used it first); a fresh target creates
+    # and loads __share_group_state when a share group first needs it, and answers a ShareFetch in that moment
+    # UNKNOWN_SERVER_ERROR (a client retries it). Another group's member on the target brings it up first.
+    from harness.java_clients import JavaClients
+
+    j = JavaClients(target.bootstrap)
+    j.run(j.share_consumer("share4", "warm-target", max_messages=1, timeout_ms=3_000))  # times out: nothing to read
     result = run_replay(rec, ReplayOptions(target=target.bootstrap, speed=1.0))
     print(result.summary())  # visible with -s
     assert result.failed == 0 and set(result.skipped) <= {SKIP_REASON}, result.summary()
