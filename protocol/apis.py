@@ -71,6 +71,8 @@ OFFSET_FOR_LEADER_EPOCH = 23
 DESCRIBE_CLUSTER, DESCRIBE_TRANSACTIONS, CONSUMER_GROUP_HEARTBEAT = 60, 65, 68
 DESCRIBE_TOPIC_PARTITIONS, SHARE_GROUP_HEARTBEAT, SHARE_FETCH, SHARE_ACKNOWLEDGE = 75, 76, 78, 79
 STREAMS_GROUP_HEARTBEAT = 88
+# The newer group protocols' heartbeats (KIP-848, KIP-932, KIP-1071): each carries its member's id and epoch
+GROUP_HEARTBEATS = frozenset({CONSUMER_GROUP_HEARTBEAT, SHARE_GROUP_HEARTBEAT, STREAMS_GROUP_HEARTBEAT})
 # Frames that may carry a secret in either direction, never kept as bytes (`--capture`): SaslAuthenticate's
 # token; AlterConfigs and IncrementalAlterConfigs (33, 44), whose values are sent in clear, passwords included
 # (a listener's sasl.jaas.config with every user's password, ssl.keystore.password); a delegation token's HMAC

@@ -104,7 +104,7 @@ def _fill(c: _Client, row: Row) -> None:
         c.client_addr, c.broker_addr = row["client_addr"], row["broker_addr"]
     c.bytes_in = max(c.bytes_in, row["bytes_from_client"])
     c.bytes_out = max(c.bytes_out, row["bytes_from_broker"])
-    c.roles |= API_ROLE.get(row["last_api_key"], 0) if row["last_api_key"] is not None else 0
+    c.roles |= API_ROLE.get(row["last_api_key"], 0)  # None (no request yet): no role
     if c.client_id is None:
         for cid in row["client_ids"]:
             c.name(cid)
@@ -432,8 +432,7 @@ class LiveStats:
         for row in self.open_requests_so_far():
             c = self.clients.get(row["conn_id"])
             if c is None:
-                c = _Client(row["conn_id"], row["opened_ns"] or now)
-                c.client_addr, c.broker_addr = row["client_addr"], row["broker_addr"]
+                c = _Client(row["conn_id"], row["opened_ns"] or now)  # `_fill` gives it its addresses
                 unseen.append(c)
             elif not c.open:
                 continue

@@ -8,8 +8,7 @@ cannot read only means a later request will be skipped with a reason.
 
 from __future__ import annotations
 
-from protocol.apis import (APIS, CONSUMER_GROUP_HEARTBEAT, CREATE_TOPICS, END_TXN, FETCH, INIT_PRODUCER_ID, JOIN_GROUP,
-                           METADATA, SHARE_GROUP_HEARTBEAT, STREAMS_GROUP_HEARTBEAT)
+from protocol.apis import APIS, CREATE_TOPICS, END_TXN, FETCH, GROUP_HEARTBEATS, INIT_PRODUCER_ID, JOIN_GROUP, METADATA
 from protocol.errors import MEMBER_ID_REQUIRED
 from protocol.frames import RequestFrame, fetch_response_session
 from replay.messages import decode_request_body, decode_response, decode_spec_request, decode_spec_response, uuid_text
@@ -54,7 +53,7 @@ def learn_from_response(sent: RequestFrame, response: bytes | memoryview, state:
                 learned.append(f"producer={(target.producer_id, target.epoch)}")
         elif key == END_TXN:
             learned += _end_txn(sent, response, state)
-        elif key in (CONSUMER_GROUP_HEARTBEAT, SHARE_GROUP_HEARTBEAT, STREAMS_GROUP_HEARTBEAT):
+        elif key in GROUP_HEARTBEATS:
             learned += _group_heartbeat(sent, response, state, conn)
         elif key == JOIN_GROUP:
             resp = decode_response(sent, response)

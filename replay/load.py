@@ -26,8 +26,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from protocol.apis import (API_NAMES, CONSUMER_GROUP_HEARTBEAT, DESCRIBE_CLUSTER, GROUP_APIS, INIT_PRODUCER_ID, METADATA,
-                           PRODUCE, SASL_AUTHENTICATE, SASL_HANDSHAKE, SHARE_GROUP_HEARTBEAT, STREAMS_GROUP_HEARTBEAT)
+from protocol.apis import (API_NAMES, DESCRIBE_CLUSTER, GROUP_APIS, GROUP_HEARTBEATS, INIT_PRODUCER_ID, METADATA, PRODUCE,
+                           SASL_AUTHENTICATE, SASL_HANDSHAKE)
 from protocol.frames import RequestFrame, parse_request
 from recording.reader import RecordingFormatError, live_files, read_recording, recording_files, recording_start
 from recording.timestamps import to_epoch_ns
@@ -138,7 +138,7 @@ class Recording:
 
 # Requests naming a group whose coordinator the set-up waits for: classic groups', KIP-848 consumers', share and
 # streams groups'
-_COORDINATED_GROUP_APIS = GROUP_APIS | {CONSUMER_GROUP_HEARTBEAT, SHARE_GROUP_HEARTBEAT, STREAMS_GROUP_HEARTBEAT}
+_COORDINATED_GROUP_APIS = GROUP_APIS | GROUP_HEARTBEATS
 
 
 def parse_api(text: str) -> int:

@@ -20,8 +20,7 @@ from __future__ import annotations
 from struct import Struct
 from typing import Any
 
-from protocol.apis import (APIS, CONSUMER_GROUP_HEARTBEAT, END_TXN, SHARE_ACKNOWLEDGE, SHARE_FETCH, SHARE_GROUP_HEARTBEAT,
-                           STREAMS_GROUP_HEARTBEAT)
+from protocol.apis import APIS, END_TXN, GROUP_HEARTBEATS, SHARE_ACKNOWLEDGE, SHARE_FETCH
 from protocol.deep import decode_body, encode_body, message_class
 from protocol.frames import RequestFrame, response_body
 
@@ -29,8 +28,7 @@ __all__ = ["answer_errors", "decode_request_body", "reencode_request", "decode_r
            "reencode_spec_request", "decode_spec_response", "fields", "names_topic", "uuid_text", "SPEC_DECODED"]
 
 # Rewritten in the spec codec's dict form: kafka-python has no class for them
-SPEC_DECODED = frozenset({CONSUMER_GROUP_HEARTBEAT, SHARE_GROUP_HEARTBEAT, SHARE_FETCH, SHARE_ACKNOWLEDGE,
-                          STREAMS_GROUP_HEARTBEAT})
+SPEC_DECODED = GROUP_HEARTBEATS | {SHARE_FETCH, SHARE_ACKNOWLEDGE}
 
 _I32 = Struct(">i")
 _ZERO_UUID = "00000000-0000-0000-0000-000000000000"

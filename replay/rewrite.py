@@ -44,8 +44,8 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from protocol.apis import (APIS, CONSUMER_GROUP_HEARTBEAT, FETCH, JOIN_GROUP, PRODUCE, SASL_AUTHENTICATE, SASL_HANDSHAKE,
-                           SHARE_ACKNOWLEDGE, SHARE_FETCH, SHARE_GROUP_HEARTBEAT, STREAMS_GROUP_HEARTBEAT, SYNC_GROUP)
+from protocol.apis import (APIS, FETCH, GROUP_HEARTBEATS, JOIN_GROUP, PRODUCE, SASL_AUTHENTICATE, SASL_HANDSHAKE,
+                           SHARE_ACKNOWLEDGE, SHARE_FETCH, SYNC_GROUP)
 from protocol.batch_edit import records_producer_ids, rewrite_records_producer
 from protocol.consumer_protocol import rename_consumer_assignment, rename_consumer_subscription
 from protocol.deep import encode_request
@@ -320,7 +320,7 @@ def rewrite_request(frame: RequestFrame, state: ReplayState, conn: ConnState) ->
         return Send(frame.data, expects_response(frame), ())
     w = Walk(state, conn, frame)
     try:
-        if frame.api_key in (CONSUMER_GROUP_HEARTBEAT, SHARE_GROUP_HEARTBEAT, STREAMS_GROUP_HEARTBEAT):
+        if frame.api_key in GROUP_HEARTBEATS:
             _rewrite_group_heartbeat(w, msg)
         elif frame.api_key in (SHARE_FETCH, SHARE_ACKNOWLEDGE):
             _rewrite_share_session(w, msg)

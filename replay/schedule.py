@@ -17,8 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TextIO
 
-from protocol.apis import (CONSUMER_GROUP_HEARTBEAT, FETCH, INIT_PRODUCER_ID, JOIN_GROUP, SHARE_GROUP_HEARTBEAT,
-                           STREAMS_GROUP_HEARTBEAT)
+from protocol.apis import FETCH, GROUP_HEARTBEATS, INIT_PRODUCER_ID, JOIN_GROUP
 from protocol.frames import RequestFrame
 from protocol.sasl import MECHANISM as SASL_MECHANISM
 from replay.inter_broker import SKIP_NOTE as INTER_BROKER_NOTE
@@ -38,7 +37,6 @@ class FinishedFlags(Protocol):
     def __setitem__(self, pos: int, finished: bool) -> None: ...
 
 
-_HEARTBEATS = frozenset({CONSUMER_GROUP_HEARTBEAT, SHARE_GROUP_HEARTBEAT, STREAMS_GROUP_HEARTBEAT})
 # A heartbeat that joins (member epoch 0), counted apart from the others: only its answer can make a member of a
 # member the target does not know, and a later heartbeat waits for that itself. Counted as one of them, a window
 # that left a member's join out had its heartbeats wait for each other, each for --pending-timeout.
@@ -47,7 +45,7 @@ GROUP_JOIN = -1
 
 def learning_key(frame: RequestFrame) -> int:
     """The key a request is counted under in `ReplaySchedule.unfinished`: its API, or GROUP_JOIN for a join."""
-    if frame.api_key in _HEARTBEATS:
+    if frame.api_key in GROUP_HEARTBEATS:
         try:
             if decode_spec_request(frame)["member_epoch"] == 0:
                 return GROUP_JOIN
