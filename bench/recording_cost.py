@@ -479,8 +479,8 @@ def _flush_files(rec: Any, s: Any, table: Any, directory: Path, flushes: int) ->
     for i in range(flushes):
         part = table.slice(i * step, step)
         path = directory / f"part-flush-{i + 1:08d}.parquet"
-        rec._write_file(s, [part], path, f"{i + 1}-{i + 1}", 0, part.num_rows)
-        seg.files.append(FlushFile(i + 1, path, part.num_rows, 0))
+        rec._write_file(s, [part], path, f"{i + 1}-{i + 1}", 0, part.num_rows, flush=True)  # as its flushes write them
+        seg.files.append(FlushFile(i + 1, path, part.num_rows, 0, rec._flush_options[s.name].interim))
     return seg
 
 

@@ -48,6 +48,7 @@ class FlushFile:
     path: Path
     rows: int
     dropped: int  # rows dropped since the previous file, as written in its footer
+    interim: bool = False  # written the cheap way (recording.files.ParquetOptions): rewritten even when alone
 
 
 @dataclass
@@ -63,7 +64,7 @@ class Segment:
 
 def take_due(segments: dict[Path, Segment], *, now: float, force: bool, rotate_bytes: int,
              interval_s: float) -> list[Segment]:
-    """Remove the segments due for compaction from `segments` and return them (a one-file segment is final as it is).
+    """Remove the segments due for compaction from `segments` and return them.
 
     The newest directory keeps collecting unless it is old or big enough;
     any older one (its hour was left) is due at once.
@@ -136,8 +137,10 @@ class Compactor:
                 self._on_error("compaction", "recording compaction failed; keeping the flush files", exc, dataset=item[0].name)
 
     def merge(self, stream: _Stream, seg: Segment) -> Path | None:
-        """Merge the segment (a one-file segment stays as it is), then hand the final file to `on_final`."""
-        out = self._merged(stream, seg) if len(seg.files) >= 2 else seg.files[0].path
+        """Merge the segment, then hand the final file to `on_final`. A segment of one file written for good (not
+        `interim`) stays as it is; an interim one is rewritten, sorted and compressed, like any merge."""
+        alone = len(seg.files) == 1 and not seg.files[0].interim
+        out = seg.files[0].path if alone else self._merged(stream, seg)
         if out is not None and self._on_final is not None:
             try:
                 self._on_final(stream, out, seg.closes)

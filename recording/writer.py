@@ -27,8 +27,9 @@ Why this shape
 * **Or one writer thread** (`writer="thread"`, the default for direct use:
   tests, tools) wakes every `flush_interval_s`, drains the queues,
   converts rows to Arrow in small chunks (the conversion holds the GIL; small
-  chunks let the loop thread in between), sorts them for compression and
-  writes **each flush as its own small Parquet file**: `.tmp-…` first (Spark
+  chunks let the loop thread in between) and writes **each flush as its own
+  small Parquet file** (unsorted and lz4 while compaction is on, which
+  rewrites it: `recording.files.ParquetOptions.interim`): `.tmp-…` first (Spark
   and pyarrow ignore dot-files), fsync, then `rename()` to `part-…`. A file is
   therefore either absent or complete: `kill -9` loses at most the rows still
   queued (≤ one flush interval) and every `part-*.parquet` is valid.
@@ -386,12 +387,16 @@ class ParquetRecorder:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._options: dict[str, Any] = {}  # dataset → recording.files.ParquetOptions (writer="thread")
+        self._flush_options: dict[str, Any] = {}  # the same, for flush files (interim while compaction is on)
         self._compactor: Compactor | None = None
         if arrow:
             from recording.compaction import Compactor
             from recording.files import ParquetOptions
 
             self._options = {name: ParquetOptions(name, compression_level, fsync) for name in DATASETS}
+            # flush files that compaction will rewrite are encoded the cheap way (ParquetOptions.interim)
+            self._flush_options = (self._options if compact_interval_s <= 0 else
+                                   {name: o.interim_copy() for name, o in self._options.items()})
             self._compactor = Compactor(self.run, self._write_merged, self._error, self._file_final)
         self._unmerged: set[Path] = set()  # partition directories whose rollups are not merged yet (compactor thread)
         self._folds: dict[Path, Any] = {}  # merged requests file → its rollups, folded while merging (compactor thread)
@@ -957,7 +962,7 @@ class ParquetRecorder:
         return parts
 
     def _write_file(self, s: _Stream, tables: Iterable[pa.Table], path: Path, seq: str, dropped: int,
-                    rows: int, written: Callable[[pa.Table], None] | None = None) -> int:
+                    rows: int, written: Callable[[pa.Table], None] | None = None, flush: bool = False) -> int:
         """Write one flush or merged file of `s` (footer: format version, run, sequence range, drops)."""
         from recording.files import file_metadata, write_atomic
 
@@ -966,7 +971,7 @@ class ParquetRecorder:
         if s.name == "requests":
             relay = dict(self.requests_dropped)  # a copy: the loop thread keeps counting
             md[b"kafkatap.requests_dropped_by_relay"] = ",".join(f"{k}={v}" for k, v in sorted(relay.items())).encode()
-        return write_atomic(tables, path, md, self._options[s.name], written)
+        return write_atomic(tables, path, md, (self._flush_options if flush else self._options)[s.name], written)
 
     def _write_merged(self, s: _Stream, tables: Iterable[pa.Table], path: Path, seq: str, dropped: int,
                       rows: int) -> int:
@@ -1010,7 +1015,7 @@ class ParquetRecorder:
         dropped = s.dropped_total() - s.dropped_reported
         path = directory / flush_name(self.run, seq)
         try:
-            size = self._write_file(s, [table], path, f"{seq}-{seq}", dropped, table.num_rows)
+            size = self._write_file(s, [table], path, f"{seq}-{seq}", dropped, table.num_rows, flush=True)
         except OSError as exc:
             s.write_dropped += table.num_rows
             self._error("write", "recording write failed: dropping rows", exc, dataset=s.name, rows=table.num_rows)
@@ -1025,7 +1030,7 @@ class ParquetRecorder:
         seg = s.segments.get(directory)
         if seg is None:
             seg = s.segments[directory] = Segment(directory, time.monotonic())
-        seg.files.append(FlushFile(seq, path, table.num_rows, dropped))
+        seg.files.append(FlushFile(seq, path, table.num_rows, dropped, self._flush_options[s.name].interim))
         seg.bytes += size
 
     # -- compaction (recording.compaction) ----------------------------------------------

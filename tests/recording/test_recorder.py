@@ -22,6 +22,7 @@ from recording.sample_rows import SessionMix, connection_row, frame_row, tcp_row
 from recording.reader import (
     Migration, RecordingFormatError, file_version, open_recording, read_recording, recording_files,
 )
+from recording.files import SORT_KEYS
 from recording.schema import FORMAT_KEY, FORMAT_VERSION, TIMESTAMP, arrow_schema
 from recording.timestamps import timestamp_columns, to_epoch_ns
 
@@ -137,6 +138,46 @@ def test_merged_segments_get_cells_and_no_cells_without_compaction(make_recorder
         off.request(row)
     off.close()
     assert _files(tmp_path / "off", "requests") and not _files(tmp_path / "off", "latency_cells")
+
+
+def _codecs(path: Path) -> set[str]:
+    md = pq.read_metadata(path)
+    return {md.row_group(g).column(c).compression for g in range(md.num_row_groups) for c in range(md.num_columns)}
+
+
+def _is_sorted(path: Path, dataset: str) -> bool:
+    t = pq.read_table(path)
+    return t.equals(t.sort_by([(k, "ascending") for k in SORT_KEYS[dataset]]))
+
+
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_flush_files_are_interim_and_every_final_file_is_sorted_zstd(rec_dir: Path, writer: str) -> None:
+    """While compaction is on, flush files are written the cheap way (lz4, as the rows came): compaction rewrites every
+    one of them, a segment of a single flush file too, sorted and zstd-compressed. Without compaction each flush file
+    is final, and written so."""
+    r = ParquetRecorder(rec_dir, "p1", fsync=False, flush_interval_s=0.1, compact_interval_s=3600, writer=writer).start()
+    mix = SessionMix(proxy_id="p1")
+    for row in mix.rows(600):
+        r.request(row)
+    deadline = time.monotonic() + 10
+    while not _files(rec_dir, "requests") and time.monotonic() < deadline:  # polls the disk: no event says "written"
+        time.sleep(0.02)
+    flushed = _files(rec_dir, "requests")  # one file, or two if a flush came while the rows were offered
+    assert all({c.upper() for c in _codecs(f)} <= {"LZ4", "LZ4_RAW"} for f in flushed)
+    assert not all(_is_sorted(f, "requests") for f in flushed)
+    r.close()
+    (final,) = _files(rec_dir, "requests")  # rewritten, even when its segment holds one flush file
+    assert final not in flushed and final.name.count("-") == 4
+    assert _codecs(final) == {"ZSTD"} and _is_sorted(final, "requests")
+    assert pq.read_table(final).num_rows == 600 and derived_path(final, CELLS).is_file()
+
+    off = rec_dir.parent / "off"
+    r = ParquetRecorder(off, "p1", fsync=False, flush_interval_s=3600, compact_interval_s=0, writer=writer).start()
+    for row in mix.rows(600):
+        r.request(row)
+    r.close()
+    (kept,) = _files(off, "requests")
+    assert _codecs(kept) == {"ZSTD"} and _is_sorted(kept, "requests")
 
 
 T_HOUR = 1_795_165_200 * 10**9  # 2026-11-20 09:00 UTC
