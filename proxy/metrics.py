@@ -31,6 +31,10 @@ from collections.abc import Callable, Iterable
 from itertools import islice
 from typing import Any
 
+import re
+
+from protocol.api_keys import (ADD_PARTITIONS_TO_TXN, BROKER_ADD_PARTITIONS_MIN_VERSION, BROKER_SENT_APIS,
+                               FOLLOWER_CLIENT_ID_PATTERN)
 from protocol.error_kinds import ERROR, PROTOCOL_STEP, RETRIABLE, error_kind, response_kind
 from proxy.topics import is_topic_id
 from recording.fault_notes import injected_error_names
@@ -46,9 +50,12 @@ LATENCY_BUCKETS_S: tuple[float, ...] = tuple(b / 1e6 for b in LATENCY_BUCKETS_US
 
 # Which role an API implies for the client connection that sends it.
 PRODUCER, CONSUMER, GROUP_MEMBER, ADMIN, KIP848_CONSUMER, SHARE_CONSUMER, STREAMS_MEMBER = 1, 2, 4, 8, 16, 32, 64
+# A broker's own connection (the brokers also talk through this listener): requests only brokers send. Named only
+# when it is the connection's one role: an Admin client aborting a transaction sends WriteTxnMarkers too (KIP-664)
+BROKER = 128
 ROLE_NAMES = ((PRODUCER, "producer"), (CONSUMER, "consumer"), (GROUP_MEMBER, "group-member"), (ADMIN, "admin"),
               (KIP848_CONSUMER, "kip848-consumer"), (SHARE_CONSUMER, "share-consumer"),
-              (STREAMS_MEMBER, "streams-member"))
+              (STREAMS_MEMBER, "streams-member"), (BROKER, "broker"))
 API_ROLE: dict[int, int] = {
     0: PRODUCER, 22: PRODUCER, 24: PRODUCER, 25: PRODUCER, 26: PRODUCER, 28: PRODUCER,  # Produce, txn APIs
     1: CONSUMER, 2: CONSUMER, 23: CONSUMER,  # Fetch, ListOffsets, OffsetForLeaderEpoch
@@ -57,7 +64,17 @@ API_ROLE: dict[int, int] = {
     68: KIP848_CONSUMER, 76: SHARE_CONSUMER, 78: SHARE_CONSUMER, 79: SHARE_CONSUMER, 88: STREAMS_MEMBER,
     **{k: ADMIN for k in (15, 16, 19, 20, 21, 29, 30, 31, 32, 33, 34, 35, 37, 42, 43, 44, 45, 46, 47, 48, 49,
                           50, 51, 60, 61, 65, 66, 69, 71, 74, 75)},
+    **dict.fromkeys(BROKER_SENT_APIS, BROKER),
 }
+_FOLLOWER = re.compile(FOLLOWER_CLIENT_ID_PATTERN)
+
+
+def request_role(row: Row) -> int:
+    """The role a request row implies: API_ROLE's, but a partition leader's AddPartitionsToTxn (v4+) is a broker's."""
+    key = row.get("api_key", -1)
+    if key == ADD_PARTITIONS_TO_TXN and (row.get("api_version") or 0) >= BROKER_ADD_PARTITIONS_MIN_VERSION:
+        return BROKER
+    return API_ROLE.get(key, 0)
 MAX_LABEL_SETS = 256  # label sets per counter family; later ones are folded into "other"
 MAX_HISTOGRAMS = 64  # label sets per histogram family (each renders ~22 lines)
 OTHER = "other"
@@ -113,7 +130,13 @@ def _fill(c: _Client, row: Row) -> None:
         c.software_version = row["client_software_version"]
 
 
-def role_names(mask: int) -> list[str]:
+def role_names(mask: int, client_id: str | None = None) -> list[str]:
+    """The roles of a connection's `mask`. A follower's fetcher (FOLLOWER_CLIENT_ID_PATTERN) fetches as a broker;
+    "broker" is named only alone (see BROKER)."""
+    if mask & CONSUMER and client_id is not None and _FOLLOWER.match(client_id):
+        mask = (mask & ~CONSUMER) | BROKER
+    if mask & BROKER and mask != BROKER:
+        mask &= ~BROKER
     return [name for bit, name in ROLE_NAMES if mask & bit]
 
 
@@ -198,7 +221,7 @@ class _Client:
             more.update(islice(map(hash, new), MAX_TOPICS_MORE - len(more)))
 
     def as_json(self, now_ns: int) -> dict[str, Any]:
-        roles = role_names(self.roles)
+        roles = role_names(self.roles, self.client_id)
         return {
             "conn_id": self.conn_id,
             "client_id": self.client_id,
@@ -355,7 +378,7 @@ class LiveStats:
         cid = row.get("client_id")
         if cid is not None:
             c.name(cid)
-        c.roles |= API_ROLE.get(row.get("api_key", -1), 0)
+        c.roles |= request_role(row)
         topics = row.get("topics")
         if topics:
             c.add_topics(topics)

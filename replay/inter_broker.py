@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from protocol.apis import (ADD_PARTITIONS_TO_TXN, API_VERSIONS, BROKER_ADD_PARTITIONS_MIN_VERSION, BROKER_SENT_APIS,
-                           FIND_COORDINATOR, REPLICA_ID_APIS, SASL_AUTHENTICATE, SASL_HANDSHAKE)
+from protocol.apis import (ADD_PARTITIONS_TO_TXN, ANY_CONNECTION_APIS, BROKER_ADD_PARTITIONS_MIN_VERSION,
+                           BROKER_SENT_APIS, REPLICA_ID_APIS)
 from protocol.frames import RequestFrame
 from replay.messages import decode_spec_request
 
@@ -33,8 +33,6 @@ SKIP_REASON = "inter_broker_connection"
 SKIP_NOTE = ("a broker's own connections, recorded because the brokers also talk through this listener: transaction "
              "markers, a partition leader's AddPartitionsToTxn, a follower's Fetch, share-group state; the target's "
              "brokers would refuse them")
-# What a broker's connection sends besides its own requests, as any connection does
-_ANY_CONNECTION = frozenset({API_VERSIONS, FIND_COORDINATOR, SASL_HANDSHAKE, SASL_AUTHENTICATE})
 
 
 def _replica_id(frame: RequestFrame) -> int | None:
@@ -65,7 +63,7 @@ def broker_connection(frames: Iterable[RequestFrame]) -> bool:
     """A connection's requests are a broker's (at least one), besides those any connection sends (module docstring)."""
     seen = False
     for f in frames:
-        if f.api_key in _ANY_CONNECTION:
+        if f.api_key in ANY_CONNECTION_APIS:
             continue
         if not sent_by_broker(f):
             return False

@@ -27,7 +27,7 @@ ALLOWED: dict[str, set[str]] = {
     "kafkatap": {"protocol", "recording", "proxy", "analytics", "replay", "harness", "scenarios"},
 }
 # where a package may use only some modules of another: analytics reads Kafka's vocabulary, never the codec
-ONLY_MODULES: dict[tuple[str, str], set[str]] = {("analytics", "protocol"): {"protocol.error_kinds"}}
+ONLY_MODULES: dict[tuple[str, str], set[str]] = {("analytics", "protocol"): {"protocol.error_kinds", "protocol.api_keys"}}
 
 
 def _module(path: Path) -> str:

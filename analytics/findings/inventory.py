@@ -10,7 +10,10 @@ from analytics.findings.base import Finding, Tables, human_bytes, rule, score
 @rule("client_inventory")
 def client_inventory(t: Tables) -> list[Finding]:
     """Summarize the inventory: how many producers/consumers/admins and who is busiest."""
-    rows = t.get("client_inventory", [])
+    every = t.get("client_inventory", [])
+    # a broker's own connections (role "broker": the brokers talk through this listener too) are no client of it
+    rows = [r for r in every if r.get("role") != "broker"]
+    brokers = [r for r in every if r.get("role") == "broker"]
     if not rows:
         return []
     roles: Counter[str] = Counter()
@@ -30,8 +33,12 @@ def client_inventory(t: Tables) -> list[Finding]:
         summary=(f"{len(rows)} distinct clients (client_id × host): {mix}. The busiest, {busiest['client_id']} at {busiest.get('client_host')}, "
                  f"sent {busiest.get('requests'):,} requests ({busiest.get('requests_per_s')}/s, {human_bytes(busiest.get('bytes_per_s'))}/s) "
                  f"on {topics}. {len(producers)} producer(s) write to "
-                 f"{len({tp for r in producers for tp in (r.get('topics_produced') or [])})} topic(s)."),
-        evidence={"clients": len(rows), "roles": dict(roles), "producers": len(producers)},
+                 f"{len({tp for r in producers for tp in (r.get('topics_produced') or [])})} topic(s)."
+                 + (f" Not counted: {len(brokers)} of the brokers' own clients ({', '.join(sorted(r['client_id'] or '-' for r in brokers)[:5])}"
+                    f"{', …' if len(brokers) > 5 else ''}), recorded because the brokers also talk to each other through this "
+                    "listener: transaction markers, replication, share-group state (role \"broker\" in the inventory)."
+                    if brokers else "")),
+        evidence={"clients": len(rows), "roles": dict(roles), "producers": len(producers), "brokers_own": len(brokers)},
         examples=[{k: r.get(k) for k in ("client_id", "client_host", "role", "software_name", "requests", "requests_per_s",
                                          "records_produced_per_s", "bytes_per_s", "connections", "topics_produced", "topics_consumed")} for r in top],
         tables=["client_inventory", "topic_view"], score=score("info", len(rows)),

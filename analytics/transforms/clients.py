@@ -8,14 +8,23 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from analytics.transforms.common import (
-    ADMIN_APIS, FETCH_APIS, GROUP_APIS, KIP848_APIS, SHARE_APIS, STREAMS_APIS, ns_to_ts, with_client,
+    ADMIN_APIS, ANY_CONNECTION_API_NAMES, BROKER_APIS, FETCH_APIS, FOLLOWER_APIS, GROUP_APIS, KIP848_APIS, SHARE_APIS,
+    STREAMS_APIS, ns_to_ts, with_client,
 )
+from protocol.api_keys import FOLLOWER_CLIENT_ID_PATTERN
 from analytics.transforms.stretches import RunSpan, rate_seconds
 
 
 def _has(api_names: tuple[str, ...] | str) -> F.Column:
     names = (api_names,) if isinstance(api_names, str) else api_names
     return F.max(F.col("api_name").isin(*names).cast("int")) == 1
+
+
+def _broker_sent() -> Column:
+    """A request only a broker sends (analytics.transforms.common.BROKER_APIS), a follower's fetch included."""
+    api = F.col("api_name")
+    follower = api.isin(*FOLLOWER_APIS) & F.coalesce(F.col("client_id").rlike(FOLLOWER_CLIENT_ID_PATTERN), F.lit(False))
+    return api.isin(*BROKER_APIS) | follower
 
 
 def client_inventory(rollup: DataFrame, topics: DataFrame, conns: DataFrame,
@@ -27,6 +36,9 @@ def client_inventory(rollup: DataFrame, topics: DataFrame, conns: DataFrame,
     KIP-848 consumer, ShareGroupHeartbeat/ShareFetch -> share consumer,
     StreamsGroupHeartbeat -> streams member, admin APIs -> admin), so it works
     for every protocol version and for clients that never told us their software.
+    A "client" whose every request (besides ApiVersions, FindCoordinator and SASL) is one only brokers send is a
+    broker's own (role "broker"): transaction markers, a partition leader's AddPartitionsToTxn, a follower's
+    fetches, share-group state, recorded because the brokers also talk through the proxy's listener.
     Rates are over the client's own active span, less the time no proxy run was recording (`spans`: the
     runs' spans, stretches.collect_spans; a directory reused across sessions hours apart).
 
@@ -48,6 +60,8 @@ def client_inventory(rollup: DataFrame, topics: DataFrame, conns: DataFrame,
         _has(SHARE_APIS).alias("is_share"),
         _has(STREAMS_APIS).alias("is_streams"),
         _has(ADMIN_APIS).alias("is_admin"),
+        (F.max(_broker_sent().cast("int")) == 1).alias("sends_broker_apis"),
+        (F.min((_broker_sent() | F.col("api_name").isin(*ANY_CONNECTION_API_NAMES)).cast("int")) == 1).alias("only_broker_apis"),
         F.array_sort(F.collect_set("group_id")).alias("groups"),
         F.sum(F.when(produce, F.coalesce(F.col("records"), F.lit(0))).otherwise(0)).alias("records_produced"),
         F.sum(F.when(produce, F.coalesce(F.col("record_bytes"), F.lit(0))).otherwise(0)).alias("bytes_produced"),
@@ -81,7 +95,8 @@ def client_inventory(rollup: DataFrame, topics: DataFrame, conns: DataFrame,
     )
     return agg.select(
         "client_id", "client_host",
-        F.when(roles == "", F.lit("other")).otherwise(roles).alias("role"),
+        F.when(F.col("sends_broker_apis") & F.col("only_broker_apis"), F.lit("broker"))
+        .when(roles == "", F.lit("other")).otherwise(roles).alias("role"),
         "software_name", "software_version", "requests", "connections",
         F.round(F.col("requests") / span_s, 2).alias("requests_per_s"),
         "records_produced",

@@ -8,6 +8,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from protocol.api_keys import ANY_CONNECTION_APIS, API_NAMES, BROKER_SENT_APIS
 from protocol.error_kinds import ERROR, PROTOCOL_STEP, PROTOCOL_STEPS, RETRIABLE, RETRIABLE_ERRORS
 from recording.request_terms import FETCH_APIS, LONG_POLL_FRACTION, LONG_POLL_LABELS, LONG_POLL_SUFFIX  # noqa: F401 — shared with the writer's rollups
 
@@ -26,6 +27,13 @@ GROUP_APIS = ("JoinGroup", "SyncGroup", "Heartbeat", "LeaveGroup")  # the classi
 KIP848_APIS = ("ConsumerGroupHeartbeat",)
 SHARE_APIS = ("ShareGroupHeartbeat", "ShareFetch", "ShareAcknowledge")
 STREAMS_APIS = ("StreamsGroupHeartbeat",)
+# A broker's own traffic, recorded when the brokers also talk through the proxy's listener: the APIs only brokers
+# send (protocol.api_keys.BROKER_SENT_APIS) and AddPartitionsToTxn, whose client form (v3 and below) comes with a
+# producer's Produce and InitProducerId (the rows name no version, so the client as a whole tells them apart);
+# a follower's Fetch and OffsetForLeaderEpoch are told by its client id (protocol.api_keys.FOLLOWER_CLIENT_ID_PATTERN)
+BROKER_APIS = tuple(sorted(API_NAMES[k] for k in BROKER_SENT_APIS)) + ("AddPartitionsToTxn",)
+FOLLOWER_APIS = ("Fetch", "OffsetForLeaderEpoch")
+ANY_CONNECTION_API_NAMES = tuple(sorted(API_NAMES[k] for k in ANY_CONNECTION_APIS))
 
 
 def literal_map(pairs: Mapping[str, object], value_type: str) -> Column:

@@ -111,6 +111,33 @@ def test_client_inventory_roles_and_order(make_df) -> None:
     assert tv["producers"] == ["prod"] and tv["consumers"] == ["cons"]
 
 
+def test_client_inventory_names_the_brokers_own_connections(make_df) -> None:
+    """The brokers also talking through the listener: a client sending only what brokers send is "broker" (and the
+    inventory finding does not count it as a client); an Admin aborting a transaction stays an admin."""
+    r = prepare_requests(make_df("requests", [
+        req("m1", 1, "ApiVersions", client="broker-1-txn-marker-sender"),
+        req("m1", 2, "WriteTxnMarkers", client="broker-1-txn-marker-sender"),
+        req("f1", 1, "Fetch", client="broker-2-fetcher-0", client_addr="10.0.0.2:1", topics=["orders"]),
+        req("f1", 2, "OffsetForLeaderEpoch", client="broker-2-fetcher-0", client_addr="10.0.0.2:1"),
+        req("v1", 1, "AddPartitionsToTxn", client="broker-3-verifier", client_addr="10.0.0.3:1"),
+        req("s1", 1, "ReadShareGroupState", client="persister", client_addr="10.0.0.3:2"),
+        req("a1", 1, "Metadata", client="admin-abort", client_addr="10.1.0.9:1"),
+        req("a1", 2, "WriteTxnMarkers", client="admin-abort", client_addr="10.1.0.9:1"),
+        req("t1", 1, "InitProducerId", client="txn", client_addr="10.1.0.8:1"),
+        req("t1", 2, "AddPartitionsToTxn", client="txn", client_addr="10.1.0.8:1"),
+        req("t1", 3, "Produce", client="txn", client_addr="10.1.0.8:1", topics=["orders"]),
+        req("c1", 1, "Fetch", client="app", client_addr="10.1.0.7:1", topics=["orders"]),
+    ]))
+    inv = [x.asDict() for x in clients.client_inventory(request_rollup(r), topic_rollup(r), make_df("connections", [])).collect()]
+    roles = {x["client_id"]: x["role"] for x in inv}
+    assert roles == {"broker-1-txn-marker-sender": "broker", "broker-2-fetcher-0": "broker", "broker-3-verifier": "broker",
+                     "persister": "broker", "admin-abort": "other", "txn": "producer", "app": "consumer"}
+    from analytics.findings.inventory import client_inventory as finding
+    (f,) = finding({"client_inventory": inv})
+    assert f.title.startswith("3 clients") and f.evidence["brokers_own"] == 4
+    assert "Not counted: 4 of the brokers' own clients" in f.summary
+
+
 def test_errors_and_throttling(make_df) -> None:
     e = [{"code": 10, "name": "MESSAGE_TOO_LARGE", "topic": "big", "partition": 0, "resource": None}]
     r = prepare_requests(make_df("requests", [

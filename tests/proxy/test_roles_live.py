@@ -27,3 +27,22 @@ def test_new_group_protocol_members_are_named_live() -> None:
                      "streams": ["streams-member"], "classic": ["group-member"]}
     screen = render(doc, {}, None, 0.0, 200, 40, color=False)
     assert "consumer+kip848-consumer" in screen and "share-consumer" in screen and "streams-member" in screen
+
+
+def test_a_brokers_own_connections_are_named_broker_and_only_alone() -> None:
+    """The brokers also talking through the listener: their connections read "broker", a client's never do."""
+    stats = LiveStats("p1")
+    stats.request(_row("m1", 27, "WriteTxnMarkers", "broker-1-txn-marker-sender"))  # the coordinator's markers
+    stats.request(_row("v1", 18, "ApiVersions", "broker-2-verifier"))
+    stats.request({**_row("v1", 24, "AddPartitionsToTxn", "broker-2-verifier"), "api_version": 5})  # a leader verifies
+    stats.request(_row("f1", 1, "Fetch", "broker-3-fetcher-0", ["orders"]))  # a follower replicates
+    stats.request(_row("f1", 23, "OffsetForLeaderEpoch", "broker-3-fetcher-0"))
+    stats.request(_row("s1", 84, "ReadShareGroupState", "persister"))  # the share coordinator's state
+    stats.request({**_row("t1", 24, "AddPartitionsToTxn", "txn-producer"), "api_version": 3})  # a client's form
+    stats.request(_row("a1", 61, "DescribeProducers", "admin-abort"))  # kafka-transactions abort (KIP-664)
+    stats.request(_row("a1", 27, "WriteTxnMarkers", "admin-abort"))
+    stats.request(_row("c1", 1, "Fetch", "broker-fetcher-app", ["orders"]))  # a consumer named like one, almost
+    roles = {c["client_id"]: c["role"] for c in stats.clients_json()["clients"]}
+    assert roles == {"broker-1-txn-marker-sender": "broker", "broker-2-verifier": "broker", "broker-3-fetcher-0": "broker",
+                     "persister": "broker", "txn-producer": "producer", "admin-abort": "admin",
+                     "broker-fetcher-app": "consumer"}

@@ -33,6 +33,9 @@ from replay.engine import ReplayOptions, ReplayResult, run_replay
 from replay.inter_broker import SKIP_REASON, sent_by_broker
 from replay.load import Filters, load_recording
 from replay.messages import decode_request_body
+from proxy.metrics import LiveStats
+from recording.reader import read_recording
+from recording.timestamps import to_epoch_ns
 from replay_sessions import (JavaSession, committed_offsets, record_java_session, record_share_session,
                              record_streams_session)
 
@@ -159,6 +162,26 @@ def test_the_origin_brokers_own_connections_are_left_out(session_4x: JavaSession
     assert rec.skipped[SKIP_REASON] >= 2, rec.skipped
     assert {"java-txn", "java-848", "java-warmup"} <= {c.client_id for c in rec.connections}
     assert not [r.frame.api_key for c in rec.connections for r in c.requests if sent_by_broker(r.frame)]
+
+
+def test_the_live_view_names_the_origin_brokers_own_connections(session_4x: JavaSession):
+    """The same recording's request rows, as the proxy's live stats took them: every connection replay left out as a
+    broker's reads "broker" in /clients and `top`, and no client's does."""
+    rec = load_recording(session_4x.path)
+    clients = {c.conn_id for c in rec.connections}
+    stats = LiveStats("p")
+    for row in to_epoch_ns(read_recording(session_4x.path, "requests", with_partitions=False), "requests").to_pylist():
+        stats.request(row)
+    roles = {c["conn_id"]: c["role"] for c in stats.clients_json()["clients"]}
+    brokers = {conn for conn, role in roles.items() if role == "broker"}
+    assert brokers and not brokers & clients, roles
+    assert {conn for conn in roles if conn not in clients} <= brokers | {
+        conn for conn, role in roles.items() if role == "other"}  # a broker's connection that only bootstrapped
+    by_client: dict[str, set[str]] = {}
+    for c in stats.clients_json()["clients"]:
+        if c["conn_id"] in clients:
+            by_client.setdefault(c["client_id"], set()).update(c["roles"])
+    assert "producer" in by_client["java-txn"] and "kip848-consumer" in by_client["java-848"], by_client
 
 
 def test_a_share_groups_member_follows_the_target(tmp_path: Path, target: LocalKafka):
