@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from protocol.apis import (API_NAMES, DESCRIBE_CLUSTER, GROUP_APIS, GROUP_HEARTBEATS, INIT_PRODUCER_ID, METADATA, PRODUCE,
-                           SASL_AUTHENTICATE, SASL_HANDSHAKE)
+                           SASL_AUTHENTICATE, SASL_HANDSHAKE, SHARE_ACKNOWLEDGE, SHARE_FETCH, SHARE_GROUP_HEARTBEAT)
 from protocol.frames import RequestFrame, parse_request
 from recording.reader import RecordingFormatError, live_files, read_recording, recording_files, recording_start
 from recording.timestamps import to_epoch_ns
@@ -122,6 +122,9 @@ class Recording:
     # before the recording): the plan warns; the replay skips them at once (`ReplaySchedule.can_still_learn`)
     producers_without_init: int = 0
     transactional_ids: set[str] = field(default_factory=set)  # the kept connections' transactional ids (requests/)
+    # share group → recorded topic name → partitions its kept ShareFetch / ShareAcknowledge requests name: the share
+    # partitions whose state coordinator the set-up brings up on the target (replay.target)
+    share_partitions: dict[str, dict[str, set[int]]] = field(default_factory=dict)
 
     @property
     def requests(self) -> int:
@@ -139,6 +142,9 @@ class Recording:
 # Requests naming a group whose coordinator the set-up waits for: classic groups', KIP-848 consumers', share and
 # streams groups'
 _COORDINATED_GROUP_APIS = GROUP_APIS | GROUP_HEARTBEATS
+# A share group's requests, and those among them that name its share partitions
+_SHARE_APIS = frozenset({SHARE_GROUP_HEARTBEAT, SHARE_FETCH, SHARE_ACKNOWLEDGE})
+_SHARE_PARTITION_APIS = frozenset({SHARE_FETCH, SHARE_ACKNOWLEDGE})
 
 
 def parse_api(text: str) -> int:
@@ -230,10 +236,13 @@ def load_recording(path: Path | str, filters: Filters | None = None, *, sasl_cre
     conns = {r["conn_id"]: r for r in sorted(_rows(root, "connections"), key=lambda r: (r["final"] or False, r["snapshot_ns"] or 0))}
 
     groups_by_conn: dict[str, set[str]] = {}
+    share_groups_by_conn: dict[str, set[str]] = {}
     txn_ids_by_conn: dict[str, set[str]] = {}
     for r in requests:
         if r["group_id"] and r["api_key"] in _COORDINATED_GROUP_APIS:
             groups_by_conn.setdefault(r["conn_id"], set()).add(r["group_id"])
+        if r["group_id"] and r["api_key"] in _SHARE_APIS:
+            share_groups_by_conn.setdefault(r["conn_id"], set()).add(r["group_id"])
         if r.get("transactional_id"):
             txn_ids_by_conn.setdefault(r["conn_id"], set()).add(r["transactional_id"])
     resp_at: dict[tuple[str, int, int], int] = {}
@@ -296,6 +305,7 @@ def load_recording(path: Path | str, filters: Filters | None = None, *, sasl_cre
 
     connections: list[RecordedConnection] = []
     all_topics: dict[str, set[int]] = {}
+    share_touched: dict[str, dict[str, set[int]]] = {}  # share group → topic (name, or "id:…") → partitions
     dropped = 0
     for conn_id, items in by_conn.items():
         first_f = items[0][0]
@@ -348,6 +358,11 @@ def load_recording(path: Path | str, filters: Filters | None = None, *, sasl_cre
             rc.opened_ns = filters.since_ns
         for t, parts in touched.items():
             all_topics.setdefault(t, set()).update(parts)
+        for group in share_groups_by_conn.get(conn_id, ()):
+            for r in rc.requests:
+                if r.frame.api_key in _SHARE_PARTITION_APIS:
+                    for t, parts in (r.topics or {}).items():
+                        share_touched.setdefault(group, {}).setdefault(t, set()).update(parts)
         _dependencies(rc)
         connections.append(rc)
 
@@ -369,9 +384,15 @@ def load_recording(path: Path | str, filters: Filters | None = None, *, sasl_cre
         topics[name] = max(topics.get(name, 0), (max(parts) + 1) if parts else 0)
     groups = set().union(*(groups_by_conn.get(c.conn_id, set()) for c in connections)) if connections else set()
     txn_ids = set().union(*(txn_ids_by_conn.get(c.conn_id, set()) for c in connections)) if connections else set()
+    share_partitions: dict[str, dict[str, set[int]]] = {}
+    for group, by_topic in share_touched.items():
+        for t, parts in by_topic.items():
+            name = recorded_topic_ids.get(t[3:]) if t.startswith("id:") else t
+            if name is not None and parts:
+                share_partitions.setdefault(group, {}).setdefault(name, set()).update(parts)
     return Recording(root, connections, {c.broker_addr for c in connections if c.broker_addr}, topics,
                      recorded_topic_ids, unmapped - set(recorded_topic_ids), skipped, dropped, has_responses, groups,
-                     cluster_ids, _producers_without_init(connections), txn_ids)
+                     cluster_ids, _producers_without_init(connections), txn_ids, share_partitions)
 
 
 def _producers_without_init(connections: list[RecordedConnection]) -> int:

@@ -24,6 +24,8 @@ when no credentials were given stops the replay here, before any session.
 from __future__ import annotations
 
 import asyncio
+import base64
+import uuid
 from typing import Any
 
 from harness.wire import AsyncWireClient, SaslAuthenticationFailed, WireError
@@ -156,6 +158,7 @@ async def prepare_target(target: str, recording: Recording, state: ReplayState, 
         elif missing:
             state.note("topics_missing_on_target", len(missing))
         await _await_coordinators(cli, recording.groups, state, timeout)
+        await _await_share_state(cli, _share_keys(recording, state), state, timeout)
         await _await_coordinators(cli, recording.transactional_ids, state, timeout, TRANSACTION_KEY, (host, port))
         if any(r.frame.api_key == INIT_PRODUCER_ID for c in recording.connections for r in c.requests):
             await _await_producer_ids(cli, state, timeout)
@@ -229,10 +232,65 @@ async def _await_coordinators(cli: AsyncWireClient, keys: set[str], state: Repla
         state.note(f"{kind}_coordinator_not_ready", len(pending))
 
 
+SHARE_KEY = 2  # FindCoordinator key_type: a share partition's state ("group:topic id:partition"), v6+ (KIP-932)
+_SHARE_KEY_MIN_VERSION = 6
+
+
+def kafka_uuid_text(canonical: str) -> str:
+    """A topic id as Kafka's own Uuid.toString() writes it (URL-safe base64, no padding): a share key's form."""
+    return base64.urlsafe_b64encode(uuid.UUID(canonical).bytes).decode().rstrip("=")
+
+
+def _share_keys(recording: Recording, state: ReplayState) -> list[str]:
+    """The share-state coordinator keys of the share partitions the recording's share groups fetch, on the target."""
+    keys = []
+    for group, by_topic in sorted(recording.share_partitions.items()):
+        for topic, parts in sorted(by_topic.items()):
+            tid = state.target_topic_ids.get(state.map_topic(topic) or topic)
+            if tid is not None:
+                keys += [f"{group}:{kafka_uuid_text(tid)}:{p}" for p in sorted(parts)]
+    return keys
+
+
+async def _await_share_state(cli: AsyncWireClient, keys: list[str], state: ReplayState, timeout: float) -> None:
+    """Bring the target's share-state coordinators up for the recorded share partitions (FindCoordinator, key type 2).
+
+    Why: a fresh broker creates __share_group_state only when a share partition's state is first looked up, and
+    answered the first replayed ShareFetch UNKNOWN_SERVER_ERROR while it did; the origin's was up when the session
+    was recorded. The lookup itself creates the topic (as the group lookup creates __consumer_offsets). Kafka
+    authorizes it as a broker's request (CLUSTER_ACTION): a target that refuses it, or has no share groups, is noted
+    and the replay goes on.
+    """
+    if not keys:
+        return
+    if (await _max_version(cli, FIND_COORDINATOR)) < _SHARE_KEY_MIN_VERSION:
+        state.note("share_coordinator_not_checked:target_without_share_groups")
+        return
+    deadline = asyncio.get_running_loop().time() + timeout
+    pending = list(keys)
+    while pending and asyncio.get_running_loop().time() < deadline:
+        body = await cli.call(FIND_COORDINATOR, _SHARE_KEY_MIN_VERSION, {"key_type": SHARE_KEY, "coordinator_keys": pending})
+        refused = {error_name(c["error_code"]) for c in body["coordinators"] or ()
+                   if c["error_code"] != 0 and error_name(c["error_code"]) not in _NOT_SERVING}
+        if refused:  # CLUSTER_AUTHORIZATION_FAILED, or INVALID_REQUEST where share groups are off: waiting will not help
+            state.note(f"share_coordinator_not_checked:{','.join(sorted(refused))}")
+            return
+        pending = [c["key"] for c in body["coordinators"] or () if c["error_code"] != 0]
+        if pending:
+            await asyncio.sleep(0.25)
+    if pending:
+        state.note("share_coordinator_not_ready", len(pending))
+
+
+async def _max_version(cli: AsyncWireClient, api_key: int) -> int:
+    """The highest version of `api_key` the target's ApiVersions answer lists (-1: none)."""
+    body = await cli.call(API_VERSIONS, 3, {"client_software_name": "kafkatap-replay", "client_software_version": "1"})
+    return max((k["max_version"] for k in body["api_keys"] or () if k["api_key"] == api_key), default=-1)
+
+
 async def _supports(cli: AsyncWireClient, api_key: int) -> bool:
     """Does the target list `api_key` in its ApiVersions answer (a broker hangs up on an API it lacks)?"""
-    body = await cli.call(API_VERSIONS, 3, {"client_software_name": "kafkatap-replay", "client_software_version": "1"})
-    return any(k["api_key"] == api_key for k in body["api_keys"] or ())
+    return (await _max_version(cli, api_key)) >= 0
 
 
 async def _serves_transactional_id(cli: AsyncWireClient, transactional_id: str) -> bool:
