@@ -183,7 +183,9 @@ def client_roles(roles: list[str]) -> str:
     and "consumer+group-member" were the same kind of client.
     """
     named = sorted((r for r in roles if r in ROLE_ORDER), key=ROLE_ORDER.index)
-    return "+".join(named) or "+".join(roles) or "other"
+    if "broker" in named and len(roles) > 1:  # a broker's client only when every connection of it is: an Admin
+        named.remove("broker")  # aborting a transaction sends its markers on one connection, Metadata on another
+    return "+".join(named) or "+".join(r for r in roles if r != "broker") or "other"
 
 
 def by_client(conns: list[dict[str, Any]], rates: dict[str, float]) -> list[dict[str, Any]]:

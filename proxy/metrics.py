@@ -33,8 +33,8 @@ from typing import Any
 
 import re
 
-from protocol.api_keys import (ADD_PARTITIONS_TO_TXN, BROKER_ADD_PARTITIONS_MIN_VERSION, BROKER_SENT_APIS,
-                               FOLLOWER_CLIENT_ID_PATTERN)
+from protocol.api_keys import (ADD_PARTITIONS_TO_TXN, ANY_CONNECTION_APIS, BROKER_ADD_PARTITIONS_MIN_VERSION,
+                               BROKER_SENT_APIS, FOLLOWER_CLIENT_ID_PATTERN)
 from protocol.error_kinds import ERROR, PROTOCOL_STEP, RETRIABLE, error_kind, response_kind
 from proxy.topics import is_topic_id
 from recording.fault_notes import injected_error_names
@@ -51,8 +51,10 @@ LATENCY_BUCKETS_S: tuple[float, ...] = tuple(b / 1e6 for b in LATENCY_BUCKETS_US
 # Which role an API implies for the client connection that sends it.
 PRODUCER, CONSUMER, GROUP_MEMBER, ADMIN, KIP848_CONSUMER, SHARE_CONSUMER, STREAMS_MEMBER = 1, 2, 4, 8, 16, 32, 64
 # A broker's own connection (the brokers also talk through this listener): requests only brokers send. Named only
-# when it is the connection's one role: an Admin client aborting a transaction sends WriteTxnMarkers too (KIP-664)
-BROKER = 128
+# when the connection sent nothing else but what any connection sends (ApiVersions, FindCoordinator, SASL): an Admin
+# client aborting a transaction sends WriteTxnMarkers too (KIP-664), beside Metadata. CLIENT marks a request only a
+# client sends that names no role of its own (Metadata, …): never shown, it only keeps "broker" off
+BROKER, CLIENT = 128, 256
 ROLE_NAMES = ((PRODUCER, "producer"), (CONSUMER, "consumer"), (GROUP_MEMBER, "group-member"), (ADMIN, "admin"),
               (KIP848_CONSUMER, "kip848-consumer"), (SHARE_CONSUMER, "share-consumer"),
               (STREAMS_MEMBER, "streams-member"), (BROKER, "broker"))
@@ -74,7 +76,10 @@ def request_role(row: Row) -> int:
     key = row.get("api_key", -1)
     if key == ADD_PARTITIONS_TO_TXN and (row.get("api_version") or 0) >= BROKER_ADD_PARTITIONS_MIN_VERSION:
         return BROKER
-    return API_ROLE.get(key, 0)
+    role = API_ROLE.get(key)
+    if role is None:
+        return 0 if key in ANY_CONNECTION_APIS else CLIENT
+    return role
 MAX_LABEL_SETS = 256  # label sets per counter family; later ones are folded into "other"
 MAX_HISTOGRAMS = 64  # label sets per histogram family (each renders ~22 lines)
 OTHER = "other"
@@ -135,7 +140,7 @@ def role_names(mask: int, client_id: str | None = None) -> list[str]:
     "broker" is named only alone (see BROKER)."""
     if mask & CONSUMER and client_id is not None and _FOLLOWER.match(client_id):
         mask = (mask & ~CONSUMER) | BROKER
-    if mask & BROKER and mask != BROKER:
+    if mask & BROKER and mask != BROKER:  # with anything but what every connection sends: a client's connection
         mask &= ~BROKER
     return [name for bit, name in ROLE_NAMES if mask & bit]
 

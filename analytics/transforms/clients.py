@@ -117,8 +117,12 @@ def _topic_own(which: Column, share: str) -> Column:
 
 
 def topic_view(topics: DataFrame) -> DataFrame:
-    """Per topic: producers, consumers, records and bytes each way (from the topic rollup)."""
-    t = topics.where(F.col("topic").isNotNull())
+    """Per topic: producers, consumers, records and bytes each way (from the topic rollup).
+
+    A follower broker's fetches (its replica fetcher's client id, FOLLOWER_CLIENT_ID_PATTERN; recorded where the
+    brokers also talk through the proxy's listener) are replication, not reading: left out of consumers and bytes."""
+    follower = F.coalesce(F.col("client_id").rlike(FOLLOWER_CLIENT_ID_PATTERN), F.lit(False))
+    t = topics.where(F.col("topic").isNotNull() & ~follower)
     produce = F.col("api_name") == "Produce"
     return t.groupBy("topic").agg(
         F.array_sort(F.collect_set(F.when(produce, F.col("client_id")))).alias("producers"),

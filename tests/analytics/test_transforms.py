@@ -136,6 +136,10 @@ def test_client_inventory_names_the_brokers_own_connections(make_df) -> None:
     (f,) = finding({"client_inventory": inv})
     assert f.title.startswith("3 clients") and f.evidence["brokers_own"] == 4
     assert "Not counted: 4 of the brokers' own clients" in f.summary
+    (only,) = finding({"client_inventory": [x for x in inv if x["role"] == "broker"]})  # a listener only brokers use
+    assert only.title == "No clients; 4 of the brokers' own clients only" and only.evidence["clients"] == 0
+    tv = by(clients.topic_view(topic_rollup(r)).collect(), "topic")["orders"]
+    assert tv["consumers"] == ["app"] and tv["producers"] == ["txn"]  # the follower replicates: it reads nothing
 
 
 def test_errors_and_throttling(make_df) -> None:

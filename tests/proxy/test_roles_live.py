@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from proxy.live import render
+from proxy.live import by_client, client_roles, render
 from proxy.metrics import LiveStats
 
 
@@ -42,7 +42,14 @@ def test_a_brokers_own_connections_are_named_broker_and_only_alone() -> None:
     stats.request(_row("a1", 61, "DescribeProducers", "admin-abort"))  # kafka-transactions abort (KIP-664)
     stats.request(_row("a1", 27, "WriteTxnMarkers", "admin-abort"))
     stats.request(_row("c1", 1, "Fetch", "broker-fetcher-app", ["orders"]))  # a consumer named like one, almost
-    roles = {c["client_id"]: c["role"] for c in stats.clients_json()["clients"]}
+    stats.request(_row("b1", 3, "Metadata", "abort-by-id"))  # `kafka-transactions abort --producer-id …`: its
+    stats.request(_row("b1", 27, "WriteTxnMarkers", "abort-by-id"))  # markers beside Metadata on one connection…
+    stats.request(_row("b2", 3, "Metadata", "abort-split"))  # …or on a connection of their own
+    stats.request({**_row("b3", 27, "WriteTxnMarkers", "abort-split"), "client_addr": "10.0.0.9:2"})
+    doc = stats.clients_json()
+    roles = {c["client_id"]: c["role"] for c in doc["clients"] if c["conn_id"] != "b3"}
     assert roles == {"broker-1-txn-marker-sender": "broker", "broker-2-verifier": "broker", "broker-3-fetcher-0": "broker",
                      "persister": "broker", "txn-producer": "producer", "admin-abort": "admin",
-                     "broker-fetcher-app": "consumer"}
+                     "broker-fetcher-app": "consumer", "abort-by-id": "other", "abort-split": "other"}
+    by = {g["client_id"]: client_roles(g["roles"]) for g in by_client(doc["clients"], {})}
+    assert by["abort-split"] == "other" and by["abort-by-id"] == "other" and by["persister"] == "broker"
