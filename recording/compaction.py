@@ -141,6 +141,8 @@ class Compactor:
         `interim`) stays as it is; an interim one is rewritten, sorted and compressed, like any merge."""
         alone = len(seg.files) == 1 and not seg.files[0].interim
         out = seg.files[0].path if alone else self._merged(stream, seg)
+        if out is None and len(seg.files) == 1:  # a lone interim file not rewritten (said): it is final as it is
+            out = seg.files[0].path
         if out is not None and self._on_final is not None:
             try:
                 self._on_final(stream, out, seg.closes)

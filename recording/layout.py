@@ -226,6 +226,19 @@ def superseded(names: Iterable[str]) -> set[str]:
     return out
 
 
+def flush_files(root: Path | str, proxy_id: str, datasets: Iterable[str]) -> list[tuple[str, Path]]:
+    """(dataset, path) of this proxy id's live flush files (one flush each, not merged into a compacted file)."""
+    out = []
+    for ds in datasets:
+        top = proxy_dir(Path(root), ds, proxy_id)
+        for dirpath, _dirnames, filenames in os.walk(top):
+            for name in live_names(filenames):
+                m = _FILE_RE.match(name)
+                if m is not None and not m["last"]:
+                    out.append((ds, Path(dirpath) / name))
+    return out
+
+
 def live_names(names: Iterable[str]) -> list[str]:
     """The live Parquet files among the file names of one directory, sorted: `*.parquet`, not hidden, not superseded."""
     data = [n for n in names if n.endswith(".parquet") and not is_hidden(n)]

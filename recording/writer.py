@@ -333,6 +333,7 @@ class ParquetRecorder:
         writer: str = "thread",
         run: str | None = None,
         retain_s: float | None = None,
+        finalize_leftovers: bool = True,
     ) -> None:
         if capture not in CAPTURE_CHOICES:
             raise ValueError(f"capture must be one of {CAPTURE_CHOICES}, not {capture!r}")
@@ -350,6 +351,10 @@ class ParquetRecorder:
         self.frame_queue_bytes = frame_queue_bytes
         self.compact_interval_s = compact_interval_s
         self.retain_s = retain_s  # None: keep every hour (recording.retention)
+        # rewrite the interim flush files a dead writer of this proxy id left (finalize_leftovers); the writer process
+        # is told by the proxy, which holds the partition's lock: never while another process records into it
+        self.finalize_leftovers_at_start = finalize_leftovers
+        self._finalizer: threading.Thread | None = None
         self.log_drops = True  # a writer process leaves them to the proxy, which counts every drop
         self._next_prune = 0.0  # monotonic time of the next retention pass (writer side)
         self.rotate_bytes = rotate_bytes
@@ -428,6 +433,8 @@ class ParquetRecorder:
         if self.compact_interval_s > 0 and self._compactor is not None:
             # its own thread, so a long merge never delays the next flush (the kill -9 bound)
             self._compactor.start()
+        if not process and self._partition_lock is not None and self.finalize_leftovers_at_start:
+            self.start_finalizing()
         log.info("recording", root=str(self.root), proxy_id=self.proxy_id, capture=self.capture,
                  flush_interval_s=self.flush_interval_s, run=self.run, writer=self.writer)
         return self
@@ -719,6 +726,7 @@ class ParquetRecorder:
             "flush_interval_s": self.flush_interval_s, "compact_interval_s": self.compact_interval_s,
             "rotate_bytes": self.rotate_bytes, "min_free_bytes": self.min_free_bytes, "fsync": self.fsync,
             "compression_level": self.compression_level, "run": run, "retain_s": self.retain_s,
+            "finalize_leftovers": self._partition_lock is not None and self.finalize_leftovers_at_start,
             "log_level": _log_level(), "log_format": _log_format(),
         }, self._on_child_stats)
         return self._child
@@ -964,10 +972,12 @@ class ParquetRecorder:
     def _write_file(self, s: _Stream, tables: Iterable[pa.Table], path: Path, seq: str, dropped: int,
                     rows: int, written: Callable[[pa.Table], None] | None = None, flush: bool = False) -> int:
         """Write one flush or merged file of `s` (footer: format version, run, sequence range, drops)."""
-        from recording.files import file_metadata, write_atomic
+        from recording.files import META_INTERIM, file_metadata, write_atomic
 
         md = file_metadata(s.schema, proxy_id=self.proxy_id, run=self.run, seq=seq, rows=rows,
                            dropped=dropped, dropped_total=s.dropped_total())
+        if flush and self._flush_options[s.name].interim:  # a writer that dies leaves it to the next (finalize_leftovers)
+            md[META_INTERIM] = b"1"
         if s.name == "requests":
             relay = dict(self.requests_dropped)  # a copy: the loop thread keeps counting
             md[b"kafkatap.requests_dropped_by_relay"] = ",".join(f"{k}={v}" for k, v in sorted(relay.items())).encode()
@@ -1064,11 +1074,39 @@ class ParquetRecorder:
         newest = max(self._unmerged, key=str)
         self._merge_rollups([d for d in self._unmerged if d != newest or (closes and d == path.parent)])
 
+    def start_finalizing(self) -> None:
+        """Rewrite, on a thread of its own, the interim flush files a dead writer of this proxy id left (arrow side)."""
+        self._finalizer = threading.Thread(target=self.finalize_leftovers, name="kafkatap-finalize", daemon=True)
+        self._finalizer.start()
+
+    def finalize_leftovers(self) -> int:
+        """Interim flush files that a writer of this proxy id left unmerged (kill -9, a writer process that died):
+        rewritten as final files in place (`recording.files.finalize_interim`), so that none stays in the cheap
+        encoding for good. Other runs' files only: this run's own are compaction's. Returns how many."""
+        from recording.files import finalize_interim
+        from recording.layout import file_range, flush_files
+
+        done = 0
+        for name, path in flush_files(self.root, self.proxy_id, self._options):
+            r = file_range(path.name)
+            if r is None or r[0] == self.run:
+                continue
+            try:
+                done += finalize_interim(path, self._options[name])
+            except Exception as exc:  # noqa: BLE001 — deleted meanwhile, or unreadable: it stays as it is, complete
+                self._error("compaction", "recording: could not rewrite a flush file a previous writer left", exc,
+                            dataset=name, file=str(path))
+        if done:
+            log.info("recording: flush files a previous writer left unmerged were rewritten for good", files=done)
+        return done
+
     def finish_compaction(self) -> None:
         """Finish every submitted merge and stop the compactor, then merge the rollups of the hours still open.
 
         The last step of a close, here and in the writer process (recording.writer_child).
         """
+        if self._finalizer is not None:
+            self._finalizer.join()
         if self._compactor is not None:
             self._compactor.close()
         self._merge_rollups(list(self._unmerged))  # the compactor thread has stopped: nothing else touches the set

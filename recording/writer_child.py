@@ -169,6 +169,8 @@ def main() -> int:
     rec.log_drops = False
     if rec.compact_interval_s > 0:
         rec._compactor.start()
+    if rec.finalize_leftovers_at_start:  # the proxy holds the partition's lock: no other writer records into it
+        rec.start_finalizing()
     answers = _Answers(out)
     answers.send(("ready", os.getpid()))
     streams = rec._streams

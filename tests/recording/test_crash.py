@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from recording.writer import recover
+from recording.writer import ParquetRecorder, recover
 from recording.reader import read_recording
 
 RATE = 5000  # rows/s
@@ -101,6 +101,31 @@ def test_kill9_leaves_valid_files_and_loses_at_most_one_interval(tmp_path: Path,
     recover(root)
     assert not list(root.rglob(".tmp-*"))
     assert read_recording(root, "requests").num_rows == len(ids)
+
+
+@pytest.mark.parametrize("next_writer", ["thread", "process"])
+def test_the_next_writer_rewrites_the_interim_flush_files_a_crash_left(tmp_path: Path, next_writer: str) -> None:
+    """While compaction is on, flush files are written the cheap way (lz4, unsorted) for compaction to rewrite; a
+    writer killed before its compaction leaves them so. The next writer of the proxy id rewrites them in place as
+    final files (zstd, sorted), every row kept, whichever writer mode it runs."""
+    root = tmp_path / "rec"
+    proc = _start(root, 60.0)
+    try:
+        _run_until(proc, 1.0, None, root)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    left = sorted(root.rglob("part-*.parquet"))
+    assert left and all(pq.read_schema(f).metadata.get(b"kafkatap.interim") == b"1" for f in left)
+    rows = read_recording(root, "requests").num_rows
+    rec = ParquetRecorder(root, "crash", fsync=False, writer=next_writer).start()
+    rec.close()  # waits for the rewrite
+    for f in left:
+        md = pq.read_metadata(f)
+        assert b"kafkatap.interim" not in md.metadata, f
+        assert {md.row_group(0).column(c).compression for c in range(md.num_columns)} == {"ZSTD"}, f
+    assert read_recording(root, "requests").num_rows == rows
 
 
 @pytest.mark.parametrize("writer", ["thread", "process"])

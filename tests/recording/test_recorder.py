@@ -624,3 +624,21 @@ def test_a_merge_whose_inputs_cannot_be_deleted_still_gets_its_rollups(make_reco
     assert r._folds == {}
     assert read_recording(rec_dir, "requests").num_rows == 600  # the inputs are still there, counted once
     assert coverage_all(rec_dir).by_dataset[CELLS].complete
+
+
+def test_a_lone_interim_file_whose_rewrite_fails_is_final_as_it_is(tmp_path: Path) -> None:
+    """Compaction cannot rewrite a segment's one interim flush file (a full disk): the file stays, complete, and is
+    handed on as final (its rollups are read back from it), as a lone flush file always was."""
+    from recording.compaction import Compactor, FlushFile, Segment
+
+    def full_disk(*_args) -> int:
+        raise OSError(28, "No space left on device")
+
+    errors, finals = [], []
+    path = tmp_path / "part-20261130T000000Z-abcd-00000001.parquet"
+    c = Compactor("20261130T000000Z-abcd", full_disk, lambda kind, *a, **k: errors.append(kind),
+                  lambda stream, p, closes: finals.append(p))
+    seg = Segment(tmp_path, 0.0, [FlushFile(1, path, 10, 0, interim=True)], closes=True)
+    stream = type("Stream", (), {"name": "requests", "schema": arrow_schema("requests")})()
+    assert c.merge(stream, seg) == path
+    assert errors == ["compaction"] and finals == [path]
