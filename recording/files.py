@@ -97,8 +97,9 @@ def write_atomic(tables: Iterable[pa.Table], final_path: Path, metadata: dict[by
                  opts: ParquetOptions, written: Callable[[pa.Table], None] | None = None) -> int:
     """Write `tables` to a dot-file, fsync it and its directory, rename: readers never see a partial file.
 
-    Each table is sorted (SORT_KEYS; not for an `interim` file) and written as its own row group(s), so memory is
-    bounded by one table: a flush passes one, compaction streams a segment in batches instead of loading it whole.
+    Each table is sorted (SORT_KEYS; an `interim` file is not, and its footer says it is interim: META_INTERIM) and
+    written as its own row group(s), so memory is bounded by one table: a flush passes one, compaction streams a
+    segment in batches instead of loading it whole.
     `written` is handed each table once its sorted copy is written and dropped (compaction folds the
     rollups there). Returns the file's size.
     """
@@ -114,7 +115,8 @@ def write_atomic(tables: Iterable[pa.Table], final_path: Path, metadata: dict[by
             writer: pq.ParquetWriter | None = None
             try:
                 for table in tables:
-                    ordered = (table if opts.interim else table.sort_by(sort)).replace_schema_metadata(metadata)
+                    ordered = (table if opts.interim else table.sort_by(sort)).replace_schema_metadata(
+                        {**metadata, META_INTERIM: b"1"} if opts.interim else metadata)
                     if writer is None:
                         writer = pq.ParquetWriter(
                             f, ordered.schema, compression="lz4" if opts.interim else "zstd",

@@ -972,12 +972,10 @@ class ParquetRecorder:
     def _write_file(self, s: _Stream, tables: Iterable[pa.Table], path: Path, seq: str, dropped: int,
                     rows: int, written: Callable[[pa.Table], None] | None = None, flush: bool = False) -> int:
         """Write one flush or merged file of `s` (footer: format version, run, sequence range, drops)."""
-        from recording.files import META_INTERIM, file_metadata, write_atomic
+        from recording.files import file_metadata, write_atomic
 
         md = file_metadata(s.schema, proxy_id=self.proxy_id, run=self.run, seq=seq, rows=rows,
                            dropped=dropped, dropped_total=s.dropped_total())
-        if flush and self._flush_options[s.name].interim:  # a writer that dies leaves it to the next (finalize_leftovers)
-            md[META_INTERIM] = b"1"
         if s.name == "requests":
             relay = dict(self.requests_dropped)  # a copy: the loop thread keeps counting
             md[b"kafkatap.requests_dropped_by_relay"] = ",".join(f"{k}={v}" for k, v in sorted(relay.items())).encode()

@@ -20,11 +20,15 @@ def _has(api_names: tuple[str, ...] | str) -> F.Column:
     return F.max(F.col("api_name").isin(*names).cast("int")) == 1
 
 
+def _follower() -> Column:
+    """The client id Kafka gives a follower broker's replica fetcher (FOLLOWER_CLIENT_ID_PATTERN); false when null."""
+    return F.coalesce(F.col("client_id").rlike(FOLLOWER_CLIENT_ID_PATTERN), F.lit(False))
+
+
 def _broker_sent() -> Column:
     """A request only a broker sends (analytics.transforms.common.BROKER_APIS), a follower's fetch included."""
     api = F.col("api_name")
-    follower = api.isin(*FOLLOWER_APIS) & F.coalesce(F.col("client_id").rlike(FOLLOWER_CLIENT_ID_PATTERN), F.lit(False))
-    return api.isin(*BROKER_APIS) | follower
+    return api.isin(*BROKER_APIS) | (api.isin(*FOLLOWER_APIS) & _follower())
 
 
 def client_inventory(rollup: DataFrame, topics: DataFrame, conns: DataFrame,
@@ -121,8 +125,7 @@ def topic_view(topics: DataFrame) -> DataFrame:
 
     A follower broker's fetches (its replica fetcher's client id, FOLLOWER_CLIENT_ID_PATTERN; recorded where the
     brokers also talk through the proxy's listener) are replication, not reading: left out of consumers and bytes."""
-    follower = F.coalesce(F.col("client_id").rlike(FOLLOWER_CLIENT_ID_PATTERN), F.lit(False))
-    t = topics.where(F.col("topic").isNotNull() & ~follower)
+    t = topics.where(F.col("topic").isNotNull() & ~_follower())
     produce = F.col("api_name") == "Produce"
     return t.groupBy("topic").agg(
         F.array_sort(F.collect_set(F.when(produce, F.col("client_id")))).alias("producers"),
