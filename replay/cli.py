@@ -242,7 +242,8 @@ def _check_target(ctx: click.Context, param: click.Parameter, value: str) -> str
 @click.option("--record", "record", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Record the replay (same format) here, for `kafkatap analyze --compare RECORDING THIS --out CMP`.")
 @click.option("--fetch-sessions", "fetch_mode", type=click.Choice(["track", "full"]), default="track", show_default=True,
-              help="track: use the target's fetch session ids; full: send every fetch sessionless.")
+              help="track: use the target's fetch session ids; full: send every fetch sessionless (an incremental "
+                   "one then names every partition its recorded session held, not only what it changed).")
 @click.option("--no-create-topics", is_flag=True, help="Do not create the recording's topics on the target.")
 @click.option("--sasl-plain", "sasl_plain", default=None, metavar="USER:PASSWORD", envvar="KAFKATAP_REPLAY_SASL_PLAIN",
               help="Credentials for the target (SASL/PLAIN): replay's own connections (the same-cluster check, "

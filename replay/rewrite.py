@@ -18,7 +18,8 @@ Why these rewrites exist (what a target broker has never seen):
   it at every transaction) and the client's own bumps (`state.TargetProducer`);
 * **fetch sessions** — an incremental fetch names a session the target never
   created: track the target's session ids (default) or send every fetch
-  sessionless (full);
+  sessionless (full), naming every partition of its origin session
+  (`replay.fetch_session_sets`);
 * **consumer groups** — member ids and the generation come from the target's
   JoinGroup responses; with the KIP-848 consumer protocol, the member epoch
   (and a v0 member's id) from its ConsumerGroupHeartbeat answers; a KIP-932
@@ -51,6 +52,7 @@ from protocol.consumer_protocol import rename_consumer_assignment, rename_consum
 from protocol.deep import encode_request
 from protocol.frames import RequestFrame, expects_response
 from protocol.sasl import HANDSHAKE_VERSION, authenticate_body, handshake_body
+from replay.fetch_session_sets import FetchSessionSet, follow_session
 from replay.messages import (SPEC_DECODED, decode_request_body, decode_spec_request, reencode_request,
                              reencode_spec_request)
 from replay.state import CannotReplay, ConnState, NeedState, Outcome, Pending, ReplayState, Send, Skip
@@ -87,15 +89,22 @@ def _rewrite_produce(w: Walk, msg: Any) -> None:
                 w.mark("producer_id")
 
 
+SESSION_BEFORE_REPLAY = "fetch_session_began_before_replay"
+
+
 def _rewrite_fetch(w: Walk, msg: Any) -> None:
-    """Fetch sessions: follow the target's ids (track) or go sessionless (full)."""
+    """Fetch sessions: follow the target's ids (track) or go sessionless (full).
+
+    An incremental fetch sent sessionless (full, or a session the target did not grant) names every
+    partition its origin session held (`replay.fetch_session_sets`), not only the changed ones."""
     if w.frame.api_version < 7:
         return
     sid, epoch = msg.session_id, msg.session_epoch
+    whole = follow_session(w.conn.fetch_sets, msg)
     if w.state.fetch_mode == "full":
         if (sid, epoch) != (0, -1):
             if epoch > 0:
-                w.state.note("fetch_incremental_sent_full")
+                _send_whole(w, msg, whole)
             msg.session_id, msg.session_epoch = 0, -1
             w.mark("fetch_session")
         return
@@ -108,14 +117,25 @@ def _rewrite_fetch(w: Walk, msg: Any) -> None:
     if tgt is None:
         raise NeedState("fetch_session_unmapped")
     if tgt == 0:
-        # the target did not grant a session: an incremental fetch can only go out as a full one
+        # the target did not grant a session: an incremental fetch can only go out as a whole one
         msg.session_id, msg.session_epoch = 0, -1
-        w.state.note("fetch_session_not_granted_sent_full")
+        if epoch > 0:
+            _send_whole(w, msg, whole)
     elif epoch == -1:
         msg.session_id = tgt  # closing the session
     else:
         msg.session_id = tgt
     w.mark("fetch_session")
+
+
+def _send_whole(w: Walk, msg: Any, whole: FetchSessionSet | None) -> None:
+    """An incremental fetch going out sessionless names its session's whole set; when the session began before
+    what is replayed (a window, a filter), its set is unknown and the request names only what it changed: noted."""
+    if whole is None:
+        w.state.note(SESSION_BEFORE_REPLAY)
+        return
+    msg.topics, msg.forgotten_topics_data = whole.as_topics(), []
+    w.mark("fetch_session_set")
 
 
 def _rewrite_join(w: Walk, msg: Any) -> None:

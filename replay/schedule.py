@@ -113,6 +113,10 @@ NOTE_HINTS: dict[str, str] = {
     "sasl_handshake_unanswered": "the target closed the connection or did not answer the SaslHandshake in time",
     "sasl_authenticate_unanswered": "the target closed the connection or did not answer SaslAuthenticate in time",
     "target_listener_without_sasl": "the target's listener takes no SASL: --sasl-plain was not needed",
+    "fetch_session_began_before_replay": "incremental fetches went out without a session (--fetch-sessions full, or "
+                                         "the target granted none) while their origin session began before what "
+                                         "was replayed (--since, a filter): they named only the partitions they "
+                                         "changed, so the target answered for those alone",
     "sasl_reauthenticated": "sessions renewed their SASL authentication before the session lifetime the target "
                             "sets (connections.max.reauth.ms) ran out, as Kafka's clients do (KIP-368)",
 }

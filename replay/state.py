@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from replay.fetch_session_sets import SessionSets
+
 __all__ = ["ConnState", "ReplayState", "TargetProducer", "Send", "Skip", "Pending", "Outcome", "NeedState",
            "CannotReplay"]
 
@@ -54,6 +56,8 @@ class ConnState:
     client_id: str | None = None
     fetch_sessions: dict[int, int] = field(default_factory=dict)  # recorded session id → target's
     new_fetch_session: int | None = None  # target session created by this connection's last epoch-0 fetch
+    # the origin's fetch sessions as recorded: an incremental fetch sent without a session names all of its set
+    fetch_sets: SessionSets = field(default_factory=SessionSets)
     pending_member: dict[str, str] = field(default_factory=dict)  # group → member id the target just gave
     # (group, member) → the share session epoch its next ShareFetch / ShareAcknowledge carries (`replay.rewrite`)
     share_sessions: dict[tuple[str, str], int] = field(default_factory=dict)

@@ -26,7 +26,7 @@ import pytest
 
 from harness.jars import DEFAULT_VERSION, INCIDENT_VERSION
 from harness.kafka import SHARE_GROUPS_ONE_NODE, LocalKafka, free_port
-from protocol.apis import (CONSUMER_GROUP_HEARTBEAT, END_TXN, PRODUCE, SHARE_FETCH, SHARE_GROUP_HEARTBEAT,
+from protocol.apis import (CONSUMER_GROUP_HEARTBEAT, END_TXN, FETCH, PRODUCE, SHARE_FETCH, SHARE_GROUP_HEARTBEAT,
                            STREAMS_GROUP_HEARTBEAT)
 from protocol.batch_edit import records_producer_ids
 from protocol.deep import decode_request
@@ -166,6 +166,27 @@ def test_a_kip848_members_epochs_and_commits_follow_the_target(origin: str, requ
         assert result.rewrites["member_id"], result.summary()  # the target chose another id than the origin
     committed = committed_offsets(target.bootstrap, session.group, session.topic, PARTITIONS)
     assert committed == session.committed and sum(o or 0 for o in committed.values()) >= session.records
+
+
+def test_full_fetch_sessions_name_every_partition_the_consumers_session_held(session_4x: JavaSession, target: LocalKafka,
+                                                                          tmp_path: Path):
+    """`--fetch-sessions full`: the Java consumer's incremental fetches (KIP-227), which name only the partitions
+    that changed since its session's last request, go out sessionless naming every partition its origin session
+    held. Sent as recorded, the target answered for the changed partitions alone."""
+    rec = load_recording(session_4x.path, Filters(clients=("java-848",)))
+    named = [(m.session_epoch, sum(len(t.partitions) for t in m.topics)) for c in rec.connections for r in c.requests
+             if r.frame.api_key == FETCH for m in [decode_request_body(r.frame)]]
+    incremental = [n for epoch, n in named if epoch > 0]
+    assert incremental and min(incremental) < PARTITIONS, named  # the recording holds fetches naming fewer
+    out = tmp_path / "replayed"
+    result = run_replay(rec, ReplayOptions(target=target.bootstrap, speed=None, fetch_mode="full", record_dir=out))
+    print(result.summary())
+    assert result.failed == 0 and not result.skipped and not result.notes, result.summary()
+    assert result.rewrites["fetch_session_set"] == len(incremental), result.summary()
+    sent = [r["partitions"] for r in read_recording(out, "requests").to_pylist()
+            if r["api_key"] == FETCH and r["client_id"] == "java-848"]
+    # the incremental ones name the whole session; the others as recorded (a closing fetch names what it names)
+    assert sent == [PARTITIONS if epoch > 0 else n for epoch, n in named], (sent, named)
 
 
 def test_the_origin_brokers_own_connections_are_left_out(session_4x: JavaSession):

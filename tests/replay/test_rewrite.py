@@ -194,16 +194,35 @@ def test_an_idempotent_producers_own_epoch_bump_is_kept():
 
 # ----------------------------------------------------------------------------- fetch sessions
 def fetch(session_id: int, epoch: int, version: int = 12, topic: str = "orders", topic_id: uuid.UUID | None = None) -> bytes:
+    return fetch_of(session_id, epoch, {topic_id if version >= 13 else topic: {0: 0}}, version=version)
+
+
+def fetch_of(session_id: int, epoch: int, parts: dict[Any, dict[int, int]], forgotten: dict[Any, list[int]] | None = None,
+             version: int = 12) -> bytes:
+    """A Fetch naming `parts` ({topic name, or id from v13: {partition: fetch offset}}) and forgetting `forgotten`."""
     F = cls(1)
-    t = F.FetchTopic(version=version, partitions=[F.FetchTopic.FetchPartition(
-        version=version, partition=0, current_leader_epoch=-1, fetch_offset=0, last_fetched_epoch=-1,
-        log_start_offset=-1, partition_max_bytes=1 << 20)])
-    if version >= 13:
-        t.topic_id = topic_id
-    else:
-        t.topic = topic
+
+    def named(struct: Any, key: Any) -> Any:
+        if version >= 13:
+            struct.topic_id = key
+        else:
+            struct.topic = key
+        return struct
+
+    topics = [named(F.FetchTopic(version=version, partitions=[F.FetchTopic.FetchPartition(
+        version=version, partition=p, current_leader_epoch=-1, fetch_offset=off, last_fetched_epoch=-1,
+        log_start_offset=-1, partition_max_bytes=1 << 20) for p, off in ps.items()]), key) for key, ps in parts.items()]
+    gone = [named(F.ForgottenTopic(version=version, partitions=ps), key) for key, ps in (forgotten or {}).items()]
     return request(1, version, replica_id=-1, max_wait_ms=500, min_bytes=1, max_bytes=1 << 20, isolation_level=0,
-                   session_id=session_id, session_epoch=epoch, topics=[t], forgotten_topics_data=[], rack_id="")
+                   session_id=session_id, session_epoch=epoch, topics=topics, forgotten_topics_data=gone, rack_id="")
+
+
+def fetched(data: bytes) -> tuple[tuple[int, int], dict[Any, dict[int, int]], list]:
+    """A sent Fetch's session, what it names ({topic: {partition: fetch offset}}) and what it forgets."""
+    m = body(data)
+    return ((m.session_id, m.session_epoch),
+            {t.topic_id or t.topic: {p.partition: p.fetch_offset for p in t.partitions} for t in m.topics},
+            list(m.forgotten_topics_data))
 
 
 def fetch_response(session_id: int, error: int = 0, version: int = 12) -> bytes:
@@ -224,13 +243,14 @@ def test_fetch_sessions_follow_the_target():
     assert rewrite_request(sessionless, state, conn).data == sessionless.data
 
 
-def test_fetch_session_not_granted_goes_out_sessionless():
+def test_fetch_session_not_granted_goes_out_sessionless_naming_its_whole_session():
     state, conn = ReplayState(), ConnState()
-    create = parse_request(fetch(0, 0))
+    create = parse_request(fetch_of(0, 0, {"orders": {0: 0, 1: 0}}))
+    assert rewrite_request(create, state, conn).data == create.data
     learn_from_response(create, fetch_response(0), state, conn)
-    m = body(rewrite_request(parse_request(fetch(555, 3)), state, conn).data)
-    assert (m.session_id, m.session_epoch) == (0, -1)
-    assert state.notes["fetch_session_not_granted_sent_full"] == 1
+    out = rewrite_request(parse_request(fetch_of(555, 3, {"orders": {1: 40}})), state, conn)
+    assert fetched(out.data) == ((0, -1), {"orders": {0: 0, 1: 40}}, [])
+    assert "fetch_session_set" in out.rewrites and not state.notes
 
 
 def test_fetch_full_mode_sends_every_fetch_sessionless():
@@ -238,6 +258,46 @@ def test_fetch_full_mode_sends_every_fetch_sessionless():
     for sid, ep in ((0, 0), (555, 4)):
         m = body(rewrite_request(parse_request(fetch(sid, ep)), state, ConnState()).data)
         assert (m.session_id, m.session_epoch) == (0, -1)
+    # the second went out with no session known to this connection: only what it changed, noted
+    assert state.notes == {"fetch_session_began_before_replay": 1}
+
+
+def test_fetch_full_mode_names_the_origin_sessions_whole_set():
+    """An incremental fetch names only what changed since its session's last request; sent sessionless it names
+    every partition the origin session held, at the offsets its client last sent, and forgets nothing."""
+    state, conn = ReplayState(fetch_mode="full"), ConnState()
+
+    def send(sid: int, epoch: int, parts: dict, forgotten: dict | None = None) -> tuple:
+        out = rewrite_request(parse_request(fetch_of(sid, epoch, parts, forgotten)), state, conn)
+        assert isinstance(out, Send)
+        return fetched(out.data)
+
+    assert send(0, 0, {"orders": {0: 0, 1: 0}, "audit": {0: 7}}) == ((0, -1), {"orders": {0: 0, 1: 0}, "audit": {0: 7}}, [])
+    # changed: orders-0 moved on, payments-2 added, audit-0 forgotten
+    assert send(555, 1, {"orders": {0: 10}, "payments": {2: 0}}, {"audit": [0]}) == (
+        (0, -1), {"orders": {0: 10, 1: 0}, "payments": {2: 0}}, [])
+    assert send(555, 2, {}) == ((0, -1), {"orders": {0: 10, 1: 0}, "payments": {2: 0}}, [])  # nothing changed
+    # the client closes the session: a whole fetch of what it names, as recorded; the session's set is gone
+    assert send(555, -1, {"orders": {0: 12}}) == ((0, -1), {"orders": {0: 12}}, [])
+    assert send(555, 3, {}) == ((0, -1), {}, [])
+    assert state.notes == {"fetch_session_began_before_replay": 1}
+    # two connections keep their own sessions
+    other = ConnState()
+    rewrite_request(parse_request(fetch_of(0, 0, {"audit": {3: 1}})), state, other)
+    out = rewrite_request(parse_request(fetch_of(777, 1, {})), state, other)
+    assert fetched(out.data)[1] == {"audit": {3: 1}}
+
+
+def test_fetch_full_mode_whole_set_by_topic_id_is_translated_to_the_targets_ids():
+    rec_a, rec_b, tgt_a, tgt_b = (uuid.uuid4() for _ in range(4))
+    state = ReplayState(fetch_mode="full", recorded_topic_ids={str(rec_a): "orders", str(rec_b): "audit"},
+                        target_topic_ids={"orders": str(tgt_a), "audit": str(tgt_b)})
+    conn = ConnState()
+    created = rewrite_request(parse_request(fetch_of(0, 0, {rec_a: {0: 0}, rec_b: {0: 0}}, version=16)), state, conn)
+    assert fetched(created.data)[1] == {tgt_a: {0: 0}, tgt_b: {0: 0}}
+    for epoch, offset in ((1, 5), (2, 9)):  # twice: the set keeps the recorded ids, the walk maps each request's
+        out = rewrite_request(parse_request(fetch_of(99, epoch, {rec_b: {0: offset}}, version=16)), state, conn)
+        assert fetched(out.data) == ((0, -1), {tgt_a: {0: 0}, tgt_b: {0: offset}}, [])
 
 
 def test_fetch_topic_ids_translated_through_names():
