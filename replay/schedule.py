@@ -25,6 +25,7 @@ from replay.inter_broker import SKIP_REASON as INTER_BROKER
 from replay.load import Recording
 from replay.messages import decode_spec_request
 from replay.state import ReplayState
+from replay.versions import RETIRED, TOO_NEW
 
 __all__ = ["ReplayOptions", "ReplayResult", "ReplaySchedule", "note_hint", "LATE_AFTER_S", "PENDING_SOURCES",
            "NO_SOURCE_LEFT", "learning_key", "skip_note"]
@@ -106,6 +107,12 @@ SASL_ERROR_HINTS: dict[str, str] = {
 }
 SASL_ERROR_HINT = ("the target refused SASL/PLAIN on these sessions: they are not authenticated (a SASL listener "
                    "closes them at their next request)")
+RETIRED_HINT = ("the target no longer serves this version: it closes the connection such a request comes on, as it "
+                "would the client's own (Kafka 4.0 dropped the versions of clients older than Kafka 2.1, KIP-896); "
+                "upgrade these clients before the brokers")
+TOO_NEW_HINT = ("the target does not serve this version yet: these clients would have sent an older one to it, replay "
+                "sends the recorded one and the target closes the connection; replay onto a broker at least as new "
+                "as the recording's")
 NOTE_HINTS: dict[str, str] = {
     "sasl_added_where_recording_had_none": "sessions recorded without SASL (or whose SaslHandshake a filter left out) "
                                            "authenticate with --sasl-plain before their first request, as the "
@@ -127,6 +134,10 @@ def note_hint(what: str) -> str | None:
     step, sep, name = what.partition("_error:")
     if sep and step in ("sasl_handshake", "sasl_authenticate"):
         return SASL_ERROR_HINTS.get(name, SASL_ERROR_HINT)
+    if what.startswith(RETIRED):
+        return RETIRED_HINT
+    if what.startswith(TOO_NEW):
+        return TOO_NEW_HINT
     return NOTE_HINTS.get(what)
 
 

@@ -77,6 +77,7 @@ class ReplayState:
     fetch_mode: str = "track"  # "track": follow the target's sessions; "full": every fetch sessionless
     recorded_topic_ids: dict[str, str] = field(default_factory=dict)  # recorded topic id (str uuid) → recorded name
     target_topic_ids: dict[str, str] = field(default_factory=dict)  # target name → target topic id (str uuid)
+    target_versions: dict[int, tuple[int, int]] = field(default_factory=dict)  # API key → (min, max) the target serves
     producers: dict[int, TargetProducer] = field(default_factory=dict)  # recorded pid → target producer
     transactional: dict[str, TargetProducer] = field(default_factory=dict)  # transactional id → target producer
     unclaimed_inits: dict[str | None, list[TargetProducer]] = field(default_factory=dict)  # client → target inits

@@ -36,6 +36,7 @@ from protocol.frames import parse_request
 from replay.learn import learn_from_response
 from replay.load import Recording
 from replay.state import ConnState, ReplayState
+from replay.versions import served_ranges, unserved
 
 __all__ = ["prepare_target", "hostport", "TargetError", "wire_failure", "sasl_refused", "unreachable"]
 
@@ -123,7 +124,9 @@ async def prepare_target(target: str, recording: Recording, state: ReplayState, 
             if not state.target_takes_sasl:
                 state.note("target_listener_without_sasl")  # e.g. a PLAINTEXT listener: it serves us as we are
             answered = True
-        step = "Metadata"
+        step = "ApiVersions"
+        _check_versions(recording, state, served_ranges(await cli.call(API_VERSIONS, 0, {})))
+        step = "Metadata"  # not answered yet: a SASL listener answers ApiVersions before authentication too
         md = await _learning(cli, state, conn, METADATA, 12, _ALL_TOPICS)
         step, answered = "the set-up's requests", True
         existing = {t["name"]: len(t["partitions"] or ()) for t in md["topics"] or () if t["error_code"] == 0}
@@ -171,6 +174,15 @@ async def prepare_target(target: str, recording: Recording, state: ReplayState, 
     finally:
         cli.close()
     return created
+
+
+def _check_versions(recording: Recording, state: ReplayState, ranges: dict[int, tuple[int, int]]) -> None:
+    """Keep what the target serves (`ReplayState.target_versions`) and note every recorded API version it would refuse
+    (`replay.versions`): a request of one closes its replayed session there, as it would the client's own."""
+    state.target_versions = ranges
+    sent = ((r.frame.api_key, r.frame.api_version, c.client_id) for c in recording.connections for r in c.requests)
+    for u in unserved(sent, ranges):
+        state.note(u.note, u.requests)
 
 
 async def _await_partition_leaders(cli: AsyncWireClient, topics: dict[str, int], state: ReplayState,
@@ -221,7 +233,7 @@ async def _await_coordinators(cli: AsyncWireClient, keys: set[str], state: Repla
                 continue
             if key_type == TRANSACTION_KEY and (found["host"], found["port"]) == here:
                 if describes is None:
-                    describes = await _supports(cli, DESCRIBE_TRANSACTIONS)
+                    describes = _max_version(state, DESCRIBE_TRANSACTIONS) >= 0
                 if describes and not await _serves_transactional_id(cli, k):
                     continue
             pending.discard(k)
@@ -263,7 +275,7 @@ async def _await_share_state(cli: AsyncWireClient, keys: list[str], state: Repla
     """
     if not keys:
         return
-    if (await _max_version(cli, FIND_COORDINATOR)) < _SHARE_KEY_MIN_VERSION:
+    if _max_version(state, FIND_COORDINATOR) < _SHARE_KEY_MIN_VERSION:
         state.note("share_coordinator_not_checked:target_without_share_groups")
         return
     deadline = asyncio.get_running_loop().time() + timeout
@@ -282,15 +294,10 @@ async def _await_share_state(cli: AsyncWireClient, keys: list[str], state: Repla
         state.note("share_coordinator_not_ready", len(pending))
 
 
-async def _max_version(cli: AsyncWireClient, api_key: int) -> int:
-    """The highest version of `api_key` the target's ApiVersions answer lists (-1: none)."""
-    body = await cli.call(API_VERSIONS, 3, {"client_software_name": "kafkatap-replay", "client_software_version": "1"})
-    return max((k["max_version"] for k in body["api_keys"] or () if k["api_key"] == api_key), default=-1)
-
-
-async def _supports(cli: AsyncWireClient, api_key: int) -> bool:
-    """Does the target list `api_key` in its ApiVersions answer (a broker hangs up on an API it lacks)?"""
-    return (await _max_version(cli, api_key)) >= 0
+def _max_version(state: ReplayState, api_key: int) -> int:
+    """The highest version of `api_key` the target's ApiVersions answer listed (-1: none; a broker hangs up on an API it
+    lacks)."""
+    return state.target_versions.get(api_key, (0, -1))[1]
 
 
 async def _serves_transactional_id(cli: AsyncWireClient, transactional_id: str) -> bool:

@@ -149,14 +149,17 @@ def record_clients_session(origin: str, listen: str, out: Path, topic: str, *, c
 
 
 def record_paced_producer(origin: str, listen: str, out: Path, topic: str, *, sends: int = 8, gap_s: float = 0.25,
-                          capture: str = "requests", client_id: str = "paced-producer") -> None:
-    """A producer that sends one record every `gap_s` (acks=1, each awaited): a known rhythm for --speed."""
+                          capture: str = "requests", client_id: str = "paced-producer",
+                          api_version: tuple[int, ...] | None = None) -> None:
+    """A producer that sends one record every `gap_s` (acks=1, each awaited): a known rhythm for --speed.
+    `api_version`: kafka-python speaks that Kafka release's versions instead of negotiating (an old client)."""
     from kafka import KafkaProducer
 
     create_topics_via_proxy(origin, listen, {topic: 1})
     p = _run_proxy(origin, listen, out, capture, "origin")
     try:
-        prod = KafkaProducer(bootstrap_servers=p.bootstrap, acks=1, linger_ms=0, client_id=client_id)
+        prod = KafkaProducer(bootstrap_servers=p.bootstrap, acks=1, linger_ms=0, client_id=client_id,
+                             api_version=api_version)
         for i in range(sends):
             prod.send(topic, value=b"tick %d" % i).get(10)
             time.sleep(gap_s)

@@ -19,6 +19,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from protocol.apis import API_NAMES
 from recording.schema import COLUMNS, arrow_schema
 from recording.timestamps import from_epoch_ns, ingest_schema
 from replay_frames import cls, request, response
@@ -166,6 +167,18 @@ def _drain(conn: socket.socket) -> None:
         pass
 
 
+SERVES_UP_TO = 99  # the version the fakes' ApiVersions answers list as every API's newest
+
+
+def api_versions_answer(cid: int, version: int = 0, keys: Any = None) -> bytes:
+    """An ApiVersions answer serving `keys` (default: every API) at versions 0 to SERVES_UP_TO: what the replay
+    set-up asks a target first (`replay.versions`)."""
+    ApiVersion = cls(18, False).ApiVersion
+    return response(18, version, cid, error_code=0, throttle_time_ms=0, api_keys=[
+        ApiVersion(version=version, api_key=k, min_version=0, max_version=SERVES_UP_TO)
+        for k in sorted(API_NAMES if keys is None else keys)])
+
+
 class FakeBroker:
     """Answers every request after `delay` s with a bare response (Metadata v12, SASL, FindCoordinator v2 and
     InitProducerId properly).
@@ -228,10 +241,8 @@ class FakeBroker:
             elif key == 10:  # FindCoordinator: this broker coordinates everything
                 data = response(10, ver, cid, throttle_time_ms=0, error_code=0, error_message=None, node_id=1,
                                 host=self.address[0], port=self.address[1])
-            elif key == 18 and self.txn_loading is not None:  # ApiVersions: it has DescribeTransactions
-                ApiVersion = cls(18, False).ApiVersion
-                data = response(18, ver, cid, error_code=0, throttle_time_ms=0, api_keys=[
-                    ApiVersion(version=ver, api_key=k, min_version=0, max_version=hi) for k, hi in ((18, 4), (65, 0))])
+            elif key == 18:  # ApiVersions: every API at every version (DescribeTransactions only with txn_loading)
+                data = api_versions_answer(cid, ver, [k for k in API_NAMES if k != 65 or self.txn_loading is not None])
             elif key == 65:  # DescribeTransactions: NOT_COORDINATOR while loading, then TRANSACTIONAL_ID_NOT_FOUND
                 self.describes += 1
                 loaded = self.describes > (self.txn_loading or 0)

@@ -20,7 +20,8 @@ from typing import Any
 
 from click.testing import CliRunner
 from replay_frames import cls, request, response
-from replay_synthetic import HangUp, Silent, SynthConn, SynthRequest, api_versions, metadata, write_dataset, write_recording
+from replay_synthetic import (HangUp, Silent, SynthConn, SynthRequest, api_versions, api_versions_answer, metadata,
+                              write_dataset, write_recording)
 
 from harness.kafka import free_port
 from proxy.running import RunningProxy
@@ -41,7 +42,8 @@ def _metadata_answer(cid: int, cluster: str) -> bytes:
 
 @contextmanager
 def fake_cluster(cluster: str) -> Iterator[str]:
-    """A "broker" answering every Metadata v12 request with topic orders and `cluster`; yields its host:port."""
+    """A "broker" answering every Metadata v12 request with topic orders and `cluster` (and the replay set-up's
+    ApiVersions v0), hanging up on anything else; yields its host:port."""
     srv = socket.create_server(("127.0.0.1", 0))
     stop = threading.Event()
 
@@ -52,10 +54,13 @@ def fake_cluster(cluster: str) -> Iterator[str]:
                 if not head:
                     return
                 frame = _recv(conn, struct.unpack(">i", head)[0])
-                api_key, _version, cid = struct.unpack_from(">hhi", frame)
-                if api_key != 3:
+                api_key, version, cid = struct.unpack_from(">hhi", frame)
+                if (api_key, version) == (18, 0):  # the replay set-up's ApiVersions (a replayed one is v3: hung up on)
+                    conn.sendall(api_versions_answer(cid))
+                elif api_key == 3:
+                    conn.sendall(_metadata_answer(cid, cluster))
+                else:
                     return
-                conn.sendall(_metadata_answer(cid, cluster))
 
     def accept() -> None:
         while not stop.is_set():

@@ -6,20 +6,19 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from protocol.apis import API_VERSIONS, FIND_COORDINATOR
+from protocol.apis import FIND_COORDINATOR
 from replay.state import ReplayState
 from replay.target import _await_share_state, kafka_uuid_text
 
 
 class _Scripted:
-    """Answers ApiVersions with FindCoordinator up to `find_max`, and each FindCoordinator with the next error codes."""
+    """A target serving FindCoordinator up to `find_max` (what its ApiVersions answer gave the set-up), answering each
+    FindCoordinator with the next error codes."""
 
     def __init__(self, find_max: int, rounds: list[dict[str, int]]) -> None:
         self.find_max, self.rounds, self.asked = find_max, rounds, []
 
     async def call(self, api_key: int, version: int, body: dict[str, Any]) -> dict[str, Any]:
-        if api_key == API_VERSIONS:
-            return {"api_keys": [{"api_key": FIND_COORDINATOR, "min_version": 0, "max_version": self.find_max}]}
         assert (api_key, version, body["key_type"]) == (FIND_COORDINATOR, 6, 2)
         self.asked.append(list(body["coordinator_keys"]))
         codes = self.rounds.pop(0)
@@ -27,7 +26,7 @@ class _Scripted:
 
 
 def _run(cli: _Scripted, keys: list[str]) -> ReplayState:
-    state = ReplayState()
+    state = ReplayState(target_versions={FIND_COORDINATOR: (0, cli.find_max)})
     asyncio.run(_await_share_state(cli, keys, state, timeout=5))  # type: ignore[arg-type]
     return state
 
