@@ -656,6 +656,8 @@ def _run(spark: SparkSession, dirs: Sequence[str | Path], out: Path, filters: L.
         plan = table_plan(inputs, bucket_s, (filters.since_ns, filters.until_ns))
         if ov.get("opaque_connections"):  # TLS pass-through and other undecoded connections: only a recording with some pays
             plan["opaque_connections"] = lambda: connections.opaque_connections(conns, filters.since_ns, filters.until_ns)
+        if ov.get("removed_version_connections"):  # clients a Kafka 4 broker would refuse: only a recording with some pays
+            plan["kafka_4_upgrade"] = lambda: connections.kafka_4_upgrade(conns, filters.since_ns, filters.until_ns)
         if compare:
             mode_used, cplan = compare_plan(spark, str(compare[0]), str(compare[1]), sides or (filters, filters),
                                              compare_mode, tolerance_s, prog)

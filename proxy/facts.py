@@ -49,12 +49,19 @@ class LastRequest:
     version: int | None = None
 
 
+# API key → the oldest version a Kafka 4.x broker serves, for the APIs whose older versions Kafka 4.0 removed
+# (KIP-896; the protocol table's `legacy_below`). Whole APIs it removed (ZooKeeper mode's LeaderAndIsr, StopReplica,
+# UpdateMetadata, ControlledShutdown: a controller's, not a client's) are left out.
+KAFKA_4_OLDEST: dict[int, int] = {k: i.legacy_below for k, i in APIS.items() if 0 < i.legacy_below <= i.max_version}
+REMOVED_KEPT = 16  # distinct removed API versions named per connection
+
+
 def removed_in_kafka_4(key: int | None, version: int | None) -> int | None:
     """The oldest version of API `key` a Kafka 4.x broker serves, when `version` is older (KIP-896); else None."""
     if key is None or version is None:
         return None
-    info = APIS.get(key)
-    return info.legacy_below if info is not None and version < info.legacy_below else None
+    oldest = KAFKA_4_OLDEST.get(key)
+    return oldest if oldest is not None and version < oldest else None
 
 
 PIPELINE_NS = 1_000_000_000  # how far before the last request an acks=0 Produce can still be what the broker refused
@@ -86,6 +93,8 @@ class ConnectionFacts:
     skipped_bytes: int = 0  # bytes relayed but never decoded (observation backlog over its bound)
     unanswered_at_end: int = 0
     client_ids: list[str] = field(default_factory=list)
+    # "Produce v2": each API version this connection sent that Kafka 4.0 removed (KIP-896), in first-sent order
+    removed_in_kafka_4: list[str] = field(default_factory=list)
     software_name: str | None = None
     software_version: str | None = None
     tls: bool = False

@@ -60,7 +60,7 @@ from protocol.apis import API_VERSIONS, CLUSTER_ID_APIS, PRODUCE, SASL_AUTHENTIC
 from protocol.events import Direction, RequestDropped, RequestSeen, ResponseSeen, StreamClosed, StreamOpaque
 from proxy import rows
 from proxy.capture import FrameCapture
-from proxy.facts import ConnectionFacts
+from proxy.facts import KAFKA_4_OLDEST, REMOVED_KEPT, ConnectionFacts
 from proxy.inference import request_cause
 from proxy.timing import SendStamps
 
@@ -68,6 +68,14 @@ Log = Callable[..., None]  # log(level, event, **fields), bound to the connectio
 MAX_CLIENT_IDS = 16  # distinct client_id values kept per connection
 # Answers the proxy learns from (cluster id, topic id ↔ name pairs) before their row is built
 LEARNED_FROM = CLUSTER_ID_APIS | TOPIC_PAIR_APIS
+
+
+def _note_removed(f: ConnectionFacts, ev: RequestSeen) -> None:
+    """Name a request version Kafka 4.0 removed (KIP-896) on its connection, once per API version: the connection's row
+    says which a client would have to stop sending before its brokers move to 4.x (the analysis's upgrade check)."""
+    label = f"{ev.api_name} v{ev.api_version}"
+    if label not in f.removed_in_kafka_4 and len(f.removed_in_kafka_4) < REMOVED_KEPT:
+        f.removed_in_kafka_4.append(label)
 
 
 # What one loop turn may spend decoding, and how much of a queued chunk one slice decodes. Another
@@ -617,6 +625,9 @@ class Observer:
             self._no_schema_logged = True
             self._log("warning", "request without a schema: relayed unchanged, recorded without a summary",
                       kind="no_schema", api_key=ev.api_key, version=ev.api_version, reason=ev.decode_note)
+        oldest = KAFKA_4_OLDEST.get(ev.api_key)
+        if oldest is not None and ev.api_version < oldest:  # rare: a dict lookup is all most requests pay
+            _note_removed(f, ev)
         last = f.last
         last.api = ev.api_name
         last.key = ev.api_key

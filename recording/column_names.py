@@ -99,6 +99,7 @@ COLUMN_NAMES: dict[str, tuple[str, ...]] = {
         "last_request_acks",
         "last_request_topics",
         "inferred_cause",
+        "removed_in_kafka_4",
         "edit_stopped",
         "edit_oversize_frames",
         "tcp_client_open",

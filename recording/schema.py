@@ -175,6 +175,9 @@ CONNECTION_COLUMNS: list[Column] = [
     Column("last_request_acks", pa.int16(), "", "acks of the last request, when it was a Produce"),
     Column("last_request_topics", pa.list_(pa.string()), "", "topics of the last request"),
     Column("inferred_cause", pa.string(), "", "plain-language cause when the evidence supports one"),
+    Column("removed_in_kafka_4", pa.list_(pa.string()), "",
+           "request versions this connection sent that Kafka 4.0 removed (KIP-896), e.g. \"Produce v2\": a 4.x broker "
+           "closes the connection at the first one; null: none"),
     Column("edit_stopped", pa.string(), "",
            "why the proxy stopped editing this connection (cluster rewriting, Kafka faults): TLS or not Kafka "
            "framing, a stray response, a reused correlation id, an oversize request head. Kafka faults relay the "

@@ -20,6 +20,7 @@ from analytics.findings import resets as _resets  # noqa: F401
 from analytics.findings import stretches as _stretches  # noqa: F401  (a directory reused across sessions)
 from analytics.findings import surge as _surge  # noqa: F401
 from analytics.findings import tcp_window as _tcp  # noqa: F401
+from analytics.findings import upgrade as _upgrade  # noqa: F401  (clients a Kafka 4 broker refuses, KIP-896)
 
 __all__ = ["INCIDENT_TITLES", "INCIDENTS_DOC", "RULES", "Finding", "Tables", "incident_label", "incident_ref", "rank",
            "rule", "run_rules"]

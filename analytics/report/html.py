@@ -360,6 +360,7 @@ SECTIONS: list[tuple[str, str, str, list[tuple[str, str, Chart | None]]]] = [
         ("client_inventory", "Client inventory", _c_bars("client_id+role", {"requests": "requests"}, axis="requests in the analyzed span (the window, if given)")),
         ("topic_view", "Topics: who writes and who reads", _c_bars("topic", {"bytes_produced": "produced", "bytes_fetched": "fetched"}, "B", sort="bytes_produced", axis="record bytes")),
         ("group_protocols", "Groups and their protocol (classic / consumer / share / streams)", None),
+        ("kafka_4_upgrade", "Clients sending request versions Kafka 4.0 removed (KIP-896): a 4.x broker closes their connections", None),
         ("brokers", "Brokers: node id, address and the proxy listeners they were reached through (from the Metadata answers relayed)", None),
     ]),
     ("throughput", "Throughput over time", "Bytes per second each way (client → broker, broker → client) and records produced per second, "
@@ -457,6 +458,8 @@ WINDOW_NOTES: dict[str, str] = {
     "opaque_connections": "Window (--since/--until): every undecoded connection open at some time inside it (also one "
                           "already open at its start or still open at its end: its traffic in the window is missing too), "
                           "last seen as at its end; bytes and requests decoded are the whole connection's.",
+    "kafka_4_upgrade": "Window (--since/--until): every such connection open at some time inside it; the versions are "
+                       "those each connection sent in its whole life.",
     "connections_over_time": "Window (--since/--until): its buckets only. A connection already open at its start is "
                              "concurrent from the first bucket, not one of its opens; one still open at its end is not an end.",
     "connection_ends": "Window (--since/--until): the connections that ended inside it, by how they ended; those still open "

@@ -412,3 +412,32 @@ def opaque_connections(conns: DataFrame, since_ns: int | None = None, until_ns: 
         ns_to_ts(F.min("opened_ns")).alias("first_opened"),
         ns_to_ts(F.max(F.coalesce("closed_ns", "snapshot_ns", "opened_ns"))).alias("last_seen"),
     ).orderBy(F.desc("connections"), "kind")
+
+
+def kafka_4_upgrade(conns: DataFrame, since_ns: int | None = None, until_ns: int | None = None) -> DataFrame:
+    """Clients that sent request versions Kafka 4.0 removed (KIP-896), one row each: what they would have to stop
+    sending before their brokers move to 4.x, and whether a broker already closed them for it.
+
+    A 4.x broker closes a connection at the first such request (the proxy's `inferred_cause` says so per
+    connection); a 3.x broker still serves it, so nothing fails until the upgrade. `versions` are the proxy's
+    `removed_in_kafka_4` names ("Produce v2"); `client_software` is what the clients' ApiVersions v3+ said
+    (kafka-python and other old clients say nothing). The job builds this table only when the overview counts
+    such connections. Windowed as `opaque_connections` is: every connection the window sees.
+    """
+    c = with_client(as_at_window_end(conns, since_ns, until_ns).where(F.size("removed_in_kafka_4") > 0))
+    software = F.concat_ws(" ", "client_software_name", "client_software_version")
+
+    def few(col: Column) -> Column:
+        return F.slice(F.sort_array(F.collect_set(col)), 1, 20)
+
+    return c.groupBy("client_id").agg(
+        F.array_sort(F.array_distinct(F.flatten(F.collect_list("removed_in_kafka_4")))).alias("versions"),
+        F.count(F.lit(1)).alias("connections"),
+        F.sum(F.when(broker_closed(), 1).otherwise(0)).alias("closed_by_broker"),
+        few(F.when(software != "", software)).alias("client_software"),
+        few(F.col("client_host")).alias("client_hosts"),
+        few(F.col("broker_addr")).alias("brokers"),
+        F.min_by("conn_id", "opened_ns").alias("example_conn_id"),
+        ns_to_ts(F.min("opened_ns")).alias("first_opened"),
+        ns_to_ts(F.max(F.coalesce("closed_ns", "snapshot_ns", "opened_ns"))).alias("last_seen"),
+    ).orderBy(F.desc("connections"), "client_id")

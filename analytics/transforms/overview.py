@@ -88,6 +88,8 @@ def overview(rollup: DataFrame, conns: DataFrame, since_ns: int | None = None, u
         F.coalesce(F.sum(F.when(opaque(), 1).otherwise(0)), F.lit(0)).alias("opaque_connections"),
         # connects the broker never answered: the job builds the outage tables only when there are some
         F.coalesce(F.sum(F.when(unreachable(), 1).otherwise(0)), F.lit(0)).alias("unreachable_connects"),
+        # sent request versions Kafka 4.0 removed (KIP-896): the job builds the upgrade table only when some did
+        F.coalesce(F.sum(F.when(F.size("removed_in_kafka_4") > 0, 1).otherwise(0)), F.lit(0)).alias("removed_version_connections"),
     )
     out = r.crossJoin(c)
     start = clamp(F.least(F.col("first_ns"), F.col("first_open_ns")), since_ns, until_ns)
@@ -107,4 +109,5 @@ def overview(rollup: DataFrame, conns: DataFrame, since_ns: int | None = None, u
         F.round(F.col("requests_retriable") / F.greatest(F.col("requests"), F.lit(1)), 5).alias("retriable_rate"),
         "protocol_steps",
         "unanswered", "acks0_produces", "faults_injected", "tls_connections", "opaque_connections", "unreachable_connects",
+        "removed_version_connections",
     )

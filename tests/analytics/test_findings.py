@@ -367,5 +367,6 @@ def test_every_rule_is_covered() -> None:
               "opaque_connections",
               "separate_stretches", "tcp_faults_injected",  # tests/analytics/test_stretches.py
               "broker_unreachable",  # tests/analytics/test_outages.py
-              "kafka_fault_reactions", "fault_retry_duplicates"}  # tests/analytics/test_fault_reactions.py
+              "kafka_fault_reactions", "fault_retry_duplicates",  # tests/analytics/test_fault_reactions.py
+              "kafka_4_removed_versions"}  # tests/analytics/test_transforms.py, test_kafka_4_upgrade_kafka.py
     assert set(RULES) - {"broken"} == tested

@@ -857,6 +857,36 @@ def test_latency_cube_equals_one_grouping_per_view(make_df) -> None:
     assert {(d, m) for d, m, *_ in got} == {(v.dim, v.metric) for v in REQUEST_VIEWS + TOPIC_VIEWS}  # every view has cells
 
 
+def test_clients_on_versions_kafka_4_removed_by_client_and_their_finding(make_df) -> None:
+    """Connections that sent request versions Kafka 4.0 removed (KIP-896): counted in the overview, one row per client
+    with every version it sent, and a finding that is critical once a broker closed some of them for it."""
+    from analytics.findings.upgrade import kafka_4_removed_versions
+
+    c = make_df("connections", [
+        conn("o1", 0, 30, client="legacy-app", removed_in_kafka_4=["Produce v2"]),
+        conn("o2", 5, 40, client="legacy-app", removed_in_kafka_4=["Fetch v3", "Produce v2"],
+             client_software_name="kafka-python", client_software_version="1.4.7"),
+        conn("o3", 6, None, client="pinned-rdkafka", removed_in_kafka_4=["OffsetCommit v1"]),
+        conn("ok", 0, 40, removed_in_kafka_4=None),
+        conn("ok2", 0, 40, removed_in_kafka_4=[]),
+    ])
+    o = overview.overview(request_rollup(prepare_requests(make_df("requests", [req("ok", 1)]))), c).collect()[0]
+    assert o["removed_version_connections"] == 3
+    rows = [r.asDict() for r in connections.kafka_4_upgrade(c).collect()]
+    assert [(r["client_id"], r["versions"], r["connections"], r["closed_by_broker"], r["example_conn_id"]) for r in rows] == [
+        ("legacy-app", ["Fetch v3", "Produce v2"], 2, 0, "o1"), ("pinned-rdkafka", ["OffsetCommit v1"], 1, 0, "o3")]
+    assert rows[0]["client_software"] == ["kafka-python 1.4.7"] and rows[1]["client_software"] == []
+    (found,) = kafka_4_removed_versions({"overview": [o.asDict()], "kafka_4_upgrade": rows})
+    assert found.severity == "warning" and found.title.startswith("2 client(s) send request versions Kafka 4.0 removed")
+    assert "legacy-app, pinned-rdkafka sent Fetch v3, OffsetCommit v1, Produce v2" in found.summary
+    # a 4.x broker closed one: what was a warning about the upgrade is a failure now
+    closed = make_df("connections", [conn("o1", 0, 30, client="legacy-app", end_reason="broker_fin", end_by="broker",
+                                          removed_in_kafka_4=["Produce v2"])])
+    (found,) = kafka_4_removed_versions({"kafka_4_upgrade": [r.asDict() for r in connections.kafka_4_upgrade(closed).collect()]})
+    assert found.severity == "critical" and "the broker closed 1 of their connections" in found.title
+    assert kafka_4_removed_versions({"kafka_4_upgrade": []}) == []
+
+
 def test_tail_floor_bounds_the_slowest_requests(make_df) -> None:
     """The cube's tail floor is at most the n-th highest latency, so the filtered slowest list is the same list."""
     lat = [(i * 7919) % 100_000 + 50 for i in range(300)]  # spread over 50 µs … 100 ms, in no order

@@ -113,7 +113,7 @@ def test_a_request_version_kafka_4_removed_is_named_as_the_cause_of_the_close(pr
             assert sock.recv(1) == b""  # a 4.x broker hangs up
         sink.wait_for(lambda s: any(c["final"] and c["client_ids"] == ["old-client"] for c in s.connections))
     (c,) = [c for c in sink.finals() if c["client_ids"] == ["old-client"]]
-    assert c["end_by"] == "broker" and c["unanswered"] == 1
+    assert c["end_by"] == "broker" and c["unanswered"] == 1 and c["removed_in_kafka_4"] == ["Produce v2"]
     assert c["inferred_cause"].startswith("broker closed the connection at a Produce v2 request, a version Kafka 4.0 "
                                           "removed (a 4.x broker serves Produce from v3 on"), c["inferred_cause"]
 
