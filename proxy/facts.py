@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol.apis import APIS
+from protocol.apis import APIS, BROKER_SENT_APIS
 from proxy.inference import EndFacts
 
 
@@ -50,9 +50,11 @@ class LastRequest:
 
 
 # API key → the oldest version a Kafka 4.x broker serves, for the APIs whose older versions Kafka 4.0 removed
-# (KIP-896; the protocol table's `legacy_below`). Whole APIs it removed (ZooKeeper mode's LeaderAndIsr, StopReplica,
-# UpdateMetadata, ControlledShutdown: a controller's, not a client's) are left out.
-KAFKA_4_OLDEST: dict[int, int] = {k: i.legacy_below for k, i in APIS.items() if 0 < i.legacy_below <= i.max_version}
+# (KIP-896; the protocol table's `legacy_below`), as a client sends them. The APIs only brokers send are left out
+# (WriteTxnMarkers, AlterPartition: an old broker's inter-broker protocol, not a client to upgrade), and so are the
+# whole APIs it removed (ZooKeeper mode's LeaderAndIsr, StopReplica, UpdateMetadata, ControlledShutdown).
+KAFKA_4_OLDEST: dict[int, int] = {k: i.legacy_below for k, i in APIS.items()
+                                  if 0 < i.legacy_below <= i.max_version and k not in BROKER_SENT_APIS}
 REMOVED_KEPT = 16  # distinct removed API versions named per connection
 
 

@@ -85,17 +85,18 @@ def follow_session(sets: SessionSets, msg: Any) -> FetchSessionSet | None:
     """Follow one recorded Fetch (v7+) in its connection's origin sessions; the set an incremental one leaves its
     session with, or None (not incremental, or its session began before what is replayed).
 
-    The recorded id of a new session is first seen on the session's next request (the origin's answer
+    Epoch 0 creates a session, with id 0 or with the id of one it closes at the same time (Kafka's Java
+    client does that on every new connection after a disconnect, and after a session error). The
+    recorded id of a new session is first seen on the session's next request (the origin's answer
     that gave it is not replayed), so that request binds the connection's last created set, as
     `replay.learn` binds the target's session id.
     """
     sid, epoch = msg.session_id, msg.session_epoch
-    if sid == 0:
-        if epoch == 0:
-            sets.created = FetchSessionSet.created_by(msg)
-        return None
-    if epoch == -1:  # the client closes the session: this request is a whole fetch of what it names
+    if epoch in (0, -1) and sid != 0:  # the client closes session `sid` (epoch 0: and opens a new one)
         sets.by_session.pop(sid, None)
+    if epoch == 0:
+        sets.created = FetchSessionSet.created_by(msg)
+    if epoch <= 0 or sid == 0:  # a whole fetch of what it names: creating, closing or sessionless
         return None
     s = sets.by_session.get(sid)
     if s is None:

@@ -35,7 +35,7 @@ def learn_from_response(sent: RequestFrame, response: bytes | memoryview, state:
             if got is not None:
                 err, sid = got
                 req = decode_request_body(sent)
-                if req.session_id == 0 and req.session_epoch == 0:
+                if req.session_epoch == 0:  # a new session (closing the one it names, if any)
                     conn.new_fetch_session = sid if err == 0 else 0
                     learned.append(f"fetch_session={sid}")
         elif key == INIT_PRODUCER_ID:

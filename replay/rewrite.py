@@ -110,6 +110,12 @@ def _rewrite_fetch(w: Walk, msg: Any) -> None:
         return
     if sid == 0:
         return  # sessionless (epoch -1) or a request creating a session (epoch 0): the target answers
+    if epoch == 0:
+        # closes the recorded session `sid` and opens a new one (a Java client after a reconnect or a session
+        # error): the target's session for `sid`, if it has one, is closed the same way; else it just opens one
+        msg.session_id = w.conn.fetch_sessions.pop(sid, 0)
+        w.mark("fetch_session")
+        return
     tgt = w.conn.fetch_sessions.get(sid)
     if tgt is None and w.conn.new_fetch_session is not None:
         tgt = w.conn.fetch_sessions[sid] = w.conn.new_fetch_session

@@ -25,7 +25,7 @@ from replay.inter_broker import SKIP_REASON as INTER_BROKER
 from replay.load import Recording
 from replay.messages import decode_spec_request
 from replay.state import ReplayState
-from replay.versions import RETIRED, TOO_NEW
+from replay.versions import MISSING, RETIRED, TOO_NEW
 
 __all__ = ["ReplayOptions", "ReplayResult", "ReplaySchedule", "note_hint", "LATE_AFTER_S", "PENDING_SOURCES",
            "NO_SOURCE_LEFT", "learning_key", "skip_note"]
@@ -113,6 +113,8 @@ RETIRED_HINT = ("the target no longer serves this version: it closes the connect
 TOO_NEW_HINT = ("the target does not serve this version yet: these clients would have sent an older one to it, replay "
                 "sends the recorded one and the target closes the connection; replay onto a broker at least as new "
                 "as the recording's")
+MISSING_HINT = ("the target does not serve this API at all (an older Kafka, or a feature it has off, such as share "
+                "groups or KIP-848 consumer groups on 3.x): it closes the connection such a request comes on")
 NOTE_HINTS: dict[str, str] = {
     "sasl_added_where_recording_had_none": "sessions recorded without SASL (or whose SaslHandshake a filter left out) "
                                            "authenticate with --sasl-plain before their first request, as the "
@@ -138,6 +140,8 @@ def note_hint(what: str) -> str | None:
         return RETIRED_HINT
     if what.startswith(TOO_NEW):
         return TOO_NEW_HINT
+    if what.startswith(MISSING):
+        return MISSING_HINT
     return NOTE_HINTS.get(what)
 
 

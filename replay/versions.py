@@ -25,10 +25,11 @@ from typing import Any
 
 from protocol.apis import API_NAMES, API_VERSIONS, FETCH, PRODUCE, SASL_AUTHENTICATE
 
-__all__ = ["Unserved", "served_ranges", "unserved", "RETIRED", "TOO_NEW"]
+__all__ = ["Unserved", "served_ranges", "unserved", "RETIRED", "TOO_NEW", "MISSING"]
 
 RETIRED = "version_retired_on_target:"  # older than the target serves: the client itself is refused there as well
 TOO_NEW = "version_newer_than_target:"  # newer than it serves: the client itself would have sent an older one
+MISSING = "api_not_on_target:"  # an API the target does not serve at all: an older Kafka, or a feature it has off
 _NOT_CHECKED = frozenset({API_VERSIONS, SASL_AUTHENTICATE})
 _KIP_896_FETCH_MIN, _KIP_896_PRODUCE_MIN = 4, 3  # Kafka 4.0's oldest Fetch and Produce
 
@@ -59,12 +60,14 @@ class Unserved:
     @property
     def note(self) -> str:
         """The replay note that counts these requests: the API, the version, what the target serves instead, who sent
-        them. Older than the target serves (`RETIRED`) and newer (`TOO_NEW`, or an API the target lacks) mean
-        different things to the operator (`replay.schedule.note_hint`)."""
+        them. Older than the target serves (`RETIRED`), newer (`TOO_NEW`) and an API the target lacks (`MISSING`)
+        mean different things to the operator (`replay.schedule.note_hint`)."""
         name = API_NAMES.get(self.api_key, f"api {self.api_key}")
-        where = "not this API" if self.served is None else f"v{self.served[0]}–v{self.served[1]}"
-        kind = RETIRED if self.served is not None and self.version < self.served[0] else TOO_NEW
-        return f"{kind}{name} v{self.version} (the target serves {where}; clients: {', '.join(self.clients)})"
+        clients = f"clients: {', '.join(self.clients)}"
+        if self.served is None:
+            return f"{MISSING}{name} v{self.version} ({clients})"
+        kind = RETIRED if self.version < self.served[0] else TOO_NEW
+        return f"{kind}{name} v{self.version} (the target serves v{self.served[0]}–v{self.served[1]}; {clients})"
 
 
 def unserved(sent: Iterable[tuple[int, int, str | None]], ranges: Mapping[int, tuple[int, int]]) -> list[Unserved]:

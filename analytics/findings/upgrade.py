@@ -6,7 +6,8 @@ clients pinned to old versions: kafka-python's `api_version`, librdkafka's
 nothing fails until the brokers are upgraded; then every such connection is closed at its
 first old request, and the client sees only disconnects. The proxy names each connection's
 removed versions (`connections.removed_in_kafka_4`); this rule lists the clients (the
-`kafka_4_upgrade` table), critical when a broker already closed some of them for it.
+`kafka_4_upgrade` table), critical when a broker already closed some of them at such a request (an idle
+close or a restart does not count).
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ def kafka_4_removed_versions(t: Tables) -> list[Finding]:
         sev = "critical"
         title = (f"{len(rows):,} client(s) send request versions Kafka 4.0 removed ({', '.join(versions[:4])}): "
                  f"the broker closed {closed:,} of their connections")
-        now = (f"A broker already closed {closed:,} of their {conns:,} connection(s), as a Kafka 4.x broker does at the "
-               "first such request (each connection's inferred cause says so): these clients cannot work with it.")
+        now = (f"A broker already closed {closed:,} of their {conns:,} connection(s) at a request of such a version, as "
+               "a Kafka 4.x broker does (each connection's inferred cause says which): these clients cannot work with it.")
     else:
         sev = "warning"
         title = (f"{len(rows):,} client(s) send request versions Kafka 4.0 removed ({', '.join(versions[:4])}): "

@@ -10,7 +10,7 @@ from pyspark.sql import functions as F
 from analytics.transforms.common import broker_closed, ns_to_ts, time_bucket_index, with_client
 from analytics.transforms.cube import view
 from analytics.transforms.outages import reached_broker
-from analytics.transforms.overview import opaque
+from analytics.transforms.overview import opaque, sent_removed_versions
 # proxy runs (their start rows, and the ends a run over never recorded): settled by the loader, read here
 from analytics.transforms.runs import END_NOT_RECORDED, RUN_LAST, RUN_OF_CONN_ID, RUN_STARTED, proxy_run  # noqa: F401
 from analytics.transforms.stretches import RunSpan, recorded_time  # a client's rate over the time runs recorded
@@ -419,13 +419,20 @@ def kafka_4_upgrade(conns: DataFrame, since_ns: int | None = None, until_ns: int
     sending before their brokers move to 4.x, and whether a broker already closed them for it.
 
     A 4.x broker closes a connection at the first such request (the proxy's `inferred_cause` says so per
-    connection); a 3.x broker still serves it, so nothing fails until the upgrade. `versions` are the proxy's
+    connection); a 3.x broker still serves it, so nothing fails until the upgrade. `closed_by_broker` counts
+    only such closes: the broker ended the connection with a request unanswered, of an API the connection
+    sent a removed version of (an idle close or a restart between requests is not one). A follower broker's
+    connections are left out (`overview.sent_removed_versions`). `versions` are the proxy's
     `removed_in_kafka_4` names ("Produce v2"); `client_software` is what the clients' ApiVersions v3+ said
     (kafka-python and other old clients say nothing). The job builds this table only when the overview counts
     such connections. Windowed as `opaque_connections` is: every connection the window sees.
     """
-    c = with_client(as_at_window_end(conns, since_ns, until_ns).where(F.size("removed_in_kafka_4") > 0))
+    c = with_client(as_at_window_end(conns, since_ns, until_ns).where(sent_removed_versions()))
     software = F.concat_ws(" ", "client_software_name", "client_software_version")
+    # the broker closed it at a request of a removed version, as a 4.x broker does: it ended unanswered at a request
+    # of an API this connection sent a removed version of (not an idle close, nor a restart between requests)
+    removed_apis = F.transform("removed_in_kafka_4", lambda v: F.substring_index(v, " v", 1))
+    closed_for_it = broker_closed() & (F.col("unanswered") > 0) & F.array_contains(removed_apis, F.col("last_api"))
 
     def few(col: Column) -> Column:
         return F.slice(F.sort_array(F.collect_set(col)), 1, 20)
@@ -433,7 +440,7 @@ def kafka_4_upgrade(conns: DataFrame, since_ns: int | None = None, until_ns: int
     return c.groupBy("client_id").agg(
         F.array_sort(F.array_distinct(F.flatten(F.collect_list("removed_in_kafka_4")))).alias("versions"),
         F.count(F.lit(1)).alias("connections"),
-        F.sum(F.when(broker_closed(), 1).otherwise(0)).alias("closed_by_broker"),
+        F.sum(F.when(closed_for_it, 1).otherwise(0)).alias("closed_by_broker"),
         few(F.when(software != "", software)).alias("client_software"),
         few(F.col("client_host")).alias("client_hosts"),
         few(F.col("broker_addr")).alias("brokers"),

@@ -5,15 +5,26 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from analytics.transforms.common import ns_to_ts
+from analytics.transforms.common import first_client_id, ns_to_ts
 from analytics.transforms.outages import unreachable
 from analytics.transforms.window import as_at_window_end
+from protocol.api_keys import FOLLOWER_CLIENT_ID_PATTERN
 from recording.layout import WORKER_SUFFIX_RE
 
 
 def opaque() -> Column:
     """A connection the proxy relayed without decoding (all of it, or from some byte on): TLS, or `opaque` with its reason."""
     return F.col("tls") | F.col("opaque") | F.col("opaque_reason").isNotNull()
+
+
+def sent_removed_versions() -> Column:
+    """A client's connection that sent request versions Kafka 4.0 removed (KIP-896): the proxy's `removed_in_kafka_4`.
+
+    A follower broker's replica fetcher (its client id, `FOLLOWER_CLIENT_ID_PATTERN`) is left out: its old
+    Fetch versions are its inter-broker protocol's, not a client's to upgrade (the proxy already leaves out
+    the APIs only brokers send)."""
+    follower = F.coalesce(first_client_id().rlike(FOLLOWER_CLIENT_ID_PATTERN), F.lit(False))
+    return (F.coalesce(F.size("removed_in_kafka_4"), F.lit(0)) > 0) & ~follower
 
 
 def clamp(ns: Column, lo: int | None, hi: int | None) -> Column:
@@ -89,7 +100,7 @@ def overview(rollup: DataFrame, conns: DataFrame, since_ns: int | None = None, u
         # connects the broker never answered: the job builds the outage tables only when there are some
         F.coalesce(F.sum(F.when(unreachable(), 1).otherwise(0)), F.lit(0)).alias("unreachable_connects"),
         # sent request versions Kafka 4.0 removed (KIP-896): the job builds the upgrade table only when some did
-        F.coalesce(F.sum(F.when(F.size("removed_in_kafka_4") > 0, 1).otherwise(0)), F.lit(0)).alias("removed_version_connections"),
+        F.coalesce(F.sum(F.when(sent_removed_versions(), 1).otherwise(0)), F.lit(0)).alias("removed_version_connections"),
     )
     out = r.crossJoin(c)
     start = clamp(F.least(F.col("first_ns"), F.col("first_open_ns")), since_ns, until_ns)

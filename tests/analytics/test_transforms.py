@@ -869,19 +869,24 @@ def test_clients_on_versions_kafka_4_removed_by_client_and_their_finding(make_df
         conn("o3", 6, None, client="pinned-rdkafka", removed_in_kafka_4=["OffsetCommit v1"]),
         conn("ok", 0, 40, removed_in_kafka_4=None),
         conn("ok2", 0, 40, removed_in_kafka_4=[]),
+        # a follower broker's replica fetcher at an old inter-broker protocol: not a client to upgrade
+        conn("f1", 0, 40, client="broker-2-fetcher-0", removed_in_kafka_4=["Fetch v3"]),
+        # a 3.x broker's idle close of a pinned client's connection: served, not refused
+        conn("idle", 1, 600, client="legacy-app", end_reason="broker_fin", end_by="broker", last_api="Produce",
+             removed_in_kafka_4=["Produce v2"]),
     ])
     o = overview.overview(request_rollup(prepare_requests(make_df("requests", [req("ok", 1)]))), c).collect()[0]
-    assert o["removed_version_connections"] == 3
+    assert o["removed_version_connections"] == 4
     rows = [r.asDict() for r in connections.kafka_4_upgrade(c).collect()]
     assert [(r["client_id"], r["versions"], r["connections"], r["closed_by_broker"], r["example_conn_id"]) for r in rows] == [
-        ("legacy-app", ["Fetch v3", "Produce v2"], 2, 0, "o1"), ("pinned-rdkafka", ["OffsetCommit v1"], 1, 0, "o3")]
+        ("legacy-app", ["Fetch v3", "Produce v2"], 3, 0, "o1"), ("pinned-rdkafka", ["OffsetCommit v1"], 1, 0, "o3")]
     assert rows[0]["client_software"] == ["kafka-python 1.4.7"] and rows[1]["client_software"] == []
     (found,) = kafka_4_removed_versions({"overview": [o.asDict()], "kafka_4_upgrade": rows})
     assert found.severity == "warning" and found.title.startswith("2 client(s) send request versions Kafka 4.0 removed")
     assert "legacy-app, pinned-rdkafka sent Fetch v3, OffsetCommit v1, Produce v2" in found.summary
-    # a 4.x broker closed one: what was a warning about the upgrade is a failure now
+    # a 4.x broker closed one at its Produce v2: what was a warning about the upgrade is a failure now
     closed = make_df("connections", [conn("o1", 0, 30, client="legacy-app", end_reason="broker_fin", end_by="broker",
-                                          removed_in_kafka_4=["Produce v2"])])
+                                          unanswered=1, last_api="Produce", removed_in_kafka_4=["Produce v2"])])
     (found,) = kafka_4_removed_versions({"kafka_4_upgrade": [r.asDict() for r in connections.kafka_4_upgrade(closed).collect()]})
     assert found.severity == "critical" and "the broker closed 1 of their connections" in found.title
     assert kafka_4_removed_versions({"kafka_4_upgrade": []}) == []

@@ -256,3 +256,16 @@ def test_workers_say_a_listen_address_not_on_this_host_as_the_kernel_does() -> N
         reserve_ports([Route(("192.0.2.1", 19202), ("127.0.0.1", 9))])
     assert refused.value.errno == errno.EADDRNOTAVAIL
     assert "assign requested address" in str(refused.value) and "share" not in str(refused.value)
+
+
+def test_the_removed_versions_named_are_a_clients():
+    """KIP-896's removals as a client sends them: the APIs only brokers send (WriteTxnMarkers v0, AlterPartition v0-1:
+    an old broker's inter-broker protocol) and the whole ZooKeeper-mode APIs are not named on a connection's row."""
+    from protocol.apis import FETCH, PRODUCE
+    from proxy.facts import removed_in_kafka_4
+
+    LEADER_AND_ISR, WRITE_TXN_MARKERS, ALTER_PARTITION = 4, 27, 56
+
+    assert (removed_in_kafka_4(PRODUCE, 2), removed_in_kafka_4(PRODUCE, 3), removed_in_kafka_4(FETCH, 3)) == (3, None, 4)
+    assert removed_in_kafka_4(WRITE_TXN_MARKERS, 0) is None and removed_in_kafka_4(ALTER_PARTITION, 0) is None
+    assert removed_in_kafka_4(LEADER_AND_ISR, 7) is None

@@ -288,6 +288,31 @@ def test_fetch_full_mode_names_the_origin_sessions_whole_set():
     assert fetched(out.data)[1] == {"audit": {3: 1}}
 
 
+def test_a_session_reopened_with_its_old_id_is_followed_in_both_modes():
+    """A Java consumer's first fetch on a new connection after a disconnect (and after a session error) is epoch 0 with
+    the id of the session it closes (KIP-227): a new session. Replay followed only id 0 as creating one, so the next
+    incremental fetch found no set (full) or waited for a session never mapped (track)."""
+    state, conn = ReplayState(fetch_mode="full"), ConnState()
+
+    def send(sid: int, epoch: int, parts: dict) -> tuple:
+        return fetched(rewrite_request(parse_request(fetch_of(sid, epoch, parts)), state, conn).data)
+
+    assert send(555, 0, {"orders": {0: 100, 1: 200, 2: 300}}) == ((0, -1), {"orders": {0: 100, 1: 200, 2: 300}}, [])
+    assert send(777, 1, {"orders": {1: 250}}) == ((0, -1), {"orders": {0: 100, 1: 250, 2: 300}}, [])
+    assert send(777, 0, {"orders": {0: 101}}) == ((0, -1), {"orders": {0: 101}}, [])  # same connection: a fresh set
+    assert send(888, 1, {}) == ((0, -1), {"orders": {0: 101}}, [])
+    assert not state.notes
+    # track: the reopening request goes out as the target's own (closing its session for the old id, if any)
+    state, conn = ReplayState(), ConnState()
+    reopen = parse_request(fetch_of(555, 0, {"orders": {0: 100}}))
+    out = rewrite_request(reopen, state, conn)
+    assert fetched(out.data)[0] == (0, 0)  # no target session for 555 on this connection: it just opens one
+    learn_from_response(parse_request(out.data), fetch_response(9001), state, conn)
+    assert fetched(rewrite_request(parse_request(fetch_of(777, 1, {})), state, conn).data)[0] == (9001, 1)
+    again = rewrite_request(parse_request(fetch_of(777, 0, {"orders": {0: 102}})), state, conn)
+    assert fetched(again.data)[0] == (9001, 0)  # the target's session 9001 is closed and a new one opened
+
+
 def test_fetch_full_mode_whole_set_by_topic_id_is_translated_to_the_targets_ids():
     rec_a, rec_b, tgt_a, tgt_b = (uuid.uuid4() for _ in range(4))
     state = ReplayState(fetch_mode="full", recorded_topic_ids={str(rec_a): "orders", str(rec_b): "audit"},

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from protocol.apis import API_VERSIONS, FETCH, PRODUCE, SASL_AUTHENTICATE, SHARE_FETCH
-from replay.schedule import RETIRED_HINT, TOO_NEW_HINT, ReplayResult, note_hint
-from replay.versions import RETIRED, TOO_NEW, served_ranges, unserved
+from replay.schedule import MISSING_HINT, RETIRED_HINT, TOO_NEW_HINT, ReplayResult, note_hint
+from replay.versions import MISSING, RETIRED, TOO_NEW, served_ranges, unserved
 
 # what a Kafka 4.x broker answers, cut down to the APIs below
 RANGES = served_ranges({"error_code": 0, "api_keys": [
@@ -43,12 +43,13 @@ def test_versions_outside_the_targets_ranges_are_named_by_api_version_and_client
     assert notes[0] == f"{RETIRED}Produce v2 (the target serves v3–v12; clients: legacy, old-producer)"
     assert notes[1].startswith(f"{RETIRED}Fetch v3 ")
     assert notes[2] == f"{TOO_NEW}Fetch v18 (the target serves v4–v17; clients: future)"
-    assert notes[3] == f"{TOO_NEW}ShareFetch v1 (the target serves not this API; clients: share)"
+    assert notes[3] == f"{MISSING}ShareFetch v1 (clients: share)"
     assert unserved([(PRODUCE, 3, "a"), (PRODUCE, 12, "b")], RANGES) == []
 
 
 def test_the_summary_explains_each_kind():
     assert note_hint(f"{RETIRED}Produce v2 (x)") == RETIRED_HINT and "KIP-896" in RETIRED_HINT
     assert note_hint(f"{TOO_NEW}Fetch v18 (x)") == TOO_NEW_HINT
+    assert note_hint(f"{MISSING}ShareFetch v1 (x)") == MISSING_HINT and "feature" in MISSING_HINT
     result = ReplayResult(notes={f"{RETIRED}Produce v2 (the target serves v3–v12; clients: legacy)": 3})
     assert f"note        3  {RETIRED}Produce v2 (the target serves v3–v12; clients: legacy) — {RETIRED_HINT}" in result.summary()
