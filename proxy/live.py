@@ -103,6 +103,22 @@ def workers_missing_text(clients: dict[str, Any]) -> str:
             "from this screen (open connections and the table)")
 
 
+def removed_versions_text(clients: dict[str, Any], width: int) -> str:
+    """A line naming the clients that sent request versions Kafka 4.0 removed (KIP-896), from their connections'
+    latest rows (a snapshot or the end, so a few seconds late); nothing when none did. Client ids are made printable
+    before the line is cut to the screen's width, as every client id on this screen is."""
+    named: dict[str, set[str]] = {}
+    for c in clients.get("clients") or ():
+        if c.get("removed_in_kafka_4"):
+            named.setdefault(printable(c.get("client_id") or "-"), set()).update(map(printable, c["removed_in_kafka_4"]))
+    if not named:
+        return ""
+    versions = sorted(set().union(*named.values()))
+    return cut_to_width(f"{len(named)} client(s) send request versions Kafka 4.0 removed, which a 4.x broker refuses "
+                        f"(KIP-896): {', '.join(sorted(named)[:5])}{' …' if len(named) > 5 else ''} "
+                        f"({', '.join(versions[:4])}{' …' if len(versions) > 4 else ''})", width)
+
+
 def recording_errors_text(samples: list[tuple[dict, float]]) -> str:
     """" errors rollups 3" for the kinds that have any (nothing when none): kept off the line until it matters."""
     by_kind: dict[str, float] = {}
@@ -291,6 +307,9 @@ def render(clients: dict[str, Any], metrics: dict, prev: tuple[float, dict[str, 
     missing = workers_missing_text(clients)
     if missing:  # the totals above and the table below are a part of the proxy: said, not passed off as the whole
         lines.insert(2, b(cut_to_width(missing, width)))
+    removed = removed_versions_text(clients, width)
+    if removed:  # clients a Kafka 4 upgrade would cut off
+        lines.insert(2, removed)
     if per_connection:
         columns = CONN_COLUMNS
         key = {"requests": lambda c: -c["requests"], "rate": lambda c: -per_conn_rate.get(c["conn_id"], 0),
@@ -495,7 +514,9 @@ def top(addr: str, interval: float, once: bool, as_json: bool, per_connection: b
     were all ones Kafka's clients retry (a coordinator loading, a leader moving); protocol steps
     such as a first JoinGroup's MEMBER_ID_REQUIRED are neither. Errors kafkatap's own Kafka faults
     (--fault error=…) put in answers are not the broker's: they count in "injected", shown once
-    there is one, and in neither of the two.
+    there is one, and in neither of the two. A line above the table names the clients that sent
+    request versions Kafka 4.0 removed (KIP-896), which a 4.x broker refuses (from their
+    connections' latest rows: a few seconds late).
 
     \b
     Start the proxy with a status endpoint, then watch it:

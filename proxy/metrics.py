@@ -164,7 +164,7 @@ class _Client:
 
     __slots__ = ("conn_id", "client_id", "software", "software_version", "client_addr", "broker_addr", "roles",
                  "topics", "more_topics", "requests", "errors", "retriable", "injected", "bytes_in", "bytes_out", "first_seen_ns", "last_seen_ns",
-                 "open", "closed_mono", "end_reason", "opaque", "client_ids", "edit_stopped", "edit_oversize")
+                 "open", "closed_mono", "end_reason", "opaque", "client_ids", "edit_stopped", "edit_oversize", "removed")
 
     def __init__(self, conn_id: str, now_ns: int) -> None:
         self.conn_id = conn_id
@@ -191,6 +191,7 @@ class _Client:
         self.opaque = False
         self.edit_stopped = False
         self.edit_oversize = 0  # the latest row's count (rows are snapshots: the total adds the growth)
+        self.removed: list[str] = []  # request versions Kafka 4.0 removed that it sent (its latest connection row's)
 
     def name(self, cid: str) -> None:
         """The connection's latest client_id, and one more of its distinct ones (at most 8 kept)."""
@@ -251,6 +252,7 @@ class _Client:
             "open": self.open,
             "end_reason": self.end_reason,
             "opaque": self.opaque,
+            "removed_in_kafka_4": self.removed,
         }
 
 
@@ -414,6 +416,9 @@ class LiveStats:
         if row.get("edit_stopped") and not c.edit_stopped:
             c.edit_stopped = True
             self.edit_stopped_total += 1
+        removed = row.get("removed_in_kafka_4")
+        if removed and len(removed) > len(c.removed):  # rows are snapshots: the latest names all so far
+            c.removed = list(removed)
         oversize = row.get("edit_oversize_frames") or 0
         if oversize > c.edit_oversize:
             self.edit_oversize_total += oversize - c.edit_oversize

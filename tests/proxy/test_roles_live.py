@@ -53,3 +53,24 @@ def test_a_brokers_own_connections_are_named_broker_and_only_alone() -> None:
                      "broker-fetcher-app": "consumer", "abort-by-id": "other", "abort-split": "other"}
     by = {g["client_id"]: client_roles(g["roles"]) for g in by_client(doc["clients"], {})}
     assert by["abort-split"] == "other" and by["abort-by-id"] == "other" and by["persister"] == "broker"
+
+
+def test_top_names_the_clients_a_kafka_4_broker_would_refuse() -> None:
+    """A connection's row naming request versions Kafka 4.0 removed (KIP-896) reaches /clients, and `top` says which
+    clients sent them in a line above the table; a snapshot naming fewer (an older one) does not undo it."""
+    stats = LiveStats("p1")
+    stats.request(_row("c1", 0, "Produce", "legacy-app", ["orders"]))
+    stats.request(_row("c2", 0, "Produce", "current-app", ["orders"]))
+    base = {"proxy_id": "p1", "client_addr": "10.0.0.9:1", "broker_addr": "10.0.0.1:9092", "final": False}
+    stats.connection({**base, "conn_id": "c1", "removed_in_kafka_4": ["Produce v2", "Fetch v3"]})
+    stats.connection({**base, "conn_id": "c1", "removed_in_kafka_4": ["Produce v2"]})
+    stats.connection({**base, "conn_id": "c2", "removed_in_kafka_4": None})
+    doc = stats.clients_json()
+    assert {c["client_id"]: c["removed_in_kafka_4"] for c in doc["clients"]} == {
+        "legacy-app": ["Produce v2", "Fetch v3"], "current-app": []}
+    lines = render(doc, {}, None, 0.0, 200, 40, color=False).splitlines()
+    assert lines[2] == ("1 client(s) send request versions Kafka 4.0 removed, which a 4.x broker refuses (KIP-896): "
+                        "legacy-app (Fetch v3, Produce v2)"), lines[:4]
+    quiet = LiveStats("p1")
+    quiet.request(_row("c2", 0, "Produce", "current-app", ["orders"]))
+    assert "Kafka 4.0" not in render(quiet.clients_json(), {}, None, 0.0, 200, 40, color=False)
