@@ -16,7 +16,7 @@ __all__ = [
     "DESCRIBE_TRANSACTIONS", "CONSUMER_GROUP_HEARTBEAT", "DESCRIBE_TOPIC_PARTITIONS", "SHARE_GROUP_HEARTBEAT",
     "SHARE_FETCH", "SHARE_ACKNOWLEDGE", "STREAMS_GROUP_HEARTBEAT", "GROUP_HEARTBEATS", "CREDENTIAL_APIS",
     "CREDENTIAL_API_NAMES", "BROKER_SENT_APIS", "BROKER_ADD_PARTITIONS_MIN_VERSION", "REPLICA_ID_APIS",
-    "FOLLOWER_CLIENT_ID_PATTERN", "ANY_CONNECTION_APIS"
+    "FOLLOWER_CLIENT_ID_PATTERN", "ANY_CONNECTION_APIS", "KIP_896_REFUSAL"
 ]
 
 # Names of every API key Kafka has assigned (org.apache.kafka.common.protocol.ApiKeys),
@@ -97,3 +97,6 @@ REPLICA_ID_APIS = frozenset({FETCH, OFFSET_FOR_LEADER_EPOCH})
 FOLLOWER_CLIENT_ID_PATTERN = r"^broker-\d+-fetcher-\d+"
 # What any connection sends, a broker's own as a client's: they say nothing about which of the two it is
 ANY_CONNECTION_APIS = frozenset({API_VERSIONS, FIND_COORDINATOR, SASL_HANDSHAKE, SASL_AUTHENTICATE})
+# How the proxy's inferred cause names a 4.x broker's refusal of a request version Kafka 4.0 removed (KIP-896;
+# proxy.inference), and how the analysis counts those closes (analytics.transforms.connections.kafka_4_upgrade)
+KIP_896_REFUSAL = "a version Kafka 4.0 removed"

@@ -97,6 +97,10 @@ class ConnectionFacts:
     client_ids: list[str] = field(default_factory=list)
     # "Produce v2": each API version this connection sent that Kafka 4.0 removed (KIP-896), in first-sent order
     removed_in_kafka_4: list[str] = field(default_factory=list)
+    removed_first_ns: int | None = None  # last byte of the first such request
+    # the broker answered that request or one sent after it: it serves them (a 3.x broker), so no close of this
+    # connection is a 4.x broker's refusal of them
+    removed_served: bool = False
     software_name: str | None = None
     software_version: str | None = None
     tls: bool = False
@@ -153,4 +157,5 @@ class ConnectionFacts:
             too_large_rejections=self.too_large, too_large_example=self.too_large_example,
             sasl_seen=self.sasl_seen, sasl_error=self.sasl_error, answered_beyond_versions=self.answered_beyond_versions,
             last_api_version=last.version, oldest_served_by_4=removed_in_kafka_4(last.key, last.version),
+            removed_unserved=self.removed_first_ns is not None and not self.removed_served,
         )

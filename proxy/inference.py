@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from protocol.api_keys import KIP_896_REFUSAL
+
 # Kafka's default message.max.bytes (1 MiB + record-batch overhead).
 DEFAULT_MESSAGE_MAX_BYTES = 1048588
 # "right after": the broker closes within this long of the acks=0 Produce.
@@ -45,6 +47,9 @@ class EndFacts:
     last_api_version: int | None = None
     # when the last request's version is one Kafka 4.0 removed (KIP-896): the oldest a 4.x broker serves
     oldest_served_by_4: int | None = None
+    # the connection sent a request of a removed version and the broker answered neither it nor any request after
+    # it: what a 4.x broker's refusal looks like (a 3.x broker serves them, and its later close is something else)
+    removed_unserved: bool = False
 
 
 def _topics(t: list[str]) -> str:
@@ -84,6 +89,17 @@ def inferred_cause(f: EndFacts) -> str | None:
                     "connection ends so until the proxy is given --upstream-tls-cert and --upstream-tls-key, signed "
                     "by a CA the broker trusts")
         return f"the broker ended the TLS session with an alert ({alert})"
+
+    # Kafka 4.0 removed old versions of many APIs (KIP-896): a 4.x broker closes a connection at the first one it
+    # reads, answering nothing from there on. Before incident 1's rule: an acks=0 Produce v0-v2 is refused so too,
+    # unless its batch is over the default message.max.bytes (then that is the likelier refusal).
+    if (f.end_by == "broker" and f.removed_unserved and f.oldest_served_by_4 is not None
+            and (f.unanswered > 0 or f.last_request_acks == 0)
+            and not (f.last_request_acks == 0 and (f.last_request_batch_bytes or 0) >= DEFAULT_MESSAGE_MAX_BYTES)):
+        return (f"broker closed the connection at a {f.last_api} v{f.last_api_version} request, {KIP_896_REFUSAL} "
+                f"(a 4.x broker serves {f.last_api} from v{f.oldest_served_by_4} on; KIP-896): a client too "
+                "old for this broker, or one pinned to old API versions (kafka-python's api_version, librdkafka's "
+                "broker.version.fallback): upgrade it or drop the pin")
 
     # Incident 1: broker hangs up right after an acks=0 Produce.
     if (
@@ -128,13 +144,6 @@ def inferred_cause(f: EndFacts) -> str | None:
         limit = f.broker_idle_close_ms or 600_000
         if idle >= 0.9 * limit:
             return f"broker closed the connection after {idle / 1000:.0f} s idle (connections.max.idle.ms)"
-
-    # Kafka 4.0 removed old versions of many APIs (KIP-896): a 4.x broker closes a connection that sends one.
-    if f.end_by == "broker" and f.unanswered > 0 and f.oldest_served_by_4 is not None:
-        return (f"broker closed the connection at a {f.last_api} v{f.last_api_version} request, a version Kafka 4.0 "
-                f"removed (a 4.x broker serves {f.last_api} from v{f.oldest_served_by_4} on; KIP-896): a client too "
-                "old for this broker, or one pinned to old API versions (kafka-python's api_version, librdkafka's "
-                "broker.version.fallback): upgrade it or drop the pin")
 
     # A SASL listener ends a session whose authentication failed, and one that sends anything but ApiVersions
     # before authenticating (Kafka's SaslServerAuthenticator: "Unexpected Kafka request … during SASL handshake").

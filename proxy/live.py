@@ -16,6 +16,7 @@ import contextlib
 import http.client
 import json
 import os
+import re
 import select
 import shutil
 import signal
@@ -29,6 +30,7 @@ from typing import Any
 
 import click
 
+from protocol.api_keys import FOLLOWER_CLIENT_ID_PATTERN
 from protocol.error_kinds import ERROR, RETRIABLE
 from proxy.bypass import top_line as bypass_top_line
 from proxy.metrics import MAX_TOPICS_MORE, ROLE_NAMES, parse_exposition
@@ -36,6 +38,7 @@ from proxy.status import parse_addr
 from recording.terminal_text import cut_to_width, display_width, pad_to_width, printable
 
 CLEAR = "\x1b[H\x1b[2J"
+_FOLLOWER = re.compile(FOLLOWER_CLIENT_ID_PATTERN)
 BOLD, DIM, RESET = "\x1b[1m", "\x1b[2m", "\x1b[0m"
 
 
@@ -105,18 +108,21 @@ def workers_missing_text(clients: dict[str, Any]) -> str:
 
 def removed_versions_text(clients: dict[str, Any], width: int) -> str:
     """A line naming the clients that sent request versions Kafka 4.0 removed (KIP-896), from their connections'
-    latest rows (a snapshot or the end, so a few seconds late); nothing when none did. Client ids are made printable
+    latest rows (a snapshot every --tcp-info-interval, or the end: up to two intervals late); nothing when none did.
+
+    The names come first, so that a narrow screen still shows who. A follower broker's replica fetcher is left out
+    (its old Fetch is its inter-broker protocol's), as the analysis leaves it out. Client ids are made printable
     before the line is cut to the screen's width, as every client id on this screen is."""
     named: dict[str, set[str]] = {}
     for c in clients.get("clients") or ():
-        if c.get("removed_in_kafka_4"):
-            named.setdefault(printable(c.get("client_id") or "-"), set()).update(map(printable, c["removed_in_kafka_4"]))
+        cid = c.get("client_id") or "-"
+        if c.get("removed_in_kafka_4") and not _FOLLOWER.match(cid):
+            named.setdefault(printable(cid), set()).update(map(printable, c["removed_in_kafka_4"]))
     if not named:
         return ""
-    versions = sorted(set().union(*named.values()))
-    return cut_to_width(f"{len(named)} client(s) send request versions Kafka 4.0 removed, which a 4.x broker refuses "
-                        f"(KIP-896): {', '.join(sorted(named)[:5])}{' …' if len(named) > 5 else ''} "
-                        f"({', '.join(versions[:4])}{' …' if len(versions) > 4 else ''})", width)
+    shown = ", ".join(f"{cid} ({', '.join(sorted(named[cid]))})" for cid in sorted(named)[:5])
+    more = f" and {len(named) - 5} more" if len(named) > 5 else ""
+    return cut_to_width(f"{shown}{more}: request versions Kafka 4.0 removed (KIP-896), which a 4.x broker refuses", width)
 
 
 def recording_errors_text(samples: list[tuple[dict, float]]) -> str:
@@ -516,7 +522,7 @@ def top(addr: str, interval: float, once: bool, as_json: bool, per_connection: b
     (--fault error=…) put in answers are not the broker's: they count in "injected", shown once
     there is one, and in neither of the two. A line above the table names the clients that sent
     request versions Kafka 4.0 removed (KIP-896), which a 4.x broker refuses (from their
-    connections' latest rows: a few seconds late).
+    connections' periodic rows: up to two --tcp-info-interval late).
 
     \b
     Start the proxy with a status endpoint, then watch it:

@@ -76,6 +76,8 @@ def _note_removed(f: ConnectionFacts, ev: RequestSeen) -> None:
     label = f"{ev.api_name} v{ev.api_version}"
     if label not in f.removed_in_kafka_4 and len(f.removed_in_kafka_4) < REMOVED_KEPT:
         f.removed_in_kafka_4.append(label)
+    if f.removed_first_ns is None:
+        f.removed_first_ns = ev.last_byte_ns
 
 
 # What one loop turn may spend decoding, and how much of a queued chunk one slice decodes. Another
@@ -676,6 +678,8 @@ class Observer:
         f.inflight -= 1
         if f.acks0_suspect is not None and req.last_byte_ns >= (f.acks0_suspect.at_ns or 0):
             f.acks0_suspect = None  # the broker read past it and answered
+        if f.removed_first_ns is not None and not f.removed_served and req.last_byte_ns >= f.removed_first_ns:
+            f.removed_served = True  # it answered a removed version, or a request after one: it serves them
         if req.api_key in LEARNED_FROM:  # Produce, Fetch …: one set lookup
             self._learn(ev)
         sent = self._sent_at.pop(id(req), None)

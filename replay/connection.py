@@ -76,7 +76,7 @@ def answer_allowance(reqs: list[RecordedRequest], positions: Any, response_timeo
 
 async def replay_connection(rp: ReplaySchedule, rc: RecordedConnection, host: str, port: int) -> None:
     res = rp.result
-    cs = ConnState(rc.client_id)
+    cs = ConnState(rc.client_id, broker=rc.broker_addr)
     reqs = rc.requests
     done = Finished(rp, reqs)  # answered, failed or skipped: what deps wait on
     first = reqs[0]

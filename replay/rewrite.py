@@ -110,18 +110,26 @@ def _rewrite_fetch(w: Walk, msg: Any) -> None:
         return
     if sid == 0:
         return  # sessionless (epoch -1) or a request creating a session (epoch 0): the target answers
+    key = (w.conn.broker, sid)
     if epoch == 0:
-        # closes the recorded session `sid` and opens a new one (a Java client after a reconnect or a session
-        # error): the target's session for `sid`, if it has one, is closed the same way; else it just opens one
-        msg.session_id = w.conn.fetch_sessions.pop(sid, 0)
+        # closes the recorded session `sid` and opens a new one (a Java client after a reconnect, on a new connection,
+        # or after a session error): the target's session for `sid`, if it has one, is closed the same way (a session
+        # is the broker's, not the connection's); else it just opens one
+        w.conn.fetch_sessions.pop(sid, None)
+        msg.session_id = w.state.fetch_sessions.pop(key, 0)
         w.mark("fetch_session")
         return
     tgt = w.conn.fetch_sessions.get(sid)
     if tgt is None and w.conn.new_fetch_session is not None:
-        tgt = w.conn.fetch_sessions[sid] = w.conn.new_fetch_session
+        tgt = w.conn.fetch_sessions[sid] = w.state.fetch_sessions[key] = w.conn.new_fetch_session
         w.conn.new_fetch_session = None
+    if tgt is None and epoch == -1:
+        tgt = w.state.fetch_sessions.get(key, 0)  # closing a session made on another connection, or none the target has
     if tgt is None:
         raise NeedState("fetch_session_unmapped")
+    if epoch == -1:
+        w.conn.fetch_sessions.pop(sid, None)
+        w.state.fetch_sessions.pop(key, None)
     if tgt == 0:
         # the target did not grant a session: an incremental fetch can only go out as a whole one
         msg.session_id, msg.session_epoch = 0, -1

@@ -58,6 +58,7 @@ class ConnState:
     new_fetch_session: int | None = None  # target session created by this connection's last epoch-0 fetch
     # the origin's fetch sessions as recorded: an incremental fetch sent without a session names all of its set
     fetch_sets: SessionSets = field(default_factory=SessionSets)
+    broker: str | None = None  # the recorded connection's broker: a fetch session id is that broker's
     pending_member: dict[str, str] = field(default_factory=dict)  # group → member id the target just gave
     # (group, member) → the share session epoch its next ShareFetch / ShareAcknowledge carries (`replay.rewrite`)
     share_sessions: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -78,6 +79,9 @@ class ReplayState:
     recorded_topic_ids: dict[str, str] = field(default_factory=dict)  # recorded topic id (str uuid) → recorded name
     target_topic_ids: dict[str, str] = field(default_factory=dict)  # target name → target topic id (str uuid)
     target_versions: dict[int, tuple[int, int]] = field(default_factory=dict)  # API key → (min, max) the target serves
+    # (recorded broker, recorded fetch session id) → the target's session: a broker's session outlives the connection
+    # that made it, and a client reopening it on a new connection (epoch 0 with its id) closes it there
+    fetch_sessions: dict[tuple[str | None, int], int] = field(default_factory=dict)
     producers: dict[int, TargetProducer] = field(default_factory=dict)  # recorded pid → target producer
     transactional: dict[str, TargetProducer] = field(default_factory=dict)  # transactional id → target producer
     unclaimed_inits: dict[str | None, list[TargetProducer]] = field(default_factory=dict)  # client → target inits

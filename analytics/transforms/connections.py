@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
+from protocol.api_keys import KIP_896_REFUSAL
 from analytics.transforms.common import broker_closed, ns_to_ts, time_bucket_index, with_client
 from analytics.transforms.cube import view
 from analytics.transforms.outages import reached_broker
@@ -420,19 +421,19 @@ def kafka_4_upgrade(conns: DataFrame, since_ns: int | None = None, until_ns: int
 
     A 4.x broker closes a connection at the first such request (the proxy's `inferred_cause` says so per
     connection); a 3.x broker still serves it, so nothing fails until the upgrade. `closed_by_broker` counts
-    only such closes: the broker ended the connection with a request unanswered, of an API the connection
-    sent a removed version of (an idle close or a restart between requests is not one). A follower broker's
-    connections are left out (`overview.sent_removed_versions`). `versions` are the proxy's
+    only such closes, as the proxy's inferred cause names them (`KIP_896_REFUSAL`: the broker closed the
+    connection at a request of a removed version and had answered neither it nor any request after it; an
+    idle close or a 3.x broker's restart is not one). A follower broker's connections are left out
+    (`overview.sent_removed_versions`). `versions` are the proxy's
     `removed_in_kafka_4` names ("Produce v2"); `client_software` is what the clients' ApiVersions v3+ said
     (kafka-python and other old clients say nothing). The job builds this table only when the overview counts
     such connections. Windowed as `opaque_connections` is: every connection the window sees.
     """
     c = with_client(as_at_window_end(conns, since_ns, until_ns).where(sent_removed_versions()))
     software = F.concat_ws(" ", "client_software_name", "client_software_version")
-    # the broker closed it at a request of a removed version, as a 4.x broker does: it ended unanswered at a request
-    # of an API this connection sent a removed version of (not an idle close, nor a restart between requests)
-    removed_apis = F.transform("removed_in_kafka_4", lambda v: F.substring_index(v, " v", 1))
-    closed_for_it = broker_closed() & (F.col("unanswered") > 0) & F.array_contains(removed_apis, F.col("last_api"))
+    # the broker closed it at a request of a removed version, as a 4.x broker does: the proxy's inferred cause says
+    # so only when the broker answered neither that request nor any after it (not an idle close, not a 3.x restart)
+    closed_for_it = broker_closed() & F.coalesce(F.col("inferred_cause").contains(KIP_896_REFUSAL), F.lit(False))
 
     def few(col: Column) -> Column:
         return F.slice(F.sort_array(F.collect_set(col)), 1, 20)

@@ -873,20 +873,25 @@ def test_clients_on_versions_kafka_4_removed_by_client_and_their_finding(make_df
         conn("f1", 0, 40, client="broker-2-fetcher-0", removed_in_kafka_4=["Fetch v3"]),
         # a 3.x broker's idle close of a pinned client's connection: served, not refused
         conn("idle", 1, 600, client="legacy-app", end_reason="broker_fin", end_by="broker", last_api="Produce",
-             removed_in_kafka_4=["Produce v2"]),
+             removed_in_kafka_4=["Produce v2"], inferred_cause="broker closed the connection after 600 s idle"),
+        # a 3.x broker's restart with a Fetch v3 in flight: it had served them, the proxy named no refusal
+        conn("restart", 2, 300, client="legacy-app", end_reason="broker_rst", end_by="broker", unanswered=1,
+             last_api="Fetch", removed_in_kafka_4=["Fetch v3"]),
     ])
     o = overview.overview(request_rollup(prepare_requests(make_df("requests", [req("ok", 1)]))), c).collect()[0]
-    assert o["removed_version_connections"] == 4
+    assert o["removed_version_connections"] == 5
     rows = [r.asDict() for r in connections.kafka_4_upgrade(c).collect()]
     assert [(r["client_id"], r["versions"], r["connections"], r["closed_by_broker"], r["example_conn_id"]) for r in rows] == [
-        ("legacy-app", ["Fetch v3", "Produce v2"], 3, 0, "o1"), ("pinned-rdkafka", ["OffsetCommit v1"], 1, 0, "o3")]
+        ("legacy-app", ["Fetch v3", "Produce v2"], 4, 0, "o1"), ("pinned-rdkafka", ["OffsetCommit v1"], 1, 0, "o3")]
     assert rows[0]["client_software"] == ["kafka-python 1.4.7"] and rows[1]["client_software"] == []
     (found,) = kafka_4_removed_versions({"overview": [o.asDict()], "kafka_4_upgrade": rows})
     assert found.severity == "warning" and found.title.startswith("2 client(s) send request versions Kafka 4.0 removed")
     assert "legacy-app, pinned-rdkafka sent Fetch v3, OffsetCommit v1, Produce v2" in found.summary
     # a 4.x broker closed one at its Produce v2: what was a warning about the upgrade is a failure now
     closed = make_df("connections", [conn("o1", 0, 30, client="legacy-app", end_reason="broker_fin", end_by="broker",
-                                          unanswered=1, last_api="Produce", removed_in_kafka_4=["Produce v2"])])
+                                          unanswered=1, last_api="Produce", removed_in_kafka_4=["Produce v2"],
+                                          inferred_cause="broker closed the connection at a Produce v2 request, a version "
+                                                         "Kafka 4.0 removed (a 4.x broker serves Produce from v3 on; …)")])
     (found,) = kafka_4_removed_versions({"kafka_4_upgrade": [r.asDict() for r in connections.kafka_4_upgrade(closed).collect()]})
     assert found.severity == "critical" and "the broker closed 1 of their connections" in found.title
     assert kafka_4_removed_versions({"kafka_4_upgrade": []}) == []

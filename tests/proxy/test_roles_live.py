@@ -68,9 +68,13 @@ def test_top_names_the_clients_a_kafka_4_broker_would_refuse() -> None:
     doc = stats.clients_json()
     assert {c["client_id"]: c["removed_in_kafka_4"] for c in doc["clients"]} == {
         "legacy-app": ["Produce v2", "Fetch v3"], "current-app": []}
+    stats.request(_row("f1", 1, "Fetch", "broker-2-fetcher-0", ["orders"]))  # a follower at an old protocol: not named
+    stats.connection({**base, "conn_id": "f1", "removed_in_kafka_4": ["Fetch v3"]})
+    doc = stats.clients_json()
     lines = render(doc, {}, None, 0.0, 200, 40, color=False).splitlines()
-    assert lines[2] == ("1 client(s) send request versions Kafka 4.0 removed, which a 4.x broker refuses (KIP-896): "
-                        "legacy-app (Fetch v3, Produce v2)"), lines[:4]
+    assert lines[2] == ("legacy-app (Fetch v3, Produce v2): request versions Kafka 4.0 removed (KIP-896), which a 4.x "
+                        "broker refuses")
+    assert render(doc, {}, None, 0.0, 80, 40, color=False).splitlines()[2].startswith("legacy-app (Fetch v3, Produce v2): ")
     quiet = LiveStats("p1")
     quiet.request(_row("c2", 0, "Produce", "current-app", ["orders"]))
     assert "Kafka 4.0" not in render(quiet.clients_json(), {}, None, 0.0, 200, 40, color=False)

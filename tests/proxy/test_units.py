@@ -269,3 +269,21 @@ def test_the_removed_versions_named_are_a_clients():
     assert (removed_in_kafka_4(PRODUCE, 2), removed_in_kafka_4(PRODUCE, 3), removed_in_kafka_4(FETCH, 3)) == (3, None, 4)
     assert removed_in_kafka_4(WRITE_TXN_MARKERS, 0) is None and removed_in_kafka_4(ALTER_PARTITION, 0) is None
     assert removed_in_kafka_4(LEADER_AND_ISR, 7) is None
+
+
+def test_a_refusal_of_a_removed_version_is_told_from_a_3x_brokers_own_closes():
+    """A 4.x broker closes a connection at its first request of a version Kafka 4.0 removed and answers nothing after
+    it; an acks=0 Produce v2 is refused so too (no answer is awaited). A 3.x broker that served such requests and
+    later closed the connection (a restart with a Fetch v3 in flight) did not refuse them."""
+    refused = dict(last_api_version=2, oldest_served_by_4=3, removed_unserved=True)
+    acks1 = inferred_cause(EndFacts("broker_fin", "broker", unanswered=1, last_api="Produce", last_request_acks=1, **refused))
+    acks0 = inferred_cause(EndFacts("broker_fin", "broker", unanswered=0, last_api="Produce", last_request_acks=0,
+                                    last_request_bytes=300, last_request_batch_bytes=200, **refused))
+    for cause in (acks1, acks0):
+        assert cause.startswith("broker closed the connection at a Produce v2 request, a version Kafka 4.0 removed"), cause
+    big = inferred_cause(EndFacts("broker_fin", "broker", last_api="Produce", last_request_acks=0, last_request_bytes=2_000_000,
+                                  last_request_batch_bytes=2_000_000, **refused))
+    assert "RecordBatchTooLarge" in big  # over the default message.max.bytes: that is the likelier refusal
+    restart = inferred_cause(EndFacts("broker_rst", "broker", unanswered=1, last_api="Fetch", last_api_version=3,
+                                      oldest_served_by_4=4, removed_unserved=False, answered_beyond_versions=True))
+    assert restart is None or "Kafka 4.0" not in restart, restart

@@ -313,6 +313,27 @@ def test_a_session_reopened_with_its_old_id_is_followed_in_both_modes():
     assert fetched(again.data)[0] == (9001, 0)  # the target's session 9001 is closed and a new one opened
 
 
+def test_a_target_session_is_closed_from_the_clients_next_connection():
+    """A fetch session is the broker's, not the connection's: a Java consumer that reconnects reopens it (epoch 0 with
+    its id) on the new connection, which closes it on the broker. The replay's new connection closed nothing, and
+    each reconnect left a target session open until the target evicted it."""
+    state = ReplayState()
+    a, b, other_broker = ConnState(broker="10.0.0.1:9092"), ConnState(broker="10.0.0.1:9092"), ConnState(broker="10.0.0.2:9092")
+    create = parse_request(fetch_of(0, 0, {"orders": {0: 0}}))
+    learn_from_response(parse_request(rewrite_request(create, state, a).data), fetch_response(9001), state, a)
+    assert fetched(rewrite_request(parse_request(fetch_of(555, 1, {})), state, a).data)[0] == (9001, 1)
+    other = rewrite_request(parse_request(fetch_of(555, 0, {"orders": {0: 5}})), state, other_broker)
+    assert fetched(other.data)[0] == (0, 0)  # the same id on another broker is another session
+    reopened = rewrite_request(parse_request(fetch_of(555, 0, {"orders": {0: 5}})), state, b)
+    assert fetched(reopened.data)[0] == (9001, 0)  # closes the target's 9001 and opens a new one
+    assert not state.fetch_sessions
+    # a close (epoch -1) of a session this connection never saw goes out at once: the target's, or none
+    state.fetch_sessions[("10.0.0.1:9092", 777)] = 9002
+    assert fetched(rewrite_request(parse_request(fetch_of(777, -1, {})), state, ConnState(broker="10.0.0.1:9092")).data)[0] == (9002, -1)
+    assert fetched(rewrite_request(parse_request(fetch_of(888, -1, {})), state, ConnState(broker="10.0.0.1:9092")).data)[0] == (0, -1)
+    assert not state.fetch_sessions
+
+
 def test_fetch_full_mode_whole_set_by_topic_id_is_translated_to_the_targets_ids():
     rec_a, rec_b, tgt_a, tgt_b = (uuid.uuid4() for _ in range(4))
     state = ReplayState(fetch_mode="full", recorded_topic_ids={str(rec_a): "orders", str(rec_b): "audit"},
