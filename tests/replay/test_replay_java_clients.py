@@ -35,6 +35,7 @@ from replay.inter_broker import SKIP_REASON, sent_by_broker
 from replay.load import Filters, load_recording
 from replay.state import ReplayState
 from replay.messages import decode_request_body
+from replay.versions import RETIRED, TOO_NEW
 from proxy.metrics import LiveStats
 from recording.reader import read_recording
 from recording.timestamps import to_epoch_ns
@@ -187,6 +188,17 @@ def test_full_fetch_sessions_name_every_partition_the_consumers_session_held(ses
             if r["api_key"] == FETCH and r["client_id"] == "java-848"]
     # the incremental ones name the whole session; the others as recorded (a closing fetch names what it names)
     assert sent == [PARTITIONS if epoch > 0 else n for epoch, n in named], (sent, named)
+
+
+def test_a_replay_onto_an_older_broker_names_the_versions_it_lacks(session_4x: JavaSession, kafka_broker_37: LocalKafka):
+    """The 4.3.1 Java producer's recorded versions onto a 3.7.2 target: the set-up names those newer than it serves,
+    with the client, as `version_newer_than_target` (the client itself would have sent older ones); none is called
+    retired."""
+    result = _replay(session_4x, kafka_broker_37, "java-txn")
+    newer = [n for n in result.notes if n.startswith(TOO_NEW)]
+    assert any(n.startswith(f"{TOO_NEW}Produce v") and n.endswith("clients: java-txn)") for n in newer), result.summary()
+    assert not [n for n in result.notes if n.startswith(RETIRED)], result.summary()
+    assert "at least as new as the recording's" in result.summary()
 
 
 def test_the_origin_brokers_own_connections_are_left_out(session_4x: JavaSession):
