@@ -16,7 +16,6 @@ import contextlib
 import http.client
 import json
 import os
-import re
 import select
 import shutil
 import signal
@@ -30,15 +29,13 @@ from typing import Any
 
 import click
 
-from protocol.api_keys import FOLLOWER_CLIENT_ID_PATTERN
 from protocol.error_kinds import ERROR, RETRIABLE
 from proxy.bypass import top_line as bypass_top_line
-from proxy.metrics import MAX_TOPICS_MORE, ROLE_NAMES, parse_exposition
+from proxy.metrics import MAX_TOPICS_MORE, ROLE_NAMES, is_follower, parse_exposition
 from proxy.status import parse_addr
 from recording.terminal_text import cut_to_width, display_width, pad_to_width, printable
 
 CLEAR = "\x1b[H\x1b[2J"
-_FOLLOWER = re.compile(FOLLOWER_CLIENT_ID_PATTERN)
 BOLD, DIM, RESET = "\x1b[1m", "\x1b[2m", "\x1b[0m"
 
 
@@ -116,7 +113,7 @@ def removed_versions_text(clients: dict[str, Any], width: int) -> str:
     named: dict[str, set[str]] = {}
     for c in clients.get("clients") or ():
         cid = c.get("client_id") or "-"
-        if c.get("removed_in_kafka_4") and not _FOLLOWER.match(cid):
+        if c.get("removed_in_kafka_4") and not is_follower(c.get("client_id")):
             named.setdefault(printable(cid), set()).update(map(printable, c["removed_in_kafka_4"]))
     if not named:
         return ""

@@ -135,10 +135,15 @@ def _fill(c: _Client, row: Row) -> None:
         c.software_version = row["client_software_version"]
 
 
+def is_follower(client_id: str | None) -> bool:
+    """Whether `client_id` is the one Kafka gives a follower broker's replica fetcher (FOLLOWER_CLIENT_ID_PATTERN)."""
+    return client_id is not None and _FOLLOWER.match(client_id) is not None
+
+
 def role_names(mask: int, client_id: str | None = None) -> list[str]:
     """The roles of a connection's `mask`. A follower's fetcher (FOLLOWER_CLIENT_ID_PATTERN) fetches as a broker;
     "broker" is named only alone (see BROKER)."""
-    if mask & CONSUMER and client_id is not None and _FOLLOWER.match(client_id):
+    if mask & CONSUMER and is_follower(client_id):
         mask = (mask & ~CONSUMER) | BROKER
     if mask & BROKER and mask != BROKER:  # with anything but what every connection sends: a client's connection
         mask &= ~BROKER

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from protocol.apis import API_NAMES, API_VERSIONS, FETCH, PRODUCE, SASL_AUTHENTICATE
+from protocol.apis import API_NAMES, API_VERSIONS, APIS, FETCH, PRODUCE, SASL_AUTHENTICATE
 
 __all__ = ["Unserved", "served_ranges", "unserved", "RETIRED", "TOO_NEW", "MISSING"]
 
@@ -31,7 +31,8 @@ RETIRED = "version_retired_on_target:"  # older than the target serves: the clie
 TOO_NEW = "version_newer_than_target:"  # newer than it serves: the client itself would have sent an older one
 MISSING = "api_not_on_target:"  # an API the target does not serve at all: an older Kafka, or a feature it has off
 _NOT_CHECKED = frozenset({API_VERSIONS, SASL_AUTHENTICATE})
-_KIP_896_FETCH_MIN, _KIP_896_PRODUCE_MIN = 4, 3  # Kafka 4.0's oldest Fetch and Produce
+# Kafka 4.0's oldest Fetch and Produce (4 and 3): the protocol table's `legacy_below`, from Kafka's own specs
+_KIP_896_FETCH_MIN, _KIP_896_PRODUCE_MIN = APIS[FETCH].legacy_below, APIS[PRODUCE].legacy_below
 
 
 def served_ranges(api_versions_body: Mapping[str, Any]) -> dict[int, tuple[int, int]]:

@@ -9,9 +9,8 @@ from pyspark.sql import functions as F
 
 from analytics.transforms.common import (
     ADMIN_APIS, ANY_CONNECTION_API_NAMES, BROKER_APIS, FETCH_APIS, FOLLOWER_APIS, GROUP_APIS, KIP848_APIS, SHARE_APIS,
-    STREAMS_APIS, ns_to_ts, with_client,
+    STREAMS_APIS, follower, ns_to_ts, with_client,
 )
-from protocol.api_keys import FOLLOWER_CLIENT_ID_PATTERN
 from analytics.transforms.stretches import RunSpan, rate_seconds
 
 
@@ -20,15 +19,10 @@ def _has(api_names: tuple[str, ...] | str) -> F.Column:
     return F.max(F.col("api_name").isin(*names).cast("int")) == 1
 
 
-def _follower() -> Column:
-    """The client id Kafka gives a follower broker's replica fetcher (FOLLOWER_CLIENT_ID_PATTERN); false when null."""
-    return F.coalesce(F.col("client_id").rlike(FOLLOWER_CLIENT_ID_PATTERN), F.lit(False))
-
-
 def _broker_sent() -> Column:
     """A request only a broker sends (analytics.transforms.common.BROKER_APIS), a follower's fetch included."""
     api = F.col("api_name")
-    return api.isin(*BROKER_APIS) | (api.isin(*FOLLOWER_APIS) & _follower())
+    return api.isin(*BROKER_APIS) | (api.isin(*FOLLOWER_APIS) & follower())
 
 
 def client_inventory(rollup: DataFrame, topics: DataFrame, conns: DataFrame,
@@ -125,7 +119,7 @@ def topic_view(topics: DataFrame) -> DataFrame:
 
     A follower broker's fetches (its replica fetcher's client id, FOLLOWER_CLIENT_ID_PATTERN; recorded where the
     brokers also talk through the proxy's listener) are replication, not reading: left out of consumers and bytes."""
-    t = topics.where(F.col("topic").isNotNull() & ~_follower())
+    t = topics.where(F.col("topic").isNotNull() & ~follower())
     produce = F.col("api_name") == "Produce"
     return t.groupBy("topic").agg(
         F.array_sort(F.collect_set(F.when(produce, F.col("client_id")))).alias("producers"),

@@ -8,7 +8,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from protocol.api_keys import ANY_CONNECTION_APIS, API_NAMES, BROKER_SENT_APIS
+from protocol.api_keys import ANY_CONNECTION_APIS, API_NAMES, BROKER_SENT_APIS, FOLLOWER_CLIENT_ID_PATTERN
 from protocol.error_kinds import ERROR, PROTOCOL_STEP, PROTOCOL_STEPS, RETRIABLE, RETRIABLE_ERRORS
 from recording.request_terms import FETCH_APIS, LONG_POLL_FRACTION, LONG_POLL_LABELS, LONG_POLL_SUFFIX  # noqa: F401 — shared with the writer's rollups
 
@@ -189,6 +189,13 @@ def ns_to_ts(col: str | Column) -> Column:
     """epoch ns -> Spark timestamp (µs precision, UTC)."""
     c = F.col(col) if isinstance(col, str) else col
     return F.timestamp_micros(F.floor(c / 1000).cast("long"))
+
+
+def follower(client_id: Column | None = None) -> Column:
+    """The client id Kafka gives a follower broker's replica fetcher (FOLLOWER_CLIENT_ID_PATTERN) in `client_id`
+    (a request row's `client_id` column by default); false when null."""
+    cid = F.col("client_id") if client_id is None else client_id
+    return F.coalesce(cid.rlike(FOLLOWER_CLIENT_ID_PATTERN), F.lit(False))
 
 
 def first_client_id() -> Column:

@@ -5,10 +5,9 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from analytics.transforms.common import first_client_id, ns_to_ts
+from analytics.transforms.common import first_client_id, follower, ns_to_ts
 from analytics.transforms.outages import unreachable
 from analytics.transforms.window import as_at_window_end
-from protocol.api_keys import FOLLOWER_CLIENT_ID_PATTERN
 from recording.layout import WORKER_SUFFIX_RE
 
 
@@ -23,8 +22,7 @@ def sent_removed_versions() -> Column:
     A follower broker's replica fetcher (its client id, `FOLLOWER_CLIENT_ID_PATTERN`) is left out: its old
     Fetch versions are its inter-broker protocol's, not a client's to upgrade (the proxy already leaves out
     the APIs only brokers send)."""
-    follower = F.coalesce(first_client_id().rlike(FOLLOWER_CLIENT_ID_PATTERN), F.lit(False))
-    return (F.coalesce(F.size("removed_in_kafka_4"), F.lit(0)) > 0) & ~follower
+    return (F.coalesce(F.size("removed_in_kafka_4"), F.lit(0)) > 0) & ~follower(first_client_id())
 
 
 def clamp(ns: Column, lo: int | None, hi: int | None) -> Column:
