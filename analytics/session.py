@@ -104,6 +104,15 @@ DEFAULTS: dict[str, str] = {
     # (bench/RESULTS.md, fifteenth session). A local listing is quick; a cluster keeps Spark's own threshold.
     "spark.sql.sources.parallelPartitionDiscovery.threshold": "100000",
     "spark.sql.warehouse.dir": os.path.join(os.environ.get("TMPDIR", "/tmp"), "kafkatap-spark-warehouse"),
+    # Spark sizes a task's memory pages from the heap: 3g over two cores gives 64 MB pages, and every hash aggregate
+    # and sort takes a fresh one on its first row, a zeroed long[] the collector then copies or sweeps. A 2.4k-request
+    # analysis allocated ~0.5 GB of them and spent 1.8 s in collector pauses (2 s at the default, 0.5 s at 1-2 MB;
+    # -Xlog:gc). A page still grows to fit a bigger record, and a map or sorter takes as many pages as it needs.
+    "spark.buffer.pageSize": "2m",
+    # Every broadcast (each stage's task binary, each broadcast join's table) is written into chunks of this size,
+    # allocated whole: 4 MB by default for task binaries of a few KB, ~0.7 GB of a small analysis's ~3 GB of
+    # allocations (a JFR allocation profile). Bigger broadcasts only take more chunks.
+    "spark.broadcast.blockSize": "512k",
     "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J} -Dderby.system.home=/tmp",  # + driver_jvm()
 }
 
@@ -170,7 +179,8 @@ def cluster_defaults(master: str) -> dict[str, str | None]:
     if is_local(master):
         return {}
     return {"spark.driver.host": None, "spark.driver.bindAddress": None,
-            "spark.sql.sources.parallelPartitionDiscovery.threshold": None}
+            "spark.sql.sources.parallelPartitionDiscovery.threshold": None,
+            "spark.buffer.pageSize": None, "spark.broadcast.blockSize": None}  # executors size their own memory
 
 
 def small_input_settings(master: str, input_rows: int | None) -> dict[str, str]:
