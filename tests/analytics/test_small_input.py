@@ -103,6 +103,18 @@ def test_driver_jvm_runs_the_cheap_jit(spark) -> None:
         assert flag in args
 
 
+def test_local_pages_and_broadcast_chunks_are_small(spark) -> None:
+    """Locally a task's memory page is 2 MB, not the 64 MB Spark derives from a 3g heap on two cores, and a
+    broadcast's chunks 512 KB, not 4 MB: the running JVM's memory manager holds the page size it was given.
+    A cluster's executors size their own."""
+    env = spark.sparkContext._jsc.sc().env()  # type: ignore[union-attr]
+    assert env.memoryManager().pageSizeBytes() == 2 * 1024 * 1024
+    assert spark.sparkContext.getConf().get("spark.broadcast.blockSize") == "512k"
+    cluster = session.cluster_defaults("spark://127.0.0.1:7077")
+    assert cluster["spark.buffer.pageSize"] is None and cluster["spark.broadcast.blockSize"] is None
+    assert "spark.buffer.pageSize" not in session.session_settings("spark://127.0.0.1:7077", None, None, {})
+
+
 def test_driver_jit_follows_the_input_size() -> None:
     """C1 alone for small and unknown inputs; the full tiered JIT past C1_ONLY_MAX_ROWS, where C2 pays back."""
     for rows in (None, 2_444, session.C1_ONLY_MAX_ROWS):
