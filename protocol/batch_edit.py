@@ -27,6 +27,7 @@ from protocol.records import (
     BASE_SEQUENCE_AT,
     BATCH_LENGTH_AT,
     CRC_AT,
+    LAST_OFFSET_DELTA_AT,
     LEADER_EPOCH_AT,
     LOG_OVERHEAD,
     MAGIC_AT,
@@ -153,10 +154,12 @@ def records_producer_ids(records: bytes | None) -> list[tuple[int, int]]:
     return [got for p, size in iter_batches(records) if (got := _producer(records, p, size)) is not None]
 
 
-def rewrite_records_producer(records: bytes,
-                             mapping: Callable[[int, int], tuple[int, int] | None]) -> tuple[bytes, int]:
+def rewrite_records_producer(records: bytes, mapping: Callable[[int, int], tuple[int, int] | None],
+                             sequence: Callable[[int, int], int] | None = None) -> tuple[bytes, int]:
     """Give every v2 batch whose (pid, epoch) `mapping` maps the new pair; returns (records, batches changed).
 
+    `sequence`, when given, maps such a batch's (base sequence, record count) to the base sequence it gets
+    (replay continues a producer's sequences where the target kept its epoch and the origin did not).
     Batches without a producer id (pid -1), legacy magic 0/1 messages, a
     partial trailing batch and batches `mapping` answers None for are copied
     unchanged; when nothing changed, `records` itself is returned.
@@ -169,8 +172,12 @@ def rewrite_records_producer(records: bytes,
         target = mapping(*got) if got is not None else None
         if target is None:
             continue
+        seq = None
+        if sequence is not None:
+            count = _I32.unpack_from(records, p + LAST_OFFSET_DELTA_AT)[0] + 1
+            seq = sequence(_I32.unpack_from(records, p + BASE_SEQUENCE_AT)[0], count)
         parts.append(records[last:p])
-        parts.append(edit_batch(records[p:p + size], producer_id=target[0], producer_epoch=target[1]))
+        parts.append(edit_batch(records[p:p + size], producer_id=target[0], producer_epoch=target[1], base_sequence=seq))
         last = p + size
         changed += 1
     if not changed:

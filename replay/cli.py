@@ -281,7 +281,9 @@ def replay(recording: Path, target: str, speed: str, clients: tuple[str, ...], t
     connection becomes one connection to TARGET; requests go out at their
     recorded offsets scaled by --speed. Producer ids, fetch sessions, group
     member ids/generations and topic ids are rewritten to what TARGET returns;
-    what cannot be replayed faithfully is skipped and counted.
+    a request newer than TARGET serves goes out at TARGET's newest version, as
+    the client would have sent it there; what cannot be replayed faithfully
+    is skipped and counted.
 
     \b
     Examples:

@@ -35,6 +35,7 @@ from replay.reauth import renewal_time, session_lifetime_ms
 from replay.rewrite import rewrite_request, sasl_plain_authenticate, sasl_plain_handshake
 from replay.schedule import LATE_AFTER_S, NO_SOURCE_LEFT, ReplaySchedule, learning_key
 from replay.state import ConnState, Pending, Send, Skip
+from replay.txn_partitions import ATTEMPTS, RETRY_BACKOFF_S, must_retry
 
 
 __all__ = ["replay_connection", "GAVE_UP", "NO_ANSWER"]
@@ -226,6 +227,13 @@ async def replay_connection(rp: ReplaySchedule, rc: RecordedConnection, host: st
                     res.skipped[outcome.reason] += 1
                     await rp.settle(done, pos, r.index)
                     continue
+            for extra in outcome.first:  # replay's own, answered before the request that needs it (txn_partitions)
+                for attempt in range(ATTEMPTS):
+                    next_cid += 1
+                    own = set_correlation_id(extra, next_cid)
+                    if not must_retry(parse_request(own), await _own_request(rp, own, writer, inflight, waiters, closed)):
+                        break
+                    await asyncio.sleep(RETRY_BACKOFF_S * 2 ** attempt)  # a client's retry backoff, not a wait for an event
             next_cid += 1
             data = set_correlation_id(outcome.data, next_cid)
             sent = parse_request(data)

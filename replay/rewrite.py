@@ -26,7 +26,13 @@ Why these rewrites exist (what a target broker has never seen):
   share member's and a KIP-1071 streams member's epoch from its
   ShareGroupHeartbeat / StreamsGroupHeartbeat answers;
 * **topics** — `--topic-map old=new` renames; topic *ids* (Fetch v13+ and
-  friends) are translated through topic names, because ids differ per cluster.
+  friends) are translated through topic names, because ids differ per cluster;
+* **versions** — a request newer than the target serves goes out at the
+  target's newest version, as the client would have sent it there
+  (`replay.lower`); a transactions-v2 Produce lowered that way is preceded by
+  the AddPartitionsToTxn a client of such a broker sends
+  (`replay.txn_partitions`), and its sequences go on where the target kept
+  the epoch the origin bumped (`state.TargetProducer`).
 
 How: the body is decoded to a message object (`replay.messages`), the generic
 walk (`replay.walk`) and the per-API parts below change it, and it is
@@ -45,17 +51,20 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from protocol.apis import (APIS, FETCH, GROUP_HEARTBEATS, JOIN_GROUP, PRODUCE, SASL_AUTHENTICATE, SASL_HANDSHAKE,
-                           SHARE_ACKNOWLEDGE, SHARE_FETCH, SYNC_GROUP)
+from protocol.apis import (API_NAMES, API_VERSIONS, APIS, FETCH, GROUP_HEARTBEATS, JOIN_GROUP, PRODUCE, SASL_AUTHENTICATE,
+                           SASL_HANDSHAKE, SHARE_ACKNOWLEDGE, SHARE_FETCH, SYNC_GROUP)
 from protocol.batch_edit import records_producer_ids, rewrite_records_producer
 from protocol.consumer_protocol import rename_consumer_assignment, rename_consumer_subscription
 from protocol.deep import encode_request
 from protocol.frames import RequestFrame, expects_response
 from protocol.sasl import HANDSHAKE_VERSION, authenticate_body, handshake_body
 from replay.fetch_session_sets import FetchSessionSet, follow_session
+from replay.lower import LOWERED, CannotLower, lower_request
 from replay.messages import (SPEC_DECODED, decode_request_body, decode_spec_request, reencode_request,
                              reencode_spec_request)
-from replay.state import CannotReplay, ConnState, NeedState, Outcome, Pending, ReplayState, Send, Skip
+from replay.state import CannotReplay, ConnState, NeedState, Outcome, Pending, ReplayState, Send, Skip, TargetProducer
+from replay.txn_partitions import ADD_PARTITIONS, partitions_first
+from replay.versions import NOT_LOWERED
 from replay.walk import Walk
 
 __all__ = ["rewrite_request", "sasl_plain_handshake", "sasl_plain_authenticate"]
@@ -65,12 +74,14 @@ def _rewrite_produce(w: Walk, msg: Any) -> None:
     """Producer id/epoch in every batch (CRC recomputed) of every partition."""
     txn = msg.transactional_id if w.frame.api_version >= 3 else None
     missing: list[int] = []
+    mapped: list[TargetProducer] = []  # the producer of the batch being rewritten
 
     def mapping(pid: int, epoch: int) -> tuple[int, int] | None:
         t = w.state.target_producer(pid, w.frame.client_id, txn)
         if t is None:
             missing.append(pid)
             return None
+        mapped[:] = [t]
         return t.for_recorded(epoch)
 
     for topic in msg.topic_data or ():
@@ -81,7 +92,9 @@ def _rewrite_produce(w: Walk, msg: Any) -> None:
             recs = bytes(recs)
             if not records_producer_ids(recs):
                 continue
-            new, n = rewrite_records_producer(recs, mapping)
+            where = (getattr(topic, "name", None) or str(getattr(topic, "topic_id", "")), part.index)
+            new, n = rewrite_records_producer(
+                recs, mapping, lambda seq, count, where=where: mapped[0].sequence_for(where, seq, count))
             if missing:
                 raise NeedState("producer_id_unmapped")
             if n:
@@ -341,6 +354,8 @@ def rewrite_request(frame: RequestFrame, state: ReplayState, conn: ConnState) ->
     """
     if frame.api_key == SASL_AUTHENTICATE:
         return Skip("sasl_authenticate_not_recorded")
+    recorded_version = frame.api_version
+    frame, lowered = _at_target_version(frame, state)
     info = APIS.get(frame.api_key)
     if info is None or not info.decodable(frame.api_version):
         # no schema: nothing we could rewrite is reachable; send it as recorded
@@ -376,10 +391,27 @@ def rewrite_request(frame: RequestFrame, state: ReplayState, conn: ConnState) ->
     except CannotReplay as cannot:
         return Skip(cannot.reason)
     exp = expects_response(frame)
+    first = partitions_first(recorded_version, frame.api_version, frame.client_id, msg, state) if (
+        lowered and frame.api_key == PRODUCE) else None
+    done = (*lowered, ADD_PARTITIONS) if first else lowered
     if not w.changed:
-        return Send(frame.data, exp)
+        return Send(frame.data, exp, done, (first,) if first else ())
     data = reencode_spec_request(frame, msg) if spec else reencode_request(frame, msg)
-    return Send(data, exp, tuple(w.changed))
+    return Send(data, exp, (*w.changed, *done), (first,) if first else ())
+
+
+def _at_target_version(frame: RequestFrame, state: ReplayState) -> tuple[RequestFrame, tuple[str, ...]]:
+    """The frame at the newest version the target serves when the recorded one is newer (`replay.lower`), with the
+    rewrite's name; else the frame as recorded. ApiVersions goes as recorded: a broker answers any version of it."""
+    served = state.target_versions.get(frame.api_key)
+    if served is None or frame.api_version <= served[1] or served[1] < served[0] or frame.api_key == API_VERSIONS:
+        return frame, ()
+    try:
+        return lower_request(frame, served[1], state.recorded_topic_ids), (LOWERED,)
+    except CannotLower as cannot:
+        name = API_NAMES.get(frame.api_key, f"api {frame.api_key}")
+        state.note(f"{NOT_LOWERED}{name} v{frame.api_version} → v{served[1]}: {cannot}")
+        return frame, ()
 
 
 def sasl_plain_handshake(client_id: str | None, correlation_id: int) -> bytes:

@@ -25,7 +25,7 @@ from replay.inter_broker import SKIP_REASON as INTER_BROKER
 from replay.load import Recording
 from replay.messages import decode_spec_request
 from replay.state import ReplayState
-from replay.versions import MISSING, RETIRED, TOO_NEW
+from replay.versions import MISSING, NOT_LOWERED, RETIRED, TOO_NEW
 
 __all__ = ["ReplayOptions", "ReplayResult", "ReplaySchedule", "note_hint", "LATE_AFTER_S", "PENDING_SOURCES",
            "NO_SOURCE_LEFT", "learning_key", "skip_note"]
@@ -110,9 +110,12 @@ SASL_ERROR_HINT = ("the target refused SASL/PLAIN on these sessions: they are no
 RETIRED_HINT = ("the target no longer serves this version: it closes the connection such a request comes on, as it "
                 "would the client's own (Kafka 4.0 dropped the versions of clients older than Kafka 2.1, KIP-896); "
                 "upgrade these clients before the brokers")
-TOO_NEW_HINT = ("the target does not serve this version yet: these clients would have sent an older one to it, replay "
-                "sends the recorded one and the target closes the connection; replay onto a broker at least as new "
-                "as the recording's")
+TOO_NEW_HINT = ("the target does not serve this version yet: these clients would have sent an older one to it, and so "
+                "does replay: each such request goes out at the newest version the target serves (rewrites: "
+                "version_lowered), unless its body has no faithful form there (notes: version_not_lowered)")
+NOT_LOWERED_HINT = ("sent as recorded, newer than the target serves, and the target closes the connection it comes on: "
+                    "the recording set a field the target's version has no place for; replay onto a broker at least "
+                    "as new as the recording's to replay these sessions whole")
 MISSING_HINT = ("the target does not serve this API at all (an older Kafka, or a feature it has off, such as share "
                 "groups or KIP-848 consumer groups on 3.x): it closes the connection such a request comes on")
 NOTE_HINTS: dict[str, str] = {
@@ -142,6 +145,8 @@ def note_hint(what: str) -> str | None:
         return TOO_NEW_HINT
     if what.startswith(MISSING):
         return MISSING_HINT
+    if what.startswith(NOT_LOWERED):
+        return NOT_LOWERED_HINT
     return NOTE_HINTS.get(what)
 
 

@@ -34,19 +34,42 @@ class TargetProducer:
     producer_id: int
     epoch: int
     recorded_epoch: int | None = None  # bound by the first request after the target's answer
+    # (topic, partition) the target added to the open transaction at replay's request (`replay.txn_partitions`)
+    added: set[tuple[str, int]] = field(default_factory=set)
+
+    # Sequences where the target kept its epoch and the origin did not: the origin's broker bumped it at an EndTxn
+    # (transactions v2) and the client's sequences started again at 0, while the target (transactions v1, the
+    # EndTxn lowered by `replay.lower`) expects them to go on, as a client of that broker sends them. So the
+    # target's next sequence per (topic, partition), and what is added to the recorded ones since the rebinding.
+    next_sequence: dict[tuple[str, int], int] = field(default_factory=dict)
+    sequence_shift: dict[tuple[str, int], int] = field(default_factory=dict)
+    _previous: tuple[int, int, int | None] | None = None  # (pid, epoch, recorded epoch) before the last answer
 
     def for_recorded(self, recorded_epoch: int) -> tuple[int, int]:
         """The target's (pid, epoch) for a request that carries `recorded_epoch` (binding it on first use)."""
         if self.recorded_epoch is None:
             self.recorded_epoch = recorded_epoch
+            before = self._previous
+            if before is not None and before[:2] == (self.producer_id, self.epoch) and before[2] not in (None, recorded_epoch):
+                self.sequence_shift = dict(self.next_sequence)  # the target kept its epoch, the origin moved on
         epoch = self.epoch + recorded_epoch - self.recorded_epoch
         if not 0 <= epoch <= MAX_PRODUCER_EPOCH:
             raise CannotReplay("producer_epoch_out_of_range")
         return self.producer_id, epoch
 
+    def sequence_for(self, partition: tuple[str, int], recorded: int, count: int) -> int:
+        """The target's base sequence for a batch of `count` records the origin numbered from `recorded`."""
+        seq = recorded + self.sequence_shift.get(partition, 0)
+        self.next_sequence[partition] = seq + count
+        return seq
+
     def answered(self, producer_id: int, epoch: int) -> None:
         """The target answered a new (or the same) id and epoch: the client's next request uses them."""
+        if (producer_id, epoch) != (self.producer_id, self.epoch):
+            self.next_sequence, self.sequence_shift = {}, {}  # a new epoch: the target starts sequences afresh
+        self._previous = (self.producer_id, self.epoch, self.recorded_epoch)
         self.producer_id, self.epoch, self.recorded_epoch = producer_id, epoch, None
+        self.added.clear()  # answered at InitProducerId and EndTxn: a new transaction starts with no partitions
 
 
 @dataclass
@@ -137,6 +160,8 @@ class Send:
     data: bytes
     expects_response: bool
     rewrites: tuple[str, ...] = ()
+    # requests of replay's own that go out (and are answered) first, recorded correlation id 0: the engine sets its own
+    first: tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

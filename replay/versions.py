@@ -14,7 +14,10 @@ and clients behind it.
 
 ApiVersions itself is never refused (a broker answers an unknown version of it with
 the versions it serves), and SaslAuthenticate is replaced by replay's own, so
-neither is checked. Pure functions: the set-up does the I/O.
+neither is checked. A newer version is then lowered request by request to the target's
+newest (`replay.lower`, counted as the rewrite `version_lowered`), as the client would
+have sent it; one that has no faithful form there is sent as recorded and noted
+`version_not_lowered`. Pure functions: the set-up does the I/O.
 """
 
 from __future__ import annotations
@@ -25,11 +28,12 @@ from typing import Any
 
 from protocol.apis import API_NAMES, API_VERSIONS, APIS, FETCH, PRODUCE, SASL_AUTHENTICATE
 
-__all__ = ["Unserved", "served_ranges", "unserved", "RETIRED", "TOO_NEW", "MISSING"]
+__all__ = ["Unserved", "served_ranges", "unserved", "RETIRED", "TOO_NEW", "MISSING", "NOT_LOWERED"]
 
 RETIRED = "version_retired_on_target:"  # older than the target serves: the client itself is refused there as well
 TOO_NEW = "version_newer_than_target:"  # newer than it serves: the client itself would have sent an older one
 MISSING = "api_not_on_target:"  # an API the target does not serve at all: an older Kafka, or a feature it has off
+NOT_LOWERED = "version_not_lowered:"  # a TOO_NEW request whose body has no faithful form at the target's version
 _NOT_CHECKED = frozenset({API_VERSIONS, SASL_AUTHENTICATE})
 # Kafka 4.0's oldest Fetch and Produce (4 and 3): the protocol table's `legacy_below`, from Kafka's own specs
 _KIP_896_FETCH_MIN, _KIP_896_PRODUCE_MIN = APIS[FETCH].legacy_below, APIS[PRODUCE].legacy_below

@@ -129,6 +129,21 @@ def test_records_rewrite_touches_only_idempotent_batches() -> None:
     assert (same, none) == (data, 0)
 
 
+def test_records_rewrite_can_renumber_sequences() -> None:
+    """Replay continues a producer's sequences (replay.state.TargetProducer): the base sequence each batch gets is
+    asked with its record count (kafka-python's reader checks the CRC and reads the new sequence)."""
+    data = batch(producer_id=5, epoch=1, base_sequence=0, n=3) + batch(producer_id=5, epoch=1, base_sequence=3, n=2)
+    asked: list[tuple[int, int]] = []
+
+    def sequence(seq: int, count: int) -> int:
+        asked.append((seq, count))
+        return seq + 40
+
+    new, changed = rewrite_records_producer(data, lambda pid, ep: (100, 2), sequence)
+    assert changed == 2 and asked == [(0, 3), (3, 2)]
+    assert [(b.base_sequence, b.producer_id, b.validate_crc()) for b in batches_of(new)] == [(40, 100, True), (43, 100, True)]
+
+
 def test_partial_trailing_batch_and_legacy_messages_are_copied() -> None:
     idem = batch(producer_id=5, epoch=1, base_sequence=0)
     legacy = records(magic=1, n=1)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from protocol.apis import API_VERSIONS, FETCH, PRODUCE, SASL_AUTHENTICATE, SHARE_FETCH
-from replay.schedule import MISSING_HINT, RETIRED_HINT, TOO_NEW_HINT, ReplayResult, note_hint
-from replay.versions import MISSING, RETIRED, TOO_NEW, served_ranges, unserved
+from replay.schedule import MISSING_HINT, NOT_LOWERED_HINT, RETIRED_HINT, TOO_NEW_HINT, ReplayResult, note_hint
+from replay.versions import MISSING, NOT_LOWERED, RETIRED, TOO_NEW, served_ranges, unserved
 
 # what a Kafka 4.x broker answers, cut down to the APIs below
 RANGES = served_ranges({"error_code": 0, "api_keys": [
@@ -51,5 +51,6 @@ def test_the_summary_explains_each_kind():
     assert note_hint(f"{RETIRED}Produce v2 (x)") == RETIRED_HINT and "KIP-896" in RETIRED_HINT
     assert note_hint(f"{TOO_NEW}Fetch v18 (x)") == TOO_NEW_HINT
     assert note_hint(f"{MISSING}ShareFetch v1 (x)") == MISSING_HINT and "feature" in MISSING_HINT
+    assert note_hint(f"{NOT_LOWERED}Metadata v4 → v3: x") == NOT_LOWERED_HINT and "version_lowered" in TOO_NEW_HINT
     result = ReplayResult(notes={f"{RETIRED}Produce v2 (the target serves v3–v12; clients: legacy)": 3})
     assert f"note        3  {RETIRED}Produce v2 (the target serves v3–v12; clients: legacy) — {RETIRED_HINT}" in result.summary()

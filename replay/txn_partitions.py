@@ -1,0 +1,95 @@
+"""The AddPartitionsToTxn a transactional producer sends a broker without transactions v2, for a replay onto one.
+
+Why: with transactions v2 (KIP-890, Produce v12 and later, Kafka 4's default) a partition joins the open
+transaction when its leader takes the producer's first batch for it, so a recording made on such a cluster
+holds no AddPartitionsToTxn. A broker without it (Kafka 3.x, or an older target's Produce version) takes a
+transactional batch only for a partition added to the transaction first and refuses the rest
+(INVALID_TXN_STATE, INVALID_PRODUCER_EPOCH), which is why a client that negotiates an older Produce sends
+AddPartitionsToTxn before its first batch to each partition of a transaction. When replay lowers such a
+Produce (`replay.lower`), it does the same: the partitions not yet added go first, in one request of replay's
+own on the same connection, with the producer id and epoch the batches carry; the target's answer records
+which were added (`TargetProducer.added`, emptied when the transaction ends).
+
+The request goes to the connection of the Produce, as replay sends every session to the one target
+broker; a target of several brokers whose coordinator is another answers NOT_COORDINATOR, counted among
+the answers' errors. Pure functions: the engine sends the frame, `replay.learn` feeds the answer back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from protocol.apis import ADD_PARTITIONS_TO_TXN
+from protocol.batch_edit import records_producer_ids
+from protocol.deep import decode_body, encode_request
+from protocol.errors import CONCURRENT_TRANSACTIONS, COORDINATOR_LOAD_IN_PROGRESS, ProtocolError
+from protocol.frames import RequestFrame, response_body
+from replay.state import ReplayState, TargetProducer
+
+__all__ = ["TV2_PRODUCE", "partitions_first", "learn_added", "must_retry", "ADD_PARTITIONS"]
+
+TV2_PRODUCE = 12  # the first Produce version whose client relies on transactions v2 (KIP-890)
+CLIENT_VERSIONS = 3  # AddPartitionsToTxn v4 and later are the brokers' own batched form
+ADD_PARTITIONS = "add_partitions_to_txn"  # the rewrite's name in the replay summary
+RETRIED = frozenset({CONCURRENT_TRANSACTIONS, COORDINATOR_LOAD_IN_PROGRESS})
+# How a client paces those retries: Kafka's Java producer retries AddPartitionsToTxn after 20 ms when the
+# previous transaction is still completing; replay doubles that up to ATTEMPTS tries (~5 s in all).
+RETRY_BACKOFF_S = 0.02
+ATTEMPTS = 9
+
+
+def partitions_first(recorded_version: int, sent_version: int, client_id: str | None, msg: Any,
+                     state: ReplayState) -> bytes | None:
+    """The AddPartitionsToTxn frame to send before this (rewritten) Produce, or None when nothing must go first.
+
+    Only for a transactional Produce recorded at v12 or later and sent below v12, of a producer the target
+    knows, naming partitions not yet in its open transaction."""
+    if recorded_version < TV2_PRODUCE or sent_version >= TV2_PRODUCE or not msg.transactional_id:
+        return None
+    target = state.transactional.get(msg.transactional_id)
+    if target is None:
+        return None
+    wanted: dict[str, list[int]] = {}
+    ids: tuple[int, int] | None = None
+    for topic in msg.topic_data or ():
+        for part in topic.partition_data or ():
+            found = records_producer_ids(bytes(part.records)) if part.records else []
+            if not found:
+                continue
+            ids = ids or found[0]
+            if (topic.name, part.index) not in target.added:
+                wanted.setdefault(topic.name, []).append(part.index)
+    if not wanted or ids is None:
+        return None
+    served = state.target_versions.get(ADD_PARTITIONS_TO_TXN)
+    version = min(CLIENT_VERSIONS, served[1]) if served else CLIENT_VERSIONS
+    return encode_request(ADD_PARTITIONS_TO_TXN, version, 0, client_id, {
+        "v3_and_below_transactional_id": msg.transactional_id, "v3_and_below_producer_id": ids[0],
+        "v3_and_below_producer_epoch": ids[1],
+        "v3_and_below_topics": [{"name": name, "partitions": parts} for name, parts in wanted.items()]})
+
+
+def must_retry(sent: RequestFrame, answer: bytes | None) -> bool:
+    """True when the target asks for this AddPartitionsToTxn again later: the previous transaction is still being
+    completed (CONCURRENT_TRANSACTIONS, as right after an EndTxn) or its coordinator is loading. Kafka's clients
+    retry these; any other request, no answer or one that cannot be read: False."""
+    if sent.api_key != ADD_PARTITIONS_TO_TXN or sent.api_version > CLIENT_VERSIONS or answer is None:
+        return False
+    try:
+        got = decode_body(sent.api_key, sent.api_version, False, response_body(answer, sent.api_key, sent.api_version))
+    except (ProtocolError, ValueError):
+        return False
+    return any(p["partition_error_code"] in RETRIED for t in got.get("results_by_topic_v3_and_below") or ()
+               for p in t["results_by_partition"] or ())
+
+
+def learn_added(request: dict[str, Any], response: dict[str, Any], state: ReplayState) -> list[str]:
+    """Mark the partitions the target added (error 0) as in the producer's open transaction; what was learned."""
+    target: TargetProducer | None = state.transactional.get(request.get("v3_and_below_transactional_id") or "")
+    if target is None:
+        return []
+    added = [(t["name"], p["partition_index"]) for t in response.get("results_by_topic_v3_and_below") or ()
+             for p in t["results_by_partition"] or () if p["partition_error_code"] == 0]
+    target.added.update(added)
+    return [f"added={name}-{index}" for name, index in added]
+
