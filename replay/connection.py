@@ -228,12 +228,12 @@ async def replay_connection(rp: ReplaySchedule, rc: RecordedConnection, host: st
                     await rp.settle(done, pos, r.index)
                     continue
             for extra in outcome.first:  # replay's own, answered before the request that needs it (txn_partitions)
-                for attempt in range(ATTEMPTS):
-                    next_cid += 1
-                    own = set_correlation_id(extra, next_cid)
-                    if not must_retry(parse_request(own), await _own_request(rp, own, writer, inflight, waiters, closed)):
-                        break
-                    await asyncio.sleep(RETRY_BACKOFF_S * 2 ** attempt)  # a client's retry backoff, not a wait for an event
+                next_cid = await _send_first(rp, extra, next_cid, writer, inflight, waiters, closed)
+            if closed.is_set():  # the target closed the connection during that exchange
+                res.failed += 1
+                res.failures["not sent: target closed the connection"] += 1
+                await rp.settle(done, pos, r.index)
+                continue
             next_cid += 1
             data = set_correlation_id(outcome.data, next_cid)
             sent = parse_request(data)
@@ -340,6 +340,28 @@ async def _negotiate_member(rp: ReplaySchedule, r: Any, outcome: Send, cs: ConnS
     if isinstance(again, Send) and "member_id_negotiate" not in again.rewrites:
         return again
     return Skip(getattr(again, "reason", "member_id_unmapped"))
+
+
+async def _send_first(rp: ReplaySchedule, frame: bytes, cid: int, writer: asyncio.StreamWriter,
+                      inflight: dict[int, tuple[int | None, Any]], waiters: dict[int, asyncio.Future],
+                      closed: asyncio.Event) -> int:
+    """Send a request of replay's own that must be answered before a recorded one goes out, retrying it with a
+    client's backoff while the target asks for that (`txn_partitions.must_retry`); count the errors of its last
+    answer as "API ERROR (replay's own)". Returns the last correlation id used."""
+    answer: bytes | None = None
+    sent = parse_request(frame)
+    for attempt in range(ATTEMPTS):
+        if attempt:
+            await asyncio.sleep(RETRY_BACKOFF_S * 2 ** (attempt - 1))  # a client's retry backoff, not a wait for an event
+        cid += 1
+        own = set_correlation_id(frame, cid)
+        answer = await _own_request(rp, own, writer, inflight, waiters, closed)
+        if not must_retry(sent, answer):
+            break
+    if answer is not None:
+        for name in answer_errors(sent, answer):
+            rp.result.answer_errors[f"{api_name(sent.api_key)} {name} (replay's own)"] += 1
+    return cid
 
 
 def authenticates_first(reqs: list[RecordedRequest], credentials: bool, target_takes_sasl: bool) -> bool:

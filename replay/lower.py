@@ -68,11 +68,11 @@ def _lower(src: Any, dst: Any, values: dict[str, Any], names: Mapping[str, str])
             continue
         f, g = src.by_key[k], dst.by_key.get(k)
         if g is None:
-            if k == "topic_id" and value is not None:
+            if value == f.default() or (value is None and f.tag is not None):
+                pass  # left at its default (Metadata's zero topic id beside a name), or a tag the recording did not send
+            elif k == "topic_id":
                 _name_topic(src, dst, values, value, names, out)
-            elif value is None and f.tag is not None:
-                pass  # a tagged field the recording did not send
-            elif value != f.default():
+            else:
                 raise CannotLower(f"{f.where} is set and v{dst.version} has no place for it")
             continue
         if f.struct is not None and g.struct is not None and value is not None:

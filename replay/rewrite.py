@@ -409,8 +409,10 @@ def _at_target_version(frame: RequestFrame, state: ReplayState) -> tuple[Request
     try:
         return lower_request(frame, served[1], state.recorded_topic_ids), (LOWERED,)
     except CannotLower as cannot:
-        name = API_NAMES.get(frame.api_key, f"api {frame.api_key}")
-        state.note(f"{NOT_LOWERED}{name} v{frame.api_version} → v{served[1]}: {cannot}")
+        if state.not_lowered.get(id(frame)) is not frame:  # noted once per request, not at each retry of a Pending one
+            state.not_lowered[id(frame)] = frame
+            name = API_NAMES.get(frame.api_key, f"api {frame.api_key}")
+            state.note(f"{NOT_LOWERED}{name} v{frame.api_version} → v{served[1]}: {cannot}")
         return frame, ()
 
 

@@ -9,13 +9,20 @@ it (`replay.learn`) — and the engine owns one `ReplayState` per replay and one
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from replay.fetch_session_sets import SessionSets
+
+if TYPE_CHECKING:
+    from protocol.frames import RequestFrame
 
 __all__ = ["ConnState", "ReplayState", "TargetProducer", "Send", "Skip", "Pending", "Outcome", "NeedState",
            "CannotReplay"]
 
 MAX_PRODUCER_EPOCH = 0x7FFF  # an epoch is an int16 on the wire
+
+
+SEQUENCE_WRAP = 1 << 31  # a producer's sequence goes from 2³¹−1 to 0
 
 
 @dataclass
@@ -58,10 +65,13 @@ class TargetProducer:
         return self.producer_id, epoch
 
     def sequence_for(self, partition: tuple[str, int], recorded: int, count: int) -> int:
-        """The target's base sequence for a batch of `count` records the origin numbered from `recorded`."""
+        """The target's base sequence for a batch of `count` records the origin numbered from `recorded`.
+
+        Kept unwrapped here (the highest end seen, so a re-sent earlier batch does not move it back) and wrapped
+        at 2³¹ as Kafka wraps a sequence, on the wire."""
         seq = recorded + self.sequence_shift.get(partition, 0)
-        self.next_sequence[partition] = seq + count
-        return seq
+        self.next_sequence[partition] = max(self.next_sequence.get(partition, 0), seq + count)
+        return seq % SEQUENCE_WRAP
 
     def answered(self, producer_id: int, epoch: int) -> None:
         """The target answered a new (or the same) id and epoch: the client's next request uses them."""
@@ -118,6 +128,8 @@ class ReplayState:
     # session that does not authenticate (`replay.connection` authenticates the ones whose recording has no handshake)
     target_takes_sasl: bool = False
     notes: dict[str, int] = field(default_factory=dict)  # counted facts that are not skips
+    # the recorded frames noted `version_not_lowered`, by id() (held, so that no other frame takes their id)
+    not_lowered: dict[int, RequestFrame] = field(default_factory=dict)
 
     def note(self, what: str, n: int = 1) -> None:
         self.notes[what] = self.notes.get(what, 0) + n

@@ -11,8 +11,12 @@ own on the same connection, with the producer id and epoch the batches carry; th
 which were added (`TargetProducer.added`, emptied when the transaction ends).
 
 The request goes to the connection of the Produce, as replay sends every session to the one target
-broker; a target of several brokers whose coordinator is another answers NOT_COORDINATOR, counted among
-the answers' errors. Pure functions: the engine sends the frame, `replay.learn` feeds the answer back.
+broker; a target of several brokers whose coordinator is another answers NOT_COORDINATOR. The errors of
+the last answer to it are counted with the answers' errors as "AddPartitionsToTxn (replay's own)", and
+the Produce goes out either way (the target's refusal of it is what the operator then sees). Transactions
+v2 is told by the recorded Produce version: a Kafka 4 target still on transaction.version 1 serves
+Produce v12, so nothing is lowered and nothing added there. Pure functions: the engine sends the frame,
+`replay.learn` feeds the answer back.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ CLIENT_VERSIONS = 3  # AddPartitionsToTxn v4 and later are the brokers' own batc
 ADD_PARTITIONS = "add_partitions_to_txn"  # the rewrite's name in the replay summary
 RETRIED = frozenset({CONCURRENT_TRANSACTIONS, COORDINATOR_LOAD_IN_PROGRESS})
 # How a client paces those retries: Kafka's Java producer retries AddPartitionsToTxn after 20 ms when the
-# previous transaction is still completing; replay doubles that up to ATTEMPTS tries (~5 s in all).
+# previous transaction is still completing; replay doubles that up to ATTEMPTS tries (~5 s of waits in all).
 RETRY_BACKOFF_S = 0.02
 ATTEMPTS = 9
 

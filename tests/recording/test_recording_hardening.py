@@ -117,7 +117,9 @@ def test_compaction_streams_with_bounded_memory(tmp_path: Path) -> None:
         pathlib.Path({str(tmp_path / "rec")!r}).mkdir()
         # not started: flushes and the merge run inline, on this thread, where the peak is measured
         r = ParquetRecorder({str(tmp_path / "rec")!r}, "p1", fsync=False, compact_interval_s=3600)
-        mix = SessionMix()
+        import time
+        hour_ns = 3600 * 10**9
+        mix = SessionMix(start_ns=time.time_ns() // hour_ns * hour_ns)  # one hour's segment, whenever it runs
         sizes = []
         for _ in range(8):
             for row in mix.rows(20_000):

@@ -81,6 +81,14 @@ def test_a_field_set_at_the_higher_version_only_stops_the_lowering():
         lower_request(parse_request(metadata(4, False)), 3, NAMES)
 
 
+def test_a_metadata_request_by_name_drops_its_zero_topic_id_below_v10():
+    """Metadata v10+ clients send the zero topic id (the field's default) beside each name: nothing to carry."""
+    zero = "00000000-0000-0000-0000-000000000000"
+    recorded = encode_request(METADATA, 12, 1, "admin", {"topics": [{"topic_id": zero, "name": "orders"}]})
+    body = decode_request(lower_request(parse_request(recorded), 9, NAMES).data)["body"]
+    assert body["topics"] == [{"name": "orders"}]
+
+
 def test_only_lower_versions():
     frame = parse_request(_produce(10, {"name": "orders"}))
     with pytest.raises(CannotLower):
@@ -115,6 +123,11 @@ def test_replay_sends_a_newer_request_at_the_targets_version_and_notes_one_it_ca
     assert isinstance(out, Send) and out.data == recorded and "version_lowered" not in out.rewrites
     assert [n for n in state.notes if n.startswith(NOT_LOWERED)] == [
         f"{NOT_LOWERED}Metadata v4 → v3: MetadataRequest.allow_auto_topic_creation is set and v3 has no place for it"]
+    # a request retried while Pending (here: its producer id not mapped yet) is noted once
+    pending = parse_request(_produce(13, {"topic_id": str(uuid.uuid4())}))
+    for _ in range(3):
+        rewrite_request(pending, state, ConnState("java-producer"))
+    assert sum(n for note, n in state.notes.items() if note.startswith(f"{NOT_LOWERED}Produce")) == 1, state.notes
     served = ReplayState(target_versions={PRODUCE: (0, 13)}, recorded_topic_ids=dict(NAMES),
                          target_topic_ids={"orders": TOPIC_ID})
     frame = _produce(13, {"topic_id": TOPIC_ID})

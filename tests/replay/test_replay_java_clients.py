@@ -37,7 +37,7 @@ from replay.state import ReplayState
 from replay.messages import decode_request_body
 from replay.lower import LOWERED
 from replay.txn_partitions import ADD_PARTITIONS
-from replay.versions import NOT_LOWERED, RETIRED, TOO_NEW
+from replay.versions import MISSING, NOT_LOWERED, RETIRED, TOO_NEW
 from proxy.metrics import LiveStats
 from recording.reader import read_recording
 from recording.timestamps import to_epoch_ns
@@ -241,11 +241,12 @@ def test_the_live_view_names_the_origin_brokers_own_connections(session_4x: Java
     assert "producer" in by_client["java-txn"] and "kip848-consumer" in by_client["java-848"], by_client
 
 
-def test_a_share_groups_member_follows_the_target(tmp_path: Path, target: LocalKafka):
+def test_a_share_groups_member_follows_the_target(tmp_path: Path, target: LocalKafka, kafka_broker_37: LocalKafka):
     """KIP-932: a share member's epoch comes from the target's ShareGroupHeartbeat answers, and its ShareFetch and
     ShareAcknowledge name the target's topic ids. Sent as recorded, the fetches named topic ids the target never
     had and the heartbeats epochs it never gave (UNKNOWN_SERVER_ERROR, GROUP_ID_NOT_FOUND). The broker's own
-    share-state requests (its persister's ReadShareGroupState) are left out."""
+    share-state requests (its persister's ReadShareGroupState) are left out. Onto a 3.7.2 target, which has no
+    share groups, the set-up names the APIs it lacks with the member (`api_not_on_target`)."""
     port = free_port()
     origin = LocalKafka(broker_props={"advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}", **SHARE_GROUPS_ONE_NODE})
     origin.start()
@@ -273,6 +274,11 @@ def test_a_share_groups_member_follows_the_target(tmp_path: Path, target: LocalK
     assert result.failed == 0 and set(result.skipped) <= {SKIP_REASON}, result.summary()
     assert not result.answer_errors, result.summary()
     assert result.rewrites["member_epoch"] and result.rewrites["topic_id"], result.summary()
+    older = run_replay(rec, ReplayOptions(target=kafka_broker_37.bootstrap, speed=None))
+    lacks = [n for n in older.notes if n.startswith(MISSING)]
+    for api in ("ShareGroupHeartbeat", "ShareFetch"):
+        assert any(n.startswith(f"{MISSING}{api} v") and "java-share" in n for n in lacks), older.summary()
+    assert older.answered < result.answered and older.closed_by_target, older.summary()  # it closed those sessions
 
 
 def test_a_streams_groups_member_follows_the_target(tmp_path: Path, target: LocalKafka):

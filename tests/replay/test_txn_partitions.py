@@ -5,13 +5,14 @@ the target kept the epoch the origin bumped."""
 from __future__ import annotations
 
 from protocol.apis import ADD_PARTITIONS_TO_TXN, PRODUCE
-from protocol.deep import decode_request, decode_response, encode_response
+from protocol.deep import decode_request, decode_response, encode_request, encode_response
 from protocol.errors import CONCURRENT_TRANSACTIONS
 from protocol.frames import parse_request
 from replay.messages import decode_request_body
-from replay.state import ReplayState, TargetProducer
+from replay.rewrite import rewrite_request
+from replay.state import ConnState, ReplayState, Send, TargetProducer
 from replay.txn_partitions import learn_added, must_retry, partitions_first
-from replay_frames import batch, produce
+from replay_frames import batch, parse_batch, produce
 
 
 def test_sequences_go_on_where_the_target_kept_the_epoch_the_origin_bumped():
@@ -82,4 +83,44 @@ def test_nothing_goes_first_unless_a_transactions_v2_produce_was_lowered():
     assert partitions_first(12, 10, None, _msg(plain), state) is None  # no transaction
     unknown = produce({0: batch(6, 0, 0, transactional=True)}, version=10, transactional_id="tx-2")
     assert partitions_first(12, 10, None, _msg(unknown), state) is None  # a producer the target does not know yet
-    assert parse_request(txn).api_key == PRODUCE and not must_retry(parse_request(txn), b"\x00" * 8)  # not an add
+    # the brokers' own batched form (v4+) is never retried: it is not a client's request
+    broker_form = encode_request(ADD_PARTITIONS_TO_TXN, 4, 1, None, {"transactions": []})
+    busy = encode_response(ADD_PARTITIONS_TO_TXN, 4, 1, {"throttle_time_ms": 0, "error_code": CONCURRENT_TRANSACTIONS,
+                                                          "results_by_transaction": []})
+    assert parse_request(txn).api_key == PRODUCE and not must_retry(parse_request(broker_form), busy)
+
+
+def test_sequences_wrap_as_kafkas_do_and_a_resent_batch_does_not_move_them_back():
+    t = TargetProducer(producer_id=5, epoch=2)
+    t.for_recorded(7)
+    top = (1 << 31) - 50
+    assert t.sequence_for(("orders", 0), top, 10) == top
+    assert t.sequence_for(("orders", 0), 0, 5) == 0  # an earlier re-sent batch
+    t.answered(5, 2)
+    t.for_recorded(8)
+    assert t.sequence_for(("orders", 0), 45, 10) == 5  # (2³¹ − 40) + 45 wraps to 5
+
+
+def test_a_lowered_transactions_v2_produce_adds_its_partitions_first_and_carries_its_sequences_on():
+    """rewrite_request end to end: Produce v12 onto a target serving v10, after an EndTxn v3 answer (epoch kept)."""
+    recorded_topic = {"name": "orders"}
+    state = ReplayState(target_versions={PRODUCE: (0, 10), ADD_PARTITIONS_TO_TXN: (0, 3)})
+    t = state.transactional["tx-1"] = TargetProducer(producer_id=77, epoch=0)
+    state.producers[5] = t
+    first_txn = produce({0: batch(5, 1, 0, records=4, transactional=True)}, version=12, transactional_id="tx-1")
+    out = rewrite_request(parse_request(first_txn), state, ConnState("java-txn"))
+    assert isinstance(out, Send) and {"version_lowered", "add_partitions_to_txn", "producer_id"} <= set(out.rewrites)
+    assert len(out.first) == 1 and decode_request(out.first[0])["body"]["v3_and_below_producer_id"] == 77
+    sent = parse_batch(_records(out.data))
+    assert (sent.producer_id, sent.producer_epoch, sent.base_sequence) == (77, 0, 0) and sent.validate_crc()
+    t.added.add(("orders", 0))
+    t.answered(77, 0)  # EndTxn v3: the target kept epoch 0; the origin's broker moved to epoch 2 (transactions v2)
+    second_txn = produce({0: batch(5, 2, 0, records=3, transactional=True)}, version=12, transactional_id="tx-1")
+    out = rewrite_request(parse_request(second_txn), state, ConnState("java-txn"))
+    sent = parse_batch(_records(out.data))
+    assert (sent.producer_epoch, sent.base_sequence) == (0, 4), recorded_topic  # sequences go on from 4
+    assert len(out.first) == 1  # answered() emptied the transaction's partitions
+
+
+def _records(frame: bytes) -> bytes:
+    return decode_request(frame, exact=True)["body"]["topic_data"][0]["partition_data"][0]["records"]
