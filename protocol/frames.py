@@ -124,6 +124,20 @@ def produce_acks(frame: RequestFrame) -> int:
     return _I16.unpack_from(frame.data, produce_acks_at(frame))[0]
 
 
+def produce_transactional(frame: RequestFrame) -> bool:
+    """Whether a Produce names a transactional id (v3+), read without decoding the body; False when it cannot say."""
+    if frame.api_key != PRODUCE or frame.api_version < 3:
+        return False
+    d = frame.body
+    try:
+        info = api_info(PRODUCE)
+        if info is not None and info.flexible(frame.api_version):
+            return uv(d, 0, len(d))[0] > 1  # compact nullable string: length + 1 (0 = null, 1 = "")
+        return _I16.unpack_from(d, 0)[0] > 0
+    except Exception:  # noqa: BLE001 — Over, struct.error: a body too short to say
+        return False
+
+
 def set_produce_acks(frame: RequestFrame, acks: int) -> bytes:
     """The Produce frame with other acks (size unchanged; record batches untouched)."""
     at = produce_acks_at(frame)

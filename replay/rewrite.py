@@ -63,7 +63,7 @@ from replay.lower import LOWERED, CannotLower, lower_request
 from replay.messages import (SPEC_DECODED, decode_request_body, decode_spec_request, reencode_request,
                              reencode_spec_request)
 from replay.state import CannotReplay, ConnState, NeedState, Outcome, Pending, ReplayState, Send, Skip, TargetProducer
-from replay.txn_partitions import ADD_PARTITIONS, partitions_first
+from replay.txn_partitions import ADD_PARTITIONS, partitions_first, transactional_ceiling
 from replay.versions import NOT_LOWERED
 from replay.walk import Walk
 
@@ -402,17 +402,22 @@ def rewrite_request(frame: RequestFrame, state: ReplayState, conn: ConnState) ->
 
 def _at_target_version(frame: RequestFrame, state: ReplayState) -> tuple[RequestFrame, tuple[str, ...]]:
     """The frame at the newest version the target serves when the recorded one is newer (`replay.lower`), with the
-    rewrite's name; else the frame as recorded. ApiVersions goes as recorded: a broker answers any version of it."""
+    rewrite's name; else the frame as recorded. On a target without transactions v2, a transactional request goes no
+    higher than a client sends there (`txn_partitions.transactional_ceiling`). ApiVersions goes as recorded: a
+    broker answers any version of it."""
     served = state.target_versions.get(frame.api_key)
-    if served is None or frame.api_version <= served[1] or served[1] < served[0] or frame.api_key == API_VERSIONS:
+    if served is None or served[1] < served[0] or frame.api_key == API_VERSIONS:
+        return frame, ()
+    ceiling = min(served[1], transactional_ceiling(frame, state) or served[1])
+    if frame.api_version <= ceiling:
         return frame, ()
     try:
-        return lower_request(frame, served[1], state.recorded_topic_ids), (LOWERED,)
+        return lower_request(frame, ceiling, state.recorded_topic_ids), (LOWERED,)
     except CannotLower as cannot:
         if state.not_lowered.get(id(frame)) is not frame:  # noted once per request, not at each retry of a Pending one
             state.not_lowered[id(frame)] = frame
             name = API_NAMES.get(frame.api_key, f"api {frame.api_key}")
-            state.note(f"{NOT_LOWERED}{name} v{frame.api_version} → v{served[1]}: {cannot}")
+            state.note(f"{NOT_LOWERED}{name} v{frame.api_version} → v{ceiling}: {cannot}")
         return frame, ()
 
 

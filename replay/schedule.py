@@ -25,7 +25,7 @@ from replay.inter_broker import SKIP_REASON as INTER_BROKER
 from replay.load import Recording
 from replay.messages import decode_spec_request
 from replay.state import ReplayState
-from replay.versions import MISSING, NOT_LOWERED, RETIRED, TOO_NEW
+from replay.versions import MISSING, NOT_LOWERED, RETIRED, TOO_NEW, TXN_V1_TARGET
 
 __all__ = ["ReplayOptions", "ReplayResult", "ReplaySchedule", "note_hint", "LATE_AFTER_S", "PENDING_SOURCES",
            "NO_SOURCE_LEFT", "learning_key", "skip_note"]
@@ -129,6 +129,10 @@ NOTE_HINTS: dict[str, str] = {
                                          "the target granted none) while their origin session began before what "
                                          "was replayed (--since, a filter): they named only the partitions they "
                                          "changed, so the target answered for those alone",
+    TXN_V1_TARGET: "these EndTxn were recorded with transactions v2 (KIP-890: a new epoch at every commit, no "
+                   "AddPartitionsToTxn) and the target's transaction.version is below 2: its transactional requests go "
+                   "out as a client of that target sends them (Produce v11, EndTxn v4, AddPartitionsToTxn first; "
+                   "rewrites: version_lowered, add_partitions_to_txn)",
     "sasl_reauthenticated": "sessions renewed their SASL authentication before the session lifetime the target "
                             "sets (connections.max.reauth.ms) ran out, as Kafka's clients do (KIP-368)",
 }

@@ -112,6 +112,7 @@ class ReplayState:
     recorded_topic_ids: dict[str, str] = field(default_factory=dict)  # recorded topic id (str uuid) → recorded name
     target_topic_ids: dict[str, str] = field(default_factory=dict)  # target name → target topic id (str uuid)
     target_versions: dict[int, tuple[int, int]] = field(default_factory=dict)  # API key → (min, max) the target serves
+    target_transactions_v2: bool | None = None  # its finalized transaction.version ≥ 2 (None: not read)
     # (recorded broker, recorded fetch session id) → the target's session: a broker's session outlives the connection
     # that made it, and a client reopening it on a new connection (epoch 0 with its id) closes it there
     fetch_sessions: dict[tuple[str | None, int], int] = field(default_factory=dict)

@@ -29,18 +29,23 @@ import uuid
 from typing import Any
 
 from harness.wire import AsyncWireClient, SaslAuthenticationFailed, WireError
-from protocol.apis import (API_VERSIONS, CREATE_TOPICS, DESCRIBE_TRANSACTIONS, FIND_COORDINATOR, INIT_PRODUCER_ID,
-                           LIST_OFFSETS, METADATA)
+from protocol.apis import (API_VERSIONS, CREATE_TOPICS, DESCRIBE_TRANSACTIONS, END_TXN, FIND_COORDINATOR,
+                           INIT_PRODUCER_ID, LIST_OFFSETS, METADATA)
 from protocol.errors import ProtocolError, error_name
 from protocol.frames import parse_request
 from replay.learn import learn_from_response
 from replay.load import Recording
 from replay.state import ConnState, ReplayState
-from replay.versions import served_ranges, unserved
+from replay.txn_partitions import TV2_END_TXN
+from replay.versions import TXN_V1_TARGET, served_ranges, transactions_v2, unserved
 
 __all__ = ["prepare_target", "hostport", "TargetError", "wire_failure", "sasl_refused", "unreachable"]
 
 _READ_TIMEOUT_S = 30.0  # per answer; CreateTopics itself is bounded by the prepare timeout
+# ApiVersions v3: the first with the finalized features (transaction.version). A broker older than Kafka 2.4 answers
+# UNSUPPORTED_VERSION in the v0 layout, which still lists what it serves (`replay.versions.served_ranges`).
+SETUP_API_VERSIONS = 3
+_SOFTWARE = {"client_software_name": "kafkatap-replay", "client_software_version": "1"}
 _ALL_TOPICS = {"topics": None, "allow_auto_topic_creation": False, "include_topic_authorized_operations": False}
 
 
@@ -125,7 +130,7 @@ async def prepare_target(target: str, recording: Recording, state: ReplayState, 
                 state.note("target_listener_without_sasl")  # e.g. a PLAINTEXT listener: it serves us as we are
             answered = True
         step = "ApiVersions"
-        _check_versions(recording, state, served_ranges(await cli.call(API_VERSIONS, 0, {})))
+        _check_versions(recording, state, await cli.call(API_VERSIONS, SETUP_API_VERSIONS, _SOFTWARE))
         step = "Metadata"  # not answered yet: a SASL listener answers ApiVersions before authentication too
         md = await _learning(cli, state, conn, METADATA, 12, _ALL_TOPICS)
         step, answered = "the set-up's requests", True
@@ -176,13 +181,20 @@ async def prepare_target(target: str, recording: Recording, state: ReplayState, 
     return created
 
 
-def _check_versions(recording: Recording, state: ReplayState, ranges: dict[int, tuple[int, int]]) -> None:
-    """Keep what the target serves (`ReplayState.target_versions`) and note every recorded API version it would refuse
-    (`replay.versions`): a request of one closes its replayed session there, as it would the client's own."""
+def _check_versions(recording: Recording, state: ReplayState, answer: dict[str, Any]) -> None:
+    """Keep what the target serves (`ReplayState.target_versions`) and whether it runs transactions v2, and note every
+    recorded API version it would refuse (`replay.versions`): a request of one closes its replayed session there, as
+    it would the client's own. A target without transactions v2 under a recording with it (EndTxn v5+) is noted:
+    its transactional requests go out as a client of that target sends them (`replay.txn_partitions`)."""
+    ranges = served_ranges(answer)
     state.target_versions = ranges
-    sent = ((r.frame.api_key, r.frame.api_version, c.client_id) for c in recording.connections for r in c.requests)
+    state.target_transactions_v2 = transactions_v2(answer)
+    sent = [(r.frame.api_key, r.frame.api_version, c.client_id) for c in recording.connections for r in c.requests]
     for u in unserved(sent, ranges):
         state.note(u.note, u.requests)
+    v2_ends = sum(key == END_TXN and version >= TV2_END_TXN for key, version, _ in sent)
+    if v2_ends and not state.target_transactions_v2 and ranges.get(END_TXN, (0, -1))[1] >= TV2_END_TXN:
+        state.note(TXN_V1_TARGET, v2_ends)
 
 
 async def _await_partition_leaders(cli: AsyncWireClient, topics: dict[str, int], state: ReplayState,

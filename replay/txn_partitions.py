@@ -13,26 +13,27 @@ which were added (`TargetProducer.added`, emptied when the transaction ends).
 The request goes to the connection of the Produce, as replay sends every session to the one target
 broker; a target of several brokers whose coordinator is another answers NOT_COORDINATOR. The errors of
 the last answer to it are counted with the answers' errors as "AddPartitionsToTxn (replay's own)", and
-the Produce goes out either way (the target's refusal of it is what the operator then sees). Transactions
-v2 is told by the recorded Produce version: a Kafka 4 target still on transaction.version 1 serves
-Produce v12, so nothing is lowered and nothing added there. Pure functions: the engine sends the frame,
-`replay.learn` feeds the answer back.
+the Produce goes out either way (the target's refusal of it is what the operator then sees). A Kafka 4
+target still on transaction.version 1 (a cluster upgraded from 3.x) serves Produce v12 and EndTxn v5, but
+its clients send no newer than v11 and v4 within a transaction (`transactional_ceiling`): replay lowers
+those as well. Pure functions: the engine sends the frame, `replay.learn` feeds the answer back.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from protocol.apis import ADD_PARTITIONS_TO_TXN
+from protocol.apis import ADD_PARTITIONS_TO_TXN, END_TXN, PRODUCE
 from protocol.batch_edit import records_producer_ids
 from protocol.deep import decode_body, encode_request
 from protocol.errors import CONCURRENT_TRANSACTIONS, COORDINATOR_LOAD_IN_PROGRESS, ProtocolError
-from protocol.frames import RequestFrame, response_body
+from protocol.frames import RequestFrame, produce_transactional, response_body
 from replay.state import ReplayState, TargetProducer
 
-__all__ = ["TV2_PRODUCE", "partitions_first", "learn_added", "must_retry", "ADD_PARTITIONS"]
+__all__ = ["TV2_PRODUCE", "TV2_END_TXN", "transactional_ceiling", "partitions_first", "learn_added", "must_retry", "ADD_PARTITIONS"]
 
 TV2_PRODUCE = 12  # the first Produce version whose client relies on transactions v2 (KIP-890)
+TV2_END_TXN = 5  # the first EndTxn version whose answer carries the epoch the broker bumped
 CLIENT_VERSIONS = 3  # AddPartitionsToTxn v4 and later are the brokers' own batched form
 ADD_PARTITIONS = "add_partitions_to_txn"  # the rewrite's name in the replay summary
 RETRIED = frozenset({CONCURRENT_TRANSACTIONS, COORDINATOR_LOAD_IN_PROGRESS})
@@ -40,6 +41,20 @@ RETRIED = frozenset({CONCURRENT_TRANSACTIONS, COORDINATOR_LOAD_IN_PROGRESS})
 # previous transaction is still completing; replay doubles that up to ATTEMPTS tries (~5 s of waits in all).
 RETRY_BACKOFF_S = 0.02
 ATTEMPTS = 9
+
+
+def transactional_ceiling(frame: RequestFrame, state: ReplayState) -> int | None:
+    """The newest version a client sends this request at on a target without transactions v2 (finalized
+    transaction.version below 2) that still serves the newer ones, or None when there is no such limit: a
+    transactional Produce goes no higher than v11 there and EndTxn than v4 (Kafka's ProduceRequest.json: "if V2 is
+    disabled, the client can't use produce request version higher than 11 within a transaction")."""
+    if state.target_transactions_v2 is not False:
+        return None
+    if frame.api_key == END_TXN:
+        return TV2_END_TXN - 1
+    if frame.api_key == PRODUCE and produce_transactional(frame):
+        return TV2_PRODUCE - 1
+    return None
 
 
 def partitions_first(recorded_version: int, sent_version: int, client_id: str | None, msg: Any,

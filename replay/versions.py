@@ -28,12 +28,14 @@ from typing import Any
 
 from protocol.apis import API_NAMES, API_VERSIONS, APIS, FETCH, PRODUCE, SASL_AUTHENTICATE
 
-__all__ = ["Unserved", "served_ranges", "unserved", "RETIRED", "TOO_NEW", "MISSING", "NOT_LOWERED"]
+__all__ = ["Unserved", "served_ranges", "unserved", "transactions_v2", "RETIRED", "TOO_NEW", "MISSING", "NOT_LOWERED",
+           "TXN_V1_TARGET"]
 
 RETIRED = "version_retired_on_target:"  # older than the target serves: the client itself is refused there as well
 TOO_NEW = "version_newer_than_target:"  # newer than it serves: the client itself would have sent an older one
 MISSING = "api_not_on_target:"  # an API the target does not serve at all: an older Kafka, or a feature it has off
 NOT_LOWERED = "version_not_lowered:"  # a TOO_NEW request whose body has no faithful form at the target's version
+TXN_V1_TARGET = "transactions_v2_recorded_v1_on_target"  # transactional requests lowered to what a v1 client sends
 _NOT_CHECKED = frozenset({API_VERSIONS, SASL_AUTHENTICATE})
 # Kafka 4.0's oldest Fetch and Produce (4 and 3): the protocol table's `legacy_below`, from Kafka's own specs
 _KIP_896_FETCH_MIN, _KIP_896_PRODUCE_MIN = APIS[FETCH].legacy_below, APIS[PRODUCE].legacy_below
@@ -50,6 +52,17 @@ def served_ranges(api_versions_body: Mapping[str, Any]) -> dict[int, tuple[int, 
         lo, hi = ranges[PRODUCE]
         ranges[PRODUCE] = (max(lo, _KIP_896_PRODUCE_MIN), hi)
     return ranges
+
+
+TRANSACTION_VERSION = "transaction.version"  # the feature whose level 2 is transactions v2 (KIP-890 part 2)
+
+
+def transactions_v2(api_versions_body: Mapping[str, Any]) -> bool:
+    """Whether the target runs transactions v2, from an ApiVersions v3+ answer's finalized features: a Kafka 4 cluster
+    formatted as such, or upgraded with `kafka-features upgrade --feature transaction.version=2`. A cluster
+    upgraded from 3.x keeps level 0 until then, and a 3.x broker has no such feature."""
+    return any(f.get("name") == TRANSACTION_VERSION and (f.get("max_version_level") or 0) >= 2
+               for f in api_versions_body.get("finalized_features") or ())
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ def _metadata_answer(cid: int, cluster: str) -> bytes:
 @contextmanager
 def fake_cluster(cluster: str) -> Iterator[str]:
     """A "broker" answering every Metadata v12 request with topic orders and `cluster` (and the replay set-up's
-    ApiVersions v0), hanging up on anything else; yields its host:port."""
+    ApiVersions), hanging up on anything else; yields its host:port."""
     srv = socket.create_server(("127.0.0.1", 0))
     stop = threading.Event()
 
@@ -54,9 +54,10 @@ def fake_cluster(cluster: str) -> Iterator[str]:
                 if not head:
                     return
                 frame = _recv(conn, struct.unpack(">i", head)[0])
-                api_key, version, cid = struct.unpack_from(">hhi", frame)
-                if (api_key, version) == (18, 0):  # the replay set-up's ApiVersions (a replayed one is v3: hung up on)
-                    conn.sendall(api_versions_answer(cid))
+                api_key, version, cid, n = struct.unpack_from(">hhih", frame)
+                client = frame[10:10 + max(0, n)].decode()
+                if api_key == 18 and client == "kafkatap-replay-setup":  # the set-up's ApiVersions (a replayed one: hung up on)
+                    conn.sendall(api_versions_answer(cid, version))
                 elif api_key == 3:
                     conn.sendall(_metadata_answer(cid, cluster))
                 else:

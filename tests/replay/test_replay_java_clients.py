@@ -37,7 +37,7 @@ from replay.state import ReplayState
 from replay.messages import decode_request_body
 from replay.lower import LOWERED
 from replay.txn_partitions import ADD_PARTITIONS
-from replay.versions import MISSING, NOT_LOWERED, RETIRED, TOO_NEW
+from replay.versions import MISSING, NOT_LOWERED, RETIRED, TOO_NEW, TXN_V1_TARGET
 from proxy.metrics import LiveStats
 from recording.reader import read_recording
 from recording.timestamps import to_epoch_ns
@@ -210,6 +210,26 @@ def test_a_replay_onto_an_older_broker_sends_what_the_client_would_have_sent_the
     assert result.rewrites[LOWERED] >= sum(n for note, n in result.notes.items() if note.startswith(TOO_NEW))
     assert result.rewrites[ADD_PARTITIONS] >= recorded[("EndTxn", 5)], result.summary()  # once per transaction
     assert _committed_records(kafka_broker_37.bootstrap, session_4x.topic) == session_4x.records
+
+
+def test_a_replay_onto_a_kafka_4_target_without_transactions_v2(session_4x: JavaSession, tmp_path: Path):
+    """A 4.3.1 target formatted with transaction.version=1 (as a cluster upgraded from 3.x keeps it) serves the
+    recorded versions, but its clients send no newer than Produce v11 and EndTxn v4 within a transaction, with
+    AddPartitionsToTxn first. The set-up reads its finalized features and notes it; the transactional requests go
+    out lowered, every one answered without an error, and every committed record is there."""
+    kafka = LocalKafka(format_args=["--feature", "transaction.version=1"])
+    kafka.start()
+    try:
+        kafka.create_topic(session_4x.topic, PARTITIONS)
+        result = _replay(session_4x, kafka, "java-txn")
+        assert result.notes.get(TXN_V1_TARGET), result.summary()
+        assert not [n for n in result.notes if n.startswith((TOO_NEW, NOT_LOWERED))], result.summary()
+        assert result.failed == 0 and not result.skipped and not result.answer_errors, result.summary()
+        assert result.rewrites[LOWERED] and result.rewrites[ADD_PARTITIONS], result.summary()
+        assert _committed_records(kafka.bootstrap, session_4x.topic) == session_4x.records
+    finally:
+        kafka.stop()
+        kafka.cleanup()
 
 
 def test_the_origin_brokers_own_connections_are_left_out(session_4x: JavaSession):

@@ -317,7 +317,7 @@ def test_sasl_session_replayed_with_the_users_plain_credentials(tmp_path: Path):
     from replay.messages import decode_request_body
 
     setup = [parse_request(f) for f in broker.frames[1]]
-    assert [(f.api_key, f.api_version) for f in setup] == [(17, 1), (36, 2), (18, 0), (3, 12)]
+    assert [(f.api_key, f.api_version) for f in setup] == [(17, 1), (36, 2), (18, 3), (3, 12)]
     assert decode_request_body(setup[0]).mechanism == "PLAIN"
     assert decode_request_body(setup[1]).auth_bytes == b"\x00alice\x00pw"
     frames = [parse_request(f) for f in broker.frames[2]]

@@ -4,14 +4,15 @@ the target kept the epoch the origin bumped."""
 
 from __future__ import annotations
 
-from protocol.apis import ADD_PARTITIONS_TO_TXN, PRODUCE
+from protocol.apis import ADD_PARTITIONS_TO_TXN, END_TXN, PRODUCE
 from protocol.deep import decode_request, decode_response, encode_request, encode_response
 from protocol.errors import CONCURRENT_TRANSACTIONS
-from protocol.frames import parse_request
+from protocol.frames import parse_request, produce_transactional
 from replay.messages import decode_request_body
 from replay.rewrite import rewrite_request
 from replay.state import ConnState, ReplayState, Send, TargetProducer
 from replay.txn_partitions import learn_added, must_retry, partitions_first
+from replay.versions import transactions_v2
 from replay_frames import batch, parse_batch, produce
 
 
@@ -124,3 +125,42 @@ def test_a_lowered_transactions_v2_produce_adds_its_partitions_first_and_carries
 
 def _records(frame: bytes) -> bytes:
     return decode_request(frame, exact=True)["body"]["topic_data"][0]["partition_data"][0]["records"]
+
+
+def test_a_target_without_transactions_v2_gets_what_its_clients_send():
+    """A Kafka 4 target still on transaction.version 1 serves Produce v13 and EndTxn v5, but a client sends it no
+    newer than v11 and v4 within a transaction: replay lowers those (and adds the partitions first), and leaves a
+    Produce outside any transaction as recorded."""
+    state = ReplayState(target_versions={PRODUCE: (3, 13), END_TXN: (0, 5), ADD_PARTITIONS_TO_TXN: (0, 5)},
+                        target_transactions_v2=False)
+    t = state.transactional["tx-1"] = state.producers[5] = TargetProducer(producer_id=77, epoch=0)
+    txn = produce({0: batch(5, 1, 0, transactional=True)}, version=12, transactional_id="tx-1")
+    out = rewrite_request(parse_request(txn), state, ConnState("java-txn"))
+    assert parse_request(out.data).api_version == 11 and len(out.first) == 1
+    plain = produce({0: batch()}, version=12)
+    assert parse_request(rewrite_request(parse_request(plain), state, ConnState()).data).api_version == 12
+    end = encode_request(END_TXN, 5, 3, "java-txn", {"transactional_id": "tx-1", "producer_id": 5, "producer_epoch": 1,
+                                                     "committed": True})
+    out = rewrite_request(parse_request(end), state, ConnState("java-txn"))
+    assert parse_request(out.data).api_version == 4 and "version_lowered" in out.rewrites
+    assert decode_request(out.data)["body"]["producer_id"] == 77
+    state.target_transactions_v2 = True  # a target with it: everything as recorded
+    assert parse_request(rewrite_request(parse_request(txn), state, ConnState("java-txn")).data).api_version == 12
+    assert t.producer_id == 77
+
+
+def test_transactions_v2_is_read_from_the_targets_finalized_features():
+    def answer(level: int | None) -> dict:
+        features = [{"name": "metadata.version", "max_version_level": 27, "min_version_level": 27}]
+        if level is not None:
+            features.append({"name": "transaction.version", "max_version_level": level, "min_version_level": level})
+        return {"error_code": 0, "api_keys": [], "finalized_features": features}
+    assert transactions_v2(answer(2)) and not transactions_v2(answer(1)) and not transactions_v2(answer(0))
+    assert not transactions_v2(answer(None)) and not transactions_v2({"api_keys": []})  # a 3.x broker: no such feature
+
+
+def test_a_produce_names_its_transactional_id_or_not():
+    for version in (3, 8, 9, 12):  # non-flexible and flexible string forms
+        assert produce_transactional(parse_request(produce({0: batch()}, version=version, transactional_id="tx-1")))
+        assert not produce_transactional(parse_request(produce({0: batch()}, version=version)))
+    assert not produce_transactional(parse_request(produce({0: batch()}, version=9, transactional_id="")))
