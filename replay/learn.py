@@ -8,13 +8,13 @@ cannot read only means a later request will be skipped with a reason.
 
 from __future__ import annotations
 
-from protocol.apis import (ADD_PARTITIONS_TO_TXN, APIS, CREATE_TOPICS, END_TXN, FETCH, GROUP_HEARTBEATS, INIT_PRODUCER_ID,
-                           JOIN_GROUP, METADATA)
+from protocol.apis import (ADD_OFFSETS_TO_TXN, ADD_PARTITIONS_TO_TXN, APIS, CREATE_TOPICS, END_TXN, FETCH,
+                           GROUP_HEARTBEATS, INIT_PRODUCER_ID, JOIN_GROUP, METADATA)
 from protocol.errors import MEMBER_ID_REQUIRED
 from protocol.frames import RequestFrame, fetch_response_session
 from replay.messages import decode_request_body, decode_response, decode_spec_request, decode_spec_response, uuid_text
 from replay.state import ConnState, ReplayState, TargetProducer
-from replay.txn_partitions import CLIENT_VERSIONS, learn_added
+from replay.txn_partitions import CLIENT_VERSIONS, learn_added, learn_added_offsets
 
 __all__ = ["learn_from_response"]
 
@@ -57,6 +57,8 @@ def learn_from_response(sent: RequestFrame, response: bytes | memoryview, state:
             learned += _end_txn(sent, response, state)
         elif key == ADD_PARTITIONS_TO_TXN and sent.api_version <= CLIENT_VERSIONS:
             learned += learn_added(decode_spec_request(sent), decode_spec_response(sent, response), state)
+        elif key == ADD_OFFSETS_TO_TXN:
+            learned += learn_added_offsets(decode_spec_request(sent), decode_spec_response(sent, response), state)
         elif key in GROUP_HEARTBEATS:
             learned += _group_heartbeat(sent, response, state, conn)
         elif key == JOIN_GROUP:

@@ -63,7 +63,7 @@ from replay.lower import LOWERED, CannotLower, lower_request
 from replay.messages import (SPEC_DECODED, decode_request_body, decode_spec_request, reencode_request,
                              reencode_spec_request)
 from replay.state import CannotReplay, ConnState, NeedState, Outcome, Pending, ReplayState, Send, Skip, TargetProducer
-from replay.txn_partitions import ADD_PARTITIONS, partitions_first, transactional_ceiling
+from replay.txn_partitions import requests_first, transactional_ceiling
 from replay.versions import NOT_LOWERED
 from replay.walk import Walk
 
@@ -391,13 +391,14 @@ def rewrite_request(frame: RequestFrame, state: ReplayState, conn: ConnState) ->
     except CannotReplay as cannot:
         return Skip(cannot.reason)
     exp = expects_response(frame)
-    first = partitions_first(recorded_version, frame.api_version, frame.client_id, msg, state) if (
-        lowered and frame.api_key == PRODUCE) else None
-    done = (*lowered, ADD_PARTITIONS) if first else lowered
+    first = requests_first(frame.api_key, recorded_version, frame.api_version, frame.client_id, msg, state) if (
+        lowered) else None
+    done = (*lowered, first[1]) if first else lowered
+    extra = (first[0],) if first else ()
     if not w.changed:
-        return Send(frame.data, exp, done, (first,) if first else ())
+        return Send(frame.data, exp, done, extra)
     data = reencode_spec_request(frame, msg) if spec else reencode_request(frame, msg)
-    return Send(data, exp, (*w.changed, *done), (first,) if first else ())
+    return Send(data, exp, (*w.changed, *done), extra)
 
 
 def _at_target_version(frame: RequestFrame, state: ReplayState) -> tuple[RequestFrame, tuple[str, ...]]:

@@ -131,8 +131,9 @@ NOTE_HINTS: dict[str, str] = {
                                          "changed, so the target answered for those alone",
     TXN_V1_TARGET: "these EndTxn were recorded with transactions v2 (KIP-890: a new epoch at every commit, no "
                    "AddPartitionsToTxn) and the target's transaction.version is below 2: its transactional requests go "
-                   "out as a client of that target sends them (Produce v11, EndTxn v4, AddPartitionsToTxn first; "
-                   "rewrites: version_lowered, add_partitions_to_txn)",
+                   "out as a client of that target sends them (Produce v11, TxnOffsetCommit v4, EndTxn v4, with "
+                   "AddPartitionsToTxn and AddOffsetsToTxn first; rewrites: version_lowered, add_partitions_to_txn, "
+                   "add_offsets_to_txn)",
     "sasl_reauthenticated": "sessions renewed their SASL authentication before the session lifetime the target "
                             "sets (connections.max.reauth.ms) ran out, as Kafka's clients do (KIP-368)",
 }

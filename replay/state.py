@@ -43,6 +43,7 @@ class TargetProducer:
     recorded_epoch: int | None = None  # bound by the first request after the target's answer
     # (topic, partition) the target added to the open transaction at replay's request (`replay.txn_partitions`)
     added: set[tuple[str, int]] = field(default_factory=set)
+    added_groups: set[str] = field(default_factory=set)  # groups whose offsets it added to it (AddOffsetsToTxn)
 
     # Sequences where the target kept its epoch and the origin did not: the origin's broker bumped it at an EndTxn
     # (transactions v2) and the client's sequences started again at 0, while the target (transactions v1, the
@@ -80,6 +81,7 @@ class TargetProducer:
         self._previous = (self.producer_id, self.epoch, self.recorded_epoch)
         self.producer_id, self.epoch, self.recorded_epoch = producer_id, epoch, None
         self.added.clear()  # answered at InitProducerId and EndTxn: a new transaction starts with no partitions
+        self.added_groups.clear()
 
 
 @dataclass

@@ -42,8 +42,8 @@ from replay.versions import TXN_V1_TARGET, served_ranges, transactions_v2, unser
 __all__ = ["prepare_target", "hostport", "TargetError", "wire_failure", "sasl_refused", "unreachable"]
 
 _READ_TIMEOUT_S = 30.0  # per answer; CreateTopics itself is bounded by the prepare timeout
-# ApiVersions v3: the first with the finalized features (transaction.version). A broker older than Kafka 2.4 answers
-# UNSUPPORTED_VERSION in the v0 layout, which still lists what it serves (`replay.versions.served_ranges`).
+# ApiVersions v3: the first with the finalized features (transaction.version). A broker that does not serve it (older
+# than Kafka 2.4) answers UNSUPPORTED_VERSION without its ranges; the set-up then asks v0 (`_api_versions`).
 SETUP_API_VERSIONS = 3
 _SOFTWARE = {"client_software_name": "kafkatap-replay", "client_software_version": "1"}
 _ALL_TOPICS = {"topics": None, "allow_auto_topic_creation": False, "include_topic_authorized_operations": False}
@@ -130,7 +130,7 @@ async def prepare_target(target: str, recording: Recording, state: ReplayState, 
                 state.note("target_listener_without_sasl")  # e.g. a PLAINTEXT listener: it serves us as we are
             answered = True
         step = "ApiVersions"
-        _check_versions(recording, state, await cli.call(API_VERSIONS, SETUP_API_VERSIONS, _SOFTWARE))
+        _check_versions(recording, state, await _api_versions(cli))
         step = "Metadata"  # not answered yet: a SASL listener answers ApiVersions before authentication too
         md = await _learning(cli, state, conn, METADATA, 12, _ALL_TOPICS)
         step, answered = "the set-up's requests", True
@@ -179,6 +179,12 @@ async def prepare_target(target: str, recording: Recording, state: ReplayState, 
     finally:
         cli.close()
     return created
+
+
+async def _api_versions(cli: AsyncWireClient) -> dict[str, Any]:
+    """The target's ApiVersions answer: v3 (with its finalized features), or v0 from a broker that refuses v3."""
+    answer = await cli.call(API_VERSIONS, SETUP_API_VERSIONS, _SOFTWARE)
+    return answer if answer.get("error_code") == 0 else await cli.call(API_VERSIONS, 0, {})
 
 
 def _check_versions(recording: Recording, state: ReplayState, answer: dict[str, Any]) -> None:

@@ -8,7 +8,9 @@ transactional batch only for a partition added to the transaction first and refu
 AddPartitionsToTxn before its first batch to each partition of a transaction. When replay lowers such a
 Produce (`replay.lower`), it does the same: the partitions not yet added go first, in one request of replay's
 own on the same connection, with the producer id and epoch the batches carry; the target's answer records
-which were added (`TargetProducer.added`, emptied when the transaction ends).
+which were added (`TargetProducer.added`, emptied when the transaction ends). Offsets committed inside a
+transaction are alike: with transactions v2 a TxnOffsetCommit (v5+) adds its group to the transaction itself,
+and a lowered one is preceded by the AddOffsetsToTxn a client of an older broker sends (`offsets_first`).
 
 The request goes to the connection of the Produce, as replay sends every session to the one target
 broker; a target of several brokers whose coordinator is another answers NOT_COORDINATOR. The errors of
@@ -23,19 +25,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from protocol.apis import ADD_PARTITIONS_TO_TXN, END_TXN, PRODUCE
+from protocol.apis import ADD_OFFSETS_TO_TXN, ADD_PARTITIONS_TO_TXN, END_TXN, PRODUCE, TXN_OFFSET_COMMIT
 from protocol.batch_edit import records_producer_ids
 from protocol.deep import decode_body, encode_request
 from protocol.errors import CONCURRENT_TRANSACTIONS, COORDINATOR_LOAD_IN_PROGRESS, ProtocolError
 from protocol.frames import RequestFrame, produce_transactional, response_body
 from replay.state import ReplayState, TargetProducer
 
-__all__ = ["TV2_PRODUCE", "TV2_END_TXN", "transactional_ceiling", "partitions_first", "learn_added", "must_retry", "ADD_PARTITIONS"]
+__all__ = ["TV2_PRODUCE", "TV2_END_TXN", "TV2_TXN_OFFSET_COMMIT", "transactional_ceiling", "requests_first",
+           "partitions_first", "offsets_first", "learn_added", "learn_added_offsets", "must_retry", "ADD_PARTITIONS",
+           "ADD_OFFSETS"]
 
 TV2_PRODUCE = 12  # the first Produce version whose client relies on transactions v2 (KIP-890)
 TV2_END_TXN = 5  # the first EndTxn version whose answer carries the epoch the broker bumped
+TV2_TXN_OFFSET_COMMIT = 5  # the first TxnOffsetCommit version that adds its group's offsets itself (no AddOffsetsToTxn)
 CLIENT_VERSIONS = 3  # AddPartitionsToTxn v4 and later are the brokers' own batched form
-ADD_PARTITIONS = "add_partitions_to_txn"  # the rewrite's name in the replay summary
+OFFSETS_VERSION = 3  # AddOffsetsToTxn for a target whose ApiVersions were not read (every version is a client's)
+ADD_PARTITIONS = "add_partitions_to_txn"  # the rewrites' names in the replay summary
+ADD_OFFSETS = "add_offsets_to_txn"
 RETRIED = frozenset({CONCURRENT_TRANSACTIONS, COORDINATOR_LOAD_IN_PROGRESS})
 # How a client paces those retries: Kafka's Java producer retries AddPartitionsToTxn after 20 ms when the
 # previous transaction is still completing; replay doubles that up to ATTEMPTS tries (~5 s of waits in all).
@@ -52,9 +59,43 @@ def transactional_ceiling(frame: RequestFrame, state: ReplayState) -> int | None
         return None
     if frame.api_key == END_TXN:
         return TV2_END_TXN - 1
+    if frame.api_key == TXN_OFFSET_COMMIT:
+        return TV2_TXN_OFFSET_COMMIT - 1
     if frame.api_key == PRODUCE and produce_transactional(frame):
         return TV2_PRODUCE - 1
     return None
+
+
+def requests_first(api_key: int, recorded_version: int, sent_version: int, client_id: str | None, msg: Any,
+                   state: ReplayState) -> tuple[bytes, str] | None:
+    """The request of replay's own to send before this rewritten one (and the rewrite's name), or None: a lowered
+    transactions-v2 Produce adds its partitions to the transaction, a lowered TxnOffsetCommit its group's offsets."""
+    if api_key == PRODUCE:
+        frame = partitions_first(recorded_version, sent_version, client_id, msg, state)
+        return (frame, ADD_PARTITIONS) if frame else None
+    if api_key == TXN_OFFSET_COMMIT:
+        frame = offsets_first(recorded_version, sent_version, client_id, msg, state)
+        return (frame, ADD_OFFSETS) if frame else None
+    return None
+
+
+def offsets_first(recorded_version: int, sent_version: int, client_id: str | None, msg: Any,
+                  state: ReplayState) -> bytes | None:
+    """The AddOffsetsToTxn frame to send before this (rewritten) TxnOffsetCommit, or None.
+
+    With transactions v2 a TxnOffsetCommit (v5+) adds its group's offsets to the transaction itself, and the client
+    sends no AddOffsetsToTxn; below v5 the coordinator must have been asked first, or the offsets are not part of the
+    transaction (its commit writes no marker to the group's partition). Only for one recorded at v5+ and sent below,
+    of a producer the target knows, whose group is not yet in its open transaction."""
+    if recorded_version < TV2_TXN_OFFSET_COMMIT or sent_version >= TV2_TXN_OFFSET_COMMIT:
+        return None
+    target = state.transactional.get(msg.transactional_id or "")
+    if target is None or msg.group_id in target.added_groups:
+        return None
+    served = state.target_versions.get(ADD_OFFSETS_TO_TXN)
+    return encode_request(ADD_OFFSETS_TO_TXN, served[1] if served else OFFSETS_VERSION, 0, client_id, {
+        "transactional_id": msg.transactional_id, "producer_id": msg.producer_id,
+        "producer_epoch": msg.producer_epoch, "group_id": msg.group_id})
 
 
 def partitions_first(recorded_version: int, sent_version: int, client_id: str | None, msg: Any,
@@ -92,14 +133,26 @@ def must_retry(sent: RequestFrame, answer: bytes | None) -> bool:
     """True when the target asks for this AddPartitionsToTxn again later: the previous transaction is still being
     completed (CONCURRENT_TRANSACTIONS, as right after an EndTxn) or its coordinator is loading. Kafka's clients
     retry these; any other request, no answer or one that cannot be read: False."""
-    if sent.api_key != ADD_PARTITIONS_TO_TXN or sent.api_version > CLIENT_VERSIONS or answer is None:
+    if answer is None or not (sent.api_key == ADD_OFFSETS_TO_TXN or (sent.api_key == ADD_PARTITIONS_TO_TXN
+                                                                     and sent.api_version <= CLIENT_VERSIONS)):
         return False
     try:
         got = decode_body(sent.api_key, sent.api_version, False, response_body(answer, sent.api_key, sent.api_version))
     except (ProtocolError, ValueError):
         return False
+    if sent.api_key == ADD_OFFSETS_TO_TXN:
+        return got["error_code"] in RETRIED
     return any(p["partition_error_code"] in RETRIED for t in got.get("results_by_topic_v3_and_below") or ()
                for p in t["results_by_partition"] or ())
+
+
+def learn_added_offsets(request: dict[str, Any], response: dict[str, Any], state: ReplayState) -> list[str]:
+    """Mark the group the target added (AddOffsetsToTxn answered 0) as in the producer's open transaction."""
+    target = state.transactional.get(request.get("transactional_id") or "")
+    if target is None or response.get("error_code") != 0:
+        return []
+    target.added_groups.add(request["group_id"])
+    return [f"added_offsets={request['group_id']}"]
 
 
 def learn_added(request: dict[str, Any], response: dict[str, Any], state: ReplayState) -> list[str]:

@@ -4,14 +4,14 @@ the target kept the epoch the origin bumped."""
 
 from __future__ import annotations
 
-from protocol.apis import ADD_PARTITIONS_TO_TXN, END_TXN, PRODUCE
+from protocol.apis import ADD_OFFSETS_TO_TXN, ADD_PARTITIONS_TO_TXN, END_TXN, PRODUCE, TXN_OFFSET_COMMIT
 from protocol.deep import decode_request, decode_response, encode_request, encode_response
 from protocol.errors import CONCURRENT_TRANSACTIONS
 from protocol.frames import parse_request, produce_transactional
 from replay.messages import decode_request_body
 from replay.rewrite import rewrite_request
 from replay.state import ConnState, ReplayState, Send, TargetProducer
-from replay.txn_partitions import learn_added, must_retry, partitions_first
+from replay.txn_partitions import learn_added, learn_added_offsets, must_retry, partitions_first
 from replay.versions import transactions_v2
 from replay_frames import batch, parse_batch, produce
 
@@ -84,11 +84,13 @@ def test_nothing_goes_first_unless_a_transactions_v2_produce_was_lowered():
     assert partitions_first(12, 10, None, _msg(plain), state) is None  # no transaction
     unknown = produce({0: batch(6, 0, 0, transactional=True)}, version=10, transactional_id="tx-2")
     assert partitions_first(12, 10, None, _msg(unknown), state) is None  # a producer the target does not know yet
-    # the brokers' own batched form (v4+) is never retried: it is not a client's request
-    broker_form = encode_request(ADD_PARTITIONS_TO_TXN, 4, 1, None, {"transactions": []})
-    busy = encode_response(ADD_PARTITIONS_TO_TXN, 4, 1, {"throttle_time_ms": 0, "error_code": CONCURRENT_TRANSACTIONS,
-                                                          "results_by_transaction": []})
-    assert parse_request(txn).api_key == PRODUCE and not must_retry(parse_request(broker_form), busy)
+    # only a transaction still completing (or a coordinator loading) is asked again; a refusal is not
+    fenced = encode_response(ADD_PARTITIONS_TO_TXN, 3, 2, {"throttle_time_ms": 0, "results_by_topic_v3_and_below": [
+        {"name": "orders", "results_by_partition": [{"partition_index": 0, "partition_error_code": 47}]}]})
+    asked = encode_request(ADD_PARTITIONS_TO_TXN, 3, 2, None, {
+        "v3_and_below_transactional_id": "tx-1", "v3_and_below_producer_id": 5, "v3_and_below_producer_epoch": 2,
+        "v3_and_below_topics": [{"name": "orders", "partitions": [0]}]})
+    assert parse_request(txn).api_key == PRODUCE and not must_retry(parse_request(asked), fenced)
 
 
 def test_sequences_wrap_as_kafkas_do_and_a_resent_batch_does_not_move_them_back():
@@ -164,3 +166,29 @@ def test_a_produce_names_its_transactional_id_or_not():
         assert produce_transactional(parse_request(produce({0: batch()}, version=version, transactional_id="tx-1")))
         assert not produce_transactional(parse_request(produce({0: batch()}, version=version)))
     assert not produce_transactional(parse_request(produce({0: batch()}, version=9, transactional_id="")))
+
+
+def test_a_lowered_txn_offset_commit_adds_its_groups_offsets_first():
+    """TxnOffsetCommit v5 (transactions v2 adds the group's offsets to the transaction itself) onto a target without
+    transactions v2: sent as v4, after an AddOffsetsToTxn with the target's producer id and epoch; once the target
+    added the group, not again in that transaction; retried while the last transaction completes."""
+    state = ReplayState(target_versions={TXN_OFFSET_COMMIT: (0, 5), ADD_OFFSETS_TO_TXN: (0, 4)},
+                        target_transactions_v2=False)
+    t = state.transactional["tx-1"] = state.producers[5] = TargetProducer(producer_id=77, epoch=3)
+    commit = encode_request(TXN_OFFSET_COMMIT, 5, 4, "copier", {
+        "transactional_id": "tx-1", "group_id": "copy-group", "producer_id": 5, "producer_epoch": 1,
+        "generation_id": -1, "member_id": "", "group_instance_id": None,
+        "topics": [{"name": "orders", "partitions": [{"partition_index": 0, "committed_offset": 42,
+                                                      "committed_leader_epoch": -1, "committed_metadata": ""}]}]})
+    out = rewrite_request(parse_request(commit), state, ConnState("copier"))
+    assert parse_request(out.data).api_version == 4 and "add_offsets_to_txn" in out.rewrites
+    first = decode_request(out.first[0])
+    assert (first["api_key"], first["api_version"]) == (ADD_OFFSETS_TO_TXN, 4)
+    assert first["body"] == {"transactional_id": "tx-1", "producer_id": 77, "producer_epoch": 3, "group_id": "copy-group"}
+    busy = encode_response(ADD_OFFSETS_TO_TXN, 4, 1, {"throttle_time_ms": 0, "error_code": CONCURRENT_TRANSACTIONS})
+    done = encode_response(ADD_OFFSETS_TO_TXN, 4, 1, {"throttle_time_ms": 0, "error_code": 0})
+    assert must_retry(parse_request(out.first[0]), busy) and not must_retry(parse_request(out.first[0]), done)
+    assert learn_added_offsets(first["body"], {"error_code": 0}, state) == ["added_offsets=copy-group"]
+    assert not rewrite_request(parse_request(commit), state, ConnState("copier")).first  # the group is in it
+    t.answered(77, 3)  # the transaction ended
+    assert rewrite_request(parse_request(commit), state, ConnState("copier")).first
