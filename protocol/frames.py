@@ -98,23 +98,35 @@ def response_body(frame: bytes | memoryview, api_key: int, api_version: int) -> 
 
 
 # --------------------------------------------------------------------------- Produce acks
-def produce_acks_at(frame: RequestFrame) -> int:
-    """Position of `acks` (i16) in `frame.data`: first in the body, after transactional_id from v3."""
+def _transactional_id(frame: RequestFrame) -> tuple[int, int]:
+    """(length of a Produce's transactional_id, -1 when null or before v3; where in the body what follows it starts).
+
+    Raises ValueError when the body ends too early to say."""
     if frame.api_key != PRODUCE:
         raise ValueError(f"api {frame.api_key} is not Produce")
+    if frame.api_version < 3:
+        return -1, 0
     d = frame.body
-    p = 0
     try:
-        if frame.api_version >= 3:
-            info = api_info(PRODUCE)
-            if info is not None and info.flexible(frame.api_version):
-                n, p = uv(d, p, len(d))  # compact nullable string: length + 1, 0 = null
-                p += max(0, n - 1)
-            else:
-                p += 2 + max(0, _I16.unpack_from(d, p)[0])
+        info = api_info(PRODUCE)
+        if info is not None and info.flexible(frame.api_version):
+            n, p = uv(d, 0, len(d))  # compact nullable string: length + 1, 0 = null
+            return n - 1, p + max(0, n - 1)
+        length = _I16.unpack_from(d, 0)[0]
+        return length, 2 + max(0, length)
     except Exception as exc:  # Over, DecodeError, struct.error: the body ends too early
+        raise ValueError(f"Produce v{frame.api_version} body too short for its transactional_id") from exc
+
+
+def produce_acks_at(frame: RequestFrame) -> int:
+    """Position of `acks` (i16) in `frame.data`: first in the body, after transactional_id from v3."""
+    try:
+        p = _transactional_id(frame)[1]
+    except ValueError as exc:
+        if frame.api_key != PRODUCE:
+            raise
         raise ValueError(f"Produce v{frame.api_version} body too short for acks") from exc
-    if p + 2 > len(d):
+    if p + 2 > len(frame.body):
         raise ValueError(f"Produce v{frame.api_version} body too short for acks")
     return frame.body_offset + p
 
@@ -126,15 +138,11 @@ def produce_acks(frame: RequestFrame) -> int:
 
 def produce_transactional(frame: RequestFrame) -> bool:
     """Whether a Produce names a transactional id (v3+), read without decoding the body; False when it cannot say."""
-    if frame.api_key != PRODUCE or frame.api_version < 3:
+    if frame.api_key != PRODUCE:
         return False
-    d = frame.body
     try:
-        info = api_info(PRODUCE)
-        if info is not None and info.flexible(frame.api_version):
-            return uv(d, 0, len(d))[0] > 1  # compact nullable string: length + 1 (0 = null, 1 = "")
-        return _I16.unpack_from(d, 0)[0] > 0
-    except Exception:  # noqa: BLE001 — Over, struct.error: a body too short to say
+        return _transactional_id(frame)[0] > 0
+    except ValueError:
         return False
 
 

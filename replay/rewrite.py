@@ -409,7 +409,8 @@ def _at_target_version(frame: RequestFrame, state: ReplayState) -> tuple[Request
     served = state.target_versions.get(frame.api_key)
     if served is None or served[1] < served[0] or frame.api_key == API_VERSIONS:
         return frame, ()
-    ceiling = min(served[1], transactional_ceiling(frame, state) or served[1])
+    cap = transactional_ceiling(frame, state)
+    ceiling = served[1] if cap is None else min(served[1], cap)
     if frame.api_version <= ceiling:
         return frame, ()
     try:

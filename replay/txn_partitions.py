@@ -27,9 +27,10 @@ from typing import Any
 
 from protocol.apis import ADD_OFFSETS_TO_TXN, ADD_PARTITIONS_TO_TXN, END_TXN, PRODUCE, TXN_OFFSET_COMMIT
 from protocol.batch_edit import records_producer_ids
-from protocol.deep import decode_body, encode_request
+from protocol.deep import encode_request
 from protocol.errors import CONCURRENT_TRANSACTIONS, COORDINATOR_LOAD_IN_PROGRESS, ProtocolError
-from protocol.frames import RequestFrame, produce_transactional, response_body
+from protocol.frames import RequestFrame, produce_transactional
+from replay.messages import decode_spec_response
 from replay.state import ReplayState, TargetProducer
 
 __all__ = ["TV2_PRODUCE", "TV2_END_TXN", "TV2_TXN_OFFSET_COMMIT", "transactional_ceiling", "requests_first",
@@ -137,7 +138,7 @@ def must_retry(sent: RequestFrame, answer: bytes | None) -> bool:
                                                                      and sent.api_version <= CLIENT_VERSIONS)):
         return False
     try:
-        got = decode_body(sent.api_key, sent.api_version, False, response_body(answer, sent.api_key, sent.api_version))
+        got = decode_spec_response(sent, answer)
     except (ProtocolError, ValueError):
         return False
     if sent.api_key == ADD_OFFSETS_TO_TXN:
