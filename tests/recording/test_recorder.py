@@ -28,7 +28,10 @@ from recording.timestamps import timestamp_columns, to_epoch_ns
 
 
 def _flush_each(r: ParquetRecorder, mix: SessionMix, flushes: int, rows: int) -> None:
-    """`flushes` flushes of `rows` request rows each from `mix`: that many flush files (one segment per hour)."""
+    """`flushes` flushes of `rows` request rows each from `mix`: that many flush files (one segment per hour).
+
+    `r` must not flush on its own (flush_interval_s=3600): its timer, firing while a busy machine was still
+    handing it one flush's rows, split them into two files."""
     for _ in range(flushes):
         for row in mix.rows(rows):
             r.request(row)
@@ -126,7 +129,7 @@ def test_final_requests_files_get_their_latency_cells(rec_dir: Path, writer: str
 
 
 def test_merged_segments_get_cells_and_no_cells_without_compaction(make_recorder, rec_dir: Path, tmp_path: Path) -> None:
-    r = make_recorder(compact_interval_s=3600)
+    r = make_recorder(compact_interval_s=3600, flush_interval_s=3600)
     mix = SessionMix()
     _flush_each(r, mix, flushes=3, rows=100)
     r.close()
@@ -564,7 +567,7 @@ def test_merged_files_rollups_folded_while_merging_equal_those_read_back(make_re
     monkeypatch.setattr(rollups, "write_rollups",
                         lambda path, fsync=True, _w=rollups.write_rollups: read_back.append(path) or _w(path, fsync))
     monkeypatch.setattr(compaction, "MERGE_BATCH_BYTES", 200_000)  # several merged batches, each folded
-    r = make_recorder(compact_interval_s=3600)
+    r = make_recorder(compact_interval_s=3600, flush_interval_s=3600)
     mix = SessionMix(start_ns=T_HOUR + 60 * 10**9, rate_per_s=2000)
     _flush_each(r, mix, flushes=4, rows=1500)
     r.close()
@@ -591,7 +594,7 @@ def test_a_fold_that_fails_leaves_the_merge_and_reads_the_file_back(make_recorde
         real_add(self, table)
 
     monkeypatch.setattr(rollups.RollupFold, "add", first_fails)
-    r = make_recorder(compact_interval_s=3600)
+    r = make_recorder(compact_interval_s=3600, flush_interval_s=3600)
     mix = SessionMix(start_ns=T_HOUR + 60 * 10**9)
     _flush_each(r, mix, flushes=2, rows=300)
     with capture_logs() as logs:
@@ -616,7 +619,7 @@ def test_a_merge_whose_inputs_cannot_be_deleted_still_gets_its_rollups(make_reco
         raise PermissionError("read-only directory")
 
     monkeypatch.setattr(compaction, "remove_inputs", cannot_delete)
-    r = make_recorder(compact_interval_s=3600)
+    r = make_recorder(compact_interval_s=3600, flush_interval_s=3600)
     mix = SessionMix(start_ns=T_HOUR + 60 * 10**9)
     _flush_each(r, mix, flushes=2, rows=300)
     r.close()
