@@ -166,7 +166,7 @@ class _Field:
     """One field of one struct at one version: how to read, write and default it."""
 
     __slots__ = ("key", "where", "type", "kind", "inner", "nullable", "tag", "default_text", "struct", "compact",
-                 "read")
+                 "ignorable", "read")
 
     def __init__(self, spec: dict[str, Any], version: int, flexible: bool, where: str) -> None:
         self.key = snake(spec["name"])
@@ -177,6 +177,9 @@ class _Field:
         tagged = flexible and "tag" in spec and _in(spec.get("taggedVersions", spec.get("versions")), version)
         self.tag: int | None = int(spec["tag"]) if tagged else None
         self.default_text = spec.get("default")
+        # Kafka's own serializer leaves such a field out of a version that lacks it, whatever it holds (others must
+        # hold their default there): what a client does when it talks to an older broker
+        self.ignorable: bool = bool(spec.get("ignorable"))
         self.struct: _Struct | None = None
         array = self.type.startswith("[]")
         self.inner = self.type[2:] if array else self.type

@@ -11,7 +11,7 @@ table from the cached specs and fails when the committed one is stale.
 
 What the table keeps of each request/response spec: the versions, the
 flexible versions and the fields (name, type, versions, nullable / tagged
-versions, tag, entityType, default), with `commonStructs` inlined into the
+versions, tag, entityType, default, ignorable), with `commonStructs` inlined into the
 fields that use them (the summarizer generator and the codec then only ever
 look at `fields`). Documentation (`about`, comments) is dropped.
 
@@ -40,7 +40,7 @@ OUTPUT = Path(__file__).resolve().parent / "generated" / "specs.json"
 COMMAND = "python -m protocol.spec_gen"
 _COMMENT = re.compile(r"^\s*//.*$", re.MULTILINE)
 _KEEP = ("name", "type", "versions", "nullableVersions", "taggedVersions", "tag", "entityType", "default",
-         "flexibleVersions")
+         "flexibleVersions", "ignorable")
 
 
 def strip_comments(text: str) -> str:

@@ -4,10 +4,13 @@ Why: a client reads a broker's ApiVersions and sends the newest version both kno
 client newer than the target holds versions the target does not serve yet, and a broker closes the connection
 such a request comes on, so the rest of that session is lost. Replay sends it as the client would have: the
 same body at the target's newest version of the API, provided everything the recording holds has a place
-there. A field the lower version lacks may only hold its default; topic ids become the recorded names where
-the lower version names topics (Produce and Fetch before their topic-id versions). Anything else (a set field
-with no place, a name the recording does not know, tagged fields in the header) leaves the request as
-recorded, with the reason, and the set-up's `version_newer_than_target` note stands for it.
+there. A field the lower version lacks may only hold its default, unless Kafka's spec marks it ignorable:
+Kafka's generated serializer then leaves it out whatever it holds (a Java 4.x client's ListOffsets sets
+timeout_ms, which v8 lacks, and is sent to a 3.7 broker without it), and so does replay, naming what it left
+out. Topic ids become the recorded names where the lower version names topics (Produce and Fetch before their
+topic-id versions). Anything else (a set field with no place, a name the recording does not know, tagged fields
+in the header) leaves the request as recorded, with the reason, and the set-up's `version_newer_than_target`
+note stands for it.
 
 Pure functions over the committed spec table (`protocol.codec`); the rewrite feeds frames in.
 """
@@ -36,10 +39,12 @@ class CannotLower(Exception):
     """The recorded body has no faithful form at the lower version; the message says which field and why."""
 
 
-def lower_request(frame: RequestFrame, version: int, topic_names: Mapping[str, str]) -> RequestFrame:
+def lower_request(frame: RequestFrame, version: int, topic_names: Mapping[str, str],
+                  dropped: list[str] | None = None) -> RequestFrame:
     """`frame` re-encoded at `version` (lower than its own): same header fields, same body, the target's layout.
 
-    `topic_names` maps the recording's topic ids (text) to their names. Raises `CannotLower`.
+    `topic_names` maps the recording's topic ids (text) to their names. The ignorable fields left out with a
+    value other than their default are appended to `dropped` (their spec paths, once each). Raises `CannotLower`.
     """
     if version >= frame.api_version:
         raise CannotLower(f"v{version} is not lower than v{frame.api_version}")
@@ -48,16 +53,21 @@ def lower_request(frame: RequestFrame, version: int, topic_names: Mapping[str, s
         raise CannotLower("the request header carries tagged fields")
     try:
         body = decode_body(key, frame.api_version, True, frame.body, exact=True)
-        lowered = _lower(codec.plan(key, True, frame.api_version), codec.plan(key, True, version), body, topic_names)
+        left_out: list[str] = []
+        lowered = _lower(codec.plan(key, True, frame.api_version), codec.plan(key, True, version), body, topic_names,
+                         left_out)
         payload = encode_request_header(key, version, frame.correlation_id, frame.client_id) + encode_body(
             key, version, True, lowered)
     except ProtocolError as exc:
         raise CannotLower(str(exc)) from exc
+    if dropped is not None:
+        dropped.extend(w for w in dict.fromkeys(left_out) if w not in dropped)
     return parse_request(_SIZE(len(payload)) + payload)
 
 
-def _lower(src: Any, dst: Any, values: dict[str, Any], names: Mapping[str, str]) -> dict[str, Any]:
-    """One struct's values at `src`'s version → the same values in `dst`'s fields (both `codec` plans)."""
+def _lower(src: Any, dst: Any, values: dict[str, Any], names: Mapping[str, str], dropped: list[str]) -> dict[str, Any]:
+    """One struct's values at `src`'s version → the same values in `dst`'s fields (both `codec` plans); the
+    ignorable fields left out holding something else than their default are appended to `dropped`."""
     out: dict[str, Any] = {}
     for k, value in values.items():
         if k == UNKNOWN_TAGS:
@@ -72,12 +82,14 @@ def _lower(src: Any, dst: Any, values: dict[str, Any], names: Mapping[str, str])
                 pass  # left at its default (Metadata's zero topic id beside a name), or a tag the recording did not send
             elif k == "topic_id":
                 _name_topic(src, dst, values, value, names, out)
+            elif f.ignorable:
+                dropped.append(f.where)
             else:
                 raise CannotLower(f"{f.where} is set and v{dst.version} has no place for it")
             continue
         if f.struct is not None and g.struct is not None and value is not None:
-            out[k] = ([_lower(f.struct, g.struct, v, names) for v in value] if f.kind == "structs"
-                      else _lower(f.struct, g.struct, value, names))
+            out[k] = ([_lower(f.struct, g.struct, v, names, dropped) for v in value] if f.kind == "structs"
+                      else _lower(f.struct, g.struct, value, names, dropped))
         else:
             out[k] = value
     return out

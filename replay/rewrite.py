@@ -32,7 +32,9 @@ Why these rewrites exist (what a target broker has never seen):
   (`replay.lower`); a transactions-v2 Produce lowered that way is preceded by
   the AddPartitionsToTxn a client of such a broker sends
   (`replay.txn_partitions`), and its sequences go on where the target kept
-  the epoch the origin bumped (`state.TargetProducer`).
+  the epoch the origin bumped (`state.TargetProducer`); an API the target
+  lacks goes out as the API the client falls back to there
+  (`replay.api_fallback`: DescribeTopicPartitions as Metadata).
 
 How: the body is decoded to a message object (`replay.messages`), the generic
 walk (`replay.walk`) and the per-API parts below change it, and it is
@@ -59,12 +61,13 @@ from protocol.deep import encode_request
 from protocol.frames import RequestFrame, expects_response
 from protocol.sasl import HANDSHAKE_VERSION, authenticate_body, handshake_body
 from replay.fetch_session_sets import FetchSessionSet, follow_session
+from replay.api_fallback import PAGE_COVERED, SENT_AS_METADATA, as_fallback, falls_back
 from replay.lower import LOWERED, CannotLower, lower_request
 from replay.messages import (SPEC_DECODED, decode_request_body, decode_spec_request, reencode_request,
                              reencode_spec_request)
 from replay.state import CannotReplay, ConnState, NeedState, Outcome, Pending, ReplayState, Send, Skip, TargetProducer
 from replay.txn_partitions import requests_first, transactional_ceiling
-from replay.versions import NOT_LOWERED
+from replay.versions import LEFT_OUT, NOT_LOWERED
 from replay.walk import Walk
 
 __all__ = ["rewrite_request", "sasl_plain_handshake", "sasl_plain_authenticate"]
@@ -173,17 +176,36 @@ def _rewrite_join(w: Walk, msg: Any) -> None:
     fresh broker), the join goes out with an empty member id first
     (`member_id_negotiate`): the engine sends it, the target answers
     MEMBER_ID_REQUIRED with an id, and the recorded join is then sent with it.
+
+    The other way round: the target handed this connection a member id the
+    origin did not (its first join was answered MEMBER_ID_REQUIRED where the
+    origin's was refused, COORDINATOR_LOAD_IN_PROGRESS on a cluster starting
+    up), so the recording's next join still has none. The client would have
+    joined with the id it was given, and so does replay while no recorded
+    member is bound to it; sent empty, the join left a second pending member
+    on the target, and the group's next rebalance waited for that one until
+    its session timed out (a Kafka Streams session's rejoin: 45 s, unanswered).
     """
-    if msg.member_id:
-        try:
-            tgt = w.member(msg.group_id, msg.member_id)
-        except NeedState:
-            msg.member_id = ""
-            w.mark("member_id_negotiate")
-            return
-        if tgt != msg.member_id:
-            msg.member_id = tgt
+    if not msg.member_id:
+        given = w.conn.pending_member.get(msg.group_id)
+        if given is not None and not _bound(w.state, msg.group_id, given):
+            msg.member_id = given
             w.mark("member_id")
+        return
+    try:
+        tgt = w.member(msg.group_id, msg.member_id)
+    except NeedState:
+        msg.member_id = ""
+        w.mark("member_id_negotiate")
+        return
+    if tgt != msg.member_id:
+        msg.member_id = tgt
+        w.mark("member_id")
+
+
+def _bound(state: ReplayState, group: str, target_member: str) -> bool:
+    """Whether a recorded member of `group` is bound to this target member id already."""
+    return any(g == group and tgt == target_member for (g, _), tgt in state.members.items())
 
 
 def _rewrite_group_heartbeat(w: Walk, body: dict[str, Any]) -> None:
@@ -355,6 +377,12 @@ def rewrite_request(frame: RequestFrame, state: ReplayState, conn: ConnState) ->
     if frame.api_key == SASL_AUTHENTICATE:
         return Skip("sasl_authenticate_not_recorded")
     recorded_version = frame.api_version
+    fallback: tuple[str, ...] = ()
+    if falls_back(frame.api_key, state.target_versions) is not None:
+        instead = as_fallback(frame, state.target_versions)
+        if instead is None:
+            return Skip(PAGE_COVERED)
+        frame, fallback, recorded_version = instead, (SENT_AS_METADATA,), instead.api_version
     frame, lowered = _at_target_version(frame, state)
     info = APIS.get(frame.api_key)
     if info is None or not info.decodable(frame.api_version):
@@ -393,7 +421,7 @@ def rewrite_request(frame: RequestFrame, state: ReplayState, conn: ConnState) ->
     exp = expects_response(frame)
     first = requests_first(frame.api_key, recorded_version, frame.api_version, frame.client_id, msg, state) if (
         lowered) else None
-    done = (*lowered, first[1]) if first else lowered
+    done = (*fallback, *lowered, first[1]) if first else (*fallback, *lowered)
     extra = (first[0],) if first else ()
     if not w.changed:
         return Send(frame.data, exp, done, extra)
@@ -413,14 +441,23 @@ def _at_target_version(frame: RequestFrame, state: ReplayState) -> tuple[Request
     ceiling = served[1] if cap is None else min(served[1], cap)
     if frame.api_version <= ceiling:
         return frame, ()
+    dropped: list[str] = []
     try:
-        return lower_request(frame, ceiling, state.recorded_topic_ids), (LOWERED,)
+        lowered = lower_request(frame, ceiling, state.recorded_topic_ids, dropped)
     except CannotLower as cannot:
-        if state.not_lowered.get(id(frame)) is not frame:  # noted once per request, not at each retry of a Pending one
-            state.not_lowered[id(frame)] = frame
-            name = API_NAMES.get(frame.api_key, f"api {frame.api_key}")
-            state.note(f"{NOT_LOWERED}{name} v{frame.api_version} → v{ceiling}: {cannot}")
+        _note_lowering(frame, state, f"{NOT_LOWERED}{{}}: {cannot}", ceiling)
         return frame, ()
+    if dropped:
+        _note_lowering(frame, state, f"{LEFT_OUT}{{}}: {', '.join(dropped)}", ceiling)
+    return lowered, (LOWERED,)
+
+
+def _note_lowering(frame: RequestFrame, state: ReplayState, template: str, ceiling: int) -> None:
+    """Note what lowering this request met, once per request (`{}` in `template`: the API and both versions)."""
+    if state.lowering_noted.get(id(frame)) is not frame:
+        state.lowering_noted[id(frame)] = frame
+        name = API_NAMES.get(frame.api_key, f"api {frame.api_key}")
+        state.note(template.format(f"{name} v{frame.api_version} → v{ceiling}"))
 
 
 def sasl_plain_handshake(client_id: str | None, correlation_id: int) -> bytes:

@@ -25,7 +25,7 @@ from replay.inter_broker import SKIP_REASON as INTER_BROKER
 from replay.load import Recording
 from replay.messages import decode_spec_request
 from replay.state import ReplayState
-from replay.versions import MISSING, NOT_LOWERED, RETIRED, TOO_NEW, TXN_V1_TARGET
+from replay.versions import FALLBACK, LEFT_OUT, MISSING, NOT_LOWERED, RETIRED, TOO_NEW, TXN_V1_TARGET
 
 __all__ = ["ReplayOptions", "ReplayResult", "ReplaySchedule", "note_hint", "LATE_AFTER_S", "PENDING_SOURCES",
            "NO_SOURCE_LEFT", "learning_key", "skip_note"]
@@ -116,6 +116,13 @@ TOO_NEW_HINT = ("the target does not serve this version yet: these clients would
 NOT_LOWERED_HINT = ("sent as recorded, newer than the target serves, and the target closes the connection it comes on: "
                     "the recording set a field the target's version has no place for; replay onto a broker at least "
                     "as new as the recording's to replay these sessions whole")
+LEFT_OUT_HINT = ("lowered as Kafka's own clients lower it: a field Kafka's spec marks ignorable, which the target's "
+                 "version lacks, is left out whatever it held (the Java client's serializer does the same); the target "
+                 "never saw it, as it would not from the client itself")
+FALLBACK_HINT = ("the target lacks this API, and these clients ask the other one there instead (Kafka's admin client "
+                 "describes topics with Metadata on a broker without DescribeTopicPartitions), and so does replay: each "
+                 "goes out as that request for the same topics (rewrites: sent_as_metadata); a paginated describe's "
+                 "later pages are skipped (describe_page_covered_by_metadata): the one answer held them")
 MISSING_HINT = ("the target does not serve this API at all (an older Kafka, or a feature it has off, such as share "
                 "groups or KIP-848 consumer groups on 3.x): it closes the connection such a request comes on")
 NOTE_HINTS: dict[str, str] = {
@@ -148,10 +155,14 @@ def note_hint(what: str) -> str | None:
         return RETIRED_HINT
     if what.startswith(TOO_NEW):
         return TOO_NEW_HINT
+    if what.startswith(FALLBACK):
+        return FALLBACK_HINT
     if what.startswith(MISSING):
         return MISSING_HINT
     if what.startswith(NOT_LOWERED):
         return NOT_LOWERED_HINT
+    if what.startswith(LEFT_OUT):
+        return LEFT_OUT_HINT
     return NOTE_HINTS.get(what)
 
 

@@ -131,8 +131,9 @@ class ReplayState:
     # session that does not authenticate (`replay.connection` authenticates the ones whose recording has no handshake)
     target_takes_sasl: bool = False
     notes: dict[str, int] = field(default_factory=dict)  # counted facts that are not skips
-    # the recorded frames noted `version_not_lowered`, by id() (held, so that no other frame takes their id)
-    not_lowered: dict[int, RequestFrame] = field(default_factory=dict)
+    # the recorded frames whose lowering was noted (`version_not_lowered`, `ignorable_field_left_out`), by id() (held,
+    # so that no other frame takes their id): once per request, not at each retry of a Pending one
+    lowering_noted: dict[int, RequestFrame] = field(default_factory=dict)
 
     def note(self, what: str, n: int = 1) -> None:
         self.notes[what] = self.notes.get(what, 0) + n

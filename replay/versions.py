@@ -27,14 +27,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from protocol.apis import API_NAMES, API_VERSIONS, APIS, FETCH, PRODUCE, SASL_AUTHENTICATE
+from replay.api_fallback import falls_back
 
 __all__ = ["Unserved", "served_ranges", "unserved", "transactions_v2", "RETIRED", "TOO_NEW", "MISSING", "NOT_LOWERED",
-           "TXN_V1_TARGET"]
+           "LEFT_OUT", "FALLBACK", "TXN_V1_TARGET"]
 
 RETIRED = "version_retired_on_target:"  # older than the target serves: the client itself is refused there as well
 TOO_NEW = "version_newer_than_target:"  # newer than it serves: the client itself would have sent an older one
 MISSING = "api_not_on_target:"  # an API the target does not serve at all: an older Kafka, or a feature it has off
 NOT_LOWERED = "version_not_lowered:"  # a TOO_NEW request whose body has no faithful form at the target's version
+FALLBACK = "api_not_on_target_sent_as_fallback:"  # an API the target lacks, sent as the one its clients ask instead
+LEFT_OUT = "ignorable_field_left_out:"  # a lowered request without a set field Kafka marks ignorable, as clients send it
 TXN_V1_TARGET = "transactions_v2_recorded_v1_on_target"  # transactional requests lowered to what a v1 client sends
 _NOT_CHECKED = frozenset({API_VERSIONS, SASL_AUTHENTICATE})
 # Kafka 4.0's oldest Fetch and Produce (4 and 3): the protocol table's `legacy_below`, from Kafka's own specs
@@ -74,6 +77,7 @@ class Unserved:
     requests: int
     clients: tuple[str, ...]  # the client ids that sent them, sorted
     served: tuple[int, int] | None  # what the target serves of this API; None: not this API at all
+    instead: int | None = None  # the API the clients fall back to there, which the target serves (`replay.api_fallback`)
 
     @property
     def note(self) -> str:
@@ -82,6 +86,8 @@ class Unserved:
         mean different things to the operator (`replay.schedule.note_hint`)."""
         name = API_NAMES.get(self.api_key, f"api {self.api_key}")
         clients = f"clients: {', '.join(self.clients)}"
+        if self.served is None and self.instead is not None:
+            return f"{FALLBACK}{name} v{self.version} → {API_NAMES.get(self.instead, self.instead)} ({clients})"
         if self.served is None:
             return f"{MISSING}{name} v{self.version} ({clients})"
         kind = RETIRED if self.version < self.served[0] else TOO_NEW
@@ -101,4 +107,5 @@ def unserved(sent: Iterable[tuple[int, int, str | None]], ranges: Mapping[int, t
             continue
         counts[(key, version)] = counts.get((key, version), 0) + 1
         clients.setdefault((key, version), set()).add(client or "(no client id)")
-    return [Unserved(k, v, n, tuple(sorted(clients[(k, v)])), ranges.get(k)) for (k, v), n in sorted(counts.items())]
+    return [Unserved(k, v, n, tuple(sorted(clients[(k, v)])), ranges.get(k), falls_back(k, ranges))
+            for (k, v), n in sorted(counts.items())]

@@ -55,9 +55,11 @@ class RequestWaiter(NullSink):
             self.rows.append(row)
             self._cv.notify_all()
 
-    def wait_for(self, what: str, pred: Callable[[dict[str, Any]], bool], timeout: float = 90) -> None:
+    def wait_for(self, what: str, pred: Callable[[dict[str, Any]], bool], timeout: float = 90, since: int = 0) -> None:
+        """Until a row from the `since`-th on matches `pred` (`len(self.rows)` before: one that passes after now)."""
         with self._cv:
-            assert self._cv.wait_for(lambda: any(pred(r) for r in self.rows), timeout), f"no {what} within {timeout} s"
+            assert self._cv.wait_for(lambda: any(pred(r) for r in self.rows[since:]), timeout), \
+                f"no {what} within {timeout} s"
 
 
 def _stop_proxy(p: RunningProxy) -> None:
@@ -241,12 +243,15 @@ def record_share_session(origin: str, listen: str, out: Path, topic: str, group:
 STREAMS_INPUT, STREAMS_OUTPUT = "streams-plaintext-input", "streams-wordcount-output"  # fixed by WordCountDemo
 
 
-def record_streams_session(origin: str, listen: str, out: Path, app: str, work: Path, *, words: int = 50) -> None:
+def record_streams_session(origin: str, listen: str, out: Path, app: str, work: Path, *, words: int = 50,
+                           exactly_once: bool = False) -> None:
     """Record Kafka Streams' WordCountDemo as a KIP-1071 streams-group member (group.protocol=streams, Kafka 4.x).
 
     It joins group `app` (StreamsGroupHeartbeat), then `words` lines are produced (client id "words") and
     the app counts them and writes its output; SIGTERM closes it (it leaves the group). `work` holds its
-    configuration file and state directory.
+    configuration file and state directory. `exactly_once`: a classic-group member (JoinGroup, SyncGroup) with
+    processing.guarantee=exactly_once_v2, whose offsets are committed inside its transactions (TxnOffsetCommit,
+    v5 on a transactions-v2 broker); the recording ends once one was answered after the count was written.
     """
     from harness.java_clients import JavaClients
 
@@ -257,14 +262,20 @@ def record_streams_session(origin: str, listen: str, out: Path, app: str, work: 
         for t in (STREAMS_INPUT, STREAMS_OUTPUT):
             j.run(j.topics("--create", "--if-not-exists", "--topic", t, "--partitions", "2",
                            "--replication-factor", "1")).check()
+        group: dict[str, object] = ({"processing.guarantee": "exactly_once_v2"} if exactly_once
+                                    else {"group.protocol": "streams"})
+        joined = "SyncGroup" if exactly_once else "StreamsGroupHeartbeat"
         proc = j.start(j.word_count_demo(work / "wordcount.properties", {
-            "application.id": app, "group.protocol": "streams", "state.dir": work / "state", "commit.interval.ms": 200}))
+            "application.id": app, **group, "state.dir": work / "state", "commit.interval.ms": 200}))
         try:
-            seen.wait_for("answered StreamsGroupHeartbeat", lambda r: r["api_name"] == "StreamsGroupHeartbeat"
+            seen.wait_for(f"answered {joined}", lambda r: r["api_name"] == joined
                           and r["status"] == "answered" and not r["errors"])
             j.run(j.producer_perf(STREAMS_INPUT, words, record_size=20, props={"client.id": "words"})).check()
             seen.wait_for("count written", lambda r: r["api_name"] == "Produce" and STREAMS_OUTPUT in r["topics"]
                           and (r["client_id"] or "").startswith(app))
+            if exactly_once:
+                seen.wait_for("offsets committed", lambda r: r["api_name"] == "TxnOffsetCommit"
+                              and r["status"] == "answered", since=len(seen.rows))
         finally:
             proc.send_signal(signal.SIGTERM)  # the demo's shutdown hook closes the app (it leaves the group)
             try:

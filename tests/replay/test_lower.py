@@ -132,3 +132,43 @@ def test_replay_sends_a_newer_request_at_the_targets_version_and_notes_one_it_ca
                          target_topic_ids={"orders": TOPIC_ID})
     frame = _produce(13, {"topic_id": TOPIC_ID})
     assert "version_lowered" not in rewrite_request(parse_request(frame), served, ConnState("p")).rewrites
+
+
+def test_an_ignorable_field_is_left_out_as_kafkas_serializer_leaves_it():
+    """ListOffsets v10 added timeout_ms, which Kafka marks ignorable: a Java 4.x client sends it to a 3.7 broker at v8
+    without it (its serializer drops an ignorable field the version lacks, whatever it holds). Lowering does the same
+    and names it; a field not marked ignorable still stops the lowering (above)."""
+    from protocol.apis import LIST_OFFSETS
+
+    body = {"replica_id": -1, "isolation_level": 1, "timeout_ms": 30000,
+            "topics": [{"name": "orders", "partitions": [{"partition_index": 0, "current_leader_epoch": 3,
+                                                          "timestamp": -1}]}]}
+    recorded = parse_request(encode_request(LIST_OFFSETS, 11, 5, "java-consumer", body))
+    dropped: list[str] = []
+    low = lower_request(recorded, 8, NAMES, dropped)
+    assert dropped == ["ListOffsetsRequest.timeout_ms"]
+    assert low.api_version == 8
+    assert decode_request(low.data)["body"] == {k: v for k, v in body.items() if k != "timeout_ms"}
+    # at its default (0) there is nothing to name
+    dropped.clear()
+    lower_request(parse_request(encode_request(LIST_OFFSETS, 11, 5, "c", {**body, "timeout_ms": 0})), 8, NAMES, dropped)
+    assert dropped == []
+
+
+def test_replay_notes_the_ignorable_fields_it_left_out_once_per_request():
+    from protocol.apis import LIST_OFFSETS
+    from replay.rewrite import rewrite_request
+    from replay.schedule import note_hint
+    from replay.state import ConnState, ReplayState, Send
+    from replay.versions import LEFT_OUT
+
+    state = ReplayState(target_versions={LIST_OFFSETS: (0, 8)})
+    frame = parse_request(encode_request(LIST_OFFSETS, 11, 5, "java-consumer", {
+        "replica_id": -1, "isolation_level": 0, "timeout_ms": 30000,
+        "topics": [{"name": "orders", "partitions": [{"partition_index": 0, "timestamp": -1}]}]}))
+    for _ in range(2):  # a request sent again (a Pending one retried) is noted once
+        out = rewrite_request(frame, state, ConnState("java-consumer"))
+        assert isinstance(out, Send) and "version_lowered" in out.rewrites and parse_request(out.data).api_version == 8
+    note = f"{LEFT_OUT}ListOffsets v11 → v8: ListOffsetsRequest.timeout_ms"
+    assert state.notes == {note: 1}, state.notes
+    assert "ignorable" in (note_hint(note) or "")

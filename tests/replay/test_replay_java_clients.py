@@ -26,22 +26,23 @@ import pytest
 
 from harness.jars import DEFAULT_VERSION, INCIDENT_VERSION
 from harness.kafka import SHARE_GROUPS_ONE_NODE, LocalKafka, free_port
-from protocol.apis import (CONSUMER_GROUP_HEARTBEAT, END_TXN, FETCH, PRODUCE, SHARE_FETCH, SHARE_GROUP_HEARTBEAT,
-                           STREAMS_GROUP_HEARTBEAT)
+from protocol.apis import (ADD_OFFSETS_TO_TXN, CONSUMER_GROUP_HEARTBEAT, END_TXN, FETCH, PRODUCE, SHARE_FETCH,
+                           SHARE_GROUP_HEARTBEAT, STREAMS_GROUP_HEARTBEAT, TXN_OFFSET_COMMIT)
 from protocol.batch_edit import records_producer_ids
 from protocol.deep import decode_request
 from replay.engine import ReplayOptions, ReplayResult, prepare_target, run_replay
+from replay.api_fallback import SENT_AS_METADATA
 from replay.inter_broker import SKIP_REASON, sent_by_broker
 from replay.load import Filters, load_recording
 from replay.state import ReplayState
 from replay.messages import decode_request_body
 from replay.lower import LOWERED
-from replay.txn_partitions import ADD_PARTITIONS
-from replay.versions import MISSING, NOT_LOWERED, RETIRED, TOO_NEW, TXN_V1_TARGET
+from replay.txn_partitions import ADD_OFFSETS, ADD_PARTITIONS
+from replay.versions import FALLBACK, LEFT_OUT, MISSING, NOT_LOWERED, RETIRED, TOO_NEW, TXN_V1_TARGET
 from proxy.metrics import LiveStats
 from recording.reader import read_recording
 from recording.timestamps import to_epoch_ns
-from replay_sessions import (JavaSession, committed_offsets, record_java_session, record_share_session,
+from replay_sessions import (STREAMS_INPUT, JavaSession, committed_offsets, record_java_session, record_share_session,
                              record_streams_session)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -212,24 +213,114 @@ def test_a_replay_onto_an_older_broker_sends_what_the_client_would_have_sent_the
     assert _committed_records(kafka_broker_37.bootstrap, session_4x.topic) == session_4x.records
 
 
-def test_a_replay_onto_a_kafka_4_target_without_transactions_v2(session_4x: JavaSession, tmp_path: Path):
+@pytest.fixture(scope="module")
+def target_tv1() -> Iterator[LocalKafka]:
+    """A 4.3.1 target formatted with transaction.version=1, as a cluster upgraded from 3.x keeps it."""
+    kafka = LocalKafka(format_args=["--feature", "transaction.version=1"])
+    kafka.start()
+    try:
+        yield kafka
+    finally:
+        kafka.stop()
+        kafka.cleanup()
+
+
+def test_a_replay_onto_a_kafka_4_target_without_transactions_v2(session_4x: JavaSession, target_tv1: LocalKafka):
     """A 4.3.1 target formatted with transaction.version=1 (as a cluster upgraded from 3.x keeps it) serves the
     recorded versions, but its clients send no newer than Produce v11 and EndTxn v4 within a transaction, with
     AddPartitionsToTxn first. The set-up reads its finalized features and notes it; the transactional requests go
     out lowered, every one answered without an error, and every committed record is there."""
-    kafka = LocalKafka(format_args=["--feature", "transaction.version=1"])
-    kafka.start()
+    target_tv1.create_topic(session_4x.topic, PARTITIONS)
+    result = _replay(session_4x, target_tv1, "java-txn")
+    assert result.notes.get(TXN_V1_TARGET), result.summary()
+    assert not [n for n in result.notes if n.startswith((TOO_NEW, NOT_LOWERED))], result.summary()
+    assert result.failed == 0 and not result.skipped and not result.answer_errors, result.summary()
+    assert result.rewrites[LOWERED] and result.rewrites[ADD_PARTITIONS], result.summary()
+    assert _committed_records(target_tv1.bootstrap, session_4x.topic) == session_4x.records
+
+
+EOS_APP, EOS_WORDS = "eosapp", 50
+
+
+@pytest.fixture(scope="module")
+def streams_eos(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Kafka Streams' WordCountDemo with processing.guarantee=exactly_once_v2 on a 4.3.1 origin (transactions v2), a
+    classic-group member: its offsets are committed inside its transactions by TxnOffsetCommit v5, which adds the
+    group to the transaction itself (no AddOffsetsToTxn)."""
+    work = tmp_path_factory.mktemp("eos")
+    port = free_port()
+    origin = LocalKafka(broker_props={"advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}"})
+    origin.start()
     try:
-        kafka.create_topic(session_4x.topic, PARTITIONS)
-        result = _replay(session_4x, kafka, "java-txn")
-        assert result.notes.get(TXN_V1_TARGET), result.summary()
-        assert not [n for n in result.notes if n.startswith((TOO_NEW, NOT_LOWERED))], result.summary()
-        assert result.failed == 0 and not result.skipped and not result.answer_errors, result.summary()
-        assert result.rewrites[LOWERED] and result.rewrites[ADD_PARTITIONS], result.summary()
-        assert _committed_records(kafka.bootstrap, session_4x.topic) == session_4x.records
+        record_streams_session(f"127.0.0.1:{origin.port}", f"127.0.0.1:{port}", work / "rec", EOS_APP, work,
+                               words=EOS_WORDS, exactly_once=True)
     finally:
-        kafka.stop()
-        kafka.cleanup()
+        origin.stop()
+        origin.cleanup()
+    return work / "rec"
+
+
+def _replay_eos(path: Path, target: LocalKafka, out: Path) -> tuple[ReplayResult, list[dict]]:
+    """The app's and the words producer's sessions replayed onto `target`, and what replay sent (its own recording)."""
+    rec = load_recording(path, Filters(clients=(f"{EOS_APP}-*", "words")))  # not the topics' creation
+    result = run_replay(rec, ReplayOptions(target=target.bootstrap, speed=None, record_dir=out))
+    print(result.summary())  # visible with -s
+    return result, read_recording(out, "requests").to_pylist()
+
+
+def _offsets_in_transactions(sent: list[dict], version: int) -> None:
+    """Each TxnOffsetCommit went out at `version` after an AddOffsetsToTxn on its connection, all answered clean."""
+    commits = [r for r in sent if r["api_name"] == "TxnOffsetCommit"]
+    adds = [r for r in sent if r["api_name"] == "AddOffsetsToTxn"]
+    assert commits and len(adds) == len(commits), [(r["api_name"], r["api_version"]) for r in sent]
+    assert all(r["api_version"] == version for r in commits), [r["api_version"] for r in commits]
+    assert all(r["status"] == "answered" and not r["errors"] for r in commits + adds), commits + adds
+    for commit in commits:
+        assert any(a["conn_id"] == commit["conn_id"] and a["req_first_ns"] < commit["req_first_ns"] for a in adds)
+
+
+def test_a_streams_exactly_once_session_onto_a_target_without_transactions_v2(streams_eos: Path, target_tv1: LocalKafka,
+                                                                              tmp_path: Path):
+    """TxnOffsetCommit v5 goes out as v4, after the AddOffsetsToTxn a client of that target sends, and the target
+    keeps the offsets the transactions committed: every word's. The app's first join, which the origin refused
+    (COORDINATOR_LOAD_IN_PROGRESS) and the target answered MEMBER_ID_REQUIRED with an id, makes the recorded retry
+    go out with that id: sent without one, a second pending member held the app's next rebalance until replay
+    gave up on it (30 s, the JoinGroup unanswered, the rest of its session not sent)."""
+    recorded = Counter((r.frame.api_key, r.frame.api_version) for c in load_recording(streams_eos).connections
+                       for r in c.requests)
+    assert recorded[(TXN_OFFSET_COMMIT, 5)] >= 1 and not any(k == ADD_OFFSETS_TO_TXN for k, _ in recorded), recorded
+    result, sent = _replay_eos(streams_eos, target_tv1, tmp_path / "replayed")
+    assert result.failed == 0 and not result.skipped, result.summary()
+    # the set-up created the app's internal topics before the app's own CreateTopics; a join is asked for its id
+    assert set(result.answer_errors) <= {"CreateTopics TOPIC_ALREADY_EXISTS", "JoinGroup MEMBER_ID_REQUIRED"}, \
+        result.summary()
+    assert result.notes.get(TXN_V1_TARGET), result.summary()
+    _offsets_in_transactions(sent, 4)
+    assert result.rewrites[ADD_OFFSETS] == len([r for r in sent if r["api_name"] == "AddOffsetsToTxn"])
+    committed = committed_offsets(target_tv1.bootstrap, EOS_APP, STREAMS_INPUT, PARTITIONS)
+    assert sum(o or 0 for o in committed.values()) == EOS_WORDS, committed
+
+
+def test_a_streams_exactly_once_session_onto_kafka_37(streams_eos: Path, kafka_broker_37: LocalKafka, tmp_path: Path):
+    """Onto 3.7.2 the whole session is answered, as the 4.3.1 clients would have talked to that broker:
+    TxnOffsetCommit goes out as v3, after AddOffsetsToTxn, and the target keeps every word's offset; the consumers'
+    ListOffsets v11 carries timeout_ms, which v8 lacks and Kafka marks ignorable, and goes out as v8 without it
+    (notes: ignorable_field_left_out); the admin client's DescribeTopicPartitions, an API 3.7 lacks, goes out as the
+    Metadata request that client falls back to (rewrites: sent_as_metadata). Sent as recorded, the target closed
+    the consumers' and the admin client's connections at those requests, and the rest of their sessions was lost."""
+    result, sent = _replay_eos(streams_eos, kafka_broker_37, tmp_path / "replayed")
+    assert any(n.startswith(f"{LEFT_OUT}ListOffsets v11 → v8: ListOffsetsRequest.timeout_ms") for n in result.notes), \
+        result.summary()
+    assert any(n.startswith(f"{FALLBACK}DescribeTopicPartitions v0 → Metadata") for n in result.notes), result.summary()
+    assert not [n for n in result.notes if n.startswith((NOT_LOWERED, MISSING))], result.summary()
+    assert result.failed == 0 and not result.skipped and not result.closed_by_target, result.summary()
+    assert result.rewrites[SENT_AS_METADATA], result.summary()
+    assert set(result.answer_errors) <= {"CreateTopics TOPIC_ALREADY_EXISTS", "JoinGroup MEMBER_ID_REQUIRED"}, \
+        result.summary()
+    assert "DescribeTopicPartitions" not in {r["api_name"] for r in sent}
+    _offsets_in_transactions(sent, 3)
+    committed = committed_offsets(kafka_broker_37.bootstrap, EOS_APP, STREAMS_INPUT, PARTITIONS)
+    assert sum(o or 0 for o in committed.values()) == EOS_WORDS, committed
 
 
 def test_the_origin_brokers_own_connections_are_left_out(session_4x: JavaSession):

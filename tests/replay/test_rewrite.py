@@ -697,3 +697,21 @@ def test_a_window_without_a_members_join_skips_its_heartbeats_at_once(tmp_path):
                                                 load_recording(tmp_path).start_ns + int(since * 1e9)))
         rp = ReplaySchedule(rec, ReplayOptions(target="127.0.0.1:9"))
         assert rp.can_still_learn("member_epoch_unknown", 76) is not hopeless, since
+
+
+def test_a_join_the_origin_refused_before_any_member_id_carries_the_id_the_target_gave():
+    """The origin answered the first join COORDINATOR_LOAD_IN_PROGRESS (no id), the target MEMBER_ID_REQUIRED with
+    one: the recording's retry has no id, and goes out with the target's, as the client would have sent it. Sent
+    empty, it left a second pending member on the target, which held the group's next rebalance until it expired.
+    Once a recorded member is bound to that id, an empty join (a member that reset its id) goes out empty."""
+    state, conn = ReplayState(), ConnState()
+    first = parse_request(join(""))
+    assert rewrite_request(first, state, conn).data == first.data
+    learn_from_response(first, join_response("target-m1", -1, MEMBER_ID_REQUIRED), state, conn)
+    retry = rewrite_request(parse_request(join("")), state, conn)
+    assert isinstance(retry, Send) and retry.rewrites == ("member_id",) and body(retry.data).member_id == "target-m1"
+    learn_from_response(parse_request(retry.data), join_response("target-m1", 1), state, conn)
+    rejoin = rewrite_request(parse_request(join("origin-m1")), state, conn)  # the id the origin gave at its retry
+    assert body(rejoin.data).member_id == "target-m1" and state.members[("g1", "origin-m1")] == "target-m1"
+    fresh = parse_request(join(""))
+    assert rewrite_request(fresh, state, conn).data == fresh.data
