@@ -51,6 +51,7 @@ class EncodeError(ProtocolError):
 
 # The error codes code refers to by name (everything else goes through `error_name`).
 COORDINATOR_LOAD_IN_PROGRESS = 14
+UNKNOWN_MEMBER_ID = 25
 TOPIC_ALREADY_EXISTS = 36
 CONCURRENT_TRANSACTIONS = 51
 MEMBER_ID_REQUIRED = 79

@@ -1,15 +1,18 @@
-"""A request of an API the target lacks, sent as the client falls back to sending it there.
+"""DescribeTopicPartitions onto a target without it, sent as the Metadata request the client asks there instead.
 
-Why: a client newer than the broker does not give up on a feature an older API also serves. Kafka's admin
-client (3.8 and later) describes topics by name with DescribeTopicPartitions (KIP-966); a broker without it
-answers UNSUPPORTED_VERSION, and the client asks Metadata instead: the same topics by name, no automatic
-creation. A Kafka 3.7 broker closes the connection a DescribeTopicPartitions comes on, so a replay that sent it
-as recorded lost the rest of that admin session (Kafka Streams' own admin client describes its internal topics
-this way). Replay sends the Metadata request the client would have: same correlation id and client id, at the
-newest Metadata version the target serves. The client asks once for all its topics, so the later pages of a
-paginated describe (a request with a cursor) have nothing left to ask.
+Why: Kafka's admin client (3.8 and later) describes topics by name with DescribeTopicPartitions (KIP-966).
+It reads the broker's ApiVersions first, and where the broker lacks that API it never sends it: it asks
+Metadata instead, for the same topics by name, without automatic creation (`KafkaAdminClient`'s fallback on
+its own UnsupportedVersionException). A Kafka 3.7 broker closes the connection a DescribeTopicPartitions comes
+on, so a replay that sent it as recorded lost the rest of that admin session (Kafka Streams' own admin client
+describes its internal topics this way). Replay sends the Metadata request the client would have: same
+correlation id and client id, at the newest Metadata version the target serves. A page of a paginated
+describe that continues a topic (a request with a cursor) is skipped: the client's one Metadata request asked
+for every partition. A page that starts at a new topic carries no cursor and goes out as another Metadata
+request for its topics, one the client would not have sent (only a describe of over 2,000 partitions pages).
 
-Pure functions over the spec codec; `replay.rewrite` applies them, `replay.versions` words the set-up's note.
+One API only: no other API the Java clients send has such a fallback in Kafka's clients. Pure functions over
+the spec codec; `replay.rewrite` applies them, `replay.versions` words the set-up's note.
 """
 
 from __future__ import annotations
@@ -17,32 +20,30 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from protocol.apis import DESCRIBE_TOPIC_PARTITIONS, METADATA
+from protocol.apis import APIS, DESCRIBE_TOPIC_PARTITIONS, METADATA
 from protocol.deep import decode_request, encode_request
 from protocol.frames import RequestFrame, parse_request
 
-__all__ = ["FALLBACK_APIS", "SENT_AS_METADATA", "PAGE_COVERED", "falls_back", "as_fallback"]
+__all__ = ["SENT_AS_METADATA", "PAGE_COVERED", "falls_back", "as_metadata"]
 
-FALLBACK_APIS: Mapping[int, int] = {DESCRIBE_TOPIC_PARTITIONS: METADATA}  # the API a client asks instead
 SENT_AS_METADATA = "sent_as_metadata"  # the rewrite's name in the replay summary
-PAGE_COVERED = "describe_page_covered_by_metadata"  # the skip reason of a later page
+PAGE_COVERED = "describe_page_covered_by_metadata"  # the skip reason of a page that continues a topic
 _NO_AUTO_CREATION = 4  # the first Metadata version that can ask without creating the topics it names
 _AUTHORIZED_OPERATIONS = 8  # the first with include_topic_authorized_operations
 
 
-def falls_back(api_key: int, served: Mapping[int, tuple[int, int]]) -> int | None:
-    """The API a client of a target serving `served` sends instead of `api_key`, when the target lacks `api_key`
-    and serves that one; else None."""
-    instead = FALLBACK_APIS.get(api_key)
-    if instead is None or api_key in served or instead not in served:
+def falls_back(api_key: int, version: int, served: Mapping[int, tuple[int, int]]) -> int | None:
+    """METADATA for a DescribeTopicPartitions the codec reads, onto a target that lacks that API and serves
+    Metadata (`served`: the target's ApiVersions ranges); else None (sent as recorded)."""
+    if api_key != DESCRIBE_TOPIC_PARTITIONS or api_key in served or not APIS[api_key].decodable(version):
         return None
-    lo, hi = served[instead]
-    return instead if lo <= hi else None
+    lo, hi = served.get(METADATA, (0, -1))
+    return METADATA if lo <= hi else None
 
 
-def as_fallback(frame: RequestFrame, served: Mapping[int, tuple[int, int]]) -> RequestFrame | None:
-    """`frame` (an API with a fallback, see `falls_back`) as the request the client sends instead, or None for a
-    request the fallback's one answer already covered (a later page of a paginated describe)."""
+def as_metadata(frame: RequestFrame, served: Mapping[int, tuple[int, int]]) -> RequestFrame | None:
+    """The Metadata request a client sends instead of this DescribeTopicPartitions (`falls_back` said so), or None
+    for a page that continues a topic. Raises `protocol.errors.ProtocolError` for a body the codec cannot read."""
     body = decode_request(frame.data)["body"]
     if body.get("cursor") is not None:
         return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from protocol.apis import (ADD_OFFSETS_TO_TXN, ADD_PARTITIONS_TO_TXN, APIS, CREATE_TOPICS, END_TXN, FETCH,
                            GROUP_HEARTBEATS, INIT_PRODUCER_ID, JOIN_GROUP, METADATA)
-from protocol.errors import MEMBER_ID_REQUIRED
+from protocol.errors import MEMBER_ID_REQUIRED, UNKNOWN_MEMBER_ID
 from protocol.frames import RequestFrame, fetch_response_session
 from replay.messages import decode_request_body, decode_response, decode_spec_request, decode_spec_response, uuid_text
 from replay.state import ConnState, ReplayState, TargetProducer
@@ -67,6 +67,11 @@ def learn_from_response(sent: RequestFrame, response: bytes | memoryview, state:
             if resp.member_id and resp.error_code in (0, MEMBER_ID_REQUIRED):
                 conn.pending_member[req.group_id] = resp.member_id
                 learned.append(f"member={resp.member_id}")
+            elif resp.error_code == UNKNOWN_MEMBER_ID and conn.pending_member.get(req.group_id) == req.member_id:
+                # the target forgot the id it gave (a pending member expires after its session timeout): a later
+                # join neither carries it nor binds a recorded member to it
+                del conn.pending_member[req.group_id]
+                learned.append("member_forgotten")
             if resp.error_code == 0:
                 state.generations[req.group_id] = resp.generation_id
                 learned.append(f"generation={resp.generation_id}")

@@ -32,9 +32,9 @@ Why these rewrites exist (what a target broker has never seen):
   (`replay.lower`); a transactions-v2 Produce lowered that way is preceded by
   the AddPartitionsToTxn a client of such a broker sends
   (`replay.txn_partitions`), and its sequences go on where the target kept
-  the epoch the origin bumped (`state.TargetProducer`); an API the target
-  lacks goes out as the API the client falls back to there
-  (`replay.api_fallback`: DescribeTopicPartitions as Metadata).
+  the epoch the origin bumped (`state.TargetProducer`); a DescribeTopicPartitions
+  onto a target without it goes out as the Metadata request the admin client
+  asks there instead (`replay.api_fallback`).
 
 How: the body is decoded to a message object (`replay.messages`), the generic
 walk (`replay.walk`) and the per-API parts below change it, and it is
@@ -58,10 +58,11 @@ from protocol.apis import (API_NAMES, API_VERSIONS, APIS, FETCH, GROUP_HEARTBEAT
 from protocol.batch_edit import records_producer_ids, rewrite_records_producer
 from protocol.consumer_protocol import rename_consumer_assignment, rename_consumer_subscription
 from protocol.deep import encode_request
+from protocol.errors import ProtocolError
 from protocol.frames import RequestFrame, expects_response
 from protocol.sasl import HANDSHAKE_VERSION, authenticate_body, handshake_body
+from replay.api_fallback import PAGE_COVERED, SENT_AS_METADATA, as_metadata, falls_back
 from replay.fetch_session_sets import FetchSessionSet, follow_session
-from replay.api_fallback import PAGE_COVERED, SENT_AS_METADATA, as_fallback, falls_back
 from replay.lower import LOWERED, CannotLower, lower_request
 from replay.messages import (SPEC_DECODED, decode_request_body, decode_spec_request, reencode_request,
                              reencode_spec_request)
@@ -378,8 +379,12 @@ def rewrite_request(frame: RequestFrame, state: ReplayState, conn: ConnState) ->
         return Skip("sasl_authenticate_not_recorded")
     recorded_version = frame.api_version
     fallback: tuple[str, ...] = ()
-    if falls_back(frame.api_key, state.target_versions) is not None:
-        instead = as_fallback(frame, state.target_versions)
+    if falls_back(frame.api_key, frame.api_version, state.target_versions) is not None:
+        try:
+            instead = as_metadata(frame, state.target_versions)
+        except ProtocolError:  # a body the codec cannot read is sent as recorded, and counted
+            state.note("sent_undecodable_body")
+            return Send(frame.data, expects_response(frame), ())
         if instead is None:
             return Skip(PAGE_COVERED)
         frame, fallback, recorded_version = instead, (SENT_AS_METADATA,), instead.api_version
@@ -445,19 +450,19 @@ def _at_target_version(frame: RequestFrame, state: ReplayState) -> tuple[Request
     try:
         lowered = lower_request(frame, ceiling, state.recorded_topic_ids, dropped)
     except CannotLower as cannot:
-        _note_lowering(frame, state, f"{NOT_LOWERED}{{}}: {cannot}", ceiling)
+        _note_lowering(frame, state, NOT_LOWERED, ceiling, str(cannot))
         return frame, ()
     if dropped:
-        _note_lowering(frame, state, f"{LEFT_OUT}{{}}: {', '.join(dropped)}", ceiling)
+        _note_lowering(frame, state, LEFT_OUT, ceiling, ", ".join(dropped))
     return lowered, (LOWERED,)
 
 
-def _note_lowering(frame: RequestFrame, state: ReplayState, template: str, ceiling: int) -> None:
-    """Note what lowering this request met, once per request (`{}` in `template`: the API and both versions)."""
+def _note_lowering(frame: RequestFrame, state: ReplayState, prefix: str, ceiling: int, detail: str) -> None:
+    """Note what lowering this request met (`prefix`, the API and both versions, `detail`), once per request."""
     if state.lowering_noted.get(id(frame)) is not frame:
         state.lowering_noted[id(frame)] = frame
         name = API_NAMES.get(frame.api_key, f"api {frame.api_key}")
-        state.note(template.format(f"{name} v{frame.api_version} → v{ceiling}"))
+        state.note(f"{prefix}{name} v{frame.api_version} → v{ceiling}: {detail}")
 
 
 def sasl_plain_handshake(client_id: str | None, correlation_id: int) -> bytes:

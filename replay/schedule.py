@@ -122,7 +122,7 @@ LEFT_OUT_HINT = ("lowered as Kafka's own clients lower it: a field Kafka's spec 
 FALLBACK_HINT = ("the target lacks this API, and these clients ask the other one there instead (Kafka's admin client "
                  "describes topics with Metadata on a broker without DescribeTopicPartitions), and so does replay: each "
                  "goes out as that request for the same topics (rewrites: sent_as_metadata); a paginated describe's "
-                 "later pages are skipped (describe_page_covered_by_metadata): the one answer held them")
+                 "page that continues a topic is skipped (describe_page_covered_by_metadata): the one answer held it")
 MISSING_HINT = ("the target does not serve this API at all (an older Kafka, or a feature it has off, such as share "
                 "groups or KIP-848 consumer groups on 3.x): it closes the connection such a request comes on")
 NOTE_HINTS: dict[str, str] = {

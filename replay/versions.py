@@ -17,7 +17,10 @@ the versions it serves), and SaslAuthenticate is replaced by replay's own, so
 neither is checked. A newer version is then lowered request by request to the target's
 newest (`replay.lower`, counted as the rewrite `version_lowered`), as the client would
 have sent it; one that has no faithful form there is sent as recorded and noted
-`version_not_lowered`. Pure functions: the set-up does the I/O.
+`version_not_lowered`. An API the target lacks is noted `api_not_on_target`, unless
+its clients ask another one there instead, which replay then sends
+(`api_not_on_target_sent_as_fallback`: DescribeTopicPartitions as Metadata,
+`replay.api_fallback`). Pure functions: the set-up does the I/O.
 """
 
 from __future__ import annotations
@@ -82,8 +85,9 @@ class Unserved:
     @property
     def note(self) -> str:
         """The replay note that counts these requests: the API, the version, what the target serves instead, who sent
-        them. Older than the target serves (`RETIRED`), newer (`TOO_NEW`) and an API the target lacks (`MISSING`)
-        mean different things to the operator (`replay.schedule.note_hint`)."""
+        them. Older than the target serves (`RETIRED`), newer (`TOO_NEW`), an API the target lacks (`MISSING`) and
+        one it lacks that is sent as its clients' fallback there (`FALLBACK`) mean different things to the operator
+        (`replay.schedule.note_hint`)."""
         name = API_NAMES.get(self.api_key, f"api {self.api_key}")
         clients = f"clients: {', '.join(self.clients)}"
         if self.served is None and self.instead is not None:
@@ -107,5 +111,5 @@ def unserved(sent: Iterable[tuple[int, int, str | None]], ranges: Mapping[int, t
             continue
         counts[(key, version)] = counts.get((key, version), 0) + 1
         clients.setdefault((key, version), set()).add(client or "(no client id)")
-    return [Unserved(k, v, n, tuple(sorted(clients[(k, v)])), ranges.get(k), falls_back(k, ranges))
+    return [Unserved(k, v, n, tuple(sorted(clients[(k, v)])), ranges.get(k), falls_back(k, v, ranges))
             for (k, v), n in sorted(counts.items())]

@@ -30,8 +30,8 @@ from protocol.apis import (ADD_OFFSETS_TO_TXN, CONSUMER_GROUP_HEARTBEAT, END_TXN
                            SHARE_GROUP_HEARTBEAT, STREAMS_GROUP_HEARTBEAT, TXN_OFFSET_COMMIT)
 from protocol.batch_edit import records_producer_ids
 from protocol.deep import decode_request
-from replay.engine import ReplayOptions, ReplayResult, prepare_target, run_replay
 from replay.api_fallback import SENT_AS_METADATA
+from replay.engine import ReplayOptions, ReplayResult, prepare_target, run_replay
 from replay.inter_broker import SKIP_REASON, sent_by_broker
 from replay.load import Filters, load_recording
 from replay.state import ReplayState
@@ -282,10 +282,12 @@ def _offsets_in_transactions(sent: list[dict], version: int) -> None:
 def test_a_streams_exactly_once_session_onto_a_target_without_transactions_v2(streams_eos: Path, target_tv1: LocalKafka,
                                                                               tmp_path: Path):
     """TxnOffsetCommit v5 goes out as v4, after the AddOffsetsToTxn a client of that target sends, and the target
-    keeps the offsets the transactions committed: every word's. The app's first join, which the origin refused
-    (COORDINATOR_LOAD_IN_PROGRESS) and the target answered MEMBER_ID_REQUIRED with an id, makes the recorded retry
-    go out with that id: sent without one, a second pending member held the app's next rebalance until replay
-    gave up on it (30 s, the JoinGroup unanswered, the rest of its session not sent)."""
+    keeps the offsets the transactions committed: every word's. A join goes out without a member id once per
+    connection, as the client sends it: where the origin refused the app's first join (COORDINATOR_LOAD_IN_PROGRESS,
+    its coordinator loading; whether it did depends on the origin's start-up) and the target answered
+    MEMBER_ID_REQUIRED with an id, the recorded retry has none and goes out with that id. Sent without one, a
+    second pending member held the app's next rebalance until replay gave up on it (30 s, the JoinGroup
+    unanswered, the rest of its session not sent)."""
     recorded = Counter((r.frame.api_key, r.frame.api_version) for c in load_recording(streams_eos).connections
                        for r in c.requests)
     assert recorded[(TXN_OFFSET_COMMIT, 5)] >= 1 and not any(k == ADD_OFFSETS_TO_TXN for k, _ in recorded), recorded
@@ -296,6 +298,8 @@ def test_a_streams_exactly_once_session_onto_a_target_without_transactions_v2(st
         result.summary()
     assert result.notes.get(TXN_V1_TARGET), result.summary()
     _offsets_in_transactions(sent, 4)
+    empty_joins = Counter(r["conn_id"] for r in sent if r["api_name"] == "JoinGroup" and not r["member_id"])
+    assert empty_joins and max(empty_joins.values()) == 1, empty_joins
     assert result.rewrites[ADD_OFFSETS] == len([r for r in sent if r["api_name"] == "AddOffsetsToTxn"])
     committed = committed_offsets(target_tv1.bootstrap, EOS_APP, STREAMS_INPUT, PARTITIONS)
     assert sum(o or 0 for o in committed.values()) == EOS_WORDS, committed

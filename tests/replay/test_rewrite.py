@@ -16,7 +16,7 @@ import pytest
 
 from protocol.consumer_protocol import rename_consumer_assignment
 from protocol.deep import decode_request, encode_request, encode_response
-from protocol.errors import MEMBER_ID_REQUIRED
+from protocol.errors import MEMBER_ID_REQUIRED, UNKNOWN_MEMBER_ID
 from protocol.frames import expects_response, parse_request, produce_acks
 from replay.learn import learn_from_response
 from replay.messages import decode_request_body
@@ -715,3 +715,22 @@ def test_a_join_the_origin_refused_before_any_member_id_carries_the_id_the_targe
     assert body(rejoin.data).member_id == "target-m1" and state.members[("g1", "origin-m1")] == "target-m1"
     fresh = parse_request(join(""))
     assert rewrite_request(fresh, state, conn).data == fresh.data
+    # the same target id bound in another group does not count as bound in this one
+    other = ReplayState(members={("g0", "origin-m0"): "target-m1"})
+    conn = ConnState()
+    learn_from_response(first, join_response("target-m1", -1, MEMBER_ID_REQUIRED), other, conn)
+    assert body(rewrite_request(parse_request(join("")), other, conn).data).member_id == "target-m1"
+
+
+def test_a_member_id_the_target_forgot_is_neither_sent_nor_bound():
+    """A pending member expires on the target after its session timeout: its UNKNOWN_MEMBER_ID answer to a join
+    carrying the id drops it, and the next recorded join goes out empty (the target gives a fresh id)."""
+    state, conn = ReplayState(), ConnState()
+    first = parse_request(join(""))
+    learn_from_response(first, join_response("target-m1", -1, MEMBER_ID_REQUIRED), state, conn)
+    retry = rewrite_request(parse_request(join("")), state, conn)
+    assert body(retry.data).member_id == "target-m1"
+    learn_from_response(parse_request(retry.data), join_response("", -1, UNKNOWN_MEMBER_ID), state, conn)
+    assert "g1" not in conn.pending_member
+    again = parse_request(join(""))
+    assert rewrite_request(again, state, conn).data == again.data
