@@ -251,7 +251,10 @@ def record_streams_session(origin: str, listen: str, out: Path, app: str, work: 
     the app counts them and writes its output; SIGTERM closes it (it leaves the group). `work` holds its
     configuration file and state directory. `exactly_once`: a classic-group member (JoinGroup, SyncGroup) with
     processing.guarantee=exactly_once_v2, whose offsets are committed inside its transactions (TxnOffsetCommit,
-    v5 on a transactions-v2 broker); the recording ends once one was answered after the count was written.
+    v5 on a transactions-v2 broker); the recording ends once one was answered after the count was written. Its
+    group's coordinator is loaded first (an OffsetFetch of the group's, client id "warmup"): on a fresh origin the
+    app's first join was refused as the coordinator loaded (COORDINATOR_LOAD_IN_PROGRESS, or NOT_COORDINATOR and a
+    new connection), which changed the recorded session from run to run.
     """
     from harness.java_clients import JavaClients
 
@@ -265,6 +268,8 @@ def record_streams_session(origin: str, listen: str, out: Path, app: str, work: 
         group: dict[str, object] = ({"processing.guarantee": "exactly_once_v2"} if exactly_once
                                     else {"group.protocol": "streams"})
         joined = "SyncGroup" if exactly_once else "StreamsGroupHeartbeat"
+        if exactly_once:
+            committed_offsets(p.bootstrap, app, STREAMS_INPUT, 1, client_id="warmup")
         proc = j.start(j.word_count_demo(work / "wordcount.properties", {
             "application.id": app, **group, "state.dir": work / "state", "commit.interval.ms": 200}))
         try:
@@ -287,11 +292,12 @@ def record_streams_session(origin: str, listen: str, out: Path, app: str, work: 
         _stop_proxy(p)
 
 
-def committed_offsets(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int | None]:
+def committed_offsets(bootstrap: str, group: str, topic: str, partitions: int,
+                      client_id: str = "kafka-python") -> dict[int, int | None]:
     """A group's committed offsets by partition (kafka-python's OffsetFetch names no member: it joins nothing)."""
     from kafka import KafkaConsumer, TopicPartition
 
-    c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False, client_id=client_id)
     try:
         return {p: c.committed(TopicPartition(topic, p)) for p in range(partitions)}
     finally:

@@ -283,11 +283,8 @@ def test_a_streams_exactly_once_session_onto_a_target_without_transactions_v2(st
                                                                               tmp_path: Path):
     """TxnOffsetCommit v5 goes out as v4, after the AddOffsetsToTxn a client of that target sends, and the target
     keeps the offsets the transactions committed: every word's. A join goes out without a member id once per
-    connection, as the client sends it: where the origin refused the app's first join (COORDINATOR_LOAD_IN_PROGRESS,
-    its coordinator loading; whether it did depends on the origin's start-up) and the target answered
-    MEMBER_ID_REQUIRED with an id, the recorded retry has none and goes out with that id. Sent without one, a
-    second pending member held the app's next rebalance until replay gave up on it (30 s, the JoinGroup
-    unanswered, the rest of its session not sent)."""
+    connection, as the client sends it (the recording's origin had its group coordinator loaded before the app
+    joined: see `record_streams_session`)."""
     recorded = Counter((r.frame.api_key, r.frame.api_version) for c in load_recording(streams_eos).connections
                        for r in c.requests)
     assert recorded[(TXN_OFFSET_COMMIT, 5)] >= 1 and not any(k == ADD_OFFSETS_TO_TXN for k, _ in recorded), recorded
