@@ -382,12 +382,12 @@ def rewrite_request(frame: RequestFrame, state: ReplayState, conn: ConnState) ->
     if falls_back(frame.api_key, frame.api_version, state.target_versions) is not None:
         try:
             instead = as_metadata(frame, state.target_versions)
-        except ProtocolError:  # a body the codec cannot read is sent as recorded, and counted
-            state.note("sent_undecodable_body")
-            return Send(frame.data, expects_response(frame), ())
+        except ProtocolError:  # unreadable: it goes on as recorded, and the body's decode below counts it
+            instead = frame
         if instead is None:
             return Skip(PAGE_COVERED)
-        frame, fallback, recorded_version = instead, (SENT_AS_METADATA,), instead.api_version
+        if instead is not frame:
+            frame, fallback, recorded_version = instead, (SENT_AS_METADATA,), instead.api_version
     frame, lowered = _at_target_version(frame, state)
     info = APIS.get(frame.api_key)
     if info is None or not info.decodable(frame.api_version):
